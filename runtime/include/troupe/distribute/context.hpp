@@ -1,0 +1,83 @@
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "troupe/device.hpp"
+#include "troupe/distribute/reduce_op.hpp"
+#include "troupe/tensor.hpp"
+
+namespace troupe::distribute {
+
+class Strategy;
+
+namespace detail {
+class ReplicaCollectives;
+}
+
+/// The context of one replica while its function runs inside Strategy::run: who it is, and the
+/// collectives that synchronise it with the other replicas. Every replica must call the same
+/// collectives in the same order with tensors of the same shapes and dtypes; a mismatch fails
+/// the step with an error naming both replicas, a replica that returns while others wait for it
+/// fails it too, never a hang.
+class ReplicaContext {
+ public:
+  ReplicaContext(Strategy& strategy, int replica_id, int num_replicas, Device device,
+                 detail::ReplicaCollectives* collectives);
+
+  /// This replica's index, 0..num_replicas_in_sync()-1.
+  int replica_id_in_sync_group() const noexcept { return replica_id_; }
+  /// Replicas taking part in each step, over all workers.
+  int num_replicas_in_sync() const noexcept { return num_replicas_; }
+  /// The device this replica runs on.
+  const Device& device() const noexcept { return device_; }
+  /// The strategy running this replica.
+  Strategy& strategy() const noexcept { return *strategy_; }
+
+  /// Sum or mean of `value` over all replicas; every replica gets the same bits.
+  Tensor all_reduce(ReduceOp op, const Tensor& value);
+  Tensor all_reduce(std::string_view op, const Tensor& value);
+  /// Several tensors reduced in one collective (one synchronisation for all of them).
+  std::vector<Tensor> all_reduce(ReduceOp op, const std::vector<Tensor>& values);
+  /// Every replica's `value` concatenated along `axis`, in replica order; only the size along
+  /// `axis` may differ between replicas.
+  Tensor all_gather(const Tensor& value, int axis);
+
+ private:
+  Strategy* strategy_;
+  int replica_id_;
+  int num_replicas_;
+  Device device_;
+  detail::ReplicaCollectives* collectives_;
+};
+
+/// Given to the function of experimental_distribute_values_from_function.
+struct ValueContext {
+  int replica_id_in_sync_group = 0;
+  int num_replicas_in_sync = 1;
+};
+
+/// Given to the function of distribute_datasets_from_function, once per input pipeline.
+struct InputContext {
+  int num_input_pipelines = 1;
+  int input_pipeline_id = 0;
+  int num_replicas_in_sync = 1;
+  /// global_batch_size / num_replicas_in_sync; a global batch that does not divide evenly throws
+  /// std::invalid_argument.
+  std::int64_t get_per_replica_batch_size(std::int64_t global_batch_size) const;
+};
+
+/// The current replica's context inside Strategy::run; nullptr in cross-replica context (inside a
+/// strategy's scope but outside run). Outside any strategy it is the default replica context
+/// (replica 0 of 1), as in TensorFlow.
+ReplicaContext* get_replica_context();
+/// The strategy of the current replica or scope, else the default strategy (one replica, run on
+/// the calling thread).
+Strategy& get_strategy();
+/// True inside a strategy's scope or replica function.
+bool has_strategy();
+/// True inside a strategy's scope and outside its replica functions.
+bool in_cross_replica_context();
+
+}  // namespace troupe::distribute

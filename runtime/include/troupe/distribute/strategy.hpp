@@ -1,0 +1,162 @@
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "troupe/device.hpp"
+#include "troupe/distribute/context.hpp"
+#include "troupe/distribute/cross_device_ops.hpp"
+#include "troupe/distribute/per_replica.hpp"
+#include "troupe/distribute/reduce_op.hpp"
+#include "troupe/tensor.hpp"
+
+namespace troupe::distribute {
+
+class ClusterResolver;
+class Strategy;
+
+namespace detail {
+
+/// What a strategy runs on: implemented by MirroredStrategy's actors and by the default strategy.
+class StrategyBackend {
+ public:
+  virtual ~StrategyBackend() = default;
+  virtual const std::vector<Device>& devices() const = 0;
+  /// Calls fn(r) for every local replica r with that replica's ReplicaContext installed, and
+  /// returns once all have finished; a failure throws ReplicaError.
+  virtual void execute(Strategy& strategy, const std::function<void(int)>& fn) = 0;
+  virtual CrossDeviceOps& cross_device_ops() = 0;
+};
+
+/// The argument replica `r` receives for `arg`: its component of a PerReplica, else arg itself.
+template <class A>
+decltype(auto) component(const A& arg, int r) {
+  if constexpr (is_per_replica_v<A>) {
+    return arg[r];
+  } else {
+    return (arg);
+  }
+}
+
+}  // namespace detail
+
+/// The RAII guard of Strategy::scope(): while it lives, get_strategy() on this thread is the
+/// strategy and the thread is in its cross-replica context.
+class Scope {
+ public:
+  explicit Scope(Strategy& strategy);
+  ~Scope();
+  Scope(Scope&& other) noexcept;
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+  Scope& operator=(Scope&&) = delete;
+
+ private:
+  Strategy* strategy_;
+};
+
+/// Details of a strategy beyond the common API (tf.distribute.StrategyExtended).
+class StrategyExtended {
+ public:
+  explicit StrategyExtended(Strategy& strategy) : strategy_(&strategy) {}
+  /// The devices the replicas of this worker run on, in replica order.
+  const std::vector<Device>& worker_devices() const;
+  /// The implementation behind Strategy::reduce.
+  CrossDeviceOps& cross_device_ops() const;
+
+ private:
+  Strategy* strategy_;
+};
+
+/// A way of distributing computation over replicas (tf.distribute.Strategy).
+class Strategy {
+ public:
+  virtual ~Strategy();
+  Strategy(const Strategy&) = delete;
+  Strategy& operator=(const Strategy&) = delete;
+
+  /// Replicas taking part in each step.
+  int num_replicas_in_sync() const { return static_cast<int>(backend_->devices().size()); }
+
+  /// Calls fn once per replica, on that replica's thread, as fn(args...) where a PerReplica
+  /// argument is replaced by that replica's component and any other argument is passed as is
+  /// (shared, read-only). Returns a PerReplica of the results (nothing when fn returns void).
+  /// When a replica's function throws, the whole step fails with ReplicaError naming it.
+  template <class Fn, class... Args>
+  auto run(Fn&& fn, const Args&... args) {
+    using R = std::decay_t<std::invoke_result_t<Fn&, decltype(detail::component(args, 0))...>>;
+    if constexpr (std::is_void_v<R>) {
+      execute([&](int r) { fn(detail::component(args, r)...); });
+    } else {
+      std::vector<std::optional<R>> slots(static_cast<std::size_t>(num_replicas_in_sync()));
+      execute([&](int r) { slots[static_cast<std::size_t>(r)].emplace(fn(detail::component(args, r)...)); });
+      std::vector<R> values;
+      values.reserve(slots.size());
+      for (auto& s : slots) values.push_back(std::move(*s));
+      return PerReplica<R>(std::move(values));
+    }
+  }
+
+  /// Combines the replicas' values. axis unset: elementwise across replicas (shapes must match);
+  /// axis set: also across that dimension of each value, and MEAN divides by the total number of
+  /// elements along it over all replicas (a partial last batch gets the right denominator).
+  Tensor reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optional<int> axis);
+  Tensor reduce(std::string_view op, const PerReplica<Tensor>& value, std::optional<int> axis);
+  /// A value that is not per-replica: MEAN, or any op with one replica, returns it (reduced along
+  /// axis if given); SUM over several replicas throws std::invalid_argument, as in TensorFlow.
+  Tensor reduce(ReduceOp op, const Tensor& value, std::optional<int> axis);
+
+  /// The replicas' values concatenated along `axis` in replica order; only that dimension may
+  /// differ between replicas.
+  Tensor gather(const PerReplica<Tensor>& value, int axis);
+
+  /// The components of a per-replica value in replica order; a plain value gives itself once.
+  template <class T>
+  std::vector<T> experimental_local_results(const PerReplica<T>& value) const {
+    return value.values();
+  }
+  template <class T, std::enable_if_t<!is_per_replica_v<T>, int> = 0>
+  std::vector<T> experimental_local_results(const T& value) const {
+    return {value};
+  }
+
+  /// Calls value_fn(ValueContext) once per replica and gathers the results.
+  template <class Fn>
+  auto experimental_distribute_values_from_function(Fn&& value_fn) {
+    using R = std::decay_t<std::invoke_result_t<Fn&, const ValueContext&>>;
+    std::vector<R> values;
+    const int n = num_replicas_in_sync();
+    values.reserve(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) values.push_back(value_fn(value_context(r)));
+    return PerReplica<R>(std::move(values));
+  }
+
+  /// Makes this the current strategy of the calling thread until the Scope is destroyed.
+  Scope scope() { return Scope(*this); }
+
+  /// The cluster this strategy spans; nullptr for single-worker strategies.
+  virtual ClusterResolver* cluster_resolver() { return nullptr; }
+
+  StrategyExtended& extended() { return extended_; }
+
+  /// The runs-on-replica-threads primitive behind run(): fn(r) on every replica.
+  void execute(const std::function<void(int)>& fn);
+
+  detail::StrategyBackend& backend() { return *backend_; }
+
+ protected:
+  explicit Strategy(std::unique_ptr<detail::StrategyBackend> backend);
+
+ private:
+  ValueContext value_context(int replica) const;
+
+  std::unique_ptr<detail::StrategyBackend> backend_;
+  StrategyExtended extended_;
+};
+
+}  // namespace troupe::distribute

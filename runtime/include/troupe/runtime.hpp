@@ -1,0 +1,49 @@
+#pragma once
+
+#include <memory>
+
+namespace caf {
+class actor_system;
+}
+
+namespace troupe {
+
+/// Settings of a Runtime. The defaults can be changed through the environment:
+/// TROUPE_SCHEDULER_THREADS (threads of the actor scheduler, default 2),
+/// TROUPE_SPIN_US (how long a waiting replica spins before it sleeps, default 50).
+struct RuntimeOptions {
+  int scheduler_threads = 0;  ///< 0: TROUPE_SCHEDULER_THREADS, else 2
+  int spin_us = -1;           ///< -1: TROUPE_SPIN_US, else 50
+
+  /// The defaults, with the TROUPE_* environment applied; a malformed value throws
+  /// std::invalid_argument naming the variable.
+  static RuntimeOptions from_environment();
+};
+
+/// Owns the actor system that replicas, coordinators and input pipelines run in. One per process
+/// is typical; every Strategy must be destroyed before its Runtime.
+class Runtime {
+ public:
+  /// A runtime with its own actor system, configured from the TROUPE_* environment.
+  Runtime();
+  explicit Runtime(RuntimeOptions options);
+  /// Embeds troupe into an application's own actor system, which must outlive the Runtime.
+  explicit Runtime(caf::actor_system& system);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  /// The actor system the runtime's actors live in.
+  caf::actor_system& system();
+  const RuntimeOptions& options() const;
+
+  /// Number of GPUs the CUDA runtime reports; 0 when troupe was built without CUDA or no driver
+  /// or device is present.
+  static int gpu_count();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe

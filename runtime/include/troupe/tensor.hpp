@@ -1,0 +1,159 @@
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "troupe/device.hpp"
+#include "troupe/dtype.hpp"
+
+namespace troupe {
+
+/// Dimensions of a tensor, outermost first.
+using Shape = std::vector<std::int64_t>;
+
+/// "[4, 2]"; "[]" for a scalar.
+std::string shape_to_string(const Shape& shape);
+
+/// Number of elements of a shape; a negative dimension throws std::invalid_argument.
+std::int64_t shape_num_elements(const Shape& shape);
+
+namespace detail {
+struct Storage;
+}
+
+/// A scalar operand of an elementwise operation, converted to the tensor's dtype.
+struct Scalar {
+  template <class T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
+  Scalar(T v) : is_floating(std::is_floating_point_v<T>),  // NOLINT: implicit on purpose
+                f(static_cast<double>(v)),
+        i(std::is_floating_point_v<T> ? 0 : static_cast<std::int64_t>(v)) {}
+  bool is_floating;
+  double f;
+  std::int64_t i;
+};
+
+/// A dense, row-major tensor on one device. Storage is refcounted and shared: copying a Tensor,
+/// reshaping it or passing it to a replica never copies its bytes. Tensors are values: every
+/// operation returns a new tensor and never changes the storage of its operands.
+class Tensor {
+ public:
+  /// An empty f32 tensor of shape [0].
+  Tensor();
+
+  /// A tensor holding `values` in `shape`; the element count must match (std::invalid_argument).
+  template <class T>
+  static Tensor from_vector(const std::vector<T>& values, Shape shape) {
+    return from_bytes(values.data(), values.size() * sizeof(T), dtype_v<T>, std::move(shape));
+  }
+  /// A rank-1 tensor holding `values`.
+  template <class T>
+  static Tensor from_vector(const std::vector<T>& values) {
+    return from_vector(values, Shape{static_cast<std::int64_t>(values.size())});
+  }
+  /// A rank-0 tensor.
+  template <class T>
+  static Tensor scalar(T value) {
+    return from_bytes(&value, sizeof(T), dtype_v<T>, Shape{});
+  }
+  /// A tensor of zeros.
+  static Tensor zeros(Shape shape, DType dtype = DType::f32);
+  /// A tensor filled with one value, converted to `dtype`.
+  static Tensor full(Shape shape, Scalar value, DType dtype = DType::f32);
+  /// 0..n-1, shape [n].
+  static Tensor range(std::int64_t n, DType dtype = DType::i64);
+  /// A tensor whose bytes are not initialised: for kernels that write every element.
+  static Tensor empty(Shape shape, DType dtype, Device device = {});
+  /// Copies `nbytes` bytes, which must be exactly the size of `shape` in `dtype`.
+  static Tensor from_bytes(const void* data, std::size_t nbytes, DType dtype, Shape shape);
+
+  /// The same storage seen with another shape; a different element count throws
+  /// std::invalid_argument. One dimension may be -1 and is then inferred.
+  Tensor reshape(Shape shape) const;
+  /// The same storage, labelled as living on `device` (CPU devices share the host's memory).
+  Tensor with_device(Device device) const;
+  /// A copy converted to `dtype`.
+  Tensor cast(DType dtype) const;
+
+  const Shape& shape() const noexcept { return shape_; }
+  DType dtype() const noexcept { return dtype_; }
+  int rank() const noexcept { return static_cast<int>(shape_.size()); }
+  std::int64_t num_elements() const noexcept { return num_elements_; }
+  std::size_t nbytes() const noexcept { return static_cast<std::size_t>(num_elements_) * dtype_size(dtype_); }
+  const Device& device() const noexcept { return device_; }
+
+  /// The elements; T must match dtype() (std::invalid_argument otherwise).
+  template <class T>
+  const T* data() const {
+    check_dtype(dtype_v<T>, "data");
+    return static_cast<const T*>(raw_data());
+  }
+  /// Writable elements. Writing changes every tensor sharing this storage: use it only on a
+  /// tensor you just created (Tensor::empty) and have not shared yet.
+  template <class T>
+  T* mutable_data() {
+    check_dtype(dtype_v<T>, "mutable_data");
+    return static_cast<T*>(raw_mutable_data());
+  }
+  const void* raw_data() const noexcept;
+  void* raw_mutable_data() noexcept;
+
+  /// The elements as a vector; T must match dtype() (std::invalid_argument otherwise).
+  template <class T>
+  std::vector<T> to_vector() const {
+    const T* p = data<T>();
+    return std::vector<T>(p, p + num_elements_);
+  }
+  /// The only element; std::invalid_argument unless num_elements() == 1 and T matches dtype().
+  template <class T>
+  T item() const {
+    check_single_element("item");
+    return data<T>()[0];
+  }
+  /// Nested lists, as NumPy prints them: "[[1, 2], [3, 4]]"; floats keep a decimal point ("6.0").
+  std::string to_string() const;
+
+  /// True when both tensors have the same dtype, shape and bytes.
+  bool equals(const Tensor& other) const;
+  /// True when both share one storage (no copy was made between them).
+  bool shares_storage_with(const Tensor& other) const noexcept { return storage_ == other.storage_; }
+
+ private:
+  Tensor(std::shared_ptr<detail::Storage> storage, Shape shape, DType dtype, Device device);
+  void check_dtype(DType expected, const char* op) const;
+  void check_single_element(const char* op) const;
+
+  std::shared_ptr<detail::Storage> storage_;
+  Shape shape_;
+  DType dtype_ = DType::f32;
+  std::int64_t num_elements_ = 0;
+  Device device_;
+};
+
+/// Elementwise arithmetic between tensors of one shape and dtype (a mismatch throws
+/// std::invalid_argument naming both), or between a tensor and a scalar converted to its dtype.
+/// Integer division truncates toward zero; an integer division by zero throws.
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, Scalar b);
+Tensor operator-(const Tensor& a, Scalar b);
+Tensor operator*(const Tensor& a, Scalar b);
+Tensor operator/(const Tensor& a, Scalar b);
+Tensor operator+(Scalar a, const Tensor& b);
+Tensor operator-(Scalar a, const Tensor& b);
+Tensor operator*(Scalar a, const Tensor& b);
+Tensor operator/(Scalar a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+
+/// Concatenates tensors along `axis`; every other dimension and the dtype must agree.
+Tensor concat(const std::vector<Tensor>& parts, int axis);
+/// Sums along `axis`, removing it.
+Tensor reduce_sum(const Tensor& t, int axis);
+
+}  // namespace troupe

@@ -1,0 +1,46 @@
+#pragma once
+
+#include <vector>
+
+#include "troupe/device.hpp"
+#include "troupe/distribute/reduce_op.hpp"
+#include "troupe/tensor.hpp"
+#include "troupe/transport/shm_group.hpp"
+
+namespace troupe::distribute::detail {
+
+/// The collectives behind ReplicaContext, for the replicas of one strategy.
+class ReplicaCollectives {
+ public:
+  virtual ~ReplicaCollectives() = default;
+  virtual std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) = 0;
+  virtual Tensor all_gather(int replica, const Tensor& value, int axis) = 0;
+};
+
+/// The replicas of one process, through transport::shm_group.
+class ShmCollectives final : public ReplicaCollectives {
+ public:
+  ShmCollectives(transport::shm_group& group, std::vector<Device> devices)
+      : group_(group), devices_(std::move(devices)) {}
+  std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) override;
+  Tensor all_gather(int replica, const Tensor& value, int axis) override;
+
+ private:
+  transport::shm_group& group_;
+  std::vector<Device> devices_;
+};
+
+/// One replica alone (the default strategy): every collective returns its input.
+class IdentityCollectives final : public ReplicaCollectives {
+ public:
+  std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) override;
+  Tensor all_gather(int replica, const Tensor& value, int axis) override;
+};
+
+transport::scalar_type to_scalar_type(DType dtype);
+
+/// Checks `axis` against a tensor of rank `rank` and returns it in 0..rank-1 (negative counts
+/// from the end); std::invalid_argument naming `op` otherwise.
+int checked_axis(const char* op, int axis, int rank);
+
+}  // namespace troupe::distribute::detail

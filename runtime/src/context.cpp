@@ -1,0 +1,95 @@
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "collectives.hpp"
+#include "context_state.hpp"
+
+namespace troupe::distribute {
+namespace detail {
+namespace {
+
+// The thread-local state the API requires: the replica a thread is running, and the stack of
+// scopes it has entered.
+thread_local ReplicaContext* tl_replica = nullptr;
+thread_local std::vector<Strategy*> tl_scopes;
+
+ReplicaContext& default_replica_context() {
+  static IdentityCollectives identity;
+  thread_local ReplicaContext ctx(default_strategy(), 0, 1, Device{}, &identity);
+  return ctx;
+}
+
+}  // namespace
+
+ReplicaContextGuard::ReplicaContextGuard(ReplicaContext* ctx) : previous_(tl_replica) { tl_replica = ctx; }
+ReplicaContextGuard::~ReplicaContextGuard() { tl_replica = previous_; }
+
+ReplicaContext* installed_replica_context() { return tl_replica; }
+
+void push_scope(Strategy* strategy) { tl_scopes.push_back(strategy); }
+
+void pop_scope(Strategy* strategy) {
+  if (tl_scopes.empty() || tl_scopes.back() != strategy) {
+    throw std::logic_error("Scope: scopes must be closed in the reverse order they were opened");
+  }
+  tl_scopes.pop_back();
+}
+
+}  // namespace detail
+
+namespace {
+bool scope_open() { return !detail::tl_scopes.empty(); }
+}  // namespace
+
+ReplicaContext::ReplicaContext(Strategy& strategy, int replica_id, int num_replicas, Device device,
+                               detail::ReplicaCollectives* collectives)
+    : strategy_(&strategy), replica_id_(replica_id), num_replicas_(num_replicas), device_(std::move(device)),
+      collectives_(collectives) {}
+
+Tensor ReplicaContext::all_reduce(ReduceOp op, const Tensor& value) {
+  return collectives_->all_reduce(replica_id_, op, std::vector<Tensor>{value}).at(0);
+}
+
+Tensor ReplicaContext::all_reduce(std::string_view op, const Tensor& value) {
+  return all_reduce(parse_reduce_op(op), value);
+}
+
+std::vector<Tensor> ReplicaContext::all_reduce(ReduceOp op, const std::vector<Tensor>& values) {
+  return collectives_->all_reduce(replica_id_, op, values);
+}
+
+Tensor ReplicaContext::all_gather(const Tensor& value, int axis) {
+  return collectives_->all_gather(replica_id_, value, axis);
+}
+
+std::int64_t InputContext::get_per_replica_batch_size(std::int64_t global_batch_size) const {
+  if (num_replicas_in_sync <= 0) {
+    throw std::invalid_argument("get_per_replica_batch_size: num_replicas_in_sync is " +
+                                std::to_string(num_replicas_in_sync) + ", expected at least 1");
+  }
+  if (global_batch_size < 0 || global_batch_size % num_replicas_in_sync != 0) {
+    throw std::invalid_argument("get_per_replica_batch_size: the global batch size (" +
+                                std::to_string(global_batch_size) + ") must be a non-negative multiple of the number "
+                                "of replicas in sync (" + std::to_string(num_replicas_in_sync) + ")");
+  }
+  return global_batch_size / num_replicas_in_sync;
+}
+
+ReplicaContext* get_replica_context() {
+  if (detail::tl_replica != nullptr) return detail::tl_replica;
+  if (scope_open()) return nullptr;
+  return &detail::default_replica_context();
+}
+
+Strategy& get_strategy() {
+  if (detail::tl_replica != nullptr) return detail::tl_replica->strategy();
+  if (scope_open()) return *detail::tl_scopes.back();
+  return detail::default_strategy();
+}
+
+bool has_strategy() { return &get_strategy() != &detail::default_strategy(); }
+
+bool in_cross_replica_context() { return detail::tl_replica == nullptr && scope_open(); }
+
+}  // namespace troupe::distribute

@@ -1,0 +1,122 @@
+#include "troupe/distribute/cross_device_ops.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "collectives.hpp"
+#include "troupe/transport/reduce_kernels.hpp"
+
+namespace troupe::distribute {
+namespace {
+
+void check_same(const char* who, const std::vector<Tensor>& values) {
+  if (values.empty()) throw std::invalid_argument(std::string(who) + ": no values to reduce");
+  const Tensor& first = values[0];
+  for (std::size_t r = 1; r < values.size(); ++r) {
+    const Tensor& v = values[r];
+    if (v.dtype() != first.dtype() || v.shape() != first.shape()) {
+      throw std::invalid_argument(
+          std::string(who) + ": replica 0 sent " + std::string(dtype_name(first.dtype())) + " tensor of shape " +
+          shape_to_string(first.shape()) + ", replica " + std::to_string(r) + " sent " +
+          std::string(dtype_name(v.dtype())) + " tensor of shape " + shape_to_string(v.shape()) +
+          " (without an axis, replicas must agree; reduce along an axis to combine a partial batch)");
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<Tensor> CrossDeviceOps::batch_reduce(ReduceOp op, const std::vector<std::vector<Tensor>>& values,
+                                                 const Device& destination) {
+  std::vector<Tensor> out;
+  out.reserve(values.size());
+  for (const auto& v : values) out.push_back(reduce(op, v, destination));
+  return out;
+}
+
+std::vector<Tensor> CrossDeviceOps::broadcast(const Tensor& value, const std::vector<Device>& destinations) {
+  std::vector<Tensor> out;
+  out.reserve(destinations.size());
+  for (const Device& d : destinations) out.push_back(value.with_device(d));
+  return out;
+}
+
+bool CrossDeviceOps::supports(const std::vector<Device>& devices) const {
+  for (const Device& d : devices) {
+    if (d.is_gpu()) return false;
+  }
+  return true;
+}
+
+ReductionToOneDevice::ReductionToOneDevice(std::optional<Device> reduce_to_device)
+    : reduce_to_device_(std::move(reduce_to_device)) {}
+
+std::string ReductionToOneDevice::name() const { return "ReductionToOneDevice"; }
+
+Tensor ReductionToOneDevice::reduce(ReduceOp op, const std::vector<Tensor>& per_replica, const Device& destination) {
+  check_same("reduce", per_replica);
+  const Tensor& first = per_replica[0];
+  Tensor out = Tensor::empty(first.shape(), first.dtype(), reduce_to_device_.value_or(destination));
+  std::vector<const void*> ins;
+  ins.reserve(per_replica.size());
+  for (const Tensor& t : per_replica) ins.push_back(t.raw_data());
+  void* o = out.raw_mutable_data();
+  // The kernel of the in-process all-reduce: the same order, so the same bits as all_reduce.
+  transport::reduce_range(ins.data(), static_cast<int>(ins.size()), &o, 1, 0, first.num_elements(),
+                          detail::to_scalar_type(first.dtype()),
+                          op == ReduceOp::sum ? transport::reduce_kind::sum : transport::reduce_kind::mean);
+  return out.with_device(destination);
+}
+
+HierarchicalCopyAllReduce::HierarchicalCopyAllReduce(int num_packs) : num_packs_(num_packs) {
+  if (num_packs < 1) {
+    throw std::invalid_argument("HierarchicalCopyAllReduce: num_packs must be at least 1, got " +
+                                std::to_string(num_packs));
+  }
+}
+
+std::string HierarchicalCopyAllReduce::name() const { return "HierarchicalCopyAllReduce"; }
+
+Tensor HierarchicalCopyAllReduce::reduce(ReduceOp op, const std::vector<Tensor>& per_replica,
+                                         const Device& destination) {
+  check_same("reduce", per_replica);
+  std::vector<Tensor> level = per_replica;
+  while (level.size() > 1) {
+    std::vector<Tensor> next;
+    next.reserve((level.size() + 1) / 2);
+    for (std::size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(level[i] + level[i + 1]);
+    if (level.size() % 2 == 1) next.push_back(level.back());
+    level = std::move(next);
+  }
+  Tensor total = level[0];
+  if (op == ReduceOp::mean) total = total / Scalar(static_cast<std::int64_t>(per_replica.size()));
+  return total.with_device(destination);
+}
+
+NcclAllReduce::NcclAllReduce(int num_packs) : num_packs_(num_packs) {
+  if (num_packs < 1) {
+    throw std::invalid_argument("NcclAllReduce: num_packs must be at least 1, got " + std::to_string(num_packs));
+  }
+}
+
+std::string NcclAllReduce::name() const { return "NcclAllReduce"; }
+
+bool NcclAllReduce::supports(const std::vector<Device>& devices) const {
+  for (const Device& d : devices) {
+    if (!d.is_gpu()) return false;
+  }
+  return !devices.empty();
+}
+
+Tensor NcclAllReduce::reduce(ReduceOp, const std::vector<Tensor>& per_replica, const Device&) {
+  for (const Tensor& t : per_replica) {
+    if (!t.device().is_gpu()) {
+      throw std::invalid_argument("NcclAllReduce: value on " + t.device().to_string() +
+                                  " is not on a GPU; NCCL reduces GPU tensors only (use ReductionToOneDevice or "
+                                  "HierarchicalCopyAllReduce for CPU replicas)");
+    }
+  }
+  throw std::invalid_argument("NcclAllReduce: this build of troupe has no GPU replicas yet");
+}
+
+}  // namespace troupe::distribute

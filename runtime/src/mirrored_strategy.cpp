@@ -1,0 +1,142 @@
+#include "troupe/distribute/mirrored_strategy.hpp"
+
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+
+#include "collectives.hpp"
+#include "context_state.hpp"
+#include "troupe/actors/coordinator.hpp"
+#include "troupe/errors.hpp"
+#include "troupe/transport/shm_group.hpp"
+
+namespace troupe::distribute {
+namespace {
+
+std::vector<Device> resolve_devices(const char* who, const std::vector<std::string>& specs) {
+  std::vector<Device> devices;
+  if (specs.empty()) {
+    // GPU replicas come with the CUDA backend; until then every machine gets its host CPU.
+    devices.push_back(Device{});
+    return devices;
+  }
+  std::set<std::string> seen;
+  const int gpus = Runtime::gpu_count();
+  for (const std::string& spec : specs) {
+    Device d;
+    try {
+      d = Device::parse(spec);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string(who) + ": " + e.what());
+    }
+    if (!seen.insert(d.to_string()).second) {
+      throw std::invalid_argument(std::string(who) + ": device " + d.to_string() +
+                                  " is listed twice; each replica needs its own device");
+    }
+    if (d.job() && *d.job() != "localhost") {
+      throw std::invalid_argument(std::string(who) + ": device " + d.to_string() +
+                                  " belongs to another job; list local devices (\"CPU:0\") or use "
+                                  "MultiWorkerMirroredStrategy");
+    }
+    if (d.is_gpu()) {
+      if (gpus == 0) {
+        throw std::invalid_argument(std::string(who) + ": " + d.to_string() +
+                                    " was requested but this machine has no GPU (the CUDA runtime reports none); "
+                                    "use CPU devices such as \"CPU:0\"");
+      }
+      if (d.index() >= gpus) {
+        throw std::invalid_argument(std::string(who) + ": " + d.to_string() + " was requested but only " +
+                                    std::to_string(gpus) + " GPU(s) exist (GPU:0..GPU:" + std::to_string(gpus - 1) +
+                                    ")");
+      }
+      throw std::invalid_argument(std::string(who) + ": " + d.to_string() +
+                                  " was requested but this build of troupe has no GPU replicas yet; use CPU devices");
+    }
+    devices.push_back(Device(d.type(), d.index()));
+  }
+  return devices;
+}
+
+// Replica actors, a coordinator actor and a shared-memory collective group over local devices.
+class MirroredBackend final : public detail::StrategyBackend {
+ public:
+  MirroredBackend(Runtime& runtime, std::vector<Device> devices, std::shared_ptr<CrossDeviceOps> ops)
+      : devices_(std::move(devices)),
+        ops_(std::move(ops)),
+        group_(static_cast<int>(devices_.size()), std::chrono::microseconds(runtime.options().spin_us)),
+        collectives_(group_, devices_),
+        coordinator_(runtime.system(), static_cast<int>(devices_.size()),
+                     std::chrono::microseconds(runtime.options().spin_us)) {}
+
+  const std::vector<Device>& devices() const override { return devices_; }
+  CrossDeviceOps& cross_device_ops() override { return *ops_; }
+
+  void execute(Strategy& strategy, const std::function<void(int)>& fn) override {
+    if (coordinator_.on_replica_thread()) {
+      throw std::logic_error("run: called from inside a replica function of the same strategy; call run from "
+                             "the thread that owns the strategy");
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    group_.reset();  // no replica is inside a collective between steps
+    const int n = static_cast<int>(devices_.size());
+    auto per_replica = [&](int r) {
+      ReplicaContext ctx(strategy, r, n, devices_[static_cast<std::size_t>(r)], &collectives_);
+      detail::ReplicaContextGuard guard(&ctx);
+      try {
+        fn(r);
+      } catch (const CollectiveAborted&) {
+        group_.abort(r, "");
+        throw;
+      } catch (const std::exception& e) {
+        group_.abort(r, "replica " + std::to_string(r) + " failed: " + e.what());
+        throw;
+      } catch (...) {
+        group_.abort(r, "replica " + std::to_string(r) + " failed with a non-standard exception");
+        throw;
+      }
+      group_.finish(r);
+    };
+    auto errors = coordinator_.run_step(per_replica, [&](int r, const std::string& why) { group_.abort(r, why); });
+    detail::rethrow_step_failure(errors, devices_);
+  }
+
+ private:
+  std::vector<Device> devices_;
+  std::shared_ptr<CrossDeviceOps> ops_;
+  transport::shm_group group_;
+  detail::ShmCollectives collectives_;
+  actors::coordinator coordinator_;
+  std::mutex mutex_;
+};
+
+std::unique_ptr<detail::StrategyBackend> make_backend(const char* who, Runtime& runtime,
+                                                      const std::vector<std::string>& specs,
+                                                      std::shared_ptr<CrossDeviceOps> ops) {
+  std::vector<Device> devices = resolve_devices(who, specs);
+  if (!ops) ops = std::make_shared<ReductionToOneDevice>();
+  if (!ops->supports(devices)) {
+    throw std::invalid_argument(std::string(who) + ": " + ops->name() + " cannot serve replicas on " +
+                                devices[0].to_string() +
+                                (ops->name() == "NcclAllReduce"
+                                     ? " (NCCL needs GPU devices; use ReductionToOneDevice or HierarchicalCopyAllReduce)"
+                                     : ""));
+  }
+  return std::make_unique<MirroredBackend>(runtime, std::move(devices), std::move(ops));
+}
+
+}  // namespace
+
+MirroredStrategy::MirroredStrategy(Runtime& runtime, std::vector<std::string> devices,
+                                   std::shared_ptr<CrossDeviceOps> cross_device_ops)
+    : Strategy(make_backend("MirroredStrategy", runtime, devices, std::move(cross_device_ops))) {}
+
+MirroredStrategy::~MirroredStrategy() = default;
+
+OneDeviceStrategy::OneDeviceStrategy(Runtime& runtime, std::string device)
+    : Strategy(make_backend("OneDeviceStrategy", runtime, {std::move(device)}, nullptr)) {}
+
+OneDeviceStrategy::~OneDeviceStrategy() = default;
+
+}  // namespace troupe::distribute

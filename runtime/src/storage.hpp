@@ -1,0 +1,24 @@
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+namespace troupe::detail {
+
+/// The bytes behind one or more tensors. Large blocks come from a cache of freed blocks, so that a
+/// step that allocates the same tensors every time does not pay the kernel's page faults again
+/// (a fresh 16 MiB buffer costs thousands of faults on first touch).
+struct Storage {
+  explicit Storage(std::size_t nbytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data = nullptr;
+  std::size_t nbytes = 0;
+  std::size_t capacity = 0;
+};
+
+std::shared_ptr<Storage> allocate_storage(std::size_t nbytes);
+
+}  // namespace troupe::detail

@@ -1,0 +1,181 @@
+#include "troupe/distribute/strategy.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "collectives.hpp"
+#include "context_state.hpp"
+#include "troupe/errors.hpp"
+
+namespace troupe::distribute {
+namespace detail {
+namespace {
+
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "a non-standard exception";
+  }
+}
+
+bool is_abandoned_collective(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const CollectiveAborted&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+// One replica on the calling thread: what get_strategy() returns outside any scope.
+class DefaultBackend final : public StrategyBackend {
+ public:
+  const std::vector<Device>& devices() const override { return devices_; }
+  void execute(Strategy& strategy, const std::function<void(int)>& fn) override {
+    ReplicaContext ctx(strategy, 0, 1, devices_[0], &collectives_);
+    ReplicaContextGuard guard(&ctx);
+    try {
+      fn(0);
+    } catch (...) {
+      rethrow_step_failure({std::current_exception()}, devices_);
+    }
+  }
+  CrossDeviceOps& cross_device_ops() override { return ops_; }
+
+ private:
+  std::vector<Device> devices_{Device{}};
+  IdentityCollectives collectives_;
+  ReductionToOneDevice ops_;
+};
+
+class DefaultStrategy final : public Strategy {
+ public:
+  DefaultStrategy() : Strategy(std::make_unique<DefaultBackend>()) {}
+};
+
+}  // namespace
+
+Strategy& default_strategy() {
+  static auto* s = new DefaultStrategy;  // never destroyed: thread-locals may refer to it at exit
+  return *s;
+}
+
+void rethrow_step_failure(const std::vector<std::exception_ptr>& errors, const std::vector<Device>& devices) {
+  int first = -1;
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r]) continue;
+    if (first < 0) first = static_cast<int>(r);
+    if (!is_abandoned_collective(errors[r])) {
+      first = static_cast<int>(r);
+      break;
+    }
+  }
+  if (first < 0) return;
+  const std::size_t f = static_cast<std::size_t>(first);
+  std::string where = "replica " + std::to_string(first);
+  if (f < devices.size()) where += " (" + devices[f].to_string() + ")";
+  throw ReplicaError(first, "run: " + where + " failed: " + message_of(errors[f]), errors[f]);
+}
+
+}  // namespace detail
+
+Scope::Scope(Strategy& strategy) : strategy_(&strategy) { detail::push_scope(strategy_); }
+Scope::Scope(Scope&& other) noexcept : strategy_(other.strategy_) { other.strategy_ = nullptr; }
+Scope::~Scope() {
+  if (strategy_ == nullptr) return;
+  try {
+    detail::pop_scope(strategy_);
+  } catch (...) {
+    // Closing scopes out of order is a bug in the caller; a destructor must not throw.
+  }
+}
+
+const std::vector<Device>& StrategyExtended::worker_devices() const { return strategy_->backend().devices(); }
+CrossDeviceOps& StrategyExtended::cross_device_ops() const { return strategy_->backend().cross_device_ops(); }
+
+Strategy::Strategy(std::unique_ptr<detail::StrategyBackend> backend)
+    : backend_(std::move(backend)), extended_(*this) {}
+
+Strategy::~Strategy() = default;
+
+void Strategy::execute(const std::function<void(int)>& fn) { backend_->execute(*this, fn); }
+
+ValueContext Strategy::value_context(int replica) const {
+  return ValueContext{replica, num_replicas_in_sync()};
+}
+
+namespace {
+
+void check_components(const char* op, const PerReplica<Tensor>& value, int expected) {
+  if (value.num_replicas() != expected) {
+    throw std::invalid_argument(std::string(op) + ": the value has " + std::to_string(value.num_replicas()) +
+                                " components, the strategy has " + std::to_string(expected) + " replicas");
+  }
+}
+
+}  // namespace
+
+Tensor Strategy::reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optional<int> axis) {
+  check_components("reduce", value, num_replicas_in_sync());
+  const Device host{};
+  if (!axis) return backend_->cross_device_ops().reduce(op, value.values(), host);
+  std::vector<Tensor> partial;
+  partial.reserve(value.values().size());
+  std::int64_t count = 0;
+  for (const Tensor& t : value.values()) {
+    const int ax = detail::checked_axis("reduce", *axis, t.rank());
+    count += t.shape()[static_cast<std::size_t>(ax)];
+    partial.push_back(reduce_sum(t, ax));
+  }
+  Tensor total = backend_->cross_device_ops().reduce(ReduceOp::sum, partial, host);
+  if (op == ReduceOp::sum) return total;
+  if (count == 0 && (total.dtype() == DType::i32 || total.dtype() == DType::i64)) {
+    throw std::invalid_argument("reduce: MEAN along axis " + std::to_string(*axis) +
+                                " of integer values with no elements along it");
+  }
+  return total / Scalar(count);
+}
+
+Tensor Strategy::reduce(std::string_view op, const PerReplica<Tensor>& value, std::optional<int> axis) {
+  return reduce(parse_reduce_op(op), value, axis);
+}
+
+Tensor Strategy::reduce(ReduceOp op, const Tensor& value, std::optional<int> axis) {
+  if (op == ReduceOp::sum && num_replicas_in_sync() > 1) {
+    throw std::invalid_argument(
+        "reduce: a value that is not per-replica cannot be summed over " + std::to_string(num_replicas_in_sync()) +
+        " replicas (pass the PerReplica result of run, or use MEAN)");
+  }
+  if (!axis) return value.with_device(Device{});
+  const int ax = detail::checked_axis("reduce", *axis, value.rank());
+  Tensor total = reduce_sum(value, ax).with_device(Device{});
+  if (op == ReduceOp::sum) return total;
+  return total / Scalar(value.shape()[static_cast<std::size_t>(ax)]);
+}
+
+Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) {
+  check_components("gather", value, num_replicas_in_sync());
+  const auto& parts = value.values();
+  const Tensor& first = parts.at(0);
+  const int ax = detail::checked_axis("gather", axis, first.rank());
+  for (std::size_t r = 1; r < parts.size(); ++r) {
+    const Tensor& p = parts[r];
+    bool ok = p.dtype() == first.dtype() && p.rank() == first.rank();
+    for (int d = 0; ok && d < first.rank(); ++d) {
+      if (d != ax && p.shape()[static_cast<std::size_t>(d)] != first.shape()[static_cast<std::size_t>(d)]) ok = false;
+    }
+    if (!ok) {
+      throw std::invalid_argument("gather: replica 0 sent " + std::string(dtype_name(first.dtype())) + " tensor of shape " +
+                                  shape_to_string(first.shape()) + ", replica " + std::to_string(r) + " sent " +
+                                  std::string(dtype_name(p.dtype())) + " tensor of shape " + shape_to_string(p.shape()) +
+                                  "; only dimension " + std::to_string(ax) + " may differ");
+    }
+  }
+  return concat(parts, ax).with_device(Device{});
+}
+
+}  // namespace troupe::distribute

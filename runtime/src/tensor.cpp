@@ -1,0 +1,412 @@
+#include "troupe/tensor.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+#include "storage.hpp"
+
+namespace troupe {
+
+std::string_view dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "float32";
+    case DType::f64: return "float64";
+    case DType::i32: return "int32";
+    case DType::i64: return "int64";
+  }
+  return "unknown";
+}
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+
+std::string shape_to_string(const Shape& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::int64_t shape_num_elements(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0) throw std::invalid_argument("shape " + shape_to_string(shape) + " has a negative dimension");
+    n *= d;
+  }
+  return n;
+}
+
+namespace {
+
+// Calls f(T{}) with T the C++ type of `dtype`.
+template <class F>
+decltype(auto) dispatch(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f32: return f(float{});
+    case DType::f64: return f(double{});
+    case DType::i32: return f(std::int32_t{});
+    case DType::i64: return f(std::int64_t{});
+  }
+  throw std::logic_error("unknown dtype");
+}
+
+template <class T>
+void append_value(std::string& out, T v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(v)) {
+      out += "nan";
+      return;
+    }
+    if (std::isinf(v)) {
+      out += v > 0 ? "inf" : "-inf";
+      return;
+    }
+    char buf[64];
+    auto res = std::to_chars(buf, buf + sizeof buf, v);
+    std::string_view s(buf, static_cast<std::size_t>(res.ptr - buf));
+    out += s;
+    if (s.find_first_of(".e") == std::string_view::npos) out += ".0";
+  } else {
+    out += std::to_string(v);
+  }
+}
+
+template <class T>
+void append_nested(std::string& out, const T* data, const Shape& shape, std::size_t dim, std::int64_t& pos) {
+  if (dim == shape.size()) {
+    append_value(out, data[pos++]);
+    return;
+  }
+  out += '[';
+  for (std::int64_t i = 0; i < shape[dim]; ++i) {
+    if (i) out += ", ";
+    append_nested(out, data, shape, dim + 1, pos);
+  }
+  out += ']';
+}
+
+enum class binop { add, sub, mul, div };
+
+const char* binop_name(binop op) {
+  switch (op) {
+    case binop::add: return "operator+";
+    case binop::sub: return "operator-";
+    case binop::mul: return "operator*";
+    case binop::div: return "operator/";
+  }
+  return "?";
+}
+
+template <class T>
+T apply(binop op, T a, T b) {
+  switch (op) {
+    case binop::add: return a + b;
+    case binop::sub: return a - b;
+    case binop::mul: return a * b;
+    case binop::div:
+      if constexpr (std::is_integral_v<T>) {
+        if (b == 0) throw std::invalid_argument("operator/: integer division by zero");
+      }
+      return a / b;
+  }
+  return a;
+}
+
+template <class T>
+void apply_loop(binop op, const T* a, const T* b, T* out, std::int64_t n) {
+  switch (op) {
+    case binop::add: for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i]; return;
+    case binop::sub: for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] - b[i]; return;
+    case binop::mul: for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i]; return;
+    case binop::div: for (std::int64_t i = 0; i < n; ++i) out[i] = apply(op, a[i], b[i]); return;
+  }
+}
+
+Tensor binary(binop op, const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) {
+    throw std::invalid_argument(std::string(binop_name(op)) + ": operands differ: " + std::string(dtype_name(a.dtype())) +
+                                " " + shape_to_string(a.shape()) + " and " + std::string(dtype_name(b.dtype())) + " " +
+                                shape_to_string(b.shape()) + " (elementwise operations need one shape and dtype)");
+  }
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  dispatch(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    apply_loop<T>(op, a.data<T>(), b.data<T>(), out.mutable_data<T>(), a.num_elements());
+  });
+  return out;
+}
+
+template <class T>
+T scalar_as(const Scalar& s, const char* op) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return s.is_floating ? static_cast<T>(s.f) : static_cast<T>(s.i);
+  } else {
+    if (!s.is_floating) {
+      if (s.i < std::numeric_limits<T>::min() || s.i > std::numeric_limits<T>::max()) {
+        throw std::invalid_argument(std::string(op) + ": scalar " + std::to_string(s.i) + " does not fit in " +
+                                    std::string(dtype_name(dtype_v<T>)));
+      }
+      return static_cast<T>(s.i);
+    }
+    if (!(std::trunc(s.f) == s.f) || s.f < static_cast<double>(std::numeric_limits<T>::min()) ||
+        s.f > static_cast<double>(std::numeric_limits<T>::max())) {
+      std::ostringstream m;
+      m << op << ": scalar " << s.f << " cannot be converted to " << dtype_name(dtype_v<T>) << " without loss";
+      throw std::invalid_argument(m.str());
+    }
+    return static_cast<T>(s.f);
+  }
+}
+
+Tensor binary_scalar(binop op, const Tensor& a, const Scalar& s, bool scalar_first) {
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  dispatch(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T v = scalar_as<T>(s, binop_name(op));
+    const T* in = a.data<T>();
+    T* o = out.mutable_data<T>();
+    const std::int64_t n = a.num_elements();
+    if (scalar_first) {
+      for (std::int64_t i = 0; i < n; ++i) o[i] = apply(op, v, in[i]);
+    } else if (op == binop::div && std::is_integral_v<T>) {
+      for (std::int64_t i = 0; i < n; ++i) o[i] = apply(op, in[i], v);
+    } else {
+      switch (op) {
+        case binop::add: for (std::int64_t i = 0; i < n; ++i) o[i] = in[i] + v; break;
+        case binop::sub: for (std::int64_t i = 0; i < n; ++i) o[i] = in[i] - v; break;
+        case binop::mul: for (std::int64_t i = 0; i < n; ++i) o[i] = in[i] * v; break;
+        case binop::div: for (std::int64_t i = 0; i < n; ++i) o[i] = in[i] / v; break;
+      }
+    }
+  });
+  return out;
+}
+
+int normalize_axis(int axis, int rank, const char* op) {
+  if (axis < -rank || axis >= rank || rank == 0) {
+    throw std::invalid_argument(std::string(op) + ": axis " + std::to_string(axis) + " out of range for rank-" +
+                                std::to_string(rank) + " tensor (expected " +
+                                (rank == 0 ? std::string("a tensor of rank >= 1") : "0.." + std::to_string(rank - 1)) +
+                                ")");
+  }
+  return axis < 0 ? axis + rank : axis;
+}
+
+}  // namespace
+
+Tensor::Tensor() : Tensor(detail::allocate_storage(0), Shape{0}, DType::f32, Device{}) {}
+
+Tensor::Tensor(std::shared_ptr<detail::Storage> storage, Shape shape, DType dtype, Device device)
+    : storage_(std::move(storage)), shape_(std::move(shape)), dtype_(dtype),
+      num_elements_(shape_num_elements(shape_)), device_(std::move(device)) {}
+
+Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
+  const std::int64_t n = shape_num_elements(shape);
+  return Tensor(detail::allocate_storage(static_cast<std::size_t>(n) * dtype_size(dtype)), std::move(shape), dtype,
+                std::move(device));
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype) {
+  Tensor t = empty(std::move(shape), dtype);
+  if (t.nbytes() > 0) std::memset(t.raw_mutable_data(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::full(Shape shape, Scalar value, DType dtype) {
+  Tensor t = empty(std::move(shape), dtype);
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T v = scalar_as<T>(value, "full");
+    T* p = t.mutable_data<T>();
+    for (std::int64_t i = 0; i < t.num_elements(); ++i) p[i] = v;
+  });
+  return t;
+}
+
+Tensor Tensor::range(std::int64_t n, DType dtype) {
+  if (n < 0) throw std::invalid_argument("range: n must be >= 0, got " + std::to_string(n));
+  Tensor t = empty(Shape{n}, dtype);
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = t.mutable_data<T>();
+    for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(i);
+  });
+  return t;
+}
+
+Tensor Tensor::from_bytes(const void* data, std::size_t nbytes, DType dtype, Shape shape) {
+  const std::int64_t n = shape_num_elements(shape);
+  if (static_cast<std::size_t>(n) * dtype_size(dtype) != nbytes) {
+    throw std::invalid_argument("from_vector: " + std::to_string(nbytes / dtype_size(dtype)) +
+                                " values do not fill shape " + shape_to_string(shape) + " (" + std::to_string(n) +
+                                " elements)");
+  }
+  Tensor t = empty(std::move(shape), dtype);
+  if (nbytes > 0) std::memcpy(t.raw_mutable_data(), data, nbytes);
+  return t;
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  int inferred = -1;
+  std::int64_t known = 1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1 && inferred < 0) {
+      inferred = static_cast<int>(i);
+    } else if (shape[i] < 0) {
+      throw std::invalid_argument("reshape: bad dimension " + std::to_string(shape[i]) + " in " + shape_to_string(shape));
+    } else {
+      known *= shape[i];
+    }
+  }
+  if (inferred >= 0) {
+    if (known == 0 || num_elements_ % known != 0) {
+      throw std::invalid_argument("reshape: cannot infer the -1 in " + shape_to_string(shape) + " for " +
+                                  std::to_string(num_elements_) + " elements");
+    }
+    shape[static_cast<std::size_t>(inferred)] = num_elements_ / known;
+  } else if (known != num_elements_) {
+    throw std::invalid_argument("reshape: cannot reshape a tensor of shape " + shape_to_string(shape_) + " (" +
+                                std::to_string(num_elements_) + " elements) into shape " + shape_to_string(shape) +
+                                " (" + std::to_string(known) + " elements)");
+  }
+  return Tensor(storage_, std::move(shape), dtype_, device_);
+}
+
+Tensor Tensor::with_device(Device device) const { return Tensor(storage_, shape_, dtype_, std::move(device)); }
+
+Tensor Tensor::cast(DType dtype) const {
+  Tensor out = empty(shape_, dtype, device_);
+  dispatch(dtype_, [&](auto from_tag) {
+    using From = decltype(from_tag);
+    dispatch(dtype, [&](auto to_tag) {
+      using To = decltype(to_tag);
+      const From* in = data<From>();
+      To* o = out.mutable_data<To>();
+      for (std::int64_t i = 0; i < num_elements_; ++i) o[i] = static_cast<To>(in[i]);
+    });
+  });
+  return out;
+}
+
+const void* Tensor::raw_data() const noexcept { return storage_ ? storage_->data : nullptr; }
+void* Tensor::raw_mutable_data() noexcept { return storage_ ? storage_->data : nullptr; }
+
+void Tensor::check_dtype(DType expected, const char* op) const {
+  if (expected != dtype_) {
+    throw std::invalid_argument(std::string(op) + ": tensor has dtype " + std::string(dtype_name(dtype_)) +
+                                ", asked for " + std::string(dtype_name(expected)));
+  }
+}
+
+void Tensor::check_single_element(const char* op) const {
+  if (num_elements_ != 1) {
+    throw std::invalid_argument(std::string(op) + ": needs exactly one element, tensor of shape " +
+                                shape_to_string(shape_) + " has " + std::to_string(num_elements_));
+  }
+}
+
+std::string Tensor::to_string() const {
+  std::string out;
+  dispatch(dtype_, [&](auto tag) {
+    using T = decltype(tag);
+    std::int64_t pos = 0;
+    append_nested(out, static_cast<const T*>(raw_data()), shape_, 0, pos);
+  });
+  return out;
+}
+
+bool Tensor::equals(const Tensor& other) const {
+  return dtype_ == other.dtype_ && shape_ == other.shape_ &&
+         (nbytes() == 0 || std::memcmp(raw_data(), other.raw_data(), nbytes()) == 0);
+}
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return binary(binop::add, a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return binary(binop::sub, a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return binary(binop::mul, a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return binary(binop::div, a, b); }
+Tensor operator+(const Tensor& a, Scalar b) { return binary_scalar(binop::add, a, b, false); }
+Tensor operator-(const Tensor& a, Scalar b) { return binary_scalar(binop::sub, a, b, false); }
+Tensor operator*(const Tensor& a, Scalar b) { return binary_scalar(binop::mul, a, b, false); }
+Tensor operator/(const Tensor& a, Scalar b) { return binary_scalar(binop::div, a, b, false); }
+Tensor operator+(Scalar a, const Tensor& b) { return binary_scalar(binop::add, b, a, true); }
+Tensor operator-(Scalar a, const Tensor& b) { return binary_scalar(binop::sub, b, a, true); }
+Tensor operator*(Scalar a, const Tensor& b) { return binary_scalar(binop::mul, b, a, true); }
+Tensor operator/(Scalar a, const Tensor& b) { return binary_scalar(binop::div, b, a, true); }
+Tensor operator-(const Tensor& a) { return binary_scalar(binop::sub, a, Scalar(0), true); }
+
+Tensor concat(const std::vector<Tensor>& parts, int axis) {
+  if (parts.empty()) throw std::invalid_argument("concat: needs at least one tensor");
+  const Tensor& first = parts[0];
+  const int ax = normalize_axis(axis, first.rank(), "concat");
+  Shape shape = first.shape();
+  std::int64_t along = 0;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const Tensor& p = parts[i];
+    bool ok = p.dtype() == first.dtype() && p.rank() == first.rank();
+    for (int d = 0; ok && d < first.rank(); ++d) {
+      if (d != ax && p.shape()[static_cast<std::size_t>(d)] != first.shape()[static_cast<std::size_t>(d)]) ok = false;
+    }
+    if (!ok) {
+      throw std::invalid_argument("concat: part 0 is " + std::string(dtype_name(first.dtype())) + " " +
+                                  shape_to_string(first.shape()) + ", part " + std::to_string(i) + " is " +
+                                  std::string(dtype_name(p.dtype())) + " " + shape_to_string(p.shape()) +
+                                  "; only dimension " + std::to_string(ax) + " may differ");
+    }
+    along += p.shape()[static_cast<std::size_t>(ax)];
+  }
+  shape[static_cast<std::size_t>(ax)] = along;
+  Tensor out = Tensor::empty(shape, first.dtype(), first.device());
+  std::int64_t outer = 1;
+  for (int d = 0; d < ax; ++d) outer *= shape[static_cast<std::size_t>(d)];
+  std::size_t inner = dtype_size(first.dtype());
+  for (std::size_t d = static_cast<std::size_t>(ax) + 1; d < shape.size(); ++d) inner *= static_cast<std::size_t>(shape[d]);
+  auto* o = static_cast<char*>(out.raw_mutable_data());
+  for (std::int64_t i = 0; i < outer; ++i) {
+    for (const Tensor& p : parts) {
+      const std::size_t bytes = static_cast<std::size_t>(p.shape()[static_cast<std::size_t>(ax)]) * inner;
+      if (bytes == 0) continue;
+      std::memcpy(o, static_cast<const char*>(p.raw_data()) + static_cast<std::size_t>(i) * bytes, bytes);
+      o += bytes;
+    }
+  }
+  return out;
+}
+
+Tensor reduce_sum(const Tensor& t, int axis) {
+  const int ax = normalize_axis(axis, t.rank(), "reduce_sum");
+  Shape shape = t.shape();
+  const std::int64_t along = shape[static_cast<std::size_t>(ax)];
+  shape.erase(shape.begin() + ax);
+  Tensor out = Tensor::zeros(shape, t.dtype()).with_device(t.device());
+  std::int64_t outer = 1;
+  for (int d = 0; d < ax; ++d) outer *= t.shape()[static_cast<std::size_t>(d)];
+  std::int64_t inner = 1;
+  for (std::size_t d = static_cast<std::size_t>(ax) + 1; d < t.shape().size(); ++d) inner *= t.shape()[d];
+  dispatch(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = t.data<T>();
+    T* o = out.mutable_data<T>();
+    for (std::int64_t i = 0; i < outer; ++i) {
+      for (std::int64_t a = 0; a < along; ++a) {
+        const T* row = in + (i * along + a) * inner;
+        T* dst = o + i * inner;
+        for (std::int64_t k = 0; k < inner; ++k) dst[k] += row[k];
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace troupe

@@ -1,0 +1,321 @@
+#include "troupe/transport/shm_group.hpp"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <ctime>
+#include <sstream>
+
+#include "troupe/transport/reduce_kernels.hpp"
+#include "troupe/transport/spin.hpp"
+
+namespace troupe::transport {
+namespace {
+
+void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, std::chrono::microseconds timeout) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000);
+  ts.tv_nsec = static_cast<long>((timeout.count() % 1000000) * 1000);
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<std::uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+std::string shape_string(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::string describe(const buffer& b) {
+  return std::string(scalar_name(b.type)) + " tensor of shape " + shape_string(b.shape);
+}
+
+// Element boundaries of rank r's share of a fused reduce-scatter, on 64-byte multiples.
+std::int64_t share_begin(std::int64_t total, int rank, int size) {
+  if (rank >= size) return total;
+  std::int64_t b = total * rank / size;
+  b -= b % 16;
+  return rank == 0 ? 0 : b;
+}
+
+thread_local std::vector<const void*> tl_ins;
+thread_local std::vector<void*> tl_outs;
+
+}  // namespace
+
+std::size_t scalar_size(scalar_type t) noexcept {
+  switch (t) {
+    case scalar_type::f32: return 4;
+    case scalar_type::f64: return 8;
+    case scalar_type::i32: return 4;
+    case scalar_type::i64: return 8;
+  }
+  return 0;
+}
+
+const char* scalar_name(scalar_type t) noexcept {
+  switch (t) {
+    case scalar_type::f32: return "float32";
+    case scalar_type::f64: return "float64";
+    case scalar_type::i32: return "int32";
+    case scalar_type::i64: return "int64";
+  }
+  return "?";
+}
+
+const char* collective_name(collective_kind k) noexcept {
+  return k == collective_kind::all_reduce ? "all_reduce" : "all_gather";
+}
+
+namespace {
+int checked_size(int size) {
+  if (size < 1) throw std::invalid_argument("shm_group: size must be at least 1, got " + std::to_string(size));
+  return size;
+}
+}  // namespace
+
+shm_group::shm_group(int size, std::chrono::microseconds spin, std::chrono::milliseconds timeout)
+    : size_(checked_size(size)), spin_(spin), timeout_(timeout), round_(static_cast<std::size_t>(size), 0),
+      arrivals_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(size)]),
+      slots_(2 * static_cast<std::size_t>(size)) {
+  for (int r = 0; r < size; ++r) arrivals_[r].store(0, std::memory_order_relaxed);
+}
+
+shm_group::~shm_group() = default;
+
+void shm_group::post(int rank, slot s) {
+  const std::uint64_t parity = round_[rank]++ & 1;
+  slots_[parity * size_ + rank] = std::move(s);
+}
+
+std::string shm_group::missing_ranks(std::uint64_t arrivals) const {
+  std::string out;
+  for (int r = 0; r < size_; ++r) {
+    if (arrivals_[r].load(std::memory_order_acquire) < arrivals) {
+      if (!out.empty()) out += ", ";
+      out += std::to_string(r);
+    }
+  }
+  return out;
+}
+
+void shm_group::throw_aborted(const char* what) {
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(reason_mutex_);
+    reason = abort_reason_;
+  }
+  if (reason.empty()) {
+    const int r = finished_first_.load(std::memory_order_acquire);
+    reason = "replica " + std::to_string(r) +
+             " returned from its function without joining it (every replica must call the same"
+             " collectives in the same order)";
+  }
+  throw aborted_error(std::string(what) + " abandoned: " + reason);
+}
+
+void shm_group::arrive_and_wait(int rank, const char* what) {
+  if (aborted_.load(std::memory_order_acquire)) throw_aborted(what);
+  const std::uint32_t gen = generation_.load(std::memory_order_acquire);
+  const std::uint64_t mine = arrivals_[rank].fetch_add(1, std::memory_order_acq_rel) + 1;
+  if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<std::uint32_t>(size_)) {
+    arrived_.store(0, std::memory_order_relaxed);
+    generation_.store(gen + 1, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&generation_);
+    return;
+  }
+  auto passed = [&] { return generation_.load(std::memory_order_acquire) != gen; };
+  auto stopped = [&] {
+    return aborted_.load(std::memory_order_acquire) || finished_first_.load(std::memory_order_acquire) >= 0;
+  };
+  if (!spin_until([&] { return passed() || stopped(); }, spin_)) {
+    const auto start = std::chrono::steady_clock::now();
+    while (!passed() && !stopped()) {
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      if (!passed()) futex_wait(&generation_, gen, std::chrono::microseconds{2000});
+      sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+      if (timeout_.count() > 0 && !passed() && std::chrono::steady_clock::now() - start > timeout_) {
+        abort(rank, "timed out after " + std::to_string(timeout_.count()) +
+                        " ms waiting for replicas " + missing_ranks(mine));
+      }
+    }
+  }
+  if (passed()) return;
+  throw_aborted(what);
+}
+
+void shm_group::check_slots(int rank, const char* what) const {
+  const std::uint64_t parity = (round_[rank] - 1) & 1;  // every rank is in the same round here
+  const slot& first = slots_[parity * size_];
+  for (int r = 1; r < size_; ++r) {
+    const slot& s = slots_[parity * size_ + r];
+    std::ostringstream err;
+    if (s.kind != first.kind) {
+      err << "collective mismatch: replica 0 called " << collective_name(first.kind) << ", replica " << r
+          << " called " << collective_name(s.kind);
+      throw std::invalid_argument(err.str());
+    }
+    if (s.kind == collective_kind::all_reduce) {
+      if (s.op != first.op) {
+        err << what << ": replica 0 asked for " << (first.op == reduce_kind::sum ? "SUM" : "MEAN")
+            << ", replica " << r << " for " << (s.op == reduce_kind::sum ? "SUM" : "MEAN");
+        throw std::invalid_argument(err.str());
+      }
+      if (s.buffers.size() != first.buffers.size()) {
+        err << what << ": replica 0 sent " << first.buffers.size() << " tensors, replica " << r << " sent "
+            << s.buffers.size();
+        throw std::invalid_argument(err.str());
+      }
+      for (std::size_t i = 0; i < s.buffers.size(); ++i) {
+        const buffer& a = first.buffers[i];
+        const buffer& b = s.buffers[i];
+        if (a.type != b.type || a.shape != b.shape || a.count != b.count) {
+          err << what << ": replica 0 sent " << describe(a) << ", replica " << r << " sent " << describe(b);
+          if (first.buffers.size() > 1) err << " (tensor " << i << " of " << first.buffers.size() << ")";
+          throw std::invalid_argument(err.str());
+        }
+      }
+    } else {
+      const buffer& a = first.buffers.at(0);
+      const buffer& b = s.buffers.at(0);
+      bool ok = a.type == b.type && a.shape.size() == b.shape.size() && s.axis == first.axis;
+      for (std::size_t d = 0; ok && d < a.shape.size(); ++d) {
+        if (static_cast<int>(d) != first.axis && a.shape[d] != b.shape[d]) ok = false;
+      }
+      if (!ok) {
+        err << what << ": replica 0 sent " << describe(a) << " (axis " << first.axis << "), replica " << r
+            << " sent " << describe(b) << " (axis " << s.axis
+            << "); only the size along the gather axis may differ";
+        throw std::invalid_argument(err.str());
+      }
+    }
+  }
+}
+
+void shm_group::all_reduce(int rank, std::vector<buffer> buffers, reduce_kind op,
+                           std::shared_ptr<const void> keepalive) {
+  const char* what = "all_reduce";
+  slot mine;
+  mine.kind = collective_kind::all_reduce;
+  mine.op = op;
+  mine.buffers = std::move(buffers);
+  mine.keepalive = std::move(keepalive);
+  post(rank, std::move(mine));
+  arrive_and_wait(rank, what);
+  check_slots(rank, what);
+
+  const std::uint64_t parity = (round_[rank] - 1) & 1;
+  const slot* row = &slots_[parity * size_];
+  const std::size_t nbuf = row[0].buffers.size();
+  std::int64_t total = 0;
+  std::size_t total_bytes = 0;
+  for (const buffer& b : row[0].buffers) {
+    total += b.count;
+    total_bytes += static_cast<std::size_t>(b.count) * scalar_size(b.type);
+  }
+  const bool small = total_bytes <= small_bytes || size_ == 1;
+  const std::int64_t lo = small ? 0 : share_begin(total, rank, size_);
+  const std::int64_t hi = small ? total : share_begin(total, rank + 1, size_);
+
+  tl_ins.resize(static_cast<std::size_t>(size_));
+  tl_outs.resize(static_cast<std::size_t>(size_));
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < nbuf && offset < hi; ++i) {
+    const buffer& b0 = row[0].buffers[i];
+    const std::int64_t seg_lo = std::max(lo, offset) - offset;
+    const std::int64_t seg_hi = std::min(hi, offset + b0.count) - offset;
+    if (seg_lo < seg_hi) {
+      for (int r = 0; r < size_; ++r) {
+        tl_ins[r] = row[r].buffers[i].in;
+        tl_outs[r] = row[r].buffers[i].out;
+      }
+      if (small) {
+        void* out = row[rank].buffers[i].out;
+        reduce_range(tl_ins.data(), size_, &out, 1, seg_lo, seg_hi, b0.type, op);
+      } else {
+        reduce_range(tl_ins.data(), size_, tl_outs.data(), size_, seg_lo, seg_hi, b0.type, op);
+      }
+    }
+    offset += b0.count;
+  }
+  if (!small) arrive_and_wait(rank, what);
+}
+
+void shm_group::all_gather(int rank, const buffer& value, int axis,
+                           const std::function<void*(const std::vector<std::int64_t>&)>& allocate,
+                           std::shared_ptr<const void> keepalive) {
+  const char* what = "all_gather";
+  slot mine;
+  mine.kind = collective_kind::all_gather;
+  mine.axis = axis;
+  mine.buffers.push_back(value);
+  mine.keepalive = std::move(keepalive);
+  post(rank, std::move(mine));
+  arrive_and_wait(rank, what);
+  check_slots(rank, what);
+
+  const std::uint64_t parity = (round_[rank] - 1) & 1;
+  const slot* row = &slots_[parity * size_];
+  std::vector<std::int64_t> shape = row[0].buffers[0].shape;
+  std::int64_t gathered = 0;
+  for (int r = 0; r < size_; ++r) gathered += row[r].buffers[0].shape[static_cast<std::size_t>(axis)];
+  shape[static_cast<std::size_t>(axis)] = gathered;
+  auto* out = static_cast<char*>(allocate(shape));
+
+  std::int64_t outer = 1;
+  for (int d = 0; d < axis; ++d) outer *= shape[static_cast<std::size_t>(d)];
+  std::size_t inner_bytes = scalar_size(value.type);
+  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < shape.size(); ++d) {
+    inner_bytes *= static_cast<std::size_t>(shape[d]);
+  }
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (int r = 0; r < size_; ++r) {
+      const buffer& b = row[r].buffers[0];
+      const std::size_t bytes = static_cast<std::size_t>(b.shape[static_cast<std::size_t>(axis)]) * inner_bytes;
+      if (bytes == 0) continue;
+      std::memcpy(out, static_cast<const char*>(b.in) + static_cast<std::size_t>(o) * bytes, bytes);
+      out += bytes;
+    }
+  }
+}
+
+void shm_group::abort(int rank, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(reason_mutex_);
+    if (abort_reason_.empty()) {
+      abort_reason_ = reason.empty() ? "replica " + std::to_string(rank) + " aborted" : reason;
+    }
+  }
+  aborted_.store(true, std::memory_order_seq_cst);
+  futex_wake_all(&generation_);
+}
+
+void shm_group::finish(int rank) {
+  int none = -1;
+  finished_first_.compare_exchange_strong(none, rank, std::memory_order_acq_rel);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&generation_);
+}
+
+void shm_group::reset() {
+  for (auto& s : slots_) s = slot{};
+  std::fill(round_.begin(), round_.end(), 0);
+  for (int r = 0; r < size_; ++r) arrivals_[r].store(0, std::memory_order_relaxed);
+  arrived_.store(0, std::memory_order_relaxed);
+  aborted_.store(false, std::memory_order_relaxed);
+  finished_first_.store(-1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(reason_mutex_);
+  abort_reason_.clear();
+}
+
+}  // namespace troupe::transport
