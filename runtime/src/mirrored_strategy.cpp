@@ -87,8 +87,7 @@ class MirroredBackend final : public detail::StrategyBackend {
       try {
         fn(r);
       } catch (const CollectiveAborted&) {
-        group_.abort(r, "");
-        throw;
+        throw;  // the group already carries the cause that released this replica
       } catch (const std::exception& e) {
         group_.abort(r, "replica " + std::to_string(r) + " failed: " + e.what());
         throw;

@@ -16,6 +16,7 @@ namespace troupe::distribute {
 template <class T>
 class PerReplica {
  public:
+  static_assert(!std::is_same_v<T, bool>, "PerReplica<bool> would sit on std::vector<bool>; return an int instead");
   using value_type = T;
 
   PerReplica() = default;

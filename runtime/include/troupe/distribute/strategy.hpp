@@ -35,7 +35,7 @@ class StrategyBackend {
 
 /// The argument replica `r` receives for `arg`: its component of a PerReplica, else arg itself.
 template <class A>
-decltype(auto) component(const A& arg, int r) {
+decltype(auto) component(const A& arg, [[maybe_unused]] int r) {
   if constexpr (is_per_replica_v<A>) {
     return arg[r];
   } else {
@@ -91,10 +91,18 @@ class Strategy {
   auto run(Fn&& fn, const Args&... args) {
     using R = std::decay_t<std::invoke_result_t<Fn&, decltype(detail::component(args, 0))...>>;
     if constexpr (std::is_void_v<R>) {
-      execute([&](int r) { fn(detail::component(args, r)...); });
+      execute([&]([[maybe_unused]] int r) { fn(detail::component(args, r)...); });
     } else {
       std::vector<std::optional<R>> slots(static_cast<std::size_t>(num_replicas_in_sync()));
-      execute([&](int r) { slots[static_cast<std::size_t>(r)].emplace(fn(detail::component(args, r)...)); });
+      execute([&]([[maybe_unused]] int r) {
+        auto& slot = slots[static_cast<std::size_t>(r)];
+        slot.emplace(fn(detail::component(args, r)...));
+        if constexpr (std::is_same_v<R, Tensor>) {
+          // A result lives on its replica's device, as in TensorFlow.
+          const Device& device = replica_device(r);
+          if (slot->device() != device) *slot = slot->with_device(device);
+        }
+      });
       std::vector<R> values;
       values.reserve(slots.size());
       for (auto& s : slots) values.push_back(std::move(*s));
@@ -148,6 +156,11 @@ class Strategy {
   void execute(const std::function<void(int)>& fn);
 
   detail::StrategyBackend& backend() { return *backend_; }
+
+  /// The device of local replica `replica`.
+  const Device& replica_device(int replica) const {
+    return backend_->devices()[static_cast<std::size_t>(replica)];
+  }
 
  protected:
   explicit Strategy(std::unique_ptr<detail::StrategyBackend> backend);

@@ -1,0 +1,148 @@
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "troupe/tensor.hpp"
+
+using namespace troupe;
+
+namespace {
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("from_vector keeps values, shape and dtype") {
+  Tensor t = Tensor::from_vector<int>({1, 2, 3, 4}, {2, 2});
+  CHECK(t.dtype() == DType::i32);
+  CHECK(t.shape() == Shape{2, 2});
+  CHECK(t.rank() == 2);
+  CHECK(t.num_elements() == 4);
+  CHECK(t.nbytes() == 16);
+  CHECK(t.to_vector<int>() == std::vector<int>{1, 2, 3, 4});
+  CHECK(t.to_string() == "[[1, 2], [3, 4]]");
+  CHECK(t.device().to_string() == "CPU:0");
+}
+
+TEST_CASE("every dtype maps from its C++ type") {
+  CHECK(Tensor::scalar<float>(1.5f).dtype() == DType::f32);
+  CHECK(Tensor::scalar<double>(1.5).dtype() == DType::f64);
+  CHECK(Tensor::scalar<std::int32_t>(1).dtype() == DType::i32);
+  CHECK(Tensor::scalar<std::int64_t>(1).dtype() == DType::i64);
+  CHECK(Tensor::scalar<long long>(1).dtype() == DType::i64);
+  CHECK(dtype_name(DType::f64) == "float64");
+  CHECK(dtype_size(DType::i64) == 8);
+}
+
+TEST_CASE("from_vector with a wrong element count names both") {
+  auto msg = message_of([] { Tensor::from_vector<float>({1, 2, 3}, {2, 2}); });
+  CHECK(msg.find("3 values") != std::string::npos);
+  CHECK(msg.find("[2, 2]") != std::string::npos);
+  CHECK_THROWS_AS(Tensor::from_vector<float>({1, 2, 3}, {2, 2}), std::invalid_argument);
+}
+
+TEST_CASE("zeros, full and range") {
+  CHECK(Tensor::zeros({3}, DType::f64).to_vector<double>() == std::vector<double>{0, 0, 0});
+  CHECK(Tensor::full({2}, 7, DType::i32).to_vector<int>() == std::vector<int>{7, 7});
+  CHECK(Tensor::range(4).to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 1, 2, 3});
+  CHECK(Tensor::range(3, DType::f32).to_string() == "[0.0, 1.0, 2.0]");
+  CHECK(Tensor::range(0).num_elements() == 0);
+  CHECK(Tensor::range(0).to_string() == "[]");
+  CHECK_THROWS_AS(Tensor::range(-1), std::invalid_argument);
+}
+
+TEST_CASE("reshape shares storage and checks the element count") {
+  Tensor t = Tensor::range(6, DType::i32);
+  Tensor r = t.reshape({1, 2, 3});
+  CHECK(r.shape() == Shape{1, 2, 3});
+  CHECK(r.shares_storage_with(t));
+  CHECK(t.reshape({3, -1}).shape() == Shape{3, 2});
+  auto msg = message_of([&] { t.reshape({4, 2}); });
+  CHECK(msg.find("[6]") != std::string::npos);
+  CHECK(msg.find("[4, 2]") != std::string::npos);
+  CHECK_THROWS_AS(t.reshape({4, 2}), std::invalid_argument);
+  CHECK_THROWS_AS(t.reshape({4, -1}), std::invalid_argument);
+}
+
+TEST_CASE("to_vector, data and item check the dtype") {
+  Tensor t = Tensor::from_vector<float>({1, 2});
+  CHECK_THROWS_AS(t.to_vector<int>(), std::invalid_argument);
+  CHECK_THROWS_AS(t.item<float>(), std::invalid_argument);
+  CHECK(Tensor::scalar<int>(5).item<int>() == 5);
+  CHECK(message_of([&] { t.to_vector<double>(); }).find("float32") != std::string::npos);
+}
+
+TEST_CASE("to_string prints floats with a decimal point and nests by shape") {
+  CHECK(Tensor::scalar<float>(6.0f).to_string() == "6.0");
+  CHECK(Tensor::scalar<double>(2.5).to_string() == "2.5");
+  CHECK(Tensor::scalar<int>(-3).to_string() == "-3");
+  CHECK(Tensor::from_vector<float>({0.1f}).to_string() == "[0.1]");
+  CHECK(Tensor::range(6, DType::i64).reshape({1, 2, 3}).to_string() == "[[[0, 1, 2], [3, 4, 5]]]");
+  CHECK(Tensor::zeros({2, 0}).to_string() == "[[], []]");
+}
+
+TEST_CASE("elementwise operators work for every dtype") {
+  CHECK((Tensor::from_vector<float>({1, 2}) + Tensor::from_vector<float>({3, 4})).to_vector<float>() ==
+        std::vector<float>{4, 6});
+  CHECK((Tensor::from_vector<double>({5, 2}) - Tensor::from_vector<double>({3, 4})).to_vector<double>() ==
+        std::vector<double>{2, -2});
+  CHECK((Tensor::from_vector<int>({1, 2}) * Tensor::from_vector<int>({3, 4})).to_vector<int>() ==
+        std::vector<int>{3, 8});
+  CHECK((Tensor::from_vector<std::int64_t>({7, -7}) / Tensor::from_vector<std::int64_t>({2, 2}))
+            .to_vector<std::int64_t>() == std::vector<std::int64_t>{3, -3});
+  CHECK((Tensor::scalar<float>(3.0f) * 2.0f).item<float>() == 6.0f);
+  CHECK((Tensor::scalar<int>(4) * 2).item<int>() == 8);
+  CHECK((Tensor::scalar<float>(3.0f) * 2).item<float>() == 6.0f);
+  CHECK((10 - Tensor::scalar<int>(4)).item<int>() == 6);
+  CHECK((1.0 / Tensor::scalar<double>(4.0)).item<double>() == 0.25);
+  CHECK((-Tensor::scalar<int>(4)).item<int>() == -4);
+  CHECK((Tensor::scalar<int>(4) * 2.0).item<int>() == 8);
+}
+
+TEST_CASE("elementwise mismatches and lossy scalars are clear errors") {
+  auto msg = message_of([] { Tensor::zeros({4, 2}) + Tensor::zeros({4}); });
+  CHECK(msg.find("[4, 2]") != std::string::npos);
+  CHECK(msg.find("[4]") != std::string::npos);
+  CHECK_THROWS_AS(Tensor::zeros({2}) * Tensor::zeros({2}, DType::f64), std::invalid_argument);
+  CHECK_THROWS_AS(Tensor::scalar<int>(1) * 2.5, std::invalid_argument);
+  CHECK_THROWS_AS(Tensor::scalar<int>(1) / 0, std::invalid_argument);
+  CHECK_THROWS_AS(Tensor::scalar<int>(1) / Tensor::scalar<int>(0), std::invalid_argument);
+}
+
+TEST_CASE("operations never change their operands") {
+  Tensor a = Tensor::from_vector<float>({1, 2});
+  Tensor b = a * 3.0f;
+  CHECK(a.to_vector<float>() == std::vector<float>{1, 2});
+  CHECK(!b.shares_storage_with(a));
+}
+
+TEST_CASE("concat and reduce_sum along an axis") {
+  Tensor a = Tensor::range(6, DType::i32).reshape({2, 3});
+  CHECK(concat({a, a}, 0).shape() == Shape{4, 3});
+  CHECK(concat({a, a}, 1).to_string() == "[[0, 1, 2, 0, 1, 2], [3, 4, 5, 3, 4, 5]]");
+  CHECK(reduce_sum(a, 0).to_vector<int>() == std::vector<int>{3, 5, 7});
+  CHECK(reduce_sum(a, 1).to_vector<int>() == std::vector<int>{3, 12});
+  CHECK(reduce_sum(a, -1).to_vector<int>() == std::vector<int>{3, 12});
+  CHECK_THROWS_AS(reduce_sum(a, 2), std::invalid_argument);
+  CHECK_THROWS_AS(concat({a, Tensor::zeros({2, 2}, DType::i32)}, 0), std::invalid_argument);
+  CHECK(message_of([&] { reduce_sum(a, 3); }).find("axis 3 out of range for rank-2 tensor") != std::string::npos);
+}
+
+TEST_CASE("cast converts every element") {
+  CHECK(Tensor::from_vector<float>({1.5f, -2.5f}).cast(DType::i32).to_vector<int>() == std::vector<int>{1, -2});
+  CHECK(Tensor::range(3).cast(DType::f64).to_vector<double>() == std::vector<double>{0, 1, 2});
+}
+
+TEST_CASE("equals compares dtype, shape and bytes") {
+  CHECK(Tensor::range(3).equals(Tensor::range(3)));
+  CHECK(!Tensor::range(3).equals(Tensor::range(3, DType::i32)));
+  CHECK(!Tensor::range(4).equals(Tensor::range(4).reshape({2, 2})));
+}

@@ -1,0 +1,149 @@
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "troupe/transport/reduce_kernels.hpp"
+#include "troupe/transport/shm_group.hpp"
+
+using namespace troupe::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Runs body(rank) on `n` threads and returns what each threw ("" when it returned).
+std::vector<std::string> on_threads(int n, const std::function<void(int)>& body) {
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+buffer make_buffer(const std::vector<float>& in, std::vector<float>& out) {
+  buffer b;
+  b.in = in.data();
+  b.out = out.data();
+  b.count = static_cast<std::int64_t>(in.size());
+  b.type = scalar_type::f32;
+  b.shape = {b.count};
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("shm all_reduce over threads, on both paths and repeatedly") {
+  for (int n : {1, 2, 3, 4, 8}) {
+    for (std::size_t count : {std::size_t{1}, std::size_t{13}, std::size_t{200000}}) {
+      CAPTURE(n);
+      CAPTURE(count);
+      shm_group group(n, 20us);
+      std::vector<std::vector<float>> ins(static_cast<std::size_t>(n)), outs(static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        ins[static_cast<std::size_t>(r)].assign(count, float(r + 1));
+        outs[static_cast<std::size_t>(r)].assign(count, -1.0f);
+      }
+      auto errors = on_threads(n, [&](int r) {
+        for (int round = 0; round < 20; ++round) {
+          group.all_reduce(r, {make_buffer(ins[static_cast<std::size_t>(r)], outs[static_cast<std::size_t>(r)])},
+                           reduce_kind::sum, nullptr);
+        }
+      });
+      for (const auto& e : errors) CHECK(e == "");
+      const float expected = float(n * (n + 1) / 2);
+      for (int r = 0; r < n; ++r) {
+        CHECK(outs[static_cast<std::size_t>(r)].front() == expected);
+        CHECK(outs[static_cast<std::size_t>(r)].back() == expected);
+      }
+    }
+  }
+}
+
+TEST_CASE("reduce_range sums in input order and averages") {
+  std::vector<double> a{1, 2}, b{3, 4}, c{5, 6}, out(2);
+  const void* ins[] = {a.data(), b.data(), c.data()};
+  void* outs[] = {out.data()};
+  reduce_range(ins, 3, outs, 1, 0, 2, scalar_type::f64, reduce_kind::mean);
+  CHECK(out == std::vector<double>{3, 4});
+  std::vector<std::int32_t> x{7, -7}, y{2, 2}, o(2);
+  const void* ins2[] = {x.data(), y.data()};
+  void* outs2[] = {o.data()};
+  reduce_range(ins2, 2, outs2, 1, 0, 2, scalar_type::i32, reduce_kind::mean);
+  CHECK(o == std::vector<std::int32_t>{4, -2});  // integer mean truncates toward zero
+}
+
+TEST_CASE("abort releases ranks waiting in a collective and reset re-arms the group") {
+  shm_group group(3, 5us);
+  std::vector<float> in(4, 1.0f);
+  std::vector<std::vector<float>> outs(3, std::vector<float>(4));
+  auto errors = on_threads(3, [&](int r) {
+    if (r == 2) {
+      std::this_thread::sleep_for(20ms);  // the others are asleep in the barrier by now
+      group.abort(2, "replica 2 failed: disk full");
+      return;
+    }
+    group.all_reduce(r, {make_buffer(in, outs[static_cast<std::size_t>(r)])}, reduce_kind::sum, nullptr);
+  });
+  CHECK(errors[0] == "all_reduce abandoned: replica 2 failed: disk full");
+  CHECK(errors[1] == errors[0]);
+  group.reset();
+  errors = on_threads(3, [&](int r) {
+    group.all_reduce(r, {make_buffer(in, outs[static_cast<std::size_t>(r)])}, reduce_kind::sum, nullptr);
+  });
+  CHECK(errors == std::vector<std::string>(3, ""));
+  CHECK(outs[2][3] == 3.0f);
+}
+
+TEST_CASE("a rank that finishes while others wait for it fails the collective instead of hanging") {
+  shm_group group(2, 5us);
+  std::vector<float> in(4, 1.0f), out(4);
+  auto errors = on_threads(2, [&](int r) {
+    if (r == 1) {
+      std::this_thread::sleep_for(10ms);
+      group.finish(1);
+      return;
+    }
+    group.all_reduce(0, {make_buffer(in, out)}, reduce_kind::sum, nullptr);
+  });
+  CHECK(errors[0].find("replica 1 returned from its function without joining it") != std::string::npos);
+}
+
+TEST_CASE("a timeout names the ranks that never arrived") {
+  shm_group group(3, 5us, 50ms);
+  std::vector<float> in(4, 1.0f), out0(4), out1(4);
+  auto errors = on_threads(2, [&](int r) {
+    group.all_reduce(r, {make_buffer(in, r == 0 ? out0 : out1)}, reduce_kind::sum, nullptr);
+  });
+  CHECK(errors[0].find("timed out after 50 ms waiting for replicas 2") != std::string::npos);
+  CHECK(errors[1].find("timed out") != std::string::npos);
+}
+
+TEST_CASE("mismatched buffers are refused by every rank before any byte moves") {
+  shm_group group(2, 5us);
+  std::vector<float> a(4, 1.0f), b(3, 1.0f), out_a(4, -1.0f), out_b(3, -1.0f);
+  auto errors = on_threads(2, [&](int r) {
+    if (r == 0) {
+      group.all_reduce(0, {make_buffer(a, out_a)}, reduce_kind::sum, nullptr);
+    } else {
+      group.all_reduce(1, {make_buffer(b, out_b)}, reduce_kind::sum, nullptr);
+    }
+  });
+  CHECK(errors[0] == "all_reduce: replica 0 sent float32 tensor of shape [4], replica 1 sent float32 tensor of shape [3]");
+  CHECK(errors[1] == errors[0]);
+  CHECK(out_a[0] == -1.0f);
+  CHECK(out_b[0] == -1.0f);
+}
+
+TEST_CASE("shm_group refuses a size below one") { CHECK_THROWS_AS(shm_group(0, 0us), std::invalid_argument); }
