@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "protocol.hpp"
+#include "troupe/transport/spin.hpp"
 
 namespace troupe::actors {
 
@@ -42,10 +43,10 @@ bool coordinator_state::on_lost(int replica, std::string reason) {
 
 struct coordinator::impl {
   impl(caf::actor_system& sys, int n, std::chrono::microseconds spin_budget, const std::string& prefix)
-      : system(sys), self(sys), spin(spin_budget) {
+      : system(sys), self(sys), spin(spin_budget), pause_spins(transport::pause_spins_for(n + 1)) {
     if (n < 1) throw std::invalid_argument("coordinator: at least one replica is needed, got " + std::to_string(n));
     for (int r = 0; r < n; ++r) {
-      auto a = system.spawn<caf::detached>(replica_actor, r, spin, prefix + "-" + std::to_string(r),
+      auto a = system.spawn<caf::detached>(replica_actor, r, spin, pause_spins, prefix + "-" + std::to_string(r),
                                            static_cast<const void*>(this));
       self->monitor(a);
       replicas.push_back(std::move(a));
@@ -63,6 +64,7 @@ struct coordinator::impl {
   caf::actor_system& system;
   caf::scoped_actor self;
   std::chrono::microseconds spin;
+  int pause_spins;  // the coordinator and n replicas wait for each other
   std::vector<caf::actor> replicas;
   coordinator_state state;
 };
@@ -116,7 +118,7 @@ std::vector<std::exception_ptr> coordinator::run_step(const std::function<void(i
     if (!s.state.lost()[static_cast<std::size_t>(r)].empty()) on_lost(r, s.state.lost()[static_cast<std::size_t>(r)]);
   }
   while (!s.state.complete()) {
-    spin_on_mailbox(s.self.ptr(), s.spin);
+    spin_on_mailbox(s.self.ptr(), s.spin, s.pause_spins);
     s.self->receive(
         [&](done_atom, std::uint64_t step, std::int32_t r) { s.state.on_done(step, r); },
         [&](caf::down_msg& d) {

@@ -29,14 +29,14 @@ using stop_atom = caf::atom_constant<caf::atom("stop")>;
 
 /// The body of a replica actor: a detached blocking actor that runs step messages until told to
 /// stop. Answers (done_atom, step, replica) to the sender of each step.
-void replica_actor(caf::blocking_actor* self, int replica, std::chrono::microseconds spin,
+void replica_actor(caf::blocking_actor* self, int replica, std::chrono::microseconds spin, int pause_spins,
                    std::string thread_name, const void* owner);
 
 /// The coordinator whose replica runs on the calling thread, or nullptr.
 const void* replica_thread_owner();
 
 /// Spins until the actor's mailbox has a message or the budget is spent.
-void spin_on_mailbox(caf::blocking_actor* self, std::chrono::microseconds spin);
+void spin_on_mailbox(caf::blocking_actor* self, std::chrono::microseconds spin, int pause_spins);
 
 }  // namespace troupe::actors
 

@@ -10,18 +10,18 @@ thread_local const void* tl_owner = nullptr;
 
 const void* replica_thread_owner() { return tl_owner; }
 
-void spin_on_mailbox(caf::blocking_actor* self, std::chrono::microseconds spin) {
-  transport::spin_until([self] { return !self->mailbox().empty(); }, spin);
+void spin_on_mailbox(caf::blocking_actor* self, std::chrono::microseconds spin, int pause_spins) {
+  transport::spin_until([self] { return !self->mailbox().empty(); }, spin, pause_spins);
 }
 
-void replica_actor(caf::blocking_actor* self, int replica, std::chrono::microseconds spin,
+void replica_actor(caf::blocking_actor* self, int replica, std::chrono::microseconds spin, int pause_spins,
                    std::string thread_name, const void* owner) {
   thread_name.resize(std::min<std::size_t>(thread_name.size(), 15));  // the kernel's limit
   pthread_setname_np(pthread_self(), thread_name.c_str());
   tl_owner = owner;
   bool running = true;
   while (running) {
-    spin_on_mailbox(self, spin);
+    spin_on_mailbox(self, spin, pause_spins);
     self->receive(
         [&](step_atom, const step_task_ptr& task) {
           // Nothing may escape a handler: an exception would kill the actor and lose the step.

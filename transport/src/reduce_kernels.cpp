@@ -1,7 +1,12 @@
 #include "troupe/transport/reduce_kernels.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace troupe::transport {
 namespace {
@@ -9,9 +14,26 @@ namespace {
 // Blocks small enough that the running sum stays in L1 while the inputs stream past it.
 constexpr std::int64_t block_bytes = 8 * 1024;
 
+// Copies `bytes` from L1 to `dst`. Streaming stores bypass the cache: an output that is written
+// whole and not read back soon then costs one write instead of a read-for-ownership plus a write.
+void store_block(void* dst, const void* src, std::size_t bytes, bool streaming) {
+#if defined(__SSE2__)
+  if (streaming && reinterpret_cast<std::uintptr_t>(dst) % 16 == 0) {
+    auto* d = static_cast<__m128i*>(dst);
+    const auto* s = static_cast<const __m128i*>(src);
+    const std::size_t units = bytes / 16;
+    for (std::size_t i = 0; i < units; ++i) _mm_stream_si128(d + i, _mm_load_si128(s + i));
+    const std::size_t done = units * 16;
+    if (done < bytes) std::memcpy(static_cast<char*>(dst) + done, static_cast<const char*>(src) + done, bytes - done);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
 template <class T>
 void reduce_typed(const void* const* ins, int n, void* const* outs, int num_outs, std::int64_t begin,
-                  std::int64_t end, reduce_kind op) {
+                  std::int64_t end, reduce_kind op, bool streaming) {
   constexpr std::int64_t block = block_bytes / sizeof(T);
   alignas(64) T acc[block];
   const T divisor = static_cast<T>(n);
@@ -27,7 +49,7 @@ void reduce_typed(const void* const* ins, int n, void* const* outs, int num_outs
       for (std::int64_t i = 0; i < len; ++i) acc[i] /= divisor;
     }
     for (int o = 0; o < num_outs; ++o) {
-      std::memcpy(static_cast<T*>(outs[o]) + b, acc, static_cast<std::size_t>(len) * sizeof(T));
+      store_block(static_cast<T*>(outs[o]) + b, acc, static_cast<std::size_t>(len) * sizeof(T), streaming);
     }
   }
 }
@@ -35,14 +57,18 @@ void reduce_typed(const void* const* ins, int n, void* const* outs, int num_outs
 }  // namespace
 
 void reduce_range(const void* const* ins, int n, void* const* outs, int num_outs, std::int64_t begin,
-                  std::int64_t end, scalar_type type, reduce_kind op) {
+                  std::int64_t end, scalar_type type, reduce_kind op, bool streaming) {
   if (begin >= end) return;
   switch (type) {
-    case scalar_type::f32: return reduce_typed<float>(ins, n, outs, num_outs, begin, end, op);
-    case scalar_type::f64: return reduce_typed<double>(ins, n, outs, num_outs, begin, end, op);
-    case scalar_type::i32: return reduce_typed<std::int32_t>(ins, n, outs, num_outs, begin, end, op);
-    case scalar_type::i64: return reduce_typed<std::int64_t>(ins, n, outs, num_outs, begin, end, op);
+    case scalar_type::f32: reduce_typed<float>(ins, n, outs, num_outs, begin, end, op, streaming); break;
+    case scalar_type::f64: reduce_typed<double>(ins, n, outs, num_outs, begin, end, op, streaming); break;
+    case scalar_type::i32: reduce_typed<std::int32_t>(ins, n, outs, num_outs, begin, end, op, streaming); break;
+    case scalar_type::i64: reduce_typed<std::int64_t>(ins, n, outs, num_outs, begin, end, op, streaming); break;
   }
+#if defined(__SSE2__)
+  // Streaming stores are weakly ordered: fence them before the barrier publishes the result.
+  if (streaming) _mm_sfence();
+#endif
 }
 
 }  // namespace troupe::transport

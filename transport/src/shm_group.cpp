@@ -88,7 +88,7 @@ int checked_size(int size) {
 shm_group::shm_group(int size, std::chrono::microseconds spin, std::chrono::milliseconds timeout)
     : size_(checked_size(size)), spin_(spin), timeout_(timeout), round_(static_cast<std::size_t>(size), 0),
       arrivals_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(size)]),
-      slots_(2 * static_cast<std::size_t>(size)) {
+      slots_(2 * static_cast<std::size_t>(size)), pause_spins_(pause_spins_for(size)) {
   for (int r = 0; r < size; ++r) arrivals_[r].store(0, std::memory_order_relaxed);
 }
 
@@ -139,7 +139,7 @@ void shm_group::arrive_and_wait(int rank, const char* what) {
   auto stopped = [&] {
     return aborted_.load(std::memory_order_acquire) || finished_first_.load(std::memory_order_acquire) >= 0;
   };
-  if (!spin_until([&] { return passed() || stopped(); }, spin_)) {
+  if (!spin_until([&] { return passed() || stopped(); }, spin_, pause_spins_)) {
     const auto start = std::chrono::steady_clock::now();
     while (!passed() && !stopped()) {
       sleepers_.fetch_add(1, std::memory_order_seq_cst);
@@ -225,6 +225,7 @@ void shm_group::all_reduce(int rank, std::vector<buffer> buffers, reduce_kind op
     total_bytes += static_cast<std::size_t>(b.count) * scalar_size(b.type);
   }
   const bool small = total_bytes <= small_bytes || size_ == 1;
+  const bool streaming = !small && total_bytes * static_cast<std::size_t>(size_) >= streaming_bytes;
   const std::int64_t lo = small ? 0 : share_begin(total, rank, size_);
   const std::int64_t hi = small ? total : share_begin(total, rank + 1, size_);
 
@@ -244,7 +245,7 @@ void shm_group::all_reduce(int rank, std::vector<buffer> buffers, reduce_kind op
         void* out = row[rank].buffers[i].out;
         reduce_range(tl_ins.data(), size_, &out, 1, seg_lo, seg_hi, b0.type, op);
       } else {
-        reduce_range(tl_ins.data(), size_, tl_outs.data(), size_, seg_lo, seg_hi, b0.type, op);
+        reduce_range(tl_ins.data(), size_, tl_outs.data(), size_, seg_lo, seg_hi, b0.type, op, streaming);
       }
     }
     offset += b0.count;

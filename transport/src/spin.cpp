@@ -2,6 +2,8 @@
 
 #include <sched.h>
 
+#include <thread>
+
 namespace troupe::transport {
 
 void cpu_relax() noexcept {
@@ -13,5 +15,10 @@ void cpu_relax() noexcept {
 }
 
 void yield_cpu() noexcept { sched_yield(); }
+
+int pause_spins_for(int threads) noexcept {
+  static const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return threads <= cores ? 64 : 0;
+}
 
 }  // namespace troupe::transport

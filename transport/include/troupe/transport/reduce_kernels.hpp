@@ -8,8 +8,9 @@ namespace troupe::transport {
 
 /// Elements [begin, end) of the reduction over `n` inputs, summed in input order 0..n-1 (the
 /// fixed order that makes results bit-identical everywhere), divided by n for mean, and written
-/// to each of the `num_outs` outputs.
+/// to each of the `num_outs` outputs. `streaming` writes the outputs around the cache (for
+/// results too large to stay in it) and fences the stores before returning.
 void reduce_range(const void* const* ins, int n, void* const* outs, int num_outs, std::int64_t begin,
-                  std::int64_t end, scalar_type type, reduce_kind op);
+                  std::int64_t end, scalar_type type, reduce_kind op, bool streaming = false);
 
 }  // namespace troupe::transport

@@ -90,6 +90,9 @@ class shm_group {
 
   /// All-reduces of at most this many bytes in all are computed whole by every rank.
   static constexpr std::size_t small_bytes = 32 * 1024;
+  /// Fused all-reduces whose outputs add up to at least this many bytes write them with streaming
+  /// stores: they would not stay in the cache anyway.
+  static constexpr std::size_t streaming_bytes = 8 * 1024 * 1024;
 
  private:
   struct slot {
@@ -112,6 +115,7 @@ class shm_group {
   std::vector<std::uint64_t> round_;       // per rank: collectives this rank has started
   std::unique_ptr<std::atomic<std::uint64_t>[]> arrivals_;  // per rank: barriers reached
   std::vector<slot> slots_;                // [parity * size + rank]
+  const int pause_spins_;
 
   alignas(64) std::atomic<std::uint32_t> arrived_{0};
   alignas(64) std::atomic<std::uint32_t> generation_{0};  // futex word
