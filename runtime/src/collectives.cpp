@@ -1,6 +1,7 @@
 #include "collectives.hpp"
 
 #include <memory>
+#include <vector>
 #include <stdexcept>
 #include <string>
 
@@ -24,38 +25,57 @@ int checked_axis(const char* op, int axis, int rank) {
   return axis < 0 ? axis + rank : axis;
 }
 
-std::vector<Tensor> ShmCollectives::all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) {
+namespace {
+
+// Describes `t` for the transport, reusing `b`'s shape capacity.
+void describe(transport::buffer& b, const Tensor& t) {
+  b.in = t.raw_data();
+  b.count = t.num_elements();
+  b.type = to_scalar_type(t.dtype());
+  b.shape.assign(t.shape().begin(), t.shape().end());
+  b.keepalive = t.storage_handle();
+}
+
+// Per replica thread, so that a step's collectives allocate nothing but their outputs.
+thread_local std::vector<transport::buffer> tl_buffers;
+
+}  // namespace
+
+void ShmCollectives::run_all_reduce(int replica, ReduceOp op, const Tensor* values, Tensor* outputs,
+                                    std::size_t count) {
   const Device& device = devices_[static_cast<std::size_t>(replica)];
-  std::vector<Tensor> outputs;
-  outputs.reserve(values.size());
-  std::vector<transport::buffer> buffers(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const Tensor& v = values[i];
-    outputs.push_back(Tensor::empty(v.shape(), v.dtype(), device));
-    buffers[i].in = v.raw_data();
-    buffers[i].out = outputs.back().raw_mutable_data();
-    buffers[i].count = v.num_elements();
-    buffers[i].type = to_scalar_type(v.dtype());
-    buffers[i].shape = v.shape();
+  if (tl_buffers.size() < count) tl_buffers.resize(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    outputs[i] = Tensor::empty(values[i].shape(), values[i].dtype(), device);
+    describe(tl_buffers[i], values[i]);
+    tl_buffers[i].out = outputs[i].raw_mutable_data();
   }
   try {
-    group_.all_reduce(replica, std::move(buffers),
-                      op == ReduceOp::sum ? transport::reduce_kind::sum : transport::reduce_kind::mean,
-                      std::make_shared<const std::vector<Tensor>>(values));
+    group_.all_reduce(replica, tl_buffers.data(), count,
+                      op == ReduceOp::sum ? transport::reduce_kind::sum : transport::reduce_kind::mean);
   } catch (const transport::aborted_error& e) {
     throw CollectiveAborted(e.what());
   }
+  for (std::size_t i = 0; i < count; ++i) tl_buffers[i].keepalive.reset();
+}
+
+std::vector<Tensor> ShmCollectives::all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) {
+  std::vector<Tensor> outputs(values.size());
+  run_all_reduce(replica, op, values.data(), outputs.data(), values.size());
   return outputs;
+}
+
+Tensor ShmCollectives::all_reduce(int replica, ReduceOp op, const Tensor& value) {
+  Tensor output;
+  run_all_reduce(replica, op, &value, &output, 1);
+  return output;
 }
 
 Tensor ShmCollectives::all_gather(int replica, const Tensor& value, int axis) {
   const int ax = checked_axis("all_gather", axis, value.rank());
   const Device& device = devices_[static_cast<std::size_t>(replica)];
   transport::buffer in;
-  in.in = value.raw_data();
-  in.count = value.num_elements();
-  in.type = to_scalar_type(value.dtype());
-  in.shape = value.shape();
+  describe(in, value);
   Tensor out;
   try {
     group_.all_gather(
@@ -63,8 +83,7 @@ Tensor ShmCollectives::all_gather(int replica, const Tensor& value, int axis) {
         [&](const std::vector<std::int64_t>& shape) {
           out = Tensor::empty(shape, value.dtype(), device);
           return out.raw_mutable_data();
-        },
-        std::make_shared<const Tensor>(value));
+        });
   } catch (const transport::aborted_error& e) {
     throw CollectiveAborted(e.what());
   }
@@ -74,6 +93,8 @@ Tensor ShmCollectives::all_gather(int replica, const Tensor& value, int axis) {
 std::vector<Tensor> IdentityCollectives::all_reduce(int, ReduceOp, const std::vector<Tensor>& values) {
   return values;
 }
+
+Tensor IdentityCollectives::all_reduce(int, ReduceOp, const Tensor& value) { return value; }
 
 Tensor IdentityCollectives::all_gather(int, const Tensor& value, int axis) {
   checked_axis("all_gather", axis, value.rank());

@@ -14,6 +14,7 @@ class ReplicaCollectives {
  public:
   virtual ~ReplicaCollectives() = default;
   virtual std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) = 0;
+  virtual Tensor all_reduce(int replica, ReduceOp op, const Tensor& value) = 0;
   virtual Tensor all_gather(int replica, const Tensor& value, int axis) = 0;
 };
 
@@ -23,9 +24,12 @@ class ShmCollectives final : public ReplicaCollectives {
   ShmCollectives(transport::shm_group& group, std::vector<Device> devices)
       : group_(group), devices_(std::move(devices)) {}
   std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) override;
+  Tensor all_reduce(int replica, ReduceOp op, const Tensor& value) override;
   Tensor all_gather(int replica, const Tensor& value, int axis) override;
 
  private:
+  void run_all_reduce(int replica, ReduceOp op, const Tensor* values, Tensor* outputs, std::size_t count);
+
   transport::shm_group& group_;
   std::vector<Device> devices_;
 };
@@ -34,6 +38,7 @@ class ShmCollectives final : public ReplicaCollectives {
 class IdentityCollectives final : public ReplicaCollectives {
  public:
   std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) override;
+  Tensor all_reduce(int replica, ReduceOp op, const Tensor& value) override;
   Tensor all_gather(int replica, const Tensor& value, int axis) override;
 };
 

@@ -48,7 +48,7 @@ ReplicaContext::ReplicaContext(Strategy& strategy, int replica_id, int num_repli
       collectives_(collectives) {}
 
 Tensor ReplicaContext::all_reduce(ReduceOp op, const Tensor& value) {
-  return collectives_->all_reduce(replica_id_, op, std::vector<Tensor>{value}).at(0);
+  return collectives_->all_reduce(replica_id_, op, value);
 }
 
 Tensor ReplicaContext::all_reduce(std::string_view op, const Tensor& value) {

@@ -42,6 +42,8 @@ buffer make_buffer(const std::vector<float>& in, std::vector<float>& out) {
   return b;
 }
 
+void all_reduce_one(shm_group& group, int rank, const buffer& b) { group.all_reduce(rank, &b, 1, reduce_kind::sum); }
+
 }  // namespace
 
 TEST_CASE("shm all_reduce over threads, on both paths and repeatedly") {
@@ -57,8 +59,7 @@ TEST_CASE("shm all_reduce over threads, on both paths and repeatedly") {
       }
       auto errors = on_threads(n, [&](int r) {
         for (int round = 0; round < 20; ++round) {
-          group.all_reduce(r, {make_buffer(ins[static_cast<std::size_t>(r)], outs[static_cast<std::size_t>(r)])},
-                           reduce_kind::sum, nullptr);
+          all_reduce_one(group, r, make_buffer(ins[static_cast<std::size_t>(r)], outs[static_cast<std::size_t>(r)]));
         }
       });
       for (const auto& e : errors) CHECK(e == "");
@@ -94,13 +95,13 @@ TEST_CASE("abort releases ranks waiting in a collective and reset re-arms the gr
       group.abort(2, "replica 2 failed: disk full");
       return;
     }
-    group.all_reduce(r, {make_buffer(in, outs[static_cast<std::size_t>(r)])}, reduce_kind::sum, nullptr);
+    all_reduce_one(group, r, make_buffer(in, outs[static_cast<std::size_t>(r)]));
   });
   CHECK(errors[0] == "all_reduce abandoned: replica 2 failed: disk full");
   CHECK(errors[1] == errors[0]);
   group.reset();
   errors = on_threads(3, [&](int r) {
-    group.all_reduce(r, {make_buffer(in, outs[static_cast<std::size_t>(r)])}, reduce_kind::sum, nullptr);
+    all_reduce_one(group, r, make_buffer(in, outs[static_cast<std::size_t>(r)]));
   });
   CHECK(errors == std::vector<std::string>(3, ""));
   CHECK(outs[2][3] == 3.0f);
@@ -115,7 +116,7 @@ TEST_CASE("a rank that finishes while others wait for it fails the collective in
       group.finish(1);
       return;
     }
-    group.all_reduce(0, {make_buffer(in, out)}, reduce_kind::sum, nullptr);
+    all_reduce_one(group, 0, make_buffer(in, out));
   });
   CHECK(errors[0].find("replica 1 returned from its function without joining it") != std::string::npos);
 }
@@ -124,7 +125,7 @@ TEST_CASE("a timeout names the ranks that never arrived") {
   shm_group group(3, 5us, 50ms);
   std::vector<float> in(4, 1.0f), out0(4), out1(4);
   auto errors = on_threads(2, [&](int r) {
-    group.all_reduce(r, {make_buffer(in, r == 0 ? out0 : out1)}, reduce_kind::sum, nullptr);
+    all_reduce_one(group, r, make_buffer(in, r == 0 ? out0 : out1));
   });
   CHECK(errors[0].find("timed out after 50 ms waiting for replicas 2") != std::string::npos);
   CHECK(errors[1].find("timed out") != std::string::npos);
@@ -135,9 +136,9 @@ TEST_CASE("mismatched buffers are refused by every rank before any byte moves") 
   std::vector<float> a(4, 1.0f), b(3, 1.0f), out_a(4, -1.0f), out_b(3, -1.0f);
   auto errors = on_threads(2, [&](int r) {
     if (r == 0) {
-      group.all_reduce(0, {make_buffer(a, out_a)}, reduce_kind::sum, nullptr);
+      all_reduce_one(group, 0, make_buffer(a, out_a));
     } else {
-      group.all_reduce(1, {make_buffer(b, out_b)}, reduce_kind::sum, nullptr);
+      all_reduce_one(group, 1, make_buffer(b, out_b));
     }
   });
   CHECK(errors[0] == "all_reduce: replica 0 sent float32 tensor of shape [4], replica 1 sent float32 tensor of shape [3]");

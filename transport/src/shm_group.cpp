@@ -94,9 +94,21 @@ shm_group::shm_group(int size, std::chrono::microseconds spin, std::chrono::mill
 
 shm_group::~shm_group() = default;
 
-void shm_group::post(int rank, slot s) {
+shm_group::slot& shm_group::post(int rank, collective_kind kind, const buffer* buffers, std::size_t count) {
   const std::uint64_t parity = round_[rank]++ & 1;
-  slots_[parity * size_ + rank] = std::move(s);
+  slot& s = slots_[parity * size_ + rank];
+  s.kind = kind;
+  s.buffers.resize(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    buffer& b = s.buffers[i];
+    b.in = buffers[i].in;
+    b.out = buffers[i].out;
+    b.count = buffers[i].count;
+    b.type = buffers[i].type;
+    b.shape.assign(buffers[i].shape.begin(), buffers[i].shape.end());
+    b.keepalive = buffers[i].keepalive;
+  }
+  return s;
 }
 
 std::string shm_group::missing_ranks(std::uint64_t arrivals) const {
@@ -203,15 +215,9 @@ void shm_group::check_slots(int rank, const char* what) const {
   }
 }
 
-void shm_group::all_reduce(int rank, std::vector<buffer> buffers, reduce_kind op,
-                           std::shared_ptr<const void> keepalive) {
+void shm_group::all_reduce(int rank, const buffer* buffers, std::size_t count, reduce_kind op) {
   const char* what = "all_reduce";
-  slot mine;
-  mine.kind = collective_kind::all_reduce;
-  mine.op = op;
-  mine.buffers = std::move(buffers);
-  mine.keepalive = std::move(keepalive);
-  post(rank, std::move(mine));
+  post(rank, collective_kind::all_reduce, buffers, count).op = op;
   arrive_and_wait(rank, what);
   check_slots(rank, what);
 
@@ -254,15 +260,9 @@ void shm_group::all_reduce(int rank, std::vector<buffer> buffers, reduce_kind op
 }
 
 void shm_group::all_gather(int rank, const buffer& value, int axis,
-                           const std::function<void*(const std::vector<std::int64_t>&)>& allocate,
-                           std::shared_ptr<const void> keepalive) {
+                           const std::function<void*(const std::vector<std::int64_t>&)>& allocate) {
   const char* what = "all_gather";
-  slot mine;
-  mine.kind = collective_kind::all_gather;
-  mine.axis = axis;
-  mine.buffers.push_back(value);
-  mine.keepalive = std::move(keepalive);
-  post(rank, std::move(mine));
+  post(rank, collective_kind::all_gather, &value, 1).axis = axis;
   arrive_and_wait(rank, what);
   check_slots(rank, what);
 

@@ -119,6 +119,9 @@ class Tensor {
 
   /// True when both tensors have the same dtype, shape and bytes.
   bool equals(const Tensor& other) const;
+  /// A reference that keeps this tensor's bytes alive (for code that hands raw pointers to
+  /// another thread).
+  std::shared_ptr<const void> storage_handle() const noexcept { return storage_; }
   /// True when both share one storage (no copy was made between them).
   bool shares_storage_with(const Tensor& other) const noexcept { return storage_ == other.storage_; }
 

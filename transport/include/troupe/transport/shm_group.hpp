@@ -29,6 +29,7 @@ struct buffer {
   std::int64_t count = 0;             ///< elements
   scalar_type type = scalar_type::f32;
   std::vector<std::int64_t> shape;    ///< for checks and error messages
+  std::shared_ptr<const void> keepalive;  ///< keeps `in` readable after its owner moves on
 };
 
 /// A collective that cannot complete: another rank failed, left, or a wait timed out.
@@ -53,7 +54,8 @@ class aborted_error : public std::runtime_error {
 ///      into every rank's output, then all meet at a second barrier. Either way each element is
 ///      summed in rank order once, so every rank gets bit-identical results on every run.
 ///      all_gather: every rank concatenates all inputs into its own output.
-///   Inputs stay readable after their owner returns because the slot holds `keepalive` until the
+///   Inputs stay readable after their owner returns because the slot holds each buffer's
+///   `keepalive` until the
 ///   slot is reused two rounds later, when every rank has provably finished reading it.
 ///
 /// Failure: abort(rank, why) or a rank that finish()es while others wait for it releases every
@@ -71,15 +73,13 @@ class shm_group {
 
   /// Sums (or averages) every rank's buffers into every rank's `out`. All ranks must pass the
   /// same number of buffers with the same counts, types and shapes.
-  void all_reduce(int rank, std::vector<buffer> buffers, reduce_kind op,
-                  std::shared_ptr<const void> keepalive);
+  void all_reduce(int rank, const buffer* buffers, std::size_t count, reduce_kind op);
 
   /// Concatenates every rank's `value.in` along `axis` into this rank's output. Ranks may differ
   /// in the size of `axis` only. `allocate(shape)` is called once with the output shape and
   /// returns where to write it.
   void all_gather(int rank, const buffer& value, int axis,
-                  const std::function<void*(const std::vector<std::int64_t>&)>& allocate,
-                  std::shared_ptr<const void> keepalive);
+                  const std::function<void*(const std::vector<std::int64_t>&)>& allocate);
 
   /// Fails every pending and later collective of this step with `reason` (a rank failed).
   void abort(int rank, const std::string& reason);
@@ -99,11 +99,11 @@ class shm_group {
     collective_kind kind = collective_kind::all_reduce;
     reduce_kind op = reduce_kind::sum;
     int axis = 0;
-    std::vector<buffer> buffers;
-    std::shared_ptr<const void> keepalive;
+    std::vector<buffer> buffers;  // reused from round to round: no allocation once warm
   };
 
-  void post(int rank, slot s);
+  // Publishes this rank's buffers in its slot for the next round and returns that slot.
+  slot& post(int rank, collective_kind kind, const buffer* buffers, std::size_t count);
   void arrive_and_wait(int rank, const char* what);
   void check_slots(int rank, const char* what) const;
   [[noreturn]] void throw_aborted(const char* what);
