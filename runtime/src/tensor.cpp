@@ -208,9 +208,10 @@ int normalize_axis(int axis, int rank, const char* op) {
 
 Tensor::Tensor() : Tensor(detail::allocate_storage(0), Shape{0}, DType::f32, Device{}) {}
 
-Tensor::Tensor(std::shared_ptr<detail::Storage> storage, Shape shape, DType dtype, Device device)
+Tensor::Tensor(std::shared_ptr<detail::Storage> storage, Shape shape, DType dtype, Device device,
+               std::size_t offset)
     : storage_(std::move(storage)), shape_(std::move(shape)), dtype_(dtype),
-      num_elements_(shape_num_elements(shape_)), device_(std::move(device)) {}
+      num_elements_(shape_num_elements(shape_)), device_(std::move(device)), offset_(offset) {}
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   const std::int64_t n = shape_num_elements(shape);
@@ -281,10 +282,24 @@ Tensor Tensor::reshape(Shape shape) const {
                                 std::to_string(num_elements_) + " elements) into shape " + shape_to_string(shape) +
                                 " (" + std::to_string(known) + " elements)");
   }
-  return Tensor(storage_, std::move(shape), dtype_, device_);
+  return Tensor(storage_, std::move(shape), dtype_, device_, offset_);
 }
 
-Tensor Tensor::with_device(Device device) const { return Tensor(storage_, shape_, dtype_, std::move(device)); }
+Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
+  if (shape_.empty()) throw std::out_of_range("slice: a scalar has no rows");
+  if (begin < 0 || begin > end || end > shape_[0]) {
+    throw std::out_of_range("slice: rows [" + std::to_string(begin) + ", " + std::to_string(end) +
+                            ") out of range for a tensor of shape " + shape_to_string(shape_));
+  }
+  Shape shape = shape_;
+  shape[0] = end - begin;
+  const std::size_t row_bytes = shape_[0] == 0 ? 0 : nbytes() / static_cast<std::size_t>(shape_[0]);
+  return Tensor(storage_, std::move(shape), dtype_, device_, offset_ + static_cast<std::size_t>(begin) * row_bytes);
+}
+
+Tensor Tensor::with_device(Device device) const {
+  return Tensor(storage_, shape_, dtype_, std::move(device), offset_);
+}
 
 Tensor Tensor::cast(DType dtype) const {
   Tensor out = empty(shape_, dtype, device_);
@@ -300,8 +315,12 @@ Tensor Tensor::cast(DType dtype) const {
   return out;
 }
 
-const void* Tensor::raw_data() const noexcept { return storage_ ? storage_->data : nullptr; }
-void* Tensor::raw_mutable_data() noexcept { return storage_ ? storage_->data : nullptr; }
+const void* Tensor::raw_data() const noexcept {
+  return storage_ && storage_->data ? static_cast<const char*>(storage_->data) + offset_ : nullptr;
+}
+void* Tensor::raw_mutable_data() noexcept {
+  return storage_ && storage_->data ? static_cast<char*>(storage_->data) + offset_ : nullptr;
+}
 
 void Tensor::check_dtype(DType expected, const char* op) const {
   if (expected != dtype_) {
@@ -345,6 +364,27 @@ Tensor operator-(Scalar a, const Tensor& b) { return binary_scalar(binop::sub, b
 Tensor operator*(Scalar a, const Tensor& b) { return binary_scalar(binop::mul, b, a, true); }
 Tensor operator/(Scalar a, const Tensor& b) { return binary_scalar(binop::div, b, a, true); }
 Tensor operator-(const Tensor& a) { return binary_scalar(binop::sub, a, Scalar(0), true); }
+
+Tensor stack(const std::vector<Tensor>& parts) {
+  if (parts.empty()) throw std::invalid_argument("stack: needs at least one tensor");
+  const Tensor& first = parts[0];
+  Shape shape = first.shape();
+  shape.insert(shape.begin(), static_cast<std::int64_t>(parts.size()));
+  Tensor out = Tensor::empty(shape, first.dtype(), first.device());
+  auto* o = static_cast<char*>(out.raw_mutable_data());
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const Tensor& p = parts[i];
+    if (p.dtype() != first.dtype() || p.shape() != first.shape()) {
+      throw std::invalid_argument("stack: part 0 is " + std::string(dtype_name(first.dtype())) + " " +
+                                  shape_to_string(first.shape()) + ", part " + std::to_string(i) + " is " +
+                                  std::string(dtype_name(p.dtype())) + " " + shape_to_string(p.shape()) +
+                                  "; stacked tensors need one shape and dtype");
+    }
+    if (p.nbytes() > 0) std::memcpy(o, p.raw_data(), p.nbytes());
+    o += p.nbytes();
+  }
+  return out;
+}
 
 Tensor concat(const std::vector<Tensor>& parts, int axis) {
   if (parts.empty()) throw std::invalid_argument("concat: needs at least one tensor");

@@ -146,3 +146,27 @@ TEST_CASE("equals compares dtype, shape and bytes") {
   CHECK(!Tensor::range(3).equals(Tensor::range(3, DType::i32)));
   CHECK(!Tensor::range(4).equals(Tensor::range(4).reshape({2, 2})));
 }
+
+TEST_CASE("slice shares rows of the storage and checks its bounds") {
+  Tensor t = Tensor::range(12, DType::i32).reshape({4, 3});
+  Tensor mid = t.slice(1, 3);
+  CHECK(mid.shape() == Shape{2, 3});
+  CHECK(mid.shares_storage_with(t));
+  CHECK(mid.to_vector<int>() == std::vector<int>{3, 4, 5, 6, 7, 8});
+  CHECK(mid.slice(1, 2).to_vector<int>() == std::vector<int>{6, 7, 8});
+  CHECK(mid.reshape({6}).to_vector<int>()[0] == 3);
+  CHECK(t.slice(4, 4).num_elements() == 0);
+  CHECK((mid * 2).to_vector<int>()[0] == 6);
+  CHECK_THROWS_AS(t.slice(3, 5), std::out_of_range);
+  CHECK_THROWS_AS(t.slice(2, 1), std::out_of_range);
+  CHECK_THROWS_AS(Tensor::scalar<int>(1).slice(0, 1), std::out_of_range);
+}
+
+TEST_CASE("stack adds a leading axis") {
+  Tensor s = stack({Tensor::scalar<std::int64_t>(1), Tensor::scalar<std::int64_t>(2)});
+  CHECK(s.shape() == Shape{2});
+  CHECK(s.to_vector<std::int64_t>() == std::vector<std::int64_t>{1, 2});
+  Tensor m = stack({Tensor::range(3, DType::f32), Tensor::range(3, DType::f32)});
+  CHECK(m.shape() == Shape{2, 3});
+  CHECK_THROWS_AS(stack({Tensor::range(3), Tensor::range(2)}), std::invalid_argument);
+}

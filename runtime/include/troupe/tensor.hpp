@@ -74,6 +74,9 @@ class Tensor {
   /// The same storage seen with another shape; a different element count throws
   /// std::invalid_argument. One dimension may be -1 and is then inferred.
   Tensor reshape(Shape shape) const;
+  /// Rows [begin, end) along axis 0, sharing this tensor's storage (no copy). Needs rank >= 1 and
+  /// 0 <= begin <= end <= shape()[0] (std::out_of_range otherwise).
+  Tensor slice(std::int64_t begin, std::int64_t end) const;
   /// The same storage, labelled as living on `device` (CPU devices share the host's memory).
   Tensor with_device(Device device) const;
   /// A copy converted to `dtype`.
@@ -126,7 +129,8 @@ class Tensor {
   bool shares_storage_with(const Tensor& other) const noexcept { return storage_ == other.storage_; }
 
  private:
-  Tensor(std::shared_ptr<detail::Storage> storage, Shape shape, DType dtype, Device device);
+  Tensor(std::shared_ptr<detail::Storage> storage, Shape shape, DType dtype, Device device,
+         std::size_t offset = 0);
   void check_dtype(DType expected, const char* op) const;
   void check_single_element(const char* op) const;
 
@@ -135,6 +139,7 @@ class Tensor {
   DType dtype_ = DType::f32;
   std::int64_t num_elements_ = 0;
   Device device_;
+  std::size_t offset_ = 0;  // bytes into storage_ where this tensor's elements start
 };
 
 /// Elementwise arithmetic between tensors of one shape and dtype (a mismatch throws
@@ -154,6 +159,8 @@ Tensor operator*(Scalar a, const Tensor& b);
 Tensor operator/(Scalar a, const Tensor& b);
 Tensor operator-(const Tensor& a);
 
+/// Stacks tensors of one shape and dtype along a new axis 0: n tensors of shape S give [n] + S.
+Tensor stack(const std::vector<Tensor>& parts);
 /// Concatenates tensors along `axis`; every other dimension and the dtype must agree.
 Tensor concat(const std::vector<Tensor>& parts, int axis);
 /// Sums along `axis`, removing it.
