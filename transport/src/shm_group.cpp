@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <sstream>
@@ -47,6 +48,20 @@ std::int64_t share_begin(std::int64_t total, int rank, int size) {
   std::int64_t b = total * rank / size;
   b -= b % 16;
   return rank == 0 ? 0 : b;
+}
+
+// The L3 cache this CPU shares, from sysfs (glibc's sysconf reports the whole package on some
+// VMs); 32 MiB when sysfs does not say.
+std::size_t last_level_cache_bytes() {
+  static const std::size_t bytes = [] {
+    std::size_t kib = 0;
+    if (FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {
+      if (std::fscanf(f, "%zuK", &kib) != 1) kib = 0;
+      std::fclose(f);
+    }
+    return kib > 0 ? kib * 1024 : std::size_t{32} << 20;
+  }();
+  return bytes;
 }
 
 thread_local std::vector<const void*> tl_ins;
@@ -167,35 +182,44 @@ void shm_group::arrive_and_wait(int rank, const char* what) {
   throw_aborted(what);
 }
 
+namespace {
+
+// Builds the message only when there is a mismatch: a stream costs more than the check itself.
+template <class... Parts>
+[[noreturn]] void mismatch(const Parts&... parts) {
+  std::ostringstream err;
+  (err << ... << parts);
+  throw std::invalid_argument(err.str());
+}
+
+const char* op_name(reduce_kind op) { return op == reduce_kind::sum ? "SUM" : "MEAN"; }
+
+}  // namespace
+
 void shm_group::check_slots(int rank, const char* what) const {
   const std::uint64_t parity = (round_[rank] - 1) & 1;  // every rank is in the same round here
   const slot& first = slots_[parity * size_];
   for (int r = 1; r < size_; ++r) {
     const slot& s = slots_[parity * size_ + r];
-    std::ostringstream err;
     if (s.kind != first.kind) {
-      err << "collective mismatch: replica 0 called " << collective_name(first.kind) << ", replica " << r
-          << " called " << collective_name(s.kind);
-      throw std::invalid_argument(err.str());
+      mismatch("collective mismatch: replica 0 called ", collective_name(first.kind), ", replica ", r, " called ",
+               collective_name(s.kind));
     }
     if (s.kind == collective_kind::all_reduce) {
       if (s.op != first.op) {
-        err << what << ": replica 0 asked for " << (first.op == reduce_kind::sum ? "SUM" : "MEAN")
-            << ", replica " << r << " for " << (s.op == reduce_kind::sum ? "SUM" : "MEAN");
-        throw std::invalid_argument(err.str());
+        mismatch(what, ": replica 0 asked for ", op_name(first.op), ", replica ", r, " for ", op_name(s.op));
       }
       if (s.buffers.size() != first.buffers.size()) {
-        err << what << ": replica 0 sent " << first.buffers.size() << " tensors, replica " << r << " sent "
-            << s.buffers.size();
-        throw std::invalid_argument(err.str());
+        mismatch(what, ": replica 0 sent ", first.buffers.size(), " tensors, replica ", r, " sent ", s.buffers.size());
       }
       for (std::size_t i = 0; i < s.buffers.size(); ++i) {
         const buffer& a = first.buffers[i];
         const buffer& b = s.buffers[i];
         if (a.type != b.type || a.shape != b.shape || a.count != b.count) {
-          err << what << ": replica 0 sent " << describe(a) << ", replica " << r << " sent " << describe(b);
-          if (first.buffers.size() > 1) err << " (tensor " << i << " of " << first.buffers.size() << ")";
-          throw std::invalid_argument(err.str());
+          mismatch(what, ": replica 0 sent ", describe(a), ", replica ", r, " sent ", describe(b),
+                   first.buffers.size() > 1
+                       ? " (tensor " + std::to_string(i) + " of " + std::to_string(first.buffers.size()) + ")"
+                       : std::string());
         }
       }
     } else {
@@ -206,10 +230,8 @@ void shm_group::check_slots(int rank, const char* what) const {
         if (static_cast<int>(d) != first.axis && a.shape[d] != b.shape[d]) ok = false;
       }
       if (!ok) {
-        err << what << ": replica 0 sent " << describe(a) << " (axis " << first.axis << "), replica " << r
-            << " sent " << describe(b) << " (axis " << s.axis
-            << "); only the size along the gather axis may differ";
-        throw std::invalid_argument(err.str());
+        mismatch(what, ": replica 0 sent ", describe(a), " (axis ", first.axis, "), replica ", r, " sent ",
+                 describe(b), " (axis ", s.axis, "); only the size along the gather axis may differ");
       }
     }
   }
@@ -231,7 +253,9 @@ void shm_group::all_reduce(int rank, const buffer* buffers, std::size_t count, r
     total_bytes += static_cast<std::size_t>(b.count) * scalar_size(b.type);
   }
   const bool small = total_bytes <= small_bytes || size_ == 1;
-  const bool streaming = !small && total_bytes * static_cast<std::size_t>(size_) >= streaming_bytes;
+  // Inputs and outputs that overflow the last-level cache go to memory anyway: write the outputs
+  // around the cache then. Ones that fit stay cached for whoever reads them next.
+  const bool streaming = !small && 2 * total_bytes * static_cast<std::size_t>(size_) > last_level_cache_bytes();
   const std::int64_t lo = small ? 0 : share_begin(total, rank, size_);
   const std::int64_t hi = small ? total : share_begin(total, rank + 1, size_);
 

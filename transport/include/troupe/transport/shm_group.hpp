@@ -90,9 +90,8 @@ class shm_group {
 
   /// All-reduces of at most this many bytes in all are computed whole by every rank.
   static constexpr std::size_t small_bytes = 32 * 1024;
-  /// Fused all-reduces whose outputs add up to at least this many bytes write them with streaming
-  /// stores: they would not stay in the cache anyway.
-  static constexpr std::size_t streaming_bytes = 8 * 1024 * 1024;
+  // Fused all-reduces whose inputs and outputs overflow the last-level cache write the outputs
+  // with streaming stores (the L3 size from sysfs; 32 MiB when it does not say).
 
  private:
   struct slot {
