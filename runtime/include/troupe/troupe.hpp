@@ -6,6 +6,8 @@
 #include "troupe/errors.hpp"
 #include "troupe/runtime.hpp"
 #include "troupe/tensor.hpp"
+#include "troupe/data/dataset.hpp"
+#include "troupe/data/readers.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
 #include "troupe/distribute/mirrored_strategy.hpp"

@@ -1,0 +1,418 @@
+#include "troupe/data/readers.hpp"
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <stdexcept>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+namespace troupe::data {
+
+namespace {
+
+std::string in_quotes(std::string_view s) { return "\"" + std::string(s) + "\""; }
+
+/// The whole file, or std::invalid_argument naming it and why it cannot be read.
+std::string read_whole_file(const std::string& path, const char* op) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(status)) {
+    throw std::invalid_argument(std::string(op) + ": cannot open " + in_quotes(path) + ": no such file");
+  }
+  if (std::filesystem::is_directory(status)) {
+    throw std::invalid_argument(std::string(op) + ": cannot read " + in_quotes(path) + ": it is a directory");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw std::invalid_argument(std::string(op) + ": cannot open " + in_quotes(path) + ": " + std::strerror(errno));
+  }
+  std::string data;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (size > 0) {
+    data.resize(static_cast<std::size_t>(size));
+    in.read(data.data(), size);
+  }
+  if (in.bad() || (size > 0 && in.gcount() != size)) {
+    throw std::invalid_argument(std::string(op) + ": reading " + in_quotes(path) + " failed after " +
+                                std::to_string(in.gcount()) + " of " + std::to_string(size) + " bytes");
+  }
+  return data;
+}
+
+// ---- CSV --------------------------------------------------------------------------------------
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+/// A field without surrounding blanks and one pair of surrounding double quotes.
+std::string_view clean_field(std::string_view s) {
+  s = trim(s);
+  if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = trim(s.substr(1, s.size() - 2));
+  return s;
+}
+
+std::vector<std::string_view> split_fields(std::string_view line, char delimiter) {
+  std::vector<std::string_view> fields;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t end = line.find(delimiter, start);
+    if (end == std::string_view::npos) {
+      fields.push_back(clean_field(line.substr(start)));
+      return fields;
+    }
+    fields.push_back(clean_field(line.substr(start, end - start)));
+    start = end + 1;
+  }
+}
+
+struct CsvLine {
+  std::size_t number;  // 1-based, counting skipped empty lines
+  std::string_view text;
+};
+
+/// The non-empty lines, without their "\n" or "\r\n".
+std::vector<CsvLine> split_lines(std::string_view text) {
+  std::vector<CsvLine> lines;
+  std::size_t number = 0;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(start, end - start);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    ++number;
+    if (!trim(line).empty()) lines.push_back({number, line});
+    start = end + 1;
+  }
+  return lines;
+}
+
+/// Where a value came from, for error messages.
+struct FieldSite {
+  const std::string& path;
+  std::size_t line;
+  std::size_t column;
+  const std::string& column_name;
+};
+
+[[noreturn]] void bad_value(const FieldSite& site, std::string_view text, const std::string& problem) {
+  throw std::invalid_argument(site.path + ":" + std::to_string(site.line) + ": column " + std::to_string(site.column) +
+                              " (" + in_quotes(site.column_name) + "): " + in_quotes(text) + " " + problem);
+}
+
+template <class T>
+T parse_value(std::string_view text, const FieldSite& site) {
+  std::string_view digits = text;
+  // from_chars refuses a leading '+', which CSV writers do emit.
+  if (digits.size() > 1 && digits.front() == '+' && digits[1] != '-' && digits[1] != '+') digits.remove_prefix(1);
+  const char* begin = digits.data();
+  const char* end = digits.data() + digits.size();
+  T value{};
+  auto [ptr, ec] = std::from_chars(begin, end, value);
+  if (ec == std::errc() && ptr == end && !digits.empty()) return value;
+  if constexpr (std::is_floating_point_v<T>) {
+    if (ec == std::errc::result_out_of_range && ptr == end) {
+      bad_value(site, text, "is out of range for " + std::string(dtype_name(dtype_v<T>)));
+    }
+    bad_value(site, text, "is not a number");
+  } else {
+    // Integral values written as floats ("3.0", "1e3") are accepted; anything else is reported
+    // as precisely as possible.
+    double d = 0;
+    auto [fptr, fec] = std::from_chars(begin, end, d);
+    if (digits.empty() || fptr != end || (fec != std::errc() && fec != std::errc::result_out_of_range)) {
+      bad_value(site, text, "is not a number");
+    }
+    const std::string type = std::string(dtype_name(dtype_v<T>));
+    if (std::isnan(d) || d != std::floor(d)) bad_value(site, text, "is not an integer (the column is read as " + type + ")");
+    if (fec == std::errc::result_out_of_range || d < static_cast<double>(std::numeric_limits<T>::min()) ||
+        d >= -static_cast<double>(std::numeric_limits<T>::min())) {
+      bad_value(site, text, "is out of range for " + type);
+    }
+    return static_cast<T>(d);
+  }
+}
+
+/// Values of one dtype, appended one at a time and turned into a tensor at the end.
+class ValueBuffer {
+ public:
+  explicit ValueBuffer(DType dtype) : dtype_(dtype) {}
+  void reserve(std::size_t n) { bytes_.reserve(n * dtype_size(dtype_)); }
+  void append(std::string_view text, const FieldSite& site) {
+    switch (dtype_) {
+      case DType::f32: return put(parse_value<float>(text, site));
+      case DType::f64: return put(parse_value<double>(text, site));
+      case DType::i32: return put(parse_value<std::int32_t>(text, site));
+      case DType::i64: return put(parse_value<std::int64_t>(text, site));
+    }
+  }
+  Tensor to_tensor(Shape shape) const { return Tensor::from_bytes(bytes_.data(), bytes_.size(), dtype_, std::move(shape)); }
+
+ private:
+  template <class T>
+  void put(T v) {
+    const std::size_t at = bytes_.size();
+    bytes_.resize(at + sizeof(T));
+    std::memcpy(bytes_.data() + at, &v, sizeof(T));
+  }
+
+  DType dtype_;
+  std::vector<unsigned char> bytes_;
+};
+
+std::size_t find_column(const std::vector<std::string>& names, const std::string& name, const std::string& path,
+                        const char* what) {
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name) return i;
+  }
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + in_quotes(n);
+  throw std::invalid_argument("read_csv: " + in_quotes(path) + " has no " + what + " " + in_quotes(name) +
+                              " (its columns: " + (list.empty() ? "none" : list) + ")");
+}
+
+// ---- IDX --------------------------------------------------------------------------------------
+
+std::uint32_t load_be32(const unsigned char* p) {
+  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | std::uint32_t{p[3]};
+}
+
+std::uint64_t load_be64(const unsigned char* p) {
+  return (std::uint64_t{load_be32(p)} << 32) | load_be32(p + 4);
+}
+
+struct IdxType {
+  const char* name;
+  std::size_t size;
+  DType natural;
+};
+
+std::optional<IdxType> idx_type(unsigned code) {
+  switch (code) {
+    case 0x08: return IdxType{"unsigned byte", 1, DType::i32};
+    case 0x09: return IdxType{"signed byte", 1, DType::i32};
+    case 0x0B: return IdxType{"int16", 2, DType::i32};
+    case 0x0C: return IdxType{"int32", 4, DType::i32};
+    case 0x0D: return IdxType{"float32", 4, DType::f32};
+    case 0x0E: return IdxType{"float64", 8, DType::f64};
+    default: return std::nullopt;
+  }
+}
+
+std::string hex(std::uint32_t v, int digits) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%0*X", digits, static_cast<unsigned>(v));
+  return buf;
+}
+
+/// Converts a float element to an integer dtype, refusing what does not fit.
+template <class T, class S>
+T convert(S v, std::size_t index, const std::string& path) {
+  if constexpr (std::is_floating_point_v<S> && std::is_integral_v<T>) {
+    if (!(v >= static_cast<S>(std::numeric_limits<T>::min()) && v < -static_cast<S>(std::numeric_limits<T>::min()))) {
+      throw std::invalid_argument("read_idx: " + in_quotes(path) + ": element " + std::to_string(index) + " (" +
+                                  std::to_string(v) + ") does not fit in " + std::string(dtype_name(dtype_v<T>)));
+    }
+  }
+  return static_cast<T>(v);
+}
+
+template <class T>
+void decode_idx(const unsigned char* src, std::size_t count, unsigned code, T* out, const std::string& path) {
+  switch (code) {
+    case 0x08:
+      for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<T>(src[i]);
+      break;
+    case 0x09:
+      for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<T>(static_cast<std::int8_t>(src[i]));
+      break;
+    case 0x0B:
+      for (std::size_t i = 0; i < count; ++i) {
+        const auto bits = static_cast<std::uint16_t>((src[2 * i] << 8) | src[2 * i + 1]);
+        out[i] = static_cast<T>(static_cast<std::int16_t>(bits));
+      }
+      break;
+    case 0x0C:
+      for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<T>(static_cast<std::int32_t>(load_be32(src + 4 * i)));
+      break;
+    case 0x0D:
+      for (std::size_t i = 0; i < count; ++i) {
+        const std::uint32_t bits = load_be32(src + 4 * i);
+        float f;
+        std::memcpy(&f, &bits, sizeof f);
+        out[i] = convert<T>(f, i, path);
+      }
+      break;
+    case 0x0E:
+      for (std::size_t i = 0; i < count; ++i) {
+        const std::uint64_t bits = load_be64(src + 8 * i);
+        double d;
+        std::memcpy(&d, &bits, sizeof d);
+        out[i] = convert<T>(d, i, path);
+      }
+      break;
+    default:
+      break;  // rejected while reading the header
+  }
+}
+
+/// a * b, or SIZE_MAX when it does not fit (the file is then certainly too short).
+std::uint64_t saturating_mul(std::uint64_t a, std::uint64_t b) {
+  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) return std::numeric_limits<std::uint64_t>::max();
+  return a * b;
+}
+
+}  // namespace
+
+CsvData read_csv(const std::string& path, const CsvOptions& options) {
+  const std::string text = read_whole_file(path, "read_csv");
+  const std::vector<CsvLine> lines = split_lines(text);
+
+  std::vector<std::string> names;
+  std::size_t first_row = 0;
+  if (options.header) {
+    if (lines.empty()) throw std::invalid_argument("read_csv: " + in_quotes(path) + " is empty (expected a header line)");
+    for (std::string_view f : split_fields(lines[0].text, options.delimiter)) names.emplace_back(f);
+    first_row = 1;
+  } else if (!lines.empty()) {
+    const std::size_t n = split_fields(lines[0].text, options.delimiter).size();
+    for (std::size_t i = 0; i < n; ++i) names.push_back(std::to_string(i));
+  }
+
+  std::optional<std::size_t> label_index;
+  if (options.label_column) label_index = find_column(names, *options.label_column, path, "label column");
+  std::vector<std::size_t> feature_indices;
+  if (!options.select_columns.empty()) {
+    for (const auto& name : options.select_columns) feature_indices.push_back(find_column(names, name, path, "column"));
+  } else {
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      if (i != label_index) feature_indices.push_back(i);
+    }
+  }
+
+  const std::size_t rows = lines.size() - first_row;
+  ValueBuffer features(options.dtype);
+  features.reserve(rows * feature_indices.size());
+  ValueBuffer labels(options.label_dtype);
+  labels.reserve(rows);
+  for (std::size_t r = first_row; r < lines.size(); ++r) {
+    const CsvLine& line = lines[r];
+    const std::vector<std::string_view> fields = split_fields(line.text, options.delimiter);
+    if (fields.size() != names.size()) {
+      throw std::invalid_argument(path + ":" + std::to_string(line.number) + ": " + std::to_string(fields.size()) +
+                                  " fields, expected " + std::to_string(names.size()) +
+                                  (options.header ? " (the header's column count)" : " (the first row's field count)"));
+    }
+    for (std::size_t c : feature_indices) features.append(fields[c], FieldSite{path, line.number, c, names[c]});
+    if (label_index) labels.append(fields[*label_index], FieldSite{path, line.number, *label_index, names[*label_index]});
+  }
+
+  CsvData out;
+  for (std::size_t c : feature_indices) out.column_names.push_back(names[c]);
+  out.features = features.to_tensor({static_cast<std::int64_t>(rows), static_cast<std::int64_t>(feature_indices.size())});
+  if (label_index) out.labels = labels.to_tensor({static_cast<std::int64_t>(rows)});
+  return out;
+}
+
+Dataset csv_dataset(const std::string& path, const CsvOptions& options) {
+  CsvData data = read_csv(path, options);
+  std::vector<Tensor> components{std::move(data.features)};
+  if (data.labels) components.push_back(std::move(*data.labels));
+  return Dataset::from_tensor_slices(std::move(components));
+}
+
+Tensor read_idx(const std::string& path, std::optional<DType> as) {
+  const std::string file = read_whole_file(path, "read_idx");
+  const auto* bytes = reinterpret_cast<const unsigned char*>(file.data());
+  const std::uint64_t size = file.size();
+  if (size < 4) {
+    throw std::invalid_argument("read_idx: " + in_quotes(path) + " is " + std::to_string(size) +
+                                " bytes, too short for the 4-byte IDX magic");
+  }
+  const std::uint32_t magic = load_be32(bytes);
+  if (bytes[0] != 0 || bytes[1] != 0) {
+    throw std::invalid_argument("read_idx: " + in_quotes(path) + " has magic " + hex(magic, 8) +
+                                ", not an IDX file (expected 0x0000TTDD: two zero bytes, a type code and a "
+                                "dimension count)");
+  }
+  const unsigned code = bytes[2];
+  const std::optional<IdxType> type = idx_type(code);
+  if (!type) {
+    throw std::invalid_argument("read_idx: " + in_quotes(path) + ": unknown element type code " + hex(code, 2) +
+                                " in magic " + hex(magic, 8) + " (expected 0x08, 0x09, 0x0B, 0x0C, 0x0D or 0x0E)");
+  }
+  const std::size_t rank = bytes[3];
+  const std::uint64_t header_bytes = 4 + 4 * std::uint64_t{rank};
+  if (size < header_bytes) {
+    throw std::invalid_argument("read_idx: " + in_quotes(path) + " is shorter than its header says: " +
+                                std::to_string(rank) + " dimensions need a " + std::to_string(header_bytes) +
+                                "-byte header, the file has " + std::to_string(size) + " bytes");
+  }
+  Shape shape;
+  std::uint64_t count = 1;
+  for (std::size_t d = 0; d < rank; ++d) {
+    const std::uint32_t dim = load_be32(bytes + 4 + 4 * d);
+    shape.push_back(dim);
+    count = saturating_mul(count, dim);
+  }
+  const std::uint64_t data_bytes = saturating_mul(count, type->size);
+  const std::uint64_t expected =
+      data_bytes > std::numeric_limits<std::uint64_t>::max() - header_bytes ? data_bytes : header_bytes + data_bytes;
+  const std::string layout = "shape " + shape_to_string(shape) + " of " + type->name + " needs " +
+                             std::to_string(expected) + " bytes (" + std::to_string(header_bytes) + " of header), the file has " +
+                             std::to_string(size) + " bytes";
+  if (size < expected) throw std::invalid_argument("read_idx: " + in_quotes(path) + " is shorter than its header says: " + layout);
+  if (size > expected) {
+    throw std::invalid_argument("read_idx: " + in_quotes(path) + " has " + std::to_string(size - expected) +
+                                " trailing bytes after its data: " + layout);
+  }
+
+  const DType dtype = as.value_or(type->natural);
+  Tensor out = Tensor::empty(shape, dtype);
+  const unsigned char* src = bytes + header_bytes;
+  const auto n = static_cast<std::size_t>(count);
+  switch (dtype) {
+    case DType::f32: decode_idx(src, n, code, out.mutable_data<float>(), path); break;
+    case DType::f64: decode_idx(src, n, code, out.mutable_data<double>(), path); break;
+    case DType::i32: decode_idx(src, n, code, out.mutable_data<std::int32_t>(), path); break;
+    case DType::i64: decode_idx(src, n, code, out.mutable_data<std::int64_t>(), path); break;
+  }
+  return out;
+}
+
+Dataset idx_dataset(const std::string& images_path, const std::string& labels_path, DType image_dtype,
+                    DType label_dtype) {
+  Tensor images = read_idx(images_path, image_dtype);
+  Tensor labels = read_idx(labels_path, label_dtype);
+  const auto check_rank = [](const Tensor& t, const std::string& path) {
+    if (t.rank() == 0) {
+      throw std::invalid_argument("idx_dataset: " + in_quotes(path) +
+                                  " holds a scalar (0 dimensions); expected a first dimension of examples");
+    }
+  };
+  check_rank(images, images_path);
+  check_rank(labels, labels_path);
+  if (images.shape()[0] != labels.shape()[0]) {
+    throw std::invalid_argument("idx_dataset: " + in_quotes(images_path) + " holds " + std::to_string(images.shape()[0]) +
+                                " images (shape " + shape_to_string(images.shape()) + ") but " + in_quotes(labels_path) +
+                                " holds " + std::to_string(labels.shape()[0]) + " labels (shape " +
+                                shape_to_string(labels.shape()) + "); the two files need the same count");
+  }
+  return Dataset::from_tensor_slices({std::move(images), std::move(labels)});
+}
+
+}  // namespace troupe::data
