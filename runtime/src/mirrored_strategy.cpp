@@ -63,7 +63,8 @@ std::vector<Device> resolve_devices(const char* who, const std::vector<std::stri
 class MirroredBackend final : public detail::StrategyBackend {
  public:
   MirroredBackend(Runtime& runtime, std::vector<Device> devices, std::shared_ptr<CrossDeviceOps> ops)
-      : devices_(std::move(devices)),
+      : runtime_(&runtime),
+        devices_(std::move(devices)),
         ops_(std::move(ops)),
         group_(static_cast<int>(devices_.size()), std::chrono::microseconds(runtime.options().spin_us)),
         collectives_(group_, devices_),
@@ -72,6 +73,7 @@ class MirroredBackend final : public detail::StrategyBackend {
 
   const std::vector<Device>& devices() const override { return devices_; }
   CrossDeviceOps& cross_device_ops() override { return *ops_; }
+  Runtime* runtime() override { return runtime_; }
 
   void execute(Strategy& strategy, const std::function<void(int)>& fn) override {
     if (coordinator_.on_replica_thread()) {
@@ -102,6 +104,7 @@ class MirroredBackend final : public detail::StrategyBackend {
   }
 
  private:
+  Runtime* runtime_;
   std::vector<Device> devices_;
   std::shared_ptr<CrossDeviceOps> ops_;
   transport::shm_group group_;

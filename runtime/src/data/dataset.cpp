@@ -340,6 +340,8 @@ class BatchDataset final : public DatasetImpl {
     return drop_remainder_ ? c / n_ : c / n_ + (c % n_ != 0 ? 1 : 0);
   }
 
+  std::optional<std::int64_t> batch_size() const override { return n_; }
+
  private:
   DatasetPtr input_;
   std::int64_t n_;
@@ -398,6 +400,8 @@ class RepeatDataset final : public DatasetImpl {
     if (c > std::numeric_limits<std::int64_t>::max() / count_) return unknown_cardinality;
     return c * count_;
   }
+
+  std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
 
  private:
   DatasetPtr input_;
@@ -459,6 +463,8 @@ class ShuffleDataset final : public DatasetImpl {
   }
   std::int64_t cardinality() const override { return input_->cardinality(); }
 
+  std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
+
  private:
   DatasetPtr input_;
   std::size_t buffer_size_;
@@ -495,6 +501,8 @@ class MapDataset final : public DatasetImpl {
   }
   std::int64_t cardinality() const override { return input_->cardinality(); }
 
+  std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
+
  private:
   DatasetPtr input_;
   std::function<Element(const Element&)> fn_;
@@ -527,6 +535,8 @@ class FilterDataset final : public DatasetImpl {
     return std::make_unique<FilterIterator>(input_->make_iterator(), predicate_);
   }
   std::int64_t cardinality() const override { return unknown_cardinality; }
+
+  std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
 
  private:
   DatasetPtr input_;
@@ -569,6 +579,8 @@ class TakeDataset final : public DatasetImpl {
     return std::min(c, n_);
   }
 
+  std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
+
  private:
   DatasetPtr input_;
   std::int64_t n_;
@@ -606,6 +618,8 @@ class SkipDataset final : public DatasetImpl {
     if (n_ < 0) return 0;
     return std::max<std::int64_t>(0, c - n_);
   }
+
+  std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
 
  private:
   DatasetPtr input_;
@@ -645,6 +659,8 @@ class ShardDataset final : public DatasetImpl {
     if (!is_count(c)) return c;
     return c / num_shards_ + (index_ < c % num_shards_ ? 1 : 0);
   }
+
+  std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
 
  private:
   DatasetPtr input_;
@@ -751,6 +767,8 @@ class PrefetchDataset final : public DatasetImpl {
     return std::make_unique<PrefetchIterator>(input_->make_iterator(), n_);
   }
   std::int64_t cardinality() const override { return input_->cardinality(); }
+
+  std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
 
  private:
   DatasetPtr input_;

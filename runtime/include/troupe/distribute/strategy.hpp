@@ -8,12 +8,18 @@
 #include <utility>
 #include <vector>
 
+#include "troupe/data/dataset.hpp"
 #include "troupe/device.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
+#include "troupe/distribute/input.hpp"
 #include "troupe/distribute/per_replica.hpp"
 #include "troupe/distribute/reduce_op.hpp"
 #include "troupe/tensor.hpp"
+
+namespace troupe {
+class Runtime;
+}
 
 namespace troupe::distribute {
 
@@ -31,6 +37,12 @@ class StrategyBackend {
   /// returns once all have finished; a failure throws ReplicaError.
   virtual void execute(Strategy& strategy, const std::function<void(int)>& fn) = 0;
   virtual CrossDeviceOps& cross_device_ops() = 0;
+  /// The runtime whose actors run this strategy's replicas and input pipelines; nullptr for the
+  /// default strategy, which runs everything on the calling thread.
+  virtual Runtime* runtime() { return nullptr; }
+  /// Workers in the cluster and this one's index (1 and 0 for single-worker strategies).
+  virtual int num_workers() const { return 1; }
+  virtual int worker_index() const { return 0; }
 };
 
 /// The argument replica `r` receives for `arg`: its component of a PerReplica, else arg itself.
@@ -142,6 +154,31 @@ class Strategy {
     values.reserve(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) values.push_back(value_fn(value_context(r)));
     return PerReplica<R>(std::move(values));
+  }
+
+  /// Distributes a dataset batched by the global batch size: each global batch is split over the
+  /// local replicas (the first B % N replicas get one row more; a last partial batch fills the
+  /// replicas in order; a replica left without data gets an empty batch). An input pipeline
+  /// actor keeps options.experimental_prefetch_to_device steps ready ahead.
+  DistributedDataset experimental_distribute_dataset(data::Dataset dataset, InputOptions options = {});
+  /// Calls dataset_fn once per input pipeline with its InputContext; its dataset is batched per
+  /// replica. per_worker: one pipeline whose consecutive elements go to the replicas in turn;
+  /// per_replica: one pipeline per replica. Iteration ends when every pipeline has ended; a
+  /// replica whose data ended first gets empty batches meanwhile, so no element is dropped.
+  DistributedDataset distribute_datasets_from_function(
+      std::function<data::Dataset(const InputContext&)> dataset_fn, InputOptions options = {});
+
+  /// TF1 names: make_dataset_iterator(d) is experimental_distribute_dataset(d).make_iterator().
+  DistributedIterator make_dataset_iterator(data::Dataset dataset);
+  /// TF1 name of distribute_datasets_from_function(...).make_iterator().
+  DistributedIterator make_input_fn_iterator(std::function<data::Dataset(const InputContext&)> input_fn,
+                                             InputReplicationMode mode = InputReplicationMode::per_worker);
+  /// TF1: a dataset slicing host arrays along axis 0 (from_tensor_slices).
+  data::Dataset experimental_make_numpy_dataset(std::vector<Tensor> arrays);
+  /// TF1 (deprecated): run(fn, iterator.get_next()).
+  template <class Fn>
+  auto experimental_run(Fn&& fn, DistributedIterator& iterator) {
+    return run(std::forward<Fn>(fn), iterator.get_next());
   }
 
   /// Makes this the current strategy of the calling thread until the Scope is destroyed.

@@ -1,0 +1,119 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "troupe/data/dataset.hpp"
+#include "troupe/distribute/context.hpp"
+#include "troupe/distribute/per_replica.hpp"
+
+namespace troupe::distribute {
+
+class Strategy;
+
+/// How input pipelines map onto replicas (tf.distribute.InputReplicationMode).
+enum class InputReplicationMode {
+  per_worker,   ///< one pipeline per worker; its elements go to the local replicas in turn
+  per_replica,  ///< one pipeline per replica (MirroredStrategy)
+};
+
+/// How a dataset is split between workers (tf.data.experimental.AutoShardPolicy).
+enum class AutoShardPolicy { automatic, file, data, off };
+
+/// Options of experimental_distribute_dataset and distribute_datasets_from_function.
+struct InputOptions {
+  /// Steps of input the input pipeline keeps ready ahead of the consumer; 0 prepares each only
+  /// when it is asked for.
+  std::int64_t experimental_prefetch_to_device = 2;
+  InputReplicationMode experimental_replication_mode = InputReplicationMode::per_worker;
+  AutoShardPolicy auto_shard_policy = AutoShardPolicy::automatic;
+};
+
+namespace detail {
+class InputSource;
+
+/// How a global batch of `rows` rows is split over `replicas` replicas for a dataset batched by
+/// `global_batch` (the declared batch size; rows < global_batch for a last partial batch): replica
+/// r can take global_batch/replicas rows, one more for the first global_batch % replicas, and a
+/// partial batch fills the replicas in order. Returns each replica's [begin, end) rows.
+std::vector<std::pair<std::int64_t, std::int64_t>> split_rows(std::int64_t rows, std::int64_t global_batch,
+                                                               int replicas);
+}  // namespace detail
+
+/// One pass over a distributed dataset: every step, one element per local replica.
+class DistributedIterator {
+ public:
+  explicit DistributedIterator(std::shared_ptr<detail::InputSource> source);
+  /// The next per-replica element; at the end troupe::OutOfRange. An error raised while reading
+  /// (a bad file, a throwing map) is rethrown here with its cause.
+  PerReplica<data::Element> get_next();
+  /// The next per-replica element, or nullopt at the end.
+  std::optional<PerReplica<data::Element>> get_next_as_optional();
+  /// Time spent waiting for input in get_next, for benchmarks.
+  std::chrono::nanoseconds time_waiting() const;
+
+  /// Range-for support.
+  class range_iterator {
+   public:
+    range_iterator() = default;
+    explicit range_iterator(DistributedIterator* it) : it_(it) { ++*this; }
+    const PerReplica<data::Element>& operator*() const { return *current_; }
+    const PerReplica<data::Element>* operator->() const { return &*current_; }
+    range_iterator& operator++() {
+      current_ = it_->get_next_as_optional();
+      return *this;
+    }
+    friend bool operator==(const range_iterator& a, const range_iterator& b) { return !a.current_ && !b.current_; }
+    friend bool operator!=(const range_iterator& a, const range_iterator& b) { return !(a == b); }
+
+   private:
+    DistributedIterator* it_ = nullptr;
+    std::optional<PerReplica<data::Element>> current_;
+  };
+  range_iterator begin() { return range_iterator(this); }
+  range_iterator end() { return range_iterator(); }
+
+ private:
+  std::shared_ptr<detail::InputSource> source_;
+};
+
+/// A dataset distributed over a strategy's replicas; each iteration is a new pass with its own
+/// input pipeline actor(s). for (const PerReplica<data::Element>& x : dist) strategy.run(fn, x);
+class DistributedDataset {
+ public:
+  using factory = std::function<std::shared_ptr<detail::InputSource>()>;
+  explicit DistributedDataset(factory make_source) : make_source_(std::move(make_source)) {}
+
+  /// A new pass.
+  DistributedIterator make_iterator() const { return DistributedIterator(make_source_()); }
+
+  /// Range-for support: each begin() starts a new pass, which the returned iterator owns.
+  class range_iterator {
+   public:
+    range_iterator() = default;
+    explicit range_iterator(std::shared_ptr<DistributedIterator> it) : it_(std::move(it)), inner_(it_->begin()) {}
+    const PerReplica<data::Element>& operator*() const { return *inner_; }
+    const PerReplica<data::Element>* operator->() const { return &*inner_; }
+    range_iterator& operator++() {
+      ++inner_;
+      return *this;
+    }
+    friend bool operator==(const range_iterator& a, const range_iterator& b) { return a.inner_ == b.inner_; }
+    friend bool operator!=(const range_iterator& a, const range_iterator& b) { return !(a == b); }
+
+   private:
+    std::shared_ptr<DistributedIterator> it_;
+    DistributedIterator::range_iterator inner_;
+  };
+  range_iterator begin() const { return range_iterator(std::make_shared<DistributedIterator>(make_iterator())); }
+  range_iterator end() const { return range_iterator(); }
+
+ private:
+  factory make_source_;
+};
+
+}  // namespace troupe::distribute
