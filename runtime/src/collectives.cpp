@@ -90,6 +90,20 @@ Tensor ShmCollectives::all_gather(int replica, const Tensor& value, int axis) {
   return out;
 }
 
+void ShmCollectives::merge(int replica, const void* mine,
+                           const std::function<void(const std::vector<const void*>&)>& on_first) {
+  try {
+    group_.merge(replica, mine, on_first);
+  } catch (const transport::aborted_error& e) {
+    throw CollectiveAborted(e.what());
+  }
+}
+
+void IdentityCollectives::merge(int, const void* mine,
+                                const std::function<void(const std::vector<const void*>&)>& on_first) {
+  on_first({mine});
+}
+
 std::vector<Tensor> IdentityCollectives::all_reduce(int, ReduceOp, const std::vector<Tensor>& values) {
   return values;
 }

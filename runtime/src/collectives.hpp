@@ -1,5 +1,7 @@
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "troupe/device.hpp"
@@ -16,6 +18,14 @@ class ReplicaCollectives {
   virtual std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) = 0;
   virtual Tensor all_reduce(int replica, ReduceOp op, const Tensor& value) = 0;
   virtual Tensor all_gather(int replica, const Tensor& value, int axis) = 0;
+  /// A rendezvous: replica 0 runs on_first with every replica's `mine` while the others wait.
+  virtual void merge(int replica, const void* mine,
+                     const std::function<void(const std::vector<const void*>&)>& on_first) = 0;
+  /// The result the last merge's on_first left for every replica.
+  std::shared_ptr<const void>& merge_result() { return merge_result_; }
+
+ private:
+  std::shared_ptr<const void> merge_result_;
 };
 
 /// The replicas of one process, through transport::shm_group.
@@ -26,6 +36,8 @@ class ShmCollectives final : public ReplicaCollectives {
   std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) override;
   Tensor all_reduce(int replica, ReduceOp op, const Tensor& value) override;
   Tensor all_gather(int replica, const Tensor& value, int axis) override;
+  void merge(int replica, const void* mine,
+             const std::function<void(const std::vector<const void*>&)>& on_first) override;
 
  private:
   void run_all_reduce(int replica, ReduceOp op, const Tensor* values, Tensor* outputs, std::size_t count);
@@ -40,6 +52,8 @@ class IdentityCollectives final : public ReplicaCollectives {
   std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) override;
   Tensor all_reduce(int replica, ReduceOp op, const Tensor& value) override;
   Tensor all_gather(int replica, const Tensor& value, int axis) override;
+  void merge(int replica, const void* mine,
+             const std::function<void(const std::vector<const void*>&)>& on_first) override;
 };
 
 transport::scalar_type to_scalar_type(DType dtype);

@@ -4,6 +4,7 @@
 
 #include "collectives.hpp"
 #include "context_state.hpp"
+#include "troupe/distribute/strategy.hpp"
 
 namespace troupe::distribute {
 namespace detail {
@@ -62,6 +63,20 @@ std::vector<Tensor> ReplicaContext::all_reduce(ReduceOp op, const std::vector<Te
 Tensor ReplicaContext::all_gather(const Tensor& value, int axis) {
   return collectives_->all_gather(replica_id_, value, axis);
 }
+
+void ReplicaContext::merge_call_erased(const void* mine,
+                                       const std::function<void(const std::vector<const void*>&)>& on_first) {
+  collectives_->merge(replica_id_, mine, [&](const std::vector<const void*>& all) {
+    // The function runs in cross-replica context: no replica context, the strategy's scope open.
+    detail::ReplicaContextGuard no_replica(nullptr);
+    Scope scope(*strategy_);
+    on_first(all);
+  });
+}
+
+std::shared_ptr<const void> ReplicaContext::merge_result() const { return collectives_->merge_result(); }
+
+std::shared_ptr<const void>& ReplicaContext::collectives_result() { return collectives_->merge_result(); }
 
 std::int64_t InputContext::get_per_replica_batch_size(std::int64_t global_batch_size) const {
   if (num_replicas_in_sync <= 0) {

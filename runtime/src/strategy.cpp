@@ -97,6 +97,27 @@ Scope::~Scope() {
 const std::vector<Device>& StrategyExtended::worker_devices() const { return strategy_->backend().devices(); }
 CrossDeviceOps& StrategyExtended::cross_device_ops() const { return strategy_->backend().cross_device_ops(); }
 
+void StrategyExtended::update(Variable& variable, const std::function<Tensor(const Tensor&)>& fn) const {
+  if (!in_cross_replica_context() && get_replica_context() != nullptr && has_strategy()) {
+    throw std::logic_error("update: call it in cross-replica context (the strategy's scope or merge_call), not "
+                           "inside a replica function");
+  }
+  const auto components = variable.components();
+  for (std::size_t r = 0; r < components.size(); ++r) variable.set_component(static_cast<int>(r), fn(components[r]));
+}
+
+Tensor StrategyExtended::reduce_to(ReduceOp op, const PerReplica<Tensor>& value, const Device& destination) const {
+  return cross_device_ops().reduce(op, value.values(), destination);
+}
+
+std::vector<Tensor> StrategyExtended::batch_reduce_to(ReduceOp op, const std::vector<PerReplica<Tensor>>& values,
+                                                      const Device& destination) const {
+  std::vector<std::vector<Tensor>> raw;
+  raw.reserve(values.size());
+  for (const auto& v : values) raw.push_back(v.values());
+  return cross_device_ops().batch_reduce(op, raw, destination);
+}
+
 Strategy::Strategy(std::unique_ptr<detail::StrategyBackend> backend)
     : backend_(std::move(backend)), extended_(*this) {}
 

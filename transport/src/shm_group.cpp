@@ -90,7 +90,12 @@ const char* scalar_name(scalar_type t) noexcept {
 }
 
 const char* collective_name(collective_kind k) noexcept {
-  return k == collective_kind::all_reduce ? "all_reduce" : "all_gather";
+  switch (k) {
+    case collective_kind::all_reduce: return "all_reduce";
+    case collective_kind::all_gather: return "all_gather";
+    case collective_kind::merge: return "merge_call";
+  }
+  return "?";
 }
 
 namespace {
@@ -222,7 +227,7 @@ void shm_group::check_slots(int rank, const char* what) const {
                        : std::string());
         }
       }
-    } else {
+    } else if (s.kind == collective_kind::all_gather) {
       const buffer& a = first.buffers.at(0);
       const buffer& b = s.buffers.at(0);
       bool ok = a.type == b.type && a.shape.size() == b.shape.size() && s.axis == first.axis;
@@ -313,6 +318,33 @@ void shm_group::all_gather(int rank, const buffer& value, int axis,
       out += bytes;
     }
   }
+}
+
+void shm_group::merge(int rank, const void* mine,
+                      const std::function<void(const std::vector<const void*>&)>& on_first) {
+  const char* what = "merge_call";
+  buffer b;
+  b.in = mine;
+  post(rank, collective_kind::merge, &b, 1);
+  arrive_and_wait(rank, what);
+  check_slots(rank, what);
+  std::exception_ptr failure;
+  if (rank == 0) {
+    const std::uint64_t parity = (round_[rank] - 1) & 1;
+    std::vector<const void*> all(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) all[static_cast<std::size_t>(r)] = slots_[parity * size_ + r].buffers[0].in;
+    try {
+      on_first(all);
+    } catch (const std::exception& e) {
+      failure = std::current_exception();
+      abort(0, std::string("the merge_call function failed on replica 0: ") + e.what());
+    } catch (...) {
+      failure = std::current_exception();
+      abort(0, "the merge_call function failed on replica 0");
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  arrive_and_wait(rank, what);
 }
 
 void shm_group::abort(int rank, const std::string& reason) {

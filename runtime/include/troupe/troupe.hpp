@@ -6,6 +6,7 @@
 #include "troupe/errors.hpp"
 #include "troupe/runtime.hpp"
 #include "troupe/tensor.hpp"
+#include "troupe/variable.hpp"
 #include "troupe/data/dataset.hpp"
 #include "troupe/data/readers.hpp"
 #include "troupe/distribute/context.hpp"

@@ -1,10 +1,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "troupe/device.hpp"
+#include "troupe/distribute/per_replica.hpp"
 #include "troupe/distribute/reduce_op.hpp"
 #include "troupe/tensor.hpp"
 
@@ -44,13 +48,45 @@ class ReplicaContext {
   /// `axis` may differ between replicas.
   Tensor all_gather(const Tensor& value, int axis);
 
+  /// Runs fn(strategy, values) once, on replica 0's thread in cross-replica context, with every
+  /// replica's `value`; every replica waits for it and gets its result (a copy). It is a
+  /// collective: every replica must call it. An exception from fn fails the step.
+  template <class Fn, class T>
+  auto merge_call(Fn&& fn, const T& value);
+
+  /// The untyped core of merge_call.
+  void merge_call_erased(const void* mine, const std::function<void(const std::vector<const void*>&)>& on_first);
+  /// What the last merge_call's function returned, type-erased.
+  std::shared_ptr<const void> merge_result() const;
+
  private:
+  std::shared_ptr<const void>& collectives_result();
+
   Strategy* strategy_;
   int replica_id_;
   int num_replicas_;
   Device device_;
   detail::ReplicaCollectives* collectives_;
 };
+
+template <class Fn, class T>
+auto ReplicaContext::merge_call(Fn&& fn, const T& value) {
+  using R = std::decay_t<std::invoke_result_t<Fn&, Strategy&, const PerReplica<T>&>>;
+  auto gather = [](const std::vector<const void*>& all) {
+    std::vector<T> values;
+    values.reserve(all.size());
+    for (const void* p : all) values.push_back(*static_cast<const T*>(p));
+    return PerReplica<T>(std::move(values));
+  };
+  if constexpr (std::is_void_v<R>) {
+    merge_call_erased(&value, [&](const std::vector<const void*>& all) { fn(*strategy_, gather(all)); });
+  } else {
+    merge_call_erased(&value, [&](const std::vector<const void*>& all) {
+      collectives_result() = std::make_shared<const R>(fn(*strategy_, gather(all)));
+    });
+    return R(*static_cast<const R*>(merge_result().get()));
+  }
+}
 
 /// Given to the function of experimental_distribute_values_from_function.
 struct ValueContext {

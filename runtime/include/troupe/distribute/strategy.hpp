@@ -16,6 +16,7 @@
 #include "troupe/distribute/per_replica.hpp"
 #include "troupe/distribute/reduce_op.hpp"
 #include "troupe/tensor.hpp"
+#include "troupe/variable.hpp"
 
 namespace troupe {
 class Runtime;
@@ -80,6 +81,13 @@ class StrategyExtended {
   const std::vector<Device>& worker_devices() const;
   /// The implementation behind Strategy::reduce.
   CrossDeviceOps& cross_device_ops() const;
+  /// Cross-replica context: sets every component of `variable` to fn(component), in replica order.
+  void update(Variable& variable, const std::function<Tensor(const Tensor&)>& fn) const;
+  /// Combines a per-replica value into one tensor on `destination` (default: the host).
+  Tensor reduce_to(ReduceOp op, const PerReplica<Tensor>& value, const Device& destination = Device{}) const;
+  /// reduce_to for several values at once.
+  std::vector<Tensor> batch_reduce_to(ReduceOp op, const std::vector<PerReplica<Tensor>>& values,
+                                      const Device& destination = Device{}) const;
 
  private:
   Strategy* strategy_;
@@ -140,10 +148,12 @@ class Strategy {
   std::vector<T> experimental_local_results(const PerReplica<T>& value) const {
     return value.values();
   }
-  template <class T, std::enable_if_t<!is_per_replica_v<T>, int> = 0>
+  template <class T, std::enable_if_t<!is_per_replica_v<T> && !std::is_same_v<T, Variable>, int> = 0>
   std::vector<T> experimental_local_results(const T& value) const {
     return {value};
   }
+  /// A variable's components, one per replica.
+  std::vector<Tensor> experimental_local_results(const Variable& variable) const { return variable.components(); }
 
   /// Calls value_fn(ValueContext) once per replica and gathers the results.
   template <class Fn>

@@ -16,7 +16,7 @@ namespace troupe::transport {
 /// Element types the collectives understand (the same order as troupe::DType).
 enum class scalar_type : std::uint8_t { f32, f64, i32, i64 };
 enum class reduce_kind : std::uint8_t { sum, mean };
-enum class collective_kind : std::uint8_t { all_reduce, all_gather };
+enum class collective_kind : std::uint8_t { all_reduce, all_gather, merge };
 
 std::size_t scalar_size(scalar_type t) noexcept;
 const char* scalar_name(scalar_type t) noexcept;
@@ -80,6 +80,11 @@ class shm_group {
   /// returns where to write it.
   void all_gather(int rank, const buffer& value, int axis,
                   const std::function<void*(const std::vector<std::int64_t>&)>& allocate);
+
+  /// A rendezvous: every rank posts `mine`; once all have, rank 0 calls on_first(every rank's
+  /// pointer, in rank order) while the others wait; then all return. An exception from on_first
+  /// is rethrown on rank 0, and the others fail with aborted_error carrying its message.
+  void merge(int rank, const void* mine, const std::function<void(const std::vector<const void*>&)>& on_first);
 
   /// Fails every pending and later collective of this step with `reason` (a rank failed).
   void abort(int rank, const std::string& reason);

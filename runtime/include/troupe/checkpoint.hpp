@@ -1,0 +1,73 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "troupe/errors.hpp"
+#include "troupe/variable.hpp"
+
+namespace troupe {
+
+/// A checkpoint file that cannot be used: missing, truncated, corrupted (a checksum mismatch), or
+/// not matching the variables it is restored into. what() names the file and the problem.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Saves and restores a set of named variables (and a step counter). The file is a Cap'n Proto
+/// message with a checksum per tensor, written atomically: a temporary file, fsync, rename, so a
+/// crash never leaves a half-written checkpoint under the real name and nothing is overwritten
+/// in place. Each variable is saved as its value in cross-replica context (the primary
+/// component; on_read variables aggregated) and restored into every component.
+class Checkpoint {
+ public:
+  explicit Checkpoint(std::map<std::string, Variable> variables);
+  /// Adds more variables (an optimizer's slots); a name already present throws.
+  void add(const std::string& name, Variable variable);
+  void add(const std::map<std::string, Variable>& variables);
+
+  /// The step saved with the variables.
+  std::int64_t step() const noexcept { return step_; }
+  void set_step(std::int64_t step) noexcept { step_ = step; }
+
+  /// Writes `path_prefix` + ".ckpt" atomically and returns the file written.
+  std::string save(const std::string& path_prefix);
+  /// Restores every variable from `path`; the file must hold each of them with the same dtype
+  /// and shape. A problem throws CheckpointError naming the file, and no variable is changed.
+  void restore(const std::string& path);
+
+  const std::map<std::string, Variable>& variables() const noexcept { return variables_; }
+
+ private:
+  std::map<std::string, Variable> variables_;
+  std::int64_t step_ = 0;
+};
+
+/// Keeps the last `max_to_keep` checkpoints of a Checkpoint in `directory` (ckpt-<step>.ckpt).
+class CheckpointManager {
+ public:
+  CheckpointManager(Checkpoint checkpoint, std::string directory, int max_to_keep);
+  /// Saves the checkpoint for `step`, deletes the oldest beyond max_to_keep; returns the file.
+  std::string save(std::int64_t step);
+  /// The newest checkpoint file in the directory, if any.
+  std::optional<std::string> latest_checkpoint() const;
+  /// All checkpoint files, oldest first.
+  std::vector<std::string> checkpoints() const;
+  /// Restores the newest checkpoint that reads back intact (a corrupt one is reported on stderr
+  /// by name and skipped) and returns its step; nullopt when there is none, leaving the
+  /// variables as initialised.
+  std::optional<std::int64_t> restore_or_initialize();
+
+  Checkpoint& checkpoint() noexcept { return checkpoint_; }
+
+ private:
+  Checkpoint checkpoint_;
+  std::string directory_;
+  int max_to_keep_;
+};
+
+}  // namespace troupe

@@ -1,0 +1,191 @@
+#include "troupe/variable.hpp"
+
+#include <stdexcept>
+
+#include "context_state.hpp"
+#include "troupe/distribute/context.hpp"
+#include "troupe/distribute/strategy.hpp"
+
+namespace troupe {
+namespace detail {
+
+struct VariableState {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::f32;
+  VariableSynchronization synchronization = VariableSynchronization::on_write;
+  VariableAggregation aggregation = VariableAggregation::none;
+  distribute::Strategy* strategy = nullptr;
+  std::vector<Device> devices;
+  // Replica r reads and writes only components[r] inside run; the vector never changes size.
+  std::vector<Tensor> components;
+};
+
+}  // namespace detail
+
+namespace {
+
+using distribute::ReduceOp;
+
+std::string label(const detail::VariableState& s) {
+  return "Variable" + (s.name.empty() ? std::string() : " '" + s.name + "'");
+}
+
+void check_value(const detail::VariableState& s, const Tensor& v, const char* op) {
+  if (v.dtype() != s.dtype || v.shape() != s.shape) {
+    throw std::invalid_argument(label(s) + ": " + op + " with a " + std::string(dtype_name(v.dtype())) + " tensor of shape " +
+                                shape_to_string(v.shape()) + ", the variable is " + std::string(dtype_name(s.dtype)) +
+                                " " + shape_to_string(s.shape));
+  }
+}
+
+// The value every replica agrees on for a write made in replica context.
+Tensor aggregate_in_replica(const detail::VariableState& s, distribute::ReplicaContext& ctx, const Tensor& v,
+                            const char* op) {
+  switch (s.aggregation) {
+    case VariableAggregation::sum: return ctx.all_reduce(ReduceOp::sum, v);
+    case VariableAggregation::mean: return ctx.all_reduce(ReduceOp::mean, v);
+    case VariableAggregation::only_first_replica: {
+      Tensor row = v.reshape([&] {
+        Shape one = s.shape;
+        one.insert(one.begin(), 1);
+        return one;
+      }());
+      return ctx.all_gather(row, 0).slice(0, 1).reshape(s.shape);
+    }
+    case VariableAggregation::none: break;
+  }
+  throw std::invalid_argument(label(s) + ": " + op +
+                              " in replica context needs an aggregation (sum, mean or only_first_replica) to "
+                              "keep the replicas' components equal; give the variable one, write in cross-replica "
+                              "context, or use merge_call");
+}
+
+}  // namespace
+
+Variable::Variable(Tensor initial_value, std::string name, VariableSynchronization synchronization,
+                   VariableAggregation aggregation)
+    : state_(std::make_shared<detail::VariableState>()) {
+  auto& s = *state_;
+  s.name = std::move(name);
+  s.shape = initial_value.shape();
+  s.dtype = initial_value.dtype();
+  s.synchronization =
+      synchronization == VariableSynchronization::automatic ? VariableSynchronization::on_write : synchronization;
+  s.aggregation = aggregation;
+  if (distribute::in_cross_replica_context()) {
+    s.strategy = &distribute::get_strategy();
+    s.devices = s.strategy->extended().worker_devices();
+  } else if (distribute::has_strategy()) {
+    throw std::logic_error(label(s) + ": create variables in the strategy's scope (cross-replica context), not "
+                           "inside a replica function");
+  } else {
+    s.strategy = &distribute::get_strategy();  // the default strategy
+    s.devices = {Device{}};
+  }
+  if (s.synchronization == VariableSynchronization::none) s.devices.resize(1);
+  for (const Device& d : s.devices) s.components.push_back(initial_value.with_device(d));
+}
+
+int Variable::component_index() const {
+  const auto& s = *state_;
+  distribute::ReplicaContext* ctx = distribute::get_replica_context();
+  if (ctx == nullptr) return -1;
+  if (&ctx->strategy() != s.strategy) {
+    if (s.components.size() == 1) return 0;
+    throw std::logic_error(label(s) + " belongs to another strategy than the replica using it");
+  }
+  return s.components.size() == 1 ? 0 : ctx->replica_id_in_sync_group();
+}
+
+Tensor Variable::value() const {
+  const auto& s = *state_;
+  const int r = component_index();
+  if (r >= 0) return s.components[static_cast<std::size_t>(r)];
+  if (s.synchronization == VariableSynchronization::on_read && s.components.size() > 1) {
+    switch (s.aggregation) {
+      case VariableAggregation::sum:
+        return s.strategy->extended().cross_device_ops().reduce(ReduceOp::sum, s.components, Device{});
+      case VariableAggregation::mean:
+        return s.strategy->extended().cross_device_ops().reduce(ReduceOp::mean, s.components, Device{});
+      case VariableAggregation::only_first_replica:
+      case VariableAggregation::none: break;
+    }
+  }
+  return s.components[0];
+}
+
+void Variable::assign(const Tensor& value) {
+  auto& s = *state_;
+  check_value(s, value, "assign");
+  const int r = component_index();
+  if (r < 0) {
+    // Cross-replica: every component. An on_read SUM variable splits the value so it sums back.
+    Tensor each = value;
+    if (s.synchronization == VariableSynchronization::on_read && s.aggregation == VariableAggregation::sum) {
+      each = value / Scalar(static_cast<std::int64_t>(s.components.size()));
+    }
+    for (std::size_t i = 0; i < s.components.size(); ++i) s.components[i] = each.with_device(s.devices[i]);
+    return;
+  }
+  if (s.synchronization == VariableSynchronization::on_read || s.components.size() == 1) {
+    s.components[static_cast<std::size_t>(r)] = value.with_device(s.devices[static_cast<std::size_t>(r)]);
+    return;
+  }
+  auto* ctx = distribute::get_replica_context();
+  s.components[static_cast<std::size_t>(r)] = aggregate_in_replica(s, *ctx, value, "assign");
+}
+
+void Variable::assign_add(const Tensor& delta) {
+  auto& s = *state_;
+  check_value(s, delta, "assign_add");
+  const int r = component_index();
+  if (r < 0) {
+    Tensor each = delta;
+    if (s.synchronization == VariableSynchronization::on_read && s.aggregation == VariableAggregation::sum) {
+      each = delta / Scalar(static_cast<std::int64_t>(s.components.size()));
+    }
+    for (std::size_t i = 0; i < s.components.size(); ++i) s.components[i] = s.components[i] + each;
+    return;
+  }
+  Tensor& mine = s.components[static_cast<std::size_t>(r)];
+  if (s.synchronization == VariableSynchronization::on_read || s.components.size() == 1) {
+    mine = mine + delta;
+    return;
+  }
+  auto* ctx = distribute::get_replica_context();
+  mine = mine + aggregate_in_replica(s, *ctx, delta, "assign_add");
+}
+
+void Variable::assign_sub(const Tensor& delta) { assign_add(-delta); }
+
+void Variable::assign_local(const Tensor& value) {
+  auto& s = *state_;
+  check_value(s, value, "assign_local");
+  const int r = component_index();
+  if (r < 0) {
+    for (std::size_t i = 0; i < s.components.size(); ++i) s.components[i] = value.with_device(s.devices[i]);
+    return;
+  }
+  s.components[static_cast<std::size_t>(r)] = value.with_device(s.devices[static_cast<std::size_t>(r)]);
+}
+
+void Variable::set_component(int replica, const Tensor& value) {
+  auto& s = *state_;
+  check_value(s, value, "set_component");
+  if (replica < 0 || static_cast<std::size_t>(replica) >= s.components.size()) {
+    throw std::out_of_range(label(s) + ": no component " + std::to_string(replica) + " (it has " +
+                            std::to_string(s.components.size()) + ")");
+  }
+  s.components[static_cast<std::size_t>(replica)] = value.with_device(s.devices[static_cast<std::size_t>(replica)]);
+}
+
+const std::string& Variable::name() const { return state_->name; }
+const Shape& Variable::shape() const { return state_->shape; }
+DType Variable::dtype() const { return state_->dtype; }
+VariableSynchronization Variable::synchronization() const { return state_->synchronization; }
+VariableAggregation Variable::aggregation() const { return state_->aggregation; }
+std::vector<Tensor> Variable::components() const { return state_->components; }
+const std::vector<Device>& Variable::devices() const { return state_->devices; }
+
+}  // namespace troupe
