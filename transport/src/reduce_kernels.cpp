@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -69,6 +70,20 @@ void reduce_range(const void* const* ins, int n, void* const* outs, int num_outs
   // Streaming stores are weakly ordered: fence them before the barrier publishes the result.
   if (streaming) _mm_sfence();
 #endif
+}
+
+void scale_range(void* data, std::int64_t count, scalar_type type, int divisor) {
+  auto run = [&](auto* p) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    const T d = static_cast<T>(divisor);
+    for (std::int64_t i = 0; i < count; ++i) p[i] /= d;
+  };
+  switch (type) {
+    case scalar_type::f32: run(static_cast<float*>(data)); break;
+    case scalar_type::f64: run(static_cast<double*>(data)); break;
+    case scalar_type::i32: run(static_cast<std::int32_t*>(data)); break;
+    case scalar_type::i64: run(static_cast<std::int64_t*>(data)); break;
+  }
 }
 
 }  // namespace troupe::transport

@@ -13,4 +13,7 @@ namespace troupe::transport {
 void reduce_range(const void* const* ins, int n, void* const* outs, int num_outs, std::int64_t begin,
                   std::int64_t end, scalar_type type, reduce_kind op, bool streaming = false);
 
+/// Divides `count` elements at `data` by `divisor` in place (integer types truncate).
+void scale_range(void* data, std::int64_t count, scalar_type type, int divisor);
+
 }  // namespace troupe::transport
