@@ -155,7 +155,7 @@ TEST_CASE("random bytes from a stranger are rejected with an error naming the ex
     std::mt19937 gen(7);
     std::vector<unsigned char> junk(4096);
     for (auto& b : junk) b = static_cast<unsigned char>(gen());
-    (void)!write(fd, junk.data(), junk.size());
+    (void)!send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
     std::this_thread::sleep_for(200ms);
     close(fd);
   });

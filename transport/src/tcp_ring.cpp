@@ -91,7 +91,7 @@ int connect_with_retry(const endpoint& ep, const deadline& until, int peer, cons
   }
 }
 
-// One frame going out: the segment table and the message's segments, written with writev as the
+// One frame going out: the segment table and the message's segments, gathered by sendmsg as the
 // socket accepts them. The tensor bytes are a segment of their own that points into the caller's
 // buffer.
 class outgoing {
@@ -114,7 +114,11 @@ class outgoing {
   void progress(int fd, int peer, const std::string& name) {
     while (!done()) {
       const int n = static_cast<int>(std::min<std::size_t>(iov_.size() - next_, IOV_MAX));
-      ssize_t w = writev(fd, &iov_[next_], n);
+      // sendmsg with MSG_NOSIGNAL: a peer that has gone away is an error here, never a SIGPIPE.
+      msghdr msg{};
+      msg.msg_iov = &iov_[next_];
+      msg.msg_iovlen = static_cast<std::size_t>(n);
+      ssize_t w = sendmsg(fd, &msg, MSG_NOSIGNAL);
       if (w < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
         if (errno == EINTR) continue;

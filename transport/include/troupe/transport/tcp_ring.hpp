@@ -47,7 +47,7 @@ class listener {
 
 /// Ring collectives between `size` processes over TCP: rank r connects to rank r+1 and accepts
 /// rank r-1. Every frame is a Cap'n Proto message whose tensor bytes are an external segment:
-/// referenced from the sender's buffer (written with writev, no copy) and read in place on the
+/// referenced from the sender's buffer (gathered by sendmsg, no copy) and read in place on the
 /// receiver, which reduces straight from its receive buffer.
 ///
 /// all_reduce of E elements: the buffer is cut into `size` chunks; a reduce-scatter of size-1
