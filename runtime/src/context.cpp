@@ -44,12 +44,12 @@ bool scope_open() { return !detail::tl_scopes.empty(); }
 }  // namespace
 
 ReplicaContext::ReplicaContext(Strategy& strategy, int replica_id, int num_replicas, Device device,
-                               detail::ReplicaCollectives* collectives)
-    : strategy_(&strategy), replica_id_(replica_id), num_replicas_(num_replicas), device_(std::move(device)),
-      collectives_(collectives) {}
+                               detail::ReplicaCollectives* collectives, int local_index)
+    : strategy_(&strategy), replica_id_(replica_id), local_index_(local_index < 0 ? replica_id : local_index),
+      num_replicas_(num_replicas), device_(std::move(device)), collectives_(collectives) {}
 
 Tensor ReplicaContext::all_reduce(ReduceOp op, const Tensor& value) {
-  return collectives_->all_reduce(replica_id_, op, value);
+  return collectives_->all_reduce(local_index_, op, value);
 }
 
 Tensor ReplicaContext::all_reduce(std::string_view op, const Tensor& value) {
@@ -57,16 +57,16 @@ Tensor ReplicaContext::all_reduce(std::string_view op, const Tensor& value) {
 }
 
 std::vector<Tensor> ReplicaContext::all_reduce(ReduceOp op, const std::vector<Tensor>& values) {
-  return collectives_->all_reduce(replica_id_, op, values);
+  return collectives_->all_reduce(local_index_, op, values);
 }
 
 Tensor ReplicaContext::all_gather(const Tensor& value, int axis) {
-  return collectives_->all_gather(replica_id_, value, axis);
+  return collectives_->all_gather(local_index_, value, axis);
 }
 
 void ReplicaContext::merge_call_erased(const void* mine,
                                        const std::function<void(const std::vector<const void*>&)>& on_first) {
-  collectives_->merge(replica_id_, mine, [&](const std::vector<const void*>& all) {
+  collectives_->merge(local_index_, mine, [&](const std::vector<const void*>& all) {
     // The function runs in cross-replica context: no replica context, the strategy's scope open.
     detail::ReplicaContextGuard no_replica(nullptr);
     Scope scope(*strategy_);

@@ -56,8 +56,8 @@ data::Element slice_element(const data::Element& e, std::int64_t begin, std::int
   return out;
 }
 
-// Splits a global batch over the replicas.
-Batch split_global_batch(const data::Element& e, std::int64_t global_batch, int replicas) {
+// Splits a global batch over `replicas` replicas and keeps `local` of them from `first` on.
+Batch split_global_batch(const data::Element& e, std::int64_t global_batch, int replicas, int first, int local) {
   const char* who = "experimental_distribute_dataset";
   if (e.empty()) throw std::invalid_argument(std::string(who) + ": an element has no components");
   if (e[0].rank() == 0) slice_element(e, 0, 0, who);  // throws the scalar error
@@ -69,9 +69,12 @@ Batch split_global_batch(const data::Element& e, std::int64_t global_batch, int 
                                   shape_to_string(e[c].shape()) + "; every component of a batch needs the same rows");
     }
   }
+  const auto bounds = split_rows(rows, global_batch, replicas);
   std::vector<data::Element> parts;
-  parts.reserve(static_cast<std::size_t>(replicas));
-  for (auto [b, end] : split_rows(rows, global_batch, replicas)) parts.push_back(slice_element(e, b, end, who));
+  parts.reserve(static_cast<std::size_t>(local));
+  for (int r = first; r < first + local; ++r) {
+    parts.push_back(slice_element(e, bounds[static_cast<std::size_t>(r)].first, bounds[static_cast<std::size_t>(r)].second, who));
+  }
   return Batch(std::move(parts));
 }
 
@@ -178,11 +181,6 @@ class PerReplicaSource final : public InputSource {
   std::vector<Device> devices_;
 };
 
-data::Dataset auto_shard(const data::Dataset& dataset, const InputOptions& options, int workers, int index) {
-  if (workers <= 1 || options.auto_shard_policy == AutoShardPolicy::off) return dataset;
-  return dataset.shard(workers, index);
-}
-
 }  // namespace
 }  // namespace detail
 
@@ -199,17 +197,25 @@ PerReplica<data::Element> DistributedIterator::get_next() {
 std::chrono::nanoseconds DistributedIterator::time_waiting() const { return source_->waited(); }
 
 DistributedDataset Strategy::experimental_distribute_dataset(data::Dataset dataset, InputOptions options) {
-  const int replicas = num_replicas_in_sync();
+  // Every worker reads the same global batches and keeps the rows of its own replicas (sharding
+  // by data at row granularity: the workers see the same number of steps, so the end of the data
+  // is the same step everywhere). With AutoShardPolicy::off each worker splits whole global
+  // batches over its local replicas instead.
+  const bool off = options.auto_shard_policy == AutoShardPolicy::off;
+  const int local = num_local_replicas();
+  const int replicas = off ? local : num_replicas_in_sync();
+  const int first = off ? 0 : backend_->first_replica_id();
   const std::vector<Device> devices = backend_->devices();
-  data::Dataset sharded = detail::auto_shard(dataset, options, backend_->num_workers(), backend_->worker_index());
-  return DistributedDataset([this, sharded, options, replicas, devices] {
-    auto produce = [sharded, replicas, devices, it = std::shared_ptr<data::Iterator>(),
+  data::Dataset sharded = dataset;
+  return DistributedDataset([this, sharded, options, replicas, first, local, devices] {
+    auto produce = [sharded, replicas, first, local, devices, it = std::shared_ptr<data::Iterator>(),
                     global_batch = sharded.impl()->batch_size().value_or(0)]() mutable -> detail::item {
       if (!it) it = std::make_shared<data::Iterator>(sharded.make_iterator());
       auto e = it->get_next_as_optional();
       if (!e) return nullptr;
       if (global_batch == 0 && !e->empty() && (*e)[0].rank() > 0) global_batch = (*e)[0].shape()[0];
-      auto batch = std::make_shared<detail::Batch>(detail::split_global_batch(*e, global_batch, replicas));
+      auto batch =
+          std::make_shared<detail::Batch>(detail::split_global_batch(*e, global_batch, replicas, first, local));
       detail::place(*batch, devices);
       return batch;
     };
@@ -219,7 +225,7 @@ DistributedDataset Strategy::experimental_distribute_dataset(data::Dataset datas
 
 DistributedDataset Strategy::distribute_datasets_from_function(
     std::function<data::Dataset(const InputContext&)> dataset_fn, InputOptions options) {
-  const int replicas = num_replicas_in_sync();
+  const int replicas = num_local_replicas();
   const std::vector<Device> devices = backend_->devices();
   const int workers = backend_->num_workers();
   const int worker = backend_->worker_index();
@@ -242,7 +248,7 @@ DistributedDataset Strategy::distribute_datasets_from_function(
     });
   }
   return DistributedDataset([this, dataset_fn, options, replicas, devices, workers, worker] {
-    InputContext ctx{workers, worker, replicas * workers};
+    InputContext ctx{workers, worker, num_replicas_in_sync()};
     data::Dataset ds = dataset_fn(ctx);
     auto produce = [ds, replicas, devices, it = std::shared_ptr<data::Iterator>()]() mutable -> detail::item {
       if (!it) it = std::make_shared<data::Iterator>(ds.make_iterator());

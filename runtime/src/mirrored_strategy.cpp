@@ -7,6 +7,7 @@
 #include <string>
 
 #include "collectives.hpp"
+#include "mirrored_backend.hpp"
 #include "context_state.hpp"
 #include "troupe/actors/coordinator.hpp"
 #include "troupe/errors.hpp"
@@ -59,60 +60,6 @@ std::vector<Device> resolve_devices(const char* who, const std::vector<std::stri
   return devices;
 }
 
-// Replica actors, a coordinator actor and a shared-memory collective group over local devices.
-class MirroredBackend final : public detail::StrategyBackend {
- public:
-  MirroredBackend(Runtime& runtime, std::vector<Device> devices, std::shared_ptr<CrossDeviceOps> ops)
-      : runtime_(&runtime),
-        devices_(std::move(devices)),
-        ops_(std::move(ops)),
-        group_(static_cast<int>(devices_.size()), std::chrono::microseconds(runtime.options().spin_us)),
-        collectives_(group_, devices_),
-        coordinator_(runtime.system(), static_cast<int>(devices_.size()),
-                     std::chrono::microseconds(runtime.options().spin_us)) {}
-
-  const std::vector<Device>& devices() const override { return devices_; }
-  CrossDeviceOps& cross_device_ops() override { return *ops_; }
-  Runtime* runtime() override { return runtime_; }
-
-  void execute(Strategy& strategy, const std::function<void(int)>& fn) override {
-    if (coordinator_.on_replica_thread()) {
-      throw std::logic_error("run: called from inside a replica function of the same strategy; call run from "
-                             "the thread that owns the strategy");
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    group_.reset();  // no replica is inside a collective between steps
-    const int n = static_cast<int>(devices_.size());
-    auto per_replica = [&](int r) {
-      ReplicaContext ctx(strategy, r, n, devices_[static_cast<std::size_t>(r)], &collectives_);
-      detail::ReplicaContextGuard guard(&ctx);
-      try {
-        fn(r);
-      } catch (const CollectiveAborted&) {
-        throw;  // the group already carries the cause that released this replica
-      } catch (const std::exception& e) {
-        group_.abort(r, "replica " + std::to_string(r) + " failed: " + e.what());
-        throw;
-      } catch (...) {
-        group_.abort(r, "replica " + std::to_string(r) + " failed with a non-standard exception");
-        throw;
-      }
-      group_.finish(r);
-    };
-    auto errors = coordinator_.run_step(per_replica, [&](int r, const std::string& why) { group_.abort(r, why); });
-    detail::rethrow_step_failure(errors, devices_);
-  }
-
- private:
-  Runtime* runtime_;
-  std::vector<Device> devices_;
-  std::shared_ptr<CrossDeviceOps> ops_;
-  transport::shm_group group_;
-  detail::ShmCollectives collectives_;
-  actors::coordinator coordinator_;
-  std::mutex mutex_;
-};
-
 std::unique_ptr<detail::StrategyBackend> make_backend(const char* who, Runtime& runtime,
                                                       const std::vector<std::string>& specs,
                                                       std::shared_ptr<CrossDeviceOps> ops) {
@@ -125,7 +72,7 @@ std::unique_ptr<detail::StrategyBackend> make_backend(const char* who, Runtime& 
                                      ? " (NCCL needs GPU devices; use ReductionToOneDevice or HierarchicalCopyAllReduce)"
                                      : ""));
   }
-  return std::make_unique<MirroredBackend>(runtime, std::move(devices), std::move(ops));
+  return std::make_unique<detail::MirroredBackend>(runtime, std::move(devices), std::move(ops));
 }
 
 }  // namespace

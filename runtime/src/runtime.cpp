@@ -6,6 +6,7 @@
 #include <string>
 
 #include "caf/all.hpp"
+#include "caf/io/all.hpp"
 #include "gpu_probe.hpp"
 
 namespace troupe {
@@ -36,6 +37,7 @@ RuntimeOptions RuntimeOptions::from_environment() {
 struct Runtime::Impl {
   explicit Impl(RuntimeOptions o) : options(resolve(o)) {
     config.set("scheduler.max-threads", static_cast<std::int64_t>(options.scheduler_threads));
+    config.load<caf::io::middleman>();  // multi-worker rendezvous goes through it
     owned = std::make_unique<caf::actor_system>(config);
     system = owned.get();
   }

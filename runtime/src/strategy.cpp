@@ -126,7 +126,7 @@ Strategy::~Strategy() = default;
 void Strategy::execute(const std::function<void(int)>& fn) { backend_->execute(*this, fn); }
 
 ValueContext Strategy::value_context(int replica) const {
-  return ValueContext{replica, num_replicas_in_sync()};
+  return ValueContext{backend_->first_replica_id() + replica, num_replicas_in_sync()};
 }
 
 namespace {
@@ -141,9 +141,15 @@ void check_components(const char* op, const PerReplica<Tensor>& value, int expec
 }  // namespace
 
 Tensor Strategy::reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optional<int> axis) {
-  check_components("reduce", value, num_replicas_in_sync());
+  check_components("reduce", value, num_local_replicas());
   const Device host{};
-  if (!axis) return backend_->cross_device_ops().reduce(op, value.values(), host);
+  const bool one_worker = backend_->num_workers() == 1;
+  if (!axis && one_worker) return backend_->cross_device_ops().reduce(op, value.values(), host);
+  if (!axis) {
+    Tensor total = backend_->sum_across_workers(backend_->cross_device_ops().reduce(ReduceOp::sum, value.values(), host));
+    if (op == ReduceOp::sum) return total;
+    return total / Scalar(static_cast<std::int64_t>(num_replicas_in_sync()));
+  }
   std::vector<Tensor> partial;
   partial.reserve(value.values().size());
   std::int64_t count = 0;
@@ -152,7 +158,8 @@ Tensor Strategy::reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optio
     count += t.shape()[static_cast<std::size_t>(ax)];
     partial.push_back(reduce_sum(t, ax));
   }
-  Tensor total = backend_->cross_device_ops().reduce(ReduceOp::sum, partial, host);
+  Tensor total = backend_->sum_across_workers(backend_->cross_device_ops().reduce(ReduceOp::sum, partial, host));
+  if (!one_worker) count = backend_->sum_across_workers(Tensor::scalar<std::int64_t>(count)).item<std::int64_t>();
   if (op == ReduceOp::sum) return total;
   if (count == 0 && (total.dtype() == DType::i32 || total.dtype() == DType::i64)) {
     throw std::invalid_argument("reduce: MEAN along axis " + std::to_string(*axis) +
@@ -179,7 +186,7 @@ Tensor Strategy::reduce(ReduceOp op, const Tensor& value, std::optional<int> axi
 }
 
 Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) {
-  check_components("gather", value, num_replicas_in_sync());
+  check_components("gather", value, num_local_replicas());
   const auto& parts = value.values();
   const Tensor& first = parts.at(0);
   const int ax = detail::checked_axis("gather", axis, first.rank());
@@ -196,7 +203,12 @@ Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) {
                                   "; only dimension " + std::to_string(ax) + " may differ");
     }
   }
-  return concat(parts, ax).with_device(Device{});
+  Tensor local = concat(parts, ax).with_device(Device{});
+  if (backend_->num_workers() == 1) return local;
+  if (ax != 0) {
+    throw std::invalid_argument("gather: across workers only axis 0 is supported, got axis " + std::to_string(axis));
+  }
+  return backend_->concat_across_workers(local);
 }
 
 }  // namespace troupe::distribute

@@ -95,7 +95,7 @@ int Variable::component_index() const {
     if (s.components.size() == 1) return 0;
     throw std::logic_error(label(s) + " belongs to another strategy than the replica using it");
   }
-  return s.components.size() == 1 ? 0 : ctx->replica_id_in_sync_group();
+  return s.components.size() == 1 ? 0 : ctx->local_replica_index();
 }
 
 Tensor Variable::value() const {

@@ -398,6 +398,8 @@ tcp_ring::tcp_ring(int rank, int size, listener& own, const std::vector<endpoint
 
 tcp_ring::~tcp_ring() = default;
 
+void tcp_ring::set_timeout(std::chrono::milliseconds timeout) { impl_->timeout = timeout; }
+
 void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, reduce_kind op) {
   if (size_ == 1 || count == 0) return;  // a sum or mean over one rank is the value
   auto& s = *impl_;

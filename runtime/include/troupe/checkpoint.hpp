@@ -22,7 +22,15 @@ class CheckpointError : public Error {
 /// message with a checksum per tensor, written atomically: a temporary file, fsync, rename, so a
 /// crash never leaves a half-written checkpoint under the real name and nothing is overwritten
 /// in place. Each variable is saved as its value in cross-replica context (the primary
-/// component; on_read variables aggregated) and restored into every component.
+/// component; on_read variables aggregated) and restored into every component (an on_read SUM
+/// variable gets value / replicas in each, as TensorFlow does, so that it sums back).
+///
+/// Save and restore from cross-replica context (inside or outside the strategy's scope), never
+/// inside Strategy::run (std::logic_error). The file format is described in
+/// transport/include/troupe/transport/checkpoint_file.hpp.
+///
+/// Single-worker only for now: save writes the path it is given. Multi-worker training, where
+/// the chief writes the real path and every other worker a temporary one, is not supported yet.
 class Checkpoint {
  public:
   explicit Checkpoint(std::map<std::string, Variable> variables);
@@ -47,11 +55,15 @@ class Checkpoint {
   std::int64_t step_ = 0;
 };
 
-/// Keeps the last `max_to_keep` checkpoints of a Checkpoint in `directory` (ckpt-<step>.ckpt).
+/// Keeps the last `max_to_keep` checkpoints of a Checkpoint in `directory` (ckpt-<step>.ckpt),
+/// ordered by step. Only names of exactly that form count: the temporary file of an interrupted
+/// save never shadows a good checkpoint.
 class CheckpointManager {
  public:
+  /// `max_to_keep` >= 1 (std::invalid_argument otherwise). The directory is created by save.
   CheckpointManager(Checkpoint checkpoint, std::string directory, int max_to_keep);
-  /// Saves the checkpoint for `step`, deletes the oldest beyond max_to_keep; returns the file.
+  /// Saves the checkpoint for `step` (>= 0), then deletes the oldest beyond max_to_keep (never
+  /// the file just written); returns the file.
   std::string save(std::int64_t step);
   /// The newest checkpoint file in the directory, if any.
   std::optional<std::string> latest_checkpoint() const;
@@ -59,7 +71,9 @@ class CheckpointManager {
   std::vector<std::string> checkpoints() const;
   /// Restores the newest checkpoint that reads back intact (a corrupt one is reported on stderr
   /// by name and skipped) and returns its step; nullopt when there is none, leaving the
-  /// variables as initialised.
+  /// variables as initialised. Throws CheckpointError when checkpoints exist but none reads back
+  /// intact (they are listed with their problems), or when an intact one does not match the
+  /// variables (a different model: older files would not match either).
   std::optional<std::int64_t> restore_or_initialize();
 
   Checkpoint& checkpoint() noexcept { return checkpoint_; }
@@ -69,5 +83,27 @@ class CheckpointManager {
   std::string directory_;
   int max_to_keep_;
 };
+
+/// One tensor of a checkpoint file, as inspect_checkpoint reports it.
+struct CheckpointEntry {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  std::uint64_t nbytes = 0;
+  bool checksum_ok = false;  ///< its bytes match the checksum stored with them
+};
+
+/// What a checkpoint file holds.
+struct CheckpointInfo {
+  std::string path;
+  std::int64_t step = 0;
+  std::uint64_t file_bytes = 0;
+  std::vector<CheckpointEntry> entries;  ///< in file order
+};
+
+/// Reads `path` without restoring anything (for inspection tools): the same checks as restore,
+/// except that a tensor failing its checksum is reported in its entry rather than thrown. Other
+/// problems (missing, truncated, corrupt header, malformed) throw CheckpointError naming the file.
+CheckpointInfo inspect_checkpoint(const std::string& path);
 
 }  // namespace troupe

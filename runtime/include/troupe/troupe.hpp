@@ -1,6 +1,7 @@
 #pragma once
 
 /// The umbrella header: everything public in troupe.
+#include "troupe/checkpoint.hpp"
 #include "troupe/device.hpp"
 #include "troupe/dtype.hpp"
 #include "troupe/errors.hpp"

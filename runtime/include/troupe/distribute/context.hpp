@@ -28,10 +28,13 @@ class ReplicaCollectives;
 class ReplicaContext {
  public:
   ReplicaContext(Strategy& strategy, int replica_id, int num_replicas, Device device,
-                 detail::ReplicaCollectives* collectives);
+                 detail::ReplicaCollectives* collectives, int local_index = -1);
 
   /// This replica's index, 0..num_replicas_in_sync()-1.
   int replica_id_in_sync_group() const noexcept { return replica_id_; }
+  /// This replica's index among the replicas of its own worker (replica_id_in_sync_group() with
+  /// one worker).
+  int local_replica_index() const noexcept { return local_index_; }
   /// Replicas taking part in each step, over all workers.
   int num_replicas_in_sync() const noexcept { return num_replicas_; }
   /// The device this replica runs on.
@@ -64,6 +67,7 @@ class ReplicaContext {
 
   Strategy* strategy_;
   int replica_id_;
+  int local_index_;
   int num_replicas_;
   Device device_;
   detail::ReplicaCollectives* collectives_;

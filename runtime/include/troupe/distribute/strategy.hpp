@@ -33,7 +33,15 @@ namespace detail {
 class StrategyBackend {
  public:
   virtual ~StrategyBackend() = default;
+  /// This worker's replica devices, in local replica order.
   virtual const std::vector<Device>& devices() const = 0;
+  /// Replicas over all workers, and the global id of this worker's first replica.
+  virtual int num_replicas_in_sync() const { return static_cast<int>(devices().size()); }
+  virtual int first_replica_id() const { return 0; }
+  /// Cross-replica context: sums a tensor over the workers (identity with one worker).
+  virtual Tensor sum_across_workers(const Tensor& local) { return local; }
+  /// Cross-replica context: concatenates the workers' tensors along axis 0 in worker order.
+  virtual Tensor concat_across_workers(const Tensor& local) { return local; }
   /// Calls fn(r) for every local replica r with that replica's ReplicaContext installed, and
   /// returns once all have finished; a failure throws ReplicaError.
   virtual void execute(Strategy& strategy, const std::function<void(int)>& fn) = 0;
@@ -100,8 +108,10 @@ class Strategy {
   Strategy(const Strategy&) = delete;
   Strategy& operator=(const Strategy&) = delete;
 
-  /// Replicas taking part in each step.
-  int num_replicas_in_sync() const { return static_cast<int>(backend_->devices().size()); }
+  /// Replicas taking part in each step, over all workers.
+  int num_replicas_in_sync() const { return backend_->num_replicas_in_sync(); }
+  /// Replicas of this worker (the components of a PerReplica value here).
+  int num_local_replicas() const { return static_cast<int>(backend_->devices().size()); }
 
   /// Calls fn once per replica, on that replica's thread, as fn(args...) where a PerReplica
   /// argument is replaced by that replica's component and any other argument is passed as is
@@ -113,7 +123,7 @@ class Strategy {
     if constexpr (std::is_void_v<R>) {
       execute([&]([[maybe_unused]] int r) { fn(detail::component(args, r)...); });
     } else {
-      std::vector<std::optional<R>> slots(static_cast<std::size_t>(num_replicas_in_sync()));
+      std::vector<std::optional<R>> slots(static_cast<std::size_t>(num_local_replicas()));
       execute([&]([[maybe_unused]] int r) {
         auto& slot = slots[static_cast<std::size_t>(r)];
         slot.emplace(fn(detail::component(args, r)...));
@@ -155,12 +165,12 @@ class Strategy {
   /// A variable's components, one per replica.
   std::vector<Tensor> experimental_local_results(const Variable& variable) const { return variable.components(); }
 
-  /// Calls value_fn(ValueContext) once per replica and gathers the results.
+  /// Calls value_fn(ValueContext) once per local replica and gathers the results.
   template <class Fn>
   auto experimental_distribute_values_from_function(Fn&& value_fn) {
     using R = std::decay_t<std::invoke_result_t<Fn&, const ValueContext&>>;
     std::vector<R> values;
-    const int n = num_replicas_in_sync();
+    const int n = num_local_replicas();
     values.reserve(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) values.push_back(value_fn(value_context(r)));
     return PerReplica<R>(std::move(values));

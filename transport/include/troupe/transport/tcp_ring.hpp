@@ -69,6 +69,9 @@ class tcp_ring {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
 
+  /// The bound of later waits (0: none).
+  void set_timeout(std::chrono::milliseconds timeout);
+
   /// Sums (or averages) `data` in place over every rank.
   void all_reduce(void* data, std::int64_t count, scalar_type type, reduce_kind op);
 

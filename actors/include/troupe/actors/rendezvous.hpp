@@ -1,0 +1,52 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace caf {
+class actor_system;
+}
+
+namespace troupe::actors {
+
+/// One worker of a cluster, as the rendezvous tells every worker.
+struct member {
+  int rank = 0;
+  std::string task;        ///< "/job:worker/task:1"
+  std::string data_host;   ///< where its data plane listens
+  std::uint16_t data_port = 0;
+  int devices = 0;         ///< local replicas
+};
+
+/// What one worker brings to the rendezvous.
+struct rendezvous_options {
+  int rank = 0;                       ///< 0 is the chief: it hosts the cluster agent
+  std::vector<std::string> tasks;     ///< every worker's task name, in rank order (for errors)
+  std::string chief_host;             ///< the chief agent's address (the chief's TF_CONFIG entry)
+  std::uint16_t chief_port = 0;
+  int devices = 1;
+  std::string data_host;
+  std::uint16_t data_port = 0;
+  std::string token;                  ///< the shared cluster token (TROUPE_CLUSTER_TOKEN); may be empty
+  std::chrono::milliseconds timeout{60000};
+  std::uint32_t version = 1;          ///< protocol version; every worker must agree
+};
+
+/// The rendezvous of a multi-worker strategy, numbered as it happens:
+///   1. The chief publishes its cluster agent through the CAF middleman at its own address.
+///   2. Every other worker connects to it (retrying until the timeout), asks for a nonce, and
+///      joins with: protocol version, rank, HMAC-SHA256(token, nonce) (the token never travels),
+///      local device count and data-plane endpoint.
+///   3. The chief checks each join (version, token proof, device count equal to its own, a rank
+///      that is free) and, once every worker has joined, sends all of them the peer table.
+///   4. A bad join, or the timeout with workers still missing, fails every worker with the same
+///      error naming the culprit (the missing tasks by name).
+/// Returns the peer table in rank order, or throws std::runtime_error with that error.
+std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options);
+
+/// HMAC-SHA256 of `message` under `key`, hex-encoded.
+std::string hmac_sha256_hex(const std::string& key, const std::string& message);
+
+}  // namespace troupe::actors

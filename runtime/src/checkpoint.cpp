@@ -1,0 +1,292 @@
+#include "troupe/checkpoint.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <iostream>
+#include <stdexcept>
+#include <system_error>
+#include <utility>
+
+#include "troupe/distribute/context.hpp"
+#include "troupe/distribute/cross_device_ops.hpp"
+#include "troupe/transport/checkpoint_file.hpp"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+namespace tp = troupe::transport;
+
+tp::scalar_type to_scalar(DType d) {
+  switch (d) {
+    case DType::f32: return tp::scalar_type::f32;
+    case DType::f64: return tp::scalar_type::f64;
+    case DType::i32: return tp::scalar_type::i32;
+    case DType::i64: return tp::scalar_type::i64;
+  }
+  throw std::invalid_argument("checkpoint: unknown dtype " + std::to_string(static_cast<int>(d)));
+}
+
+DType from_scalar(tp::scalar_type t) {
+  switch (t) {
+    case tp::scalar_type::f32: return DType::f32;
+    case tp::scalar_type::f64: return DType::f64;
+    case tp::scalar_type::i32: return DType::i32;
+    case tp::scalar_type::i64: return DType::i64;
+  }
+  throw std::invalid_argument("checkpoint: unknown element type " + std::to_string(static_cast<int>(t)));
+}
+
+void require_cross_replica(const char* op) {
+  if (distribute::has_strategy() && !distribute::in_cross_replica_context()) {
+    throw std::logic_error(std::string(op) +
+                           ": call it in cross-replica context, not inside a replica function (Strategy::run)");
+  }
+}
+
+// The variable's value in cross-replica context. Outside any scope a mirrored variable refuses
+// value() (it belongs to another strategy than the default one), so its components are combined
+// here the same way: the primary component, or the aggregate for on_read SUM and MEAN.
+Tensor saved_value(const Variable& v) {
+  std::vector<Tensor> components = v.components();
+  if (distribute::in_cross_replica_context() || components.size() == 1) return v.value();
+  if (v.synchronization() == VariableSynchronization::on_read) {
+    if (v.aggregation() == VariableAggregation::sum) {
+      return distribute::ReductionToOneDevice().reduce(distribute::ReduceOp::sum, components, Device{});
+    }
+    if (v.aggregation() == VariableAggregation::mean) {
+      return distribute::ReductionToOneDevice().reduce(distribute::ReduceOp::mean, components, Device{});
+    }
+  }
+  return components[0];
+}
+
+// Sets every component to what assign does in cross-replica context. set_component works in
+// any context, also outside the strategy's scope.
+void assign_restored(Variable& v, const Tensor& value) {
+  const std::size_t n = v.components().size();
+  Tensor each = value;
+  if (n > 1 && v.synchronization() == VariableSynchronization::on_read &&
+      v.aggregation() == VariableAggregation::sum) {
+    each = value / Scalar(static_cast<std::int64_t>(n));
+  }
+  for (std::size_t r = 0; r < n; ++r) v.set_component(static_cast<int>(r), each);
+}
+
+std::string describe(DType dtype, const Shape& shape) {
+  return std::string(dtype_name(dtype)) + " " + shape_to_string(shape);
+}
+
+// Reads and verifies the whole file; every problem with the file itself is a CheckpointError.
+tp::checkpoint_contents load(const std::string& path, bool verify_checksums = true) {
+  try {
+    tp::checkpoint_read_options options;
+    options.verify_tensor_checksums = verify_checksums;
+    return tp::read_checkpoint_file(path, options);
+  } catch (const tp::checkpoint_file_error& e) {
+    throw CheckpointError(e.what());
+  }
+}
+
+// The value for every variable, once the file is known to hold each with its dtype and shape.
+// Nothing is assigned here, so a mismatch leaves every variable as it was.
+std::vector<std::pair<Variable, Tensor>> match(const tp::checkpoint_contents& file,
+                                               const std::map<std::string, Variable>& variables) {
+  std::vector<std::string> missing;
+  std::vector<std::pair<Variable, Tensor>> staged;
+  staged.reserve(variables.size());
+  for (const auto& [name, variable] : variables) {
+    const tp::checkpoint_entry* e = file.find(name);
+    if (e == nullptr) {
+      missing.push_back("'" + name + "'");
+      continue;
+    }
+    const DType dtype = from_scalar(e->type);
+    const Shape& shape = e->shape;
+    if (dtype != variable.dtype() || shape != variable.shape()) {
+      throw CheckpointError("checkpoint " + file.path() + ": variable '" + name + "' is " +
+                            describe(variable.dtype(), variable.shape()) + ", the file holds it as " +
+                            describe(dtype, shape));
+    }
+    Tensor value = e->nbytes == 0 ? Tensor::zeros(shape, dtype) : Tensor::from_bytes(e->data, e->nbytes, dtype, shape);
+    staged.emplace_back(variable, std::move(value));
+  }
+  if (!missing.empty()) {
+    std::string names;
+    for (const std::string& m : missing) names += (names.empty() ? "" : ", ") + m;
+    std::string held;
+    for (const auto& e : file.tensors()) held += (held.empty() ? "'" : ", '") + e.name + "'";
+    throw CheckpointError("checkpoint " + file.path() + ": no variable " + names + " in the file (it holds " +
+                          (held.empty() ? std::string("no variables") : held) + ")");
+  }
+  return staged;
+}
+
+std::int64_t restore_from(const tp::checkpoint_contents& file, Checkpoint& checkpoint) {
+  auto staged = match(file, checkpoint.variables());
+  for (auto& [variable, value] : staged) assign_restored(variable, value);
+  checkpoint.set_step(file.step());
+  return file.step();
+}
+
+// The step in "ckpt-<step>.ckpt", or nullopt for any other name.
+std::optional<std::int64_t> step_of(const std::string& filename) {
+  constexpr std::string_view prefix = "ckpt-", suffix = ".ckpt";
+  if (filename.size() <= prefix.size() + suffix.size()) return std::nullopt;
+  if (filename.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  if (filename.compare(filename.size() - suffix.size(), suffix.size(), suffix) != 0) return std::nullopt;
+  const char* begin = filename.data() + prefix.size();
+  const char* end = filename.data() + filename.size() - suffix.size();
+  if (!std::all_of(begin, end, [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
+  std::int64_t step = 0;
+  auto [ptr, ec] = std::from_chars(begin, end, step);
+  if (ec != std::errc() || ptr != end) return std::nullopt;
+  return step;
+}
+
+// (step, path) of every checkpoint in `directory`, oldest first.
+std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::string& directory) {
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  std::error_code ec;
+  fs::directory_iterator it(directory, ec);
+  if (ec) return out;  // no directory yet: no checkpoints
+  for (const fs::directory_entry& entry : it) {
+    std::error_code type_ec;
+    if (!entry.is_regular_file(type_ec)) continue;
+    if (auto step = step_of(entry.path().filename().string())) out.emplace_back(*step, entry.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void create_parent_directory(const std::string& path) {
+  const fs::path parent = fs::path(path).parent_path();
+  if (parent.empty()) return;
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) throw CheckpointError("checkpoint " + path + ": cannot create its directory: " + ec.message());
+}
+
+}  // namespace
+
+Checkpoint::Checkpoint(std::map<std::string, Variable> variables) : variables_(std::move(variables)) {}
+
+void Checkpoint::add(const std::string& name, Variable variable) {
+  if (variables_.count(name) != 0) {
+    throw std::invalid_argument("Checkpoint::add: a variable named '" + name + "' is already present");
+  }
+  variables_.emplace(name, std::move(variable));
+}
+
+void Checkpoint::add(const std::map<std::string, Variable>& variables) {
+  for (const auto& [name, variable] : variables) {
+    if (variables_.count(name) != 0) {
+      throw std::invalid_argument("Checkpoint::add: a variable named '" + name + "' is already present");
+    }
+  }
+  for (const auto& [name, variable] : variables) variables_.emplace(name, variable);
+}
+
+std::string Checkpoint::save(const std::string& path_prefix) {
+  require_cross_replica("Checkpoint::save");
+  const std::string path = path_prefix + ".ckpt";
+  std::vector<Tensor> values;  // keeps the bytes alive while the file references them
+  std::vector<tp::checkpoint_tensor> tensors;
+  values.reserve(variables_.size());
+  tensors.reserve(variables_.size());
+  for (const auto& [name, variable] : variables_) {
+    const Tensor& v = values.emplace_back(saved_value(variable));
+    tensors.push_back(tp::checkpoint_tensor{name, to_scalar(v.dtype()), v.shape(), v.raw_data(), v.nbytes()});
+  }
+  create_parent_directory(path);
+  try {
+    tp::write_checkpoint_file(path, step_, tensors);
+  } catch (const tp::checkpoint_file_error& e) {
+    throw CheckpointError(e.what());
+  }
+  return path;
+}
+
+void Checkpoint::restore(const std::string& path) {
+  require_cross_replica("Checkpoint::restore");
+  restore_from(load(path), *this);
+}
+
+CheckpointManager::CheckpointManager(Checkpoint checkpoint, std::string directory, int max_to_keep)
+    : checkpoint_(std::move(checkpoint)), directory_(std::move(directory)), max_to_keep_(max_to_keep) {
+  if (max_to_keep_ < 1) {
+    throw std::invalid_argument("CheckpointManager: max_to_keep " + std::to_string(max_to_keep_) +
+                                " (expected at least 1)");
+  }
+  if (directory_.empty()) throw std::invalid_argument("CheckpointManager: empty directory name");
+}
+
+std::string CheckpointManager::save(std::int64_t step) {
+  if (step < 0) {
+    throw std::invalid_argument("CheckpointManager::save: step " + std::to_string(step) + " (expected >= 0)");
+  }
+  checkpoint_.set_step(step);
+  const std::string written = checkpoint_.save((fs::path(directory_) / ("ckpt-" + std::to_string(step))).string());
+  auto all = list_checkpoints(directory_);
+  std::size_t excess = all.size() > static_cast<std::size_t>(max_to_keep_) ? all.size() - max_to_keep_ : 0;
+  for (const auto& [old_step, path] : all) {
+    if (excess == 0) break;
+    if (fs::path(path) == fs::path(written)) continue;
+    std::error_code ec;
+    if (!fs::remove(path, ec) && ec) {
+      std::cerr << "troupe: CheckpointManager: cannot delete the old checkpoint " << path << ": " << ec.message()
+                << "\n";
+    }
+    --excess;
+  }
+  return written;
+}
+
+std::optional<std::string> CheckpointManager::latest_checkpoint() const {
+  auto all = list_checkpoints(directory_);
+  if (all.empty()) return std::nullopt;
+  return all.back().second;
+}
+
+std::vector<std::string> CheckpointManager::checkpoints() const {
+  std::vector<std::string> out;
+  for (auto& [step, path] : list_checkpoints(directory_)) out.push_back(std::move(path));
+  return out;
+}
+
+std::optional<std::int64_t> CheckpointManager::restore_or_initialize() {
+  require_cross_replica("CheckpointManager::restore_or_initialize");
+  auto all = list_checkpoints(directory_);
+  if (all.empty()) return std::nullopt;
+  std::string problems;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    tp::checkpoint_contents file;
+    try {
+      file = load(it->second);
+    } catch (const CheckpointError& e) {
+      std::cerr << "troupe: CheckpointManager: skipping a damaged checkpoint, " << e.what()
+                << (std::next(it) != all.rend() ? "; trying an older one" : "") << "\n";
+      problems += std::string("\n  ") + e.what();
+      continue;
+    }
+    return restore_from(file, checkpoint_);
+  }
+  throw CheckpointError("CheckpointManager: none of the " + std::to_string(all.size()) + " checkpoints in " +
+                        directory_ + " reads back intact:" + problems);
+}
+
+CheckpointInfo inspect_checkpoint(const std::string& path) {
+  const tp::checkpoint_contents file = load(path, /*verify_checksums=*/false);
+  CheckpointInfo info;
+  info.path = path;
+  info.step = file.step();
+  info.file_bytes = file.file_bytes();
+  for (const tp::checkpoint_entry& e : file.tensors()) {
+    info.entries.push_back(CheckpointEntry{e.name, from_scalar(e.type), e.shape, e.nbytes,
+                                           tp::xxhash64(e.data, e.nbytes) == e.checksum});
+  }
+  return info;
+}
+
+}  // namespace troupe

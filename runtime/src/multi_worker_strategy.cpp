@@ -1,0 +1,267 @@
+#include "troupe/distribute/multi_worker_strategy.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "collectives.hpp"
+#include "mirrored_backend.hpp"
+#include "troupe/actors/rendezvous.hpp"
+#include "troupe/errors.hpp"
+#include "troupe/transport/tcp_ring.hpp"
+
+namespace troupe::distribute {
+namespace {
+
+int env_int(const char* name, int fallback, int min, int max) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  long x = std::strtol(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0' || x < min || x > max) {
+    throw std::invalid_argument(std::string(name) + "=\"" + v + "\" is not a number in " + std::to_string(min) + ".." +
+                                std::to_string(max));
+  }
+  return static_cast<int>(x);
+}
+
+std::pair<std::string, std::uint16_t> split_address(const std::string& address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos) throw std::invalid_argument("address \"" + address + "\" has no port");
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return {host, static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1)))};
+}
+
+// Task names of the training tasks in rank order: the chief first, then the workers.
+std::vector<std::string> training_tasks(const ClusterSpec& spec) {
+  std::vector<std::string> tasks;
+  if (spec.has_job("chief")) tasks.push_back("/job:chief/replica:0/task:0");
+  if (spec.has_job("worker")) {
+    for (int i = 0; i < spec.num_tasks("worker"); ++i) tasks.push_back("/job:worker/replica:0/task:" + std::to_string(i));
+  }
+  return tasks;
+}
+
+transport::scalar_type scalar(DType d) { return detail::to_scalar_type(d); }
+
+// This worker's part of the cluster: the ring among the workers' leaders.
+struct Cluster {
+  int rank = 0;
+  int workers = 1;
+  std::vector<actors::member> members;
+  std::unique_ptr<transport::listener> data_listener;
+  std::unique_ptr<transport::tcp_ring> ring;
+
+  // Sums `t` (a tensor of this worker's) over the workers, in place of a copy.
+  Tensor sum(const Tensor& t) {
+    Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
+    if (t.nbytes() > 0) std::memcpy(out.raw_mutable_data(), t.raw_data(), t.nbytes());
+    ring_all_reduce(out);
+    return out;
+  }
+
+  void ring_all_reduce(Tensor& t) {
+    try {
+      ring->all_reduce(t.raw_mutable_data(), t.num_elements(), scalar(t.dtype()), transport::reduce_kind::sum);
+    } catch (const transport::peer_error& e) {
+      throw CollectiveAborted(describe(e));
+    }
+  }
+
+  std::string describe(const transport::peer_error& e) const {
+    std::string who = "worker " + std::to_string(e.peer());
+    if (e.peer() >= 0 && static_cast<std::size_t>(e.peer()) < members.size()) {
+      const auto& m = members[static_cast<std::size_t>(e.peer())];
+      who = m.task + " (" + m.data_host + ":" + std::to_string(m.data_port) + ")";
+    }
+    return std::string("cross-worker collective failed: ") + e.what() + " [peer " + who + "]";
+  }
+
+  // Concatenates every worker's `t` along axis 0, in worker order. The workers first agree on
+  // dtype and shapes (a sum of a table where each fills its row), then sum a zero buffer in which
+  // each has written its rows at its offset.
+  Tensor concat(const Tensor& t) {
+    constexpr int max_rank = 8;
+    constexpr int cols = 2 + max_rank;
+    if (t.rank() < 1 || t.rank() > max_rank) {
+      throw std::invalid_argument("gather across workers: tensors of rank 1.." + std::to_string(max_rank) +
+                                  ", got rank " + std::to_string(t.rank()));
+    }
+    Tensor table = Tensor::zeros({workers, cols}, DType::i64);
+    auto* row = table.mutable_data<std::int64_t>() + rank * cols;
+    row[0] = static_cast<std::int64_t>(t.dtype()) + 1;
+    row[1] = t.rank();
+    for (int d = 0; d < t.rank(); ++d) row[2 + d] = t.shape()[static_cast<std::size_t>(d)];
+    ring_all_reduce(table);
+    const auto* all = table.data<std::int64_t>();
+    std::int64_t total = 0;
+    std::int64_t offset = 0;
+    for (int w = 0; w < workers; ++w) {
+      const auto* r = all + w * cols;
+      bool same = r[0] == all[0] && r[1] == all[1];
+      for (int d = 1; same && d < t.rank(); ++d) same = r[2 + d] == all[2 + d];
+      if (!same) {
+        throw std::invalid_argument("gather across workers: " + members[static_cast<std::size_t>(w)].task +
+                                    " sent another dtype or shape than " + members[0].task +
+                                    "; only the size of axis 0 may differ");
+      }
+      if (w == rank) offset = total;
+      total += r[2];
+    }
+    Shape shape = t.shape();
+    shape[0] = total;
+    Tensor out = Tensor::zeros(shape, t.dtype());
+    if (t.nbytes() > 0) {
+      const std::size_t row_bytes = t.nbytes() / static_cast<std::size_t>(t.shape()[0]);
+      std::memcpy(static_cast<char*>(out.raw_mutable_data()) + static_cast<std::size_t>(offset) * row_bytes,
+                  t.raw_data(), t.nbytes());
+    }
+    ring_all_reduce(out);
+    return out;
+  }
+};
+
+// Local shared memory first, the ring among the workers' leaders next, the local replicas last.
+class HierarchicalCollectives final : public detail::ReplicaCollectives {
+ public:
+  HierarchicalCollectives(detail::ShmCollectives& local, Cluster& cluster, int global_replicas)
+      : local_(local), cluster_(cluster), global_replicas_(global_replicas) {}
+
+  std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) override {
+    std::vector<Tensor> outs = local_.all_reduce(replica, ReduceOp::sum, values);
+    local_.merge(replica, &outs, [&](const std::vector<const void*>& all) {
+      // On local replica 0: the ring over the workers, then the sums to the other replicas.
+      for (Tensor& t : outs) cluster_.ring_all_reduce(t);
+      for (std::size_t r = 1; r < all.size(); ++r) {
+        auto& theirs = *static_cast<std::vector<Tensor>*>(const_cast<void*>(all[r]));
+        for (std::size_t i = 0; i < outs.size(); ++i) {
+          if (outs[i].nbytes() > 0) std::memcpy(theirs[i].raw_mutable_data(), outs[i].raw_data(), outs[i].nbytes());
+        }
+      }
+    });
+    if (op == ReduceOp::mean) {
+      for (Tensor& t : outs) t = t / Scalar(static_cast<std::int64_t>(global_replicas_));
+    }
+    return outs;
+  }
+
+  Tensor all_reduce(int replica, ReduceOp op, const Tensor& value) override {
+    return all_reduce(replica, op, std::vector<Tensor>{value}).at(0);
+  }
+
+  Tensor all_gather(int replica, const Tensor& value, int axis) override {
+    const int ax = detail::checked_axis("all_gather", axis, value.rank());
+    if (ax != 0) {
+      throw std::invalid_argument("all_gather: across workers only axis 0 is supported, got axis " +
+                                  std::to_string(axis));
+    }
+    Tensor mine = local_.all_gather(replica, value, 0);
+    local_.merge(replica, &mine, [&](const std::vector<const void*>& all) {
+      mine = cluster_.concat(mine);
+      for (std::size_t r = 1; r < all.size(); ++r) *static_cast<Tensor*>(const_cast<void*>(all[r])) = mine;
+    });
+    return mine;
+  }
+
+  void merge(int replica, const void* mine,
+             const std::function<void(const std::vector<const void*>&)>& on_first) override {
+    local_.merge(replica, mine, on_first);
+  }
+
+ private:
+  detail::ShmCollectives& local_;
+  Cluster& cluster_;
+  int global_replicas_;
+};
+
+class MultiWorkerBackend final : public detail::MirroredBackend {
+ public:
+  MultiWorkerBackend(Runtime& runtime, std::vector<Device> devices, std::unique_ptr<Cluster> cluster)
+      : MirroredBackend(runtime, devices, std::make_shared<ReductionToOneDevice>()),
+        cluster_(std::move(cluster)),
+        local_replicas_(static_cast<int>(devices.size())),
+        hierarchical_(shm_collectives(), *cluster_, cluster_->workers * local_replicas_) {}
+
+  int num_replicas_in_sync() const override { return cluster_->workers * local_replicas_; }
+  int first_replica_id() const override { return cluster_->rank * local_replicas_; }
+  int num_workers() const override { return cluster_->workers; }
+  int worker_index() const override { return cluster_->rank; }
+  Tensor sum_across_workers(const Tensor& local) override { return cluster_->sum(local); }
+  Tensor concat_across_workers(const Tensor& local) override { return cluster_->concat(local); }
+
+ protected:
+  detail::ReplicaCollectives& replica_collectives() override { return hierarchical_; }
+
+ private:
+  std::unique_ptr<Cluster> cluster_;
+  int local_replicas_;
+  HierarchicalCollectives hierarchical_;
+};
+
+std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runtime, const CommunicationOptions& options,
+                                                                   const ClusterResolver& resolver) {
+  if (options.implementation == CommunicationImplementation::nccl) {
+    throw std::invalid_argument(
+        "MultiWorkerMirroredStrategy: CommunicationImplementation::NCCL needs GPU replicas, which this build of troupe "
+        "does not run; use AUTO or RING");
+  }
+  const ClusterSpec spec = resolver.cluster_spec();
+  const std::string task_type = resolver.task_type();
+  if (task_type != "chief" && task_type != "worker") {
+    throw std::invalid_argument("MultiWorkerMirroredStrategy: task type \"" + task_type +
+                                "\" does not train; only chief and worker tasks run the strategy");
+  }
+  auto cluster = std::make_unique<Cluster>();
+  cluster->rank = spec.id_in_cluster(task_type, resolver.task_id());
+  const std::vector<std::string> tasks = training_tasks(spec);
+  cluster->workers = static_cast<int>(tasks.size());
+
+  const int devices_per_worker = env_int("TROUPE_DEVICES_PER_WORKER", 1, 1, 1024);
+  std::vector<Device> devices;
+  for (int i = 0; i < devices_per_worker; ++i) devices.emplace_back(Device::Type::cpu, i);
+
+  actors::rendezvous_options ro;
+  ro.rank = cluster->rank;
+  ro.tasks = tasks;
+  std::tie(ro.chief_host, ro.chief_port) = split_address(resolver.coordinator_address());
+  ro.devices = devices_per_worker;
+  ro.data_host = split_address(resolver.task_address()).first;
+  cluster->data_listener = std::make_unique<transport::listener>("0.0.0.0", 0);
+  ro.data_port = cluster->data_listener->port();
+  if (const char* token = std::getenv("TROUPE_CLUSTER_TOKEN")) ro.token = token;
+  ro.timeout = std::chrono::milliseconds(env_int("TROUPE_START_TIMEOUT_MS", 60000, 1, 86400000));
+  cluster->members = actors::rendezvous(runtime.system(), ro);
+
+  std::vector<transport::endpoint> peers;
+  for (const auto& m : cluster->members) peers.push_back({m.data_host, m.data_port});
+  try {
+    cluster->ring = std::make_unique<transport::tcp_ring>(cluster->rank, cluster->workers, *cluster->data_listener,
+                                                          peers, ro.timeout);
+  } catch (const transport::peer_error& e) {
+    throw std::runtime_error("MultiWorkerMirroredStrategy: " + cluster->describe(e));
+  }
+  // The start is bounded by the start timeout; collectives after it by options.timeout (0: as long
+  // as the peers' connections live).
+  cluster->ring->set_timeout(options.timeout);
+  return std::make_unique<MultiWorkerBackend>(runtime, std::move(devices), std::move(cluster));
+}
+
+std::shared_ptr<ClusterResolver> default_resolver(std::shared_ptr<ClusterResolver> resolver) {
+  if (resolver) return resolver;
+  return std::make_shared<TFConfigClusterResolver>();
+}
+
+}  // namespace
+
+MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(Runtime& runtime, CommunicationOptions options,
+                                                         std::shared_ptr<ClusterResolver> resolver)
+    : Strategy(make_multi_worker_backend(runtime, options, *(resolver = default_resolver(std::move(resolver))))),
+      resolver_(std::move(resolver)) {}
+
+MultiWorkerMirroredStrategy::~MultiWorkerMirroredStrategy() = default;
+
+}  // namespace troupe::distribute

@@ -1,0 +1,121 @@
+// One worker of the multi-worker tests: run by run_cluster.sh in N processes with TF_CONFIG set.
+// Usage: mw_worker collectives | die | join
+// Prints "OK <rank>" and exits 0 when every check holds; prints "FAIL ..." and exits 1 when one
+// does not; prints "ERROR <message>" and exits 3 when the strategy throws.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include <troupe/troupe.hpp>
+
+using namespace troupe;
+using namespace troupe::distribute;
+
+namespace {
+
+int failures = 0;
+
+template <class A, class B>
+void expect_eq(const A& got, const B& want, const std::string& what) {
+  if (!(got == want)) {
+    std::cout << "FAIL " << what << "\n";
+    ++failures;
+  }
+}
+
+int collectives(MultiWorkerMirroredStrategy& s) {
+  const int n = s.num_replicas_in_sync();
+  const int workers = s.extended().worker_devices().empty() ? 0 : n / s.num_local_replicas();
+  std::cout << "replicas " << n << " workers " << workers << " task " << s.cluster_resolver()->task_type() << ":"
+            << s.cluster_resolver()->task_id() << "\n";
+  // all_reduce in replica context: SUM and MEAN of (global id + 1), and a packed list.
+  auto sums = s.run([] {
+    auto* ctx = get_replica_context();
+    const int id = ctx->replica_id_in_sync_group();
+    Tensor v = Tensor::full({1000}, id + 1, DType::f32);
+    auto packed = ctx->all_reduce(ReduceOp::sum, std::vector<Tensor>{Tensor::scalar<std::int64_t>(id), v});
+    Tensor mean = ctx->all_reduce(ReduceOp::mean, Tensor::scalar<double>(id));
+    return std::vector<Tensor>{ctx->all_reduce(ReduceOp::sum, v), packed[0], mean};
+  });
+  for (const auto& r : sums.values()) {
+    expect_eq(r[0].to_vector<float>()[999], float(n * (n + 1) / 2), "all_reduce SUM");
+    expect_eq(r[1].item<std::int64_t>(), std::int64_t(n * (n - 1) / 2), "packed all_reduce");
+    expect_eq(r[2].item<double>(), (n - 1) / 2.0, "all_reduce MEAN");
+    expect_eq(r[0].equals(sums[0][0]), true, "bit-identical on every local replica");
+  }
+  // reduce in cross-replica context, over all workers.
+  auto ids = s.experimental_distribute_values_from_function(
+      [](const ValueContext& c) { return Tensor::scalar<int>(c.replica_id_in_sync_group); });
+  expect_eq(s.reduce(ReduceOp::sum, ids, std::nullopt).item<int>(), n * (n - 1) / 2, "reduce SUM across workers");
+  // axis reduce with a partial batch: global replica g holds g+1 rows of ones.
+  auto rows = s.experimental_distribute_values_from_function(
+      [](const ValueContext& c) { return Tensor::full({c.replica_id_in_sync_group + 1}, 1.0, DType::f32); });
+  expect_eq(s.reduce(ReduceOp::sum, rows, 0).item<float>(), float(n * (n + 1) / 2), "reduce along axis 0");
+  expect_eq(s.reduce(ReduceOp::mean, rows, 0).item<float>(), 1.0f, "mean along axis 0 over every row");
+  // gather across workers, in global replica order.
+  auto id_rows = s.experimental_distribute_values_from_function(
+      [](const ValueContext& c) { return Tensor::full({1}, c.replica_id_in_sync_group, DType::i32); });
+  Tensor g = s.gather(id_rows, 0);
+  std::vector<int> want(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) want[static_cast<std::size_t>(i)] = i;
+  expect_eq(g.to_vector<int>(), want, "gather across workers");
+  // all_gather in replica context, uneven rows.
+  auto gathered = s.run([] {
+    auto* ctx = get_replica_context();
+    const int id = ctx->replica_id_in_sync_group();
+    return ctx->all_gather(Tensor::full({id % 2 + 1}, id, DType::i64), 0);
+  });
+  std::vector<std::int64_t> want_g;
+  for (int i = 0; i < n; ++i) {
+    for (int k = 0; k < i % 2 + 1; ++k) want_g.push_back(i);
+  }
+  for (const auto& t : gathered.values()) expect_eq(t.to_vector<std::int64_t>(), want_g, "all_gather across workers");
+  // A distributed dataset: every replica gets its rows of each global batch.
+  auto it = s.experimental_distribute_dataset(data::Dataset::range(2 * n).batch(n)).make_iterator();
+  for (int step = 0; step < 2; ++step) {
+    auto x = it.get_next();
+    for (int r = 0; r < s.num_local_replicas(); ++r) {
+      const int global = s.extended().worker_devices().size() == 0 ? 0 : ids[r].item<int>();
+      expect_eq(x[r][0].to_vector<std::int64_t>(), std::vector<std::int64_t>{step * n + global}, "dataset rows");
+    }
+  }
+  expect_eq(it.get_next_as_optional().has_value(), false, "dataset ends on every worker together");
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "collectives";
+  try {
+    Runtime rt;
+    CommunicationOptions options;
+    if (const char* t = std::getenv("MW_TIMEOUT_MS")) options.timeout = std::chrono::milliseconds(std::atoi(t));
+    MultiWorkerMirroredStrategy s(rt, options);
+    const int rank = s.extended().worker_devices().empty() ? 0 : s.cluster_resolver()->task_id();
+    int rc = 0;
+    if (mode == "collectives") {
+      rc = collectives(s);
+    } else if (mode == "die") {
+      // Every worker all-reduces once; then worker 1 dies while the others are in the next one.
+      s.run([] { get_replica_context()->all_reduce(ReduceOp::sum, Tensor::zeros({100})); });
+      if (s.cluster_resolver()->task_id() == 1) {
+        std::cout << "dying" << std::endl;
+        kill(getpid(), SIGKILL);
+      }
+      s.run([] { get_replica_context()->all_reduce(ReduceOp::sum, Tensor::zeros({100})); });
+      std::cout << "FAIL the collective with a dead worker returned\n";
+      rc = 1;
+    } else if (mode == "join") {
+      std::cout << "joined " << s.num_replicas_in_sync() << "\n";
+    }
+    if (rc == 0) std::cout << "OK " << rank << "\n";
+    return rc;
+  } catch (const std::exception& e) {
+    std::cout << "ERROR " << e.what() << std::endl;
+    return 3;
+  }
+}

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Runs the multi-worker test program in N real processes on loopback and checks what they print.
+# Usage: run_cluster.sh WORKER_BINARY SCENARIO
+# Every process is bounded by a timeout and killed on exit; the script fails with the outputs.
+set -u
+worker="$1"
+scenario="$2"
+dir="$(mktemp -d)"
+pids=()
+cleanup() {
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null; done
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+free_ports() {
+  python3 - "$1" <<'PY'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+
+# start N [ENV=VALUE...] per worker through W<i>_ENV variables; mode in MODE.
+start_cluster() {
+  local n="$1" mode="$2"
+  read -r -a ports <<< "$(free_ports "$n")"
+  local list=""
+  for i in $(seq 0 $((n - 1))); do list+="${list:+, }\"127.0.0.1:${ports[$i]}\""; done
+  for i in $(seq 0 $((n - 1))); do
+    local extra_var="W${i}_ENV"
+    env TF_CONFIG="{\"cluster\": {\"worker\": [$list]}, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
+        ${!extra_var:-} timeout 60 "$worker" "$mode" > "$dir/out$i" 2>&1 &
+    pids+=($!)
+  done
+}
+
+# wait_all N: waits for every worker, records exit codes in rc<i>.
+wait_all() {
+  for i in $(seq 0 $(($1 - 1))); do
+    wait "${pids[$i]}"
+    echo $? > "$dir/rc$i"
+  done
+}
+
+fail() {
+  echo "FAILED: $*"
+  for f in "$dir"/out*; do echo "--- $f"; cat "$f"; done
+  exit 1
+}
+
+expect_all() {  # N RC PATTERN
+  for i in $(seq 0 $(($1 - 1))); do
+    [ "$(cat "$dir/rc$i")" = "$2" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected $2"
+    grep -q -- "$3" "$dir/out$i" || fail "worker $i did not print '$3'"
+  done
+}
+
+case "$scenario" in
+  collectives-2x1) start_cluster 2 collectives; wait_all 2; expect_all 2 0 "^OK" ;;
+  collectives-3x1) start_cluster 3 collectives; wait_all 3; expect_all 3 0 "^OK" ;;
+  collectives-2x2)
+    W0_ENV="TROUPE_DEVICES_PER_WORKER=2" W1_ENV="TROUPE_DEVICES_PER_WORKER=2" start_cluster 2 collectives
+    wait_all 2; expect_all 2 0 "replicas 4" ; expect_all 2 0 "^OK" ;;
+  collectives-4x2)
+    for i in 0 1 2 3; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2"; done
+    start_cluster 4 collectives; wait_all 4; expect_all 4 0 "replicas 8"; expect_all 4 0 "^OK" ;;
+  bad-token)
+    W0_ENV="TROUPE_CLUSTER_TOKEN=secret" W1_ENV="TROUPE_CLUSTER_TOKEN=guess" start_cluster 2 join
+    wait_all 2; expect_all 2 3 "/job:worker/replica:0/task:1 failed the cluster token check" ;;
+  device-mismatch)
+    W0_ENV="TROUPE_DEVICES_PER_WORKER=1" W1_ENV="TROUPE_DEVICES_PER_WORKER=2" start_cluster 2 join
+    wait_all 2; expect_all 2 3 "workers have different device counts" ;;
+  missing-worker)
+    read -r -a ports <<< "$(free_ports 2)"
+    TF_CONFIG="{\"cluster\": {\"worker\": [\"127.0.0.1:${ports[0]}\", \"127.0.0.1:${ports[1]}\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}" \
+      TROUPE_START_TIMEOUT_MS=1500 timeout 60 "$worker" join > "$dir/out0" 2>&1
+    echo $? > "$dir/rc0"
+    expect_all 1 3 "still missing after 1500 ms: /job:worker/replica:0/task:1" ;;
+  worker-dies)
+    start_cluster 3 die; wait_all 3
+    [ "$(cat "$dir/rc1")" = "137" ] || fail "worker 1 was not killed"
+    for i in 0 2; do
+      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+      grep -q "cross-worker collective failed" "$dir/out$i" || fail "worker $i did not report the failed collective"
+    done
+    # Worker 2 receives from worker 1: it names it. (Worker 0 may see worker 2 leave first.)
+    grep -q "closed its connection.*task:1" "$dir/out2" || fail "worker 2 did not name worker 1" ;;
+  *) echo "unknown scenario $scenario"; exit 2 ;;
+esac
+echo "PASSED $scenario"
