@@ -14,6 +14,7 @@
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
 #include "troupe/distribute/mirrored_strategy.hpp"
+#include "troupe/distribute/multi_worker_strategy.hpp"
 #include "troupe/distribute/per_replica.hpp"
 #include "troupe/distribute/reduce_op.hpp"
 #include "troupe/distribute/strategy.hpp"
