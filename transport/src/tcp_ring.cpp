@@ -23,6 +23,7 @@
 
 #include "frame.capnp.h"
 #include "troupe/transport/reduce_kernels.hpp"
+#include "troupe/transport/spin.hpp"
 
 namespace troupe::transport {
 namespace {
@@ -296,6 +297,7 @@ struct tcp_ring::impl {
   int next_rank = 0;
   int prev_rank = 0;
   std::chrono::milliseconds timeout{0};
+  std::chrono::microseconds spin{50};
   std::uint64_t sequence = 0;
   outgoing out;
   incoming in;
@@ -305,22 +307,24 @@ struct tcp_ring::impl {
     if (prev_fd >= 0) close(prev_fd);
   }
 
-  // Sends `out` to the successor while receiving `in` from the predecessor.
+  // Sends `out` to the successor while receiving `in` from the predecessor. Busy-polls the
+  // sockets for `spin` first (a loopback round trip is a few microseconds; a thread sleeping in
+  // poll() takes tens to wake), then sleeps in poll().
   void exchange(const deadline& until) {
+    const auto spin_until_time = clock::now() + spin;
     while (!out.done() || !in.done()) {
+      if (!out.done()) out.progress(next_fd, next_rank, next_name);
+      if (!in.done()) in.progress(prev_fd, prev_rank, prev_name);
+      if (out.done() && in.done()) break;
+      if (clock::now() < spin_until_time) {
+        cpu_relax();
+        continue;
+      }
       pollfd fds[2];
-      int n = 0;
-      int out_i = -1;
-      int in_i = -1;
-      if (!out.done()) {
-        fds[n] = {next_fd, POLLOUT, 0};
-        out_i = n++;
-      }
-      if (!in.done()) {
-        fds[n] = {prev_fd, POLLIN, 0};
-        in_i = n++;
-      }
-      int rc = poll(fds, static_cast<nfds_t>(n), until.poll_ms());
+      nfds_t n = 0;
+      if (!out.done()) fds[n++] = {next_fd, POLLOUT, 0};
+      if (!in.done()) fds[n++] = {prev_fd, POLLIN, 0};
+      int rc = poll(fds, n, until.poll_ms());
       if (rc < 0 && errno == EINTR) continue;
       if (rc < 0) throw std::runtime_error("tcp_ring: poll failed: " + errno_text());
       if (rc == 0) {
@@ -329,8 +333,6 @@ struct tcp_ring::impl {
                          "timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
                              (waiting_in ? prev_name + " to send" : next_name + " to receive"));
       }
-      if (out_i >= 0 && (fds[out_i].revents & (POLLOUT | POLLERR | POLLHUP))) out.progress(next_fd, next_rank, next_name);
-      if (in_i >= 0 && (fds[in_i].revents & (POLLIN | POLLERR | POLLHUP))) in.progress(prev_fd, prev_rank, prev_name);
     }
   }
 };

@@ -1,0 +1,201 @@
+// Cross-process all-reduce over troupe's TCP ring on loopback: N processes, float32 SUM, sizes
+// from 4 B to 64 MiB. Prints per size the median time per operation of the slowest rank over
+// several repetitions, algbw and busbw (nccl-tests' definitions: busbw = algbw x 2(n-1)/n).
+// With --floor (2 processes) it measures the data movement of a 2-rank all-reduce instead: both
+// processes send and receive the same bytes at once over one connection pair, busy-polling.
+//
+// Usage: tcp_allreduce_bench [-n RANKS] [--floor] [--reps R] [--target-ms T] [SIZE...]
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "troupe/transport/tcp_ring.hpp"
+
+using namespace troupe::transport;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
+
+// Runs `iters` all-reduces of `bytes` and returns seconds per op; all ranks start together
+// because each all-reduce is itself a synchronisation.
+double time_ring(tcp_ring& ring, std::vector<float>& buf, std::size_t bytes, int iters) {
+  const auto count = static_cast<std::int64_t>(bytes / 4);
+  ring.all_reduce(buf.data(), count, scalar_type::f32, reduce_kind::sum);  // line up
+  const auto start = clock_type::now();
+  for (int i = 0; i < iters; ++i) ring.all_reduce(buf.data(), count, scalar_type::f32, reduce_kind::sum);
+  return seconds_since(start) / iters;
+}
+
+int run_rank(int rank, int n, std::vector<listener*>& listeners, const std::vector<endpoint>& peers,
+             const std::vector<std::size_t>& sizes, int reps, double target_ms) {
+  tcp_ring ring(rank, n, *listeners[static_cast<std::size_t>(rank)], peers, std::chrono::seconds(30));
+  std::vector<float> buf(std::max<std::size_t>(1, sizes.back() / 4), 1.0f);
+  std::vector<float> check(1024, float(rank + 1));
+  ring.all_reduce(check.data(), 1024, scalar_type::f32, reduce_kind::sum);
+  if (check[1023] != float(n * (n + 1) / 2)) {
+    std::fprintf(stderr, "rank %d: wrong all-reduce result %f\n", rank, check[1023]);
+    return 1;
+  }
+  for (std::size_t bytes : sizes) {
+    // Calibrate on rank 0's first measurement, agreed by all through an all-reduce.
+    std::vector<float> iters_f(1, 0.0f);
+    double t1 = time_ring(ring, buf, bytes, 3);
+    if (rank == 0) iters_f[0] = float(std::clamp(target_ms / 1e3 / t1, 3.0, 20000.0));
+    ring.all_reduce(iters_f.data(), 1, scalar_type::f32, reduce_kind::sum);
+    const int iters = static_cast<int>(iters_f[0]);
+    std::vector<double> times;
+    for (int r = 0; r < reps; ++r) {
+      std::vector<float> t(static_cast<std::size_t>(n), 0.0f);
+      t[static_cast<std::size_t>(rank)] = float(time_ring(ring, buf, bytes, iters));
+      ring.all_reduce(t.data(), n, scalar_type::f32, reduce_kind::sum);
+      times.push_back(*std::max_element(t.begin(), t.end()));
+    }
+    std::sort(times.begin(), times.end());
+    const double med = times[times.size() / 2];
+    if (rank == 0) {
+      const double algbw = double(bytes) / med / 1e9;
+      std::printf("tcp_allreduce bytes=%zu ranks=%d iters=%d median_us=%.2f algbw_GBps=%.3f busbw_GBps=%.3f\n", bytes, n,
+                  iters, med * 1e6, algbw, algbw * 2.0 * (n - 1) / n);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+// Both ends send and receive `bytes` at once, busy-polling non-blocking sockets.
+double exchange(int fd, std::vector<char>& out, std::vector<char>& in, std::size_t bytes) {
+  const auto start = clock_type::now();
+  std::size_t sent = 0, got = 0;
+  while (sent < bytes || got < bytes) {
+    if (sent < bytes) {
+      ssize_t w = send(fd, out.data() + sent, bytes - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (w > 0) sent += static_cast<std::size_t>(w);
+    }
+    if (got < bytes) {
+      ssize_t r = recv(fd, in.data() + got, bytes - got, MSG_DONTWAIT);
+      if (r > 0) got += static_cast<std::size_t>(r);
+      if (r == 0) return -1;
+    }
+  }
+  return seconds_since(start);
+}
+
+int run_floor(int fd, bool first, const std::vector<std::size_t>& sizes, int reps, double target_ms) {
+  std::vector<char> out(sizes.back()), in(sizes.back());
+  for (std::size_t bytes : sizes) {
+    double t1 = exchange(fd, out, in, bytes);
+    const int iters = static_cast<int>(std::clamp(target_ms / 1e3 / std::max(t1, 1e-7), 3.0, 20000.0));
+    // Both sides must run the same count: the first side decides and tells the other.
+    int agreed = iters;
+    if (first) {
+      (void)!send(fd, &agreed, sizeof agreed, MSG_NOSIGNAL);
+    } else {
+      std::size_t got = 0;
+      while (got < sizeof agreed) {
+        ssize_t r = recv(fd, reinterpret_cast<char*>(&agreed) + got, sizeof agreed - got, 0);
+        if (r <= 0) return 1;
+        got += static_cast<std::size_t>(r);
+      }
+    }
+    std::vector<double> times;
+    for (int r = 0; r < reps; ++r) {
+      const auto start = clock_type::now();
+      for (int i = 0; i < agreed; ++i) exchange(fd, out, in, bytes);
+      times.push_back(seconds_since(start) / agreed);
+    }
+    std::sort(times.begin(), times.end());
+    if (first) {
+      const double med = times[times.size() / 2];
+      std::printf("exchange_floor bytes=%zu iters=%d median_us=%.2f algbw_GBps=%.3f\n", bytes, agreed, med * 1e6,
+                  double(bytes) / med / 1e9);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = 2;
+  bool floor_mode = false;
+  int reps = 5;
+  double target_ms = 50;
+  std::vector<std::size_t> sizes;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-n" && i + 1 < argc) {
+      n = std::atoi(argv[++i]);
+    } else if (a == "--floor") {
+      floor_mode = true;
+    } else if (a == "--reps" && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+    } else if (a == "--target-ms" && i + 1 < argc) {
+      target_ms = std::atof(argv[++i]);
+    } else {
+      sizes.push_back(std::strtoull(a.c_str(), nullptr, 10));
+    }
+  }
+  if (sizes.empty()) sizes = {4, 64, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
+  std::sort(sizes.begin(), sizes.end());
+  if (n < 1 || reps < 1) {
+    std::fprintf(stderr, "usage: tcp_allreduce_bench [-n RANKS] [--floor] [--reps R] [--target-ms T] [SIZE...]\n");
+    return 2;
+  }
+  if (floor_mode) {
+    int sv[2];
+    listener l("127.0.0.1", 0);
+    pid_t child = fork();
+    if (child == 0) {
+      // The child connects over loopback TCP (not a socketpair): the same path as the ring.
+      tcp_ring* unused = nullptr;
+      (void)unused;
+      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(l.port());
+      addr.sin_addr.s_addr = htonl(0x7f000001);
+      while (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) usleep(1000);
+      _exit(run_floor(fd, false, sizes, reps, target_ms));
+    }
+    int fd = accept(l.fd(), nullptr, nullptr);
+    (void)sv;
+    int rc = run_floor(fd, true, sizes, reps, target_ms);
+    int status = 0;
+    waitpid(child, &status, 0);
+    return rc;
+  }
+  std::vector<listener*> listeners;
+  std::vector<endpoint> peers;
+  for (int r = 0; r < n; ++r) {
+    listeners.push_back(new listener("127.0.0.1", 0));
+    peers.push_back({"127.0.0.1", listeners.back()->port()});
+  }
+  std::vector<pid_t> children;
+  for (int r = 1; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) _exit(run_rank(r, n, listeners, peers, sizes, reps, target_ms));
+    children.push_back(pid);
+  }
+  int rc = run_rank(0, n, listeners, peers, sizes, reps, target_ms);
+  for (pid_t c : children) {
+    int status = 0;
+    waitpid(c, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = 1;
+  }
+  return rc;
+}
