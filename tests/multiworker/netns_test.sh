@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Two workers on two hosts of their own: network namespaces joined by a veth pair, with their own
+# addresses (10.77.<n>.1 and .2), running the collectives scenario of mw_worker. Exits 77 (skipped,
+# with a message) where the machine does not allow network namespaces.
+# Usage: netns_test.sh WORKER_BINARY
+set -u
+worker="$1"
+tag="t$$"
+a="troupe-a-$tag"
+b="troupe-b-$tag"
+net="10.77.$(( $$ % 200 + 1 ))"
+dir="$(mktemp -d)"
+cleanup() {
+  ip netns pids "$a" 2>/dev/null | xargs -r kill -9 2>/dev/null
+  ip netns pids "$b" 2>/dev/null | xargs -r kill -9 2>/dev/null
+  ip netns del "$a" 2>/dev/null
+  ip netns del "$b" 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+if ! command -v ip >/dev/null || ! ip netns add "$a" 2>/dev/null; then
+  echo "SKIPPED: network namespaces are not available here (needs root and iproute2)"
+  exit 77
+fi
+ip netns add "$b" || { echo "SKIPPED: cannot create a second network namespace"; exit 77; }
+ip link add "va-$tag" type veth peer name "vb-$tag" || { echo "SKIPPED: cannot create a veth pair"; exit 77; }
+ip link set "va-$tag" netns "$a"
+ip link set "vb-$tag" netns "$b"
+ip -n "$a" addr add "$net.1/24" dev "va-$tag"
+ip -n "$b" addr add "$net.2/24" dev "vb-$tag"
+for ns in "$a" "$b"; do
+  ip -n "$ns" link set lo up
+done
+ip -n "$a" link set "va-$tag" up
+ip -n "$b" link set "vb-$tag" up
+
+cluster="\"worker\": [\"$net.1:23456\", \"$net.2:23456\"]"
+ip netns exec "$a" env TF_CONFIG="{\"cluster\": {$cluster}, \"task\": {\"type\": \"worker\", \"index\": 0}}" \
+  timeout 60 "$worker" collectives > "$dir/out0" 2>&1 &
+p0=$!
+ip netns exec "$b" env TF_CONFIG="{\"cluster\": {$cluster}, \"task\": {\"type\": \"worker\", \"index\": 1}}" \
+  timeout 60 "$worker" collectives > "$dir/out1" 2>&1 &
+p1=$!
+wait $p0; r0=$?
+wait $p1; r1=$?
+if [ "$r0" != 0 ] || [ "$r1" != 0 ] || ! grep -q "^OK" "$dir/out0" || ! grep -q "^OK" "$dir/out1"; then
+  echo "FAILED: workers exited $r0 and $r1"
+  cat "$dir/out0" "$dir/out1"
+  exit 1
+fi
+echo "PASSED two workers in separate network namespaces ($net.1, $net.2)"

@@ -1,0 +1,628 @@
+// troupe-launch, run for real: workers are `/bin/sh -c '...'`, signals are real, every wait is
+// bounded, and every test checks afterwards that no worker process is left.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launch/cluster.hpp"
+#include "launch/launch_options.hpp"
+#include "launch/line_prefixer.hpp"
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+using troupe::launch::line_prefixer;
+
+double seconds_since(clock::time_point start) {
+  return std::chrono::duration<double>(clock::now() - start).count();
+}
+
+// Sourced by every worker script: $i is the worker's index (read from TF_CONFIG), $D the scratch
+// directory; `record PIDS` writes "$$ PIDS" to $D/pid.$i, `await RANKS` waits (bounded) until
+// those ranks have recorded theirs.
+const std::string prelude = R"(i=${TF_CONFIG##*'"index": '}; i=${i%%\}*}; D=$1
+record() { echo "$$ $*" > "$D/tmp.$i" && mv "$D/tmp.$i" "$D/pid.$i"; }
+await() { n=0; for r in "$@"; do while [ ! -e "$D/pid.$r" ]; do n=$((n+1)); [ $n -gt 400 ] && exit 99; sleep 0.025; done; done; }
+)";
+
+// Alive and not a zombie: an orphaned zombie waits for a reaper that may never come here (PID 1
+// of a container), but it runs nothing and holds nothing.
+bool alive(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return ::kill(pid, 0) == 0;
+  auto paren = line.rfind(')');
+  return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
+}
+
+// The pids still alive after waiting up to `limit`.
+std::vector<pid_t> still_alive(const std::vector<pid_t>& pids, std::chrono::milliseconds limit) {
+  auto until = clock::now() + limit;
+  for (;;) {
+    std::vector<pid_t> left;
+    for (pid_t p : pids)
+      if (alive(p)) left.push_back(p);
+    if (left.empty() || clock::now() >= until) return left;
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The lines that start with `prefix`, without it, in order.
+std::vector<std::string> lines_of_rank(const std::string& text, int rank) {
+  std::string prefix = "[rank " + std::to_string(rank) + "] ";
+  std::vector<std::string> lines;
+  for (const auto& line : lines_of(text))
+    if (line.rfind(prefix, 0) == 0) lines.push_back(line.substr(prefix.size()));
+  return lines;
+}
+
+// A scratch directory; on the way out, any worker recorded there that is still alive is killed.
+class scratch {
+ public:
+  scratch() {
+    char name[] = "/tmp/troupe-launch-test-XXXXXX";
+    REQUIRE(::mkdtemp(name) != nullptr);
+    path_ = name;
+  }
+  scratch(const scratch&) = delete;
+  scratch& operator=(const scratch&) = delete;
+  ~scratch() {
+    for (pid_t p : recorded_pids())
+      if (alive(p)) ::kill(p, SIGKILL);
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+
+  const std::string& path() const { return path_; }
+
+  // Every pid the workers recorded with `record`.
+  std::vector<pid_t> recorded_pids() const {
+    std::vector<pid_t> pids;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(path_, ec)) {
+      if (entry.path().filename().string().rfind("pid.", 0) != 0) continue;
+      std::istringstream in(read_file(entry.path().string()));
+      for (pid_t p; in >> p;) pids.push_back(p);
+    }
+    return pids;
+  }
+
+  // Waits up to 10 s for ranks 0..n-1 to record their pids.
+  bool await_recorded(int n) const {
+    auto until = clock::now() + 10s;
+    for (int rank = 0; rank < n; ++rank)
+      while (!fs::exists(path_ + "/pid." + std::to_string(rank))) {
+        if (clock::now() >= until) return false;
+        std::this_thread::sleep_for(10ms);
+      }
+    return true;
+  }
+
+ private:
+  std::string path_;
+};
+
+struct outcome {
+  bool finished = false;  // false: still running at the limit, and killed
+  int exit_code = -1;     // -1 when a signal ended the launcher
+  std::string out, err;
+  double seconds = 0;
+};
+
+// troupe-launch started in its own process group with stdout and stderr in files; killed with its
+// group if a test leaves before it exits.
+class launcher {
+ public:
+  // `env`: "NAME=VALUE" sets, "NAME" unsets, in the launcher's environment.
+  launcher(const std::vector<std::string>& args, const scratch& dir,
+           const std::vector<std::string>& env = {})
+      : out_path_(dir.path() + "/launcher.out"), err_path_(dir.path() + "/launcher.err") {
+    std::vector<char*> argv{const_cast<char*>(TROUPE_LAUNCH_PATH)};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    start_ = clock::now();
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      ::setpgid(0, 0);
+      int in = ::open("/dev/null", O_RDONLY);
+      int out = ::open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(in, 0);
+      ::dup2(out, 1);
+      ::dup2(err, 2);
+      for (const auto& e : env) {
+        auto eq = e.find('=');
+        if (eq == std::string::npos)
+          ::unsetenv(e.c_str());
+        else
+          ::setenv(e.substr(0, eq).c_str(), e.substr(eq + 1).c_str(), 1);
+      }
+      ::execv(TROUPE_LAUNCH_PATH, argv.data());
+      ::_exit(126);
+    }
+    ::setpgid(pid_, pid_);
+  }
+  launcher(const launcher&) = delete;
+  launcher& operator=(const launcher&) = delete;
+  ~launcher() {
+    if (!reaped_) {
+      ::kill(-pid_, SIGKILL);
+      int status;
+      ::waitpid(pid_, &status, 0);
+    }
+  }
+
+  pid_t pid() const { return pid_; }
+
+  // Waits up to `limit` for the launcher to exit; kills it if it does not.
+  outcome wait(std::chrono::milliseconds limit) {
+    outcome result;
+    auto until = clock::now() + limit;
+    int status = 0;
+    for (;;) {
+      pid_t done = ::waitpid(pid_, &status, WNOHANG);
+      if (done == pid_) {
+        reaped_ = true;
+        result.finished = true;
+        result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        break;
+      }
+      if (clock::now() >= until) break;
+      std::this_thread::sleep_for(5ms);
+    }
+    result.seconds = seconds_since(start_);
+    if (!reaped_) {
+      ::kill(-pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+      reaped_ = true;
+    }
+    result.out = read_file(out_path_);
+    result.err = read_file(err_path_);
+    return result;
+  }
+
+ private:
+  std::string out_path_, err_path_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  clock::time_point start_;
+};
+
+outcome run(const std::vector<std::string>& args, const scratch& dir,
+            const std::vector<std::string>& env = {}, std::chrono::milliseconds limit = 20s) {
+  launcher l(args, dir, env);
+  return l.wait(limit);
+}
+
+// Arguments for N workers running `script` (after the prelude) with the scratch dir as $1.
+std::vector<std::string> workers(int n, const std::string& script, const scratch& dir,
+                                 std::vector<std::string> options = {}) {
+  std::vector<std::string> args{"-n", std::to_string(n)};
+  args.insert(args.end(), options.begin(), options.end());
+  for (const char* a : {"--", "/bin/sh", "-c"}) args.emplace_back(a);
+  args.push_back(prelude + script);
+  args.emplace_back("worker");
+  args.push_back(dir.path());
+  return args;
+}
+
+void check_no_worker_left(const scratch& dir, std::size_t expected_pids) {
+  auto pids = dir.recorded_pids();
+  CHECK(pids.size() == expected_pids);
+  auto left = still_alive(pids, 3s);
+  CHECK_MESSAGE(left.empty(), left.size() << " recorded worker processes are still alive");
+}
+
+// A TCP socket bound to 127.0.0.1:port (0: any), closed on destruction.
+class bound_socket {
+ public:
+  explicit bound_socket(int port, bool listening) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ok_ = fd_ >= 0 && ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+          (!listening || ::listen(fd_, 1) == 0);
+    socklen_t len = sizeof addr;
+    if (ok_ && ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) port_ = ntohs(addr.sin_port);
+  }
+  bound_socket(const bound_socket&) = delete;
+  bound_socket& operator=(const bound_socket&) = delete;
+  ~bound_socket() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool ok() const { return ok_; }
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  bool ok_ = false;
+  int port_ = 0;
+};
+
+// The cluster's ports as every worker saw them, checked to be one list for all.
+std::vector<int> cluster_ports(const std::string& out, int n) {
+  std::optional<nlohmann::json> cluster;
+  for (int rank = 0; rank < n; ++rank) {
+    CAPTURE(rank);
+    auto lines = lines_of_rank(out, rank);
+    REQUIRE(!lines.empty());
+    REQUIRE(lines[0].rfind("TF_CONFIG=", 0) == 0);
+    auto config = nlohmann::json::parse(lines[0].substr(10));
+    CHECK(config["task"]["type"] == "worker");
+    CHECK(config["task"]["index"] == rank);
+    CHECK(config["cluster"].size() == 1);
+    if (!cluster) cluster = config["cluster"]["worker"];
+    CHECK(config["cluster"]["worker"] == *cluster);
+  }
+  std::vector<int> ports;
+  for (const auto& address : *cluster) {
+    std::string text = address.get<std::string>();
+    REQUIRE(text.rfind("127.0.0.1:", 0) == 0);
+    ports.push_back(std::stoi(text.substr(10)));
+  }
+  return ports;
+}
+
+}  // namespace
+
+TEST_CASE("troupe-launch gives 3 workers distinct indices and one cluster of 3 distinct ports") {
+  scratch dir;
+  auto r = run(workers(3, R"(echo "TF_CONFIG=$TF_CONFIG"; echo "DEVICES=${TROUPE_DEVICES_PER_WORKER-unset}")", dir),
+               dir, {"TF_CONFIG=stale", "TROUPE_DEVICES_PER_WORKER"});
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  CHECK(r.err == "");
+  CHECK(lines_of(r.out).size() == 6);
+  auto ports = cluster_ports(r.out, 3);
+  REQUIRE(ports.size() == 3);
+  CHECK(std::set<int>(ports.begin(), ports.end()).size() == 3);
+  for (int port : ports) CHECK((port > 0 && port < 65536));
+  for (int rank = 0; rank < 3; ++rank) CHECK(lines_of_rank(r.out, rank).at(1) == "DEVICES=unset");
+}
+
+TEST_CASE("troupe-launch passes --devices-per-worker as TROUPE_DEVICES_PER_WORKER") {
+  scratch dir;
+  auto r = run(workers(2, R"(echo "DEVICES=${TROUPE_DEVICES_PER_WORKER-unset}")", dir,
+                       {"--devices-per-worker", "2"}),
+               dir, {"TROUPE_DEVICES_PER_WORKER=7"});
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  for (int rank = 0; rank < 2; ++rank)
+    CHECK(lines_of_rank(r.out, rank) == std::vector<std::string>{"DEVICES=2"});
+}
+
+TEST_CASE("troupe-launch prefixes every stdout and stderr line with the worker's rank") {
+  scratch dir;
+  auto r = run(workers(3, R"(echo "out $i"; echo "err $i" >&2; printf 'two\nlines\n'
+printf 'hel'; sleep 0.2; echo lo; printf 'tail'; printf 'err tail' >&2)",
+                       dir),
+               dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    CAPTURE(rank);
+    std::string n = std::to_string(rank);
+    CHECK(lines_of_rank(r.out, rank) ==
+          std::vector<std::string>{"out " + n, "two", "lines", "hello", "tail"});
+    CHECK(lines_of_rank(r.err, rank) == std::vector<std::string>{"err " + n, "err tail"});
+  }
+  // Nothing unprefixed, nothing on the wrong stream.
+  CHECK(lines_of(r.out).size() == 15);
+  CHECK(lines_of(r.err).size() == 6);
+}
+
+TEST_CASE("troupe-launch keeps lines whole when 4 workers write 20000 lines each at once") {
+  scratch dir;
+  auto r = run(workers(4, R"(seq 0 19999 | sed "s/^/rank $i line /")", dir), dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  std::vector<int> next(4, 0);
+  int bad = 0;
+  for (const auto& line : lines_of(r.out)) {
+    int rank = -1, rank_again = -1, number = -1;
+    char tail = 0;
+    if (std::sscanf(line.c_str(), "[rank %d] rank %d line %d%c", &rank, &rank_again, &number, &tail) != 3 ||
+        rank != rank_again || rank < 0 || rank > 3 || number != next[rank]) {
+      if (++bad <= 3) MESSAGE("bad line: " << line);
+      continue;
+    }
+    ++next[rank];
+  }
+  CHECK(bad == 0);
+  CHECK(next == std::vector<int>{20000, 20000, 20000, 20000});
+}
+
+TEST_CASE("troupe-launch exits with a failing worker's status and stops the others quickly") {
+  scratch dir;
+  auto r = run(workers(3, R"(if [ "$i" = 1 ]; then await 0 2; echo "giving up" >&2; exit 3; fi
+sleep 60 & record $!; wait)",
+                       dir),
+               dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 3);
+  CHECK(r.seconds < 4);
+  CHECK(lines_of_rank(r.err, 1) == std::vector<std::string>{"giving up"});
+  CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: worker 1 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) )"
+                                            R"(exited with status 3; stopping the others\n)")));
+  check_no_worker_left(dir, 4);
+}
+
+TEST_CASE("troupe-launch exits 128+signal when a worker is killed by a signal") {
+  scratch dir;
+  auto r = run(workers(3, R"(if [ "$i" = 2 ]; then await 0 1; kill -9 $$; fi
+sleep 60 & record $!; wait)",
+                       dir),
+               dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 137);
+  CHECK(r.seconds < 4);
+  CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: worker 2 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) )"
+                                            R"(was killed by signal 9 \(SIGKILL\); stopping the others\n)")));
+  check_no_worker_left(dir, 4);
+}
+
+TEST_CASE("troupe-launch forwards SIGTERM to every worker and leaves none behind") {
+  scratch dir;
+  launcher l(workers(3, R"(trap 'echo "rank $i got TERM"; exit 0' TERM; sleep 60 & record $!; wait)", dir), dir);
+  REQUIRE(dir.await_recorded(3));
+  auto signalled = clock::now();
+  REQUIRE(::kill(l.pid(), SIGTERM) == 0);
+  auto r = l.wait(10s);
+  REQUIRE(r.finished);
+  CHECK(seconds_since(signalled) < 4);
+  CHECK(r.exit_code == 128 + SIGTERM);
+  CHECK(r.err.find("troupe-launch: received SIGTERM; forwarding it to 3 running workers\n") != std::string::npos);
+  for (int rank = 0; rank < 3; ++rank)
+    CHECK(lines_of_rank(r.out, rank) == std::vector<std::string>{"rank " + std::to_string(rank) + " got TERM"});
+  check_no_worker_left(dir, 6);
+}
+
+TEST_CASE("troupe-launch forwards SIGINT and kills what a worker leaves behind in its group") {
+  // The shell's background sleep ignores SIGINT (POSIX, without job control): it outlives the
+  // worker's shell and goes only because the launcher kills the worker's whole process group.
+  scratch dir;
+  launcher l(workers(2, R"(trap 'echo "rank $i got INT"; exit 0' INT; sleep 60 & record $!; wait)", dir), dir);
+  REQUIRE(dir.await_recorded(2));
+  auto signalled = clock::now();
+  REQUIRE(::kill(l.pid(), SIGINT) == 0);
+  auto r = l.wait(10s);
+  REQUIRE(r.finished);
+  CHECK(seconds_since(signalled) < 4);
+  CHECK(r.exit_code == 128 + SIGINT);
+  CHECK(r.err.find("troupe-launch: received SIGINT; forwarding it to 2 running workers\n") != std::string::npos);
+  for (int rank = 0; rank < 2; ++rank)
+    CHECK(lines_of_rank(r.out, rank) == std::vector<std::string>{"rank " + std::to_string(rank) + " got INT"});
+  check_no_worker_left(dir, 4);
+}
+
+TEST_CASE("troupe-launch stops everything after --timeout and exits 124") {
+  scratch dir;
+  auto r = run(workers(2, "sleep 60 & record $!; wait", dir, {"--timeout", "1"}), dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 124);
+  CHECK(r.seconds >= 0.9);
+  CHECK(r.seconds < 5);
+  CHECK(r.err.find("troupe-launch: timed out after 1 s; stopping 2 running workers\n") != std::string::npos);
+  check_no_worker_left(dir, 4);
+}
+
+TEST_CASE("troupe-launch sends SIGKILL after the grace period to a worker that ignores SIGTERM") {
+  scratch dir;
+  auto r = run(workers(2, R"(if [ "$i" = 1 ]; then await 0; exit 5; fi
+trap '' TERM; sleep 60 & record $!; wait)",
+                       dir, {"--grace", "0.5"}),
+               dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 5);
+  CHECK(r.seconds >= 0.5);
+  CHECK(r.seconds < 4);
+  CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: worker 0 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) )"
+                                            R"(did not stop within 0\.5 s of SIGTERM; sending SIGKILL\n)")));
+  check_no_worker_left(dir, 2);
+}
+
+TEST_CASE("troupe-launch leaves no process behind when every worker succeeds") {
+  scratch dir;
+  auto r = run(workers(2, "sleep 60 & record $!; exit 0", dir), dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  CHECK(r.seconds < 4);
+  CHECK(r.err == "");
+  check_no_worker_left(dir, 4);
+}
+
+TEST_CASE("troupe-launch waits for every worker when one finishes early") {
+  scratch dir;
+  auto r = run(workers(2, R"(if [ "$i" = 0 ]; then exit 0; fi; sleep 0.5; echo done)", dir), dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  CHECK(r.seconds >= 0.5);
+  CHECK(lines_of_rank(r.out, 1) == std::vector<std::string>{"done"});
+  CHECK(r.err == "");
+}
+
+TEST_CASE("troupe-launch rejects bad usage with exit status 2 and says what is wrong") {
+  struct bad_usage {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<bad_usage> cases = {
+      {{}, "missing -n N (the number of workers)"},
+      {{"-n", "2"}, "no program to run (expected: -- program args...)"},
+      {{"-n", "2", "--"}, "no program to run (expected: -- program args...)"},
+      {{"-n"}, "-n: missing value"},
+      {{"-n", "0", "--", "/bin/true"}, "-n: expected a positive number of workers (1..256), got '0'"},
+      {{"-n", "-3", "--", "/bin/true"}, "-n: expected a positive number of workers (1..256), got '-3'"},
+      {{"-n", "abc", "--", "/bin/true"}, "-n: expected a positive number of workers (1..256), got 'abc'"},
+      {{"-n", "2x", "--", "/bin/true"}, "-n: expected a positive number of workers (1..256), got '2x'"},
+      {{"-n", "100000000000000000000", "--", "/bin/true"},
+       "-n: expected a positive number of workers (1..256), got '100000000000000000000'"},
+      {{"-n", "2", "--frobnicate", "--", "/bin/true"}, "unknown option '--frobnicate'"},
+      {{"-n", "2", "--timeout", "0", "--", "/bin/true"}, "--timeout: expected a number of seconds > 0, got '0'"},
+      {{"-n", "2", "--timeout", "soon", "--", "/bin/true"}, "--timeout: expected a number of seconds > 0, got 'soon'"},
+      {{"-n", "2", "--devices-per-worker", "none", "--", "/bin/true"},
+       "--devices-per-worker: expected a positive number of devices (1..1024), got 'none'"},
+      {{"-n", "2", "--port-base", "65535", "--", "/bin/true"},
+       "--port-base 65535: ports up to 65536 for 2 workers (expected at most 65535)"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.message);
+    scratch dir;
+    auto r = run(c.args, dir, {}, 5s);
+    REQUIRE(r.finished);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.rfind("troupe-launch: " + c.message + "\n", 0) == 0);
+    CHECK(r.err.find("usage: troupe-launch -n N") != std::string::npos);
+    CHECK(r.out == "");
+  }
+}
+
+TEST_CASE("troupe-launch prints its usage for --help and exits 0") {
+  scratch dir;
+  auto r = run({"--help"}, dir, {}, 5s);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.rfind("usage: troupe-launch -n N", 0) == 0);
+  CHECK(r.err == "");
+}
+
+TEST_CASE("troupe-launch exits 127 when the program cannot be executed") {
+  scratch dir;
+  std::string not_executable = dir.path() + "/not-executable";
+  std::ofstream(not_executable) << "#!/bin/sh\nexit 0\n";
+  ::chmod(not_executable.c_str(), 0644);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/nonexistent/troupe-no-such-program",
+       "cannot execute '/nonexistent/troupe-no-such-program': No such file or directory"},
+      {"troupe-no-such-program-4f2a", "cannot execute 'troupe-no-such-program-4f2a': command not found in PATH"},
+      {not_executable, "cannot execute '" + not_executable + "': Permission denied"},
+  };
+  for (const auto& [program, message] : cases) {
+    CAPTURE(program);
+    auto r = run({"-n", "2", "--", program, "arg"}, dir, {}, 5s);
+    REQUIRE(r.finished);
+    CHECK(r.exit_code == 127);
+    CHECK(r.err == "troupe-launch: " + message + "\n");
+    CHECK(r.out == "");
+  }
+}
+
+TEST_CASE("troupe-launch --port-base uses consecutive ports and refuses a busy one") {
+  scratch dir;
+  {
+    bound_socket busy(0, true);
+    REQUIRE(busy.ok());
+    auto r = run({"-n", "2", "--port-base", std::to_string(busy.port()), "--", "/bin/true"}, dir, {}, 5s);
+    REQUIRE(r.finished);
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("troupe-launch: port " + std::to_string(busy.port()) + " on 127.0.0.1 is in use") !=
+          std::string::npos);
+  }
+  // Three consecutive free ports, as far as one can tell before the launcher looks again.
+  int base = 0;
+  for (int attempt = 0; attempt < 50 && base == 0; ++attempt) {
+    int candidate = bound_socket(0, false).port();
+    if (candidate == 0 || candidate > 65533) continue;
+    bound_socket second(candidate + 1, false), third(candidate + 2, false);
+    if (second.ok() && third.ok()) base = candidate;
+  }
+  REQUIRE(base != 0);
+  auto r = run(workers(3, R"(echo "TF_CONFIG=$TF_CONFIG")", dir, {"--port-base", std::to_string(base)}), dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  CHECK(cluster_ports(r.out, 3) == std::vector<int>{base, base + 1, base + 2});
+}
+
+TEST_CASE("troupe-launch line_prefixer holds a partial line until its newline or finish") {
+  line_prefixer lines("[rank 2] ");
+  CHECK(lines.feed("a\nb", 3) == "[rank 2] a\n");
+  CHECK(lines.held_bytes() == 1);
+  CHECK(lines.feed("c", 1) == "");
+  CHECK(lines.feed("\n\nd\n", 4) == "[rank 2] bc\n[rank 2] \n[rank 2] d\n");
+  CHECK(lines.finish() == "");
+  CHECK(lines.feed("tail", 4) == "");
+  CHECK(lines.finish() == "[rank 2] tail\n");
+  CHECK(lines.held_bytes() == 0);
+}
+
+TEST_CASE("troupe-launch line_prefixer cuts a line longer than its bound into lines") {
+  line_prefixer lines("> ", 4);
+  CHECK(lines.feed("ab", 2) == "");
+  CHECK(lines.feed("cdefghij\n", 9) == "> abcd\n> efgh\n> ij\n");
+  CHECK(lines.feed("wxyz\n", 5) == "> wxyz\n");
+  CHECK(lines.feed("1234", 4) == "> 1234\n");
+  CHECK(lines.feed("\n", 1) == "> \n");
+  CHECK(lines.finish() == "");
+}
+
+TEST_CASE("troupe-launch builds TF_CONFIG with the cluster and the task index") {
+  auto addresses = troupe::launch::worker_addresses({40000, 40001});
+  CHECK(addresses == std::vector<std::string>{"127.0.0.1:40000", "127.0.0.1:40001"});
+  auto config = nlohmann::json::parse(troupe::launch::tf_config_json(addresses, 1));
+  CHECK(config == nlohmann::json::parse(
+                      R"({"cluster": {"worker": ["127.0.0.1:40000", "127.0.0.1:40001"]}, "task": {"type": "worker", "index": 1}})"));
+}
+
+TEST_CASE("troupe-launch picks distinct free ports from the kernel") {
+  auto ports = troupe::launch::pick_free_ports(8, std::nullopt);
+  REQUIRE(ports.size() == 8);
+  CHECK(std::set<int>(ports.begin(), ports.end()).size() == 8);
+  for (int port : ports) CHECK(bound_socket(port, true).ok());
+}
+
+TEST_CASE("troupe-launch parses options with or without -- and with attached values") {
+  using troupe::launch::parse_launch_options;
+  auto a = parse_launch_options({"-n4", "--devices-per-worker=2", "--timeout", "1.5", "prog", "-n", "x"});
+  CHECK(a.num_workers == 4);
+  CHECK(a.devices_per_worker == 2);
+  CHECK(a.timeout_s == 1.5);
+  CHECK(a.grace_s == troupe::launch::default_grace_s);
+  CHECK(a.program == std::vector<std::string>{"prog", "-n", "x"});
+  auto b = parse_launch_options({"--num-workers=3", "--grace", "0", "--port-base", "5000", "--", "--prog"});
+  CHECK(b.num_workers == 3);
+  CHECK(b.grace_s == 0);
+  CHECK(b.port_base == 5000);
+  CHECK(b.program == std::vector<std::string>{"--prog"});
+  CHECK_THROWS_WITH_AS(parse_launch_options({"-n", "300", "--", "p"}),
+                       "-n: expected a positive number of workers (1..256), got '300'",
+                       troupe::launch::usage_error);
+}

@@ -1,0 +1,544 @@
+#include "launch/supervisor.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <sstream>
+#include <utility>
+
+#include "launch/cluster.hpp"
+#include "launch/line_prefixer.hpp"
+
+extern char** environ;
+
+namespace troupe::launch {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// How long the pipes of exited workers may stay open (held by a process that left its group).
+constexpr auto drain_bound = std::chrono::seconds(2);
+// Reads of one pipe per drain when a worker exits, so that a writer that escaped cannot stall us.
+constexpr int max_drain_reads = 64;
+constexpr std::array<int, 4> handled_signals = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
+
+// A signal handler can reach nothing but globals: this is the write end of the self-pipe.
+int signal_write_fd = -1;
+
+extern "C" void on_signal(int signal_number) {
+  int saved_errno = errno;
+  auto byte = static_cast<unsigned char>(signal_number);
+  // A full pipe already holds a wake-up; the byte can be lost without losing the event for
+  // SIGCHLD (every worker is polled). A lost SIGINT/SIGTERM would need 64 KiB of them in a row.
+  ssize_t ignored = ::write(signal_write_fd, &byte, 1);
+  (void)ignored;
+  errno = saved_errno;
+}
+
+std::string seconds_text(double seconds) {
+  std::ostringstream text;
+  text << seconds;
+  return text.str();
+}
+
+bool set_flags(int fd, int fd_flags, int status_flags) {
+  return ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | fd_flags) == 0 &&
+         ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | status_flags) == 0;
+}
+
+// A pipe whose both ends are closed on exec; false with errno set when it cannot be made.
+bool make_pipe(std::array<int, 2>& fds) {
+  int raw[2];
+  if (::pipe(raw) != 0) return false;
+  fds = {raw[0], raw[1]};
+  if (!set_flags(raw[0], FD_CLOEXEC, 0) || !set_flags(raw[1], FD_CLOEXEC, 0)) {
+    int err = errno;
+    ::close(raw[0]);
+    ::close(raw[1]);
+    errno = err;
+    return false;
+  }
+  return true;
+}
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+// Writes everything, waiting while a non-blocking target is full. False on an error (EPIPE:
+// the reader went away), after which the caller stops writing there.
+bool write_all(int fd, const char* data, std::size_t size) {
+  while (size > 0) {
+    ssize_t n = ::write(fd, data, size);
+    if (n > 0) {
+      data += n;
+      size -= static_cast<std::size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+struct output_stream {
+  int fd = -1;      // read end of the worker's pipe, non-blocking; -1 once closed
+  int target = -1;  // STDOUT_FILENO or STDERR_FILENO of the launcher
+  line_prefixer lines;
+  output_stream(int target_fd, const std::string& prefix) : target(target_fd), lines(prefix) {}
+};
+
+struct worker {
+  int rank;
+  std::string address;
+  pid_t pid = -1;  // also the id of its process group
+  bool running = false;
+  std::array<output_stream, 2> streams;
+
+  worker(int r, std::string addr)
+      : rank(r),
+        address(std::move(addr)),
+        streams{output_stream(STDOUT_FILENO, "[rank " + std::to_string(r) + "] "),
+                output_stream(STDERR_FILENO, "[rank " + std::to_string(r) + "] ")} {}
+
+  std::string describe() const {
+    return "worker " + std::to_string(rank) + " (pid " + std::to_string(pid) + ", " + address + ")";
+  }
+};
+
+class supervisor {
+ public:
+  supervisor(const launch_options& options, const std::vector<std::string>& addresses)
+      : options_(options), addresses_(addresses) {
+    for (std::size_t i = 0; i < addresses.size(); ++i)
+      workers_.emplace_back(static_cast<int>(i), addresses[i]);
+  }
+
+  supervisor(const supervisor&) = delete;
+  supervisor& operator=(const supervisor&) = delete;
+
+  ~supervisor() {
+    for (std::size_t i = 0; i < handled_signals.size(); ++i)
+      if (installed_[i]) ::sigaction(handled_signals[i], &previous_[i], nullptr);
+    if (sigpipe_installed_) ::sigaction(SIGPIPE, &previous_sigpipe_, nullptr);
+    signal_write_fd = -1;
+    close_fd(signal_fds_[0]);
+    close_fd(signal_fds_[1]);
+    close_fd(devnull_);
+    for (auto& w : workers_)
+      for (auto& s : w.streams) close_fd(s.fd);
+  }
+
+  int run() {
+    if (!setup()) return 1;
+    if (options_.timeout_s)
+      timeout_at_ = clock::now() + std::chrono::duration_cast<clock::duration>(
+                                       std::chrono::duration<double>(*options_.timeout_s));
+    start_workers();
+    for (;;) {
+      reap();
+      auto now = clock::now();
+      check_timers(now);
+      if (running_count() == 0) {
+        if (!drain_until_) drain_until_ = now + drain_bound;
+        if (open_stream_count() == 0 || now >= *drain_until_) break;
+      }
+      wait_for_events(now);
+    }
+    for (auto& w : workers_)
+      for (auto& s : w.streams) close_stream(s);
+    return exit_code_.value_or(0);
+  }
+
+ private:
+  bool setup() {
+    std::array<int, 2> fds;
+    if (!make_pipe(fds) || !set_flags(fds[0], 0, O_NONBLOCK) || !set_flags(fds[1], 0, O_NONBLOCK)) {
+      say(std::string("cannot create the signal pipe: ") + std::strerror(errno));
+      return false;
+    }
+    signal_fds_ = fds;
+    devnull_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (devnull_ < 0) {
+      say(std::string("cannot open /dev/null: ") + std::strerror(errno));
+      return false;
+    }
+    signal_write_fd = signal_fds_[1];
+    struct sigaction action {};
+    action.sa_handler = on_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    for (std::size_t i = 0; i < handled_signals.size(); ++i) {
+      action.sa_flags = handled_signals[i] == SIGCHLD ? SA_RESTART | SA_NOCLDSTOP : SA_RESTART;
+      installed_[i] = ::sigaction(handled_signals[i], &action, &previous_[i]) == 0;
+    }
+    // A reader of our output that goes away must not kill the launcher and orphan the workers.
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigpipe_installed_ = ::sigaction(SIGPIPE, &ignore, &previous_sigpipe_) == 0;
+    return true;
+  }
+
+  // The environment every worker shares; TF_CONFIG is added per worker.
+  std::vector<std::string> base_environment() const {
+    std::vector<std::string> env;
+    for (char** e = environ; e && *e; ++e) {
+      std::string entry(*e);
+      if (entry.rfind("TF_CONFIG=", 0) == 0) continue;
+      if (options_.devices_per_worker && entry.rfind("TROUPE_DEVICES_PER_WORKER=", 0) == 0) continue;
+      env.push_back(std::move(entry));
+    }
+    if (options_.devices_per_worker)
+      env.push_back("TROUPE_DEVICES_PER_WORKER=" + std::to_string(*options_.devices_per_worker));
+    return env;
+  }
+
+  void start_workers() {
+    std::vector<std::string> env = base_environment();
+    for (auto& w : workers_) {
+      env.push_back("TF_CONFIG=" + tf_config_json(addresses_, w.rank));
+      bool started = start_worker(w, env);
+      env.pop_back();
+      if (!started) {
+        begin_stop(SIGTERM);
+        return;
+      }
+    }
+  }
+
+  // Forks and execs one worker; false (with exit_code_ set and a message) when it did not start.
+  bool start_worker(worker& w, const std::vector<std::string>& env) {
+    std::array<int, 2> out{-1, -1}, err{-1, -1}, status{-1, -1};
+    auto fail = [&](const std::string& what) {
+      say("cannot start worker " + std::to_string(w.rank) + ": " + what + ": " + std::strerror(errno));
+      for (int* fd : {&out[0], &out[1], &err[0], &err[1], &status[0], &status[1]}) close_fd(*fd);
+      exit_code_ = exit_code_.value_or(1);
+      return false;
+    };
+    if (!make_pipe(out) || !make_pipe(err) || !make_pipe(status)) return fail("pipe");
+
+    // Everything the child needs is built before fork.
+    std::vector<char*> argv;
+    for (const auto& a : options_.program) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    std::vector<char*> envp;
+    for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+
+    // Blocked across fork so that the child never runs the launcher's handlers.
+    sigset_t block, old_mask;
+    sigemptyset(&block);
+    for (int s : handled_signals) sigaddset(&block, s);
+    ::sigprocmask(SIG_BLOCK, &block, &old_mask);
+    pid_t parent = ::getpid();
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      for (int s : handled_signals) ::sigaction(s, &dfl, nullptr);
+      ::sigaction(SIGPIPE, &dfl, nullptr);
+#ifdef __linux__
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
+#endif
+      ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+      ::dup2(devnull_, STDIN_FILENO);
+      ::dup2(out[1], STDOUT_FILENO);
+      ::dup2(err[1], STDERR_FILENO);
+      environ = envp.data();
+      ::execvp(argv[0], argv.data());
+      int exec_errno = errno;
+      ssize_t ignored = ::write(status[1], &exec_errno, sizeof exec_errno);
+      (void)ignored;
+      ::_exit(127);
+    }
+    int fork_errno = errno;
+    if (pid > 0) ::setpgid(pid, pid);  // also here: a kill may come before the child runs
+    ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+    if (pid < 0) {
+      errno = fork_errno;
+      return fail("fork");
+    }
+    close_fd(out[1]);
+    close_fd(err[1]);
+    close_fd(status[1]);
+
+    // EOF: exec worked and closed the pipe. Four bytes: exec's errno.
+    int exec_errno = 0;
+    ssize_t n;
+    while ((n = ::read(status[0], &exec_errno, sizeof exec_errno)) < 0 && errno == EINTR) {
+    }
+    close_fd(status[0]);
+    if (n == static_cast<ssize_t>(sizeof exec_errno)) {
+      int ignored;
+      while (::waitpid(pid, &ignored, 0) < 0 && errno == EINTR) {
+      }
+      close_fd(out[0]);
+      close_fd(err[0]);
+      const std::string& program = options_.program[0];
+      std::string why = std::strerror(exec_errno);
+      if (exec_errno == ENOENT && program.find('/') == std::string::npos) why = "command not found in PATH";
+      say("cannot execute '" + program + "': " + why);
+      exit_code_ = exit_code_.value_or(127);
+      return false;
+    }
+
+    w.pid = pid;
+    w.running = true;
+    w.streams[0].fd = out[0];
+    w.streams[1].fd = err[0];
+    for (auto& s : w.streams) set_flags(s.fd, 0, O_NONBLOCK);
+    return true;
+  }
+
+  void wait_for_events(clock::time_point now) {
+    std::vector<pollfd> fds;
+    std::vector<output_stream*> streams;
+    fds.push_back({signal_fds_[0], POLLIN, 0});
+    for (auto& w : workers_)
+      for (auto& s : w.streams)
+        if (s.fd >= 0) {
+          fds.push_back({s.fd, POLLIN, 0});
+          streams.push_back(&s);
+        }
+
+    std::optional<clock::time_point> next;
+    auto consider = [&](const std::optional<clock::time_point>& t) {
+      if (t && (!next || *t < *next)) next = t;
+    };
+    if (!stopping_) consider(timeout_at_);
+    consider(kill_at_);
+    consider(drain_until_);
+    int timeout_ms = -1;
+    if (next)
+      timeout_ms = static_cast<int>(std::clamp<long long>(
+          std::chrono::ceil<std::chrono::milliseconds>(*next - now).count(), 0, 60 * 60 * 1000));
+
+    int ready = ::poll(fds.data(), static_cast<nfds_t>(fds.size()), timeout_ms);
+    if (ready <= 0) return;  // timeout, or EINTR: the loop looks again
+    if (fds[0].revents != 0) handle_signals();
+    for (std::size_t i = 1; i < fds.size(); ++i)
+      if (fds[i].revents != 0) read_stream(*streams[i - 1], 1);
+  }
+
+  void handle_signals() {
+    unsigned char buffer[64];
+    ssize_t n;
+    while ((n = ::read(signal_fds_[0], buffer, sizeof buffer)) > 0 || (n < 0 && errno == EINTR)) {
+      for (ssize_t i = 0; i < n; ++i) {
+        int sig = buffer[i];
+        if (sig == SIGCHLD) continue;  // reap() looks at every worker
+        int running = running_count();
+        if (!signal_received_) {
+          signal_received_ = true;
+          say("received " + signal_name(sig) + "; forwarding it to " + std::to_string(running) +
+              " running worker" + (running == 1 ? "" : "s"));
+          exit_code_ = exit_code_.value_or(128 + sig);
+          begin_stop(sig);
+        } else {
+          say("received " + signal_name(sig) + " again; killing " + std::to_string(running) +
+              " running worker" + (running == 1 ? "" : "s"));
+          signal_all(SIGKILL);
+          kill_at_.reset();
+        }
+      }
+    }
+  }
+
+  void reap() {
+    for (auto& w : workers_) {
+      if (!w.running) continue;
+      siginfo_t info{};
+      info.si_pid = 0;
+      // WNOWAIT: the exited leader stays a zombie, so its pid cannot name another group yet.
+      if (::waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+        if (errno == ECHILD) w.running = false;  // reaped elsewhere; nothing left to wait for
+        continue;
+      }
+      if (info.si_pid == 0) continue;
+      ::kill(-w.pid, SIGKILL);  // whatever the worker left behind in its group
+      int status = 0;
+      while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      w.running = false;
+      // Its last words come before the launcher's verdict on it.
+      for (auto& s : w.streams) read_stream(s, max_drain_reads);
+      on_exit(w, status);
+    }
+  }
+
+  void on_exit(const worker& w, int status) {
+    bool succeeded = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (succeeded || stopping_) return;  // once stopping, exits are what was asked for
+    std::string how;
+    if (WIFEXITED(status)) {
+      exit_code_ = WEXITSTATUS(status);
+      how = "exited with status " + std::to_string(WEXITSTATUS(status));
+    } else {
+      int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      exit_code_ = 128 + sig;
+      how = "was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")";
+    }
+    bool others = running_count() > 0;
+    say(w.describe() + " " + how + (others ? "; stopping the others" : ""));
+    begin_stop(SIGTERM);
+  }
+
+  void check_timers(clock::time_point now) {
+    if (!stopping_ && timeout_at_ && now >= *timeout_at_) {
+      int running = running_count();
+      say("timed out after " + seconds_text(*options_.timeout_s) + " s; stopping " +
+          std::to_string(running) + " running worker" + (running == 1 ? "" : "s"));
+      exit_code_ = 124;
+      begin_stop(SIGTERM);
+    }
+    if (kill_at_ && now >= *kill_at_) {
+      kill_at_.reset();
+      for (auto& w : workers_)
+        if (w.running) {
+          say(w.describe() + " did not stop within " + seconds_text(options_.grace_s) + " s of " +
+              signal_name(stop_signal_) + "; sending SIGKILL");
+          ::kill(-w.pid, SIGKILL);
+        }
+    }
+  }
+
+  // Sends `sig` to every running worker's group and arms the grace period before SIGKILL.
+  void begin_stop(int sig) {
+    if (!stopping_) stop_signal_ = sig;
+    stopping_ = true;
+    signal_all(sig);
+    if (!kill_at_)
+      kill_at_ = clock::now() + std::chrono::duration_cast<clock::duration>(
+                                    std::chrono::duration<double>(options_.grace_s));
+  }
+
+  void signal_all(int sig) {
+    for (auto& w : workers_)
+      if (w.running) ::kill(-w.pid, sig);
+  }
+
+  // Reads up to `max_reads` chunks (stopping early when the pipe is empty) and passes on the
+  // complete lines; closes the stream at EOF.
+  void read_stream(output_stream& s, int max_reads) {
+    char buffer[64 * 1024];
+    for (int reads = 0; s.fd >= 0 && reads < max_reads;) {
+      ssize_t n = ::read(s.fd, buffer, sizeof buffer);
+      if (n > 0) {
+        emit(s.target, s.lines.feed(buffer, static_cast<std::size_t>(n)));
+        ++reads;
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        return;
+      } else {
+        close_stream(s);  // EOF, or an error that will not go away
+      }
+    }
+  }
+
+  void close_stream(output_stream& s) {
+    if (s.fd < 0) return;
+    emit(s.target, s.lines.finish());
+    close_fd(s.fd);
+  }
+
+  void emit(int target, const std::string& bytes) {
+    if (bytes.empty() || broken_[target]) return;
+    if (!write_all(target, bytes.data(), bytes.size())) broken_[target] = true;
+  }
+
+  void say(const std::string& message) {
+    emit(STDERR_FILENO, "troupe-launch: " + message + "\n");
+  }
+
+  int running_count() const {
+    return static_cast<int>(std::count_if(workers_.begin(), workers_.end(),
+                                          [](const worker& w) { return w.running; }));
+  }
+
+  int open_stream_count() const {
+    int open = 0;
+    for (const auto& w : workers_)
+      for (const auto& s : w.streams) open += s.fd >= 0;
+    return open;
+  }
+
+  const launch_options& options_;
+  const std::vector<std::string>& addresses_;
+  std::vector<worker> workers_;
+
+  std::array<int, 2> signal_fds_{-1, -1};
+  int devnull_ = -1;
+  std::array<struct sigaction, handled_signals.size()> previous_{};
+  std::array<bool, handled_signals.size()> installed_{};
+  struct sigaction previous_sigpipe_ {};
+  bool sigpipe_installed_ = false;
+  std::array<bool, 3> broken_{};  // by fd: stdout or stderr of the launcher can no longer be written
+
+  std::optional<int> exit_code_;  // decided by the first failure, signal or timeout
+  bool stopping_ = false;
+  int stop_signal_ = SIGTERM;
+  bool signal_received_ = false;
+  std::optional<clock::time_point> timeout_at_;
+  std::optional<clock::time_point> kill_at_;
+  std::optional<clock::time_point> drain_until_;
+};
+
+}  // namespace
+
+std::string signal_name(int signal_number) {
+  switch (signal_number) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGCHLD: return "SIGCHLD";
+    case SIGCONT: return "SIGCONT";
+    case SIGSTOP: return "SIGSTOP";
+    case SIGTSTP: return "SIGTSTP";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    case SIGSYS: return "SIGSYS";
+    default: return "signal " + std::to_string(signal_number);
+  }
+}
+
+int supervise(const launch_options& options, const std::vector<std::string>& addresses) {
+  supervisor s(options, addresses);
+  return s.run();
+}
+
+}  // namespace troupe::launch

@@ -1,0 +1,36 @@
+#pragma once
+// Starts the local workers and watches them until every one has exited.
+//
+// 1. Each worker is forked into its own process group, so that one kill reaches every process a
+//    worker starts, and a terminal's Ctrl-C reaches the launcher alone, which forwards it once.
+//    It gets TF_CONFIG (and TROUPE_DEVICES_PER_WORKER), stdin from /dev/null, and its stdout and
+//    stderr go into two pipes. A pipe closed on exec tells the launcher whether exec worked.
+// 2. One poll() loop waits on those pipes, on a self-pipe the signal handlers write to (SIGCHLD,
+//    SIGINT, SIGTERM, SIGHUP) and on the timers (--timeout, the grace period).
+// 3. When a worker's main process exits, whatever it left in its process group is killed before
+//    it is reaped (while its pid, the group id, cannot be reused). The first worker to fail stops
+//    the others: SIGTERM to each group, SIGKILL to those still there after the grace period.
+//    SIGINT, SIGTERM and SIGHUP are forwarded to every group the same way; a second one kills.
+// 4. The launcher returns once every worker is reaped and its pipes are drained (bounded, in case
+//    a process that left the group still holds one open).
+// If the launcher itself dies, each worker's main process gets SIGKILL (Linux's parent-death
+// signal).
+
+#include <string>
+#include <vector>
+
+#include "launch/launch_options.hpp"
+
+namespace troupe::launch {
+
+/// Starts options.num_workers copies of options.program, worker i with TF_CONFIG naming
+/// `addresses` and index i, and supervises them as described above. Returns the launcher's exit
+/// status: 0 when every worker succeeded, else the status of the first to fail (128+signal), 124
+/// on timeout, 128+signal when the launcher got a signal, 127 when exec failed, 1 when a worker
+/// could not be started. Messages go to stderr, prefixed "troupe-launch: ".
+int supervise(const launch_options& options, const std::vector<std::string>& addresses);
+
+/// The conventional name of a signal, "SIGTERM"; "signal N" when it has none here.
+std::string signal_name(int signal_number);
+
+}  // namespace troupe::launch
