@@ -1,5 +1,7 @@
 #include "troupe/distribute/multi_worker_strategy.hpp"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -229,7 +231,16 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   ro.tasks = tasks;
   std::tie(ro.chief_host, ro.chief_port) = split_address(resolver.coordinator_address());
   ro.devices = devices_per_worker;
-  ro.data_host = split_address(resolver.task_address()).first;
+  // Where the others reach this worker's data plane: its own cluster address, or its host name
+  // when the resolver learns addresses at rendezvous (mpirun).
+  const std::string own = resolver.task_address();
+  if (own.empty() || own == ClusterSpec::pending_address) {
+    char name[256] = {};
+    gethostname(name, sizeof name - 1);
+    ro.data_host = name;
+  } else {
+    ro.data_host = split_address(own).first;
+  }
   cluster->data_listener = std::make_unique<transport::listener>("0.0.0.0", 0);
   ro.data_port = cluster->data_listener->port();
   if (const char* token = std::getenv("TROUPE_CLUSTER_TOKEN")) ro.token = token;
