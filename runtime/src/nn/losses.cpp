@@ -1,0 +1,184 @@
+#include "troupe/nn/losses.hpp"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "eigen_maps.hpp"
+
+namespace troupe::nn {
+
+using namespace troupe::nn::eigen;
+
+namespace {
+
+std::int64_t checked_global_batch(std::int64_t global_batch_size, const char* op) {
+  if (global_batch_size <= 0) {
+    throw std::invalid_argument(std::string(op) + ": global_batch_size is " + std::to_string(global_batch_size) +
+                                " (expected a positive number)");
+  }
+  return global_batch_size;
+}
+
+Tensor scalar_of(DType dtype, double value) {
+  return dtype == DType::f64 ? Tensor::scalar<double>(value) : Tensor::scalar<float>(static_cast<float>(value));
+}
+
+// Softmax cross-entropy of every row. Fills per_example (when not null) and, when grad is not
+// null, the gradient of sum(per_example) * scale. Returns that scaled sum, accumulated in double.
+double softmax_cross_entropy(const Tensor& logits, const Tensor& labels, double scale, Tensor* per_example,
+                             Tensor* grad, const char* op) {
+  check_float(logits, op);
+  check_rank(logits, 2, op, "logits");
+  const std::int64_t rows = logits.shape()[0];
+  const std::int64_t classes = logits.shape()[1];
+  Tensor y = labels_as_i64(labels, rows, op);
+  const std::int64_t* label = y.data<std::int64_t>();
+  for (std::int64_t i = 0; i < rows; ++i) {
+    if (label[i] < 0 || label[i] >= classes) {
+      throw std::invalid_argument(std::string(op) + ": label " + std::to_string(label[i]) + " in row " +
+                                  std::to_string(i) + " is out of range for " + std::to_string(classes) +
+                                  " classes (expected 0.." + std::to_string(classes - 1) + ")");
+    }
+  }
+  if (per_example) *per_example = Tensor::empty({rows}, logits.dtype());
+  if (grad) *grad = Tensor::empty(logits.shape(), logits.dtype());
+  double total = 0.0;
+  if (rows == 0) return total;
+  dispatch_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using Column = Eigen::Array<T, Eigen::Dynamic, 1>;
+    auto z = matrix<T>(logits).array();
+    const Column max = z.rowwise().maxCoeff();
+    // exp(z - max): every entry in (0, 1], the row's largest exactly 1, so the sum is in [1, classes].
+    const Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> e = (z.colwise() - max).exp();
+    const Column sum = e.rowwise().sum();
+    const Column log_sum = sum.log();
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const T loss = log_sum(i) + max(i) - z(i, label[i]);  // log-sum-exp(z) - z[label]
+      if (per_example) per_example->mutable_data<T>()[i] = loss;
+      total += static_cast<double>(loss);
+    }
+    if (grad) {
+      auto g = matrix<T>(*grad).array();
+      const Column factor = static_cast<T>(scale) / sum;
+      g = e.colwise() * factor;  // scale * softmax
+      for (std::int64_t i = 0; i < rows; ++i) g(i, label[i]) -= static_cast<T>(scale);
+    }
+  });
+  return total * scale;
+}
+
+// Squared error of every row, averaged over its columns; as softmax_cross_entropy.
+double squared_error(const Tensor& predictions, const Tensor& targets_in, double scale, Tensor* per_example,
+                     Tensor* grad, const char* op) {
+  check_float(predictions, op);
+  if (predictions.rank() < 1) {
+    throw std::invalid_argument(std::string(op) + ": predictions are a scalar (expected [batch] or [batch, n])");
+  }
+  if (targets_in.num_elements() != predictions.num_elements() ||
+      (targets_in.rank() > 0 && targets_in.shape()[0] != predictions.shape()[0])) {
+    throw std::invalid_argument(std::string(op) + ": targets of shape " + shape_to_string(targets_in.shape()) +
+                                " for predictions of shape " + shape_to_string(predictions.shape()) +
+                                " (expected the same shape)");
+  }
+  const std::int64_t rows = predictions.shape()[0];
+  const std::int64_t cols = rows == 0 ? 1 : predictions.num_elements() / rows;
+  Tensor targets = targets_in.dtype() == predictions.dtype() ? targets_in : targets_in.cast(predictions.dtype());
+  if (per_example) *per_example = Tensor::empty({rows}, predictions.dtype());
+  if (grad) *grad = Tensor::empty(predictions.shape(), predictions.dtype());
+  double total = 0.0;
+  if (rows == 0) return total;
+  dispatch_float(predictions.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using Rows = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+    Rows p(predictions.data<T>(), rows, cols);
+    Rows t(targets.data<T>(), rows, cols);
+    const Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> diff = p - t;
+    const Eigen::Array<T, Eigen::Dynamic, 1> mean = diff.square().rowwise().sum() / static_cast<T>(cols);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      if (per_example) per_example->mutable_data<T>()[i] = mean(i);
+      total += static_cast<double>(mean(i));
+    }
+    if (grad) array<T>(*grad) = (array<T>(predictions) - array<T>(targets)) * static_cast<T>(2.0 * scale / cols);
+  });
+  return total * scale;
+}
+
+}  // namespace
+
+Tensor sparse_softmax_cross_entropy_per_example(const Tensor& logits, const Tensor& labels) {
+  Tensor per_example;
+  softmax_cross_entropy(logits, labels, 1.0, &per_example, nullptr, "sparse_softmax_cross_entropy");
+  return per_example;
+}
+
+LossAndGradient sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels) {
+  const std::int64_t rows = logits.rank() > 0 ? logits.shape()[0] : 0;
+  const double scale = rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0;
+  LossAndGradient out;
+  const double loss = softmax_cross_entropy(logits, labels, scale, nullptr, &out.gradient, "sparse_softmax_cross_entropy");
+  out.loss = scalar_of(logits.dtype(), loss);
+  return out;
+}
+
+LossAndGradient sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
+                                             std::int64_t global_batch_size) {
+  const char* op = "sparse_softmax_cross_entropy";
+  const double scale = 1.0 / static_cast<double>(checked_global_batch(global_batch_size, op));
+  LossAndGradient out;
+  const double loss = softmax_cross_entropy(logits, labels, scale, nullptr, &out.gradient, op);
+  out.loss = scalar_of(logits.dtype(), loss);
+  return out;
+}
+
+Tensor mean_squared_error_per_example(const Tensor& predictions, const Tensor& targets) {
+  Tensor per_example;
+  squared_error(predictions, targets, 1.0, &per_example, nullptr, "mean_squared_error");
+  return per_example;
+}
+
+LossAndGradient mean_squared_error(const Tensor& predictions, const Tensor& targets) {
+  const std::int64_t rows = predictions.rank() > 0 ? predictions.shape()[0] : 0;
+  const double scale = rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0;
+  LossAndGradient out;
+  const double loss = squared_error(predictions, targets, scale, nullptr, &out.gradient, "mean_squared_error");
+  out.loss = scalar_of(predictions.dtype(), loss);
+  return out;
+}
+
+LossAndGradient mean_squared_error(const Tensor& predictions, const Tensor& targets, std::int64_t global_batch_size) {
+  const char* op = "mean_squared_error";
+  const double scale = 1.0 / static_cast<double>(checked_global_batch(global_batch_size, op));
+  LossAndGradient out;
+  const double loss = squared_error(predictions, targets, scale, nullptr, &out.gradient, op);
+  out.loss = scalar_of(predictions.dtype(), loss);
+  return out;
+}
+
+Tensor compute_average_loss(const Tensor& per_example_loss, std::int64_t global_batch_size) {
+  const char* op = "compute_average_loss";
+  check_float(per_example_loss, op);
+  const double scale = 1.0 / static_cast<double>(checked_global_batch(global_batch_size, op));
+  double total = 0.0;
+  dispatch_float(per_example_loss.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    total = static_cast<double>(array<T>(per_example_loss).template cast<double>().sum());
+  });
+  return scalar_of(per_example_loss.dtype(), total * scale);
+}
+
+Loss Loss::sparse_categorical_crossentropy() {
+  return Loss{"sparse_categorical_crossentropy",
+              [](const Tensor& logits, const Tensor& labels, std::int64_t global_batch_size) {
+                return sparse_softmax_cross_entropy(logits, labels, global_batch_size);
+              }};
+}
+
+Loss Loss::mean_squared_error() {
+  return Loss{"mean_squared_error", [](const Tensor& predictions, const Tensor& targets, std::int64_t global_batch_size) {
+                return nn::mean_squared_error(predictions, targets, global_batch_size);
+              }};
+}
+
+}  // namespace troupe::nn

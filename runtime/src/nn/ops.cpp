@@ -1,0 +1,195 @@
+#include "troupe/nn/ops.hpp"
+
+#include <cmath>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include "eigen_maps.hpp"
+
+namespace troupe::nn {
+
+using namespace troupe::nn::eigen;
+
+const char* activation_name(Activation activation) {
+  switch (activation) {
+    case Activation::none: return "none";
+    case Activation::relu: return "relu";
+  }
+  return "?";
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
+  check_float(a, "matmul");
+  check_rank(a, 2, "matmul", "a");
+  check_rank(b, 2, "matmul", "b");
+  check_same_dtype(a, b, "matmul");
+  const std::int64_t m = transpose_a ? a.shape()[1] : a.shape()[0];
+  const std::int64_t ka = transpose_a ? a.shape()[0] : a.shape()[1];
+  const std::int64_t kb = transpose_b ? b.shape()[1] : b.shape()[0];
+  const std::int64_t n = transpose_b ? b.shape()[0] : b.shape()[1];
+  if (ka != kb) {
+    throw std::invalid_argument("matmul: inner dimensions differ: a " + shape_to_string(a.shape()) +
+                                (transpose_a ? " (transposed)" : "") + ", b " + shape_to_string(b.shape()) +
+                                (transpose_b ? " (transposed)" : "") + " (expected op(a) [m, k] and op(b) [k, n])");
+  }
+  Tensor out = Tensor::empty({m, n}, a.dtype());
+  dispatch_float(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    auto A = matrix<T>(a);
+    auto B = matrix<T>(b);
+    auto C = matrix<T>(out);
+    if (!transpose_a && !transpose_b) C.noalias() = A * B;
+    if (transpose_a && !transpose_b) C.noalias() = A.transpose() * B;
+    if (!transpose_a && transpose_b) C.noalias() = A * B.transpose();
+    if (transpose_a && transpose_b) C.noalias() = A.transpose() * B.transpose();
+  });
+  return out;
+}
+
+Tensor relu(const Tensor& x) {
+  check_float(x, "relu");
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    array<T>(out) = array<T>(x).max(T(0));
+  });
+  return out;
+}
+
+Tensor relu_grad(const Tensor& grad, const Tensor& output) {
+  check_float(grad, "relu_grad");
+  check_same_shape(grad, output, "relu_grad");
+  Tensor out = Tensor::empty(grad.shape(), grad.dtype());
+  dispatch_float(grad.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    array<T>(out) = (array<T>(output) > T(0)).select(array<T>(grad), T(0));
+  });
+  return out;
+}
+
+Tensor softmax(const Tensor& logits) {
+  check_float(logits, "softmax");
+  check_rank(logits, 2, "softmax", "logits");
+  Tensor out = Tensor::empty(logits.shape(), logits.dtype());
+  if (logits.num_elements() == 0) return out;
+  dispatch_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    auto z = matrix<T>(logits);
+    auto p = matrix<T>(out);
+    const Eigen::Array<T, Eigen::Dynamic, 1> max = z.array().rowwise().maxCoeff();
+    p.array() = (z.array().colwise() - max).exp();
+    const Eigen::Array<T, Eigen::Dynamic, 1> sum = p.array().rowwise().sum();
+    p.array().colwise() /= sum;
+  });
+  return out;
+}
+
+Tensor argmax(const Tensor& x) {
+  check_float(x, "argmax");
+  check_rank(x, 2, "argmax", "x");
+  const std::int64_t rows = x.shape()[0];
+  Tensor out = Tensor::empty({rows}, DType::i64);
+  if (rows > 0 && x.shape()[1] == 0) {
+    throw std::invalid_argument("argmax: x " + shape_to_string(x.shape()) + " has no columns (expected at least 1)");
+  }
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    auto m = matrix<T>(x);
+    std::int64_t* o = out.mutable_data<std::int64_t>();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      Eigen::Index index = 0;
+      m.row(r).maxCoeff(&index);
+      o[r] = static_cast<std::int64_t>(index);
+    }
+  });
+  return out;
+}
+
+Tensor dense_forward(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation) {
+  check_float(x, "dense_forward");
+  check_rank(x, 2, "dense_forward", "x");
+  check_rank(kernel, 2, "dense_forward", "kernel");
+  check_rank(bias, 1, "dense_forward", "bias");
+  check_same_dtype(x, kernel, "dense_forward");
+  check_same_dtype(x, bias, "dense_forward");
+  if (x.shape()[1] != kernel.shape()[0] || bias.shape()[0] != kernel.shape()[1]) {
+    throw std::invalid_argument("dense_forward: x " + shape_to_string(x.shape()) + ", kernel " +
+                                shape_to_string(kernel.shape()) + " and bias " + shape_to_string(bias.shape()) +
+                                " do not fit (expected [batch, in], [in, units] and [units])");
+  }
+  Tensor out = Tensor::empty({x.shape()[0], kernel.shape()[1]}, x.dtype());
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    auto y = matrix<T>(out);
+    y.noalias() = matrix<T>(x) * matrix<T>(kernel);
+    y.rowwise() += row_vector<T>(bias);
+    if (activation == Activation::relu) y = y.cwiseMax(T(0));
+  });
+  return out;
+}
+
+DenseGradients dense_backward(const Tensor& x, const Tensor& kernel, const Tensor& output, const Tensor& grad_output,
+                              Activation activation, bool need_input) {
+  check_float(x, "dense_backward");
+  check_rank(x, 2, "dense_backward", "x");
+  check_rank(kernel, 2, "dense_backward", "kernel");
+  check_same_dtype(x, kernel, "dense_backward");
+  check_same_dtype(x, grad_output, "dense_backward");
+  check_same_shape(output, grad_output, "dense_backward");
+  const Shape expected{x.shape()[0], kernel.shape()[1]};
+  if (x.shape()[1] != kernel.shape()[0] || grad_output.shape() != expected) {
+    throw std::invalid_argument("dense_backward: x " + shape_to_string(x.shape()) + ", kernel " +
+                                shape_to_string(kernel.shape()) + " and grad_output " +
+                                shape_to_string(grad_output.shape()) +
+                                " do not fit (expected [batch, in], [in, units] and [batch, units])");
+  }
+  Tensor g = activation == Activation::relu ? relu_grad(grad_output, output) : grad_output;
+  DenseGradients grads;
+  grads.kernel = Tensor::empty(kernel.shape(), kernel.dtype());
+  grads.bias = Tensor::empty({kernel.shape()[1]}, kernel.dtype());
+  if (need_input) grads.input = Tensor::empty(x.shape(), x.dtype());
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    auto G = matrix<T>(g);
+    matrix<T>(grads.kernel).noalias() = matrix<T>(x).transpose() * G;
+    row_vector<T>(grads.bias) = G.colwise().sum();
+    if (need_input) matrix<T>(grads.input).noalias() = G * matrix<T>(kernel).transpose();
+  });
+  return grads;
+}
+
+Tensor glorot_uniform(std::int64_t fan_in, std::int64_t fan_out, std::uint64_t seed, DType dtype) {
+  if (fan_in <= 0 || fan_out <= 0) {
+    throw std::invalid_argument("glorot_uniform: fan_in " + std::to_string(fan_in) + " and fan_out " +
+                                std::to_string(fan_out) + " must be positive");
+  }
+  const double limit = std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
+  // mt19937_64's sequence is fixed by the standard, unlike the distributions', so the bits are
+  // the same with every standard library.
+  std::mt19937_64 engine(seed);
+  Tensor out = Tensor::empty({fan_in, fan_out}, dtype);
+  dispatch_float(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = out.mutable_data<T>();
+    for (std::int64_t i = 0; i < out.num_elements(); ++i) {
+      const double unit = static_cast<double>(engine() >> 11) * 0x1.0p-53;  // [0, 1)
+      p[i] = static_cast<T>((2.0 * unit - 1.0) * limit);
+    }
+  });
+  return out;
+}
+
+double accuracy(const Tensor& logits, const Tensor& labels) {
+  Tensor predicted = argmax(logits);
+  const std::int64_t rows = predicted.num_elements();
+  Tensor l = labels_as_i64(labels, rows, "accuracy");
+  if (rows == 0) return 0.0;
+  const std::int64_t* p = predicted.data<std::int64_t>();
+  const std::int64_t* y = l.data<std::int64_t>();
+  std::int64_t hits = 0;
+  for (std::int64_t i = 0; i < rows; ++i) hits += p[i] == y[i] ? 1 : 0;
+  return static_cast<double>(hits) / static_cast<double>(rows);
+}
+
+}  // namespace troupe::nn

@@ -1,0 +1,251 @@
+#include "troupe/nn/optimizers.hpp"
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "eigen_maps.hpp"
+#include "troupe/distribute/context.hpp"
+#include "troupe/distribute/strategy.hpp"
+
+namespace troupe::nn {
+
+using namespace troupe::nn::eigen;
+using distribute::ReduceOp;
+
+namespace {
+
+// A variable's identity: the address of its shared state's name, the same for every handle.
+const void* identity_of(const Variable& variable) { return &variable.name(); }
+
+std::string describe(const Variable& variable) {
+  return variable.name().empty() ? std::string("a variable") : "variable '" + variable.name() + "'";
+}
+
+// Requires lo <= value < hi, or lo < value < hi when lo_open (std::invalid_argument otherwise).
+float checked(const char* optimizer, const char* what, float value, float lo, float hi, bool lo_open) {
+  const bool ok = (lo_open ? value > lo : value >= lo) && value < hi && std::isfinite(value);
+  if (!ok) {
+    throw std::invalid_argument(std::string(optimizer) + ": " + what + " is " + std::to_string(value) + " (expected " +
+                                (lo_open ? "> " : ">= ") + std::to_string(lo) +
+                                (std::isinf(hi) ? std::string() : " and < " + std::to_string(hi)) + ")");
+  }
+  return value;
+}
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+}  // namespace
+
+std::vector<GradientAndVariable> zip(const std::vector<Tensor>& gradients, const std::vector<Variable>& variables) {
+  if (gradients.size() != variables.size()) {
+    throw std::invalid_argument("zip: " + std::to_string(gradients.size()) + " gradients for " +
+                                std::to_string(variables.size()) + " variables (expected one per variable)");
+  }
+  std::vector<GradientAndVariable> out;
+  out.reserve(gradients.size());
+  for (std::size_t i = 0; i < gradients.size(); ++i) out.emplace_back(gradients[i], variables[i]);
+  return out;
+}
+
+Optimizer::Optimizer(std::string name, float learning_rate)
+    : name_(std::move(name)), learning_rate_(checked(name_.c_str(), "learning_rate", learning_rate, 0.0f, kInf, true)) {}
+
+Optimizer::~Optimizer() = default;
+
+void Optimizer::set_learning_rate(float learning_rate) {
+  learning_rate_ = checked(name_.c_str(), "learning_rate", learning_rate, 0.0f, kInf, true);
+}
+
+Optimizer::Entry* Optimizer::find(const Variable& variable) {
+  const void* id = identity_of(variable);
+  for (Entry& e : entries_) {
+    if (e.id == id) return &e;
+  }
+  return nullptr;
+}
+
+void Optimizer::build(const std::vector<std::pair<std::string, Variable>>& named_variables) {
+  if (!iterations_) iterations_.emplace(Tensor::scalar<std::int64_t>(0), name_ + "/iterations");
+  const std::vector<std::string> slots = slot_names();
+  for (const auto& [name, variable] : named_variables) {
+    if (find(variable) != nullptr) continue;
+    if (variable.dtype() != DType::f32 && variable.dtype() != DType::f64) {
+      throw std::invalid_argument(name_ + ": cannot train " + describe(variable) + " of dtype " +
+                                  std::string(dtype_name(variable.dtype())) + " (expected float32 or float64)");
+    }
+    for (const Entry& e : entries_) {
+      if (e.name == name) {
+        throw std::invalid_argument(name_ + ": two variables are both named '" + name +
+                                    "' (slot names must be unique for checkpoints)");
+      }
+    }
+    Entry entry{identity_of(variable), name, {}};
+    for (const std::string& slot : slots) {
+      entry.slots.emplace_back(Tensor::zeros(variable.shape(), variable.dtype()), name_ + "/" + slot + "/" + name);
+    }
+    entries_.push_back(std::move(entry));
+  }
+}
+
+void Optimizer::build_missing(const std::vector<GradientAndVariable>& grads_and_vars) {
+  std::vector<std::pair<std::string, Variable>> missing;
+  for (std::size_t i = 0; i < grads_and_vars.size(); ++i) {
+    const Variable& v = grads_and_vars[i].second;
+    if (find(v) != nullptr) continue;
+    std::string name = v.name().empty() ? "variable_" + std::to_string(entries_.size() + missing.size()) : v.name();
+    // Unnamed layers' variables are all called "kernel" and "bias": keep the slot names apart.
+    auto taken = [&](const std::string& n) {
+      for (const Entry& e : entries_) {
+        if (e.name == n) return true;
+      }
+      for (const auto& m : missing) {
+        if (m.first == n) return true;
+      }
+      return false;
+    };
+    for (int k = 1; taken(name); ++k) {
+      name = (v.name().empty() ? "variable" : v.name()) + "_" + std::to_string(k);
+    }
+    missing.emplace_back(std::move(name), v);
+  }
+  build(missing);
+}
+
+void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_and_vars,
+                                std::optional<ReduceOp> aggregation) {
+  for (const auto& [gradient, variable] : grads_and_vars) {
+    if (gradient.shape() != variable.shape() || gradient.dtype() != variable.dtype()) {
+      throw std::invalid_argument(name_ + ".apply_gradients: the gradient of " + describe(variable) + " is " +
+                                  std::string(dtype_name(gradient.dtype())) + " " + shape_to_string(gradient.shape()) +
+                                  ", the variable is " + std::string(dtype_name(variable.dtype())) + " " +
+                                  shape_to_string(variable.shape()));
+    }
+  }
+  distribute::ReplicaContext* ctx = distribute::get_replica_context();
+
+  // Slots for variables not seen before. Every replica reads entries_ before replica 0 changes it
+  // inside merge_call (which starts once all have arrived), so all take the same branch.
+  bool missing = !iterations_;
+  for (const auto& gv : grads_and_vars) missing = missing || find(gv.second) == nullptr;
+  if (missing) {
+    if (ctx != nullptr) {
+      ctx->merge_call(
+          [&](distribute::Strategy&, const distribute::PerReplica<int>&) {
+            build_missing(grads_and_vars);
+            return 0;
+          },
+          0);
+    } else {
+      build_missing(grads_and_vars);
+    }
+  }
+
+  std::vector<Tensor> gradients;
+  gradients.reserve(grads_and_vars.size());
+  for (const auto& gv : grads_and_vars) gradients.push_back(gv.first);
+  if (ctx != nullptr && aggregation && ctx->num_replicas_in_sync() > 1) {
+    const auto start = std::chrono::steady_clock::now();
+    gradients = ctx->all_reduce(*aggregation, gradients);
+    if (ctx->replica_id_in_sync_group() == 0) {
+      all_reduce_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now() - start).count(),
+                               std::memory_order_relaxed);
+    }
+  }
+
+  const std::int64_t iteration = iterations_->value().item<std::int64_t>() + 1;
+  for (std::size_t i = 0; i < grads_and_vars.size(); ++i) {
+    Variable variable = grads_and_vars[i].second;
+    update(gradients[i], variable, find(variable)->slots, iteration);
+  }
+  iterations_->assign_local(Tensor::scalar<std::int64_t>(iteration));
+}
+
+const Variable& Optimizer::iterations() const {
+  if (!iterations_) {
+    throw std::logic_error(name_ + ".iterations: the optimizer is not built yet (compile a model with it, call "
+                           "build, or apply gradients once)");
+  }
+  return *iterations_;
+}
+
+std::map<std::string, Variable> Optimizer::variables() const {
+  std::map<std::string, Variable> out;
+  if (iterations_) out.emplace(name_ + "/iterations", *iterations_);
+  const std::vector<std::string> slots = slot_names();
+  for (const Entry& e : entries_) {
+    for (std::size_t k = 0; k < slots.size(); ++k) out.emplace(name_ + "/" + slots[k] + "/" + e.name, e.slots[k]);
+  }
+  return out;
+}
+
+SGD::SGD(float learning_rate, float momentum, bool nesterov)
+    : Optimizer("sgd", learning_rate),
+      momentum_(checked("sgd", "momentum", momentum, 0.0f, 1.0f, false)),
+      nesterov_(nesterov) {}
+
+std::vector<std::string> SGD::slot_names() const {
+  if (momentum_ == 0.0f) return {};
+  return {"momentum"};
+}
+
+void SGD::update(const Tensor& gradient, Variable& variable, std::vector<Variable>& slots, std::int64_t) {
+  const Tensor w = variable.value();
+  Tensor next = Tensor::empty(w.shape(), w.dtype());
+  dispatch_float(w.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T lr = static_cast<T>(learning_rate());
+    if (slots.empty()) {
+      array<T>(next) = array<T>(w) - lr * array<T>(gradient);
+      return;
+    }
+    const T m = static_cast<T>(momentum_);
+    const Tensor velocity = slots[0].value();
+    Tensor next_velocity = Tensor::empty(w.shape(), w.dtype());
+    array<T>(next_velocity) = m * array<T>(velocity) - lr * array<T>(gradient);
+    if (nesterov_) {
+      array<T>(next) = array<T>(w) + (m * array<T>(next_velocity) - lr * array<T>(gradient));
+    } else {
+      array<T>(next) = array<T>(w) + array<T>(next_velocity);
+    }
+    slots[0].assign_local(next_velocity);
+  });
+  variable.assign_local(next);
+}
+
+Adam::Adam(float learning_rate, float beta_1, float beta_2, float epsilon)
+    : Optimizer("adam", learning_rate),
+      beta_1_(checked("adam", "beta_1", beta_1, 0.0f, 1.0f, false)),
+      beta_2_(checked("adam", "beta_2", beta_2, 0.0f, 1.0f, false)),
+      epsilon_(checked("adam", "epsilon", epsilon, 0.0f, kInf, true)) {}
+
+std::vector<std::string> Adam::slot_names() const { return {"m", "v"}; }
+
+void Adam::update(const Tensor& gradient, Variable& variable, std::vector<Variable>& slots, std::int64_t iteration) {
+  const Tensor w = variable.value();
+  const Tensor m = slots[0].value();
+  const Tensor v = slots[1].value();
+  Tensor next = Tensor::empty(w.shape(), w.dtype());
+  Tensor next_m = Tensor::empty(w.shape(), w.dtype());
+  Tensor next_v = Tensor::empty(w.shape(), w.dtype());
+  // The bias corrections in double: beta^t for large t is far below float's resolution of 1 - x.
+  const double t = static_cast<double>(iteration);
+  const double b1 = beta_1_;
+  const double b2 = beta_2_;
+  const double lr_t = learning_rate() * std::sqrt(1.0 - std::pow(b2, t)) / (1.0 - std::pow(b1, t));
+  dispatch_float(w.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const auto g = array<T>(gradient);
+    array<T>(next_m) = static_cast<T>(b1) * array<T>(m) + static_cast<T>(1.0 - b1) * g;
+    array<T>(next_v) = static_cast<T>(b2) * array<T>(v) + static_cast<T>(1.0 - b2) * g.square();
+    array<T>(next) = array<T>(w) - static_cast<T>(lr_t) * array<T>(next_m) /
+                                       (array<T>(next_v).sqrt() + static_cast<T>(epsilon_));
+  });
+  slots[0].assign_local(next_m);
+  slots[1].assign_local(next_v);
+  variable.assign_local(next);
+}
+
+}  // namespace troupe::nn
