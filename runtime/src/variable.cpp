@@ -84,6 +84,13 @@ Variable::Variable(Tensor initial_value, std::string name, VariableSynchronizati
     s.devices = {Device{}};
   }
   if (s.synchronization == VariableSynchronization::none) s.devices.resize(1);
+  auto& backend = s.strategy->backend();
+  if (backend.num_workers() > 1) {
+    // Every worker starts from the chief's value (a sum in which the others contribute zeros), so
+    // an initialiser that differs between processes cannot make the replicas diverge.
+    Tensor mine = backend.worker_index() == 0 ? initial_value : Tensor::zeros(s.shape, s.dtype);
+    initial_value = backend.sum_across_workers(mine);
+  }
   for (const Device& d : s.devices) s.components.push_back(initial_value.with_device(d));
 }
 
@@ -128,7 +135,7 @@ void Variable::assign(const Tensor& value) {
     for (std::size_t i = 0; i < s.components.size(); ++i) s.components[i] = each.with_device(s.devices[i]);
     return;
   }
-  if (s.synchronization == VariableSynchronization::on_read || s.components.size() == 1) {
+  if (s.synchronization != VariableSynchronization::on_write || s.strategy->num_replicas_in_sync() == 1) {
     s.components[static_cast<std::size_t>(r)] = value.with_device(s.devices[static_cast<std::size_t>(r)]);
     return;
   }
@@ -149,7 +156,7 @@ void Variable::assign_add(const Tensor& delta) {
     return;
   }
   Tensor& mine = s.components[static_cast<std::size_t>(r)];
-  if (s.synchronization == VariableSynchronization::on_read || s.components.size() == 1) {
+  if (s.synchronization != VariableSynchronization::on_write || s.strategy->num_replicas_in_sync() == 1) {
     mine = mine + delta;
     return;
   }

@@ -83,6 +83,20 @@ int collectives(MultiWorkerMirroredStrategy& s) {
     }
   }
   expect_eq(it.get_next_as_optional().has_value(), false, "dataset ends on every worker together");
+  // Variables start from the chief's value, even when each worker passes its own.
+  {
+    auto scope = s.scope();
+    const int task = s.cluster_resolver()->task_id();
+    Variable v(Tensor::full({3}, 10 + task, DType::f32), "v");
+    for (const Tensor& c : s.experimental_local_results(v)) {
+      expect_eq(c.to_vector<float>(), std::vector<float>{10, 10, 10}, "variable initialised from the chief");
+    }
+    Variable w(Tensor::scalar<float>(0.0f), "w", VariableSynchronization::on_write, VariableAggregation::sum);
+    s.run([&] { w.assign_add(Tensor::scalar<float>(1.0f)); });
+    for (const Tensor& c : s.experimental_local_results(w)) {
+      expect_eq(c.item<float>(), float(n), "replica-context writes aggregate over every worker");
+    }
+  }
   return failures == 0 ? 0 : 1;
 }
 

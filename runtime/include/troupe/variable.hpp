@@ -26,8 +26,9 @@ struct VariableState;
 }
 
 /// A variable: a handle to shared state. Created inside strategy.scope() it is mirrored: one
-/// component per replica device, all initialised to `initial_value`. Created outside any scope
-/// it has one component.
+/// component per replica device, all initialised to `initial_value` (under multi-worker, the
+/// chief's `initial_value`: creating a variable is then a collective every worker makes). Created
+/// outside any scope it has one component.
 ///
 /// Writes in replica context (inside Strategy::run) are collectives for on_write variables:
 /// every replica must make them, and the aggregation decides the value (sum or mean of the
