@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "collectives.hpp"
 #include "mirrored_backend.hpp"
@@ -258,6 +259,12 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   // The start is bounded by the start timeout; collectives after it by options.timeout (0: as long
   // as the peers' connections live).
   cluster->ring->set_timeout(options.timeout);
+  // Busy-polling pays while the workers have cores of their own; when they all share this host's
+  // (a local test cluster larger than the machine), the worker being waited for needs the CPU.
+  bool all_local = true;
+  for (const auto& m : cluster->members) all_local = all_local && m.data_host == cluster->members[0].data_host;
+  const bool crowded = all_local && cluster->workers * devices_per_worker > static_cast<int>(std::thread::hardware_concurrency());
+  cluster->ring->set_spin(std::chrono::microseconds(runtime.options().spin_us), crowded);
   return std::make_unique<MultiWorkerBackend>(runtime, std::move(devices), std::move(cluster));
 }
 

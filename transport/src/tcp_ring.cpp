@@ -298,6 +298,7 @@ struct tcp_ring::impl {
   int prev_rank = 0;
   std::chrono::milliseconds timeout{0};
   std::chrono::microseconds spin{50};
+  bool yield_while_spinning = false;
   std::uint64_t sequence = 0;
   outgoing out;
   incoming in;
@@ -317,7 +318,11 @@ struct tcp_ring::impl {
       if (!in.done()) in.progress(prev_fd, prev_rank, prev_name);
       if (out.done() && in.done()) break;
       if (clock::now() < spin_until_time) {
-        cpu_relax();
+        if (yield_while_spinning) {
+          yield_cpu();  // more ranks than cores here: let the one we wait for run
+        } else {
+          cpu_relax();
+        }
         continue;
       }
       pollfd fds[2];
@@ -401,6 +406,11 @@ tcp_ring::tcp_ring(int rank, int size, listener& own, const std::vector<endpoint
 tcp_ring::~tcp_ring() = default;
 
 void tcp_ring::set_timeout(std::chrono::milliseconds timeout) { impl_->timeout = timeout; }
+
+void tcp_ring::set_spin(std::chrono::microseconds spin, bool yield) {
+  impl_->spin = spin;
+  impl_->yield_while_spinning = yield;
+}
 
 void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, reduce_kind op) {
   if (size_ == 1 || count == 0) return;  // a sum or mean over one rank is the value

@@ -71,6 +71,10 @@ class tcp_ring {
 
   /// The bound of later waits (0: none).
   void set_timeout(std::chrono::milliseconds timeout);
+  /// How long a wait busy-polls its sockets before it sleeps in poll() (default 50 us). `yield`:
+  /// give the CPU away between polls, for ranks that share too few cores (the rank being waited
+  /// for needs the CPU).
+  void set_spin(std::chrono::microseconds spin, bool yield = false);
 
   /// Sums (or averages) `data` in place over every rank.
   void all_reduce(void* data, std::int64_t count, scalar_type type, reduce_kind op);
