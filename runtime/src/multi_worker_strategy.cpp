@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "collectives.hpp"
+#include "env.hpp"
 #include "mirrored_backend.hpp"
 #include "troupe/actors/rendezvous.hpp"
 #include "troupe/errors.hpp"
@@ -17,19 +18,6 @@
 
 namespace troupe::distribute {
 namespace {
-
-int env_int(const char* name, int fallback, int min, int max) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  errno = 0;
-  long x = std::strtol(v, &end, 10);
-  if (errno != 0 || end == v || *end != '\0' || x < min || x > max) {
-    throw std::invalid_argument(std::string(name) + "=\"" + v + "\" is not a number in " + std::to_string(min) + ".." +
-                                std::to_string(max));
-  }
-  return static_cast<int>(x);
-}
 
 std::pair<std::string, std::uint16_t> split_address(const std::string& address) {
   const auto colon = address.rfind(':');
@@ -223,7 +211,7 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   const std::vector<std::string> tasks = training_tasks(spec);
   cluster->workers = static_cast<int>(tasks.size());
 
-  const int devices_per_worker = env_int("TROUPE_DEVICES_PER_WORKER", 1, 1, 1024);
+  const int devices_per_worker = troupe::detail::env_int("TROUPE_DEVICES_PER_WORKER", 1, 1, 1024);
   std::vector<Device> devices;
   for (int i = 0; i < devices_per_worker; ++i) devices.emplace_back(Device::Type::cpu, i);
 
@@ -245,7 +233,7 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   cluster->data_listener = std::make_unique<transport::listener>("0.0.0.0", 0);
   ro.data_port = cluster->data_listener->port();
   if (const char* token = std::getenv("TROUPE_CLUSTER_TOKEN")) ro.token = token;
-  ro.timeout = std::chrono::milliseconds(env_int("TROUPE_START_TIMEOUT_MS", 60000, 1, 86400000));
+  ro.timeout = std::chrono::milliseconds(troupe::detail::env_int("TROUPE_START_TIMEOUT_MS", 60000, 1, 86400000));
   cluster->members = actors::rendezvous(runtime.system(), ro);
 
   std::vector<transport::endpoint> peers;

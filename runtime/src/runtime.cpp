@@ -7,10 +7,11 @@
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
+#include "env.hpp"
 #include "gpu_probe.hpp"
 
 namespace troupe {
-namespace {
+namespace detail {
 
 int env_int(const char* name, int fallback, int min, int max) {
   const char* v = std::getenv(name);
@@ -25,12 +26,12 @@ int env_int(const char* name, int fallback, int min, int max) {
   return static_cast<int>(x);
 }
 
-}  // namespace
+}  // namespace detail
 
 RuntimeOptions RuntimeOptions::from_environment() {
   RuntimeOptions o;
-  o.scheduler_threads = env_int("TROUPE_SCHEDULER_THREADS", 2, 1, 1024);
-  o.spin_us = env_int("TROUPE_SPIN_US", 50, 0, 10'000'000);
+  o.scheduler_threads = detail::env_int("TROUPE_SCHEDULER_THREADS", 2, 1, 1024);
+  o.spin_us = detail::env_int("TROUPE_SPIN_US", 50, 0, 10'000'000);
   return o;
 }
 
