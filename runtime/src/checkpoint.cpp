@@ -10,6 +10,7 @@
 
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
+#include "troupe/distribute/strategy.hpp"
 #include "troupe/transport/checkpoint_file.hpp"
 
 namespace troupe {
@@ -65,6 +66,10 @@ Tensor saved_value(const Variable& v) {
 // Sets every component to what assign does in cross-replica context. set_component works in
 // any context, also outside the strategy's scope.
 void assign_restored(Variable& v, const Tensor& value) {
+  if (distribute::in_cross_replica_context()) {
+    v.assign(value);  // knows every replica of every worker: an on_read SUM value sums back
+    return;
+  }
   const std::size_t n = v.components().size();
   Tensor each = value;
   if (n > 1 && v.synchronization() == VariableSynchronization::on_read &&
@@ -190,7 +195,13 @@ void Checkpoint::add(const std::map<std::string, Variable>& variables) {
 
 std::string Checkpoint::save(const std::string& path_prefix) {
   require_cross_replica("Checkpoint::save");
-  const std::string path = path_prefix + ".ckpt";
+  // Under multi-worker every worker takes part (on_read values are aggregated over all of them)
+  // and writes the same file, but only the chief writes the real path: the others write a
+  // temporary one next to it and remove it, as TensorFlow's workers do.
+  auto& backend = distribute::get_strategy().backend();
+  const bool chief = backend.worker_index() == 0;
+  const std::string path = chief ? path_prefix + ".ckpt"
+                                 : path_prefix + ".worker-" + std::to_string(backend.worker_index()) + ".tmp.ckpt";
   std::vector<Tensor> values;  // keeps the bytes alive while the file references them
   std::vector<tp::checkpoint_tensor> tensors;
   values.reserve(variables_.size());
@@ -204,6 +215,10 @@ std::string Checkpoint::save(const std::string& path_prefix) {
     tp::write_checkpoint_file(path, step_, tensors);
   } catch (const tp::checkpoint_file_error& e) {
     throw CheckpointError(e.what());
+  }
+  if (!chief) {
+    std::error_code ec;
+    fs::remove(path, ec);
   }
   return path;
 }
@@ -228,6 +243,7 @@ std::string CheckpointManager::save(std::int64_t step) {
   }
   checkpoint_.set_step(step);
   const std::string written = checkpoint_.save((fs::path(directory_) / ("ckpt-" + std::to_string(step))).string());
+  if (distribute::get_strategy().backend().worker_index() != 0) return written;  // the chief keeps the directory
   auto all = list_checkpoints(directory_);
   std::size_t excess = all.size() > static_cast<std::size_t>(max_to_keep_) ? all.size() - max_to_keep_ : 0;
   for (const auto& [old_step, path] : all) {

@@ -109,15 +109,30 @@ Tensor Variable::value() const {
   const auto& s = *state_;
   const int r = component_index();
   if (r >= 0) return s.components[static_cast<std::size_t>(r)];
-  if (s.synchronization == VariableSynchronization::on_read && s.components.size() > 1) {
-    switch (s.aggregation) {
-      case VariableAggregation::sum:
-        return s.strategy->extended().cross_device_ops().reduce(ReduceOp::sum, s.components, Device{});
-      case VariableAggregation::mean:
-        return s.strategy->extended().cross_device_ops().reduce(ReduceOp::mean, s.components, Device{});
-      case VariableAggregation::only_first_replica:
-      case VariableAggregation::none: break;
+  if (s.synchronization != VariableSynchronization::on_read || s.strategy->num_replicas_in_sync() == 1) {
+    return s.components[0];
+  }
+  // An on_read variable read across replicas: the aggregate over every replica of every worker
+  // (a collective when there are several workers: each must read it).
+  auto& backend = s.strategy->backend();
+  const bool workers = backend.num_workers() > 1;
+  auto& ops = s.strategy->extended().cross_device_ops();
+  switch (s.aggregation) {
+    case VariableAggregation::sum: {
+      Tensor local = ops.reduce(ReduceOp::sum, s.components, Device{});
+      return workers ? backend.sum_across_workers(local) : local;
     }
+    case VariableAggregation::mean: {
+      if (!workers) return ops.reduce(ReduceOp::mean, s.components, Device{});
+      Tensor total = backend.sum_across_workers(ops.reduce(ReduceOp::sum, s.components, Device{}));
+      return total / Scalar(static_cast<std::int64_t>(s.strategy->num_replicas_in_sync()));
+    }
+    case VariableAggregation::only_first_replica:
+    case VariableAggregation::none:
+      if (!workers) return s.components[0];
+      // Replica 0 of the whole cluster is the chief's first: everyone gets its value.
+      return backend.sum_across_workers(backend.worker_index() == 0 ? s.components[0]
+                                                                    : Tensor::zeros(s.shape, s.dtype));
   }
   return s.components[0];
 }
@@ -130,7 +145,7 @@ void Variable::assign(const Tensor& value) {
     // Cross-replica: every component. An on_read SUM variable splits the value so it sums back.
     Tensor each = value;
     if (s.synchronization == VariableSynchronization::on_read && s.aggregation == VariableAggregation::sum) {
-      each = value / Scalar(static_cast<std::int64_t>(s.components.size()));
+      each = value / Scalar(static_cast<std::int64_t>(s.strategy->num_replicas_in_sync()));
     }
     for (std::size_t i = 0; i < s.components.size(); ++i) s.components[i] = each.with_device(s.devices[i]);
     return;
@@ -150,7 +165,7 @@ void Variable::assign_add(const Tensor& delta) {
   if (r < 0) {
     Tensor each = delta;
     if (s.synchronization == VariableSynchronization::on_read && s.aggregation == VariableAggregation::sum) {
-      each = delta / Scalar(static_cast<std::int64_t>(s.components.size()));
+      each = delta / Scalar(static_cast<std::int64_t>(s.strategy->num_replicas_in_sync()));
     }
     for (std::size_t i = 0; i < s.components.size(); ++i) s.components[i] = s.components[i] + each;
     return;

@@ -100,6 +100,36 @@ int collectives(MultiWorkerMirroredStrategy& s) {
   return failures == 0 ? 0 : 1;
 }
 
+// Every worker saves through a CheckpointManager into one shared directory: only the chief's file
+// stays; on_read values are aggregated over all workers; every worker restores the chief's file.
+int checkpoint(MultiWorkerMirroredStrategy& s, const std::string& dir) {
+  const int n = s.num_replicas_in_sync();
+  const int task = s.cluster_resolver()->task_id();
+  auto scope = s.scope();
+  Variable w(Tensor::full({4}, 1.5, DType::f32), "w");
+  Variable seen(Tensor::scalar<float>(0.0f), "seen", VariableSynchronization::on_read, VariableAggregation::sum);
+  s.run([&] { seen.assign_add(Tensor::scalar<float>(1.0f)); });
+  expect_eq(seen.value().item<float>(), float(n), "on_read SUM aggregated over every worker");
+  CheckpointManager manager(Checkpoint({{"w", w}, {"seen", seen}}), dir, 2);
+  const std::string written = manager.save(7);
+  expect_eq(written.find(task == 0 ? "ckpt-7.ckpt" : ".tmp.ckpt") != std::string::npos, true, "chief writes the real path");
+  std::cout << "wrote " << written << "\n";
+  w.assign(Tensor::zeros({4}));
+  seen.assign(Tensor::scalar<float>(100.0f));
+  // Every worker restores the chief's file once it exists (the chief saved before answering the
+  // sum below, which every worker waits for).
+  s.reduce(ReduceOp::sum, s.experimental_distribute_values_from_function([](const ValueContext&) {
+    return Tensor::scalar<int>(1);
+  }), std::nullopt);
+  auto step = manager.restore_or_initialize();
+  expect_eq(step.has_value() && *step == 7, true, "restored step 7");
+  for (const Tensor& c : s.experimental_local_results(w)) {
+    expect_eq(c.to_vector<float>(), std::vector<float>(4, 1.5f), "w restored into every component");
+  }
+  expect_eq(seen.value().item<float>(), float(n), "on_read restored so that it sums back");
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,6 +153,9 @@ int main(int argc, char** argv) {
       s.run([] { get_replica_context()->all_reduce(ReduceOp::sum, Tensor::zeros({100})); });
       std::cout << "FAIL the collective with a dead worker returned\n";
       rc = 1;
+    } else if (mode == "checkpoint") {
+      const char* dir = std::getenv("MW_CKPT_DIR");
+      rc = checkpoint(s, dir ? dir : "/tmp/troupe-mw-ckpt");
     } else if (mode == "join") {
       std::cout << "joined " << s.num_replicas_in_sync() << "\n";
     }

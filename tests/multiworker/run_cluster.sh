@@ -88,6 +88,10 @@ case "$scenario" in
     done
     # Worker 2 receives from worker 1: it names it. (Worker 0 may see worker 2 leave first.)
     grep -q "closed its connection.*task:1" "$dir/out2" || fail "worker 2 did not name worker 1" ;;
+  checkpoint-2x2)
+    for i in 0 1; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2 MW_CKPT_DIR=$dir/ckpt"; done
+    start_cluster 2 checkpoint; wait_all 2; expect_all 2 0 "^OK"
+    [ "$(ls "$dir/ckpt")" = "ckpt-7.ckpt" ] || fail "the checkpoint directory holds: $(ls "$dir/ckpt")" ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 echo "PASSED $scenario"

@@ -29,8 +29,11 @@ class CheckpointError : public Error {
 /// inside Strategy::run (std::logic_error). The file format is described in
 /// transport/include/troupe/transport/checkpoint_file.hpp.
 ///
-/// Single-worker only for now: save writes the path it is given. Multi-worker training, where
-/// the chief writes the real path and every other worker a temporary one, is not supported yet.
+/// Under MultiWorkerMirroredStrategy, save and restore are collectives (call them in the
+/// strategy's scope on every worker): on_read values are aggregated over all workers, the chief
+/// writes the real path, and every other worker writes a temporary file beside it
+/// ("<prefix>.worker-<i>.tmp.ckpt") and removes it; restore reads the chief's file, so the
+/// directory must be shared (or copied) between the workers.
 class Checkpoint {
  public:
   explicit Checkpoint(std::map<std::string, Variable> variables);
