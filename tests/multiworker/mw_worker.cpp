@@ -37,6 +37,13 @@ int collectives(MultiWorkerMirroredStrategy& s) {
     const int id = ctx->replica_id_in_sync_group();
     Tensor v = Tensor::full({1000}, id + 1, DType::f32);
     auto packed = ctx->all_reduce(ReduceOp::sum, std::vector<Tensor>{Tensor::scalar<std::int64_t>(id), v});
+    // Three float32 tensors cross the workers as one pack; each must come back whole.
+    auto trio = ctx->all_reduce(ReduceOp::sum, std::vector<Tensor>{Tensor::full({3}, 1, DType::f32), Tensor::zeros({0}),
+                                                                  Tensor::full({5}, id, DType::f32)});
+    if (trio[0].to_vector<float>() != std::vector<float>(3, float(ctx->num_replicas_in_sync())) ||
+        trio[2].to_vector<float>()[4] != float(ctx->num_replicas_in_sync() * (ctx->num_replicas_in_sync() - 1) / 2)) {
+      throw std::runtime_error("packed all_reduce of three float32 tensors came back wrong");
+    }
     Tensor mean = ctx->all_reduce(ReduceOp::mean, Tensor::scalar<double>(id));
     return std::vector<Tensor>{ctx->all_reduce(ReduceOp::sum, v), packed[0], mean};
   });

@@ -20,7 +20,8 @@ enum class CommunicationImplementation {
 /// tf.distribute.experimental.CommunicationOptions.
 struct CommunicationOptions {
   CommunicationImplementation implementation = CommunicationImplementation::automatic;
-  /// Small tensors are packed into collectives of about this many bytes (0: one per call).
+  /// The tensors of one all_reduce call cross workers packed by dtype into collectives of at most
+  /// this many bytes (0: one pack per dtype; a tensor larger than the limit travels alone).
   std::size_t bytes_per_pack = 0;
   /// The longest any cross-worker collective waits for a peer; 0 waits as long as the peer's
   /// connection is alive (a dead worker is noticed as soon as its sockets close).
