@@ -19,4 +19,5 @@ struct Chunk {
   type @2 :ScalarType;
   count @3 :UInt64;        # elements in data
   data @4 :Data;
+  offset @5 :UInt64;       # the first element's index in the buffer (chunks travel in segments)
 }

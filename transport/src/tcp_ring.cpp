@@ -31,6 +31,7 @@ namespace {
 constexpr std::uint32_t hello_magic = 0x74727570;  // "trup"
 constexpr std::uint32_t max_segments = 64;
 constexpr std::size_t header_slack_words = 1024;  // room for a frame's structure beside its data
+constexpr std::size_t segment_bytes = 1 << 20;       // the unit a ring step pipelines
 
 using clock = std::chrono::steady_clock;
 
@@ -159,6 +160,8 @@ class incoming {
     table_.assign(2, 0);
   }
   bool done() const { return stage_ == stage::complete; }
+  // Nothing to receive this time.
+  void skip() { stage_ = stage::complete; }
 
   void progress(int fd, int peer, const std::string& name) {
     while (!done()) {
@@ -419,20 +422,20 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
   auto* bytes = static_cast<char*>(data);
   const std::uint64_t seq = s.sequence++;
   const deadline until(s.timeout);
+  // Chunks travel in segments, so that a receiver reduces one segment while the next arrives.
+  const std::int64_t segment = std::max<std::int64_t>(16, static_cast<std::int64_t>(segment_bytes / esize));
 
-  auto send_chunk = [&](int c) {
-    auto [b, e] = chunk_bounds(count, size_, c);
+  auto send_segment = [&](int c, std::int64_t b, std::int64_t e) {
     const std::size_t nbytes = static_cast<std::size_t>(e - b) * esize;
     auto msg = std::make_unique<capnp::MallocMessageBuilder>(32);
     auto chunk = msg->initRoot<wire::Chunk>();
     chunk.setSequence(seq);
     chunk.setIndex(static_cast<std::uint32_t>(c));
+    chunk.setOffset(static_cast<std::uint64_t>(b));
     chunk.setType(to_wire(type));
     chunk.setCount(static_cast<std::uint64_t>(e - b));
     const char* p = bytes + static_cast<std::size_t>(b) * esize;
-    if (nbytes == 0) {
-      // An empty chunk (more ranks than elements): no data at all.
-    } else if (nbytes % 8 == 0 && reinterpret_cast<std::uintptr_t>(p) % 8 == 0) {
+    if (nbytes % 8 == 0 && reinterpret_cast<std::uintptr_t>(p) % 8 == 0) {
       chunk.adoptData(msg->getOrphanage().referenceExternalData(
           capnp::Data::Reader(reinterpret_cast<const kj::byte*>(p), nbytes)));
     } else {
@@ -441,25 +444,20 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
     }
     s.out.start(std::move(msg));
   };
-  auto max_words = [&](int c) {
-    auto [b, e] = chunk_bounds(count, size_, c);
-    return (static_cast<std::size_t>(e - b) * esize + 7) / 8 + header_slack_words;
-  };
-  // Receives chunk c and hands its bytes, read in place, to `use`.
-  auto receive_chunk = [&](int c, auto&& use) {
-    auto [b, e] = chunk_bounds(count, size_, c);
+  // Checks the frame against what this rank expects and hands its bytes, read in place, to `use`.
+  auto take_segment = [&](int c, std::int64_t b, std::int64_t e, auto&& use) {
     try {
       auto chunk = s.in.reader().getRoot<wire::Chunk>();
       auto d = chunk.getData();
       if (chunk.getSequence() != seq || chunk.getIndex() != static_cast<std::uint32_t>(c) ||
-          chunk.getType() != to_wire(type) || chunk.getCount() != static_cast<std::uint64_t>(e - b) ||
-          d.size() != static_cast<std::size_t>(e - b) * esize) {
+          chunk.getOffset() != static_cast<std::uint64_t>(b) || chunk.getType() != to_wire(type) ||
+          chunk.getCount() != static_cast<std::uint64_t>(e - b) || d.size() != static_cast<std::size_t>(e - b) * esize) {
         throw peer_error(s.prev_rank, "unexpected frame from " + s.prev_name + ": chunk " +
-                                          std::to_string(chunk.getIndex()) + " of operation " +
-                                          std::to_string(chunk.getSequence()) + " with " + std::to_string(d.size()) +
-                                          " bytes, expected chunk " + std::to_string(c) + " of operation " +
-                                          std::to_string(seq) + " with " +
-                                          std::to_string(static_cast<std::size_t>(e - b) * esize) +
+                                          std::to_string(chunk.getIndex()) + " at " + std::to_string(chunk.getOffset()) +
+                                          " of operation " + std::to_string(chunk.getSequence()) + " with " +
+                                          std::to_string(d.size()) + " bytes, expected chunk " + std::to_string(c) +
+                                          " at " + std::to_string(b) + " of operation " + std::to_string(seq) +
+                                          " with " + std::to_string(static_cast<std::size_t>(e - b) * esize) +
                                           " bytes (the workers disagree on the collective)");
       }
       use(d.begin(), b, e);
@@ -467,15 +465,32 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
       throw peer_error(s.prev_rank, "malformed frame from " + s.prev_name + ": " + x.getDescription().cStr());
     }
   };
+  // One ring step: chunk send_c goes to the successor while chunk recv_c comes from the
+  // predecessor, segment by segment.
+  auto step = [&](int send_c, int recv_c, auto&& use) {
+    auto [sb, se] = chunk_bounds(count, size_, send_c);
+    auto [rb, re] = chunk_bounds(count, size_, recv_c);
+    for (std::int64_t k = 0; sb + k * segment < se || rb + k * segment < re; ++k) {
+      const std::int64_t sk = sb + k * segment;
+      const std::int64_t rk = rb + k * segment;
+      const bool sending = sk < se;
+      const bool receiving = rk < re;
+      if (sending) send_segment(send_c, sk, std::min(se, sk + segment));
+      if (receiving) {
+        s.in.start(static_cast<std::size_t>(std::min(re - rk, segment)) * esize / 8 + header_slack_words);
+      } else {
+        s.in.skip();
+      }
+      s.exchange(until);
+      if (receiving) take_segment(recv_c, rk, std::min(re, rk + segment), use);
+    }
+  };
 
   // Reduce-scatter: after size-1 steps rank r holds the full sum of chunk r+1.
-  for (int step = 0; step < size_ - 1; ++step) {
-    const int send_c = ((rank_ - step) % size_ + size_) % size_;
-    const int recv_c = ((rank_ - step - 1) % size_ + size_) % size_;
-    send_chunk(send_c);
-    s.in.start(max_words(recv_c));
-    s.exchange(until);
-    receive_chunk(recv_c, [&](const kj::byte* in, std::int64_t b, std::int64_t e) {
+  for (int k = 0; k < size_ - 1; ++k) {
+    const int send_c = ((rank_ - k) % size_ + size_) % size_;
+    const int recv_c = ((rank_ - k - 1) % size_ + size_) % size_;
+    step(send_c, recv_c, [&](const kj::byte* in, std::int64_t b, std::int64_t e) {
       // Local partial first, the predecessor's after it: the ring fixes the order of additions.
       const void* ins[2] = {bytes + static_cast<std::size_t>(b) * esize, in};
       void* outs[1] = {bytes + static_cast<std::size_t>(b) * esize};
@@ -486,17 +501,13 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
   if (op == reduce_kind::mean) {
     auto [b, e] = chunk_bounds(count, size_, owned);
     // Divide the finished chunk once, where it is complete, so every rank gets the same bits.
-    void* p = bytes + static_cast<std::size_t>(b) * esize;
-    scale_range(p, e - b, type, size_);
+    scale_range(bytes + static_cast<std::size_t>(b) * esize, e - b, type, size_);
   }
   // All-gather: pass the finished chunks around.
-  for (int step = 0; step < size_ - 1; ++step) {
-    const int send_c = ((owned - step) % size_ + size_) % size_;
-    const int recv_c = ((owned - step - 1) % size_ + size_) % size_;
-    send_chunk(send_c);
-    s.in.start(max_words(recv_c));
-    s.exchange(until);
-    receive_chunk(recv_c, [&](const kj::byte* in, std::int64_t b, std::int64_t e) {
+  for (int k = 0; k < size_ - 1; ++k) {
+    const int send_c = ((owned - k) % size_ + size_) % size_;
+    const int recv_c = ((owned - k - 1) % size_ + size_) % size_;
+    step(send_c, recv_c, [&](const kj::byte* in, std::int64_t b, std::int64_t e) {
       std::memcpy(bytes + static_cast<std::size_t>(b) * esize, in, static_cast<std::size_t>(e - b) * esize);
     });
   }

@@ -53,7 +53,8 @@ class listener {
 /// all_reduce of E elements: the buffer is cut into `size` chunks; a reduce-scatter of size-1
 /// steps (each rank sends one chunk to its successor while it receives and adds another from its
 /// predecessor) leaves rank r with the full sum of chunk r+1, which an all-gather of size-1 steps
-/// passes around. Every byte crosses each link 2(size-1)/size times, the minimum. The order of the
+/// passes around. Chunks travel in 1 MiB segments: a rank reduces one segment while the socket
+/// already receives the next. Every byte crosses each link 2(size-1)/size times, the minimum. The order of the
 /// additions is fixed by the ring, so results are identical on every rank and every run.
 ///
 /// Peer bytes are untrusted: sizes are checked before anything is allocated, Cap'n Proto traversal
@@ -79,7 +80,7 @@ class tcp_ring {
   /// Sums (or averages) `data` in place over every rank.
   void all_reduce(void* data, std::int64_t count, scalar_type type, reduce_kind op);
 
-  static constexpr std::uint32_t protocol_version = 1;
+  static constexpr std::uint32_t protocol_version = 2;
 
  private:
   struct impl;
