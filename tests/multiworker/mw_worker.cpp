@@ -160,6 +160,17 @@ int main(int argc, char** argv) {
       s.run([] { get_replica_context()->all_reduce(ReduceOp::sum, Tensor::zeros({100})); });
       std::cout << "FAIL the collective with a dead worker returned\n";
       rc = 1;
+    } else if (mode == "hang") {
+      // Worker 1 stops (as a hung process would) after the first collective; the others must
+      // fail within CommunicationOptions::timeout (MW_TIMEOUT_MS) and exit.
+      s.run([] { get_replica_context()->all_reduce(ReduceOp::sum, Tensor::zeros({100})); });
+      if (s.cluster_resolver()->task_id() == 1) {
+        std::cout << "stopping" << std::endl;
+        raise(SIGSTOP);
+      }
+      s.run([] { get_replica_context()->all_reduce(ReduceOp::sum, Tensor::zeros({100})); });
+      std::cout << "FAIL the collective with a hung worker returned\n";
+      rc = 1;
     } else if (mode == "checkpoint") {
       const char* dir = std::getenv("MW_CKPT_DIR");
       rc = checkpoint(s, dir ? dir : "/tmp/troupe-mw-ckpt");

@@ -61,6 +61,20 @@ expect_all() {  # N RC PATTERN
 case "$scenario" in
   collectives-2x1) start_cluster 2 collectives; wait_all 2; expect_all 2 0 "^OK" ;;
   collectives-3x1) start_cluster 3 collectives; wait_all 3; expect_all 3 0 "^OK" ;;
+  collectives-4x1) start_cluster 4 collectives; wait_all 4; expect_all 4 0 "^OK" ;;
+  collectives-3x2)
+    for i in 0 1 2; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2"; done
+    start_cluster 3 collectives; wait_all 3; expect_all 3 0 "replicas 6"; expect_all 3 0 "^OK" ;;
+  worker-hangs)
+    for i in 0 1 2; do declare "W${i}_ENV=MW_TIMEOUT_MS=1500"; done
+    start_cluster 3 hang
+    for i in 0 2; do wait "${pids[$i]}"; echo $? > "$dir/rc$i"; done
+    kill -9 "${pids[1]}" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
+    for i in 0 2; do
+      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+    done
+    # Worker 2 waits for worker 1 to send: the timeout names it.
+    grep -q "timed out after 1500 ms waiting for rank 1 (.*task:1" "$dir/out2" || fail "worker 2 did not name the hung worker" ;;
   collectives-2x2)
     W0_ENV="TROUPE_DEVICES_PER_WORKER=2" W1_ENV="TROUPE_DEVICES_PER_WORKER=2" start_cluster 2 collectives
     wait_all 2; expect_all 2 0 "replicas 4" ; expect_all 2 0 "^OK" ;;
