@@ -283,7 +283,11 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   }
   // The start is bounded by the start timeout; collectives after it by options.timeout (0: as long
   // as the peers' connections live).
-  cluster->ring->set_timeout(options.timeout);
+  const std::chrono::milliseconds collective_timeout =
+      options.timeout.count() > 0
+          ? options.timeout
+          : std::chrono::milliseconds(troupe::detail::env_int("TROUPE_COLLECTIVE_TIMEOUT_MS", 0, 0, 86400000));
+  cluster->ring->set_timeout(collective_timeout);
   // Busy-polling pays while the workers have cores of their own; when they all share this host's
   // (a local test cluster larger than the machine), the worker being waited for needs the CPU.
   bool all_local = true;

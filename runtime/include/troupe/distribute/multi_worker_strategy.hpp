@@ -23,8 +23,9 @@ struct CommunicationOptions {
   /// The tensors of one all_reduce call cross workers packed by dtype into collectives of at most
   /// this many bytes (0: one pack per dtype; a tensor larger than the limit travels alone).
   std::size_t bytes_per_pack = 0;
-  /// The longest any cross-worker collective waits for a peer; 0 waits as long as the peer's
-  /// connection is alive (a dead worker is noticed as soon as its sockets close).
+  /// The longest any cross-worker collective waits for a peer; 0 takes TROUPE_COLLECTIVE_TIMEOUT_MS,
+  /// and when that is unset too waits as long as the peer's connection is alive (a dead worker is
+  /// noticed as soon as its sockets close, a hung one only through a timeout).
   std::chrono::milliseconds timeout{0};
 };
 
