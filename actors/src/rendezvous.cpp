@@ -17,6 +17,11 @@ using nonce_atom = caf::atom_constant<caf::atom("nonce")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using await_atom = caf::atom_constant<caf::atom("await")>;
 using expire_atom = caf::atom_constant<caf::atom("expire")>;
+using beat_atom = caf::atom_constant<caf::atom("beat")>;
+using bye_atom = caf::atom_constant<caf::atom("bye")>;
+using check_atom = caf::atom_constant<caf::atom("check")>;
+using gone_atom = caf::atom_constant<caf::atom("gone")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
 
 // A join's answer: ok, the error when not, the peer table ("rank|task|host|port|devices").
 using join_reply = std::tuple<bool, std::string, std::vector<std::string>>;
@@ -61,6 +66,11 @@ struct agent_state {
   std::vector<caf::typed_response_promise<bool, std::string, std::vector<std::string>>> waiting;
   std::string failure;
   bool complete = false;
+  // Liveness, once complete.
+  std::chrono::milliseconds interval{0};
+  std::vector<std::chrono::steady_clock::time_point> last_beat;
+  std::vector<caf::actor> watchers;
+  std::vector<bool> settled;  // declared gone, or said goodbye
 
   std::string missing() const {
     std::string out;
@@ -99,7 +109,59 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
   st.joined[0] = true;
   st.complete = n == 1;
   self->delayed_send(self, options.timeout, expire_atom::value);
+  auto declare_gone = [=](int rank, const std::string& reason) {
+    auto& s = self->state;
+    if (s.settled[static_cast<std::size_t>(rank)]) return;
+    s.settled[static_cast<std::size_t>(rank)] = true;
+    for (auto& w : s.watchers) {
+      if (w) self->send(w, gone_atom::value, static_cast<std::int32_t>(rank), reason);
+    }
+  };
+  self->set_down_handler([=](caf::down_msg& d) {
+    auto& s = self->state;
+    for (std::size_t r = 0; r < s.watchers.size(); ++r) {
+      if (s.watchers[r] && s.watchers[r].address() == d.source) {
+        s.watchers[r] = caf::actor{};
+        declare_gone(static_cast<int>(r), s.options.tasks[r] + "'s connection to the chief closed (the process ended or "
+                                                               "its host is unreachable)");
+      }
+    }
+  });
   return {
+      [=](beat_atom, std::int32_t rank, const caf::actor& watcher) {
+        auto& s = self->state;
+        if (rank < 0 || static_cast<std::size_t>(rank) >= s.last_beat.size()) return;
+        s.last_beat[static_cast<std::size_t>(rank)] = std::chrono::steady_clock::now();
+        if (!s.watchers[static_cast<std::size_t>(rank)]) {
+          s.watchers[static_cast<std::size_t>(rank)] = watcher;
+          self->monitor(watcher);
+        }
+      },
+      [=](bye_atom, std::int32_t rank) {
+        auto& s = self->state;
+        if (rank >= 0 && static_cast<std::size_t>(rank) < s.settled.size()) s.settled[static_cast<std::size_t>(rank)] = true;
+      },
+      [=](check_atom) {
+        auto& s = self->state;
+        const auto now = std::chrono::steady_clock::now();
+        for (std::size_t r = 1; r < s.last_beat.size(); ++r) {
+          const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - s.last_beat[r]);
+          if (!s.settled[r] && silent > 6 * s.interval) {
+            declare_gone(static_cast<int>(r), s.options.tasks[r] + " sent no heartbeat for " +
+                                                  std::to_string(silent.count()) + " ms (hung, stopped or unreachable)");
+          }
+        }
+        self->delayed_send(self, s.interval, check_atom::value);
+      },
+      [=](tick_atom, std::chrono::milliseconds interval) {
+        // The rendezvous is complete: start keeping watch.
+        auto& s = self->state;
+        s.interval = interval;
+        s.last_beat.assign(s.members.size(), std::chrono::steady_clock::now());
+        s.watchers.resize(s.members.size());
+        s.settled.assign(s.members.size(), false);
+        self->delayed_send(self, interval, check_atom::value);
+      },
       [=](nonce_atom) -> std::string {
         auto nonce = random_nonce();
         self->state.nonces[nonce] = true;
@@ -168,7 +230,58 @@ std::vector<member> table_from(const join_reply& r) {
   return out;
 }
 
+struct heartbeat_state {
+  bool reported = false;
+};
+
+// A worker's side of the watch: beats to the chief's agent, reports the verdicts.
+caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor agent, std::int32_t rank,
+                        std::chrono::milliseconds interval, std::string chief,
+                        std::function<void(int, const std::string&)> on_failure) {
+  auto report = [=](int r, const std::string& reason) {
+    if (self->state.reported) return;
+    self->state.reported = true;
+    on_failure(r, reason);
+  };
+  self->monitor(agent);
+  self->set_down_handler([=](caf::down_msg& d) {
+    if (d.source == agent.address()) {
+      report(0, "the chief " + chief + " is gone: " + self->system().render(d.reason));
+    }
+  });
+  self->send(agent, beat_atom::value, rank, caf::actor_cast<caf::actor>(self));
+  self->delayed_send(self, interval, tick_atom::value, interval);
+  return {
+      [=](tick_atom, std::chrono::milliseconds every) {
+        self->send(agent, beat_atom::value, rank, caf::actor_cast<caf::actor>(self));
+        self->delayed_send(self, every, tick_atom::value, every);
+      },
+      [=](gone_atom, std::int32_t r, const std::string& reason) { report(r, reason); },
+  };
+}
+
 }  // namespace
+
+struct cluster_watch::impl {
+  caf::actor_system* system = nullptr;
+  caf::actor agent;      // the chief's agent (kept published on the chief)
+  bool chief = false;
+  std::uint16_t port = 0;
+  caf::actor beat;       // this worker's heartbeat actor
+  std::int32_t rank = 0;
+};
+
+cluster_watch::cluster_watch(std::unique_ptr<impl> i) : impl_(std::move(i)) {}
+
+cluster_watch::~cluster_watch() {
+  auto& s = *impl_;
+  if (s.agent) caf::anon_send(s.agent, bye_atom::value, s.rank);
+  if (s.beat) caf::anon_send_exit(s.beat, caf::exit_reason::user_shutdown);
+  if (s.chief && s.agent) {
+    s.system->middleman().unpublish(s.agent, s.port);
+    caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
+  }
+}
 
 std::string hmac_sha256_hex(const std::string& key, const std::string& message) {
   unsigned char out[EVP_MAX_MD_SIZE];
@@ -187,7 +300,11 @@ std::string hmac_sha256_hex(const std::string& key, const std::string& message) 
   return s;
 }
 
-std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options) {
+namespace {
+
+// The rendezvous; with `keep` set, the chief's agent stays published (and the worker keeps its
+// handle) for a cluster_watch.
+std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_options& options, caf::actor* keep) {
   if (options.tasks.empty()) throw std::invalid_argument("rendezvous: no workers");
   caf::scoped_actor self{system};
   const auto margin = std::chrono::seconds(5);
@@ -208,8 +325,12 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
       // to deliver the same error to the workers that joined, so none waits for a lost answer.
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
     }
-    self->send_exit(agent, caf::exit_reason::user_shutdown);
-    system.middleman().unpublish(agent, *published);
+    if (keep != nullptr && std::get<0>(reply)) {
+      *keep = agent;
+    } else {
+      self->send_exit(agent, caf::exit_reason::user_shutdown);
+      system.middleman().unpublish(agent, *published);
+    }
     return table_from(reply);
   }
   const auto deadline = std::chrono::steady_clock::now() + options.timeout;
@@ -239,7 +360,35 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
                 static_cast<std::int32_t>(options.devices), options.data_host, options.data_port)
       .receive([&](bool ok, std::string& error, std::vector<std::string>& table) { reply = join_reply{ok, error, table}; },
                [&](caf::error& e) { reply = join_reply{false, "rendezvous failed: " + system.render(e), {}}; });
-  return table_from(reply);
+  auto table = table_from(reply);
+  if (keep != nullptr) *keep = agent;
+  return table;
 }
+
+}  // namespace
+
+std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options) {
+  return rendezvous_impl(system, options, nullptr);
+}
+
+std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options,
+                               std::chrono::milliseconds heartbeat_interval,
+                               std::function<void(int, const std::string&)> on_failure,
+                               std::unique_ptr<cluster_watch>& watch) {
+  caf::actor agent;
+  auto members = rendezvous_impl(system, options, &agent);
+  auto w = std::make_unique<cluster_watch::impl>();
+  w->system = &system;
+  w->agent = agent;
+  w->chief = options.rank == 0;
+  w->port = options.chief_port;
+  w->rank = options.rank;
+  if (w->chief) caf::anon_send(agent, tick_atom::value, heartbeat_interval);
+  w->beat = system.spawn(heartbeat, agent, static_cast<std::int32_t>(options.rank), heartbeat_interval,
+                         options.tasks[0], std::move(on_failure));
+  watch = std::make_unique<cluster_watch>(std::move(w));
+  return members;
+}
+
 
 }  // namespace troupe::actors

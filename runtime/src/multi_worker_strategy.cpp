@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -39,13 +40,39 @@ std::vector<std::string> training_tasks(const ClusterSpec& spec) {
 
 transport::scalar_type scalar(DType d) { return detail::to_scalar_type(d); }
 
+// What the cluster watch learnt: the first worker declared gone, and the ring to break so that
+// collectives waiting on it fail at once. Shared with the watch's actor thread.
+struct FailureBox {
+  std::mutex mutex;
+  std::string reason;
+  transport::tcp_ring* ring = nullptr;
+
+  void report(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (reason.empty()) reason = why;
+    if (ring != nullptr) ring->shutdown();
+  }
+  std::string get() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return reason;
+  }
+};
+
 // This worker's part of the cluster: the ring among the workers' leaders.
 struct Cluster {
+  ~Cluster() {
+    watch.reset();  // no more verdicts
+    std::lock_guard<std::mutex> lock(failures->mutex);
+    failures->ring = nullptr;
+  }
+
   int rank = 0;
   int workers = 1;
   std::vector<actors::member> members;
   std::unique_ptr<transport::listener> data_listener;
   std::unique_ptr<transport::tcp_ring> ring;
+  std::shared_ptr<FailureBox> failures = std::make_shared<FailureBox>();
+  std::unique_ptr<actors::cluster_watch> watch;  // declared last: destroyed first
 
   // Sums `t` (a tensor of this worker's) over the workers, in place of a copy.
   Tensor sum(const Tensor& t) {
@@ -69,7 +96,12 @@ struct Cluster {
       const auto& m = members[static_cast<std::size_t>(e.peer())];
       who = m.task + " (" + m.data_host + ":" + std::to_string(m.data_port) + ")";
     }
-    return std::string("cross-worker collective failed: ") + e.what() + " [peer " + who + "]";
+    std::string out = std::string("cross-worker collective failed: ") + e.what() + " [peer " + who + "]";
+    // What the cluster watch learnt, when it learnt something: often the cause of the broken
+    // ring (a worker that stopped or vanished), sometimes only a consequence (the chief left).
+    const std::string known = failures->get();
+    if (!known.empty()) out += "; cluster watch: " + known;
+    return out;
   }
 
   // Concatenates every worker's `t` along axis 0, in worker order. The workers first agree on
@@ -271,7 +303,10 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   ro.data_port = cluster->data_listener->port();
   if (const char* token = std::getenv("TROUPE_CLUSTER_TOKEN")) ro.token = token;
   ro.timeout = std::chrono::milliseconds(troupe::detail::env_int("TROUPE_START_TIMEOUT_MS", 60000, 1, 86400000));
-  cluster->members = actors::rendezvous(runtime.system(), ro);
+  const auto heartbeat = std::chrono::milliseconds(troupe::detail::env_int("TROUPE_HEARTBEAT_MS", 500, 10, 600000));
+  cluster->members = actors::rendezvous(
+      runtime.system(), ro, heartbeat,
+      [box = cluster->failures](int, const std::string& why) { box->report(why); }, cluster->watch);
 
   std::vector<transport::endpoint> peers;
   for (const auto& m : cluster->members) peers.push_back({m.data_host, m.data_port});
@@ -280,6 +315,11 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
                                                           peers, ro.timeout);
   } catch (const transport::peer_error& e) {
     throw std::runtime_error("MultiWorkerMirroredStrategy: " + cluster->describe(e));
+  }
+  {
+    std::lock_guard<std::mutex> lock(cluster->failures->mutex);
+    cluster->failures->ring = cluster->ring.get();
+    if (!cluster->failures->reason.empty()) cluster->ring->shutdown();  // a verdict came first
   }
   // The start is bounded by the start timeout; collectives after it by options.timeout (0: as long
   // as the peers' connections live).

@@ -15,6 +15,7 @@
 #include <kj/exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <optional>
 #include <cerrno>
@@ -303,6 +304,7 @@ struct tcp_ring::impl {
   std::chrono::milliseconds timeout{0};
   std::chrono::microseconds spin{50};
   bool yield_while_spinning = false;
+  std::atomic<bool> shut_down{false};  // by shutdown(), from another thread
   std::uint64_t sequence = 0;
   outgoing out;
   incoming in;
@@ -316,6 +318,16 @@ struct tcp_ring::impl {
   // sockets for `spin` first (a loopback round trip is a few microseconds; a thread sleeping in
   // poll() takes tens to wake), then sleeps in poll().
   void exchange(const deadline& until) {
+    try {
+      exchange_unchecked(until);
+    } catch (const peer_error& e) {
+      if (!shut_down.load()) throw;
+      throw peer_error(e.peer(), "the ring was shut down here (a worker was declared gone) while talking to " +
+                                     (e.peer() == prev_rank ? prev_name : next_name));
+    }
+  }
+
+  void exchange_unchecked(const deadline& until) {
     const auto spin_until_time = clock::now() + spin;
     while (!out.done() || !in.done()) {
       if (!out.done()) out.progress(next_fd, next_rank, next_name);
@@ -410,6 +422,12 @@ tcp_ring::tcp_ring(int rank, int size, listener& own, const std::vector<endpoint
 tcp_ring::~tcp_ring() = default;
 
 void tcp_ring::set_timeout(std::chrono::milliseconds timeout) { impl_->timeout = timeout; }
+
+void tcp_ring::shutdown() {
+  impl_->shut_down.store(true);
+  if (impl_->next_fd >= 0) ::shutdown(impl_->next_fd, SHUT_RDWR);
+  if (impl_->prev_fd >= 0) ::shutdown(impl_->prev_fd, SHUT_RDWR);
+}
 
 void tcp_ring::set_spin(std::chrono::microseconds spin, bool yield) {
   impl_->spin = spin;

@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,30 @@ struct rendezvous_options {
 ///      error naming the culprit (the missing tasks by name).
 /// Returns the peer table in rank order, or throws std::runtime_error with that error.
 std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options);
+
+/// Liveness after the rendezvous: every worker's heartbeat actor beats to the chief's agent every
+/// `interval`; the chief declares a worker gone when it has been silent for 6 intervals (hung,
+/// stopped, or unreachable) or its connection closed, and tells every worker; a worker whose
+/// connection to the chief closes declares the chief gone. on_failure(rank, reason) runs once per
+/// worker process, on an actor thread. A worker that leaves cleanly says goodbye first, so it is
+/// not declared gone. Destroying the watch stops the actors.
+class cluster_watch {
+ public:
+  struct impl;
+  explicit cluster_watch(std::unique_ptr<impl> impl);
+  ~cluster_watch();
+  cluster_watch(const cluster_watch&) = delete;
+  cluster_watch& operator=(const cluster_watch&) = delete;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+/// rendezvous(), then a cluster_watch over the cluster it formed.
+std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options,
+                               std::chrono::milliseconds heartbeat_interval,
+                               std::function<void(int, const std::string&)> on_failure,
+                               std::unique_ptr<cluster_watch>& watch);
 
 /// HMAC-SHA256 of `message` under `key`, hex-encoded.
 std::string hmac_sha256_hex(const std::string& key, const std::string& message);

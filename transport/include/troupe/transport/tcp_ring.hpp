@@ -78,6 +78,10 @@ class tcp_ring {
   /// for needs the CPU).
   void set_spin(std::chrono::microseconds spin, bool yield = false);
 
+  /// Shuts both connections down: a collective in progress, here or on the neighbours, fails at
+  /// once. Safe to call from another thread; the ring is unusable afterwards.
+  void shutdown();
+
   /// Sums (or averages) `data` in place over every rank.
   void all_reduce(void* data, std::int64_t count, scalar_type type, reduce_kind op);
 
