@@ -365,7 +365,10 @@ void shm_group::finish(int rank) {
 }
 
 void shm_group::reset() {
-  for (auto& s : slots_) s = slot{};
+  // Release the inputs the slots kept alive, but keep the slots' storage for the next step.
+  for (auto& s : slots_) {
+    for (auto& b : s.buffers) b.keepalive.reset();
+  }
   std::fill(round_.begin(), round_.end(), 0);
   for (int r = 0; r < size_; ++r) arrivals_[r].store(0, std::memory_order_relaxed);
   arrived_.store(0, std::memory_order_relaxed);
