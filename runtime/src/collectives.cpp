@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "axis.hpp"
 #include "troupe/errors.hpp"
 
 namespace troupe::distribute::detail {
@@ -13,16 +14,6 @@ transport::scalar_type to_scalar_type(DType dtype) {
   static_assert(static_cast<int>(DType::f32) == static_cast<int>(transport::scalar_type::f32) &&
                 static_cast<int>(DType::i64) == static_cast<int>(transport::scalar_type::i64));
   return static_cast<transport::scalar_type>(dtype);
-}
-
-int checked_axis(const char* op, int axis, int rank) {
-  if (rank == 0 || axis < -rank || axis >= rank) {
-    throw std::invalid_argument(std::string(op) + ": axis " + std::to_string(axis) + " out of range for rank-" +
-                                std::to_string(rank) + " tensor (expected " +
-                                (rank == 0 ? std::string("a tensor of rank >= 1") : "0.." + std::to_string(rank - 1)) +
-                                ")");
-  }
-  return axis < 0 ? axis + rank : axis;
 }
 
 namespace {
@@ -72,7 +63,7 @@ Tensor ShmCollectives::all_reduce(int replica, ReduceOp op, const Tensor& value)
 }
 
 Tensor ShmCollectives::all_gather(int replica, const Tensor& value, int axis) {
-  const int ax = checked_axis("all_gather", axis, value.rank());
+  const int ax = troupe::detail::checked_axis("all_gather", axis, value.rank());
   const Device& device = devices_[static_cast<std::size_t>(replica)];
   transport::buffer in;
   describe(in, value);
@@ -111,7 +102,7 @@ std::vector<Tensor> IdentityCollectives::all_reduce(int, ReduceOp, const std::ve
 Tensor IdentityCollectives::all_reduce(int, ReduceOp, const Tensor& value) { return value; }
 
 Tensor IdentityCollectives::all_gather(int, const Tensor& value, int axis) {
-  checked_axis("all_gather", axis, value.rank());
+  troupe::detail::checked_axis("all_gather", axis, value.rank());
   return value;
 }
 

@@ -58,8 +58,4 @@ class IdentityCollectives final : public ReplicaCollectives {
 
 transport::scalar_type to_scalar_type(DType dtype);
 
-/// Checks `axis` against a tensor of rank `rank` and returns it in 0..rank-1 (negative counts
-/// from the end); std::invalid_argument naming `op` otherwise.
-int checked_axis(const char* op, int axis, int rank);
-
 }  // namespace troupe::distribute::detail

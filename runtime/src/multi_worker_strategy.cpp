@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "axis.hpp"
 #include "collectives.hpp"
 #include "env.hpp"
 #include "mirrored_backend.hpp"
@@ -212,7 +213,7 @@ class HierarchicalCollectives final : public detail::ReplicaCollectives {
   }
 
   Tensor all_gather(int replica, const Tensor& value, int axis) override {
-    const int ax = detail::checked_axis("all_gather", axis, value.rank());
+    const int ax = troupe::detail::checked_axis("all_gather", axis, value.rank());
     if (ax != 0) {
       throw std::invalid_argument("all_gather: across workers only axis 0 is supported, got axis " +
                                   std::to_string(axis));

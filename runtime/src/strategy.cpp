@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "axis.hpp"
 #include "collectives.hpp"
 #include "context_state.hpp"
 #include "troupe/errors.hpp"
@@ -154,7 +155,7 @@ Tensor Strategy::reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optio
   partial.reserve(value.values().size());
   std::int64_t count = 0;
   for (const Tensor& t : value.values()) {
-    const int ax = detail::checked_axis("reduce", *axis, t.rank());
+    const int ax = troupe::detail::checked_axis("reduce", *axis, t.rank());
     count += t.shape()[static_cast<std::size_t>(ax)];
     partial.push_back(reduce_sum(t, ax));
   }
@@ -179,7 +180,7 @@ Tensor Strategy::reduce(ReduceOp op, const Tensor& value, std::optional<int> axi
         " replicas (pass the PerReplica result of run, or use MEAN)");
   }
   if (!axis) return value.with_device(Device{});
-  const int ax = detail::checked_axis("reduce", *axis, value.rank());
+  const int ax = troupe::detail::checked_axis("reduce", *axis, value.rank());
   Tensor total = reduce_sum(value, ax).with_device(Device{});
   if (op == ReduceOp::sum) return total;
   return total / Scalar(value.shape()[static_cast<std::size_t>(ax)]);
@@ -189,7 +190,7 @@ Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) {
   check_components("gather", value, num_local_replicas());
   const auto& parts = value.values();
   const Tensor& first = parts.at(0);
-  const int ax = detail::checked_axis("gather", axis, first.rank());
+  const int ax = troupe::detail::checked_axis("gather", axis, first.rank());
   for (std::size_t r = 1; r < parts.size(); ++r) {
     const Tensor& p = parts[r];
     bool ok = p.dtype() == first.dtype() && p.rank() == first.rank();

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "axis.hpp"
 #include "storage.hpp"
 
 namespace troupe {
@@ -194,8 +195,12 @@ Tensor binary_scalar(binop op, const Tensor& a, const Scalar& s, bool scalar_fir
   return out;
 }
 
-int normalize_axis(int axis, int rank, const char* op) {
-  if (axis < -rank || axis >= rank || rank == 0) {
+}  // namespace
+
+namespace detail {
+
+int checked_axis(const char* op, int axis, int rank) {
+  if (rank == 0 || axis < -rank || axis >= rank) {
     throw std::invalid_argument(std::string(op) + ": axis " + std::to_string(axis) + " out of range for rank-" +
                                 std::to_string(rank) + " tensor (expected " +
                                 (rank == 0 ? std::string("a tensor of rank >= 1") : "0.." + std::to_string(rank - 1)) +
@@ -204,7 +209,7 @@ int normalize_axis(int axis, int rank, const char* op) {
   return axis < 0 ? axis + rank : axis;
 }
 
-}  // namespace
+}  // namespace detail
 
 Tensor::Tensor() : Tensor(detail::allocate_storage(0), Shape{0}, DType::f32, Device{}) {}
 
@@ -389,7 +394,7 @@ Tensor stack(const std::vector<Tensor>& parts) {
 Tensor concat(const std::vector<Tensor>& parts, int axis) {
   if (parts.empty()) throw std::invalid_argument("concat: needs at least one tensor");
   const Tensor& first = parts[0];
-  const int ax = normalize_axis(axis, first.rank(), "concat");
+  const int ax = detail::checked_axis("concat", axis, first.rank());
   Shape shape = first.shape();
   std::int64_t along = 0;
   for (std::size_t i = 0; i < parts.size(); ++i) {
@@ -425,7 +430,7 @@ Tensor concat(const std::vector<Tensor>& parts, int axis) {
 }
 
 Tensor reduce_sum(const Tensor& t, int axis) {
-  const int ax = normalize_axis(axis, t.rank(), "reduce_sum");
+  const int ax = detail::checked_axis("reduce_sum", axis, t.rank());
   Shape shape = t.shape();
   const std::int64_t along = shape[static_cast<std::size_t>(ax)];
   shape.erase(shape.begin() + ax);
