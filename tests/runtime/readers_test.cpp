@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/temp_dir.hpp"
 #include "test_util.hpp"
 #include "troupe/data/readers.hpp"
 
@@ -19,37 +20,9 @@ using troupe::testing::message_of;
 
 namespace fs = std::filesystem;
 
+using troupe::testing::temp_dir;
+
 namespace {
-
-/// A fresh directory under the system's temporary directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-    path_ = fs::temp_directory_path() /
-            ("troupe-readers-test-" + std::to_string(stamp) + "-" + std::to_string(counter++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  /// Writes `bytes` to a file of this directory and returns its path.
-  std::string write(const std::string& name, const std::string& bytes) const {
-    const fs::path p = path_ / name;
-    std::ofstream out(p, std::ios::binary);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    return p.string();
-  }
-  std::string path(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 /// Big-endian bytes of an unsigned value.
 std::string be(std::uint64_t v, int bytes) {
@@ -86,7 +59,7 @@ const char* const iris =
 }  // namespace
 
 TEST_CASE("read_csv reads a header and every column as f32 features") {
-  TempDir dir;
+  temp_dir dir;
   CsvData d = read_csv(dir.write("iris.csv", iris));
   CHECK(d.column_names == std::vector<std::string>{"sepal_length", "sepal_width", "petal_length", "petal_width", "species"});
   CHECK(d.features.dtype() == DType::f32);
@@ -97,7 +70,7 @@ TEST_CASE("read_csv reads a header and every column as f32 features") {
 }
 
 TEST_CASE("read_csv splits off a label column and keeps selected columns in order") {
-  TempDir dir;
+  temp_dir dir;
   const std::string path = dir.write("iris.csv", iris);
   CsvOptions opts;
   opts.label_column = "species";
@@ -118,7 +91,7 @@ TEST_CASE("read_csv splits off a label column and keeps selected columns in orde
 }
 
 TEST_CASE("read_csv handles CRLF, blank lines, no final newline, spaces, quotes and other delimiters") {
-  TempDir dir;
+  temp_dir dir;
   CsvOptions opts;
   opts.delimiter = ';';
   opts.dtype = DType::i64;
@@ -129,7 +102,7 @@ TEST_CASE("read_csv handles CRLF, blank lines, no final newline, spaces, quotes 
 }
 
 TEST_CASE("read_csv without a header names the columns by index") {
-  TempDir dir;
+  temp_dir dir;
   CsvOptions opts;
   opts.header = false;
   opts.label_column = "2";
@@ -145,14 +118,14 @@ TEST_CASE("read_csv without a header names the columns by index") {
 }
 
 TEST_CASE("read_csv of a header without rows gives zero rows") {
-  TempDir dir;
+  temp_dir dir;
   CsvData d = read_csv(dir.write("x.csv", "a,b,c\n"));
   CHECK(d.features.shape() == Shape{0, 3});
   CHECK(d.column_names.size() == 3);
 }
 
 TEST_CASE("read_csv names the file, line and column of a value that is not a number") {
-  TempDir dir;
+  temp_dir dir;
   const std::string path = dir.write(
       "data.csv", "sepal_length,sepal_width,petal_length,petal_width\n1,2,3,4\n\n5,6,7,abc\n");
   const std::string msg = message_of([&] { read_csv(path); });
@@ -164,7 +137,7 @@ TEST_CASE("read_csv names the file, line and column of a value that is not a num
 }
 
 TEST_CASE("read_csv reports fractional and out-of-range values of integer columns") {
-  TempDir dir;
+  temp_dir dir;
   CsvOptions opts;
   opts.label_column = "y";
   const std::string fractional = dir.write("frac.csv", "x,y\n1,0\n2,1.5\n");
@@ -178,7 +151,7 @@ TEST_CASE("read_csv reports fractional and out-of-range values of integer column
 }
 
 TEST_CASE("read_csv names the line and both counts of a row with the wrong number of fields") {
-  TempDir dir;
+  temp_dir dir;
   const std::string path = dir.write("rows.csv", "a,b,c\n1,2,3\n4,5\n");
   const std::string msg = message_of([&] { read_csv(path); });
   CHECK(contains(msg, path + ":3:"));
@@ -187,8 +160,8 @@ TEST_CASE("read_csv names the line and both counts of a row with the wrong numbe
 }
 
 TEST_CASE("read_csv names a missing file, an empty file and a missing column") {
-  TempDir dir;
-  const std::string missing = dir.path("nope.csv");
+  temp_dir dir;
+  const std::string missing = dir.file("nope.csv");
   CHECK(contains(message_of([&] { read_csv(missing); }), "\"" + missing + "\": no such file"));
   CHECK_THROWS_AS(read_csv(missing), std::invalid_argument);
   CHECK(contains(message_of([&] { read_csv(dir.write("empty.csv", "\n\n")); }), "is empty (expected a header line)"));
@@ -206,7 +179,7 @@ TEST_CASE("read_csv names a missing file, an empty file and a missing column") {
 }
 
 TEST_CASE("csv_dataset yields one element per row, with the label when asked") {
-  TempDir dir;
+  temp_dir dir;
   const std::string path = dir.write("iris.csv", iris);
   CsvOptions opts;
   opts.label_column = "species";
@@ -233,7 +206,7 @@ TEST_CASE("csv_dataset yields one element per row, with the label when asked") {
 }
 
 TEST_CASE("read_idx reads unsigned bytes as i32 and converts them when asked") {
-  TempDir dir;
+  temp_dir dir;
   const std::string path = dir.write("images", idx_header(0x08, {2, 2, 3}) + std::string("\x00\x01\x02\x7f\x80\xff\x05\x06\x07\x08\x09\x0a", 12));
   Tensor t = read_idx(path);
   CHECK(t.dtype() == DType::i32);
@@ -245,7 +218,7 @@ TEST_CASE("read_idx reads unsigned bytes as i32 and converts them when asked") {
 }
 
 TEST_CASE("read_idx decodes every element type big-endian") {
-  TempDir dir;
+  temp_dir dir;
   CHECK(read_idx(dir.write("s8", idx_header(0x09, {3}) + std::string("\xff\x80\x7f", 3))).to_vector<std::int32_t>() ==
         std::vector<std::int32_t>{-1, -128, 127});
   CHECK(read_idx(dir.write("i16", idx_header(0x0B, {2}) + be(0xFFFE, 2) + be(0x0102, 2))).to_vector<std::int32_t>() ==
@@ -264,7 +237,7 @@ TEST_CASE("read_idx decodes every element type big-endian") {
 }
 
 TEST_CASE("read_idx rejects a bad magic, an unknown type, a short file and trailing bytes") {
-  TempDir dir;
+  temp_dir dir;
   const std::string bad_magic = dir.write("bad_magic", std::string("\x01\x00\x08\x01", 4) + be(1, 4) + "x");
   std::string msg = message_of([&] { read_idx(bad_magic); });
   CHECK(contains(msg, "magic 0x01000801"));
@@ -291,7 +264,7 @@ TEST_CASE("read_idx rejects a bad magic, an unknown type, a short file and trail
   CHECK(contains(msg, "2 trailing bytes"));
   CHECK(contains(msg, "needs 18 bytes"));
 
-  const std::string missing = dir.path("missing-idx");
+  const std::string missing = dir.file("missing-idx");
   CHECK(contains(message_of([&] { read_idx(missing); }), "\"" + missing + "\": no such file"));
   for (const std::string& p : {bad_magic, bad_type, tiny, short_header, short_data, trailing, missing}) {
     CHECK_THROWS_AS(read_idx(p), std::invalid_argument);
@@ -299,14 +272,14 @@ TEST_CASE("read_idx rejects a bad magic, an unknown type, a short file and trail
 }
 
 TEST_CASE("read_idx rejects a float that does not fit the integer dtype asked for") {
-  TempDir dir;
+  temp_dir dir;
   const std::string path = dir.write("f32", idx_header(0x0D, {2}) + float_bits(1.0f) + float_bits(3e9f));
   CHECK(contains(message_of([&] { read_idx(path, DType::i32); }), "element 1"));
   CHECK(read_idx(path, DType::i64).to_vector<std::int64_t>() == std::vector<std::int64_t>{1, 3000000000});
 }
 
 TEST_CASE("idx_dataset pairs images with labels and checks that their counts agree") {
-  TempDir dir;
+  temp_dir dir;
   const std::string images = dir.write("images", idx_header(0x08, {3, 2, 2}) + std::string("\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b", 12));
   const std::string labels = dir.write("labels", idx_header(0x08, {3}) + std::string("\x07\x02\x01", 3));
   Dataset ds = idx_dataset(images, labels);

@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include "../common/temp_dir.hpp"
+
 #include <unistd.h>
 
 #include <cstdint>
@@ -15,33 +17,12 @@
 using namespace troupe::transport;
 namespace fs = std::filesystem;
 
+using troupe::testing::read_bytes;
+using troupe::testing::temp_dir;
+using troupe::testing::write_bytes;
+
 namespace {
 
-// A fresh directory per test, removed at the end.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() /
-           ("troupe-ckpt-file-" + std::to_string(::getpid()) + "-" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-std::vector<unsigned char> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<unsigned char>(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
 
 std::string error_of(const std::string& path, const checkpoint_read_options& options = {}) {
   try {
