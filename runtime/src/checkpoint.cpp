@@ -207,7 +207,7 @@ std::string Checkpoint::save(const std::string& path_prefix) {
   values.reserve(variables_.size());
   tensors.reserve(variables_.size());
   for (const auto& [name, variable] : variables_) {
-    const Tensor& v = values.emplace_back(saved_value(variable));
+    const Tensor& v = values.emplace_back(saved_value(variable).to(Device()));  // GPU values come to the host
     tensors.push_back(tp::checkpoint_tensor{name, to_scalar(v.dtype()), v.shape(), v.raw_data(), v.nbytes()});
   }
   create_parent_directory(path);

@@ -4,6 +4,8 @@
 #include <string>
 
 #include "collectives.hpp"
+#include "gpu.hpp"
+#include "nccl_collectives.hpp"
 #include "troupe/transport/reduce_kernels.hpp"
 
 namespace troupe::distribute {
@@ -41,12 +43,7 @@ std::vector<Tensor> CrossDeviceOps::broadcast(const Tensor& value, const std::ve
   return out;
 }
 
-bool CrossDeviceOps::supports(const std::vector<Device>& devices) const {
-  for (const Device& d : devices) {
-    if (d.is_gpu()) return false;
-  }
-  return true;
-}
+bool CrossDeviceOps::supports(const std::vector<Device>&) const { return true; }
 
 ReductionToOneDevice::ReductionToOneDevice(std::optional<Device> reduce_to_device)
     : reduce_to_device_(std::move(reduce_to_device)) {}
@@ -56,16 +53,27 @@ std::string ReductionToOneDevice::name() const { return "ReductionToOneDevice"; 
 Tensor ReductionToOneDevice::reduce(ReduceOp op, const std::vector<Tensor>& per_replica, const Device& destination) {
   check_same("reduce", per_replica);
   const Tensor& first = per_replica[0];
-  Tensor out = Tensor::empty(first.shape(), first.dtype(), reduce_to_device_.value_or(destination));
+  const Device where = reduce_to_device_.value_or(first.is_gpu() ? first.device() : destination);
+  // Every value where the sum is computed (a no-op for values already there).
+  std::vector<Tensor> local;
+  local.reserve(per_replica.size());
+  for (const Tensor& t : per_replica) local.push_back(t.to(where));
+  Tensor out = Tensor::empty(first.shape(), first.dtype(), where);
   std::vector<const void*> ins;
-  ins.reserve(per_replica.size());
-  for (const Tensor& t : per_replica) ins.push_back(t.raw_data());
+  ins.reserve(local.size());
+  for (const Tensor& t : local) ins.push_back(t.raw_data());
+  const auto kind = op == ReduceOp::sum ? transport::reduce_kind::sum : transport::reduce_kind::mean;
+  if (where.is_gpu()) {
+    // The same order and arithmetic as the CPU kernel, on the GPU.
+    troupe::detail::gpu::reduce_n(where.index(), ins, out.raw_mutable_data(), first.num_elements(),
+                                  detail::to_scalar_type(first.dtype()), kind);
+    return out.to(destination);
+  }
   void* o = out.raw_mutable_data();
   // The kernel of the in-process all-reduce: the same order, so the same bits as all_reduce.
   transport::reduce_range(ins.data(), static_cast<int>(ins.size()), &o, 1, 0, first.num_elements(),
-                          detail::to_scalar_type(first.dtype()),
-                          op == ReduceOp::sum ? transport::reduce_kind::sum : transport::reduce_kind::mean);
-  return out.with_device(destination);
+                          detail::to_scalar_type(first.dtype()), kind);
+  return out.to(destination);
 }
 
 HierarchicalCopyAllReduce::HierarchicalCopyAllReduce(int num_packs) : num_packs_(num_packs) {
@@ -84,7 +92,8 @@ Tensor HierarchicalCopyAllReduce::reduce(ReduceOp op, const std::vector<Tensor>&
   while (level.size() > 1) {
     std::vector<Tensor> next;
     next.reserve((level.size() + 1) / 2);
-    for (std::size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(level[i] + level[i + 1]);
+    // Each pair meets on the left one's device (a GPU-to-GPU copy between GPUs).
+    for (std::size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(level[i] + level[i + 1].to(level[i].device()));
     if (level.size() % 2 == 1) next.push_back(level.back());
     level = std::move(next);
   }
@@ -108,15 +117,9 @@ bool NcclAllReduce::supports(const std::vector<Device>& devices) const {
   return !devices.empty();
 }
 
-Tensor NcclAllReduce::reduce(ReduceOp, const std::vector<Tensor>& per_replica, const Device&) {
-  for (const Tensor& t : per_replica) {
-    if (!t.device().is_gpu()) {
-      throw std::invalid_argument("NcclAllReduce: value on " + t.device().to_string() +
-                                  " is not on a GPU; NCCL reduces GPU tensors only (use ReductionToOneDevice or "
-                                  "HierarchicalCopyAllReduce for CPU replicas)");
-    }
-  }
-  throw std::invalid_argument("NcclAllReduce: this build of troupe has no GPU replicas yet");
+Tensor NcclAllReduce::reduce(ReduceOp op, const std::vector<Tensor>& per_replica, const Device& destination) {
+  check_same("reduce", per_replica);
+  return detail::nccl_reduce(op, per_replica, communicators_, mutex_).to(destination);
 }
 
 }  // namespace troupe::distribute

@@ -3,11 +3,15 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "collectives.hpp"
 #include "context_state.hpp"
+#include "env.hpp"
+#include "gpu.hpp"
+#include "nccl_collectives.hpp"
 #include "troupe/actors/coordinator.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/errors.hpp"
@@ -26,7 +30,14 @@ class MirroredBackend : public StrategyBackend {
         group_(static_cast<int>(devices_.size()), std::chrono::microseconds(runtime.options().spin_us)),
         collectives_(group_, devices_),
         coordinator_(runtime.system(), static_cast<int>(devices_.size()),
-                     std::chrono::microseconds(runtime.options().spin_us)) {}
+                     std::chrono::microseconds(runtime.options().spin_us)) {
+    if (!devices_.empty() && devices_[0].is_gpu()) {
+      // GPU replicas all-reduce through NCCL; their waits are bounded like cross-worker ones.
+      nccl_ = std::make_unique<NcclCollectives>(
+          group_, devices_,
+          std::chrono::milliseconds(troupe::detail::env_int("TROUPE_COLLECTIVE_TIMEOUT_MS", 0, 0, 86400000)));
+    }
+  }
 
   const std::vector<Device>& devices() const override { return devices_; }
   int num_replicas_in_sync() const override { return static_cast<int>(devices_.size()); }
@@ -40,19 +51,29 @@ class MirroredBackend : public StrategyBackend {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     group_.reset();  // no replica is inside a collective between steps
+    if (nccl_) nccl_->prepare();
     auto per_replica = [&](int r) {
-      ReplicaContext ctx(strategy, first_replica_id() + r, num_replicas_in_sync(), devices_[static_cast<std::size_t>(r)],
-                         &replica_collectives(), r);
+      const Device& device = devices_[static_cast<std::size_t>(r)];
+      // A GPU replica enqueues its kernels on its own stream and waits for them once, at the end.
+      std::optional<troupe::detail::gpu::replica_scope> gpu;
+      if (device.is_gpu()) gpu.emplace(device.index());
+      ReplicaContext ctx(strategy, first_replica_id() + r, num_replicas_in_sync(), device, &replica_collectives(), r);
       ReplicaContextGuard guard(&ctx);
       try {
         fn(r);
-      } catch (const CollectiveAborted&) {
-        throw;  // the group already carries the cause that released this replica
+        if (nccl_) nccl_->drain(r);
+      } catch (const CollectiveAborted& e) {
+        // The group may already carry the cause that released this replica; if not, this is it.
+        group_.abort(r, e.what());
+        release_gpu(r);
+        throw;
       } catch (const std::exception& e) {
         group_.abort(r, "replica " + std::to_string(r) + " failed: " + e.what());
+        release_gpu(r);
         throw;
       } catch (...) {
         group_.abort(r, "replica " + std::to_string(r) + " failed with a non-standard exception");
+        release_gpu(r);
         throw;
       }
       group_.finish(r);
@@ -62,8 +83,23 @@ class MirroredBackend : public StrategyBackend {
   }
 
  protected:
+  /// A failed GPU replica: replicas waiting inside NCCL are released, and this one's stream is
+  /// drained before its tensors are dropped.
+  void release_gpu(int r) noexcept {
+    if (!nccl_) return;
+    nccl_->fail();
+    try {
+      nccl_->drain(r);
+    } catch (...) {
+      // The step has failed already; this replica's cause is what the caller sees.
+    }
+  }
+
   /// What the replicas' collectives go through: shared memory here, hierarchical across workers.
-  virtual ReplicaCollectives& replica_collectives() { return collectives_; }
+  virtual ReplicaCollectives& replica_collectives() {
+    if (nccl_) return *nccl_;
+    return collectives_;
+  }
   transport::shm_group& group() { return group_; }
   ShmCollectives& shm_collectives() { return collectives_; }
 
@@ -74,6 +110,7 @@ class MirroredBackend : public StrategyBackend {
   transport::shm_group group_;
   ShmCollectives collectives_;
   actors::coordinator coordinator_;
+  std::unique_ptr<NcclCollectives> nccl_;  // GPU replicas only
   std::mutex mutex_;
 };
 

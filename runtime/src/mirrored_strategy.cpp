@@ -18,13 +18,14 @@ namespace {
 
 std::vector<Device> resolve_devices(const char* who, const std::vector<std::string>& specs) {
   std::vector<Device> devices;
+  const int gpus = Runtime::gpu_count();
   if (specs.empty()) {
-    // GPU replicas come with the CUDA backend; until then every machine gets its host CPU.
-    devices.push_back(Device{});
+    // Every GPU the CUDA runtime reports, else the host CPU.
+    for (int g = 0; g < gpus; ++g) devices.emplace_back(Device::Type::gpu, g);
+    if (devices.empty()) devices.push_back(Device{});
     return devices;
   }
   std::set<std::string> seen;
-  const int gpus = Runtime::gpu_count();
   for (const std::string& spec : specs) {
     Device d;
     try {
@@ -52,8 +53,10 @@ std::vector<Device> resolve_devices(const char* who, const std::vector<std::stri
                                     std::to_string(gpus) + " GPU(s) exist (GPU:0..GPU:" + std::to_string(gpus - 1) +
                                     ")");
       }
-      throw std::invalid_argument(std::string(who) + ": " + d.to_string() +
-                                  " was requested but this build of troupe has no GPU replicas yet; use CPU devices");
+    }
+    if (!devices.empty() && devices[0].is_gpu() != d.is_gpu()) {
+      throw std::invalid_argument(std::string(who) + ": " + devices[0].to_string() + " and " + d.to_string() +
+                                  " mix CPU and GPU replicas; list only GPUs or only CPUs");
     }
     devices.push_back(Device(d.type(), d.index()));
   }
@@ -64,7 +67,11 @@ std::unique_ptr<detail::StrategyBackend> make_backend(const char* who, Runtime& 
                                                       const std::vector<std::string>& specs,
                                                       std::shared_ptr<CrossDeviceOps> ops) {
   std::vector<Device> devices = resolve_devices(who, specs);
-  if (!ops) ops = std::make_shared<ReductionToOneDevice>();
+  // TensorFlow's defaults: NCCL between GPUs, a reduction on one device between CPU replicas.
+  if (!ops) {
+    ops = devices[0].is_gpu() ? std::shared_ptr<CrossDeviceOps>(std::make_shared<NcclAllReduce>())
+                              : std::make_shared<ReductionToOneDevice>();
+  }
   if (!ops->supports(devices)) {
     throw std::invalid_argument(std::string(who) + ": " + ops->name() + " cannot serve replicas on " +
                                 devices[0].to_string() +

@@ -1,5 +1,7 @@
 #include "storage.hpp"
 
+#include "gpu.hpp"
+
 #include <sys/mman.h>
 
 #include <cstdlib>
@@ -76,8 +78,16 @@ Storage::Storage(std::size_t n) : nbytes(n) {
   }
 }
 
+Storage::Storage(int device, std::size_t n) : nbytes(n), capacity(n), gpu(device) {
+  data = gpu::allocate(device, n);
+}
+
 Storage::~Storage() {
   if (data == nullptr) return;
+  if (gpu >= 0) {
+    gpu::release(gpu, data);
+    return;
+  }
   if (capacity >= cache_min_bytes) {
     cache().give(data, capacity);
   } else {
@@ -86,5 +96,10 @@ Storage::~Storage() {
 }
 
 std::shared_ptr<Storage> allocate_storage(std::size_t nbytes) { return std::make_shared<Storage>(nbytes); }
+
+std::shared_ptr<Storage> allocate_storage(std::size_t nbytes, const Device& device) {
+  if (device.is_gpu()) return std::make_shared<Storage>(device.index(), nbytes);
+  return std::make_shared<Storage>(nbytes);
+}
 
 }  // namespace troupe::detail

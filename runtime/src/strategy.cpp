@@ -204,7 +204,11 @@ Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) {
                                   "; only dimension " + std::to_string(ax) + " may differ");
     }
   }
-  Tensor local = concat(parts, ax).with_device(Device{});
+  // Parts on several GPUs meet on the first one's before they are joined.
+  std::vector<Tensor> together;
+  together.reserve(parts.size());
+  for (const Tensor& p : parts) together.push_back(p.to(first.device()));
+  Tensor local = concat(together, ax).with_device(Device{});
   if (backend_->num_workers() == 1) return local;
   if (ax != 0) {
     throw std::invalid_argument("gather: across workers only axis 0 is supported, got axis " + std::to_string(axis));

@@ -7,7 +7,9 @@
 #include <stdexcept>
 
 #include "axis.hpp"
+#include "gpu.hpp"
 #include "storage.hpp"
+#include "troupe/transport/shm_group.hpp"
 
 namespace troupe {
 
@@ -98,7 +100,21 @@ void append_nested(std::string& out, const T* data, const Shape& shape, std::siz
   out += ']';
 }
 
-enum class binop { add, sub, mul, div };
+using binop = detail::gpu::binary_op;
+
+transport::scalar_type scalar_type_of(DType dtype) { return static_cast<transport::scalar_type>(dtype); }
+
+// Where a device keeps its elements: -1 for the host (every CPU device), else the GPU's index.
+int memory_of(const Device& d) { return d.is_gpu() ? d.index() : -1; }
+
+// Operands of one operation must share memory: a CPU tensor and a GPU tensor, or tensors on two
+// GPUs, are an error naming both devices.
+void check_same_memory(const char* op, const Device& a, const Device& b) {
+  if (memory_of(a) != memory_of(b)) {
+    throw std::invalid_argument(std::string(op) + ": operands are on " + a.to_string() + " and " + b.to_string() +
+                                " (move one with to() first)");
+  }
+}
 
 const char* binop_name(binop op) {
   switch (op) {
@@ -141,7 +157,13 @@ Tensor binary(binop op, const Tensor& a, const Tensor& b) {
                                 " " + shape_to_string(a.shape()) + " and " + std::string(dtype_name(b.dtype())) + " " +
                                 shape_to_string(b.shape()) + " (elementwise operations need one shape and dtype)");
   }
+  check_same_memory(binop_name(op), a.device(), b.device());
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  if (a.is_gpu()) {
+    detail::gpu::binary(a.device().index(), op, a.raw_data(), b.raw_data(), out.raw_mutable_data(), a.num_elements(),
+                        scalar_type_of(a.dtype()));
+    return out;
+  }
   dispatch(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     apply_loop<T>(op, a.data<T>(), b.data<T>(), out.mutable_data<T>(), a.num_elements());
@@ -173,6 +195,20 @@ T scalar_as(const Scalar& s, const char* op) {
 
 Tensor binary_scalar(binop op, const Tensor& a, const Scalar& s, bool scalar_first) {
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  if (a.is_gpu()) {
+    dispatch(a.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T v = scalar_as<T>(s, binop_name(op));
+      const double f = std::is_floating_point_v<T> ? static_cast<double>(v) : 0.0;
+      const std::int64_t i = std::is_floating_point_v<T> ? 0 : static_cast<std::int64_t>(v);
+      if constexpr (std::is_integral_v<T>) {
+        if (op == binop::div && !scalar_first && v == 0) throw std::invalid_argument("operator/: integer division by zero");
+      }
+      detail::gpu::binary_scalar(a.device().index(), op, a.raw_data(), f, i, scalar_first, out.raw_mutable_data(),
+                                 a.num_elements(), scalar_type_of(a.dtype()));
+    });
+    return out;
+  }
   dispatch(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T v = scalar_as<T>(s, binop_name(op));
@@ -220,18 +256,43 @@ Tensor::Tensor(std::shared_ptr<detail::Storage> storage, Shape shape, DType dtyp
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   const std::int64_t n = shape_num_elements(shape);
-  return Tensor(detail::allocate_storage(static_cast<std::size_t>(n) * dtype_size(dtype)), std::move(shape), dtype,
-                std::move(device));
+  if (device.is_gpu() && !detail::gpu::built_with_cuda()) {
+    throw std::invalid_argument("Tensor on " + device.to_string() +
+                                ": this build of troupe has no GPU support (it was built without CUDA)");
+  }
+  return Tensor(detail::allocate_storage(static_cast<std::size_t>(n) * dtype_size(dtype), device), std::move(shape),
+                dtype, std::move(device));
 }
 
-Tensor Tensor::zeros(Shape shape, DType dtype) {
-  Tensor t = empty(std::move(shape), dtype);
-  if (t.nbytes() > 0) std::memset(t.raw_mutable_data(), 0, t.nbytes());
+Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
+  Tensor t = empty(std::move(shape), dtype, std::move(device));
+  if (t.is_gpu()) {
+    detail::gpu::zero(t.device().index(), t.raw_mutable_data(), t.nbytes());
+  } else if (t.nbytes() > 0) {
+    std::memset(t.raw_mutable_data(), 0, t.nbytes());
+  }
   return t;
 }
 
-Tensor Tensor::full(Shape shape, Scalar value, DType dtype) {
-  Tensor t = empty(std::move(shape), dtype);
+Tensor Tensor::full(Shape shape, Scalar value, DType dtype, Device device) {
+  if (device.is_gpu()) {
+    // A fill kernel takes its value as a double: exact for every float and int32, and for int64
+    // up to 2^53; beyond that the tensor is made on the host and copied.
+    const bool exact = dispatch(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T v = scalar_as<T>(value, "full");
+      return static_cast<T>(static_cast<double>(v)) == v || std::is_floating_point_v<T>;
+    });
+    if (!exact) return full(std::move(shape), value, dtype).to(device);
+    Tensor t = empty(std::move(shape), dtype, std::move(device));
+    const double v = dispatch(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      return static_cast<double>(scalar_as<T>(value, "full"));
+    });
+    detail::gpu::fill(t.device().index(), t.raw_mutable_data(), t.num_elements(), scalar_type_of(dtype), v);
+    return t;
+  }
+  Tensor t = empty(std::move(shape), dtype, std::move(device));
   dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
     const T v = scalar_as<T>(value, "full");
@@ -303,11 +364,19 @@ Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
 }
 
 Tensor Tensor::with_device(Device device) const {
-  return Tensor(storage_, shape_, dtype_, std::move(device), offset_);
+  if (memory_of(device) == memory_of(device_)) return Tensor(storage_, shape_, dtype_, std::move(device), offset_);
+  Tensor out = empty(shape_, dtype_, std::move(device));
+  detail::gpu::copy(out.raw_mutable_data(), memory_of(out.device_), raw_data(), memory_of(device_), nbytes());
+  return out;
 }
 
 Tensor Tensor::cast(DType dtype) const {
   Tensor out = empty(shape_, dtype, device_);
+  if (is_gpu()) {
+    detail::gpu::cast(device_.index(), raw_data(), scalar_type_of(dtype_), out.raw_mutable_data(),
+                      scalar_type_of(dtype), num_elements_);
+    return out;
+  }
   dispatch(dtype_, [&](auto from_tag) {
     using From = decltype(from_tag);
     dispatch(dtype, [&](auto to_tag) {
@@ -334,6 +403,23 @@ void Tensor::check_dtype(DType expected, const char* op) const {
   }
 }
 
+void Tensor::check_host(const char* op) const {
+  if (is_gpu()) {
+    throw std::invalid_argument(std::string(op) + ": the tensor is on " + device_.to_string() +
+                                "; its elements are in GPU memory (copy it to the host with to(Device()) first, "
+                                "or read it with to_vector/item)");
+  }
+}
+
+void Tensor::copy_to_host(void* host) const {
+  if (nbytes() == 0) return;
+  if (is_gpu()) {
+    detail::gpu::copy(host, -1, raw_data(), device_.index(), nbytes());
+  } else {
+    std::memcpy(host, raw_data(), nbytes());
+  }
+}
+
 void Tensor::check_single_element(const char* op) const {
   if (num_elements_ != 1) {
     throw std::invalid_argument(std::string(op) + ": needs exactly one element, tensor of shape " +
@@ -342,6 +428,7 @@ void Tensor::check_single_element(const char* op) const {
 }
 
 std::string Tensor::to_string() const {
+  if (is_gpu()) return to(Device()).to_string();
   std::string out;
   dispatch(dtype_, [&](auto tag) {
     using T = decltype(tag);
@@ -352,6 +439,10 @@ std::string Tensor::to_string() const {
 }
 
 bool Tensor::equals(const Tensor& other) const {
+  if (is_gpu() || other.is_gpu()) {
+    if (dtype_ != other.dtype_ || shape_ != other.shape_) return false;
+    return to(Device()).equals(other.to(Device()));
+  }
   return dtype_ == other.dtype_ && shape_ == other.shape_ &&
          (nbytes() == 0 || std::memcmp(raw_data(), other.raw_data(), nbytes()) == 0);
 }
@@ -377,15 +468,21 @@ Tensor stack(const std::vector<Tensor>& parts) {
   shape.insert(shape.begin(), static_cast<std::int64_t>(parts.size()));
   Tensor out = Tensor::empty(shape, first.dtype(), first.device());
   auto* o = static_cast<char*>(out.raw_mutable_data());
+  const int memory = memory_of(first.device());
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const Tensor& p = parts[i];
+    check_same_memory("stack", first.device(), p.device());
     if (p.dtype() != first.dtype() || p.shape() != first.shape()) {
       throw std::invalid_argument("stack: part 0 is " + std::string(dtype_name(first.dtype())) + " " +
                                   shape_to_string(first.shape()) + ", part " + std::to_string(i) + " is " +
                                   std::string(dtype_name(p.dtype())) + " " + shape_to_string(p.shape()) +
                                   "; stacked tensors need one shape and dtype");
     }
-    if (p.nbytes() > 0) std::memcpy(o, p.raw_data(), p.nbytes());
+    if (memory >= 0) {
+      detail::gpu::copy(o, memory, p.raw_data(), memory, p.nbytes());
+    } else if (p.nbytes() > 0) {
+      std::memcpy(o, p.raw_data(), p.nbytes());
+    }
     o += p.nbytes();
   }
   return out;
@@ -409,6 +506,7 @@ Tensor concat(const std::vector<Tensor>& parts, int axis) {
                                   std::string(dtype_name(p.dtype())) + " " + shape_to_string(p.shape()) +
                                   "; only dimension " + std::to_string(ax) + " may differ");
     }
+    check_same_memory("concat", first.device(), p.device());
     along += p.shape()[static_cast<std::size_t>(ax)];
   }
   shape[static_cast<std::size_t>(ax)] = along;
@@ -418,6 +516,18 @@ Tensor concat(const std::vector<Tensor>& parts, int axis) {
   std::size_t inner = dtype_size(first.dtype());
   for (std::size_t d = static_cast<std::size_t>(ax) + 1; d < shape.size(); ++d) inner *= static_cast<std::size_t>(shape[d]);
   auto* o = static_cast<char*>(out.raw_mutable_data());
+  if (first.is_gpu()) {
+    // One strided copy per part: `outer` rows of the part's bytes into the output's rows.
+    std::size_t column = 0;
+    const std::size_t out_row = static_cast<std::size_t>(along) * inner;
+    for (const Tensor& p : parts) {
+      const std::size_t bytes = static_cast<std::size_t>(p.shape()[static_cast<std::size_t>(ax)]) * inner;
+      detail::gpu::copy_rows(first.device().index(), o + column, out_row, p.raw_data(), bytes, bytes,
+                             static_cast<std::size_t>(outer));
+      column += bytes;
+    }
+    return out;
+  }
   for (std::int64_t i = 0; i < outer; ++i) {
     for (const Tensor& p : parts) {
       const std::size_t bytes = static_cast<std::size_t>(p.shape()[static_cast<std::size_t>(ax)]) * inner;
@@ -434,11 +544,17 @@ Tensor reduce_sum(const Tensor& t, int axis) {
   Shape shape = t.shape();
   const std::int64_t along = shape[static_cast<std::size_t>(ax)];
   shape.erase(shape.begin() + ax);
-  Tensor out = Tensor::zeros(shape, t.dtype()).with_device(t.device());
   std::int64_t outer = 1;
   for (int d = 0; d < ax; ++d) outer *= t.shape()[static_cast<std::size_t>(d)];
   std::int64_t inner = 1;
   for (std::size_t d = static_cast<std::size_t>(ax) + 1; d < t.shape().size(); ++d) inner *= t.shape()[d];
+  if (t.is_gpu()) {
+    Tensor out = Tensor::empty(shape, t.dtype(), t.device());
+    detail::gpu::reduce_axis(t.device().index(), t.raw_data(), out.raw_mutable_data(), outer, along, inner,
+                             scalar_type_of(t.dtype()));
+    return out;
+  }
+  Tensor out = Tensor::zeros(shape, t.dtype(), t.device());
   dispatch(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* in = t.data<T>();

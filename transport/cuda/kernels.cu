@@ -1,6 +1,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels.hpp"
 
@@ -28,6 +29,381 @@ int blocks_for(std::int64_t count) {
   return static_cast<int>(b < 1 ? 1 : (b > 4096 ? 4096 : b));
 }
 
+constexpr int threads_per_block = 256;
+
+// One block per row (softmax, argmax), the grid capped like blocks_for's.
+int blocks_for_rows(std::int64_t rows) { return static_cast<int>(rows < 1 ? 1 : (rows > 4096 ? 4096 : rows)); }
+
+int invalid() { return static_cast<int>(cudaErrorInvalidValue); }
+
+int launched() { return static_cast<int>(cudaGetLastError()); }
+
+// Calls f with a value of the element type named by `type`.
+template <class F>
+int with_type(scalar_type type, F&& f) {
+  switch (type) {
+    case scalar_type::f32: return f(float{});
+    case scalar_type::f64: return f(double{});
+    case scalar_type::i32: return f(std::int32_t{});
+    case scalar_type::i64: return f(std::int64_t{});
+  }
+  return invalid();
+}
+
+// As with_type, for the kernels that take floating types only.
+template <class F>
+int with_float_type(scalar_type type, F&& f) {
+  switch (type) {
+    case scalar_type::f32: return f(float{});
+    case scalar_type::f64: return f(double{});
+    default: return invalid();
+  }
+}
+
+template <binary_op Op>
+using op_tag = std::integral_constant<binary_op, Op>;
+
+template <class F>
+int with_op(binary_op op, F&& f) {
+  switch (op) {
+    case binary_op::add: return f(op_tag<binary_op::add>{});
+    case binary_op::sub: return f(op_tag<binary_op::sub>{});
+    case binary_op::mul: return f(op_tag<binary_op::mul>{});
+    case binary_op::div: return f(op_tag<binary_op::div>{});
+  }
+  return invalid();
+}
+
+// The elementwise kernels: one grid-stride loop, the per-element work in a functor.
+template <class F>
+__global__ void elementwise_kernel(std::int64_t count, F f) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(blockDim.x) * gridDim.x) {
+    f(i);
+  }
+}
+
+template <class F>
+int launch_elementwise(std::int64_t count, const F& f, void* stream) {
+  elementwise_kernel<<<blocks_for(count), threads_per_block, 0, static_cast<cudaStream_t>(stream)>>>(count, f);
+  return launched();
+}
+
+// The libm functions of T, correctly rounded for sqrt (no fast math anywhere).
+__device__ float exp_of(float x) { return expf(x); }
+__device__ double exp_of(double x) { return exp(x); }
+__device__ float sqrt_of(float x) { return sqrtf(x); }
+__device__ double sqrt_of(double x) { return sqrt(x); }
+
+template <class T, binary_op Op>
+__device__ T apply(T x, T y, int* div_by_zero) {
+  if constexpr (Op == binary_op::add) {
+    return static_cast<T>(x + y);
+  } else if constexpr (Op == binary_op::sub) {
+    return static_cast<T>(x - y);
+  } else if constexpr (Op == binary_op::mul) {
+    return static_cast<T>(x * y);
+  } else {
+    if constexpr (std::is_integral_v<T>) {
+      if (y == 0) {
+        // Any thread may store: they all store the same value, and the caller reads it after the kernel.
+        if (div_by_zero != nullptr) *div_by_zero = 1;
+        return T(0);
+      }
+    }
+    return static_cast<T>(x / y);
+  }
+}
+
+template <class T, binary_op Op>
+struct binary_fn {
+  const T* a;
+  const T* b;
+  T* out;
+  int* div_by_zero;
+  __device__ void operator()(std::int64_t i) const { out[i] = apply<T, Op>(a[i], b[i], div_by_zero); }
+};
+
+template <class T, binary_op Op>
+struct binary_scalar_fn {
+  const T* a;
+  T s;
+  bool scalar_first;
+  T* out;
+  int* div_by_zero;
+  __device__ void operator()(std::int64_t i) const {
+    out[i] = scalar_first ? apply<T, Op>(s, a[i], div_by_zero) : apply<T, Op>(a[i], s, div_by_zero);
+  }
+};
+
+template <class From, class To>
+struct cast_fn {
+  const From* in;
+  To* out;
+  __device__ void operator()(std::int64_t i) const { out[i] = static_cast<To>(in[i]); }
+};
+
+// The n inputs of reduce_n, passed by value as a kernel parameter (512 bytes).
+constexpr int max_reduce_inputs = 64;
+struct input_table {
+  const void* ptr[max_reduce_inputs];
+};
+
+// No __restrict__: out may alias ins.ptr[0], which is safe because each element is read in full
+// before it is written, by the same thread.
+template <class T>
+struct reduce_n_fn {
+  input_table ins;
+  int n;
+  bool mean;
+  T* out;
+  __device__ void operator()(std::int64_t i) const {
+    T acc = static_cast<const T*>(ins.ptr[0])[i];
+    for (int r = 1; r < n; ++r) acc += static_cast<const T*>(ins.ptr[r])[i];
+    if (mean) acc /= static_cast<T>(n);
+    out[i] = acc;
+  }
+};
+
+// One thread per output element [o, k]; neighbouring threads read neighbouring k (coalesced).
+template <class T>
+struct reduce_axis_fn {
+  const T* in;
+  T* out;
+  std::int64_t along;
+  std::int64_t inner;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t o = i / inner;
+    const std::int64_t k = i % inner;
+    const T* p = in + o * along * inner + k;
+    T acc = T(0);  // as the CPU's reduce_sum, which adds into zeros
+    for (std::int64_t a = 0; a < along; ++a) acc += p[a * inner];
+    out[i] = acc;
+  }
+};
+
+template <class T>
+struct sgd_fn {
+  const T* w;
+  const T* g;
+  T* out_w;
+  T lr;
+  __device__ void operator()(std::int64_t i) const { out_w[i] = w[i] - lr * g[i]; }
+};
+
+template <class T>
+struct sgd_momentum_fn {
+  const T* w;
+  const T* g;
+  const T* vel;
+  T* out_w;
+  T* out_vel;
+  T lr;
+  T m;
+  bool nesterov;
+  __device__ void operator()(std::int64_t i) const {
+    const T gi = g[i];
+    const T next_vel = m * vel[i] - lr * gi;
+    out_vel[i] = next_vel;
+    out_w[i] = nesterov ? w[i] + (m * next_vel - lr * gi) : w[i] + next_vel;
+  }
+};
+
+template <class T>
+struct adam_fn {
+  const T* w;
+  const T* g;
+  const T* m;
+  const T* v;
+  T* out_w;
+  T* out_m;
+  T* out_v;
+  T lr_t;
+  T b1;
+  T one_minus_b1;
+  T b2;
+  T one_minus_b2;
+  T eps;
+  __device__ void operator()(std::int64_t i) const {
+    const T gi = g[i];
+    const T next_m = b1 * m[i] + one_minus_b1 * gi;
+    // one_minus_b2 * (g * g): g squared first, as the CPU's Adam (Eigen's g.square()) rounds it.
+    const T next_v = b2 * v[i] + one_minus_b2 * (gi * gi);
+    out_m[i] = next_m;
+    out_v[i] = next_v;
+    out_w[i] = w[i] - lr_t * next_m / (sqrt_of(next_v) + eps);
+  }
+};
+
+template <class T>
+struct bias_activation_fn {
+  const T* x;
+  const T* bias;
+  T* out;
+  std::int64_t cols;
+  bool relu;
+  __device__ void operator()(std::int64_t i) const {
+    const T y = x[i] + bias[i % cols];
+    out[i] = (relu && y < T(0)) ? T(0) : y;
+  }
+};
+
+template <class T>
+struct relu_fn {
+  const T* x;
+  T* out;
+  __device__ void operator()(std::int64_t i) const {
+    const T y = x[i];
+    out[i] = y < T(0) ? T(0) : y;
+  }
+};
+
+template <class T>
+struct relu_grad_fn {
+  const T* grad;
+  const T* output;
+  T* out;
+  __device__ void operator()(std::int64_t i) const { out[i] = output[i] > T(0) ? grad[i] : T(0); }
+};
+
+// c = op(a) · op(b) in 16x16 output tiles. Each thread owns one c[i, j] and adds the products in
+// order p = 0..k-1, so the result is the plain triple loop's, bit for bit. The tiles are loaded
+// along whichever index is contiguous in memory, so both layouts of a and b load coalesced.
+constexpr int tile = 16;
+
+template <class T>
+__global__ void matmul_kernel(const T* a, const T* b, T* c, std::int64_t m, std::int64_t n, std::int64_t k,
+                              bool transpose_a, bool transpose_b) {
+  __shared__ T sa[tile][tile + 1];  // sa[r][q] = op(a)[row0 + r, p0 + q]; +1 avoids bank conflicts
+  __shared__ T sb[tile][tile + 1];  // sb[q][s] = op(b)[p0 + q, col0 + s]
+  const int tx = static_cast<int>(threadIdx.x) % tile;
+  const int ty = static_cast<int>(threadIdx.x) / tile;
+  const std::int64_t tiles_n = (n + tile - 1) / tile;
+  const std::int64_t tiles = ((m + tile - 1) / tile) * tiles_n;
+  for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const std::int64_t row0 = (t / tiles_n) * tile;
+    const std::int64_t col0 = (t % tiles_n) * tile;
+    T acc = T(0);
+    for (std::int64_t p0 = 0; p0 < k; p0 += tile) {
+      {
+        const int r = transpose_a ? tx : ty;
+        const int q = transpose_a ? ty : tx;
+        const std::int64_t gi = row0 + r;
+        const std::int64_t gp = p0 + q;
+        T value = T(0);
+        if (gi < m && gp < k) value = transpose_a ? a[gp * m + gi] : a[gi * k + gp];
+        sa[r][q] = value;
+      }
+      {
+        const int q = transpose_b ? tx : ty;
+        const int s = transpose_b ? ty : tx;
+        const std::int64_t gp = p0 + q;
+        const std::int64_t gj = col0 + s;
+        T value = T(0);
+        if (gp < k && gj < n) value = transpose_b ? b[gj * k + gp] : b[gp * n + gj];
+        sb[q][s] = value;
+      }
+      __syncthreads();
+      // Only the real products: adding the padding's zeros could turn -0 into +0 (or inf into nan).
+      const int len = k - p0 < tile ? static_cast<int>(k - p0) : tile;
+      for (int q = 0; q < len; ++q) acc += sa[ty][q] * sb[q][tx];
+      __syncthreads();
+    }
+    const std::int64_t i = row0 + ty;
+    const std::int64_t j = col0 + tx;
+    if (i < m && j < n) c[i * n + j] = acc;
+  }
+}
+
+// Block-wide reductions over threads_per_block values in shared memory; every thread gets the
+// result. The trailing barrier lets the caller reuse `part` right away.
+template <class T>
+__device__ T block_max(T value, T* part) {
+  const int tid = static_cast<int>(threadIdx.x);
+  part[tid] = value;
+  __syncthreads();
+  for (int stride = threads_per_block / 2; stride > 0; stride /= 2) {
+    if (tid < stride && part[tid + stride] > part[tid]) part[tid] = part[tid + stride];
+    __syncthreads();
+  }
+  const T result = part[0];
+  __syncthreads();
+  return result;
+}
+
+template <class T>
+__device__ T block_sum(T value, T* part) {
+  const int tid = static_cast<int>(threadIdx.x);
+  part[tid] = value;
+  __syncthreads();
+  for (int stride = threads_per_block / 2; stride > 0; stride /= 2) {
+    if (tid < stride) part[tid] += part[tid + stride];
+    __syncthreads();
+  }
+  const T result = part[0];
+  __syncthreads();
+  return result;
+}
+
+// One block per row: max, then exp(x - max) written to out and summed, then out /= sum.
+template <class T>
+__global__ void softmax_kernel(const T* x, T* out, std::int64_t rows, std::int64_t cols) {
+  __shared__ T part[threads_per_block];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    T* yr = out + r * cols;
+    T local_max = xr[0];  // cols >= 1 here; every thread starts from a real element
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      if (xr[j] > local_max) local_max = xr[j];
+    }
+    const T row_max = block_max(local_max, part);
+    T local_sum = T(0);
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      const T e = exp_of(xr[j] - row_max);
+      yr[j] = e;
+      local_sum += e;
+    }
+    const T sum = block_sum(local_sum, part);
+    // Each thread divides the elements it wrote itself: no barrier needed.
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) yr[j] = yr[j] / sum;
+  }
+}
+
+// One block per row. A thread without elements offers (x[0], cols): it can never win, since element
+// 0 ties its value with a smaller index.
+template <class T>
+__global__ void argmax_kernel(const T* x, std::int64_t* out, std::int64_t rows, std::int64_t cols) {
+  __shared__ T best_value[threads_per_block];
+  __shared__ std::int64_t best_index[threads_per_block];
+  const int tid = static_cast<int>(threadIdx.x);
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    T value = xr[0];
+    std::int64_t index = cols;
+    for (std::int64_t j = tid; j < cols; j += blockDim.x) {
+      if (index == cols || xr[j] > value) {
+        value = xr[j];
+        index = j;
+      }
+    }
+    best_value[tid] = value;
+    best_index[tid] = index;
+    __syncthreads();
+    for (int stride = threads_per_block / 2; stride > 0; stride /= 2) {
+      if (tid < stride) {
+        const T v = best_value[tid + stride];
+        const std::int64_t i = best_index[tid + stride];
+        if (v > best_value[tid] || (v == best_value[tid] && i < best_index[tid])) {
+          best_value[tid] = v;
+          best_index[tid] = i;
+        }
+      }
+      __syncthreads();
+    }
+    if (tid == 0) out[r] = best_index[0];
+    __syncthreads();
+  }
+}
 
 }  // namespace
 
@@ -63,6 +439,182 @@ int launch_scale(void* data, std::int64_t count, int type_code, double factor, v
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
   return static_cast<int>(cudaGetLastError());
+}
+
+int launch_binary(binary_op op, const void* a, const void* b, void* out, std::int64_t count, scalar_type type,
+                  int* div_by_zero, void* stream) {
+  if (count <= 0) return 0;
+  return with_type(type, [&](auto value) {
+    using T = decltype(value);
+    return with_op(op, [&](auto tag) {
+      constexpr binary_op Op = decltype(tag)::value;
+      return launch_elementwise(
+          count, binary_fn<T, Op>{static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), div_by_zero},
+          stream);
+    });
+  });
+}
+
+int launch_binary_scalar(binary_op op, const void* a, double f, std::int64_t i, bool scalar_first, void* out,
+                         std::int64_t count, scalar_type type, int* div_by_zero, void* stream) {
+  if (count <= 0) return 0;
+  return with_type(type, [&](auto value) {
+    using T = decltype(value);
+    T s{};
+    if constexpr (std::is_floating_point_v<T>) {
+      s = static_cast<T>(f);
+    } else {
+      s = static_cast<T>(i);
+    }
+    return with_op(op, [&](auto tag) {
+      constexpr binary_op Op = decltype(tag)::value;
+      return launch_elementwise(
+          count, binary_scalar_fn<T, Op>{static_cast<const T*>(a), s, scalar_first, static_cast<T*>(out), div_by_zero},
+          stream);
+    });
+  });
+}
+
+int launch_cast(const void* in, scalar_type from, void* out, scalar_type to, std::int64_t count, void* stream) {
+  if (count <= 0) return 0;
+  return with_type(from, [&](auto from_value) {
+    using From = decltype(from_value);
+    return with_type(to, [&](auto to_value) {
+      using To = decltype(to_value);
+      return launch_elementwise(count, cast_fn<From, To>{static_cast<const From*>(in), static_cast<To*>(out)}, stream);
+    });
+  });
+}
+
+int launch_reduce_n(const void* const* ins, int n, void* out, std::int64_t count, scalar_type type, reduce_kind op,
+                    void* stream) {
+  if (count <= 0) return 0;
+  if (ins == nullptr || n < 1 || n > max_reduce_inputs) return invalid();
+  input_table table{};
+  for (int r = 0; r < n; ++r) table.ptr[r] = ins[r];
+  return with_type(type, [&](auto value) {
+    using T = decltype(value);
+    return launch_elementwise(count, reduce_n_fn<T>{table, n, op == reduce_kind::mean, static_cast<T*>(out)}, stream);
+  });
+}
+
+int launch_reduce_axis(const void* in, void* out, std::int64_t outer, std::int64_t along, std::int64_t inner,
+                       scalar_type type, void* stream) {
+  if (outer <= 0 || inner <= 0) return 0;
+  const std::int64_t count = outer * inner;
+  return with_type(type, [&](auto value) {
+    using T = decltype(value);
+    return launch_elementwise(
+        count, reduce_axis_fn<T>{static_cast<const T*>(in), static_cast<T*>(out), along < 0 ? 0 : along, inner},
+        stream);
+  });
+}
+
+int launch_sgd(const void* w, const void* g, void* out_w, std::int64_t count, scalar_type type, double lr,
+               void* stream) {
+  if (count <= 0) return 0;
+  return with_float_type(type, [&](auto value) {
+    using T = decltype(value);
+    return launch_elementwise(
+        count, sgd_fn<T>{static_cast<const T*>(w), static_cast<const T*>(g), static_cast<T*>(out_w), static_cast<T>(lr)},
+        stream);
+  });
+}
+
+int launch_sgd_momentum(const void* w, const void* g, const void* vel, void* out_w, void* out_vel, std::int64_t count,
+                        scalar_type type, double lr, double momentum, bool nesterov, void* stream) {
+  if (count <= 0) return 0;
+  return with_float_type(type, [&](auto value) {
+    using T = decltype(value);
+    return launch_elementwise(count,
+                              sgd_momentum_fn<T>{static_cast<const T*>(w), static_cast<const T*>(g),
+                                                 static_cast<const T*>(vel), static_cast<T*>(out_w),
+                                                 static_cast<T*>(out_vel), static_cast<T>(lr),
+                                                 static_cast<T>(momentum), nesterov},
+                              stream);
+  });
+}
+
+int launch_adam(const void* w, const void* g, const void* m, const void* v, void* out_w, void* out_m, void* out_v,
+                std::int64_t count, scalar_type type, double lr_t, double b1, double one_minus_b1, double b2,
+                double one_minus_b2, double eps, void* stream) {
+  if (count <= 0) return 0;
+  return with_float_type(type, [&](auto value) {
+    using T = decltype(value);
+    return launch_elementwise(
+        count,
+        adam_fn<T>{static_cast<const T*>(w), static_cast<const T*>(g), static_cast<const T*>(m),
+                   static_cast<const T*>(v), static_cast<T*>(out_w), static_cast<T*>(out_m), static_cast<T*>(out_v),
+                   static_cast<T>(lr_t), static_cast<T>(b1), static_cast<T>(one_minus_b1), static_cast<T>(b2),
+                   static_cast<T>(one_minus_b2), static_cast<T>(eps)},
+        stream);
+  });
+}
+
+int launch_matmul(const void* a, const void* b, void* c, std::int64_t m, std::int64_t n, std::int64_t k,
+                  bool transpose_a, bool transpose_b, scalar_type type, void* stream) {
+  if (m <= 0 || n <= 0) return 0;
+  if (k < 0) return invalid();
+  const std::int64_t tiles = ((m + tile - 1) / tile) * ((n + tile - 1) / tile);
+  const int blocks = static_cast<int>(tiles > 4096 ? 4096 : tiles);
+  return with_float_type(type, [&](auto value) {
+    using T = decltype(value);
+    matmul_kernel<<<blocks, tile * tile, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(c), m, n, k, transpose_a, transpose_b);
+    return launched();
+  });
+}
+
+int launch_bias_activation(const void* x, const void* bias, void* out, std::int64_t rows, std::int64_t cols, bool relu,
+                           scalar_type type, void* stream) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return with_float_type(type, [&](auto value) {
+    using T = decltype(value);
+    return launch_elementwise(
+        rows * cols,
+        bias_activation_fn<T>{static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<T*>(out), cols, relu},
+        stream);
+  });
+}
+
+int launch_relu(const void* x, void* out, std::int64_t count, scalar_type type, void* stream) {
+  if (count <= 0) return 0;
+  return with_float_type(type, [&](auto value) {
+    using T = decltype(value);
+    return launch_elementwise(count, relu_fn<T>{static_cast<const T*>(x), static_cast<T*>(out)}, stream);
+  });
+}
+
+int launch_relu_grad(const void* grad, const void* output, void* out, std::int64_t count, scalar_type type,
+                     void* stream) {
+  if (count <= 0) return 0;
+  return with_float_type(type, [&](auto value) {
+    using T = decltype(value);
+    return launch_elementwise(
+        count, relu_grad_fn<T>{static_cast<const T*>(grad), static_cast<const T*>(output), static_cast<T*>(out)},
+        stream);
+  });
+}
+
+int launch_softmax(const void* x, void* out, std::int64_t rows, std::int64_t cols, scalar_type type, void* stream) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return with_float_type(type, [&](auto value) {
+    using T = decltype(value);
+    softmax_kernel<<<blocks_for_rows(rows), threads_per_block, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(x), static_cast<T*>(out), rows, cols);
+    return launched();
+  });
+}
+
+int launch_argmax(const void* x, std::int64_t* out, std::int64_t rows, std::int64_t cols, scalar_type type,
+                  void* stream) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return with_float_type(type, [&](auto value) {
+    using T = decltype(value);
+    argmax_kernel<<<blocks_for_rows(rows), threads_per_block, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(x), out, rows, cols);
+    return launched();
+  });
 }
 
 }  // namespace troupe::transport::cuda

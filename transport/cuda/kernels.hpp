@@ -1,17 +1,98 @@
 #pragma once
 
 // The CUDA kernels of troupe's GPU path, callable from ordinary C++ (no CUDA syntax here).
+//
+// Conventions for every launch_* function:
+// - pointers are device pointers on the current CUDA device (the caller has called cudaSetDevice);
+// - `stream` is a cudaStream_t (nullptr: the legacy default stream); launches are asynchronous;
+// - `type` names the element type (transport::scalar_type: f32, f64, i32, i64);
+// - the return value is the cudaError_t of the launch as an int (0: success); a count of 0
+//   launches nothing and returns 0; an unsupported type returns cudaErrorInvalidValue (1);
+// - scalars come as double (`f`) and int64 (`i`): floating types use f, integer types use i.
+// - the arithmetic is the same as the CPU's (no fused multiply-add: kernels are built with
+//   --fmad=false), so a GPU step computes what a CPU step computes, element for element.
 
 #include <cstdint>
 
+#include "troupe/transport/shm_group.hpp"
+
 namespace troupe::transport::cuda {
 
-/// Sets `count` elements at device pointer `data` (element type by `type_code`: 0 f32, 1 f64,
-/// 2 i32, 3 i64) to `value`, on `stream` (a cudaStream_t, or nullptr for the default stream).
-/// Returns the cudaError_t of the launch as an int (0: success).
+/// Elementwise binary operations.
+enum class binary_op : int { add = 0, sub = 1, mul = 2, div = 3 };
+
+/// Sets `count` elements at `data` to `value` (converted to the element type).
 int launch_fill(void* data, std::int64_t count, int type_code, double value, void* stream);
 
-/// data[i] *= factor for `count` elements, on `stream`. Returns the launch's cudaError_t.
+/// data[i] *= factor for `count` elements.
 int launch_scale(void* data, std::int64_t count, int type_code, double factor, void* stream);
+
+/// out[i] = a[i] op b[i]. Integer division truncates toward zero; an integer division by zero
+/// writes 0 to that element and sets *div_by_zero (a device int, may be nullptr) to 1.
+int launch_binary(binary_op op, const void* a, const void* b, void* out, std::int64_t count, scalar_type type,
+                  int* div_by_zero, void* stream);
+
+/// out[i] = a[i] op s, or s op a[i] when scalar_first. The scalar is `f` for floating types and
+/// `i` for integer types. Division by zero as in launch_binary.
+int launch_binary_scalar(binary_op op, const void* a, double f, std::int64_t i, bool scalar_first, void* out,
+                         std::int64_t count, scalar_type type, int* div_by_zero, void* stream);
+
+/// out[i] = static_cast<To>(in[i]) (the C++ conversion; float to int truncates).
+int launch_cast(const void* in, scalar_type from, void* out, scalar_type to, std::int64_t count, void* stream);
+
+/// out[k] = ins[0][k] + ins[1][k] + ... + ins[n-1][k], summed left to right in that order, then
+/// divided by n (as the element type, `acc /= T(n)`) when op is mean: the same bits as the CPU's
+/// transport::reduce_range. `ins` is a HOST array of n device pointers, 1 <= n <= 64; out may
+/// alias ins[0].
+int launch_reduce_n(const void* const* ins, int n, void* out, std::int64_t count, scalar_type type, reduce_kind op,
+                    void* stream);
+
+/// Sum along the middle axis of an [outer, along, inner] row-major array into [outer, inner]:
+/// out[o, k] = sum over a = 0..along-1, in that order, of in[o, a, k]; along = 0 writes zeros.
+int launch_reduce_axis(const void* in, void* out, std::int64_t outer, std::int64_t along, std::int64_t inner,
+                       scalar_type type, void* stream);
+
+// Optimizer updates, float32 or float64 only. Every coefficient is converted to the element type
+// T first (static_cast<T>(x)), then:
+
+/// out_w = w - lr * g
+int launch_sgd(const void* w, const void* g, void* out_w, std::int64_t count, scalar_type type, double lr,
+               void* stream);
+
+/// out_vel = m * vel - lr * g;
+/// out_w = nesterov ? w + (m * out_vel - lr * g) : w + out_vel
+int launch_sgd_momentum(const void* w, const void* g, const void* vel, void* out_w, void* out_vel, std::int64_t count,
+                        scalar_type type, double lr, double momentum, bool nesterov, void* stream);
+
+/// out_m = b1 * m + one_minus_b1 * g;  out_v = b2 * v + one_minus_b2 * g * g;
+/// out_w = w - lr_t * out_m / (sqrt(out_v) + eps)
+int launch_adam(const void* w, const void* g, const void* m, const void* v, void* out_w, void* out_m, void* out_v,
+                std::int64_t count, scalar_type type, double lr_t, double b1, double one_minus_b1, double b2,
+                double one_minus_b2, double eps, void* stream);
+
+// The kernels behind troupe::nn on GPU tensors (float32 or float64, row-major).
+
+/// c[m, n] = op(a) · op(b), where op(a) is [m, k] (a stored as [k, m] when transpose_a) and op(b)
+/// is [k, n] (b stored as [n, k] when transpose_b). Each c[i, j] sums over p = 0..k-1 in order.
+int launch_matmul(const void* a, const void* b, void* c, std::int64_t m, std::int64_t n, std::int64_t k,
+                  bool transpose_a, bool transpose_b, scalar_type type, void* stream);
+
+/// out[r, j] = x[r, j] + bias[j] for a [rows, cols] x, then max(., 0) when relu.
+int launch_bias_activation(const void* x, const void* bias, void* out, std::int64_t rows, std::int64_t cols, bool relu,
+                           scalar_type type, void* stream);
+
+/// out[i] = max(x[i], 0).
+int launch_relu(const void* x, void* out, std::int64_t count, scalar_type type, void* stream);
+
+/// out[i] = output[i] > 0 ? grad[i] : 0.
+int launch_relu_grad(const void* grad, const void* output, void* out, std::int64_t count, scalar_type type,
+                     void* stream);
+
+/// Row-wise softmax of [rows, cols], the row's maximum subtracted first.
+int launch_softmax(const void* x, void* out, std::int64_t rows, std::int64_t cols, scalar_type type, void* stream);
+
+/// out[r] (int64) = the first index of the largest value of row r of [rows, cols].
+int launch_argmax(const void* x, std::int64_t* out, std::int64_t rows, std::int64_t cols, scalar_type type,
+                  void* stream);
 
 }  // namespace troupe::transport::cuda

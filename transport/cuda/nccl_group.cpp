@@ -114,6 +114,13 @@ void nccl_group::abort() {
   for (ncclComm_t c : impl_->comms) ncclCommAbort(c);
 }
 
+bool nccl_group::aborted() const noexcept { return impl_->aborted; }
+
+void* nccl_group::communicator(int rank) const {
+  if (impl_->aborted) throw cuda_error("nccl_group: the communicators were aborted");
+  return impl_->comms.at(static_cast<std::size_t>(rank));
+}
+
 void nccl_group::all_reduce(const std::vector<void*>& buffers, std::int64_t count, scalar_type type, reduce_kind op,
                             std::chrono::milliseconds timeout) {
   if (impl_->aborted) throw cuda_error("nccl_group: the communicators were aborted");

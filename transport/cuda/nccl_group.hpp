@@ -64,6 +64,11 @@ class nccl_group {
 
   /// Aborts every communicator: pending and later collectives fail.
   void abort();
+  bool aborted() const noexcept;
+
+  /// The ncclComm_t of rank `rank` (as void*, to keep NCCL's header out of this one), for callers
+  /// that enqueue their own NCCL calls on their own streams.
+  void* communicator(int rank) const;
 
  private:
   struct impl;

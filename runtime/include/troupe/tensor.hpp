@@ -40,6 +40,13 @@ struct Scalar {
 /// A dense, row-major tensor on one device. Storage is refcounted and shared: copying a Tensor,
 /// reshaping it or passing it to a replica never copies its bytes. Tensors are values: every
 /// operation returns a new tensor and never changes the storage of its operands.
+///
+/// A tensor on a GPU ("GPU:0") keeps its elements in that GPU's memory; its operations run as
+/// CUDA kernels on the calling thread's stream for that GPU (each replica has its own), and a
+/// result is on the device of its operands (operands on different devices are an error naming
+/// both). Reading the elements on the host (to_vector, item, to_string, equals) copies them back
+/// and waits for the work pending on them; data() and mutable_data() give host memory only and
+/// throw for a GPU tensor. to() moves a tensor between the host and a GPU.
 class Tensor {
  public:
   /// An empty f32 tensor of shape [0].
@@ -61,9 +68,9 @@ class Tensor {
     return from_bytes(&value, sizeof(T), dtype_v<T>, Shape{});
   }
   /// A tensor of zeros.
-  static Tensor zeros(Shape shape, DType dtype = DType::f32);
+  static Tensor zeros(Shape shape, DType dtype = DType::f32, Device device = {});
   /// A tensor filled with one value, converted to `dtype`.
-  static Tensor full(Shape shape, Scalar value, DType dtype = DType::f32);
+  static Tensor full(Shape shape, Scalar value, DType dtype = DType::f32, Device device = {});
   /// 0..n-1, shape [n].
   static Tensor range(std::int64_t n, DType dtype = DType::i64);
   /// A tensor whose bytes are not initialised: for kernels that write every element.
@@ -77,8 +84,14 @@ class Tensor {
   /// Rows [begin, end) along axis 0, sharing this tensor's storage (no copy). Needs rank >= 1 and
   /// 0 <= begin <= end <= shape()[0] (std::out_of_range otherwise).
   Tensor slice(std::int64_t begin, std::int64_t end) const;
-  /// The same storage, labelled as living on `device` (CPU devices share the host's memory).
+  /// This tensor on `device`: the same storage relabelled when both devices share memory (CPU
+  /// devices all share the host's), else a copy into the device's memory (host <-> GPU through
+  /// pinned staging buffers, GPU <-> GPU directly).
   Tensor with_device(Device device) const;
+  /// with_device(device): the name PyTorch users look for.
+  Tensor to(const Device& device) const { return with_device(device); }
+  /// True when the elements live in a GPU's memory.
+  bool is_gpu() const noexcept { return device_.is_gpu(); }
   /// A copy converted to `dtype`.
   Tensor cast(DType dtype) const;
 
@@ -89,10 +102,12 @@ class Tensor {
   std::size_t nbytes() const noexcept { return static_cast<std::size_t>(num_elements_) * dtype_size(dtype_); }
   const Device& device() const noexcept { return device_; }
 
-  /// The elements; T must match dtype() (std::invalid_argument otherwise).
+  /// The elements in host memory; T must match dtype() (std::invalid_argument otherwise), and the
+  /// tensor must not be on a GPU (std::invalid_argument: copy it with to(Device()) first).
   template <class T>
   const T* data() const {
     check_dtype(dtype_v<T>, "data");
+    check_host("data");
     return static_cast<const T*>(raw_data());
   }
   /// Writable elements. Writing changes every tensor sharing this storage: use it only on a
@@ -100,22 +115,30 @@ class Tensor {
   template <class T>
   T* mutable_data() {
     check_dtype(dtype_v<T>, "mutable_data");
+    check_host("mutable_data");
     return static_cast<T*>(raw_mutable_data());
   }
+  /// The first element's address: in host memory, or in the GPU's memory for a GPU tensor.
   const void* raw_data() const noexcept;
   void* raw_mutable_data() noexcept;
 
-  /// The elements as a vector; T must match dtype() (std::invalid_argument otherwise).
+  /// The elements as a vector; T must match dtype() (std::invalid_argument otherwise). A GPU
+  /// tensor is copied back to the host.
   template <class T>
   std::vector<T> to_vector() const {
-    const T* p = data<T>();
-    return std::vector<T>(p, p + num_elements_);
+    check_dtype(dtype_v<T>, "to_vector");
+    std::vector<T> out(static_cast<std::size_t>(num_elements_));
+    copy_to_host(out.data());
+    return out;
   }
   /// The only element; std::invalid_argument unless num_elements() == 1 and T matches dtype().
   template <class T>
   T item() const {
     check_single_element("item");
-    return data<T>()[0];
+    check_dtype(dtype_v<T>, "item");
+    T value{};
+    copy_to_host(&value);
+    return value;
   }
   /// Nested lists, as NumPy prints them: "[[1, 2], [3, 4]]"; floats keep a decimal point ("6.0").
   std::string to_string() const;
@@ -133,6 +156,9 @@ class Tensor {
          std::size_t offset = 0);
   void check_dtype(DType expected, const char* op) const;
   void check_single_element(const char* op) const;
+  void check_host(const char* op) const;
+  /// Copies nbytes() bytes to `host`, from wherever the elements live.
+  void copy_to_host(void* host) const;
 
   std::shared_ptr<detail::Storage> storage_;
   Shape shape_;

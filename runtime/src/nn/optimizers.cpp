@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "../gpu.hpp"
 #include "eigen_maps.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
@@ -35,6 +36,11 @@ float checked(const char* optimizer, const char* what, float value, float lo, fl
 }
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
+
+transport::scalar_type scalar_type_of(DType dtype) { return static_cast<transport::scalar_type>(dtype); }
+
+// The gradient where the variable is: a replica's gradient already is; one made elsewhere moves.
+Tensor beside(const Tensor& gradient, const Tensor& w) { return gradient.to(w.device()); }
 
 }  // namespace
 
@@ -193,6 +199,24 @@ std::vector<std::string> SGD::slot_names() const {
 
 void SGD::update(const Tensor& gradient, Variable& variable, std::vector<Variable>& slots, std::int64_t) {
   const Tensor w = variable.value();
+  if (w.is_gpu()) {
+    // The same formulas as below, as one CUDA kernel on the replica's stream.
+    const Tensor g = beside(gradient, w);
+    Tensor next = Tensor::empty(w.shape(), w.dtype(), w.device());
+    if (slots.empty()) {
+      troupe::detail::gpu::sgd(w.device().index(), w.raw_data(), g.raw_data(), next.raw_mutable_data(),
+                               w.num_elements(), scalar_type_of(w.dtype()), learning_rate());
+    } else {
+      const Tensor velocity = slots[0].value().to(w.device());
+      Tensor next_velocity = Tensor::empty(w.shape(), w.dtype(), w.device());
+      troupe::detail::gpu::sgd_momentum(w.device().index(), w.raw_data(), g.raw_data(), velocity.raw_data(),
+                                        next.raw_mutable_data(), next_velocity.raw_mutable_data(), w.num_elements(),
+                                        scalar_type_of(w.dtype()), learning_rate(), momentum_, nesterov_);
+      slots[0].assign_local(next_velocity);
+    }
+    variable.assign_local(next);
+    return;
+  }
   Tensor next = Tensor::empty(w.shape(), w.dtype());
   dispatch_float(w.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -235,6 +259,22 @@ void Adam::update(const Tensor& gradient, Variable& variable, std::vector<Variab
   const double b1 = beta_1_;
   const double b2 = beta_2_;
   const double lr_t = learning_rate() * std::sqrt(1.0 - std::pow(b2, t)) / (1.0 - std::pow(b1, t));
+  if (w.is_gpu()) {
+    const Tensor g = beside(gradient, w);
+    const Tensor m_here = m.to(w.device());
+    const Tensor v_here = v.to(w.device());
+    Tensor next_w = Tensor::empty(w.shape(), w.dtype(), w.device());
+    Tensor next_m_w = Tensor::empty(w.shape(), w.dtype(), w.device());
+    Tensor next_v_w = Tensor::empty(w.shape(), w.dtype(), w.device());
+    troupe::detail::gpu::adam(w.device().index(), w.raw_data(), g.raw_data(), m_here.raw_data(), v_here.raw_data(),
+                              next_w.raw_mutable_data(), next_m_w.raw_mutable_data(), next_v_w.raw_mutable_data(),
+                              w.num_elements(), scalar_type_of(w.dtype()), lr_t, b1, 1.0 - b1, b2, 1.0 - b2,
+                              epsilon_);
+    slots[0].assign_local(next_m_w);
+    slots[1].assign_local(next_v_w);
+    variable.assign_local(next_w);
+    return;
+  }
   dispatch_float(w.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const auto g = array<T>(gradient);

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,14 +27,16 @@ class CrossDeviceOps {
                                            const Device& destination);
   /// One copy of `value` per destination device.
   virtual std::vector<Tensor> broadcast(const Tensor& value, const std::vector<Device>& destinations);
-  /// Whether this implementation can serve replicas on `devices` (NCCL needs GPUs).
+  /// Whether this implementation can serve replicas on `devices` (NCCL needs GPUs; the others
+  /// serve CPU and GPU replicas alike).
   virtual bool supports(const std::vector<Device>& devices) const;
 };
 
 /// Copies every value to one device and sums them there, in replica order.
 class ReductionToOneDevice : public CrossDeviceOps {
  public:
-  /// `reduce_to_device`: where the sum is computed; by default the destination.
+  /// `reduce_to_device`: where the sum is computed; by default the first value's GPU for GPU
+  /// values (one result crosses to the destination, not every value), else the destination.
   explicit ReductionToOneDevice(std::optional<Device> reduce_to_device = std::nullopt);
   std::string name() const override;
   Tensor reduce(ReduceOp op, const std::vector<Tensor>& per_replica, const Device& destination) override;
@@ -53,8 +57,10 @@ class HierarchicalCopyAllReduce : public CrossDeviceOps {
   int num_packs_;
 };
 
-/// NCCL all-reduce between GPU replicas. Only GPU devices are supported; a MirroredStrategy over
-/// CPU devices given this one fails at construction with an error saying so.
+/// NCCL between GPU replicas (the default on GPUs): the values, one per GPU, are reduced by NCCL
+/// onto the first replica's GPU and the result copied to the destination. Only GPU devices are
+/// supported; a MirroredStrategy over CPU devices given this one fails at construction with an
+/// error saying so.
 class NcclAllReduce : public CrossDeviceOps {
  public:
   explicit NcclAllReduce(int num_packs = 1);
@@ -64,6 +70,8 @@ class NcclAllReduce : public CrossDeviceOps {
 
  private:
   int num_packs_;
+  std::shared_ptr<void> communicators_;  // NCCL communicators for the last set of GPUs
+  std::mutex mutex_;
 };
 
 }  // namespace troupe::distribute

@@ -172,7 +172,16 @@ class Strategy {
     std::vector<R> values;
     const int n = num_local_replicas();
     values.reserve(static_cast<std::size_t>(n));
-    for (int r = 0; r < n; ++r) values.push_back(value_fn(value_context(r)));
+    for (int r = 0; r < n; ++r) {
+      if constexpr (std::is_same_v<R, Tensor>) {
+        // On a GPU replica the value goes to the GPU, as TensorFlow places it on the replica's device.
+        Tensor t = value_fn(value_context(r));
+        const Device& device = replica_device(r);
+        values.push_back(device.is_gpu() ? t.to(device) : std::move(t));
+      } else {
+        values.push_back(value_fn(value_context(r)));
+      }
+    }
     return PerReplica<R>(std::move(values));
   }
 

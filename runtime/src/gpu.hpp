@@ -1,0 +1,97 @@
+#pragma once
+
+// The runtime's view of GPU memory, streams and kernels. Built on CUDA when troupe found it
+// (gpu_cuda.cpp), else every function here throws (gpu_none.cpp): without CUDA no GPU tensor can
+// exist, so only the error paths reach it.
+//
+// Streams. Every thread that works on GPU `d` has its own CUDA stream for it. A replica thread
+// (inside Strategy::run, see replica_scope) enqueues its work and returns at once; the replica's
+// stream is drained when its function ends, before its results reach any other thread. Any other
+// thread waits for each operation before it returns. So a tensor that crosses threads never has
+// work pending on another thread's stream, and memory is freed, stream-ordered, on the stream of
+// the thread that drops the last reference.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "troupe/transport/shm_group.hpp"
+
+namespace troupe::detail::gpu {
+
+/// Elementwise binary operations (the values of transport::cuda::binary_op).
+enum class binary_op : int { add = 0, sub = 1, mul = 2, div = 3 };
+
+/// True when this build has CUDA support.
+bool built_with_cuda() noexcept;
+
+/// Device memory on GPU `device` (stream-ordered pool, never managed memory); nullptr for 0 bytes.
+void* allocate(int device, std::size_t bytes);
+/// Returns memory from allocate(), ordered after the calling thread's work on that GPU.
+void release(int device, void* data) noexcept;
+
+/// Copies `bytes` between host memory (device -1) and GPU memory, or between two GPUs. Host
+/// memory goes through pinned staging buffers. Returns when the destination is safe to use from
+/// the calling thread (and, for a host destination, holds the bytes).
+void copy(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes);
+/// Copies `rows` rows of `row_bytes` bytes between two buffers of one GPU, with pitches.
+void copy_rows(int device, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+               std::size_t row_bytes, std::size_t rows);
+/// Sets `bytes` bytes to zero.
+void zero(int device, void* data, std::size_t bytes);
+
+/// The kernels of transport/cuda/kernels.hpp on the calling thread's stream, followed by a wait
+/// when the caller is not a replica. Arguments as there; errors throw std::runtime_error naming
+/// `what`, and an integer division by zero throws std::invalid_argument.
+void fill(int device, void* data, std::int64_t count, transport::scalar_type type, double value);
+void binary(int device, binary_op op, const void* a, const void* b, void* out, std::int64_t count,
+            transport::scalar_type type);
+void binary_scalar(int device, binary_op op, const void* a, double f, std::int64_t i,
+                   bool scalar_first, void* out, std::int64_t count, transport::scalar_type type);
+void cast(int device, const void* in, transport::scalar_type from, void* out, transport::scalar_type to,
+          std::int64_t count);
+void reduce_n(int device, const std::vector<const void*>& ins, void* out, std::int64_t count,
+              transport::scalar_type type, transport::reduce_kind op);
+void reduce_axis(int device, const void* in, void* out, std::int64_t outer, std::int64_t along, std::int64_t inner,
+                 transport::scalar_type type);
+void sgd(int device, const void* w, const void* g, void* out_w, std::int64_t count, transport::scalar_type type,
+         double lr);
+void sgd_momentum(int device, const void* w, const void* g, const void* vel, void* out_w, void* out_vel,
+                  std::int64_t count, transport::scalar_type type, double lr, double momentum, bool nesterov);
+void adam(int device, const void* w, const void* g, const void* m, const void* v, void* out_w, void* out_m,
+          void* out_v, std::int64_t count, transport::scalar_type type, double lr_t, double b1, double one_minus_b1,
+          double b2, double one_minus_b2, double eps);
+void matmul(int device, const void* a, const void* b, void* c, std::int64_t m, std::int64_t n, std::int64_t k,
+            bool transpose_a, bool transpose_b, transport::scalar_type type);
+void bias_activation(int device, const void* x, const void* bias, void* out, std::int64_t rows, std::int64_t cols,
+                     bool relu, transport::scalar_type type);
+void relu(int device, const void* x, void* out, std::int64_t count, transport::scalar_type type);
+void relu_grad(int device, const void* grad, const void* output, void* out, std::int64_t count,
+               transport::scalar_type type);
+void softmax(int device, const void* x, void* out, std::int64_t rows, std::int64_t cols, transport::scalar_type type);
+void argmax(int device, const void* x, std::int64_t* out, std::int64_t rows, std::int64_t cols,
+            transport::scalar_type type);
+
+/// The calling thread's CUDA stream for `device` (a cudaStream_t), created on first use.
+void* stream(int device);
+/// Waits for the calling thread's work on `device`.
+void synchronize(int device);
+
+/// Marks the calling thread as replica `device`'s thread while it lives: operations no longer
+/// wait. The owner drains the stream (bounded, see NcclCollectives::drain) before the replica's
+/// results leave the thread.
+class replica_scope {
+ public:
+  explicit replica_scope(int device);
+  ~replica_scope();
+  replica_scope(const replica_scope&) = delete;
+  replica_scope& operator=(const replica_scope&) = delete;
+  /// Waits for everything the replica enqueued; throws if a kernel failed.
+  void drain();
+
+ private:
+  int device_;
+  bool previous_;
+};
+
+}  // namespace troupe::detail::gpu

@@ -1,0 +1,393 @@
+// GPU memory, streams, copies and kernel launches for GPU tensors (see gpu.hpp for the rules).
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpu.hpp"
+#include "kernels.hpp"
+
+namespace troupe::detail::gpu {
+namespace {
+
+namespace kernels = transport::cuda;
+
+constexpr int max_devices = 64;
+constexpr std::size_t staging_bytes = std::size_t{4} << 20;  // per buffer; two per thread
+
+void check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(rc));
+  }
+}
+
+void check_launch(int rc, const char* what) { check(static_cast<cudaError_t>(rc), what); }
+
+void check_device(int device) {
+  if (device < 0 || device >= max_devices) {
+    throw std::invalid_argument("GPU index " + std::to_string(device) + " is out of range");
+  }
+}
+
+// Pools keep freed blocks for reuse instead of returning them at every synchronisation.
+void configure_pool(int device) {
+  static std::once_flag flags[max_devices];
+  std::call_once(flags[device], [device] {
+    cudaMemPool_t pool = nullptr;
+    if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+      std::uint64_t keep = UINT64_MAX;
+      (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    }
+    (void)cudaGetLastError();
+  });
+}
+
+// What one thread holds per GPU: its stream, and two pinned staging buffers for host copies.
+struct thread_state {
+  cudaStream_t streams[max_devices] = {};
+  void* staging[2] = {nullptr, nullptr};
+  cudaEvent_t staged[2] = {nullptr, nullptr};
+  int* div_flag[max_devices] = {};
+  bool replica = false;
+
+  ~thread_state() {
+    for (int d = 0; d < max_devices; ++d) {
+      if (streams[d] != nullptr) {
+        cudaSetDevice(d);
+        cudaStreamSynchronize(streams[d]);
+        if (div_flag[d] != nullptr) cudaFree(div_flag[d]);
+        cudaStreamDestroy(streams[d]);
+      }
+    }
+    for (int b = 0; b < 2; ++b) {
+      if (staged[b] != nullptr) cudaEventDestroy(staged[b]);
+      if (staging[b] != nullptr) cudaFreeHost(staging[b]);
+    }
+  }
+
+  cudaStream_t stream_for(int device) {
+    check_device(device);
+    check(cudaSetDevice(device), "cudaSetDevice");
+    if (streams[device] == nullptr) {
+      configure_pool(device);
+      check(cudaStreamCreateWithFlags(&streams[device], cudaStreamNonBlocking), "cudaStreamCreate");
+    }
+    return streams[device];
+  }
+
+  void ensure_staging() {
+    if (staging[0] != nullptr) return;
+    for (int b = 0; b < 2; ++b) {
+      check(cudaHostAlloc(&staging[b], staging_bytes, cudaHostAllocPortable), "cudaHostAlloc (staging)");
+      check(cudaEventCreateWithFlags(&staged[b], cudaEventDisableTiming), "cudaEventCreate");
+    }
+  }
+};
+
+thread_state& state() {
+  thread_local thread_state s;
+  return s;
+}
+
+// After an operation: a replica leaves its work queued, any other thread waits for it.
+void finish(int device, const char* what) {
+  thread_state& s = state();
+  if (!s.replica) check(cudaStreamSynchronize(s.streams[device]), what);
+}
+
+int code(transport::scalar_type t) { return static_cast<int>(t); }
+
+}  // namespace
+
+bool built_with_cuda() noexcept { return true; }
+
+void* stream(int device) { return state().stream_for(device); }
+
+void synchronize(int device) { check(cudaStreamSynchronize(state().stream_for(device)), "cudaStreamSynchronize"); }
+
+void* allocate(int device, std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  cudaStream_t s = state().stream_for(device);
+  void* p = nullptr;
+  cudaError_t rc = cudaMallocAsync(&p, bytes, s);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    size_t free_bytes = 0, total = 0;
+    (void)cudaMemGetInfo(&free_bytes, &total);
+    throw std::runtime_error("GPU:" + std::to_string(device) + ": cannot allocate " + std::to_string(bytes) +
+                             " bytes (" + cudaGetErrorString(rc) + "; " + std::to_string(free_bytes >> 20) + " of " +
+                             std::to_string(total >> 20) + " MiB free)");
+  }
+  return p;
+}
+
+void release(int device, void* data) noexcept {
+  if (data == nullptr) return;
+  try {
+    cudaStream_t s = state().stream_for(device);
+    if (cudaFreeAsync(data, s) != cudaSuccess) (void)cudaGetLastError();
+  } catch (...) {
+    // A stream cannot be had while the process is going down: the driver reclaims the memory.
+  }
+}
+
+void copy(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes) {
+  if (bytes == 0) return;
+  thread_state& s = state();
+  if (dst_device >= 0 && src_device >= 0) {
+    if (dst_device == src_device) {
+      cudaStream_t st = s.stream_for(dst_device);
+      check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync (GPU to GPU)");
+      finish(dst_device, "cudaStreamSynchronize");
+      return;
+    }
+    // Another GPU: the source must be complete before the destination's stream reads it.
+    check(cudaStreamSynchronize(s.stream_for(src_device)), "cudaStreamSynchronize");
+    cudaStream_t st = s.stream_for(dst_device);
+    check(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, st), "cudaMemcpyPeerAsync");
+    finish(dst_device, "cudaStreamSynchronize");
+    return;
+  }
+  s.ensure_staging();
+  if (dst_device >= 0) {
+    // Host to GPU: fill one staging buffer while the other one's copy runs.
+    cudaStream_t st = s.stream_for(dst_device);
+    const char* in = static_cast<const char*>(src);
+    char* out = static_cast<char*>(dst);
+    for (std::size_t off = 0, chunk = 0; off < bytes; off += staging_bytes, ++chunk) {
+      const int b = static_cast<int>(chunk % 2);
+      const std::size_t n = std::min(staging_bytes, bytes - off);
+      check(cudaEventSynchronize(s.staged[b]), "cudaEventSynchronize");
+      std::memcpy(s.staging[b], in + off, n);
+      check(cudaMemcpyAsync(out + off, s.staging[b], n, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync (to the GPU)");
+      check(cudaEventRecord(s.staged[b], st), "cudaEventRecord");
+    }
+    finish(dst_device, "cudaStreamSynchronize");
+    return;
+  }
+  if (src_device >= 0) {
+    // GPU to host: the next chunk is copied while this one is read out of its staging buffer.
+    cudaStream_t st = s.stream_for(src_device);
+    const char* in = static_cast<const char*>(src);
+    char* out = static_cast<char*>(dst);
+    const std::size_t chunks = (bytes + staging_bytes - 1) / staging_bytes;
+    auto enqueue = [&](std::size_t c) {
+      const int b = static_cast<int>(c % 2);
+      const std::size_t off = c * staging_bytes;
+      const std::size_t n = std::min(staging_bytes, bytes - off);
+      check(cudaMemcpyAsync(s.staging[b], in + off, n, cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync (to the host)");
+      check(cudaEventRecord(s.staged[b], st), "cudaEventRecord");
+    };
+    enqueue(0);
+    for (std::size_t c = 0; c < chunks; ++c) {
+      if (c + 1 < chunks) enqueue(c + 1);
+      const int b = static_cast<int>(c % 2);
+      const std::size_t off = c * staging_bytes;
+      const std::size_t n = std::min(staging_bytes, bytes - off);
+      check(cudaEventSynchronize(s.staged[b]), "cudaEventSynchronize");
+      std::memcpy(out + off, s.staging[b], n);
+    }
+    return;
+  }
+  std::memcpy(dst, src, bytes);
+}
+
+void copy_rows(int device, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+               std::size_t row_bytes, std::size_t rows) {
+  if (row_bytes == 0 || rows == 0) return;
+  cudaStream_t st = state().stream_for(device);
+  check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, st),
+        "cudaMemcpy2DAsync");
+  finish(device, "cudaStreamSynchronize");
+}
+
+void zero(int device, void* data, std::size_t bytes) {
+  if (bytes == 0) return;
+  cudaStream_t st = state().stream_for(device);
+  check(cudaMemsetAsync(data, 0, bytes, st), "cudaMemsetAsync");
+  finish(device, "cudaStreamSynchronize");
+}
+
+void fill(int device, void* data, std::int64_t count, transport::scalar_type type, double value) {
+  cudaStream_t st = state().stream_for(device);
+  check_launch(kernels::launch_fill(data, count, code(type), value, st), "fill kernel");
+  finish(device, "fill kernel");
+}
+
+namespace {
+
+// Integer division: the kernel flags a zero divisor; the caller learns of it before returning.
+template <class Launch>
+void with_division_check(int device, bool integer_division, const char* what, Launch&& launch) {
+  thread_state& s = state();
+  cudaStream_t st = s.stream_for(device);
+  int* flag = nullptr;
+  if (integer_division) {
+    if (s.div_flag[device] == nullptr) {
+      void* p = nullptr;
+      check(cudaMalloc(&p, sizeof(int)), "cudaMalloc");
+      s.div_flag[device] = static_cast<int*>(p);
+    }
+    flag = s.div_flag[device];
+    check(cudaMemsetAsync(flag, 0, sizeof(int), st), "cudaMemsetAsync");
+  }
+  check_launch(launch(flag, st), what);
+  if (!integer_division) {
+    finish(device, what);
+    return;
+  }
+  int host_flag = 0;
+  check(cudaMemcpyAsync(&host_flag, flag, sizeof(int), cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(st), what);
+  if (host_flag != 0) throw std::invalid_argument("operator/: integer division by zero");
+}
+
+bool is_integer(transport::scalar_type t) {
+  return t == transport::scalar_type::i32 || t == transport::scalar_type::i64;
+}
+
+}  // namespace
+
+void binary(int device, binary_op op, const void* a, const void* b, void* out, std::int64_t count,
+            transport::scalar_type type) {
+  with_division_check(device, op == binary_op::div && is_integer(type) && count > 0, "elementwise kernel",
+                      [&](int* flag, cudaStream_t st) {
+                        return kernels::launch_binary(static_cast<kernels::binary_op>(op), a, b, out, count, type,
+                                                      flag, st);
+                      });
+}
+
+void binary_scalar(int device, binary_op op, const void* a, double f, std::int64_t i, bool scalar_first, void* out,
+                   std::int64_t count, transport::scalar_type type) {
+  with_division_check(device, op == binary_op::div && is_integer(type) && count > 0, "elementwise kernel",
+                      [&](int* flag, cudaStream_t st) {
+                        return kernels::launch_binary_scalar(static_cast<kernels::binary_op>(op), a, f, i,
+                                                             scalar_first, out, count, type, flag, st);
+                      });
+}
+
+void cast(int device, const void* in, transport::scalar_type from, void* out, transport::scalar_type to,
+          std::int64_t count) {
+  cudaStream_t st = state().stream_for(device);
+  check_launch(kernels::launch_cast(in, from, out, to, count, st), "cast kernel");
+  finish(device, "cast kernel");
+}
+
+void reduce_n(int device, const std::vector<const void*>& ins, void* out, std::int64_t count,
+              transport::scalar_type type, transport::reduce_kind op) {
+  cudaStream_t st = state().stream_for(device);
+  // The kernel takes at most 64 inputs: longer lists fold into the output 63 at a time.
+  constexpr std::size_t max_inputs = 64;
+  if (ins.size() <= max_inputs) {
+    check_launch(kernels::launch_reduce_n(ins.data(), static_cast<int>(ins.size()), out, count, type, op, st),
+                 "reduce kernel");
+  } else {
+    std::vector<const void*> part(ins.begin(), ins.begin() + max_inputs);
+    check_launch(kernels::launch_reduce_n(part.data(), static_cast<int>(part.size()), out, count, type,
+                                          transport::reduce_kind::sum, st),
+                 "reduce kernel");
+    for (std::size_t next = max_inputs; next < ins.size(); next += max_inputs - 1) {
+      part.assign(1, out);
+      for (std::size_t r = next; r < std::min(ins.size(), next + max_inputs - 1); ++r) part.push_back(ins[r]);
+      check_launch(kernels::launch_reduce_n(part.data(), static_cast<int>(part.size()), out, count, type,
+                                            transport::reduce_kind::sum, st),
+                   "reduce kernel");
+    }
+    if (op == transport::reduce_kind::mean) {
+      check_launch(kernels::launch_scale(out, count, code(type), 1.0 / static_cast<double>(ins.size()), st),
+                   "reduce kernel");
+    }
+  }
+  finish(device, "reduce kernel");
+}
+
+void reduce_axis(int device, const void* in, void* out, std::int64_t outer, std::int64_t along, std::int64_t inner,
+                 transport::scalar_type type) {
+  cudaStream_t st = state().stream_for(device);
+  check_launch(kernels::launch_reduce_axis(in, out, outer, along, inner, type, st), "reduce_sum kernel");
+  finish(device, "reduce_sum kernel");
+}
+
+void sgd(int device, const void* w, const void* g, void* out_w, std::int64_t count, transport::scalar_type type,
+         double lr) {
+  cudaStream_t st = state().stream_for(device);
+  check_launch(kernels::launch_sgd(w, g, out_w, count, type, lr, st), "SGD kernel");
+  finish(device, "SGD kernel");
+}
+
+void sgd_momentum(int device, const void* w, const void* g, const void* vel, void* out_w, void* out_vel,
+                  std::int64_t count, transport::scalar_type type, double lr, double momentum, bool nesterov) {
+  cudaStream_t st = state().stream_for(device);
+  check_launch(kernels::launch_sgd_momentum(w, g, vel, out_w, out_vel, count, type, lr, momentum, nesterov, st),
+               "SGD momentum kernel");
+  finish(device, "SGD momentum kernel");
+}
+
+void adam(int device, const void* w, const void* g, const void* m, const void* v, void* out_w, void* out_m,
+          void* out_v, std::int64_t count, transport::scalar_type type, double lr_t, double b1, double one_minus_b1,
+          double b2, double one_minus_b2, double eps) {
+  cudaStream_t st = state().stream_for(device);
+  check_launch(kernels::launch_adam(w, g, m, v, out_w, out_m, out_v, count, type, lr_t, b1, one_minus_b1, b2,
+                                    one_minus_b2, eps, st),
+               "Adam kernel");
+  finish(device, "Adam kernel");
+}
+
+void matmul(int device, const void* a, const void* b, void* c, std::int64_t m, std::int64_t n, std::int64_t k,
+            bool transpose_a, bool transpose_b, transport::scalar_type type) {
+  cudaStream_t st = state().stream_for(device);
+  check_launch(kernels::launch_matmul(a, b, c, m, n, k, transpose_a, transpose_b, type, st), "matmul kernel");
+  finish(device, "matmul kernel");
+}
+
+void bias_activation(int device, const void* x, const void* bias, void* out, std::int64_t rows, std::int64_t cols,
+                     bool relu, transport::scalar_type type) {
+  cudaStream_t st = state().stream_for(device);
+  check_launch(kernels::launch_bias_activation(x, bias, out, rows, cols, relu, type, st), "bias kernel");
+  finish(device, "bias kernel");
+}
+
+void relu(int device, const void* x, void* out, std::int64_t count, transport::scalar_type type) {
+  cudaStream_t st = state().stream_for(device);
+  check_launch(kernels::launch_relu(x, out, count, type, st), "relu kernel");
+  finish(device, "relu kernel");
+}
+
+void relu_grad(int device, const void* grad, const void* output, void* out, std::int64_t count,
+               transport::scalar_type type) {
+  cudaStream_t st = state().stream_for(device);
+  check_launch(kernels::launch_relu_grad(grad, output, out, count, type, st), "relu_grad kernel");
+  finish(device, "relu_grad kernel");
+}
+
+void softmax(int device, const void* x, void* out, std::int64_t rows, std::int64_t cols,
+             transport::scalar_type type) {
+  cudaStream_t st = state().stream_for(device);
+  check_launch(kernels::launch_softmax(x, out, rows, cols, type, st), "softmax kernel");
+  finish(device, "softmax kernel");
+}
+
+void argmax(int device, const void* x, std::int64_t* out, std::int64_t rows, std::int64_t cols,
+            transport::scalar_type type) {
+  cudaStream_t st = state().stream_for(device);
+  check_launch(kernels::launch_argmax(x, out, rows, cols, type, st), "argmax kernel");
+  finish(device, "argmax kernel");
+}
+
+replica_scope::replica_scope(int device) : device_(device), previous_(state().replica) {
+  state().stream_for(device);
+  state().replica = true;
+}
+
+replica_scope::~replica_scope() { state().replica = previous_; }
+
+void replica_scope::drain() { check(cudaStreamSynchronize(state().stream_for(device_)), "replica stream"); }
+
+}  // namespace troupe::detail::gpu

@@ -1,0 +1,292 @@
+#include "nccl_collectives.hpp"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "axis.hpp"
+#include "gpu.hpp"
+#include "nccl_group.hpp"
+#include "troupe/errors.hpp"
+
+namespace troupe::distribute::detail {
+namespace {
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+void check(ncclResult_t rc, const char* what) {
+  if (rc != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(rc));
+}
+
+std::string describe(const Tensor& t) {
+  return std::string(dtype_name(t.dtype())) + " tensor of shape " + shape_to_string(t.shape());
+}
+
+// What one replica brings to a collective, compared on the host before NCCL sees anything.
+struct signature {
+  const char* op;
+  const std::vector<Tensor>* values;
+  int axis;  // all_gather: the dimension that may differ; -1 for all_reduce
+};
+
+void compare(const std::vector<const void*>& all) {
+  const auto& first = *static_cast<const signature*>(all[0]);
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    const auto& other = *static_cast<const signature*>(all[r]);
+    if (other.op != first.op || other.values->size() != first.values->size()) {
+      throw std::invalid_argument(std::string("collective mismatch: replica 0 called ") + first.op + " with " +
+                                  std::to_string(first.values->size()) + " tensor(s), replica " + std::to_string(r) +
+                                  " called " + other.op + " with " + std::to_string(other.values->size()));
+    }
+    for (std::size_t i = 0; i < first.values->size(); ++i) {
+      const Tensor& a = (*first.values)[i];
+      const Tensor& b = (*other.values)[i];
+      bool same = a.dtype() == b.dtype() && a.rank() == b.rank();
+      for (int d = 0; same && d < a.rank(); ++d) {
+        if (d != first.axis && a.shape()[static_cast<std::size_t>(d)] != b.shape()[static_cast<std::size_t>(d)]) {
+          same = false;
+        }
+      }
+      if (!same) {
+        throw std::invalid_argument(std::string(first.op) + ": replica 0 sent " + describe(a) + ", replica " +
+                                    std::to_string(r) + " sent " + describe(b) +
+                                    (first.axis < 0 ? std::string(" (replicas must agree on shape and dtype)")
+                                                    : "; only dimension " + std::to_string(first.axis) + " may differ"));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+struct NcclCollectives::impl {
+  transport::shm_group& group;
+  std::vector<Device> devices;
+  std::chrono::milliseconds timeout;
+  std::mutex mutex;  // guards comms between a failing replica and prepare()
+  std::unique_ptr<transport::cuda::nccl_group> comms;
+  std::atomic<bool> failed{false};
+
+  std::vector<int> indices() const {
+    std::vector<int> out;
+    for (const Device& d : devices) out.push_back(d.index());
+    return out;
+  }
+
+  ncclComm_t comm(int replica) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!comms || comms->aborted()) throw CollectiveAborted("NCCL communicators were aborted: another replica failed");
+    return static_cast<ncclComm_t>(comms->communicator(replica));
+  }
+
+  void check_agreement(int replica, const signature& mine, NcclCollectives& self) {
+    if (devices.size() < 2) return;
+    self.merge(replica, &mine, compare);
+  }
+
+  Tensor on_device(const Tensor& t, int replica) const {
+    const Device& d = devices[static_cast<std::size_t>(replica)];
+    return t.is_gpu() && t.device().index() == d.index() ? t : t.to(d);
+  }
+};
+
+NcclCollectives::NcclCollectives(transport::shm_group& group, std::vector<Device> devices,
+                                 std::chrono::milliseconds timeout)
+    : impl_(new impl{group, std::move(devices), timeout, {}, nullptr, {}}) {
+  impl_->comms = std::make_unique<transport::cuda::nccl_group>(impl_->indices());
+}
+
+NcclCollectives::~NcclCollectives() = default;
+
+void NcclCollectives::prepare() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (impl_->comms && !impl_->comms->aborted() && !impl_->failed.load()) return;
+  impl_->comms.reset();
+  impl_->comms = std::make_unique<transport::cuda::nccl_group>(impl_->indices());
+  impl_->failed = false;
+}
+
+void NcclCollectives::fail() noexcept {
+  impl_->failed = true;
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (impl_->comms) impl_->comms->abort();
+}
+
+void NcclCollectives::drain(int replica) {
+  const int device = impl_->devices[static_cast<std::size_t>(replica)].index();
+  auto stream = static_cast<cudaStream_t>(troupe::detail::gpu::stream(device));
+  const auto start = std::chrono::steady_clock::now();
+  for (int polls = 0;; ++polls) {
+    const cudaError_t rc = cudaStreamQuery(stream);
+    if (rc == cudaSuccess) break;
+    if (rc != cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      throw std::runtime_error("GPU:" + std::to_string(device) + ": " + cudaGetErrorString(rc));
+    }
+    const auto waited = std::chrono::steady_clock::now() - start;
+    if (impl_->timeout.count() > 0 && waited >= impl_->timeout) {
+      fail();
+      throw CollectiveAborted("GPU:" + std::to_string(device) + ": the replica's NCCL collectives did not complete within " +
+                              std::to_string(impl_->timeout.count()) + " ms; the communicators were aborted");
+    }
+    if (polls < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  if (impl_->failed.load()) throw CollectiveAborted("released: another replica failed");
+}
+
+void NcclCollectives::merge(int replica, const void* mine,
+                            const std::function<void(const std::vector<const void*>&)>& on_first) {
+  try {
+    impl_->group.merge(replica, mine, on_first);
+  } catch (const transport::aborted_error& e) {
+    throw CollectiveAborted(e.what());
+  }
+}
+
+std::vector<Tensor> NcclCollectives::all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) {
+  std::vector<Tensor> inputs;
+  inputs.reserve(values.size());
+  for (const Tensor& v : values) inputs.push_back(impl_->on_device(v, replica));
+  impl_->check_agreement(replica, signature{"all_reduce", &inputs, -1}, *this);
+  const Device& device = impl_->devices[static_cast<std::size_t>(replica)];
+  auto stream = static_cast<cudaStream_t>(troupe::detail::gpu::stream(device.index()));
+  std::vector<Tensor> outputs;
+  outputs.reserve(inputs.size());
+  for (const Tensor& v : inputs) outputs.push_back(Tensor::empty(v.shape(), v.dtype(), device));
+  ncclComm_t comm = impl_->comm(replica);
+  // A packed list is one NCCL group: one launch for every tensor in it.
+  check(ncclGroupStart(), "ncclGroupStart");
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].num_elements() == 0) continue;
+    ncclResult_t rc = ncclAllReduce(inputs[i].raw_data(), outputs[i].raw_mutable_data(),
+                                    static_cast<std::size_t>(inputs[i].num_elements()), nccl_type(inputs[i].dtype()),
+                                    ncclSum, comm, stream);
+    if (rc != ncclSuccess) {
+      (void)ncclGroupEnd();
+      check(rc, "ncclAllReduce");
+    }
+  }
+  check(ncclGroupEnd(), "ncclGroupEnd");
+  if (op == ReduceOp::mean) {
+    // The sum divided by the replica count, as the CPU path does (integer types truncate).
+    const auto n = static_cast<std::int64_t>(impl_->devices.size());
+    for (Tensor& t : outputs) t = t / Scalar(n);
+  }
+  return outputs;
+}
+
+Tensor NcclCollectives::all_reduce(int replica, ReduceOp op, const Tensor& value) {
+  return all_reduce(replica, op, std::vector<Tensor>{value})[0];
+}
+
+Tensor NcclCollectives::all_gather(int replica, const Tensor& value, int axis) {
+  const int ax = troupe::detail::checked_axis("all_gather", axis, value.rank());
+  std::vector<Tensor> mine{impl_->on_device(value, replica)};
+  const std::size_t n = impl_->devices.size();
+  if (n == 1) return mine[0];
+  // Every replica learns every shape (the gathered dimension may differ), then each one's tensor
+  // is broadcast from it to all, in one NCCL group, and the parts are joined along `axis`.
+  impl_->check_agreement(replica, signature{"all_gather", &mine, ax}, *this);
+  std::vector<Shape> shapes(n);
+  merge(replica, &mine[0], [&](const std::vector<const void*>& all) {
+    auto out = std::make_shared<std::vector<Shape>>();
+    for (const void* p : all) out->push_back(static_cast<const Tensor*>(p)->shape());
+    merge_result() = out;
+  });
+  shapes = *std::static_pointer_cast<const std::vector<Shape>>(merge_result());
+  const Device& device = impl_->devices[replica];
+  auto stream = static_cast<cudaStream_t>(troupe::detail::gpu::stream(device.index()));
+  std::vector<Tensor> parts(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    parts[r] = static_cast<int>(r) == replica ? mine[0] : Tensor::empty(shapes[r], value.dtype(), device);
+  }
+  ncclComm_t comm = impl_->comm(replica);
+  check(ncclGroupStart(), "ncclGroupStart");
+  for (std::size_t r = 0; r < n; ++r) {
+    if (parts[r].num_elements() == 0) continue;
+    void* buffer = parts[r].raw_mutable_data();
+    ncclResult_t rc = ncclBroadcast(buffer, buffer, static_cast<std::size_t>(parts[r].num_elements()),
+                                    nccl_type(value.dtype()), static_cast<int>(r), comm, stream);
+    if (rc != ncclSuccess) {
+      (void)ncclGroupEnd();
+      check(rc, "ncclBroadcast");
+    }
+  }
+  check(ncclGroupEnd(), "ncclGroupEnd");
+  return concat(parts, ax);
+}
+
+namespace {
+
+struct reduce_cache {
+  std::vector<int> devices;
+  std::unique_ptr<transport::cuda::nccl_group> comms;
+};
+
+}  // namespace
+
+Tensor nccl_reduce(ReduceOp op, const std::vector<Tensor>& values, std::shared_ptr<void>& cache,
+                   std::mutex& cache_mutex) {
+  std::vector<int> devices;
+  for (std::size_t r = 0; r < values.size(); ++r) {
+    const Tensor& t = values[r];
+    if (!t.is_gpu()) {
+      throw std::invalid_argument("NcclAllReduce: replica " + std::to_string(r) + "'s value is on " +
+                                  t.device().to_string() +
+                                  "; NCCL reduces GPU tensors only (use ReductionToOneDevice or "
+                                  "HierarchicalCopyAllReduce for CPU replicas)");
+    }
+    for (int d : devices) {
+      if (d == t.device().index()) {
+        throw std::invalid_argument("NcclAllReduce: two values are on GPU:" + std::to_string(d) +
+                                    "; NCCL needs one value per GPU");
+      }
+    }
+    devices.push_back(t.device().index());
+  }
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  auto* c = static_cast<reduce_cache*>(cache.get());
+  if (c == nullptr || c->devices != devices || c->comms->aborted()) {
+    auto fresh = std::make_shared<reduce_cache>();
+    fresh->devices = devices;
+    fresh->comms = std::make_unique<transport::cuda::nccl_group>(devices);
+    cache = fresh;
+    c = fresh.get();
+  }
+  const Tensor& first = values[0];
+  Tensor out = Tensor::empty(first.shape(), first.dtype(), first.device());
+  if (first.num_elements() > 0) {
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (std::size_t r = 0; r < values.size(); ++r) {
+      auto stream = static_cast<cudaStream_t>(troupe::detail::gpu::stream(devices[r]));
+      ncclResult_t rc = ncclReduce(values[r].raw_data(), r == 0 ? out.raw_mutable_data() : nullptr,
+                                   static_cast<std::size_t>(first.num_elements()), nccl_type(first.dtype()), ncclSum, 0,
+                                   static_cast<ncclComm_t>(c->comms->communicator(static_cast<int>(r))), stream);
+      if (rc != ncclSuccess) {
+        (void)ncclGroupEnd();
+        check(rc, "ncclReduce");
+      }
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
+    for (int d : devices) troupe::detail::gpu::synchronize(d);
+  }
+  if (op == ReduceOp::mean) out = out / Scalar(static_cast<std::int64_t>(values.size()));
+  return out;
+}
+
+}  // namespace troupe::distribute::detail

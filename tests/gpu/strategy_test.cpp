@@ -1,0 +1,390 @@
+// The Strategy API on GPU replicas: GPU tensors and their kernels against the CPU's results, the
+// seed examples on GPU:0..N-1, NCCL all-reduce/all-gather for every dtype, the cross-device ops,
+// the optimizers' kernels, checkpoints of GPU variables, and the failure paths. Exits 77 (skipped,
+// with the reason) where there is no GPU.
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <random>
+
+#include "../common/temp_dir.hpp"
+#include "../runtime/test_util.hpp"
+
+using namespace troupe;
+using namespace troupe::distribute;
+using troupe::testing::contains;
+using troupe::testing::message_of;
+
+namespace {
+
+int gpu_count() { return Runtime::gpu_count(); }
+
+std::vector<std::string> gpus(int n) {
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) out.push_back("GPU:" + std::to_string(i));
+  return out;
+}
+
+std::vector<std::string> cpus(int n) { return troupe::testing::cpus(n); }
+
+const Device gpu0 = Device(Device::Type::gpu, 0);
+
+// Random values of every dtype; integers small and never zero (they serve as divisors too).
+Tensor random_tensor(DType dtype, Shape shape, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::int64_t n = shape_num_elements(shape);
+  switch (dtype) {
+    case DType::f32: {
+      std::uniform_real_distribution<float> d(-4.0f, 4.0f);
+      std::vector<float> v(static_cast<std::size_t>(n));
+      for (auto& x : v) x = d(rng);
+      return Tensor::from_vector(v, shape);
+    }
+    case DType::f64: {
+      std::uniform_real_distribution<double> d(-4.0, 4.0);
+      std::vector<double> v(static_cast<std::size_t>(n));
+      for (auto& x : v) x = d(rng);
+      return Tensor::from_vector(v, shape);
+    }
+    case DType::i32: {
+      std::uniform_int_distribution<int> d(1, 50);
+      std::vector<std::int32_t> v(static_cast<std::size_t>(n));
+      for (auto& x : v) x = d(rng) * (d(rng) % 2 ? 1 : -1);
+      return Tensor::from_vector(v, shape);
+    }
+    case DType::i64: {
+      std::uniform_int_distribution<std::int64_t> d(1, 50);
+      std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+      for (auto& x : v) x = d(rng) * (d(rng) % 2 ? 1 : -1);
+      return Tensor::from_vector(v, shape);
+    }
+  }
+  return Tensor();
+}
+
+const DType all_dtypes[] = {DType::f32, DType::f64, DType::i32, DType::i64};
+
+}  // namespace
+
+TEST_CASE("GPU tensors: copies both ways, through the staging buffers, are exact") {
+  for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{1001}, std::int64_t{3} << 20}) {
+    Tensor host = random_tensor(DType::f32, {n}, 7);
+    Tensor dev = host.to(gpu0);
+    CHECK(dev.is_gpu());
+    CHECK(dev.device() == gpu0);
+    CHECK_FALSE(dev.shares_storage_with(host));
+    CHECK(dev.to_vector<float>() == host.to_vector<float>());
+    CHECK(dev.to(Device()).equals(host));
+    CHECK(dev.equals(host));
+  }
+  // Every GPU to every other.
+  for (int g = 1; g < gpu_count(); ++g) {
+    Tensor t = random_tensor(DType::i64, {4097}, 3).to(gpu0);
+    Tensor there = t.to(Device(Device::Type::gpu, g));
+    CHECK(there.device().index() == g);
+    CHECK(there.to_vector<std::int64_t>() == t.to_vector<std::int64_t>());
+  }
+}
+
+TEST_CASE("GPU tensors: elementwise arithmetic, casts, concat, stack and reduce_sum give the CPU's values") {
+  for (DType dtype : all_dtypes) {
+    CAPTURE(dtype_name(dtype));
+    const Tensor a = random_tensor(dtype, {33, 17}, 1);
+    const Tensor b = random_tensor(dtype, {33, 17}, 2);
+    const Tensor ga = a.to(gpu0);
+    const Tensor gb = b.to(gpu0);
+    CHECK((ga + gb).equals(a + b));
+    CHECK((ga - gb).equals(a - b));
+    CHECK((ga * gb).equals(a * b));
+    CHECK((ga / gb).equals(a / b));
+    CHECK((ga + 3).equals(a + 3));
+    CHECK((ga * 2).equals(a * 2));
+    CHECK((ga / 7).equals(a / 7));
+    CHECK((5 - ga).equals(5 - a));
+    CHECK((100 / ga).equals(100 / a));
+    CHECK((-ga).equals(-a));
+    CHECK((ga + gb).device() == gpu0);
+    for (DType to : all_dtypes) CHECK(ga.cast(to).equals(a.cast(to)));
+    CHECK(concat({ga, gb}, 0).equals(concat({a, b}, 0)));
+    CHECK(concat({ga, gb.slice(0, 33)}, 1).equals(concat({a, b}, 1)));
+    CHECK(stack({ga, gb}).equals(stack({a, b})));
+    CHECK(reduce_sum(ga, 0).equals(reduce_sum(a, 0)));
+    CHECK(reduce_sum(ga, 1).equals(reduce_sum(a, 1)));
+    CHECK(ga.slice(3, 9).equals(a.slice(3, 9)));
+    CHECK(ga.reshape({17, 33}).equals(a.reshape({17, 33})));
+    CHECK(Tensor::zeros({5}, dtype, gpu0).equals(Tensor::zeros({5}, dtype)));
+    CHECK(Tensor::full({5, 2}, 3, dtype, gpu0).equals(Tensor::full({5, 2}, 3, dtype)));
+  }
+  CHECK(Tensor::full({2}, std::int64_t{1} << 60, DType::i64, gpu0).to_vector<std::int64_t>() ==
+        std::vector<std::int64_t>{std::int64_t{1} << 60, std::int64_t{1} << 60});
+  CHECK(Tensor::scalar<float>(2.5f).to(gpu0).to_string() == "2.5");
+  CHECK(Tensor::scalar<int>(4).to(gpu0).item<int>() == 4);
+}
+
+TEST_CASE("GPU tensors: errors say what is wrong") {
+  Tensor g = Tensor::from_vector<int>({1, 2, 3}).to(gpu0);
+  CHECK(contains(message_of([&] { (void)g.data<int>(); }), "data: the tensor is on GPU:0"));
+  CHECK(contains(message_of([&] { (void)(g + Tensor::from_vector<int>({1, 1, 1})); }),
+                 "operator+: operands are on GPU:0 and CPU:0"));
+  CHECK(contains(message_of([&] { (void)(g / Tensor::from_vector<int>({1, 0, 1}).to(gpu0)); }),
+                 "integer division by zero"));
+  CHECK(contains(message_of([&] { (void)(g / 0); }), "integer division by zero"));
+  Runtime rt;
+  CHECK(contains(message_of([&] { MirroredStrategy(rt, {"GPU:0", "CPU:0"}); }), "mix CPU and GPU replicas"));
+  CHECK(contains(message_of([&] { MirroredStrategy(rt, {"GPU:" + std::to_string(gpu_count())}); }),
+                 "GPU(s) exist"));
+  CHECK(contains(message_of([&] { MirroredStrategy(rt, cpus(2), std::make_shared<NcclAllReduce>()); }),
+                 "NCCL needs GPU devices"));
+}
+
+TEST_CASE("MirroredStrategy with no devices takes every GPU, and NCCL is its cross-device op") {
+  Runtime rt;
+  MirroredStrategy s(rt);
+  CHECK(s.num_replicas_in_sync() == gpu_count());
+  CHECK(s.extended().worker_devices()[0] == gpu0);
+  CHECK(s.extended().cross_device_ops().name() == "NcclAllReduce");
+}
+
+TEST_CASE("the seed examples on GPU replicas print what they print on CPU replicas") {
+  const int n = gpu_count();
+  Runtime rt;
+  MirroredStrategy g(rt, gpus(n));
+  MirroredStrategy c(rt, cpus(n));
+  // 1 and 2: gather.
+  auto seed1 = [](Strategy& s) {
+    return s.gather(s.experimental_distribute_values_from_function(
+                        [](const ValueContext&) { return Tensor::from_vector<int>({1, 2}, {2, 1}); }),
+                    0);
+  };
+  CHECK(seed1(g).to_string() == seed1(c).to_string());
+  CHECK(seed1(g).device().to_string() == "CPU:0");
+  auto seed2 = [](Strategy& s, int axis) {
+    return s.gather(s.experimental_distribute_values_from_function(
+                        [](const ValueContext&) { return Tensor::range(6, DType::i32).reshape({1, 2, 3}); }),
+                    axis);
+  };
+  for (int axis : {0, 1, 2}) CHECK(seed2(g, axis).to_string() == seed2(c, axis).to_string());
+  // 3: reduce(SUM) of the replica ids.
+  auto ids = g.run([] {
+    return Tensor::scalar<int>(get_replica_context()->replica_id_in_sync_group());
+  });
+  CHECK(g.experimental_local_results(ids)[0].device() == gpu0);
+  CHECK(g.reduce(ReduceOp::sum, ids, std::nullopt).item<int>() == n * (n - 1) / 2);
+  // 4: axis semantics and the partial batch denominator.
+  auto partial = [](Strategy& s) {
+    return s.experimental_distribute_values_from_function([](const ValueContext& ctx) {
+      return ctx.replica_id_in_sync_group == 0 ? Tensor::from_vector<float>({0, 1, 2, 3})
+                                               : Tensor::from_vector<float>({4, 5});
+    });
+  };
+  CHECK(g.reduce(ReduceOp::mean, partial(g), 0).item<float>() == c.reduce(ReduceOp::mean, partial(c), 0).item<float>());
+  CHECK(g.reduce("sum", partial(g), 0).item<float>() == c.reduce("sum", partial(c), 0).item<float>());
+  // 5 and 6: plain and distributed arguments.
+  auto five = g.run([](const Tensor& x) { return x * 2.0f; }, Tensor::scalar<float>(3.0f));
+  for (const Tensor& t : g.experimental_local_results(five)) {
+    CHECK(t.is_gpu());
+    CHECK(t.to_string() == "6.0");
+  }
+  auto counts = g.experimental_distribute_values_from_function(
+      [](const ValueContext& ctx) { return Tensor::scalar<int>(ctx.num_replicas_in_sync); });
+  for (const Tensor& t : g.experimental_local_results(g.run([](const Tensor& x) { return x * 2; }, counts))) {
+    CHECK(t.item<int>() == 2 * n);
+  }
+  // 7: all_reduce in the replica function.
+  auto seven = g.run([](const Tensor& x) { return get_replica_context()->all_reduce(ReduceOp::sum, x); },
+                     g.experimental_distribute_values_from_function(
+                         [](const ValueContext& ctx) { return Tensor::scalar<int>(ctx.replica_id_in_sync_group); }));
+  int r = 0;
+  for (const Tensor& t : g.experimental_local_results(seven)) {
+    CHECK(t.item<int>() == n * (n - 1) / 2);
+    CHECK(t.device().to_string() == "GPU:" + std::to_string(r++));
+  }
+  // 8: values from a host array.
+  const std::vector<double> array_value{3.0, 2.0, 1.0, 0.5, 0.25, 0.125, 9.0, 8.0};
+  auto eight = g.experimental_distribute_values_from_function([&](const ValueContext& ctx) {
+    return Tensor::scalar<double>(array_value[static_cast<std::size_t>(ctx.replica_id_in_sync_group)]);
+  });
+  CHECK(g.experimental_local_results(eight)[0].item<double>() == 3.0);
+  CHECK(g.experimental_local_results(eight)[0].is_gpu());
+}
+
+TEST_CASE("NCCL all-reduce and all-gather in replica context: every dtype, SUM and MEAN, packed lists") {
+  const int n = gpu_count();
+  Runtime rt;
+  MirroredStrategy g(rt, gpus(n));
+  MirroredStrategy c(rt, cpus(n));
+  for (DType dtype : all_dtypes) {
+    CAPTURE(dtype_name(dtype));
+    for (std::int64_t count : {std::int64_t{0}, std::int64_t{1}, std::int64_t{1001}, std::int64_t{1} << 20}) {
+      CAPTURE(count);
+      auto inputs = [&](Strategy& s) {
+        return s.experimental_distribute_values_from_function([&](const ValueContext& ctx) {
+          return random_tensor(dtype, {count}, static_cast<std::uint32_t>(ctx.replica_id_in_sync_group + 10));
+        });
+      };
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::mean}) {
+        auto fn = [op](const Tensor& x) { return get_replica_context()->all_reduce(op, x); };
+        auto on_gpu = g.experimental_local_results(g.run(fn, inputs(g)));
+        auto on_cpu = g.experimental_local_results(c.run(fn, inputs(c)));
+        for (int r = 0; r < n; ++r) {
+          CHECK(on_gpu[r].is_gpu());
+          // NCCL sums in its own order: floats agree to rounding, integers exactly.
+          if (dtype == DType::i32 || dtype == DType::i64 || n <= 2) {
+            CHECK(on_gpu[r].equals(on_cpu[r]));
+          } else {
+            const auto a = on_gpu[r].cast(DType::f64).to_vector<double>();
+            const auto b = on_cpu[r].cast(DType::f64).to_vector<double>();
+            for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-5));
+          }
+        }
+      }
+    }
+  }
+  // A packed list is one NCCL group; all_gather with uneven first dimensions along axis 0 and 1.
+  auto packed = g.run([](const Tensor& x) {
+    auto* ctx = get_replica_context();
+    auto outs = ctx->all_reduce(ReduceOp::sum, std::vector<Tensor>{x, x.cast(DType::f64), x.cast(DType::i64)});
+    return concat({outs[0].cast(DType::f64), outs[1], outs[2].cast(DType::f64)}, 0);
+  }, g.experimental_distribute_values_from_function([](const ValueContext& ctx) {
+    return Tensor::full({3}, ctx.replica_id_in_sync_group + 1, DType::f32);
+  }));
+  const double total = n * (n + 1) / 2.0;
+  for (const Tensor& t : g.experimental_local_results(packed)) {
+    CHECK(t.to_vector<double>() == std::vector<double>(9, total));
+  }
+  auto gathered = g.run([](const Tensor& x) { return get_replica_context()->all_gather(x, 0); },
+                        g.experimental_distribute_values_from_function([](const ValueContext& ctx) {
+                          const int rows = ctx.replica_id_in_sync_group + 1;
+                          return Tensor::full({rows, 2}, ctx.replica_id_in_sync_group, DType::i32);
+                        }));
+  for (const Tensor& t : g.experimental_local_results(gathered)) {
+    CHECK(t.shape() == Shape{n * (n + 1) / 2, 2});
+    CHECK(t.to_vector<int>()[0] == 0);
+    CHECK(t.to_vector<int>().back() == n - 1);
+  }
+}
+
+TEST_CASE("reduce with each cross-device op on GPU replicas, and reduce along an axis, match the CPU's") {
+  const int n = gpu_count();
+  Runtime rt;
+  MirroredStrategy c(rt, cpus(n));
+  std::vector<std::shared_ptr<CrossDeviceOps>> ops{std::make_shared<NcclAllReduce>(),
+                                                   std::make_shared<ReductionToOneDevice>(),
+                                                   std::make_shared<HierarchicalCopyAllReduce>()};
+  for (const auto& op : ops) {
+    CAPTURE(op->name());
+    MirroredStrategy g(rt, gpus(n), op);
+    for (DType dtype : all_dtypes) {
+      auto values = [&](Strategy& s) {
+        return s.experimental_distribute_values_from_function([&](const ValueContext& ctx) {
+          return random_tensor(dtype, {64, 3}, static_cast<std::uint32_t>(ctx.replica_id_in_sync_group + 1));
+        });
+      };
+      for (ReduceOp rop : {ReduceOp::sum, ReduceOp::mean}) {
+        Tensor a = g.reduce(rop, values(g), std::nullopt);
+        Tensor b = c.reduce(rop, values(c), std::nullopt);
+        CHECK(a.device().to_string() == "CPU:0");
+        CHECK(a.equals(b));
+        CHECK(g.reduce(rop, values(g), 0).equals(c.reduce(rop, values(c), 0)));
+      }
+    }
+  }
+}
+
+TEST_CASE("optimizers on GPU variables compute the CPU's bits, and checkpoints bring them back") {
+  const int n = gpu_count();
+  auto train = [&](Strategy& s, int which) {
+    auto scope = s.scope();
+    Variable w(random_tensor(DType::f32, {257}, 5), "w");
+    std::shared_ptr<nn::Optimizer> opt;
+    if (which == 0) opt = std::make_shared<nn::SGD>(0.1f);
+    if (which == 1) opt = std::make_shared<nn::SGD>(0.05f, 0.9f, true);
+    if (which == 2) opt = std::make_shared<nn::Adam>(0.01f);
+    opt->build({{"w", w}});
+    for (int step = 0; step < 5; ++step) {
+      s.run([&] {
+        const auto id = static_cast<std::uint32_t>(get_replica_context()->replica_id_in_sync_group());
+        opt->apply_gradients({{random_tensor(DType::f32, {257}, 100 + id + static_cast<std::uint32_t>(step)), w}});
+      });
+    }
+    return s.experimental_local_results(w);
+  };
+  Runtime rt;
+  for (int which = 0; which < 3; ++which) {
+    CAPTURE(which);
+    MirroredStrategy g(rt, gpus(n));
+    MirroredStrategy c(rt, cpus(n));
+    auto on_gpu = train(g, which);
+    auto on_cpu = train(c, which);
+    for (int r = 0; r < n; ++r) {
+      CHECK(on_gpu[r].is_gpu());
+      if (n <= 2) {
+        CHECK(on_gpu[r].equals(on_cpu[0]));  // NCCL's sum of two is the CPU's sum of two
+      } else {
+        const auto a = on_gpu[r].to_vector<float>();
+        const auto b = on_cpu[0].to_vector<float>();
+        for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-4));
+      }
+    }
+  }
+  // A checkpoint of a GPU variable holds its value, and restore puts it back on the GPU.
+  troupe::testing::temp_dir dir("gpu-ckpt");
+  MirroredStrategy g(rt, gpus(n));
+  auto scope = g.scope();
+  Variable w(Tensor::from_vector<float>({1.5f, -2.0f}), "w");
+  Checkpoint ckpt({{"w", w}});
+  const std::string path = ckpt.save((dir.path / "model").string());
+  w.assign(Tensor::from_vector<float>({0.0f, 0.0f}));
+  ckpt.restore(path);
+  for (const Tensor& t : g.experimental_local_results(w)) {
+    CHECK(t.is_gpu());
+    CHECK(t.to_vector<float>() == std::vector<float>{1.5f, -2.0f});
+  }
+}
+
+TEST_CASE("a failing GPU replica fails the step with its cause, and the next step works") {
+  const int n = gpu_count();
+  Runtime rt;
+  MirroredStrategy g(rt, gpus(n));
+  const int bad = n - 1;
+  auto inputs = g.experimental_distribute_values_from_function(
+      [](const ValueContext&) { return Tensor::full({1 << 16}, 1.0f, DType::f32); });
+  const auto start = std::chrono::steady_clock::now();
+  std::string msg = message_of([&] {
+    g.run([&](const Tensor& x) {
+      auto* ctx = get_replica_context();
+      if (ctx->replica_id_in_sync_group() == bad) throw std::runtime_error("bad batch");
+      return ctx->all_reduce(ReduceOp::sum, x);  // the others wait inside NCCL for the failed one
+    }, inputs);
+  });
+  CHECK(contains(msg, "replica " + std::to_string(bad)));
+  CHECK(contains(msg, "bad batch"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+  auto ok = g.run([](const Tensor& x) { return get_replica_context()->all_reduce(ReduceOp::sum, x); }, inputs);
+  for (const Tensor& t : g.experimental_local_results(ok)) CHECK(t.to_vector<float>()[7] == static_cast<float>(n));
+  // Replicas that disagree on what they reduce are named with both shapes (needs two GPUs).
+  if (n >= 2) {
+    std::string mismatch = message_of([&] {
+      g.run([](const Tensor&) {
+        auto* ctx = get_replica_context();
+        const std::int64_t len = ctx->replica_id_in_sync_group() == 0 ? 4 : 5;
+        return ctx->all_reduce(ReduceOp::sum, Tensor::zeros({len}, DType::f32));
+      }, inputs);
+    });
+    CHECK(contains(mismatch, "replica 0 sent float32 tensor of shape [4]"));
+    CHECK(contains(mismatch, "replica 1 sent float32 tensor of shape [5]"));
+  }
+}
+
+int main(int argc, char** argv) {
+  const int n = Runtime::gpu_count();
+  if (n == 0) {
+    std::printf("SKIPPED: no GPU (the CUDA runtime reports none); the GPU strategy tests need one\n");
+    return 77;
+  }
+  std::printf("%d GPU(s)\n", n);
+  doctest::Context context(argc, argv);
+  return context.run();
+}
