@@ -266,9 +266,15 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
 std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runtime, const CommunicationOptions& options,
                                                                    const ClusterResolver& resolver) {
   if (options.implementation == CommunicationImplementation::nccl) {
+    if (Runtime::gpu_count() == 0) {
+      throw std::invalid_argument(
+          "MultiWorkerMirroredStrategy: CommunicationImplementation::NCCL needs GPUs and this machine has none (the "
+          "CUDA runtime reports none); use AUTO or RING");
+    }
     throw std::invalid_argument(
-        "MultiWorkerMirroredStrategy: CommunicationImplementation::NCCL needs GPU replicas, which this build of troupe "
-        "does not run; use AUTO or RING");
+        "MultiWorkerMirroredStrategy: CommunicationImplementation::NCCL across workers is not available yet: workers "
+        "run CPU replicas joined by the TCP ring; use AUTO or RING (MirroredStrategy runs GPU replicas on NCCL "
+        "within one process)");
   }
   const ClusterSpec spec = resolver.cluster_spec();
   const std::string task_type = resolver.task_type();

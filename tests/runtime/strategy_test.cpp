@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -193,4 +194,20 @@ TEST_CASE("many steps in a row keep working") {
     });
     REQUIRE(r.values() == std::vector<int>(4, 4 * step));
   }
+}
+
+TEST_CASE("MultiWorkerMirroredStrategy refuses NCCL with a message that says why, before any rendezvous") {
+  Runtime rt;
+  auto resolver = std::make_shared<SimpleClusterResolver>(ClusterSpec(ClusterSpec::JobMap{{"worker", {"127.0.0.1:1"}}}), "worker", 0);
+  CommunicationOptions nccl;
+  nccl.implementation = CommunicationImplementation::nccl;
+  const auto start = std::chrono::steady_clock::now();
+  std::string msg = message_of([&] { MultiWorkerMirroredStrategy(rt, nccl, resolver); });
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  if (Runtime::gpu_count() == 0) {
+    CHECK(contains(msg, "CommunicationImplementation::NCCL needs GPUs and this machine has none"));
+  } else {
+    CHECK(contains(msg, "NCCL across workers is not available yet"));
+  }
+  CHECK(contains(msg, "use AUTO or RING"));
 }
