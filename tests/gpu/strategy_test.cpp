@@ -344,6 +344,35 @@ TEST_CASE("optimizers on GPU variables compute the CPU's bits, and checkpoints b
   }
 }
 
+TEST_CASE("an MLP trained with fit on GPU replicas follows the CPU's loss curve and learns") {
+  const int n = gpu_count();
+  const nn::ClassificationData data = nn::make_blobs({1024, 8, 3, 2, 2.0f, 1.0f, 9});
+  auto curve = [&](Strategy& s) {
+    auto scope = s.scope();
+    nn::Model model(nn::Sequential({nn::Dense(8, 32, nn::Activation::relu, 21), nn::Dense(32, 3, nn::Activation::none, 22)}));
+    model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+    std::vector<double> losses;
+    nn::FitOptions o;
+    o.verbose = 0;
+    o.on_step_end = [&](std::int64_t, double loss) { losses.push_back(loss); };
+    model.fit(data::Dataset::from_tensor_slices({data.features, data.labels}).batch(64), 3, -1, o);
+    const double accuracy = model.evaluate(data.features, data.labels).accuracy;
+    return std::make_pair(losses, accuracy);
+  };
+  Runtime rt;
+  MirroredStrategy g(rt, gpus(n));
+  MirroredStrategy c(rt, cpus(n));
+  const auto on_gpu = curve(g);
+  const auto on_cpu = curve(c);
+  REQUIRE(on_gpu.first.size() == on_cpu.first.size());
+  REQUIRE(on_gpu.first.size() == 48);
+  for (std::size_t i = 0; i < on_gpu.first.size(); ++i) {
+    CHECK(on_gpu.first[i] == doctest::Approx(on_cpu.first[i]).epsilon(1e-3));
+  }
+  CHECK(on_gpu.first.back() < 0.5 * on_gpu.first.front());
+  CHECK(on_gpu.second >= 0.9);
+}
+
 TEST_CASE("a failing GPU replica fails the step with its cause, and the next step works") {
   const int n = gpu_count();
   Runtime rt;

@@ -26,8 +26,23 @@ Tensor scalar_of(DType dtype, double value) {
 
 // Softmax cross-entropy of every row. Fills per_example (when not null) and, when grad is not
 // null, the gradient of sum(per_example) * scale. Returns that scaled sum, accumulated in double.
+// Losses of GPU tensors are computed on host copies; what they return goes back to the GPU.
+template <class Host>
+double on_host(const Tensor& a, const Tensor& b, Tensor* per_example, Tensor* grad, Host&& host) {
+  const Device where = a.is_gpu() ? a.device() : b.device();
+  const double loss = host(a.to(Device()), b.to(Device()));
+  if (per_example != nullptr) *per_example = per_example->to(where);
+  if (grad != nullptr) *grad = grad->to(where);
+  return loss;
+}
+
 double softmax_cross_entropy(const Tensor& logits, const Tensor& labels, double scale, Tensor* per_example,
                              Tensor* grad, const char* op) {
+  if (logits.is_gpu() || labels.is_gpu()) {
+    return on_host(logits, labels, per_example, grad, [&](const Tensor& l, const Tensor& y) {
+      return softmax_cross_entropy(l, y, scale, per_example, grad, op);
+    });
+  }
   check_float(logits, op);
   check_rank(logits, 2, op, "logits");
   const std::int64_t rows = logits.shape()[0];
@@ -72,6 +87,11 @@ double softmax_cross_entropy(const Tensor& logits, const Tensor& labels, double 
 // Squared error of every row, averaged over its columns; as softmax_cross_entropy.
 double squared_error(const Tensor& predictions, const Tensor& targets_in, double scale, Tensor* per_example,
                      Tensor* grad, const char* op) {
+  if (predictions.is_gpu() || targets_in.is_gpu()) {
+    return on_host(predictions, targets_in, per_example, grad, [&](const Tensor& p, const Tensor& t) {
+      return squared_error(p, t, scale, per_example, grad, op);
+    });
+  }
   check_float(predictions, op);
   if (predictions.rank() < 1) {
     throw std::invalid_argument(std::string(op) + ": predictions are a scalar (expected [batch] or [batch, n])");
@@ -159,6 +179,7 @@ LossAndGradient mean_squared_error(const Tensor& predictions, const Tensor& targ
 Tensor compute_average_loss(const Tensor& per_example_loss, std::int64_t global_batch_size) {
   const char* op = "compute_average_loss";
   check_float(per_example_loss, op);
+  if (per_example_loss.is_gpu()) return compute_average_loss(per_example_loss.to(Device()), global_batch_size);
   const double scale = 1.0 / static_cast<double>(checked_global_batch(global_batch_size, op));
   double total = 0.0;
   dispatch_float(per_example_loss.dtype(), [&](auto tag) {

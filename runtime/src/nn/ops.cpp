@@ -5,11 +5,28 @@
 #include <stdexcept>
 #include <string>
 
+#include "../gpu.hpp"
 #include "eigen_maps.hpp"
 
 namespace troupe::nn {
 
 using namespace troupe::nn::eigen;
+
+namespace {
+
+namespace gpu = troupe::detail::gpu;
+
+transport::scalar_type scalar_type_of(DType dtype) { return static_cast<transport::scalar_type>(dtype); }
+
+// A GPU kernel's operands must all be on the first one's GPU.
+void check_same_gpu(const char* op, const Tensor& first, const Tensor& other) {
+  if (!other.is_gpu() || other.device().index() != first.device().index()) {
+    throw std::invalid_argument(std::string(op) + ": operands are on " + first.device().to_string() + " and " +
+                                other.device().to_string() + " (move one with to() first)");
+  }
+}
+
+}  // namespace
 
 const char* activation_name(Activation activation) {
   switch (activation) {
@@ -33,6 +50,13 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
                                 (transpose_a ? " (transposed)" : "") + ", b " + shape_to_string(b.shape()) +
                                 (transpose_b ? " (transposed)" : "") + " (expected op(a) [m, k] and op(b) [k, n])");
   }
+  if (a.is_gpu() || b.is_gpu()) {
+    check_same_gpu("matmul", a.is_gpu() ? a : b, a.is_gpu() ? b : a);
+    Tensor out = Tensor::empty({m, n}, a.dtype(), a.device());
+    gpu::matmul(a.device().index(), a.raw_data(), b.raw_data(), out.raw_mutable_data(), m, n, ka, transpose_a,
+                transpose_b, scalar_type_of(a.dtype()));
+    return out;
+  }
   Tensor out = Tensor::empty({m, n}, a.dtype());
   dispatch_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -49,6 +73,11 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
 
 Tensor relu(const Tensor& x) {
   check_float(x, "relu");
+  if (x.is_gpu()) {
+    Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+    gpu::relu(x.device().index(), x.raw_data(), out.raw_mutable_data(), x.num_elements(), scalar_type_of(x.dtype()));
+    return out;
+  }
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -60,6 +89,13 @@ Tensor relu(const Tensor& x) {
 Tensor relu_grad(const Tensor& grad, const Tensor& output) {
   check_float(grad, "relu_grad");
   check_same_shape(grad, output, "relu_grad");
+  if (grad.is_gpu() || output.is_gpu()) {
+    check_same_gpu("relu_grad", grad.is_gpu() ? grad : output, grad.is_gpu() ? output : grad);
+    Tensor out = Tensor::empty(grad.shape(), grad.dtype(), grad.device());
+    gpu::relu_grad(grad.device().index(), grad.raw_data(), output.raw_data(), out.raw_mutable_data(),
+                   grad.num_elements(), scalar_type_of(grad.dtype()));
+    return out;
+  }
   Tensor out = Tensor::empty(grad.shape(), grad.dtype());
   dispatch_float(grad.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -71,6 +107,12 @@ Tensor relu_grad(const Tensor& grad, const Tensor& output) {
 Tensor softmax(const Tensor& logits) {
   check_float(logits, "softmax");
   check_rank(logits, 2, "softmax", "logits");
+  if (logits.is_gpu()) {
+    Tensor out = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+    gpu::softmax(logits.device().index(), logits.raw_data(), out.raw_mutable_data(), logits.shape()[0],
+                 logits.shape()[1], scalar_type_of(logits.dtype()));
+    return out;
+  }
   Tensor out = Tensor::empty(logits.shape(), logits.dtype());
   if (logits.num_elements() == 0) return out;
   dispatch_float(logits.dtype(), [&](auto tag) {
@@ -92,6 +134,12 @@ Tensor argmax(const Tensor& x) {
   Tensor out = Tensor::empty({rows}, DType::i64);
   if (rows > 0 && x.shape()[1] == 0) {
     throw std::invalid_argument("argmax: x " + shape_to_string(x.shape()) + " has no columns (expected at least 1)");
+  }
+  if (x.is_gpu()) {
+    Tensor on_gpu = Tensor::empty({rows}, DType::i64, x.device());
+    gpu::argmax(x.device().index(), x.raw_data(), static_cast<std::int64_t*>(on_gpu.raw_mutable_data()), rows,
+                x.shape()[1], scalar_type_of(x.dtype()));
+    return on_gpu;
   }
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -117,6 +165,18 @@ Tensor dense_forward(const Tensor& x, const Tensor& kernel, const Tensor& bias, 
     throw std::invalid_argument("dense_forward: x " + shape_to_string(x.shape()) + ", kernel " +
                                 shape_to_string(kernel.shape()) + " and bias " + shape_to_string(bias.shape()) +
                                 " do not fit (expected [batch, in], [in, units] and [units])");
+  }
+  if (x.is_gpu() || kernel.is_gpu() || bias.is_gpu()) {
+    const Tensor& first = x.is_gpu() ? x : (kernel.is_gpu() ? kernel : bias);
+    check_same_gpu("dense_forward", first, x);
+    check_same_gpu("dense_forward", first, kernel);
+    check_same_gpu("dense_forward", first, bias);
+    Tensor product = matmul(x, kernel);
+    Tensor out = Tensor::empty(product.shape(), x.dtype(), x.device());
+    gpu::bias_activation(x.device().index(), product.raw_data(), bias.raw_data(), out.raw_mutable_data(),
+                         product.shape()[0], product.shape()[1], activation == Activation::relu,
+                         scalar_type_of(x.dtype()));
+    return out;
   }
   Tensor out = Tensor::empty({x.shape()[0], kernel.shape()[1]}, x.dtype());
   dispatch_float(x.dtype(), [&](auto tag) {
@@ -145,6 +205,13 @@ DenseGradients dense_backward(const Tensor& x, const Tensor& kernel, const Tenso
                                 " do not fit (expected [batch, in], [in, units] and [batch, units])");
   }
   Tensor g = activation == Activation::relu ? relu_grad(grad_output, output) : grad_output;
+  if (g.is_gpu()) {
+    DenseGradients grads;
+    grads.kernel = matmul(x, g, true, false);
+    grads.bias = reduce_sum(g, 0);
+    if (need_input) grads.input = matmul(g, kernel, false, true);
+    return grads;
+  }
   DenseGradients grads;
   grads.kernel = Tensor::empty(kernel.shape(), kernel.dtype());
   grads.bias = Tensor::empty({kernel.shape()[1]}, kernel.dtype());
@@ -181,9 +248,9 @@ Tensor glorot_uniform(std::int64_t fan_in, std::int64_t fan_out, std::uint64_t s
 }
 
 double accuracy(const Tensor& logits, const Tensor& labels) {
-  Tensor predicted = argmax(logits);
+  Tensor predicted = argmax(logits).to(Device());
   const std::int64_t rows = predicted.num_elements();
-  Tensor l = labels_as_i64(labels, rows, "accuracy");
+  Tensor l = labels_as_i64(labels.to(Device()), rows, "accuracy");
   if (rows == 0) return 0.0;
   const std::int64_t* p = predicted.data<std::int64_t>();
   const std::int64_t* y = l.data<std::int64_t>();
