@@ -23,12 +23,12 @@ using check_atom = caf::atom_constant<caf::atom("check")>;
 using gone_atom = caf::atom_constant<caf::atom("gone")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 
-// A join's answer: ok, the error when not, the peer table ("rank|task|host|port|devices").
+// A join's answer: ok, the error when not, the peer table ("rank|task|host|port|devices|id").
 using join_reply = std::tuple<bool, std::string, std::vector<std::string>>;
 
 std::string encode(const member& m) {
   return std::to_string(m.rank) + "|" + m.task + "|" + m.data_host + "|" + std::to_string(m.data_port) + "|" +
-         std::to_string(m.devices);
+         std::to_string(m.devices) + "|" + m.collective_id;
 }
 
 member decode(const std::string& s) {
@@ -36,13 +36,15 @@ member decode(const std::string& s) {
   std::stringstream in(s);
   std::string part;
   while (std::getline(in, part, '|')) f.push_back(part);
-  if (f.size() != 5) throw std::runtime_error("rendezvous: malformed peer table entry \"" + s + "\"");
+  if (!s.empty() && s.back() == '|') f.push_back("");  // getline drops an empty last field
+  if (f.size() != 6) throw std::runtime_error("rendezvous: malformed peer table entry \"" + s + "\"");
   member m;
   m.rank = std::stoi(f[0]);
   m.task = f[1];
   m.data_host = f[2];
   m.data_port = static_cast<std::uint16_t>(std::stoi(f[3]));
   m.devices = std::stoi(f[4]);
+  m.collective_id = f[5];
   return m;
 }
 
@@ -105,7 +107,8 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
   const std::size_t n = options.tasks.size();
   st.members.resize(n);
   st.joined.assign(n, false);
-  st.members[0] = member{0, options.tasks[0], options.data_host, options.data_port, options.devices};
+  st.members[0] = member{0, options.tasks[0], options.data_host, options.data_port, options.devices,
+                         options.collective_id};
   st.joined[0] = true;
   st.complete = n == 1;
   self->delayed_send(self, options.timeout, expire_atom::value);
@@ -194,7 +197,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
           finish(s);
           return as_result(join_reply{false, s.failure, {}});
         }
-        s.members[static_cast<std::size_t>(rank)] = member{rank, who, host, port, devices};
+        s.members[static_cast<std::size_t>(rank)] = member{rank, who, host, port, devices, {}};
         s.joined[static_cast<std::size_t>(rank)] = true;
         // Taking a promise takes over the answer: only now that this worker waits for the others.
         auto rp = self->make_response_promise<bool, std::string, std::vector<std::string>>();

@@ -23,7 +23,10 @@ namespace troupe::distribute::detail {
 // Replica actors, a coordinator actor and a shared-memory collective group over local devices.
 class MirroredBackend : public StrategyBackend {
  public:
-  MirroredBackend(Runtime& runtime, std::vector<Device> devices, std::shared_ptr<CrossDeviceOps> ops)
+  /// GPU replicas all-reduce through NCCL: among this process's GPUs, or, given a `world`, with
+  /// every worker's GPUs (MultiWorkerMirroredStrategy with NCCL).
+  MirroredBackend(Runtime& runtime, std::vector<Device> devices, std::shared_ptr<CrossDeviceOps> ops,
+                  NcclWorld world = NcclWorld())
       : runtime_(&runtime),
         devices_(std::move(devices)),
         ops_(std::move(ops)),
@@ -35,7 +38,8 @@ class MirroredBackend : public StrategyBackend {
       // GPU replicas all-reduce through NCCL; their waits are bounded like cross-worker ones.
       nccl_ = std::make_unique<NcclCollectives>(
           group_, devices_,
-          std::chrono::milliseconds(troupe::detail::env_int("TROUPE_COLLECTIVE_TIMEOUT_MS", 0, 0, 86400000)));
+          std::chrono::milliseconds(troupe::detail::env_int("TROUPE_COLLECTIVE_TIMEOUT_MS", 0, 0, 86400000)),
+          std::move(world));
     }
   }
 

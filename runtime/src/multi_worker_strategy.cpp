@@ -75,12 +75,13 @@ struct Cluster {
   std::shared_ptr<FailureBox> failures = std::make_shared<FailureBox>();
   std::unique_ptr<actors::cluster_watch> watch;  // declared last: destroyed first
 
-  // Sums `t` (a tensor of this worker's) over the workers, in place of a copy.
+  // Sums `t` (a tensor of this worker's) over the workers, in place of a copy. The ring works on
+  // host memory: a GPU tensor goes there and back.
   Tensor sum(const Tensor& t) {
-    Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
-    if (t.nbytes() > 0) std::memcpy(out.raw_mutable_data(), t.raw_data(), t.nbytes());
+    Tensor out = t.is_gpu() ? t.to(Device()) : Tensor::empty(t.shape(), t.dtype(), t.device());
+    if (!t.is_gpu() && t.nbytes() > 0) std::memcpy(out.raw_mutable_data(), t.raw_data(), t.nbytes());
     ring_all_reduce(out);
-    return out;
+    return out.to(t.device());
   }
 
   void ring_all_reduce(Tensor& t) {
@@ -108,7 +109,8 @@ struct Cluster {
   // Concatenates every worker's `t` along axis 0, in worker order. The workers first agree on
   // dtype and shapes (a sum of a table where each fills its row), then sum a zero buffer in which
   // each has written its rows at its offset.
-  Tensor concat(const Tensor& t) {
+  Tensor concat(const Tensor& t_in) {
+    const Tensor t = t_in.to(Device());  // the ring works on host memory
     constexpr int max_rank = 8;
     constexpr int cols = 2 + max_rank;
     if (t.rank() < 1 || t.rank() > max_rank) {
@@ -145,7 +147,7 @@ struct Cluster {
                   t.raw_data(), t.nbytes());
     }
     ring_all_reduce(out);
-    return out;
+    return out.to(t_in.device());
   }
 };
 
@@ -241,8 +243,9 @@ class HierarchicalCollectives final : public detail::ReplicaCollectives {
 class MultiWorkerBackend final : public detail::MirroredBackend {
  public:
   MultiWorkerBackend(Runtime& runtime, std::vector<Device> devices, std::unique_ptr<Cluster> cluster,
-                     std::size_t bytes_per_pack)
-      : MirroredBackend(runtime, devices, std::make_shared<ReductionToOneDevice>()),
+                     std::size_t bytes_per_pack, detail::NcclWorld world)
+      : MirroredBackend(runtime, devices, std::make_shared<ReductionToOneDevice>(), std::move(world)),
+        gpu_(devices[0].is_gpu()),
         cluster_(std::move(cluster)),
         local_replicas_(static_cast<int>(devices.size())),
         hierarchical_(shm_collectives(), *cluster_, cluster_->workers * local_replicas_, bytes_per_pack) {}
@@ -255,9 +258,14 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
   Tensor concat_across_workers(const Tensor& local) override { return cluster_->concat(local); }
 
  protected:
-  detail::ReplicaCollectives& replica_collectives() override { return hierarchical_; }
+  // GPU replicas meet every worker's through NCCL; CPU replicas locally, then over the TCP ring.
+  detail::ReplicaCollectives& replica_collectives() override {
+    if (gpu_) return MirroredBackend::replica_collectives();
+    return hierarchical_;
+  }
 
  private:
+  bool gpu_;
   std::unique_ptr<Cluster> cluster_;
   int local_replicas_;
   HierarchicalCollectives hierarchical_;
@@ -265,16 +273,12 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
 
 std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runtime, const CommunicationOptions& options,
                                                                    const ClusterResolver& resolver) {
-  if (options.implementation == CommunicationImplementation::nccl) {
-    if (Runtime::gpu_count() == 0) {
-      throw std::invalid_argument(
-          "MultiWorkerMirroredStrategy: CommunicationImplementation::NCCL needs GPUs and this machine has none (the "
-          "CUDA runtime reports none); use AUTO or RING");
-    }
+  const bool nccl = options.implementation == CommunicationImplementation::nccl;
+  const int gpus = Runtime::gpu_count();
+  if (nccl && gpus == 0) {
     throw std::invalid_argument(
-        "MultiWorkerMirroredStrategy: CommunicationImplementation::NCCL across workers is not available yet: workers "
-        "run CPU replicas joined by the TCP ring; use AUTO or RING (MirroredStrategy runs GPU replicas on NCCL "
-        "within one process)");
+        "MultiWorkerMirroredStrategy: CommunicationImplementation::NCCL needs GPUs and this machine has none (the "
+        "CUDA runtime reports none); use AUTO or RING");
   }
   const ClusterSpec spec = resolver.cluster_spec();
   const std::string task_type = resolver.task_type();
@@ -287,9 +291,16 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   const std::vector<std::string> tasks = training_tasks(spec);
   cluster->workers = static_cast<int>(tasks.size());
 
-  const int devices_per_worker = troupe::detail::env_int("TROUPE_DEVICES_PER_WORKER", 1, 1, 1024);
+  // With NCCL every worker runs a replica on each of its GPUs (or the first
+  // TROUPE_DEVICES_PER_WORKER); otherwise CPU replicas joined by the TCP ring.
+  const int devices_per_worker = troupe::detail::env_int("TROUPE_DEVICES_PER_WORKER", nccl ? gpus : 1, 1, 1024);
+  if (nccl && devices_per_worker > gpus) {
+    throw std::invalid_argument("MultiWorkerMirroredStrategy: TROUPE_DEVICES_PER_WORKER is " +
+                                std::to_string(devices_per_worker) + " but this machine has " + std::to_string(gpus) +
+                                " GPU(s)");
+  }
   std::vector<Device> devices;
-  for (int i = 0; i < devices_per_worker; ++i) devices.emplace_back(Device::Type::cpu, i);
+  for (int i = 0; i < devices_per_worker; ++i) devices.emplace_back(nccl ? Device::Type::gpu : Device::Type::cpu, i);
 
   actors::rendezvous_options ro;
   ro.rank = cluster->rank;
@@ -310,6 +321,8 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   ro.data_port = cluster->data_listener->port();
   if (const char* token = std::getenv("TROUPE_CLUSTER_TOKEN")) ro.token = token;
   ro.timeout = std::chrono::milliseconds(troupe::detail::env_int("TROUPE_START_TIMEOUT_MS", 60000, 1, 86400000));
+  // The chief makes the NCCL id every worker joins its communicators with.
+  if (nccl && cluster->rank == 0) ro.collective_id = detail::nccl_unique_id();
   const auto heartbeat = std::chrono::milliseconds(troupe::detail::env_int("TROUPE_HEARTBEAT_MS", 500, 10, 600000));
   cluster->members = actors::rendezvous(
       runtime.system(), ro, heartbeat,
@@ -341,7 +354,20 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   for (const auto& m : cluster->members) all_local = all_local && m.data_host == cluster->members[0].data_host;
   const bool crowded = all_local && cluster->workers * devices_per_worker > static_cast<int>(std::thread::hardware_concurrency());
   cluster->ring->set_spin(std::chrono::microseconds(runtime.options().spin_us), crowded);
-  return std::make_unique<MultiWorkerBackend>(runtime, std::move(devices), std::move(cluster), options.bytes_per_pack);
+  detail::NcclWorld world;
+  if (nccl) {
+    world.id = cluster->members[0].collective_id;
+    if (world.id.empty()) {
+      throw std::runtime_error(
+          "MultiWorkerMirroredStrategy: this worker asked for NCCL but the chief (" + cluster->members[0].task +
+          ") sent no NCCL id: every worker must ask for the same CommunicationImplementation");
+    }
+    world.nranks = cluster->workers * devices_per_worker;
+    world.first_rank = cluster->rank * devices_per_worker;
+    world.join_timeout = ro.timeout;
+  }
+  return std::make_unique<MultiWorkerBackend>(runtime, std::move(devices), std::move(cluster), options.bytes_per_pack,
+                                              std::move(world));
 }
 
 std::shared_ptr<ClusterResolver> default_resolver(std::shared_ptr<ClusterResolver> resolver) {

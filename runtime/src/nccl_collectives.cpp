@@ -74,6 +74,7 @@ struct NcclCollectives::impl {
   transport::shm_group& group;
   std::vector<Device> devices;
   std::chrono::milliseconds timeout;
+  World world;
   std::mutex mutex;  // guards comms between a failing replica and prepare()
   std::unique_ptr<transport::cuda::nccl_group> comms;
   std::atomic<bool> failed{false};
@@ -84,10 +85,30 @@ struct NcclCollectives::impl {
     return out;
   }
 
+  std::unique_ptr<transport::cuda::nccl_group> make_comms() const {
+    if (world.nranks == 0) return std::make_unique<transport::cuda::nccl_group>(indices());
+    return std::make_unique<transport::cuda::nccl_group>(indices(), world.nranks, world.first_rank, world.id,
+                                                         world.join_timeout);
+  }
+
   ncclComm_t comm(int replica) {
     std::lock_guard<std::mutex> lock(mutex);
     if (!comms || comms->aborted()) throw CollectiveAborted("NCCL communicators were aborted: another replica failed");
     return static_cast<ncclComm_t>(comms->communicator(replica));
+  }
+
+  int nranks() const { return world.nranks == 0 ? static_cast<int>(devices.size()) : world.nranks; }
+  int global_rank(int replica) const { return world.first_rank + replica; }
+
+  // Ends an NCCL group; a non-blocking communicator may still be issuing it.
+  void end_group(int replica) {
+    const ncclResult_t rc = ncclGroupEnd();
+    if (rc == ncclInProgress) {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (comms) comms->settle(replica);
+      return;
+    }
+    check(rc, "ncclGroupEnd");
   }
 
   void check_agreement(int replica, const signature& mine, NcclCollectives& self) {
@@ -102,9 +123,9 @@ struct NcclCollectives::impl {
 };
 
 NcclCollectives::NcclCollectives(transport::shm_group& group, std::vector<Device> devices,
-                                 std::chrono::milliseconds timeout)
-    : impl_(new impl{group, std::move(devices), timeout, {}, nullptr, {}}) {
-  impl_->comms = std::make_unique<transport::cuda::nccl_group>(impl_->indices());
+                                 std::chrono::milliseconds timeout, World world)
+    : impl_(new impl{group, std::move(devices), timeout, std::move(world), {}, nullptr, {}}) {
+  impl_->comms = impl_->make_comms();
 }
 
 NcclCollectives::~NcclCollectives() = default;
@@ -112,8 +133,13 @@ NcclCollectives::~NcclCollectives() = default;
 void NcclCollectives::prepare() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   if (impl_->comms && !impl_->comms->aborted() && !impl_->failed.load()) return;
+  if (impl_->world.nranks > 0) {
+    throw CollectiveAborted(
+        "the NCCL communicators across workers were aborted by an earlier failure; every worker has to start "
+        "again (a new MultiWorkerMirroredStrategy)");
+  }
   impl_->comms.reset();
-  impl_->comms = std::make_unique<transport::cuda::nccl_group>(impl_->indices());
+  impl_->comms = impl_->make_comms();
   impl_->failed = false;
 }
 
@@ -181,10 +207,10 @@ std::vector<Tensor> NcclCollectives::all_reduce(int replica, ReduceOp op, const 
       check(rc, "ncclAllReduce");
     }
   }
-  check(ncclGroupEnd(), "ncclGroupEnd");
+  impl_->end_group(replica);
   if (op == ReduceOp::mean) {
     // The sum divided by the replica count, as the CPU path does (integer types truncate).
-    const auto n = static_cast<std::int64_t>(impl_->devices.size());
+    const auto n = static_cast<std::int64_t>(impl_->nranks());
     for (Tensor& t : outputs) t = t / Scalar(n);
   }
   return outputs;
@@ -197,37 +223,46 @@ Tensor NcclCollectives::all_reduce(int replica, ReduceOp op, const Tensor& value
 Tensor NcclCollectives::all_gather(int replica, const Tensor& value, int axis) {
   const int ax = troupe::detail::checked_axis("all_gather", axis, value.rank());
   std::vector<Tensor> mine{impl_->on_device(value, replica)};
-  const std::size_t n = impl_->devices.size();
+  const int n = impl_->nranks();
   if (n == 1) return mine[0];
-  // Every replica learns every shape (the gathered dimension may differ), then each one's tensor
-  // is broadcast from it to all, in one NCCL group, and the parts are joined along `axis`.
+  // The local replicas check that they agree on everything but the gathered dimension; then every
+  // rank learns every rank's length along it (an NCCL all-gather of one number each), and each
+  // rank's tensor is broadcast from it to all, in one NCCL group, and the parts are joined.
   impl_->check_agreement(replica, signature{"all_gather", &mine, ax}, *this);
-  std::vector<Shape> shapes(n);
-  merge(replica, &mine[0], [&](const std::vector<const void*>& all) {
-    auto out = std::make_shared<std::vector<Shape>>();
-    for (const void* p : all) out->push_back(static_cast<const Tensor*>(p)->shape());
-    merge_result() = out;
-  });
-  shapes = *std::static_pointer_cast<const std::vector<Shape>>(merge_result());
-  const Device& device = impl_->devices[replica];
+  const Device& device = impl_->devices[static_cast<std::size_t>(replica)];
   auto stream = static_cast<cudaStream_t>(troupe::detail::gpu::stream(device.index()));
-  std::vector<Tensor> parts(n);
-  for (std::size_t r = 0; r < n; ++r) {
-    parts[r] = static_cast<int>(r) == replica ? mine[0] : Tensor::empty(shapes[r], value.dtype(), device);
-  }
   ncclComm_t comm = impl_->comm(replica);
+  const auto ax_index = static_cast<std::size_t>(ax);
+  Tensor my_length = Tensor::full({1}, mine[0].shape()[ax_index], DType::i64, device);
+  Tensor lengths = Tensor::empty({n}, DType::i64, device);
   check(ncclGroupStart(), "ncclGroupStart");
-  for (std::size_t r = 0; r < n; ++r) {
-    if (parts[r].num_elements() == 0) continue;
-    void* buffer = parts[r].raw_mutable_data();
-    ncclResult_t rc = ncclBroadcast(buffer, buffer, static_cast<std::size_t>(parts[r].num_elements()),
-                                    nccl_type(value.dtype()), static_cast<int>(r), comm, stream);
+  ncclResult_t rc = ncclAllGather(my_length.raw_data(), lengths.raw_mutable_data(), 1, ncclInt64, comm, stream);
+  if (rc != ncclSuccess) {
+    (void)ncclGroupEnd();
+    check(rc, "ncclAllGather");
+  }
+  impl_->end_group(replica);
+  const std::vector<std::int64_t> all = lengths.to_vector<std::int64_t>();  // waits for the stream
+  const int me = impl_->global_rank(replica);
+  std::vector<Tensor> parts(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    Shape shape = mine[0].shape();
+    shape[ax_index] = all[static_cast<std::size_t>(r)];
+    parts[static_cast<std::size_t>(r)] = r == me ? mine[0] : Tensor::empty(shape, value.dtype(), device);
+  }
+  check(ncclGroupStart(), "ncclGroupStart");
+  for (int r = 0; r < n; ++r) {
+    Tensor& part = parts[static_cast<std::size_t>(r)];
+    if (part.num_elements() == 0) continue;
+    void* buffer = part.raw_mutable_data();
+    rc = ncclBroadcast(buffer, buffer, static_cast<std::size_t>(part.num_elements()), nccl_type(value.dtype()), r,
+                       comm, stream);
     if (rc != ncclSuccess) {
       (void)ncclGroupEnd();
       check(rc, "ncclBroadcast");
     }
   }
-  check(ncclGroupEnd(), "ncclGroupEnd");
+  impl_->end_group(replica);
   return concat(parts, ax);
 }
 
@@ -239,6 +274,8 @@ struct reduce_cache {
 };
 
 }  // namespace
+
+std::string nccl_unique_id() { return transport::cuda::nccl_unique_id_hex(); }
 
 Tensor nccl_reduce(ReduceOp op, const std::vector<Tensor>& values, std::shared_ptr<void>& cache,
                    std::mutex& cache_mutex) {

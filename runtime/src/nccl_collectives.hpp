@@ -4,6 +4,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "collectives.hpp"
@@ -19,9 +20,24 @@ namespace troupe::distribute::detail {
 /// the communicators (ncclCommAbort), which releases them; drain() waits for a replica's stream
 /// with a bound (`timeout`, 0: none) and aborts in the same way when it runs out. The next step
 /// starts with new communicators (prepare()).
+/// Communicators spanning several processes (MultiWorkerMirroredStrategy with NCCL): this
+/// process's replicas are ranks first_rank.. of nranks, joined by the chief's id.
+struct NcclWorld {
+  int nranks = 0;  ///< 0: this process's GPUs alone (ncclCommInitAll)
+  int first_rank = 0;
+  std::string id;  ///< nccl_unique_id_hex() of the chief
+  std::chrono::milliseconds join_timeout{0};
+};
+
+/// A new NCCL unique id as hex, for the chief to hand every worker (throws without CUDA).
+std::string nccl_unique_id();
+
 class NcclCollectives final : public ReplicaCollectives {
  public:
-  NcclCollectives(transport::shm_group& group, std::vector<Device> devices, std::chrono::milliseconds timeout);
+  using World = NcclWorld;
+
+  NcclCollectives(transport::shm_group& group, std::vector<Device> devices, std::chrono::milliseconds timeout,
+                  NcclWorld world = NcclWorld());
   ~NcclCollectives() override;
 
   std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) override;
@@ -30,7 +46,8 @@ class NcclCollectives final : public ReplicaCollectives {
   void merge(int replica, const void* mine,
              const std::function<void(const std::vector<const void*>&)>& on_first) override;
 
-  /// Before a step: new communicators if the last step aborted them.
+  /// Before a step: new communicators if the last step aborted them (in one process; across
+  /// processes the cluster has to start again, and this throws CollectiveAborted saying so).
   void prepare();
   /// A replica failed: releases every replica waiting inside NCCL.
   void fail() noexcept;

@@ -15,7 +15,7 @@ namespace {
 
 struct NcclCollectives::impl {};
 
-NcclCollectives::NcclCollectives(transport::shm_group&, std::vector<Device>, std::chrono::milliseconds) {
+NcclCollectives::NcclCollectives(transport::shm_group&, std::vector<Device>, std::chrono::milliseconds, NcclWorld) {
   unsupported();
 }
 NcclCollectives::~NcclCollectives() = default;
@@ -28,6 +28,8 @@ void NcclCollectives::merge(int, const void*, const std::function<void(const std
 void NcclCollectives::prepare() {}
 void NcclCollectives::fail() noexcept {}
 void NcclCollectives::drain(int) {}
+
+std::string nccl_unique_id() { unsupported(); }
 
 Tensor nccl_reduce(ReduceOp, const std::vector<Tensor>&, std::shared_ptr<void>&, std::mutex&) { unsupported(); }
 

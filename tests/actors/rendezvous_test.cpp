@@ -85,13 +85,40 @@ TEST_CASE("rendezvous gives every worker the peer table in rank order") {
   for (const auto& r : results) CHECK(r == "table of 3");
 }
 
+TEST_CASE("every worker receives the chief's collective id (the ncclUniqueId) with the peer table") {
+  auto options = cluster(3);
+  const std::string id(256, 'a');
+  options[0].collective_id = id.substr(0, 250) + "0f9e3d";
+  std::vector<std::unique_ptr<node>> nodes;
+  for (std::size_t i = 0; i < options.size(); ++i) nodes.push_back(std::make_unique<node>());
+  std::vector<std::vector<member>> tables(options.size());
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < options.size(); ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        tables[i] = rendezvous(*nodes[i]->system, options[i]);
+      } catch (const std::exception&) {
+        tables[i].clear();  // the size check below reports it
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& table : tables) {
+    REQUIRE(table.size() == 3);
+    CHECK(table[0].collective_id == options[0].collective_id);
+    CHECK(table[1].collective_id.empty());
+    CHECK(table[2].data_port == 40002);
+  }
+}
+
 TEST_CASE("a worker that speaks another protocol version fails every worker, named") {
   auto options = cluster(2);
-  options[1].version = 2;
+  options[1].version = options[0].version + 1;
   auto results = run(options);
-  for (const auto& r : results) {
-    CHECK(r.find("/job:worker/replica:0/task:1 speaks rendezvous protocol version 2, the chief 1") != std::string::npos);
-  }
+  const std::string expected = "/job:worker/replica:0/task:1 speaks rendezvous protocol version " +
+                               std::to_string(options[0].version + 1) + ", the chief " +
+                               std::to_string(options[0].version);
+  for (const auto& r : results) CHECK(r.find(expected) != std::string::npos);
 }
 
 TEST_CASE("a worker without the cluster token fails every worker, and the token never travels") {

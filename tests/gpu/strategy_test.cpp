@@ -6,6 +6,11 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <random>
 
@@ -404,6 +409,65 @@ TEST_CASE("a failing GPU replica fails the step with its cause, and the next ste
     });
     CHECK(contains(mismatch, "replica 0 sent float32 tensor of shape [4]"));
     CHECK(contains(mismatch, "replica 1 sent float32 tensor of shape [5]"));
+  }
+}
+
+namespace {
+
+std::uint16_t free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace
+
+TEST_CASE("MultiWorkerMirroredStrategy with NCCL: the chief's id joins a communicator, and every call works") {
+  // One worker: the whole cross-worker path (the id through the rendezvous, ncclCommInitRank on a
+  // non-blocking communicator, the ring for cross-replica sums) on one machine's GPUs. Clusters of
+  // several workers need a GPU per worker process.
+  const int n = gpu_count();
+  Runtime rt;
+  auto resolver = std::make_shared<SimpleClusterResolver>(
+      ClusterSpec(ClusterSpec::JobMap{{"worker", {"127.0.0.1:" + std::to_string(free_port())}}}), "worker", 0);
+  CommunicationOptions options;
+  options.implementation = CommunicationImplementation::nccl;
+  MultiWorkerMirroredStrategy s(rt, options, resolver);
+  REQUIRE(s.num_replicas_in_sync() == n);
+  CHECK(s.extended().worker_devices()[0] == gpu0);
+  auto ids = s.experimental_distribute_values_from_function(
+      [](const ValueContext& ctx) { return Tensor::full({4}, ctx.replica_id_in_sync_group + 1, DType::f32); });
+  auto summed = s.run([](const Tensor& x) {
+    auto* ctx = get_replica_context();
+    Tensor sum = ctx->all_reduce(ReduceOp::sum, x);
+    Tensor mean = ctx->all_reduce(ReduceOp::mean, x);
+    Tensor gathered = ctx->all_gather(x, 0);
+    return concat({sum, mean, gathered.slice(0, 4)}, 0);
+  }, ids);
+  const float total = n * (n + 1) / 2.0f;
+  for (const Tensor& t : s.experimental_local_results(summed)) {
+    CHECK(t.is_gpu());
+    const auto v = t.to_vector<float>();
+    CHECK(v[0] == total);
+    CHECK(v[4] == total / static_cast<float>(n));
+    CHECK(v[8] == 1.0f);
+  }
+  CHECK(s.reduce(ReduceOp::sum, ids, std::nullopt).to_vector<float>()[0] == total);
+  CHECK(s.gather(ids, 0).shape() == Shape{4 * n});
+  auto scope = s.scope();
+  Variable w(Tensor::from_vector<float>({1.0f, 2.0f}), "w");
+  nn::SGD sgd(0.5f);
+  sgd.build({{"w", w}});
+  s.run([&] { sgd.apply_gradients({{Tensor::from_vector<float>({1.0f, 1.0f}), w}}); });
+  for (const Tensor& t : s.experimental_local_results(w)) {
+    CHECK(t.is_gpu());
+    CHECK(t.to_vector<float>() == std::vector<float>{1.0f - 0.5f * n, 2.0f - 0.5f * n});
   }
 }
 

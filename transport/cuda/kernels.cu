@@ -448,9 +448,9 @@ int launch_binary(binary_op op, const void* a, const void* b, void* out, std::in
     using T = decltype(value);
     return with_op(op, [&](auto tag) {
       constexpr binary_op Op = decltype(tag)::value;
-      return launch_elementwise(
-          count, binary_fn<T, Op>{static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), div_by_zero},
-          stream);
+      const binary_fn<T, Op> f{static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out),
+                               div_by_zero};
+      return launch_elementwise(count, f, stream);
     });
   });
 }
@@ -515,9 +515,9 @@ int launch_sgd(const void* w, const void* g, void* out_w, std::int64_t count, sc
   if (count <= 0) return 0;
   return with_float_type(type, [&](auto value) {
     using T = decltype(value);
-    return launch_elementwise(
-        count, sgd_fn<T>{static_cast<const T*>(w), static_cast<const T*>(g), static_cast<T*>(out_w), static_cast<T>(lr)},
-        stream);
+    const sgd_fn<T> f{static_cast<const T*>(w), static_cast<const T*>(g), static_cast<T*>(out_w),
+                      static_cast<T>(lr)};
+    return launch_elementwise(count, f, stream);
   });
 }
 

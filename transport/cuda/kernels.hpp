@@ -64,7 +64,7 @@ int launch_sgd(const void* w, const void* g, void* out_w, std::int64_t count, sc
 int launch_sgd_momentum(const void* w, const void* g, const void* vel, void* out_w, void* out_vel, std::int64_t count,
                         scalar_type type, double lr, double momentum, bool nesterov, void* stream);
 
-/// out_m = b1 * m + one_minus_b1 * g;  out_v = b2 * v + one_minus_b2 * g * g;
+/// out_m = b1 * m + one_minus_b1 * g;  out_v = b2 * v + one_minus_b2 * (g * g)  (g squared first, as on the CPU);
 /// out_w = w - lr_t * out_m / (sqrt(out_v) + eps)
 int launch_adam(const void* w, const void* g, const void* m, const void* v, void* out_w, void* out_m, void* out_v,
                 std::int64_t count, scalar_type type, double lr_t, double b1, double one_minus_b1, double b2,

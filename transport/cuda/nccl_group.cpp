@@ -73,13 +73,104 @@ void device_buffer::fill(std::int64_t count, scalar_type type, double value) {
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
+std::string nccl_unique_id_hex() {
+  ncclUniqueId id;
+  check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (char c : id.internal) {
+    const auto b = static_cast<unsigned char>(c);
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
+
 struct nccl_group::impl {
   std::vector<ncclComm_t> comms;
   std::vector<cudaStream_t> streams;
   bool aborted = false;
+  bool nonblocking = false;
 };
 
+nccl_group::nccl_group(std::vector<int> devices, int nranks, int first_rank, const std::string& unique_id_hex,
+                       std::chrono::milliseconds timeout)
+    : devices_(std::move(devices)), nranks_(nranks), impl_(std::make_unique<impl>()) {
+  ncclUniqueId id;
+  if (unique_id_hex.size() != 2 * sizeof id.internal) {
+    throw std::invalid_argument("nccl_group: the collective id has " + std::to_string(unique_id_hex.size()) +
+                                " hex digits, expected " + std::to_string(2 * sizeof id.internal));
+  }
+  auto digit = [&](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    throw std::invalid_argument("nccl_group: the collective id is not hex");
+  };
+  for (std::size_t i = 0; i < sizeof id.internal; ++i) {
+    id.internal[i] = static_cast<char>(digit(unique_id_hex[2 * i]) * 16 + digit(unique_id_hex[2 * i + 1]));
+  }
+  if (devices_.empty()) throw std::invalid_argument("nccl_group: no devices");
+  if (first_rank < 0 || first_rank + static_cast<int>(devices_.size()) > nranks) {
+    throw std::invalid_argument("nccl_group: ranks " + std::to_string(first_rank) + ".." +
+                                std::to_string(first_rank + static_cast<int>(devices_.size()) - 1) + " do not fit in " +
+                                std::to_string(nranks));
+  }
+  impl_->nonblocking = true;
+  impl_->comms.assign(devices_.size(), nullptr);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t rc = ncclGroupStart();
+  for (std::size_t i = 0; rc == ncclSuccess && i < devices_.size(); ++i) {
+    check(cudaSetDevice(devices_[i]), "cudaSetDevice");
+    rc = ncclCommInitRankConfig(&impl_->comms[i], nranks, id, first_rank + static_cast<int>(i), &config);
+  }
+  ncclResult_t end = ncclGroupEnd();
+  if (rc == ncclSuccess || rc == ncclInProgress) rc = end;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (std::size_t i = 0; (rc == ncclSuccess || rc == ncclInProgress) && i < impl_->comms.size(); ++i) {
+    for (;;) {
+      if (impl_->comms[i] == nullptr) break;
+      ncclResult_t state = ncclSuccess;
+      rc = ncclCommGetAsyncError(impl_->comms[i], &state);
+      if (rc != ncclSuccess) break;
+      if (state != ncclInProgress) {
+        rc = state;
+        break;
+      }
+      if (timeout.count() > 0 && std::chrono::steady_clock::now() >= deadline) {
+        abort();
+        throw cuda_error("nccl_group: not every rank of " + std::to_string(nranks) + " joined within " +
+                         std::to_string(timeout.count()) + " ms; the communicators were aborted");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  if (rc != ncclSuccess) {
+    abort();
+    check(rc, "ncclCommInitRankConfig");
+  }
+  for (int d : devices_) {
+    check(cudaSetDevice(d), "cudaSetDevice");
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    impl_->streams.push_back(s);
+  }
+}
+
+void nccl_group::settle(int rank) {
+  if (!impl_->nonblocking) return;
+  ncclComm_t comm = impl_->comms.at(static_cast<std::size_t>(rank));
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    check(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError");
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) check(state, "NCCL");
+    std::this_thread::yield();
+  }
+}
+
 nccl_group::nccl_group(std::vector<int> devices) : devices_(std::move(devices)), impl_(std::make_unique<impl>()) {
+  nranks_ = static_cast<int>(devices_.size());
   if (devices_.empty()) throw std::invalid_argument("nccl_group: no devices");
   const int available = device_count();
   for (int d : devices_) {
@@ -111,7 +202,9 @@ nccl_group::~nccl_group() {
 void nccl_group::abort() {
   if (impl_->aborted) return;
   impl_->aborted = true;
-  for (ncclComm_t c : impl_->comms) ncclCommAbort(c);
+  for (ncclComm_t c : impl_->comms) {
+    if (c != nullptr) ncclCommAbort(c);
+  }
 }
 
 bool nccl_group::aborted() const noexcept { return impl_->aborted; }

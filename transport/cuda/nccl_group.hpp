@@ -15,6 +15,8 @@ namespace troupe::transport::cuda {
 int device_count();
 /// "2.28.9": the NCCL library this process loaded.
 std::string nccl_version();
+/// A new ncclUniqueId (ncclGetUniqueId) as 256 hex digits: what the chief hands every worker.
+std::string nccl_unique_id_hex();
 
 /// A CUDA or NCCL call failed; what() names the call and the error string.
 class cuda_error : public std::runtime_error {
@@ -49,12 +51,24 @@ class device_buffer {
 class nccl_group {
  public:
   explicit nccl_group(std::vector<int> devices);
+  /// One communicator spanning several processes: this process's GPUs `devices` become ranks
+  /// first_rank, first_rank + 1, ... of `nranks`, joined by the chief's id (nccl_unique_id_hex).
+  /// The communicators are non-blocking: a rank that never joins makes this throw cuda_error
+  /// after `timeout` (0: wait as long as it takes) instead of hanging, and aborts what was made.
+  nccl_group(std::vector<int> devices, int nranks, int first_rank, const std::string& unique_id_hex,
+             std::chrono::milliseconds timeout);
   /// ncclCommDestroy, or nothing after abort().
   ~nccl_group();
   nccl_group(const nccl_group&) = delete;
   nccl_group& operator=(const nccl_group&) = delete;
 
   int size() const noexcept { return static_cast<int>(devices_.size()); }
+  /// Ranks of the whole communicator: size() within one process, more across processes.
+  int nranks() const noexcept { return nranks_; }
+
+  /// For non-blocking communicators: waits until rank `rank`'s calls since the last ncclGroupEnd
+  /// are issued (ncclCommGetAsyncError leaves ncclInProgress); throws cuda_error on an error.
+  void settle(int rank);
 
   /// All-reduces buffers[i] (on devices[i]) in place, as one NCCL group call, and waits for the
   /// streams. A wait longer than `timeout` (0: none) aborts every communicator (ncclCommAbort)
@@ -73,6 +87,7 @@ class nccl_group {
  private:
   struct impl;
   std::vector<int> devices_;
+  int nranks_ = 0;
   std::unique_ptr<impl> impl_;
 };
 

@@ -20,6 +20,7 @@ struct member {
   std::string data_host;   ///< where its data plane listens
   std::uint16_t data_port = 0;
   int devices = 0;         ///< local replicas
+  std::string collective_id;  ///< the chief's: what its GPU collectives are joined by (hex); else empty
 };
 
 /// What one worker brings to the rendezvous.
@@ -33,7 +34,10 @@ struct rendezvous_options {
   std::uint16_t data_port = 0;
   std::string token;                  ///< the shared cluster token (TROUPE_CLUSTER_TOKEN); may be empty
   std::chrono::milliseconds timeout{60000};
-  std::uint32_t version = 1;          ///< protocol version; every worker must agree
+  std::uint32_t version = 2;          ///< protocol version; every worker must agree
+  /// The chief's only: an id every worker needs to join its GPU collectives (the ncclUniqueId, as
+  /// hex), handed to all of them with the peer table. Hex digits only.
+  std::string collective_id;
 };
 
 /// The rendezvous of a multi-worker strategy, numbered as it happens:
@@ -42,7 +46,8 @@ struct rendezvous_options {
 ///      joins with: protocol version, rank, HMAC-SHA256(token, nonce) (the token never travels),
 ///      local device count and data-plane endpoint.
 ///   3. The chief checks each join (version, token proof, device count equal to its own, a rank
-///      that is free) and, once every worker has joined, sends all of them the peer table.
+///      that is free) and, once every worker has joined, sends all of them the peer table (with
+///      its collective_id in its own entry).
 ///   4. A bad join, or the timeout with workers still missing, fails every worker with the same
 ///      error naming the culprit (the missing tasks by name).
 /// Returns the peer table in rank order, or throws std::runtime_error with that error.
