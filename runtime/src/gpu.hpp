@@ -26,9 +26,11 @@ enum class binary_op : int { add = 0, sub = 1, mul = 2, div = 3 };
 bool built_with_cuda() noexcept;
 
 /// Device memory on GPU `device` (stream-ordered pool, never managed memory); nullptr for 0 bytes.
-void* allocate(int device, std::size_t bytes);
+/// Sets *capacity to the block's size, which release() needs back. A thread keeps the blocks it
+/// releases (up to 2 GiB per GPU) and allocates from them first, without a CUDA call.
+void* allocate(int device, std::size_t bytes, std::size_t* capacity);
 /// Returns memory from allocate(), ordered after the calling thread's work on that GPU.
-void release(int device, void* data) noexcept;
+void release(int device, void* data, std::size_t capacity) noexcept;
 
 /// Copies `bytes` between host memory (device -1) and GPU memory, or between two GPUs. Host
 /// memory goes through pinned staging buffers. Returns when the destination is safe to use from

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "gpu.hpp"
@@ -20,6 +22,14 @@ namespace kernels = transport::cuda;
 
 constexpr int max_devices = 64;
 constexpr std::size_t staging_bytes = std::size_t{4} << 20;  // per buffer; two per thread
+constexpr std::size_t cache_limit = std::size_t{2} << 30;    // idle blocks a thread keeps per GPU
+
+// Sizes are rounded so that a step's tensors find their blocks again: to 512 bytes, and to 2 MiB
+// from 2 MiB up.
+std::size_t block_size(std::size_t bytes) {
+  const std::size_t unit = bytes >= (std::size_t{2} << 20) ? (std::size_t{2} << 20) : 512;
+  return (bytes + unit - 1) / unit * unit;
+}
 
 void check(cudaError_t rc, const char* what) {
   if (rc != cudaSuccess) {
@@ -56,11 +66,25 @@ struct thread_state {
   cudaEvent_t staged[2] = {nullptr, nullptr};
   int* div_flag[max_devices] = {};
   bool replica = false;
+  // Blocks this thread released, by size, for it to allocate again without a CUDA call. A block
+  // is released here only when this thread's stream holds the last work on it (gpu.hpp), so
+  // handing it out again on the same stream is ordered after that work.
+  std::unordered_map<std::size_t, std::vector<void*>> cached[max_devices];
+  std::size_t cached_bytes[max_devices] = {};
+
+  void drop_cache(int d) {
+    for (auto& [size, blocks] : cached[d]) {
+      for (void* p : blocks) (void)cudaFreeAsync(p, streams[d]);
+    }
+    cached[d].clear();
+    cached_bytes[d] = 0;
+  }
 
   ~thread_state() {
     for (int d = 0; d < max_devices; ++d) {
       if (streams[d] != nullptr) {
         cudaSetDevice(d);
+        drop_cache(d);
         cudaStreamSynchronize(streams[d]);
         if (div_flag[d] != nullptr) cudaFree(div_flag[d]);
         cudaStreamDestroy(streams[d]);
@@ -112,11 +136,29 @@ void* stream(int device) { return state().stream_for(device); }
 
 void synchronize(int device) { check(cudaStreamSynchronize(state().stream_for(device)), "cudaStreamSynchronize"); }
 
-void* allocate(int device, std::size_t bytes) {
+void* allocate(int device, std::size_t bytes, std::size_t* capacity) {
+  *capacity = 0;
   if (bytes == 0) return nullptr;
-  cudaStream_t s = state().stream_for(device);
+  thread_state& st = state();
+  cudaStream_t s = st.stream_for(device);
+  const std::size_t size = block_size(bytes);
+  auto it = st.cached[device].find(size);
+  if (it != st.cached[device].end() && !it->second.empty()) {
+    void* p = it->second.back();
+    it->second.pop_back();
+    st.cached_bytes[device] -= size;
+    *capacity = size;
+    return p;
+  }
   void* p = nullptr;
-  cudaError_t rc = cudaMallocAsync(&p, bytes, s);
+  cudaError_t rc = cudaMallocAsync(&p, size, s);
+  if (rc == cudaErrorMemoryAllocation && st.cached_bytes[device] > 0) {
+    // Give this thread's idle blocks back and try once more.
+    (void)cudaGetLastError();
+    st.drop_cache(device);
+    (void)cudaStreamSynchronize(s);
+    rc = cudaMallocAsync(&p, size, s);
+  }
   if (rc != cudaSuccess) {
     (void)cudaGetLastError();
     size_t free_bytes = 0, total = 0;
@@ -125,13 +167,24 @@ void* allocate(int device, std::size_t bytes) {
                              " bytes (" + cudaGetErrorString(rc) + "; " + std::to_string(free_bytes >> 20) + " of " +
                              std::to_string(total >> 20) + " MiB free)");
   }
+  *capacity = size;
   return p;
 }
 
-void release(int device, void* data) noexcept {
+void release(int device, void* data, std::size_t capacity) noexcept {
   if (data == nullptr) return;
   try {
-    cudaStream_t s = state().stream_for(device);
+    thread_state& st = state();
+    cudaStream_t s = st.stream_for(device);
+    if (st.cached_bytes[device] + capacity <= cache_limit) {
+      try {
+        st.cached[device][capacity].push_back(data);
+        st.cached_bytes[device] += capacity;
+        return;
+      } catch (const std::bad_alloc&) {
+        // no room to remember it: free it
+      }
+    }
     if (cudaFreeAsync(data, s) != cudaSuccess) (void)cudaGetLastError();
   } catch (...) {
     // A stream cannot be had while the process is going down: the driver reclaims the memory.

@@ -17,11 +17,12 @@ namespace {
 }  // namespace
 
 bool built_with_cuda() noexcept { return false; }
-void* allocate(int, std::size_t bytes) {
+void* allocate(int, std::size_t bytes, std::size_t* capacity) {
+  *capacity = 0;
   if (bytes == 0) return nullptr;
   unsupported();
 }
-void release(int, void*) noexcept {}
+void release(int, void*, std::size_t) noexcept {}
 void copy(void*, int, const void*, int, std::size_t) { unsupported(); }
 void copy_rows(int, void*, std::size_t, const void*, std::size_t, std::size_t, std::size_t) { unsupported(); }
 void zero(int, void*, std::size_t) { unsupported(); }

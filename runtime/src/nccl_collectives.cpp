@@ -152,8 +152,20 @@ void NcclCollectives::fail() noexcept {
 void NcclCollectives::drain(int replica) {
   const int device = impl_->devices[static_cast<std::size_t>(replica)].index();
   auto stream = static_cast<cudaStream_t>(troupe::detail::gpu::stream(device));
+  if (impl_->timeout.count() == 0) {
+    // Unbounded: the driver's own wait wakes the moment the stream is done. A replica that fails
+    // aborts the communicators (fail()), which ends any NCCL kernel this stream waits on.
+    const cudaError_t rc = cudaStreamSynchronize(stream);
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (impl_->failed.load()) throw CollectiveAborted("released: another replica failed");
+      throw std::runtime_error("GPU:" + std::to_string(device) + ": " + cudaGetErrorString(rc));
+    }
+    if (impl_->failed.load()) throw CollectiveAborted("released: another replica failed");
+    return;
+  }
   const auto start = std::chrono::steady_clock::now();
-  for (int polls = 0;; ++polls) {
+  for (;;) {
     const cudaError_t rc = cudaStreamQuery(stream);
     if (rc == cudaSuccess) break;
     if (rc != cudaErrorNotReady) {
@@ -166,7 +178,9 @@ void NcclCollectives::drain(int replica) {
       throw CollectiveAborted("GPU:" + std::to_string(device) + ": the replica's NCCL collectives did not complete within " +
                               std::to_string(impl_->timeout.count()) + " ms; the communicators were aborted");
     }
-    if (polls < 1000) {
+    // Poll without sleeping for the first 20 ms (a sleep overshoots by tens of microseconds, which
+    // a step would pay), then gently.
+    if (waited < std::chrono::milliseconds(20)) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(50));

@@ -78,14 +78,12 @@ Storage::Storage(std::size_t n) : nbytes(n) {
   }
 }
 
-Storage::Storage(int device, std::size_t n) : nbytes(n), capacity(n), gpu(device) {
-  data = gpu::allocate(device, n);
-}
+Storage::Storage(int device, std::size_t n) : nbytes(n), gpu(device) { data = gpu::allocate(device, n, &capacity); }
 
 Storage::~Storage() {
   if (data == nullptr) return;
   if (gpu >= 0) {
-    gpu::release(gpu, data);
+    gpu::release(gpu, data, capacity);
     return;
   }
   if (capacity >= cache_min_bytes) {

@@ -18,12 +18,20 @@ namespace gpu = troupe::detail::gpu;
 
 transport::scalar_type scalar_type_of(DType dtype) { return static_cast<transport::scalar_type>(dtype); }
 
-// A GPU kernel's operands must all be on the first one's GPU.
-void check_same_gpu(const char* op, const Tensor& first, const Tensor& other) {
-  if (!other.is_gpu() || other.device().index() != first.device().index()) {
-    throw std::invalid_argument(std::string(op) + ": operands are on " + first.device().to_string() + " and " +
-                                other.device().to_string() + " (move one with to() first)");
+// The GPU of an operation some of whose operands are GPU tensors: host operands are copied there
+// (as TensorFlow places an op's inputs on its device); operands on two GPUs are an error.
+Device gpu_of(const char* op, std::initializer_list<const Tensor*> operands) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : operands) {
+    if (!t->is_gpu()) continue;
+    if (first == nullptr) {
+      first = t;
+    } else if (t->device().index() != first->device().index()) {
+      throw std::invalid_argument(std::string(op) + ": operands are on " + first->device().to_string() + " and " +
+                                  t->device().to_string() + " (move one with to() first)");
+    }
   }
+  return first == nullptr ? Device() : first->device();
 }
 
 }  // namespace
@@ -51,9 +59,11 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
                                 (transpose_b ? " (transposed)" : "") + " (expected op(a) [m, k] and op(b) [k, n])");
   }
   if (a.is_gpu() || b.is_gpu()) {
-    check_same_gpu("matmul", a.is_gpu() ? a : b, a.is_gpu() ? b : a);
-    Tensor out = Tensor::empty({m, n}, a.dtype(), a.device());
-    gpu::matmul(a.device().index(), a.raw_data(), b.raw_data(), out.raw_mutable_data(), m, n, ka, transpose_a,
+    const Device where = gpu_of("matmul", {&a, &b});
+    const Tensor ga = a.to(where);
+    const Tensor gb = b.to(where);
+    Tensor out = Tensor::empty({m, n}, a.dtype(), where);
+    gpu::matmul(where.index(), ga.raw_data(), gb.raw_data(), out.raw_mutable_data(), m, n, ka, transpose_a,
                 transpose_b, scalar_type_of(a.dtype()));
     return out;
   }
@@ -90,10 +100,12 @@ Tensor relu_grad(const Tensor& grad, const Tensor& output) {
   check_float(grad, "relu_grad");
   check_same_shape(grad, output, "relu_grad");
   if (grad.is_gpu() || output.is_gpu()) {
-    check_same_gpu("relu_grad", grad.is_gpu() ? grad : output, grad.is_gpu() ? output : grad);
-    Tensor out = Tensor::empty(grad.shape(), grad.dtype(), grad.device());
-    gpu::relu_grad(grad.device().index(), grad.raw_data(), output.raw_data(), out.raw_mutable_data(),
-                   grad.num_elements(), scalar_type_of(grad.dtype()));
+    const Device where = gpu_of("relu_grad", {&grad, &output});
+    const Tensor g = grad.to(where);
+    const Tensor o = output.to(where);
+    Tensor out = Tensor::empty(grad.shape(), grad.dtype(), where);
+    gpu::relu_grad(where.index(), g.raw_data(), o.raw_data(), out.raw_mutable_data(), grad.num_elements(),
+                   scalar_type_of(grad.dtype()));
     return out;
   }
   Tensor out = Tensor::empty(grad.shape(), grad.dtype());
@@ -167,15 +179,12 @@ Tensor dense_forward(const Tensor& x, const Tensor& kernel, const Tensor& bias, 
                                 " do not fit (expected [batch, in], [in, units] and [units])");
   }
   if (x.is_gpu() || kernel.is_gpu() || bias.is_gpu()) {
-    const Tensor& first = x.is_gpu() ? x : (kernel.is_gpu() ? kernel : bias);
-    check_same_gpu("dense_forward", first, x);
-    check_same_gpu("dense_forward", first, kernel);
-    check_same_gpu("dense_forward", first, bias);
-    Tensor product = matmul(x, kernel);
-    Tensor out = Tensor::empty(product.shape(), x.dtype(), x.device());
-    gpu::bias_activation(x.device().index(), product.raw_data(), bias.raw_data(), out.raw_mutable_data(),
-                         product.shape()[0], product.shape()[1], activation == Activation::relu,
-                         scalar_type_of(x.dtype()));
+    const Device where = gpu_of("dense_forward", {&x, &kernel, &bias});
+    Tensor product = matmul(x.to(where), kernel.to(where));
+    const Tensor b = bias.to(where);
+    Tensor out = Tensor::empty(product.shape(), x.dtype(), where);
+    gpu::bias_activation(where.index(), product.raw_data(), b.raw_data(), out.raw_mutable_data(), product.shape()[0],
+                         product.shape()[1], activation == Activation::relu, scalar_type_of(x.dtype()));
     return out;
   }
   Tensor out = Tensor::empty({x.shape()[0], kernel.shape()[1]}, x.dtype());
@@ -205,11 +214,13 @@ DenseGradients dense_backward(const Tensor& x, const Tensor& kernel, const Tenso
                                 " do not fit (expected [batch, in], [in, units] and [batch, units])");
   }
   Tensor g = activation == Activation::relu ? relu_grad(grad_output, output) : grad_output;
-  if (g.is_gpu()) {
+  if (g.is_gpu() || x.is_gpu() || kernel.is_gpu()) {
+    const Device where = gpu_of("dense_backward", {&x, &kernel, &g});
+    g = g.to(where);
     DenseGradients grads;
-    grads.kernel = matmul(x, g, true, false);
+    grads.kernel = matmul(x.to(where), g, true, false);
     grads.bias = reduce_sum(g, 0);
-    if (need_input) grads.input = matmul(g, kernel, false, true);
+    if (need_input) grads.input = matmul(g, kernel.to(where), false, true);
     return grads;
   }
   DenseGradients grads;

@@ -280,8 +280,11 @@ void Adam::update(const Tensor& gradient, Variable& variable, std::vector<Variab
     const auto g = array<T>(gradient);
     array<T>(next_m) = static_cast<T>(b1) * array<T>(m) + static_cast<T>(1.0 - b1) * g;
     array<T>(next_v) = static_cast<T>(b2) * array<T>(v) + static_cast<T>(1.0 - b2) * g.square();
+    // std::sqrt, correctly rounded: Eigen's vectorised sqrt may approximate (EIGEN_FAST_MATH), and
+    // the GPU's kernel computes the exact one, so both give the same bits.
     array<T>(next) = array<T>(w) - static_cast<T>(lr_t) * array<T>(next_m) /
-                                       (array<T>(next_v).sqrt() + static_cast<T>(epsilon_));
+                                       (array<T>(next_v).unaryExpr([](T x) { return std::sqrt(x); }) +
+                                        static_cast<T>(epsilon_));
   });
   slots[0].assign_local(next_m);
   slots[1].assign_local(next_v);
