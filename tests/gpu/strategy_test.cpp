@@ -11,7 +11,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 
 #include "../common/temp_dir.hpp"
@@ -410,6 +412,27 @@ TEST_CASE("a failing GPU replica fails the step with its cause, and the next ste
     CHECK(contains(mismatch, "replica 0 sent float32 tensor of shape [4]"));
     CHECK(contains(mismatch, "replica 1 sent float32 tensor of shape [5]"));
   }
+}
+
+TEST_CASE("a GPU replica whose work outlasts TROUPE_COLLECTIVE_TIMEOUT_MS fails the step instead of waiting") {
+  setenv("TROUPE_COLLECTIVE_TIMEOUT_MS", "30", 1);
+  Runtime rt;
+  MirroredStrategy g(rt, gpus(1));
+  unsetenv("TROUPE_COLLECTIVE_TIMEOUT_MS");
+  const Tensor a = Tensor::full({4096, 4096}, 1.0f, DType::f32, gpu0);
+  const auto start = std::chrono::steady_clock::now();
+  std::string msg = message_of([&] {
+    g.run([&] {
+      Tensor x = a;
+      for (int i = 0; i < 16; ++i) x = nn::matmul(x, a) * 0.0f;  // seconds of work on one GPU
+      return get_replica_context()->all_reduce(ReduceOp::sum, x);
+    });
+  });
+  CHECK(contains(msg, "did not complete within 30 ms; the communicators were aborted"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+  // The next step runs on new communicators, after the queued work.
+  auto ok = g.run([] { return get_replica_context()->all_reduce(ReduceOp::sum, Tensor::scalar<int>(5)); });
+  CHECK(g.experimental_local_results(ok)[0].item<int>() == 5);
 }
 
 namespace {
