@@ -106,10 +106,11 @@ struct Cluster {
     return out;
   }
 
-  // Concatenates every worker's `t` along axis 0, in worker order. The workers first agree on
-  // dtype and shapes (a sum of a table where each fills its row), then sum a zero buffer in which
-  // each has written its rows at its offset.
-  Tensor concat(const Tensor& t_in) {
+  // Concatenates every worker's `t` along `axis`, in worker order. The workers first agree on
+  // dtype, rank and every dimension but `axis` (a sum of a table where each fills its row), then
+  // exchange their elements (a sum of a zero buffer in which each has written its own at its
+  // offset) and join the parts.
+  Tensor gather(const Tensor& t_in, int axis) {
     const Tensor t = t_in.to(Device());  // the ring works on host memory
     constexpr int max_rank = 8;
     constexpr int cols = 2 + max_rank;
@@ -124,30 +125,34 @@ struct Cluster {
     for (int d = 0; d < t.rank(); ++d) row[2 + d] = t.shape()[static_cast<std::size_t>(d)];
     ring_all_reduce(table);
     const auto* all = table.data<std::int64_t>();
-    std::int64_t total = 0;
-    std::int64_t offset = 0;
+    std::vector<Shape> shapes(static_cast<std::size_t>(workers));
+    std::vector<std::int64_t> offsets(static_cast<std::size_t>(workers) + 1, 0);
     for (int w = 0; w < workers; ++w) {
       const auto* r = all + w * cols;
       bool same = r[0] == all[0] && r[1] == all[1];
-      for (int d = 1; same && d < t.rank(); ++d) same = r[2 + d] == all[2 + d];
+      for (int d = 0; same && d < t.rank(); ++d) same = d == axis || r[2 + d] == all[2 + d];
       if (!same) {
         throw std::invalid_argument("gather across workers: " + members[static_cast<std::size_t>(w)].task +
                                     " sent another dtype or shape than " + members[0].task +
-                                    "; only the size of axis 0 may differ");
+                                    "; only the size of axis " + std::to_string(axis) + " may differ");
       }
-      if (w == rank) offset = total;
-      total += r[2];
+      shapes[static_cast<std::size_t>(w)].assign(r + 2, r + 2 + t.rank());
+      offsets[static_cast<std::size_t>(w) + 1] =
+          offsets[static_cast<std::size_t>(w)] + shape_num_elements(shapes[static_cast<std::size_t>(w)]);
     }
-    Shape shape = t.shape();
-    shape[0] = total;
-    Tensor out = Tensor::zeros(shape, t.dtype());
+    Tensor flat = Tensor::zeros({offsets.back()}, t.dtype());
     if (t.nbytes() > 0) {
-      const std::size_t row_bytes = t.nbytes() / static_cast<std::size_t>(t.shape()[0]);
-      std::memcpy(static_cast<char*>(out.raw_mutable_data()) + static_cast<std::size_t>(offset) * row_bytes,
+      std::memcpy(static_cast<char*>(flat.raw_mutable_data()) +
+                      static_cast<std::size_t>(offsets[static_cast<std::size_t>(rank)]) * dtype_size(t.dtype()),
                   t.raw_data(), t.nbytes());
     }
-    ring_all_reduce(out);
-    return out.to(t_in.device());
+    ring_all_reduce(flat);
+    std::vector<Tensor> parts;
+    parts.reserve(shapes.size());
+    for (std::size_t w = 0; w < shapes.size(); ++w) {
+      parts.push_back(flat.slice(offsets[w], offsets[w + 1]).reshape(shapes[w]));
+    }
+    return troupe::concat(parts, axis).to(t_in.device());
   }
 };
 
@@ -216,13 +221,9 @@ class HierarchicalCollectives final : public detail::ReplicaCollectives {
 
   Tensor all_gather(int replica, const Tensor& value, int axis) override {
     const int ax = troupe::detail::checked_axis("all_gather", axis, value.rank());
-    if (ax != 0) {
-      throw std::invalid_argument("all_gather: across workers only axis 0 is supported, got axis " +
-                                  std::to_string(axis));
-    }
-    Tensor mine = local_.all_gather(replica, value, 0);
+    Tensor mine = local_.all_gather(replica, value, ax);
     local_.merge(replica, &mine, [&](const std::vector<const void*>& all) {
-      mine = cluster_.concat(mine);
+      mine = cluster_.gather(mine, ax);
       for (std::size_t r = 1; r < all.size(); ++r) *static_cast<Tensor*>(const_cast<void*>(all[r])) = mine;
     });
     return mine;
@@ -255,7 +256,7 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
   int num_workers() const override { return cluster_->workers; }
   int worker_index() const override { return cluster_->rank; }
   Tensor sum_across_workers(const Tensor& local) override { return cluster_->sum(local); }
-  Tensor concat_across_workers(const Tensor& local) override { return cluster_->concat(local); }
+  Tensor concat_across_workers(const Tensor& local, int axis) override { return cluster_->gather(local, axis); }
 
  protected:
   // GPU replicas meet every worker's through NCCL; CPU replicas locally, then over the TCP ring.

@@ -210,10 +210,7 @@ Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) {
   for (const Tensor& p : parts) together.push_back(p.to(first.device()));
   Tensor local = concat(together, ax).with_device(Device{});
   if (backend_->num_workers() == 1) return local;
-  if (ax != 0) {
-    throw std::invalid_argument("gather: across workers only axis 0 is supported, got axis " + std::to_string(axis));
-  }
-  return backend_->concat_across_workers(local);
+  return backend_->concat_across_workers(local, ax);
 }
 
 }  // namespace troupe::distribute

@@ -80,6 +80,27 @@ int collectives(MultiWorkerMirroredStrategy& s) {
     for (int k = 0; k < i % 2 + 1; ++k) want_g.push_back(i);
   }
   for (const auto& t : gathered.values()) expect_eq(t.to_vector<std::int64_t>(), want_g, "all_gather across workers");
+  // Along axis 1, uneven: global replica g holds a [2, g % 2 + 1] block of g and 100 + g.
+  auto block = [](int id) {
+    const std::int64_t cols = id % 2 + 1;
+    std::vector<std::int64_t> v;
+    for (std::int64_t c = 0; c < cols; ++c) v.push_back(id);
+    for (std::int64_t c = 0; c < cols; ++c) v.push_back(100 + id);
+    return Tensor::from_vector(v, {2, cols});
+  };
+  std::vector<std::int64_t> want_axis1;
+  for (int row = 0; row < 2; ++row) {
+    for (int i = 0; i < n; ++i) {
+      for (int k = 0; k < i % 2 + 1; ++k) want_axis1.push_back(row * 100 + i);
+    }
+  }
+  auto blocks = s.experimental_distribute_values_from_function(
+      [&](const ValueContext& c) { return block(c.replica_id_in_sync_group); });
+  expect_eq(s.gather(blocks, 1).to_vector<std::int64_t>(), want_axis1, "gather along axis 1 across workers");
+  auto gathered1 = s.run([&] { return get_replica_context()->all_gather(block(get_replica_context()->replica_id_in_sync_group()), 1); });
+  for (const auto& t : gathered1.values()) {
+    expect_eq(t.to_vector<std::int64_t>(), want_axis1, "all_gather along axis 1 across workers");
+  }
   // A distributed dataset: every replica gets its rows of each global batch.
   auto it = s.experimental_distribute_dataset(data::Dataset::range(2 * n).batch(n)).make_iterator();
   for (int step = 0; step < 2; ++step) {

@@ -40,8 +40,12 @@ class StrategyBackend {
   virtual int first_replica_id() const { return 0; }
   /// Cross-replica context: sums a tensor over the workers (identity with one worker).
   virtual Tensor sum_across_workers(const Tensor& local) { return local; }
-  /// Cross-replica context: concatenates the workers' tensors along axis 0 in worker order.
-  virtual Tensor concat_across_workers(const Tensor& local) { return local; }
+  /// Cross-replica context: concatenates the workers' tensors along `axis` in worker order (only
+  /// that dimension may differ between workers).
+  virtual Tensor concat_across_workers(const Tensor& local, int axis) {
+    (void)axis;
+    return local;
+  }
   /// Calls fn(r) for every local replica r with that replica's ReplicaContext installed, and
   /// returns once all have finished; a failure throws ReplicaError.
   virtual void execute(Strategy& strategy, const std::function<void(int)>& fn) = 0;
