@@ -36,9 +36,12 @@ void ShmCollectives::run_all_reduce(int replica, ReduceOp op, const Tensor* valu
                                     std::size_t count) {
   const Device& device = devices_[static_cast<std::size_t>(replica)];
   if (tl_buffers.size() < count) tl_buffers.resize(count);
+  std::vector<Tensor> on_host;  // GPU values the replicas of a CPU strategy were given
   for (std::size_t i = 0; i < count; ++i) {
-    outputs[i] = Tensor::empty(values[i].shape(), values[i].dtype(), device);
-    describe(tl_buffers[i], values[i]);
+    if (values[i].is_gpu() && on_host.empty()) on_host.reserve(count);
+    const Tensor& value = values[i].is_gpu() ? on_host.emplace_back(values[i].to(device)) : values[i];
+    outputs[i] = Tensor::empty(value.shape(), value.dtype(), device);
+    describe(tl_buffers[i], value);
     tl_buffers[i].out = outputs[i].raw_mutable_data();
   }
   try {
@@ -65,8 +68,9 @@ Tensor ShmCollectives::all_reduce(int replica, ReduceOp op, const Tensor& value)
 Tensor ShmCollectives::all_gather(int replica, const Tensor& value, int axis) {
   const int ax = troupe::detail::checked_axis("all_gather", axis, value.rank());
   const Device& device = devices_[static_cast<std::size_t>(replica)];
+  const Tensor host = value.is_gpu() ? value.to(device) : value;
   transport::buffer in;
-  describe(in, value);
+  describe(in, host);
   Tensor out;
   try {
     group_.all_gather(

@@ -88,8 +88,6 @@ class replica_scope {
   ~replica_scope();
   replica_scope(const replica_scope&) = delete;
   replica_scope& operator=(const replica_scope&) = delete;
-  /// Waits for everything the replica enqueued; throws if a kernel failed.
-  void drain();
 
  private:
   int device_;

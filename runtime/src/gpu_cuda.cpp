@@ -441,6 +441,5 @@ replica_scope::replica_scope(int device) : device_(device), previous_(state().re
 
 replica_scope::~replica_scope() { state().replica = previous_; }
 
-void replica_scope::drain() { check(cudaStreamSynchronize(state().stream_for(device_)), "replica stream"); }
 
 }  // namespace troupe::detail::gpu

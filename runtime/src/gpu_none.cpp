@@ -66,6 +66,5 @@ void synchronize(int) { unsupported(); }
 
 replica_scope::replica_scope(int device) : device_(device), previous_(false) { unsupported(); }
 replica_scope::~replica_scope() = default;
-void replica_scope::drain() {}
 
 }  // namespace troupe::detail::gpu

@@ -146,6 +146,20 @@ TEST_CASE("GPU tensors: errors say what is wrong") {
                  "NCCL needs GPU devices"));
 }
 
+TEST_CASE("CPU replicas given GPU tensors copy them to the host for their collectives") {
+  Runtime rt;
+  MirroredStrategy c(rt, cpus(2));
+  const Tensor on_gpu = Tensor::from_vector<float>({1.0f, 2.0f}).to(gpu0);
+  auto r = c.run([&] {
+    auto* ctx = get_replica_context();
+    return concat({ctx->all_reduce(ReduceOp::sum, on_gpu), ctx->all_gather(on_gpu, 0)}, 0);
+  });
+  for (const Tensor& t : c.experimental_local_results(r)) {
+    CHECK_FALSE(t.is_gpu());
+    CHECK(t.to_vector<float>() == std::vector<float>{2.0f, 4.0f, 1.0f, 2.0f, 1.0f, 2.0f});
+  }
+}
+
 TEST_CASE("MirroredStrategy with no devices takes every GPU, and NCCL is its cross-device op") {
   Runtime rt;
   MirroredStrategy s(rt);
