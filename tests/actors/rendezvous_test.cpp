@@ -1,34 +1,21 @@
 #include <doctest/doctest.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "../common/free_port.hpp"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "troupe/actors/rendezvous.hpp"
 
 using namespace troupe::actors;
+using troupe::testing::free_port;
 using namespace std::chrono_literals;
 
 namespace {
-
-std::uint16_t free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 struct node {
   node() {

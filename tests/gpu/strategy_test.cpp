@@ -6,22 +6,19 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 
+#include "../common/free_port.hpp"
 #include "../common/temp_dir.hpp"
 #include "../runtime/test_util.hpp"
 
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
+using troupe::testing::free_port;
 using troupe::testing::message_of;
 
 namespace {
@@ -448,22 +445,6 @@ TEST_CASE("a GPU replica whose work outlasts TROUPE_COLLECTIVE_TIMEOUT_MS fails 
   auto ok = g.run([] { return get_replica_context()->all_reduce(ReduceOp::sum, Tensor::scalar<int>(5)); });
   CHECK(g.experimental_local_results(ok)[0].item<int>() == 5);
 }
-
-namespace {
-
-std::uint16_t free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-}  // namespace
 
 TEST_CASE("MultiWorkerMirroredStrategy with NCCL: the chief's id joins a communicator, and every call works") {
   // One worker: the whole cross-worker path (the id through the rendezvous, ncclCommInitRank on a
