@@ -1,6 +1,5 @@
 #include <doctest/doctest.h>
 
-
 #include <memory>
 #include <string>
 #include <thread>

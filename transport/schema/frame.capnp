@@ -4,7 +4,17 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("troupe::wire");
 
-enum ScalarType { float32 @0; float64 @1; int32 @2; int64 @3; }
+enum ScalarType { float32 @0; float64 @1; int32 @2; int64 @3; uint8 @4; }
+
+# Which collective a frame belongs to (protocol version 3). Frames of version 2 had no kind: they
+# read as allReduce, the only collective then.
+enum Collective {
+  allReduce @0;
+  broadcast @1;         # a segment of the root's bytes, passed down the chain
+  allGather @2;         # a segment of one rank's block
+  broadcastClose @3;    # no data: the rank before the root tells the root which broadcast it
+                        # takes part in, so that the root checks it too and no frame is left over
+}
 
 struct Hello {
   magic @0 :UInt32;        # 0x74727570 ("trup")
@@ -15,9 +25,12 @@ struct Hello {
 
 struct Chunk {
   sequence @0 :UInt64;     # collectives this ring has run, for matching frames to operations
-  index @1 :UInt32;        # which chunk of the buffer
+  index @1 :UInt32;        # which chunk of the buffer (all-gather: the rank whose block it is)
   type @2 :ScalarType;
   count @3 :UInt64;        # elements in data
   data @4 :Data;
   offset @5 :UInt64;       # the first element's index in the buffer (chunks travel in segments)
+  kind @6 :Collective;
+  root @7 :UInt32;         # broadcast: the root
+  total @8 :UInt64;        # broadcast: bytes of the whole buffer; all-gather: of the whole block
 }

@@ -30,17 +30,23 @@ class peer_error : public std::runtime_error {
   int peer_;
 };
 
-/// A listening TCP socket; port 0 picks a free one.
+/// A listening TCP socket (IPv4, SO_REUSEADDR); port 0 picks a free one. `host` is an IPv4
+/// address ("0.0.0.0": every interface); anything else is std::invalid_argument.
 class listener {
  public:
   listener(const std::string& host, std::uint16_t port);
   ~listener();
   listener(const listener&) = delete;
   listener& operator=(const listener&) = delete;
+  /// The port it listens on (the one picked when 0 was asked for).
   std::uint16_t port() const noexcept { return port_; }
+  /// The listening socket's descriptor, owned by the listener.
   int fd() const noexcept { return fd_; }
 
  private:
+  friend class tcp_ring;
+  struct impl;  // the Boost.Asio acceptor
+  std::unique_ptr<impl> impl_;
   int fd_ = -1;
   std::uint16_t port_ = 0;
 };
@@ -48,15 +54,39 @@ class listener {
 /// Ring collectives between `size` processes over TCP: rank r connects to rank r+1 and accepts
 /// rank r-1. Every frame is a Cap'n Proto message whose tensor bytes are an external segment:
 /// referenced from the sender's buffer (gathered by sendmsg, no copy) and read in place on the
-/// receiver, which reduces straight from its receive buffer.
+/// receiver, which reduces straight from its receive buffer. Data travels in 1 MiB segments, so a
+/// rank receives the next segment while it handles (adds, copies, forwards) the last one.
 ///
-/// all_reduce of E elements: the buffer is cut into `size` chunks; a reduce-scatter of size-1
-/// steps (each rank sends one chunk to its successor while it receives and adds another from its
-/// predecessor) leaves rank r with the full sum of chunk r+1, which an all-gather of size-1 steps
-/// passes around. Chunks travel in 1 MiB segments: a rank reduces one segment while the socket
-/// already receives the next. Two ranks with at most 64 KiB swap whole buffers in one step
-/// instead (half the latency; a + b == b + a, so both still get the same bits). Every byte crosses each link 2(size-1)/size times, the minimum. The order of the
-/// additions is fixed by the ring, so results are identical on every rank and every run.
+/// Connection setup goes through Boost.Asio (resolver, connect retried until the timeout, accept
+/// with a deadline), then a hello each way checks the protocol version, rank and size. The
+/// collectives run on the connected sockets' native handles with sendmsg/recv and a busy-poll
+/// before poll(), tuned for latency.
+///
+/// all_reduce of E elements:
+///  1. The buffer is cut into `size` chunks.
+///  2. Reduce-scatter, size-1 steps: each rank sends one chunk to its successor while it receives
+///     and adds another from its predecessor; rank r then holds the full sum of chunk r+1.
+///  3. All-gather, size-1 steps, passes the finished chunks around.
+/// Two ranks with at most 64 KiB swap whole buffers in one step instead (half the latency;
+/// a + b == b + a, so both still get the same bits). Every byte crosses each link 2(size-1)/size
+/// times, the minimum. The order of the additions is fixed by the ring, so results are identical
+/// on every rank and every run.
+///
+/// broadcast of B bytes from root t, a pipelined chain along the ring:
+///  1. t sends its segments to t+1.
+///  2. Every other rank but t-1 forwards segment k to its successor while it receives segment
+///     k+1; t-1 only receives. Every byte crosses each link but (t-1, t) once.
+///  3. t-1 sends t one empty frame naming the broadcast (its root and size), so that the root
+///     checks the collective too and nothing is left in a socket when ranks disagree.
+///
+/// all_gather of blocks of uneven sizes: size-1 steps; in step k rank r sends block r-k (its own
+/// first, then the one it received last) to its successor while it receives block r-k-1, segment
+/// by segment. Each block crosses size-1 links once. A block of 0 bytes still travels as one
+/// empty frame, so that every rank checks every block's size.
+///
+/// Every rank must call the same collectives in the same order with the same sizes; each frame
+/// carries the operation's number, kind, root and sizes, and a peer whose frame disagrees is a
+/// peer_error naming it and both views.
 ///
 /// Peer bytes are untrusted: sizes are checked before anything is allocated, Cap'n Proto traversal
 /// limits are set per frame, and every problem is a peer_error naming the peer. Every wait is
@@ -85,7 +115,20 @@ class tcp_ring {
   /// Sums (or averages) `data` in place over every rank.
   void all_reduce(void* data, std::int64_t count, scalar_type type, reduce_kind op);
 
-  static constexpr std::uint32_t protocol_version = 2;
+  /// Copies root's `bytes` bytes at `data` into `data` on every other rank. Every rank passes the
+  /// same `bytes` and `root`; 0 bytes returns at once on every rank. A `root` outside
+  /// [0, size) is std::invalid_argument.
+  void broadcast(void* data, std::size_t bytes, int root);
+
+  /// Gathers every rank's block into `out` in rank order: rank r's `bytes_per_rank[r]` bytes at
+  /// offset bytes_per_rank[0] + ... + bytes_per_rank[r-1]. `out` holds the sum of
+  /// `bytes_per_rank`; `mine` (this rank's block) may lie inside it. Blocks may differ in size
+  /// and be empty. Every rank passes the same `bytes_per_rank`, with one entry per rank and
+  /// `my_bytes == bytes_per_rank[rank()]` (std::invalid_argument otherwise).
+  void all_gather(const void* mine, std::size_t my_bytes, void* out, const std::vector<std::size_t>& bytes_per_rank);
+
+  /// Version 3: broadcast and all-gather frames (a collective kind, root and total per frame).
+  static constexpr std::uint32_t protocol_version = 3;
 
  private:
   struct impl;
