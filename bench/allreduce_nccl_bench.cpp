@@ -48,6 +48,7 @@
 #include <utility>
 #include <vector>
 
+#include "own_flags.hpp"
 #include "troupe/troupe.hpp"
 
 namespace {
@@ -371,22 +372,12 @@ void BM_AllReduce_NcclBareOutOfPlace(benchmark::State& state) { bare_benchmark(s
 
 // Removes --troupe_* flags from argv (the rest goes to Google Benchmark).
 void parse_own_flags(int& argc, char** argv) {
-  int out = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      const std::string prefix = std::string("--") + name + "=";
-      return arg.rfind(prefix, 0) == 0 ? argv[i] + prefix.size() : nullptr;
-    };
-    if (const char* v = value("troupe_iter_ms")) {
-      g_settings.iter_ms = std::max(0.0, std::atof(v));
-    } else if (const char* v2 = value("troupe_iters")) {
-      g_settings.iters = std::max(1L, std::atol(v2));
-    } else {
-      argv[out++] = argv[i];
-    }
-  }
-  argc = out;
+  troupe::bench::take_own_flags(argc, argv, [](const std::string& name, const char* v) {
+    if (name == "iter_ms") g_settings.iter_ms = std::max(0.0, std::atof(v));
+    else if (name == "iters") g_settings.iters = std::max(1L, std::atol(v));
+    else return false;
+    return true;
+  });
 }
 
 }  // namespace
