@@ -1,25 +1,21 @@
 #include "troupe/transport/tcp_ring.hpp"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <boost/asio.hpp>
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 #include <kj/exception.h>
 
 #include <algorithm>
 #include <atomic>
-#include <climits>
-#include <optional>
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "frame.capnp.h"
@@ -28,6 +24,9 @@
 
 namespace troupe::transport {
 namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
 
 constexpr std::uint32_t hello_magic = 0x74727570;  // "trup"
 constexpr std::uint32_t max_segments = 64;
@@ -57,37 +56,75 @@ class deadline {
 
 std::string errno_text() { return std::strerror(errno); }
 
-void set_socket_options(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  int flags = fcntl(fd, F_GETFL, 0);
-  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-}
-
 std::string peer_name(int peer, const std::vector<endpoint>& peers) {
   return "rank " + std::to_string(peer) + " (" + peers[static_cast<std::size_t>(peer)].to_string() + ")";
 }
 
-int connect_with_retry(const endpoint& ep, const deadline& until, int peer, const std::string& name) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
+// Runs the one operation started on `io` until its handler sets `finished` or the deadline passes;
+// then `cancel` aborts it and its handler runs with operation_aborted. The handler's error code
+// tells the caller which happened (an operation that completed just at the deadline keeps its
+// result).
+template <class Cancel>
+void run_with_deadline(asio::io_context& io, const bool& finished, const deadline& until, Cancel&& cancel) {
+  io.restart();
+  while (!finished) {
+    const int ms = until.poll_ms();
+    if (ms < 0) {
+      io.run_one();
+      continue;
+    }
+    io.run_one_for(std::chrono::milliseconds(ms));
+    if (!finished && until.passed()) break;
+  }
+  if (finished) return;
+  cancel();
+  io.restart();
+  while (!finished) io.run_one();
+}
+
+// Nagle off (a ring step's last segment must not wait for an ACK) and non-blocking: the
+// collectives drive the native handle with sendmsg/read and poll().
+void prepare_for_frames(tcp::socket& socket, int peer, const std::string& name) {
+  boost::system::error_code ec;
+  socket.set_option(tcp::no_delay(true), ec);
+  if (!ec) socket.non_blocking(true, ec);
+  if (ec) throw peer_error(peer, "cannot set up the connection with " + name + ": " + ec.message());
+}
+
+// Connects to `ep` (a host name or address), retrying while nobody listens there yet, until the
+// deadline. Each attempt is bounded by the deadline too (a host that drops SYNs would otherwise
+// hold connect() for minutes).
+tcp::socket connect_with_retry(asio::io_context& io, const endpoint& ep, const deadline& until, int peer,
+                               const std::string& name) {
+  tcp::resolver resolver(io);
   std::string last_error = "no attempt";
   for (;;) {
-    addrinfo* res = nullptr;
-    int rc = getaddrinfo(ep.host.c_str(), std::to_string(ep.port).c_str(), &hints, &res);
-    if (rc != 0) {
-      throw peer_error(peer, "cannot resolve " + name + ": " + gai_strerror(rc));
+    boost::system::error_code ec;
+    // Synchronous: getaddrinfo cannot be cancelled, so an asynchronous resolve would not be bounded
+    // either. A name the resolver does not know fails at once; a temporary failure is retried.
+    const auto results = resolver.resolve(tcp::v4(), ep.host, std::to_string(ep.port), ec);
+    if (ec && ec != asio::error::host_not_found_try_again) {
+      throw peer_error(peer, "cannot resolve " + name + ": " + ec.message());
     }
-    int fd = socket(res->ai_family, res->ai_socktype, res->ai_protocol);
-    if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-      freeaddrinfo(res);
-      set_socket_options(fd);
-      return fd;
+    if (ec) last_error = ec.message();
+    for (const auto& entry : results) {
+      tcp::socket socket(io);
+      bool finished = false;
+      boost::system::error_code result;
+      socket.async_connect(entry.endpoint(), [&](const boost::system::error_code& e) {
+        result = e;
+        finished = true;
+      });
+      run_with_deadline(io, finished, until, [&] {
+        boost::system::error_code ignored;
+        socket.close(ignored);
+      });
+      if (!result) {
+        prepare_for_frames(socket, peer, name);
+        return socket;
+      }
+      last_error = result == asio::error::operation_aborted ? "no answer" : result.message();
     }
-    last_error = errno_text();
-    if (fd >= 0) close(fd);
-    freeaddrinfo(res);
     if (until.passed()) {
       throw peer_error(peer, "could not connect to " + name + " before the timeout: " + last_error);
     }
@@ -255,6 +292,44 @@ wire::ScalarType to_wire(scalar_type t) {
   return wire::ScalarType::FLOAT32;
 }
 
+// What a frame says about the collective it belongs to.
+struct frame_header {
+  wire::Collective kind = wire::Collective::ALL_REDUCE;
+  std::uint64_t sequence = 0;
+  std::uint32_t index = 0;  // all-gather: the block's rank
+  std::uint32_t root = 0;   // broadcast: the root
+  std::uint64_t total = 0;  // broadcast: the buffer's bytes; all-gather: the block's
+};
+
+// For error messages: "a broadcast of 1000 bytes from root 2 (operation 7)".
+std::string describe(const frame_header& h) {
+  const std::string operation = " (operation " + std::to_string(h.sequence) + ")";
+  const std::string bytes = std::to_string(h.total) + " bytes";
+  switch (h.kind) {
+    case wire::Collective::ALL_REDUCE: return "an all-reduce" + operation;
+    case wire::Collective::BROADCAST:
+      return "a broadcast of " + bytes + " from root " + std::to_string(h.root) + operation;
+    case wire::Collective::BROADCAST_CLOSE:
+      return "the end of a broadcast of " + bytes + " from root " + std::to_string(h.root) + operation;
+    case wire::Collective::ALL_GATHER:
+      return "an all-gather with a block of " + bytes + " from rank " + std::to_string(h.index) + operation;
+  }
+  return "a frame of unknown kind " + std::to_string(static_cast<unsigned>(h.kind)) + operation;
+}
+
+// Puts `n` bytes at `p` into `chunk`: referenced in place when they are whole aligned words (an
+// external segment, no copy), copied otherwise.
+void set_data(capnp::MallocMessageBuilder& msg, wire::Chunk::Builder chunk, const char* p, std::size_t n) {
+  if (n == 0) return;
+  if (n % 8 == 0 && reinterpret_cast<std::uintptr_t>(p) % 8 == 0) {
+    chunk.adoptData(
+        msg.getOrphanage().referenceExternalData(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(p), n)));
+  } else {
+    // An odd-sized or unaligned piece: copied, since external segments are whole words.
+    std::memcpy(chunk.initData(static_cast<unsigned>(n)).begin(), p, n);
+  }
+}
+
 // Chunk c of `count` elements over `size` ranks: [begin, end), on 64-byte multiples.
 std::pair<std::int64_t, std::int64_t> chunk_bounds(std::int64_t count, int size, int c) {
   auto at = [&](int k) {
@@ -268,35 +343,43 @@ std::pair<std::int64_t, std::int64_t> chunk_bounds(std::int64_t count, int size,
 
 }  // namespace
 
-listener::listener(const std::string& host, std::uint16_t port) {
-  fd_ = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd_ < 0) throw std::runtime_error("listener: socket() failed: " + errno_text());
-  int one = 1;
-  setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    close(fd_);
-    throw std::invalid_argument("listener: \"" + host + "\" is not an IPv4 address");
+struct listener::impl {
+  asio::io_context io;  // runs the acceptor's asynchronous accept in tcp_ring's constructor
+  tcp::acceptor acceptor{io};
+};
+
+listener::listener(const std::string& host, std::uint16_t port) : impl_(std::make_unique<impl>()) {
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address_v4(host, ec);
+  if (ec) throw std::invalid_argument("listener: \"" + host + "\" is not an IPv4 address");
+  auto& acceptor = impl_->acceptor;
+  acceptor.open(tcp::v4(), ec);
+  if (ec) throw std::runtime_error("listener: cannot open a socket: " + ec.message());
+  // SO_REUSEADDR: a port whose last connections linger in TIME_WAIT can be listened on again at
+  // once (troupe-launch hands workers such ports).
+  acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor.bind(tcp::endpoint(address, port), ec);
+  if (!ec) acceptor.listen(64, ec);
+  tcp::endpoint bound;
+  if (!ec) bound = acceptor.local_endpoint(ec);
+  if (ec) {
+    throw std::runtime_error("listener: cannot listen on " + host + ":" + std::to_string(port) + ": " + ec.message());
   }
-  if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(fd_, 64) != 0) {
-    std::string why = errno_text();
-    close(fd_);
-    throw std::runtime_error("listener: cannot listen on " + host + ":" + std::to_string(port) + ": " + why);
-  }
-  socklen_t len = sizeof addr;
-  getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-  port_ = ntohs(addr.sin_port);
+  port_ = bound.port();
+  fd_ = acceptor.native_handle();
 }
 
-listener::~listener() {
-  if (fd_ >= 0) close(fd_);
-}
+listener::~listener() = default;
 
 struct tcp_ring::impl {
-  int next_fd = -1;  // to rank + 1
-  int prev_fd = -1;  // from rank - 1
+  // Connection setup runs on Boost.Asio; once connected, the collectives drive the sockets'
+  // native handles with sendmsg/read and a busy-poll before poll(): tuned for latency, with no
+  // reactor in between. `io` is declared first so that it outlives the sockets.
+  asio::io_context io;
+  std::optional<tcp::socket> next_socket;
+  std::optional<tcp::socket> prev_socket;
+  int next_fd = -1;  // to rank + 1: next_socket's native handle
+  int prev_fd = -1;  // from rank - 1: prev_socket's native handle
   std::string next_name;
   std::string prev_name;
   int next_rank = 0;
@@ -308,11 +391,6 @@ struct tcp_ring::impl {
   std::uint64_t sequence = 0;
   outgoing out;
   incoming in;
-
-  ~impl() {
-    if (next_fd >= 0) close(next_fd);
-    if (prev_fd >= 0) close(prev_fd);
-  }
 
   // Sends `out` to the successor while receiving `in` from the predecessor. Busy-polls the
   // sockets for `spin` first (a loopback round trip is a few microseconds; a thread sleeping in
@@ -356,6 +434,55 @@ struct tcp_ring::impl {
       }
     }
   }
+
+  // Starts a frame of a byte collective to the successor: `n` bytes at `p`, at `offset` of a
+  // whole of `total` bytes.
+  void send_bytes(const frame_header& h, std::uint64_t offset, const char* p, std::size_t n) {
+    auto msg = std::make_unique<capnp::MallocMessageBuilder>(32);
+    auto chunk = msg->initRoot<wire::Chunk>();
+    chunk.setKind(h.kind);
+    chunk.setSequence(h.sequence);
+    chunk.setIndex(h.index);
+    chunk.setRoot(h.root);
+    chunk.setTotal(h.total);
+    chunk.setType(wire::ScalarType::UINT8);
+    chunk.setOffset(offset);
+    chunk.setCount(n);
+    set_data(*msg, chunk, p, n);
+    out.start(std::move(msg));
+  }
+
+  // Starts receiving a frame of a byte collective. The limit is a whole segment whatever this
+  // rank expects, so that a disagreeing peer's frame is still read and the error says how the
+  // two disagree.
+  void receive_bytes() { in.start(segment_bytes / 8 + header_slack_words); }
+
+  // Checks the frame just received against `want` and `n` bytes at `offset`; returns its bytes,
+  // read in place (valid until the next receive).
+  const kj::byte* take_bytes(const char* op, int self, const frame_header& want, std::uint64_t offset, std::size_t n) {
+    try {
+      auto chunk = in.reader().getRoot<wire::Chunk>();
+      const frame_header got{chunk.getKind(), chunk.getSequence(), chunk.getIndex(), chunk.getRoot(), chunk.getTotal()};
+      if (got.kind != want.kind || got.sequence != want.sequence || got.index != want.index || got.root != want.root ||
+          got.total != want.total) {
+        throw peer_error(prev_rank, std::string(op) + ": " + prev_name + " sent " + describe(got) + ", rank " +
+                                        std::to_string(self) + " (this worker) expected " + describe(want) +
+                                        " (the workers disagree on the collective)");
+      }
+      auto d = chunk.getData();  // read once: every getData() counts against the traversal limit
+      if (chunk.getType() != wire::ScalarType::UINT8 || chunk.getOffset() != offset || chunk.getCount() != n ||
+          d.size() != n) {
+        throw peer_error(prev_rank, std::string(op) + ": malformed frame from " + prev_name + ": " +
+                                        std::to_string(d.size()) + " bytes at offset " +
+                                        std::to_string(chunk.getOffset()) + " of " + describe(got) + ", expected " +
+                                        std::to_string(n) + " at " + std::to_string(offset));
+      }
+      return d.begin();
+    } catch (const kj::Exception& x) {
+      throw peer_error(prev_rank, std::string(op) + ": malformed frame from " + prev_name + ": " +
+                                      x.getDescription().cStr());
+    }
+  }
 };
 
 tcp_ring::tcp_ring(int rank, int size, listener& own, const std::vector<endpoint>& peers,
@@ -373,25 +500,43 @@ tcp_ring::tcp_ring(int rank, int size, listener& own, const std::vector<endpoint
   s.next_name = peer_name(s.next_rank, peers);
   s.prev_name = peer_name(s.prev_rank, peers);
   const deadline until(timeout);
-  s.next_fd = connect_with_retry(peers[static_cast<std::size_t>(s.next_rank)], until, s.next_rank, s.next_name);
+  s.next_socket.emplace(
+      connect_with_retry(s.io, peers[static_cast<std::size_t>(s.next_rank)], until, s.next_rank, s.next_name));
+  s.next_fd = s.next_socket->native_handle();
 
   // Accept the predecessor: anyone may connect, only a hello from rank-1 is kept.
+  auto& acceptor = own.impl_->acceptor;
   for (;;) {
-    pollfd p{own.fd(), POLLIN, 0};
-    int rc = poll(&p, 1, until.poll_ms());
-    if (rc == 0) throw peer_error(s.prev_rank, "timed out waiting for " + s.prev_name + " to connect");
-    if (rc < 0) {
-      if (errno == EINTR) continue;
-      throw std::runtime_error("tcp_ring: poll failed: " + errno_text());
+    tcp::socket socket(s.io);
+    bool finished = false;
+    boost::system::error_code result;
+    acceptor.async_accept(socket, [&](const boost::system::error_code& e) {
+      result = e;
+      finished = true;
+    });
+    run_with_deadline(own.impl_->io, finished, until, [&] {
+      boost::system::error_code ignored;
+      acceptor.cancel(ignored);
+    });
+    if (!result) {
+      prepare_for_frames(socket, s.prev_rank, s.prev_name);
+      s.prev_socket.emplace(std::move(socket));
+      s.prev_fd = s.prev_socket->native_handle();
+      break;
     }
-    int fd = accept(own.fd(), nullptr, nullptr);
-    if (fd < 0) continue;
-    set_socket_options(fd);
-    s.prev_fd = fd;
-    break;
+    if (result == asio::error::operation_aborted) {
+      throw peer_error(s.prev_rank, "timed out waiting for " + s.prev_name + " to connect");
+    }
+    // A connection that was reset before it was accepted: wait for the next one.
+    if (result == asio::error::connection_aborted || result == asio::error::interrupted ||
+        result == asio::error::try_again) {
+      continue;
+    }
+    throw std::runtime_error("tcp_ring: accepting " + s.prev_name + " failed: " + result.message());
   }
 
-  // Hellos both ways: the successor learns who we are, we check who our predecessor is.
+  // Hellos both ways, as frames through the same checked reader as the collectives': the successor
+  // learns who we are, we check who our predecessor is.
   auto hello = std::make_unique<capnp::MallocMessageBuilder>(16);
   auto h = hello->initRoot<wire::Hello>();
   h.setMagic(hello_magic);
@@ -453,20 +598,20 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
     chunk.setOffset(static_cast<std::uint64_t>(b));
     chunk.setType(to_wire(type));
     chunk.setCount(static_cast<std::uint64_t>(e - b));
-    const char* p = bytes + static_cast<std::size_t>(b) * esize;
-    if (nbytes % 8 == 0 && reinterpret_cast<std::uintptr_t>(p) % 8 == 0) {
-      chunk.adoptData(msg->getOrphanage().referenceExternalData(
-          capnp::Data::Reader(reinterpret_cast<const kj::byte*>(p), nbytes)));
-    } else {
-      // An odd-sized or unaligned tail: copied, since external segments are whole words.
-      std::memcpy(chunk.initData(static_cast<unsigned>(nbytes)).begin(), p, nbytes);
-    }
+    set_data(*msg, chunk, bytes + static_cast<std::size_t>(b) * esize, nbytes);
     s.out.start(std::move(msg));
   };
   // Checks the frame against what this rank expects and hands its bytes, read in place, to `use`.
   auto take_segment = [&](int c, std::int64_t b, std::int64_t e, auto&& use) {
     try {
       auto chunk = s.in.reader().getRoot<wire::Chunk>();
+      if (chunk.getKind() != wire::Collective::ALL_REDUCE) {
+        const frame_header got{chunk.getKind(), chunk.getSequence(), chunk.getIndex(), chunk.getRoot(),
+                               chunk.getTotal()};
+        throw peer_error(s.prev_rank, "all_reduce: " + s.prev_name + " sent " + describe(got) + ", rank " +
+                                          std::to_string(rank_) + " (this worker) expected an all-reduce (operation " +
+                                          std::to_string(seq) + ") (the workers disagree on the collective)");
+      }
       auto d = chunk.getData();
       if (chunk.getSequence() != seq || chunk.getIndex() != static_cast<std::uint32_t>(c) ||
           chunk.getOffset() != static_cast<std::uint64_t>(b) || chunk.getType() != to_wire(type) ||
@@ -544,6 +689,128 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
     step(send_c, recv_c, [&](const kj::byte* in, std::int64_t b, std::int64_t e) {
       std::memcpy(bytes + static_cast<std::size_t>(b) * esize, in, static_cast<std::size_t>(e - b) * esize);
     });
+  }
+}
+
+void tcp_ring::broadcast(void* data, std::size_t bytes, int root) {
+  if (root < 0 || root >= size_) {
+    throw std::invalid_argument("broadcast: root " + std::to_string(root) + " out of range for a ring of " +
+                                std::to_string(size_) + " ranks (expected 0.." + std::to_string(size_ - 1) + ")");
+  }
+  if (bytes == 0 || size_ == 1) return;  // every rank passes the same size: all return here
+  if (data == nullptr) throw std::invalid_argument("broadcast: null buffer for " + std::to_string(bytes) + " bytes");
+  auto& s = *impl_;
+  auto* buf = static_cast<char*>(data);
+  const deadline until(s.timeout);
+  const frame_header segment_header{wire::Collective::BROADCAST, s.sequence++, 0, static_cast<std::uint32_t>(root),
+                                    bytes};
+  frame_header close_header = segment_header;
+  close_header.kind = wire::Collective::BROADCAST_CLOSE;
+  const std::size_t segments = (bytes + segment_bytes - 1) / segment_bytes;
+  auto begin_of = [&](std::size_t k) { return k * segment_bytes; };
+  auto size_of = [&](std::size_t k) { return std::min(bytes, (k + 1) * segment_bytes) - k * segment_bytes; };
+  // The rank's place in the chain: 0 is the root, size-1 the rank before it, which does not
+  // forward.
+  const int position = (rank_ - root + size_) % size_;
+  const bool last = position == size_ - 1;
+  // Round k: the root sends segment k; a middle rank receives segment k while it forwards k-1 (one
+  // round more to forward the last); the last rank receives segment k. In round 0 the last rank
+  // also sends the root the closing frame, which the root checks.
+  const std::size_t rounds = position != 0 && !last ? segments + 1 : segments;
+  for (std::size_t k = 0; k < rounds; ++k) {
+    if (position == 0) {
+      s.send_bytes(segment_header, begin_of(k), buf + begin_of(k), size_of(k));
+    } else if (!last && k >= 1) {
+      s.send_bytes(segment_header, begin_of(k - 1), buf + begin_of(k - 1), size_of(k - 1));
+    } else if (last && k == 0) {
+      s.send_bytes(close_header, 0, nullptr, 0);
+    }
+    const bool receiving = position == 0 ? k == 0 : k < segments;
+    if (receiving) {
+      s.receive_bytes();
+    } else {
+      s.in.skip();
+    }
+    s.exchange(until);
+    if (!receiving) continue;
+    if (position == 0) {
+      s.take_bytes("broadcast", rank_, close_header, 0, 0);
+    } else {
+      const kj::byte* in = s.take_bytes("broadcast", rank_, segment_header, begin_of(k), size_of(k));
+      std::memcpy(buf + begin_of(k), in, size_of(k));
+    }
+  }
+}
+
+void tcp_ring::all_gather(const void* mine, std::size_t my_bytes, void* out,
+                          const std::vector<std::size_t>& bytes_per_rank) {
+  if (bytes_per_rank.size() != static_cast<std::size_t>(size_)) {
+    throw std::invalid_argument("all_gather: " + std::to_string(bytes_per_rank.size()) +
+                                " block sizes for a ring of " + std::to_string(size_) +
+                                " ranks (expected one per rank)");
+  }
+  const auto me = static_cast<std::size_t>(rank_);
+  if (my_bytes != bytes_per_rank[me]) {
+    throw std::invalid_argument("all_gather: rank " + std::to_string(rank_) + " gives " + std::to_string(my_bytes) +
+                                " bytes, but bytes_per_rank[" + std::to_string(rank_) + "] is " +
+                                std::to_string(bytes_per_rank[me]) + " (expected them equal)");
+  }
+  std::vector<std::size_t> offsets(bytes_per_rank.size() + 1, 0);
+  for (std::size_t r = 0; r < bytes_per_rank.size(); ++r) {
+    if (bytes_per_rank[r] > SIZE_MAX - offsets[r]) {
+      throw std::invalid_argument("all_gather: the block sizes add up to more than SIZE_MAX bytes");
+    }
+    offsets[r + 1] = offsets[r] + bytes_per_rank[r];
+  }
+  if (offsets.back() > 0 && out == nullptr) {
+    throw std::invalid_argument("all_gather: null output for " + std::to_string(offsets.back()) + " bytes");
+  }
+  if (my_bytes > 0 && mine == nullptr) {
+    throw std::invalid_argument("all_gather: null block for " + std::to_string(my_bytes) + " bytes");
+  }
+  auto* dst = static_cast<char*>(out);
+  if (my_bytes > 0 && dst + offsets[me] != mine) std::memmove(dst + offsets[me], mine, my_bytes);  // may overlap
+  if (size_ == 1) return;
+
+  auto& s = *impl_;
+  const deadline until(s.timeout);
+  const std::uint64_t seq = s.sequence++;
+  // A block of n bytes travels as max(1, ceil(n / segment)) frames: an empty block still sends one,
+  // so that the receiver checks its size.
+  auto segments_of = [&](std::size_t block) {
+    return std::max<std::size_t>(1, (bytes_per_rank[block] + segment_bytes - 1) / segment_bytes);
+  };
+  auto header_of = [&](std::size_t block) {
+    return frame_header{wire::Collective::ALL_GATHER, seq, static_cast<std::uint32_t>(block), 0,
+                        bytes_per_rank[block]};
+  };
+  // Step k: send block rank-k (own first, then the one received last step) while receiving
+  // block rank-k-1, segment by segment.
+  for (int k = 0; k < size_ - 1; ++k) {
+    const auto send_block = static_cast<std::size_t>(((rank_ - k) % size_ + size_) % size_);
+    const auto recv_block = static_cast<std::size_t>(((rank_ - k - 1) % size_ + size_) % size_);
+    const std::size_t send_segments = segments_of(send_block);
+    const std::size_t recv_segments = segments_of(recv_block);
+    const frame_header send_header = header_of(send_block);
+    const frame_header recv_header = header_of(recv_block);
+    for (std::size_t j = 0; j < std::max(send_segments, recv_segments); ++j) {
+      const std::size_t b = j * segment_bytes;
+      if (j < send_segments) {
+        const std::size_t n = std::min(bytes_per_rank[send_block], b + segment_bytes) - b;
+        s.send_bytes(send_header, b, dst + offsets[send_block] + b, n);
+      }
+      const bool receiving = j < recv_segments;
+      if (receiving) {
+        s.receive_bytes();
+      } else {
+        s.in.skip();
+      }
+      s.exchange(until);
+      if (!receiving) continue;
+      const std::size_t n = std::min(bytes_per_rank[recv_block], b + segment_bytes) - b;
+      const kj::byte* in = s.take_bytes("all_gather", rank_, recv_header, b, n);
+      if (n > 0) std::memcpy(dst + offsets[recv_block] + b, in, n);
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -76,8 +77,9 @@ class listener {
 ///  1. t sends its segments to t+1.
 ///  2. Every other rank but t-1 forwards segment k to its successor while it receives segment
 ///     k+1; t-1 only receives. Every byte crosses each link but (t-1, t) once.
-///  3. t-1 sends t one empty frame naming the broadcast (its root and size), so that the root
-///     checks the collective too and nothing is left in a socket when ranks disagree.
+///  3. Meanwhile t-1 sends t one frame without data naming the broadcast (its root and size), so
+///     that the root checks the collective too and no frame is left in a socket when ranks
+///     disagree; the root returns once its segments are sent and that frame is checked.
 ///
 /// all_gather of blocks of uneven sizes: size-1 steps; in step k rank r sends block r-k (its own
 /// first, then the one it received last) to its successor while it receives block r-k-1, segment
@@ -93,12 +95,16 @@ class listener {
 /// bounded by `timeout` (0: no bound).
 class tcp_ring {
  public:
+  /// Connects to peers[rank+1], accepts rank-1 on `own` and checks its hello, all within `timeout`
+  /// (0: no bound); a peer that is not there in time is a peer_error naming it.
   tcp_ring(int rank, int size, listener& own, const std::vector<endpoint>& peers, std::chrono::milliseconds timeout);
   ~tcp_ring();
   tcp_ring(const tcp_ring&) = delete;
   tcp_ring& operator=(const tcp_ring&) = delete;
 
+  /// This process's place in the ring.
   int rank() const noexcept { return rank_; }
+  /// The number of ranks.
   int size() const noexcept { return size_; }
 
   /// The bound of later waits (0: none).
