@@ -84,9 +84,30 @@ struct Cluster {
     return out.to(t.device());
   }
 
+  // The chief's `t` on every worker: a broadcast on the ring (the workers' tensors must have one
+  // size; a worker that disagrees is named).
+  Tensor broadcast(const Tensor& t) {
+    Tensor out = t.is_gpu() ? t.to(Device()) : Tensor::empty(t.shape(), t.dtype(), t.device());
+    if (!t.is_gpu() && t.nbytes() > 0) std::memcpy(out.raw_mutable_data(), t.raw_data(), t.nbytes());
+    try {
+      ring->broadcast(out.raw_mutable_data(), out.nbytes(), 0);
+    } catch (const transport::peer_error& e) {
+      throw CollectiveAborted(describe(e));
+    }
+    return out.to(t.device());
+  }
+
   void ring_all_reduce(Tensor& t) {
     try {
       ring->all_reduce(t.raw_mutable_data(), t.num_elements(), scalar(t.dtype()), transport::reduce_kind::sum);
+    } catch (const transport::peer_error& e) {
+      throw CollectiveAborted(describe(e));
+    }
+  }
+
+  void ring_all_gather(const void* mine, std::size_t my_bytes, void* out, const std::vector<std::size_t>& bytes) {
+    try {
+      ring->all_gather(mine, my_bytes, out, bytes);
     } catch (const transport::peer_error& e) {
       throw CollectiveAborted(describe(e));
     }
@@ -106,10 +127,9 @@ struct Cluster {
     return out;
   }
 
-  // Concatenates every worker's `t` along `axis`, in worker order. The workers first agree on
-  // dtype, rank and every dimension but `axis` (a sum of a table where each fills its row), then
-  // exchange their elements (a sum of a zero buffer in which each has written its own at its
-  // offset) and join the parts.
+  // Concatenates every worker's `t` along `axis`, in worker order. The workers first learn each
+  // other's dtype and shape (an all-gather of one row each) and check that only `axis` differs,
+  // then all-gather their elements and join the parts.
   Tensor gather(const Tensor& t_in, int axis) {
     const Tensor t = t_in.to(Device());  // the ring works on host memory
     constexpr int max_rank = 8;
@@ -118,12 +138,13 @@ struct Cluster {
       throw std::invalid_argument("gather across workers: tensors of rank 1.." + std::to_string(max_rank) +
                                   ", got rank " + std::to_string(t.rank()));
     }
-    Tensor table = Tensor::zeros({workers, cols}, DType::i64);
-    auto* row = table.mutable_data<std::int64_t>() + rank * cols;
+    std::int64_t row[cols] = {};
     row[0] = static_cast<std::int64_t>(t.dtype()) + 1;
     row[1] = t.rank();
     for (int d = 0; d < t.rank(); ++d) row[2 + d] = t.shape()[static_cast<std::size_t>(d)];
-    ring_all_reduce(table);
+    Tensor table = Tensor::empty({workers, cols}, DType::i64);
+    ring_all_gather(row, sizeof row, table.raw_mutable_data(),
+                    std::vector<std::size_t>(static_cast<std::size_t>(workers), sizeof row));
     const auto* all = table.data<std::int64_t>();
     std::vector<Shape> shapes(static_cast<std::size_t>(workers));
     std::vector<std::int64_t> offsets(static_cast<std::size_t>(workers) + 1, 0);
@@ -140,13 +161,12 @@ struct Cluster {
       offsets[static_cast<std::size_t>(w) + 1] =
           offsets[static_cast<std::size_t>(w)] + shape_num_elements(shapes[static_cast<std::size_t>(w)]);
     }
-    Tensor flat = Tensor::zeros({offsets.back()}, t.dtype());
-    if (t.nbytes() > 0) {
-      std::memcpy(static_cast<char*>(flat.raw_mutable_data()) +
-                      static_cast<std::size_t>(offsets[static_cast<std::size_t>(rank)]) * dtype_size(t.dtype()),
-                  t.raw_data(), t.nbytes());
+    std::vector<std::size_t> bytes(static_cast<std::size_t>(workers));
+    for (std::size_t w = 0; w < bytes.size(); ++w) {
+      bytes[w] = static_cast<std::size_t>(offsets[w + 1] - offsets[w]) * dtype_size(t.dtype());
     }
-    ring_all_reduce(flat);
+    Tensor flat = Tensor::empty({offsets.back()}, t.dtype());
+    ring_all_gather(t.raw_data(), t.nbytes(), flat.raw_mutable_data(), bytes);
     std::vector<Tensor> parts;
     parts.reserve(shapes.size());
     for (std::size_t w = 0; w < shapes.size(); ++w) {
@@ -257,6 +277,7 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
   int worker_index() const override { return cluster_->rank; }
   Tensor sum_across_workers(const Tensor& local) override { return cluster_->sum(local); }
   Tensor concat_across_workers(const Tensor& local, int axis) override { return cluster_->gather(local, axis); }
+  Tensor broadcast_from_chief(const Tensor& value) override { return cluster_->broadcast(value); }
 
  protected:
   // GPU replicas meet every worker's through NCCL; CPU replicas locally, then over the TCP ring.

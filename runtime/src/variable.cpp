@@ -86,10 +86,9 @@ Variable::Variable(Tensor initial_value, std::string name, VariableSynchronizati
   if (s.synchronization == VariableSynchronization::none) s.devices.resize(1);
   auto& backend = s.strategy->backend();
   if (backend.num_workers() > 1) {
-    // Every worker starts from the chief's value (a sum in which the others contribute zeros), so
-    // an initialiser that differs between processes cannot make the replicas diverge.
-    Tensor mine = backend.worker_index() == 0 ? initial_value : Tensor::zeros(s.shape, s.dtype);
-    initial_value = backend.sum_across_workers(mine);
+    // Every worker starts from the chief's value (a broadcast on the ring), so an initialiser that
+    // differs between processes cannot make the replicas diverge.
+    initial_value = backend.broadcast_from_chief(initial_value);
   }
   for (const Device& d : s.devices) s.components.push_back(initial_value.with_device(d));
 }
@@ -131,8 +130,7 @@ Tensor Variable::value() const {
     case VariableAggregation::none:
       if (!workers) return s.components[0];
       // Replica 0 of the whole cluster is the chief's first: everyone gets its value.
-      return backend.sum_across_workers(backend.worker_index() == 0 ? s.components[0]
-                                                                    : Tensor::zeros(s.shape, s.dtype));
+      return backend.broadcast_from_chief(s.components[0]);
   }
   return s.components[0];
 }

@@ -40,6 +40,9 @@ class StrategyBackend {
   virtual int first_replica_id() const { return 0; }
   /// Cross-replica context: sums a tensor over the workers (identity with one worker).
   virtual Tensor sum_across_workers(const Tensor& local) { return local; }
+  /// Cross-replica context: the chief's `value` on every worker (every worker passes a tensor of
+  /// the same shape and dtype; identity with one worker).
+  virtual Tensor broadcast_from_chief(const Tensor& value) { return value; }
   /// Cross-replica context: concatenates the workers' tensors along `axis` in worker order (only
   /// that dimension may differ between workers).
   virtual Tensor concat_across_workers(const Tensor& local, int axis) {
