@@ -1,5 +1,6 @@
 #include "collectives.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 #include <stdexcept>
@@ -36,19 +37,31 @@ void ShmCollectives::run_all_reduce(int replica, ReduceOp op, const Tensor* valu
                                     std::size_t count) {
   const Device& device = devices_[static_cast<std::size_t>(replica)];
   if (tl_buffers.size() < count) tl_buffers.resize(count);
+  std::size_t total_bytes = 0;
+  for (std::size_t i = 0; i < count; ++i) total_bytes += values[i].nbytes();
+  const bool shared = transport::shm_group::fused(total_bytes, group_.size());
+  const std::size_t parity = rounds_[static_cast<std::size_t>(replica)]++ & 1;
   std::vector<Tensor> on_host;  // GPU values the replicas of a CPU strategy were given
   for (std::size_t i = 0; i < count; ++i) {
     if (values[i].is_gpu() && on_host.empty()) on_host.reserve(count);
     const Tensor& value = values[i].is_gpu() ? on_host.emplace_back(values[i].to(device)) : values[i];
-    outputs[i] = Tensor::empty(value.shape(), value.dtype(), device);
     describe(tl_buffers[i], value);
-    tl_buffers[i].out = outputs[i].raw_mutable_data();
+    tl_buffers[i].out = nullptr;
+    if (!shared || replica == 0) {
+      outputs[i] = Tensor::empty(value.shape(), value.dtype(), device);
+      tl_buffers[i].out = outputs[i].raw_mutable_data();
+    }
   }
+  if (shared && replica == 0) published_[parity].assign(outputs, outputs + count);
   try {
     group_.all_reduce(replica, tl_buffers.data(), count,
-                      op == ReduceOp::sum ? transport::reduce_kind::sum : transport::reduce_kind::mean);
+                      op == ReduceOp::sum ? transport::reduce_kind::sum : transport::reduce_kind::mean, shared);
   } catch (const transport::aborted_error& e) {
     throw CollectiveAborted(e.what());
+  }
+  if (shared && replica != 0) {
+    const std::vector<Tensor>& sums = published_[parity];
+    for (std::size_t i = 0; i < count; ++i) outputs[i] = sums[i].with_device(device);
   }
   for (std::size_t i = 0; i < count; ++i) tl_buffers[i].keepalive.reset();
 }
@@ -83,6 +96,12 @@ Tensor ShmCollectives::all_gather(int replica, const Tensor& value, int axis) {
     throw CollectiveAborted(e.what());
   }
   return out;
+}
+
+void ShmCollectives::reset() {
+  std::fill(rounds_.begin(), rounds_.end(), 0);
+  published_[0].clear();
+  published_[1].clear();
 }
 
 void ShmCollectives::merge(int replica, const void* mine,

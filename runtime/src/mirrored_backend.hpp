@@ -55,6 +55,7 @@ class MirroredBackend : public StrategyBackend {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     group_.reset();  // no replica is inside a collective between steps
+    collectives_.reset();
     if (nccl_) nccl_->prepare();
     auto per_replica = [&](int r) {
       const Device& device = devices_[static_cast<std::size_t>(r)];

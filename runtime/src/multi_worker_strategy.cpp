@@ -225,7 +225,9 @@ class HierarchicalCollectives final : public detail::ReplicaCollectives {
       for (std::size_t r = 1; r < all.size(); ++r) {
         auto& theirs = *static_cast<std::vector<Tensor>*>(const_cast<void*>(all[r]));
         for (std::size_t i = 0; i < outs.size(); ++i) {
-          if (outs[i].nbytes() > 0) std::memcpy(theirs[i].raw_mutable_data(), outs[i].raw_data(), outs[i].nbytes());
+          // A fused local all-reduce hands every replica one shared result: nothing to copy.
+          if (outs[i].nbytes() == 0 || theirs[i].shares_storage_with(outs[i])) continue;
+          std::memcpy(theirs[i].raw_mutable_data(), outs[i].raw_data(), outs[i].nbytes());
         }
       }
     });

@@ -167,3 +167,27 @@ TEST_CASE("strategy reduce matches the replicas' own all_reduce bit for bit") {
   auto reduced = s.run([](const Tensor& x) { return get_replica_context()->all_reduce(ReduceOp::sum, x); }, values);
   CHECK(s.reduce(ReduceOp::sum, values, std::nullopt).equals(reduced[0]));
 }
+
+TEST_CASE("a large all_reduce hands every replica one shared result; small ones and the next steps stay right") {
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(4));
+  for (int step = 0; step < 3; ++step) {
+    auto r = s.run([step] {
+      auto* ctx = get_replica_context();
+      const float id = static_cast<float>(ctx->replica_id_in_sync_group());
+      Tensor big = ctx->all_reduce(ReduceOp::sum, Tensor::full({100000}, id + step, DType::f32));
+      Tensor small = ctx->all_reduce(ReduceOp::sum, Tensor::full({3}, id, DType::f32));
+      Tensor big2 = ctx->all_reduce(ReduceOp::mean, std::vector<Tensor>{big, big})[1];
+      return std::vector<Tensor>{big, small, big2};
+    });
+    const auto& all = r.values();
+    for (int k = 0; k < 4; ++k) {
+      CHECK(all[static_cast<std::size_t>(k)][0].to_vector<float>()[99999] == 6.0f + 4.0f * step);
+      CHECK(all[static_cast<std::size_t>(k)][1].to_vector<float>() == std::vector<float>(3, 6.0f));
+      CHECK(all[static_cast<std::size_t>(k)][2].to_vector<float>()[0] == 6.0f + 4.0f * step);
+      CHECK(all[static_cast<std::size_t>(k)][0].device().to_string() == "CPU:" + std::to_string(k));
+      CHECK(all[static_cast<std::size_t>(k)][0].shares_storage_with(all[0][0]));
+      CHECK_FALSE(all[static_cast<std::size_t>(k)][1].shares_storage_with(all[k == 0 ? 1 : 0][1]));
+    }
+  }
+}

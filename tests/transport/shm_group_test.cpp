@@ -148,3 +148,33 @@ TEST_CASE("mismatched buffers are refused by every rank before any byte moves") 
 }
 
 TEST_CASE("shm_group refuses a size below one") { CHECK_THROWS_AS(shm_group(0, 0us), std::invalid_argument); }
+
+TEST_CASE("a fused all_reduce with shared_output writes rank 0's output only; a small one every rank's") {
+  for (int n : {2, 3, 4}) {
+    for (std::size_t count : {std::size_t{8}, std::size_t{300001}}) {
+      CAPTURE(n);
+      CAPTURE(count);
+      const bool fused = shm_group::fused(count * sizeof(float), n);
+      CHECK(fused == (count * sizeof(float) > shm_group::small_bytes));
+      shm_group group(n, 20us);
+      std::vector<std::vector<float>> ins(static_cast<std::size_t>(n)), outs(static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        ins[static_cast<std::size_t>(r)].assign(count, float(r + 1));
+        outs[static_cast<std::size_t>(r)].assign(count, -1.0f);
+      }
+      for (int round = 0; round < 3; ++round) {
+        auto errors = on_threads(n, [&](int r) {
+          buffer b = make_buffer(ins[static_cast<std::size_t>(r)], outs[static_cast<std::size_t>(r)]);
+          if (fused && r != 0) b.out = nullptr;  // never written
+          group.all_reduce(r, &b, 1, reduce_kind::sum, true);
+        });
+        for (const auto& e : errors) CHECK(e.empty());
+      }
+      const float sum = float(n * (n + 1) / 2);
+      CHECK(outs[0] == std::vector<float>(count, sum));
+      for (int r = 1; r < n; ++r) {
+        CHECK(outs[static_cast<std::size_t>(r)] == std::vector<float>(count, fused ? -1.0f : sum));
+      }
+    }
+  }
+}

@@ -242,7 +242,7 @@ void shm_group::check_slots(int rank, const char* what) const {
   }
 }
 
-void shm_group::all_reduce(int rank, const buffer* buffers, std::size_t count, reduce_kind op) {
+void shm_group::all_reduce(int rank, const buffer* buffers, std::size_t count, reduce_kind op, bool shared_output) {
   const char* what = "all_reduce";
   post(rank, collective_kind::all_reduce, buffers, count).op = op;
   arrive_and_wait(rank, what);
@@ -257,10 +257,12 @@ void shm_group::all_reduce(int rank, const buffer* buffers, std::size_t count, r
     total += b.count;
     total_bytes += static_cast<std::size_t>(b.count) * scalar_size(b.type);
   }
-  const bool small = total_bytes <= small_bytes || size_ == 1;
+  const bool small = !fused(total_bytes, size_);
+  const int num_outs = shared_output ? 1 : size_;  // the fused path's outputs
   // Inputs and outputs that overflow the last-level cache go to memory anyway: write the outputs
   // around the cache then. Ones that fit stay cached for whoever reads them next.
-  const bool streaming = !small && 2 * total_bytes * static_cast<std::size_t>(size_) > last_level_cache_bytes();
+  const bool streaming =
+      !small && (static_cast<std::size_t>(size_) + static_cast<std::size_t>(num_outs)) * total_bytes > last_level_cache_bytes();
   const std::int64_t lo = small ? 0 : share_begin(total, rank, size_);
   const std::int64_t hi = small ? total : share_begin(total, rank + 1, size_);
 
@@ -280,7 +282,7 @@ void shm_group::all_reduce(int rank, const buffer* buffers, std::size_t count, r
         void* out = row[rank].buffers[i].out;
         reduce_range(tl_ins.data(), size_, &out, 1, seg_lo, seg_hi, b0.type, op);
       } else {
-        reduce_range(tl_ins.data(), size_, tl_outs.data(), size_, seg_lo, seg_hi, b0.type, op, streaming);
+        reduce_range(tl_ins.data(), size_, tl_outs.data(), num_outs, seg_lo, seg_hi, b0.type, op, streaming);
       }
     }
     offset += b0.count;

@@ -51,7 +51,8 @@ class aborted_error : public std::runtime_error {
 ///   3. move: all_reduce of up to `small_bytes` is computed whole by every rank into its own
 ///      output (one barrier in all); larger ones are a fused reduce-scatter + all-gather: rank r
 ///      sums elements [r*E/n, (r+1)*E/n) over ranks 0..n-1 in that fixed order and writes the sum
-///      into every rank's output, then all meet at a second barrier. Either way each element is
+///      into every rank's output (or only rank 0's, for a caller that shares that one result: see
+///      all_reduce's shared_output), then all meet at a second barrier. Either way each element is
 ///      summed in rank order once, so every rank gets bit-identical results on every run.
 ///      all_gather: every rank concatenates all inputs into its own output.
 ///   Inputs stay readable after their owner returns because the slot holds each buffer's
@@ -73,7 +74,15 @@ class shm_group {
 
   /// Sums (or averages) every rank's buffers into every rank's `out`. All ranks must pass the
   /// same number of buffers with the same counts, types and shapes.
-  void all_reduce(int rank, const buffer* buffers, std::size_t count, reduce_kind op);
+  ///
+  /// `shared_output`: when the all-reduce is fused (shares_output(total bytes, size())), the sum
+  /// goes to rank 0's `out` only (the others' `out` is not touched and may be null), for callers
+  /// that hand every rank that one result: N times less to write. Every rank must pass the same.
+  void all_reduce(int rank, const buffer* buffers, std::size_t count, reduce_kind op, bool shared_output = false);
+
+  /// Whether an all-reduce of `total_bytes` in all over `size` ranks is fused (reduce-scatter +
+  /// all-gather with a second barrier), so that a shared output is possible.
+  static bool fused(std::size_t total_bytes, int size) noexcept { return size > 1 && total_bytes > small_bytes; }
 
   /// Concatenates every rank's `value.in` along `axis` into this rank's output. Ranks may differ
   /// in the size of `axis` only. `allocate(shape)` is called once with the output shape and
