@@ -201,11 +201,13 @@ void copy(void* dst, int dst_device, const void* src, int src_device, std::size_
       finish(dst_device, "cudaStreamSynchronize");
       return;
     }
-    // Another GPU: the source must be complete before the destination's stream reads it.
+    // Another GPU: the source must be complete before the destination's stream reads it, and the
+    // copy complete before this returns even on a replica: the source's memory is reused on the
+    // source GPU's stream, which knows nothing of the destination's.
     check(cudaStreamSynchronize(s.stream_for(src_device)), "cudaStreamSynchronize");
     cudaStream_t st = s.stream_for(dst_device);
     check(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, st), "cudaMemcpyPeerAsync");
-    finish(dst_device, "cudaStreamSynchronize");
+    check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
     return;
   }
   s.ensure_staging();
