@@ -8,11 +8,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <algorithm>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "../common/free_port.hpp"
@@ -122,6 +125,7 @@ TEST_CASE("a peer that leaves mid-collective is named, no hang") {
   CHECK(errors[1] == "");
   // Rank 2 receives from rank 1; rank 0 sends to it (or waits for rank 2, which failed).
   CHECK(errors[2].find("rank 1 (127.0.0.1:") != std::string::npos);
+  CAPTURE(errors[2]);
   CHECK(errors[2].find("closed its connection") != std::string::npos);
   CHECK(errors[0] != "");
 }
@@ -484,4 +488,173 @@ TEST_CASE("a listener on 0.0.0.0 serves a ring whose peers are named by host nam
   CHECK_NOTHROW(listener("127.0.0.1", late_port));
   CHECK_THROWS_WITH_AS(listener("not-an-address", 0), "listener: \"not-an-address\" is not an IPv4 address",
                        std::invalid_argument);
+}
+
+namespace {
+
+// Rank r's value at index i for a small all-reduce test: random (any float bits) when `exact` is
+// false; small integers otherwise, whose sums are exact in any order (the large ring's order).
+template <class T>
+std::vector<T> block_values(int r, std::int64_t count, bool exact, unsigned salt) {
+  std::mt19937 gen(static_cast<unsigned>(r) * 7919u + salt);
+  std::uniform_int_distribution<int> small(-1000, 1000);
+  std::vector<T> v(static_cast<std::size_t>(count));
+  for (auto& x : v) {
+    if constexpr (std::is_floating_point_v<T>) {
+      x = exact ? static_cast<T>(small(gen)) : std::uniform_real_distribution<T>(-1, 1)(gen);
+    } else {
+      x = static_cast<T>(small(gen)) * static_cast<T>(1000003);
+    }
+  }
+  return v;
+}
+
+// Runs one all-reduce of `count` elements on every rank of `ring` (inside run_ring) and checks
+// it against the host's sum in rank order 0..n-1; returns the result for the cross-rank check.
+template <class T>
+std::vector<T> reduce_and_check(int r, tcp_ring& ring, std::int64_t count, scalar_type type, reduce_kind op,
+                                unsigned salt) {
+  const int n = ring.size();
+  const bool exact = static_cast<std::size_t>(count) * sizeof(T) > tcp_ring::small_all_reduce_bytes;
+  std::vector<T> w = block_values<T>(r, count, exact, salt);
+  ring.all_reduce(w.data(), count, type, op);
+  std::vector<T> expected = block_values<T>(0, count, exact, salt);
+  for (int q = 1; q < n; ++q) {
+    const auto v = block_values<T>(q, count, exact, salt);
+    for (std::size_t i = 0; i < v.size(); ++i) expected[i] += v[i];
+  }
+  if (op == reduce_kind::mean) {
+    for (auto& x : expected) x /= static_cast<T>(n);
+  }
+  if (std::memcmp(w.data(), expected.data(), w.size() * sizeof(T)) != 0) {
+    throw std::runtime_error("rank " + std::to_string(r) + ": wrong result for " + std::to_string(count) +
+                             " elements of " + std::to_string(sizeof(T)) + " bytes");
+  }
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("ring small all-reduce sums every dtype in rank order, bit-identical, across 3, 4, 5 and 6 ranks") {
+  for (int n : {3, 4, 5, 6}) {
+    CAPTURE(n);
+    // results[rank][case]: the bytes every rank got, compared across ranks below.
+    std::vector<std::vector<std::vector<char>>> results(static_cast<std::size_t>(n));
+    auto errors = run_ring(n, [&](int r, tcp_ring& ring) {
+      unsigned salt = 0;
+      auto run = [&](auto tag, scalar_type type) {
+        using T = decltype(tag);
+        const auto at_threshold = static_cast<std::int64_t>(tcp_ring::small_all_reduce_bytes / sizeof(T));
+        const std::int64_t counts[] = {1, 3, 1001, at_threshold, at_threshold + 1};
+        for (std::int64_t count : counts) {
+          for (reduce_kind op : {reduce_kind::sum, reduce_kind::mean}) {
+            const auto w = reduce_and_check<T>(r, ring, count, type, op, ++salt);
+            const auto* p = reinterpret_cast<const char*>(w.data());
+            results[static_cast<std::size_t>(r)].emplace_back(p, p + w.size() * sizeof(T));
+          }
+        }
+      };
+      run(float{}, scalar_type::f32);
+      run(double{}, scalar_type::f64);
+      run(std::int32_t{}, scalar_type::i32);
+      run(std::int64_t{}, scalar_type::i64);
+    }, 5s);
+    for (const auto& e : errors) CHECK(e == "");
+    for (int r = 1; r < n; ++r) CHECK(results[static_cast<std::size_t>(r)] == results[0]);
+  }
+}
+
+TEST_CASE("ring small and large all-reduces interleaved with broadcast and all-gather leave no frame behind") {
+  for (int n : {3, 4, 5}) {
+    CAPTURE(n);
+    auto errors = run_ring(n, [&](int r, tcp_ring& ring) {
+      const std::int64_t large = static_cast<std::int64_t>(tcp_ring::small_all_reduce_bytes / sizeof(float)) + 1;
+      for (int i = 0; i < 40; ++i) {
+        const unsigned salt = static_cast<unsigned>(1000 + i);
+        switch (i % 5) {
+          case 0: reduce_and_check<float>(r, ring, 1 + i * 37, scalar_type::f32, reduce_kind::sum, salt); break;
+          case 1: reduce_and_check<float>(r, ring, large + i, scalar_type::f32, reduce_kind::mean, salt); break;
+          case 2: {
+            const int root = i % n;
+            const std::size_t bytes = 100 + static_cast<std::size_t>(i);
+            auto buf = r == root ? pattern_bytes(root, bytes) : std::vector<unsigned char>(bytes);
+            ring.broadcast(buf.data(), bytes, root);
+            if (buf != pattern_bytes(root, bytes)) throw std::runtime_error("broadcast " + std::to_string(i));
+            break;
+          }
+          case 3: reduce_and_check<std::int64_t>(r, ring, 512, scalar_type::i64, reduce_kind::sum, salt); break;
+          case 4: {
+            std::vector<std::size_t> sizes;
+            for (int q = 0; q < n; ++q) sizes.push_back(static_cast<std::size_t>(q * 10 + i));
+            std::vector<unsigned char> out(std::accumulate(sizes.begin(), sizes.end(), std::size_t{0}));
+            const auto mine = pattern_bytes(r, sizes[static_cast<std::size_t>(r)]);
+            ring.all_gather(mine.data(), mine.size(), out.data(), sizes);
+            std::size_t at = 0;
+            for (int q = 0; q < n; ++q) {
+              const auto want = pattern_bytes(q, sizes[static_cast<std::size_t>(q)]);
+              if (!std::equal(want.begin(), want.end(), out.begin() + static_cast<std::ptrdiff_t>(at))) {
+                throw std::runtime_error("all_gather " + std::to_string(i));
+              }
+              at += want.size();
+            }
+            break;
+          }
+        }
+      }
+    }, 5s);
+    for (const auto& e : errors) CHECK(e == "");
+  }
+}
+
+TEST_CASE("ring ranks that disagree on a small all-reduce's size get a peer_error naming the peer, quickly") {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<outcome> got(3);
+  auto errors = run_ring(3, [&](int r, tcp_ring& ring) {
+    std::vector<float> v(r == 2 ? 200 : 100, 1.0f);
+    const auto count = static_cast<std::int64_t>(v.size());
+    got[static_cast<std::size_t>(r)] =
+        capture([&] { ring.all_reduce(v.data(), count, scalar_type::f32, reduce_kind::sum); });
+  }, 5s);
+  // Rank 2 hears rank 1's 400 bytes from its predecessor; rank 1 hears rank 2's 800 from its successor.
+  CHECK(got[2].peer == 1);
+  CHECK(contains(got[2].what, "all_reduce: rank 1 (127.0.0.1:"));
+  CHECK(contains(got[2].what, "sent a small all-reduce with the block of 400 bytes of rank 1"));
+  CHECK(contains(got[2].what, "expected a small all-reduce with the block of 800 bytes of rank 1"));
+  CHECK(got[1].peer == 2);
+  CHECK(contains(got[1].what, "rank 2 (127.0.0.1:"));
+  CHECK(contains(got[1].what, "disagree"));
+  CHECK(got[0].peer == 2);
+  CHECK(std::chrono::steady_clock::now() - start < 3s);
+}
+
+TEST_CASE("ring shutdown releases a pending small all-reduce at once") {
+  std::atomic<bool> finished{false};
+  outcome pending, after;
+  std::chrono::steady_clock::duration waited{};
+  auto errors = run_ring(4, [&](int r, tcp_ring& ring) {
+    if (r != 1) {  // never join: their connections stay open until rank 1 is done
+      const auto until = std::chrono::steady_clock::now() + 5s;
+      while (!finished.load() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+      return;
+    }
+    std::vector<float> v(1000, 1.0f);
+    auto call = [&] { ring.all_reduce(v.data(), 1000, scalar_type::f32, reduce_kind::sum); };
+    std::thread stopper([&] {
+      std::this_thread::sleep_for(200ms);
+      ring.shutdown();
+    });
+    const auto start = std::chrono::steady_clock::now();
+    pending = capture(call);
+    waited = std::chrono::steady_clock::now() - start;
+    stopper.join();
+    after = capture(call);
+    finished.store(true);
+  }, 10s);
+  for (const auto& e : errors) CHECK(e == "");
+  CHECK((pending.peer == 0 || pending.peer == 2));
+  CHECK(contains(pending.what, "the ring was shut down here"));
+  CHECK(waited >= 150ms);
+  CHECK(waited < 2s);
+  CHECK((after.peer == 0 || after.peer == 2));
+  CHECK(contains(after.what, "shut down"));
 }

@@ -6,14 +6,16 @@ $Cxx.namespace("troupe::wire");
 
 enum ScalarType { float32 @0; float64 @1; int32 @2; int64 @3; uint8 @4; }
 
-# Which collective a frame belongs to (protocol version 3). Frames of version 2 had no kind: they
-# read as allReduce, the only collective then.
+# Which collective a frame belongs to (protocol version 3; allReduceBlock since version 4). Frames
+# of version 2 had no kind: they read as allReduce, the only collective then.
 enum Collective {
   allReduce @0;
   broadcast @1;         # a segment of the root's bytes, passed down the chain
   allGather @2;         # a segment of one rank's block
   broadcastClose @3;    # no data: the rank before the root tells the root which broadcast it
                         # takes part in, so that the root checks it too and no frame is left over
+  allReduceBlock @4;    # a small all-reduce (more than 2 ranks): one rank's whole buffer, passed
+                        # both ways around the ring; root names that rank, total its bytes
 }
 
 struct Hello {
@@ -31,6 +33,7 @@ struct Chunk {
   data @4 :Data;
   offset @5 :UInt64;       # the first element's index in the buffer (chunks travel in segments)
   kind @6 :Collective;
-  root @7 :UInt32;         # broadcast: the root
-  total @8 :UInt64;        # broadcast: bytes of the whole buffer; all-gather: of the whole block
+  root @7 :UInt32;         # broadcast: the root; all-reduce block: the rank whose buffer it is
+  total @8 :UInt64;        # broadcast: bytes of the whole buffer; all-gather and all-reduce block:
+                           # of the whole block
 }

@@ -56,6 +56,11 @@ class deadline {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// A peer whose process ended shows up as end of stream, a reset or a broken pipe, depending on
+// which side of the connection noticed first: all say the same to the user.
+bool peer_gone(int error) { return error == ECONNRESET || error == EPIPE || error == ENOTCONN; }
+const char* gone_text = " closed its connection (the process ended or failed)";
+
 std::string peer_name(int peer, const std::vector<endpoint>& peers) {
   return "rank " + std::to_string(peer) + " (" + peers[static_cast<std::size_t>(peer)].to_string() + ")";
 }
@@ -163,6 +168,7 @@ class outgoing {
       if (w < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
         if (errno == EINTR) continue;
+        if (peer_gone(errno)) throw peer_error(peer, name + gone_text);
         throw peer_error(peer, "sending to " + name + " failed: " + errno_text());
       }
       auto left = static_cast<std::size_t>(w);
@@ -211,10 +217,11 @@ class incoming {
         target = reinterpret_cast<char*>(words_.data());
       }
       ssize_t r = read(fd, target + have_, need_ - have_);
-      if (r == 0) throw peer_error(peer, name + " closed its connection (the process ended or failed)");
+      if (r == 0) throw peer_error(peer, name + gone_text);
       if (r < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
         if (errno == EINTR) continue;
+        if (peer_gone(errno)) throw peer_error(peer, name + gone_text);
         throw peer_error(peer, "receiving from " + name + " failed: " + errno_text());
       }
       have_ += static_cast<std::size_t>(r);
@@ -297,8 +304,8 @@ struct frame_header {
   wire::Collective kind = wire::Collective::ALL_REDUCE;
   std::uint64_t sequence = 0;
   std::uint32_t index = 0;  // all-gather: the block's rank
-  std::uint32_t root = 0;   // broadcast: the root
-  std::uint64_t total = 0;  // broadcast: the buffer's bytes; all-gather: the block's
+  std::uint32_t root = 0;   // broadcast: the root; all-reduce block: the rank whose block it is
+  std::uint64_t total = 0;  // broadcast: the buffer's bytes; all-gather, all-reduce block: the block's
 };
 
 // For error messages: "a broadcast of 1000 bytes from root 2 (operation 7)".
@@ -313,6 +320,8 @@ std::string describe(const frame_header& h) {
       return "the end of a broadcast of " + bytes + " from root " + std::to_string(h.root) + operation;
     case wire::Collective::ALL_GATHER:
       return "an all-gather with a block of " + bytes + " from rank " + std::to_string(h.index) + operation;
+    case wire::Collective::ALL_REDUCE_BLOCK:
+      return "a small all-reduce with the block of " + bytes + " of rank " + std::to_string(h.root) + operation;
   }
   return "a frame of unknown kind " + std::to_string(static_cast<unsigned>(h.kind)) + operation;
 }
@@ -389,15 +398,19 @@ struct tcp_ring::impl {
   bool yield_while_spinning = false;
   std::atomic<bool> shut_down{false};  // by shutdown(), from another thread
   std::uint64_t sequence = 0;
-  outgoing out;
-  incoming in;
+  outgoing out;       // to the successor
+  incoming in;        // from the predecessor
+  outgoing out_back;  // to the predecessor: small all-reduces only
+  incoming in_back;   // from the successor: small all-reduces only
+  std::vector<capnp::word> blocks;  // small all-reduce: the other ranks' buffers, word-aligned
 
   // Sends `out` to the successor while receiving `in` from the predecessor. Busy-polls the
   // sockets for `spin` first (a loopback round trip is a few microseconds; a thread sleeping in
   // poll() takes tens to wake), then sleeps in poll().
-  void exchange(const deadline& until) {
+  // `both`: also sends `out_back` to the predecessor and receives `in_back` from the successor.
+  void exchange(const deadline& until, bool both = false) {
     try {
-      exchange_unchecked(until);
+      exchange_unchecked(until, both);
     } catch (const peer_error& e) {
       if (!shut_down.load()) throw;
       throw peer_error(e.peer(), "the ring was shut down here (a worker was declared gone) while talking to " +
@@ -405,12 +418,17 @@ struct tcp_ring::impl {
     }
   }
 
-  void exchange_unchecked(const deadline& until) {
+  void exchange_unchecked(const deadline& until, bool both) {
     const auto spin_until_time = clock::now() + spin;
-    while (!out.done() || !in.done()) {
+    auto finished = [&] { return out.done() && in.done() && (!both || (out_back.done() && in_back.done())); };
+    while (!finished()) {
       if (!out.done()) out.progress(next_fd, next_rank, next_name);
       if (!in.done()) in.progress(prev_fd, prev_rank, prev_name);
-      if (out.done() && in.done()) break;
+      if (both) {
+        if (!out_back.done()) out_back.progress(prev_fd, prev_rank, prev_name);
+        if (!in_back.done()) in_back.progress(next_fd, next_rank, next_name);
+      }
+      if (finished()) break;
       if (clock::now() < spin_until_time) {
         if (yield_while_spinning) {
           yield_cpu();  // more ranks than cores here: let the one we wait for run
@@ -419,18 +437,22 @@ struct tcp_ring::impl {
         }
         continue;
       }
+      const short next_events = static_cast<short>((out.done() ? 0 : POLLOUT) | (both && !in_back.done() ? POLLIN : 0));
+      const short prev_events = static_cast<short>((in.done() ? 0 : POLLIN) | (both && !out_back.done() ? POLLOUT : 0));
       pollfd fds[2];
       nfds_t n = 0;
-      if (!out.done()) fds[n++] = {next_fd, POLLOUT, 0};
-      if (!in.done()) fds[n++] = {prev_fd, POLLIN, 0};
+      if (next_events != 0) fds[n++] = {next_fd, next_events, 0};
+      if (prev_events != 0) fds[n++] = {prev_fd, prev_events, 0};
       int rc = poll(fds, n, until.poll_ms());
       if (rc < 0 && errno == EINTR) continue;
       if (rc < 0) throw std::runtime_error("tcp_ring: poll failed: " + errno_text());
       if (rc == 0) {
-        const bool waiting_in = !in.done();
-        throw peer_error(waiting_in ? prev_rank : next_rank,
-                         "timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
-                             (waiting_in ? prev_name + " to send" : next_name + " to receive"));
+        const std::string waited = " ms waiting for ";
+        const std::string after = "timed out after " + std::to_string(timeout.count()) + waited;
+        if (!in.done()) throw peer_error(prev_rank, after + prev_name + " to send");
+        if (both && !in_back.done()) throw peer_error(next_rank, after + next_name + " to send");
+        if (!out.done()) throw peer_error(next_rank, after + next_name + " to receive");
+        throw peer_error(prev_rank, after + prev_name + " to receive");
       }
     }
   }
@@ -450,6 +472,95 @@ struct tcp_ring::impl {
     chunk.setCount(n);
     set_data(*msg, chunk, p, n);
     out.start(std::move(msg));
+  }
+
+  // Starts a small all-reduce frame on `to`: the whole buffer of rank `h.root`, `count` elements
+  // at `p`.
+  static void send_block(outgoing& to, const frame_header& h, scalar_type type, std::int64_t count, const char* p) {
+    auto msg = std::make_unique<capnp::MallocMessageBuilder>(32);
+    auto chunk = msg->initRoot<wire::Chunk>();
+    chunk.setKind(h.kind);
+    chunk.setSequence(h.sequence);
+    chunk.setRoot(h.root);
+    chunk.setTotal(h.total);
+    chunk.setType(to_wire(type));
+    chunk.setCount(static_cast<std::uint64_t>(count));
+    set_data(*msg, chunk, p, h.total);
+    to.start(std::move(msg));
+  }
+
+  // Checks the small all-reduce frame just received on `from` (from `peer`, called `name`) against
+  // `want`, `type` and `count`, and copies its bytes to `dst`.
+  void take_block(incoming& from, int peer, const std::string& name, int self, const frame_header& want,
+                  scalar_type type, std::int64_t count, char* dst) {
+    try {
+      auto chunk = from.reader().getRoot<wire::Chunk>();
+      const frame_header got{chunk.getKind(), chunk.getSequence(), chunk.getIndex(), chunk.getRoot(), chunk.getTotal()};
+      if (got.kind != want.kind || got.sequence != want.sequence || got.root != want.root || got.total != want.total) {
+        throw peer_error(peer, "all_reduce: " + name + " sent " + describe(got) + ", rank " + std::to_string(self) +
+                                   " (this worker) expected " + describe(want) +
+                                   " (the workers disagree on the collective)");
+      }
+      auto d = chunk.getData();  // read once: every getData() counts against the traversal limit
+      if (chunk.getType() != to_wire(type) || chunk.getOffset() != 0 ||
+          chunk.getCount() != static_cast<std::uint64_t>(count) || d.size() != want.total) {
+        throw peer_error(peer, "all_reduce: malformed frame from " + name + ": " + std::to_string(d.size()) +
+                                   " bytes, " + std::to_string(chunk.getCount()) + " elements of type " +
+                                   std::to_string(static_cast<unsigned>(chunk.getType())) + " in " + describe(got) +
+                                   ", expected " + std::to_string(count) + " of type " +
+                                   std::to_string(static_cast<unsigned>(to_wire(type))));
+      }
+      std::memcpy(dst, d.begin(), d.size());
+    } catch (const kj::Exception& x) {
+      throw peer_error(peer, "all_reduce: malformed frame from " + name + ": " + x.getDescription().cStr());
+    }
+  }
+
+  // The small all-reduce (see the walkthrough in the header): whole buffers both ways around the
+  // ring, then every rank adds all of them in rank order.
+  void small_all_reduce(int self, int size, char* data, std::int64_t count, scalar_type type, reduce_kind op,
+                        std::uint64_t seq, const deadline& until) {
+    const std::size_t nbytes = static_cast<std::size_t>(count) * scalar_size(type);
+    const std::size_t stride_words = (nbytes + sizeof(capnp::word) - 1) / sizeof(capnp::word);
+    const std::size_t words = static_cast<std::size_t>(size) * stride_words;
+    if (blocks.size() < words) blocks.resize(words);
+    auto wrap = [&](int r) { return ((r % size) + size) % size; };
+    // This rank's block is `data` itself; the others land in `blocks`, at their rank's place.
+    auto block_of = [&](int owner) {
+      if (owner == self) return data;
+      return reinterpret_cast<char*>(blocks.data() + static_cast<std::size_t>(owner) * stride_words);
+    };
+    auto header_of = [&](int owner) {
+      return frame_header{wire::Collective::ALL_REDUCE_BLOCK, seq, 0, static_cast<std::uint32_t>(owner), nbytes};
+    };
+    // A whole segment's limit, not the block's: a peer that disagrees on the size (or runs the large
+    // path) still has its frame read, and the error says how the two differ.
+    const std::size_t limit_words = segment_bytes / 8 + header_slack_words;
+    const int from_prev_steps = size / 2;        // the blocks of ranks self-1 .. self-size/2
+    const int from_next_steps = (size - 1) / 2;  // the blocks of ranks self+1 .. self+(size-1)/2
+    for (int k = 1; k <= from_prev_steps; ++k) {
+      const bool back = k <= from_next_steps;
+      const int forward_owner = wrap(self - (k - 1));  // to the successor: own block first
+      send_block(out, header_of(forward_owner), type, count, block_of(forward_owner));
+      in.start(limit_words);
+      if (back) {
+        const int backward_owner = wrap(self + (k - 1));
+        send_block(out_back, header_of(backward_owner), type, count, block_of(backward_owner));
+        in_back.start(limit_words);
+      }
+      exchange(until, back);
+      const int from_prev = wrap(self - k);
+      take_block(in, prev_rank, prev_name, self, header_of(from_prev), type, count, block_of(from_prev));
+      if (back) {
+        const int from_next = wrap(self + k);
+        take_block(in_back, next_rank, next_name, self, header_of(from_next), type, count, block_of(from_next));
+      }
+    }
+    // Rank order 0..size-1 on every rank: the same additions, so the same bits everywhere.
+    std::vector<const void*> ins(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) ins[static_cast<std::size_t>(r)] = block_of(r);
+    void* outs[1] = {data};
+    reduce_range(ins.data(), size, outs, 1, 0, count, type, op);
   }
 
   // Starts receiving a frame of a byte collective. The limit is a whole segment whatever this
@@ -663,6 +774,10 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
       reduce_range(ins, 2, outs, 1, 0, count, type, reduce_kind::sum);
     });
     if (op == reduce_kind::mean) scale_range(bytes, count, type, size_);
+    return;
+  }
+  if (size_ > 2 && static_cast<std::size_t>(count) * esize <= small_all_reduce_bytes) {
+    s.small_all_reduce(rank_, size_, bytes, count, type, op, seq, until);
     return;
   }
   // Reduce-scatter: after size-1 steps rank r holds the full sum of chunk r+1.

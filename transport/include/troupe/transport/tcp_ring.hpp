@@ -73,6 +73,22 @@ class listener {
 /// times, the minimum. The order of the additions is fixed by the ring, so results are identical
 /// on every rank and every run.
 ///
+/// all_reduce of at most small_all_reduce_bytes over more than 2 ranks trades bandwidth for
+/// latency: ceil((size-1)/2) steps instead of 2(size-1), each a wait for a neighbour that may be
+/// descheduled. It uses both directions of both connections:
+///  1. Step 1: each rank sends its whole buffer to its successor and to its predecessor, and
+///     receives theirs.
+///  2. Step k: it forwards to its successor the block that came from its predecessor in step k-1,
+///     and to its predecessor the one that came from its successor. After step k it holds the
+///     blocks of the ranks within distance k either way.
+///  3. Blocks flow from the predecessor for size/2 steps and from the successor for (size-1)/2:
+///     when size is even the last step runs one way only, so that no block arrives twice and no
+///     frame is left unread.
+///  4. Every rank adds the size blocks in rank order 0..size-1 (then divides for mean): the same
+///     additions in the same order everywhere, so every rank gets the same bits.
+/// Each frame names the operation and the rank whose block it carries; the receiver checks both
+/// and the block's size.
+///
 /// broadcast of B bytes from root t, a pipelined chain along the ring:
 ///  1. t sends its segments to t+1.
 ///  2. Every other rank but t-1 forwards segment k to its successor while it receives segment
@@ -133,8 +149,13 @@ class tcp_ring {
   /// `my_bytes == bytes_per_rank[rank()]` (std::invalid_argument otherwise).
   void all_gather(const void* mine, std::size_t my_bytes, void* out, const std::vector<std::size_t>& bytes_per_rank);
 
+  /// all_reduce over more than 2 ranks of at most this many bytes exchanges whole buffers both
+  /// ways around the ring (ceil((size-1)/2) steps); larger ones run the reduce-scatter ring.
+  static constexpr std::size_t small_all_reduce_bytes = 64 * 1024;
+
+  /// Version 4: small all-reduce blocks (allReduceBlock frames, also sent to the predecessor).
   /// Version 3: broadcast and all-gather frames (a collective kind, root and total per frame).
-  static constexpr std::uint32_t protocol_version = 3;
+  static constexpr std::uint32_t protocol_version = 4;
 
  private:
   struct impl;
