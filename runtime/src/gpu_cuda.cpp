@@ -98,7 +98,17 @@ struct thread_state {
 
   cudaStream_t stream_for(int device) {
     check_device(device);
-    check(cudaSetDevice(device), "cudaSetDevice");
+    if (cudaSetDevice(device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      int count = 0;
+      if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+      (void)cudaGetLastError();
+      throw std::invalid_argument(
+          "GPU:" + std::to_string(device) + " is not available: " +
+          (count == 0 ? std::string("this machine has no GPU (the CUDA runtime reports none); use a CPU device")
+                      : "only " + std::to_string(count) + " GPU(s) exist (GPU:0..GPU:" + std::to_string(count - 1) +
+                            ")"));
+    }
     if (streams[device] == nullptr) {
       configure_pool(device);
       check(cudaStreamCreateWithFlags(&streams[device], cudaStreamNonBlocking), "cudaStreamCreate");

@@ -5,20 +5,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "test_util.hpp"
 #include "troupe/tensor.hpp"
 
 using namespace troupe;
-
-namespace {
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-}  // namespace
+using troupe::testing::contains;
+using troupe::testing::message_of;
 
 TEST_CASE("from_vector keeps values, shape and dtype") {
   Tensor t = Tensor::from_vector<int>({1, 2, 3, 4}, {2, 2});
@@ -169,4 +161,14 @@ TEST_CASE("stack adds a leading axis") {
   Tensor m = stack({Tensor::range(3, DType::f32), Tensor::range(3, DType::f32)});
   CHECK(m.shape() == Shape{2, 3});
   CHECK_THROWS_AS(stack({Tensor::range(3), Tensor::range(2)}), std::invalid_argument);
+}
+
+TEST_CASE("a tensor on a GPU the machine does not have is a clear error") {
+  if (Runtime::gpu_count() > 0) return;  // tests/gpu covers machines with GPUs
+  const Device gpu(Device::Type::gpu, 0);
+  std::string msg = message_of([&] { (void)Tensor::zeros({2}, DType::f32, gpu); });
+  CHECK(contains(msg, "GPU:0"));
+  CHECK((contains(msg, "this machine has no GPU") || contains(msg, "built without CUDA")));
+  CHECK(contains(message_of([&] { (void)Tensor::from_vector<float>({1.0f}).to(gpu); }), "GPU:0"));
+  CHECK_FALSE(Tensor::from_vector<float>({1.0f}).is_gpu());
 }
