@@ -26,8 +26,9 @@ enum class binary_op : int { add = 0, sub = 1, mul = 2, div = 3 };
 bool built_with_cuda() noexcept;
 
 /// Device memory on GPU `device` (stream-ordered pool, never managed memory); nullptr for 0 bytes.
-/// Sets *capacity to the block's size, which release() needs back. A thread keeps the blocks it
-/// releases (up to 2 GiB per GPU) and allocates from them first, without a CUDA call.
+/// Sets *capacity to the block's size, which release() needs back. Released blocks are kept (up
+/// to 2 GiB per GPU in each place) and allocated again without a CUDA call: a replica's in its own
+/// cache, since its stream may still use them; any other thread's in a pool every thread draws from.
 void* allocate(int device, std::size_t bytes, std::size_t* capacity);
 /// Returns memory from allocate(), ordered after the calling thread's work on that GPU.
 void release(int device, void* data, std::size_t capacity) noexcept;

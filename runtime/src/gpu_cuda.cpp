@@ -98,6 +98,11 @@ struct thread_state {
 
   cudaStream_t stream_for(int device) {
     check_device(device);
+    // Most calls find the device current already; asking is cheaper than setting it again.
+    int current = -1;
+    if (streams[device] != nullptr && cudaGetDevice(&current) == cudaSuccess && current == device) {
+      return streams[device];
+    }
     if (cudaSetDevice(device) != cudaSuccess) {
       (void)cudaGetLastError();
       int count = 0;
@@ -138,6 +143,46 @@ void finish(int device, const char* what) {
 
 int code(transport::scalar_type t) { return static_cast<int>(t); }
 
+// Blocks released by threads that wait for their work (not replicas): idle, so any thread may
+// take them. Never destroyed: tensors may be released during static destruction.
+struct idle_pool {
+  std::mutex mutex;
+  std::unordered_map<std::size_t, std::vector<void*>> blocks;
+  std::size_t bytes = 0;
+
+  void* take(std::size_t size) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = blocks.find(size);
+    if (it == blocks.end() || it->second.empty()) return nullptr;
+    void* p = it->second.back();
+    it->second.pop_back();
+    bytes -= size;
+    return p;
+  }
+
+  bool give(void* p, std::size_t size) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (bytes + size > cache_limit) return false;
+    blocks[size].push_back(p);
+    bytes += size;
+    return true;
+  }
+
+  void drop(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto& [size, list] : blocks) {
+      for (void* p : list) (void)cudaFreeAsync(p, stream);
+    }
+    blocks.clear();
+    bytes = 0;
+  }
+};
+
+idle_pool& idle(int device) {
+  static auto* pools = new idle_pool[max_devices];
+  return pools[device];
+}
+
 }  // namespace
 
 bool built_with_cuda() noexcept { return true; }
@@ -160,12 +205,17 @@ void* allocate(int device, std::size_t bytes, std::size_t* capacity) {
     *capacity = size;
     return p;
   }
+  if (void* p = idle(device).take(size)) {
+    *capacity = size;
+    return p;
+  }
   void* p = nullptr;
   cudaError_t rc = cudaMallocAsync(&p, size, s);
-  if (rc == cudaErrorMemoryAllocation && st.cached_bytes[device] > 0) {
-    // Give this thread's idle blocks back and try once more.
+  if (rc == cudaErrorMemoryAllocation) {
+    // Give the kept blocks back and try once more.
     (void)cudaGetLastError();
     st.drop_cache(device);
+    idle(device).drop(s);
     (void)cudaStreamSynchronize(s);
     rc = cudaMallocAsync(&p, size, s);
   }
@@ -186,14 +236,19 @@ void release(int device, void* data, std::size_t capacity) noexcept {
   try {
     thread_state& st = state();
     cudaStream_t s = st.stream_for(device);
-    if (st.cached_bytes[device] + capacity <= cache_limit) {
-      try {
+    try {
+      if (!st.replica) {
+        // Nothing of this thread's is pending on it (it waits for its work): any thread may reuse it.
+        if (idle(device).give(data, capacity)) return;
+      } else if (st.cached_bytes[device] + capacity <= cache_limit) {
+        // The replica's own stream may still use it: only this thread's later work, ordered after
+        // that on the same stream, may have it.
         st.cached[device][capacity].push_back(data);
         st.cached_bytes[device] += capacity;
         return;
-      } catch (const std::bad_alloc&) {
-        // no room to remember it: free it
       }
+    } catch (const std::bad_alloc&) {
+      // no room to remember it: free it
     }
     if (cudaFreeAsync(data, s) != cudaSuccess) (void)cudaGetLastError();
   } catch (...) {
