@@ -100,16 +100,17 @@ struct NcclCollectives::impl {
   int nranks() const { return world.nranks == 0 ? static_cast<int>(devices.size()) : world.nranks; }
   int global_rank(int replica) const { return world.first_rank + replica; }
 
-  // Ends an NCCL group; a non-blocking communicator may still be issuing it.
-  void end_group(int replica) {
-    const ncclResult_t rc = ncclGroupEnd();
+  // After an NCCL call or group: a non-blocking communicator may still be issuing it.
+  void settle(int replica, ncclResult_t rc, const char* what) {
     if (rc == ncclInProgress) {
       std::lock_guard<std::mutex> lock(mutex);
       if (comms) comms->settle(replica);
       return;
     }
-    check(rc, "ncclGroupEnd");
+    check(rc, what);
   }
+
+  void end_group(int replica) { settle(replica, ncclGroupEnd(), "ncclGroupEnd"); }
 
   void check_agreement(int replica, const signature& mine, NcclCollectives& self) {
     if (devices.size() < 2) return;
@@ -209,19 +210,27 @@ std::vector<Tensor> NcclCollectives::all_reduce(int replica, ReduceOp op, const 
   outputs.reserve(inputs.size());
   for (const Tensor& v : inputs) outputs.push_back(Tensor::empty(v.shape(), v.dtype(), device));
   ncclComm_t comm = impl_->comm(replica);
-  // A packed list is one NCCL group: one launch for every tensor in it.
-  check(ncclGroupStart(), "ncclGroupStart");
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].num_elements() == 0) continue;
-    ncclResult_t rc = ncclAllReduce(inputs[i].raw_data(), outputs[i].raw_mutable_data(),
-                                    static_cast<std::size_t>(inputs[i].num_elements()), nccl_type(inputs[i].dtype()),
-                                    ncclSum, comm, stream);
-    if (rc != ncclSuccess) {
-      (void)ncclGroupEnd();
-      check(rc, "ncclAllReduce");
+  auto enqueue = [&](std::size_t i) {
+    return ncclAllReduce(inputs[i].raw_data(), outputs[i].raw_mutable_data(),
+                         static_cast<std::size_t>(inputs[i].num_elements()), nccl_type(inputs[i].dtype()), ncclSum,
+                         comm, stream);
+  };
+  if (inputs.size() == 1) {
+    // One tensor: a plain call, without a group's bookkeeping.
+    if (inputs[0].num_elements() > 0) impl_->settle(replica, enqueue(0), "ncclAllReduce");
+  } else {
+    // A packed list is one NCCL group: one launch for every tensor in it.
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].num_elements() == 0) continue;
+      const ncclResult_t rc = enqueue(i);
+      if (rc != ncclSuccess) {
+        (void)ncclGroupEnd();
+        check(rc, "ncclAllReduce");
+      }
     }
+    impl_->end_group(replica);
   }
-  impl_->end_group(replica);
   if (op == ReduceOp::mean) {
     // The sum divided by the replica count, as the CPU path does (integer types truncate).
     const auto n = static_cast<std::int64_t>(impl_->nranks());
