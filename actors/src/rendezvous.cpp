@@ -248,9 +248,12 @@ caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor a
   };
   self->monitor(agent);
   self->set_down_handler([=](caf::down_msg& d) {
-    if (d.source == agent.address()) {
-      report(0, "the chief " + chief + " is gone: " + self->system().render(d.reason));
-    }
+    if (d.source != agent.address()) return;
+    // A chief that finished its program shuts its agent down on purpose, possibly while the
+    // others still complete the last collective with it: that is no failure (a chief that dies
+    // shows up as an unreachable link, and a collective that still needs it fails naming it).
+    if (d.reason == caf::exit_reason::user_shutdown) return;
+    report(0, "the chief " + chief + " is gone: " + self->system().render(d.reason));
   });
   self->send(agent, beat_atom::value, rank, caf::actor_cast<caf::actor>(self));
   self->delayed_send(self, interval, tick_atom::value, interval);
