@@ -172,9 +172,12 @@ int main(int argc, char** argv) {
     if (mode == "collectives") {
       rc = collectives(s);
     } else if (mode == "die") {
-      // Every worker all-reduces once; then worker 1 dies while the others are in the next one.
+      // Every worker all-reduces once; then worker MW_DYING_TASK (1 unless set) dies while the
+      // others are in the next one.
+      const char* dying = std::getenv("MW_DYING_TASK");
+      const int victim = dying != nullptr ? std::atoi(dying) : 1;
       s.run([] { get_replica_context()->all_reduce(ReduceOp::sum, Tensor::zeros({100})); });
-      if (s.cluster_resolver()->task_id() == 1) {
+      if (s.cluster_resolver()->task_id() == victim) {
         std::cout << "dying" << std::endl;
         kill(getpid(), SIGKILL);
       }

@@ -117,6 +117,18 @@ case "$scenario" in
     # Worker 2 receives from worker 1: it names it, from its socket or from the chief's verdict.
     # (Worker 0 may see worker 2 leave before the verdict arrives.)
     grep -q "task:1" "$dir/out2" || fail "worker 2 did not name worker 1" ;;
+  chief-dies)
+    # The chief is killed mid-collective: the others fail naming it, bounded, even though a chief
+    # that leaves cleanly is not a failure.
+    for i in 0 1 2; do declare "W${i}_ENV=MW_DYING_TASK=0"; done
+    start_cluster 3 die; wait_all 3
+    [ "$(cat "$dir/rc0")" = "137" ] || fail "the chief was not killed"
+    for i in 1 2; do
+      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+      grep -q "cross-worker collective failed" "$dir/out$i" || fail "worker $i did not report the failed collective"
+    done
+    # Worker 1 receives from the chief: it names it, from its socket or from the watch.
+    grep -q "task:0" "$dir/out1" || fail "worker 1 did not name the chief" ;;
   checkpoint-2x2)
     for i in 0 1; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2 MW_CKPT_DIR=$dir/ckpt"; done
     start_cluster 2 checkpoint; wait_all 2; expect_all 2 0 "^OK"
