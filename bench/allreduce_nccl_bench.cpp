@@ -142,6 +142,22 @@ td::MirroredStrategy& strategy_for(int gpus) {
 
 // One strategy.run in which every replica all-reduces its input `reps` times, chained. Returns
 // the seconds the run took (it returns after every replica's stream has finished).
+// The benchmark loop over `timed(reps)` (seconds for reps chained all-reduces): a warm-up with the
+// first guess of reps, then reps for an iteration of about iter_ms, and the time per all-reduce of
+// every iteration, summed into `total`. Returns the reps used.
+template <class Timed>
+std::int64_t measure(benchmark::State& state, std::size_t bytes, double& total, Timed&& timed) {
+  const std::int64_t guess = initial_reps(bytes);
+  timed(guess);
+  const std::int64_t reps = reps_for(timed(guess) / static_cast<double>(guess));
+  for (auto _ : state) {
+    const double per_op = timed(reps) / static_cast<double>(reps);
+    state.SetIterationTime(per_op);
+    total += per_op;
+  }
+  return reps;
+}
+
 double timed_run(td::MirroredStrategy& strategy, const td::PerReplica<troupe::Tensor>& inputs, std::int64_t reps) {
   const auto start = Clock::now();
   // The results are returned (not dropped inside the replica function) so that no GPU buffer is
@@ -199,16 +215,7 @@ void BM_AllReduce_Nccl(benchmark::State& state) {
       }
     }
 
-    // Warm-up with the first guess of reps, then reps for an iteration of about iter_ms.
-    const std::int64_t guess = initial_reps(bytes);
-    timed_run(strategy, inputs, guess);
-    reps = reps_for(timed_run(strategy, inputs, guess) / static_cast<double>(guess));
-
-    for (auto _ : state) {
-      const double per_op = timed_run(strategy, inputs, reps) / static_cast<double>(reps);
-      state.SetIterationTime(per_op);
-      total += per_op;
-    }
+    reps = measure(state, bytes, total, [&](std::int64_t k) { return timed_run(strategy, inputs, k); });
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
     return;
@@ -349,15 +356,7 @@ void bare_benchmark(benchmark::State& state, bool in_place) {
       }
     }
 
-    const std::int64_t guess = initial_reps(bytes);
-    timed_bare(c, buffers, count, guess);
-    reps = reps_for(timed_bare(c, buffers, count, guess) / static_cast<double>(guess));
-
-    for (auto _ : state) {
-      const double per_op = timed_bare(c, buffers, count, reps) / static_cast<double>(reps);
-      state.SetIterationTime(per_op);
-      total += per_op;
-    }
+    reps = measure(state, bytes, total, [&](std::int64_t k) { return timed_bare(c, buffers, count, k); });
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
     return;

@@ -75,11 +75,18 @@ struct Cluster {
   std::shared_ptr<FailureBox> failures = std::make_shared<FailureBox>();
   std::unique_ptr<actors::cluster_watch> watch;  // declared last: destroyed first
 
-  // Sums `t` (a tensor of this worker's) over the workers, in place of a copy. The ring works on
-  // host memory: a GPU tensor goes there and back.
+  // A fresh host tensor holding `t`'s elements, for the ring to work on in place (tensors that
+  // are shared must not change): a GPU tensor's copy to the host is fresh already.
+  static Tensor host_copy(const Tensor& t) {
+    if (t.is_gpu()) return t.to(Device());
+    Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
+    if (t.nbytes() > 0) std::memcpy(out.raw_mutable_data(), t.raw_data(), t.nbytes());
+    return out;
+  }
+
+  // Sums `t` (a tensor of this worker's) over the workers.
   Tensor sum(const Tensor& t) {
-    Tensor out = t.is_gpu() ? t.to(Device()) : Tensor::empty(t.shape(), t.dtype(), t.device());
-    if (!t.is_gpu() && t.nbytes() > 0) std::memcpy(out.raw_mutable_data(), t.raw_data(), t.nbytes());
+    Tensor out = host_copy(t);
     ring_all_reduce(out);
     return out.to(t.device());
   }
@@ -87,8 +94,7 @@ struct Cluster {
   // The chief's `t` on every worker: a broadcast on the ring (the workers' tensors must have one
   // size; a worker that disagrees is named).
   Tensor broadcast(const Tensor& t) {
-    Tensor out = t.is_gpu() ? t.to(Device()) : Tensor::empty(t.shape(), t.dtype(), t.device());
-    if (!t.is_gpu() && t.nbytes() > 0) std::memcpy(out.raw_mutable_data(), t.raw_data(), t.nbytes());
+    Tensor out = host_copy(t);
     try {
       ring->broadcast(out.raw_mutable_data(), out.nbytes(), 0);
     } catch (const transport::peer_error& e) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels.hpp"
+#include "nccl_group.hpp"
 #include "troupe/transport/reduce_kernels.hpp"
 
 namespace {
@@ -36,22 +37,15 @@ void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-/// Device memory owned by one object. Never empty, so count-0 launches still get valid pointers.
-class device_buffer {
+/// The library's device memory on GPU 0, never empty, so count-0 launches still get valid pointers.
+class device_buffer : public troupe::transport::cuda::device_buffer {
  public:
-  explicit device_buffer(std::size_t bytes) { check_cuda(cudaMalloc(&ptr_, bytes == 0 ? 16 : bytes), "cudaMalloc"); }
-  ~device_buffer() { cudaFree(ptr_); }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-
-  void* get() const { return ptr_; }
+  explicit device_buffer(std::size_t bytes) : troupe::transport::cuda::device_buffer(0, bytes == 0 ? 16 : bytes) {}
+  void* get() const { return data(); }
   template <class T>
   T* as() const {
-    return static_cast<T*>(ptr_);
+    return static_cast<T*>(data());
   }
-
- private:
-  void* ptr_ = nullptr;
 };
 
 /// A created CUDA stream, destroyed with its owner.
