@@ -7,17 +7,45 @@
 // Every worker reads the same generated set; each global batch is split over all replicas of all
 // workers; gradients are all-reduced hierarchically (shared memory, then a TCP ring between the
 // workers). Every worker prints the same losses, and the last line:
-//   result: workers=2 replicas=2 loss=... accuracy=...
+//   result: workers=2 replicas=2 loss=... accuracy=... weights_digest=HEX
+// where weights_digest hashes the bytes of every variable (the model's and the optimizer's), the
+// same on every worker of a synchronised run.
 
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
+#include <map>
+#include <sstream>
 #include <string>
 
 #include <troupe/troupe.hpp>
 
 using namespace troupe;
 using namespace troupe::distribute;
+
+namespace {
+
+// FNV-1a over the bytes of every variable, in name order. The local replicas' components must be
+// bit-identical: a difference is an error, not a digest.
+std::string weights_digest(const std::map<std::string, Variable>& variables) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const auto& [name, variable] : variables) {
+    const std::vector<Tensor> components = variable.components();
+    for (const Tensor& c : components) {
+      if (!c.equals(components.front())) {
+        throw std::runtime_error("variable " + name + " differs between this worker's replicas");
+      }
+    }
+    const Tensor host = components.front().to(Device());
+    const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
+    for (std::size_t i = 0; i < host.nbytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+  }
+  std::ostringstream out;
+  out << std::hex << std::setw(16) << std::setfill('0') << h;
+  return out.str();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   int epochs = 3;
@@ -59,9 +87,9 @@ int main(int argc, char** argv) {
         batch, true);
     nn::History history = model.fit(batches, epochs, steps_per_epoch);
     const nn::EvaluateResult eval = model.evaluate(d.features, d.labels);
-    std::cout << std::setprecision(6) << "result: workers=" << workers
+    std::cout << std::setprecision(9) << "result: workers=" << workers
               << " replicas=" << strategy.num_replicas_in_sync() << " loss=" << history.loss.back()
-              << " accuracy=" << eval.accuracy << "\n";
+              << " accuracy=" << eval.accuracy << " weights_digest=" << weights_digest(model.variables()) << "\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "multi_worker_trainer: " << e.what() << "\n";

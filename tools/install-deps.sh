@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs troupe's build dependencies from Debian's packages. Idempotent: quiet and fast when
-# everything is already there. Usage: tools/install-deps.sh [--bench]  (--bench adds the peers
-# that bench/ compares against: OpenMPI and Gloo).
+# everything is already there. Usage: tools/install-deps.sh [--bench]  (--bench adds Gloo, a peer
+# that bench/ compares against; OpenMPI, the other peer, is always installed: the tests use mpirun).
 set -euo pipefail
 
 packages=(
@@ -9,9 +9,10 @@ packages=(
   libcaf-dev capnproto libcapnp-dev
   libboost-dev libboost-program-options-dev
   doctest-dev libeigen3-dev libbenchmark-dev nlohmann-json3-dev
+  openmpi-bin libopenmpi-dev  # the tests start workers with mpirun (MpiClusterResolver)
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(openmpi-bin libopenmpi-dev libgloo-dev)
+  packages+=(libgloo-dev)
 fi
 
 missing=()

@@ -1,12 +1,16 @@
-// One worker of the multi-worker tests: run by run_cluster.sh in N processes with TF_CONFIG set.
-// Usage: mw_worker collectives | die | join
-// Prints "OK <rank>" and exits 0 when every check holds; prints "FAIL ..." and exits 1 when one
-// does not; prints "ERROR <message>" and exits 3 when the strategy throws.
+// One worker of the multi-worker tests: run by run_cluster.sh in N processes with TF_CONFIG set
+// (or the Slurm or mpirun variables, with MW_RESOLVER=slurm|mpi).
+// Usage: mw_worker collectives | die | hang | checkpoint | join
+// Once the cluster formed it prints "replicas <R> workers <W> task <type>:<index>". Prints
+// "OK <rank>" and exits 0 when every check holds; prints "FAIL ..." and exits 1 when one does not;
+// prints "ERROR <message>" and exits 3 when the strategy throws.
+// MW_TIMEOUT_MS sets CommunicationOptions::timeout, MW_BYTES_PER_PACK bytes_per_pack.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include <troupe/troupe.hpp>
@@ -26,11 +30,18 @@ void expect_eq(const A& got, const B& want, const std::string& what) {
   }
 }
 
+// This worker's rank, from its task alone: the chief is rank 0 and the workers follow in index
+// order (TensorFlow's order of a cluster spec: chief, then worker).
+int expected_rank(const ClusterResolver& resolver) {
+  if (resolver.task_type() == "chief") return 0;
+  const ClusterSpec spec = resolver.cluster_spec();
+  return (spec.has_job("chief") ? spec.num_tasks("chief") : 0) + resolver.task_id();
+}
+
 int collectives(MultiWorkerMirroredStrategy& s) {
   const int n = s.num_replicas_in_sync();
-  const int workers = s.extended().worker_devices().empty() ? 0 : n / s.num_local_replicas();
-  std::cout << "replicas " << n << " workers " << workers << " task " << s.cluster_resolver()->task_type() << ":"
-            << s.cluster_resolver()->task_id() << "\n";
+  const int local = s.num_local_replicas();
+  const int rank = expected_rank(*s.cluster_resolver());
   // all_reduce in replica context: SUM and MEAN of (global id + 1), and a packed list.
   auto sums = s.run([] {
     auto* ctx = get_replica_context();
@@ -43,6 +54,23 @@ int collectives(MultiWorkerMirroredStrategy& s) {
     if (trio[0].to_vector<float>() != std::vector<float>(3, float(ctx->num_replicas_in_sync())) ||
         trio[2].to_vector<float>()[4] != float(ctx->num_replicas_in_sync() * (ctx->num_replicas_in_sync() - 1) / 2)) {
       throw std::runtime_error("packed all_reduce of three float32 tensors came back wrong");
+    }
+    // Five float32 tensors of 3 elements: with bytes_per_pack 24 they cross as packs of 2, 2 and
+    // 1 tensors. Element e of tensor t on replica id is 100 t + 10 e + id.
+    std::vector<Tensor> five;
+    for (int t = 0; t < 5; ++t) {
+      five.push_back(Tensor::from_vector<float>({100.0f * t + id, 100.0f * t + 10 + id, 100.0f * t + 20 + id}, {3}));
+    }
+    five = ctx->all_reduce(ReduceOp::sum, five);
+    const int replicas = ctx->num_replicas_in_sync();
+    for (int t = 0; t < 5; ++t) {
+      for (int e = 0; e < 3; ++e) {
+        const float want = float(replicas) * (100.0f * t + 10.0f * e) + float(replicas * (replicas - 1) / 2);
+        if (five[static_cast<std::size_t>(t)].to_vector<float>()[static_cast<std::size_t>(e)] != want) {
+          throw std::runtime_error("packed all_reduce of five float32 tensors: tensor " + std::to_string(t) +
+                                   " element " + std::to_string(e) + " came back wrong");
+        }
+      }
     }
     Tensor mean = ctx->all_reduce(ReduceOp::mean, Tensor::scalar<double>(id));
     return std::vector<Tensor>{ctx->all_reduce(ReduceOp::sum, v), packed[0], mean};
@@ -105,8 +133,9 @@ int collectives(MultiWorkerMirroredStrategy& s) {
   auto it = s.experimental_distribute_dataset(data::Dataset::range(2 * n).batch(n)).make_iterator();
   for (int step = 0; step < 2; ++step) {
     auto x = it.get_next();
-    for (int r = 0; r < s.num_local_replicas(); ++r) {
-      const int global = s.extended().worker_devices().size() == 0 ? 0 : ids[r].item<int>();
+    for (int r = 0; r < local; ++r) {
+      // Global replica ids run over the workers in rank order, each worker's replicas together.
+      const int global = rank * local + r;
       expect_eq(x[r][0].to_vector<std::int64_t>(), std::vector<std::int64_t>{step * n + global}, "dataset rows");
     }
   }
@@ -124,6 +153,19 @@ int collectives(MultiWorkerMirroredStrategy& s) {
     for (const Tensor& c : s.experimental_local_results(w)) {
       expect_eq(c.item<float>(), float(n), "replica-context writes aggregate over every worker");
     }
+    // on_read variables read in cross-replica context aggregate over every replica of every
+    // worker: replica g holds 2 g + 1.
+    Variable avg(Tensor::scalar<float>(0.0f), "avg", VariableSynchronization::on_read, VariableAggregation::mean);
+    Variable first(Tensor::scalar<float>(0.0f), "first", VariableSynchronization::on_read,
+                   VariableAggregation::only_first_replica);
+    s.run([&] {
+      const float g = float(get_replica_context()->replica_id_in_sync_group());
+      avg.assign(Tensor::scalar<float>(2 * g + 1));
+      first.assign(Tensor::scalar<float>(2 * g + 1));
+    });
+    expect_eq(avg.value().item<float>(), float(n), "on_read MEAN read over every worker");  // mean of 1, 3, ..., 2n-1
+    expect_eq(avg.read_value().item<float>(), float(n), "on_read MEAN read_value over every worker");
+    expect_eq(first.value().item<float>(), 1.0f, "on_read ONLY_FIRST_REPLICA reads the chief's first replica");
   }
   return failures == 0 ? 0 : 1;
 }
@@ -166,8 +208,21 @@ int main(int argc, char** argv) {
     Runtime rt;
     CommunicationOptions options;
     if (const char* t = std::getenv("MW_TIMEOUT_MS")) options.timeout = std::chrono::milliseconds(std::atoi(t));
-    MultiWorkerMirroredStrategy s(rt, options);
-    const int rank = s.extended().worker_devices().empty() ? 0 : s.cluster_resolver()->task_id();
+    if (const char* b = std::getenv("MW_BYTES_PER_PACK")) options.bytes_per_pack = std::strtoull(b, nullptr, 10);
+    std::shared_ptr<ClusterResolver> resolver;
+    const std::string which = std::getenv("MW_RESOLVER") ? std::getenv("MW_RESOLVER") : "tf_config";
+    if (which == "slurm") {
+      resolver = std::make_shared<SlurmClusterResolver>(std::atoi(std::getenv("MW_PORT_BASE")));
+    } else if (which == "mpi") {
+      resolver = std::make_shared<MpiClusterResolver>();
+    } else {
+      resolver = std::make_shared<TFConfigClusterResolver>();
+    }
+    MultiWorkerMirroredStrategy s(rt, options, resolver);
+    const int n = s.num_replicas_in_sync();
+    std::cout << "replicas " << n << " workers " << n / s.num_local_replicas() << " task "
+              << s.cluster_resolver()->task_type() << ":" << s.cluster_resolver()->task_id() << std::endl;
+    const int rank = expected_rank(*s.cluster_resolver());
     int rc = 0;
     if (mode == "collectives") {
       rc = collectives(s);

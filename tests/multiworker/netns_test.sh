@@ -43,9 +43,14 @@ ip netns exec "$b" env TF_CONFIG="{\"cluster\": {$cluster}, \"task\": {\"type\":
 p1=$!
 wait $p0; r0=$?
 wait $p1; r1=$?
-if [ "$r0" != 0 ] || [ "$r1" != 0 ] || ! grep -q "^OK" "$dir/out0" || ! grep -q "^OK" "$dir/out1"; then
-  echo "FAILED: workers exited $r0 and $r1"
+fail() {
+  echo "FAILED: $*"
   cat "$dir/out0" "$dir/out1"
   exit 1
-fi
+}
+[ "$r0" = 0 ] && [ "$r1" = 0 ] || fail "workers exited $r0 and $r1"
+for i in 0 1; do
+  grep -qx "replicas 2 workers 2 task worker:$i" "$dir/out$i" || fail "worker $i did not see a cluster of 2 workers"
+  grep -qx "OK $i" "$dir/out$i" || fail "worker $i did not print 'OK $i'"
+done
 echo "PASSED two workers in separate network namespaces ($net.1, $net.2)"

@@ -37,6 +37,44 @@ start_cluster() {
   done
 }
 
+# start_chief_cluster N MODE: a "chief" job of one task and a "worker" job of N-1 tasks.
+start_chief_cluster() {
+  local n="$1" mode="$2"
+  read -r -a ports <<< "$(free_ports "$n")"
+  local workers=""
+  for i in $(seq 1 $((n - 1))); do workers+="${workers:+, }\"127.0.0.1:${ports[$i]}\""; done
+  local cluster="\"chief\": [\"127.0.0.1:${ports[0]}\"], \"worker\": [$workers]"
+  env TF_CONFIG="{\"cluster\": {$cluster}, \"task\": {\"type\": \"chief\", \"index\": 0}}" \
+      timeout 60 "$worker" "$mode" > "$dir/out0" 2>&1 &
+  pids+=($!)
+  for i in $(seq 1 $((n - 1))); do
+    env TF_CONFIG="{\"cluster\": {$cluster}, \"task\": {\"type\": \"worker\", \"index\": $((i - 1))}}" \
+        timeout 60 "$worker" "$mode" > "$dir/out$i" 2>&1 &
+    pids+=($!)
+  done
+}
+
+# consecutive_ports N: the first of N consecutive free ports on loopback.
+consecutive_ports() {
+  python3 - "$1" <<'PY'
+import socket, sys
+n = int(sys.argv[1])
+for _ in range(200):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); base = s.getsockname()[1]; s.close()
+    if base + n > 65535: continue
+    try:
+        socks = []
+        for p in range(base, base + n):
+            t = socket.socket(); t.bind(("127.0.0.1", p)); socks.append(t)
+        print(base); sys.exit(0)
+    except OSError:
+        pass
+    finally:
+        for t in socks: t.close()
+sys.exit("no run of free ports found")
+PY
+}
+
 # wait_all N: waits for every worker, records exit codes in rc<i>.
 wait_all() {
   for i in $(seq 0 $(($1 - 1))); do
@@ -58,13 +96,24 @@ expect_all() {  # N RC PATTERN
   done
 }
 
+# expect_cluster N REPLICAS: every worker exited 0, saw a cluster of N workers and REPLICAS replicas,
+# named its own task, and passed every check ("OK <its rank>").
+expect_cluster() {
+  for i in $(seq 0 $(($1 - 1))); do
+    [ "$(cat "$dir/rc$i")" = 0 ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 0"
+    grep -qx "replicas $2 workers $1 task worker:$i" "$dir/out$i" ||
+      fail "worker $i did not report a cluster of $1 workers and $2 replicas as task worker:$i"
+    grep -qx "OK $i" "$dir/out$i" || fail "worker $i did not print 'OK $i'"
+  done
+}
+
 case "$scenario" in
-  collectives-2x1) start_cluster 2 collectives; wait_all 2; expect_all 2 0 "^OK" ;;
-  collectives-3x1) start_cluster 3 collectives; wait_all 3; expect_all 3 0 "^OK" ;;
-  collectives-4x1) start_cluster 4 collectives; wait_all 4; expect_all 4 0 "^OK" ;;
+  collectives-2x1) start_cluster 2 collectives; wait_all 2; expect_cluster 2 2 ;;
+  collectives-3x1) start_cluster 3 collectives; wait_all 3; expect_cluster 3 3 ;;
+  collectives-4x1) start_cluster 4 collectives; wait_all 4; expect_cluster 4 4 ;;
   collectives-3x2)
     for i in 0 1 2; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2"; done
-    start_cluster 3 collectives; wait_all 3; expect_all 3 0 "replicas 6"; expect_all 3 0 "^OK" ;;
+    start_cluster 3 collectives; wait_all 3; expect_cluster 3 6 ;;
   worker-hangs)
     for i in 0 1 2; do declare "W${i}_ENV=MW_TIMEOUT_MS=1500"; done
     start_cluster 3 hang
@@ -91,10 +140,10 @@ case "$scenario" in
     done ;;
   collectives-2x2)
     W0_ENV="TROUPE_DEVICES_PER_WORKER=2" W1_ENV="TROUPE_DEVICES_PER_WORKER=2" start_cluster 2 collectives
-    wait_all 2; expect_all 2 0 "replicas 4" ; expect_all 2 0 "^OK" ;;
+    wait_all 2; expect_cluster 2 4 ;;
   collectives-4x2)
     for i in 0 1 2 3; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2"; done
-    start_cluster 4 collectives; wait_all 4; expect_all 4 0 "replicas 8"; expect_all 4 0 "^OK" ;;
+    start_cluster 4 collectives; wait_all 4; expect_cluster 4 8 ;;
   bad-token)
     W0_ENV="TROUPE_CLUSTER_TOKEN=secret" W1_ENV="TROUPE_CLUSTER_TOKEN=guess" start_cluster 2 join
     wait_all 2; expect_all 2 3 "/job:worker/replica:0/task:1 failed the cluster token check" ;;
@@ -131,8 +180,46 @@ case "$scenario" in
     grep -q "task:0" "$dir/out1" || fail "worker 1 did not name the chief" ;;
   checkpoint-2x2)
     for i in 0 1; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2 MW_CKPT_DIR=$dir/ckpt"; done
-    start_cluster 2 checkpoint; wait_all 2; expect_all 2 0 "^OK"
+    start_cluster 2 checkpoint; wait_all 2; expect_cluster 2 4
     [ "$(ls "$dir/ckpt")" = "ckpt-7.ckpt" ] || fail "the checkpoint directory holds: $(ls "$dir/ckpt")" ;;
+  packed-3x2)
+    # CommunicationOptions::bytes_per_pack: the tensors of one all-reduce cross in several packs.
+    for i in 0 1 2; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2 MW_BYTES_PER_PACK=24"; done
+    start_cluster 3 collectives; wait_all 3; expect_cluster 3 6 ;;
+  chief-3x1)
+    # A "chief" job: the chief is rank 0, worker i is rank i+1.
+    start_chief_cluster 3 collectives; wait_all 3
+    for i in 0 1 2; do
+      [ "$(cat "$dir/rc$i")" = 0 ] || fail "process $i exited $(cat "$dir/rc$i"), expected 0"
+      grep -qx "OK $i" "$dir/out$i" || fail "process $i did not print 'OK $i'"
+    done
+    grep -qx "replicas 3 workers 3 task chief:0" "$dir/out0" || fail "the chief did not see 3 workers"
+    grep -qx "replicas 3 workers 3 task worker:0" "$dir/out1" || fail "worker 0 did not see 3 workers"
+    grep -qx "replicas 3 workers 3 task worker:1" "$dir/out2" || fail "worker 1 did not see 3 workers" ;;
+  slurm-2x2)
+    # SlurmClusterResolver through a real rendezvous: the variables srun sets for 2 tasks on one
+    # node; worker i listens at port_base + i.
+    base=$(consecutive_ports 2) || fail "no free ports"
+    for i in 0 1; do
+      env SLURM_PROCID=$i SLURM_NTASKS=2 SLURM_JOB_NODELIST=localhost SLURM_STEP_TASKS_PER_NODE=2 \
+          MW_RESOLVER=slurm MW_PORT_BASE="$base" TROUPE_DEVICES_PER_WORKER=2 \
+          timeout 60 "$worker" collectives > "$dir/out$i" 2>&1 &
+      pids+=($!)
+    done
+    wait_all 2; expect_cluster 2 4 ;;
+  mpi-2x1)
+    # MpiClusterResolver under Open MPI's mpirun: ranks from OMPI_COMM_WORLD_*, the coordinator
+    # from TROUPE_COORDINATOR, every other address learnt at rendezvous.
+    command -v mpirun >/dev/null || fail "mpirun is not installed (tools/install-deps.sh installs openmpi-bin)"
+    read -r -a ports <<< "$(free_ports 1)"
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=false \
+      timeout 90 mpirun -n 2 --oversubscribe --output-filename "$dir/mpi" \
+        -x TROUPE_COORDINATOR="127.0.0.1:${ports[0]}" -x MW_RESOLVER=mpi \
+        "$worker" collectives > "$dir/mpirun.log" 2>&1
+    rc=$?
+    for i in 0 1; do cat "$dir"/mpi/1/rank.$i/stdout "$dir"/mpi/1/rank.$i/stderr > "$dir/out$i" 2>/dev/null; echo 0 > "$dir/rc$i"; done
+    [ "$rc" = 0 ] || fail "mpirun exited $rc: $(cat "$dir/mpirun.log")"
+    expect_cluster 2 2 ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 echo "PASSED $scenario"

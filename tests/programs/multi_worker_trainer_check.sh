@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# multi_worker_trainer on 2 workers x 2 replicas, started by troupe-launch, checked on its exit code
+# and on every rank's result line:
+# - every rank exits 0 and reports workers=2 replicas=4 and an accuracy of at least 0.9;
+# - every rank reports the same loss and the same weights_digest (the workers are synchronised);
+# - the loss and the digest differ from a one-worker run over the same global batch, which is what
+#   two workers that never exchanged gradients would each compute.
+# Usage: multi_worker_trainer_check.sh TROUPE_LAUNCH MULTI_WORKER_TRAINER
+set -u
+launch="$1"
+trainer="$2"
+dir="$(mktemp -d)"
+trap 'rm -rf "$dir"' EXIT
+
+fail() {
+  echo "FAILED: $*"
+  for f in "$dir"/*.out; do echo "--- $f"; cat "$f"; done
+  exit 1
+}
+
+"$launch" -n 2 --devices-per-worker 2 --timeout 100 -- "$trainer" --epochs 2 > "$dir/two.out" 2>&1
+rc=$?
+[ "$rc" = 0 ] || fail "the 2-worker run exited $rc"
+"$launch" -n 1 --devices-per-worker 2 --timeout 100 -- "$trainer" --epochs 2 > "$dir/one.out" 2>&1
+rc=$?
+[ "$rc" = 0 ] || fail "the 1-worker run exited $rc"
+
+# field RANK KEY FILE: the value of KEY= on RANK's result line.
+field() {
+  grep "^\[rank $1\] result:" "$4" | tr ' ' '\n' | sed -n "s/^$2=//p"
+}
+
+for r in 0 1; do
+  line=$(grep -c "^\[rank $r\] result: workers=2 replicas=4 " "$dir/two.out")
+  [ "$line" = 1 ] || fail "rank $r printed $line result lines with workers=2 replicas=4 (expected 1)"
+  acc=$(field $r accuracy x "$dir/two.out")
+  python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.9 else 1)" || fail "rank $r accuracy $acc < 0.9"
+done
+loss0=$(field 0 loss x "$dir/two.out"); loss1=$(field 1 loss x "$dir/two.out")
+digest0=$(field 0 weights_digest x "$dir/two.out"); digest1=$(field 1 weights_digest x "$dir/two.out")
+[ -n "$digest0" ] || fail "rank 0 printed no weights_digest"
+[ "$loss0" = "$loss1" ] || fail "the ranks' losses differ: $loss0 and $loss1"
+[ "$digest0" = "$digest1" ] || fail "the ranks' weights differ: digests $digest0 and $digest1"
+
+grep -q "^\[rank 0\] result: workers=1 replicas=2 " "$dir/one.out" || fail "the 1-worker run printed no result line"
+loss_one=$(field 0 loss x "$dir/one.out"); digest_one=$(field 0 weights_digest x "$dir/one.out")
+[ "$loss_one" != "$loss0" ] || fail "the 2-worker loss $loss0 equals the unsynchronised 1-worker loss"
+[ "$digest_one" != "$digest0" ] || fail "the 2-worker weights equal the unsynchronised 1-worker weights"
+echo "PASSED 2 synchronised workers: loss $loss0, weights $digest0 on both ranks (one worker alone: loss $loss_one, weights $digest_one)"
