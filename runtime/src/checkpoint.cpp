@@ -12,13 +12,13 @@
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
 #include "troupe/distribute/strategy.hpp"
-#include "troupe/transport/checkpoint_file.hpp"
+#include "troupe/format/checkpoint_file.hpp"
 
 namespace troupe {
 namespace {
 
 namespace fs = std::filesystem;
-namespace tp = troupe::transport;
+namespace tp = troupe::format;
 
 tp::scalar_type to_scalar(DType d) {
   switch (d) {

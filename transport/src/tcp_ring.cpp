@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "frame.capnp.h"
-#include "troupe/transport/reduce_kernels.hpp"
+#include "troupe/kernels/reduce_kernels.hpp"
 #include "troupe/transport/spin.hpp"
 
 namespace troupe::transport {
@@ -560,7 +560,7 @@ struct tcp_ring::impl {
     std::vector<const void*> ins(static_cast<std::size_t>(size));
     for (int r = 0; r < size; ++r) ins[static_cast<std::size_t>(r)] = block_of(r);
     void* outs[1] = {data};
-    reduce_range(ins.data(), size, outs, 1, 0, count, type, op);
+    kernels::reduce_range(ins.data(), size, outs, 1, 0, count, type, op);
   }
 
   // Starts receiving a frame of a byte collective. The limit is a whole segment whatever this
@@ -771,9 +771,9 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
     take_segment(0, 0, count, [&](const kj::byte* in, std::int64_t, std::int64_t) {
       const void* ins[2] = {bytes, in};
       void* outs[1] = {bytes};
-      reduce_range(ins, 2, outs, 1, 0, count, type, reduce_kind::sum);
+      kernels::reduce_range(ins, 2, outs, 1, 0, count, type, reduce_kind::sum);
     });
-    if (op == reduce_kind::mean) scale_range(bytes, count, type, size_);
+    if (op == reduce_kind::mean) kernels::scale_range(bytes, count, type, size_);
     return;
   }
   if (size_ > 2 && static_cast<std::size_t>(count) * esize <= small_all_reduce_bytes) {
@@ -788,14 +788,14 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
       // Local partial first, the predecessor's after it: the ring fixes the order of additions.
       const void* ins[2] = {bytes + static_cast<std::size_t>(b) * esize, in};
       void* outs[1] = {bytes + static_cast<std::size_t>(b) * esize};
-      reduce_range(ins, 2, outs, 1, 0, e - b, type, reduce_kind::sum);
+      kernels::reduce_range(ins, 2, outs, 1, 0, e - b, type, reduce_kind::sum);
     });
   }
   const int owned = (rank_ + 1) % size_;
   if (op == reduce_kind::mean) {
     auto [b, e] = chunk_bounds(count, size_, owned);
     // Divide the finished chunk once, where it is complete, so every rank gets the same bits.
-    scale_range(bytes + static_cast<std::size_t>(b) * esize, e - b, type, size_);
+    kernels::scale_range(bytes + static_cast<std::size_t>(b) * esize, e - b, type, size_);
   }
   // All-gather: pass the finished chunks around.
   for (int k = 0; k < size_ - 1; ++k) {

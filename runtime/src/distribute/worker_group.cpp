@@ -90,7 +90,7 @@ Tensor RingWorkerGroup::broadcast_from_chief(const Tensor& t) {
 
 void RingWorkerGroup::all_reduce_in_place(Tensor& t) {
   try {
-    ring_->all_reduce(t.raw_mutable_data(), t.num_elements(), to_scalar_type(t.dtype()), transport::reduce_kind::sum);
+    ring_->all_reduce(t.raw_mutable_data(), t.num_elements(), to_scalar_type(t.dtype()), base::reduce_kind::sum);
   } catch (const transport::peer_error& e) {
     throw CollectiveAborted(describe_collective_failure(e, members_, *failures_));
   }
