@@ -9,6 +9,7 @@
 #include "caf/io/all.hpp"
 #include "env.hpp"
 #include "gpu_probe.hpp"
+#include "troupe/actors/rendezvous.hpp"
 
 namespace troupe {
 namespace detail {
@@ -39,6 +40,7 @@ struct Runtime::Impl {
   explicit Impl(RuntimeOptions o) : options(resolve(o)) {
     config.set("scheduler.max-threads", static_cast<std::int64_t>(options.scheduler_threads));
     config.load<caf::io::middleman>();  // multi-worker rendezvous goes through it
+    actors::add_rendezvous_types(config);
     owned = std::make_unique<caf::actor_system>(config);
     system = owned.get();
   }

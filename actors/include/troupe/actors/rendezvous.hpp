@@ -9,6 +9,7 @@
 
 namespace caf {
 class actor_system;
+class actor_system_config;
 }
 
 namespace troupe::actors {
@@ -50,6 +51,10 @@ struct rendezvous_options {
   std::chrono::milliseconds failure_linger{300};
 };
 
+/// Announces the rendezvous messages (member, the peer table, its errors) to an actor system's
+/// config; it must be called before the system is constructed, in every process of a cluster.
+void add_rendezvous_types(caf::actor_system_config& config);
+
 /// The rendezvous of a multi-worker strategy, numbered as it happens:
 ///   1. The chief publishes its cluster agent through the CAF middleman at its own address.
 ///   2. Every other worker connects to it (retrying until the timeout), asks for a nonce, and
@@ -60,8 +65,10 @@ struct rendezvous_options {
 ///      its collective_id in its own entry).
 ///   4. A bad join, or the timeout with workers still missing, fails every worker with the same
 ///      error naming the culprit (the missing tasks by name).
-/// The rules of step 3 are rendezvous_state's. Returns the peer table in rank order, or throws
-/// std::runtime_error with that error.
+///   5. Every worker checks the table it received (check_peer_table) before using it.
+/// The rules of steps 3 to 5 are rendezvous_state's. Returns the peer table in rank order, or
+/// throws std::runtime_error with that error (std::invalid_argument for bad options, or a system
+/// built without add_rendezvous_types).
 std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options);
 
 /// Liveness after the rendezvous: every worker's heartbeat actor beats to the chief's agent every
