@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -26,7 +27,14 @@ std::pair<std::string, std::uint16_t> split_address(const std::string& address) 
   if (colon == std::string::npos) throw std::invalid_argument("address \"" + address + "\" has no port");
   std::string host = address.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return {host, static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1)))};
+  const std::string port = address.substr(colon + 1);
+  unsigned long value = 0;
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (ec != std::errc{} || end != port.data() + port.size() || value < 1 || value > 65535) {
+    throw std::invalid_argument("MultiWorkerMirroredStrategy: port \"" + port + "\" in address \"" + address +
+                                "\" is not a number in 1..65535 (fix the address in the cluster spec)");
+  }
+  return {host, static_cast<std::uint16_t>(value)};
 }
 
 // Task names of the training tasks in rank order: the chief first, then the workers.
