@@ -9,6 +9,7 @@
 #include "troupe/actors/rendezvous.hpp"
 
 using namespace troupe::actors;
+using namespace std::chrono_literals;
 
 namespace {
 
@@ -33,7 +34,64 @@ caf::error round_trip(caf::actor_system& sys, const T& in, T& out) {
   return source(out);
 }
 
+// A chief that hands out a nonce and answers every join with `answer`, whatever it is.
+caf::behavior fake_chief(caf::event_based_actor*, caf::message answer) {
+  return {
+      [](nonce_atom) { return std::string("n"); },
+      [=](join_atom, std::uint32_t, std::int32_t, const std::string&, const std::string&, std::int32_t,
+          const std::string&, std::uint16_t) { return answer; },
+  };
+}
+
+// What worker 1 of 2 gets from a chief that answers its join with `answer`: "" or the error.
+std::string join_fake_chief(caf::message answer) {
+  system_with chief_node(true), worker_node(true);
+  auto chief = chief_node.system->spawn(fake_chief, std::move(answer));
+  auto port = chief_node.system->middleman().publish(chief, 0, "127.0.0.1", true);
+  REQUIRE(port);
+  rendezvous_options o;
+  o.rank = 1;
+  o.tasks = {"/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"};
+  o.chief_host = "127.0.0.1";
+  o.chief_port = *port;
+  o.data_host = "127.0.0.1";
+  o.data_port = 40001;
+  o.timeout = 5000ms;
+  std::string result;
+  try {
+    rendezvous(*worker_node.system, o);
+  } catch (const std::exception& e) {
+    result = e.what();
+  }
+  caf::anon_send_exit(chief, caf::exit_reason::user_shutdown);
+  return result;
+}
+
+std::vector<member> table_for_two() {
+  return {{0, "/job:worker/replica:0/task:0", "127.0.0.1", 40000, 1, ""},
+          {1, "/job:worker/replica:0/task:1", "127.0.0.1", 40001, 1, ""}};
+}
+
 }  // namespace
+
+TEST_CASE("a worker takes a good peer table from the chief and refuses a bad one") {
+  CHECK(join_fake_chief(caf::make_message(table_for_two())).empty());
+  auto three = table_for_two();
+  three.push_back(three.back());
+  CHECK(join_fake_chief(caf::make_message(three)) ==
+        "rendezvous failed: the peer table from the chief /job:worker/replica:0/task:0 has 3 entries, this cluster "
+        "has 2 workers (the same TF_CONFIG on every worker?)");
+  auto moved = table_for_two();
+  moved[1].data_port = 1;
+  CHECK(join_fake_chief(caf::make_message(moved)).find("gives this worker (/job:worker/replica:0/task:1) the data "
+                                                       "plane 127.0.0.1:1, it sent 127.0.0.1:40001") !=
+        std::string::npos);
+}
+
+TEST_CASE("a worker shows the chief's rendezvous error as the chief wrote it") {
+  const std::string text = "rendezvous failed: /job:worker/replica:0/task:1 failed the cluster token check";
+  CHECK(join_fake_chief(caf::make_message(to_caf_error({rendezvous_errc::bad_token, text}))) == text);
+}
 
 TEST_CASE("the peer table travels as typed members between actor systems that announced them") {
   system_with announced(true);

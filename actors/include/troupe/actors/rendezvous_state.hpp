@@ -23,8 +23,6 @@ enum class rendezvous_errc : std::uint8_t {
   bad_join,               ///< a join carries a value out of range (port, host)
   workers_missing,        ///< the start timeout ended with workers still missing
   bad_peer_table,         ///< the peer table a worker received does not fit its cluster
-  chief_unreachable,      ///< a worker could not reach the chief, or got no nonce or answer
-  cannot_listen,          ///< the chief could not publish its agent
 };
 
 /// A rendezvous failure: its kind, and the message (starting "rendezvous") that names the
