@@ -176,12 +176,12 @@ std::optional<rendezvous_error> check_peer_table(const rendezvous_options& optio
     const std::string named = entry + " (" + m.task + ")";
     if (m.data_port == 0) return bad(named + " has data-plane port 0 (expected 1..65535)");
     if (m.data_host.empty() || m.data_host.size() > rendezvous_limits::max_host_chars) {
-      return bad(named + " has a data-plane host of " + std::to_string(m.data_host.size()) + " characters (expected 1.." +
-                 std::to_string(rendezvous_limits::max_host_chars) + ")");
+      return bad(named + " has a data-plane host of " + std::to_string(m.data_host.size()) +
+                 " characters (expected 1.." + std::to_string(rendezvous_limits::max_host_chars) + ")");
     }
     if (m.devices != options.devices) {
-      return bad(named + " has " + std::to_string(m.devices) + " devices, this worker " + std::to_string(options.devices) +
-                 " (expected the same on every worker)");
+      return bad(named + " has " + std::to_string(m.devices) + " devices, this worker " +
+                 std::to_string(options.devices) + " (expected the same on every worker)");
     }
     if (i != 0 && !m.collective_id.empty()) {
       return bad(named + " has a collective id (expected one only in the chief's entry)");

@@ -178,7 +178,8 @@ TEST_CASE("a join claiming a rank outside the cluster, or the chief's, fails the
   auto j = join_of(s, 1);
   j.rank = 0;
   check_refused(s.join(j), rendezvous_errc::not_in_cluster,
-                "rendezvous failed: " + task(0) + " is not in the cluster (3 workers; a joining worker's rank is in 1..2)");
+                "rendezvous failed: " + task(0) +
+                    " is not in the cluster (3 workers; a joining worker's rank is in 1..2)");
   rendezvous_state alone(options_for(1));
   alone.add_nonce("n");
   join_request k{3, 1, "n", hmac_sha256_hex("shared", "n"), 2, "h", 1};
@@ -404,8 +405,9 @@ TEST_CASE("check_peer_table accepts a collective id only in the chief's entry, h
 TEST_CASE("check_peer_table refuses a table whose entry for this worker is not what it sent") {
   auto moved = good_table(3);
   moved[1].data_port = 50001;
-  CHECK(table_error(moved, 1) == "rendezvous failed: the peer table from the chief " + task(0) + " gives this worker (" +
-                                     task(1) + ") the data plane 10.0.0.2:50001, it sent 10.0.0.2:40001");
+  CHECK(table_error(moved, 1) == "rendezvous failed: the peer table from the chief " + task(0) +
+                                     " gives this worker (" + task(1) +
+                                     ") the data plane 10.0.0.2:50001, it sent 10.0.0.2:40001");
   CHECK(table_error(moved, 2).empty());  // another worker cannot tell
   auto rehosted = good_table(3);
   rehosted[2].data_host = "10.9.9.9";
