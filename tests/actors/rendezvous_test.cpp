@@ -19,6 +19,7 @@ namespace {
 struct node {
   node() {
     cfg.load<caf::io::middleman>();
+    add_rendezvous_types(cfg);
     system = std::make_unique<caf::actor_system>(cfg);
   }
   caf::actor_system_config cfg;

@@ -3,6 +3,8 @@
 #include <cstdlib>
 
 #include "caf/all.hpp"
+#include "caf/io/all.hpp"
+#include "../common/free_port.hpp"
 #include "test_util.hpp"
 
 using namespace troupe;
@@ -40,6 +42,34 @@ TEST_CASE("a runtime embeds into an application's own actor system") {
     auto r = s.run([] { return get_replica_context()->replica_id_in_sync_group(); });
     CHECK(r.values() == std::vector<int>{0, 1, 2});
   }
+}
+
+TEST_CASE("a runtime embedded in a system prepared by Runtime::configure runs a multi-worker strategy") {
+  caf::actor_system_config cfg;
+  Runtime::configure(cfg);
+  caf::actor_system system{cfg};
+  {
+    Runtime rt(system);
+    const std::string address = "127.0.0.1:" + std::to_string(troupe::testing::free_port());
+    auto resolver = std::make_shared<SimpleClusterResolver>(ClusterSpec(ClusterSpec::JobMap{{"worker", {address}}}),
+                                                            "worker", 0);
+    MultiWorkerMirroredStrategy s(rt, {}, resolver);
+    CHECK(s.num_replicas_in_sync() == 1);
+    auto r = s.run([] { return get_replica_context()->all_reduce(ReduceOp::sum, Tensor::scalar<int>(5)); });
+    CHECK(s.reduce(ReduceOp::sum, r, std::nullopt).item<int>() == 5);
+  }
+}
+
+TEST_CASE("a multi-worker strategy in an actor system that was not prepared says what to call") {
+  caf::actor_system_config cfg;
+  cfg.load<caf::io::middleman>();
+  caf::actor_system system{cfg};
+  Runtime rt(system);
+  const std::string address = "127.0.0.1:" + std::to_string(troupe::testing::free_port());
+  auto resolver = std::make_shared<SimpleClusterResolver>(ClusterSpec(ClusterSpec::JobMap{{"worker", {address}}}),
+                                                          "worker", 0);
+  const std::string error = troupe::testing::message_of([&] { MultiWorkerMirroredStrategy s(rt, {}, resolver); });
+  CHECK(troupe::testing::contains(error, "call troupe::Runtime::configure(config) on its config before constructing it"));
 }
 
 TEST_CASE("TROUPE_FORCE_CPU hides GPUs") {
