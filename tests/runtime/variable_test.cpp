@@ -152,7 +152,27 @@ TEST_CASE("mirrored variables stay bit-identical over 100 steps of replica-conte
     }
     auto parts = s.experimental_local_results(w);
     for (const Tensor& p : parts) CHECK(p.equals(parts[0]));
-    CHECK(parts[0].to_vector<float>()[0] < 0.5f);
+    // The same recurrence on the host, in float: each replica's delta c_r * w rounded to float,
+    // summed in replica order, divided by the replica count (the documented order of a replica
+    // all_reduce), then subtracted. Every element starts equal, so one scalar stands for all.
+    float expected = 0.5f;
+    double real = 0.5;  // the recurrence without rounding: w * (1 - mean c_r) each step
+    double mean_c = 0;
+    for (int r = 0; r < replicas; ++r) mean_c += static_cast<double>(static_cast<float>(0.1 * (r + 1) / 3.0));
+    mean_c /= replicas;
+    for (int step = 0; step < 100; ++step) {
+      volatile float sum = 0.0f;  // volatile: no fused multiply-add, each operation rounds as the library's
+      for (int r = 0; r < replicas; ++r) {
+        volatile float delta = static_cast<float>(0.1 * (r + 1) / 3.0) * expected;
+        sum = sum + delta;
+      }
+      volatile float mean = sum / static_cast<float>(replicas);
+      expected = expected - mean;
+      real *= 1.0 - mean_c;
+    }
+    for (float v : parts[0].to_vector<float>()) REQUIRE(v == expected);
+    // The float result stays within 100 steps' rounding (a few float ulps each) of the real one.
+    CHECK(static_cast<double>(expected) == doctest::Approx(real).epsilon(1e-5));
   }
 }
 
