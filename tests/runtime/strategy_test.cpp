@@ -163,6 +163,28 @@ TEST_CASE("cross-device ops agree and NCCL is refused on CPU replicas") {
   CHECK_THROWS_AS(HierarchicalCopyAllReduce(0), std::invalid_argument);
 }
 
+TEST_CASE("broadcast gives one copy of the value per destination device, with every op") {
+  const Tensor value = Tensor::from_vector<std::int64_t>({3, -1, 4, 1, -5, 9}, {2, 3});
+  const std::vector<Device> destinations{Device(Device::Type::cpu, 0), Device(Device::Type::cpu, 2),
+                                         Device(Device::Type::cpu, 1)};
+  std::vector<std::shared_ptr<CrossDeviceOps>> ops{std::make_shared<ReductionToOneDevice>(),
+                                                   std::make_shared<HierarchicalCopyAllReduce>()};
+  for (const auto& op : ops) {
+    CAPTURE(op->name());
+    const std::vector<Tensor> copies = op->broadcast(value, destinations);
+    REQUIRE(copies.size() == 3);
+    const char* names[] = {"CPU:0", "CPU:2", "CPU:1"};
+    for (std::size_t i = 0; i < copies.size(); ++i) {
+      CAPTURE(i);
+      CHECK(copies[i].device().to_string() == names[i]);
+      CHECK(copies[i].dtype() == DType::i64);
+      CHECK(copies[i].shape() == Shape{2, 3});
+      CHECK(copies[i].to_vector<std::int64_t>() == std::vector<std::int64_t>{3, -1, 4, 1, -5, 9});
+    }
+    CHECK(op->broadcast(value, {}).empty());
+  }
+}
+
 TEST_CASE("asking for a GPU without one, or a device twice, is a clear error") {
   Runtime rt;
   {

@@ -176,6 +176,34 @@ TEST_CASE("mirrored variables stay bit-identical over 100 steps of replica-conte
   }
 }
 
+TEST_CASE("read_value is the value in each context, and a snapshot that later writes leave alone") {
+  Variable plain(Tensor::from_vector<int>({1, 2}), "plain");
+  const Tensor before = plain.read_value();
+  CHECK(before.to_vector<int>() == std::vector<int>{1, 2});
+  plain.assign(Tensor::from_vector<int>({5, 6}));
+  plain.assign_add(Tensor::from_vector<int>({10, 20}));
+  CHECK(before.to_vector<int>() == std::vector<int>{1, 2});
+  CHECK(plain.read_value().to_vector<int>() == std::vector<int>{15, 26});
+
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(3));
+  auto scope = s.scope();
+  Variable mirrored(Tensor::scalar<float>(2.0f), "mirrored");
+  Variable per_replica(Tensor::scalar<float>(0.0f), "per_replica", VariableSynchronization::on_read,
+                       VariableAggregation::sum);
+  auto inside = s.run([&] {
+    const int id = get_replica_context()->replica_id_in_sync_group();
+    per_replica.assign(Tensor::scalar<float>(static_cast<float>(10 * (id + 1))));
+    // Inside run: this replica's own component, on its own device.
+    const Tensor mine = per_replica.read_value();
+    return mine.device().to_string() + " " + mine.to_string() + " " + mirrored.read_value().device().to_string();
+  });
+  CHECK(inside.values() == std::vector<std::string>{"CPU:0 10.0 CPU:0", "CPU:1 20.0 CPU:1", "CPU:2 30.0 CPU:2"});
+  // Across replicas: the on_read variable's sum, and the mirrored one's single value.
+  CHECK(per_replica.read_value().item<float>() == 60.0f);
+  CHECK(mirrored.read_value().item<float>() == 2.0f);
+}
+
 TEST_CASE("variables are created in a scope, not inside a replica function") {
   Runtime rt;
   MirroredStrategy s(rt, cpus(2));
