@@ -59,10 +59,20 @@ inline gpu_check check_gpus(const char* suite) {
   return {devices, -1};
 }
 
-/// On a one-GPU machine, one visible line per multi-GPU path the run could not exercise.
-inline void report_untested_on_one_gpu(int devices, const char* suite, std::initializer_list<const char*> paths) {
-  if (devices > 1) return;
-  for (const char* path : paths) std::printf("NOT EXERCISED on 1 GPU: %s: %s\n", suite, path);
+/// A path of a test that needs more GPUs than one.
+struct multi_gpu_path {
+  int gpus;          ///< the GPUs it needs
+  const char* what;  ///< what it checks
+};
+
+/// One visible line per path this machine has too few GPUs for: a run that passed did not
+/// check it.
+inline void report_unexercised(int devices, const char* suite, std::initializer_list<multi_gpu_path> paths) {
+  for (const multi_gpu_path& p : paths) {
+    if (devices < p.gpus) {
+      std::printf("NOT EXERCISED on %d GPU(s): %s: %s (needs %d GPUs)\n", devices, suite, p.what, p.gpus);
+    }
+  }
 }
 
 }  // namespace troupe::testing

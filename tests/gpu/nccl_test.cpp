@@ -82,10 +82,10 @@ int main() {
     }
     expect(threw, "an aborted group refuses all_reduce");
   }
-  troupe::testing::report_untested_on_one_gpu(
+  troupe::testing::report_unexercised(
       gpus, "NCCL tests",
-      {"all-reduce across 2 or more GPUs (over one GPU NCCL leaves each buffer as it was, which is also the "
-       "expected value: a reduction that did nothing passes)"});
+      {{2, "all-reduce across GPUs (over one GPU NCCL leaves each buffer as it was, which is also the "
+           "expected value: a reduction that did nothing passes)"}});
   std::printf("%d passed, %d failed\n", passes, failures);
   return failures == 0 ? 0 : 1;
 }
