@@ -72,9 +72,34 @@ TEST_CASE("a multi-worker strategy in an actor system that was not prepared says
   CHECK(troupe::testing::contains(error, "call troupe::Runtime::configure(config) on its config before constructing it"));
 }
 
-TEST_CASE("TROUPE_FORCE_CPU hides GPUs") {
-  setenv("TROUPE_FORCE_CPU", "1", 1);
-  CHECK(Runtime::gpu_count() == 0);
-  unsetenv("TROUPE_FORCE_CPU");
-  CHECK(Runtime::gpu_count() >= 0);
+namespace {
+
+std::vector<std::string> default_devices(Runtime& rt) {
+  MirroredStrategy s(rt);
+  std::vector<std::string> out;
+  for (const Device& d : s.extended().worker_devices()) out.push_back(d.to_string());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("gpu_count is the machine's GPUs, none under TROUPE_FORCE_CPU=1, and the default devices follow it") {
+  Runtime rt;
+  {
+    troupe::testing::scoped_env force("TROUPE_FORCE_CPU", "1");
+    CHECK(Runtime::gpu_count() == 0);
+    CHECK(default_devices(rt) == std::vector<std::string>{"CPU:0"});
+  }
+  troupe::testing::scoped_env unforced("TROUPE_FORCE_CPU", std::nullopt);
+  const int n = Runtime::gpu_count();
+  const auto expected = troupe::testing::expected_gpu_count();
+  if (expected) {
+    CHECK(n == *expected);
+  } else {
+    MESSAGE("gpu_count() = " << n << " not compared: CUDA_VISIBLE_DEVICES narrows the /dev/nvidia* GPUs");
+  }
+  std::vector<std::string> want;
+  for (int g = 0; g < n; ++g) want.push_back("GPU:" + std::to_string(g));
+  if (n == 0) want.push_back("CPU:0");
+  CHECK(default_devices(rt) == want);
 }
