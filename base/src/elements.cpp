@@ -23,11 +23,15 @@ void check_agree(std::string_view op, const sent_tensor& first, const sent_tenso
   std::string message(op);
   message += ": ";
   message += first.who;
-  message += " sent ";
+  message += " ";
+  message += first.verb;
+  message += " ";
   message += scalar_name(first.type);
   message += " tensor of shape " + shape_string(first.shape) + ", ";
   message += other.who;
-  message += " sent ";
+  message += " ";
+  message += other.verb;
+  message += " ";
   message += scalar_name(other.type);
   message += " tensor of shape " + shape_string(other.shape);
   message += hint;

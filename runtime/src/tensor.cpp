@@ -7,40 +7,17 @@
 #include <stdexcept>
 
 #include "axis.hpp"
+#include "elements.hpp"
 #include "gpu.hpp"
 #include "storage.hpp"
-#include "troupe/transport/shm_group.hpp"
 
 namespace troupe {
 
-std::string_view dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return "float32";
-    case DType::f64: return "float64";
-    case DType::i32: return "int32";
-    case DType::i64: return "int64";
-  }
-  return "unknown";
-}
+std::string_view dtype_name(DType dtype) { return base::scalar_name(detail::to_scalar_type(dtype)); }
 
-std::size_t dtype_size(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-  }
-  return 0;
-}
+std::size_t dtype_size(DType dtype) { return base::scalar_size(detail::to_scalar_type(dtype)); }
 
-std::string shape_to_string(const Shape& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
+std::string shape_to_string(const Shape& shape) { return base::shape_string(shape); }
 
 std::int64_t shape_num_elements(const Shape& shape) {
   std::int64_t n = 1;
@@ -102,8 +79,6 @@ void append_nested(std::string& out, const T* data, const Shape& shape, std::siz
 
 using binop = detail::gpu::binary_op;
 
-base::scalar_type scalar_type_of(DType dtype) { return static_cast<base::scalar_type>(dtype); }
-
 // Where a device keeps its elements: -1 for the host (every CPU device), else the GPU's index.
 int memory_of(const Device& d) { return d.is_gpu() ? d.index() : -1; }
 
@@ -161,7 +136,7 @@ Tensor binary(binop op, const Tensor& a, const Tensor& b) {
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   if (a.is_gpu()) {
     detail::gpu::binary(a.device().index(), op, a.raw_data(), b.raw_data(), out.raw_mutable_data(), a.num_elements(),
-                        scalar_type_of(a.dtype()));
+                        detail::to_scalar_type(a.dtype()));
     return out;
   }
   dispatch(a.dtype(), [&](auto tag) {
@@ -205,7 +180,7 @@ Tensor binary_scalar(binop op, const Tensor& a, const Scalar& s, bool scalar_fir
         if (op == binop::div && !scalar_first && v == 0) throw std::invalid_argument("operator/: integer division by zero");
       }
       detail::gpu::binary_scalar(a.device().index(), op, a.raw_data(), f, i, scalar_first, out.raw_mutable_data(),
-                                 a.num_elements(), scalar_type_of(a.dtype()));
+                                 a.num_elements(), detail::to_scalar_type(a.dtype()));
     });
     return out;
   }
@@ -289,7 +264,7 @@ Tensor Tensor::full(Shape shape, Scalar value, DType dtype, Device device) {
       using T = decltype(tag);
       return static_cast<double>(scalar_as<T>(value, "full"));
     });
-    detail::gpu::fill(t.device().index(), t.raw_mutable_data(), t.num_elements(), scalar_type_of(dtype), v);
+    detail::gpu::fill(t.device().index(), t.raw_mutable_data(), t.num_elements(), detail::to_scalar_type(dtype), v);
     return t;
   }
   Tensor t = empty(std::move(shape), dtype, std::move(device));
@@ -373,8 +348,8 @@ Tensor Tensor::with_device(Device device) const {
 Tensor Tensor::cast(DType dtype) const {
   Tensor out = empty(shape_, dtype, device_);
   if (is_gpu()) {
-    detail::gpu::cast(device_.index(), raw_data(), scalar_type_of(dtype_), out.raw_mutable_data(),
-                      scalar_type_of(dtype), num_elements_);
+    detail::gpu::cast(device_.index(), raw_data(), detail::to_scalar_type(dtype_), out.raw_mutable_data(),
+                      detail::to_scalar_type(dtype), num_elements_);
     return out;
   }
   dispatch(dtype_, [&](auto from_tag) {
@@ -472,12 +447,8 @@ Tensor stack(const std::vector<Tensor>& parts) {
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const Tensor& p = parts[i];
     check_same_memory("stack", first.device(), p.device());
-    if (p.dtype() != first.dtype() || p.shape() != first.shape()) {
-      throw std::invalid_argument("stack: part 0 is " + std::string(dtype_name(first.dtype())) + " " +
-                                  shape_to_string(first.shape()) + ", part " + std::to_string(i) + " is " +
-                                  std::string(dtype_name(p.dtype())) + " " + shape_to_string(p.shape()) +
-                                  "; stacked tensors need one shape and dtype");
-    }
+    base::check_agree("stack", detail::sent("part 0", first, "is"), detail::sent("part " + std::to_string(i), p, "is"),
+                      -1, "; stacked tensors need one shape and dtype");
     if (memory >= 0) {
       detail::gpu::copy(o, memory, p.raw_data(), memory, p.nbytes());
     } else if (p.nbytes() > 0) {
@@ -496,16 +467,8 @@ Tensor concat(const std::vector<Tensor>& parts, int axis) {
   std::int64_t along = 0;
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const Tensor& p = parts[i];
-    bool ok = p.dtype() == first.dtype() && p.rank() == first.rank();
-    for (int d = 0; ok && d < first.rank(); ++d) {
-      if (d != ax && p.shape()[static_cast<std::size_t>(d)] != first.shape()[static_cast<std::size_t>(d)]) ok = false;
-    }
-    if (!ok) {
-      throw std::invalid_argument("concat: part 0 is " + std::string(dtype_name(first.dtype())) + " " +
-                                  shape_to_string(first.shape()) + ", part " + std::to_string(i) + " is " +
-                                  std::string(dtype_name(p.dtype())) + " " + shape_to_string(p.shape()) +
-                                  "; only dimension " + std::to_string(ax) + " may differ");
-    }
+    base::check_agree("concat", detail::sent("part 0", first, "is"), detail::sent("part " + std::to_string(i), p, "is"),
+                      ax, "; only dimension " + std::to_string(ax) + " may differ");
     check_same_memory("concat", first.device(), p.device());
     along += p.shape()[static_cast<std::size_t>(ax)];
   }
@@ -551,7 +514,7 @@ Tensor reduce_sum(const Tensor& t, int axis) {
   if (t.is_gpu()) {
     Tensor out = Tensor::empty(shape, t.dtype(), t.device());
     detail::gpu::reduce_axis(t.device().index(), t.raw_data(), out.raw_mutable_data(), outer, along, inner,
-                             scalar_type_of(t.dtype()));
+                             detail::to_scalar_type(t.dtype()));
     return out;
   }
   Tensor out = Tensor::zeros(shape, t.dtype(), t.device());

@@ -29,18 +29,7 @@ void futex_wake_all(std::atomic<std::uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
 }
 
-std::string shape_string(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
-std::string describe(const buffer& b) {
-  return std::string(scalar_name(b.type)) + " tensor of shape " + shape_string(b.shape);
-}
+base::sent_tensor sent(const std::string& who, const buffer& b) { return base::sent_tensor{who, b.type, b.shape}; }
 
 // Element boundaries of rank r's share of a fused reduce-scatter, on 64-byte multiples.
 std::int64_t share_begin(std::int64_t total, int rank, int size) {
@@ -177,8 +166,6 @@ template <class... Parts>
   throw std::invalid_argument(err.str());
 }
 
-const char* op_name(reduce_kind op) { return op == reduce_kind::sum ? "SUM" : "MEAN"; }
-
 }  // namespace
 
 void shm_group::check_slots(int rank, const char* what) const {
@@ -192,32 +179,25 @@ void shm_group::check_slots(int rank, const char* what) const {
     }
     if (s.kind == collective_kind::all_reduce) {
       if (s.op != first.op) {
-        mismatch(what, ": replica 0 asked for ", op_name(first.op), ", replica ", r, " for ", op_name(s.op));
+        mismatch(what, ": replica 0 asked for ", base::reduce_name(first.op), ", replica ", r, " for ",
+                 base::reduce_name(s.op));
       }
       if (s.buffers.size() != first.buffers.size()) {
         mismatch(what, ": replica 0 sent ", first.buffers.size(), " tensors, replica ", r, " sent ", s.buffers.size());
       }
+      const std::string other = "replica " + std::to_string(r);
       for (std::size_t i = 0; i < s.buffers.size(); ++i) {
-        const buffer& a = first.buffers[i];
-        const buffer& b = s.buffers[i];
-        if (a.type != b.type || a.shape != b.shape || a.count != b.count) {
-          mismatch(what, ": replica 0 sent ", describe(a), ", replica ", r, " sent ", describe(b),
-                   first.buffers.size() > 1
-                       ? " (tensor " + std::to_string(i) + " of " + std::to_string(first.buffers.size()) + ")"
-                       : std::string());
-        }
+        base::check_agree(what, sent("replica 0", first.buffers[i]), sent(other, s.buffers[i]), -1,
+                          first.buffers.size() > 1
+                              ? " (tensor " + std::to_string(i) + " of " + std::to_string(first.buffers.size()) + ")"
+                              : std::string());
       }
     } else if (s.kind == collective_kind::all_gather) {
-      const buffer& a = first.buffers.at(0);
-      const buffer& b = s.buffers.at(0);
-      bool ok = a.type == b.type && a.shape.size() == b.shape.size() && s.axis == first.axis;
-      for (std::size_t d = 0; ok && d < a.shape.size(); ++d) {
-        if (static_cast<int>(d) != first.axis && a.shape[d] != b.shape[d]) ok = false;
+      if (s.axis != first.axis) {
+        mismatch(what, ": replica 0 gathers along axis ", first.axis, ", replica ", r, " along axis ", s.axis);
       }
-      if (!ok) {
-        mismatch(what, ": replica 0 sent ", describe(a), " (axis ", first.axis, "), replica ", r, " sent ",
-                 describe(b), " (axis ", s.axis, "); only the size along the gather axis may differ");
-      }
+      base::check_agree(what, sent("replica 0", first.buffers.at(0)), sent("replica " + std::to_string(r), s.buffers.at(0)),
+                        first.axis, "; only the size along the gather axis may differ");
     }
   }
 }

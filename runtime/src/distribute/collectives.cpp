@@ -7,15 +7,10 @@
 #include <string>
 
 #include "axis.hpp"
+#include "elements.hpp"
 #include "troupe/errors.hpp"
 
 namespace troupe::distribute::detail {
-
-base::scalar_type to_scalar_type(DType dtype) {
-  static_assert(static_cast<int>(DType::f32) == static_cast<int>(base::scalar_type::f32) &&
-                static_cast<int>(DType::i64) == static_cast<int>(base::scalar_type::i64));
-  return static_cast<base::scalar_type>(dtype);
-}
 
 namespace {
 
@@ -23,7 +18,7 @@ namespace {
 void describe(transport::buffer& b, const Tensor& t) {
   b.in = t.raw_data();
   b.count = t.num_elements();
-  b.type = to_scalar_type(t.dtype());
+  b.type = troupe::detail::to_scalar_type(t.dtype());
   b.shape.assign(t.shape().begin(), t.shape().end());
   b.keepalive = t.storage_handle();
 }
@@ -55,7 +50,7 @@ void ShmCollectives::run_all_reduce(int replica, ReduceOp op, const Tensor* valu
   if (shared && replica == 0) published_[parity].assign(outputs, outputs + count);
   try {
     group_.all_reduce(replica, tl_buffers.data(), count,
-                      op == ReduceOp::sum ? base::reduce_kind::sum : base::reduce_kind::mean, shared);
+                      troupe::detail::to_reduce_kind(op), shared);
   } catch (const transport::aborted_error& e) {
     throw CollectiveAborted(e.what());
   }

@@ -64,6 +64,4 @@ class IdentityCollectives final : public ReplicaCollectives {
              const std::function<void(const std::vector<const void*>&)>& on_first) override;
 };
 
-base::scalar_type to_scalar_type(DType dtype);
-
 }  // namespace troupe::distribute::detail

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "distribute/collectives.hpp"
+#include "elements.hpp"
 #include "gpu.hpp"
 #include "distribute/nccl_collectives.hpp"
 #include "troupe/kernels/reduce_kernels.hpp"
@@ -13,16 +14,10 @@ namespace {
 
 void check_same(const char* who, const std::vector<Tensor>& values) {
   if (values.empty()) throw std::invalid_argument(std::string(who) + ": no values to reduce");
-  const Tensor& first = values[0];
   for (std::size_t r = 1; r < values.size(); ++r) {
-    const Tensor& v = values[r];
-    if (v.dtype() != first.dtype() || v.shape() != first.shape()) {
-      throw std::invalid_argument(
-          std::string(who) + ": replica 0 sent " + std::string(dtype_name(first.dtype())) + " tensor of shape " +
-          shape_to_string(first.shape()) + ", replica " + std::to_string(r) + " sent " +
-          std::string(dtype_name(v.dtype())) + " tensor of shape " + shape_to_string(v.shape()) +
-          " (without an axis, replicas must agree; reduce along an axis to combine a partial batch)");
-    }
+    base::check_agree(who, troupe::detail::sent("replica 0", values[0]),
+                      troupe::detail::sent("replica " + std::to_string(r), values[r]), -1,
+                      " (without an axis, replicas must agree; reduce along an axis to combine a partial batch)");
   }
 }
 
@@ -62,17 +57,17 @@ Tensor ReductionToOneDevice::reduce(ReduceOp op, const std::vector<Tensor>& per_
   std::vector<const void*> ins;
   ins.reserve(local.size());
   for (const Tensor& t : local) ins.push_back(t.raw_data());
-  const auto kind = op == ReduceOp::sum ? base::reduce_kind::sum : base::reduce_kind::mean;
+  const auto kind = troupe::detail::to_reduce_kind(op);
   if (where.is_gpu()) {
     // The same order and arithmetic as the CPU kernel, on the GPU.
     troupe::detail::gpu::reduce_n(where.index(), ins, out.raw_mutable_data(), first.num_elements(),
-                                  detail::to_scalar_type(first.dtype()), kind);
+                                  troupe::detail::to_scalar_type(first.dtype()), kind);
     return out.to(destination);
   }
   void* o = out.raw_mutable_data();
   // The kernel of the in-process all-reduce: the same order, so the same bits as all_reduce.
   kernels::reduce_range(ins.data(), static_cast<int>(ins.size()), &o, 1, 0, first.num_elements(),
-                          detail::to_scalar_type(first.dtype()), kind);
+                          troupe::detail::to_scalar_type(first.dtype()), kind);
   return out.to(destination);
 }
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "axis.hpp"
+#include "elements.hpp"
 #include "gpu.hpp"
 #include "nccl_group.hpp"
 #include "troupe/errors.hpp"
@@ -29,10 +30,6 @@ void check(ncclResult_t rc, const char* what) {
   if (rc != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(rc));
 }
 
-std::string describe(const Tensor& t) {
-  return std::string(dtype_name(t.dtype())) + " tensor of shape " + shape_to_string(t.shape());
-}
-
 // What one replica brings to a collective, compared on the host before NCCL sees anything.
 struct signature {
   const char* op;
@@ -50,20 +47,10 @@ void compare(const std::vector<const void*>& all) {
                                   " called " + other.op + " with " + std::to_string(other.values->size()));
     }
     for (std::size_t i = 0; i < first.values->size(); ++i) {
-      const Tensor& a = (*first.values)[i];
-      const Tensor& b = (*other.values)[i];
-      bool same = a.dtype() == b.dtype() && a.rank() == b.rank();
-      for (int d = 0; same && d < a.rank(); ++d) {
-        if (d != first.axis && a.shape()[static_cast<std::size_t>(d)] != b.shape()[static_cast<std::size_t>(d)]) {
-          same = false;
-        }
-      }
-      if (!same) {
-        throw std::invalid_argument(std::string(first.op) + ": replica 0 sent " + describe(a) + ", replica " +
-                                    std::to_string(r) + " sent " + describe(b) +
-                                    (first.axis < 0 ? std::string(" (replicas must agree on shape and dtype)")
-                                                    : "; only dimension " + std::to_string(first.axis) + " may differ"));
-      }
+      base::check_agree(first.op, troupe::detail::sent("replica 0", (*first.values)[i]),
+                        troupe::detail::sent("replica " + std::to_string(r), (*other.values)[i]), first.axis,
+                        first.axis < 0 ? std::string(" (replicas must agree on shape and dtype)")
+                                       : "; only dimension " + std::to_string(first.axis) + " may differ");
     }
   }
 }

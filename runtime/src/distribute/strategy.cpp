@@ -7,6 +7,7 @@
 #include "distribute/collectives.hpp"
 #include "distribute/context_state.hpp"
 #include "distribute/worker_group.hpp"
+#include "elements.hpp"
 #include "troupe/errors.hpp"
 
 namespace troupe::distribute {
@@ -199,17 +200,9 @@ Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) {
   const Tensor& first = parts.at(0);
   const int ax = troupe::detail::checked_axis("gather", axis, first.rank());
   for (std::size_t r = 1; r < parts.size(); ++r) {
-    const Tensor& p = parts[r];
-    bool ok = p.dtype() == first.dtype() && p.rank() == first.rank();
-    for (int d = 0; ok && d < first.rank(); ++d) {
-      if (d != ax && p.shape()[static_cast<std::size_t>(d)] != first.shape()[static_cast<std::size_t>(d)]) ok = false;
-    }
-    if (!ok) {
-      throw std::invalid_argument("gather: replica 0 sent " + std::string(dtype_name(first.dtype())) + " tensor of shape " +
-                                  shape_to_string(first.shape()) + ", replica " + std::to_string(r) + " sent " +
-                                  std::string(dtype_name(p.dtype())) + " tensor of shape " + shape_to_string(p.shape()) +
-                                  "; only dimension " + std::to_string(ax) + " may differ");
-    }
+    base::check_agree("gather", troupe::detail::sent("replica 0", first),
+                      troupe::detail::sent("replica " + std::to_string(r), parts[r]), ax,
+                      "; only dimension " + std::to_string(ax) + " may differ");
   }
   // Parts on several GPUs meet on the first one's before they are joined.
   std::vector<Tensor> together;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "axis.hpp"
+#include "elements.hpp"
 #include "distribute/collectives.hpp"
 #include "troupe/errors.hpp"
 
@@ -90,7 +91,7 @@ Tensor RingWorkerGroup::broadcast_from_chief(const Tensor& t) {
 
 void RingWorkerGroup::all_reduce_in_place(Tensor& t) {
   try {
-    ring_->all_reduce(t.raw_mutable_data(), t.num_elements(), to_scalar_type(t.dtype()), base::reduce_kind::sum);
+    ring_->all_reduce(t.raw_mutable_data(), t.num_elements(), troupe::detail::to_scalar_type(t.dtype()), base::reduce_kind::sum);
   } catch (const transport::peer_error& e) {
     throw CollectiveAborted(describe_collective_failure(e, members_, *failures_));
   }
@@ -140,16 +141,27 @@ Tensor RingWorkerGroup::concat(const Tensor& t_in, int axis) {
   const auto* all = table.data<std::int64_t>();
   std::vector<Shape> shapes(static_cast<std::size_t>(workers));
   std::vector<std::int64_t> offsets(static_cast<std::size_t>(workers) + 1, 0);
+  const std::string& me = members_[static_cast<std::size_t>(rank_)].task;
   for (int w = 0; w < workers; ++w) {
+    // Every row but this worker's came from the network: its dtype code, rank and sizes are checked
+    // before they mean anything.
     const auto* r = all + w * cols;
-    bool same = r[0] == all[0] && r[1] == all[1];
-    for (int d = 0; same && d < t.rank(); ++d) same = d == axis || r[2 + d] == all[2 + d];
-    if (!same) {
-      throw std::invalid_argument("gather across workers: " + members_[static_cast<std::size_t>(w)].task +
-                                  " sent another dtype or shape than " + members_[0].task +
-                                  "; only the size of axis " + std::to_string(axis) + " may differ");
+    const std::string& who = members_[static_cast<std::size_t>(w)].task;
+    if (r[0] < 1 || r[0] > 4 || r[1] < 1 || r[1] > max_rank) {
+      throw std::runtime_error("gather across workers: " + who + " sent a malformed description of its tensor (dtype code " +
+                               std::to_string(r[0]) + ", rank " + std::to_string(r[1]) + ")");
     }
-    shapes[static_cast<std::size_t>(w)].assign(r + 2, r + 2 + t.rank());
+    Shape& shape = shapes[static_cast<std::size_t>(w)];
+    shape.assign(r + 2, r + 2 + r[1]);
+    for (std::int64_t d : shape) {
+      if (d < 0) {
+        throw std::runtime_error("gather across workers: " + who + " sent a negative size in shape " +
+                                 shape_to_string(shape));
+      }
+    }
+    base::check_agree("gather across workers", troupe::detail::sent(me, t),
+                      base::sent_tensor{who, static_cast<base::scalar_type>(r[0] - 1), shape}, axis,
+                      "; only the size of axis " + std::to_string(axis) + " may differ");
     offsets[static_cast<std::size_t>(w) + 1] =
         offsets[static_cast<std::size_t>(w)] + shape_num_elements(shapes[static_cast<std::size_t>(w)]);
   }

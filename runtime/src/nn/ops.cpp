@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "elements.hpp"
 #include "../gpu.hpp"
 #include "eigen_maps.hpp"
 
@@ -15,8 +16,6 @@ using namespace troupe::nn::eigen;
 namespace {
 
 namespace gpu = troupe::detail::gpu;
-
-base::scalar_type scalar_type_of(DType dtype) { return static_cast<base::scalar_type>(dtype); }
 
 // The GPU of an operation some of whose operands are GPU tensors: host operands are copied there
 // (as TensorFlow places an op's inputs on its device); operands on two GPUs are an error.
@@ -64,7 +63,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
     const Tensor gb = b.to(where);
     Tensor out = Tensor::empty({m, n}, a.dtype(), where);
     gpu::matmul(where.index(), ga.raw_data(), gb.raw_data(), out.raw_mutable_data(), m, n, ka, transpose_a,
-                transpose_b, scalar_type_of(a.dtype()));
+                transpose_b, troupe::detail::to_scalar_type(a.dtype()));
     return out;
   }
   Tensor out = Tensor::empty({m, n}, a.dtype());
@@ -85,7 +84,7 @@ Tensor relu(const Tensor& x) {
   check_float(x, "relu");
   if (x.is_gpu()) {
     Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-    gpu::relu(x.device().index(), x.raw_data(), out.raw_mutable_data(), x.num_elements(), scalar_type_of(x.dtype()));
+    gpu::relu(x.device().index(), x.raw_data(), out.raw_mutable_data(), x.num_elements(), troupe::detail::to_scalar_type(x.dtype()));
     return out;
   }
   Tensor out = Tensor::empty(x.shape(), x.dtype());
@@ -105,7 +104,7 @@ Tensor relu_grad(const Tensor& grad, const Tensor& output) {
     const Tensor o = output.to(where);
     Tensor out = Tensor::empty(grad.shape(), grad.dtype(), where);
     gpu::relu_grad(where.index(), g.raw_data(), o.raw_data(), out.raw_mutable_data(), grad.num_elements(),
-                   scalar_type_of(grad.dtype()));
+                   troupe::detail::to_scalar_type(grad.dtype()));
     return out;
   }
   Tensor out = Tensor::empty(grad.shape(), grad.dtype());
@@ -122,7 +121,7 @@ Tensor softmax(const Tensor& logits) {
   if (logits.is_gpu()) {
     Tensor out = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
     gpu::softmax(logits.device().index(), logits.raw_data(), out.raw_mutable_data(), logits.shape()[0],
-                 logits.shape()[1], scalar_type_of(logits.dtype()));
+                 logits.shape()[1], troupe::detail::to_scalar_type(logits.dtype()));
     return out;
   }
   Tensor out = Tensor::empty(logits.shape(), logits.dtype());
@@ -150,7 +149,7 @@ Tensor argmax(const Tensor& x) {
   if (x.is_gpu()) {
     Tensor on_gpu = Tensor::empty({rows}, DType::i64, x.device());
     gpu::argmax(x.device().index(), x.raw_data(), static_cast<std::int64_t*>(on_gpu.raw_mutable_data()), rows,
-                x.shape()[1], scalar_type_of(x.dtype()));
+                x.shape()[1], troupe::detail::to_scalar_type(x.dtype()));
     return on_gpu;
   }
   dispatch_float(x.dtype(), [&](auto tag) {
@@ -184,7 +183,7 @@ Tensor dense_forward(const Tensor& x, const Tensor& kernel, const Tensor& bias, 
     const Tensor b = bias.to(where);
     Tensor out = Tensor::empty(product.shape(), x.dtype(), where);
     gpu::bias_activation(where.index(), product.raw_data(), b.raw_data(), out.raw_mutable_data(), product.shape()[0],
-                         product.shape()[1], activation == Activation::relu, scalar_type_of(x.dtype()));
+                         product.shape()[1], activation == Activation::relu, troupe::detail::to_scalar_type(x.dtype()));
     return out;
   }
   Tensor out = Tensor::empty({x.shape()[0], kernel.shape()[1]}, x.dtype());

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "elements.hpp"
 #include "../gpu.hpp"
 #include "eigen_maps.hpp"
 #include "troupe/distribute/context.hpp"
@@ -36,8 +37,6 @@ float checked(const char* optimizer, const char* what, float value, float lo, fl
 }
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-base::scalar_type scalar_type_of(DType dtype) { return static_cast<base::scalar_type>(dtype); }
 
 // The gradient where the variable is: a replica's gradient already is; one made elsewhere moves.
 Tensor beside(const Tensor& gradient, const Tensor& w) { return gradient.to(w.device()); }
@@ -205,13 +204,13 @@ void SGD::update(const Tensor& gradient, Variable& variable, std::vector<Variabl
     Tensor next = Tensor::empty(w.shape(), w.dtype(), w.device());
     if (slots.empty()) {
       troupe::detail::gpu::sgd(w.device().index(), w.raw_data(), g.raw_data(), next.raw_mutable_data(),
-                               w.num_elements(), scalar_type_of(w.dtype()), learning_rate());
+                               w.num_elements(), troupe::detail::to_scalar_type(w.dtype()), learning_rate());
     } else {
       const Tensor velocity = slots[0].value().to(w.device());
       Tensor next_velocity = Tensor::empty(w.shape(), w.dtype(), w.device());
       troupe::detail::gpu::sgd_momentum(w.device().index(), w.raw_data(), g.raw_data(), velocity.raw_data(),
                                         next.raw_mutable_data(), next_velocity.raw_mutable_data(), w.num_elements(),
-                                        scalar_type_of(w.dtype()), learning_rate(), momentum_, nesterov_);
+                                        troupe::detail::to_scalar_type(w.dtype()), learning_rate(), momentum_, nesterov_);
       slots[0].assign_local(next_velocity);
     }
     variable.assign_local(next);
@@ -268,7 +267,7 @@ void Adam::update(const Tensor& gradient, Variable& variable, std::vector<Variab
     Tensor next_v_w = Tensor::empty(w.shape(), w.dtype(), w.device());
     troupe::detail::gpu::adam(w.device().index(), w.raw_data(), g.raw_data(), m_here.raw_data(), v_here.raw_data(),
                               next_w.raw_mutable_data(), next_m_w.raw_mutable_data(), next_v_w.raw_mutable_data(),
-                              w.num_elements(), scalar_type_of(w.dtype()), lr_t, b1, 1.0 - b1, b2, 1.0 - b2,
+                              w.num_elements(), troupe::detail::to_scalar_type(w.dtype()), lr_t, b1, 1.0 - b1, b2, 1.0 - b2,
                               epsilon_);
     slots[0].assign_local(next_m_w);
     slots[1].assign_local(next_v_w);

@@ -46,17 +46,20 @@ constexpr const char* reduce_name(reduce_kind k) noexcept { return k == reduce_k
 /// "[4, 2]".
 std::string shape_string(const std::vector<std::int64_t>& shape);
 
-/// One participant's tensor in a comparison: who sent it, its element type and shape.
+/// One participant's tensor in a comparison: who sent it, its element type and shape, and the
+/// verb of the message ("sent" by a replica or a worker, "is" for a part of a concat).
 struct sent_tensor {
-  std::string_view who;  ///< "replica 3", "/job:worker/replica:0/task:1"
+  std::string_view who;  ///< "replica 3", "/job:worker/replica:0/task:1", "part 2"
   scalar_type type;
   const std::vector<std::int64_t>& shape;
+  std::string_view verb = "sent";
 };
 
 /// Checks that `other` agrees with `first` on element type, rank and every dimension but
 /// `free_axis` (-1: every dimension). When not, throws std::invalid_argument with the message
 /// "<op>: <first.who> sent <type> tensor of shape <shape>, <other.who> sent <type> tensor of shape
-/// <shape>" followed by `hint` (what may differ, or how to fix it).
+/// <shape>" followed by `hint` (what may differ, or how to fix it). Every comparison of
+/// participants' tensors in troupe goes through it, so they all speak alike.
 void check_agree(std::string_view op, const sent_tensor& first, const sent_tensor& other, int free_axis,
                  std::string_view hint);
 
