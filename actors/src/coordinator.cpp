@@ -94,7 +94,7 @@ coordinator::~coordinator() {
             --live;
           }
         },
-        [&](done_atom, std::uint64_t, std::int32_t) {}, caf::after(std::chrono::seconds(30)) >> [&] { timed_out = true; });
+        [&](done_atom, std::uint64_t, std::int32_t) {}, caf::after(stop_timeout) >> [&] { timed_out = true; });
   }
 }
 

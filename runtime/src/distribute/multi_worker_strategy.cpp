@@ -127,6 +127,7 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   ro.data_port = listener->port();
   ro.token = settings.cluster_token;
   ro.timeout = settings.start_timeout;
+  ro.missed_heartbeats = settings.missed_heartbeats;
   // The chief makes the NCCL id every worker joins its communicators with.
   if (nccl && rank == 0) ro.collective_id = detail::nccl_unique_id();
   auto failures = std::make_shared<detail::WorkerFailures>();

@@ -44,6 +44,10 @@ class coordinator_state {
 /// when the function is trivial and waking a sleeping thread costs tens.
 class coordinator {
  public:
+  /// How long destruction waits for replica threads to end: a replica stuck in a user function
+  /// that never returns is left behind after this, rather than hanging the program.
+  static constexpr std::chrono::seconds stop_timeout{30};
+
   coordinator(caf::actor_system& system, int replicas, std::chrono::microseconds spin,
               std::string thread_name_prefix = "troupe-replica");
   /// Stops every replica actor and waits until their threads are gone.

@@ -41,6 +41,8 @@ struct MultiWorkerOptions {
   std::chrono::milliseconds start_timeout = default_start_timeout;
   /// TROUPE_HEARTBEAT_MS: how often every worker tells the chief it lives (10..600000).
   std::chrono::milliseconds heartbeat_interval = default_heartbeat_interval;
+  /// Heartbeat intervals a worker may stay silent before the chief declares it gone.
+  int missed_heartbeats = 6;
   /// TROUPE_DEVICES_PER_WORKER: local replicas (1..1024); 0 means every GPU under NCCL, else one
   /// CPU replica.
   int devices_per_worker = 0;
