@@ -92,8 +92,10 @@ struct tcp_ring_options {
 /// peer_error naming it and both views.
 ///
 /// Peer bytes are untrusted: sizes are checked before anything is allocated, Cap'n Proto traversal
-/// limits are set per frame, and every problem is a peer_error naming the peer. Every wait is
-/// bounded by `timeout` (0: no bound).
+/// limits are set per frame, every field of a frame (collective, operation, chunk or block, type,
+/// offset, count, data length) is checked against what the receiver expects, and every problem is
+/// a peer_error naming the peer. Frames carry no checksum of their data: TCP's guards the bytes in
+/// transit. Every wait is bounded by `timeout` (0: no bound).
 class tcp_ring {
  public:
   /// Connects to peers[rank+1], accepts rank-1 on `own` and checks its hello, all within `timeout`
