@@ -128,7 +128,7 @@ TEST_CASE("the ring's collectives over the in-process double give the right resu
   }
 }
 
-TEST_CASE("a dropped last frame is a timeout naming the peer that did not send it") {
+TEST_CASE("a ring frame dropped at the end is a timeout naming the peer that did not send it") {
   const auto start = clock_type::now();
   // Two ranks swap one frame each; rank 0's never reaches rank 1.
   auto got = run_memory(2, on_frame(0, 1, 0, [](auto&) { return frame_fate::drop(); }), with(300ms),
@@ -139,7 +139,7 @@ TEST_CASE("a dropped last frame is a timeout naming the peer that did not send i
   CHECK(clock_type::now() - start < 3s);
 }
 
-TEST_CASE("a frame dropped mid-stream is caught by the next frame's offset, naming the peer, before the timeout") {
+TEST_CASE("a ring frame dropped mid-stream is caught by the next frame's offset, naming the peer, before the timeout") {
   const auto start = clock_type::now();
   // 64-byte segments: rank 0 sends its chunk in many frames; the 3rd never arrives.
   auto got = run_memory(2, on_frame(0, 1, 2, [](auto&) { return frame_fate::drop(); }), with(5s, 64),
@@ -153,7 +153,7 @@ TEST_CASE("a frame dropped mid-stream is caught by the next frame's offset, nami
   CHECK(clock_type::now() - start < 3s);
 }
 
-TEST_CASE("a delayed frame still arrives and the all-reduce succeeds within the timeout") {
+TEST_CASE("a delayed ring frame still arrives and the all-reduce succeeds within the timeout") {
   for (int n : {2, 3}) {
     CAPTURE(n);
     const auto start = clock_type::now();
@@ -169,14 +169,14 @@ TEST_CASE("a delayed frame still arrives and the all-reduce succeeds within the 
   }
 }
 
-TEST_CASE("a frame delayed past the timeout is a timeout naming the peer") {
+TEST_CASE("a ring frame delayed past the timeout is a timeout naming the peer") {
   auto got = run_memory(2, on_frame(1, 0, 0, [](auto&) { return frame_fate::delay_by(1500ms); }), with(200ms),
                         [](int r, tcp_ring& ring) { sum_and_check(r, ring, 100); });
   CHECK(got[0].peer == 1);
   CHECK(got[0].what == "timed out after 200 ms waiting for rank 1 (in-process) to send");
 }
 
-TEST_CASE("corrupt frames are a clear error naming the peer, never a wrong sum") {
+TEST_CASE("corrupt ring frames are a clear error naming the peer, never a wrong sum") {
   // Layout of a frame: the segment table (segment count - 1, each segment's words, padding), then
   // the segments; the first begins with the root pointer of the Chunk.
   struct corruption {
@@ -221,7 +221,7 @@ TEST_CASE("corrupt frames are a clear error naming the peer, never a wrong sum")
   }
 }
 
-TEST_CASE("a frame with a wrong collective kind, offset, length, type or operation is refused naming the peer") {
+TEST_CASE("a ring frame with a wrong collective kind, offset, length, type or operation is refused naming the peer") {
   struct forgery {
     const char* name;
     std::function<void(chunk_fields&)> edit;
@@ -254,7 +254,7 @@ TEST_CASE("a frame with a wrong collective kind, offset, length, type or operati
   }
 }
 
-TEST_CASE("forged broadcast and all-gather frames are refused naming the peer across 3 ranks") {
+TEST_CASE("forged ring broadcast and all-gather frames are refused naming the peer across 3 ranks") {
   SUBCASE("a broadcast segment at the wrong offset") {
     auto got = run_memory(3, forge(1, 2, 1, [](chunk_fields& f) { f.offset += 8; }), with(5s, 64),
                           [](int r, tcp_ring& ring) {
@@ -279,7 +279,7 @@ TEST_CASE("forged broadcast and all-gather frames are refused naming the peer ac
   }
 }
 
-TEST_CASE("a rank whose link closes mid-collective is named by its neighbours over the in-process double") {
+TEST_CASE("a ring rank whose link closes mid-collective is named by its neighbours over the in-process double") {
   auto got = run_memory(3, {}, with(5s), [](int r, tcp_ring& ring) {
     sum_and_check(r, ring, 1000);
     if (r == 1) throw std::runtime_error("rank 1 leaves");  // its ring shuts down, as at exit
