@@ -780,6 +780,7 @@ TEST_CASE("tcp_ring options: a bad segment size is std::invalid_argument, and th
   tcp_ring ring(0, 1, own, {{"127.0.0.1", own.port()}}, 1s);
   CHECK(ring.options().segment_bytes == tcp_ring_options::default_segment_bytes);
   CHECK(ring.options().timeout == 1s);
+  CHECK(tcp_ring_options{}.timeout == 60s);  // bounded unless asked otherwise
   CHECK(ring.options().spin == tcp_ring_options::default_spin);
   ring.set_timeout(250ms);
   ring.set_spin(7us, true);

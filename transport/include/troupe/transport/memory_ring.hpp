@@ -56,6 +56,7 @@ class memory_ring {
   /// The number of ranks.
   int size() const noexcept { return size_; }
 
+  /// What the links share: the streams, the hook and the lock (memory_ring.cpp).
   struct state;
 
  private:

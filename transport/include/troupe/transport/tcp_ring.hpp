@@ -17,17 +17,24 @@ namespace troupe::transport {
 
 /// tcp_ring's settings, with named defaults.
 struct tcp_ring_options {
-  /// The unit a ring step pipelines: a rank receives the next segment while it handles (adds,
-  /// copies, forwards) the last one. Whole words, at least 64 bytes and at most 64 MiB.
+  /// 1 MiB: large enough that a step's frames cost little beside their bytes, small enough that a
+  /// rank adds one segment while the next arrives.
   static constexpr std::size_t default_segment_bytes = std::size_t{1} << 20;
+  /// The smallest segment: one 64-byte line (16 f32 elements).
   static constexpr std::size_t min_segment_bytes = 64;
+  /// The largest segment, well under Cap'n Proto's 512 MiB per blob.
   static constexpr std::size_t max_segment_bytes = std::size_t{64} << 20;
-  /// How long a wait busy-polls before it sleeps.
+  /// Every wait is bounded; the runtime passes its own bound.
+  static constexpr std::chrono::milliseconds default_timeout{60 * 1000};
+  /// A loopback round trip is a few microseconds; a thread asleep in poll() takes tens to wake.
   static constexpr std::chrono::microseconds default_spin{50};
 
+  /// The unit a ring step pipelines: a rank receives the next segment while it handles (adds,
+  /// copies, forwards) the last one. A multiple of 8 in [min_segment_bytes, max_segment_bytes];
+  /// an all-reduce segment holds at least 16 elements.
   std::size_t segment_bytes = default_segment_bytes;
   /// The bound of connection setup and of every later wait (0: none).
-  std::chrono::milliseconds timeout{0};
+  std::chrono::milliseconds timeout = default_timeout;
   /// How long a wait busy-polls its connections before it sleeps in poll().
   std::chrono::microseconds spin = default_spin;
   /// Give the CPU away between polls, for ranks that share too few cores (the rank being waited
