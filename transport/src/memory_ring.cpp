@@ -13,7 +13,7 @@
 #include <string>
 
 #include "frame.capnp.h"
-#include "ring_index.hpp"
+#include "troupe/transport/ring_index.hpp"
 
 namespace troupe::transport {
 namespace {

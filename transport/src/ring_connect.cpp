@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "ring_frames.hpp"
-#include "ring_index.hpp"
+#include "troupe/transport/ring_index.hpp"
 
 namespace troupe::transport {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "ring_frames.hpp"
-#include "ring_index.hpp"
+#include "troupe/transport/ring_index.hpp"
 #include "troupe/transport/reduce_kernels.hpp"
 
 namespace troupe::transport {
