@@ -8,16 +8,17 @@
 #include <system_error>
 #include <utility>
 
+#include "distribute/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
 #include "troupe/distribute/strategy.hpp"
-#include "troupe/transport/checkpoint_file.hpp"
+#include "troupe/format/checkpoint_file.hpp"
 
 namespace troupe {
 namespace {
 
 namespace fs = std::filesystem;
-namespace tp = troupe::transport;
+namespace tp = troupe::format;
 
 tp::scalar_type to_scalar(DType d) {
   switch (d) {
@@ -199,9 +200,9 @@ std::string Checkpoint::save(const std::string& path_prefix) {
   // and writes the same file, but only the chief writes the real path: the others write a
   // temporary one next to it and remove it, as TensorFlow's workers do.
   auto& backend = distribute::get_strategy().backend();
-  const bool chief = backend.worker_index() == 0;
+  const bool chief = backend.workers().rank() == 0;
   const std::string path = chief ? path_prefix + ".ckpt"
-                                 : path_prefix + ".worker-" + std::to_string(backend.worker_index()) + ".tmp.ckpt";
+                                 : path_prefix + ".worker-" + std::to_string(backend.workers().rank()) + ".tmp.ckpt";
   std::vector<Tensor> values;  // keeps the bytes alive while the file references them
   std::vector<tp::checkpoint_tensor> tensors;
   values.reserve(variables_.size());
@@ -243,7 +244,7 @@ std::string CheckpointManager::save(std::int64_t step) {
   }
   checkpoint_.set_step(step);
   const std::string written = checkpoint_.save((fs::path(directory_) / ("ckpt-" + std::to_string(step))).string());
-  if (distribute::get_strategy().backend().worker_index() != 0) return written;  // the chief keeps the directory
+  if (distribute::get_strategy().backend().workers().rank() != 0) return written;  // the chief keeps the directory
   auto all = list_checkpoints(directory_);
   std::size_t excess = all.size() > static_cast<std::size_t>(max_to_keep_) ? all.size() - max_to_keep_ : 0;
   for (const auto& [old_step, path] : all) {

@@ -11,10 +11,10 @@
 
 namespace troupe::distribute::detail {
 
-transport::scalar_type to_scalar_type(DType dtype) {
-  static_assert(static_cast<int>(DType::f32) == static_cast<int>(transport::scalar_type::f32) &&
-                static_cast<int>(DType::i64) == static_cast<int>(transport::scalar_type::i64));
-  return static_cast<transport::scalar_type>(dtype);
+base::scalar_type to_scalar_type(DType dtype) {
+  static_assert(static_cast<int>(DType::f32) == static_cast<int>(base::scalar_type::f32) &&
+                static_cast<int>(DType::i64) == static_cast<int>(base::scalar_type::i64));
+  return static_cast<base::scalar_type>(dtype);
 }
 
 namespace {
@@ -55,7 +55,7 @@ void ShmCollectives::run_all_reduce(int replica, ReduceOp op, const Tensor* valu
   if (shared && replica == 0) published_[parity].assign(outputs, outputs + count);
   try {
     group_.all_reduce(replica, tl_buffers.data(), count,
-                      op == ReduceOp::sum ? transport::reduce_kind::sum : transport::reduce_kind::mean, shared);
+                      op == ReduceOp::sum ? base::reduce_kind::sum : base::reduce_kind::mean, shared);
   } catch (const transport::aborted_error& e) {
     throw CollectiveAborted(e.what());
   }

@@ -64,6 +64,6 @@ class IdentityCollectives final : public ReplicaCollectives {
              const std::function<void(const std::vector<const void*>&)>& on_first) override;
 };
 
-transport::scalar_type to_scalar_type(DType dtype);
+base::scalar_type to_scalar_type(DType dtype);
 
 }  // namespace troupe::distribute::detail

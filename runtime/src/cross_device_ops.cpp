@@ -6,7 +6,7 @@
 #include "collectives.hpp"
 #include "gpu.hpp"
 #include "nccl_collectives.hpp"
-#include "troupe/transport/reduce_kernels.hpp"
+#include "troupe/kernels/reduce_kernels.hpp"
 
 namespace troupe::distribute {
 namespace {
@@ -62,7 +62,7 @@ Tensor ReductionToOneDevice::reduce(ReduceOp op, const std::vector<Tensor>& per_
   std::vector<const void*> ins;
   ins.reserve(local.size());
   for (const Tensor& t : local) ins.push_back(t.raw_data());
-  const auto kind = op == ReduceOp::sum ? transport::reduce_kind::sum : transport::reduce_kind::mean;
+  const auto kind = op == ReduceOp::sum ? base::reduce_kind::sum : base::reduce_kind::mean;
   if (where.is_gpu()) {
     // The same order and arithmetic as the CPU kernel, on the GPU.
     troupe::detail::gpu::reduce_n(where.index(), ins, out.raw_mutable_data(), first.num_elements(),
@@ -71,7 +71,7 @@ Tensor ReductionToOneDevice::reduce(ReduceOp op, const std::vector<Tensor>& per_
   }
   void* o = out.raw_mutable_data();
   // The kernel of the in-process all-reduce: the same order, so the same bits as all_reduce.
-  transport::reduce_range(ins.data(), static_cast<int>(ins.size()), &o, 1, 0, first.num_elements(),
+  kernels::reduce_range(ins.data(), static_cast<int>(ins.size()), &o, 1, 0, first.num_elements(),
                           detail::to_scalar_type(first.dtype()), kind);
   return out.to(destination);
 }

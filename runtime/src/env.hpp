@@ -1,9 +1,16 @@
 #pragma once
 
+// The one place troupe reads its environment (runtime/src/options.cpp): every TROUPE_* variable
+// becomes a field of RuntimeOptions or MultiWorkerOptions there, and code elsewhere takes the
+// options.
+
 namespace troupe::detail {
 
 /// The integer in environment variable `name`, or `fallback` when it is unset or empty; a value
 /// that is not a number in min..max throws std::invalid_argument naming the variable.
 int env_int(const char* name, int fallback, int min, int max);
+
+/// TROUPE_FORCE_CPU=1: GPUs are hidden from troupe.
+bool force_cpu_from_environment();
 
 }  // namespace troupe::detail

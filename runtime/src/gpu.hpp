@@ -19,7 +19,7 @@
 
 namespace troupe::detail::gpu {
 
-/// Elementwise binary operations (the values of transport::cuda::binary_op).
+/// Elementwise binary operations (the values of kernels::cuda::binary_op).
 enum class binary_op : int { add = 0, sub = 1, mul = 2, div = 3 };
 
 /// True when this build has CUDA support.
@@ -43,37 +43,37 @@ void copy_rows(int device, void* dst, std::size_t dst_pitch, const void* src, st
 /// Sets `bytes` bytes to zero.
 void zero(int device, void* data, std::size_t bytes);
 
-/// The kernels of transport/cuda/kernels.hpp on the calling thread's stream, followed by a wait
+/// The kernels of kernels/cuda/kernels.hpp on the calling thread's stream, followed by a wait
 /// when the caller is not a replica. Arguments as there; errors throw std::runtime_error naming
 /// `what`, and an integer division by zero throws std::invalid_argument.
-void fill(int device, void* data, std::int64_t count, transport::scalar_type type, double value);
+void fill(int device, void* data, std::int64_t count, base::scalar_type type, double value);
 void binary(int device, binary_op op, const void* a, const void* b, void* out, std::int64_t count,
-            transport::scalar_type type);
+            base::scalar_type type);
 void binary_scalar(int device, binary_op op, const void* a, double f, std::int64_t i,
-                   bool scalar_first, void* out, std::int64_t count, transport::scalar_type type);
-void cast(int device, const void* in, transport::scalar_type from, void* out, transport::scalar_type to,
+                   bool scalar_first, void* out, std::int64_t count, base::scalar_type type);
+void cast(int device, const void* in, base::scalar_type from, void* out, base::scalar_type to,
           std::int64_t count);
 void reduce_n(int device, const std::vector<const void*>& ins, void* out, std::int64_t count,
-              transport::scalar_type type, transport::reduce_kind op);
+              base::scalar_type type, base::reduce_kind op);
 void reduce_axis(int device, const void* in, void* out, std::int64_t outer, std::int64_t along, std::int64_t inner,
-                 transport::scalar_type type);
-void sgd(int device, const void* w, const void* g, void* out_w, std::int64_t count, transport::scalar_type type,
+                 base::scalar_type type);
+void sgd(int device, const void* w, const void* g, void* out_w, std::int64_t count, base::scalar_type type,
          double lr);
 void sgd_momentum(int device, const void* w, const void* g, const void* vel, void* out_w, void* out_vel,
-                  std::int64_t count, transport::scalar_type type, double lr, double momentum, bool nesterov);
+                  std::int64_t count, base::scalar_type type, double lr, double momentum, bool nesterov);
 void adam(int device, const void* w, const void* g, const void* m, const void* v, void* out_w, void* out_m,
-          void* out_v, std::int64_t count, transport::scalar_type type, double lr_t, double b1, double one_minus_b1,
+          void* out_v, std::int64_t count, base::scalar_type type, double lr_t, double b1, double one_minus_b1,
           double b2, double one_minus_b2, double eps);
 void matmul(int device, const void* a, const void* b, void* c, std::int64_t m, std::int64_t n, std::int64_t k,
-            bool transpose_a, bool transpose_b, transport::scalar_type type);
+            bool transpose_a, bool transpose_b, base::scalar_type type);
 void bias_activation(int device, const void* x, const void* bias, void* out, std::int64_t rows, std::int64_t cols,
-                     bool relu, transport::scalar_type type);
-void relu(int device, const void* x, void* out, std::int64_t count, transport::scalar_type type);
+                     bool relu, base::scalar_type type);
+void relu(int device, const void* x, void* out, std::int64_t count, base::scalar_type type);
 void relu_grad(int device, const void* grad, const void* output, void* out, std::int64_t count,
-               transport::scalar_type type);
-void softmax(int device, const void* x, void* out, std::int64_t rows, std::int64_t cols, transport::scalar_type type);
+               base::scalar_type type);
+void softmax(int device, const void* x, void* out, std::int64_t rows, std::int64_t cols, base::scalar_type type);
 void argmax(int device, const void* x, std::int64_t* out, std::int64_t rows, std::int64_t cols,
-            transport::scalar_type type);
+            base::scalar_type type);
 
 /// The calling thread's CUDA stream for `device` (a cudaStream_t), created on first use.
 void* stream(int device);

@@ -18,7 +18,7 @@
 namespace troupe::detail::gpu {
 namespace {
 
-namespace kernels = transport::cuda;
+namespace kernels = troupe::kernels::cuda;
 
 constexpr int max_devices = 64;
 constexpr std::size_t staging_bytes = std::size_t{4} << 20;  // per buffer; two per thread
@@ -141,7 +141,7 @@ void finish(int device, const char* what) {
   if (!s.replica) check(cudaStreamSynchronize(s.streams[device]), what);
 }
 
-int code(transport::scalar_type t) { return static_cast<int>(t); }
+int code(base::scalar_type t) { return static_cast<int>(t); }
 
 // Blocks released by threads that wait for their work (not replicas): idle, so any thread may
 // take them. Never destroyed: tensors may be released during static destruction.
@@ -335,7 +335,7 @@ void zero(int device, void* data, std::size_t bytes) {
   finish(device, "cudaStreamSynchronize");
 }
 
-void fill(int device, void* data, std::int64_t count, transport::scalar_type type, double value) {
+void fill(int device, void* data, std::int64_t count, base::scalar_type type, double value) {
   cudaStream_t st = state().stream_for(device);
   check_launch(kernels::launch_fill(data, count, code(type), value, st), "fill kernel");
   finish(device, "fill kernel");
@@ -369,14 +369,14 @@ void with_division_check(int device, bool integer_division, const char* what, La
   if (host_flag != 0) throw std::invalid_argument("operator/: integer division by zero");
 }
 
-bool is_integer(transport::scalar_type t) {
-  return t == transport::scalar_type::i32 || t == transport::scalar_type::i64;
+bool is_integer(base::scalar_type t) {
+  return t == base::scalar_type::i32 || t == base::scalar_type::i64;
 }
 
 }  // namespace
 
 void binary(int device, binary_op op, const void* a, const void* b, void* out, std::int64_t count,
-            transport::scalar_type type) {
+            base::scalar_type type) {
   with_division_check(device, op == binary_op::div && is_integer(type) && count > 0, "elementwise kernel",
                       [&](int* flag, cudaStream_t st) {
                         return kernels::launch_binary(static_cast<kernels::binary_op>(op), a, b, out, count, type,
@@ -385,7 +385,7 @@ void binary(int device, binary_op op, const void* a, const void* b, void* out, s
 }
 
 void binary_scalar(int device, binary_op op, const void* a, double f, std::int64_t i, bool scalar_first, void* out,
-                   std::int64_t count, transport::scalar_type type) {
+                   std::int64_t count, base::scalar_type type) {
   with_division_check(device, op == binary_op::div && is_integer(type) && count > 0, "elementwise kernel",
                       [&](int* flag, cudaStream_t st) {
                         return kernels::launch_binary_scalar(static_cast<kernels::binary_op>(op), a, f, i,
@@ -393,7 +393,7 @@ void binary_scalar(int device, binary_op op, const void* a, double f, std::int64
                       });
 }
 
-void cast(int device, const void* in, transport::scalar_type from, void* out, transport::scalar_type to,
+void cast(int device, const void* in, base::scalar_type from, void* out, base::scalar_type to,
           std::int64_t count) {
   cudaStream_t st = state().stream_for(device);
   check_launch(kernels::launch_cast(in, from, out, to, count, st), "cast kernel");
@@ -401,7 +401,7 @@ void cast(int device, const void* in, transport::scalar_type from, void* out, tr
 }
 
 void reduce_n(int device, const std::vector<const void*>& ins, void* out, std::int64_t count,
-              transport::scalar_type type, transport::reduce_kind op) {
+              base::scalar_type type, base::reduce_kind op) {
   cudaStream_t st = state().stream_for(device);
   // The kernel takes at most 64 inputs: longer lists fold into the output 63 at a time.
   constexpr std::size_t max_inputs = 64;
@@ -411,16 +411,16 @@ void reduce_n(int device, const std::vector<const void*>& ins, void* out, std::i
   } else {
     std::vector<const void*> part(ins.begin(), ins.begin() + max_inputs);
     check_launch(kernels::launch_reduce_n(part.data(), static_cast<int>(part.size()), out, count, type,
-                                          transport::reduce_kind::sum, st),
+                                          base::reduce_kind::sum, st),
                  "reduce kernel");
     for (std::size_t next = max_inputs; next < ins.size(); next += max_inputs - 1) {
       part.assign(1, out);
       for (std::size_t r = next; r < std::min(ins.size(), next + max_inputs - 1); ++r) part.push_back(ins[r]);
       check_launch(kernels::launch_reduce_n(part.data(), static_cast<int>(part.size()), out, count, type,
-                                            transport::reduce_kind::sum, st),
+                                            base::reduce_kind::sum, st),
                    "reduce kernel");
     }
-    if (op == transport::reduce_kind::mean) {
+    if (op == base::reduce_kind::mean) {
       check_launch(kernels::launch_scale(out, count, code(type), 1.0 / static_cast<double>(ins.size()), st),
                    "reduce kernel");
     }
@@ -429,13 +429,13 @@ void reduce_n(int device, const std::vector<const void*>& ins, void* out, std::i
 }
 
 void reduce_axis(int device, const void* in, void* out, std::int64_t outer, std::int64_t along, std::int64_t inner,
-                 transport::scalar_type type) {
+                 base::scalar_type type) {
   cudaStream_t st = state().stream_for(device);
   check_launch(kernels::launch_reduce_axis(in, out, outer, along, inner, type, st), "reduce_sum kernel");
   finish(device, "reduce_sum kernel");
 }
 
-void sgd(int device, const void* w, const void* g, void* out_w, std::int64_t count, transport::scalar_type type,
+void sgd(int device, const void* w, const void* g, void* out_w, std::int64_t count, base::scalar_type type,
          double lr) {
   cudaStream_t st = state().stream_for(device);
   check_launch(kernels::launch_sgd(w, g, out_w, count, type, lr, st), "SGD kernel");
@@ -443,7 +443,7 @@ void sgd(int device, const void* w, const void* g, void* out_w, std::int64_t cou
 }
 
 void sgd_momentum(int device, const void* w, const void* g, const void* vel, void* out_w, void* out_vel,
-                  std::int64_t count, transport::scalar_type type, double lr, double momentum, bool nesterov) {
+                  std::int64_t count, base::scalar_type type, double lr, double momentum, bool nesterov) {
   cudaStream_t st = state().stream_for(device);
   check_launch(kernels::launch_sgd_momentum(w, g, vel, out_w, out_vel, count, type, lr, momentum, nesterov, st),
                "SGD momentum kernel");
@@ -451,7 +451,7 @@ void sgd_momentum(int device, const void* w, const void* g, const void* vel, voi
 }
 
 void adam(int device, const void* w, const void* g, const void* m, const void* v, void* out_w, void* out_m,
-          void* out_v, std::int64_t count, transport::scalar_type type, double lr_t, double b1, double one_minus_b1,
+          void* out_v, std::int64_t count, base::scalar_type type, double lr_t, double b1, double one_minus_b1,
           double b2, double one_minus_b2, double eps) {
   cudaStream_t st = state().stream_for(device);
   check_launch(kernels::launch_adam(w, g, m, v, out_w, out_m, out_v, count, type, lr_t, b1, one_minus_b1, b2,
@@ -461,41 +461,41 @@ void adam(int device, const void* w, const void* g, const void* m, const void* v
 }
 
 void matmul(int device, const void* a, const void* b, void* c, std::int64_t m, std::int64_t n, std::int64_t k,
-            bool transpose_a, bool transpose_b, transport::scalar_type type) {
+            bool transpose_a, bool transpose_b, base::scalar_type type) {
   cudaStream_t st = state().stream_for(device);
   check_launch(kernels::launch_matmul(a, b, c, m, n, k, transpose_a, transpose_b, type, st), "matmul kernel");
   finish(device, "matmul kernel");
 }
 
 void bias_activation(int device, const void* x, const void* bias, void* out, std::int64_t rows, std::int64_t cols,
-                     bool relu, transport::scalar_type type) {
+                     bool relu, base::scalar_type type) {
   cudaStream_t st = state().stream_for(device);
   check_launch(kernels::launch_bias_activation(x, bias, out, rows, cols, relu, type, st), "bias kernel");
   finish(device, "bias kernel");
 }
 
-void relu(int device, const void* x, void* out, std::int64_t count, transport::scalar_type type) {
+void relu(int device, const void* x, void* out, std::int64_t count, base::scalar_type type) {
   cudaStream_t st = state().stream_for(device);
   check_launch(kernels::launch_relu(x, out, count, type, st), "relu kernel");
   finish(device, "relu kernel");
 }
 
 void relu_grad(int device, const void* grad, const void* output, void* out, std::int64_t count,
-               transport::scalar_type type) {
+               base::scalar_type type) {
   cudaStream_t st = state().stream_for(device);
   check_launch(kernels::launch_relu_grad(grad, output, out, count, type, st), "relu_grad kernel");
   finish(device, "relu_grad kernel");
 }
 
 void softmax(int device, const void* x, void* out, std::int64_t rows, std::int64_t cols,
-             transport::scalar_type type) {
+             base::scalar_type type) {
   cudaStream_t st = state().stream_for(device);
   check_launch(kernels::launch_softmax(x, out, rows, cols, type, st), "softmax kernel");
   finish(device, "softmax kernel");
 }
 
 void argmax(int device, const void* x, std::int64_t* out, std::int64_t rows, std::int64_t cols,
-            transport::scalar_type type) {
+            base::scalar_type type) {
   cudaStream_t st = state().stream_for(device);
   check_launch(kernels::launch_argmax(x, out, rows, cols, type, st), "argmax kernel");
   finish(device, "argmax kernel");

@@ -26,41 +26,41 @@ void release(int, void*, std::size_t) noexcept {}
 void copy(void*, int, const void*, int, std::size_t) { unsupported(); }
 void copy_rows(int, void*, std::size_t, const void*, std::size_t, std::size_t, std::size_t) { unsupported(); }
 void zero(int, void*, std::size_t) { unsupported(); }
-void fill(int, void*, std::int64_t, transport::scalar_type, double) { unsupported(); }
-void binary(int, binary_op, const void*, const void*, void*, std::int64_t, transport::scalar_type) { unsupported(); }
+void fill(int, void*, std::int64_t, base::scalar_type, double) { unsupported(); }
+void binary(int, binary_op, const void*, const void*, void*, std::int64_t, base::scalar_type) { unsupported(); }
 void binary_scalar(int, binary_op, const void*, double, std::int64_t, bool, void*, std::int64_t,
-                   transport::scalar_type) {
+                   base::scalar_type) {
   unsupported();
 }
-void cast(int, const void*, transport::scalar_type, void*, transport::scalar_type, std::int64_t) { unsupported(); }
-void reduce_n(int, const std::vector<const void*>&, void*, std::int64_t, transport::scalar_type,
-              transport::reduce_kind) {
+void cast(int, const void*, base::scalar_type, void*, base::scalar_type, std::int64_t) { unsupported(); }
+void reduce_n(int, const std::vector<const void*>&, void*, std::int64_t, base::scalar_type,
+              base::reduce_kind) {
   unsupported();
 }
-void reduce_axis(int, const void*, void*, std::int64_t, std::int64_t, std::int64_t, transport::scalar_type) {
+void reduce_axis(int, const void*, void*, std::int64_t, std::int64_t, std::int64_t, base::scalar_type) {
   unsupported();
 }
-void sgd(int, const void*, const void*, void*, std::int64_t, transport::scalar_type, double) { unsupported(); }
-void sgd_momentum(int, const void*, const void*, const void*, void*, void*, std::int64_t, transport::scalar_type,
+void sgd(int, const void*, const void*, void*, std::int64_t, base::scalar_type, double) { unsupported(); }
+void sgd_momentum(int, const void*, const void*, const void*, void*, void*, std::int64_t, base::scalar_type,
                   double, double, bool) {
   unsupported();
 }
 void adam(int, const void*, const void*, const void*, const void*, void*, void*, void*, std::int64_t,
-          transport::scalar_type, double, double, double, double, double, double) {
+          base::scalar_type, double, double, double, double, double, double) {
   unsupported();
 }
 void matmul(int, const void*, const void*, void*, std::int64_t, std::int64_t, std::int64_t, bool, bool,
-            transport::scalar_type) {
+            base::scalar_type) {
   unsupported();
 }
 void bias_activation(int, const void*, const void*, void*, std::int64_t, std::int64_t, bool,
-                     transport::scalar_type) {
+                     base::scalar_type) {
   unsupported();
 }
-void relu(int, const void*, void*, std::int64_t, transport::scalar_type) { unsupported(); }
-void relu_grad(int, const void*, const void*, void*, std::int64_t, transport::scalar_type) { unsupported(); }
-void softmax(int, const void*, void*, std::int64_t, std::int64_t, transport::scalar_type) { unsupported(); }
-void argmax(int, const void*, std::int64_t*, std::int64_t, std::int64_t, transport::scalar_type) { unsupported(); }
+void relu(int, const void*, void*, std::int64_t, base::scalar_type) { unsupported(); }
+void relu_grad(int, const void*, const void*, void*, std::int64_t, base::scalar_type) { unsupported(); }
+void softmax(int, const void*, void*, std::int64_t, std::int64_t, base::scalar_type) { unsupported(); }
+void argmax(int, const void*, std::int64_t*, std::int64_t, std::int64_t, base::scalar_type) { unsupported(); }
 void* stream(int) { unsupported(); }
 void synchronize(int) { unsupported(); }
 

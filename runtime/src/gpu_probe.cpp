@@ -1,5 +1,7 @@
 #include "gpu_probe.hpp"
 
+#include "env.hpp"
+
 #include <cstdlib>
 #include <cstring>
 
@@ -10,8 +12,7 @@
 namespace troupe::detail {
 
 int cuda_device_count() {
-  const char* force_cpu = std::getenv("TROUPE_FORCE_CPU");
-  if (force_cpu != nullptr && std::strcmp(force_cpu, "1") == 0) return 0;
+  if (force_cpu_from_environment()) return 0;
 #ifdef TROUPE_HAVE_CUDA
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

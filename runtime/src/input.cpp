@@ -2,6 +2,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "distribute/worker_group.hpp"
 #include "troupe/actors/input_pipeline.hpp"
 #include "troupe/distribute/input.hpp"
 #include "troupe/distribute/strategy.hpp"
@@ -227,8 +228,8 @@ DistributedDataset Strategy::distribute_datasets_from_function(
     std::function<data::Dataset(const InputContext&)> dataset_fn, InputOptions options) {
   const int replicas = num_local_replicas();
   const std::vector<Device> devices = backend_->devices();
-  const int workers = backend_->num_workers();
-  const int worker = backend_->worker_index();
+  const int workers = backend_->workers().size();
+  const int worker = backend_->workers().rank();
   if (options.experimental_replication_mode == InputReplicationMode::per_replica) {
     return DistributedDataset([this, dataset_fn, options, replicas, devices, workers, worker] {
       std::vector<std::unique_ptr<detail::Producer>> producers;

@@ -9,7 +9,7 @@
 
 #include "collectives.hpp"
 #include "context_state.hpp"
-#include "env.hpp"
+#include "distribute/worker_group.hpp"
 #include "gpu.hpp"
 #include "nccl_collectives.hpp"
 #include "troupe/actors/coordinator.hpp"
@@ -38,15 +38,15 @@ class MirroredBackend : public StrategyBackend {
       // GPU replicas all-reduce through NCCL; their waits are bounded like cross-worker ones.
       nccl_ = std::make_unique<NcclCollectives>(
           group_, devices_,
-          std::chrono::milliseconds(troupe::detail::env_int("TROUPE_COLLECTIVE_TIMEOUT_MS", 0, 0, 86400000)),
+          std::chrono::milliseconds(runtime.options().collective_timeout_ms),
           std::move(world));
     }
   }
 
   const std::vector<Device>& devices() const override { return devices_; }
-  int num_replicas_in_sync() const override { return static_cast<int>(devices_.size()); }
   CrossDeviceOps& cross_device_ops() override { return *ops_; }
   Runtime* runtime() override { return runtime_; }
+  WorkerGroup& workers() const override { return local_workers_; }
 
   void execute(Strategy& strategy, const std::function<void(int)>& fn) override {
     if (coordinator_.on_replica_thread()) {
@@ -117,6 +117,7 @@ class MirroredBackend : public StrategyBackend {
   actors::coordinator coordinator_;
   std::unique_ptr<NcclCollectives> nccl_;  // GPU replicas only
   std::mutex mutex_;
+  mutable LocalWorkerGroup local_workers_;
 };
 
 }  // namespace troupe::distribute::detail

@@ -1,39 +1,10 @@
 #include "troupe/runtime.hpp"
 
-#include <cerrno>
-#include <cstdlib>
-#include <stdexcept>
-#include <string>
-
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
-#include "env.hpp"
 #include "gpu_probe.hpp"
 
 namespace troupe {
-namespace detail {
-
-int env_int(const char* name, int fallback, int min, int max) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  errno = 0;
-  long x = std::strtol(v, &end, 10);
-  if (errno != 0 || end == v || *end != '\0' || x < min || x > max) {
-    throw std::invalid_argument(std::string(name) + "=\"" + v + "\" is not a number in " + std::to_string(min) +
-                                ".." + std::to_string(max));
-  }
-  return static_cast<int>(x);
-}
-
-}  // namespace detail
-
-RuntimeOptions RuntimeOptions::from_environment() {
-  RuntimeOptions o;
-  o.scheduler_threads = detail::env_int("TROUPE_SCHEDULER_THREADS", 2, 1, 1024);
-  o.spin_us = detail::env_int("TROUPE_SPIN_US", 50, 0, 10'000'000);
-  return o;
-}
 
 struct Runtime::Impl {
   explicit Impl(RuntimeOptions o) : options(resolve(o)) {
@@ -48,6 +19,7 @@ struct Runtime::Impl {
     RuntimeOptions env = RuntimeOptions::from_environment();
     if (o.scheduler_threads <= 0) o.scheduler_threads = env.scheduler_threads;
     if (o.spin_us < 0) o.spin_us = env.spin_us;
+    if (o.collective_timeout_ms < 0) o.collective_timeout_ms = env.collective_timeout_ms;
     return o;
   }
 

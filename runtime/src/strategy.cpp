@@ -6,6 +6,7 @@
 #include "axis.hpp"
 #include "collectives.hpp"
 #include "context_state.hpp"
+#include "distribute/worker_group.hpp"
 #include "troupe/errors.hpp"
 
 namespace troupe::distribute {
@@ -46,11 +47,13 @@ class DefaultBackend final : public StrategyBackend {
     }
   }
   CrossDeviceOps& cross_device_ops() override { return ops_; }
+  WorkerGroup& workers() const override { return workers_; }
 
  private:
   std::vector<Device> devices_{Device{}};
   IdentityCollectives collectives_;
   ReductionToOneDevice ops_;
+  mutable LocalWorkerGroup workers_;
 };
 
 class DefaultStrategy final : public Strategy {
@@ -119,6 +122,13 @@ std::vector<Tensor> StrategyExtended::batch_reduce_to(ReduceOp op, const std::ve
   return cross_device_ops().batch_reduce(op, raw, destination);
 }
 
+namespace detail {
+
+int StrategyBackend::num_replicas_in_sync() const { return static_cast<int>(devices().size()) * workers().size(); }
+int StrategyBackend::first_replica_id() const { return workers().rank() * static_cast<int>(devices().size()); }
+
+}  // namespace detail
+
 Strategy::Strategy(std::unique_ptr<detail::StrategyBackend> backend)
     : backend_(std::move(backend)), extended_(*this) {}
 
@@ -143,14 +153,11 @@ void check_components(const char* op, const PerReplica<Tensor>& value, int expec
 
 Tensor Strategy::reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optional<int> axis) {
   check_components("reduce", value, num_local_replicas());
-  const Device host{};
-  const bool one_worker = backend_->num_workers() == 1;
-  if (!axis && one_worker) return backend_->cross_device_ops().reduce(op, value.values(), host);
-  if (!axis) {
-    Tensor total = backend_->sum_across_workers(backend_->cross_device_ops().reduce(ReduceOp::sum, value.values(), host));
-    if (op == ReduceOp::sum) return total;
-    return total / Scalar(static_cast<std::int64_t>(num_replicas_in_sync()));
-  }
+  detail::WorkerGroup& workers = backend_->workers();
+  CrossDeviceOps& local = backend_->cross_device_ops();
+  if (!axis) return workers.reduce(op, value.values(), local);
+  // Along an axis: the sums along it, over every replica of every worker, and the count of rows
+  // they came from (replicas may hold partial batches).
   std::vector<Tensor> partial;
   partial.reserve(value.values().size());
   std::int64_t count = 0;
@@ -159,8 +166,8 @@ Tensor Strategy::reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optio
     count += t.shape()[static_cast<std::size_t>(ax)];
     partial.push_back(reduce_sum(t, ax));
   }
-  Tensor total = backend_->sum_across_workers(backend_->cross_device_ops().reduce(ReduceOp::sum, partial, host));
-  if (!one_worker) count = backend_->sum_across_workers(Tensor::scalar<std::int64_t>(count)).item<std::int64_t>();
+  Tensor total = workers.sum(local.reduce(ReduceOp::sum, partial, Device{}));
+  count = workers.sum(Tensor::scalar<std::int64_t>(count)).item<std::int64_t>();
   if (op == ReduceOp::sum) return total;
   if (count == 0 && (total.dtype() == DType::i32 || total.dtype() == DType::i64)) {
     throw std::invalid_argument("reduce: MEAN along axis " + std::to_string(*axis) +
@@ -208,9 +215,7 @@ Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) {
   std::vector<Tensor> together;
   together.reserve(parts.size());
   for (const Tensor& p : parts) together.push_back(p.to(first.device()));
-  Tensor local = concat(together, ax).with_device(Device{});
-  if (backend_->num_workers() == 1) return local;
-  return backend_->concat_across_workers(local, ax);
+  return backend_->workers().concat(concat(together, ax).with_device(Device{}), ax);
 }
 
 }  // namespace troupe::distribute

@@ -102,7 +102,7 @@ void append_nested(std::string& out, const T* data, const Shape& shape, std::siz
 
 using binop = detail::gpu::binary_op;
 
-transport::scalar_type scalar_type_of(DType dtype) { return static_cast<transport::scalar_type>(dtype); }
+base::scalar_type scalar_type_of(DType dtype) { return static_cast<base::scalar_type>(dtype); }
 
 // Where a device keeps its elements: -1 for the host (every CPU device), else the GPU's index.
 int memory_of(const Device& d) { return d.is_gpu() ? d.index() : -1; }

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "distribute/worker_group.hpp"
 #include "context_state.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
@@ -84,12 +85,9 @@ Variable::Variable(Tensor initial_value, std::string name, VariableSynchronizati
     s.devices = {Device{}};
   }
   if (s.synchronization == VariableSynchronization::none) s.devices.resize(1);
-  auto& backend = s.strategy->backend();
-  if (backend.num_workers() > 1) {
-    // Every worker starts from the chief's value (a broadcast on the ring), so an initialiser that
-    // differs between processes cannot make the replicas diverge.
-    initial_value = backend.broadcast_from_chief(initial_value);
-  }
+  // Every worker starts from the chief's value (a broadcast on the ring when there are several),
+  // so an initialiser that differs between processes cannot make the replicas diverge.
+  initial_value = s.strategy->backend().workers().broadcast_from_chief(initial_value);
   for (const Device& d : s.devices) s.components.push_back(initial_value.with_device(d));
 }
 
@@ -113,24 +111,15 @@ Tensor Variable::value() const {
   }
   // An on_read variable read across replicas: the aggregate over every replica of every worker
   // (a collective when there are several workers: each must read it).
-  auto& backend = s.strategy->backend();
-  const bool workers = backend.num_workers() > 1;
+  auto& workers = s.strategy->backend().workers();
   auto& ops = s.strategy->extended().cross_device_ops();
   switch (s.aggregation) {
-    case VariableAggregation::sum: {
-      Tensor local = ops.reduce(ReduceOp::sum, s.components, Device{});
-      return workers ? backend.sum_across_workers(local) : local;
-    }
-    case VariableAggregation::mean: {
-      if (!workers) return ops.reduce(ReduceOp::mean, s.components, Device{});
-      Tensor total = backend.sum_across_workers(ops.reduce(ReduceOp::sum, s.components, Device{}));
-      return total / Scalar(static_cast<std::int64_t>(s.strategy->num_replicas_in_sync()));
-    }
+    case VariableAggregation::sum: return workers.reduce(ReduceOp::sum, s.components, ops);
+    case VariableAggregation::mean: return workers.reduce(ReduceOp::mean, s.components, ops);
     case VariableAggregation::only_first_replica:
     case VariableAggregation::none:
-      if (!workers) return s.components[0];
       // Replica 0 of the whole cluster is the chief's first: everyone gets its value.
-      return backend.broadcast_from_chief(s.components[0]);
+      return workers.broadcast_from_chief(s.components[0]);
   }
   return s.components[0];
 }

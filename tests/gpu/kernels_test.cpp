@@ -1,4 +1,4 @@
-// Every CUDA kernel of transport/cuda/kernels.hpp against a host loop that computes the same
+// Every CUDA kernel of kernels/cuda/kernels.hpp against a host loop that computes the same
 // formula in the same order, for every element type the kernel takes. The kernels are built with
 // --fmad=false, so the comparisons are bitwise, except softmax: CUDA's exp and libm's exp may
 // differ in the last bit, and its row sum is a tree on the GPU.
@@ -23,14 +23,14 @@
 
 #include "kernels.hpp"
 #include "nccl_group.hpp"
-#include "troupe/transport/reduce_kernels.hpp"
+#include "troupe/kernels/reduce_kernels.hpp"
 
 namespace {
 
-namespace kernels = troupe::transport::cuda;
+namespace kernels = troupe::kernels::cuda;
 using kernels::binary_op;
-using troupe::transport::reduce_kind;
-using troupe::transport::scalar_type;
+using troupe::base::reduce_kind;
+using troupe::base::scalar_type;
 
 // A CUDA runtime call around the kernels failed: the device is unusable and the run stops.
 void check_cuda(cudaError_t e, const char* what) {
@@ -455,7 +455,7 @@ void test_reduce_n(suite& t) {
         // The header promises the CPU's reduce_range bits: check the loop above is that.
         std::vector<T> cpu(want.size());
         void* cpu_out = cpu.data();
-        troupe::transport::reduce_range(host_ptrs.data(), n, &cpu_out, 1, 0, count, type_of<T>(), op);
+        troupe::kernels::reduce_range(host_ptrs.data(), n, &cpu_out, 1, 0, count, type_of<T>(), op);
         t.expect_equal(cpu, want, what + " (reduce_range on the host)");
 
         auto out = t.garbage<T>(count);

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "troupe/transport/reduce_kernels.hpp"
+#include "troupe/kernels/reduce_kernels.hpp"
 #include "troupe/transport/shm_group.hpp"
 
 using namespace troupe::transport;
@@ -76,12 +76,12 @@ TEST_CASE("reduce_range sums in input order and averages") {
   std::vector<double> a{1, 2}, b{3, 4}, c{5, 6}, out(2);
   const void* ins[] = {a.data(), b.data(), c.data()};
   void* outs[] = {out.data()};
-  reduce_range(ins, 3, outs, 1, 0, 2, scalar_type::f64, reduce_kind::mean);
+  troupe::kernels::reduce_range(ins, 3, outs, 1, 0, 2, scalar_type::f64, reduce_kind::mean);
   CHECK(out == std::vector<double>{3, 4});
   std::vector<std::int32_t> x{7, -7}, y{2, 2}, o(2);
   const void* ins2[] = {x.data(), y.data()};
   void* outs2[] = {o.data()};
-  reduce_range(ins2, 2, outs2, 1, 0, 2, scalar_type::i32, reduce_kind::mean);
+  troupe::kernels::reduce_range(ins2, 2, outs2, 1, 0, 2, scalar_type::i32, reduce_kind::mean);
   CHECK(o == std::vector<std::int32_t>{4, -2});  // integer mean truncates toward zero
 }
 

@@ -10,6 +10,8 @@
 namespace troupe::transport::cuda {
 namespace {
 
+using kernels::cuda::launch_fill;
+
 void check(cudaError_t rc, const char* what) {
   if (rc != cudaSuccess) throw cuda_error(std::string(what) + ": " + cudaGetErrorString(rc));
 }

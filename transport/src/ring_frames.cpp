@@ -10,12 +10,12 @@
 
 namespace troupe::transport::frames {
 
-wire::ScalarType to_wire(scalar_type t) {
+wire::ScalarType to_wire(base::scalar_type t) {
   switch (t) {
-    case scalar_type::f32: return wire::ScalarType::FLOAT32;
-    case scalar_type::f64: return wire::ScalarType::FLOAT64;
-    case scalar_type::i32: return wire::ScalarType::INT32;
-    case scalar_type::i64: return wire::ScalarType::INT64;
+    case base::scalar_type::f32: return wire::ScalarType::FLOAT32;
+    case base::scalar_type::f64: return wire::ScalarType::FLOAT64;
+    case base::scalar_type::i32: return wire::ScalarType::INT32;
+    case base::scalar_type::i64: return wire::ScalarType::INT64;
   }
   return wire::ScalarType::FLOAT32;
 }

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "frame.capnp.h"
-#include "troupe/transport/reduce_kernels.hpp"
+#include "troupe/base/elements.hpp"
 #include "troupe/transport/ring_link.hpp"
 
 namespace troupe::transport::frames {
@@ -47,7 +47,7 @@ class deadline {
 };
 
 /// The wire's name of a scalar type.
-wire::ScalarType to_wire(scalar_type t);
+wire::ScalarType to_wire(base::scalar_type t);
 
 /// What a chunk frame says about the collective it belongs to.
 struct frame_header {

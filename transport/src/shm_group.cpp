@@ -12,7 +12,7 @@
 #include <ctime>
 #include <sstream>
 
-#include "troupe/transport/reduce_kernels.hpp"
+#include "troupe/kernels/reduce_kernels.hpp"
 #include "troupe/transport/spin.hpp"
 
 namespace troupe::transport {
@@ -68,26 +68,6 @@ thread_local std::vector<const void*> tl_ins;
 thread_local std::vector<void*> tl_outs;
 
 }  // namespace
-
-std::size_t scalar_size(scalar_type t) noexcept {
-  switch (t) {
-    case scalar_type::f32: return 4;
-    case scalar_type::f64: return 8;
-    case scalar_type::i32: return 4;
-    case scalar_type::i64: return 8;
-  }
-  return 0;
-}
-
-const char* scalar_name(scalar_type t) noexcept {
-  switch (t) {
-    case scalar_type::f32: return "float32";
-    case scalar_type::f64: return "float64";
-    case scalar_type::i32: return "int32";
-    case scalar_type::i64: return "int64";
-  }
-  return "?";
-}
 
 const char* collective_name(collective_kind k) noexcept {
   switch (k) {
@@ -280,9 +260,9 @@ void shm_group::all_reduce(int rank, const buffer* buffers, std::size_t count, r
       }
       if (small) {
         void* out = row[rank].buffers[i].out;
-        reduce_range(tl_ins.data(), size_, &out, 1, seg_lo, seg_hi, b0.type, op);
+        kernels::reduce_range(tl_ins.data(), size_, &out, 1, seg_lo, seg_hi, b0.type, op);
       } else {
-        reduce_range(tl_ins.data(), size_, tl_outs.data(), num_outs, seg_lo, seg_hi, b0.type, op, streaming);
+        kernels::reduce_range(tl_ins.data(), size_, tl_outs.data(), num_outs, seg_lo, seg_hi, b0.type, op, streaming);
       }
     }
     offset += b0.count;

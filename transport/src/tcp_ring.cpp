@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "ring_frames.hpp"
+#include "troupe/kernels/reduce_kernels.hpp"
 #include "troupe/transport/ring_index.hpp"
-#include "troupe/transport/reduce_kernels.hpp"
 
 namespace troupe::transport {
 namespace {
@@ -112,7 +112,7 @@ struct tcp_ring::impl {
     std::vector<const void*> ins(static_cast<std::size_t>(size));
     for (int r = 0; r < size; ++r) ins[static_cast<std::size_t>(r)] = block_of(r);
     void* outs[1] = {data};
-    reduce_range(ins.data(), size, outs, 1, 0, count, type, op);
+    kernels::reduce_range(ins.data(), size, outs, 1, 0, count, type, op);
   }
 };
 
@@ -210,8 +210,8 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
     s.exchange(until);
     const void* ins[2] = {bytes, pump.from_prev.take_chunk(*s.link, "all_reduce", rank_, frame_of(0, 0, count))};
     void* outs[1] = {bytes};
-    reduce_range(ins, 2, outs, 1, 0, count, type, reduce_kind::sum);
-    if (op == reduce_kind::mean) scale_range(bytes, count, type, size_);
+    kernels::reduce_range(ins, 2, outs, 1, 0, count, type, reduce_kind::sum);
+    if (op == reduce_kind::mean) kernels::scale_range(bytes, count, type, size_);
     return;
   }
   if (size_ > 2 && static_cast<std::size_t>(count) * esize <= small_all_reduce_bytes) {
@@ -225,14 +225,14 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
            // Local partial first, the predecessor's after it: the ring fixes the order of additions.
            const void* ins[2] = {at(b), in};
            void* outs[1] = {at(b)};
-           reduce_range(ins, 2, outs, 1, 0, e - b, type, reduce_kind::sum);
+           kernels::reduce_range(ins, 2, outs, 1, 0, e - b, type, reduce_kind::sum);
          });
   }
   const int owned = owned_chunk(rank_, size_);
   if (op == reduce_kind::mean) {
     auto [b, e] = chunk_bounds(count, size_, owned);
     // Divide the finished chunk once, where it is complete, so every rank gets the same bits.
-    scale_range(at(b), e - b, type, size_);
+    kernels::scale_range(at(b), e - b, type, size_);
   }
   // All-gather: pass the finished chunks around.
   for (int k = 0; k < size_ - 1; ++k) {

@@ -27,7 +27,7 @@ class CheckpointError : public Error {
 ///
 /// Save and restore from cross-replica context (inside or outside the strategy's scope), never
 /// inside Strategy::run (std::logic_error). The file format is described in
-/// transport/include/troupe/transport/checkpoint_file.hpp.
+/// format/include/troupe/format/checkpoint_file.hpp.
 ///
 /// Under MultiWorkerMirroredStrategy, save and restore are collectives (call them in the
 /// strategy's scope on every worker): on_read values are aggregated over all workers, the chief

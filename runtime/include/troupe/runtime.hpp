@@ -10,10 +10,18 @@ namespace troupe {
 
 /// Settings of a Runtime. The defaults can be changed through the environment:
 /// TROUPE_SCHEDULER_THREADS (threads of the actor scheduler, default 2),
-/// TROUPE_SPIN_US (how long a waiting replica spins before it sleeps, default 50).
+/// TROUPE_SPIN_US (how long a waiting replica spins before it sleeps, default 50),
+/// TROUPE_COLLECTIVE_TIMEOUT_MS (the longest a GPU replica waits for its NCCL collectives, and a
+/// cross-worker collective for its peers, unless CommunicationOptions::timeout says; default 0,
+/// no bound).
 struct RuntimeOptions {
-  int scheduler_threads = 0;  ///< 0: TROUPE_SCHEDULER_THREADS, else 2
-  int spin_us = -1;           ///< -1: TROUPE_SPIN_US, else 50
+  static constexpr int default_scheduler_threads = 2;
+  static constexpr int default_spin_us = 50;
+  static constexpr int default_collective_timeout_ms = 0;
+
+  int scheduler_threads = 0;       ///< 0: TROUPE_SCHEDULER_THREADS, else default_scheduler_threads
+  int spin_us = -1;                ///< -1: TROUPE_SPIN_US, else default_spin_us
+  int collective_timeout_ms = -1;  ///< -1: TROUPE_COLLECTIVE_TIMEOUT_MS, else 0 (no bound)
 
   /// The defaults, with the TROUPE_* environment applied; a malformed value throws
   /// std::invalid_argument naming the variable.

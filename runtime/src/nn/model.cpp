@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "distribute/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/nn/ops.hpp"
@@ -115,7 +116,7 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
   auto scope = cross_replica_scope(*strategy_, "fit");
   distribute::Strategy& strategy = *strategy_;
   std::ostream& out = options.out != nullptr ? *options.out : std::cout;
-  const std::int64_t workers = strategy.backend().num_workers();
+  const std::int64_t workers = strategy.backend().workers().size();
   const auto all_reduce_before = optimizer_->all_reduce_time();
 
   History history;

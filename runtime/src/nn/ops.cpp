@@ -16,7 +16,7 @@ namespace {
 
 namespace gpu = troupe::detail::gpu;
 
-transport::scalar_type scalar_type_of(DType dtype) { return static_cast<transport::scalar_type>(dtype); }
+base::scalar_type scalar_type_of(DType dtype) { return static_cast<base::scalar_type>(dtype); }
 
 // The GPU of an operation some of whose operands are GPU tensors: host operands are copied there
 // (as TensorFlow places an op's inputs on its device); operands on two GPUs are an error.

@@ -37,7 +37,7 @@ float checked(const char* optimizer, const char* what, float value, float lo, fl
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-transport::scalar_type scalar_type_of(DType dtype) { return static_cast<transport::scalar_type>(dtype); }
+base::scalar_type scalar_type_of(DType dtype) { return static_cast<base::scalar_type>(dtype); }
 
 // The gradient where the variable is: a replica's gradient already is; one made elsewhere moves.
 Tensor beside(const Tensor& gradient, const Tensor& w) { return gradient.to(w.device()); }

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "troupe/distribute/cluster_resolver.hpp"
 #include "troupe/distribute/strategy.hpp"
@@ -23,17 +24,38 @@ struct CommunicationOptions {
   /// The tensors of one all_reduce call cross workers packed by dtype into collectives of at most
   /// this many bytes (0: one pack per dtype; a tensor larger than the limit travels alone).
   std::size_t bytes_per_pack = 0;
-  /// The longest any cross-worker collective waits for a peer; 0 takes TROUPE_COLLECTIVE_TIMEOUT_MS,
-  /// and when that is unset too waits as long as the peer's connection is alive (a dead worker is
+  /// The longest any cross-worker collective waits for a peer; 0 takes the runtime's
+  /// RuntimeOptions::collective_timeout_ms (TROUPE_COLLECTIVE_TIMEOUT_MS), and when that is 0 too waits as long as the peer's connection is alive (a dead worker is
   /// noticed as soon as its sockets close, a hung one only through a timeout).
   std::chrono::milliseconds timeout{0};
+};
+
+/// The settings of a multi-worker cluster beyond tf.distribute's CommunicationOptions, with named
+/// defaults. from_environment() reads them from TROUPE_* variables (a malformed value throws
+/// std::invalid_argument naming the variable and its valid range).
+struct MultiWorkerOptions {
+  static constexpr std::chrono::milliseconds default_start_timeout{60000};
+  static constexpr std::chrono::milliseconds default_heartbeat_interval{500};
+
+  /// TROUPE_START_TIMEOUT_MS: how long the rendezvous and the ring's set-up may take (1..86400000).
+  std::chrono::milliseconds start_timeout = default_start_timeout;
+  /// TROUPE_HEARTBEAT_MS: how often every worker tells the chief it lives (10..600000).
+  std::chrono::milliseconds heartbeat_interval = default_heartbeat_interval;
+  /// TROUPE_DEVICES_PER_WORKER: local replicas (1..1024); 0 means every GPU under NCCL, else one
+  /// CPU replica.
+  int devices_per_worker = 0;
+  /// TROUPE_CLUSTER_TOKEN: the secret every worker proves at rendezvous (empty: none).
+  std::string cluster_token;
+
+  /// The defaults with the TROUPE_* environment applied.
+  static MultiWorkerOptions from_environment();
 };
 
 /// Synchronous training over several workers, each with the same local devices
 /// (tf.distribute.MultiWorkerMirroredStrategy). Every worker runs the same program; the cluster
 /// resolver (TF_CONFIG by default) says who is who. Construction blocks until every worker has
-/// joined (bounded by TROUPE_START_TIMEOUT_MS, default 60000), then num_replicas_in_sync() is
-/// workers x local devices. Local devices: TROUPE_DEVICES_PER_WORKER CPU replicas (default 1).
+/// joined (bounded by MultiWorkerOptions::start_timeout), then num_replicas_in_sync() is workers x
+/// local devices. Local devices: MultiWorkerOptions::devices_per_worker CPU replicas (default 1).
 ///
 /// Collectives are hierarchical: the replicas of a worker all-reduce through shared memory, their
 /// leader (local replica 0) joins a TCP ring with the other workers' leaders, and the result is
@@ -42,8 +64,11 @@ struct CommunicationOptions {
 /// concatenate along axis 0; merge_call spans the local replicas only.
 class MultiWorkerMirroredStrategy : public Strategy {
  public:
+  /// With MultiWorkerOptions::from_environment().
   explicit MultiWorkerMirroredStrategy(Runtime& runtime, CommunicationOptions options = {},
                                        std::shared_ptr<ClusterResolver> resolver = nullptr);
+  MultiWorkerMirroredStrategy(Runtime& runtime, CommunicationOptions options, std::shared_ptr<ClusterResolver> resolver,
+                              MultiWorkerOptions settings);
   ~MultiWorkerMirroredStrategy() override;
   ClusterResolver* cluster_resolver() override { return resolver_.get(); }
 

@@ -29,26 +29,15 @@ class Strategy;
 
 namespace detail {
 
+class WorkerGroup;
+
 /// What a strategy runs on: implemented by MirroredStrategy's actors and by the default strategy.
+/// Its replicas are this worker's devices; what crosses workers goes through workers().
 class StrategyBackend {
  public:
   virtual ~StrategyBackend() = default;
   /// This worker's replica devices, in local replica order.
   virtual const std::vector<Device>& devices() const = 0;
-  /// Replicas over all workers, and the global id of this worker's first replica.
-  virtual int num_replicas_in_sync() const { return static_cast<int>(devices().size()); }
-  virtual int first_replica_id() const { return 0; }
-  /// Cross-replica context: sums a tensor over the workers (identity with one worker).
-  virtual Tensor sum_across_workers(const Tensor& local) { return local; }
-  /// Cross-replica context: the chief's `value` on every worker (every worker passes a tensor of
-  /// the same shape and dtype; identity with one worker).
-  virtual Tensor broadcast_from_chief(const Tensor& value) { return value; }
-  /// Cross-replica context: concatenates the workers' tensors along `axis` in worker order (only
-  /// that dimension may differ between workers).
-  virtual Tensor concat_across_workers(const Tensor& local, int axis) {
-    (void)axis;
-    return local;
-  }
   /// Calls fn(r) for every local replica r with that replica's ReplicaContext installed, and
   /// returns once all have finished; a failure throws ReplicaError.
   virtual void execute(Strategy& strategy, const std::function<void(int)>& fn) = 0;
@@ -56,9 +45,13 @@ class StrategyBackend {
   /// The runtime whose actors run this strategy's replicas and input pipelines; nullptr for the
   /// default strategy, which runs everything on the calling thread.
   virtual Runtime* runtime() { return nullptr; }
-  /// Workers in the cluster and this one's index (1 and 0 for single-worker strategies).
-  virtual int num_workers() const { return 1; }
-  virtual int worker_index() const { return 0; }
+  /// The workers this strategy spans (one, for single-process strategies).
+  virtual WorkerGroup& workers() const = 0;
+
+  /// Replicas over all workers (every worker has as many as this one).
+  int num_replicas_in_sync() const;
+  /// The global id of this worker's first replica.
+  int first_replica_id() const;
 };
 
 /// The argument replica `r` receives for `arg`: its component of a PerReplica, else arg itself.

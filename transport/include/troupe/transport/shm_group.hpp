@@ -11,15 +11,17 @@
 #include <string>
 #include <vector>
 
+#include "troupe/base/elements.hpp"
+
 namespace troupe::transport {
 
-/// Element types the collectives understand (the same order as troupe::DType).
-enum class scalar_type : std::uint8_t { f32, f64, i32, i64 };
-enum class reduce_kind : std::uint8_t { sum, mean };
-enum class collective_kind : std::uint8_t { all_reduce, all_gather, merge };
+// The element vocabulary (troupe/base/elements.hpp), by its short names in transport's code.
+using base::reduce_kind;
+using base::scalar_name;
+using base::scalar_size;
+using base::scalar_type;
 
-std::size_t scalar_size(scalar_type t) noexcept;
-const char* scalar_name(scalar_type t) noexcept;
+enum class collective_kind : std::uint8_t { all_reduce, all_gather, merge };
 const char* collective_name(collective_kind k) noexcept;
 
 /// One tensor taking part in a collective, as one rank sees it.

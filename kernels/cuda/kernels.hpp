@@ -5,7 +5,7 @@
 // Conventions for every launch_* function:
 // - pointers are device pointers on the current CUDA device (the caller has called cudaSetDevice);
 // - `stream` is a cudaStream_t (nullptr: the legacy default stream); launches are asynchronous;
-// - `type` names the element type (transport::scalar_type: f32, f64, i32, i64);
+// - `type` names the element type (base::scalar_type: f32, f64, i32, i64);
 // - the return value is the cudaError_t of the launch as an int (0: success); a count of 0
 //   launches nothing and returns 0; an unsupported type returns cudaErrorInvalidValue (1);
 // - scalars come as double (`f`) and int64 (`i`): floating types use f, integer types use i.
@@ -14,9 +14,12 @@
 
 #include <cstdint>
 
-#include "troupe/transport/shm_group.hpp"
+#include "troupe/base/elements.hpp"
 
-namespace troupe::transport::cuda {
+namespace troupe::kernels::cuda {
+
+using base::reduce_kind;
+using base::scalar_type;
 
 /// Elementwise binary operations.
 enum class binary_op : int { add = 0, sub = 1, mul = 2, div = 3 };
@@ -42,7 +45,7 @@ int launch_cast(const void* in, scalar_type from, void* out, scalar_type to, std
 
 /// out[k] = ins[0][k] + ins[1][k] + ... + ins[n-1][k], summed left to right in that order, then
 /// divided by n (as the element type, `acc /= T(n)`) when op is mean: the same bits as the CPU's
-/// transport::reduce_range. `ins` is a HOST array of n device pointers, 1 <= n <= 64; out may
+/// kernels::reduce_range. `ins` is a HOST array of n device pointers, 1 <= n <= 64; out may
 /// alias ins[0].
 int launch_reduce_n(const void* const* ins, int n, void* out, std::int64_t count, scalar_type type, reduce_kind op,
                     void* stream);
@@ -95,4 +98,4 @@ int launch_softmax(const void* x, void* out, std::int64_t rows, std::int64_t col
 int launch_argmax(const void* x, std::int64_t* out, std::int64_t rows, std::int64_t cols, scalar_type type,
                   void* stream);
 
-}  // namespace troupe::transport::cuda
+}  // namespace troupe::kernels::cuda

@@ -2,9 +2,12 @@
 
 #include <cstdint>
 
-#include "troupe/transport/shm_group.hpp"
+#include "troupe/base/elements.hpp"
 
-namespace troupe::transport {
+namespace troupe::kernels {
+
+using base::reduce_kind;
+using base::scalar_type;
 
 /// Elements [begin, end) of the reduction over `n` inputs, summed in input order 0..n-1 (the
 /// fixed order that makes results bit-identical everywhere), divided by n for mean, and written
@@ -16,4 +19,4 @@ void reduce_range(const void* const* ins, int n, void* const* outs, int num_outs
 /// Divides `count` elements at `data` by `divisor` in place (integer types truncate).
 void scale_range(void* data, std::int64_t count, scalar_type type, int divisor);
 
-}  // namespace troupe::transport
+}  // namespace troupe::kernels

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "troupe/transport/checkpoint_file.hpp"
+#include "troupe/format/checkpoint_file.hpp"
 
-using namespace troupe::transport;
+using namespace troupe::format;
 namespace fs = std::filesystem;
 
 using troupe::testing::read_bytes;

@@ -1,4 +1,4 @@
-#include "troupe/transport/reduce_kernels.hpp"
+#include "troupe/kernels/reduce_kernels.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include <emmintrin.h>
 #endif
 
-namespace troupe::transport {
+namespace troupe::kernels {
 namespace {
 
 // Blocks small enough that the running sum stays in L1 while the inputs stream past it.
@@ -86,4 +86,4 @@ void scale_range(void* data, std::int64_t count, scalar_type type, int divisor) 
   }
 }
 
-}  // namespace troupe::transport
+}  // namespace troupe::kernels

@@ -8,9 +8,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "troupe/transport/shm_group.hpp"
+#include "troupe/base/elements.hpp"
 
-namespace troupe::transport {
+namespace troupe::format {
+
+using base::scalar_type;
 
 // The checkpoint file format, version 1. All integers little-endian.
 //
@@ -146,4 +148,4 @@ struct checkpoint_read_options {
 /// has 4000".
 checkpoint_contents read_checkpoint_file(const std::string& path, const checkpoint_read_options& options = {});
 
-}  // namespace troupe::transport
+}  // namespace troupe::format

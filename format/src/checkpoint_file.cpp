@@ -1,4 +1,4 @@
-#include "troupe/transport/checkpoint_file.hpp"
+#include "troupe/format/checkpoint_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -19,7 +19,7 @@
 
 #include "checkpoint.capnp.h"
 
-namespace troupe::transport {
+namespace troupe::format {
 
 // ---------------------------------------------------------------------------------------------
 // XXH64, as specified in xxHash's doc/xxhash_spec.md.
@@ -640,4 +640,4 @@ checkpoint_contents read_checkpoint_file(const std::string& path, const checkpoi
   return checkpoint_reader(path, options).read();
 }
 
-}  // namespace troupe::transport
+}  // namespace troupe::format

@@ -5,7 +5,7 @@
 
 #include "kernels.hpp"
 
-namespace troupe::transport::cuda {
+namespace troupe::kernels::cuda {
 namespace {
 
 template <class T>
@@ -617,4 +617,4 @@ int launch_argmax(const void* x, std::int64_t* out, std::int64_t rows, std::int6
   });
 }
 
-}  // namespace troupe::transport::cuda
+}  // namespace troupe::kernels::cuda

@@ -1,0 +1,170 @@
+#include "distribute/worker_group.hpp"
+
+#include <cstring>
+#include <stdexcept>
+#include <utility>
+
+#include "axis.hpp"
+#include "collectives.hpp"
+#include "troupe/errors.hpp"
+
+namespace troupe::distribute::detail {
+
+Tensor LocalWorkerGroup::reduce(ReduceOp op, const std::vector<Tensor>& per_replica, CrossDeviceOps& local) {
+  return local.reduce(op, per_replica, Device{});
+}
+
+Tensor LocalWorkerGroup::concat(const Tensor& local, int axis) {
+  (void)axis;
+  return local;
+}
+
+void WorkerFailures::report(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (reason_.empty()) reason_ = why;
+  if (ring_ != nullptr) ring_->shutdown();
+}
+
+std::string WorkerFailures::reason() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return reason_;
+}
+
+void WorkerFailures::attach(transport::tcp_ring* ring) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ring_ = ring;
+  if (ring_ != nullptr && !reason_.empty()) ring_->shutdown();  // a verdict came first
+}
+
+namespace {
+
+// A fresh host tensor holding `t`'s elements, for the ring to work on in place (tensors that are
+// shared must not change): a GPU tensor's copy to the host is fresh already.
+Tensor host_copy(const Tensor& t) {
+  if (t.is_gpu()) return t.to(Device());
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
+  if (t.nbytes() > 0) std::memcpy(out.raw_mutable_data(), t.raw_data(), t.nbytes());
+  return out;
+}
+
+}  // namespace
+
+RingWorkerGroup::RingWorkerGroup(int rank, std::vector<actors::member> members,
+                                 std::unique_ptr<transport::listener> listener, std::unique_ptr<transport::tcp_ring> ring,
+                                 std::shared_ptr<WorkerFailures> failures, std::unique_ptr<actors::cluster_watch> watch)
+    : rank_(rank),
+      members_(std::move(members)),
+      listener_(std::move(listener)),
+      ring_(std::move(ring)),
+      failures_(failures ? std::move(failures) : std::make_shared<WorkerFailures>()),
+      watch_(std::move(watch)) {
+  failures_->attach(ring_.get());
+}
+
+RingWorkerGroup::~RingWorkerGroup() {
+  watch_.reset();  // no more verdicts
+  failures_->attach(nullptr);
+}
+
+Tensor RingWorkerGroup::reduce(ReduceOp op, const std::vector<Tensor>& per_replica, CrossDeviceOps& local) {
+  Tensor total = sum(local.reduce(ReduceOp::sum, per_replica, Device{}));
+  if (op == ReduceOp::sum) return total;
+  return total / Scalar(static_cast<std::int64_t>(per_replica.size()) * size());
+}
+
+Tensor RingWorkerGroup::sum(const Tensor& t) {
+  Tensor out = host_copy(t);
+  all_reduce_in_place(out);
+  return out.to(t.device());
+}
+
+Tensor RingWorkerGroup::broadcast_from_chief(const Tensor& t) {
+  Tensor out = host_copy(t);
+  try {
+    ring_->broadcast(out.raw_mutable_data(), out.nbytes(), 0);
+  } catch (const transport::peer_error& e) {
+    throw CollectiveAborted(describe_collective_failure(e, members_, *failures_));
+  }
+  return out.to(t.device());
+}
+
+void RingWorkerGroup::all_reduce_in_place(Tensor& t) {
+  try {
+    ring_->all_reduce(t.raw_mutable_data(), t.num_elements(), to_scalar_type(t.dtype()), base::reduce_kind::sum);
+  } catch (const transport::peer_error& e) {
+    throw CollectiveAborted(describe_collective_failure(e, members_, *failures_));
+  }
+}
+
+void RingWorkerGroup::all_gather(const void* mine, std::size_t my_bytes, void* out,
+                                 const std::vector<std::size_t>& bytes) {
+  try {
+    ring_->all_gather(mine, my_bytes, out, bytes);
+  } catch (const transport::peer_error& e) {
+    throw CollectiveAborted(describe_collective_failure(e, members_, *failures_));
+  }
+}
+
+std::string describe_collective_failure(const transport::peer_error& e, const std::vector<actors::member>& members,
+                                        const WorkerFailures& failures) {
+  std::string who = "worker " + std::to_string(e.peer());
+  if (e.peer() >= 0 && static_cast<std::size_t>(e.peer()) < members.size()) {
+    const auto& m = members[static_cast<std::size_t>(e.peer())];
+    who = m.task + " (" + m.data_host + ":" + std::to_string(m.data_port) + ")";
+  }
+  std::string out = std::string("cross-worker collective failed: ") + e.what() + " [peer " + who + "]";
+  // Often the cause of the broken ring (a worker that stopped or vanished), sometimes only a
+  // consequence (the chief left).
+  const std::string known = failures.reason();
+  if (!known.empty()) out += "; cluster watch: " + known;
+  return out;
+}
+
+// The workers first learn each other's dtype and shape (an all-gather of one row each) and check
+// that only `axis` differs, then all-gather their elements and join the parts.
+Tensor RingWorkerGroup::concat(const Tensor& t_in, int axis) {
+  const Tensor t = t_in.to(Device());  // the ring works on host memory
+  const int workers = size();
+  constexpr int max_rank = 8;
+  constexpr int cols = 2 + max_rank;
+  if (t.rank() < 1 || t.rank() > max_rank) {
+    throw std::invalid_argument("gather across workers: tensors of rank 1.." + std::to_string(max_rank) +
+                                ", got rank " + std::to_string(t.rank()));
+  }
+  std::int64_t row[cols] = {};
+  row[0] = static_cast<std::int64_t>(t.dtype()) + 1;
+  row[1] = t.rank();
+  for (int d = 0; d < t.rank(); ++d) row[2 + d] = t.shape()[static_cast<std::size_t>(d)];
+  Tensor table = Tensor::empty({workers, cols}, DType::i64);
+  all_gather(row, sizeof row, table.raw_mutable_data(), std::vector<std::size_t>(static_cast<std::size_t>(workers), sizeof row));
+  const auto* all = table.data<std::int64_t>();
+  std::vector<Shape> shapes(static_cast<std::size_t>(workers));
+  std::vector<std::int64_t> offsets(static_cast<std::size_t>(workers) + 1, 0);
+  for (int w = 0; w < workers; ++w) {
+    const auto* r = all + w * cols;
+    bool same = r[0] == all[0] && r[1] == all[1];
+    for (int d = 0; same && d < t.rank(); ++d) same = d == axis || r[2 + d] == all[2 + d];
+    if (!same) {
+      throw std::invalid_argument("gather across workers: " + members_[static_cast<std::size_t>(w)].task +
+                                  " sent another dtype or shape than " + members_[0].task +
+                                  "; only the size of axis " + std::to_string(axis) + " may differ");
+    }
+    shapes[static_cast<std::size_t>(w)].assign(r + 2, r + 2 + t.rank());
+    offsets[static_cast<std::size_t>(w) + 1] =
+        offsets[static_cast<std::size_t>(w)] + shape_num_elements(shapes[static_cast<std::size_t>(w)]);
+  }
+  std::vector<std::size_t> bytes(static_cast<std::size_t>(workers));
+  for (std::size_t w = 0; w < bytes.size(); ++w) {
+    bytes[w] = static_cast<std::size_t>(offsets[w + 1] - offsets[w]) * dtype_size(t.dtype());
+  }
+  Tensor flat = Tensor::empty({offsets.back()}, t.dtype());
+  all_gather(t.raw_data(), t.nbytes(), flat.raw_mutable_data(), bytes);
+  std::vector<Tensor> parts;
+  parts.reserve(shapes.size());
+  for (std::size_t w = 0; w < shapes.size(); ++w) {
+    parts.push_back(flat.slice(offsets[w], offsets[w + 1]).reshape(shapes[w]));
+  }
+  return troupe::concat(parts, axis).to(t_in.device());
+}
+
+}  // namespace troupe::distribute::detail

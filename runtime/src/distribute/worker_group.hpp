@@ -1,0 +1,115 @@
+#pragma once
+
+// The set of workers a strategy spans. A strategy's cross-replica operations reduce over its local
+// replicas first and then hand the result to its WorkerGroup, which combines it over the workers:
+// the one-process group does nothing, the ring group runs a collective on the TCP ring among the
+// workers' leaders. Strategy code never asks how many workers there are to decide what to do.
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "troupe/actors/rendezvous.hpp"
+#include "troupe/distribute/cross_device_ops.hpp"
+#include "troupe/distribute/reduce_op.hpp"
+#include "troupe/tensor.hpp"
+#include "troupe/transport/tcp_ring.hpp"
+
+namespace troupe::distribute::detail {
+
+/// The workers a strategy spans, as seen from one of them (cross-replica context only: every
+/// worker must make the same calls in the same order).
+class WorkerGroup {
+ public:
+  virtual ~WorkerGroup() = default;
+  /// Workers in the group (1 for a one-process strategy).
+  virtual int size() const = 0;
+  /// This worker's rank: 0 is the chief.
+  virtual int rank() const = 0;
+  /// Reduces this worker's per-replica values with `local`, then over every worker: the SUM or
+  /// MEAN over every replica of the cluster, on the host.
+  virtual Tensor reduce(ReduceOp op, const std::vector<Tensor>& per_replica, CrossDeviceOps& local) = 0;
+  /// Sums a tensor of this worker's over the workers (every worker passes one shape and dtype).
+  virtual Tensor sum(const Tensor& local) = 0;
+  /// The chief's `value` on every worker (every worker passes one shape and dtype).
+  virtual Tensor broadcast_from_chief(const Tensor& value) = 0;
+  /// Concatenates the workers' tensors along `axis`, in rank order (only that dimension may
+  /// differ between workers).
+  virtual Tensor concat(const Tensor& local, int axis) = 0;
+};
+
+/// One process: every operation returns this worker's value.
+class LocalWorkerGroup final : public WorkerGroup {
+ public:
+  int size() const override { return 1; }
+  int rank() const override { return 0; }
+  Tensor reduce(ReduceOp op, const std::vector<Tensor>& per_replica, CrossDeviceOps& local) override;
+  Tensor sum(const Tensor& local) override { return local; }
+  Tensor broadcast_from_chief(const Tensor& value) override { return value; }
+  Tensor concat(const Tensor& local, int axis) override;
+};
+
+/// What the cluster watch learnt: the first worker declared gone, and the ring to break so that
+/// collectives waiting on it fail at once. Shared with the watch's actor thread, which reports
+/// into it; created before the ring exists, since a verdict may come during the start.
+class WorkerFailures {
+ public:
+  /// Keeps the first reason, and shuts the ring down (when one is attached).
+  void report(const std::string& why);
+  /// The first reason reported; empty while every worker lives.
+  std::string reason() const;
+  /// Attaches the ring to break on a verdict (nullptr detaches it); a verdict that came before
+  /// breaks it at once.
+  void attach(transport::tcp_ring* ring);
+
+ private:
+  mutable std::mutex mutex_;
+  std::string reason_;
+  transport::tcp_ring* ring_ = nullptr;
+};
+
+/// The message of a failed cross-worker collective: the peer by task and data endpoint (from
+/// `members`, in rank order), and what the cluster watch learnt, when it learnt something.
+std::string describe_collective_failure(const transport::peer_error& e, const std::vector<actors::member>& members,
+                                        const WorkerFailures& failures);
+
+/// Several processes joined by a TCP ring among the workers' leaders, watched by the cluster
+/// watch. A collective that fails throws CollectiveAborted naming the peer (its task and data
+/// endpoint) and, when the watch learnt something, what it learnt.
+class RingWorkerGroup final : public WorkerGroup {
+ public:
+  /// `members` in rank order (from the rendezvous); `listener` is the data plane's listening
+  /// socket the ring was accepted on (kept open for the group's life; may be null); `watch` may be
+  /// null (no liveness watch).
+  RingWorkerGroup(int rank, std::vector<actors::member> members, std::unique_ptr<transport::listener> listener,
+                  std::unique_ptr<transport::tcp_ring> ring, std::shared_ptr<WorkerFailures> failures,
+                  std::unique_ptr<actors::cluster_watch> watch);
+  ~RingWorkerGroup() override;
+  RingWorkerGroup(const RingWorkerGroup&) = delete;
+  RingWorkerGroup& operator=(const RingWorkerGroup&) = delete;
+
+  int size() const override { return static_cast<int>(members_.size()); }
+  int rank() const override { return rank_; }
+  Tensor reduce(ReduceOp op, const std::vector<Tensor>& per_replica, CrossDeviceOps& local) override;
+  Tensor sum(const Tensor& local) override;
+  Tensor broadcast_from_chief(const Tensor& value) override;
+  Tensor concat(const Tensor& local, int axis) override;
+
+  /// Sums a host tensor over the workers in place (the tensor must not be shared).
+  void all_reduce_in_place(Tensor& t);
+  /// The members, in rank order.
+  const std::vector<actors::member>& members() const { return members_; }
+
+ private:
+  void all_gather(const void* mine, std::size_t my_bytes, void* out, const std::vector<std::size_t>& bytes);
+
+  int rank_;
+  std::vector<actors::member> members_;
+  std::unique_ptr<transport::listener> listener_;
+  std::unique_ptr<transport::tcp_ring> ring_;
+  std::shared_ptr<WorkerFailures> failures_;
+  std::unique_ptr<actors::cluster_watch> watch_;  // declared last: destroyed first
+};
+
+}  // namespace troupe::distribute::detail

@@ -1,0 +1,126 @@
+// WorkerGroup, the workers a strategy spans: the one-process group, and the ring group over real
+// TCP rings between threads on loopback (no rendezvous: the members are made here).
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distribute/worker_group.hpp"
+#include "test_util.hpp"
+
+using namespace troupe;
+using namespace troupe::distribute;
+using troupe::testing::contains;
+using troupe::testing::message_of;
+namespace wg = troupe::distribute::detail;
+
+namespace {
+
+std::string task(int rank) { return "/job:worker/replica:0/task:" + std::to_string(rank); }
+
+// Forms an n-worker ring on loopback and runs body(rank, group, failures) on n threads; the
+// rings' collectives are bounded by 5 s, so a broken test fails instead of hanging.
+void with_ring_groups(int n, const std::function<void(int, wg::RingWorkerGroup&, wg::WorkerFailures&)>& body) {
+  std::vector<std::unique_ptr<transport::listener>> listeners;
+  std::vector<transport::endpoint> peers;
+  std::vector<actors::member> members;
+  for (int r = 0; r < n; ++r) {
+    listeners.push_back(std::make_unique<transport::listener>("127.0.0.1", 0));
+    peers.push_back({"127.0.0.1", listeners.back()->port()});
+    actors::member m;
+    m.rank = r;
+    m.task = task(r);
+    m.data_host = "127.0.0.1";
+    m.data_port = listeners.back()->port();
+    m.devices = 1;
+    members.push_back(m);
+  }
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      errors[static_cast<std::size_t>(r)] = message_of([&] {
+        auto& own = *listeners[static_cast<std::size_t>(r)];
+        auto ring = std::make_unique<transport::tcp_ring>(r, n, own, peers, std::chrono::milliseconds(5000));
+        ring->set_timeout(std::chrono::milliseconds(5000));
+        auto failures = std::make_shared<wg::WorkerFailures>();
+        wg::RingWorkerGroup group(r, members, std::move(listeners[static_cast<std::size_t>(r)]), std::move(ring),
+                                      failures, nullptr);
+        body(r, group, *failures);
+      });
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) CHECK_MESSAGE(errors[static_cast<std::size_t>(r)] == "", "rank ", r);
+}
+
+}  // namespace
+
+TEST_CASE("a one-process worker group hands back this worker's values") {
+  wg::LocalWorkerGroup group;
+  CHECK(group.size() == 1);
+  CHECK(group.rank() == 0);
+  const Tensor t = Tensor::from_vector<float>({1.5f, -2.0f, 3.25f}, {3});
+  CHECK(group.sum(t).to_vector<float>() == std::vector<float>{1.5f, -2.0f, 3.25f});
+  CHECK(group.broadcast_from_chief(t).to_vector<float>() == std::vector<float>{1.5f, -2.0f, 3.25f});
+  CHECK(group.concat(t, 0).to_vector<float>() == std::vector<float>{1.5f, -2.0f, 3.25f});
+  ReductionToOneDevice ops;
+  const std::vector<Tensor> parts = {Tensor::from_vector<float>({1, 2}, {2}), Tensor::from_vector<float>({3, 6}, {2})};
+  CHECK(group.reduce(ReduceOp::sum, parts, ops).to_vector<float>() == std::vector<float>{4, 8});
+  CHECK(group.reduce(ReduceOp::mean, parts, ops).to_vector<float>() == std::vector<float>{2, 4});
+}
+
+TEST_CASE("a ring worker group sums, reduces, broadcasts from the chief and concatenates over 3 workers") {
+  with_ring_groups(3, [](int r, wg::RingWorkerGroup& group, wg::WorkerFailures&) {
+    REQUIRE(group.size() == 3);
+    REQUIRE(group.rank() == r);
+    // Element i of worker r: 10 r + i.
+    std::vector<float> mine;
+    for (int i = 0; i < 5; ++i) mine.push_back(10.0f * r + float(i));
+    const std::vector<float> sum = group.sum(Tensor::from_vector(mine, {5})).to_vector<float>();
+    for (int i = 0; i < 5; ++i) CHECK(sum[static_cast<std::size_t>(i)] == 30.0f + 3.0f * float(i));
+    // Two local replicas per worker holding r and 2 r: the SUM over 6 replicas is 9, the MEAN 1.5.
+    ReductionToOneDevice ops;
+    const std::vector<Tensor> parts = {Tensor::scalar<double>(r), Tensor::scalar<double>(2.0 * r)};
+    CHECK(group.reduce(ReduceOp::sum, parts, ops).item<double>() == 9.0);
+    CHECK(group.reduce(ReduceOp::mean, parts, ops).item<double>() == 1.5);
+    // The chief's value everywhere.
+    CHECK(group.broadcast_from_chief(Tensor::full({4}, 7 + r, DType::i64)).to_vector<std::int64_t>() ==
+          std::vector<std::int64_t>(4, 7));
+    // Worker r holds r + 1 rows of [r, 100 + r]: joined in rank order along axis 0.
+    std::vector<std::int32_t> rows;
+    for (int k = 0; k <= r; ++k) {
+      rows.push_back(r);
+      rows.push_back(100 + r);
+    }
+    const Tensor joined = group.concat(Tensor::from_vector(rows, {r + 1, 2}), 0);
+    CHECK(joined.shape() == Shape{6, 2});
+    CHECK(joined.to_vector<std::int32_t>() == std::vector<std::int32_t>{0, 100, 1, 101, 1, 101, 2, 102, 2, 102, 2, 102});
+  });
+}
+
+TEST_CASE("a ring worker group names the worker whose gathered shape disagrees") {
+  with_ring_groups(3, [](int r, wg::RingWorkerGroup& group, wg::WorkerFailures&) {
+    const Tensor mine = Tensor::zeros({2, r == 2 ? 3 : 4});
+    const std::string error = message_of([&] { group.concat(mine, 0); });
+    CHECK(contains(error, "gather across workers: " + task(2) + " sent another dtype or shape than " + task(0)));
+  });
+}
+
+TEST_CASE("a failure the watch reports breaks the ring, and the collective's error names the peer and the cause") {
+  with_ring_groups(2, [](int r, wg::RingWorkerGroup& group, wg::WorkerFailures& failures) {
+    CHECK(group.sum(Tensor::scalar<float>(1.0f)).item<float>() == 2.0f);
+    if (r == 1) failures.report(task(0) + " sent no heartbeat");
+    const std::string error = message_of([&] { group.sum(Tensor::scalar<float>(1.0f)); });
+    CHECK(contains(error, "cross-worker collective failed: "));
+    CHECK(contains(error, "[peer " + task(1 - r) + " (127.0.0.1:"));
+    if (r == 1) {
+      CHECK(failures.reason() == task(0) + " sent no heartbeat");
+      CHECK(contains(error, "; cluster watch: " + task(0) + " sent no heartbeat"));
+    }
+  });
+}
