@@ -1,6 +1,7 @@
 #pragma once
 
-// The messages between the coordinator and its replica actors. Internal to actors/.
+// The messages of actors/: between the coordinator and its replica actors, and between the
+// cluster agents of a rendezvous. Internal to actors/.
 
 #include <chrono>
 #include <cstdint>
@@ -11,6 +12,11 @@
 #include <vector>
 
 #include "caf/all.hpp"
+#include "troupe/actors/rendezvous.hpp"
+#include "troupe/actors/rendezvous_state.hpp"
+
+// Rendezvous errors are caf::errors of category "rendezvous" (10 characters, an atom's limit).
+CAF_ERROR_CODE_ENUM(troupe::actors::rendezvous_errc, "rendezvous")
 
 namespace troupe::actors {
 
@@ -37,6 +43,36 @@ const void* replica_thread_owner();
 
 /// Spins until the actor's mailbox has a message or the budget is spent.
 void spin_on_mailbox(caf::blocking_actor* self, std::chrono::microseconds spin, int pause_spins);
+
+// The rendezvous and the cluster watch (rendezvous.hpp has the walkthrough):
+//   worker -> chief's agent: (nonce) -> string; (join, version, rank, nonce, proof, devices,
+//     data host, data port) -> vector<member> or a caf::error of category "rendezvous";
+//     (beat, rank, watcher); (bye, rank)
+//   chief -> its own agent: (await) -> vector<member> or the error; (tick, interval); (check);
+//     (expire)
+//   agent -> every watcher: (gone, rank, reason)
+// The join keeps flat fields with the version first, so a worker of another protocol version is
+// still understood well enough to be told so.
+using nonce_atom = caf::atom_constant<caf::atom("nonce")>;
+using join_atom = caf::atom_constant<caf::atom("join")>;
+using await_atom = caf::atom_constant<caf::atom("await")>;
+using expire_atom = caf::atom_constant<caf::atom("expire")>;
+using beat_atom = caf::atom_constant<caf::atom("beat")>;
+using bye_atom = caf::atom_constant<caf::atom("bye")>;
+using check_atom = caf::atom_constant<caf::atom("check")>;
+using gone_atom = caf::atom_constant<caf::atom("gone")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+
+/// A member travels field by field; add_rendezvous_types announces it and the peer table.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, member& x) {
+  return f(caf::meta::type_name("troupe::actors::member"), x.rank, x.task, x.data_host, x.data_port, x.devices,
+           x.collective_id);
+}
+
+/// A rendezvous_error as it travels: its code in the "rendezvous" category, its message as the
+/// context.
+inline caf::error to_caf_error(const rendezvous_error& e) { return caf::make_error(e.code, e.message); }
 
 }  // namespace troupe::actors
 

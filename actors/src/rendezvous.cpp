@@ -3,54 +3,23 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
-#include <sstream>
+#include <optional>
 #include <stdexcept>
 #include <thread>
+#include <typeindex>
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
+#include "protocol.hpp"
+#include "troupe/actors/rendezvous_state.hpp"
 
 namespace troupe::actors {
 namespace {
 
-using nonce_atom = caf::atom_constant<caf::atom("nonce")>;
-using join_atom = caf::atom_constant<caf::atom("join")>;
-using await_atom = caf::atom_constant<caf::atom("await")>;
-using expire_atom = caf::atom_constant<caf::atom("expire")>;
-using beat_atom = caf::atom_constant<caf::atom("beat")>;
-using bye_atom = caf::atom_constant<caf::atom("bye")>;
-using check_atom = caf::atom_constant<caf::atom("check")>;
-using gone_atom = caf::atom_constant<caf::atom("gone")>;
-using tick_atom = caf::atom_constant<caf::atom("tick")>;
-
-// A join's answer: ok, the error when not, the peer table ("rank|task|host|port|devices|id").
-using join_reply = std::tuple<bool, std::string, std::vector<std::string>>;
-
-std::string encode(const member& m) {
-  return std::to_string(m.rank) + "|" + m.task + "|" + m.data_host + "|" + std::to_string(m.data_port) + "|" +
-         std::to_string(m.devices) + "|" + m.collective_id;
-}
-
-member decode(const std::string& s) {
-  std::vector<std::string> f;
-  std::stringstream in(s);
-  std::string part;
-  while (std::getline(in, part, '|')) f.push_back(part);
-  if (!s.empty() && s.back() == '|') f.push_back("");  // getline drops an empty last field
-  if (f.size() != 6) throw std::runtime_error("rendezvous: malformed peer table entry \"" + s + "\"");
-  member m;
-  m.rank = std::stoi(f[0]);
-  m.task = f[1];
-  m.data_host = f[2];
-  m.data_port = static_cast<std::uint16_t>(std::stoi(f[3]));
-  m.devices = std::stoi(f[4]);
-  m.collective_id = f[5];
-  return m;
-}
-
+// Empty when the system has no randomness to give.
 std::string random_nonce() {
   unsigned char bytes[16];
-  if (RAND_bytes(bytes, sizeof bytes) != 1) throw std::runtime_error("rendezvous: no randomness for a nonce");
+  if (RAND_bytes(bytes, sizeof bytes) != 1) return {};
   static const char* hex = "0123456789abcdef";
   std::string out;
   for (unsigned char b : bytes) {
@@ -60,64 +29,34 @@ std::string random_nonce() {
   return out;
 }
 
-struct agent_state {
-  rendezvous_options options;
-  std::vector<member> members;           // by rank; members[0] is the chief
-  std::vector<bool> joined;
-  std::map<std::string, bool> nonces;    // handed out, each good for one join
-  std::vector<caf::typed_response_promise<bool, std::string, std::vector<std::string>>> waiting;
-  std::string failure;
-  bool complete = false;
-  // Liveness, once complete.
-  std::chrono::milliseconds interval{0};
-  std::vector<std::chrono::steady_clock::time_point> last_beat;
-  std::vector<caf::actor> watchers;
-  std::vector<bool> settled;  // declared gone, or said goodbye
+using table_promise = caf::typed_response_promise<std::vector<member>>;
 
-  std::string missing() const {
-    std::string out;
-    for (std::size_t r = 0; r < joined.size(); ++r) {
-      if (!joined[r]) out += (out.empty() ? "" : ", ") + options.tasks[r];
-    }
-    return out;
-  }
+// The chief's agent: rendezvous_state decides, this actor delivers.
+struct agent_state {
+  std::optional<rendezvous_state> rules;
+  std::vector<table_promise> waiting;  // joined workers and the chief, until the table or a failure
+  std::vector<caf::actor> watchers;    // by rank, once watching
 };
 
-using reply_result = caf::result<bool, std::string, std::vector<std::string>>;
-
-reply_result as_result(join_reply r) {
-  return reply_result(std::get<0>(r), std::move(std::get<1>(r)), std::move(std::get<2>(r)));
-}
-
-join_reply table_reply(const agent_state& st) {
-  std::vector<std::string> table;
-  for (const auto& m : st.members) table.push_back(encode(m));
-  return join_reply{true, "", table};
-}
-
 void finish(agent_state& st) {
-  join_reply reply = st.failure.empty() ? table_reply(st) : join_reply{false, st.failure, {}};
-  for (auto& p : st.waiting) p.deliver(std::get<0>(reply), std::get<1>(reply), std::get<2>(reply));
+  for (auto& p : st.waiting) {
+    if (st.rules->failure()) {
+      p.deliver(to_caf_error(*st.rules->failure()));
+    } else {
+      p.deliver(st.rules->table());
+    }
+  }
   st.waiting.clear();
 }
 
 caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_options options) {
-  auto& st = self->state;
-  st.options = options;
-  const std::size_t n = options.tasks.size();
-  st.members.resize(n);
-  st.joined.assign(n, false);
-  st.members[0] = member{0, options.tasks[0], options.data_host, options.data_port, options.devices,
-                         options.collective_id};
-  st.joined[0] = true;
-  st.complete = n == 1;
+  self->state.rules.emplace(options);
   self->delayed_send(self, options.timeout, expire_atom::value);
-  auto declare_gone = [=](int rank, const std::string& reason) {
+  auto fan_out = [=](const verdict& v) {
     auto& s = self->state;
-    if (s.settled[static_cast<std::size_t>(rank)]) return;
-    s.settled[static_cast<std::size_t>(rank)] = true;
-    for (auto& w : s.watchers) {
-      if (w) self->send(w, gone_atom::value, static_cast<std::int32_t>(rank), reason);
+    for (int r : v.tell) {
+      auto& w = s.watchers[static_cast<std::size_t>(r)];
+      if (w) self->send(w, gone_atom::value, static_cast<std::int32_t>(v.rank), v.reason);
     }
   };
   self->set_down_handler([=](caf::down_msg& d) {
@@ -125,112 +64,69 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
     for (std::size_t r = 0; r < s.watchers.size(); ++r) {
       if (s.watchers[r] && s.watchers[r].address() == d.source) {
         s.watchers[r] = caf::actor{};
-        declare_gone(static_cast<int>(r), s.options.tasks[r] + "'s connection to the chief closed (the process ended or "
-                                                               "its host is unreachable)");
+        if (auto v = s.rules->on_connection_closed(static_cast<int>(r))) fan_out(*v);
       }
     }
   });
   return {
       [=](beat_atom, std::int32_t rank, const caf::actor& watcher) {
         auto& s = self->state;
-        if (rank < 0 || static_cast<std::size_t>(rank) >= s.last_beat.size()) return;
-        s.last_beat[static_cast<std::size_t>(rank)] = std::chrono::steady_clock::now();
-        if (!s.watchers[static_cast<std::size_t>(rank)]) {
+        if (s.rules->on_beat(rank, rendezvous_state::clock::now())) {
           s.watchers[static_cast<std::size_t>(rank)] = watcher;
           self->monitor(watcher);
         }
       },
-      [=](bye_atom, std::int32_t rank) {
-        auto& s = self->state;
-        if (rank >= 0 && static_cast<std::size_t>(rank) < s.settled.size()) s.settled[static_cast<std::size_t>(rank)] = true;
-      },
-      [=](check_atom) {
-        auto& s = self->state;
-        const auto now = std::chrono::steady_clock::now();
-        for (std::size_t r = 1; r < s.last_beat.size(); ++r) {
-          const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - s.last_beat[r]);
-          if (!s.settled[r] && silent > 6 * s.interval) {
-            declare_gone(static_cast<int>(r), s.options.tasks[r] + " sent no heartbeat for " +
-                                                  std::to_string(silent.count()) + " ms (hung, stopped or unreachable)");
-          }
-        }
-        self->delayed_send(self, s.interval, check_atom::value);
+      [=](bye_atom, std::int32_t rank) { self->state.rules->on_bye(rank); },
+      [=](check_atom, std::chrono::milliseconds interval) {
+        for (const auto& v : self->state.rules->check(rendezvous_state::clock::now())) fan_out(v);
+        self->delayed_send(self, interval, check_atom::value, interval);
       },
       [=](tick_atom, std::chrono::milliseconds interval) {
         // The rendezvous is complete: start keeping watch.
         auto& s = self->state;
-        s.interval = interval;
-        s.last_beat.assign(s.members.size(), std::chrono::steady_clock::now());
-        s.watchers.resize(s.members.size());
-        s.settled.assign(s.members.size(), false);
-        self->delayed_send(self, interval, check_atom::value);
+        s.rules->start_watch(interval, rendezvous_state::clock::now());
+        s.watchers.assign(s.rules->table().size(), caf::actor{});
+        self->delayed_send(self, interval, check_atom::value, interval);
       },
-      [=](nonce_atom) -> std::string {
+      [=](nonce_atom) -> caf::result<std::string> {
         auto nonce = random_nonce();
-        self->state.nonces[nonce] = true;
+        if (nonce.empty()) return caf::make_error(caf::sec::runtime_error, "the chief has no randomness for a nonce");
+        self->state.rules->add_nonce(nonce);
         return nonce;
       },
       [=](join_atom, std::uint32_t version, std::int32_t rank, const std::string& nonce, const std::string& proof,
-          std::int32_t devices, const std::string& host, std::uint16_t port) -> reply_result {
+          std::int32_t devices, const std::string& host, std::uint16_t port) -> caf::result<std::vector<member>> {
         auto& s = self->state;
-        if (!s.failure.empty()) return as_result(join_reply{false, s.failure, {}});
-        const std::string who = rank >= 0 && static_cast<std::size_t>(rank) < s.options.tasks.size()
-                                    ? s.options.tasks[static_cast<std::size_t>(rank)]
-                                    : "a worker claiming rank " + std::to_string(rank);
-        std::string error;
-        if (version != s.options.version) {
-          error = who + " speaks rendezvous protocol version " + std::to_string(version) + ", the chief " +
-                  std::to_string(s.options.version) + ": run the same troupe build everywhere";
-        } else if (s.nonces.erase(nonce) == 0 || hmac_sha256_hex(s.options.token, nonce) != proof) {
-          error = who + " failed the cluster token check: set the same TROUPE_CLUSTER_TOKEN on every worker";
-        } else if (rank <= 0 || static_cast<std::size_t>(rank) >= s.options.tasks.size()) {
-          error = who + " is not in the cluster (" + std::to_string(s.options.tasks.size()) + " workers)";
-        } else if (s.joined[static_cast<std::size_t>(rank)]) {
-          error = who + " joined twice: two processes have the same task index";
-        } else if (devices != s.options.devices) {
-          error = "workers have different device counts: " + who + " has " + std::to_string(devices) + ", " +
-                  s.options.tasks[0] + " has " + std::to_string(s.options.devices) +
-                  "; every worker needs the same number of local devices";
+        if (auto error = s.rules->join(join_request{version, rank, nonce, proof, devices, host, port})) {
+          finish(s);  // a bad join fails everyone who waits
+          return to_caf_error(*error);
         }
-        if (!error.empty()) {
-          s.failure = "rendezvous failed: " + error;
-          finish(s);
-          return as_result(join_reply{false, s.failure, {}});
-        }
-        s.members[static_cast<std::size_t>(rank)] = member{rank, who, host, port, devices, {}};
-        s.joined[static_cast<std::size_t>(rank)] = true;
         // Taking a promise takes over the answer: only now that this worker waits for the others.
-        auto rp = self->make_response_promise<bool, std::string, std::vector<std::string>>();
+        auto rp = self->make_response_promise<std::vector<member>>();
         s.waiting.push_back(rp);
-        if (s.missing().empty()) {
-          s.complete = true;
-          finish(s);
-        }
+        if (s.rules->complete()) finish(s);
         return rp;
       },
-      [=](await_atom) -> reply_result {
+      [=](await_atom) -> caf::result<std::vector<member>> {
         auto& s = self->state;
-        if (!s.failure.empty()) return as_result(join_reply{false, s.failure, {}});
-        if (s.complete) return as_result(table_reply(s));
-        auto rp = self->make_response_promise<bool, std::string, std::vector<std::string>>();
+        if (s.rules->failure()) return to_caf_error(*s.rules->failure());
+        if (s.rules->complete()) return s.rules->table();
+        auto rp = self->make_response_promise<std::vector<member>>();
         s.waiting.push_back(rp);
         return rp;
       },
       [=](expire_atom) {
-        auto& s = self->state;
-        if (s.complete || !s.failure.empty()) return;
-        s.failure = "rendezvous failed: still missing after " + std::to_string(s.options.timeout.count()) +
-                    " ms: " + s.missing() + " (started? reachable? same TF_CONFIG?)";
-        finish(s);
+        if (self->state.rules->expire()) finish(self->state);
       },
   };
 }
 
-std::vector<member> table_from(const join_reply& r) {
-  if (!std::get<0>(r)) throw std::runtime_error(std::get<1>(r));
-  std::vector<member> out;
-  for (const auto& e : std::get<2>(r)) out.push_back(decode(e));
-  return out;
+// A failed request's message: ours as the chief wrote it, CAF's rendered.
+std::string describe(caf::actor_system& system, const caf::error& e) {
+  if (e.category() == caf::atom("rendezvous") && e.context().match_elements<std::string>()) {
+    return e.context().get_as<std::string>(0);
+  }
+  return "rendezvous failed: " + system.render(e);
 }
 
 struct heartbeat_state {
@@ -289,6 +185,15 @@ cluster_watch::~cluster_watch() {
   }
 }
 
+void add_rendezvous_types(caf::actor_system_config& config) {
+  config.add_message_type<member>("troupe::actors::member");
+  config.add_message_type<std::vector<member>>("std::vector<troupe::actors::member>");
+  // Rendered as the message the chief wrote, which names the culprit and the fix.
+  config.add_error_category(caf::atom("rendezvous"), [](std::uint8_t, caf::atom_value, const caf::message& context) {
+    return context.match_elements<std::string>() ? context.get_as<std::string>(0) : std::string("rendezvous error");
+  });
+}
+
 std::string hmac_sha256_hex(const std::string& key, const std::string& message) {
   unsigned char out[EVP_MAX_MD_SIZE];
   size_t len = 0;
@@ -308,13 +213,48 @@ std::string hmac_sha256_hex(const std::string& key, const std::string& message) 
 
 namespace {
 
+bool knows_rendezvous_types(const caf::actor_system& system) {
+  return system.config().type_names_by_rtti.count(std::type_index(typeid(std::vector<member>))) != 0;
+}
+
+// The answer to a join or an await: the table, or the error as every worker shows it.
+struct answer {
+  std::vector<member> table;
+  std::string error = "rendezvous failed: no answer from the chief";
+  bool ok = false;
+};
+
+template <class... Ts>
+answer receive_table(caf::actor_system& system, caf::scoped_actor& self, const caf::actor& agent,
+                     std::chrono::milliseconds wait, Ts&&... request) {
+  answer a;
+  self->request(agent, wait, std::forward<Ts>(request)...)
+      .receive(
+          [&](std::vector<member>& table) {
+            a.table = std::move(table);
+            a.ok = true;
+          },
+          [&](caf::error& e) { a.error = describe(system, e); });
+  return a;
+}
+
+// Throws the answer's error, or returns its table once it passed check_peer_table.
+std::vector<member> table_from(const rendezvous_options& options, answer a) {
+  if (!a.ok) throw std::runtime_error(a.error);
+  if (auto bad = check_peer_table(options, a.table)) throw std::runtime_error(bad->message);
+  return std::move(a.table);
+}
+
 // The rendezvous; with `keep` set, the chief's agent stays published (and the worker keeps its
 // handle) for a cluster_watch.
 std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_options& options, caf::actor* keep) {
-  if (options.tasks.empty()) throw std::invalid_argument("rendezvous: no workers");
+  check_options(options);
+  if (!knows_rendezvous_types(system)) {
+    throw std::invalid_argument(
+        "rendezvous: this actor system was built without troupe's message types: call "
+        "troupe::Runtime::configure(config) on its config before constructing it");
+  }
   caf::scoped_actor self{system};
-  const auto margin = std::chrono::seconds(5);
-  join_reply reply{false, "rendezvous failed: no answer from the chief", {}};
   if (options.rank == 0) {
     auto agent = system.spawn(cluster_agent, options);
     auto published = system.middleman().publish(agent, options.chief_port, options.chief_host.c_str(), true);
@@ -323,21 +263,20 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
       throw std::runtime_error("rendezvous: the chief cannot listen on " + options.chief_host + ":" +
                                std::to_string(options.chief_port) + ": " + system.render(published.error()));
     }
-    self->request(agent, options.timeout + margin, await_atom::value)
-        .receive([&](bool ok, std::string& error, std::vector<std::string>& table) { reply = join_reply{ok, error, table}; },
-                 [&](caf::error& e) { reply = join_reply{false, "rendezvous failed: " + system.render(e), {}}; });
-    if (!std::get<0>(reply)) {
+    auto a = receive_table(system, self, agent, options.timeout + options.answer_margin,
+                           await_atom::value);
+    if (!a.ok) {
       // The chief is about to fail and its process may exit at once: give the middleman a moment
       // to deliver the same error to the workers that joined, so none waits for a lost answer.
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::this_thread::sleep_for(options.failure_linger);
     }
-    if (keep != nullptr && std::get<0>(reply)) {
+    if (keep != nullptr && a.ok) {
       *keep = agent;
     } else {
       self->send_exit(agent, caf::exit_reason::user_shutdown);
       system.middleman().unpublish(agent, *published);
     }
-    return table_from(reply);
+    return table_from(options, std::move(a));
   }
   const auto deadline = std::chrono::steady_clock::now() + options.timeout;
   caf::actor agent;
@@ -354,19 +293,17 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
                                options.chief_host + ":" + std::to_string(options.chief_port) + " within " +
                                std::to_string(options.timeout.count()) + " ms: " + last_error);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(options.connect_retry);
   }
   std::string nonce;
   self->request(agent, options.timeout, nonce_atom::value)
-      .receive([&](std::string& n) { nonce = n; },
-               [&](caf::error& e) { last_error = system.render(e); });
+      .receive([&](std::string& n) { nonce = n; }, [&](caf::error& e) { last_error = system.render(e); });
   if (nonce.empty()) throw std::runtime_error("rendezvous failed: the chief sent no nonce: " + last_error);
-  self->request(agent, options.timeout + margin, join_atom::value, options.version,
-                static_cast<std::int32_t>(options.rank), nonce, hmac_sha256_hex(options.token, nonce),
-                static_cast<std::int32_t>(options.devices), options.data_host, options.data_port)
-      .receive([&](bool ok, std::string& error, std::vector<std::string>& table) { reply = join_reply{ok, error, table}; },
-               [&](caf::error& e) { reply = join_reply{false, "rendezvous failed: " + system.render(e), {}}; });
-  auto table = table_from(reply);
+  auto a = receive_table(system, self, agent, options.timeout + options.answer_margin,
+                         join_atom::value, options.version, static_cast<std::int32_t>(options.rank), nonce,
+                         hmac_sha256_hex(options.token, nonce), static_cast<std::int32_t>(options.devices),
+                         options.data_host, options.data_port);
+  auto table = table_from(options, std::move(a));
   if (keep != nullptr) *keep = agent;
   return table;
 }

@@ -3,13 +3,14 @@
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "gpu_probe.hpp"
+#include "troupe/actors/rendezvous.hpp"
 
 namespace troupe {
 
 struct Runtime::Impl {
   explicit Impl(RuntimeOptions o) : options(resolve(o)) {
     config.set("scheduler.max-threads", static_cast<std::int64_t>(options.scheduler_threads));
-    config.load<caf::io::middleman>();  // multi-worker rendezvous goes through it
+    configure(config);
     owned = std::make_unique<caf::actor_system>(config);
     system = owned.get();
   }
@@ -33,6 +34,11 @@ Runtime::Runtime() : Runtime(RuntimeOptions{}) {}
 Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<Impl>(options)) {}
 Runtime::Runtime(caf::actor_system& system) : impl_(std::make_unique<Impl>(system)) {}
 Runtime::~Runtime() = default;
+
+void Runtime::configure(caf::actor_system_config& config) {
+  config.load<caf::io::middleman>();  // multi-worker rendezvous goes through it
+  actors::add_rendezvous_types(config);
+}
 
 caf::actor_system& Runtime::system() { return *impl_->system; }
 const RuntimeOptions& Runtime::options() const { return impl_->options; }

@@ -3,7 +3,7 @@
 #include <stdexcept>
 
 #include "distribute/worker_group.hpp"
-#include "context_state.hpp"
+#include "distribute/context_state.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
 

@@ -1,6 +1,15 @@
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +28,7 @@ namespace {
 struct node {
   node() {
     cfg.load<caf::io::middleman>();
+    add_rendezvous_types(cfg);
     system = std::make_unique<caf::actor_system>(cfg);
   }
   caf::actor_system_config cfg;
@@ -46,6 +56,152 @@ std::vector<std::string> run(std::vector<rendezvous_options> options) {
   return results;
 }
 
+// Runs the rendezvous like run(), worker i starting after delays[i], and returns the tables
+// (empty for a worker that failed; its error goes to `errors`).
+std::vector<std::vector<member>> run_tables(const std::vector<rendezvous_options>& options,
+                                            const std::vector<std::chrono::milliseconds>& delays,
+                                            std::vector<std::string>& errors) {
+  std::vector<std::vector<member>> tables(options.size());
+  errors.assign(options.size(), "");
+  std::vector<std::unique_ptr<node>> nodes;
+  for (std::size_t i = 0; i < options.size(); ++i) nodes.push_back(std::make_unique<node>());
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < options.size(); ++i) {
+    threads.emplace_back([&, i] {
+      std::this_thread::sleep_for(delays[i]);
+      try {
+        tables[i] = rendezvous(*nodes[i]->system, options[i]);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return tables;
+}
+
+// A loopback TCP relay that records every byte each way: what a worker talking to the chief
+// through it puts on the wire. It listens on port() and forwards each connection to `target`.
+class wire_tap {
+ public:
+  explicit wire_tap(std::uint16_t target) : target_(target) {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr = loopback(0);
+    REQUIRE(bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(listen(listener_, 8) == 0);
+    socklen_t len = sizeof addr;
+    getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { relay(); });
+  }
+  ~wire_tap() {
+    stop_ = true;
+    thread_.join();
+    close(listener_);
+  }
+  wire_tap(const wire_tap&) = delete;
+  wire_tap& operator=(const wire_tap&) = delete;
+
+  std::uint16_t port() const { return port_; }
+  /// Everything the connecting side sent, and everything it received.
+  std::string sent() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return sent_;
+  }
+  std::string received() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return received_;
+  }
+
+ private:
+  static sockaddr_in loopback(std::uint16_t port) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(port);
+    return addr;
+  }
+
+  // One thread polls the listener and every open pair: {client, server} sockets.
+  void relay() {
+    std::vector<std::pair<int, int>> pairs;
+    while (!stop_) {
+      std::vector<pollfd> fds{{listener_, POLLIN, 0}};
+      for (const auto& p : pairs) {
+        fds.push_back({p.first, POLLIN, 0});
+        fds.push_back({p.second, POLLIN, 0});
+      }
+      if (poll(fds.data(), fds.size(), 20) <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        const int client = accept(listener_, nullptr, nullptr);
+        const int server = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in addr = loopback(target_);
+        if (client >= 0 && connect(server, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+          pairs.emplace_back(client, server);
+        } else {
+          if (client >= 0) close(client);
+          close(server);
+        }
+        continue;  // fds no longer matches pairs
+      }
+      std::vector<std::pair<int, int>> open;
+      for (std::size_t i = 0; i < pairs.size(); ++i) {
+        const bool ok = pump(fds[1 + 2 * i], pairs[i].second, true) && pump(fds[2 + 2 * i], pairs[i].first, false);
+        if (ok) {
+          open.push_back(pairs[i]);
+        } else {
+          close(pairs[i].first);
+          close(pairs[i].second);
+        }
+      }
+      pairs = open;
+    }
+    for (const auto& p : pairs) {
+      close(p.first);
+      close(p.second);
+    }
+  }
+
+  // Moves what `from` has to `to`, recording it; false when the connection ended.
+  bool pump(const pollfd& from, int to, bool from_client) {
+    if ((from.revents & (POLLIN | POLLHUP | POLLERR)) == 0) return true;
+    char bytes[65536];
+    const ssize_t got = read(from.fd, bytes, sizeof bytes);
+    if (got <= 0) return false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      (from_client ? sent_ : received_).append(bytes, static_cast<std::size_t>(got));
+    }
+    for (ssize_t done = 0; done < got;) {
+      const ssize_t n = write(to, bytes + done, static_cast<std::size_t>(got - done));
+      if (n <= 0) return false;
+      done += n;
+    }
+    return true;
+  }
+
+  std::uint16_t target_;
+  std::uint16_t port_ = 0;
+  int listener_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mutex_;
+  std::string sent_, received_;
+};
+
+// Every run of exactly 32 lowercase hex digits in `bytes`: the candidates for a 16-byte nonce.
+std::vector<std::string> hex32_runs(const std::string& bytes) {
+  std::vector<std::string> out;
+  std::size_t i = 0;
+  while (i < bytes.size()) {
+    std::size_t j = i;
+    while (j < bytes.size() && (std::isdigit(static_cast<unsigned char>(bytes[j])) || (bytes[j] >= 'a' && bytes[j] <= 'f'))) ++j;
+    if (j - i == 32) out.push_back(bytes.substr(i, 32));
+    i = j + 1;
+  }
+  return out;
+}
+
 std::vector<rendezvous_options> cluster(int n) {
   const std::uint16_t port = free_port();
   std::vector<rendezvous_options> out;
@@ -67,8 +223,56 @@ std::vector<rendezvous_options> cluster(int n) {
 }  // namespace
 
 TEST_CASE("rendezvous gives every worker the peer table in rank order") {
-  auto results = run(cluster(3));
-  for (const auto& r : results) CHECK(r == "table of 3");
+  auto options = cluster(3);
+  options[1].devices = options[2].devices = options[0].devices = 2;
+  options[0].data_host = "chief.test";
+  options[1].data_host = "first-worker.test";
+  options[2].data_host = "second-worker.test";
+  // Task 2 joins well before task 1: the table still lists them by rank.
+  std::vector<std::string> errors;
+  auto tables = run_tables(options, {0ms, 600ms, 0ms}, errors);
+  for (std::size_t w = 0; w < tables.size(); ++w) {
+    CAPTURE(w);
+    CHECK(errors[w] == "");
+    REQUIRE(tables[w].size() == 3);
+    for (int r = 0; r < 3; ++r) {
+      CAPTURE(r);
+      const member& m = tables[w][static_cast<std::size_t>(r)];
+      CHECK(m.rank == r);
+      CHECK(m.task == "/job:worker/replica:0/task:" + std::to_string(r));
+      CHECK(m.data_host == options[static_cast<std::size_t>(r)].data_host);
+      CHECK(m.data_port == 40000 + r);
+      CHECK(m.devices == 2);
+      CHECK(m.collective_id.empty());
+    }
+  }
+}
+
+TEST_CASE("the cluster token never travels: a joining worker sends the HMAC proof of the chief's nonce, not the token") {
+  auto options = cluster(2);
+  const std::string token = "troupe-test-token-7f3a9c1e";
+  for (auto& o : options) o.token = token;
+  options[1].data_host = "worker-data-plane.test";
+  wire_tap tap(options[0].chief_port);
+  options[1].chief_port = tap.port();  // the worker reaches the chief through the tap
+  std::vector<std::string> errors;
+  auto tables = run_tables(options, {0ms, 0ms}, errors);
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  REQUIRE(tables[1].size() == 2);
+  const std::string sent = tap.sent();
+  const std::string received = tap.received();
+  // The tap saw the join in clear: the worker's data-plane host, and the proof for the nonce the
+  // chief handed it.
+  CHECK(sent.find("worker-data-plane.test") != std::string::npos);
+  bool proof_seen = false;
+  for (const std::string& nonce : hex32_runs(received)) {
+    proof_seen = proof_seen || sent.find(hmac_sha256_hex(token, nonce)) != std::string::npos;
+  }
+  CHECK(proof_seen);
+  // The token itself crossed the wire in neither direction.
+  CHECK(sent.find(token) == std::string::npos);
+  CHECK(received.find(token) == std::string::npos);
 }
 
 TEST_CASE("every worker receives the chief's collective id (the ncclUniqueId) with the peer table") {
@@ -107,7 +311,7 @@ TEST_CASE("a worker that speaks another protocol version fails every worker, nam
   for (const auto& r : results) CHECK(r.find(expected) != std::string::npos);
 }
 
-TEST_CASE("a worker without the cluster token fails every worker, and the token never travels") {
+TEST_CASE("a worker without the cluster token fails every worker, named; the proof is HMAC-SHA256 (RFC 4231)") {
   auto options = cluster(2);
   options[1].token = "guess";
   auto results = run(options);

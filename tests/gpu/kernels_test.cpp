@@ -4,7 +4,8 @@
 // differ in the last bit, and its row sum is a tree on the GPU.
 //
 // Prints "FAIL <what>" per failed check and "N passed, M failed" at the end; exits 0 when nothing
-// failed, 1 otherwise, and 77 (skipped) where there is no GPU.
+// failed, 1 otherwise, and 77 (skipped) where there is no GPU (gpu_check.hpp: a CUDA error on a
+// machine with a GPU is a failure).
 
 #include <cuda_runtime_api.h>
 
@@ -21,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gpu_check.hpp"
 #include "kernels.hpp"
 #include "nccl_group.hpp"
 #include "troupe/kernels/reduce_kernels.hpp"
@@ -834,12 +836,8 @@ void test_float_type(suite& t) {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no GPU (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA devices");
-    return 77;
-  }
+  const auto gpus = troupe::testing::check_gpus("CUDA kernel tests");
+  if (!gpus.run()) return gpus.exit_code;
   std::unique_ptr<suite> t;
   int aborted = 0;
   try {

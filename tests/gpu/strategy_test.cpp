@@ -1,7 +1,8 @@
 // The Strategy API on GPU replicas: GPU tensors and their kernels against the CPU's results, the
 // seed examples on GPU:0..N-1, NCCL all-reduce/all-gather for every dtype, the cross-device ops,
 // the optimizers' kernels, checkpoints of GPU variables, and the failure paths. Exits 77 (skipped,
-// with the reason) where there is no GPU.
+// with the reason) where there is no GPU; a CUDA error on a machine with one fails, and an
+// inherited TROUPE_FORCE_CPU is cleared first (gpu_check.hpp).
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -14,6 +15,7 @@
 #include "../common/free_port.hpp"
 #include "../common/temp_dir.hpp"
 #include "../runtime/test_util.hpp"
+#include "gpu_check.hpp"
 
 using namespace troupe;
 using namespace troupe::distribute;
@@ -490,12 +492,22 @@ TEST_CASE("MultiWorkerMirroredStrategy with NCCL: the chief's id joins a communi
 }
 
 int main(int argc, char** argv) {
-  const int n = Runtime::gpu_count();
-  if (n == 0) {
-    std::printf("SKIPPED: no GPU (the CUDA runtime reports none); the GPU strategy tests need one\n");
-    return 77;
+  const auto check = troupe::testing::check_gpus("GPU strategy tests");
+  if (!check.run()) return check.exit_code;
+  // The runtime's own count drives every test's replica count: it must be CUDA's.
+  if (Runtime::gpu_count() != check.devices) {
+    std::printf("FAIL GPU strategy tests: Runtime::gpu_count() is %d, the CUDA runtime reports %d\n",
+                Runtime::gpu_count(), check.devices);
+    return 1;
   }
-  std::printf("%d GPU(s)\n", n);
   doctest::Context context(argc, argv);
-  return context.run();
+  const int rc = context.run();
+  troupe::testing::report_unexercised(
+      check.devices, "GPU strategy tests",
+      {{2, "copies from one GPU to another"},
+       {2, "NCCL all-reduce and all-gather across GPU replicas (one replica's all_reduce returns its input)"},
+       {2, "a failing replica while the others wait inside NCCL for it"},
+       {2, "the error naming two replicas that reduce different shapes"},
+       {3, "float sums in NCCL's order, compared with the CPU's to a tolerance"}});
+  return rc;
 }

@@ -138,18 +138,31 @@ TEST_CASE("all_gather concatenates in replica order, with uneven sizes along the
       const int r = ctx->replica_id_in_sync_group();
       // Replica r holds r rows of [r, r]: replica 0 contributes nothing.
       Tensor rows = Tensor::full({r, 2}, r, DType::i64);
+      // Along the last axis: replica r holds [1, 2, r + 1] with element [0, j, k] = 100 r + 10 j + k.
+      std::vector<float> block;
+      for (int j = 0; j < 2; ++j) {
+        for (int k = 0; k <= r; ++k) block.push_back(static_cast<float>(100 * r + 10 * j + k));
+      }
       return std::make_pair(ctx->all_gather(rows, 0),
-                            ctx->all_gather(Tensor::range(6, DType::f32).reshape({1, 2, 3}), 2));
+                            ctx->all_gather(Tensor::from_vector(block, {1, 2, r + 1}), 2));
     });
     std::vector<std::int64_t> expected;
     for (int r = 0; r < replicas; ++r) {
       for (int k = 0; k < 2 * r; ++k) expected.push_back(r);
     }
+    // Row j of the gathered [1, 2, sum of (r + 1)] is replica 0's row j, then replica 1's, ...
+    const int width = replicas * (replicas + 1) / 2;
+    std::vector<float> expected_last;
+    for (int j = 0; j < 2; ++j) {
+      for (int q = 0; q < replicas; ++q) {
+        for (int k = 0; k <= q; ++k) expected_last.push_back(static_cast<float>(100 * q + 10 * j + k));
+      }
+    }
     for (int r = 0; r < replicas; ++r) {
       CHECK(out[r].first.to_vector<std::int64_t>() == expected);
       CHECK(out[r].first.shape() == Shape{replicas * (replicas - 1) / 2, 2});
-      CHECK(out[r].second.shape() == Shape{1, 2, 3 * replicas});
-      CHECK(out[r].second.data<float>()[3 * replicas] == 3.0f);
+      CHECK(out[r].second.shape() == Shape{1, 2, width});
+      CHECK(out[r].second.to_vector<float>() == expected_last);
     }
   }
 }

@@ -552,3 +552,205 @@ TEST_CASE("make_blobs is deterministic, balanced and shaped as asked") {
   CHECK(std::count(labels.begin(), labels.end(), 3) == 25);
   CHECK(contains(message_of([] { nn::make_blobs({10, 0, 2, 1, 1.0f, 1.0f, 1}); }), "make_blobs: samples 10, features 0"));
 }
+
+namespace {
+
+// The product op(a) · op(b) by the textbook loop, in double, from row-major values.
+std::vector<double> host_matmul(const std::vector<double>& a, std::int64_t a_rows, std::int64_t a_cols, bool ta,
+                                const std::vector<double>& b, std::int64_t b_rows, std::int64_t b_cols, bool tb) {
+  const std::int64_t m = ta ? a_cols : a_rows, k = ta ? a_rows : a_cols, n = tb ? b_rows : b_cols;
+  auto at = [&](std::int64_t i, std::int64_t p) { return ta ? a[p * a_cols + i] : a[i * a_cols + p]; };
+  auto bt = [&](std::int64_t p, std::int64_t j) { return tb ? b[j * b_cols + p] : b[p * b_cols + j]; };
+  std::vector<double> out(static_cast<std::size_t>(m * n), 0.0);
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      for (std::int64_t p = 0; p < k; ++p) out[i * n + j] += at(i, p) * bt(p, j);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("matmul transposes a, b or both as asked, against the hand-computed product") {
+  // a [2, 3] and its transpose [3, 2]; b [3, 4] and its transpose [4, 3]. Small integers: every
+  // product and sum is exact in float32 and float64.
+  const std::vector<double> a{1, 2, 3, -4, 5, 6};
+  const std::vector<double> a_t{1, -4, 2, 5, 3, 6};
+  const std::vector<double> b{7, -8, 9, 10, 11, 12, -13, 14, 15, 16, 17, -18};
+  const std::vector<double> b_t{7, 11, 15, -8, 12, 16, 9, -13, 17, 10, 14, -18};
+  // Row 0 of a · b by hand: 1*7 + 2*11 + 3*15 = 74, 1*-8 + 2*12 + 3*16 = 64, ...
+  const std::vector<double> product = host_matmul(a, 2, 3, false, b, 3, 4, false);
+  CHECK(product == std::vector<double>{74, 64, 34, -16, 117, 188, 1, -78});
+  for (DType dtype : {DType::f32, DType::f64}) {
+    CAPTURE(dtype_name(dtype));
+    auto t = [&](const std::vector<double>& v, Shape s) { return Tensor::from_vector(v, s).cast(dtype); };
+    struct form {
+      Tensor lhs, rhs;
+      bool ta, tb;
+    };
+    const form forms[] = {{t(a, {2, 3}), t(b, {3, 4}), false, false},
+                          {t(a_t, {3, 2}), t(b, {3, 4}), true, false},
+                          {t(a, {2, 3}), t(b_t, {4, 3}), false, true},
+                          {t(a_t, {3, 2}), t(b_t, {4, 3}), true, true}};
+    for (const form& f : forms) {
+      CAPTURE(f.ta);
+      CAPTURE(f.tb);
+      const Tensor out = nn::matmul(f.lhs, f.rhs, f.ta, f.tb);
+      CHECK(out.dtype() == dtype);
+      CHECK(out.shape() == Shape{2, 4});
+      CHECK(out.cast(DType::f64).to_vector<double>() == product);
+      // The same operands through the host loop with the same flags: the flags are honoured.
+      CHECK(host_matmul(f.lhs.cast(DType::f64).to_vector<double>(), f.lhs.shape()[0], f.lhs.shape()[1], f.ta,
+                        f.rhs.cast(DType::f64).to_vector<double>(), f.rhs.shape()[0], f.rhs.shape()[1], f.tb) ==
+            product);
+    }
+    // A transposed operand whose inner dimension does not match is refused.
+    CHECK_THROWS_AS(nn::matmul(t(a, {2, 3}), t(b, {3, 4}), true, false), std::invalid_argument);
+  }
+}
+
+TEST_CASE("argmax gives each row's first largest column as int64") {
+  const Tensor x = Tensor::from_vector<float>({0.5f, -1.0f, 3.0f, 2.0f,    // 2
+                                               -7.0f, -2.0f, -3.0f, -9.0f, // 1: all negative
+                                               4.0f, 1.0f, 4.0f, 0.0f,     // 0: a tie keeps the first
+                                               1.0f, 1.0f, 1.0f, 1.0f,     // 0
+                                               -1.0f, 0.0f, 2.5f, 2.75f},  // 3: the last column
+                                              {5, 4});
+  for (DType dtype : {DType::f32, DType::f64}) {
+    CAPTURE(dtype_name(dtype));
+    const Tensor idx = nn::argmax(x.cast(dtype));
+    CHECK(idx.dtype() == DType::i64);
+    CHECK(idx.shape() == Shape{5});
+    CHECK(idx.to_vector<std::int64_t>() == std::vector<std::int64_t>{2, 1, 0, 0, 3});
+  }
+  CHECK(nn::argmax(Tensor::zeros({0, 3})).shape() == Shape{0});
+  CHECK_THROWS_AS(nn::argmax(Tensor::zeros({2, 0})), std::invalid_argument);
+  CHECK_THROWS_AS(nn::argmax(Tensor::zeros({4})), std::invalid_argument);
+}
+
+TEST_CASE("set_learning_rate: the next update uses the new rate, with and without momentum") {
+  // Plain SGD: w -= lr * g, with lr 0.1 then 0.25. Each step rounds the product, then the
+  // difference, to float (volatile keeps the host from fusing them).
+  Variable w(Tensor::from_vector<float>({1.0f, -2.0f}), "w");
+  nn::SGD sgd(0.1f);
+  const std::vector<float> g{0.5f, -1.5f};
+  std::vector<float> expected{1.0f, -2.0f};
+  auto step = [&](float lr) {
+    for (std::size_t i = 0; i < 2; ++i) {
+      volatile float delta = lr * g[i];
+      expected[i] = expected[i] - delta;
+    }
+  };
+  sgd.apply_gradients({{Tensor::from_vector<float>(g), w}});
+  step(0.1f);
+  CHECK(w.value().to_vector<float>() == expected);
+  sgd.set_learning_rate(0.25f);
+  CHECK(sgd.learning_rate() == 0.25f);
+  sgd.apply_gradients({{Tensor::from_vector<float>(g), w}});
+  step(0.25f);
+  CHECK(w.value().to_vector<float>() == expected);
+  // By hand: 1 - 0.05 - 0.125 = 0.825 and -2 + 0.15 + 0.375 = -1.475.
+  CHECK(w.value().to_vector<float>()[0] == doctest::Approx(0.825).epsilon(1e-7));
+  CHECK(w.value().to_vector<float>()[1] == doctest::Approx(-1.475).epsilon(1e-7));
+
+  // Momentum 0.9: v1 = -0.1 * 0.5 = -0.05, u1 = 0.95; at rate 0.5, v2 = 0.9 * -0.05 - 0.5 * 0.5 =
+  // -0.295, u2 = 0.655.
+  Variable u(Tensor::scalar<float>(1.0f), "u");
+  nn::SGD momentum(0.1f, 0.9f);
+  momentum.apply_gradients({{Tensor::scalar<float>(0.5f), u}});
+  CHECK(u.value().item<float>() == doctest::Approx(0.95).epsilon(1e-7));
+  momentum.set_learning_rate(0.5f);
+  momentum.apply_gradients({{Tensor::scalar<float>(0.5f), u}});
+  CHECK(u.value().item<float>() == doctest::Approx(0.655).epsilon(1e-6));
+  CHECK(momentum.variables().at("sgd/momentum/u").value().item<float>() == doctest::Approx(-0.295).epsilon(1e-6));
+
+  // A rate that is not positive is refused and leaves the rate as it was.
+  CHECK_THROWS_AS(sgd.set_learning_rate(0.0f), std::invalid_argument);
+  CHECK_THROWS_AS(sgd.set_learning_rate(-1.0f), std::invalid_argument);
+  CHECK(sgd.learning_rate() == 0.25f);
+}
+
+TEST_CASE("evaluate over a dataset weighs each batch by its rows: loss and accuracy against a hand computation") {
+  // One linear layer with set weights: logits = x · K + b, 2 features, 3 classes.
+  nn::Dense layer(2, 3, nn::Activation::none, 1);
+  Variable kernel = layer.kernel();
+  Variable bias = layer.bias();
+  const std::vector<float> k{1.0f, -1.0f, 0.5f, 2.0f, 0.0f, -1.0f};
+  const std::vector<float> b{0.1f, 0.0f, -0.2f};
+  kernel.assign(Tensor::from_vector<float>(k, {2, 3}));
+  bias.assign(Tensor::from_vector<float>(b));
+  nn::Model model(nn::Sequential({layer}));
+  model.compile(std::make_shared<nn::SGD>(0.1f), nn::Loss::sparse_categorical_crossentropy());
+  const std::vector<float> x{1.0f, 0.0f, 0.0f, 1.0f, -1.0f, 1.0f, 2.0f, -1.0f, 0.5f, 0.5f};
+  const std::vector<std::int64_t> y{0, 1, 2, 2, 0};
+  // The same loss and accuracy per example in double: log-sum-exp minus the label's logit.
+  double loss_sum = 0;
+  int hits = 0;
+  for (int row = 0; row < 5; ++row) {
+    double logits[3];
+    for (int c = 0; c < 3; ++c) {
+      logits[c] = static_cast<double>(b[static_cast<std::size_t>(c)]);
+      for (int f = 0; f < 2; ++f) {
+        logits[c] += static_cast<double>(x[static_cast<std::size_t>(row * 2 + f)]) *
+                     static_cast<double>(k[static_cast<std::size_t>(f * 3 + c)]);
+      }
+    }
+    const double top = std::max({logits[0], logits[1], logits[2]});
+    const double lse = top + std::log(std::exp(logits[0] - top) + std::exp(logits[1] - top) + std::exp(logits[2] - top));
+    loss_sum += lse - logits[y[static_cast<std::size_t>(row)]];
+    const int best = static_cast<int>(std::max_element(logits, logits + 3) - logits);
+    if (best == y[static_cast<std::size_t>(row)]) ++hits;
+  }
+  // Rows 0, 3 and 4 are predicted right (classes 0, 2, 0), rows 1 and 2 not (both predict 0).
+  REQUIRE(hits == 3);
+  // Batches of 2, 2 and 1: the mean of the batch means would differ from the mean over examples.
+  const auto ds = data::Dataset::from_tensor_slices({Tensor::from_vector(x, {5, 2}), Tensor::from_vector(y)}).batch(2);
+  const nn::EvaluateResult r = model.evaluate(ds);
+  CHECK(r.samples == 5);
+  CHECK(r.loss == doctest::Approx(loss_sum / 5).epsilon(1e-6));
+  CHECK(r.accuracy == doctest::Approx(0.6).epsilon(1e-12));
+  // The whole set as one batch gives the same.
+  const nn::EvaluateResult whole = model.evaluate(Tensor::from_vector(x, {5, 2}), Tensor::from_vector(y));
+  CHECK(whole.loss == doctest::Approx(r.loss).epsilon(1e-6));
+  CHECK(whole.accuracy == r.accuracy);
+  // An empty dataset measures nothing; an uncompiled model is refused.
+  const nn::EvaluateResult none = model.evaluate(ds.take(0));
+  CHECK(none.samples == 0);
+  CHECK(none.loss == 0);
+  CHECK(contains(message_of([&] { nn::Model(mlp(2, 4, 3, 1)).evaluate(ds); }), "compile the model first"));
+}
+
+TEST_CASE("Sequential::add chains layers, names them, and refuses a width or name that does not fit") {
+  nn::Sequential s;
+  CHECK(s.layers().empty());
+  nn::Dense first(2, 3, nn::Activation::relu, 4);
+  nn::Dense second(3, 1, nn::Activation::none, 5);
+  s.add(first);
+  s.add(second);
+  REQUIRE(s.layers().size() == 2);
+  CHECK(s.layer_names() == std::vector<std::string>{"dense_0", "dense_1"});
+  CHECK(s.trainable_variables().size() == 4);
+  CHECK(s.variables().count("dense_1/kernel") == 1);
+  // Set weights; the forward pass is relu(x · K1 + b1) · K2 + b2, by hand for x = [1, 2] and [-1, 1]:
+  // x · K1 + b1 = [1-4+0.5, 2+2-0.5, 0+6+0] = [-2.5, 3.5, 6] -> relu [0, 3.5, 6] -> 0 + 7 - 6 + 1 = 2;
+  // and [-1-2+0.5, -2+1-0.5, 0+3+0] = [-2.5, -1.5, 3] -> [0, 0, 3] -> -3 + 1 = -2.
+  Variable(first.kernel()).assign(Tensor::from_vector<float>({1, 2, 0, -2, 1, 3}, {2, 3}));
+  Variable(first.bias()).assign(Tensor::from_vector<float>({0.5f, -0.5f, 0}));
+  Variable(second.kernel()).assign(Tensor::from_vector<float>({3, 2, -1}, {3, 1}));
+  Variable(second.bias()).assign(Tensor::from_vector<float>({1}));
+  const Tensor out = s.forward(Tensor::from_vector<float>({1, 2, -1, 1}, {2, 2}));
+  CHECK(out.shape() == Shape{2, 1});
+  CHECK(out.to_vector<float>() == std::vector<float>{2.0f, -2.0f});
+  // The same as a Sequential built from the list.
+  CHECK(nn::Sequential({first, second}).forward(Tensor::from_vector<float>({1, 2, -1, 1}, {2, 2})).equals(out));
+  // A layer whose inputs do not match the last layer's outputs, or a name used twice.
+  CHECK(message_of([&] { s.add(nn::Dense(4, 2)); }) ==
+        "Sequential::add: layer 2 takes inputs of width 4, the previous layer ('dense_1') outputs 1");
+  nn::Sequential named;
+  named.add(nn::Dense(2, 2, nn::Activation::none, 0, "hidden"));
+  CHECK(contains(message_of([&] { named.add(nn::Dense(2, 2, nn::Activation::none, 0, "hidden")); }),
+                 "a layer named 'hidden' is already in the model"));
+  CHECK(s.layers().size() == 2);
+  CHECK(named.layers().size() == 1);
+}

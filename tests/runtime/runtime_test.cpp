@@ -3,6 +3,8 @@
 #include <cstdlib>
 
 #include "caf/all.hpp"
+#include "caf/io/all.hpp"
+#include "../common/free_port.hpp"
 #include "test_util.hpp"
 
 using namespace troupe;
@@ -42,9 +44,62 @@ TEST_CASE("a runtime embeds into an application's own actor system") {
   }
 }
 
-TEST_CASE("TROUPE_FORCE_CPU hides GPUs") {
-  setenv("TROUPE_FORCE_CPU", "1", 1);
-  CHECK(Runtime::gpu_count() == 0);
-  unsetenv("TROUPE_FORCE_CPU");
-  CHECK(Runtime::gpu_count() >= 0);
+TEST_CASE("a runtime embedded in a system prepared by Runtime::configure runs a multi-worker strategy") {
+  caf::actor_system_config cfg;
+  Runtime::configure(cfg);
+  caf::actor_system system{cfg};
+  {
+    Runtime rt(system);
+    const std::string address = "127.0.0.1:" + std::to_string(troupe::testing::free_port());
+    auto resolver = std::make_shared<SimpleClusterResolver>(ClusterSpec(ClusterSpec::JobMap{{"worker", {address}}}),
+                                                            "worker", 0);
+    MultiWorkerMirroredStrategy s(rt, {}, resolver);
+    CHECK(s.num_replicas_in_sync() == 1);
+    auto r = s.run([] { return get_replica_context()->all_reduce(ReduceOp::sum, Tensor::scalar<int>(5)); });
+    CHECK(s.reduce(ReduceOp::sum, r, std::nullopt).item<int>() == 5);
+  }
+}
+
+TEST_CASE("a multi-worker strategy in an actor system that was not prepared says what to call") {
+  caf::actor_system_config cfg;
+  cfg.load<caf::io::middleman>();
+  caf::actor_system system{cfg};
+  Runtime rt(system);
+  const std::string address = "127.0.0.1:" + std::to_string(troupe::testing::free_port());
+  auto resolver = std::make_shared<SimpleClusterResolver>(ClusterSpec(ClusterSpec::JobMap{{"worker", {address}}}),
+                                                          "worker", 0);
+  const std::string error = troupe::testing::message_of([&] { MultiWorkerMirroredStrategy s(rt, {}, resolver); });
+  CHECK(troupe::testing::contains(error, "call troupe::Runtime::configure(config) on its config before constructing it"));
+}
+
+namespace {
+
+std::vector<std::string> default_devices(Runtime& rt) {
+  MirroredStrategy s(rt);
+  std::vector<std::string> out;
+  for (const Device& d : s.extended().worker_devices()) out.push_back(d.to_string());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("gpu_count is the machine's GPUs, none under TROUPE_FORCE_CPU=1, and the default devices follow it") {
+  Runtime rt;
+  {
+    troupe::testing::scoped_env force("TROUPE_FORCE_CPU", "1");
+    CHECK(Runtime::gpu_count() == 0);
+    CHECK(default_devices(rt) == std::vector<std::string>{"CPU:0"});
+  }
+  troupe::testing::scoped_env unforced("TROUPE_FORCE_CPU", std::nullopt);
+  const int n = Runtime::gpu_count();
+  const auto expected = troupe::testing::expected_gpu_count();
+  if (expected) {
+    CHECK(n == *expected);
+  } else {
+    MESSAGE("gpu_count() = " << n << " not compared: CUDA_VISIBLE_DEVICES narrows the /dev/nvidia* GPUs");
+  }
+  std::vector<std::string> want;
+  for (int g = 0; g < n; ++g) want.push_back("GPU:" + std::to_string(g));
+  if (n == 0) want.push_back("CPU:0");
+  CHECK(default_devices(rt) == want);
 }

@@ -49,7 +49,8 @@ TEST_CASE("run passes PerReplica components and plain arguments, and supports vo
   CHECK(calls == 3);
 }
 
-TEST_CASE("the default device list is CPU:0 on a machine without GPU replicas") {
+TEST_CASE("the default device list is CPU:0 on a machine without GPUs") {
+  troupe::testing::scoped_env no_gpus("TROUPE_FORCE_CPU", "1");  // hides any GPU this machine has
   Runtime rt;
   MirroredStrategy s(rt);
   CHECK(s.num_replicas_in_sync() == 1);
@@ -162,14 +163,43 @@ TEST_CASE("cross-device ops agree and NCCL is refused on CPU replicas") {
   CHECK_THROWS_AS(HierarchicalCopyAllReduce(0), std::invalid_argument);
 }
 
+TEST_CASE("broadcast gives one copy of the value per destination device, with every op") {
+  const Tensor value = Tensor::from_vector<std::int64_t>({3, -1, 4, 1, -5, 9}, {2, 3});
+  const std::vector<Device> destinations{Device(Device::Type::cpu, 0), Device(Device::Type::cpu, 2),
+                                         Device(Device::Type::cpu, 1)};
+  std::vector<std::shared_ptr<CrossDeviceOps>> ops{std::make_shared<ReductionToOneDevice>(),
+                                                   std::make_shared<HierarchicalCopyAllReduce>()};
+  for (const auto& op : ops) {
+    CAPTURE(op->name());
+    const std::vector<Tensor> copies = op->broadcast(value, destinations);
+    REQUIRE(copies.size() == 3);
+    const char* names[] = {"CPU:0", "CPU:2", "CPU:1"};
+    for (std::size_t i = 0; i < copies.size(); ++i) {
+      CAPTURE(i);
+      CHECK(copies[i].device().to_string() == names[i]);
+      CHECK(copies[i].dtype() == DType::i64);
+      CHECK(copies[i].shape() == Shape{2, 3});
+      CHECK(copies[i].to_vector<std::int64_t>() == std::vector<std::int64_t>{3, -1, 4, 1, -5, 9});
+    }
+    CHECK(op->broadcast(value, {}).empty());
+  }
+}
+
 TEST_CASE("asking for a GPU without one, or a device twice, is a clear error") {
   Runtime rt;
-  if (Runtime::gpu_count() == 0) {
+  {
+    troupe::testing::scoped_env no_gpus("TROUPE_FORCE_CPU", "1");  // hides any GPU this machine has
     std::string msg = message_of([&] { MirroredStrategy(rt, {"GPU:0"}); });
     CHECK(contains(msg, "GPU:0"));
     CHECK(contains(msg, "no GPU"));
     CHECK_THROWS_AS(MirroredStrategy(rt, {"CPU:0", "GPU:0"}), std::invalid_argument);
   }
+  // One past the machine's GPUs, whatever their number.
+  const int n = Runtime::gpu_count();
+  const std::string past = "GPU:" + std::to_string(n);
+  std::string missing = message_of([&] { MirroredStrategy(rt, {past}); });
+  CHECK(contains(missing, past));
+  CHECK(contains(missing, n == 0 ? std::string("no GPU") : "only " + std::to_string(n) + " GPU(s) exist"));
   std::string dup = message_of([&] { MirroredStrategy(rt, {"CPU:0", "CPU:1", "/cpu:1"}); });
   CHECK(contains(dup, "CPU:1 is listed twice"));
   CHECK(contains(message_of([&] { MirroredStrategy(rt, {"XPU:0"}); }), "MirroredStrategy"));
@@ -196,7 +226,8 @@ TEST_CASE("many steps in a row keep working") {
   }
 }
 
-TEST_CASE("MultiWorkerMirroredStrategy refuses NCCL with a message that says why, before any rendezvous") {
+TEST_CASE("MultiWorkerMirroredStrategy refuses NCCL without GPUs, saying why, before any rendezvous") {
+  troupe::testing::scoped_env no_gpus("TROUPE_FORCE_CPU", "1");  // hides any GPU this machine has
   Runtime rt;
   auto resolver = std::make_shared<SimpleClusterResolver>(ClusterSpec(ClusterSpec::JobMap{{"worker", {"127.0.0.1:1"}}}), "worker", 0);
   CommunicationOptions nccl;
@@ -204,10 +235,6 @@ TEST_CASE("MultiWorkerMirroredStrategy refuses NCCL with a message that says why
   const auto start = std::chrono::steady_clock::now();
   std::string msg = message_of([&] { MultiWorkerMirroredStrategy(rt, nccl, resolver); });
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
-  if (Runtime::gpu_count() == 0) {
-    CHECK(contains(msg, "CommunicationImplementation::NCCL needs GPUs and this machine has none"));
-  } else {
-    CHECK(contains(msg, "NCCL across workers is not available yet"));
-  }
+  CHECK(contains(msg, "CommunicationImplementation::NCCL needs GPUs and this machine has none"));
   CHECK(contains(msg, "use AUTO or RING"));
 }

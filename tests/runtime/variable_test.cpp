@@ -152,8 +152,56 @@ TEST_CASE("mirrored variables stay bit-identical over 100 steps of replica-conte
     }
     auto parts = s.experimental_local_results(w);
     for (const Tensor& p : parts) CHECK(p.equals(parts[0]));
-    CHECK(parts[0].to_vector<float>()[0] < 0.5f);
+    // The same recurrence on the host, in float: each replica's delta c_r * w rounded to float,
+    // summed in replica order, divided by the replica count (the documented order of a replica
+    // all_reduce), then subtracted. Every element starts equal, so one scalar stands for all.
+    float expected = 0.5f;
+    double real = 0.5;  // the recurrence without rounding: w * (1 - mean c_r) each step
+    double mean_c = 0;
+    for (int r = 0; r < replicas; ++r) mean_c += static_cast<double>(static_cast<float>(0.1 * (r + 1) / 3.0));
+    mean_c /= replicas;
+    for (int step = 0; step < 100; ++step) {
+      volatile float sum = 0.0f;  // volatile: no fused multiply-add, each operation rounds as the library's
+      for (int r = 0; r < replicas; ++r) {
+        volatile float delta = static_cast<float>(0.1 * (r + 1) / 3.0) * expected;
+        sum = sum + delta;
+      }
+      volatile float mean = sum / static_cast<float>(replicas);
+      expected = expected - mean;
+      real *= 1.0 - mean_c;
+    }
+    for (float v : parts[0].to_vector<float>()) REQUIRE(v == expected);
+    // The float result stays within 100 steps' rounding (a few float ulps each) of the real one.
+    CHECK(static_cast<double>(expected) == doctest::Approx(real).epsilon(1e-5));
   }
+}
+
+TEST_CASE("read_value is the value in each context, and a snapshot that later writes leave alone") {
+  Variable plain(Tensor::from_vector<int>({1, 2}), "plain");
+  const Tensor before = plain.read_value();
+  CHECK(before.to_vector<int>() == std::vector<int>{1, 2});
+  plain.assign(Tensor::from_vector<int>({5, 6}));
+  plain.assign_add(Tensor::from_vector<int>({10, 20}));
+  CHECK(before.to_vector<int>() == std::vector<int>{1, 2});
+  CHECK(plain.read_value().to_vector<int>() == std::vector<int>{15, 26});
+
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(3));
+  auto scope = s.scope();
+  Variable mirrored(Tensor::scalar<float>(2.0f), "mirrored");
+  Variable per_replica(Tensor::scalar<float>(0.0f), "per_replica", VariableSynchronization::on_read,
+                       VariableAggregation::sum);
+  auto inside = s.run([&] {
+    const int id = get_replica_context()->replica_id_in_sync_group();
+    per_replica.assign(Tensor::scalar<float>(static_cast<float>(10 * (id + 1))));
+    // Inside run: this replica's own component, on its own device.
+    const Tensor mine = per_replica.read_value();
+    return mine.device().to_string() + " " + mine.to_string() + " " + mirrored.read_value().device().to_string();
+  });
+  CHECK(inside.values() == std::vector<std::string>{"CPU:0 10.0 CPU:0", "CPU:1 20.0 CPU:1", "CPU:2 30.0 CPU:2"});
+  // Across replicas: the on_read variable's sum, and the mirrored one's single value.
+  CHECK(per_replica.read_value().item<float>() == 60.0f);
+  CHECK(mirrored.read_value().item<float>() == 2.0f);
 }
 
 TEST_CASE("variables are created in a scope, not inside a replica function") {

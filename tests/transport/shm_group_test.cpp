@@ -44,6 +44,48 @@ buffer make_buffer(const std::vector<float>& in, std::vector<float>& out) {
 
 void all_reduce_one(shm_group& group, int rank, const buffer& b) { group.all_reduce(rank, &b, 1, reduce_kind::sum); }
 
+// Rank r's element i in input set `set`: distinct per rank, per element (over a period of 4096)
+// and per set, and small integers, so any sum of up to 8 of them is exact in float in any order.
+float element(int set, int rank, std::size_t i) {
+  return static_cast<float>(static_cast<int>((i * 31 + static_cast<std::size_t>(set) * 17) % 4096) * 16 + rank + 1);
+}
+
+// Every rank's input for `set`, and their sum computed apart from the library, in integers.
+struct inputs {
+  std::vector<std::vector<float>> per_rank;
+  std::vector<float> sum;
+};
+
+inputs make_inputs(int set, int n, std::size_t count) {
+  inputs in;
+  in.per_rank.resize(static_cast<std::size_t>(n));
+  in.sum.resize(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    std::int64_t total = 0;
+    for (int r = 0; r < n; ++r) {
+      const float v = element(set, r, i);
+      in.per_rank[static_cast<std::size_t>(r)].push_back(v);
+      total += static_cast<std::int64_t>(v);
+    }
+    in.sum[i] = static_cast<float>(total);
+  }
+  return in;
+}
+
+// How many elements of `got` differ from `want`, and the first one ("" when none).
+std::string differences(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return std::to_string(got.size()) + " elements, expected " + std::to_string(want.size());
+  std::size_t wrong = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      if (wrong++ == 0) first = i;
+    }
+  }
+  if (wrong == 0) return "";
+  return std::to_string(wrong) + " wrong elements, the first at " + std::to_string(first) + ": " +
+         std::to_string(got[first]) + " instead of " + std::to_string(want[first]);
+}
+
 }  // namespace
 
 TEST_CASE("shm all_reduce over threads, on both paths and repeatedly") {
@@ -52,21 +94,29 @@ TEST_CASE("shm all_reduce over threads, on both paths and repeatedly") {
       CAPTURE(n);
       CAPTURE(count);
       shm_group group(n, 20us);
-      std::vector<std::vector<float>> ins(static_cast<std::size_t>(n)), outs(static_cast<std::size_t>(n));
-      for (int r = 0; r < n; ++r) {
-        ins[static_cast<std::size_t>(r)].assign(count, float(r + 1));
-        outs[static_cast<std::size_t>(r)].assign(count, -1.0f);
-      }
+      // Two input sets in turn, so that a round that left its output alone shows the last
+      // round's sums; inputs are never written once posted (the group may still read them).
+      const inputs sets[2] = {make_inputs(0, n, count), make_inputs(1, n, count)};
+      std::vector<std::vector<float>> outs(static_cast<std::size_t>(n));
+      std::vector<std::string> wrong(static_cast<std::size_t>(n));
       auto errors = on_threads(n, [&](int r) {
+        auto& out = outs[static_cast<std::size_t>(r)];
         for (int round = 0; round < 20; ++round) {
-          all_reduce_one(group, r, make_buffer(ins[static_cast<std::size_t>(r)], outs[static_cast<std::size_t>(r)]));
+          const inputs& in = sets[round % 2];
+          // Only this rank writes its output between its collectives: the others are done with it
+          // when its all_reduce returns.
+          out.assign(count, -1.0f);
+          all_reduce_one(group, r, make_buffer(in.per_rank[static_cast<std::size_t>(r)], out));
+          const std::string diff = differences(out, in.sum);
+          if (!diff.empty() && wrong[static_cast<std::size_t>(r)].empty()) {
+            wrong[static_cast<std::size_t>(r)] = "round " + std::to_string(round) + ": " + diff;
+          }
         }
       });
       for (const auto& e : errors) CHECK(e == "");
-      const float expected = float(n * (n + 1) / 2);
       for (int r = 0; r < n; ++r) {
-        CHECK(outs[static_cast<std::size_t>(r)].front() == expected);
-        CHECK(outs[static_cast<std::size_t>(r)].back() == expected);
+        CAPTURE(r);
+        CHECK(wrong[static_cast<std::size_t>(r)] == "");
       }
     }
   }
@@ -157,23 +207,21 @@ TEST_CASE("a fused all_reduce with shared_output writes rank 0's output only; a 
       const bool fused = shm_group::fused(count * sizeof(float), n);
       CHECK(fused == (count * sizeof(float) > shm_group::small_bytes));
       shm_group group(n, 20us);
-      std::vector<std::vector<float>> ins(static_cast<std::size_t>(n)), outs(static_cast<std::size_t>(n));
-      for (int r = 0; r < n; ++r) {
-        ins[static_cast<std::size_t>(r)].assign(count, float(r + 1));
-        outs[static_cast<std::size_t>(r)].assign(count, -1.0f);
-      }
+      const inputs in = make_inputs(0, n, count);
+      std::vector<std::vector<float>> outs(static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r) outs[static_cast<std::size_t>(r)].assign(count, -1.0f);
       for (int round = 0; round < 3; ++round) {
         auto errors = on_threads(n, [&](int r) {
-          buffer b = make_buffer(ins[static_cast<std::size_t>(r)], outs[static_cast<std::size_t>(r)]);
+          buffer b = make_buffer(in.per_rank[static_cast<std::size_t>(r)], outs[static_cast<std::size_t>(r)]);
           if (fused && r != 0) b.out = nullptr;  // never written
           group.all_reduce(r, &b, 1, reduce_kind::sum, true);
         });
         for (const auto& e : errors) CHECK(e.empty());
       }
-      const float sum = float(n * (n + 1) / 2);
-      CHECK(outs[0] == std::vector<float>(count, sum));
+      CHECK(differences(outs[0], in.sum) == "");
       for (int r = 1; r < n; ++r) {
-        CHECK(outs[static_cast<std::size_t>(r)] == std::vector<float>(count, fused ? -1.0f : sum));
+        CAPTURE(r);
+        CHECK(differences(outs[static_cast<std::size_t>(r)], fused ? std::vector<float>(count, -1.0f) : in.sum) == "");
       }
     }
   }

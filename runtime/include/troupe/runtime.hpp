@@ -4,6 +4,7 @@
 
 namespace caf {
 class actor_system;
+class actor_system_config;
 }
 
 namespace troupe {
@@ -35,8 +36,13 @@ class Runtime {
   /// A runtime with its own actor system, configured from the TROUPE_* environment.
   Runtime();
   explicit Runtime(RuntimeOptions options);
-  /// Embeds troupe into an application's own actor system, which must outlive the Runtime.
+  /// Embeds troupe into an application's own actor system, which must outlive the Runtime. For
+  /// MultiWorkerMirroredStrategy, that system's config must have been through configure().
   explicit Runtime(caf::actor_system& system);
+  /// Prepares an application's actor system config for troupe, before the system is built: loads
+  /// CAF's middleman (do not load it a second time) and announces troupe's message types, which
+  /// multi-worker strategies exchange between processes.
+  static void configure(caf::actor_system_config& config);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;

@@ -3,7 +3,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "collectives.hpp"
+#include "distribute/collectives.hpp"
 #include "distribute/worker_group.hpp"
 
 namespace troupe::distribute::detail {

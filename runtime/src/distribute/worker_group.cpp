@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "axis.hpp"
-#include "collectives.hpp"
+#include "distribute/collectives.hpp"
 #include "troupe/errors.hpp"
 
 namespace troupe::distribute::detail {

@@ -9,6 +9,7 @@
 
 namespace caf {
 class actor_system;
+class actor_system_config;
 }
 
 namespace troupe::actors {
@@ -33,12 +34,26 @@ struct rendezvous_options {
   std::string data_host;
   std::uint16_t data_port = 0;
   std::string token;                  ///< the shared cluster token (TROUPE_CLUSTER_TOKEN); may be empty
-  std::chrono::milliseconds timeout{60000};
-  std::uint32_t version = 2;          ///< protocol version; every worker must agree
+  std::chrono::milliseconds timeout{60000};  ///< the start deadline: every worker joined by then
+  std::uint32_t version = 3;          ///< protocol version; every worker must agree
   /// The chief's only: an id every worker needs to join its GPU collectives (the ncclUniqueId, as
   /// hex), handed to all of them with the peer table. Hex digits only.
   std::string collective_id;
+  /// The chief declares a worker gone after this many heartbeat intervals without a beat.
+  int missed_heartbeats = 6;
+  /// How often a worker tries again to reach the chief until the timeout.
+  std::chrono::milliseconds connect_retry{50};
+  /// How long past the timeout a worker waits for the chief's answer to its join (the chief
+  /// answers at its own deadline, which may be a little later than this worker's).
+  std::chrono::milliseconds answer_margin{5000};
+  /// How long a failing chief waits before returning, so the middleman can deliver the error to
+  /// the workers that joined before its process exits.
+  std::chrono::milliseconds failure_linger{300};
 };
+
+/// Announces the rendezvous messages (member, the peer table, its errors) to an actor system's
+/// config; it must be called before the system is constructed, in every process of a cluster.
+void add_rendezvous_types(caf::actor_system_config& config);
 
 /// The rendezvous of a multi-worker strategy, numbered as it happens:
 ///   1. The chief publishes its cluster agent through the CAF middleman at its own address.
@@ -50,15 +65,19 @@ struct rendezvous_options {
 ///      its collective_id in its own entry).
 ///   4. A bad join, or the timeout with workers still missing, fails every worker with the same
 ///      error naming the culprit (the missing tasks by name).
-/// Returns the peer table in rank order, or throws std::runtime_error with that error.
+///   5. Every worker checks the table it received (check_peer_table) before using it.
+/// The rules of steps 3 to 5 are rendezvous_state's. Returns the peer table in rank order, or
+/// throws std::runtime_error with that error (std::invalid_argument for bad options, or a system
+/// built without add_rendezvous_types).
 std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options);
 
 /// Liveness after the rendezvous: every worker's heartbeat actor beats to the chief's agent every
-/// `interval`; the chief declares a worker gone when it has been silent for 6 intervals (hung,
-/// stopped, or unreachable) or its connection closed, and tells every worker; a worker whose
-/// connection to the chief closes declares the chief gone. on_failure(rank, reason) runs once per
-/// worker process, on an actor thread. A worker that leaves cleanly says goodbye first, so it is
-/// not declared gone. Destroying the watch stops the actors.
+/// `interval`; the chief declares a worker gone when it has been silent for more than
+/// options.missed_heartbeats intervals (hung, stopped, or unreachable) or its connection closed,
+/// and tells every worker; a worker whose connection to the chief closes declares the chief gone.
+/// on_failure(rank, reason) runs once per worker process, on an actor thread. A worker that
+/// leaves cleanly says goodbye first, so it is not declared gone. Destroying the watch stops the
+/// actors.
 class cluster_watch {
  public:
   struct impl;

@@ -28,7 +28,8 @@ Tensor relu_grad(const Tensor& grad, const Tensor& output);
 
 /// Softmax of each row, computed stably (the row's maximum is subtracted first).
 Tensor softmax(const Tensor& logits);
-/// The index of the largest value of each row of a [batch, n] tensor, as int64 [batch].
+/// The index of the largest value of each row of a [batch, n] tensor (the first of equal ones,
+/// as in TensorFlow), as int64 [batch].
 Tensor argmax(const Tensor& x);
 
 /// activation(x · kernel + bias): x [batch, in], kernel [in, units], bias [units] -> [batch, units].

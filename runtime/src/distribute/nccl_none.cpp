@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include "nccl_collectives.hpp"
+#include "distribute/nccl_collectives.hpp"
 
 namespace troupe::distribute::detail {
 namespace {

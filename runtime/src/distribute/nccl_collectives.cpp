@@ -1,4 +1,4 @@
-#include "nccl_collectives.hpp"
+#include "distribute/nccl_collectives.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>

@@ -6,9 +6,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "collectives.hpp"
-#include "mirrored_backend.hpp"
-#include "context_state.hpp"
+#include "distribute/collectives.hpp"
+#include "distribute/mirrored_backend.hpp"
+#include "distribute/context_state.hpp"
 #include "troupe/actors/coordinator.hpp"
 #include "troupe/errors.hpp"
 #include "troupe/transport/shm_group.hpp"

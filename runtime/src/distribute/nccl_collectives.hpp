@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives.hpp"
+#include "distribute/collectives.hpp"
 
 namespace troupe::distribute::detail {
 

@@ -4,8 +4,8 @@
 #include <string>
 
 #include "axis.hpp"
-#include "collectives.hpp"
-#include "context_state.hpp"
+#include "distribute/collectives.hpp"
+#include "distribute/context_state.hpp"
 #include "distribute/worker_group.hpp"
 #include "troupe/errors.hpp"
 

@@ -1,4 +1,4 @@
-#include "collectives.hpp"
+#include "distribute/collectives.hpp"
 
 #include <algorithm>
 #include <memory>

@@ -2,8 +2,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives.hpp"
-#include "context_state.hpp"
+#include "distribute/collectives.hpp"
+#include "distribute/context_state.hpp"
 #include "troupe/distribute/strategy.hpp"
 
 namespace troupe::distribute {

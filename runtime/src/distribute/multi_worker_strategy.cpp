@@ -11,7 +11,7 @@
 
 #include "distribute/hierarchical_collectives.hpp"
 #include "distribute/worker_group.hpp"
-#include "mirrored_backend.hpp"
+#include "distribute/mirrored_backend.hpp"
 #include "troupe/actors/rendezvous.hpp"
 #include "troupe/errors.hpp"
 #include "troupe/transport/tcp_ring.hpp"

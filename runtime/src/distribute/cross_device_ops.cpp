@@ -3,9 +3,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "collectives.hpp"
+#include "distribute/collectives.hpp"
 #include "gpu.hpp"
-#include "nccl_collectives.hpp"
+#include "distribute/nccl_collectives.hpp"
 #include "troupe/kernels/reduce_kernels.hpp"
 
 namespace troupe::distribute {

@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "collectives.hpp"
-#include "context_state.hpp"
+#include "distribute/collectives.hpp"
+#include "distribute/context_state.hpp"
 #include "distribute/worker_group.hpp"
 #include "gpu.hpp"
-#include "nccl_collectives.hpp"
+#include "distribute/nccl_collectives.hpp"
 #include "troupe/actors/coordinator.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/errors.hpp"

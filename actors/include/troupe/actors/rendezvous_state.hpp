@@ -1,0 +1,138 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "troupe/actors/rendezvous.hpp"
+
+namespace troupe::actors {
+
+/// What went wrong in a rendezvous. Travels between workers as a caf::error of category
+/// "rendezvous" whose context is the message every worker shows.
+enum class rendezvous_errc : std::uint8_t {
+  protocol_mismatch = 1,  ///< a worker speaks another rendezvous protocol version
+  bad_token,              ///< a worker failed the cluster token proof
+  not_in_cluster,         ///< a worker claims a rank the cluster does not have
+  duplicate_rank,         ///< two processes claim one rank
+  device_mismatch,        ///< workers have different device counts
+  bad_join,               ///< a join carries a value out of range (port, host)
+  workers_missing,        ///< the start timeout ended with workers still missing
+  bad_peer_table,         ///< the peer table a worker received does not fit its cluster
+};
+
+/// A rendezvous failure: its kind, and the message (starting "rendezvous") that names the
+/// culprit and the fix.
+struct rendezvous_error {
+  rendezvous_errc code = rendezvous_errc::protocol_mismatch;
+  std::string message;
+};
+
+/// The limits a peer's values must keep. A table or a join outside them is refused.
+struct rendezvous_limits {
+  static constexpr std::size_t max_host_chars = 255;           ///< a DNS name's limit
+  static constexpr std::size_t max_collective_id_chars = 1024; ///< hex; an ncclUniqueId is 256
+  static constexpr std::size_t max_workers = 65536;
+};
+
+/// A worker's join, as the chief's agent receives it.
+struct join_request {
+  std::uint32_t version = 0;
+  std::int32_t rank = 0;
+  std::string nonce;
+  std::string proof;  ///< HMAC-SHA256(token, nonce), hex
+  std::int32_t devices = 0;
+  std::string data_host;
+  std::uint16_t data_port = 0;
+};
+
+/// A worker declared gone: who, why, and the ranks whose watchers are to be told.
+struct verdict {
+  int rank = 0;
+  std::string reason;
+  std::vector<int> tell;
+};
+
+/// The chief's cluster agent without CAF, so every rule can be tested alone. Two phases:
+/// joining (nonces, joins, the start deadline) until the table is complete or the rendezvous
+/// failed, then watching (heartbeats, goodbyes, closed connections) once start_watch is called.
+/// Time is passed in, never read, so tests decide it.
+class rendezvous_state {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  /// The chief's bookkeeping for `options` (the chief's own): it holds rank 0 from the start.
+  /// Throws std::invalid_argument when options.tasks is empty.
+  explicit rendezvous_state(rendezvous_options options);
+
+  // --- joining ---
+
+  /// Records a nonce handed to a worker; each is good for one join.
+  void add_nonce(std::string nonce);
+  /// Checks a join against the rules (protocol version, token proof, rank in the cluster and
+  /// free, device count equal to the chief's, a data-plane endpoint in range), in that order.
+  /// A bad join fails the whole rendezvous and returns its error; a good one takes the rank.
+  /// Once failed, every join gets the same error.
+  std::optional<rendezvous_error> join(const join_request& request);
+  /// The start deadline passed: fails the rendezvous naming the missing tasks, unless it is
+  /// complete or failed already. Returns whether this call failed it.
+  bool expire();
+  bool complete() const noexcept { return complete_; }
+  const std::optional<rendezvous_error>& failure() const noexcept { return failure_; }
+  /// The peer table in rank order; complete only once complete().
+  const std::vector<member>& table() const noexcept { return members_; }
+  /// The tasks that have not joined, comma-separated.
+  std::string missing() const;
+
+  // --- watching ---
+
+  /// The rendezvous is complete: from `now`, every worker is expected to beat every `interval`.
+  void start_watch(std::chrono::milliseconds interval, clock::time_point now);
+  /// A heartbeat from `rank`. Returns true when it is the first from that rank's watcher, which
+  /// is then to be monitored and told every verdict. Ignored (false) before start_watch or for a
+  /// rank outside the cluster.
+  bool on_beat(int rank, clock::time_point now);
+  /// `rank` leaves cleanly: it will not be declared gone.
+  void on_bye(int rank);
+  /// The connection to `rank`'s watcher closed: a verdict unless that rank is settled already.
+  std::optional<verdict> on_connection_closed(int rank);
+  /// The periodic check: a verdict for each worker silent for more than
+  /// options.missed_heartbeats intervals.
+  std::vector<verdict> check(clock::time_point now);
+  /// Whether `rank` was declared gone or said goodbye.
+  bool settled(int rank) const;
+
+ private:
+  rendezvous_error fail(rendezvous_errc code, const std::string& what);
+  verdict declare_gone(int rank, std::string reason);
+  bool watched(int rank) const noexcept { return rank >= 0 && static_cast<std::size_t>(rank) < last_beat_.size(); }
+
+  rendezvous_options options_;
+  std::vector<member> members_;  // by rank; members_[0] is the chief
+  std::vector<bool> joined_;
+  std::set<std::string> nonces_;
+  std::optional<rendezvous_error> failure_;
+  bool complete_ = false;
+  std::chrono::milliseconds interval_{0};
+  std::vector<clock::time_point> last_beat_;  // sized by start_watch
+  std::vector<bool> has_watcher_;
+  std::vector<bool> settled_;
+};
+
+/// Checks the peer table a worker received against its own view of the cluster (`options`):
+/// one entry per task in rank order with the task names it knows, ports in 1..65535, hosts and
+/// collective ids within rendezvous_limits, every device count equal to its own, a collective id
+/// (hex) only in the chief's entry, and its own entry as it sent it. A table from the network is
+/// never used unchecked.
+std::optional<rendezvous_error> check_peer_table(const rendezvous_options& options, const std::vector<member>& table);
+
+/// Checks a worker's own rendezvous options before anything travels: tasks present, rank,
+/// device count, ports and the collective id in range. Throws std::invalid_argument naming the
+/// field, the value and the valid range.
+void check_options(const rendezvous_options& options);
+
+}  // namespace troupe::actors
