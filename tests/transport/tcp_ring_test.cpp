@@ -658,3 +658,133 @@ TEST_CASE("ring shutdown releases a pending small all-reduce at once") {
   CHECK((after.peer == 0 || after.peer == 2));
   CHECK(contains(after.what, "shut down"));
 }
+
+namespace {
+
+// `n` ranks on loopback with `options` (its timeout bounds setup and collectives).
+std::vector<std::string> run_ring_with(int n, const tcp_ring_options& options,
+                                       const std::function<void(int, tcp_ring&)>& body) {
+  std::vector<std::unique_ptr<listener>> listeners;
+  std::vector<endpoint> peers;
+  for (int r = 0; r < n; ++r) {
+    listeners.push_back(std::make_unique<listener>("127.0.0.1", 0));
+    peers.push_back({"127.0.0.1", listeners.back()->port()});
+  }
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        tcp_ring ring(r, n, *listeners[static_cast<std::size_t>(r)], peers, options);
+        body(r, ring);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+tcp_ring_options tiny_segments() {
+  tcp_ring_options o;
+  o.segment_bytes = 64;
+  o.timeout = 10s;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("ring all-reduce with 64-byte segments sums every dtype, element by element, across 2, 3 and 4 ranks") {
+  for (int n : {2, 3, 4}) {
+    CAPTURE(n);
+    std::vector<std::vector<std::vector<char>>> results(static_cast<std::size_t>(n));
+    auto errors = run_ring_with(n, tiny_segments(), [&](int r, tcp_ring& ring) {
+      REQUIRE(ring.options().segment_bytes == 64);
+      unsigned salt = 0;
+      auto run = [&](auto tag, scalar_type type) {
+        using T = decltype(tag);
+        // Past the small paths (64 KiB), not a multiple of the ranks, of 16 or of a segment.
+        const auto large = static_cast<std::int64_t>(tcp_ring::small_all_reduce_bytes / sizeof(T)) + 1 + 2 * 3 * 5 * 7;
+        for (std::int64_t count : {std::int64_t{1}, std::int64_t{13}, std::int64_t{1001}, large}) {
+          for (reduce_kind op : {reduce_kind::sum, reduce_kind::mean}) {
+            // reduce_and_check compares every element with the host's sum and throws on the first
+            // difference.
+            const auto w = reduce_and_check<T>(r, ring, count, type, op, ++salt);
+            const auto* p = reinterpret_cast<const char*>(w.data());
+            results[static_cast<std::size_t>(r)].emplace_back(p, p + w.size() * sizeof(T));
+          }
+        }
+      };
+      run(float{}, scalar_type::f32);
+      run(double{}, scalar_type::f64);
+      run(std::int32_t{}, scalar_type::i32);
+      run(std::int64_t{}, scalar_type::i64);
+    });
+    for (const auto& e : errors) CHECK(e == "");
+    for (int r = 1; r < n; ++r) CHECK(results[static_cast<std::size_t>(r)] == results[0]);
+  }
+}
+
+TEST_CASE("ring broadcast and all-gather with 64-byte segments deliver every byte across 2, 3 and 4 ranks") {
+  const std::vector<std::size_t> sizes{1, 63, 64, 65, 1000, 4099};
+  for (int n : {2, 3, 4}) {
+    CAPTURE(n);
+    std::vector<std::string> failures(static_cast<std::size_t>(n));
+    auto errors = run_ring_with(n, tiny_segments(), [&](int r, tcp_ring& ring) {
+      auto& failed = failures[static_cast<std::size_t>(r)];
+      for (std::size_t bytes : sizes) {
+        for (std::size_t misalign : {std::size_t{0}, std::size_t{3}}) {
+          const int root = static_cast<int>(bytes % static_cast<std::size_t>(n));
+          std::vector<unsigned char> buf(bytes + misalign, 0);
+          unsigned char* p = buf.data() + misalign;
+          const auto want = pattern_bytes(root, bytes);
+          if (r == root) std::memcpy(p, want.data(), bytes);
+          ring.broadcast(p, bytes, root);
+          if (std::memcmp(p, want.data(), bytes) != 0) failed += "broadcast of " + std::to_string(bytes) + "; ";
+        }
+        // Blocks of bytes, bytes + 1, ..., one of them empty.
+        std::vector<std::size_t> blocks;
+        for (int q = 0; q < n; ++q) blocks.push_back(q == 1 ? 0 : bytes + static_cast<std::size_t>(q));
+        std::vector<unsigned char> want;
+        for (int q = 0; q < n; ++q) {
+          const auto b = pattern_bytes(q, blocks[static_cast<std::size_t>(q)]);
+          want.insert(want.end(), b.begin(), b.end());
+        }
+        std::vector<unsigned char> out(want.size());
+        const auto mine = pattern_bytes(r, blocks[static_cast<std::size_t>(r)]);
+        ring.all_gather(mine.data(), mine.size(), out.data(), blocks);
+        if (out != want) failed += "all_gather around " + std::to_string(bytes) + "; ";
+      }
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      CHECK(errors[static_cast<std::size_t>(r)] == "");
+      CHECK(failures[static_cast<std::size_t>(r)] == "");
+    }
+  }
+}
+
+TEST_CASE("tcp_ring options: a bad segment size is std::invalid_argument, and the setters change the options") {
+  listener own("127.0.0.1", 0);
+  for (std::size_t bad : {std::size_t{0}, std::size_t{8}, std::size_t{100}, tcp_ring_options::max_segment_bytes + 8}) {
+    CAPTURE(bad);
+    tcp_ring_options o;
+    o.segment_bytes = bad;
+    CHECK_THROWS_AS(tcp_ring(0, 1, own, {{"127.0.0.1", own.port()}}, o), std::invalid_argument);
+  }
+  tcp_ring_options o;
+  o.segment_bytes = 100;
+  CHECK_THROWS_WITH_AS(tcp_ring(0, 1, own, {{"127.0.0.1", own.port()}}, o),
+                       "tcp_ring: segment_bytes 100 (expected a multiple of 8 in 64..67108864)", std::invalid_argument);
+  tcp_ring ring(0, 1, own, {{"127.0.0.1", own.port()}}, 1s);
+  CHECK(ring.options().segment_bytes == tcp_ring_options::default_segment_bytes);
+  CHECK(ring.options().timeout == 1s);
+  CHECK(tcp_ring_options{}.timeout == 60s);  // bounded unless asked otherwise
+  CHECK(ring.options().spin == tcp_ring_options::default_spin);
+  ring.set_timeout(250ms);
+  ring.set_spin(7us, true);
+  CHECK(ring.options().timeout == 250ms);
+  CHECK(ring.options().spin == 7us);
+  CHECK(ring.options().yield_while_spinning);
+}

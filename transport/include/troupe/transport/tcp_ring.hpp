@@ -9,59 +9,51 @@
 #include <utility>
 #include <vector>
 
+#include "troupe/transport/ring_connect.hpp"
+#include "troupe/transport/ring_link.hpp"
 #include "troupe/transport/shm_group.hpp"
 
 namespace troupe::transport {
 
-/// A peer's data-plane address.
-struct endpoint {
-  std::string host;
-  std::uint16_t port = 0;
-  std::string to_string() const { return host + ":" + std::to_string(port); }
-};
+/// tcp_ring's settings, with named defaults.
+struct tcp_ring_options {
+  /// 1 MiB: large enough that a step's frames cost little beside their bytes, small enough that a
+  /// rank adds one segment while the next arrives.
+  static constexpr std::size_t default_segment_bytes = std::size_t{1} << 20;
+  /// The smallest segment: one 64-byte line (16 f32 elements).
+  static constexpr std::size_t min_segment_bytes = 64;
+  /// The largest segment, well under Cap'n Proto's 512 MiB per blob.
+  static constexpr std::size_t max_segment_bytes = std::size_t{64} << 20;
+  /// Every wait is bounded; the runtime passes its own bound.
+  static constexpr std::chrono::milliseconds default_timeout{60 * 1000};
+  /// A loopback round trip is a few microseconds; a thread asleep in poll() takes tens to wake.
+  static constexpr std::chrono::microseconds default_spin{50};
 
-/// A failure of the data plane that names the peer: it closed its connection, sent a malformed,
-/// truncated or oversized frame, spoke another protocol version, or did not answer in time.
-class peer_error : public std::runtime_error {
- public:
-  peer_error(int peer, std::string message) : std::runtime_error(std::move(message)), peer_(peer) {}
-  int peer() const noexcept { return peer_; }
-
- private:
-  int peer_;
-};
-
-/// A listening TCP socket (IPv4, SO_REUSEADDR); port 0 picks a free one. `host` is an IPv4
-/// address ("0.0.0.0": every interface); anything else is std::invalid_argument.
-class listener {
- public:
-  listener(const std::string& host, std::uint16_t port);
-  ~listener();
-  listener(const listener&) = delete;
-  listener& operator=(const listener&) = delete;
-  /// The port it listens on (the one picked when 0 was asked for).
-  std::uint16_t port() const noexcept { return port_; }
-  /// The listening socket's descriptor, owned by the listener.
-  int fd() const noexcept { return fd_; }
-
- private:
-  friend class tcp_ring;
-  struct impl;  // the Boost.Asio acceptor
-  std::unique_ptr<impl> impl_;
-  int fd_ = -1;
-  std::uint16_t port_ = 0;
+  /// The unit a ring step pipelines: a rank receives the next segment while it handles (adds,
+  /// copies, forwards) the last one. A multiple of 8 in [min_segment_bytes, max_segment_bytes];
+  /// an all-reduce segment holds at least 16 elements.
+  std::size_t segment_bytes = default_segment_bytes;
+  /// The bound of connection setup and of every later wait (0: none).
+  std::chrono::milliseconds timeout = default_timeout;
+  /// How long a wait busy-polls its connections before it sleeps in poll().
+  std::chrono::microseconds spin = default_spin;
+  /// Give the CPU away between polls, for ranks that share too few cores (the rank being waited
+  /// for needs the CPU).
+  bool yield_while_spinning = false;
 };
 
 /// Ring collectives between `size` processes over TCP: rank r connects to rank r+1 and accepts
 /// rank r-1. Every frame is a Cap'n Proto message whose tensor bytes are an external segment:
 /// referenced from the sender's buffer (gathered by sendmsg, no copy) and read in place on the
-/// receiver, which reduces straight from its receive buffer. Data travels in 1 MiB segments, so a
-/// rank receives the next segment while it handles (adds, copies, forwards) the last one.
+/// receiver, which reduces straight from its receive buffer. Data travels in segments
+/// (tcp_ring_options::segment_bytes, 1 MiB by default), so a rank receives the next segment while
+/// it handles (adds, copies, forwards) the last one.
 ///
-/// Connection setup goes through Boost.Asio (resolver, connect retried until the timeout, accept
-/// with a deadline), then a hello each way checks the protocol version, rank and size. The
-/// collectives run on the connected sockets' native handles with sendmsg/recv and a busy-poll
-/// before poll(), tuned for latency.
+/// Connection setup is connect_ring's (ring_connect.hpp): the connections, then a hello each way
+/// that checks the protocol version, rank and size. The collectives run over a ring_link: the
+/// connected sockets' native handles with sendmsg/read and a busy-poll before poll(), tuned for
+/// latency, or memory_ring's in-process double in tests. Frames are written and read in one place
+/// (ring_frames), and the index arithmetic shared by every algorithm is ring_index's.
 ///
 /// all_reduce of E elements:
 ///  1. The buffer is cut into `size` chunks.
@@ -107,13 +99,21 @@ class listener {
 /// peer_error naming it and both views.
 ///
 /// Peer bytes are untrusted: sizes are checked before anything is allocated, Cap'n Proto traversal
-/// limits are set per frame, and every problem is a peer_error naming the peer. Every wait is
-/// bounded by `timeout` (0: no bound).
+/// limits are set per frame, every field of a frame (collective, operation, chunk or block, type,
+/// offset, count, data length) is checked against what the receiver expects, and every problem is
+/// a peer_error naming the peer. Frames carry no checksum of their data: TCP's guards the bytes in
+/// transit. Every wait is bounded by `timeout` (0: no bound).
 class tcp_ring {
  public:
   /// Connects to peers[rank+1], accepts rank-1 on `own` and checks its hello, all within `timeout`
-  /// (0: no bound); a peer that is not there in time is a peer_error naming it.
+  /// (0: no bound); a peer that is not there in time is a peer_error naming it. The other options
+  /// keep their defaults.
   tcp_ring(int rank, int size, listener& own, const std::vector<endpoint>& peers, std::chrono::milliseconds timeout);
+  /// The same with every option given; `options.timeout` bounds the setup and later waits.
+  tcp_ring(int rank, int size, listener& own, const std::vector<endpoint>& peers, const tcp_ring_options& options);
+  /// Runs over connections already formed: `link` is rank's (null when size is 1). A bad rank,
+  /// size or segment size is std::invalid_argument.
+  tcp_ring(int rank, int size, std::unique_ptr<ring_link> link, const tcp_ring_options& options = {});
   ~tcp_ring();
   tcp_ring(const tcp_ring&) = delete;
   tcp_ring& operator=(const tcp_ring&) = delete;
@@ -123,9 +123,12 @@ class tcp_ring {
   /// The number of ranks.
   int size() const noexcept { return size_; }
 
+  /// The options in force.
+  const tcp_ring_options& options() const noexcept;
+
   /// The bound of later waits (0: none).
   void set_timeout(std::chrono::milliseconds timeout);
-  /// How long a wait busy-polls its sockets before it sleeps in poll() (default 50 us). `yield`:
+  /// How long a wait busy-polls its connections before it sleeps (default 50 us). `yield`:
   /// give the CPU away between polls, for ranks that share too few cores (the rank being waited
   /// for needs the CPU).
   void set_spin(std::chrono::microseconds spin, bool yield = false);

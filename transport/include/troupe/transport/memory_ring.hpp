@@ -1,0 +1,90 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "troupe/transport/ring_link.hpp"
+
+namespace troupe::transport {
+
+/// What memory_ring does with one frame on its way.
+struct frame_fate {
+  enum class action { deliver, drop, delay };
+  action what = action::deliver;
+  std::chrono::milliseconds delay{0};  // for action::delay
+
+  /// Delivered as it is (or as the hook changed it).
+  static frame_fate deliver() { return {}; }
+  /// Lost: the receiver never sees it; the stream goes on with the next frame.
+  static frame_fate drop() { return {action::drop, {}}; }
+  /// Delivered `by` later; the frames behind it wait too, as on a TCP stream.
+  static frame_fate delay_by(std::chrono::milliseconds by) { return {action::delay, by}; }
+};
+
+/// One frame on its way from rank `from` to rank `to`, the `number`th on that stream (0 first):
+/// its bytes as the sender framed them (segment table, then segments), which a hook may change.
+struct frame_in_flight {
+  int from = 0;
+  int to = 0;
+  std::uint64_t number = 0;
+  std::vector<unsigned char>& bytes;
+};
+
+/// Decides each frame's fate; called under memory_ring's lock, from the sending rank's thread.
+using fault_hook = std::function<frame_fate(frame_in_flight&)>;
+
+/// An in-process ring for tests: the links of `size` ranks (threads of one process) over memory,
+/// with a hook that may drop, delay or corrupt any frame. The ring's algorithms and frame
+/// reader/writer run unchanged over it (tcp_ring's constructor that takes a ring_link); only the
+/// sockets are replaced. A link that is destroyed or shut down closes its streams like a process
+/// that ended: its neighbours' reads and writes fail naming it.
+class memory_ring {
+ public:
+  /// `size` ranks; every frame passes through `hook` (none: all are delivered).
+  explicit memory_ring(int size, fault_hook hook = {});
+  ~memory_ring();
+  memory_ring(const memory_ring&) = delete;
+  memory_ring& operator=(const memory_ring&) = delete;
+
+  /// Rank `rank`'s link, named "rank N (in-process)" in errors. Each rank's link is taken once.
+  std::unique_ptr<ring_link> link(int rank);
+
+  /// The number of ranks.
+  int size() const noexcept { return size_; }
+
+  /// What the links share: the streams, the hook and the lock (memory_ring.cpp).
+  struct state;
+
+ private:
+  int size_;
+  std::shared_ptr<state> state_;
+};
+
+/// Which collective a chunk frame belongs to: its `kind` on the wire (schema/frame.capnp).
+enum class frame_kind : std::uint16_t { all_reduce = 0, broadcast = 1, all_gather = 2, broadcast_close = 3, all_reduce_block = 4 };
+
+/// A chunk frame's fields, for tests that forge one (a wrong kind, offset or length) inside a
+/// fault_hook. `type` is the wire's ScalarType number (float32 0, float64 1, int32 2, int64 3,
+/// uint8 4).
+struct chunk_fields {
+  frame_kind kind = frame_kind::all_reduce;
+  std::uint64_t sequence = 0;
+  std::uint32_t index = 0;
+  std::uint16_t type = 0;
+  std::uint64_t count = 0;
+  std::uint64_t offset = 0;
+  std::uint32_t root = 0;
+  std::uint64_t total = 0;
+  std::vector<unsigned char> data;
+};
+
+/// The fields of the chunk frame `frame`; nothing when it is not one (a hello, a malformed frame).
+std::optional<chunk_fields> decode_chunk_frame(const std::vector<unsigned char>& frame);
+/// A chunk frame with `fields`, framed as the ring's writer frames it.
+std::vector<unsigned char> encode_chunk_frame(const chunk_fields& fields);
+
+}  // namespace troupe::transport

@@ -1,0 +1,250 @@
+#include "troupe/transport/memory_ring.hpp"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "frame.capnp.h"
+#include "troupe/transport/ring_index.hpp"
+
+namespace troupe::transport {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// One direction of one connection: the frames written and not yet read, in order.
+struct stream {
+  struct frame {
+    std::vector<unsigned char> bytes;
+    std::size_t read = 0;
+    clock::time_point ready_at;
+  };
+  std::vector<unsigned char> partial;  // the start of a frame whose end has not been written yet
+  std::deque<frame> frames;
+  std::uint64_t framed = 0;  // frames cut from this stream so far, for the hook's `number`
+  bool closed = false;
+
+  bool readable(clock::time_point now) const { return closed || (!frames.empty() && frames.front().ready_at <= now); }
+};
+
+// The length of the frame at the start of `bytes` (segment table and segments), or 0 when its
+// end has not been written yet.
+std::size_t framed_length(const std::vector<unsigned char>& bytes) {
+  if (bytes.size() < 8) return 0;
+  std::uint32_t head = 0;
+  std::memcpy(&head, bytes.data(), 4);
+  const std::size_t count = std::size_t{head} + 1;
+  const std::size_t table_bytes = (count + 2) / 2 * 8;
+  if (bytes.size() < table_bytes) return 0;
+  std::size_t total = table_bytes;
+  for (std::size_t i = 0; i < count; ++i) {
+    std::uint32_t words = 0;
+    std::memcpy(&words, bytes.data() + 4 * (i + 1), 4);
+    total += std::size_t{words} * 8;
+  }
+  return bytes.size() >= total ? total : 0;
+}
+
+}  // namespace
+
+struct memory_ring::state {
+  int size = 0;
+  fault_hook hook;
+  std::mutex mutex;
+  std::condition_variable changed;
+  // Connection c joins rank c (its `next` side) and rank c+1 (its `prev` side); forward[c]
+  // carries c -> c+1, backward[c] carries c+1 -> c.
+  std::vector<stream> forward;
+  std::vector<stream> backward;
+  std::vector<bool> taken;
+
+  stream& outgoing(int rank, ring_side side) {
+    return side == ring_side::next ? forward[static_cast<std::size_t>(rank)]
+                                   : backward[static_cast<std::size_t>(ring_index::prev_rank(rank, size))];
+  }
+  stream& incoming(int rank, ring_side side) {
+    return side == ring_side::next ? backward[static_cast<std::size_t>(rank)]
+                                   : forward[static_cast<std::size_t>(ring_index::prev_rank(rank, size))];
+  }
+};
+
+namespace {
+
+std::string in_process_name(int rank) { return "rank " + std::to_string(rank) + " (in-process)"; }
+
+class memory_link final : public ring_link {
+ public:
+  memory_link(std::shared_ptr<memory_ring::state> state, int rank)
+      : ring_link(ring_peer{ring_index::next_rank(rank, state->size), in_process_name(ring_index::next_rank(rank, state->size))},
+                  ring_peer{ring_index::prev_rank(rank, state->size), in_process_name(ring_index::prev_rank(rank, state->size))}),
+        state_(std::move(state)),
+        rank_(rank) {}
+  ~memory_link() override { shutdown(); }
+
+  std::size_t write_some(ring_side side, const iovec* iov, std::size_t count) override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    stream& s = state_->outgoing(rank_, side);
+    if (s.closed) throw_gone(side);
+    std::size_t written = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto* p = static_cast<const unsigned char*>(iov[i].iov_base);
+      s.partial.insert(s.partial.end(), p, p + iov[i].iov_len);
+      written += iov[i].iov_len;
+    }
+    const int to = peer(side).rank;
+    while (const std::size_t n = framed_length(s.partial)) {
+      std::vector<unsigned char> bytes(s.partial.begin(), s.partial.begin() + static_cast<std::ptrdiff_t>(n));
+      s.partial.erase(s.partial.begin(), s.partial.begin() + static_cast<std::ptrdiff_t>(n));
+      frame_in_flight f{rank_, to, s.framed++, bytes};
+      const frame_fate fate = state_->hook ? state_->hook(f) : frame_fate::deliver();
+      if (fate.what == frame_fate::action::drop) continue;
+      // In order, as on a TCP stream: a frame is never ready before the one ahead of it.
+      auto ready = clock::now();
+      if (fate.what == frame_fate::action::delay) ready += fate.delay;
+      if (!s.frames.empty()) ready = std::max(ready, s.frames.back().ready_at);
+      s.frames.push_back({std::move(bytes), 0, ready});
+    }
+    state_->changed.notify_all();
+    return written;
+  }
+
+  std::size_t read_some(ring_side side, void* into, std::size_t n) override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    stream& s = state_->incoming(rank_, side);
+    const auto now = clock::now();
+    std::size_t got = 0;
+    auto* out = static_cast<unsigned char*>(into);
+    while (got < n && !s.frames.empty() && s.frames.front().ready_at <= now) {
+      auto& f = s.frames.front();
+      const std::size_t take = std::min(n - got, f.bytes.size() - f.read);
+      std::memcpy(out + got, f.bytes.data() + f.read, take);
+      got += take;
+      f.read += take;
+      if (f.read == f.bytes.size()) s.frames.pop_front();
+    }
+    if (got == 0 && s.closed && s.frames.empty()) throw_gone(side);
+    return got;
+  }
+
+  bool wait(const ring_wants& wants, int timeout_ms) override {
+    if (wants.write_next || wants.write_prev) return true;  // memory always takes what is written
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    const auto now = clock::now();
+    std::optional<clock::time_point> wake;
+    if (timeout_ms >= 0) wake = now + std::chrono::milliseconds(timeout_ms);
+    for (ring_side side : {ring_side::next, ring_side::prev}) {
+      const bool wanted = side == ring_side::next ? wants.read_next : wants.read_prev;
+      if (!wanted) continue;
+      const stream& s = state_->incoming(rank_, side);
+      if (s.readable(now)) return true;
+      // A delayed frame: wake when it is due.
+      if (!s.frames.empty() && (!wake || s.frames.front().ready_at < *wake)) wake = s.frames.front().ready_at;
+    }
+    if (wake) {
+      state_->changed.wait_until(lock, *wake);
+    } else {
+      state_->changed.wait(lock);
+    }
+    if (timeout_ms < 0) return true;
+    // True unless the timeout passed with nothing to read.
+    const auto after = clock::now();
+    if (after < now + std::chrono::milliseconds(timeout_ms)) return true;
+    for (ring_side side : {ring_side::next, ring_side::prev}) {
+      const bool wanted = side == ring_side::next ? wants.read_next : wants.read_prev;
+      if (wanted && state_->incoming(rank_, side).readable(after)) return true;
+    }
+    return false;
+  }
+
+  void shutdown() noexcept override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    for (ring_side side : {ring_side::next, ring_side::prev}) {
+      state_->outgoing(rank_, side).closed = true;
+      state_->incoming(rank_, side).closed = true;
+    }
+    state_->changed.notify_all();
+  }
+
+ private:
+  std::shared_ptr<memory_ring::state> state_;
+  int rank_;
+};
+
+}  // namespace
+
+memory_ring::memory_ring(int size, fault_hook hook) : size_(size), state_(std::make_shared<state>()) {
+  if (size < 2) {
+    throw std::invalid_argument("memory_ring: " + std::to_string(size) + " ranks (expected at least 2)");
+  }
+  state_->size = size;
+  state_->hook = std::move(hook);
+  state_->forward.resize(static_cast<std::size_t>(size));
+  state_->backward.resize(static_cast<std::size_t>(size));
+  state_->taken.assign(static_cast<std::size_t>(size), false);
+}
+
+memory_ring::~memory_ring() = default;
+
+std::unique_ptr<ring_link> memory_ring::link(int rank) {
+  if (rank < 0 || rank >= size_) {
+    throw std::out_of_range("memory_ring: rank " + std::to_string(rank) + " out of range for " +
+                            std::to_string(size_) + " ranks (expected 0.." + std::to_string(size_ - 1) + ")");
+  }
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (state_->taken[static_cast<std::size_t>(rank)]) {
+    throw std::invalid_argument("memory_ring: the link of rank " + std::to_string(rank) + " was taken already");
+  }
+  state_->taken[static_cast<std::size_t>(rank)] = true;
+  return std::make_unique<memory_link>(state_, rank);
+}
+
+std::optional<chunk_fields> decode_chunk_frame(const std::vector<unsigned char>& frame) {
+  if (frame.size() % 8 != 0 || frame.empty()) return std::nullopt;
+  std::vector<capnp::word> words(frame.size() / 8);
+  std::memcpy(words.data(), frame.data(), frame.size());
+  try {
+    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.data(), words.size()));
+    auto c = reader.getRoot<wire::Chunk>();
+    chunk_fields f;
+    f.kind = static_cast<frame_kind>(c.getKind());
+    f.sequence = c.getSequence();
+    f.index = c.getIndex();
+    f.type = static_cast<std::uint16_t>(c.getType());
+    f.count = c.getCount();
+    f.offset = c.getOffset();
+    f.root = c.getRoot();
+    f.total = c.getTotal();
+    auto d = c.getData();
+    f.data.assign(d.begin(), d.end());
+    return f;
+  } catch (const kj::Exception&) {
+    return std::nullopt;
+  }
+}
+
+std::vector<unsigned char> encode_chunk_frame(const chunk_fields& f) {
+  capnp::MallocMessageBuilder msg;
+  auto c = msg.initRoot<wire::Chunk>();
+  c.setKind(static_cast<wire::Collective>(f.kind));
+  c.setSequence(f.sequence);
+  c.setIndex(f.index);
+  c.setType(static_cast<wire::ScalarType>(f.type));
+  c.setCount(f.count);
+  c.setOffset(f.offset);
+  c.setRoot(f.root);
+  c.setTotal(f.total);
+  if (!f.data.empty()) std::memcpy(c.initData(static_cast<unsigned>(f.data.size())).begin(), f.data.data(), f.data.size());
+  auto words = capnp::messageToFlatArray(msg);
+  const auto bytes = words.asBytes();
+  return std::vector<unsigned char>(bytes.begin(), bytes.end());
+}
+
+}  // namespace troupe::transport

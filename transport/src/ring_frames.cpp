@@ -1,0 +1,272 @@
+#include "ring_frames.hpp"
+
+#include <kj/exception.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "troupe/transport/spin.hpp"
+
+namespace troupe::transport::frames {
+
+wire::ScalarType to_wire(base::scalar_type t) {
+  switch (t) {
+    case base::scalar_type::f32: return wire::ScalarType::FLOAT32;
+    case base::scalar_type::f64: return wire::ScalarType::FLOAT64;
+    case base::scalar_type::i32: return wire::ScalarType::INT32;
+    case base::scalar_type::i64: return wire::ScalarType::INT64;
+  }
+  return wire::ScalarType::FLOAT32;
+}
+
+std::string describe(const frame_header& h) {
+  const std::string operation = " (operation " + std::to_string(h.sequence) + ")";
+  const std::string bytes = std::to_string(h.total) + " bytes";
+  switch (h.kind) {
+    case wire::Collective::ALL_REDUCE: return "an all-reduce of chunk " + std::to_string(h.index) + operation;
+    case wire::Collective::BROADCAST:
+      return "a broadcast of " + bytes + " from root " + std::to_string(h.root) + operation;
+    case wire::Collective::BROADCAST_CLOSE:
+      return "the end of a broadcast of " + bytes + " from root " + std::to_string(h.root) + operation;
+    case wire::Collective::ALL_GATHER:
+      return "an all-gather with a block of " + bytes + " from rank " + std::to_string(h.index) + operation;
+    case wire::Collective::ALL_REDUCE_BLOCK:
+      return "a small all-reduce with the block of " + bytes + " of rank " + std::to_string(h.root) + operation;
+  }
+  return "a frame of unknown kind " + std::to_string(static_cast<unsigned>(h.kind)) + operation;
+}
+
+// ---- writer ----
+
+capnp::MallocMessageBuilder& frame_writer::fresh_builder() {
+  // The previous frame is done (its builder zeroes the scratch again as it goes): no allocation
+  // for a frame's structure.
+  builder_.reset();
+  builder_.emplace(kj::arrayPtr(scratch_.data(), scratch_.size()));
+  return *builder_;
+}
+
+void frame_writer::start_chunk(const chunk_frame& f, const void* data) {
+  auto& msg = fresh_builder();
+  auto chunk = msg.initRoot<wire::Chunk>();
+  chunk.setKind(f.header.kind);
+  chunk.setSequence(f.header.sequence);
+  chunk.setIndex(f.header.index);
+  chunk.setRoot(f.header.root);
+  chunk.setTotal(f.header.total);
+  chunk.setType(f.type);
+  chunk.setOffset(f.offset);
+  chunk.setCount(f.count);
+  const auto* p = static_cast<const kj::byte*>(data);
+  const std::size_t n = f.bytes;
+  if (n > 0) {
+    if (n % 8 == 0 && reinterpret_cast<std::uintptr_t>(p) % 8 == 0) {
+      chunk.adoptData(msg.getOrphanage().referenceExternalData(capnp::Data::Reader(p, n)));
+    } else {
+      // An odd-sized or unaligned piece: copied, since external segments are whole words.
+      std::memcpy(chunk.initData(static_cast<unsigned>(n)).begin(), p, n);
+    }
+  }
+  frame_segments();
+}
+
+void frame_writer::start_hello(std::uint32_t version, std::uint32_t rank, std::uint32_t size) {
+  auto h = fresh_builder().initRoot<wire::Hello>();
+  h.setMagic(hello_magic);
+  h.setVersion(version);
+  h.setRank(rank);
+  h.setSize(size);
+  frame_segments();
+}
+
+void frame_writer::frame_segments() {
+  auto segments = builder_->getSegmentsForOutput();
+  table_.assign(((segments.size() + 2) & ~std::size_t{1}), 0);
+  table_[0] = static_cast<std::uint32_t>(segments.size() - 1);
+  for (std::size_t i = 0; i < segments.size(); ++i) table_[i + 1] = static_cast<std::uint32_t>(segments[i].size());
+  iov_.clear();
+  iov_.push_back({table_.data(), table_.size() * sizeof(std::uint32_t)});
+  for (auto s : segments) iov_.push_back({const_cast<capnp::word*>(s.begin()), s.size() * sizeof(capnp::word)});
+  next_ = 0;
+}
+
+void frame_writer::progress(ring_link& link) {
+  while (!done()) {
+    const std::size_t n = std::min<std::size_t>(iov_.size() - next_, IOV_MAX);
+    std::size_t left = link.write_some(side_, &iov_[next_], n);
+    if (left == 0) return;
+    while (left > 0 && !done()) {
+      if (left >= iov_[next_].iov_len) {
+        left -= iov_[next_].iov_len;
+        ++next_;
+      } else {
+        iov_[next_].iov_base = static_cast<char*>(iov_[next_].iov_base) + left;
+        iov_[next_].iov_len -= left;
+        left = 0;
+      }
+    }
+    while (!done() && iov_[next_].iov_len == 0) ++next_;
+  }
+}
+
+// ---- reader ----
+
+void frame_reader::start(std::size_t max_words) {
+  max_words_ = max_words;
+  stage_ = stage::head;
+  have_ = 0;
+  need_ = 8;
+  table_.assign(2, 0);
+}
+
+void frame_reader::progress(ring_link& link) {
+  while (!done()) {
+    char* target = stage_ == stage::body ? reinterpret_cast<char*>(words_.data())
+                                         : reinterpret_cast<char*>(table_.data()) + (stage_ == stage::head ? 0 : 8);
+    const std::size_t r = link.read_some(side_, target + have_, need_ - have_);
+    if (r == 0) return;
+    have_ += r;
+    if (have_ < need_) continue;
+    advance(link);
+  }
+}
+
+void frame_reader::advance(const ring_link& link) {
+  const ring_peer& from = link.peer(side_);
+  if (stage_ == stage::head) {
+    // Checked before anything is sized from it: the count comes from the peer.
+    if (table_[0] >= max_segments) {
+      throw peer_error(from.rank,
+                       "malformed frame from " + from.name + ": " + std::to_string(table_[0]) + "+1 segments");
+    }
+    const std::size_t table_words = (table_[0] + 1 + 2) / 2;  // (1 + count) uint32 rounded up to words
+    table_.resize(table_words * 2, 0);
+    if (table_words > 1) {
+      stage_ = stage::table;
+      have_ = 0;
+      need_ = (table_words - 1) * 8;
+      return;
+    }
+  }
+  // The whole table is here: size the body, within the limit.
+  const std::uint32_t count = table_[0] + 1;
+  std::size_t total = 0;
+  for (std::uint32_t i = 0; i < count; ++i) total += table_[i + 1];
+  if (total > max_words_) {
+    throw peer_error(from.rank, "oversized frame from " + from.name + ": " + std::to_string(total * 8) +
+                                    " bytes, at most " + std::to_string(max_words_ * 8) + " expected");
+  }
+  if (stage_ != stage::body) {
+    if (words_.size() < std::max<std::size_t>(total, 1)) words_.resize(std::max<std::size_t>(total, 1));
+    stage_ = stage::body;
+    have_ = 0;
+    need_ = total * 8;
+    if (need_ > 0) return;
+  }
+  segments_.clear();
+  std::size_t offset = 0;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    segments_.push_back(kj::arrayPtr(words_.data() + offset, table_[i + 1]));
+    offset += table_[i + 1];
+  }
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = 2 * total + 64;
+  options.nestingLimit = 16;
+  reader_.emplace(kj::arrayPtr(segments_.data(), segments_.size()), options);
+  stage_ = stage::complete;
+}
+
+const kj::byte* frame_reader::take_chunk(const ring_link& link, const char* op, int self, const chunk_frame& want) {
+  const ring_peer& from = link.peer(side_);
+  try {
+    auto chunk = reader_->getRoot<wire::Chunk>();
+    const frame_header got{chunk.getKind(), chunk.getSequence(), chunk.getIndex(), chunk.getRoot(), chunk.getTotal()};
+    const frame_header& h = want.header;
+    if (got.kind != h.kind || got.sequence != h.sequence || got.index != h.index || got.root != h.root ||
+        got.total != h.total) {
+      throw peer_error(from.rank, std::string(op) + ": " + from.name + " sent " + describe(got) + ", rank " +
+                                      std::to_string(self) + " (this worker) expected " + describe(h) +
+                                      " (the workers disagree on the collective)");
+    }
+    auto d = chunk.getData();  // read once: every getData() counts against the traversal limit
+    if (chunk.getType() != want.type || chunk.getOffset() != want.offset || chunk.getCount() != want.count ||
+        d.size() != want.bytes) {
+      throw peer_error(from.rank, std::string(op) + ": malformed frame from " + from.name + ": " +
+                                      std::to_string(d.size()) + " bytes, " + std::to_string(chunk.getCount()) +
+                                      " elements of type " + std::to_string(static_cast<unsigned>(chunk.getType())) +
+                                      " at offset " + std::to_string(chunk.getOffset()) + " in " + describe(got) +
+                                      ", expected " + std::to_string(want.bytes) + " bytes, " +
+                                      std::to_string(want.count) + " elements of type " +
+                                      std::to_string(static_cast<unsigned>(want.type)) + " at offset " +
+                                      std::to_string(want.offset));
+    }
+    return want.bytes == 0 ? nullptr : d.begin();
+  } catch (const kj::Exception& x) {
+    throw peer_error(from.rank,
+                     std::string(op) + ": malformed frame from " + from.name + ": " + x.getDescription().cStr());
+  }
+}
+
+void frame_reader::take_hello(const ring_link& link, std::uint32_t version, std::uint32_t size) {
+  const ring_peer& from = link.peer(side_);
+  try {
+    auto got = reader_->getRoot<wire::Hello>();
+    if (got.getMagic() != hello_magic) {
+      throw peer_error(from.rank, "the peer that connected as " + from.name + " does not speak troupe's protocol");
+    }
+    if (got.getVersion() != version) {
+      throw peer_error(from.rank, from.name + " speaks protocol version " + std::to_string(got.getVersion()) +
+                                      ", this worker " + std::to_string(version));
+    }
+    if (got.getRank() != static_cast<std::uint32_t>(from.rank) || got.getSize() != size) {
+      throw peer_error(from.rank, "expected " + from.name + " of " + std::to_string(size) + " ranks, got rank " +
+                                      std::to_string(got.getRank()) + " of " + std::to_string(got.getSize()));
+    }
+  } catch (const kj::Exception& e) {
+    throw peer_error(from.rank, "malformed hello from " + from.name + ": " + e.getDescription().cStr());
+  }
+}
+
+// ---- pump ----
+
+void frame_pump::exchange(const deadline& until, std::chrono::milliseconds timeout, const spin_policy& spin,
+                          bool both) {
+  ring_link& link = *link_;
+  const auto spin_until_time = clock::now() + spin.spin;
+  auto finished = [&] {
+    return to_next.done() && from_prev.done() && (!both || (to_prev.done() && from_next.done()));
+  };
+  while (!finished()) {
+    if (!to_next.done()) to_next.progress(link);
+    if (!from_prev.done()) from_prev.progress(link);
+    if (both) {
+      if (!to_prev.done()) to_prev.progress(link);
+      if (!from_next.done()) from_next.progress(link);
+    }
+    if (finished()) break;
+    if (clock::now() < spin_until_time) {
+      if (spin.yield) {
+        yield_cpu();  // more ranks than cores here: let the one we wait for run
+      } else {
+        cpu_relax();
+      }
+      continue;
+    }
+    ring_wants wants;
+    wants.write_next = !to_next.done();
+    wants.read_prev = !from_prev.done();
+    wants.write_prev = both && !to_prev.done();
+    wants.read_next = both && !from_next.done();
+    if (link.wait(wants, until.poll_ms())) continue;
+    const std::string after = "timed out after " + std::to_string(timeout.count()) + " ms waiting for ";
+    const ring_peer& next = link.peer(ring_side::next);
+    const ring_peer& prev = link.peer(ring_side::prev);
+    if (!from_prev.done()) throw peer_error(prev.rank, after + prev.name + " to send");
+    if (both && !from_next.done()) throw peer_error(next.rank, after + next.name + " to send");
+    if (!to_next.done()) throw peer_error(next.rank, after + next.name + " to receive");
+    throw peer_error(prev.rank, after + prev.name + " to receive");
+  }
+}
+
+}  // namespace troupe::transport::frames

@@ -1,0 +1,177 @@
+#pragma once
+// The frames of the TCP data plane (schema/frame.capnp), written and read in one place: one
+// writer, one reader that checks every field against what the receiver expects, and the pump that
+// moves them over a ring_link. Private to transport/: Cap'n Proto does not leave this folder.
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "frame.capnp.h"
+#include "troupe/base/elements.hpp"
+#include "troupe/transport/ring_link.hpp"
+
+namespace troupe::transport::frames {
+
+using clock = std::chrono::steady_clock;
+
+/// Room for a frame's structure beside its data, in words.
+constexpr std::size_t header_slack_words = 1024;
+/// A frame has at most this many segments (ours have 1 or 2).
+constexpr std::uint32_t max_segments = 64;
+/// "trup": the first field of a hello.
+constexpr std::uint32_t hello_magic = 0x74727570;
+
+/// A bound on every wait; none when the timeout is 0.
+class deadline {
+ public:
+  explicit deadline(std::chrono::milliseconds timeout) : bounded_(timeout.count() > 0), at_(clock::now() + timeout) {}
+  /// Milliseconds left, for poll(): -1 when unbounded.
+  int poll_ms() const {
+    if (!bounded_) return -1;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(at_ - clock::now()).count();
+    return static_cast<int>(std::max<long long>(0, left));
+  }
+  bool passed() const { return bounded_ && clock::now() >= at_; }
+
+ private:
+  bool bounded_;
+  clock::time_point at_;
+};
+
+/// The wire's name of a scalar type.
+wire::ScalarType to_wire(base::scalar_type t);
+
+/// What a chunk frame says about the collective it belongs to.
+struct frame_header {
+  wire::Collective kind = wire::Collective::ALL_REDUCE;
+  std::uint64_t sequence = 0;
+  std::uint32_t index = 0;  // all-reduce: the chunk; all-gather: the block's rank
+  std::uint32_t root = 0;   // broadcast: the root; all-reduce block: the rank whose block it is
+  std::uint64_t total = 0;  // broadcast: the buffer's bytes; all-gather, all-reduce block: the block's
+};
+
+/// A whole chunk frame as the receiver expects it, or as the sender writes it: the header, and
+/// where its data lies (`count` elements of `type`, the first at `offset`, `bytes` bytes).
+struct chunk_frame {
+  frame_header header;
+  wire::ScalarType type = wire::ScalarType::UINT8;
+  std::uint64_t offset = 0;
+  std::uint64_t count = 0;
+  std::size_t bytes = 0;
+};
+
+/// For error messages: "a broadcast of 1000 bytes from root 2 (operation 7)".
+std::string describe(const frame_header& h);
+
+/// One frame going out on one side: the segment table and the message's segments, gathered as the
+/// link takes them. Data that is whole aligned words is a segment of its own that points into the
+/// caller's buffer (no copy); the builder's first segment is scratch space reused frame after
+/// frame.
+class frame_writer {
+ public:
+  explicit frame_writer(ring_side side) : side_(side) {}
+  frame_writer(const frame_writer&) = delete;
+  frame_writer& operator=(const frame_writer&) = delete;
+
+  /// Starts a chunk frame with `f.bytes` bytes at `data`, which must stay put until done().
+  void start_chunk(const chunk_frame& f, const void* data);
+  /// Starts a hello.
+  void start_hello(std::uint32_t version, std::uint32_t rank, std::uint32_t size);
+  /// Nothing to send this time.
+  void skip() { next_ = iov_.size(); }
+  bool done() const { return next_ >= iov_.size(); }
+  /// Writes what the link takes now.
+  void progress(ring_link& link);
+  ring_side side() const { return side_; }
+
+ private:
+  capnp::MallocMessageBuilder& fresh_builder();
+  void frame_segments();
+
+  ring_side side_;
+  alignas(8) std::array<capnp::word, 64> scratch_{};
+  std::optional<capnp::MallocMessageBuilder> builder_;
+  std::vector<std::uint32_t> table_;
+  std::vector<iovec> iov_;
+  std::size_t next_ = 0;
+};
+
+/// One frame coming in on one side: the segment table, checked against the limit, then the
+/// segments into one word-aligned buffer parsed in place (Cap'n Proto traversal limits set per
+/// frame). Its checks turn every problem, a Cap'n Proto exception included, into a peer_error
+/// naming the peer.
+class frame_reader {
+ public:
+  explicit frame_reader(ring_side side) : side_(side) {}
+  frame_reader(const frame_reader&) = delete;
+  frame_reader& operator=(const frame_reader&) = delete;
+
+  /// Starts receiving a frame of at most `max_words` words.
+  void start(std::size_t max_words);
+  /// Nothing to receive this time.
+  void skip() { stage_ = stage::complete; }
+  bool done() const { return stage_ == stage::complete; }
+  /// Reads what the link has.
+  void progress(ring_link& link);
+  ring_side side() const { return side_; }
+
+  /// Checks the chunk frame just received against `want` (`op` and `self` name the collective and
+  /// this rank in errors) and returns its `want.bytes` bytes, read in place: valid until the next
+  /// start(). Null when `want.bytes` is 0.
+  const kj::byte* take_chunk(const ring_link& link, const char* op, int self, const chunk_frame& want);
+  /// Checks the hello just received: troupe's magic, `version`, and the sender's rank and size.
+  void take_hello(const ring_link& link, std::uint32_t version, std::uint32_t size);
+
+ private:
+  enum class stage { head, table, body, complete };
+  void advance(const ring_link& link);
+
+  ring_side side_;
+  std::size_t max_words_ = 0;
+  stage stage_ = stage::complete;
+  std::size_t have_ = 0;
+  std::size_t need_ = 0;
+  std::vector<std::uint32_t> table_;
+  std::vector<capnp::word> words_;
+  std::vector<kj::ArrayPtr<const capnp::word>> segments_;
+  std::optional<capnp::SegmentArrayMessageReader> reader_;
+};
+
+/// How a wait spends its first moments: busy-polling (a loopback round trip is a few microseconds;
+/// a thread asleep in poll() takes tens to wake), yielding the CPU between polls when ranks share
+/// too few cores.
+struct spin_policy {
+  std::chrono::microseconds spin{50};
+  bool yield = false;
+};
+
+/// A rank's four directions over its link: frames to the successor and from the predecessor (every
+/// collective), and the other way round (the small all-reduce only).
+class frame_pump {
+ public:
+  /// Over `link`, which outlives the pump (null for a ring of one rank, which sends nothing).
+  explicit frame_pump(ring_link* link) : link_(link) {}
+
+  frame_writer to_next{ring_side::next};
+  frame_reader from_prev{ring_side::prev};
+  frame_writer to_prev{ring_side::prev};
+  frame_reader from_next{ring_side::next};
+
+  /// Moves to_next and from_prev (and, with `both`, to_prev and from_next) until all are done:
+  /// busy-polls for the spin, then sleeps in the link's wait(). Past the deadline, a peer_error
+  /// names the neighbour waited for; `timeout` is the bound it reports.
+  void exchange(const deadline& until, std::chrono::milliseconds timeout, const spin_policy& spin, bool both = false);
+
+ private:
+  ring_link* link_;
+};
+
+}  // namespace troupe::transport::frames
