@@ -26,9 +26,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// `n` ranks as threads on loopback, each with its own listener; body(rank, ring) runs on each.
-std::vector<std::string> run_ring(int n, const std::function<void(int, tcp_ring&)>& body,
-                                  std::chrono::milliseconds timeout = 10s) {
+// `n` ranks as threads on loopback, each with its own listener and `options` (whose timeout bounds
+// setup and collectives); body(rank, ring) runs on each.
+std::vector<std::string> run_ring_with(int n, const tcp_ring_options& options,
+                                       const std::function<void(int, tcp_ring&)>& body) {
   std::vector<std::unique_ptr<listener>> listeners;
   std::vector<endpoint> peers;
   for (int r = 0; r < n; ++r) {
@@ -40,7 +41,7 @@ std::vector<std::string> run_ring(int n, const std::function<void(int, tcp_ring&
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        tcp_ring ring(r, n, *listeners[static_cast<std::size_t>(r)], peers, timeout);
+        tcp_ring ring(r, n, *listeners[static_cast<std::size_t>(r)], peers, options);
         body(r, ring);
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(r)] = e.what();
@@ -49,6 +50,14 @@ std::vector<std::string> run_ring(int n, const std::function<void(int, tcp_ring&
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// The same with the default options but `timeout`.
+std::vector<std::string> run_ring(int n, const std::function<void(int, tcp_ring&)>& body,
+                                  std::chrono::milliseconds timeout = 10s) {
+  tcp_ring_options options;
+  options.timeout = timeout;
+  return run_ring_with(n, options, body);
 }
 
 template <class T>
@@ -660,31 +669,6 @@ TEST_CASE("ring shutdown releases a pending small all-reduce at once") {
 }
 
 namespace {
-
-// `n` ranks on loopback with `options` (its timeout bounds setup and collectives).
-std::vector<std::string> run_ring_with(int n, const tcp_ring_options& options,
-                                       const std::function<void(int, tcp_ring&)>& body) {
-  std::vector<std::unique_ptr<listener>> listeners;
-  std::vector<endpoint> peers;
-  for (int r = 0; r < n; ++r) {
-    listeners.push_back(std::make_unique<listener>("127.0.0.1", 0));
-    peers.push_back({"127.0.0.1", listeners.back()->port()});
-  }
-  std::vector<std::string> errors(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        tcp_ring ring(r, n, *listeners[static_cast<std::size_t>(r)], peers, options);
-        body(r, ring);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
 
 tcp_ring_options tiny_segments() {
   tcp_ring_options o;
