@@ -13,6 +13,7 @@
 #include "axis.hpp"
 #include "collectives.hpp"
 #include "env.hpp"
+#include "middleman.hpp"
 #include "mirrored_backend.hpp"
 #include "troupe/actors/rendezvous.hpp"
 #include "troupe/errors.hpp"
@@ -303,6 +304,7 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
 
 std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runtime, const CommunicationOptions& options,
                                                                    const ClusterResolver& resolver) {
+  troupe::detail::require_middleman(runtime, "MultiWorkerMirroredStrategy");
   const bool nccl = options.implementation == CommunicationImplementation::nccl;
   const int gpus = Runtime::gpu_count();
   if (nccl && gpus == 0) {

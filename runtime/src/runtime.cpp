@@ -9,6 +9,7 @@
 #include "caf/io/all.hpp"
 #include "env.hpp"
 #include "gpu_probe.hpp"
+#include "middleman.hpp"
 
 namespace troupe {
 namespace detail {
@@ -24,6 +25,14 @@ int env_int(const char* name, int fallback, int min, int max) {
                                 ".." + std::to_string(max));
   }
   return static_cast<int>(x);
+}
+
+void require_middleman(Runtime& runtime, const std::string& operation) {
+  if (runtime.system().has_middleman()) return;
+  throw std::invalid_argument(operation +
+                              ": the actor system has no middleman, and workers meet through it; load it in the "
+                              "application's config before creating the system: "
+                              "config.load<caf::io::middleman>() (link CAF's io library, troupe::caf)");
 }
 
 }  // namespace detail

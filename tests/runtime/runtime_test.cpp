@@ -42,6 +42,21 @@ TEST_CASE("a runtime embeds into an application's own actor system") {
   }
 }
 
+TEST_CASE("MultiWorkerMirroredStrategy in an actor system without the middleman says what to load") {
+  caf::actor_system_config cfg;  // no cfg.load<caf::io::middleman>()
+  caf::actor_system system{cfg};
+  Runtime rt(system);
+  auto resolver = std::make_shared<SimpleClusterResolver>(
+      ClusterSpec(ClusterSpec::JobMap{{"worker", {"127.0.0.1:1"}}}), "worker", 0);  // refused before any network
+  CHECK_THROWS_AS(MultiWorkerMirroredStrategy(rt, {}, resolver), std::invalid_argument);
+  std::string msg = message_of([&] { MultiWorkerMirroredStrategy(rt, {}, resolver); });
+  CHECK(contains(msg, "MultiWorkerMirroredStrategy: the actor system has no middleman"));
+  CHECK(contains(msg, "config.load<caf::io::middleman>()"));
+  // Single-process strategies need no middleman.
+  MirroredStrategy s(rt, {"CPU:0", "CPU:1"});
+  CHECK(s.num_replicas_in_sync() == 2);
+}
+
 TEST_CASE("TROUPE_FORCE_CPU hides GPUs") {
   setenv("TROUPE_FORCE_CPU", "1", 1);
   CHECK(Runtime::gpu_count() == 0);
