@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -27,6 +26,8 @@
 
 #include <troupe/checkpoint.hpp>
 #include <troupe/troupe.hpp>
+
+#include "example_cli.hpp"
 
 using namespace troupe;
 using namespace troupe::distribute;
@@ -60,86 +61,38 @@ struct Flags {
   bool cached_batches = false;
 };
 
-const char* kUsage =
-    "usage: mlp_classifier [--replicas N] [--epochs E] [--batch GLOBAL_BATCH] [--hidden UNITS] [--lr RATE]\n"
-    "                      [--optimizer adam|sgd|momentum] [--seed K]\n"
-    "                      [--samples N] [--features F] [--classes C]          (generated set)\n"
-    "                      [--csv PATH [--label-column NAME]]                  (a CSV file)\n"
-    "                      [--idx-images PATH --idx-labels PATH]               (an IDX pair, e.g. MNIST)\n"
-    "                      [--checkpoint-dir DIR [--checkpoint-every STEPS] [--keep K] [--resume]]\n"
-    "                      [--cached-batches] [--min-accuracy A] [--quiet]\n"
-    "--cached-batches keeps the first epoch's global batches in memory and repeats them (tf.data's\n"
-    "cache()): the per-step input cost drops to splitting a batch, for measuring training alone.\n";
-
-[[noreturn]] void usage(const std::string& problem) {
-  std::cerr << "mlp_classifier: " << problem << "\n" << kUsage;
-  std::exit(2);
-}
-
-Flags parse(int argc, char** argv) {
-  Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    std::optional<std::string> inline_value;
-    if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      inline_value = a.substr(eq + 1);
-      a = a.substr(0, eq);
-    }
-    auto value = [&]() -> std::string {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    auto integer = [&](long long lo) {
-      const std::string v = value();
-      char* end = nullptr;
-      const long long n = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < lo) usage(a + " " + v + ": expected an integer >= " + std::to_string(lo));
-      return n;
-    };
-    auto real = [&]() {
-      const std::string v = value();
-      char* end = nullptr;
-      const double x = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || !std::isfinite(x) || x < 0) usage(a + " " + v + ": expected a number >= 0");
-      return x;
-    };
-    if (a == "--replicas") f.replicas = static_cast<int>(integer(1));
-    else if (a == "--epochs") f.epochs = static_cast<int>(integer(1));
-    else if (a == "--batch") f.batch = integer(1);
-    else if (a == "--hidden") f.hidden = static_cast<int>(integer(1));
-    else if (a == "--lr") f.learning_rate = static_cast<float>(real());
-    else if (a == "--optimizer") f.optimizer = value();
-    else if (a == "--seed") f.seed = static_cast<std::uint64_t>(integer(0));
-    else if (a == "--samples") f.samples = integer(1);
-    else if (a == "--features") f.features = static_cast<int>(integer(1));
-    else if (a == "--classes") f.classes = static_cast<int>(integer(2));
-    else if (a == "--csv") f.csv = value();
-    else if (a == "--label-column") f.label_column = value();
-    else if (a == "--idx-images") f.idx_images = value();
-    else if (a == "--idx-labels") f.idx_labels = value();
-    else if (a == "--checkpoint-dir") f.checkpoint_dir = value();
-    else if (a == "--checkpoint-every") f.checkpoint_every = integer(1);
-    else if (a == "--keep") f.keep = static_cast<int>(integer(1));
-    else if (a == "--resume") f.resume = true;
-    else if (a == "--min-accuracy") f.min_accuracy = real();
-    else if (a == "--quiet") f.quiet = true;
-    else if (a == "--cached-batches") f.cached_batches = true;
-    else if (a == "--help" || a == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else {
-      usage("unknown argument " + a);
-    }
-  }
-  if (f.optimizer != "adam" && f.optimizer != "sgd" && f.optimizer != "momentum") {
-    usage("--optimizer " + f.optimizer + ": expected adam, sgd or momentum");
-  }
-  if (!(f.learning_rate > 0)) usage("--lr must be positive");
-  if (!f.csv.empty() && !f.idx_images.empty()) usage("give --csv or --idx-images, not both");
-  if (f.idx_images.empty() != f.idx_labels.empty()) usage("--idx-images and --idx-labels go together");
-  if (f.resume && f.checkpoint_dir.empty()) usage("--resume needs --checkpoint-dir");
-  return f;
+// The command line, with the defaults of Flags.
+void add_options(CLI::App& app, Flags& f) {
+  troupe::examples::show_defaults(app);
+  app.add_option("--replicas", f.replicas, "CPU replicas")->check(CLI::Range(1, 1024));
+  app.add_option("--epochs", f.epochs, "epochs")->check(CLI::Range(1, 1000000));
+  app.add_option("--batch", f.batch, "global batch, split over the replicas")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  app.add_option("--hidden", f.hidden, "units of each hidden layer")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--lr", f.learning_rate, "learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", f.optimizer, "optimizer")->check(CLI::IsMember({"adam", "sgd", "momentum"}));
+  app.add_option("--seed", f.seed, "random seed");
+  app.add_option("--samples", f.samples, "generated set: examples")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  app.add_option("--features", f.features, "generated set: features")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--classes", f.classes, "generated set: classes")->check(CLI::Range(2, 1 << 20));
+  auto* csv = app.add_option("--csv", f.csv, "a CSV file with a header row");
+  app.add_option("--label-column", f.label_column, "the CSV's label column")->needs(csv);
+  auto* images = app.add_option("--idx-images", f.idx_images, "an IDX file of images (e.g. MNIST's)");
+  auto* labels = app.add_option("--idx-labels", f.idx_labels, "the IDX file of their labels");
+  images->needs(labels)->excludes(csv);
+  labels->needs(images);
+  auto* dir = app.add_option("--checkpoint-dir", f.checkpoint_dir, "write checkpoints into DIR");
+  app.add_option("--checkpoint-every", f.checkpoint_every, "steps between checkpoints")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+  app.add_option("--keep", f.keep, "checkpoints kept")->check(CLI::Range(1, 1000000));
+  app.add_flag("--resume", f.resume, "continue from the newest intact checkpoint")->needs(dir);
+  app.add_option("--min-accuracy", f.min_accuracy, "exit 1 when the training accuracy ends below A")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_flag("--quiet", f.quiet, "print the result line only");
+  app.add_flag("--cached-batches", f.cached_batches,
+               "keep the first epoch's global batches in memory and repeat them (tf.data's cache()): the "
+               "per-step input cost drops to splitting a batch, for measuring training alone");
 }
 
 std::vector<std::string> cpus(int n) {
@@ -323,11 +276,8 @@ int run(const Flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Flags flags = parse(argc, argv);
-  try {
-    return run(flags);
-  } catch (const std::exception& e) {
-    std::cerr << "mlp_classifier: " << e.what() << "\n";
-    return 1;
-  }
+  Flags flags;
+  CLI::App app{"An MLP classifier on a CSV/IDX or generated set, trained with MirroredStrategy.", "mlp_classifier"};
+  add_options(app, flags);
+  return troupe::examples::run_main(app, argc, argv, [&] { return run(flags); });
 }
