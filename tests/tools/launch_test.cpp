@@ -489,7 +489,7 @@ TEST_CASE("troupe-launch rejects bad usage with exit status 2 and says what is w
       {{}, "missing -n N (the number of workers)"},
       {{"-n", "2"}, "no program to run (expected: -- program args...)"},
       {{"-n", "2", "--"}, "no program to run (expected: -- program args...)"},
-      {{"-n"}, "-n: missing value"},
+      {{"-n"}, "--num-workers: 1 required N missing"},
       {{"-n", "0", "--", "/bin/true"}, "-n: expected a positive number of workers (1..256), got '0'"},
       {{"-n", "-3", "--", "/bin/true"}, "-n: expected a positive number of workers (1..256), got '-3'"},
       {{"-n", "abc", "--", "/bin/true"}, "-n: expected a positive number of workers (1..256), got 'abc'"},
@@ -511,7 +511,7 @@ TEST_CASE("troupe-launch rejects bad usage with exit status 2 and says what is w
     REQUIRE(r.finished);
     CHECK(r.exit_code == 2);
     CHECK(r.err.rfind("troupe-launch: " + c.message + "\n", 0) == 0);
-    CHECK(r.err.find("usage: troupe-launch -n N") != std::string::npos);
+    CHECK(r.err.find("Run with --help for more information.") != std::string::npos);
     CHECK(r.out == "");
   }
 }
@@ -521,7 +521,9 @@ TEST_CASE("troupe-launch prints its usage for --help and exits 0") {
   auto r = run({"--help"}, dir, {}, 5s);
   REQUIRE(r.finished);
   CHECK(r.exit_code == 0);
-  CHECK(r.out.rfind("usage: troupe-launch -n N", 0) == 0);
+  CHECK(r.out.rfind("troupe-launch -n N [options] [--] program [args...]\n", 0) == 0);
+  CHECK(r.out.find("Usage: troupe-launch [OPTIONS]") != std::string::npos);
+  CHECK(r.out.find("--grace SECONDS=5") != std::string::npos);  // the defaults shown
   CHECK(r.err == "");
 }
 

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include <CLI/CLI.hpp>
+
 namespace troupe::launch {
 namespace {
 
@@ -33,62 +35,78 @@ double parse_seconds(const std::string& option, const std::string& value, bool z
 
 }  // namespace
 
+namespace {
+
+// The command line's options, as strings: CLI11 splits "--name=value", "-nVALUE" and "--", and
+// parse_int / parse_seconds check the values with the messages above.
+struct raw_options {
+  std::string num_workers, devices_per_worker, port_base, timeout;
+  std::string grace = "5";
+};
+
+void add_options(CLI::App& app, raw_options& raw) {
+  app.add_option("-n,--num-workers", raw.num_workers, "how many workers to start (1..256)")->type_name("N");
+  app.add_option("--devices-per-worker", raw.devices_per_worker,
+                 "set TROUPE_DEVICES_PER_WORKER=K for every worker")->type_name("K");
+  app.add_option("--port-base", raw.port_base, "use the ports P..P+N-1 (each checked free) instead of free ones")
+      ->type_name("P");
+  app.add_option("--timeout", raw.timeout, "stop every worker and exit 124 after SECONDS")->type_name("SECONDS");
+  app.add_option("--grace", raw.grace, "wait between SIGTERM and SIGKILL when stopping workers")
+      ->type_name("SECONDS")
+      ->capture_default_str();
+  app.prefix_command();  // the program and its arguments are not ours
+  app.footer(R"(The program follows the options, after "--" or as the first argument that is not an option.
+
+Every line worker i writes is prefixed with "[rank i] ", on stdout or stderr as the worker wrote
+it. SIGINT and SIGTERM are forwarded to every worker. When a worker fails, the others are stopped.
+Workers read their standard input from /dev/null.
+
+Exit status: 0 when every worker succeeds; the status of the first worker to fail (128+signal when
+a signal killed it); 124 on --timeout; 128+signal when the launcher got SIGINT or SIGTERM;
+127 when the program cannot be executed; 2 for bad usage; 1 when the launcher itself fails.)");
+}
+
+const char* description =
+    "troupe-launch -n N [options] [--] program [args...]\n"
+    "Starts N local copies of program, each with TF_CONFIG naming the cluster (127.0.0.1 on N free\n"
+    "ports) and its own task index, and supervises them.\n";
+
+}  // namespace
+
 launch_options parse_launch_options(const std::vector<std::string>& args) {
   launch_options options;
-  bool have_n = false;
-  std::size_t i = 0;
-  for (; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--") {
-      ++i;
-      break;
-    }
-    if (arg == "-h" || arg == "--help") {
-      options.help = true;
-      return options;
-    }
-    if (arg.size() < 2 || arg[0] != '-') break;  // the program, without a "--" before it
-
-    // Split "--name=value" and "-nVALUE"; other options take the next argument as their value.
-    std::string name = arg;
-    std::optional<std::string> value;
-    if (arg.rfind("--", 0) == 0) {
-      auto eq = arg.find('=');
-      if (eq != std::string::npos) {
-        name = arg.substr(0, eq);
-        value = arg.substr(eq + 1);
-      }
-    } else if (arg.rfind("-n", 0) == 0 && arg.size() > 2) {
-      name = "-n";
-      value = arg.substr(2);
-    }
-    bool known = name == "-n" || name == "--num-workers" || name == "--devices-per-worker" ||
-                 name == "--port-base" || name == "--timeout" || name == "--grace";
-    if (!known) throw usage_error("unknown option '" + arg + "'");
-    if (!value) {
-      if (i + 1 >= args.size()) throw usage_error(name + ": missing value");
-      value = args[++i];
-    }
-
-    if (name == "-n" || name == "--num-workers") {
-      options.num_workers =
-          parse_int(name, *value, 1, max_workers,
-                    ("a positive number of workers (1.." + std::to_string(max_workers) + ")").c_str());
-      have_n = true;
-    } else if (name == "--devices-per-worker") {
-      options.devices_per_worker =
-          parse_int(name, *value, 1, 1024, "a positive number of devices (1..1024)");
-    } else if (name == "--port-base") {
-      options.port_base = parse_int(name, *value, 1, 65535, "a TCP port (1..65535)");
-    } else if (name == "--timeout") {
-      options.timeout_s = parse_seconds(name, *value, false);
-    } else {
-      options.grace_s = parse_seconds(name, *value, true);
-    }
+  raw_options raw;
+  CLI::App app{description, "troupe-launch"};
+  add_options(app, raw);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    options.help = true;
+    return options;
+  } catch (const CLI::ParseError& e) {
+    throw usage_error(e.what());
   }
-  options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  options.program = app.remaining();
+  if (!options.program.empty() && options.program.front() == "--") {
+    options.program.erase(options.program.begin());
+  } else if (!options.program.empty() && options.program.front().size() > 1 && options.program.front()[0] == '-') {
+    throw usage_error("unknown option '" + options.program.front() + "'");
+  }
 
-  if (!have_n) throw usage_error("missing -n N (the number of workers)");
+  if (raw.num_workers.empty() && app.count("-n") == 0) throw usage_error("missing -n N (the number of workers)");
+  options.num_workers = parse_int("-n", raw.num_workers, 1, max_workers,
+                                  ("a positive number of workers (1.." + std::to_string(max_workers) + ")").c_str());
+  if (app.count("--devices-per-worker") > 0) {
+    options.devices_per_worker =
+        parse_int("--devices-per-worker", raw.devices_per_worker, 1, 1024, "a positive number of devices (1..1024)");
+  }
+  if (app.count("--port-base") > 0) {
+    options.port_base = parse_int("--port-base", raw.port_base, 1, 65535, "a TCP port (1..65535)");
+  }
+  if (app.count("--timeout") > 0) options.timeout_s = parse_seconds("--timeout", raw.timeout, false);
+  options.grace_s = parse_seconds("--grace", raw.grace, true);
+
   if (options.program.empty()) throw usage_error("no program to run (expected: -- program args...)");
   if (options.port_base && *options.port_base + options.num_workers - 1 > 65535)
     throw usage_error("--port-base " + std::to_string(*options.port_base) + ": ports up to " +
@@ -98,27 +116,10 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
 }
 
 std::string usage_text() {
-  return R"(usage: troupe-launch -n N [--devices-per-worker K] [--port-base P] [--timeout SECONDS]
-                     [--grace SECONDS] [--] program [args...]
-
-Starts N local copies of program, each with TF_CONFIG naming the cluster (127.0.0.1 on N free
-ports) and its own task index, and supervises them.
-
-  -n, --num-workers N       how many workers to start (1..256)
-  --devices-per-worker K    set TROUPE_DEVICES_PER_WORKER=K for every worker
-  --port-base P             use the ports P..P+N-1 (each checked free) instead of free ones
-  --timeout SECONDS         stop every worker and exit 124 after SECONDS
-  --grace SECONDS           wait between SIGTERM and SIGKILL when stopping workers (default 5)
-  -h, --help                print this help
-
-Every line worker i writes is prefixed with "[rank i] ", on stdout or stderr as the worker wrote
-it. SIGINT and SIGTERM are forwarded to every worker. When a worker fails, the others are stopped.
-Workers read their standard input from /dev/null.
-
-Exit status: 0 when every worker succeeds; the status of the first worker to fail (128+signal when
-a signal killed it); 124 on --timeout; 128+signal when the launcher got SIGINT or SIGTERM;
-127 when the program cannot be executed; 2 for bad usage; 1 when the launcher itself fails.
-)";
+  raw_options raw;
+  CLI::App app{description, "troupe-launch"};
+  add_options(app, raw);
+  return app.help();
 }
 
 }  // namespace troupe::launch

@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   try {
     options = parse_launch_options(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const usage_error& e) {
-    std::cerr << "troupe-launch: " << e.what() << "\n" << usage_text() << std::flush;
+    std::cerr << "troupe-launch: " << e.what() << "\nRun with --help for more information.\n" << std::flush;
     return 2;
   }
   if (options.help) {
