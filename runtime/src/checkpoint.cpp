@@ -265,9 +265,11 @@ std::optional<std::string> CheckpointManager::latest_checkpoint() const {
   return all.back().second;
 }
 
-std::vector<std::string> CheckpointManager::checkpoints() const {
+std::vector<std::string> CheckpointManager::checkpoints() const { return checkpoint_files(directory_); }
+
+std::vector<std::string> checkpoint_files(const std::string& directory) {
   std::vector<std::string> out;
-  for (auto& [step, path] : list_checkpoints(directory_)) out.push_back(std::move(path));
+  for (auto& [step, path] : list_checkpoints(directory)) out.push_back(std::move(path));
   return out;
 }
 
@@ -292,7 +294,7 @@ std::optional<std::int64_t> CheckpointManager::restore_or_initialize() {
                         directory_ + " reads back intact:" + problems);
 }
 
-CheckpointInfo inspect_checkpoint(const std::string& path) {
+CheckpointInfo inspect_checkpoint(const std::string& path, bool read_values) {
   const tp::checkpoint_contents file = load(path, /*verify_checksums=*/false);
   CheckpointInfo info;
   info.path = path;
@@ -300,7 +302,8 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
   info.file_bytes = file.file_bytes();
   for (const tp::checkpoint_entry& e : file.tensors()) {
     info.entries.push_back(CheckpointEntry{e.name, from_scalar(e.type), e.shape, e.nbytes,
-                                           tp::xxhash64(e.data, e.nbytes) == e.checksum});
+                                           tp::xxhash64(e.data, e.nbytes) == e.checksum, Tensor()});
+    if (read_values) info.entries.back().value = Tensor::from_bytes(e.data, e.nbytes, from_scalar(e.type), e.shape);
   }
   return info;
 }
