@@ -2,8 +2,9 @@
 #  1. an installed program starts from a scratch prefix with no LD_LIBRARY_PATH (install RPATH);
 #  2. a CMake project with find_package(troupe CONFIG REQUIRED COMPONENTS caf) builds and runs two
 #     programs: one that lets troupe own its actor system, one that embeds troupe into its own;
-#  3. the same first program built with nothing but `pkg-config --cflags --libs troupe`.
-# Arguments: BUILD_DIR, SOURCE_DIR (tests/install), WORK_DIR, CXX, HAVE_CUDA.
+#  3. the same first program built with nothing but `pkg-config --cflags --libs troupe`;
+#  4. the example programs are installed (PREFIX/libexec/troupe/examples) and run from there.
+# Arguments: BUILD_DIR, SOURCE_DIR (tests/install), WORK_DIR, CXX, HAVE_CUDA, HAVE_EXAMPLES.
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")
 execute_process(COMMAND ${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}"
@@ -19,6 +20,23 @@ if(NOT rc EQUAL 0 OR NOT out MATCHES "usage: troupe-ckpt")
   message(FATAL_ERROR "PREFIX/bin/troupe-ckpt --help failed (${rc}): ${out}${err}")
 endif()
 message(STATUS "PREFIX/bin/troupe-ckpt starts from the scratch prefix")
+if(HAVE_EXAMPLES)
+  set(examples "${prefix}/libexec/troupe/examples")
+  foreach(program seed_examples quickstart custom_loop mlp_classifier multi_worker_trainer)
+    execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH "${examples}/${program}" --help
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    if(NOT rc EQUAL 0 OR NOT out MATCHES "Usage: ${program}")
+      message(FATAL_ERROR "PREFIX/libexec/troupe/examples/${program} --help failed (${rc}): ${out}${err}")
+    endif()
+  endforeach()
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH "${examples}/quickstart" --replicas 2
+                          --epochs 2 --steps 5
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "MirroredStrategy over 2 CPU replicas.*loss .* \\(falls\\)")
+    message(FATAL_ERROR "the installed quickstart failed (${rc}): ${out}${err}")
+  endif()
+  message(STATUS "the installed examples start and quickstart trains")
+endif()
 
 # 2. find_package.
 execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE_DIR}/consumer" -B "${WORK_DIR}/build"
