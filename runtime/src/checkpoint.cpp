@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
-#include <iostream>
 #include <stdexcept>
 #include <system_error>
 #include <utility>
@@ -11,6 +10,7 @@
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
 #include "troupe/distribute/strategy.hpp"
+#include "troupe/log.hpp"
 #include "troupe/transport/checkpoint_file.hpp"
 
 namespace troupe {
@@ -251,8 +251,7 @@ std::string CheckpointManager::save(std::int64_t step) {
     if (fs::path(path) == fs::path(written)) continue;
     std::error_code ec;
     if (!fs::remove(path, ec) && ec) {
-      std::cerr << "troupe: CheckpointManager: cannot delete the old checkpoint " << path << ": " << ec.message()
-                << "\n";
+      log(LogLevel::warning, "CheckpointManager: cannot delete the old checkpoint " + path + ": " + ec.message());
     }
     --excess;
   }
@@ -283,8 +282,8 @@ std::optional<std::int64_t> CheckpointManager::restore_or_initialize() {
     try {
       file = load(it->second);
     } catch (const CheckpointError& e) {
-      std::cerr << "troupe: CheckpointManager: skipping a damaged checkpoint, " << e.what()
-                << (std::next(it) != all.rend() ? "; trying an older one" : "") << "\n";
+      log(LogLevel::warning, std::string("CheckpointManager: skipping a damaged checkpoint, ") + e.what() +
+                                 (std::next(it) != all.rend() ? "; trying an older one" : ""));
       problems += std::string("\n  ") + e.what();
       continue;
     }

@@ -10,6 +10,7 @@
 #include "env.hpp"
 #include "gpu_probe.hpp"
 #include "middleman.hpp"
+#include "troupe/log.hpp"
 
 namespace troupe {
 namespace detail {
@@ -41,6 +42,14 @@ RuntimeOptions RuntimeOptions::from_environment() {
   RuntimeOptions o;
   o.scheduler_threads = detail::env_int("TROUPE_SCHEDULER_THREADS", 2, 1, 1024);
   o.spin_us = detail::env_int("TROUPE_SPIN_US", 50, 0, 10'000'000);
+  if (const char* level = std::getenv("TROUPE_LOG_LEVEL"); level != nullptr && *level != '\0') {
+    try {
+      parse_log_level(level);
+    } catch (const std::invalid_argument&) {
+      throw std::invalid_argument(std::string("TROUPE_LOG_LEVEL=\"") + level +
+                                  "\" is not a log level (expected debug, info, warning, error or off)");
+    }
+  }
   return o;
 }
 

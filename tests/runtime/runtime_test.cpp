@@ -21,6 +21,10 @@ TEST_CASE("runtime options come from the TROUPE_* environment") {
   CHECK(contains(msg, "TROUPE_SPIN_US=\"fast\""));
   CHECK_THROWS_AS(Runtime(), std::invalid_argument);
   unsetenv("TROUPE_SPIN_US");
+  setenv("TROUPE_LOG_LEVEL", "loud", 1);
+  CHECK(contains(message_of([] { RuntimeOptions::from_environment(); }),
+                 "TROUPE_LOG_LEVEL=\"loud\" is not a log level (expected debug, info, warning, error or off)"));
+  unsetenv("TROUPE_LOG_LEVEL");
   unsetenv("TROUPE_SCHEDULER_THREADS");
   Runtime rt(RuntimeOptions{1, 0});
   CHECK(rt.options().spin_us == 0);
