@@ -39,6 +39,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <iostream>
 #include <cstdlib>
 #include <iterator>
 #include <map>
@@ -369,26 +370,24 @@ void BM_AllReduce_NcclBareOutOfPlace(benchmark::State& state) { bare_benchmark(s
 
 // ---------------------------------------------------------------------------------------------
 
-// Removes --troupe_* flags from argv (the rest goes to Google Benchmark).
-void parse_own_flags(int& argc, char** argv) {
-  troupe::bench::take_own_flags(argc, argv, [](const std::string& name, const char* v) {
-    if (name == "iter_ms") g_settings.iter_ms = std::max(0.0, std::atof(v));
-    else if (name == "iters") g_settings.iters = std::max(1L, std::atol(v));
-    else return false;
-    return true;
-  });
+// The --troupe_* flags (the rest of argv goes to Google Benchmark).
+void add_own_flags(CLI::App& app) {
+  app.add_option("--troupe_iter_ms", g_settings.iter_ms, "target length of one iteration in ms")
+      ->check(CLI::Range(0.001, 1e6));
+  app.add_option("--troupe_iters", g_settings.iters, "iterations per benchmark")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  parse_own_flags(argc, argv);
+  CLI::App app{"troupe's NCCL all-reduce against bare ncclAllReduce (Google Benchmark).", "allreduce_nccl_bench"};
+  add_own_flags(app);
+  if (int status = troupe::bench::take_own_flags(app, argc, argv); status >= 0) return status;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
-    std::fprintf(stderr,
-                 "own flags: --troupe_iter_ms=MS (target length of one iteration, default 2)\n"
-                 "           --troupe_iters=N (iterations per benchmark, default 20)\n");
-    return 1;
+    std::cerr << app.help();
+    return 2;
   }
 
   const int gpus = troupe::Runtime::gpu_count();

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <iostream>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -215,28 +216,28 @@ void BM_AllReduce_Shm(benchmark::State& state) {
   }
 }
 
-// Removes --troupe_* flags from argv (the rest goes to Google Benchmark).
-void parse_own_flags(int& argc, char** argv) {
-  troupe::bench::take_own_flags(argc, argv, [](const std::string& name, const char* v) {
-    if (name == "stream_runs") g_settings.stream_runs = std::atoi(v);
-    else if (name == "iter_ms") g_settings.iter_ms = std::atof(v);
-    else if (name == "iters") g_settings.iters = std::max(1L, std::atol(v));
-    else return false;
-    return true;
-  });
+// The --troupe_* flags (the rest of argv goes to Google Benchmark).
+void add_own_flags(CLI::App& app) {
+  app.add_option("--troupe_stream_runs", g_settings.stream_runs,
+                 "best of this many runs of the streaming kernel (0 skips the bandwidth measurement)")
+      ->check(CLI::Range(0, 1000));
+  app.add_option("--troupe_iter_ms", g_settings.iter_ms, "target length of one iteration in ms")
+      ->check(CLI::Range(0.001, 1e6));
+  app.add_option("--troupe_iters", g_settings.iters, "iterations per benchmark")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  parse_own_flags(argc, argv);
+  CLI::App app{"Shared-memory all-reduce against the machine's memory bandwidth (Google Benchmark).",
+               "allreduce_shm_bench"};
+  add_own_flags(app);
+  if (int status = troupe::bench::take_own_flags(app, argc, argv); status >= 0) return status;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
-    std::fprintf(stderr,
-                 "own flags: --troupe_stream_runs=N (default 5, 0 skips the bandwidth measurement)\n"
-                 "           --troupe_iter_ms=MS (target length of one iteration, default 5)\n"
-                 "           --troupe_iters=N (iterations per benchmark, default 10)\n");
-    return 1;
+    std::cerr << app.help();
+    return 2;
   }
 
   if (g_settings.stream_runs > 0) {

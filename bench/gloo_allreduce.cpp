@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 namespace {
 
 using clock_type = std::chrono::steady_clock;
@@ -73,17 +75,19 @@ int main(int argc, char** argv) {
   int n = 2, reps = 5;
   double target_ms = 50;
   std::vector<std::size_t> sizes;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "-n" && i + 1 < argc) {
-      n = std::atoi(argv[++i]);
-    } else if (a == "--reps" && i + 1 < argc) {
-      reps = std::atoi(argv[++i]);
-    } else if (a == "--target-ms" && i + 1 < argc) {
-      target_ms = std::atof(argv[++i]);
-    } else {
-      sizes.push_back(std::strtoull(a.c_str(), nullptr, 10));
-    }
+  CLI::App app{"Gloo's ring all-reduce between processes on loopback (the peer of tcp_allreduce_bench).",
+               "gloo_allreduce"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("-n", n, "ranks (processes)")->check(CLI::Range(1, 64));
+  app.add_option("--reps", reps, "repetitions per size (the median is printed)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--target-ms", target_ms, "time each repetition aims at")->check(CLI::Range(0.001, 1e6));
+  app.add_option("sizes", sizes, "bytes per all-reduce (default: a sweep)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 34));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
   }
   if (sizes.empty()) sizes = {4, 4096, 65536, 1 << 20, 16 << 20, 64 << 20};
   std::sort(sizes.begin(), sizes.end());

@@ -1,27 +1,41 @@
 #pragma once
 
-// The benchmarks' own --troupe_NAME=VALUE flags, taken out of argv before Google Benchmark reads
-// the rest.
+// The benchmarks' own --troupe_NAME=VALUE flags, parsed with CLI11 (values checked) and taken out
+// of argv before Google Benchmark reads the rest.
 
 #include <cstring>
-#include <functional>
-#include <string>
+#include <iostream>
+#include <vector>
+
+#include <CLI/CLI.hpp>
 
 namespace troupe::bench {
 
-/// Calls take(NAME, VALUE) for every --troupe_NAME=VALUE argument; those for which take returns
-/// true are removed from argv, everything else stays in order.
-inline void take_own_flags(int& argc, char** argv, const std::function<bool(const std::string&, const char*)>& take) {
+/// Parses every --troupe_* argument with `app` and leaves the others, in order, in argv for
+/// Google Benchmark. Returns -1 to go on, or the exit status: 0 after --troupe_help, 2 after a bad
+/// value (the message names the flag and the value).
+inline int take_own_flags(CLI::App& app, int& argc, char** argv) {
   constexpr const char* prefix = "--troupe_";
+  app.set_help_flag("--troupe_help", "print the benchmark's own flags (Google Benchmark's: --help)");
+  for (CLI::Option* option : app.get_options()) option->capture_default_str();  // --troupe_help shows them
+  std::vector<char*> ours{argv[0]};
   int out = 1;
   for (int i = 1; i < argc; ++i) {
-    const char* arg = argv[i];
-    const char* eq = std::strchr(arg, '=');
-    const bool ours = std::strncmp(arg, prefix, std::strlen(prefix)) == 0 && eq != nullptr;
-    if (ours && take(std::string(arg + std::strlen(prefix), eq), eq + 1)) continue;
-    argv[out++] = argv[i];
+    if (std::strncmp(argv[i], prefix, std::strlen(prefix)) == 0) {
+      ours.push_back(argv[i]);
+    } else {
+      argv[out++] = argv[i];
+    }
   }
   argc = out;
+  try {
+    app.parse(static_cast<int>(ours.size()), ours.data());
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << app.get_name() << ": " << e.what() << "\nRun with --troupe_help for the own flags.\n";
+    return 2;
+  }
+  return -1;
 }
 
 }  // namespace troupe::bench

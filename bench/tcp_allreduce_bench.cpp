@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "troupe/transport/tcp_ring.hpp"
 
 using namespace troupe::transport;
@@ -139,26 +141,24 @@ int main(int argc, char** argv) {
   int reps = 5;
   double target_ms = 50;
   std::vector<std::size_t> sizes;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "-n" && i + 1 < argc) {
-      n = std::atoi(argv[++i]);
-    } else if (a == "--floor") {
-      floor_mode = true;
-    } else if (a == "--reps" && i + 1 < argc) {
-      reps = std::atoi(argv[++i]);
-    } else if (a == "--target-ms" && i + 1 < argc) {
-      target_ms = std::atof(argv[++i]);
-    } else {
-      sizes.push_back(std::strtoull(a.c_str(), nullptr, 10));
-    }
+  CLI::App app{"All-reduce over troupe's TCP ring between processes on loopback (or, with --floor, the bare\n"
+               "exchange).",
+               "tcp_allreduce_bench"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("-n", n, "ranks (processes)")->check(CLI::Range(1, 64));
+  app.add_flag("--floor", floor_mode, "measure the loopback exchange floor instead of the ring");
+  app.add_option("--reps", reps, "repetitions per size (the median is printed)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--target-ms", target_ms, "time each repetition aims at")->check(CLI::Range(0.001, 1e6));
+  app.add_option("sizes", sizes, "bytes per all-reduce (default: a sweep)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 34));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
   }
   if (sizes.empty()) sizes = {4, 64, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
   std::sort(sizes.begin(), sizes.end());
-  if (n < 1 || reps < 1) {
-    std::fprintf(stderr, "usage: tcp_allreduce_bench [-n RANKS] [--floor] [--reps R] [--target-ms T] [SIZE...]\n");
-    return 2;
-  }
   if (floor_mode) {
     int sv[2];
     listener l("127.0.0.1", 0);

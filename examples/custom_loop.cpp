@@ -17,15 +17,16 @@
 // computes its loss and gradients by hand (the GradientTape part), all-reduces the gradients with
 // MEAN, applies them without further aggregation, and the loss is reduced for printing.
 //
-// Usage: custom_loop [--replicas N] [--steps S] [--seed K]   (defaults 4, 100, 1)
+// Usage: custom_loop [--replicas N] [--steps S] [--seed K]   (custom_loop --help)
 
-#include <cstdlib>
 #include <iostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <troupe/troupe.hpp>
+
+#include "example_cli.hpp"
 
 using namespace troupe;
 using namespace troupe::distribute;
@@ -38,91 +39,70 @@ std::vector<std::string> cpus(int n) {
   return devices;
 }
 
-[[noreturn]] void usage(const std::string& problem) {
-  std::cerr << "custom_loop: " << problem << "\n"
-            << "usage: custom_loop [--replicas N] [--steps S] [--seed K]\n";
-  std::exit(2);
-}
-
-long long int_flag(int& i, int argc, char** argv) {
-  const std::string flag = argv[i];
-  if (i + 1 >= argc) usage(flag + " needs a value");
-  char* end = nullptr;
-  const long long v = std::strtoll(argv[++i], &end, 10);
-  if (*end != '\0' || v < 1) usage(flag + " " + argv[i] + ": expected a positive integer");
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   int replicas = 4;
   long long num_steps = 100;
   std::uint64_t seed = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--replicas") {
-      replicas = static_cast<int>(int_flag(i, argc, argv));
-    } else if (a == "--steps") {
-      num_steps = int_flag(i, argc, argv);
-    } else if (a == "--seed") {
-      seed = static_cast<std::uint64_t>(int_flag(i, argc, argv));
-    } else {
-      usage("unknown argument " + a);
-    }
-  }
+  CLI::App app{"The seed's custom training loop: run, all_reduce(MEAN) of the gradients, apply.", "custom_loop"};
+  troupe::examples::show_defaults(app);
+  app.add_option("--replicas", replicas, "CPU replicas")->check(CLI::Range(1, 1024));
+  app.add_option("--steps", num_steps, "training steps")->check(CLI::Range(1LL, 1000000000LL));
+  app.add_option("--seed", seed, "random seed");
+  return troupe::examples::run_main(app, argc, argv, [&] {
+    Runtime rt;
+    MirroredStrategy strategy(rt, cpus(replicas));
+    auto scope = strategy.scope();
+    nn::Sequential model({nn::Dense(5, 2, nn::Activation::none, seed)});
+    nn::SGD optimizer(0.1f);
 
-  Runtime rt;
-  MirroredStrategy strategy(rt, cpus(replicas));
-  auto scope = strategy.scope();
-  nn::Sequential model({nn::Dense(5, 2, nn::Activation::none, seed)});
-  nn::SGD optimizer(0.1f);
+    std::mt19937_64 engine(seed);
+    std::vector<float> x(10);
+    for (float& v : x) v = static_cast<float>(engine() >> 40) * 0x1.0p-24f;
+    std::vector<std::int64_t> y{static_cast<std::int64_t>(engine() & 1), static_cast<std::int64_t>(engine() & 1)};
+    const Tensor features_all = Tensor::from_vector(x, {2, 5});
+    const Tensor labels_all = Tensor::from_vector(y, {2, 1});
+    const std::int64_t global_batch = strategy.num_replicas_in_sync();
+    auto dist_dataset = strategy.distribute_datasets_from_function([&](const InputContext& ctx) {
+      return data::Dataset::from_tensor_slices({features_all, labels_all})
+          .repeat()
+          .batch(ctx.get_per_replica_batch_size(global_batch), true);
+    });
+    DistributedIterator iterator = dist_dataset.make_iterator();
 
-  std::mt19937_64 engine(seed);
-  std::vector<float> x(10);
-  for (float& v : x) v = static_cast<float>(engine() >> 40) * 0x1.0p-24f;
-  std::vector<std::int64_t> y{static_cast<std::int64_t>(engine() & 1), static_cast<std::int64_t>(engine() & 1)};
-  const Tensor features_all = Tensor::from_vector(x, {2, 5});
-  const Tensor labels_all = Tensor::from_vector(y, {2, 1});
-  const std::int64_t global_batch = strategy.num_replicas_in_sync();
-  auto dist_dataset = strategy.distribute_datasets_from_function([&](const InputContext& ctx) {
-    return data::Dataset::from_tensor_slices({features_all, labels_all})
-        .repeat()
-        .batch(ctx.get_per_replica_batch_size(global_batch), true);
-  });
-  DistributedIterator iterator = dist_dataset.make_iterator();
-
-  auto train_step = [&](DistributedIterator& it) {
-    auto step_fn = [&](const data::Element& inputs) {
-      const Tensor& features = inputs[0];
-      const Tensor& labels = inputs[1];
-      std::vector<Tensor> activations;  // what the tape records
-      const Tensor logits = model.forward(features, activations);
-      const nn::LossAndGradient loss = nn::sparse_softmax_cross_entropy(logits, labels);
-      std::vector<Tensor> grads = model.backward(activations, loss.gradient);
-      grads = get_replica_context()->all_reduce(ReduceOp::mean, grads);  // one packed collective
-      optimizer.apply_gradients(nn::zip(grads, model.trainable_variables()), std::nullopt);
-      return loss.loss;
+    auto train_step = [&](DistributedIterator& it) {
+      auto step_fn = [&](const data::Element& inputs) {
+        const Tensor& features = inputs[0];
+        const Tensor& labels = inputs[1];
+        std::vector<Tensor> activations;  // what the tape records
+        const Tensor logits = model.forward(features, activations);
+        const nn::LossAndGradient loss = nn::sparse_softmax_cross_entropy(logits, labels);
+        std::vector<Tensor> grads = model.backward(activations, loss.gradient);
+        grads = get_replica_context()->all_reduce(ReduceOp::mean, grads);  // one packed collective
+        optimizer.apply_gradients(nn::zip(grads, model.trainable_variables()), std::nullopt);
+        return loss.loss;
+      };
+      PerReplica<Tensor> per_replica_loss = strategy.run(step_fn, it.get_next());
+      return strategy.reduce(ReduceOp::mean, per_replica_loss, std::nullopt).item<float>();
     };
-    PerReplica<Tensor> per_replica_loss = strategy.run(step_fn, it.get_next());
-    return strategy.reduce(ReduceOp::mean, per_replica_loss, std::nullopt).item<float>();
-  };
 
-  float first = 0, last = 0;
-  for (long long step = 1; step <= num_steps; ++step) {
-    const float loss = train_step(iterator);
-    if (step == 1) first = loss;
-    last = loss;
-    if (step == 1 || step % 10 == 0 || step == num_steps) std::cout << "step " << step << ": loss " << loss << "\n";
-  }
+    float first = 0, last = 0;
+    for (long long step = 1; step <= num_steps; ++step) {
+      const float loss = train_step(iterator);
+      if (step == 1) first = loss;
+      last = loss;
+      if (step == 1 || step % 10 == 0 || step == num_steps) std::cout << "step " << step << ": loss " << loss << "\n";
+    }
 
-  // Every replica applied the same update to its own component: they are bit-identical.
-  bool identical = true;
-  for (const Variable& v : model.trainable_variables()) {
-    const std::vector<Tensor> parts = strategy.experimental_local_results(v);
-    for (const Tensor& p : parts) identical = identical && p.equals(parts[0]);
-  }
-  std::cout << "loss " << first << " -> " << last << "; the " << replicas << " replicas' weights are "
-            << (identical ? "bit-identical" : "NOT identical") << "\n";
-  return identical && last < first ? 0 : 1;
+    // Every replica applied the same update to its own component: they are bit-identical.
+    bool identical = true;
+    for (const Variable& v : model.trainable_variables()) {
+      const std::vector<Tensor> parts = strategy.experimental_local_results(v);
+      for (const Tensor& p : parts) identical = identical && p.equals(parts[0]);
+    }
+    std::cout << "loss " << first << " -> " << last << "; the " << replicas << " replicas' weights are "
+              << (identical ? "bit-identical" : "NOT identical") << "\n";
+    return identical && last < first ? 0 : 1;
+  });
 }

@@ -7,7 +7,7 @@
 // linear model is not enough).
 //
 //   mlp_classifier                                       # generated set, 4 replicas
-//   mlp_classifier --csv iris.csv --label-column species --epochs 50 --batch 16
+//   mlp_classifier --csv iris.csv --label-column species --epochs 50 --batch 16   # names -> class ids
 //   mlp_classifier --idx-images train-images-idx3-ubyte --idx-labels train-labels-idx1-ubyte
 //   mlp_classifier --checkpoint-dir /tmp/mlp --checkpoint-every 50   # then again with --resume
 //   mlp_classifier --cached-batches                      # training alone, input cost taken out
@@ -17,7 +17,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -27,6 +28,8 @@
 
 #include <troupe/checkpoint.hpp>
 #include <troupe/troupe.hpp>
+
+#include "example_cli.hpp"
 
 using namespace troupe;
 using namespace troupe::distribute;
@@ -48,6 +51,10 @@ struct Flags {
   // Files.
   std::string csv;
   std::string label_column = "label";
+  std::string delimiter = ",";
+  std::string non_finite = "refuse";
+  std::string labels = "auto";
+  int max_classes = 1000;
   std::string idx_images;
   std::string idx_labels;
   // Checkpoints.
@@ -60,86 +67,56 @@ struct Flags {
   bool cached_batches = false;
 };
 
-const char* kUsage =
-    "usage: mlp_classifier [--replicas N] [--epochs E] [--batch GLOBAL_BATCH] [--hidden UNITS] [--lr RATE]\n"
-    "                      [--optimizer adam|sgd|momentum] [--seed K]\n"
-    "                      [--samples N] [--features F] [--classes C]          (generated set)\n"
-    "                      [--csv PATH [--label-column NAME]]                  (a CSV file)\n"
-    "                      [--idx-images PATH --idx-labels PATH]               (an IDX pair, e.g. MNIST)\n"
-    "                      [--checkpoint-dir DIR [--checkpoint-every STEPS] [--keep K] [--resume]]\n"
-    "                      [--cached-batches] [--min-accuracy A] [--quiet]\n"
-    "--cached-batches keeps the first epoch's global batches in memory and repeats them (tf.data's\n"
-    "cache()): the per-step input cost drops to splitting a batch, for measuring training alone.\n";
-
-[[noreturn]] void usage(const std::string& problem) {
-  std::cerr << "mlp_classifier: " << problem << "\n" << kUsage;
-  std::exit(2);
-}
-
-Flags parse(int argc, char** argv) {
-  Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    std::optional<std::string> inline_value;
-    if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      inline_value = a.substr(eq + 1);
-      a = a.substr(0, eq);
-    }
-    auto value = [&]() -> std::string {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    auto integer = [&](long long lo) {
-      const std::string v = value();
-      char* end = nullptr;
-      const long long n = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < lo) usage(a + " " + v + ": expected an integer >= " + std::to_string(lo));
-      return n;
-    };
-    auto real = [&]() {
-      const std::string v = value();
-      char* end = nullptr;
-      const double x = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || !std::isfinite(x) || x < 0) usage(a + " " + v + ": expected a number >= 0");
-      return x;
-    };
-    if (a == "--replicas") f.replicas = static_cast<int>(integer(1));
-    else if (a == "--epochs") f.epochs = static_cast<int>(integer(1));
-    else if (a == "--batch") f.batch = integer(1);
-    else if (a == "--hidden") f.hidden = static_cast<int>(integer(1));
-    else if (a == "--lr") f.learning_rate = static_cast<float>(real());
-    else if (a == "--optimizer") f.optimizer = value();
-    else if (a == "--seed") f.seed = static_cast<std::uint64_t>(integer(0));
-    else if (a == "--samples") f.samples = integer(1);
-    else if (a == "--features") f.features = static_cast<int>(integer(1));
-    else if (a == "--classes") f.classes = static_cast<int>(integer(2));
-    else if (a == "--csv") f.csv = value();
-    else if (a == "--label-column") f.label_column = value();
-    else if (a == "--idx-images") f.idx_images = value();
-    else if (a == "--idx-labels") f.idx_labels = value();
-    else if (a == "--checkpoint-dir") f.checkpoint_dir = value();
-    else if (a == "--checkpoint-every") f.checkpoint_every = integer(1);
-    else if (a == "--keep") f.keep = static_cast<int>(integer(1));
-    else if (a == "--resume") f.resume = true;
-    else if (a == "--min-accuracy") f.min_accuracy = real();
-    else if (a == "--quiet") f.quiet = true;
-    else if (a == "--cached-batches") f.cached_batches = true;
-    else if (a == "--help" || a == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else {
-      usage("unknown argument " + a);
-    }
-  }
-  if (f.optimizer != "adam" && f.optimizer != "sgd" && f.optimizer != "momentum") {
-    usage("--optimizer " + f.optimizer + ": expected adam, sgd or momentum");
-  }
-  if (!(f.learning_rate > 0)) usage("--lr must be positive");
-  if (!f.csv.empty() && !f.idx_images.empty()) usage("give --csv or --idx-images, not both");
-  if (f.idx_images.empty() != f.idx_labels.empty()) usage("--idx-images and --idx-labels go together");
-  if (f.resume && f.checkpoint_dir.empty()) usage("--resume needs --checkpoint-dir");
-  return f;
+// The command line, with the defaults of Flags.
+void add_options(CLI::App& app, Flags& f) {
+  troupe::examples::show_defaults(app);
+  app.add_option("--replicas", f.replicas, "CPU replicas")->check(CLI::Range(1, 1024));
+  app.add_option("--epochs", f.epochs, "epochs")->check(CLI::Range(1, 1000000));
+  app.add_option("--batch", f.batch, "global batch, split over the replicas")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  app.add_option("--hidden", f.hidden, "units of each hidden layer")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--lr", f.learning_rate, "learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", f.optimizer, "optimizer")->check(CLI::IsMember({"adam", "sgd", "momentum"}));
+  app.add_option("--seed", f.seed, "random seed");
+  app.add_option("--samples", f.samples, "generated set: examples")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  app.add_option("--features", f.features, "generated set: features")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--classes", f.classes, "generated set: classes")->check(CLI::Range(2, 1 << 20));
+  auto* csv = app.add_option("--csv", f.csv, "a CSV file with a header row");
+  app.add_option("--label-column", f.label_column, "the CSV's label column: class ids, or names mapped to ids")
+      ->needs(csv);
+  app.add_option("--labels", f.labels, "the label column holds numbers, names, or either (auto)")
+      ->check(CLI::IsMember({"auto", "numbers", "names"}))
+      ->needs(csv);
+  app.add_option("--delimiter", f.delimiter, "the CSV's field separator: one character, or \"tab\"")
+      ->check(CLI::Validator(
+          [](std::string& d) -> std::string {
+            if (d == "tab" || d == "\\t") d = "\t";
+            return d.size() == 1 ? std::string() : "expected one character or \"tab\", got \"" + d + "\"";
+          },
+          "CHAR"))
+      ->needs(csv);
+  app.add_option("--non-finite", f.non_finite, "a NaN/Inf in the CSV: refuse the file, or drop the row with a warning")
+      ->check(CLI::IsMember({"refuse", "drop"}))
+      ->needs(csv);
+  app.add_option("--max-classes", f.max_classes,
+                 "the most classes the labels may make (a label of 1000000 would make a million)")
+      ->check(CLI::Range(2, 1 << 24));
+  auto* images = app.add_option("--idx-images", f.idx_images, "an IDX file of images (e.g. MNIST's)");
+  auto* labels = app.add_option("--idx-labels", f.idx_labels, "the IDX file of their labels");
+  images->needs(labels)->excludes(csv);
+  labels->needs(images);
+  auto* dir = app.add_option("--checkpoint-dir", f.checkpoint_dir, "write checkpoints into DIR");
+  app.add_option("--checkpoint-every", f.checkpoint_every, "steps between checkpoints")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+  app.add_option("--keep", f.keep, "checkpoints kept")->check(CLI::Range(1, 1000000));
+  app.add_flag("--resume", f.resume, "continue from the newest intact checkpoint")->needs(dir);
+  app.add_option("--min-accuracy", f.min_accuracy, "exit 1 when the training accuracy ends below A")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_flag("--quiet", f.quiet, "print the result line only");
+  app.add_flag("--cached-batches", f.cached_batches,
+               "keep the first epoch's global batches in memory and repeat them (tf.data's cache()): the "
+               "per-step input cost drops to splitting a batch, for measuring training alone");
 }
 
 std::vector<std::string> cpus(int n) {
@@ -173,6 +150,7 @@ struct LoadedData {
   nn::ClassificationData data;
   int classes = 0;
   std::string description;
+  std::vector<std::string> label_names;  ///< class id -> name, when the CSV's labels were names
 };
 
 LoadedData load(const Flags& f) {
@@ -180,9 +158,16 @@ LoadedData load(const Flags& f) {
   if (!f.csv.empty()) {
     data::CsvOptions options;
     options.label_column = f.label_column;
+    options.delimiter = f.delimiter[0];
+    options.non_finite = f.non_finite == "drop" ? data::NonFinite::drop_row : data::NonFinite::refuse;
+    options.labels = f.labels == "names"     ? data::CsvLabels::names
+                     : f.labels == "numbers" ? data::CsvLabels::numbers
+                                             : data::CsvLabels::automatic;
     data::CsvData csv = data::read_csv(f.csv, options);
+    for (const std::string& w : csv.warnings) std::cerr << "mlp_classifier: warning: " << w << "\n";
     out.data = {standardise(csv.features), *csv.labels};
     out.description = f.csv;
+    out.label_names = std::move(csv.label_names);
   } else if (!f.idx_images.empty()) {
     Tensor images = data::read_idx(f.idx_images, DType::f32);
     const std::int64_t n = images.rank() > 0 ? images.shape()[0] : 0;
@@ -196,8 +181,7 @@ LoadedData load(const Flags& f) {
     options.features = f.features;
     options.classes = f.classes;
     out.data = nn::make_blobs(options);
-    out.description = "generated: " + std::to_string(f.samples) + " samples, " + std::to_string(f.features) +
-                      " features, " + std::to_string(f.classes) + " classes of 2 clusters";
+    out.description = "generated Gaussian clusters, 2 per class";
   }
   const auto labels = out.data.labels.to_vector<std::int64_t>();
   if (out.data.features.shape()[0] != static_cast<std::int64_t>(labels.size())) {
@@ -207,6 +191,11 @@ LoadedData load(const Flags& f) {
   if (labels.empty()) throw std::invalid_argument(out.description + ": no examples");
   const auto [lo, hi] = std::minmax_element(labels.begin(), labels.end());
   if (*lo < 0) throw std::invalid_argument("label " + std::to_string(*lo) + " is negative (expected 0..classes-1)");
+  if (*hi >= f.max_classes) {
+    throw std::invalid_argument("label " + std::to_string(*hi) + " would make " + std::to_string(*hi + 1) +
+                                " classes, more than --max-classes " + std::to_string(f.max_classes) +
+                                " (labels are class ids 0..classes-1; raise --max-classes if this is meant)");
+  }
   out.classes = static_cast<int>(*hi + 1);
   return out;
 }
@@ -224,6 +213,29 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// The class names beside the checkpoints (labels.txt: line i+1 names class i), so that a restored
+// model's outputs can be read. A resumed run must map the classes as the saved one did.
+void save_label_names(const Flags& f, const std::vector<std::string>& names) {
+  const std::string path = f.checkpoint_dir + "/labels.txt";
+  std::string text;
+  for (const std::string& n : names) text += n + "\n";
+  if (f.resume) {
+    std::ifstream in(path);
+    if (in) {
+      const std::string saved((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (saved != text) {
+        throw std::invalid_argument("--resume: " + path + " maps the classes differently from " + f.csv +
+                                    " (the saved model's outputs would mean other classes)");
+      }
+      return;
+    }
+  }
+  std::filesystem::create_directories(f.checkpoint_dir);
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  if (!out.flush()) throw std::runtime_error("cannot write " + path);
+}
+
 int run(const Flags& f) {
   const LoadedData loaded = load(f);
   const nn::ClassificationData& d = loaded.data;
@@ -234,6 +246,12 @@ int run(const Flags& f) {
     std::cout << "data: " << loaded.description << " (" << n << " examples, " << inputs << " features, "
               << loaded.classes << " classes)\n";
   }
+  if (!loaded.label_names.empty()) {
+    std::cout << "classes:";
+    for (std::size_t i = 0; i < loaded.label_names.size(); ++i) std::cout << " " << i << "=" << loaded.label_names[i];
+    std::cout << "\n";
+  }
+  if (!f.checkpoint_dir.empty() && !loaded.label_names.empty()) save_label_names(f, loaded.label_names);
 
   Runtime rt;
   MirroredStrategy strategy(rt, cpus(f.replicas));
@@ -245,7 +263,8 @@ int run(const Flags& f) {
   if (!f.quiet) {
     std::cout << "model: " << inputs << " -> " << f.hidden << " relu -> " << f.hidden << " relu -> " << loaded.classes
               << ", " << f.optimizer << " lr " << f.learning_rate << "; " << strategy.num_replicas_in_sync()
-              << " CPU replicas, global batch " << f.batch << ", " << steps_per_epoch << " steps per epoch\n";
+              << " CPU replicas, global batch " << f.batch << ", " << steps_per_epoch
+              << (steps_per_epoch == 1 ? " step" : " steps") << " per epoch\n";
   }
 
   std::unique_ptr<CheckpointManager> manager;
@@ -323,11 +342,8 @@ int run(const Flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Flags flags = parse(argc, argv);
-  try {
-    return run(flags);
-  } catch (const std::exception& e) {
-    std::cerr << "mlp_classifier: " << e.what() << "\n";
-    return 1;
-  }
+  Flags flags;
+  CLI::App app{"An MLP classifier on a CSV/IDX or generated set, trained with MirroredStrategy.", "mlp_classifier"};
+  add_options(app, flags);
+  return troupe::examples::run_main(app, argc, argv, [&] { return run(flags); });
 }

@@ -11,7 +11,6 @@
 // where weights_digest hashes the bytes of every variable (the model's and the optimizer's), the
 // same on every worker of a synchronised run.
 
-#include <cstdlib>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -19,6 +18,8 @@
 #include <string>
 
 #include <troupe/troupe.hpp>
+
+#include "example_cli.hpp"
 
 using namespace troupe;
 using namespace troupe::distribute;
@@ -50,22 +51,13 @@ std::string weights_digest(const std::map<std::string, Variable>& variables) {
 int main(int argc, char** argv) {
   int epochs = 3;
   std::int64_t batch = 256;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--epochs" && i + 1 < argc) {
-      epochs = std::atoi(argv[++i]);
-    } else if (a == "--batch" && i + 1 < argc) {
-      batch = std::atoll(argv[++i]);
-    } else {
-      std::cerr << "usage: multi_worker_trainer [--epochs E] [--batch GLOBAL_BATCH]   (TF_CONFIG set)\n";
-      return 2;
-    }
-  }
-  if (epochs < 1 || batch < 1) {
-    std::cerr << "multi_worker_trainer: --epochs and --batch must be at least 1\n";
-    return 2;
-  }
-  try {
+  CLI::App app{"The MLP classifier under MultiWorkerMirroredStrategy (TF_CONFIG says who is who).",
+               "multi_worker_trainer"};
+  troupe::examples::show_defaults(app);
+  app.add_option("--epochs", epochs, "epochs")->check(CLI::Range(1, 1000000));
+  app.add_option("--batch", batch, "global batch, split over every replica of every worker")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{8192}));  // the generated set has 8192 examples
+  return troupe::examples::run_main(app, argc, argv, [&] {
     Runtime rt;
     MultiWorkerMirroredStrategy strategy(rt);
     const int workers = strategy.num_replicas_in_sync() / strategy.num_local_replicas();
@@ -91,8 +83,5 @@ int main(int argc, char** argv) {
               << " replicas=" << strategy.num_replicas_in_sync() << " loss=" << history.loss.back()
               << " accuracy=" << eval.accuracy << " weights_digest=" << weights_digest(model.variables()) << "\n";
     return 0;
-  } catch (const std::exception& e) {
-    std::cerr << "multi_worker_trainer: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

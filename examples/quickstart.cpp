@@ -12,16 +12,17 @@
 //   dist_dataset = strategy.distribute_datasets_from_function(dataset_fn)
 //   model.compile(); model.fit(dist_dataset)
 //
-// Usage: quickstart [--replicas N] [--epochs E] [--steps S] [--seed K]   (defaults 4, 5, 20, 1)
+// Usage: quickstart [--replicas N] [--epochs E] [--steps S] [--seed K]   (quickstart --help)
 // Prints one line per epoch and exits 0 when the loss fell.
 
-#include <cstdlib>
 #include <iostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <troupe/troupe.hpp>
+
+#include "example_cli.hpp"
 
 using namespace troupe;
 using namespace troupe::distribute;
@@ -34,68 +35,46 @@ std::vector<std::string> cpus(int n) {
   return devices;
 }
 
-[[noreturn]] void usage(const std::string& problem) {
-  std::cerr << "quickstart: " << problem << "\n"
-            << "usage: quickstart [--replicas N] [--epochs E] [--steps S] [--seed K]\n";
-  std::exit(2);
-}
-
-long long int_flag(int& i, int argc, char** argv) {
-  const std::string flag = argv[i];
-  if (i + 1 >= argc) usage(flag + " needs a value");
-  char* end = nullptr;
-  const long long v = std::strtoll(argv[++i], &end, 10);
-  if (*end != '\0' || v < 1) usage(flag + " " + argv[i] + ": expected a positive integer");
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   int replicas = 4, epochs = 5;
   long long steps = 20;
   std::uint64_t seed = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--replicas") {
-      replicas = static_cast<int>(int_flag(i, argc, argv));
-    } else if (a == "--epochs") {
-      epochs = static_cast<int>(int_flag(i, argc, argv));
-    } else if (a == "--steps") {
-      steps = int_flag(i, argc, argv);
-    } else if (a == "--seed") {
-      seed = static_cast<std::uint64_t>(int_flag(i, argc, argv));
-    } else {
-      usage("unknown argument " + a);
-    }
-  }
+  CLI::App app{"The seed's Keras quickstart: Dense(2), SGD(0.1), fit, over CPU replicas.", "quickstart"};
+  troupe::examples::show_defaults(app);
+  app.add_option("--replicas", replicas, "CPU replicas")->check(CLI::Range(1, 1024));
+  app.add_option("--epochs", epochs, "epochs")->check(CLI::Range(1, 1000000));
+  app.add_option("--steps", steps, "steps per epoch")->check(CLI::Range(1LL, 1000000000LL));
+  app.add_option("--seed", seed, "random seed");
+  return troupe::examples::run_main(app, argc, argv, [&] {
+    Runtime rt;
+    MirroredStrategy strategy(rt, cpus(replicas));
+    std::cout << "MirroredStrategy over " << strategy.num_replicas_in_sync() << " CPU replicas\n";
+    auto scope = strategy.scope();
+    nn::Model model(nn::Sequential({nn::Dense(5, 2, nn::Activation::none, seed)}));
+    model.compile(std::make_shared<nn::SGD>(0.1f), nn::Loss::sparse_categorical_crossentropy());
 
-  Runtime rt;
-  MirroredStrategy strategy(rt, cpus(replicas));
-  std::cout << "MirroredStrategy over " << strategy.num_replicas_in_sync() << " CPU replicas\n";
-  auto scope = strategy.scope();
-  nn::Model model(nn::Sequential({nn::Dense(5, 2, nn::Activation::none, seed)}));
-  model.compile(std::make_shared<nn::SGD>(0.1f), nn::Loss::sparse_categorical_crossentropy());
+    // x = np.random.random((2, 5)); y = np.random.randint(2, size=(2, 1)), from a fixed seed.
+    std::mt19937_64 engine(seed);
+    std::vector<float> x(10);
+    for (float& v : x) v = static_cast<float>(engine() >> 40) * 0x1.0p-24f;
+    std::vector<std::int64_t> y{static_cast<std::int64_t>(engine() & 1), static_cast<std::int64_t>(engine() & 1)};
+    const Tensor features = Tensor::from_vector(x, {2, 5});
+    const Tensor labels = Tensor::from_vector(y, {2, 1});
 
-  // x = np.random.random((2, 5)); y = np.random.randint(2, size=(2, 1)), from a fixed seed.
-  std::mt19937_64 engine(seed);
-  std::vector<float> x(10);
-  for (float& v : x) v = static_cast<float>(engine() >> 40) * 0x1.0p-24f;
-  std::vector<std::int64_t> y{static_cast<std::int64_t>(engine() & 1), static_cast<std::int64_t>(engine() & 1)};
-  const Tensor features = Tensor::from_vector(x, {2, 5});
-  const Tensor labels = Tensor::from_vector(y, {2, 1});
+    // batch(1) per replica: a global batch of one example per replica.
+    const std::int64_t global_batch = strategy.num_replicas_in_sync();
+    auto dist_dataset = strategy.distribute_datasets_from_function([&](const InputContext& ctx) {
+      return data::Dataset::from_tensor_slices({features, labels})
+          .repeat()
+          .batch(ctx.get_per_replica_batch_size(global_batch), true);
+    });
+    const nn::History history = model.fit(dist_dataset, epochs, steps);
 
-  // batch(1) per replica: a global batch of one example per replica.
-  const std::int64_t global_batch = strategy.num_replicas_in_sync();
-  auto dist_dataset = strategy.distribute_datasets_from_function([&](const InputContext& ctx) {
-    return data::Dataset::from_tensor_slices({features, labels})
-        .repeat()
-        .batch(ctx.get_per_replica_batch_size(global_batch), true);
+    const bool fell = history.loss.back() < history.loss.front();
+    std::cout << "loss " << history.loss.front() << " -> " << history.loss.back() << (fell ? " (falls)" : " (did not fall)")
+              << "\n";
+    return fell ? 0 : 1;
   });
-  const nn::History history = model.fit(dist_dataset, epochs, steps);
-
-  const bool fell = history.loss.back() < history.loss.front();
-  std::cout << "loss " << history.loss.front() << " -> " << history.loss.back() << (fell ? " (falls)" : " (did not fall)")
-            << "\n";
-  return fell ? 0 : 1;
 }

@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config ccache
   libcaf-dev capnproto libcapnp-dev
-  libboost-dev libboost-program-options-dev
+  libboost-dev libcli11-dev
   doctest-dev libeigen3-dev libbenchmark-dev nlohmann-json3-dev
   openmpi-bin libopenmpi-dev  # the tests start workers with mpirun (MpiClusterResolver)
 )

@@ -1,76 +1,162 @@
 // troupe-ckpt: prints what troupe checkpoint files hold (step, variables, dtypes, shapes, sizes)
-// and whether each tensor matches its checksum. Exit status: 0 when every file is intact, 1 when
-// one is damaged or unreadable (the reason on stderr), 2 for a usage error.
+// and whether each tensor matches its checksum; a directory lists the checkpoints that
+// CheckpointManager keeps there (ckpt-<step>.ckpt). --stats adds each tensor's min, max and mean
+// and flags NaN and Inf, which a diverged run writes with valid checksums.
+// Exit status: 0 when every file is intact (and, with --stats, finite); 1 when one is damaged,
+// unreadable or (with --stats) holds NaN/Inf, or a directory holds no checkpoint (the reason on
+// stderr); 2 for a usage error.
 #include <algorithm>
-#include <cstdio>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <iomanip>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "troupe/checkpoint.hpp"
 
 namespace {
 
-void usage(std::ostream& out) {
-  out << "usage: troupe-ckpt FILE.ckpt...\n"
-         "Prints each checkpoint's step and variables (name, dtype, shape, bytes) and checks every\n"
-         "tensor against its checksum. Exits 1 when a file is damaged or unreadable.\n";
+namespace fs = std::filesystem;
+
+std::string pad(std::string s, std::size_t width) {
+  if (s.size() < width) s.append(width - s.size(), ' ');
+  return s + "  ";
 }
 
-// Prints one file; returns whether it is intact.
-bool inspect(const std::string& path) {
+// "min .. max, mean m" of a tensor's finite values, and its NaN and Inf counts.
+struct value_stats {
+  double min = 0, max = 0, mean = 0;
+  std::int64_t finite = 0, nan = 0, inf = 0;
+};
+
+value_stats stats_of(const troupe::Tensor& t) {
+  value_stats s;
+  double sum = 0;
+  for (double v : t.cast(troupe::DType::f64).to_vector<double>()) {
+    if (std::isnan(v)) {
+      ++s.nan;
+    } else if (std::isinf(v)) {
+      ++s.inf;
+    } else {
+      s.min = s.finite ? std::min(s.min, v) : v;
+      s.max = s.finite ? std::max(s.max, v) : v;
+      sum += v;
+      ++s.finite;
+    }
+  }
+  s.mean = s.finite ? sum / static_cast<double>(s.finite) : 0.0;
+  return s;
+}
+
+std::string describe(const value_stats& s) {
+  std::ostringstream out;
+  out << std::setprecision(6);
+  if (s.finite > 0) out << "min " << s.min << "  max " << s.max << "  mean " << s.mean;
+  if (s.nan > 0 || s.inf > 0) {
+    out << (s.finite > 0 ? "  " : "") << "NON-FINITE: " << s.nan << " NaN, " << s.inf << " Inf";
+  }
+  return out.str();
+}
+
+// Prints one file's step and variables; returns whether it is intact (and finite, with stats).
+bool inspect(const std::string& path, bool stats) {
   troupe::CheckpointInfo info;
   try {
-    info = troupe::inspect_checkpoint(path);
+    info = troupe::inspect_checkpoint(path, stats);
   } catch (const troupe::CheckpointError& e) {
     std::cerr << "troupe-ckpt: " << e.what() << "\n";
     return false;
   }
-  std::size_t bad = 0;
+  std::size_t bad = 0, non_finite = 0;
   for (const auto& e : info.entries) bad += e.checksum_ok ? 0 : 1;
   std::cout << path << ": step " << info.step << ", " << info.entries.size() << " variables, " << info.file_bytes
             << " bytes\n";
   std::size_t width = 4;
   for (const auto& e : info.entries) width = std::max(width, e.name.size());
   for (const auto& e : info.entries) {
-    std::string line = "  " + e.name + std::string(width - e.name.size() + 2, ' ');
-    std::string dtype(troupe::dtype_name(e.dtype));
-    line += dtype + std::string(dtype.size() < 9 ? 9 - dtype.size() : 1, ' ');
-    std::string shape = troupe::shape_to_string(e.shape);
-    line += shape + std::string(shape.size() < 16 ? 16 - shape.size() : 1, ' ');
-    line += std::to_string(e.nbytes) + " bytes  " + (e.checksum_ok ? "ok" : "CHECKSUM MISMATCH");
+    std::string line = "  " + pad(e.name, width) + pad(std::string(troupe::dtype_name(e.dtype)), 7) +
+                       pad(troupe::shape_to_string(e.shape), 14) + std::to_string(e.nbytes) + " bytes  " +
+                       (e.checksum_ok ? "ok" : "CHECKSUM MISMATCH");
+    if (stats) {
+      const value_stats s = stats_of(e.value);
+      non_finite += (s.nan > 0 || s.inf > 0) ? 1 : 0;
+      line += "  " + describe(s);
+    }
     std::cout << line << "\n";
   }
   if (bad > 0) {
     std::cerr << "troupe-ckpt: checkpoint " << path << ": " << bad << " of " << info.entries.size()
               << " tensors fail their checksum\n";
+  }
+  if (non_finite > 0) {
+    std::cerr << "troupe-ckpt: checkpoint " << path << ": " << non_finite << " of " << info.entries.size()
+              << " tensors hold NaN or Inf (a diverged run?)\n";
+  }
+  return bad == 0 && non_finite == 0;
+}
+
+// A directory: one line per checkpoint, oldest first (every table with --stats).
+bool list_directory(const std::string& dir, bool stats) {
+  const std::vector<std::string> files = troupe::checkpoint_files(dir);
+  if (files.empty()) {
+    std::cerr << "troupe-ckpt: " << dir << ": no checkpoint files (expected ckpt-<step>.ckpt, as CheckpointManager "
+              << "writes them)\n";
     return false;
   }
-  return true;
+  std::cout << dir << ": " << files.size() << " checkpoint" << (files.size() == 1 ? "" : "s") << ", oldest first\n";
+  bool intact = true;
+  for (const std::string& f : files) {
+    if (stats) {
+      intact = inspect(f, true) && intact;
+      continue;
+    }
+    try {
+      const troupe::CheckpointInfo info = troupe::inspect_checkpoint(f);
+      std::size_t bad = 0;
+      for (const auto& e : info.entries) bad += e.checksum_ok ? 0 : 1;
+      std::cout << "  " << pad(fs::path(f).filename().string(), 16) << "step " << info.step << ", "
+                << info.entries.size() << " variables, " << info.file_bytes << " bytes, "
+                << (bad == 0 ? "intact"
+                            : std::to_string(bad) + " of " + std::to_string(info.entries.size()) +
+                                  " tensors fail their checksum") << "\n";
+      intact = intact && bad == 0;
+    } catch (const troupe::CheckpointError& e) {
+      std::cout << "  " << pad(fs::path(f).filename().string(), 16) << "UNREADABLE\n";
+      std::cerr << "troupe-ckpt: " << e.what() << "\n";
+      intact = false;
+    }
+  }
+  return intact;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> files;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
-      usage(std::cout);
-      return 0;
-    }
-    if (!arg.empty() && arg[0] == '-') {
-      std::cerr << "troupe-ckpt: unknown option " << arg << "\n";
-      usage(std::cerr);
-      return 2;
-    }
-    files.push_back(arg);
-  }
-  if (files.empty()) {
-    usage(std::cerr);
+  std::vector<std::string> paths;
+  bool stats = false;
+  CLI::App app{"usage: troupe-ckpt [--stats] PATH...\n"
+               "Prints each checkpoint's step and variables (name, dtype, shape, bytes) and checks every\n"
+               "tensor against its checksum; a directory lists its checkpoints (ckpt-<step>.ckpt). Exits 1\n"
+               "when a file is damaged or unreadable, or with --stats holds NaN or Inf.\n",
+               "troupe-ckpt"};
+  app.add_option("paths", paths, "checkpoint files or directories")->required()->type_name("PATH");
+  app.add_flag("--stats", stats, "per tensor: min, max and mean, and NaN/Inf flagged");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << "troupe-ckpt: " << e.what() << "\nRun with --help for more information.\n";
     return 2;
   }
   bool intact = true;
-  for (const std::string& f : files) intact = inspect(f) && intact;
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    intact = (fs::is_directory(p, ec) ? list_directory(p, stats) : inspect(p, stats)) && intact;
+  }
   return intact ? 0 : 1;
 }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
-#include <iostream>
 #include <stdexcept>
 #include <system_error>
 #include <utility>
@@ -13,6 +12,7 @@
 #include "troupe/distribute/cross_device_ops.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/format/checkpoint_file.hpp"
+#include "troupe/log.hpp"
 
 namespace troupe {
 namespace {
@@ -252,8 +252,7 @@ std::string CheckpointManager::save(std::int64_t step) {
     if (fs::path(path) == fs::path(written)) continue;
     std::error_code ec;
     if (!fs::remove(path, ec) && ec) {
-      std::cerr << "troupe: CheckpointManager: cannot delete the old checkpoint " << path << ": " << ec.message()
-                << "\n";
+      log(LogLevel::warning, "CheckpointManager: cannot delete the old checkpoint " + path + ": " + ec.message());
     }
     --excess;
   }
@@ -266,9 +265,11 @@ std::optional<std::string> CheckpointManager::latest_checkpoint() const {
   return all.back().second;
 }
 
-std::vector<std::string> CheckpointManager::checkpoints() const {
+std::vector<std::string> CheckpointManager::checkpoints() const { return checkpoint_files(directory_); }
+
+std::vector<std::string> checkpoint_files(const std::string& directory) {
   std::vector<std::string> out;
-  for (auto& [step, path] : list_checkpoints(directory_)) out.push_back(std::move(path));
+  for (auto& [step, path] : list_checkpoints(directory)) out.push_back(std::move(path));
   return out;
 }
 
@@ -282,8 +283,8 @@ std::optional<std::int64_t> CheckpointManager::restore_or_initialize() {
     try {
       file = load(it->second);
     } catch (const CheckpointError& e) {
-      std::cerr << "troupe: CheckpointManager: skipping a damaged checkpoint, " << e.what()
-                << (std::next(it) != all.rend() ? "; trying an older one" : "") << "\n";
+      log(LogLevel::warning, std::string("CheckpointManager: skipping a damaged checkpoint, ") + e.what() +
+                                 (std::next(it) != all.rend() ? "; trying an older one" : ""));
       problems += std::string("\n  ") + e.what();
       continue;
     }
@@ -293,7 +294,7 @@ std::optional<std::int64_t> CheckpointManager::restore_or_initialize() {
                         directory_ + " reads back intact:" + problems);
 }
 
-CheckpointInfo inspect_checkpoint(const std::string& path) {
+CheckpointInfo inspect_checkpoint(const std::string& path, bool read_values) {
   const tp::checkpoint_contents file = load(path, /*verify_checksums=*/false);
   CheckpointInfo info;
   info.path = path;
@@ -301,7 +302,8 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
   info.file_bytes = file.file_bytes();
   for (const tp::checkpoint_entry& e : file.tensors()) {
     info.entries.push_back(CheckpointEntry{e.name, from_scalar(e.type), e.shape, e.nbytes,
-                                           tp::xxhash64(e.data, e.nbytes) == e.checksum});
+                                           tp::xxhash64(e.data, e.nbytes) == e.checksum, Tensor()});
+    if (read_values) info.entries.back().value = Tensor::from_bytes(e.data, e.nbytes, from_scalar(e.type), e.shape);
   }
   return info;
 }

@@ -7,6 +7,7 @@
 
 #include "env.hpp"
 #include "troupe/distribute/multi_worker_strategy.hpp"
+#include "troupe/log.hpp"
 #include "troupe/runtime.hpp"
 
 namespace troupe {
@@ -38,6 +39,14 @@ RuntimeOptions RuntimeOptions::from_environment() {
   o.spin_us = detail::env_int("TROUPE_SPIN_US", default_spin_us, 0, 10'000'000);
   o.collective_timeout_ms =
       detail::env_int("TROUPE_COLLECTIVE_TIMEOUT_MS", default_collective_timeout_ms, 0, 86'400'000);
+  if (const char* level = std::getenv("TROUPE_LOG_LEVEL"); level != nullptr && *level != '\0') {
+    try {
+      parse_log_level(level);
+    } catch (const std::invalid_argument&) {
+      throw std::invalid_argument(std::string("TROUPE_LOG_LEVEL=\"") + level +
+                                  "\" is not a log level (expected debug, info, warning, error or off)");
+    }
+  }
   return o;
 }
 

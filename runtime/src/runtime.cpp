@@ -3,9 +3,21 @@
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "gpu_probe.hpp"
+#include "middleman.hpp"
 #include "troupe/actors/rendezvous.hpp"
 
 namespace troupe {
+namespace detail {
+
+void require_middleman(Runtime& runtime, const std::string& operation) {
+  if (runtime.system().has_middleman()) return;
+  throw std::invalid_argument(operation +
+                              ": the actor system has no middleman, and workers meet through it; prepare the "
+                              "application's config before creating the system: troupe::Runtime::configure(config) "
+                              "(it loads caf::io::middleman; link CAF's io library, troupe::caf)");
+}
+
+}  // namespace detail
 
 struct Runtime::Impl {
   explicit Impl(RuntimeOptions o) : options(resolve(o)) {

@@ -9,6 +9,8 @@
 #include <iostream>
 #include <random>
 #include <sstream>
+#include <string>
+#include <string_view>
 
 #include "test_util.hpp"
 
@@ -295,6 +297,42 @@ TEST_CASE("CheckpointManager keeps the last K checkpoints, ordered by step") {
 
   CHECK_THROWS_AS(CheckpointManager(Checkpoint({{"v", v}}), dir.file("run"), 0), std::invalid_argument);
   CHECK_THROWS_AS(manager.save(-1), std::invalid_argument);
+}
+
+TEST_CASE("an application's log sink receives the damaged-checkpoint warning; the level filters it") {
+  temp_dir dir;
+  Variable w(Tensor::from_vector<float>({0, 0}), "w");
+  CheckpointManager manager(Checkpoint({{"w", w}}), dir.path.string(), 5);
+  manager.save(1);
+  manager.save(2);
+  write_bytes(dir.file("ckpt-2.ckpt"), {});
+  struct record {
+    LogLevel level;
+    std::string message;
+  };
+  std::vector<record> got;
+  set_log_sink([&](LogLevel level, std::string_view message) { got.push_back({level, std::string(message)}); });
+  set_log_level(LogLevel::warning);
+  std::string err_text;
+  {
+    capture_cerr err;
+    CHECK(manager.restore_or_initialize() == 1);
+    set_log_level(LogLevel::error);  // warnings dropped
+    CHECK(manager.restore_or_initialize() == 1);
+    set_log_level(LogLevel::warning);
+    set_log_sink([](LogLevel, std::string_view) { throw std::runtime_error("a sink that throws"); });
+    CHECK(manager.restore_or_initialize() == 1);  // its exception does not reach troupe's caller
+    err_text = err.text.str();
+  }
+  set_log_sink(nullptr);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].level == LogLevel::warning);
+  CHECK(got[0].message ==
+        "CheckpointManager: skipping a damaged checkpoint, checkpoint " + dir.file("ckpt-2.ckpt") +
+            ": empty file; trying an older one");
+  CHECK(err_text.empty());  // nothing went to stderr while the application's sink was set
+  CHECK(parse_log_level("debug") == LogLevel::debug);
+  CHECK(contains(message_of([] { parse_log_level("loud"); }), "\"loud\" is not one of debug, info, warning, error, off"));
 }
 
 TEST_CASE("restore_or_initialize skips a corrupted newest checkpoint and restores the previous one") {

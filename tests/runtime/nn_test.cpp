@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <regex>
 #include <sstream>
 
 #include "test_util.hpp"
@@ -466,6 +467,15 @@ TEST_CASE("the quickstart: Dense(2) on width-5 inputs, SGD(0.1), batch 1 per rep
   CHECK(contains(out.str(), "samples/s, "));
   CHECK(contains(out.str(), "Epoch 3/3"));
   CHECK(bit_identical(s.experimental_local_results(model.layers().layers()[0].kernel())));
+
+  // One step an epoch, in well under a millisecond: "1 step", and a time that is not 0.000 s.
+  std::ostringstream short_out;
+  o.out = &short_out;
+  model.fit(dist, 2, 1, o);
+  CHECK(contains(short_out.str(), "Epoch 1/2: 1 step, loss "));
+  CHECK_FALSE(contains(short_out.str(), "1 steps"));
+  CHECK_FALSE(contains(short_out.str(), "0.000 s"));
+  CHECK(std::regex_search(short_out.str(), std::regex("samples/s, ([1-9][0-9.]*|0\\.[0-9]*[1-9][0-9]*) (ms|s)\\n")));
 }
 
 TEST_CASE("the custom loop form: step_fn with explicit all_reduce(MEAN) and train_step agree") {

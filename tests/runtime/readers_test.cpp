@@ -178,6 +178,76 @@ TEST_CASE("read_csv names a missing file, an empty file and a missing column") {
   CHECK_THROWS_AS(read_csv(path, label), std::invalid_argument);
 }
 
+TEST_CASE("read_csv refuses a NaN or Inf naming the file, line and column, or drops the row with a warning") {
+  temp_dir dir;
+  const std::string path = dir.write("nan.csv", "a,b,label\n1,2,0\n3,nan,1\n5,6,1\n-inf,8,0\n9,10,inf\n11,12,1\n");
+  CsvOptions opts;
+  opts.label_column = "label";
+  const std::string msg = message_of([&] { read_csv(path, opts); });
+  CHECK(contains(msg, path + ":3: column 1 (\"b\"): \"nan\" is not a finite number (NaN or Inf)"));
+  CHECK(contains(msg, "NonFinite::drop_row"));
+  CHECK_THROWS_AS(read_csv(path, opts), std::invalid_argument);
+
+  opts.non_finite = NonFinite::drop_row;
+  CsvData d = read_csv(path, opts);
+  CHECK(d.features.shape() == Shape{3, 2});
+  CHECK(d.features.to_vector<float>() == std::vector<float>{1, 2, 5, 6, 11, 12});
+  CHECK(d.labels->to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 1, 1});
+  REQUIRE(d.warnings.size() == 3);
+  CHECK(d.warnings[0] == path + ":3: column 1 (\"b\"): \"nan\" is not a finite number: row dropped");
+  CHECK(d.warnings[1] == path + ":5: column 0 (\"a\"): \"-inf\" is not a finite number: row dropped");
+  CHECK(d.warnings[2] == path + ":6: column 2 (\"label\"): \"inf\" is not a finite number: row dropped");
+}
+
+TEST_CASE("read_csv maps class names in the label column to sorted ids") {
+  temp_dir dir;
+  const std::string path = dir.write(
+      "iris.csv", "sepal_length,species\n5.1,setosa\n7.0,versicolor\n6.3,virginica\n4.9,setosa\n6.4,versicolor\n");
+  CsvOptions opts;
+  opts.label_column = "species";
+  CsvData d = read_csv(path, opts);
+  CHECK(d.label_names == std::vector<std::string>{"setosa", "versicolor", "virginica"});
+  CHECK(d.labels->to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 1, 2, 0, 1});
+  // Numbers stay numbers; asked for numbers, a name is an error naming it.
+  const std::string numeric = dir.write("numeric.csv", "x,y\n1,2\n3,0\n");
+  opts.label_column = "y";
+  CsvData n = read_csv(numeric, opts);
+  CHECK(n.label_names.empty());
+  CHECK(n.labels->to_vector<std::int64_t>() == std::vector<std::int64_t>{2, 0});
+  opts.label_column = "species";
+  opts.labels = CsvLabels::numbers;
+  CHECK(contains(message_of([&] { read_csv(path, opts); }), ":2: column 1 (\"species\"): \"setosa\" is not a number"));
+  // Asked for names, numbers are names too.
+  opts.label_column = "y";
+  opts.labels = CsvLabels::names;
+  CHECK(read_csv(numeric, opts).label_names == std::vector<std::string>{"0", "2"});
+}
+
+TEST_CASE("read_csv reads quoted fields with the delimiter and doubled quotes in them (RFC 4180)") {
+  temp_dir dir;
+  CsvData d = read_csv(dir.write("q.csv", "x,\"name, full\",y\n1,\"Smith, J.\",2\n3, \"say \"\"hi\"\"\" ,4\n\"5\",plain,\"6\"\n"),
+                       [] {
+                         CsvOptions o;
+                         o.label_column = "name, full";
+                         return o;
+                       }());
+  CHECK(d.column_names == std::vector<std::string>{"x", "y"});
+  CHECK(d.features.to_vector<float>() == std::vector<float>{1, 2, 3, 4, 5, 6});
+  CHECK(d.label_names == std::vector<std::string>{"Smith, J.", "plain", "say \"hi\""});
+  CHECK(d.labels->to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 2, 1});
+
+  const std::string open = dir.write("open.csv", "a,b\n1,\"2\n");
+  CHECK(contains(message_of([&] { read_csv(open); }),
+                 open + ":2: the quoted field opened at character 3 is not closed on this line"));
+  const std::string after = dir.write("after.csv", "a,b\n1,\"2\"x\n");
+  CHECK(contains(message_of([&] { read_csv(after); }), after + ":2: text after the closing quote of field 1"));
+  // A tab delimiter is not taken for a blank.
+  CsvOptions tabs;
+  tabs.delimiter = '\t';
+  CsvData t = read_csv(dir.write("t.tsv", "a\tb\n1\t\"2\"\n"), tabs);
+  CHECK(t.features.to_vector<float>() == std::vector<float>{1, 2});
+}
+
 TEST_CASE("csv_dataset yields one element per row, with the label when asked") {
   temp_dir dir;
   const std::string path = dir.write("iris.csv", iris);

@@ -489,7 +489,7 @@ TEST_CASE("troupe-launch rejects bad usage with exit status 2 and says what is w
       {{}, "missing -n N (the number of workers)"},
       {{"-n", "2"}, "no program to run (expected: -- program args...)"},
       {{"-n", "2", "--"}, "no program to run (expected: -- program args...)"},
-      {{"-n"}, "-n: missing value"},
+      {{"-n"}, "--num-workers: 1 required N missing"},
       {{"-n", "0", "--", "/bin/true"}, "-n: expected a positive number of workers (1..256), got '0'"},
       {{"-n", "-3", "--", "/bin/true"}, "-n: expected a positive number of workers (1..256), got '-3'"},
       {{"-n", "abc", "--", "/bin/true"}, "-n: expected a positive number of workers (1..256), got 'abc'"},
@@ -511,7 +511,7 @@ TEST_CASE("troupe-launch rejects bad usage with exit status 2 and says what is w
     REQUIRE(r.finished);
     CHECK(r.exit_code == 2);
     CHECK(r.err.rfind("troupe-launch: " + c.message + "\n", 0) == 0);
-    CHECK(r.err.find("usage: troupe-launch -n N") != std::string::npos);
+    CHECK(r.err.find("Run with --help for more information.") != std::string::npos);
     CHECK(r.out == "");
   }
 }
@@ -521,7 +521,9 @@ TEST_CASE("troupe-launch prints its usage for --help and exits 0") {
   auto r = run({"--help"}, dir, {}, 5s);
   REQUIRE(r.finished);
   CHECK(r.exit_code == 0);
-  CHECK(r.out.rfind("usage: troupe-launch -n N", 0) == 0);
+  CHECK(r.out.rfind("troupe-launch -n N [options] [--] program [args...]\n", 0) == 0);
+  CHECK(r.out.find("Usage: troupe-launch [OPTIONS]") != std::string::npos);
+  CHECK(r.out.find("--grace SECONDS=5") != std::string::npos);  // the defaults shown
   CHECK(r.err == "");
 }
 
@@ -625,4 +627,44 @@ TEST_CASE("troupe-launch parses options with or without -- and with attached val
   CHECK_THROWS_WITH_AS(parse_launch_options({"-n", "300", "--", "p"}),
                        "-n: expected a positive number of workers (1..256), got '300'",
                        troupe::launch::usage_error);
+}
+
+TEST_CASE("troupe-launch parses --hosts, a hostfile, --rsh and --ranks, and refuses what does not add up") {
+  using troupe::launch::host_slots;
+  using troupe::launch::parse_launch_options;
+  auto a = parse_launch_options({"--hosts", "h1:2,h2", "--rsh", "ssh -o BatchMode=yes", "--ranks=0,2", "--", "p"});
+  CHECK(a.num_workers == 3);
+  CHECK(a.hosts == std::vector<host_slots>{{"h1", 2}, {"h2", 1}});
+  CHECK(a.rsh == std::vector<std::string>{"ssh", "-o", "BatchMode=yes"});
+  CHECK(a.ranks == std::vector<int>{0, 2});
+  CHECK(troupe::launch::host_addresses(a.hosts, 23456) ==
+        std::vector<std::string>{"h1:23456", "h1:23457", "h2:23456"});
+  CHECK(parse_launch_options({"-n", "3", "--hosts", "h1:2,h2", "p"}).num_workers == 3);
+
+  scratch dir;
+  const std::string hostfile = dir.path() + "/hosts";
+  std::ofstream(hostfile) << "# the cluster\nnode1 slots=4\n\nnode2:2  # two\nnode3\n";
+  auto b = parse_launch_options({"--hostfile", hostfile, "p"});
+  CHECK(b.hosts == std::vector<host_slots>{{"node1", 4}, {"node2", 2}, {"node3", 1}});
+  CHECK(b.num_workers == 7);
+  CHECK(b.rsh == std::vector<std::string>{"ssh"});
+
+  auto message = [](std::vector<std::string> args) {
+    try {
+      parse_launch_options(args);
+    } catch (const troupe::launch::usage_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message({"-n", "2", "--hosts", "h1:2,h2", "p"}) ==
+        "-n 2 but the hosts have 3 slots (give one of them, or make them agree)");
+  CHECK(message({"--hosts", "h1:0", "p"}) == "--hosts: expected a number of workers per host (1..256), got '0'");
+  CHECK(message({"--hosts", "h1,,h2", "p"}) == "--hosts: an empty entry in 'h1,,h2'");
+  CHECK(message({"--hosts", "h1", "--hostfile", hostfile, "p"}) == "give --hosts or --hostfile, not both");
+  CHECK(message({"-n", "2", "--ranks", "2", "p"}) == "--ranks: expected a rank 0..1, got '2'");
+  std::ofstream(dir.path() + "/bad") << "node1 cpus=4\n";
+  CHECK(message({"--hostfile", dir.path() + "/bad", "p"}) ==
+        "--hostfile: " + dir.path() + "/bad:1: expected \"host slots=N\", got 'node1 cpus=4'");
+  CHECK(message({"--hostfile", dir.path() + "/none", "p"}) == "--hostfile: cannot read '" + dir.path() + "/none'");
 }

@@ -81,12 +81,25 @@ std::vector<std::string> worker_addresses(const std::vector<int>& ports) {
   return addresses;
 }
 
+std::vector<std::string> host_addresses(const std::vector<host_slots>& hosts, int port_base) {
+  std::vector<std::string> addresses;
+  for (const host_slots& h : hosts) {
+    for (int i = 0; i < h.slots; ++i) addresses.push_back(h.host + ":" + std::to_string(port_base + i));
+  }
+  return addresses;
+}
+
 std::string tf_config_json(const std::vector<std::string>& addresses, int index) {
-  // Addresses are "127.0.0.1:<digits>": nothing in them needs JSON escaping.
+  // Addresses are "host:<digits>", host names from the command line: escape what JSON needs.
   std::string json = R"({"cluster": {"worker": [)";
   for (std::size_t i = 0; i < addresses.size(); ++i) {
     if (i > 0) json += ", ";
-    json += '"' + addresses[i] + '"';
+    json += '"';
+    for (char c : addresses[i]) {
+      if (c == '"' || c == '\\') json += '\\';
+      json += c;
+    }
+    json += '"';
   }
   json += R"(]}, "task": {"type": "worker", "index": )" + std::to_string(index) + "}}";
   return json;

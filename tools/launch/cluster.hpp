@@ -1,9 +1,12 @@
 #pragma once
-// The local cluster troupe-launch starts: free ports on 127.0.0.1 and each worker's TF_CONFIG.
+// The cluster troupe-launch starts: free ports on 127.0.0.1 (or the hosts of --hosts) and each
+// worker's TF_CONFIG.
 
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "launch/launch_options.hpp"
 
 namespace troupe::launch {
 
@@ -17,6 +20,10 @@ std::vector<int> pick_free_ports(int count, std::optional<int> base);
 
 /// "host:port" for every port, in order.
 std::vector<std::string> worker_addresses(const std::vector<int>& ports);
+
+/// "host:port" for every worker of --hosts, in order: the workers of a host take the ports
+/// port_base, port_base+1, ... on it.
+std::vector<std::string> host_addresses(const std::vector<host_slots>& hosts, int port_base);
 
 /// TF_CONFIG for worker `index` of a cluster with one job, "worker", at `addresses`:
 /// {"cluster": {"worker": ["127.0.0.1:p0", ...]}, "task": {"type": "worker", "index": i}}.

@@ -1,9 +1,14 @@
 #include "launch/launch_options.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
 
 namespace troupe::launch {
 namespace {
@@ -33,83 +38,69 @@ double parse_seconds(const std::string& option, const std::string& value, bool z
 
 }  // namespace
 
-launch_options parse_launch_options(const std::vector<std::string>& args) {
-  launch_options options;
-  bool have_n = false;
-  std::size_t i = 0;
-  for (; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--") {
-      ++i;
-      break;
-    }
-    if (arg == "-h" || arg == "--help") {
-      options.help = true;
-      return options;
-    }
-    if (arg.size() < 2 || arg[0] != '-') break;  // the program, without a "--" before it
+namespace {
 
-    // Split "--name=value" and "-nVALUE"; other options take the next argument as their value.
-    std::string name = arg;
-    std::optional<std::string> value;
-    if (arg.rfind("--", 0) == 0) {
-      auto eq = arg.find('=');
-      if (eq != std::string::npos) {
-        name = arg.substr(0, eq);
-        value = arg.substr(eq + 1);
-      }
-    } else if (arg.rfind("-n", 0) == 0 && arg.size() > 2) {
-      name = "-n";
-      value = arg.substr(2);
-    }
-    bool known = name == "-n" || name == "--num-workers" || name == "--devices-per-worker" ||
-                 name == "--port-base" || name == "--timeout" || name == "--grace";
-    if (!known) throw usage_error("unknown option '" + arg + "'");
-    if (!value) {
-      if (i + 1 >= args.size()) throw usage_error(name + ": missing value");
-      value = args[++i];
-    }
+// The command line's options, as strings: CLI11 splits "--name=value", "-nVALUE" and "--", and
+// parse_int / parse_seconds check the values with the messages above.
+struct raw_options {
+  std::string num_workers, devices_per_worker, port_base, timeout;
+  std::string grace = "5";
+  std::string hosts, hostfile, rsh = "ssh", log_dir, ranks;
+};
 
-    if (name == "-n" || name == "--num-workers") {
-      options.num_workers =
-          parse_int(name, *value, 1, max_workers,
-                    ("a positive number of workers (1.." + std::to_string(max_workers) + ")").c_str());
-      have_n = true;
-    } else if (name == "--devices-per-worker") {
-      options.devices_per_worker =
-          parse_int(name, *value, 1, 1024, "a positive number of devices (1..1024)");
-    } else if (name == "--port-base") {
-      options.port_base = parse_int(name, *value, 1, 65535, "a TCP port (1..65535)");
-    } else if (name == "--timeout") {
-      options.timeout_s = parse_seconds(name, *value, false);
-    } else {
-      options.grace_s = parse_seconds(name, *value, true);
-    }
-  }
-  options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
-
-  if (!have_n) throw usage_error("missing -n N (the number of workers)");
-  if (options.program.empty()) throw usage_error("no program to run (expected: -- program args...)");
-  if (options.port_base && *options.port_base + options.num_workers - 1 > 65535)
-    throw usage_error("--port-base " + std::to_string(*options.port_base) + ": ports up to " +
-                      std::to_string(*options.port_base + options.num_workers - 1) + " for " +
-                      std::to_string(options.num_workers) + " workers (expected at most 65535)");
-  return options;
+std::string trimmed(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
 }
 
-std::string usage_text() {
-  return R"(usage: troupe-launch -n N [--devices-per-worker K] [--port-base P] [--timeout SECONDS]
-                     [--grace SECONDS] [--] program [args...]
+// "host:N" or "host" (and, in a hostfile, "host slots=N").
+host_slots parse_host(const std::string& entry, const std::string& where) {
+  std::string text = trimmed(entry);
+  host_slots h;
+  std::string slots;
+  if (auto sp = text.find_first_of(" \t"); sp != std::string::npos) {
+    const std::string rest = trimmed(text.substr(sp));
+    if (rest.rfind("slots=", 0) != 0) throw usage_error(where + ": expected \"host slots=N\", got '" + entry + "'");
+    slots = rest.substr(6);
+    text = text.substr(0, sp);
+  } else if (auto colon = text.rfind(':'); colon != std::string::npos) {
+    slots = text.substr(colon + 1);
+    text = text.substr(0, colon);
+  }
+  if (text.empty()) throw usage_error(where + ": no host name in '" + entry + "'");
+  h.host = text;
+  if (!slots.empty()) h.slots = parse_int(where, slots, 1, max_workers, "a number of workers per host (1..256)");
+  return h;
+}
 
-Starts N local copies of program, each with TF_CONFIG naming the cluster (127.0.0.1 on N free
-ports) and its own task index, and supervises them.
+void add_options(CLI::App& app, raw_options& raw) {
+  app.add_option("-n,--num-workers", raw.num_workers, "how many workers to start (1..256)")->type_name("N");
+  app.add_option("--devices-per-worker", raw.devices_per_worker,
+                 "set TROUPE_DEVICES_PER_WORKER=K for every worker")->type_name("K");
+  app.add_option("--port-base", raw.port_base, "use the ports P..P+N-1 (each checked free) instead of free ones")
+      ->type_name("P");
+  app.add_option("--timeout", raw.timeout, "stop every worker and exit 124 after SECONDS")->type_name("SECONDS");
+  app.add_option("--grace", raw.grace, "wait between SIGTERM and SIGKILL when stopping workers")
+      ->type_name("SECONDS")
+      ->capture_default_str();
+  app.add_option("--hosts", raw.hosts, "workers on other hosts, started through --rsh: h1:2,h2:2 (2 each)")
+      ->type_name("LIST");
+  app.add_option("--hostfile", raw.hostfile, "the hosts, one a line: \"host\", \"host:N\" or \"host slots=N\"")
+      ->type_name("FILE");
+  app.add_option("--rsh", raw.rsh, "how to run a command on a host: CMD HOST COMMAND")
+      ->type_name("CMD")
+      ->capture_default_str();
+  app.add_option("--log-dir", raw.log_dir, "write every rank's output to DIR/rank-<i>.log")->type_name("DIR");
+  app.add_option("--ranks", raw.ranks, "show only these ranks' output on the terminal: 0 or 0,2")->type_name("LIST");
+  app.prefix_command();  // the program and its arguments are not ours
+  app.footer(R"(The program follows the options, after "--" or as the first argument that is not an option.
 
-  -n, --num-workers N       how many workers to start (1..256)
-  --devices-per-worker K    set TROUPE_DEVICES_PER_WORKER=K for every worker
-  --port-base P             use the ports P..P+N-1 (each checked free) instead of free ones
-  --timeout SECONDS         stop every worker and exit 124 after SECONDS
-  --grace SECONDS           wait between SIGTERM and SIGKILL when stopping workers (default 5)
-  -h, --help                print this help
+With --hosts or --hostfile, worker i runs on its host through the remote shell (`--rsh`, ssh by
+default: `ssh HOST COMMAND`), with TF_CONFIG naming host:port for every worker (ports from
+--port-base, default 23456, counted per host) and the launcher's TROUPE_* variables. The program
+must be at the same path on every host. srun and mpirun -H start workers too: see
+docs/multi-worker.md.
 
 Every line worker i writes is prefixed with "[rank i] ", on stdout or stderr as the worker wrote
 it. SIGINT and SIGTERM are forwarded to every worker. When a worker fails, the others are stopped.
@@ -117,8 +108,128 @@ Workers read their standard input from /dev/null.
 
 Exit status: 0 when every worker succeeds; the status of the first worker to fail (128+signal when
 a signal killed it); 124 on --timeout; 128+signal when the launcher got SIGINT or SIGTERM;
-127 when the program cannot be executed; 2 for bad usage; 1 when the launcher itself fails.
-)";
+127 when the program cannot be executed; 2 for bad usage; 1 when the launcher itself fails.)");
+}
+
+const char* description =
+    "troupe-launch -n N [options] [--] program [args...]\n"
+    "Starts N local copies of program, each with TF_CONFIG naming the cluster (127.0.0.1 on N free\n"
+    "ports) and its own task index, and supervises them.\n";
+
+}  // namespace
+
+launch_options parse_launch_options(const std::vector<std::string>& args) {
+  launch_options options;
+  raw_options raw;
+  CLI::App app{description, "troupe-launch"};
+  add_options(app, raw);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    options.help = true;
+    return options;
+  } catch (const CLI::ParseError& e) {
+    throw usage_error(e.what());
+  }
+  options.program = app.remaining();
+  if (!options.program.empty() && options.program.front() == "--") {
+    options.program.erase(options.program.begin());
+  } else if (!options.program.empty() && options.program.front().size() > 1 && options.program.front()[0] == '-') {
+    throw usage_error("unknown option '" + options.program.front() + "'");
+  }
+
+  if (app.count("--hosts") > 0 && app.count("--hostfile") > 0) throw usage_error("give --hosts or --hostfile, not both");
+  if (app.count("--hosts") > 0) options.hosts = parse_hosts(raw.hosts, "--hosts");
+  if (app.count("--hostfile") > 0) options.hosts = read_hostfile(raw.hostfile);
+  int slots = 0;
+  for (const host_slots& h : options.hosts) slots += h.slots;
+  if (slots > max_workers) {
+    throw usage_error("the hosts have " + std::to_string(slots) + " slots (expected at most " +
+                      std::to_string(max_workers) + " workers)");
+  }
+  if (app.count("-n") == 0 && options.hosts.empty()) throw usage_error("missing -n N (the number of workers)");
+  if (app.count("-n") > 0) {
+    options.num_workers = parse_int("-n", raw.num_workers, 1, max_workers,
+                                    ("a positive number of workers (1.." + std::to_string(max_workers) + ")").c_str());
+    if (!options.hosts.empty() && options.num_workers != slots) {
+      throw usage_error("-n " + std::to_string(options.num_workers) + " but the hosts have " + std::to_string(slots) +
+                        " slots (give one of them, or make them agree)");
+    }
+  } else {
+    options.num_workers = slots;
+  }
+  {
+    std::istringstream words(raw.rsh);
+    options.rsh.clear();
+    for (std::string w; words >> w;) options.rsh.push_back(w);
+    if (options.rsh.empty()) throw usage_error("--rsh: expected a command, got '" + raw.rsh + "'");
+  }
+  if (app.count("--log-dir") > 0) {
+    if (raw.log_dir.empty()) throw usage_error("--log-dir: expected a directory, got ''");
+    options.log_dir = raw.log_dir;
+  }
+  if (app.count("--ranks") > 0) {
+    std::istringstream list(raw.ranks);
+    for (std::string r; std::getline(list, r, ',');) {
+      options.ranks.push_back(parse_int("--ranks", trimmed(r), 0, options.num_workers - 1,
+                                        ("a rank 0.." + std::to_string(options.num_workers - 1)).c_str()));
+    }
+  }
+  if (app.count("--devices-per-worker") > 0) {
+    options.devices_per_worker =
+        parse_int("--devices-per-worker", raw.devices_per_worker, 1, 1024, "a positive number of devices (1..1024)");
+  }
+  if (app.count("--port-base") > 0) {
+    options.port_base = parse_int("--port-base", raw.port_base, 1, 65535, "a TCP port (1..65535)");
+  }
+  if (app.count("--timeout") > 0) options.timeout_s = parse_seconds("--timeout", raw.timeout, false);
+  options.grace_s = parse_seconds("--grace", raw.grace, true);
+
+  if (options.program.empty()) throw usage_error("no program to run (expected: -- program args...)");
+  int per_host = options.num_workers;  // the most workers on one host, each with its own port
+  if (!options.hosts.empty()) {
+    per_host = 0;
+    for (const host_slots& h : options.hosts) per_host = std::max(per_host, h.slots);
+  }
+  if (options.port_base && *options.port_base + per_host - 1 > 65535)
+    throw usage_error("--port-base " + std::to_string(*options.port_base) + ": ports up to " +
+                      std::to_string(*options.port_base + per_host - 1) + " for " +
+                      std::to_string(per_host) + " workers (expected at most 65535)");
+  return options;
+}
+
+std::vector<host_slots> parse_hosts(const std::string& list, const std::string& option) {
+  std::vector<host_slots> hosts;
+  std::istringstream in(list);
+  for (std::string entry; std::getline(in, entry, ',');) {
+    if (trimmed(entry).empty()) throw usage_error(option + ": an empty entry in '" + list + "'");
+    hosts.push_back(parse_host(entry, option));
+  }
+  if (hosts.empty()) throw usage_error(option + ": expected host[:N],..., got '" + list + "'");
+  return hosts;
+}
+
+std::vector<host_slots> read_hostfile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw usage_error("--hostfile: cannot read '" + path + "'");
+  std::vector<host_slots> hosts;
+  int line_number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_number;
+    if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    if (trimmed(line).empty()) continue;
+    hosts.push_back(parse_host(line, "--hostfile: " + path + ":" + std::to_string(line_number)));
+  }
+  if (hosts.empty()) throw usage_error("--hostfile: '" + path + "' names no host");
+  return hosts;
+}
+
+std::string usage_text() {
+  raw_options raw;
+  CLI::App app{description, "troupe-launch"};
+  add_options(app, raw);
+  return app.help();
 }
 
 }  // namespace troupe::launch

@@ -13,13 +13,27 @@ inline constexpr int max_workers = 256;
 /// Default seconds between SIGTERM and SIGKILL when the workers are stopped.
 inline constexpr double default_grace_s = 5.0;
 
+/// One host of --hosts / --hostfile and how many workers it runs.
+struct host_slots {
+  std::string host;
+  int slots = 1;
+  bool operator==(const host_slots& o) const { return host == o.host && slots == o.slots; }
+};
+
+/// The port of the first worker on each host of --hosts when --port-base does not say.
+inline constexpr int default_hosts_port_base = 23456;
+
 /// What the command line asks for.
 struct launch_options {
-  int num_workers = 0;                    ///< -n N: how many workers to start
+  int num_workers = 0;                    ///< -n N, or the slots of --hosts: how many workers to start
   std::optional<int> devices_per_worker;  ///< --devices-per-worker K: TROUPE_DEVICES_PER_WORKER
   std::optional<int> port_base;           ///< --port-base P: ports P..P+N-1 instead of free ones
   std::optional<double> timeout_s;        ///< --timeout SECONDS: stop everything, exit 124
   double grace_s = default_grace_s;       ///< --grace SECONDS: SIGTERM to SIGKILL
+  std::vector<host_slots> hosts;          ///< --hosts h1:2,h2:2 or --hostfile: workers on other hosts
+  std::vector<std::string> rsh{"ssh"};    ///< --rsh CMD: runs a command on a host (rsh... HOST COMMAND)
+  std::optional<std::string> log_dir;     ///< --log-dir DIR: every rank's output in DIR/rank-<i>.log
+  std::vector<int> ranks;                 ///< --ranks 0,2: only their output on the terminal (empty: all)
   bool help = false;                      ///< -h / --help
   std::vector<std::string> program;       ///< the program and its arguments
 };
@@ -32,6 +46,13 @@ class usage_error : public std::invalid_argument {
 
 /// Parses the arguments after argv[0]. Throws usage_error naming the option and the bad value.
 launch_options parse_launch_options(const std::vector<std::string>& args);
+
+/// Parses "h1:2,h2,h3:4" (slots default 1). Throws usage_error naming `option` and the entry.
+std::vector<host_slots> parse_hosts(const std::string& list, const std::string& option);
+
+/// Reads a hostfile: one host a line, as "host", "host:N" or "host slots=N" (Open MPI's form);
+/// blank lines and # comments are skipped. Throws usage_error naming the file and line.
+std::vector<host_slots> read_hostfile(const std::string& path);
 
 /// The help text, ending with a newline.
 std::string usage_text();

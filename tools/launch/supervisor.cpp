@@ -15,8 +15,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <system_error>
 #include <utility>
 
 #include "launch/cluster.hpp"
@@ -102,6 +105,8 @@ bool write_all(int fd, const char* data, std::size_t size) {
 struct output_stream {
   int fd = -1;      // read end of the worker's pipe, non-blocking; -1 once closed
   int target = -1;  // STDOUT_FILENO or STDERR_FILENO of the launcher
+  bool show = true;  // false: --ranks leaves this worker off the terminal
+  int log_fd = -1;   // --log-dir: the worker's log file (both streams share it; owned by worker)
   line_prefixer lines;
   output_stream(int target_fd, const std::string& prefix) : target(target_fd), lines(prefix) {}
 };
@@ -111,6 +116,7 @@ struct worker {
   std::string address;
   pid_t pid = -1;  // also the id of its process group
   bool running = false;
+  int log_fd = -1;  // --log-dir DIR: DIR/rank-<i>.log
   std::array<output_stream, 2> streams;
 
   worker(int r, std::string addr)
@@ -143,8 +149,10 @@ class supervisor {
     close_fd(signal_fds_[0]);
     close_fd(signal_fds_[1]);
     close_fd(devnull_);
-    for (auto& w : workers_)
+    for (auto& w : workers_) {
       for (auto& s : w.streams) close_fd(s.fd);
+      close_fd(w.log_fd);
+    }
   }
 
   int run() {
@@ -181,6 +189,7 @@ class supervisor {
       say(std::string("cannot open /dev/null: ") + std::strerror(errno));
       return false;
     }
+    if (!open_logs()) return false;
     signal_write_fd = signal_fds_[1];
     struct sigaction action {};
     action.sa_handler = on_signal;
@@ -196,6 +205,49 @@ class supervisor {
     sigemptyset(&ignore.sa_mask);
     sigpipe_installed_ = ::sigaction(SIGPIPE, &ignore, &previous_sigpipe_) == 0;
     return true;
+  }
+
+  // --log-dir: DIR/rank-<i>.log for every worker; --ranks: who is shown on the terminal.
+  bool open_logs() {
+    for (auto& w : workers_) {
+      const bool show = options_.ranks.empty() ||
+                        std::find(options_.ranks.begin(), options_.ranks.end(), w.rank) != options_.ranks.end();
+      for (auto& s : w.streams) s.show = show;
+    }
+    if (!options_.log_dir) return true;
+    std::error_code ec;
+    std::filesystem::create_directories(*options_.log_dir, ec);
+    for (auto& w : workers_) {
+      const std::string path = *options_.log_dir + "/rank-" + std::to_string(w.rank) + ".log";
+      w.log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (w.log_fd < 0) {
+        say("--log-dir: cannot write " + path + ": " + std::strerror(errno));
+        return false;
+      }
+      for (auto& s : w.streams) s.log_fd = w.log_fd;
+    }
+    return true;
+  }
+
+  // What runs worker w: the program itself, or with --hosts the remote shell with the host and
+  // one command line that sets TF_CONFIG and the launcher's TROUPE_* variables there.
+  std::vector<std::string> command_for(const worker& w, const std::vector<std::string>& env) const {
+    if (options_.hosts.empty()) return options_.program;
+    std::string line = "exec env";
+    for (const std::string& e : env) {
+      if (e.rfind("TROUPE_", 0) == 0 || e.rfind("TF_CONFIG=", 0) == 0) line += " " + shell_quote(e);
+    }
+    for (const std::string& a : options_.program) line += " " + shell_quote(a);
+    std::vector<std::string> command = options_.rsh;
+    command.push_back(w.address.substr(0, w.address.rfind(':')));
+    command.push_back(line);
+    return command;
+  }
+
+  static std::string shell_quote(const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
   }
 
   // The environment every worker shares; TF_CONFIG is added per worker.
@@ -216,7 +268,7 @@ class supervisor {
     std::vector<std::string> env = base_environment();
     for (auto& w : workers_) {
       env.push_back("TF_CONFIG=" + tf_config_json(addresses_, w.rank));
-      bool started = start_worker(w, env);
+      bool started = start_worker(w, env, command_for(w, env));
       env.pop_back();
       if (!started) {
         begin_stop(SIGTERM);
@@ -226,7 +278,7 @@ class supervisor {
   }
 
   // Forks and execs one worker; false (with exit_code_ set and a message) when it did not start.
-  bool start_worker(worker& w, const std::vector<std::string>& env) {
+  bool start_worker(worker& w, const std::vector<std::string>& env, const std::vector<std::string>& command) {
     std::array<int, 2> out{-1, -1}, err{-1, -1}, status{-1, -1};
     auto fail = [&](const std::string& what) {
       say("cannot start worker " + std::to_string(w.rank) + ": " + what + ": " + std::strerror(errno));
@@ -238,7 +290,7 @@ class supervisor {
 
     // Everything the child needs is built before fork.
     std::vector<char*> argv;
-    for (const auto& a : options_.program) argv.push_back(const_cast<char*>(a.c_str()));
+    for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     std::vector<char*> envp;
     for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
@@ -296,7 +348,7 @@ class supervisor {
       }
       close_fd(out[0]);
       close_fd(err[0]);
-      const std::string& program = options_.program[0];
+      const std::string& program = command[0];
       std::string why = std::strerror(exec_errno);
       if (exec_errno == ENOENT && program.find('/') == std::string::npos) why = "command not found in PATH";
       say("cannot execute '" + program + "': " + why);
@@ -446,7 +498,9 @@ class supervisor {
     for (int reads = 0; s.fd >= 0 && reads < max_reads;) {
       ssize_t n = ::read(s.fd, buffer, sizeof buffer);
       if (n > 0) {
-        emit(s.target, s.lines.feed(buffer, static_cast<std::size_t>(n)));
+        if (s.log_fd >= 0) write_all(s.log_fd, buffer, static_cast<std::size_t>(n));
+        const std::string lines = s.lines.feed(buffer, static_cast<std::size_t>(n));
+        if (s.show) emit(s.target, lines);
         ++reads;
       } else if (n < 0 && errno == EINTR) {
         continue;
@@ -460,7 +514,8 @@ class supervisor {
 
   void close_stream(output_stream& s) {
     if (s.fd < 0) return;
-    emit(s.target, s.lines.finish());
+    const std::string rest = s.lines.finish();
+    if (s.show) emit(s.target, rest);
     close_fd(s.fd);
   }
 

@@ -1,6 +1,7 @@
 // troupe-launch -n N [--devices-per-worker K] [--port-base P] [--timeout SECONDS] -- program args
+// troupe-launch --hosts h1:2,h2:2 [--rsh CMD] -- program args
 //
-// Starts N local workers of one program, each with the TF_CONFIG that MultiWorkerMirroredStrategy
+// Starts N local workers of one program (or workers on other hosts through a remote shell), each with the TF_CONFIG that MultiWorkerMirroredStrategy
 // reads (one "worker" job on 127.0.0.1, N free ports, its own index), prefixes their output with
 // their rank, and stops them all when one fails. supervisor.hpp describes how.
 
@@ -36,7 +37,7 @@ int main(int argc, char** argv) {
   try {
     options = parse_launch_options(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const usage_error& e) {
-    std::cerr << "troupe-launch: " << e.what() << "\n" << usage_text() << std::flush;
+    std::cerr << "troupe-launch: " << e.what() << "\nRun with --help for more information.\n" << std::flush;
     return 2;
   }
   if (options.help) {
@@ -44,6 +45,9 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  if (!options.hosts.empty()) {
+    return supervise(options, host_addresses(options.hosts, options.port_base.value_or(default_hosts_port_base)));
+  }
   std::vector<int> ports;
   try {
     ports = pick_free_ports(options.num_workers, options.port_base);

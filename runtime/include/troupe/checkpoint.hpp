@@ -94,6 +94,7 @@ struct CheckpointEntry {
   Shape shape;
   std::uint64_t nbytes = 0;
   bool checksum_ok = false;  ///< its bytes match the checksum stored with them
+  Tensor value;              ///< the tensor itself (host), when inspect_checkpoint read values
 };
 
 /// What a checkpoint file holds.
@@ -107,6 +108,11 @@ struct CheckpointInfo {
 /// Reads `path` without restoring anything (for inspection tools): the same checks as restore,
 /// except that a tensor failing its checksum is reported in its entry rather than thrown. Other
 /// problems (missing, truncated, corrupt header, malformed) throw CheckpointError naming the file.
-CheckpointInfo inspect_checkpoint(const std::string& path);
+/// With `read_values`, each entry's value holds a copy of the tensor.
+CheckpointInfo inspect_checkpoint(const std::string& path, bool read_values = false);
+
+/// The checkpoint files CheckpointManager keeps in `directory` (ckpt-<step>.ckpt), oldest first;
+/// empty when there are none or the directory does not exist.
+std::vector<std::string> checkpoint_files(const std::string& directory);
 
 }  // namespace troupe

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
@@ -58,24 +59,53 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-/// A field without surrounding blanks and one pair of surrounding double quotes.
-std::string_view clean_field(std::string_view s) {
-  s = trim(s);
-  if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = trim(s.substr(1, s.size() - 2));
-  return s;
-}
-
-std::vector<std::string_view> split_fields(std::string_view line, char delimiter) {
-  std::vector<std::string_view> fields;
-  std::size_t start = 0;
+/// The fields of one line (RFC 4180 within a line): a field that starts with '"' runs to its
+/// closing quote, may hold the delimiter and writes a quote as "". Blanks around a field, and
+/// inside its quotes, are removed. A quote left open, or text after a closing quote, throws
+/// std::invalid_argument naming the file and line.
+std::vector<std::string> split_fields(std::string_view line, char delimiter, const std::string& path,
+                                      std::size_t line_number) {
+  auto blank = [delimiter](char c) { return (c == ' ' || c == '\t') && c != delimiter; };
+  auto fail = [&](const std::string& problem) {
+    throw std::invalid_argument(path + ":" + std::to_string(line_number) + ": " + problem);
+  };
+  std::vector<std::string> fields;
+  std::size_t i = 0;
+  const std::size_t n = line.size();
   while (true) {
-    const std::size_t end = line.find(delimiter, start);
-    if (end == std::string_view::npos) {
-      fields.push_back(clean_field(line.substr(start)));
-      return fields;
+    while (i < n && blank(line[i])) ++i;
+    std::string field;
+    if (i < n && line[i] == '"') {
+      const std::size_t opened = i++;
+      while (true) {
+        const std::size_t quote = line.find('"', i);
+        if (quote == std::string_view::npos) {
+          fail("the quoted field opened at character " + std::to_string(opened + 1) +
+               " is not closed on this line (expected a closing \"; fields cannot span lines)");
+        }
+        field.append(line.substr(i, quote - i));
+        i = quote + 1;
+        if (i < n && line[i] == '"') {  // "" is a quote inside the field
+          field.push_back('"');
+          ++i;
+          continue;
+        }
+        break;
+      }
+      while (i < n && blank(line[i])) ++i;
+      if (i < n && line[i] != delimiter) {
+        fail("text after the closing quote of field " + std::to_string(fields.size()) + " (expected the delimiter " +
+             in_quotes(std::string(1, delimiter)) + ")");
+      }
+      field = std::string(trim(field));
+    } else {
+      const std::size_t end = std::min(line.find(delimiter, i), n);
+      field = std::string(trim(line.substr(i, end - i)));
+      i = end;
     }
-    fields.push_back(clean_field(line.substr(start, end - start)));
-    start = end + 1;
+    fields.push_back(std::move(field));
+    if (i >= n) return fields;
+    ++i;  // the delimiter
   }
 }
 
@@ -152,17 +182,36 @@ class ValueBuffer {
  public:
   explicit ValueBuffer(DType dtype) : dtype_(dtype) {}
   void reserve(std::size_t n) { bytes_.reserve(n * dtype_size(dtype_)); }
-  void append(std::string_view text, const FieldSite& site) {
+  /// Appends the value in `text`; returns false (appending nothing) for NaN or Inf.
+  bool append(std::string_view text, const FieldSite& site) {
     switch (dtype_) {
-      case DType::f32: return put(parse_value<float>(text, site));
-      case DType::f64: return put(parse_value<double>(text, site));
-      case DType::i32: return put(parse_value<std::int32_t>(text, site));
-      case DType::i64: return put(parse_value<std::int64_t>(text, site));
+      case DType::f32: return put_finite(parse_value<float>(text, site));
+      case DType::f64: return put_finite(parse_value<double>(text, site));
+      case DType::i32: put(parse_value<std::int32_t>(text, site)); return true;
+      case DType::i64: put(parse_value<std::int64_t>(text, site)); return true;
+    }
+    return true;
+  }
+  /// Appends a class id.
+  void append_id(std::int64_t id) {
+    switch (dtype_) {
+      case DType::f32: return put(static_cast<float>(id));
+      case DType::f64: return put(static_cast<double>(id));
+      case DType::i32: return put(static_cast<std::int32_t>(id));
+      case DType::i64: return put(id);
     }
   }
+  std::size_t size_bytes() const { return bytes_.size(); }
+  void truncate(std::size_t bytes) { bytes_.resize(bytes); }
   Tensor to_tensor(Shape shape) const { return Tensor::from_bytes(bytes_.data(), bytes_.size(), dtype_, std::move(shape)); }
 
  private:
+  template <class T>
+  bool put_finite(T v) {
+    if (!std::isfinite(v)) return false;
+    put(v);
+    return true;
+  }
   template <class T>
   void put(T v) {
     const std::size_t at = bytes_.size();
@@ -286,10 +335,10 @@ CsvData read_csv(const std::string& path, const CsvOptions& options) {
   std::size_t first_row = 0;
   if (options.header) {
     if (lines.empty()) throw std::invalid_argument("read_csv: " + in_quotes(path) + " is empty (expected a header line)");
-    for (std::string_view f : split_fields(lines[0].text, options.delimiter)) names.emplace_back(f);
+    names = split_fields(lines[0].text, options.delimiter, path, lines[0].number);
     first_row = 1;
   } else if (!lines.empty()) {
-    const std::size_t n = split_fields(lines[0].text, options.delimiter).size();
+    const std::size_t n = split_fields(lines[0].text, options.delimiter, path, lines[0].number).size();
     for (std::size_t i = 0; i < n; ++i) names.push_back(std::to_string(i));
   }
 
@@ -304,27 +353,88 @@ CsvData read_csv(const std::string& path, const CsvOptions& options) {
     }
   }
 
-  const std::size_t rows = lines.size() - first_row;
+  CsvData out;
   ValueBuffer features(options.dtype);
-  features.reserve(rows * feature_indices.size());
-  ValueBuffer labels(options.label_dtype);
-  labels.reserve(rows);
+  features.reserve((lines.size() - first_row) * feature_indices.size());
+  // A NaN or Inf: refused, or its row dropped with a warning (returned).
+  auto non_finite = [&](const FieldSite& site, const std::string& value) {
+    if (options.non_finite == NonFinite::refuse) {
+      bad_value(site, value,
+                "is not a finite number (NaN or Inf); fix the row, or drop such rows (NonFinite::drop_row)");
+    }
+    return site.path + ":" + std::to_string(site.line) + ": column " + std::to_string(site.column) + " (" +
+           in_quotes(site.column_name) + "): " + in_quotes(value) + " is not a finite number: row dropped";
+  };
+  struct LabelText {
+    std::size_t line;
+    std::string text;
+  };
+  std::vector<LabelText> label_texts;  // of the rows kept
+  std::size_t rows = 0;
   for (std::size_t r = first_row; r < lines.size(); ++r) {
     const CsvLine& line = lines[r];
-    const std::vector<std::string_view> fields = split_fields(line.text, options.delimiter);
+    const std::vector<std::string> fields = split_fields(line.text, options.delimiter, path, line.number);
     if (fields.size() != names.size()) {
       throw std::invalid_argument(path + ":" + std::to_string(line.number) + ": " + std::to_string(fields.size()) +
                                   " fields, expected " + std::to_string(names.size()) +
                                   (options.header ? " (the header's column count)" : " (the first row's field count)"));
     }
-    for (std::size_t c : feature_indices) features.append(fields[c], FieldSite{path, line.number, c, names[c]});
-    if (label_index) labels.append(fields[*label_index], FieldSite{path, line.number, *label_index, names[*label_index]});
+    const std::size_t mark = features.size_bytes();
+    std::optional<std::string> dropped;
+    for (std::size_t c : feature_indices) {
+      const FieldSite site{path, line.number, c, names[c]};
+      if (!features.append(fields[c], site)) {
+        dropped = non_finite(site, fields[c]);
+        break;
+      }
+    }
+    if (!dropped && label_index && options.labels != CsvLabels::names) {
+      const std::string& label = fields[*label_index];
+      double d = 0;
+      auto [ptr, ec] = std::from_chars(label.data(), label.data() + label.size(), d);
+      if (ec == std::errc() && ptr == label.data() + label.size() && !std::isfinite(d)) {
+        dropped = non_finite(FieldSite{path, line.number, *label_index, names[*label_index]}, label);
+      }
+    }
+    if (dropped) {
+      features.truncate(mark);
+      out.warnings.push_back(std::move(*dropped));
+      continue;
+    }
+    if (label_index) label_texts.push_back({line.number, fields[*label_index]});
+    ++rows;
   }
 
-  CsvData out;
   for (std::size_t c : feature_indices) out.column_names.push_back(names[c]);
   out.features = features.to_tensor({static_cast<std::int64_t>(rows), static_cast<std::int64_t>(feature_indices.size())});
-  if (label_index) out.labels = labels.to_tensor({static_cast<std::int64_t>(rows)});
+  if (label_index) {
+    auto is_number = [](std::string_view t) {
+      if (t.size() > 1 && t.front() == '+') t.remove_prefix(1);
+      double d = 0;
+      auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), d);
+      return !t.empty() && ptr == t.data() + t.size() && (ec == std::errc() || ec == std::errc::result_out_of_range);
+    };
+    bool as_names = options.labels == CsvLabels::names;
+    if (options.labels == CsvLabels::automatic) {
+      for (const LabelText& l : label_texts) as_names = as_names || !is_number(l.text);
+    }
+    ValueBuffer labels(options.label_dtype);
+    labels.reserve(rows);
+    if (as_names) {
+      std::map<std::string, std::int64_t> ids;
+      for (const LabelText& l : label_texts) ids.emplace(l.text, 0);
+      for (auto& [name, id] : ids) {
+        id = static_cast<std::int64_t>(out.label_names.size());
+        out.label_names.push_back(name);
+      }
+      for (const LabelText& l : label_texts) labels.append_id(ids.at(l.text));
+    } else {
+      for (const LabelText& l : label_texts) {
+        labels.append(l.text, FieldSite{path, l.line, *label_index, names[*label_index]});
+      }
+    }
+    out.labels = labels.to_tensor({static_cast<std::int64_t>(rows)});
+  }
   return out;
 }
 

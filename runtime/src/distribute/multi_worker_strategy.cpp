@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "distribute/hierarchical_collectives.hpp"
+#include "middleman.hpp"
 #include "distribute/worker_group.hpp"
 #include "distribute/mirrored_backend.hpp"
 #include "troupe/actors/rendezvous.hpp"
@@ -76,6 +77,7 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
 std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runtime, const CommunicationOptions& options,
                                                                    const ClusterResolver& resolver,
                                                                    const MultiWorkerOptions& settings) {
+  troupe::detail::require_middleman(runtime, "MultiWorkerMirroredStrategy");
   const bool nccl = options.implementation == CommunicationImplementation::nccl;
   const int gpus = Runtime::gpu_count();
   if (nccl && gpus == 0) {

@@ -168,9 +168,15 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
     history.samples += samples;
     if (options.verbose > 0) {
       std::ostringstream line;
-      line << "Epoch " << epoch + 1 << "/" << epochs << ": " << steps << " steps, loss " << std::setprecision(6)
-           << epoch_loss << ", " << std::fixed << std::setprecision(0) << rate << " samples/s, "
-           << std::setprecision(3) << seconds << " s\n";
+      line << "Epoch " << epoch + 1 << "/" << epochs << ": " << steps << (steps == 1 ? " step" : " steps")
+           << ", loss " << std::setprecision(6) << epoch_loss << ", " << std::fixed << std::setprecision(0) << rate
+           << " samples/s, ";
+      // Epochs of a small set take microseconds: three significant digits in ms, not "0.000 s".
+      if (seconds >= 0.1) {
+        line << std::setprecision(3) << seconds << " s\n";
+      } else {
+        line << std::defaultfloat << std::setprecision(3) << seconds * 1e3 << " ms\n";
+      }
       out << line.str() << std::flush;
     }
   }

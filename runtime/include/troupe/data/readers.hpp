@@ -16,13 +16,28 @@
 ///   data.csv:17: column 3 ("petal_width"): "abc" is not a number
 namespace troupe::data {
 
+/// What read_csv does with a NaN or Inf value ("nan", "inf", "-Infinity", or a number too large
+/// for the dtype is still an error).
+enum class NonFinite {
+  refuse,    ///< throw std::invalid_argument naming the file, line and column
+  drop_row,  ///< skip the row and say so in CsvData::warnings
+};
+
+/// How read_csv reads the label column.
+enum class CsvLabels {
+  automatic,  ///< numbers when every label is a number, else names
+  numbers,    ///< class ids written as numbers
+  names,      ///< class names ("setosa"), mapped to ids 0.. in sorted order (CsvData::label_names)
+};
+
 /// How read_csv parses a file.
 struct CsvOptions {
   /// The first non-empty line names the columns. Without a header the columns are named by their
   /// index: "0", "1", ...
   bool header = true;
-  /// The field separator. Fields cannot contain it (no quoting); surrounding spaces and one pair
-  /// of surrounding double quotes are removed.
+  /// The field separator. A field in double quotes may contain it, and writes a quote as ""
+  /// (RFC 4180, within one line: a quoted field cannot span lines). Spaces around fields (and
+  /// inside the quotes) are removed.
   char delimiter = ',';
   /// The dtype of the feature tensor.
   DType dtype = DType::f32;
@@ -32,6 +47,10 @@ struct CsvOptions {
   std::optional<std::string> label_column;
   /// The dtype of the labels.
   DType label_dtype = DType::i64;
+  /// Numbers or names in the label column.
+  CsvLabels labels = CsvLabels::automatic;
+  /// A row with a NaN or Inf feature or label.
+  NonFinite non_finite = NonFinite::refuse;
 };
 
 /// A CSV file read into tensors.
@@ -42,9 +61,13 @@ struct CsvData {
   Tensor features;
   /// The label column's values, shape [rows], when CsvOptions::label_column is set.
   std::optional<Tensor> labels;
+  /// When the labels were names: label_names[id] is the name of class id.
+  std::vector<std::string> label_names;
+  /// One line per row dropped (NonFinite::drop_row), naming the file, line and column.
+  std::vector<std::string> warnings;
 };
 
-/// Reads a CSV file of numbers. Handles "\n" and "\r\n" line endings and a missing final
+/// Reads a CSV file of numbers (and class names in the label column). Handles "\n" and "\r\n" line endings and a missing final
 /// newline; empty lines are skipped (line numbers in errors count them). Integer dtypes accept
 /// integral values written as "3" or "3.0".
 CsvData read_csv(const std::string& path, const CsvOptions& options = {});
