@@ -4,6 +4,8 @@
 // becomes a field of RuntimeOptions or MultiWorkerOptions there, and code elsewhere takes the
 // options.
 
+#include "troupe/log.hpp"
+
 namespace troupe::detail {
 
 /// The integer in environment variable `name`, or `fallback` when it is unset or empty; a value
@@ -12,5 +14,9 @@ int env_int(const char* name, int fallback, int min, int max);
 
 /// TROUPE_FORCE_CPU=1: GPUs are hidden from troupe.
 bool force_cpu_from_environment();
+
+/// TROUPE_LOG_LEVEL, or warning when it is unset or names no level (RuntimeOptions refuses such a
+/// value with a clear error; the log itself never throws).
+LogLevel log_level_from_environment();
 
 }  // namespace troupe::detail

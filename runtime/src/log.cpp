@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "env.hpp"
+
 namespace troupe {
 namespace {
 
@@ -24,21 +26,9 @@ log_state& state() {
   return s;
 }
 
-// TROUPE_LOG_LEVEL, or warning when it is unset or names no level (Runtime refuses such a value
-// with a clear error; the log never throws).
-LogLevel level_from_environment() {
-  const char* v = std::getenv("TROUPE_LOG_LEVEL");
-  if (v == nullptr || *v == '\0') return LogLevel::warning;
-  try {
-    return parse_log_level(v);
-  } catch (const std::invalid_argument&) {
-    return LogLevel::warning;
-  }
-}
-
 LogLevel current_level(log_state& s) {
   if (!s.level_set) {
-    s.level = level_from_environment();
+    s.level = detail::log_level_from_environment();
     s.level_set = true;
   }
   return s.level;

@@ -31,6 +31,16 @@ bool force_cpu_from_environment() {
   return force_cpu != nullptr && std::strcmp(force_cpu, "1") == 0;
 }
 
+LogLevel log_level_from_environment() {
+  const char* v = std::getenv("TROUPE_LOG_LEVEL");
+  if (v == nullptr || *v == '\0') return LogLevel::warning;
+  try {
+    return parse_log_level(v);
+  } catch (const std::invalid_argument&) {
+    return LogLevel::warning;
+  }
+}
+
 }  // namespace detail
 
 RuntimeOptions RuntimeOptions::from_environment() {
