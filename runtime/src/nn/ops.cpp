@@ -4,7 +4,9 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
+#include "../cpu/kernels.hpp"
 #include "../gpu.hpp"
 #include "eigen_maps.hpp"
 
@@ -17,6 +19,16 @@ namespace {
 namespace gpu = troupe::detail::gpu;
 
 transport::scalar_type scalar_type_of(DType dtype) { return static_cast<transport::scalar_type>(dtype); }
+
+// This process's CPU kernels for T (see cpu/kernels.hpp).
+template <class T>
+const troupe::detail::cpu::typed_kernels<T>& cpu_kernels() {
+  if constexpr (std::is_same_v<T, float>) {
+    return troupe::detail::cpu::kernels().f32;
+  } else {
+    return troupe::detail::cpu::kernels().f64;
+  }
+}
 
 // The GPU of an operation some of whose operands are GPU tensors: host operands are copied there
 // (as TensorFlow places an op's inputs on its device); operands on two GPUs are an error.
@@ -70,13 +82,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   Tensor out = Tensor::empty({m, n}, a.dtype());
   dispatch_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    auto A = matrix<T>(a);
-    auto B = matrix<T>(b);
-    auto C = matrix<T>(out);
-    if (!transpose_a && !transpose_b) C.noalias() = A * B;
-    if (transpose_a && !transpose_b) C.noalias() = A.transpose() * B;
-    if (!transpose_a && transpose_b) C.noalias() = A * B.transpose();
-    if (transpose_a && transpose_b) C.noalias() = A.transpose() * B.transpose();
+    cpu_kernels<T>().gemm(a.data<T>(), b.data<T>(), out.mutable_data<T>(), m, n, ka, transpose_a, transpose_b);
   });
   return out;
 }
@@ -91,7 +97,7 @@ Tensor relu(const Tensor& x) {
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    array<T>(out) = array<T>(x).max(T(0));
+    cpu_kernels<T>().relu(x.data<T>(), out.mutable_data<T>(), x.num_elements());
   });
   return out;
 }
@@ -111,7 +117,7 @@ Tensor relu_grad(const Tensor& grad, const Tensor& output) {
   Tensor out = Tensor::empty(grad.shape(), grad.dtype());
   dispatch_float(grad.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    array<T>(out) = (array<T>(output) > T(0)).select(array<T>(grad), T(0));
+    cpu_kernels<T>().relu_grad(grad.data<T>(), output.data<T>(), out.mutable_data<T>(), grad.num_elements());
   });
   return out;
 }
@@ -190,10 +196,8 @@ Tensor dense_forward(const Tensor& x, const Tensor& kernel, const Tensor& bias, 
   Tensor out = Tensor::empty({x.shape()[0], kernel.shape()[1]}, x.dtype());
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    auto y = matrix<T>(out);
-    y.noalias() = matrix<T>(x) * matrix<T>(kernel);
-    y.rowwise() += row_vector<T>(bias);
-    if (activation == Activation::relu) y = y.cwiseMax(T(0));
+    cpu_kernels<T>().dense_forward(x.data<T>(), kernel.data<T>(), bias.data<T>(), out.mutable_data<T>(), x.shape()[0],
+                                   x.shape()[1], kernel.shape()[1], activation == Activation::relu);
   });
   return out;
 }
@@ -213,8 +217,8 @@ DenseGradients dense_backward(const Tensor& x, const Tensor& kernel, const Tenso
                                 shape_to_string(grad_output.shape()) +
                                 " do not fit (expected [batch, in], [in, units] and [batch, units])");
   }
-  Tensor g = activation == Activation::relu ? relu_grad(grad_output, output) : grad_output;
-  if (g.is_gpu() || x.is_gpu() || kernel.is_gpu()) {
+  if (grad_output.is_gpu() || output.is_gpu() || x.is_gpu() || kernel.is_gpu()) {
+    Tensor g = activation == Activation::relu ? relu_grad(grad_output, output) : grad_output;
     const Device where = gpu_of("dense_backward", {&x, &kernel, &g});
     g = g.to(where);
     DenseGradients grads;
@@ -229,10 +233,11 @@ DenseGradients dense_backward(const Tensor& x, const Tensor& kernel, const Tenso
   if (need_input) grads.input = Tensor::empty(x.shape(), x.dtype());
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    auto G = matrix<T>(g);
-    matrix<T>(grads.kernel).noalias() = matrix<T>(x).transpose() * G;
-    row_vector<T>(grads.bias) = G.colwise().sum();
-    if (need_input) matrix<T>(grads.input).noalias() = G * matrix<T>(kernel).transpose();
+    cpu_kernels<T>().dense_backward(x.data<T>(), kernel.data<T>(), output.data<T>(), grad_output.data<T>(),
+                                    activation == Activation::relu,
+                                    need_input ? grads.input.mutable_data<T>() : nullptr,
+                                    grads.kernel.mutable_data<T>(), grads.bias.mutable_data<T>(), x.shape()[0],
+                                    x.shape()[1], kernel.shape()[1]);
   });
   return grads;
 }
