@@ -133,6 +133,19 @@ case "$scenario" in
     for i in 0 1; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2 MW_CKPT_DIR=$dir/ckpt"; done
     start_cluster 2 checkpoint; wait_all 2; expect_all 2 0 "^OK"
     [ "$(ls "$dir/ckpt")" = "ckpt-7.ckpt" ] || fail "the checkpoint directory holds: $(ls "$dir/ckpt")" ;;
+  isa-mix)
+    # Two workers on different CPU kernel paths (two local replicas each): the forward passes
+    # differ in their bits, the weights after every step do not.
+    W0_ENV="TROUPE_CPU=baseline TROUPE_DEVICES_PER_WORKER=2" W1_ENV="TROUPE_CPU=avx2 TROUPE_DEVICES_PER_WORKER=2"
+    start_cluster 2 train; wait_all 2; expect_all 2 0 "^OK"
+    grep -q "^path baseline" "$dir/out0" || fail "worker 0 did not run the baseline path"
+    grep -q "^path avx2" "$dir/out1" || fail "worker 1 did not run the avx2 path"
+    [ "$(grep -c '^step .* weights' "$dir/out0")" = 12 ] || fail "worker 0 did not report 12 steps"
+    [ "$(grep '^probe' "$dir/out0")" != "$(grep '^probe' "$dir/out1")" ] ||
+      fail "the two paths computed the same forward bits: the test cannot tell them apart"
+    diff <(grep '^step' "$dir/out0") <(grep '^step' "$dir/out1") > "$dir/diff" ||
+      fail "the workers' weights differ: $(cat "$dir/diff")" ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
+[ -n "${MW_SHOW:-}" ] && for f in "$dir"/out*; do echo "--- $f"; cat "$f"; done
 echo "PASSED $scenario"
