@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs troupe's build dependencies from Debian's packages. Idempotent: quiet and fast when
 # everything is already there. Usage: tools/install-deps.sh [--bench]  (--bench adds the peers
-# that bench/ compares against: OpenMPI and Gloo).
+# that bench/ compares against: OpenMPI, Gloo, and TensorFlow 2.21 from PyPI for
+# training_bench.sh --side-by-side, in a virtual environment at $TROUPE_BENCH_VENV, default
+# /opt/troupe-bench, unless the python3 on PATH imports tensorflow already).
 set -euo pipefail
 
 packages=(
@@ -11,8 +13,18 @@ packages=(
   doctest-dev libeigen3-dev libbenchmark-dev nlohmann-json3-dev
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(openmpi-bin libopenmpi-dev libgloo-dev)
+  packages+=(openmpi-bin libopenmpi-dev libgloo-dev python3-venv)
 fi
+
+# TensorFlow, the peer of training_bench.sh --side-by-side (PyPI's tensorflow-cpu; Debian has none).
+install_tensorflow() {
+  python3 -c "import tensorflow" 2>/dev/null && return 0
+  local venv=${TROUPE_BENCH_VENV:-/opt/troupe-bench}
+  "$venv/bin/python" -c "import tensorflow" 2>/dev/null && return 0
+  echo "troupe: installing tensorflow-cpu 2.21 into $venv" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "tensorflow-cpu==2.21.*"
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -20,7 +32,10 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-[[ ${#missing[@]} -eq 0 ]] && exit 0
+if [[ ${#missing[@]} -eq 0 ]]; then
+  if [[ "${1:-}" == "--bench" ]]; then install_tensorflow; fi
+  exit 0
+fi
 
 echo "troupe: installing ${missing[*]}" >&2
 sudo_cmd=()
@@ -28,3 +43,4 @@ if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [[ "${1:-}" == "--bench" ]]; then install_tensorflow; fi
