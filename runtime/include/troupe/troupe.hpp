@@ -5,6 +5,7 @@
 #include "troupe/device.hpp"
 #include "troupe/dtype.hpp"
 #include "troupe/errors.hpp"
+#include "troupe/gradient_tape.hpp"
 #include "troupe/runtime.hpp"
 #include "troupe/tensor.hpp"
 #include "troupe/variable.hpp"

@@ -8,6 +8,7 @@
 
 #include "../cpu/kernels.hpp"
 #include "../gpu.hpp"
+#include "../tape.hpp"
 #include "eigen_maps.hpp"
 
 namespace troupe::nn {
@@ -56,7 +57,9 @@ const char* activation_name(Activation activation) {
   return "?";
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
+namespace {
+
+Tensor matmul_untaped(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
   check_float(a, "matmul");
   check_rank(a, 2, "matmul", "a");
   check_rank(b, 2, "matmul", "b");
@@ -87,7 +90,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   return out;
 }
 
-Tensor relu(const Tensor& x) {
+Tensor relu_untaped(const Tensor& x) {
   check_float(x, "relu");
   if (x.is_gpu()) {
     Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
@@ -99,6 +102,34 @@ Tensor relu(const Tensor& x) {
     using T = decltype(tag);
     cpu_kernels<T>().relu(x.data<T>(), out.mutable_data<T>(), x.num_elements());
   });
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
+  Tensor out = matmul_untaped(a, b, transpose_a, transpose_b);
+  if (troupe::detail::recording({&a, &b})) {
+    const Tensor pa = troupe::detail::untaped(a);
+    const Tensor pb = troupe::detail::untaped(b);
+    troupe::detail::record(out, {a, b}, [pa, pb, ta = transpose_a, tb = transpose_b](const Tensor& g) -> std::vector<Tensor> {
+      // C = op(A)·op(B): dop(A) = g·op(B)ᵀ and dop(B) = op(A)ᵀ·g, transposed back where stored so.
+      if (!ta && !tb) return {matmul(g, pb, false, true), matmul(pa, g, true, false)};
+      if (ta && !tb) return {matmul(pb, g, false, true), matmul(pa, g, false, false)};
+      if (!ta && tb) return {matmul(g, pb, false, false), matmul(g, pa, true, false)};
+      return {matmul(pb, g, true, true), matmul(g, pa, true, true)};
+    });
+  }
+  return out;
+}
+
+Tensor relu(const Tensor& x) {
+  Tensor out = relu_untaped(x);
+  if (troupe::detail::recording({&x})) {
+    troupe::detail::record(out, {x}, [o = troupe::detail::untaped(out)](const Tensor& g) -> std::vector<Tensor> {
+      return {relu_grad(g, o)};
+    });
+  }
   return out;
 }
 
@@ -172,7 +203,9 @@ Tensor argmax(const Tensor& x) {
   return out;
 }
 
-Tensor dense_forward(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation) {
+namespace {
+
+Tensor dense_forward_untaped(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation) {
   check_float(x, "dense_forward");
   check_rank(x, 2, "dense_forward", "x");
   check_rank(kernel, 2, "dense_forward", "kernel");
@@ -199,6 +232,21 @@ Tensor dense_forward(const Tensor& x, const Tensor& kernel, const Tensor& bias, 
     cpu_kernels<T>().dense_forward(x.data<T>(), kernel.data<T>(), bias.data<T>(), out.mutable_data<T>(), x.shape()[0],
                                    x.shape()[1], kernel.shape()[1], activation == Activation::relu);
   });
+  return out;
+}
+
+}  // namespace
+
+Tensor dense_forward(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation) {
+  Tensor out = dense_forward_untaped(x, kernel, bias, activation);
+  if (troupe::detail::recording({&x, &kernel, &bias})) {
+    troupe::detail::record(out, {x, kernel, bias},
+                           [px = troupe::detail::untaped(x), pk = troupe::detail::untaped(kernel),
+                            po = troupe::detail::untaped(out), activation](const Tensor& g) -> std::vector<Tensor> {
+                             DenseGradients d = dense_backward(px, pk, po, g, activation, true);
+                             return {d.input, d.kernel, d.bias};
+                           });
+  }
   return out;
 }
 
