@@ -2,12 +2,15 @@
 // against a reference, and the optimizer updates giving the same bits on every path.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
+#include "cpu/intra_op.hpp"
 #include "cpu/kernels.hpp"
 #include "test_util.hpp"
 
@@ -196,5 +199,59 @@ TEST_CASE_TEMPLATE("optimizer updates give the same bits on every CPU path", T, 
       const auto got = run(*cpu::table_for(path));
       for (std::size_t j = 0; j < got.size(); ++j) CHECK(same_bits(got[j], want[j]));
     }
+  }
+}
+
+TEST_CASE("intra-op threads: a replica gets the cores the others leave; parallel_for runs every part once") {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (std::getenv("TROUPE_INTRA_OP_THREADS") == nullptr) {
+    CHECK(cpu::intra_op_threads_for(1) == cores);
+    CHECK(cpu::intra_op_threads_for(cores * 4) == 1);
+  }
+  CHECK(cpu::intra_op_threads() == 1);
+  {
+    cpu::intra_op_scope scope(3);
+    CHECK(cpu::intra_op_threads() == 3);
+  }
+  CHECK(cpu::intra_op_threads() == 1);
+  std::vector<std::atomic<int>> hits(17);
+  cpu::parallel_for(17, [&](int p) { hits[static_cast<std::size_t>(p)].fetch_add(1); });
+  for (auto& h : hits) CHECK(h.load() == 1);
+  CHECK(message_of([] { cpu::parallel_for(4, [](int p) { if (p == 2) throw std::runtime_error("part 2"); }); }) ==
+        "part 2");
+}
+
+TEST_CASE("products and Dense layers split over 2 intra-op threads agree with one thread and repeat their bits") {
+  const std::int64_t batch = 100, in = 300, units = 200;
+  const Tensor x = nn::glorot_uniform(batch, in, 1) * 3.0f;
+  const Tensor kernel = nn::glorot_uniform(in, units, 2);
+  const Tensor bias = nn::glorot_uniform(1, units, 3).reshape({units});
+  const Tensor grad = nn::glorot_uniform(batch, units, 4);
+  auto run = [&](int threads) {
+    cpu::intra_op_scope scope(threads);
+    std::vector<Tensor> out;
+    out.push_back(nn::matmul(x, kernel));
+    out.push_back(nn::matmul(x, x, true, false));
+    out.push_back(nn::matmul(kernel, kernel, false, true));
+    const Tensor y = nn::dense_forward(x, kernel, bias, nn::Activation::relu);
+    out.push_back(y);
+    nn::DenseGradients d = nn::dense_backward(x, kernel, y, grad, nn::Activation::relu, true);
+    out.push_back(d.input);
+    out.push_back(d.kernel);
+    out.push_back(d.bias);
+    return out;
+  };
+  const auto one = run(1);
+  const auto two = run(2);
+  const auto again = run(2);
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    CAPTURE(i);
+    CHECK(two[i].equals(again[i]));
+    const auto a = one[i].to_vector<float>();
+    const auto b = two[i].to_vector<float>();
+    REQUIRE(a.size() == b.size());
+    double worst = 0;
+    for (std::size_t k = 0; k < a.size(); ++k) worst = std::max(worst, double(std::abs(a[k] - b[k])) / (1 + std::abs(a[k])));
+    CHECK(worst < 1e-5);
   }
 }

@@ -62,6 +62,10 @@ struct typed_kernels {
   /// next_m = b1·m + c1·g; next_v = b2·v + c2·g·g; next = w - lr_t·next_m / (sqrt(next_v) + eps)
   void (*adam)(const T* w, const T* g, const T* m, const T* v, T* next, T* next_m, T* next_v, std::int64_t n, T lr_t,
                T b1, T c1, T b2, T c2, T eps);
+  /// gemm whose stored a has rows of lda elements: a block of rows of op(a) (the intra-op split,
+  /// see intra_op.hpp: with transpose_a those are columns of the stored a).
+  void (*gemm_lda)(const T* a, std::int64_t lda, const T* b, T* c, std::int64_t m, std::int64_t n, std::int64_t k,
+                   bool transpose_a, bool transpose_b);
 };
 
 struct kernel_table {

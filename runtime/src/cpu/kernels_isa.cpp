@@ -49,6 +49,26 @@ void gemm(const T* a, const T* b, T* c, std::int64_t m, std::int64_t n, std::int
 }
 
 template <class T>
+using strided_cmap = Eigen::Map<const matrix<T>, 0, Eigen::OuterStride<>>;
+
+template <class T>
+void gemm_lda(const T* a, std::int64_t lda, const T* b, T* c, std::int64_t m, std::int64_t n, std::int64_t k,
+              bool transpose_a, bool transpose_b) {
+  map<T> C(c, m, n);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    C.setZero();
+    return;
+  }
+  const strided_cmap<T> A(a, transpose_a ? k : m, transpose_a ? m : k, Eigen::OuterStride<>(lda));
+  const cmap<T> B(b, transpose_b ? n : k, transpose_b ? k : n);
+  if (!transpose_a && !transpose_b) C.noalias() = A * B;
+  if (transpose_a && !transpose_b) C.noalias() = A.transpose() * B;
+  if (!transpose_a && transpose_b) C.noalias() = A * B.transpose();
+  if (transpose_a && transpose_b) C.noalias() = A.transpose() * B.transpose();
+}
+
+template <class T>
 void dense_forward(const T* x, const T* kernel, const T* bias, T* out, std::int64_t batch, std::int64_t in,
                    std::int64_t units, bool relu) {
   map<T> y(out, batch, units);
@@ -134,8 +154,8 @@ void adam(const T* __restrict w, const T* __restrict g, const T* __restrict m, c
 
 template <class T>
 constexpr typed_kernels<T> typed() {
-  return {&gemm<T>, &dense_forward<T>, &dense_backward<T>, &relu<T>, &relu_grad<T>, &sgd<T>, &sgd_momentum<T>,
-          &adam<T>};
+  return {&gemm<T>,  &dense_forward<T>, &dense_backward<T>, &relu<T>,    &relu_grad<T>,
+          &sgd<T>,   &sgd_momentum<T>,  &adam<T>,           &gemm_lda<T>};
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 #include "troupe/nn/ops.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
+#include "../cpu/intra_op.hpp"
 #include "../cpu/kernels.hpp"
 #include "../gpu.hpp"
 #include "../tape.hpp"
@@ -47,6 +49,40 @@ Device gpu_of(const char* op, std::initializer_list<const Tensor*> operands) {
   return first == nullptr ? Device() : first->device();
 }
 
+namespace cpu = troupe::detail::cpu;
+
+// The intra-op split (cpu/intra_op.hpp): how many row blocks a product of m rows gets, and where
+// block p starts (multiples of 8 rows, so each block keeps the kernels' register tiles whole).
+int split_parts(std::int64_t m, std::int64_t n, std::int64_t k) {
+  const int threads = cpu::intra_op_threads();
+  if (threads <= 1) return 1;
+  // Below about a million multiply-adds handing a block to another thread costs more than it saves.
+  if (static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) < double(1 << 20)) return 1;
+  return static_cast<int>(std::min<std::int64_t>(threads, (m + 7) / 8));
+}
+
+std::int64_t block_begin(std::int64_t rows, int parts, int p) {
+  const std::int64_t per = ((rows + parts - 1) / parts + 7) / 8 * 8;
+  return std::min(rows, per * p);
+}
+
+// c[m, n] = op(a) · op(b), its rows split over the intra-op threads.
+template <class T>
+void gemm_split(const cpu::typed_kernels<T>& kernels, const T* a, const T* b, T* c, std::int64_t m, std::int64_t n,
+                std::int64_t k, bool transpose_a, bool transpose_b) {
+  const int parts = split_parts(m, n, k);
+  if (parts <= 1) {
+    kernels.gemm(a, b, c, m, n, k, transpose_a, transpose_b);
+    return;
+  }
+  const std::int64_t lda = transpose_a ? m : k;
+  cpu::parallel_for(parts, [&](int p) {
+    const std::int64_t r0 = block_begin(m, parts, p), r1 = block_begin(m, parts, p + 1);
+    if (r1 <= r0) return;
+    kernels.gemm_lda(transpose_a ? a + r0 : a + r0 * k, lda, b, c + r0 * n, r1 - r0, n, k, transpose_a, transpose_b);
+  });
+}
+
 }  // namespace
 
 const char* activation_name(Activation activation) {
@@ -85,7 +121,7 @@ Tensor matmul_untaped(const Tensor& a, const Tensor& b, bool transpose_a, bool t
   Tensor out = Tensor::empty({m, n}, a.dtype());
   dispatch_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cpu_kernels<T>().gemm(a.data<T>(), b.data<T>(), out.mutable_data<T>(), m, n, ka, transpose_a, transpose_b);
+    gemm_split<T>(cpu_kernels<T>(), a.data<T>(), b.data<T>(), out.mutable_data<T>(), m, n, ka, transpose_a, transpose_b);
   });
   return out;
 }
@@ -229,8 +265,15 @@ Tensor dense_forward_untaped(const Tensor& x, const Tensor& kernel, const Tensor
   Tensor out = Tensor::empty({x.shape()[0], kernel.shape()[1]}, x.dtype());
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cpu_kernels<T>().dense_forward(x.data<T>(), kernel.data<T>(), bias.data<T>(), out.mutable_data<T>(), x.shape()[0],
-                                   x.shape()[1], kernel.shape()[1], activation == Activation::relu);
+    const std::int64_t batch = x.shape()[0], in = x.shape()[1], units = kernel.shape()[1];
+    const int parts = split_parts(batch, units, in);
+    const auto& k = cpu_kernels<T>();
+    cpu::parallel_for(parts, [&](int p) {
+      const std::int64_t r0 = block_begin(batch, parts, p), r1 = block_begin(batch, parts, p + 1);
+      if (r1 <= r0 && parts > 1) return;
+      k.dense_forward(x.data<T>() + r0 * in, kernel.data<T>(), bias.data<T>(), out.mutable_data<T>() + r0 * units,
+                      r1 - r0, in, units, activation == Activation::relu);
+    });
   });
   return out;
 }
@@ -281,11 +324,28 @@ DenseGradients dense_backward(const Tensor& x, const Tensor& kernel, const Tenso
   if (need_input) grads.input = Tensor::empty(x.shape(), x.dtype());
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cpu_kernels<T>().dense_backward(x.data<T>(), kernel.data<T>(), output.data<T>(), grad_output.data<T>(),
-                                    activation == Activation::relu,
-                                    need_input ? grads.input.mutable_data<T>() : nullptr,
-                                    grads.kernel.mutable_data<T>(), grads.bias.mutable_data<T>(), x.shape()[0],
-                                    x.shape()[1], kernel.shape()[1]);
+    const std::int64_t batch = x.shape()[0], in = x.shape()[1], units = kernel.shape()[1];
+    const auto& k = cpu_kernels<T>();
+    if (split_parts(batch, units, in) <= 1) {
+      k.dense_backward(x.data<T>(), kernel.data<T>(), output.data<T>(), grad_output.data<T>(),
+                       activation == Activation::relu, need_input ? grads.input.mutable_data<T>() : nullptr,
+                       grads.kernel.mutable_data<T>(), grads.bias.mutable_data<T>(), batch, in, units);
+      return;
+    }
+    // Split over the intra-op threads: the same products as the kernel's, in row blocks.
+    Tensor masked = grad_output;
+    if (activation == Activation::relu) {
+      masked = Tensor::empty(grad_output.shape(), grad_output.dtype());
+      k.relu_grad(grad_output.data<T>(), output.data<T>(), masked.mutable_data<T>(), grad_output.num_elements());
+    }
+    const T* g = masked.data<T>();
+    gemm_split<T>(k, x.data<T>(), g, grads.kernel.mutable_data<T>(), in, units, batch, true, false);
+    if (need_input) gemm_split<T>(k, g, kernel.data<T>(), grads.input.mutable_data<T>(), batch, in, units, false, true);
+    T* db = grads.bias.mutable_data<T>();
+    std::fill(db, db + units, T(0));
+    for (std::int64_t r = 0; r < batch; ++r) {
+      for (std::int64_t c = 0; c < units; ++c) db[c] += g[r * units + c];
+    }
   });
   return grads;
 }
