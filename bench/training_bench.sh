@@ -26,7 +26,7 @@
 #
 #   bench/training_bench.sh --side-by-side [BUILD_DIR]
 #   env: ROUNDS=3 EPOCHS=5 REPLICAS="1 4" BATCH=256 FEATURES=784 HIDDEN=256 CLASSES=10
-#        PATHS="baseline" OTHER_BUILDS="name=dir ..." PYTHON=python3 (or the virtual environment
+#        PATHS="baseline" OTHER_BUILDS="name=dir ..." SETTINGS="name:VAR=VALUE ..." PYTHON=python3 (or the virtual environment
 #        tools/install-deps.sh --bench makes)
 set -euo pipefail
 
@@ -54,6 +54,9 @@ if [[ "${1:-}" == "--side-by-side" ]]; then
   runs=("troupe=$build_dir/examples/mlp_classifier")
   for p in $paths; do runs+=("troupe-$p=$build_dir/examples/mlp_classifier"); done
   for o in ${OTHER_BUILDS:-}; do runs+=("${o%%=*}=${o#*=}/examples/mlp_classifier"); done
+  # name:VAR=VALUE runs this build with one more setting (e.g. "1-thread:TROUPE_INTRA_OP_THREADS=1").
+  declare -A extra_env
+  for e in ${SETTINGS:-}; do runs+=("${e%%:*}=$build_dir/examples/mlp_classifier"); extra_env[${e%%:*}]=${e#*:}; done
   for r in "${runs[@]}"; do
     [[ -x "${r#*=}" ]] || { echo "training_bench: ${r#*=} not found" >&2; exit 2; }
   done
@@ -71,7 +74,7 @@ if [[ "${1:-}" == "--side-by-side" ]]; then
       for r in "${runs[@]}"; do
         name=${r%%=*}; bin=${r#*=}; cpu=""
         [[ "$name" == troupe-* ]] && cpu=${name#troupe-}
-        line=$(env ${cpu:+TROUPE_CPU=$cpu} "$bin" --quiet --cached-batches --optimizer sgd --lr 0.05 "${common[@]}" 2>/dev/null | grep '^result:')
+        line=$(env ${cpu:+TROUPE_CPU=$cpu} ${extra_env[$name]:-} "$bin" --quiet --cached-batches --optimizer sgd --lr 0.05 "${common[@]}" 2>/dev/null | grep '^result:')
         echo "$line" >> "$tmp/$name-r$n"; echo "round $round $name: $line" >&2
       done
       line=$(TF_CPP_MIN_LOG_LEVEL=3 "$python" "$here/tf_mlp.py" "${common[@]}" --lr 0.05 2>/dev/null | grep '^result:')
@@ -90,21 +93,24 @@ print(f"Reachable float32 product rate (gemm_bench, medians of 3): {one / 1e9:.1
       f"{two / 1e9:.1f} GFLOP/s on 2; the MLP's products alone: {rate('BM_MlpGemms/64/real_time') / 1e9:.1f} GFLOP/s "
       f"at batch 64 ({rate('BM_MlpGemms/64/real_time') / one:.2f} of 1 thread's), "
       f"{rate('BM_MlpGemms/256/real_time') / 1e9:.1f} at batch 256 ({rate('BM_MlpGemms/256/real_time') / one:.2f}).\n")
-def samples(name, n):
+def field(name, n, key):
     out = []
     for line in open(f"{tmp}/{name}-r{n}"):
         kv = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
-        out.append(float(kv["samples_per_s"]))
+        out.append(float(kv[key]))
     return out
+samples = lambda name, n: field(name, n, "samples_per_s")
 print("| replicas | " + " | ".join(names) + " | troupe / tensorflow | " +
-      " | ".join(f"troupe / {m}" for m in names[1:-1]) + (" | " if len(names) > 2 else "") + "troupe FLOP/s, share of reachable |")
-print("|---" * (len(names) + len(names) - 2 + 3) + "|")
+      " | ".join(f"troupe / {m}" for m in names[1:-1]) + (" | " if len(names) > 2 else "") +
+      "troupe FLOP/s, share of reachable | troupe all-reduce share |")
+print("|---" * (len(names) + len(names) - 2 + 4) + "|")
 for n in replicas:
     med = {m: statistics.median(samples(m, n)) for m in names}
     cells = [f"{med[m] / 1e3:.1f} k ({min(samples(m, n)) / 1e3:.1f}-{max(samples(m, n)) / 1e3:.1f})" for m in names]
     ratios = [f"{med['troupe'] / med['tensorflow']:.2f}x"] + [f"{med['troupe'] / med[m]:.2f}x" for m in names[1:-1]]
     print(f"| {n} | " + " | ".join(cells) + " | " + " | ".join(ratios) +
-          f" | {med['troupe'] * flop / 1e9:.1f} G, {med['troupe'] * flop / reach:.2f} |")
+          f" | {med['troupe'] * flop / 1e9:.1f} G, {med['troupe'] * flop / reach:.2f}"
+          f" | {100 * statistics.median(field('troupe', n, 'allreduce_share')):.0f} % |")
 PY
   exit 0
 fi
