@@ -13,8 +13,8 @@
 //   for _ in range(NUM_STEP):
 //     train_step(iterator)
 //
-// The same model and data as quickstart, with everything explicit: the replica function
-// computes its loss and gradients by hand (the GradientTape part), all-reduces the gradients with
+// The same model and data as quickstart, with everything explicit: the replica function records
+// its forward pass and loss on a GradientTape, takes the gradients from it, all-reduces them with
 // MEAN, applies them without further aggregation, and the loss is reduced for printing.
 //
 // Usage: custom_loop [--replicas N] [--steps S] [--seed K]   (custom_loop --help)
@@ -75,13 +75,14 @@ int main(int argc, char** argv) {
       auto step_fn = [&](const data::Element& inputs) {
         const Tensor& features = inputs[0];
         const Tensor& labels = inputs[1];
-        std::vector<Tensor> activations;  // what the tape records
-        const Tensor logits = model.forward(features, activations);
-        const nn::LossAndGradient loss = nn::sparse_softmax_cross_entropy(logits, labels);
-        std::vector<Tensor> grads = model.backward(activations, loss.gradient);
+        GradientTape tape;
+        const Tensor logits = model.forward(features);
+        const Tensor loss = nn::compute_average_loss(nn::sparse_softmax_cross_entropy_per_example(logits, labels),
+                                                     labels.shape()[0]);  // the mean over this replica's batch
+        std::vector<Tensor> grads = tape.gradient(loss, model.trainable_variables());
         grads = get_replica_context()->all_reduce(ReduceOp::mean, grads);  // one packed collective
         optimizer.apply_gradients(nn::zip(grads, model.trainable_variables()), std::nullopt);
-        return loss.loss;
+        return loss;
       };
       PerReplica<Tensor> per_replica_loss = strategy.run(step_fn, it.get_next());
       return strategy.reduce(ReduceOp::mean, per_replica_loss, std::nullopt).item<float>();

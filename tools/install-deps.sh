@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs troupe's build dependencies from Debian's packages. Idempotent: quiet and fast when
-# everything is already there. Usage: tools/install-deps.sh [--bench]  (--bench adds Gloo, a peer
-# that bench/ compares against; OpenMPI, the other peer, is always installed: the tests use mpirun).
+# everything is already there. Usage: tools/install-deps.sh [--bench]  (--bench adds the peers
+# that bench/ compares against: Gloo, and TensorFlow 2.21 from PyPI for training_bench.sh
+# --side-by-side, in a virtual environment at $TROUPE_BENCH_VENV, default /opt/troupe-bench, unless
+# the python3 on PATH imports tensorflow already; OpenMPI, the other peer, is always installed:
+# the tests use mpirun).
 set -euo pipefail
 
 packages=(
@@ -12,8 +15,18 @@ packages=(
   openmpi-bin libopenmpi-dev  # the tests start workers with mpirun (MpiClusterResolver)
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(libgloo-dev)
+  packages+=(libgloo-dev python3-venv)
 fi
+
+# TensorFlow, the peer of training_bench.sh --side-by-side (PyPI's tensorflow-cpu; Debian has none).
+install_tensorflow() {
+  python3 -c "import tensorflow" 2>/dev/null && return 0
+  local venv=${TROUPE_BENCH_VENV:-/opt/troupe-bench}
+  "$venv/bin/python" -c "import tensorflow" 2>/dev/null && return 0
+  echo "troupe: installing tensorflow-cpu 2.21 into $venv" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "tensorflow-cpu==2.21.*"
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -21,7 +34,10 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-[[ ${#missing[@]} -eq 0 ]] && exit 0
+if [[ ${#missing[@]} -eq 0 ]]; then
+  if [[ "${1:-}" == "--bench" ]]; then install_tensorflow; fi
+  exit 0
+fi
 
 echo "troupe: installing ${missing[*]}" >&2
 sudo_cmd=()
@@ -29,3 +45,4 @@ if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [[ "${1:-}" == "--bench" ]]; then install_tensorflow; fi

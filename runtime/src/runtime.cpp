@@ -2,6 +2,7 @@
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
+#include "cpu/kernels.hpp"
 #include "gpu_probe.hpp"
 #include "middleman.hpp"
 #include "troupe/actors/rendezvous.hpp"
@@ -21,12 +22,13 @@ void require_middleman(Runtime& runtime, const std::string& operation) {
 
 struct Runtime::Impl {
   explicit Impl(RuntimeOptions o) : options(resolve(o)) {
+    detail::cpu::announce();
     config.set("scheduler.max-threads", static_cast<std::int64_t>(options.scheduler_threads));
     configure(config);
     owned = std::make_unique<caf::actor_system>(config);
     system = owned.get();
   }
-  Impl(caf::actor_system& sys) : options(RuntimeOptions::from_environment()), system(&sys) {}
+  Impl(caf::actor_system& sys) : options(RuntimeOptions::from_environment()), system(&sys) { detail::cpu::announce(); }
 
   static RuntimeOptions resolve(RuntimeOptions o) {
     RuntimeOptions env = RuntimeOptions::from_environment();
@@ -56,5 +58,7 @@ caf::actor_system& Runtime::system() { return *impl_->system; }
 const RuntimeOptions& Runtime::options() const { return impl_->options; }
 
 int Runtime::gpu_count() { return detail::cuda_device_count(); }
+
+std::string Runtime::cpu_kernel_path() { return detail::cpu::isa_name(detail::cpu::kernels().path); }
 
 }  // namespace troupe

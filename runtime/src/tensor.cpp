@@ -10,6 +10,7 @@
 #include "elements.hpp"
 #include "gpu.hpp"
 #include "storage.hpp"
+#include "tape.hpp"
 
 namespace troupe {
 
@@ -323,7 +324,11 @@ Tensor Tensor::reshape(Shape shape) const {
                                 std::to_string(num_elements_) + " elements) into shape " + shape_to_string(shape) +
                                 " (" + std::to_string(known) + " elements)");
   }
-  return Tensor(storage_, std::move(shape), dtype_, device_, offset_);
+  Tensor out(storage_, std::move(shape), dtype_, device_, offset_);
+  if (detail::recording({this})) {
+    detail::record(out, {*this}, [from = shape_](const Tensor& g) -> std::vector<Tensor> { return {g.reshape(from)}; });
+  }
+  return out;
 }
 
 Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
@@ -422,19 +427,60 @@ bool Tensor::equals(const Tensor& other) const {
          (nbytes() == 0 || std::memcmp(raw_data(), other.raw_data(), nbytes()) == 0);
 }
 
-Tensor operator+(const Tensor& a, const Tensor& b) { return binary(binop::add, a, b); }
-Tensor operator-(const Tensor& a, const Tensor& b) { return binary(binop::sub, a, b); }
-Tensor operator*(const Tensor& a, const Tensor& b) { return binary(binop::mul, a, b); }
-Tensor operator/(const Tensor& a, const Tensor& b) { return binary(binop::div, a, b); }
-Tensor operator+(const Tensor& a, Scalar b) { return binary_scalar(binop::add, a, b, false); }
-Tensor operator-(const Tensor& a, Scalar b) { return binary_scalar(binop::sub, a, b, false); }
-Tensor operator*(const Tensor& a, Scalar b) { return binary_scalar(binop::mul, a, b, false); }
-Tensor operator/(const Tensor& a, Scalar b) { return binary_scalar(binop::div, a, b, false); }
-Tensor operator+(Scalar a, const Tensor& b) { return binary_scalar(binop::add, b, a, true); }
-Tensor operator-(Scalar a, const Tensor& b) { return binary_scalar(binop::sub, b, a, true); }
-Tensor operator*(Scalar a, const Tensor& b) { return binary_scalar(binop::mul, b, a, true); }
-Tensor operator/(Scalar a, const Tensor& b) { return binary_scalar(binop::div, b, a, true); }
-Tensor operator-(const Tensor& a) { return binary_scalar(binop::sub, a, Scalar(0), true); }
+namespace {
+
+// The elementwise operations as a GradientTape records them (see tape.hpp).
+Tensor taped_binary(binop op, const Tensor& a, const Tensor& b) {
+  Tensor out = binary(op, a, b);
+  if (!detail::recording({&a, &b})) return out;
+  const Tensor pa = detail::untaped(a);
+  const Tensor pb = detail::untaped(b);
+  detail::record(out, {a, b}, [op, pa, pb](const Tensor& g) -> std::vector<Tensor> {
+    switch (op) {
+      case binop::add: return {g, g};
+      case binop::sub: return {g, -g};
+      case binop::mul: return {g * pb, g * pa};
+      case binop::div: return {g / pb, -(g * pa) / (pb * pb)};
+    }
+    return {};
+  });
+  return out;
+}
+
+Tensor taped_scalar(binop op, const Tensor& a, const Scalar& s, bool scalar_first) {
+  Tensor out = binary_scalar(op, a, s, scalar_first);
+  if (!detail::recording({&a})) return out;
+  const Tensor pa = detail::untaped(a);
+  detail::record(out, {a}, [op, pa, s, scalar_first](const Tensor& g) -> std::vector<Tensor> {
+    switch (op) {
+      case binop::add: return {g};
+      case binop::sub: return {scalar_first ? binary_scalar(binop::sub, g, Scalar(0), true) : g};
+      case binop::mul: return {binary_scalar(binop::mul, g, s, false)};
+      case binop::div:
+        // a / s: g / s; s / a: -g·s / a².
+        if (!scalar_first) return {binary_scalar(binop::div, g, s, false)};
+        return {binary_scalar(binop::sub, binary_scalar(binop::mul, g, s, false) / (pa * pa), Scalar(0), true)};
+    }
+    return {};
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return taped_binary(binop::add, a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return taped_binary(binop::sub, a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return taped_binary(binop::mul, a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return taped_binary(binop::div, a, b); }
+Tensor operator+(const Tensor& a, Scalar b) { return taped_scalar(binop::add, a, b, false); }
+Tensor operator-(const Tensor& a, Scalar b) { return taped_scalar(binop::sub, a, b, false); }
+Tensor operator*(const Tensor& a, Scalar b) { return taped_scalar(binop::mul, a, b, false); }
+Tensor operator/(const Tensor& a, Scalar b) { return taped_scalar(binop::div, a, b, false); }
+Tensor operator+(Scalar a, const Tensor& b) { return taped_scalar(binop::add, b, a, true); }
+Tensor operator-(Scalar a, const Tensor& b) { return taped_scalar(binop::sub, b, a, true); }
+Tensor operator*(Scalar a, const Tensor& b) { return taped_scalar(binop::mul, b, a, true); }
+Tensor operator/(Scalar a, const Tensor& b) { return taped_scalar(binop::div, b, a, true); }
+Tensor operator-(const Tensor& a) { return taped_scalar(binop::sub, a, Scalar(0), true); }
 
 Tensor stack(const std::vector<Tensor>& parts) {
   if (parts.empty()) throw std::invalid_argument("stack: needs at least one tensor");
@@ -502,7 +548,28 @@ Tensor concat(const std::vector<Tensor>& parts, int axis) {
   return out;
 }
 
+namespace {
+Tensor reduce_sum_untaped(const Tensor& t, int axis);
+}  // namespace
+
 Tensor reduce_sum(const Tensor& t, int axis) {
+  Tensor out = reduce_sum_untaped(t, axis);
+  if (detail::recording({&t})) {
+    const int ax = detail::checked_axis("reduce_sum", axis, t.rank());
+    detail::record(out, {t}, [ax, shape = t.shape(), dtype = t.dtype()](const Tensor& g) -> std::vector<Tensor> {
+      // The gradient of every summed element is the gradient of its sum: g repeated along the axis.
+      Shape kept = shape;
+      const std::int64_t along = kept[static_cast<std::size_t>(ax)];
+      if (along == 0) return {Tensor::zeros(shape, dtype, g.device())};
+      kept[static_cast<std::size_t>(ax)] = 1;
+      return {concat(std::vector<Tensor>(static_cast<std::size_t>(along), g.reshape(kept)), ax)};
+    });
+  }
+  return out;
+}
+
+namespace {
+Tensor reduce_sum_untaped(const Tensor& t, int axis) {
   const int ax = detail::checked_axis("reduce_sum", axis, t.rank());
   Shape shape = t.shape();
   const std::int64_t along = shape[static_cast<std::size_t>(ax)];
@@ -532,5 +599,7 @@ Tensor reduce_sum(const Tensor& t, int axis) {
   });
   return out;
 }
+
+}  // namespace
 
 }  // namespace troupe

@@ -2,8 +2,9 @@
 
 #include <stdexcept>
 
-#include "distribute/worker_group.hpp"
 #include "distribute/context_state.hpp"
+#include "distribute/worker_group.hpp"
+#include "tape.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
 
@@ -105,9 +106,10 @@ int Variable::component_index() const {
 Tensor Variable::value() const {
   const auto& s = *state_;
   const int r = component_index();
-  if (r >= 0) return s.components[static_cast<std::size_t>(r)];
+  // A read while a GradientTape records is watched (the variable's identity: its shared name).
+  if (r >= 0) return detail::watched_read(s.components[static_cast<std::size_t>(r)], &name());
   if (s.synchronization != VariableSynchronization::on_read || s.strategy->num_replicas_in_sync() == 1) {
-    return s.components[0];
+    return detail::watched_read(s.components[0], &name());
   }
   // An on_read variable read across replicas: the aggregate over every replica of every worker
   // (a collective when there are several workers: each must read it).

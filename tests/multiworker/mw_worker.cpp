@@ -1,6 +1,6 @@
 // One worker of the multi-worker tests: run by run_cluster.sh in N processes with TF_CONFIG set
 // (or the Slurm or mpirun variables, with MW_RESOLVER=slurm|mpi).
-// Usage: mw_worker collectives | die | hang | checkpoint | join
+// Usage: mw_worker collectives | die | hang | checkpoint | train | join
 // Once the cluster formed it prints "replicas <R> workers <W> task <type>:<index>". Prints
 // "OK <rank>" and exits 0 when every check holds; prints "FAIL ..." and exits 1 when one does not;
 // prints "ERROR <message>" and exits 3 when the strategy throws.
@@ -200,6 +200,57 @@ int checkpoint(MultiWorkerMirroredStrategy& s, const std::string& dir) {
   return failures == 0 ? 0 : 1;
 }
 
+// FNV-1a over the bits of every tensor, in order.
+std::uint64_t hash_bits(const std::vector<Tensor>& tensors) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const Tensor& t : tensors) {
+    const auto* p = static_cast<const unsigned char*>(t.raw_data());
+    for (std::size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+// An MLP trained with Adam, each replica on its own batch: prints the kernel path, a hash of a
+// forward pass on a batch every worker shares (it differs between paths: their products round
+// differently), and after every step a hash of the weights (identical on every worker, whatever
+// its path: the gradients are all-reduced and the update gives the same bits everywhere).
+int train(MultiWorkerMirroredStrategy& s) {
+  const int n = s.num_replicas_in_sync();
+  const int steps = 12;
+  const std::int64_t batch = 32, in = 96, hidden = 64, classes = 10;
+  auto scope = s.scope();
+  nn::Sequential model({nn::Dense(in, hidden, nn::Activation::relu, 1), nn::Dense(hidden, hidden, nn::Activation::relu, 2),
+                        nn::Dense(hidden, classes, nn::Activation::none, 3)});
+  auto optimizer = std::make_shared<nn::Adam>(0.01f);
+  std::cout << "path " << Runtime::cpu_kernel_path() << "\n";
+  const Tensor probe = nn::glorot_uniform(batch, in, 99) * 4.0f;
+  std::cout << "probe " << hash_bits({model.forward(probe)}) << "\n";
+  for (int step = 0; step < steps; ++step) {
+    s.run([&] {
+      auto* ctx = get_replica_context();
+      const int id = ctx->replica_id_in_sync_group();
+      const Tensor x = nn::glorot_uniform(batch, in, 1000 + step * 64 + id) * 4.0f;
+      std::vector<std::int64_t> y(batch);
+      for (std::int64_t i = 0; i < batch; ++i) y[i] = (i * 7 + step + id) % classes;
+      std::vector<Tensor> activations;
+      const Tensor logits = model.forward(x, activations);
+      const auto lg = nn::sparse_softmax_cross_entropy(logits, Tensor::from_vector(y, {batch}), batch * n);
+      const std::vector<Tensor> grads = model.backward(activations, lg.gradient);
+      optimizer->apply_gradients(nn::zip(grads, model.trainable_variables()), ReduceOp::sum);
+    });
+    std::vector<Tensor> weights;
+    for (const Variable& v : model.trainable_variables()) {
+      const auto components = s.experimental_local_results(v);
+      for (const Tensor& c : components) {
+        expect_eq(hash_bits({c}), hash_bits({components.front()}), "local replicas' " + v.name() + " identical");
+      }
+      weights.push_back(components.front());
+    }
+    std::cout << "step " << step << " weights " << hash_bits(weights) << "\n";
+  }
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -253,6 +304,8 @@ int main(int argc, char** argv) {
     } else if (mode == "checkpoint") {
       const char* dir = std::getenv("MW_CKPT_DIR");
       rc = checkpoint(s, dir ? dir : "/tmp/troupe-mw-ckpt");
+    } else if (mode == "train") {
+      rc = train(s);
     } else if (mode == "join") {
       std::cout << "joined " << s.num_replicas_in_sync() << "\n";
     }

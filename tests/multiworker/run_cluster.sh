@@ -220,6 +220,22 @@ case "$scenario" in
     for i in 0 1; do cat "$dir"/mpi/1/rank.$i/stdout "$dir"/mpi/1/rank.$i/stderr > "$dir/out$i" 2>/dev/null; echo 0 > "$dir/rc$i"; done
     [ "$rc" = 0 ] || fail "mpirun exited $rc: $(cat "$dir/mpirun.log")"
     expect_cluster 2 2 ;;
+  isa-mix)
+    # Two workers on different CPU kernel paths (two local replicas each): the forward passes
+    # differ in their bits, the weights after every step do not. Needs a CPU with AVX2 and FMA.
+    if ! grep -qw avx2 /proc/cpuinfo || ! grep -qw fma /proc/cpuinfo; then
+      echo "SKIPPED: this CPU lacks AVX2 and FMA, so it runs only the baseline path"; exit 77
+    fi
+    W0_ENV="TROUPE_CPU=baseline TROUPE_DEVICES_PER_WORKER=2" W1_ENV="TROUPE_CPU=avx2 TROUPE_DEVICES_PER_WORKER=2"
+    start_cluster 2 train; wait_all 2; expect_cluster 2 4
+    grep -q "^path baseline" "$dir/out0" || fail "worker 0 did not run the baseline path"
+    grep -q "^path avx2" "$dir/out1" || fail "worker 1 did not run the avx2 path"
+    [ "$(grep -c '^step .* weights' "$dir/out0")" = 12 ] || fail "worker 0 did not report 12 steps"
+    [ "$(grep '^probe' "$dir/out0")" != "$(grep '^probe' "$dir/out1")" ] ||
+      fail "the two paths computed the same forward bits: the test cannot tell them apart"
+    diff <(grep '^step' "$dir/out0") <(grep '^step' "$dir/out1") > "$dir/diff" ||
+      fail "the workers' weights differ: $(cat "$dir/diff")" ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
+[ -n "${MW_SHOW:-}" ] && for f in "$dir"/out*; do echo "--- $f"; cat "$f"; done
 echo "PASSED $scenario"

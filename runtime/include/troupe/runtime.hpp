@@ -1,6 +1,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 namespace caf {
 class actor_system;
@@ -54,6 +55,13 @@ class Runtime {
   /// Number of GPUs the CUDA runtime reports; 0 when troupe was built without CUDA or no driver
   /// or device is present.
   static int gpu_count();
+
+  /// The instruction-set path the CPU kernels (matrix products, layers, optimizer updates) run on
+  /// in this process: "baseline" (x86-64), "avx2" (AVX2 + FMA) or "avx512". TROUPE_CPU picks one;
+  /// unset, it is the widest this CPU runs. A Runtime names it on stderr when first constructed.
+  /// A TROUPE_CPU that names no path, or one this CPU lacks, throws std::invalid_argument (from
+  /// here and from the Runtime constructor).
+  static std::string cpu_kernel_path();
 
  private:
   struct Impl;

@@ -24,6 +24,8 @@ std::int64_t shape_num_elements(const Shape& shape);
 
 namespace detail {
 struct Storage;
+struct TapeNode;
+struct TapeAccess;
 }
 
 /// A scalar operand of an elementwise operation, converted to the tensor's dtype.
@@ -166,6 +168,9 @@ class Tensor {
   std::int64_t num_elements_ = 0;
   Device device_;
   std::size_t offset_ = 0;  // bytes into storage_ where this tensor's elements start
+  // The GradientTape operation that made this tensor, null when none recorded it.
+  std::shared_ptr<detail::TapeNode> tape_node_;
+  friend struct detail::TapeAccess;
 };
 
 /// Elementwise arithmetic between tensors of one shape and dtype (a mismatch throws

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/intra_op.hpp"
 #include "distribute/collectives.hpp"
 #include "distribute/context_state.hpp"
 #include "distribute/worker_group.hpp"
@@ -33,7 +34,8 @@ class MirroredBackend : public StrategyBackend {
         group_(static_cast<int>(devices_.size()), std::chrono::microseconds(runtime.options().spin_us)),
         collectives_(group_, devices_),
         coordinator_(runtime.system(), static_cast<int>(devices_.size()),
-                     std::chrono::microseconds(runtime.options().spin_us)) {
+                     std::chrono::microseconds(runtime.options().spin_us)),
+        intra_op_threads_(troupe::detail::cpu::intra_op_threads_for(static_cast<int>(devices_.size()))) {
     if (!devices_.empty() && devices_[0].is_gpu()) {
       // GPU replicas all-reduce through NCCL; their waits are bounded like cross-worker ones.
       nccl_ = std::make_unique<NcclCollectives>(
@@ -62,6 +64,8 @@ class MirroredBackend : public StrategyBackend {
       // A GPU replica enqueues its kernels on its own stream and waits for them once, at the end.
       std::optional<troupe::detail::gpu::replica_scope> gpu;
       if (device.is_gpu()) gpu.emplace(device.index());
+      // CPU kernels may use the cores this process's replicas leave idle (cpu/intra_op.hpp).
+      troupe::detail::cpu::intra_op_scope intra_op(device.is_gpu() ? 1 : intra_op_threads_);
       ReplicaContext ctx(strategy, first_replica_id() + r, num_replicas_in_sync(), device, &replica_collectives(), r);
       ReplicaContextGuard guard(&ctx);
       try {
@@ -115,6 +119,7 @@ class MirroredBackend : public StrategyBackend {
   transport::shm_group group_;
   ShmCollectives collectives_;
   actors::coordinator coordinator_;
+  int intra_op_threads_;  // threads a replica's CPU kernels may use
   std::unique_ptr<NcclCollectives> nccl_;  // GPU replicas only
   std::mutex mutex_;
   mutable LocalWorkerGroup local_workers_;

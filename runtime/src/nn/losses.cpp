@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "../tape.hpp"
 #include "eigen_maps.hpp"
 
 namespace troupe::nn {
@@ -125,11 +126,39 @@ double squared_error(const Tensor& predictions, const Tensor& targets_in, double
   return total * scale;
 }
 
+// Row i of d [batch, ...] times g[i]: the gradient through a per-example value whose own
+// gradient is d, given the gradient g [batch] of the per-example values.
+Tensor scale_rows(const Tensor& d_in, const Tensor& g_in) {
+  const Tensor d = d_in.to(Device());
+  const Tensor g = g_in.to(Device()).cast(d.dtype());
+  Tensor out = Tensor::empty(d.shape(), d.dtype());
+  const std::int64_t rows = d.rank() > 0 ? d.shape()[0] : 0;
+  const std::int64_t width = rows > 0 ? d.num_elements() / rows : 0;
+  dispatch_float(d.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* pd = d.data<T>();
+    const T* pg = g.data<T>();
+    T* o = out.mutable_data<T>();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < width; ++c) o[r * width + c] = pd[r * width + c] * pg[r];
+    }
+  });
+  return out.to(d_in.device());
+}
+
 }  // namespace
 
 Tensor sparse_softmax_cross_entropy_per_example(const Tensor& logits, const Tensor& labels) {
   Tensor per_example;
   softmax_cross_entropy(logits, labels, 1.0, &per_example, nullptr, "sparse_softmax_cross_entropy");
+  if (troupe::detail::recording({&logits})) {
+    troupe::detail::record(per_example, {logits, labels},
+                           [pl = troupe::detail::untaped(logits), labels](const Tensor& g) -> std::vector<Tensor> {
+                             Tensor d;
+                             softmax_cross_entropy(pl, labels, 1.0, nullptr, &d, "sparse_softmax_cross_entropy");
+                             return {scale_rows(d, g), Tensor()};
+                           });
+  }
   return per_example;
 }
 
@@ -155,6 +184,16 @@ LossAndGradient sparse_softmax_cross_entropy(const Tensor& logits, const Tensor&
 Tensor mean_squared_error_per_example(const Tensor& predictions, const Tensor& targets) {
   Tensor per_example;
   squared_error(predictions, targets, 1.0, &per_example, nullptr, "mean_squared_error");
+  if (troupe::detail::recording({&predictions, &targets})) {
+    troupe::detail::record(per_example, {predictions, targets},
+                           [pp = troupe::detail::untaped(predictions),
+                            pt = troupe::detail::untaped(targets)](const Tensor& g) -> std::vector<Tensor> {
+                             Tensor d;
+                             squared_error(pp, pt, 1.0, nullptr, &d, "mean_squared_error");
+                             Tensor dp = scale_rows(d, g);
+                             return {dp, -dp};
+                           });
+  }
   return per_example;
 }
 
@@ -186,7 +225,15 @@ Tensor compute_average_loss(const Tensor& per_example_loss, std::int64_t global_
     using T = decltype(tag);
     total = static_cast<double>(array<T>(per_example_loss).template cast<double>().sum());
   });
-  return scalar_of(per_example_loss.dtype(), total * scale);
+  Tensor out = scalar_of(per_example_loss.dtype(), total * scale);
+  if (troupe::detail::recording({&per_example_loss})) {
+    troupe::detail::record(out, {per_example_loss},
+                           [shape = per_example_loss.shape(), scale](const Tensor& g) -> std::vector<Tensor> {
+                             // d(scale · Σ l) / dl = scale for every element.
+                             return {Tensor::full(shape, 1, g.dtype(), g.device()) * g.to(Device()).cast(DType::f64).item<double>() * scale};
+                           });
+  }
+  return out;
 }
 
 Loss Loss::sparse_categorical_crossentropy() {

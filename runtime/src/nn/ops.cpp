@@ -1,12 +1,17 @@
 #include "troupe/nn/ops.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "elements.hpp"
+#include "../cpu/intra_op.hpp"
+#include "../cpu/kernels.hpp"
 #include "../gpu.hpp"
+#include "../tape.hpp"
 #include "eigen_maps.hpp"
 
 namespace troupe::nn {
@@ -33,6 +38,40 @@ Device gpu_of(const char* op, std::initializer_list<const Tensor*> operands) {
   return first == nullptr ? Device() : first->device();
 }
 
+namespace cpu = troupe::detail::cpu;
+
+// The intra-op split (cpu/intra_op.hpp): how many row blocks a product of m rows gets, and where
+// block p starts (multiples of 8 rows, so each block keeps the kernels' register tiles whole).
+int split_parts(std::int64_t m, std::int64_t n, std::int64_t k) {
+  const int threads = cpu::intra_op_threads();
+  if (threads <= 1) return 1;
+  // Below about a million multiply-adds handing a block to another thread costs more than it saves.
+  if (static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) < double(1 << 20)) return 1;
+  return static_cast<int>(std::min<std::int64_t>(threads, (m + 7) / 8));
+}
+
+std::int64_t block_begin(std::int64_t rows, int parts, int p) {
+  const std::int64_t per = ((rows + parts - 1) / parts + 7) / 8 * 8;
+  return std::min(rows, per * p);
+}
+
+// c[m, n] = op(a) · op(b), its rows split over the intra-op threads.
+template <class T>
+void gemm_split(const cpu::typed_kernels<T>& kernels, const T* a, const T* b, T* c, std::int64_t m, std::int64_t n,
+                std::int64_t k, bool transpose_a, bool transpose_b) {
+  const int parts = split_parts(m, n, k);
+  if (parts <= 1) {
+    kernels.gemm(a, b, c, m, n, k, transpose_a, transpose_b);
+    return;
+  }
+  const std::int64_t lda = transpose_a ? m : k;
+  cpu::parallel_for(parts, [&](int p) {
+    const std::int64_t r0 = block_begin(m, parts, p), r1 = block_begin(m, parts, p + 1);
+    if (r1 <= r0) return;
+    kernels.gemm_lda(transpose_a ? a + r0 : a + r0 * k, lda, b, c + r0 * n, r1 - r0, n, k, transpose_a, transpose_b);
+  });
+}
+
 }  // namespace
 
 const char* activation_name(Activation activation) {
@@ -43,7 +82,9 @@ const char* activation_name(Activation activation) {
   return "?";
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
+namespace {
+
+Tensor matmul_untaped(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
   check_float(a, "matmul");
   check_rank(a, 2, "matmul", "a");
   check_rank(b, 2, "matmul", "b");
@@ -69,18 +110,12 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   Tensor out = Tensor::empty({m, n}, a.dtype());
   dispatch_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    auto A = matrix<T>(a);
-    auto B = matrix<T>(b);
-    auto C = matrix<T>(out);
-    if (!transpose_a && !transpose_b) C.noalias() = A * B;
-    if (transpose_a && !transpose_b) C.noalias() = A.transpose() * B;
-    if (!transpose_a && transpose_b) C.noalias() = A * B.transpose();
-    if (transpose_a && transpose_b) C.noalias() = A.transpose() * B.transpose();
+    gemm_split<T>(troupe::detail::cpu::kernels_for<T>(), a.data<T>(), b.data<T>(), out.mutable_data<T>(), m, n, ka, transpose_a, transpose_b);
   });
   return out;
 }
 
-Tensor relu(const Tensor& x) {
+Tensor relu_untaped(const Tensor& x) {
   check_float(x, "relu");
   if (x.is_gpu()) {
     Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
@@ -90,8 +125,36 @@ Tensor relu(const Tensor& x) {
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    array<T>(out) = array<T>(x).max(T(0));
+    troupe::detail::cpu::kernels_for<T>().relu(x.data<T>(), out.mutable_data<T>(), x.num_elements());
   });
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
+  Tensor out = matmul_untaped(a, b, transpose_a, transpose_b);
+  if (troupe::detail::recording({&a, &b})) {
+    const Tensor pa = troupe::detail::untaped(a);
+    const Tensor pb = troupe::detail::untaped(b);
+    troupe::detail::record(out, {a, b}, [pa, pb, ta = transpose_a, tb = transpose_b](const Tensor& g) -> std::vector<Tensor> {
+      // C = op(A)·op(B): dop(A) = g·op(B)ᵀ and dop(B) = op(A)ᵀ·g, transposed back where stored so.
+      if (!ta && !tb) return {matmul(g, pb, false, true), matmul(pa, g, true, false)};
+      if (ta && !tb) return {matmul(pb, g, false, true), matmul(pa, g, false, false)};
+      if (!ta && tb) return {matmul(g, pb, false, false), matmul(g, pa, true, false)};
+      return {matmul(pb, g, true, true), matmul(g, pa, true, true)};
+    });
+  }
+  return out;
+}
+
+Tensor relu(const Tensor& x) {
+  Tensor out = relu_untaped(x);
+  if (troupe::detail::recording({&x})) {
+    troupe::detail::record(out, {x}, [o = troupe::detail::untaped(out)](const Tensor& g) -> std::vector<Tensor> {
+      return {relu_grad(g, o)};
+    });
+  }
   return out;
 }
 
@@ -110,7 +173,7 @@ Tensor relu_grad(const Tensor& grad, const Tensor& output) {
   Tensor out = Tensor::empty(grad.shape(), grad.dtype());
   dispatch_float(grad.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    array<T>(out) = (array<T>(output) > T(0)).select(array<T>(grad), T(0));
+    troupe::detail::cpu::kernels_for<T>().relu_grad(grad.data<T>(), output.data<T>(), out.mutable_data<T>(), grad.num_elements());
   });
   return out;
 }
@@ -165,7 +228,9 @@ Tensor argmax(const Tensor& x) {
   return out;
 }
 
-Tensor dense_forward(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation) {
+namespace {
+
+Tensor dense_forward_untaped(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation) {
   check_float(x, "dense_forward");
   check_rank(x, 2, "dense_forward", "x");
   check_rank(kernel, 2, "dense_forward", "kernel");
@@ -189,11 +254,31 @@ Tensor dense_forward(const Tensor& x, const Tensor& kernel, const Tensor& bias, 
   Tensor out = Tensor::empty({x.shape()[0], kernel.shape()[1]}, x.dtype());
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    auto y = matrix<T>(out);
-    y.noalias() = matrix<T>(x) * matrix<T>(kernel);
-    y.rowwise() += row_vector<T>(bias);
-    if (activation == Activation::relu) y = y.cwiseMax(T(0));
+    const std::int64_t batch = x.shape()[0], in = x.shape()[1], units = kernel.shape()[1];
+    const int parts = split_parts(batch, units, in);
+    const auto& k = troupe::detail::cpu::kernels_for<T>();
+    cpu::parallel_for(parts, [&](int p) {
+      const std::int64_t r0 = block_begin(batch, parts, p), r1 = block_begin(batch, parts, p + 1);
+      if (r1 <= r0 && parts > 1) return;
+      k.dense_forward(x.data<T>() + r0 * in, kernel.data<T>(), bias.data<T>(), out.mutable_data<T>() + r0 * units,
+                      r1 - r0, in, units, activation == Activation::relu);
+    });
   });
+  return out;
+}
+
+}  // namespace
+
+Tensor dense_forward(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation) {
+  Tensor out = dense_forward_untaped(x, kernel, bias, activation);
+  if (troupe::detail::recording({&x, &kernel, &bias})) {
+    troupe::detail::record(out, {x, kernel, bias},
+                           [px = troupe::detail::untaped(x), pk = troupe::detail::untaped(kernel),
+                            po = troupe::detail::untaped(out), activation](const Tensor& g) -> std::vector<Tensor> {
+                             DenseGradients d = dense_backward(px, pk, po, g, activation, true);
+                             return {d.input, d.kernel, d.bias};
+                           });
+  }
   return out;
 }
 
@@ -212,8 +297,8 @@ DenseGradients dense_backward(const Tensor& x, const Tensor& kernel, const Tenso
                                 shape_to_string(grad_output.shape()) +
                                 " do not fit (expected [batch, in], [in, units] and [batch, units])");
   }
-  Tensor g = activation == Activation::relu ? relu_grad(grad_output, output) : grad_output;
-  if (g.is_gpu() || x.is_gpu() || kernel.is_gpu()) {
+  if (grad_output.is_gpu() || output.is_gpu() || x.is_gpu() || kernel.is_gpu()) {
+    Tensor g = activation == Activation::relu ? relu_grad(grad_output, output) : grad_output;
     const Device where = gpu_of("dense_backward", {&x, &kernel, &g});
     g = g.to(where);
     DenseGradients grads;
@@ -228,10 +313,28 @@ DenseGradients dense_backward(const Tensor& x, const Tensor& kernel, const Tenso
   if (need_input) grads.input = Tensor::empty(x.shape(), x.dtype());
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    auto G = matrix<T>(g);
-    matrix<T>(grads.kernel).noalias() = matrix<T>(x).transpose() * G;
-    row_vector<T>(grads.bias) = G.colwise().sum();
-    if (need_input) matrix<T>(grads.input).noalias() = G * matrix<T>(kernel).transpose();
+    const std::int64_t batch = x.shape()[0], in = x.shape()[1], units = kernel.shape()[1];
+    const auto& k = troupe::detail::cpu::kernels_for<T>();
+    if (split_parts(batch, units, in) <= 1) {
+      k.dense_backward(x.data<T>(), kernel.data<T>(), output.data<T>(), grad_output.data<T>(),
+                       activation == Activation::relu, need_input ? grads.input.mutable_data<T>() : nullptr,
+                       grads.kernel.mutable_data<T>(), grads.bias.mutable_data<T>(), batch, in, units);
+      return;
+    }
+    // Split over the intra-op threads: the same products as the kernel's, in row blocks.
+    Tensor masked = grad_output;
+    if (activation == Activation::relu) {
+      masked = Tensor::empty(grad_output.shape(), grad_output.dtype());
+      k.relu_grad(grad_output.data<T>(), output.data<T>(), masked.mutable_data<T>(), grad_output.num_elements());
+    }
+    const T* g = masked.data<T>();
+    gemm_split<T>(k, x.data<T>(), g, grads.kernel.mutable_data<T>(), in, units, batch, true, false);
+    if (need_input) gemm_split<T>(k, g, kernel.data<T>(), grads.input.mutable_data<T>(), batch, in, units, false, true);
+    T* db = grads.bias.mutable_data<T>();
+    std::fill(db, db + units, T(0));
+    for (std::int64_t r = 0; r < batch; ++r) {
+      for (std::int64_t c = 0; c < units; ++c) db[c] += g[r * units + c];
+    }
   });
   return grads;
 }

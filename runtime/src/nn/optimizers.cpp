@@ -4,8 +4,10 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "elements.hpp"
+#include "../cpu/kernels.hpp"
 #include "../gpu.hpp"
 #include "eigen_maps.hpp"
 #include "troupe/distribute/context.hpp"
@@ -220,19 +222,16 @@ void SGD::update(const Tensor& gradient, Variable& variable, std::vector<Variabl
   dispatch_float(w.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T lr = static_cast<T>(learning_rate());
+    const Tensor g = beside(gradient, w);
     if (slots.empty()) {
-      array<T>(next) = array<T>(w) - lr * array<T>(gradient);
+      troupe::detail::cpu::kernels_for<T>().sgd(w.data<T>(), g.data<T>(), next.mutable_data<T>(), w.num_elements(), lr);
       return;
     }
-    const T m = static_cast<T>(momentum_);
-    const Tensor velocity = slots[0].value();
+    const Tensor velocity = slots[0].value().to(w.device());
     Tensor next_velocity = Tensor::empty(w.shape(), w.dtype());
-    array<T>(next_velocity) = m * array<T>(velocity) - lr * array<T>(gradient);
-    if (nesterov_) {
-      array<T>(next) = array<T>(w) + (m * array<T>(next_velocity) - lr * array<T>(gradient));
-    } else {
-      array<T>(next) = array<T>(w) + array<T>(next_velocity);
-    }
+    troupe::detail::cpu::kernels_for<T>().sgd_momentum(w.data<T>(), g.data<T>(), velocity.data<T>(), next.mutable_data<T>(),
+                                  next_velocity.mutable_data<T>(), w.num_elements(), lr, static_cast<T>(momentum_),
+                                  nesterov_);
     slots[0].assign_local(next_velocity);
   });
   variable.assign_local(next);
@@ -276,14 +275,14 @@ void Adam::update(const Tensor& gradient, Variable& variable, std::vector<Variab
   }
   dispatch_float(w.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const auto g = array<T>(gradient);
-    array<T>(next_m) = static_cast<T>(b1) * array<T>(m) + static_cast<T>(1.0 - b1) * g;
-    array<T>(next_v) = static_cast<T>(b2) * array<T>(v) + static_cast<T>(1.0 - b2) * g.square();
-    // std::sqrt, correctly rounded: Eigen's vectorised sqrt may approximate (EIGEN_FAST_MATH), and
-    // the GPU's kernel computes the exact one, so both give the same bits.
-    array<T>(next) = array<T>(w) - static_cast<T>(lr_t) * array<T>(next_m) /
-                                       (array<T>(next_v).unaryExpr([](T x) { return std::sqrt(x); }) +
-                                        static_cast<T>(epsilon_));
+    // The same formulas as the GPU's kernel, with a correctly rounded sqrt: the same bits.
+    const Tensor g = beside(gradient, w);
+    const Tensor m_here = m.to(w.device());
+    const Tensor v_here = v.to(w.device());
+    troupe::detail::cpu::kernels_for<T>().adam(w.data<T>(), g.data<T>(), m_here.data<T>(), v_here.data<T>(), next.mutable_data<T>(),
+                          next_m.mutable_data<T>(), next_v.mutable_data<T>(), w.num_elements(), static_cast<T>(lr_t),
+                          static_cast<T>(b1), static_cast<T>(1.0 - b1), static_cast<T>(b2), static_cast<T>(1.0 - b2),
+                          static_cast<T>(epsilon_));
   });
   slots[0].assign_local(next_m);
   slots[1].assign_local(next_v);
