@@ -111,9 +111,9 @@ struct tcp_ring_options {
 /// transit. Every wait is bounded by `timeout` (0: no bound).
 class tcp_ring {
  public:
-  /// Connects to peers[rank+1], accepts rank-1 on `own` and checks its hello, all within `timeout`
-  /// (0: no bound); a peer that is not there in time is a peer_error naming it. The other options
-  /// keep their defaults.
+  /// Connects to peers[rank+1], accepts rank-1 on `own` and runs the proof both ways with an empty
+  /// token and incarnation, all within `timeout` (0: no bound); a peer that is not there in time is
+  /// a peer_error naming it. The other options keep their defaults.
   tcp_ring(int rank, int size, listener& own, const std::vector<endpoint>& peers, std::chrono::milliseconds timeout);
   /// The same with every option given; `options.timeout` bounds the setup and later waits.
   tcp_ring(int rank, int size, listener& own, const std::vector<endpoint>& peers, const tcp_ring_options& options);
