@@ -236,10 +236,13 @@ TEST_CASE("a ring peer with another token or another incarnation is refused both
                         : authed(other_token ? "guess" : "secret", other_token ? "inc-1" : "inc-2", 1s);
         },
         [](const std::vector<endpoint>&) {});
+    // Each names the other as the peer that did not prove itself (what failed is in the log: the
+    // last attempt may have met the other side already giving up).
+    CHECK(errors[0].find("rank 1 (127.0.0.1:") != std::string::npos);
+    CHECK(errors[1].find("rank 0 (127.0.0.1:") != std::string::npos);
     for (const auto& e : errors) {
       CAPTURE(e);
       CHECK(e.find("prove itself") != std::string::npos);
-      CHECK(e.find("failed the proof") != std::string::npos);
     }
     CHECK(std::chrono::steady_clock::now() - start < 8s);
   }

@@ -1,6 +1,7 @@
 #include "troupe/transport/ring_connect.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -191,9 +192,6 @@ listener::listener(const std::string& host, std::uint16_t port) : impl_(std::mak
   if (ec) {
     throw std::runtime_error("listener: cannot listen on " + host + ":" + std::to_string(port) + ": " + ec.message());
   }
-  // Non-blocking: connect_ring accepts whatever waits, then goes back to poll().
-  if (!ec) acceptor.native_non_blocking(true, ec);
-  if (ec) throw std::runtime_error("listener: cannot set up " + host + ":" + std::to_string(port) + ": " + ec.message());
   port_ = bound.port();
   fd_ = acceptor.native_handle();
 }
@@ -395,6 +393,18 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
   // The predecessor: every connection to the listener runs its proof at once, so that a stranger
   // (silent, slow or lying) never holds up rank-1's.
   const int listen_fd = own.fd();
+  // Non-blocking while the ring forms: it accepts whatever waits, then goes back to poll(). The
+  // listener's own mode comes back afterwards.
+  struct non_blocking_while {
+    explicit non_blocking_while(int f) : fd(f), flags(fcntl(f, F_GETFL)) {
+      if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+        throw std::runtime_error("tcp_ring: cannot set up the listening socket: " + errno_text());
+      }
+    }
+    ~non_blocking_while() { fcntl(fd, F_SETFL, flags); }
+    int fd;
+    int flags;
+  } listen_mode(listen_fd);
   std::vector<std::unique_ptr<pending_connection>> pending;
   int refused = 0;
   bool have_prev = false;
