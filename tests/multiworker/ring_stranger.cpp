@@ -7,7 +7,7 @@
 //              sends the proof the worker gave on the other connection
 //   garbage    4 KiB of random bytes
 //   silent     connects and says nothing
-// Usage: ring_stranger MODE PID. Prints "attacking <port>" once connected (the script starts the
+// Usage: ring_stranger MODE PID. Prints "attacking <port> bound to <address>" once connected (the script starts the
 // rest of the cluster then), and "closed" when the worker closed every connection. Exits 0 when
 // the worker refused the stranger (closed its connections), 1 otherwise; bounded by 30 s.
 #include <arpa/inet.h>
@@ -55,8 +55,9 @@ std::set<std::string> socket_inodes(const std::string& pid) {
   return out;
 }
 
-// The first TCP port in LISTEN state among `pid`'s sockets; 0 when none yet.
-int listening_port(const std::string& pid) {
+// The first TCP port in LISTEN state among `pid`'s sockets (0 when none yet), and the address it
+// is bound to.
+int listening_port(const std::string& pid, std::string& bound) {
   const auto inodes = socket_inodes(pid);
   std::ifstream tcp("/proc/net/tcp");
   std::string line;
@@ -65,7 +66,12 @@ int listening_port(const std::string& pid) {
     std::istringstream in(line);
     std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
     in >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
-    if (state == "0A" && inodes.count(inode) != 0) return std::stoi(local.substr(local.find(':') + 1), nullptr, 16);
+    if (state == "0A" && inodes.count(inode) != 0) {
+      in_addr a{};
+      a.s_addr = static_cast<in_addr_t>(std::stoul(local.substr(0, local.find(':')), nullptr, 16));
+      bound = inet_ntoa(a);
+      return std::stoi(local.substr(local.find(':') + 1), nullptr, 16);
+    }
   }
   return 0;
 }
@@ -148,8 +154,9 @@ int main(int argc, char** argv) {
   const std::string mode = argv[1];
   const std::string pid = argv[2];
   int port = 0;
+  std::string bound;
   for (int i = 0; i < 1000 && port == 0; ++i) {
-    port = listening_port(pid);
+    port = listening_port(pid, bound);
     if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (port == 0) {
@@ -176,7 +183,7 @@ int main(int argc, char** argv) {
       forged.sequence = static_cast<std::uint64_t>(k);
       send_all(fd, encode_chunk_frame(forged));
     }
-    std::cout << "attacking " << port << std::endl;
+    std::cout << "attacking " << port << " bound to " << bound << std::endl;
   } else if (mode == "replay") {
     hello_frame_fields hello;
     hello.version = 5;
@@ -188,7 +195,7 @@ int main(int argc, char** argv) {
       fds.push_back(connect_to(port));
       send_all(fds.back(), encode_hello_frame(hello));
     }
-    std::cout << "attacking " << port << std::endl;
+    std::cout << "attacking " << port << " bound to " << bound << std::endl;
     // The worker answers each with its nonce and proof; each connection then replays the proof
     // the worker gave on the other.
     std::vector<hello_frame_fields> answers;
@@ -218,10 +225,10 @@ int main(int argc, char** argv) {
     std::vector<unsigned char> junk(4096);
     for (auto& b : junk) b = static_cast<unsigned char>(random());
     send_all(fd, junk);
-    std::cout << "attacking " << port << std::endl;
+    std::cout << "attacking " << port << " bound to " << bound << std::endl;
   } else if (mode == "silent") {
     fds.push_back(connect_to(port));
-    std::cout << "attacking " << port << std::endl;
+    std::cout << "attacking " << port << " bound to " << bound << std::endl;
   } else {
     std::cerr << "ring_stranger: unknown mode " << mode << "\n";
     return 2;

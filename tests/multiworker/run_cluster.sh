@@ -123,6 +123,9 @@ stranger_attack() {
   local s=$!
   for _ in $(seq 200); do grep -q "^attacking" "$dir/stranger" && break; sleep 0.05; done
   grep -q "^attacking" "$dir/stranger" || fail "the stranger did not get in: $(cat "$dir/stranger")"
+  # The ring listens on the address TF_CONFIG gives, not on every interface.
+  grep -q "^attacking [0-9]* bound to 127.0.0.1$" "$dir/stranger" ||
+    fail "worker 1's ring port is not bound to its TF_CONFIG address: $(cat "$dir/stranger")"
   env TF_CONFIG="{\"cluster\": {\"worker\": [$list]}, \"task\": {\"type\": \"worker\", \"index\": 0}}" \
       timeout 60 "$worker" collectives > "$dir/out0" 2>&1 &
   pids=($! "$w1" "$s")
