@@ -162,6 +162,18 @@ case "$scenario" in
       "$dir/out0" || fail "worker 0 did not name both sides and both numbers"
     grep -q "rank 0 (127.0.0.1:[0-9]*) is at step 2, collective 1 .*rank 1 (this worker) at step 3, collective 0" \
       "$dir/out1" || fail "worker 1 did not name both sides and both numbers" ;;
+  skipped-collective-3x1)
+    # Three workers: a small all-reduce goes both ways around the ring, so each worker receives
+    # worker 1's frames or worker 1 theirs, and every one of them names the misalignment.
+    start_cluster 3 skip; wait_all 3
+    for i in 0 1 2; do
+      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+      grep -q "skipped, added or reordered a collective" "$dir/out$i" || fail "worker $i did not name the misalignment"
+    done
+    for i in 0 2; do
+      grep -q "rank 1 (127.0.0.1:[0-9]*) is at step 3, collective 0 .*rank $i (this worker) at step 2, collective 1" \
+        "$dir/out$i" || fail "worker $i did not name both sides and both numbers"
+    done ;;
   collectives-2x1) start_cluster 2 collectives; wait_all 2; expect_cluster 2 2 ;;
   collectives-3x1) start_cluster 3 collectives; wait_all 3; expect_cluster 3 3 ;;
   collectives-4x1) start_cluster 4 collectives; wait_all 4; expect_cluster 4 4 ;;
