@@ -437,7 +437,10 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
         const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
           if (errno == EINTR || errno == ECONNABORTED) continue;
-          break;  // EAGAIN: none left; anything else: try again after the next poll
+          // EAGAIN: none left. Out of descriptors or memory: the listener stays readable, so pause
+          // before the next poll rather than spin.
+          if (errno != EAGAIN && errno != EWOULDBLOCK) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          break;
         }
         std::string remote = remote_of(fd);
         if (pending.size() >= max_pending_connections) refuse(0, "too many connections at once proving themselves");

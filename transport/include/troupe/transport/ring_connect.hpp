@@ -35,8 +35,6 @@ class listener {
   int fd() const noexcept { return fd_; }
 
  private:
-  friend std::unique_ptr<ring_link> connect_ring(int, int, listener&, const std::vector<endpoint>&,
-                                                 std::chrono::milliseconds, std::uint32_t, const ring_auth&);
   struct impl;  // the Boost.Asio acceptor
   std::unique_ptr<impl> impl_;
   int fd_ = -1;
