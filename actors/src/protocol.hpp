@@ -67,7 +67,7 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, member& x) {
   return f(caf::meta::type_name("troupe::actors::member"), x.rank, x.task, x.data_host, x.data_port, x.devices,
-           x.collective_id);
+           x.collective_id, x.incarnation);
 }
 
 /// A rendezvous_error as it travels: its code in the "rendezvous" category, its message as the

@@ -194,6 +194,12 @@ void add_rendezvous_types(caf::actor_system_config& config) {
   });
 }
 
+std::string new_incarnation() {
+  std::string out = random_nonce();
+  if (out.empty()) throw std::runtime_error("rendezvous: the chief has no randomness for the cluster's incarnation");
+  return out;
+}
+
 std::string hmac_sha256_hex(const std::string& key, const std::string& message) {
   unsigned char out[EVP_MAX_MD_SIZE];
   size_t len = 0;

@@ -30,7 +30,7 @@ rendezvous_state::rendezvous_state(rendezvous_options options) : options_(std::m
   members_.resize(n);
   joined_.assign(n, false);
   members_[0] = member{0, options_.tasks[0], options_.data_host, options_.data_port, options_.devices,
-                       options_.collective_id};
+                       options_.collective_id, new_incarnation()};
   joined_[0] = true;
   complete_ = n == 1;
 }
@@ -81,7 +81,7 @@ std::optional<rendezvous_error> rendezvous_state::join(const join_request& r) {
                                                " characters (expected 1.." +
                                                std::to_string(rendezvous_limits::max_host_chars) + ")");
   }
-  members_[rank] = member{r.rank, who, r.data_host, r.data_port, r.devices, {}};
+  members_[rank] = member{r.rank, who, r.data_host, r.data_port, r.devices, {}, {}};
   joined_[rank] = true;
   complete_ = missing().empty();
   return std::nullopt;
@@ -193,6 +193,13 @@ std::optional<rendezvous_error> check_peer_table(const rendezvous_options& optio
     if (const auto at = first_non_hex(m.collective_id); at != std::string::npos) {
       return bad(named + " has a collective id with " + quoted(std::string(1, m.collective_id[at])) + " at " +
                  std::to_string(at) + " (expected hex digits only)");
+    }
+    // The incarnation every data-plane connection proves: the chief's, fresh for this start.
+    if (i != 0 && !m.incarnation.empty()) return bad(named + " has an incarnation (expected one only in the chief's entry)");
+    if (i == 0 && (m.incarnation.size() != rendezvous_limits::incarnation_chars ||
+                   first_non_hex(m.incarnation) != std::string::npos)) {
+      return bad(named + " has an incarnation of " + std::to_string(m.incarnation.size()) + " characters (expected " +
+                 std::to_string(rendezvous_limits::incarnation_chars) + " hex digits)");
     }
   }
   if (options.rank >= 0 && static_cast<std::size_t>(options.rank) < table.size()) {

@@ -49,7 +49,8 @@ std::vector<member> good_table(int n) {
   std::vector<member> t;
   for (int r = 0; r < n; ++r) {
     auto o = options_for(n, r);
-    t.push_back(member{r, task(r), o.data_host, o.data_port, o.devices, r == 0 ? "0f9e3dAB" : ""});
+    t.push_back(member{r, task(r), o.data_host, o.data_port, o.devices, r == 0 ? "0f9e3dAB" : "",
+                       r == 0 ? "00112233445566778899aabbccddeeff" : ""});
   }
   return t;
 }
@@ -134,7 +135,7 @@ TEST_CASE("a join in another protocol version fails the rendezvous, naming both 
   j.version = 7;
   j.proof = "wrong too";  // the version is checked first
   check_refused(s.join(j), rendezvous_errc::protocol_mismatch,
-                "rendezvous failed: " + task(1) + " speaks rendezvous protocol version 7, the chief 3: run the same "
+                "rendezvous failed: " + task(1) + " speaks rendezvous protocol version 7, the chief 4: run the same "
                                                   "troupe build everywhere");
 }
 
@@ -149,7 +150,7 @@ TEST_CASE("a join with a wrong token proof fails the rendezvous, naming the work
 
 TEST_CASE("a join with a nonce the chief never handed out fails the token check") {
   rendezvous_state s(options_for(3));
-  join_request j{3, 1, "made-up", hmac_sha256_hex("shared", "made-up"), 2, "10.0.0.2", 40001};
+  join_request j{rendezvous_options{}.version, 1, "made-up", hmac_sha256_hex("shared", "made-up"), 2, "10.0.0.2", 40001};
   CHECK(s.join(j)->code == rendezvous_errc::bad_token);
 }
 
@@ -182,7 +183,7 @@ TEST_CASE("a join claiming a rank outside the cluster, or the chief's, fails the
                     " is not in the cluster (3 workers; a joining worker's rank is in 1..2)");
   rendezvous_state alone(options_for(1));
   alone.add_nonce("n");
-  join_request k{3, 1, "n", hmac_sha256_hex("shared", "n"), 2, "h", 1};
+  join_request k{rendezvous_options{}.version, 1, "n", hmac_sha256_hex("shared", "n"), 2, "h", 1};
   CHECK(alone.join(k)->message.find("(1 workers; no other worker may join)") != std::string::npos);
 }
 
@@ -240,7 +241,7 @@ TEST_CASE("once failed, the rendezvous answers every later join with the first e
 TEST_CASE("the start deadline fails the rendezvous naming every missing task in rank order") {
   rendezvous_state s(options_for(4));
   s.add_nonce("n");
-  CHECK_FALSE(s.join(join_request{3, 2, "n", hmac_sha256_hex("shared", "n"), 2, "h", 1}));
+  CHECK_FALSE(s.join(join_request{rendezvous_options{}.version, 2, "n", hmac_sha256_hex("shared", "n"), 2, "h", 1}));
   CHECK(s.expire());
   REQUIRE(s.failure());
   CHECK(s.failure()->code == rendezvous_errc::workers_missing);
@@ -400,6 +401,28 @@ TEST_CASE("check_peer_table accepts a collective id only in the chief's entry, h
   auto longest = good_table(3);
   longest[0].collective_id = std::string(1024, 'a');
   CHECK(table_error(longest).empty());
+}
+
+TEST_CASE("check_peer_table wants the chief's incarnation, 32 hex digits, in its entry only") {
+  auto elsewhere = good_table(3);
+  elsewhere[2].incarnation = elsewhere[0].incarnation;
+  CHECK(table_error(elsewhere).find("entry 2 (" + task(2) + ") has an incarnation (expected one only in the "
+                                                            "chief's entry)") != std::string::npos);
+  auto none = good_table(3);
+  none[0].incarnation.clear();
+  CHECK(table_error(none).find("entry 0 (" + task(0) + ") has an incarnation of 0 characters (expected 32 hex "
+                                                       "digits)") != std::string::npos);
+  auto not_hex = good_table(3);
+  not_hex[0].incarnation[5] = 'z';
+  CHECK(table_error(not_hex).find("has an incarnation of 32 characters (expected 32 hex digits)") != std::string::npos);
+}
+
+TEST_CASE("rendezvous_state gives every start a new incarnation") {
+  rendezvous_state a(options_for(3));
+  rendezvous_state b(options_for(3));
+  CHECK(a.table()[0].incarnation.size() == 32);
+  CHECK(a.table()[0].incarnation != b.table()[0].incarnation);
+  CHECK(a.table()[1].incarnation.empty());
 }
 
 TEST_CASE("check_peer_table refuses a table whose entry for this worker is not what it sent") {

@@ -68,8 +68,8 @@ std::string join_fake_chief(caf::message answer) {
 }
 
 std::vector<member> table_for_two() {
-  return {{0, "/job:worker/replica:0/task:0", "127.0.0.1", 40000, 1, ""},
-          {1, "/job:worker/replica:0/task:1", "127.0.0.1", 40001, 1, ""}};
+  return {{0, "/job:worker/replica:0/task:0", "127.0.0.1", 40000, 1, "", "00112233445566778899aabbccddeeff"},
+          {1, "/job:worker/replica:0/task:1", "127.0.0.1", 40001, 1, "", ""}};
 }
 
 }  // namespace
@@ -95,14 +95,15 @@ TEST_CASE("a worker shows the chief's rendezvous error as the chief wrote it") {
 
 TEST_CASE("the peer table travels as typed members between actor systems that announced them") {
   system_with announced(true);
-  std::vector<member> table{{0, "/job:worker/replica:0/task:0", "10.0.0.1", 40000, 2, "0f9e"},
-                            {1, "/job:worker/replica:0/task:1", "10.0.0.2", 65535, 2, ""}};
+  std::vector<member> table{{0, "/job:worker/replica:0/task:0", "10.0.0.1", 40000, 2, "0f9e", "00112233445566778899aabbccddeeff"},
+                            {1, "/job:worker/replica:0/task:1", "10.0.0.2", 65535, 2, "", ""}};
   caf::message out;
   REQUIRE_FALSE(round_trip(*announced.system, caf::make_message(table), out));
   REQUIRE(out.match_elements<std::vector<member>>());
   const auto& back = out.get_as<std::vector<member>>(0);
   REQUIRE(back.size() == 2);
   CHECK(back[0].collective_id == "0f9e");
+  CHECK(back[0].incarnation == "00112233445566778899aabbccddeeff");
   CHECK(back[1].rank == 1);
   CHECK(back[1].task == "/job:worker/replica:0/task:1");
   CHECK(back[1].data_host == "10.0.0.2");

@@ -1,6 +1,6 @@
 // One worker of the multi-worker tests: run by run_cluster.sh in N processes with TF_CONFIG set
 // (or the Slurm or mpirun variables, with MW_RESOLVER=slurm|mpi).
-// Usage: mw_worker collectives | die | hang | checkpoint | train | join
+// Usage: mw_worker collectives | die | hang | skip | checkpoint | train | join
 // Once the cluster formed it prints "replicas <R> workers <W> task <type>:<index>". Prints
 // "OK <rank>" and exits 0 when every check holds; prints "FAIL ..." and exits 1 when one does not;
 // prints "ERROR <message>" and exits 3 when the strategy throws.
@@ -300,6 +300,19 @@ int main(int argc, char** argv) {
       }
       s.run([] { get_replica_context()->all_reduce(ReduceOp::sum, Tensor::zeros({100})); });
       std::cout << "FAIL the collective with a hung worker returned\n";
+      rc = 1;
+    } else if (mode == "skip") {
+      // Every step all-reduces twice; task 1 skips the second all-reduce of step 2, so that its
+      // step 3 meets the others' step 2: every worker must fail naming both steps and numbers.
+      const int task = s.cluster_resolver()->task_id();
+      for (int step = 1; step <= 4; ++step) {
+        s.run([&] {
+          auto* ctx = get_replica_context();
+          ctx->all_reduce(ReduceOp::sum, Tensor::full({4}, step, DType::f32));
+          if (!(task == 1 && step == 2)) ctx->all_reduce(ReduceOp::sum, Tensor::full({4}, 10 * step, DType::f32));
+        });
+      }
+      std::cout << "FAIL every step returned although worker 1 skipped a collective\n";
       rc = 1;
     } else if (mode == "checkpoint") {
       const char* dir = std::getenv("MW_CKPT_DIR");

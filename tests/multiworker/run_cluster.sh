@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs the multi-worker test program in N real processes on loopback and checks what they print.
-# Usage: run_cluster.sh WORKER_BINARY SCENARIO
+# Usage: run_cluster.sh WORKER_BINARY SCENARIO [STRANGER_BINARY]
 # Every process is bounded by a timeout and killed on exit; the script fails with the outputs.
 set -u
 worker="$1"
 scenario="$2"
+stranger="${3:-}"
 dir="$(mktemp -d)"
 pids=()
 cleanup() {
@@ -107,7 +108,72 @@ expect_cluster() {
   done
 }
 
+# stranger_attack MODE: worker 1 starts alone; ring_stranger finds its ring port and attacks it
+# during start-up; worker 0 starts once the stranger is in. The stranger must be refused and
+# logged by worker 1 (naming the stranger's address), the cluster must form and compute the
+# right values, and no worker may fail or be blamed.
+stranger_attack() {
+  local mode="$1"
+  read -r -a ports <<< "$(free_ports 2)"
+  local list="\"127.0.0.1:${ports[0]}\", \"127.0.0.1:${ports[1]}\""
+  env TF_CONFIG="{\"cluster\": {\"worker\": [$list]}, \"task\": {\"type\": \"worker\", \"index\": 1}}" \
+      timeout 60 "$worker" collectives > "$dir/out1" 2>&1 &
+  local w1=$!
+  timeout 40 "$stranger" "$mode" "$w1" > "$dir/stranger" 2>&1 &
+  local s=$!
+  for _ in $(seq 200); do grep -q "^attacking" "$dir/stranger" && break; sleep 0.05; done
+  grep -q "^attacking" "$dir/stranger" || fail "the stranger did not get in: $(cat "$dir/stranger")"
+  # The ring listens on the address TF_CONFIG gives, not on every interface.
+  grep -q "^attacking [0-9]* bound to 127.0.0.1$" "$dir/stranger" ||
+    fail "worker 1's ring port is not bound to its TF_CONFIG address: $(cat "$dir/stranger")"
+  env TF_CONFIG="{\"cluster\": {\"worker\": [$list]}, \"task\": {\"type\": \"worker\", \"index\": 0}}" \
+      timeout 60 "$worker" collectives > "$dir/out0" 2>&1 &
+  pids=($! "$w1" "$s")
+  wait_all 2
+  wait "$s"; local src=$?
+  cat "$dir/stranger" >> "$dir/out1"
+  expect_cluster 2 2
+  [ "$src" = 0 ] || fail "the stranger's connections were not closed by worker 1 (exit $src)"
+  grep -q "troupe: ring rank 1 refused a connection from 127.0.0.1:" "$dir/out1" ||
+    fail "worker 1 did not log the refused stranger with its address"
+  if grep -q "ERROR\|cross-worker collective failed" "$dir"/out0 "$dir"/out1; then fail "a worker was blamed"; fi
+}
+
 case "$scenario" in
+  stranger-old-hello)
+    stranger_attack old-hello
+    grep -q "it speaks protocol version 4, this worker 5" "$dir/out1" || fail "the old hello was not refused as such" ;;
+  stranger-replay)
+    stranger_attack replay
+    grep -q "^replayed" "$dir/out1" || fail "the stranger did not replay" ;;
+  stranger-garbage) stranger_attack garbage ;;
+  stranger-silent)
+    stranger_attack silent
+    grep -q "it had not proven itself when the ring was formed" "$dir/out1" || fail "the silent stranger was not logged" ;;
+  skipped-collective)
+    # Worker 1 skips one all_reduce of step 2 that worker 0 makes: both fail naming both steps and
+    # both numbers; none exits 0.
+    start_cluster 2 skip; wait_all 2
+    for i in 0 1; do
+      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+      grep -q "skipped, added or reordered a collective" "$dir/out$i" || fail "worker $i did not name the misalignment"
+    done
+    grep -q "rank 1 (127.0.0.1:[0-9]*) is at step 3, collective 0 .*rank 0 (this worker) at step 2, collective 1" \
+      "$dir/out0" || fail "worker 0 did not name both sides and both numbers"
+    grep -q "rank 0 (127.0.0.1:[0-9]*) is at step 2, collective 1 .*rank 1 (this worker) at step 3, collective 0" \
+      "$dir/out1" || fail "worker 1 did not name both sides and both numbers" ;;
+  skipped-collective-3x1)
+    # Three workers: a small all-reduce goes both ways around the ring, so each worker receives
+    # worker 1's frames or worker 1 theirs, and every one of them names the misalignment.
+    start_cluster 3 skip; wait_all 3
+    for i in 0 1 2; do
+      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+      grep -q "skipped, added or reordered a collective" "$dir/out$i" || fail "worker $i did not name the misalignment"
+    done
+    for i in 0 2; do
+      grep -q "rank 1 (127.0.0.1:[0-9]*) is at step 3, collective 0 .*rank $i (this worker) at step 2, collective 1" \
+        "$dir/out$i" || fail "worker $i did not name both sides and both numbers"
+    done ;;
   collectives-2x1) start_cluster 2 collectives; wait_all 2; expect_cluster 2 2 ;;
   collectives-3x1) start_cluster 3 collectives; wait_all 3; expect_cluster 3 3 ;;
   collectives-4x1) start_cluster 4 collectives; wait_all 4; expect_cluster 4 4 ;;

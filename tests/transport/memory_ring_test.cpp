@@ -144,7 +144,7 @@ TEST_CASE("a ring frame dropped mid-stream is caught by the next frame's offset,
   CHECK(got[1].peer == 0);
   CAPTURE(got[1].what);
   CHECK(contains(got[1].what, "all_reduce: malformed frame from rank 0 (in-process): "));
-  CHECK(contains(got[1].what, "at offset 48 in an all-reduce of chunk 0 (operation 0), expected 64 bytes"));
+  CHECK(contains(got[1].what, "at offset 48 in an all-reduce of chunk 0 (step 0, collective 0), expected 64 bytes"));
   CHECK(contains(got[1].what, "at offset 32"));
   CHECK(got[0].peer == 1);  // rank 1 left: rank 0 is told, not left waiting
   CHECK(clock_type::now() - start < 3s);
@@ -226,10 +226,15 @@ TEST_CASE("a ring frame with a wrong collective kind, offset, length, type or op
   };
   const std::vector<forgery> forgeries{
       {"kind", [](chunk_fields& f) { f.kind = frame_kind::broadcast; f.total = 400; },
-       "all_reduce: rank 0 (in-process) sent a broadcast of 400 bytes from root 0 (operation 0), rank 1 (this "
-       "worker) expected an all-reduce of chunk 0 (operation 0) (the workers disagree on the collective)"},
+       "all_reduce: rank 0 (in-process) sent a broadcast of 400 bytes from root 0 (step 0, collective 0), rank 1 (this "
+       "worker) expected an all-reduce of chunk 0 (step 0, collective 0) (the workers disagree on the collective)"},
       {"operation", [](chunk_fields& f) { f.sequence = 7; },
-       "sent an all-reduce of chunk 0 (operation 7), rank 1 (this worker) expected an all-reduce of chunk 0 (operation 0)"},
+       "all_reduce: rank 0 (in-process) is at step 0, collective 7 (it sent an all-reduce of chunk 0 (step 0, collective "
+       "7)), rank 1 (this worker) at step 0, collective 0 (it expected an all-reduce of chunk 0 (step 0, collective 0)) "
+       "(the workers disagree on the collective: one skipped, added or reordered a collective)"},
+      {"step", [](chunk_fields& f) { f.step = 3; },
+       "all_reduce: rank 0 (in-process) is at step 3, collective 0 (it sent an all-reduce of chunk 0 (step 3, collective "
+       "0)), rank 1 (this worker) at step 0, collective 0"},
       {"offset", [](chunk_fields& f) { f.offset = 16; },
        "all_reduce: malformed frame from rank 0 (in-process): 400 bytes, 100 elements of type 0 at offset 16"},
       {"count", [](chunk_fields& f) { f.count = 99; },
@@ -251,6 +256,50 @@ TEST_CASE("a ring frame with a wrong collective kind, offset, length, type or op
   }
 }
 
+TEST_CASE("a rank that skips a collective of a step fails on both ranks, naming both steps and numbers") {
+  // Rank 1 skips the second all-reduce of step 2: its step 3 meets rank 0's step 2. Both see it;
+  // no value of one step is added to another's.
+  for (std::int64_t count : {std::int64_t{100}, std::int64_t{1} << 20}) {  // swap and ring paths
+    CAPTURE(count);
+    auto got = run_memory(2, {}, with(5s), [count](int r, tcp_ring& ring) {
+      std::vector<float> v(static_cast<std::size_t>(count), 1.0f);
+      for (std::uint64_t step = 1; step <= 3; ++step) {
+        ring.begin_step(step);
+        ring.all_reduce(v.data(), count, scalar_type::f32, reduce_kind::sum);
+        if (!(r == 1 && step == 2)) ring.all_reduce(v.data(), count, scalar_type::f32, reduce_kind::sum);
+      }
+    });
+    CHECK(got[0].peer == 1);
+    CHECK(contains(got[0].what, "rank 1 (in-process) is at step 3, collective 0"));
+    CHECK(contains(got[0].what, "rank 0 (this worker) at step 2, collective 1"));
+    CHECK(got[1].peer == 0);
+    CHECK(contains(got[1].what, "rank 0 (in-process) is at step 2, collective 1"));
+    CHECK(contains(got[1].what, "rank 1 (this worker) at step 3, collective 0"));
+  }
+}
+
+TEST_CASE("collectives are numbered from 0 in every step, and broadcast and all-gather carry the step too") {
+  auto got = run_memory(3, {}, with(5s), [](int r, tcp_ring& ring) {
+    std::vector<char> bytes(100, r == 0 ? 'x' : 0);
+    std::vector<char> all(300);
+    for (std::uint64_t step = 4; step <= 5; ++step) {
+      ring.begin_step(step);
+      CHECK(ring.step() == step);
+      ring.broadcast(bytes.data(), bytes.size(), 0);
+      ring.all_gather(bytes.data(), bytes.size(), all.data(), {100, 100, 100});
+    }
+    CHECK(bytes[99] == 'x');
+    CHECK(all[299] == 'x');
+  });
+  for (const auto& o : got) CHECK(o.what.empty());
+  auto ahead = run_memory(3, {}, with(5s), [](int r, tcp_ring& ring) {
+    std::vector<char> bytes(100, 0);
+    ring.begin_step(r == 2 ? 8 : 7);
+    ring.broadcast(bytes.data(), bytes.size(), 0);
+  });
+  CHECK(contains(ahead[0].what + ahead[1].what + ahead[2].what, "is at step 8, collective 0"));
+}
+
 TEST_CASE("forged ring broadcast and all-gather frames are refused naming the peer across 3 ranks") {
   SUBCASE("a broadcast segment at the wrong offset") {
     auto got = run_memory(3, forge(1, 2, 1, [](chunk_fields& f) { f.offset += 8; }), with(5s, 64),
@@ -260,7 +309,7 @@ TEST_CASE("forged ring broadcast and all-gather frames are refused naming the pe
                           });
     CHECK(got[2].peer == 1);
     CHECK(contains(got[2].what, "broadcast: malformed frame from rank 1 (in-process): 64 bytes, 64 elements of type 4 "
-                                "at offset 72 in a broadcast of 1000 bytes from root 0 (operation 0), expected 64 "
+                                "at offset 72 in a broadcast of 1000 bytes from root 0 (step 0, collective 0), expected 64 "
                                 "bytes, 64 elements of type 4 at offset 64"));
   }
   SUBCASE("an all-gather block that claims another rank") {
@@ -271,7 +320,7 @@ TEST_CASE("forged ring broadcast and all-gather frames are refused naming the pe
                           });
     CHECK(got[1].peer == 0);
     CHECK(contains(got[1].what, "all_gather: rank 0 (in-process) sent an all-gather with a block of 100 bytes from "
-                                "rank 2 (operation 0), rank 1 (this worker) expected an all-gather with a block of 100 "
+                                "rank 2 (step 0, collective 0), rank 1 (this worker) expected an all-gather with a block of 100 "
                                 "bytes from rank 0"));
   }
 }

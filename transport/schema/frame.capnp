@@ -18,15 +18,21 @@ enum Collective {
                         # both ways around the ring; root names that rank, total its bytes
 }
 
+# The proof of a connection (version 5), three hellos: the connecting rank's (its nonce), the
+# accepting rank's (its nonce and proof), the connecting rank's again (its proof). A proof is
+# HMAC-SHA256 under the cluster token over both nonces, both ranks, the ring size, the protocol
+# version, the side that proves and the cluster's incarnation (see ring_connect.hpp).
 struct Hello {
   magic @0 :UInt32;        # 0x74727570 ("trup")
   version @1 :UInt32;      # protocol version; peers must agree
   rank @2 :UInt32;         # the sender's rank
   size @3 :UInt32;         # ranks in the ring, as the sender sees it
+  nonce @4 :Data;          # 16 fresh random bytes of the sender's (its first hello)
+  proof @5 :Data;          # 32 bytes of HMAC-SHA256 (the accepting rank's hello, the last one)
 }
 
 struct Chunk {
-  sequence @0 :UInt64;     # collectives this ring has run, for matching frames to operations
+  sequence @0 :UInt64;     # the collective's number within its step (version 5), from 0
   index @1 :UInt32;        # which chunk of the buffer (all-gather: the rank whose block it is)
   type @2 :ScalarType;
   count @3 :UInt64;        # elements in data
@@ -36,4 +42,6 @@ struct Chunk {
   root @7 :UInt32;         # broadcast: the root; all-reduce block: the rank whose buffer it is
   total @8 :UInt64;        # broadcast: bytes of the whole buffer; all-gather and all-reduce block:
                            # of the whole block
+  step @9 :UInt64;         # the training step the collective belongs to (version 5): the runtime's
+                           # count of Strategy::run calls, 0 before the first
 }

@@ -215,6 +215,7 @@ std::optional<chunk_fields> decode_chunk_frame(const std::vector<unsigned char>&
     auto c = reader.getRoot<wire::Chunk>();
     chunk_fields f;
     f.kind = static_cast<frame_kind>(c.getKind());
+    f.step = c.getStep();
     f.sequence = c.getSequence();
     f.index = c.getIndex();
     f.type = static_cast<std::uint16_t>(c.getType());
@@ -234,6 +235,7 @@ std::vector<unsigned char> encode_chunk_frame(const chunk_fields& f) {
   capnp::MallocMessageBuilder msg;
   auto c = msg.initRoot<wire::Chunk>();
   c.setKind(static_cast<wire::Collective>(f.kind));
+  c.setStep(f.step);
   c.setSequence(f.sequence);
   c.setIndex(f.index);
   c.setType(static_cast<wire::ScalarType>(f.type));
@@ -245,6 +247,42 @@ std::vector<unsigned char> encode_chunk_frame(const chunk_fields& f) {
   auto words = capnp::messageToFlatArray(msg);
   const auto bytes = words.asBytes();
   return std::vector<unsigned char>(bytes.begin(), bytes.end());
+}
+
+std::vector<unsigned char> encode_hello_frame(const hello_frame_fields& f) {
+  capnp::MallocMessageBuilder msg;
+  auto h = msg.initRoot<wire::Hello>();
+  h.setMagic(f.magic);
+  h.setVersion(f.version);
+  h.setRank(f.rank);
+  h.setSize(f.size);
+  if (!f.nonce.empty()) h.setNonce(capnp::Data::Reader(f.nonce.data(), f.nonce.size()));
+  if (!f.proof.empty()) h.setProof(capnp::Data::Reader(f.proof.data(), f.proof.size()));
+  auto words = capnp::messageToFlatArray(msg);
+  auto bytes = words.asBytes();
+  return std::vector<unsigned char>(bytes.begin(), bytes.end());
+}
+
+std::optional<hello_frame_fields> decode_hello_frame(const std::vector<unsigned char>& frame) {
+  if (frame.size() % 8 != 0 || frame.empty()) return std::nullopt;
+  std::vector<capnp::word> words(frame.size() / 8);
+  std::memcpy(words.data(), frame.data(), frame.size());
+  try {
+    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.data(), words.size()));
+    auto h = reader.getRoot<wire::Hello>();
+    hello_frame_fields f;
+    f.magic = h.getMagic();
+    f.version = h.getVersion();
+    f.rank = h.getRank();
+    f.size = h.getSize();
+    auto n = h.getNonce();
+    auto p = h.getProof();
+    f.nonce.assign(n.begin(), n.end());
+    f.proof.assign(p.begin(), p.end());
+    return f;
+  } catch (const kj::Exception&) {
+    return std::nullopt;
+  }
 }
 
 }  // namespace troupe::transport

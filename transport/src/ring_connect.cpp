@@ -1,5 +1,8 @@
 #include "troupe/transport/ring_connect.hpp"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -8,11 +11,13 @@
 
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <thread>
 
 #include "ring_frames.hpp"
+#include "ring_proof.hpp"
 #include "troupe/transport/ring_index.hpp"
 
 namespace troupe::transport {
@@ -166,7 +171,7 @@ class socket_link final : public ring_link {
 }  // namespace
 
 struct listener::impl {
-  asio::io_context io;  // runs the acceptor's asynchronous accept in connect_ring
+  asio::io_context io;
   tcp::acceptor acceptor{io};
 };
 
@@ -193,8 +198,175 @@ listener::listener(const std::string& host, std::uint16_t port) : impl_(std::mak
 
 listener::~listener() = default;
 
+namespace {
+
+// "10.0.0.2:41234": the remote end of a connection, for the log.
+std::string remote_of(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof addr;
+  char text[INET_ADDRSTRLEN] = "?";
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || addr.sin_family != AF_INET) return "?";
+  inet_ntop(AF_INET, &addr.sin_addr, text, sizeof text);
+  return std::string(text) + ":" + std::to_string(ntohs(addr.sin_port));
+}
+
+// One connection during its proof, as a ring_link whose both sides are its socket, so that the
+// hellos go through the same checked frame reader and writer as the collectives.
+class proof_link final : public ring_link {
+ public:
+  proof_link(int fd, ring_peer who) : ring_link(who, who), fd_(fd) {}
+  std::size_t write_some(ring_side side, const iovec* iov, std::size_t count) override {
+    for (;;) {
+      msghdr msg{};
+      msg.msg_iov = const_cast<iovec*>(iov);
+      msg.msg_iovlen = std::min<std::size_t>(count, IOV_MAX);
+      const ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+      if (w >= 0) return static_cast<std::size_t>(w);
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      if (errno == EINTR) continue;
+      throw_gone(side);
+    }
+  }
+  std::size_t read_some(ring_side side, void* into, std::size_t n) override {
+    for (;;) {
+      const ssize_t r = read(fd_, into, n);
+      if (r > 0) return static_cast<std::size_t>(r);
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+      if (r < 0 && errno == EINTR) continue;
+      throw_gone(side);
+    }
+  }
+  bool wait(const ring_wants&, int) override { return true; }  // the caller polls
+  void shutdown() noexcept override {}
+
+ private:
+  int fd_;
+};
+
+// A connection's proof: the three hellos of connect_ring's walkthrough, from either side, driven
+// without blocking. A failure is std::runtime_error with what was wrong.
+class proof_exchange {
+ public:
+  enum class role { connecting, accepting };
+
+  proof_exchange(role r, int fd, const ring_auth& auth, std::uint32_t version, int self, int expected_peer,
+                 int size, std::string name)
+      : role_(r),
+        fd_(fd),
+        auth_(auth),
+        version_(version),
+        self_(static_cast<std::uint32_t>(self)),
+        peer_(static_cast<std::uint32_t>(expected_peer)),
+        size_(static_cast<std::uint32_t>(size)),
+        link_(fd, ring_peer{expected_peer, std::move(name)}),
+        mine_(proof::fresh_nonce()) {
+    if (role_ == role::connecting) out_.start_hello(version_, self_, size_, mine_, {});
+    in_.start(hello_words);
+  }
+
+  int fd() const { return fd_; }
+  bool done() const { return stage_ == 2 && out_.done(); }
+  short events() const { return static_cast<short>(POLLIN | (out_.done() ? 0 : POLLOUT)); }
+
+  // Moves the exchange on as far as the socket allows now.
+  void progress() {
+    for (;;) {
+      if (!out_.done()) out_.progress(link_);
+      if (stage_ == 2 || !out_.done()) return;
+      in_.progress(link_);
+      if (!in_.done()) return;
+      const frames::hello_fields h = in_.take_hello();
+      check(h);
+      if (role_ == role::accepting && stage_ == 0) {
+        // The connecting side's nonce: answer with ours and our proof over both.
+        theirs_ = h.nonce;
+        out_.start_hello(version_, self_, size_, mine_, make(proof::side::accepting));
+        in_.start(hello_words);
+        stage_ = 1;
+      } else if (role_ == role::accepting) {
+        if (!proof::matches(h.proof, make(proof::side::connecting))) throw std::runtime_error(failed_proof());
+        stage_ = 2;
+      } else {
+        theirs_ = h.nonce;
+        if (!proof::matches(h.proof, make(proof::side::accepting))) throw std::runtime_error(failed_proof());
+        out_.start_hello(version_, self_, size_, {}, make(proof::side::connecting));
+        stage_ = 2;
+      }
+    }
+  }
+
+ private:
+  static constexpr std::size_t hello_words = 64;
+
+  std::vector<std::uint8_t> make(proof::side by) const {
+    const bool connecting = role_ == role::connecting;
+    return proof::make(auth_, version_, by, size_, connecting ? self_ : peer_, connecting ? peer_ : self_,
+                       connecting ? mine_ : theirs_, connecting ? theirs_ : mine_);
+  }
+
+  static std::string failed_proof() {
+    return "its hello failed the proof (another cluster token, another incarnation of the cluster, or a replayed "
+           "hello)";
+  }
+
+  void check(const frames::hello_fields& h) const {
+    if (h.magic != frames::hello_magic) throw std::runtime_error("it does not speak troupe's protocol");
+    if (h.version != version_) {
+      throw std::runtime_error("it speaks protocol version " + std::to_string(h.version) + ", this worker " +
+                               std::to_string(version_));
+    }
+    if (h.rank != peer_ || h.size != size_) {
+      throw std::runtime_error("it says rank " + std::to_string(h.rank) + " of " + std::to_string(h.size) +
+                               ", expected rank " + std::to_string(peer_) + " of " + std::to_string(size_));
+    }
+    const bool nonce_due = role_ == role::accepting ? stage_ == 0 : true;
+    if (nonce_due && h.nonce.size() != proof::nonce_bytes) {
+      throw std::runtime_error("its hello has a nonce of " + std::to_string(h.nonce.size()) + " bytes, expected " +
+                               std::to_string(proof::nonce_bytes));
+    }
+  }
+
+  role role_;
+  int fd_;
+  const ring_auth& auth_;
+  std::uint32_t version_;
+  std::uint32_t self_;
+  std::uint32_t peer_;
+  std::uint32_t size_;
+  proof_link link_;
+  frames::frame_writer out_{ring_side::prev};
+  frames::frame_reader in_{ring_side::prev};
+  std::vector<std::uint8_t> mine_;
+  std::vector<std::uint8_t> theirs_;
+  int stage_ = 0;  // 0: first hello awaited, 1: the last (accepting side), 2: done
+};
+
+// A connection accepted on the listener whose proof is under way; owns its socket.
+struct pending_connection {
+  pending_connection(int f, std::string r, std::unique_ptr<proof_exchange> p)
+      : fd(f), remote(std::move(r)), exchange(std::move(p)) {}
+  ~pending_connection() {
+    if (fd >= 0) close(fd);
+  }
+  pending_connection(const pending_connection&) = delete;
+  pending_connection& operator=(const pending_connection&) = delete;
+  int fd;
+  std::string remote;
+  std::unique_ptr<proof_exchange> exchange;
+};
+
+// Connections whose proof may be under way at once: more are refused, oldest first.
+constexpr std::size_t max_pending_connections = 32;
+
+void log_refusal(int rank, const std::string& remote, const std::string& why) {
+  std::fprintf(stderr, "troupe: ring rank %d refused a connection from %s: %s\n", rank, remote.c_str(), why.c_str());
+}
+
+}  // namespace
+
 std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const std::vector<endpoint>& peers,
-                                        std::chrono::milliseconds timeout, std::uint32_t version) {
+                                        std::chrono::milliseconds timeout, std::uint32_t version,
+                                        const ring_auth& auth) {
   if (size == 1) return nullptr;
   const int next = ring_index::next_rank(rank, size);
   const int prev = ring_index::prev_rank(rank, size);
@@ -204,47 +376,134 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
   const std::string& next_name = s.peer(ring_side::next).name;
   const std::string& prev_name = s.peer(ring_side::prev).name;
   const deadline until(timeout);
-  s.next_socket.emplace(connect_with_retry(s.io, peers[static_cast<std::size_t>(next)], until, next, next_name));
-  s.next_fd = s.next_socket->native_handle();
 
-  // Accept the predecessor: anyone may connect, only a hello from rank-1 is kept.
-  auto& acceptor = own.impl_->acceptor;
-  for (;;) {
-    tcp::socket socket(s.io);
-    bool finished = false;
-    boost::system::error_code result;
-    acceptor.async_accept(socket, [&](const boost::system::error_code& e) {
-      result = e;
-      finished = true;
-    });
-    run_with_deadline(own.impl_->io, finished, until, [&] {
-      boost::system::error_code ignored;
-      acceptor.cancel(ignored);
-    });
-    if (!result) {
-      prepare_for_frames(socket, prev, prev_name);
-      s.prev_socket.emplace(std::move(socket));
-      s.prev_fd = s.prev_socket->native_handle();
-      break;
+  // The successor: connect, then prove both ways; a listener there that fails the proof is
+  // dropped and tried again.
+  std::unique_ptr<proof_exchange> to_next;
+  std::string next_failure;
+  int retry_ms = 50;
+  auto connect_next = [&] {
+    s.next_socket.emplace(connect_with_retry(s.io, peers[static_cast<std::size_t>(next)], until, next, next_name));
+    s.next_fd = s.next_socket->native_handle();
+    to_next = std::make_unique<proof_exchange>(proof_exchange::role::connecting, s.next_fd, auth, version, rank, next,
+                                               size, next_name);
+  };
+  connect_next();
+
+  // The predecessor: every connection to the listener runs its proof at once, so that a stranger
+  // (silent, slow or lying) never holds up rank-1's.
+  const int listen_fd = own.fd();
+  // Non-blocking while the ring forms: it accepts whatever waits, then goes back to poll(). The
+  // listener's own mode comes back afterwards.
+  struct non_blocking_while {
+    explicit non_blocking_while(int f) : fd(f), flags(fcntl(f, F_GETFL)) {
+      if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+        throw std::runtime_error("tcp_ring: cannot set up the listening socket: " + errno_text());
+      }
     }
-    if (result == asio::error::operation_aborted) {
-      throw peer_error(prev, "timed out waiting for " + prev_name + " to connect");
+    ~non_blocking_while() { fcntl(fd, F_SETFL, flags); }
+    int fd;
+    int flags;
+  } listen_mode(listen_fd);
+  std::vector<std::unique_ptr<pending_connection>> pending;
+  int refused = 0;
+  bool have_prev = false;
+  auto refuse = [&](std::size_t i, const std::string& why) {
+    log_refusal(rank, pending[i]->remote, why);
+    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+    ++refused;
+  };
+  while (!have_prev || !to_next->done()) {
+    std::vector<pollfd> fds;
+    if (!have_prev) {
+      fds.push_back({listen_fd, POLLIN, 0});
+      for (const auto& p : pending) fds.push_back({p->fd, p->exchange->events(), 0});
     }
-    // A connection that was reset before it was accepted: wait for the next one.
-    if (result == asio::error::connection_aborted || result == asio::error::interrupted ||
-        result == asio::error::try_again) {
-      continue;
+    if (!to_next->done()) fds.push_back({s.next_fd, to_next->events(), 0});
+    const int rc = poll(fds.data(), fds.size(), until.poll_ms());
+    if (rc < 0 && errno != EINTR) throw std::runtime_error("tcp_ring: poll failed: " + errno_text());
+    if (rc == 0 && until.passed()) {
+      const std::string others =
+          refused > 0 ? " (refused " + std::to_string(refused) + " other connection(s) that failed the proof; see the "
+                                                                  "log)"
+                      : "";
+      if (!have_prev) throw peer_error(prev, "timed out waiting for " + prev_name + " to connect and prove itself" + others);
+      throw peer_error(next, "timed out waiting for " + next_name + " to prove itself" +
+                                 (next_failure.empty() ? "" : " (last attempt: " + next_failure + ")"));
     }
-    throw std::runtime_error("tcp_ring: accepting " + prev_name + " failed: " + result.message());
+    if (!have_prev) {
+      // New connections: accept all that wait.
+      for (;;) {
+        const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+          if (errno == EINTR || errno == ECONNABORTED) continue;
+          // EAGAIN: none left. Out of descriptors or memory: the listener stays readable, so pause
+          // before the next poll rather than spin.
+          if (errno != EAGAIN && errno != EWOULDBLOCK) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          break;
+        }
+        std::string remote = remote_of(fd);
+        if (pending.size() >= max_pending_connections) refuse(0, "too many connections at once proving themselves");
+        try {
+          auto exchange = std::make_unique<proof_exchange>(proof_exchange::role::accepting, fd, auth, version, rank,
+                                                           prev, size, "the connection from " + remote);
+          pending.push_back(std::make_unique<pending_connection>(fd, std::move(remote), std::move(exchange)));
+        } catch (...) {
+          close(fd);
+          throw;
+        }
+      }
+      for (std::size_t i = 0; i < pending.size() && !have_prev;) {
+        try {
+          pending[i]->exchange->progress();
+        } catch (const std::exception& e) {
+          refuse(i, e.what());
+          continue;
+        }
+        if (!pending[i]->exchange->done()) {
+          ++i;
+          continue;
+        }
+        // rank-1 proved itself: its socket becomes the ring's.
+        tcp::socket socket(s.io);
+        boost::system::error_code ec;
+        socket.assign(tcp::v4(), pending[i]->fd, ec);
+        if (ec) throw peer_error(prev, "cannot set up the connection with " + prev_name + ": " + ec.message());
+        pending[i]->fd = -1;
+        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+        prepare_for_frames(socket, prev, prev_name);
+        s.prev_socket.emplace(std::move(socket));
+        s.prev_fd = s.prev_socket->native_handle();
+        have_prev = true;
+      }
+    }
+    if (!to_next->done()) {
+      try {
+        to_next->progress();
+      } catch (const std::exception& e) {
+        next_failure = e.what();
+        std::fprintf(stderr, "troupe: ring rank %d dropped its connection to %s: %s; trying again\n", rank,
+                     next_name.c_str(), next_failure.c_str());
+        s.next_socket.reset();
+        s.next_fd = -1;
+        // Backing off: a misconfigured peer is tried (and logged) a few times a second at most.
+        retry_ms = std::min(2 * retry_ms, 1000);
+        const int left = until.poll_ms();
+        std::this_thread::sleep_for(std::chrono::milliseconds(left < 0 ? retry_ms : std::min(retry_ms, left)));
+        try {
+          connect_next();
+        } catch (const peer_error&) {
+          if (!until.passed()) throw;
+          throw peer_error(next, "timed out waiting for " + next_name + " to prove itself (last attempt: " +
+                                     next_failure + ")");
+        }
+      }
+    }
   }
-
-  // Hellos both ways, as frames through the same checked reader as the collectives': the successor
-  // learns who we are, we check who our predecessor is.
-  frames::frame_pump pump(&s);
-  pump.to_next.start_hello(version, static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(size));
-  pump.from_prev.start(64);
-  pump.exchange(until, timeout, frames::spin_policy{});
-  pump.from_prev.take_hello(s, version, static_cast<std::uint32_t>(size));
+  // Whoever is still proving itself once the ring is formed is not rank-1.
+  for (const auto& p : pending) {
+    log_refusal(rank, p->remote, "it had not proven itself when the ring was formed");
+  }
   return link;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <stdexcept>
 
 #include "troupe/transport/spin.hpp"
 
@@ -21,7 +22,7 @@ wire::ScalarType to_wire(base::scalar_type t) {
 }
 
 std::string describe(const frame_header& h) {
-  const std::string operation = " (operation " + std::to_string(h.sequence) + ")";
+  const std::string operation = " (step " + std::to_string(h.step) + ", collective " + std::to_string(h.sequence) + ")";
   const std::string bytes = std::to_string(h.total) + " bytes";
   switch (h.kind) {
     case wire::Collective::ALL_REDUCE: return "an all-reduce of chunk " + std::to_string(h.index) + operation;
@@ -51,6 +52,7 @@ void frame_writer::start_chunk(const chunk_frame& f, const void* data) {
   auto& msg = fresh_builder();
   auto chunk = msg.initRoot<wire::Chunk>();
   chunk.setKind(f.header.kind);
+  chunk.setStep(f.header.step);
   chunk.setSequence(f.header.sequence);
   chunk.setIndex(f.header.index);
   chunk.setRoot(f.header.root);
@@ -71,12 +73,15 @@ void frame_writer::start_chunk(const chunk_frame& f, const void* data) {
   frame_segments();
 }
 
-void frame_writer::start_hello(std::uint32_t version, std::uint32_t rank, std::uint32_t size) {
+void frame_writer::start_hello(std::uint32_t version, std::uint32_t rank, std::uint32_t size,
+                               const std::vector<std::uint8_t>& nonce, const std::vector<std::uint8_t>& proof) {
   auto h = fresh_builder().initRoot<wire::Hello>();
   h.setMagic(hello_magic);
   h.setVersion(version);
   h.setRank(rank);
   h.setSize(size);
+  if (!nonce.empty()) h.setNonce(capnp::Data::Reader(nonce.data(), nonce.size()));
+  if (!proof.empty()) h.setProof(capnp::Data::Reader(proof.data(), proof.size()));
   frame_segments();
 }
 
@@ -181,10 +186,20 @@ const kj::byte* frame_reader::take_chunk(const ring_link& link, const char* op, 
   const ring_peer& from = link.peer(side_);
   try {
     auto chunk = reader_->getRoot<wire::Chunk>();
-    const frame_header got{chunk.getKind(), chunk.getSequence(), chunk.getIndex(), chunk.getRoot(), chunk.getTotal()};
+    const frame_header got{chunk.getKind(),  chunk.getStep(), chunk.getSequence(),
+                           chunk.getIndex(), chunk.getRoot(), chunk.getTotal()};
     const frame_header& h = want.header;
-    if (got.kind != h.kind || got.sequence != h.sequence || got.index != h.index || got.root != h.root ||
-        got.total != h.total) {
+    if (got.step != h.step || got.sequence != h.sequence) {
+      // A worker that skipped, added or reordered a collective: never sum values of different
+      // steps or collectives.
+      throw peer_error(from.rank, std::string(op) + ": " + from.name + " is at step " + std::to_string(got.step) +
+                                      ", collective " + std::to_string(got.sequence) + " (it sent " + describe(got) +
+                                      "), rank " + std::to_string(self) + " (this worker) at step " +
+                                      std::to_string(h.step) + ", collective " + std::to_string(h.sequence) +
+                                      " (it expected " + describe(h) +
+                                      ") (the workers disagree on the collective: one skipped, added or reordered a collective)");
+    }
+    if (got.kind != h.kind || got.index != h.index || got.root != h.root || got.total != h.total) {
       throw peer_error(from.rank, std::string(op) + ": " + from.name + " sent " + describe(got) + ", rank " +
                                       std::to_string(self) + " (this worker) expected " + describe(h) +
                                       " (the workers disagree on the collective)");
@@ -208,23 +223,21 @@ const kj::byte* frame_reader::take_chunk(const ring_link& link, const char* op, 
   }
 }
 
-void frame_reader::take_hello(const ring_link& link, std::uint32_t version, std::uint32_t size) {
-  const ring_peer& from = link.peer(side_);
+hello_fields frame_reader::take_hello() {
   try {
     auto got = reader_->getRoot<wire::Hello>();
-    if (got.getMagic() != hello_magic) {
-      throw peer_error(from.rank, "the peer that connected as " + from.name + " does not speak troupe's protocol");
-    }
-    if (got.getVersion() != version) {
-      throw peer_error(from.rank, from.name + " speaks protocol version " + std::to_string(got.getVersion()) +
-                                      ", this worker " + std::to_string(version));
-    }
-    if (got.getRank() != static_cast<std::uint32_t>(from.rank) || got.getSize() != size) {
-      throw peer_error(from.rank, "expected " + from.name + " of " + std::to_string(size) + " ranks, got rank " +
-                                      std::to_string(got.getRank()) + " of " + std::to_string(got.getSize()));
-    }
+    hello_fields h;
+    h.magic = got.getMagic();
+    h.version = got.getVersion();
+    h.rank = got.getRank();
+    h.size = got.getSize();
+    auto nonce = got.getNonce();
+    auto proof = got.getProof();
+    h.nonce.assign(nonce.begin(), nonce.end());
+    h.proof.assign(proof.begin(), proof.end());
+    return h;
   } catch (const kj::Exception& e) {
-    throw peer_error(from.rank, "malformed hello from " + from.name + ": " + e.getDescription().cStr());
+    throw std::runtime_error(std::string("malformed hello: ") + e.getDescription().cStr());
   }
 }
 

@@ -52,7 +52,8 @@ wire::ScalarType to_wire(base::scalar_type t);
 /// What a chunk frame says about the collective it belongs to.
 struct frame_header {
   wire::Collective kind = wire::Collective::ALL_REDUCE;
-  std::uint64_t sequence = 0;
+  std::uint64_t step = 0;      // the training step (the runtime's count of Strategy::run calls)
+  std::uint64_t sequence = 0;  // the collective's number within its step
   std::uint32_t index = 0;  // all-reduce: the chunk; all-gather: the block's rank
   std::uint32_t root = 0;   // broadcast: the root; all-reduce block: the rank whose block it is
   std::uint64_t total = 0;  // broadcast: the buffer's bytes; all-gather, all-reduce block: the block's
@@ -68,7 +69,17 @@ struct chunk_frame {
   std::size_t bytes = 0;
 };
 
-/// For error messages: "a broadcast of 1000 bytes from root 2 (operation 7)".
+/// A hello's fields (schema/frame.capnp), unchecked.
+struct hello_fields {
+  std::uint32_t magic = 0;
+  std::uint32_t version = 0;
+  std::uint32_t rank = 0;
+  std::uint32_t size = 0;
+  std::vector<std::uint8_t> nonce;
+  std::vector<std::uint8_t> proof;
+};
+
+/// For error messages: "a broadcast of 1000 bytes from root 2 (step 3, collective 7)".
 std::string describe(const frame_header& h);
 
 /// One frame going out on one side: the segment table and the message's segments, gathered as the
@@ -83,8 +94,9 @@ class frame_writer {
 
   /// Starts a chunk frame with `f.bytes` bytes at `data`, which must stay put until done().
   void start_chunk(const chunk_frame& f, const void* data);
-  /// Starts a hello.
-  void start_hello(std::uint32_t version, std::uint32_t rank, std::uint32_t size);
+  /// Starts a hello with `nonce` and `proof` (either may be empty).
+  void start_hello(std::uint32_t version, std::uint32_t rank, std::uint32_t size, const std::vector<std::uint8_t>& nonce,
+                   const std::vector<std::uint8_t>& proof);
   /// Nothing to send this time.
   void skip() { next_ = iov_.size(); }
   bool done() const { return next_ >= iov_.size(); }
@@ -127,8 +139,8 @@ class frame_reader {
   /// this rank in errors) and returns its `want.bytes` bytes, read in place: valid until the next
   /// start(). Null when `want.bytes` is 0.
   const kj::byte* take_chunk(const ring_link& link, const char* op, int self, const chunk_frame& want);
-  /// Checks the hello just received: troupe's magic, `version`, and the sender's rank and size.
-  void take_hello(const ring_link& link, std::uint32_t version, std::uint32_t size);
+  /// The hello just received, as the sender wrote it; a malformed one is std::runtime_error.
+  hello_fields take_hello();
 
  private:
   enum class stage { head, table, body, complete };

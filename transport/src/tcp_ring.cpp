@@ -46,7 +46,8 @@ struct tcp_ring::impl {
   std::unique_ptr<ring_link> link;  // null with one rank
   frames::frame_pump pump;          // over *link
   std::atomic<bool> shut_down{false};  // by shutdown(), from another thread
-  std::uint64_t sequence = 0;
+  std::uint64_t step = 0;      // begin_step's
+  std::uint64_t sequence = 0;  // collectives run in this step
   std::vector<capnp::word> blocks;  // small all-reduce: the other ranks' buffers, word-aligned
 
   frames::spin_policy spin() const { return {options.spin, options.yield_while_spinning}; }
@@ -75,6 +76,7 @@ struct tcp_ring::impl {
   // ring, then every rank adds all of them in rank order.
   void small_all_reduce(int self, int size, char* data, std::int64_t count, scalar_type type, reduce_kind op,
                         std::uint64_t seq, const deadline& until) {
+    const std::uint64_t at_step = step;
     const std::size_t nbytes = static_cast<std::size_t>(count) * scalar_size(type);
     const std::size_t stride_words = (nbytes + sizeof(capnp::word) - 1) / sizeof(capnp::word);
     const std::size_t words = static_cast<std::size_t>(size) * stride_words;
@@ -85,7 +87,7 @@ struct tcp_ring::impl {
       return reinterpret_cast<char*>(blocks.data() + static_cast<std::size_t>(owner) * stride_words);
     };
     auto frame_of = [&](int owner) {
-      return chunk_frame{frame_header{wire::Collective::ALL_REDUCE_BLOCK, seq, 0, static_cast<std::uint32_t>(owner), nbytes},
+      return chunk_frame{frame_header{wire::Collective::ALL_REDUCE_BLOCK, at_step, seq, 0, static_cast<std::uint32_t>(owner), nbytes},
                          frames::to_wire(type), 0, static_cast<std::uint64_t>(count), nbytes};
     };
     const std::size_t limit_words = segment_limit_words();
@@ -128,7 +130,7 @@ tcp_ring::tcp_ring(int rank, int size, listener& own, const std::vector<endpoint
                                 std::to_string(peers.size()) + " peer addresses");
   }
   const tcp_ring_options o = checked(options);
-  impl_ = std::make_unique<impl>(connect_ring(rank, size, own, peers, o.timeout, protocol_version), o);
+  impl_ = std::make_unique<impl>(connect_ring(rank, size, own, peers, o.timeout, protocol_version, o.auth), o);
 }
 
 tcp_ring::tcp_ring(int rank, int size, std::unique_ptr<ring_link> link, const tcp_ring_options& options)
@@ -151,6 +153,13 @@ void tcp_ring::shutdown() {
   if (impl_->link) impl_->link->shutdown();
 }
 
+void tcp_ring::begin_step(std::uint64_t step) {
+  impl_->step = step;
+  impl_->sequence = 0;
+}
+
+std::uint64_t tcp_ring::step() const noexcept { return impl_->step; }
+
 void tcp_ring::set_spin(std::chrono::microseconds spin, bool yield) {
   impl_->options.spin = spin;
   impl_->options.yield_while_spinning = yield;
@@ -170,7 +179,7 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
 
   // The frame of elements [b, e) of chunk c.
   auto frame_of = [&](int c, std::int64_t b, std::int64_t e) {
-    return chunk_frame{frame_header{wire::Collective::ALL_REDUCE, seq, static_cast<std::uint32_t>(c), 0, 0}, wire_type,
+    return chunk_frame{frame_header{wire::Collective::ALL_REDUCE, s.step, seq, static_cast<std::uint32_t>(c), 0, 0}, wire_type,
                        static_cast<std::uint64_t>(b), static_cast<std::uint64_t>(e - b),
                        static_cast<std::size_t>(e - b) * esize};
   };
@@ -255,7 +264,7 @@ void tcp_ring::broadcast(void* data, std::size_t bytes, int root) {
   auto* buf = static_cast<char*>(data);
   const deadline until(s.options.timeout);
   const std::size_t segment = s.options.segment_bytes;
-  const frame_header segment_header{wire::Collective::BROADCAST, s.sequence++, 0, static_cast<std::uint32_t>(root),
+  const frame_header segment_header{wire::Collective::BROADCAST, s.step, s.sequence++, 0, static_cast<std::uint32_t>(root),
                                     bytes};
   frame_header close_header = segment_header;
   close_header.kind = wire::Collective::BROADCAST_CLOSE;
@@ -340,7 +349,7 @@ void tcp_ring::all_gather(const void* mine, std::size_t my_bytes, void* out,
   // checks its size.
   auto frame_of = [&](std::size_t block, std::size_t j) {
     const std::size_t n = segment_size(j, bytes_per_rank[block], segment);
-    return chunk_frame{frame_header{wire::Collective::ALL_GATHER, seq, static_cast<std::uint32_t>(block), 0,
+    return chunk_frame{frame_header{wire::Collective::ALL_GATHER, s.step, seq, static_cast<std::uint32_t>(block), 0,
                                     bytes_per_rank[block]},
                        wire::ScalarType::UINT8, segment_begin(j, segment), n, n};
   };

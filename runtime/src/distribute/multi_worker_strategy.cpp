@@ -1,5 +1,9 @@
 #include "troupe/distribute/multi_worker_strategy.hpp"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -39,6 +43,31 @@ std::pair<std::string, std::uint16_t> split_address(const std::string& address, 
   return {host, static_cast<std::uint16_t>(port)};
 }
 
+// The IPv4 address the ring's listener binds: the one this task's cluster address names, so that
+// the port is not open on interfaces the cluster does not use. A name is resolved here; it falls
+// back to every interface ("0.0.0.0") when the resolver gives no address of this task's own
+// (mpirun: the others learn this host's name at rendezvous and may reach it on any interface),
+// when the name does not resolve to IPv4 here (the ring then reports the peers' view), and when a
+// host name other than "localhost" resolves to loopback (Debian maps its own name to 127.0.1.1,
+// which no other host reaches). Strangers on any interface are refused by the ring's proof.
+std::string listen_address(const std::string& host) {
+  if (host.empty()) return "0.0.0.0";
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return "0.0.0.0";
+  char text[INET_ADDRSTRLEN] = {};
+  const auto* addr = reinterpret_cast<const sockaddr_in*>(found->ai_addr);
+  const bool loopback = (ntohl(addr->sin_addr.s_addr) >> 24) == 127;
+  inet_ntop(AF_INET, &addr->sin_addr, text, sizeof text);
+  freeaddrinfo(found);
+  in_addr literal{};
+  const bool is_literal = inet_pton(AF_INET, host.c_str(), &literal) == 1;
+  if (loopback && !is_literal && host != "localhost") return "0.0.0.0";
+  return text;
+}
+
 // Task names of the training tasks in rank order: the chief first, then the workers.
 std::vector<std::string> training_tasks(const ClusterSpec& spec) {
   std::vector<std::string> tasks;
@@ -60,6 +89,12 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
                       bytes_per_pack) {}
 
   detail::WorkerGroup& workers() const override { return *workers_; }
+
+  // One step per run on every worker: its number travels in every frame of the ring.
+  void execute(Strategy& strategy, const std::function<void(int)>& fn) override {
+    workers_->begin_step();
+    MirroredBackend::execute(strategy, fn);
+  }
 
  protected:
   // GPU replicas meet every worker's through NCCL; CPU replicas locally, then over the TCP ring.
@@ -118,14 +153,16 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   // Where the others reach this worker's data plane: its own cluster address, or its host name
   // when the resolver learns addresses at rendezvous (mpirun).
   const std::string own = resolver.task_address();
+  std::string bind_host;
   if (own.empty() || own == ClusterSpec::pending_address) {
     char name[256] = {};
     gethostname(name, sizeof name - 1);
     ro.data_host = name;
   } else {
     ro.data_host = split_address(own, "this task's").first;
+    bind_host = ro.data_host;
   }
-  auto listener = std::make_unique<transport::listener>("0.0.0.0", 0);
+  auto listener = std::make_unique<transport::listener>(listen_address(bind_host), 0);
   ro.data_port = listener->port();
   ro.token = settings.cluster_token;
   ro.timeout = settings.start_timeout;
@@ -141,8 +178,12 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   std::vector<transport::endpoint> peers;
   for (const auto& m : members) peers.push_back({m.data_host, m.data_port});
   std::unique_ptr<transport::tcp_ring> ring;
+  transport::tcp_ring_options ring_options;
+  ring_options.timeout = ro.timeout;
+  // Every ring connection proves the cluster token and this start's incarnation, both ways.
+  ring_options.auth = {settings.cluster_token, members[0].incarnation};
   try {
-    ring = std::make_unique<transport::tcp_ring>(rank, workers, *listener, peers, ro.timeout);
+    ring = std::make_unique<transport::tcp_ring>(rank, workers, *listener, peers, ring_options);
   } catch (const transport::peer_error& e) {
     throw std::runtime_error("MultiWorkerMirroredStrategy: " + detail::describe_collective_failure(e, members, *failures));
   }

@@ -96,6 +96,10 @@ class RingWorkerGroup final : public WorkerGroup {
   Tensor broadcast_from_chief(const Tensor& value) override;
   Tensor concat(const Tensor& local, int axis) override;
 
+  /// A training step begins (Strategy::run, on every worker): the ring's frames carry its number
+  /// from now on, so that a worker that skipped, added or reordered a collective fails on every
+  /// worker instead of adding values of different steps.
+  void begin_step() { ring_->begin_step(++steps_); }
   /// Sums a host tensor over the workers in place (the tensor must not be shared).
   void all_reduce_in_place(Tensor& t);
   /// The members, in rank order.
@@ -109,6 +113,7 @@ class RingWorkerGroup final : public WorkerGroup {
   std::unique_ptr<transport::listener> listener_;
   std::unique_ptr<transport::tcp_ring> ring_;
   std::shared_ptr<WorkerFailures> failures_;
+  std::uint64_t steps_ = 0;  // Strategy::run calls so far
   std::unique_ptr<actors::cluster_watch> watch_;  // declared last: destroyed first
 };
 

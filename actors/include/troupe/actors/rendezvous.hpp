@@ -22,6 +22,9 @@ struct member {
   std::uint16_t data_port = 0;
   int devices = 0;         ///< local replicas
   std::string collective_id;  ///< the chief's: what its GPU collectives are joined by (hex); else empty
+  /// The chief's: this start of the cluster, 32 random hex digits (a new value every start); else
+  /// empty. Every data-plane connection proves it (transport::ring_auth).
+  std::string incarnation;
 };
 
 /// What one worker brings to the rendezvous.
@@ -35,7 +38,7 @@ struct rendezvous_options {
   std::uint16_t data_port = 0;
   std::string token;                  ///< the shared cluster token (TROUPE_CLUSTER_TOKEN); may be empty
   std::chrono::milliseconds timeout{60000};  ///< the start deadline: every worker joined by then
-  std::uint32_t version = 3;          ///< protocol version; every worker must agree
+  std::uint32_t version = 4;          ///< protocol version; every worker must agree (4: incarnation)
   /// The chief's only: an id every worker needs to join its GPU collectives (the ncclUniqueId, as
   /// hex), handed to all of them with the peer table. Hex digits only.
   std::string collective_id;
@@ -62,7 +65,7 @@ void add_rendezvous_types(caf::actor_system_config& config);
 ///      local device count and data-plane endpoint.
 ///   3. The chief checks each join (version, token proof, device count equal to its own, a rank
 ///      that is free) and, once every worker has joined, sends all of them the peer table (with
-///      its collective_id in its own entry).
+///      its collective_id and this start's random incarnation in its own entry).
 ///   4. A bad join, or the timeout with workers still missing, fails every worker with the same
 ///      error naming the culprit (the missing tasks by name).
 ///   5. Every worker checks the table it received (check_peer_table) before using it.

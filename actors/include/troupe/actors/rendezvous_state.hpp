@@ -36,6 +36,7 @@ struct rendezvous_error {
 struct rendezvous_limits {
   static constexpr std::size_t max_host_chars = 255;           ///< a DNS name's limit
   static constexpr std::size_t max_collective_id_chars = 1024; ///< hex; an ncclUniqueId is 256
+  static constexpr std::size_t incarnation_chars = 32;         ///< hex: 128 random bits
   static constexpr std::size_t max_workers = 65536;
 };
 
@@ -128,6 +129,10 @@ class rendezvous_state {
 /// collective ids within rendezvous_limits, every device count equal to its own, a collective id
 /// (hex) only in the chief's entry, and its own entry as it sent it. A table from the network is
 /// never used unchecked.
+/// A fresh incarnation: incarnation_chars random hex digits (std::runtime_error when the system
+/// has no randomness). The chief's rendezvous_state makes one.
+std::string new_incarnation();
+
 std::optional<rendezvous_error> check_peer_table(const rendezvous_options& options, const std::vector<member>& table);
 
 /// Checks a worker's own rendezvous options before anything travels: tasks present, rank,

@@ -72,7 +72,8 @@ enum class frame_kind : std::uint16_t { all_reduce = 0, broadcast = 1, all_gathe
 /// uint8 4).
 struct chunk_fields {
   frame_kind kind = frame_kind::all_reduce;
-  std::uint64_t sequence = 0;
+  std::uint64_t step = 0;      ///< tcp_ring::begin_step's
+  std::uint64_t sequence = 0;  ///< the collective's number within its step
   std::uint32_t index = 0;
   std::uint16_t type = 0;
   std::uint64_t count = 0;
@@ -86,5 +87,21 @@ struct chunk_fields {
 std::optional<chunk_fields> decode_chunk_frame(const std::vector<unsigned char>& frame);
 /// A chunk frame with `fields`, framed as the ring's writer frames it.
 std::vector<unsigned char> encode_chunk_frame(const chunk_fields& fields);
+
+/// A hello's fields (schema/frame.capnp), for test programs that speak the ring's setup as a
+/// stranger would: an old version, a forged rank, a replayed proof.
+struct hello_frame_fields {
+  std::uint32_t magic = 0x74727570;  ///< "trup"
+  std::uint32_t version = 0;
+  std::uint32_t rank = 0;
+  std::uint32_t size = 0;
+  std::vector<unsigned char> nonce;
+  std::vector<unsigned char> proof;
+};
+
+/// A hello framed as the ring's writer frames it.
+std::vector<unsigned char> encode_hello_frame(const hello_frame_fields& fields);
+/// The hello in `frame` (segment table and segments); nothing when it is not one.
+std::optional<hello_frame_fields> decode_hello_frame(const std::vector<unsigned char>& frame);
 
 }  // namespace troupe::transport

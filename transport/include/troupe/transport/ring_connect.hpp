@@ -10,6 +10,17 @@
 
 namespace troupe::transport {
 
+/// What every ring connection proves, both ways, before a frame is trusted.
+struct ring_auth {
+  /// The cluster token (TROUPE_CLUSTER_TOKEN); never sent. Empty: the proof still binds the
+  /// incarnation, which keeps out strangers who do not know it, but not those who can learn it
+  /// (anyone who can join an untokened rendezvous).
+  std::string token;
+  /// This start of the cluster: the chief's random value, handed out by the rendezvous with the
+  /// peer table. A hello made for another incarnation fails the proof.
+  std::string incarnation;
+};
+
 /// A listening TCP socket (IPv4, SO_REUSEADDR); port 0 picks a free one. `host` is an IPv4
 /// address ("0.0.0.0": every interface); anything else is std::invalid_argument.
 class listener {
@@ -24,8 +35,6 @@ class listener {
   int fd() const noexcept { return fd_; }
 
  private:
-  friend std::unique_ptr<ring_link> connect_ring(int, int, listener&, const std::vector<endpoint>&,
-                                                 std::chrono::milliseconds, std::uint32_t);
   struct impl;  // the Boost.Asio acceptor
   std::unique_ptr<impl> impl_;
   int fd_ = -1;
@@ -35,15 +44,29 @@ class listener {
 /// Forms `rank`'s two connections of a ring of `size` over TCP, all within `timeout` (0: no bound):
 ///  1. connects to peers[rank+1], retrying while nobody listens there yet (each attempt bounded
 ///     too: a host that drops SYNs would otherwise hold connect() for minutes);
-///  2. accepts on `own` until a connection comes (a connection reset before it is accepted is
-///     skipped);
-///  3. sends a hello to the successor (troupe's magic, `version`, rank, size) and checks the one
-///     from the predecessor: a stranger, another version, or another rank or ring size is a
-///     peer_error naming the peer expected there.
+///  2. meanwhile accepts every connection that comes to `own` and runs the proof with each at
+///     once, until one proves to be rank-1; the others are refused;
+///  3. the proof, three hellos (troupe's magic, `version`, the sender's rank and the ring size in
+///     each):
+///     a. the connecting rank c sends a fresh 16-byte nonce Nc;
+///     b. the accepting rank a checks the hello (version, c == a-1, size) and answers with its own
+///        fresh nonce Na and P_a = HMAC-SHA256(token, "accepting" | version | incarnation | size |
+///        c | a | Nc | Na);
+///     c. c checks P_a and answers with P_c, the same over "connecting"; a checks it.
+///     Each side's nonce makes the other's proof fresh: a hello recorded from another connection
+///     or another incarnation of the cluster fails, and the two sides' proofs differ, so neither
+///     can be reflected back. The token itself never travels.
+/// A connection to `own` that fails the proof (a stranger, another version, a replayed hello,
+/// bytes that are no hello, a wrong rank) is refused and logged on stderr with its remote
+/// address, one line, and the ring goes on waiting for rank-1 until the deadline; one that says
+/// nothing is closed, and logged, once the ring is formed. A stranger is never named as a rank.
+/// When the listener at peers[rank+1] fails the proof, the connection is logged, dropped and tried
+/// again until the deadline.
 /// Both sockets come back non-blocking with Nagle off (a ring step's last segment must not wait
-/// for an ACK). A peer that is not there in time is a peer_error naming it. With one rank there is
-/// nothing to connect: null.
+/// for an ACK). A peer that is not there or has not proven itself in time is a peer_error naming
+/// it. With one rank there is nothing to connect: null.
 std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const std::vector<endpoint>& peers,
-                                        std::chrono::milliseconds timeout, std::uint32_t version);
+                                        std::chrono::milliseconds timeout, std::uint32_t version,
+                                        const ring_auth& auth = {});
 
 }  // namespace troupe::transport

@@ -40,6 +40,8 @@ struct tcp_ring_options {
   /// Give the CPU away between polls, for ranks that share too few cores (the rank being waited
   /// for needs the CPU).
   bool yield_while_spinning = false;
+  /// What every connection proves at setup (the cluster token and incarnation; ring_connect.hpp).
+  ring_auth auth;
 };
 
 /// Ring collectives between `size` processes over TCP: rank r connects to rank r+1 and accepts
@@ -49,8 +51,10 @@ struct tcp_ring_options {
 /// (tcp_ring_options::segment_bytes, 1 MiB by default), so a rank receives the next segment while
 /// it handles (adds, copies, forwards) the last one.
 ///
-/// Connection setup is connect_ring's (ring_connect.hpp): the connections, then a hello each way
-/// that checks the protocol version, rank and size. The collectives run over a ring_link: the
+/// Connection setup is connect_ring's (ring_connect.hpp): the connections, then three hellos that
+/// check the protocol version, rank and size and prove the cluster token and incarnation both
+/// ways (tcp_ring_options::auth); a stranger on the listening port is refused and logged, never
+/// taken for a rank. The collectives run over a ring_link: the
 /// connected sockets' native handles with sendmsg/read and a busy-poll before poll(), tuned for
 /// latency, or memory_ring's in-process double in tests. Frames are written and read in one place
 /// (ring_frames), and the index arithmetic shared by every algorithm is ring_index's.
@@ -95,8 +99,10 @@ struct tcp_ring_options {
 /// empty frame, so that every rank checks every block's size.
 ///
 /// Every rank must call the same collectives in the same order with the same sizes; each frame
-/// carries the operation's number, kind, root and sizes, and a peer whose frame disagrees is a
-/// peer_error naming it and both views.
+/// carries the step (begin_step's), the collective's number within that step, its kind, root and
+/// sizes, and a peer whose frame disagrees is a peer_error naming it and both views: a rank that
+/// skipped, added or reordered a collective is named with both steps and both numbers, and no
+/// value of one step is ever added to another's.
 ///
 /// Peer bytes are untrusted: sizes are checked before anything is allocated, Cap'n Proto traversal
 /// limits are set per frame, every field of a frame (collective, operation, chunk or block, type,
@@ -105,9 +111,9 @@ struct tcp_ring_options {
 /// transit. Every wait is bounded by `timeout` (0: no bound).
 class tcp_ring {
  public:
-  /// Connects to peers[rank+1], accepts rank-1 on `own` and checks its hello, all within `timeout`
-  /// (0: no bound); a peer that is not there in time is a peer_error naming it. The other options
-  /// keep their defaults.
+  /// Connects to peers[rank+1], accepts rank-1 on `own` and runs the proof both ways with an empty
+  /// token and incarnation, all within `timeout` (0: no bound); a peer that is not there in time is
+  /// a peer_error naming it. The other options keep their defaults.
   tcp_ring(int rank, int size, listener& own, const std::vector<endpoint>& peers, std::chrono::milliseconds timeout);
   /// The same with every option given; `options.timeout` bounds the setup and later waits.
   tcp_ring(int rank, int size, listener& own, const std::vector<endpoint>& peers, const tcp_ring_options& options);
@@ -133,6 +139,13 @@ class tcp_ring {
   /// for needs the CPU).
   void set_spin(std::chrono::microseconds spin, bool yield = false);
 
+  /// Starts training step `step`: later frames carry it, and collectives are numbered from 0 again
+  /// (the runtime calls it once per Strategy::run on every rank; collectives before the first
+  /// call are step 0). Only between collectives.
+  void begin_step(std::uint64_t step);
+  /// The step begun last (0 before any).
+  std::uint64_t step() const noexcept;
+
   /// Shuts both connections down: a collective in progress, here or on the neighbours, fails at
   /// once. Safe to call from another thread; the ring is unusable afterwards.
   void shutdown();
@@ -156,9 +169,11 @@ class tcp_ring {
   /// ways around the ring (ceil((size-1)/2) steps); larger ones run the reduce-scatter ring.
   static constexpr std::size_t small_all_reduce_bytes = 64 * 1024;
 
+  /// Version 5: every connection proves the cluster token both ways (three hellos with nonces and
+  /// HMAC proofs, ring_connect.hpp); every frame carries its step and its number within the step.
   /// Version 4: small all-reduce blocks (allReduceBlock frames, also sent to the predecessor).
   /// Version 3: broadcast and all-gather frames (a collective kind, root and total per frame).
-  static constexpr std::uint32_t protocol_version = 4;
+  static constexpr std::uint32_t protocol_version = 5;
 
  private:
   struct impl;
