@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "env.hpp"
 #include "distribute/hierarchical_collectives.hpp"
 #include "distribute/worker_group.hpp"
 #include "distribute/mirrored_backend.hpp"
@@ -76,6 +77,7 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
 std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runtime, const CommunicationOptions& options,
                                                                    const ClusterResolver& resolver,
                                                                    const MultiWorkerOptions& settings) {
+  troupe::detail::check_multi_worker_options(options, settings);
   const bool nccl = options.implementation == CommunicationImplementation::nccl;
   const int gpus = Runtime::gpu_count();
   if (nccl && gpus == 0) {
