@@ -310,6 +310,36 @@ TEST_CASE("TF_CONFIG with duplicate addresses, missing ports or bad ports is rej
   CHECK(contains(cluster_error(R"({"worker": ["pending", "w:1"]})"), "address 'pending' of worker 0 has no port"));
 }
 
+TEST_CASE("a host with a NUL character is refused, in TF_CONFIG and in a cluster spec") {
+  CHECK(cluster_error(R"({"worker": ["local\u0000host:2222"]})") ==
+        "TF_CONFIG: address 'local\\0host:2222' of worker 0 has a NUL character at byte 5");
+  CHECK(message_of([] {
+          ClusterSpec(ClusterSpec::JobMap{{"worker", {std::string("w0\0evil:2222", 12)}}});
+        }) == "ClusterSpec: address 'w0\\0evil:2222' of worker 0 has a NUL character at byte 2");
+  ClusterSpec spec(ClusterSpec::JobMap{{"worker", {"w0:1", std::string(ClusterSpec::pending_address)}}});
+  CHECK(message_of([&] { spec.set_task_address("worker", 1, std::string("w1\0:2", 5)); }) ==
+        "ClusterSpec::set_task_address: address 'w1\\0:2' of worker 1 has a NUL character at byte 2");
+  CHECK(contains(cluster_error(R"({"worker": ["local\u0001host:2222"]})"),
+                 "has an invalid character in its host 'local\\x01host'"));
+}
+
+TEST_CASE("a huge host name is refused and echoed once, cut short") {
+  const std::string host(120'000, 'h');
+  const std::string msg = cluster_error(R"({"worker": [")" + host + R"(:2222"]})");
+  CHECK(msg == "TF_CONFIG: address '" + std::string(64, 'h') +
+                   "...' (120005 bytes) of worker 0 has a host of 120000 bytes (at most 255)");
+  CHECK(msg.size() < 200);
+  // A host of 255 bytes is still a host.
+  CHECK_NOTHROW(ClusterSpec(ClusterSpec::JobMap{{"worker", {std::string(255, 'h') + ":2222"}}}));
+  // Every echo of user text is bounded: a long job name, task type, or port.
+  CHECK(cluster_error(R"({")" + std::string(100'000, 'j') + R"(": ["h:1"]})") ==
+        "TF_CONFIG: job '" + std::string(64, 'j') + "...' (100000 bytes) is unknown (expected chief, worker or "
+        "evaluator)");
+  CHECK(cluster_error(R"({"worker": ["h:)" + std::string(50'000, '7') + R"("]})") ==
+        "TF_CONFIG: port '" + std::string(64, '7') + "...' (50000 bytes) in address 'h:" + std::string(62, '7') +
+            "...' (50002 bytes) of worker 0 is outside 1..65535");
+}
+
 // --- SimpleClusterResolver ---
 
 TEST_CASE("simple resolver returns the spec, task and accelerators it was given") {
