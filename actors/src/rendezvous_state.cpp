@@ -8,7 +8,8 @@
 namespace troupe::actors {
 namespace {
 
-using base::quoted;  // peer text is echoed quoted, escaped and cut short
+// Peer text is echoed through base::quoted: quoted, escaped and cut short.
+std::string quoted(const std::string& s) { return base::quoted(s); }
 
 bool is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
