@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs troupe's build dependencies from Debian's packages. Idempotent: quiet and fast when
-# everything is already there. Usage: tools/install-deps.sh [--bench]  (--bench adds Gloo, a peer
-# that bench/ compares against; OpenMPI, the other peer, is always installed: the tests use mpirun).
+# everything is already there. Usage: tools/install-deps.sh [--bench] [--fuzz]  (--bench adds Gloo, a
+# peer that bench/ compares against; OpenMPI, the other peer, is always installed: the tests use
+# mpirun. --fuzz adds clang and its libFuzzer/sanitizer runtimes, for bench/fuzz.sh).
 set -euo pipefail
 
 packages=(
@@ -11,9 +12,13 @@ packages=(
   doctest-dev libeigen3-dev libbenchmark-dev nlohmann-json3-dev
   openmpi-bin libopenmpi-dev  # the tests start workers with mpirun (MpiClusterResolver)
 )
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(libgloo-dev)
-fi
+for arg in "$@"; do
+  case "$arg" in
+    --bench) packages+=(libgloo-dev) ;;
+    --fuzz) packages+=(clang libclang-rt-dev) ;;  # libclang-rt-dev: Debian's default clang's runtimes
+    *) echo "install-deps.sh: unknown option $arg (expected --bench or --fuzz)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do
