@@ -240,6 +240,18 @@ TEST_CASE("TF_CONFIG that is not JSON is rejected quoting the parser's position"
   CHECK_THROWS_AS(TFConfigClusterResolver("{"), std::invalid_argument);
 }
 
+TEST_CASE("TF_CONFIG with a number beyond a double is rejected as invalid JSON, not a stray json exception") {
+  // Found by fuzz/tf_config_fuzz: nlohmann's parser throws out_of_range, not parse_error, here.
+  const std::string m = tf_config_error(R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1e999}})");
+  CHECK(m == std::string("TF_CONFIG: not valid JSON (number overflow parsing '1e999'); expected e.g. ") +
+                 R"({"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}})");
+  CHECK_THROWS_AS(TFConfigClusterResolver("3e388888888888888888888"), std::invalid_argument);
+  // The parser quotes the offending token; a huge one is cut short.
+  const std::string huge = tf_config_error("1" + std::string(100'000, '0') + "e999999");
+  CHECK(contains(huge, "TF_CONFIG: not valid JSON (number overflow parsing '100000"));
+  CHECK(huge.size() < 400);
+}
+
 TEST_CASE("TF_CONFIG without a well-formed cluster is rejected naming the value") {
   CHECK(contains(tf_config_error(R"({"task": {"type": "worker", "index": 0}})"), R"(has no "cluster")"));
   CHECK(contains(cluster_error(R"(["a:1"])"), R"("cluster" must be an object mapping job names)"));

@@ -385,13 +385,17 @@ TFConfigClusterResolver::TFConfigClusterResolver(const std::string& tf_config_js
   json config;
   try {
     config = json::parse(tf_config_json);
-  } catch (const json::parse_error& e) {
-    // what() is "[json.exception.parse_error.101] parse error at line 1, column 3: ..."; keep the part
-    // after the tag, which gives the position and what the parser expected.
+  } catch (const json::exception& e) {
+    // A parse_error, or an out_of_range for a number beyond a double (1e999). what() is
+    // "[json.exception.parse_error.101] parse error at line 1, column 3: ..."; keep the part after
+    // the tag, which gives the position and what the parser expected, cut short: it quotes the
+    // offending token, which may be the whole input.
     std::string detail = e.what();
     if (auto tag_end = detail.find("] "); detail.rfind("[json.exception", 0) == 0 && tag_end != std::string::npos) {
       detail = detail.substr(tag_end + 2);
     }
+    constexpr std::size_t max_detail = 200;
+    if (detail.size() > max_detail) detail = detail.substr(0, max_detail) + "...";
     fail(ctx, "not valid JSON (" + detail + "); expected e.g. " + tf_config_example);
   }
   if (!config.is_object())
