@@ -65,14 +65,7 @@ const std::string& scratch_path() {
   return path;
 }
 
-void remove_scratch() { std::remove(scratch_path().c_str()); }
-
 }  // namespace
-
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  std::atexit(remove_scratch);
-  return 0;
-}
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
@@ -101,5 +94,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const fmt::checkpoint_file_error& e) {
     troupe::fuzz::check_message(e.what());
   }
+  // Removed every time: libFuzzer ends its run without running atexit handlers.
+  std::remove(path.c_str());
   return 0;
 }
