@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs troupe's build dependencies from Debian's packages. Idempotent: quiet and fast when
-# everything is already there. Usage: tools/install-deps.sh [--bench]  (--bench adds the peers
-# that bench/ compares against: Gloo, and TensorFlow 2.21 from PyPI for training_bench.sh
+# everything is already there. Usage: tools/install-deps.sh [--bench] [--fuzz]  (--bench adds the
+# peers that bench/ compares against: Gloo, and TensorFlow 2.21 from PyPI for training_bench.sh
 # --side-by-side, in a virtual environment at $TROUPE_BENCH_VENV, default /opt/troupe-bench, unless
 # the python3 on PATH imports tensorflow already; OpenMPI, the other peer, is always installed:
-# the tests use mpirun).
+# the tests use mpirun. --fuzz adds clang and its libFuzzer/sanitizer runtimes, for bench/fuzz.sh).
 set -euo pipefail
 
 packages=(
@@ -14,9 +14,14 @@ packages=(
   doctest-dev libeigen3-dev libbenchmark-dev nlohmann-json3-dev
   openmpi-bin libopenmpi-dev  # the tests start workers with mpirun (MpiClusterResolver)
 )
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(libgloo-dev python3-venv)
-fi
+bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) packages+=(libgloo-dev python3-venv); bench=1 ;;
+    --fuzz) packages+=(clang libclang-rt-dev) ;;  # libclang-rt-dev: Debian's default clang's runtimes
+    *) echo "install-deps.sh: unknown option $arg (expected --bench or --fuzz)" >&2; exit 2 ;;
+  esac
+done
 
 # TensorFlow, the peer of training_bench.sh --side-by-side (PyPI's tensorflow-cpu; Debian has none).
 install_tensorflow() {
@@ -35,7 +40,7 @@ for p in "${packages[@]}"; do
   fi
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
-  if [[ "${1:-}" == "--bench" ]]; then install_tensorflow; fi
+  if [[ $bench == 1 ]]; then install_tensorflow; fi
   exit 0
 fi
 
@@ -45,4 +50,4 @@ if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-if [[ "${1:-}" == "--bench" ]]; then install_tensorflow; fi
+if [[ $bench == 1 ]]; then install_tensorflow; fi

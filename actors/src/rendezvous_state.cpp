@@ -3,10 +3,13 @@
 #include <stdexcept>
 #include <utility>
 
+#include "troupe/base/quote.hpp"
+
 namespace troupe::actors {
 namespace {
 
-std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+// Peer text is echoed through base::quoted: quoted, escaped and cut short.
+std::string quoted(const std::string& s) { return base::quoted(s); }
 
 bool is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
@@ -80,6 +83,10 @@ std::optional<rendezvous_error> rendezvous_state::join(const join_request& r) {
     return fail(rendezvous_errc::bad_join, who + " sent a data-plane host of " + std::to_string(r.data_host.size()) +
                                                " characters (expected 1.." +
                                                std::to_string(rendezvous_limits::max_host_chars) + ")");
+  }
+  if (base::has_nul(r.data_host)) {
+    return fail(rendezvous_errc::bad_join, who + " sent the data-plane host " + quoted(r.data_host) +
+                                               ", which has a NUL character");
   }
   members_[rank] = member{r.rank, who, r.data_host, r.data_port, r.devices, {}, {}};
   joined_[rank] = true;
@@ -178,6 +185,9 @@ std::optional<rendezvous_error> check_peer_table(const rendezvous_options& optio
     if (m.data_host.empty() || m.data_host.size() > rendezvous_limits::max_host_chars) {
       return bad(named + " has a data-plane host of " + std::to_string(m.data_host.size()) +
                  " characters (expected 1.." + std::to_string(rendezvous_limits::max_host_chars) + ")");
+    }
+    if (base::has_nul(m.data_host)) {
+      return bad(named + " has the data-plane host " + quoted(m.data_host) + ", which has a NUL character");
     }
     if (m.devices != options.devices) {
       return bad(named + " has " + std::to_string(m.devices) + " devices, this worker " +

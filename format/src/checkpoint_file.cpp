@@ -18,6 +18,7 @@
 #include <unordered_set>
 
 #include "checkpoint.capnp.h"
+#include "troupe/base/quote.hpp"
 
 namespace troupe::format {
 
@@ -188,13 +189,23 @@ bool from_wire(wire::ElementType t, scalar_type& out) {
 }
 
 // Element count x element size, or false when a dimension is negative or the product overflows.
+// A zero dimension makes any shape empty ([0, 2^40, 2^40] is 0 bytes); the element count must
+// also fit the int64 a Tensor counts in.
 bool byte_size_of(const std::vector<std::int64_t>& shape, scalar_type t, std::uint64_t& out) {
-  std::uint64_t n = 1;
+  bool empty = false;
   for (std::int64_t d : shape) {
     if (d < 0) return false;
-    if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) return false;
+    empty = empty || d == 0;
   }
-  return !__builtin_mul_overflow(n, static_cast<std::uint64_t>(scalar_size(t)), &out);
+  if (empty) {
+    out = 0;
+    return true;
+  }
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) return false;
+  }
+  return !__builtin_mul_overflow(static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(scalar_size(t)), &out);
 }
 
 // Closes a file descriptor on every path out.
@@ -246,24 +257,22 @@ void check_input(const std::string& path, const std::vector<checkpoint_tensor>& 
   std::unordered_set<std::string> names;
   for (const checkpoint_tensor& t : tensors) {
     if (t.name.find('\0') != std::string::npos) {
-      std::string shown;
-      for (char c : t.name) shown += c == '\0' ? std::string("\\0") : std::string(1, c);
-      throw std::invalid_argument(who + ": tensor name '" + shown + "' contains a NUL character");
+      throw std::invalid_argument(who + ": tensor name " + base::quoted(t.name) + " contains a NUL character");
     }
     if (!names.insert(t.name).second) {
-      throw std::invalid_argument(who + ": two tensors are named '" + t.name + "'");
+      throw std::invalid_argument(who + ": two tensors are named " + base::quoted(t.name));
     }
     std::uint64_t expected = 0;
     if (!byte_size_of(t.shape, t.type, expected)) {
-      throw std::invalid_argument(who + ": tensor '" + t.name + "' has an invalid shape " + shape_text(t.shape));
+      throw std::invalid_argument(who + ": tensor " + base::quoted(t.name) + " has an invalid shape " + shape_text(t.shape));
     }
     if (expected != t.nbytes) {
-      throw std::invalid_argument(who + ": tensor '" + t.name + "' has " + std::to_string(t.nbytes) + " bytes, a " +
+      throw std::invalid_argument(who + ": tensor " + base::quoted(t.name) + " has " + std::to_string(t.nbytes) + " bytes, a " +
                                   scalar_name(t.type) + " tensor of shape " + shape_text(t.shape) + " has " +
                                   std::to_string(expected));
     }
     if (t.nbytes > 0 && t.data == nullptr) {
-      throw std::invalid_argument(who + ": tensor '" + t.name + "' has no data");
+      throw std::invalid_argument(who + ": tensor " + base::quoted(t.name) + " has no data");
     }
   }
 }
@@ -572,7 +581,7 @@ class checkpoint_reader {
     for (const auto t : list) {
       checkpoint_entry e;
       e.name = std::string(t.getName().cStr(), t.getName().size());
-      const std::string tensor = "tensor '" + e.name + "'";
+      const std::string tensor = "tensor " + base::quoted(e.name);
       if (!from_wire(t.getElementType(), e.type)) {
         fail(tensor + " has unknown element type " + std::to_string(static_cast<unsigned>(t.getElementType())));
       }

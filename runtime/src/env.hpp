@@ -5,12 +5,27 @@
 // options.
 
 #include "troupe/log.hpp"
+namespace troupe {
+struct RuntimeOptions;
+namespace distribute {
+struct CommunicationOptions;
+struct MultiWorkerOptions;
+}  // namespace distribute
+}  // namespace troupe
 
 namespace troupe::detail {
 
 /// The integer in environment variable `name`, or `fallback` when it is unset or empty; a value
 /// that is not a number in min..max throws std::invalid_argument naming the variable.
 int env_int(const char* name, int fallback, int min, int max);
+
+/// Refuses a RuntimeOptions field outside its range (a negative timeout, say) with
+/// std::invalid_argument naming the field, its value and the range.
+void check_runtime_options(const RuntimeOptions& options);
+
+/// The same for the settings of a multi-worker strategy.
+void check_multi_worker_options(const distribute::CommunicationOptions& options,
+                                const distribute::MultiWorkerOptions& settings);
 
 /// TROUPE_FORCE_CPU=1: GPUs are hidden from troupe.
 bool force_cpu_from_environment();

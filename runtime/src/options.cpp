@@ -6,6 +6,7 @@
 #include <string>
 
 #include "env.hpp"
+#include "troupe/base/quote.hpp"
 #include "troupe/distribute/multi_worker_strategy.hpp"
 #include "troupe/log.hpp"
 #include "troupe/runtime.hpp"
@@ -19,11 +20,61 @@ int env_int(const char* name, int fallback, int min, int max) {
   char* end = nullptr;
   errno = 0;
   long x = std::strtol(v, &end, 10);
-  if (errno != 0 || end == v || *end != '\0' || x < min || x > max) {
-    throw std::invalid_argument(std::string(name) + "=\"" + v + "\" is not a number in " + std::to_string(min) +
-                                ".." + std::to_string(max));
+  const std::string range = std::to_string(min) + ".." + std::to_string(max);
+  if (errno != 0 || end == v || *end != '\0') {
+    throw std::invalid_argument(std::string(name) + "=" + base::quoted(v) + " is not a number in " + range);
+  }
+  if (x < min || x > max) {
+    throw std::invalid_argument(std::string(name) + "=" + std::to_string(x) + " is outside " + range +
+                                (x < 0 ? " (a negative value is never valid)" : ""));
   }
   return static_cast<int>(x);
+}
+
+namespace {
+
+[[noreturn]] void bad_setting(const std::string& owner, const std::string& field, long long value,
+                              const std::string& unit, const std::string& expected) {
+  throw std::invalid_argument(owner + ": " + field + " is " + std::to_string(value) + unit + " (expected " + expected +
+                              ")");
+}
+
+}  // namespace
+
+void check_runtime_options(const RuntimeOptions& o) {
+  // -1 (0 for scheduler_threads) takes the environment's value; nothing else below it means anything.
+  if (o.scheduler_threads < 0 || o.scheduler_threads > 1024) {
+    bad_setting("RuntimeOptions", "scheduler_threads", o.scheduler_threads, "",
+                "0 for TROUPE_SCHEDULER_THREADS, or 1..1024");
+  }
+  if (o.spin_us < -1 || o.spin_us > 10'000'000) {
+    bad_setting("RuntimeOptions", "spin_us", o.spin_us, " us", "-1 for TROUPE_SPIN_US, or 0..10000000");
+  }
+  if (o.collective_timeout_ms < -1 || o.collective_timeout_ms > 86'400'000) {
+    bad_setting("RuntimeOptions", "collective_timeout_ms", o.collective_timeout_ms, " ms",
+                "-1 for TROUPE_COLLECTIVE_TIMEOUT_MS, 0 for no bound, or 1..86400000");
+  }
+}
+
+void check_multi_worker_options(const distribute::CommunicationOptions& options,
+                                const distribute::MultiWorkerOptions& settings) {
+  if (options.timeout.count() < 0 || options.timeout.count() > 86'400'000) {
+    bad_setting("CommunicationOptions", "timeout", options.timeout.count(), " ms",
+                "0 for RuntimeOptions::collective_timeout_ms, or 1..86400000");
+  }
+  if (settings.start_timeout.count() < 1 || settings.start_timeout.count() > 86'400'000) {
+    bad_setting("MultiWorkerOptions", "start_timeout", settings.start_timeout.count(), " ms", "1..86400000");
+  }
+  if (settings.heartbeat_interval.count() < 10 || settings.heartbeat_interval.count() > 600'000) {
+    bad_setting("MultiWorkerOptions", "heartbeat_interval", settings.heartbeat_interval.count(), " ms", "10..600000");
+  }
+  if (settings.missed_heartbeats < 1 || settings.missed_heartbeats > 1000) {
+    bad_setting("MultiWorkerOptions", "missed_heartbeats", settings.missed_heartbeats, "", "1..1000");
+  }
+  if (settings.devices_per_worker < 0 || settings.devices_per_worker > 1024) {
+    bad_setting("MultiWorkerOptions", "devices_per_worker", settings.devices_per_worker, "",
+                "0 for the default, or 1..1024");
+  }
 }
 
 bool force_cpu_from_environment() {

@@ -3,6 +3,7 @@
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "cpu/kernels.hpp"
+#include "env.hpp"
 #include "gpu_probe.hpp"
 #include "middleman.hpp"
 #include "troupe/actors/rendezvous.hpp"
@@ -31,6 +32,7 @@ struct Runtime::Impl {
   Impl(caf::actor_system& sys) : options(RuntimeOptions::from_environment()), system(&sys) { detail::cpu::announce(); }
 
   static RuntimeOptions resolve(RuntimeOptions o) {
+    detail::check_runtime_options(o);
     RuntimeOptions env = RuntimeOptions::from_environment();
     if (o.scheduler_threads <= 0) o.scheduler_threads = env.scheduler_threads;
     if (o.spin_us < 0) o.spin_us = env.spin_us;

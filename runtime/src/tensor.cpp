@@ -21,10 +21,19 @@ std::size_t dtype_size(DType dtype) { return base::scalar_size(detail::to_scalar
 std::string shape_to_string(const Shape& shape) { return base::shape_string(shape); }
 
 std::int64_t shape_num_elements(const Shape& shape) {
-  std::int64_t n = 1;
+  bool empty = false;
   for (std::int64_t d : shape) {
     if (d < 0) throw std::invalid_argument("shape " + shape_to_string(shape) + " has a negative dimension");
-    n *= d;
+    empty = empty || d == 0;
+  }
+  if (empty) return 0;  // [0, 2^40, 2^40] is a valid empty shape
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) {
+      throw std::invalid_argument("shape " + shape_to_string(shape) +
+                                  " has too many elements (its product overflows 64 bits; at most " +
+                                  std::to_string(std::numeric_limits<std::int64_t>::max()) + ")");
+    }
   }
   return n;
 }
@@ -232,12 +241,18 @@ Tensor::Tensor(std::shared_ptr<detail::Storage> storage, Shape shape, DType dtyp
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   const std::int64_t n = shape_num_elements(shape);
+  std::size_t nbytes = 0;
+  if (__builtin_mul_overflow(static_cast<std::size_t>(n), dtype_size(dtype), &nbytes) ||
+      nbytes > static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max())) {
+    throw std::invalid_argument("Tensor of shape " + shape_to_string(shape) + " and dtype " +
+                                std::string(dtype_name(dtype)) + ": " + std::to_string(n) +
+                                " elements need more bytes than an address space holds");
+  }
   if (device.is_gpu() && !detail::gpu::built_with_cuda()) {
     throw std::invalid_argument("Tensor on " + device.to_string() +
                                 ": this build of troupe has no GPU support (it was built without CUDA)");
   }
-  return Tensor(detail::allocate_storage(static_cast<std::size_t>(n) * dtype_size(dtype), device), std::move(shape),
-                dtype, std::move(device));
+  return Tensor(detail::allocate_storage(nbytes, device), std::move(shape), dtype, std::move(device));
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
@@ -291,7 +306,8 @@ Tensor Tensor::range(std::int64_t n, DType dtype) {
 
 Tensor Tensor::from_bytes(const void* data, std::size_t nbytes, DType dtype, Shape shape) {
   const std::int64_t n = shape_num_elements(shape);
-  if (static_cast<std::size_t>(n) * dtype_size(dtype) != nbytes) {
+  std::size_t want = 0;
+  if (__builtin_mul_overflow(static_cast<std::size_t>(n), dtype_size(dtype), &want) || want != nbytes) {
     throw std::invalid_argument("from_vector: " + std::to_string(nbytes / dtype_size(dtype)) +
                                 " values do not fill shape " + shape_to_string(shape) + " (" + std::to_string(n) +
                                 " elements)");
@@ -304,14 +320,23 @@ Tensor Tensor::from_bytes(const void* data, std::size_t nbytes, DType dtype, Sha
 Tensor Tensor::reshape(Shape shape) const {
   int inferred = -1;
   std::int64_t known = 1;
+  bool overflow = false;
+  bool zero = false;
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1 && inferred < 0) {
       inferred = static_cast<int>(i);
     } else if (shape[i] < 0) {
       throw std::invalid_argument("reshape: bad dimension " + std::to_string(shape[i]) + " in " + shape_to_string(shape));
     } else {
-      known *= shape[i];
+      zero = zero || shape[i] == 0;
+      overflow = __builtin_mul_overflow(known, shape[i], &known) || overflow;
     }
+  }
+  if (zero) {
+    known = 0;
+  } else if (overflow) {
+    throw std::invalid_argument("reshape: shape " + shape_to_string(shape) +
+                                " has too many elements (its product overflows 64 bits)");
   }
   if (inferred >= 0) {
     if (known == 0 || num_elements_ % known != 0) {

@@ -223,6 +223,15 @@ TEST_CASE("a join with a data-plane port or host out of range fails the rendezvo
   }
 }
 
+TEST_CASE("a join whose data-plane host has a NUL fails the rendezvous, the host shown escaped") {
+  rendezvous_state s(options_for(3));
+  auto j = join_of(s, 1);
+  j.data_host = std::string("10.0.0.2\0evil", 13);
+  check_refused(s.join(j), rendezvous_errc::bad_join,
+                "rendezvous failed: " + task(1) + " sent the data-plane host '10.0.0.2\\0evil', which has a NUL "
+                "character");
+}
+
 TEST_CASE("once failed, the rendezvous answers every later join with the first error") {
   rendezvous_state s(options_for(3));
   auto bad = join_of(s, 1);
@@ -363,7 +372,7 @@ TEST_CASE("check_peer_table refuses entries out of rank order or naming other ta
   auto renamed = good_table(3);
   renamed[2].task = "/job:ps/replica:0/task:0";
   CHECK(table_error(renamed) == "rendezvous failed: the peer table from the chief " + task(0) +
-                                    " entry 2 names task \"/job:ps/replica:0/task:0\", this worker knows rank 2 as " +
+                                    " entry 2 names task '/job:ps/replica:0/task:0', this worker knows rank 2 as " +
                                     task(2) + " (the same TF_CONFIG on every worker?)");
 }
 
@@ -385,6 +394,19 @@ TEST_CASE("check_peer_table refuses ports, hosts and device counts out of range"
                                                           "every worker)") != std::string::npos);
 }
 
+TEST_CASE("check_peer_table refuses a host with a NUL and echoes a long task name cut short") {
+  auto nul = good_table(3);
+  nul[2].data_host = std::string("10.0.0.3\0", 9);
+  CHECK(table_error(nul) == "rendezvous failed: the peer table from the chief " + task(0) + " entry 2 (" + task(2) +
+                                ") has the data-plane host '10.0.0.3\\0', which has a NUL character");
+  auto long_task = good_table(3);
+  long_task[1].task = std::string(120'000, 't');
+  CHECK(table_error(long_task) == "rendezvous failed: the peer table from the chief " + task(0) +
+                                      " entry 1 names task '" + std::string(64, 't') +
+                                      "...' (120000 bytes), this worker knows rank 1 as " + task(1) +
+                                      " (the same TF_CONFIG on every worker?)");
+}
+
 TEST_CASE("check_peer_table accepts a collective id only in the chief's entry, hex and bounded") {
   auto elsewhere = good_table(3);
   elsewhere[1].collective_id = "00";
@@ -392,7 +414,7 @@ TEST_CASE("check_peer_table accepts a collective id only in the chief's entry, h
                                                             "chief's entry)") != std::string::npos);
   auto not_hex = good_table(3);
   not_hex[0].collective_id = "00|1";
-  CHECK(table_error(not_hex).find("entry 0 (" + task(0) + ") has a collective id with \"|\" at 2 (expected hex "
+  CHECK(table_error(not_hex).find("entry 0 (" + task(0) + ") has a collective id with '|' at 2 (expected hex "
                                                           "digits only)") != std::string::npos);
   auto too_long = good_table(3);
   too_long[0].collective_id = std::string(1025, 'a');
@@ -478,7 +500,7 @@ TEST_CASE("check_options accepts a worker's options and names each value out of 
                                 ": answer_margin and failure_linger are 5000 and -1 ms (expected 0 or more)");
   o = options_for(3, 0);
   o.collective_id = "12g4";
-  CHECK(options_error(o) == "rendezvous: " + task(0) + ": collective_id has \"g\" at 2 (expected hex digits only)");
+  CHECK(options_error(o) == "rendezvous: " + task(0) + ": collective_id has 'g' at 2 (expected hex digits only)");
   o.collective_id = std::string(1026, 'f');
   CHECK(options_error(o) == "rendezvous: " + task(0) +
                                 ": collective_id has 1026 characters (expected at most 1024 hex digits)");

@@ -402,3 +402,39 @@ TEST_CASE("a well-sealed file that lies is still refused: version, sizes and str
   write_bytes(bad, forged);
   CHECK(contains(error_of(bad), "checkpoint " + bad + ": malformed Cap'n Proto message:"));
 }
+
+TEST_CASE("an empty tensor whose other dimensions are huge round-trips, an overflowing shape is refused") {
+  temp_dir dir;
+  const std::string path = dir.file("e.ckpt");
+  const std::int64_t big = std::int64_t{1} << 40;
+  const std::vector<float> none;
+  write_checkpoint_file(path, 1, {tensor_of("empty", scalar_type::f32, {big, 0, big}, none)});
+  const checkpoint_contents c = read_checkpoint_file(path);
+  REQUIRE(c.find("empty") != nullptr);
+  CHECK(c.find("empty")->shape == std::vector<std::int64_t>{big, 0, big});
+  CHECK(c.find("empty")->nbytes == 0);
+
+  // A file whose shape multiplies past 64 bits: [2, 3] forged into [2, 2^62] (2^63 elements).
+  small_file().write(path);
+  std::vector<unsigned char> f = read_bytes(path);
+  put64(f.data() + find64(f, 48, metadata_end(f), 3), std::uint64_t{1} << 62);
+  reseal(f);
+  write_bytes(path, f);
+  CHECK(contains(error_of(path), "tensor 'dense/kernel' has an invalid shape [2, 4611686018427387904]"));
+}
+
+TEST_CASE("a long tensor name is echoed once, cut short") {
+  temp_dir dir;
+  const std::string path = dir.file("n.ckpt");
+  std::vector<float> v{1, 2, 3};
+  const std::string name(100'000, 'n');
+  std::string msg;
+  try {
+    write_checkpoint_file(path, 0, {tensor_of(name, scalar_type::f32, {2, 2}, v)});
+  } catch (const std::invalid_argument& e) {
+    msg = e.what();
+  }
+  CHECK(contains(msg, "tensor '" + std::string(64, 'n') +
+                          "...' (100000 bytes) has 12 bytes, a float32 tensor of shape [2, 2] has 16"));
+  CHECK(msg.size() < 300);
+}

@@ -240,6 +240,18 @@ TEST_CASE("TF_CONFIG that is not JSON is rejected quoting the parser's position"
   CHECK_THROWS_AS(TFConfigClusterResolver("{"), std::invalid_argument);
 }
 
+TEST_CASE("TF_CONFIG with a number beyond a double is rejected as invalid JSON, not a stray json exception") {
+  // Found by fuzz/tf_config_fuzz: nlohmann's parser throws out_of_range, not parse_error, here.
+  const std::string m = tf_config_error(R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1e999}})");
+  CHECK(m == std::string("TF_CONFIG: not valid JSON (number overflow parsing '1e999'); expected e.g. ") +
+                 R"({"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}})");
+  CHECK_THROWS_AS(TFConfigClusterResolver("3e388888888888888888888"), std::invalid_argument);
+  // The parser quotes the offending token; a huge one is cut short.
+  const std::string huge = tf_config_error("1" + std::string(100'000, '0') + "e999999");
+  CHECK(contains(huge, "TF_CONFIG: not valid JSON (number overflow parsing '100000"));
+  CHECK(huge.size() < 400);
+}
+
 TEST_CASE("TF_CONFIG without a well-formed cluster is rejected naming the value") {
   CHECK(contains(tf_config_error(R"({"task": {"type": "worker", "index": 0}})"), R"(has no "cluster")"));
   CHECK(contains(cluster_error(R"(["a:1"])"), R"("cluster" must be an object mapping job names)"));
@@ -308,6 +320,36 @@ TEST_CASE("TF_CONFIG with duplicate addresses, missing ports or bad ports is rej
   CHECK(contains(cluster_error(R"({"worker": ["localhost:0"]})"), "port 0 in address 'localhost:0'"));
   CHECK(contains(cluster_error(R"({"worker": ["localhost:-5"]})"), "port '-5'"));
   CHECK(contains(cluster_error(R"({"worker": ["pending", "w:1"]})"), "address 'pending' of worker 0 has no port"));
+}
+
+TEST_CASE("a host with a NUL character is refused, in TF_CONFIG and in a cluster spec") {
+  CHECK(cluster_error(R"({"worker": ["local\u0000host:2222"]})") ==
+        "TF_CONFIG: address 'local\\0host:2222' of worker 0 has a NUL character at byte 5");
+  CHECK(message_of([] {
+          ClusterSpec(ClusterSpec::JobMap{{"worker", {std::string("w0\0evil:2222", 12)}}});
+        }) == "ClusterSpec: address 'w0\\0evil:2222' of worker 0 has a NUL character at byte 2");
+  ClusterSpec spec(ClusterSpec::JobMap{{"worker", {"w0:1", std::string(ClusterSpec::pending_address)}}});
+  CHECK(message_of([&] { spec.set_task_address("worker", 1, std::string("w1\0:2", 5)); }) ==
+        "ClusterSpec::set_task_address: address 'w1\\0:2' of worker 1 has a NUL character at byte 2");
+  CHECK(contains(cluster_error(R"({"worker": ["local\u0001host:2222"]})"),
+                 "has an invalid character in its host 'local\\x01host'"));
+}
+
+TEST_CASE("a huge host name is refused and echoed once, cut short") {
+  const std::string host(120'000, 'h');
+  const std::string msg = cluster_error(R"({"worker": [")" + host + R"(:2222"]})");
+  CHECK(msg == "TF_CONFIG: address '" + std::string(64, 'h') +
+                   "...' (120005 bytes) of worker 0 has a host of 120000 bytes (at most 255)");
+  CHECK(msg.size() < 200);
+  // A host of 255 bytes is still a host.
+  CHECK_NOTHROW(ClusterSpec(ClusterSpec::JobMap{{"worker", {std::string(255, 'h') + ":2222"}}}));
+  // Every echo of user text is bounded: a long job name, task type, or port.
+  CHECK(cluster_error(R"({")" + std::string(100'000, 'j') + R"(": ["h:1"]})") ==
+        "TF_CONFIG: job '" + std::string(64, 'j') + "...' (100000 bytes) is unknown (expected chief, worker or "
+        "evaluator)");
+  CHECK(cluster_error(R"({"worker": ["h:)" + std::string(50'000, '7') + R"("]})") ==
+        "TF_CONFIG: port '" + std::string(64, '7') + "...' (50000 bytes) in address 'h:" + std::string(62, '7') +
+            "...' (50002 bytes) of worker 0 is outside 1..65535");
 }
 
 // --- SimpleClusterResolver ---

@@ -20,7 +20,7 @@ TEST_CASE("runtime options come from the TROUPE_* environment") {
   CHECK(o.scheduler_threads == 3);
   setenv("TROUPE_SPIN_US", "fast", 1);
   std::string msg = message_of([] { RuntimeOptions::from_environment(); });
-  CHECK(contains(msg, "TROUPE_SPIN_US=\"fast\""));
+  CHECK(msg == "TROUPE_SPIN_US='fast' is not a number in 0..10000000");
   CHECK_THROWS_AS(Runtime(), std::invalid_argument);
   unsetenv("TROUPE_SPIN_US");
   setenv("TROUPE_LOG_LEVEL", "loud", 1);
@@ -121,4 +121,58 @@ TEST_CASE("gpu_count is the machine's GPUs, none under TROUPE_FORCE_CPU=1, and t
   for (int g = 0; g < n; ++g) want.push_back("GPU:" + std::to_string(g));
   if (n == 0) want.push_back("CPU:0");
   CHECK(default_devices(rt) == want);
+}
+
+TEST_CASE("a negative collective timeout is refused, naming the setting") {
+  {
+    troupe::testing::scoped_env env("TROUPE_COLLECTIVE_TIMEOUT_MS", "-5");
+    CHECK(message_of([] { RuntimeOptions::from_environment(); }) ==
+          "TROUPE_COLLECTIVE_TIMEOUT_MS=-5 is outside 0..86400000 (a negative value is never valid)");
+    CHECK_THROWS_AS(Runtime(), std::invalid_argument);
+  }
+  RuntimeOptions o;
+  o.collective_timeout_ms = -5;
+  CHECK(message_of([&] { Runtime rt(o); }) ==
+        "RuntimeOptions: collective_timeout_ms is -5 ms (expected -1 for TROUPE_COLLECTIVE_TIMEOUT_MS, 0 for no "
+        "bound, or 1..86400000)");
+  o = RuntimeOptions{};
+  o.spin_us = -2;
+  CHECK(message_of([&] { Runtime rt(o); }) ==
+        "RuntimeOptions: spin_us is -2 us (expected -1 for TROUPE_SPIN_US, or 0..10000000)");
+  o = RuntimeOptions{};
+  o.scheduler_threads = -1;
+  CHECK(message_of([&] { Runtime rt(o); }) ==
+        "RuntimeOptions: scheduler_threads is -1 (expected 0 for TROUPE_SCHEDULER_THREADS, or 1..1024)");
+}
+
+TEST_CASE("negative multi-worker timeouts are refused before anything starts, naming the setting") {
+  Runtime rt(RuntimeOptions{1, 0});
+  const std::string address = "127.0.0.1:" + std::to_string(troupe::testing::free_port());
+  auto resolver =
+      std::make_shared<SimpleClusterResolver>(ClusterSpec(ClusterSpec::JobMap{{"worker", {address}}}), "worker", 0);
+  CommunicationOptions comm;
+  comm.timeout = std::chrono::milliseconds(-5);
+  CHECK(message_of([&] { MultiWorkerMirroredStrategy s(rt, comm, resolver, MultiWorkerOptions{}); }) ==
+        "CommunicationOptions: timeout is -5 ms (expected 0 for RuntimeOptions::collective_timeout_ms, or "
+        "1..86400000)");
+  CHECK_THROWS_AS(MultiWorkerMirroredStrategy(rt, comm, resolver, MultiWorkerOptions{}), std::invalid_argument);
+  MultiWorkerOptions settings;
+  settings.start_timeout = std::chrono::milliseconds(-5);
+  CHECK(message_of([&] { MultiWorkerMirroredStrategy s(rt, {}, resolver, settings); }) ==
+        "MultiWorkerOptions: start_timeout is -5 ms (expected 1..86400000)");
+  settings = MultiWorkerOptions{};
+  settings.heartbeat_interval = std::chrono::milliseconds(-5);
+  CHECK(message_of([&] { MultiWorkerMirroredStrategy s(rt, {}, resolver, settings); }) ==
+        "MultiWorkerOptions: heartbeat_interval is -5 ms (expected 10..600000)");
+  settings = MultiWorkerOptions{};
+  settings.missed_heartbeats = -1;
+  CHECK(message_of([&] { MultiWorkerMirroredStrategy s(rt, {}, resolver, settings); }) ==
+        "MultiWorkerOptions: missed_heartbeats is -1 (expected 1..1000)");
+  settings = MultiWorkerOptions{};
+  settings.devices_per_worker = -3;
+  CHECK(message_of([&] { MultiWorkerMirroredStrategy s(rt, {}, resolver, settings); }) ==
+        "MultiWorkerOptions: devices_per_worker is -3 (expected 0 for the default, or 1..1024)");
+  // Valid settings still start.
+  MultiWorkerMirroredStrategy s(rt, {}, resolver, MultiWorkerOptions{});
+  CHECK(s.num_replicas_in_sync() == 1);
 }

@@ -4,6 +4,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "test_util.hpp"
 #include "troupe/tensor.hpp"
@@ -49,6 +50,56 @@ TEST_CASE("zeros, full and range") {
   CHECK(Tensor::range(0).num_elements() == 0);
   CHECK(Tensor::range(0).to_string() == "[]");
   CHECK_THROWS_AS(Tensor::range(-1), std::invalid_argument);
+}
+
+TEST_CASE("a shape whose element count overflows 64 bits is refused wherever a tensor is made") {
+  const std::int64_t big = std::int64_t{1} << 40;
+  const std::string overflow =
+      "shape [1099511627776, 1099511627776] has too many elements (its product overflows 64 bits; at most "
+      "9223372036854775807)";
+  CHECK(message_of([&] { Tensor::zeros({big, big}); }) == overflow);
+  CHECK(message_of([&] { Tensor::empty({big, big}, DType::i32); }) == overflow);
+  CHECK(message_of([&] { Tensor::full({big, big}, 1); }) == overflow);
+  CHECK_THROWS_AS(Tensor::zeros({big, big}), std::invalid_argument);
+  CHECK(message_of([&] { shape_num_elements({big, big}); }) == overflow);
+  // 2^64 + 4 wrapped to 4 elements before.
+  const std::int64_t wraps = (std::int64_t{1} << 62) + 1;
+  CHECK(message_of([&] { Tensor::zeros({wraps, 4}); }) ==
+        "shape [4611686018427387905, 4] has too many elements (its product overflows 64 bits; at most "
+        "9223372036854775807)");
+  const std::vector<float> four{1, 2, 3, 4};
+  CHECK(message_of([&] { Tensor::from_vector<float>(four, {wraps, 4}); }) ==
+        "shape [4611686018427387905, 4] has too many elements (its product overflows 64 bits; at most "
+        "9223372036854775807)");
+}
+
+TEST_CASE("an element count that fits but whose bytes do not is refused with the dtype named") {
+  const std::int64_t n = std::int64_t{1} << 62;
+  CHECK(message_of([&] { Tensor::zeros({n}, DType::f64); }) ==
+        "Tensor of shape [4611686018427387904] and dtype float64: 4611686018427387904 elements need more bytes "
+        "than an address space holds");
+  // 2^61 float32 elements are 2^63 bytes: one more than ptrdiff_t holds.
+  CHECK_THROWS_AS(Tensor::zeros({std::int64_t{1} << 61}, DType::f32), std::invalid_argument);
+}
+
+TEST_CASE("a shape with a zero dimension is empty however large the others are") {
+  const std::int64_t big = std::int64_t{1} << 40;
+  CHECK(shape_num_elements({big, big, 0}) == 0);
+  Tensor t = Tensor::zeros({0, big, big});
+  CHECK(t.num_elements() == 0);
+  CHECK(t.nbytes() == 0);
+  CHECK(t.reshape({big, 0, big}).num_elements() == 0);
+}
+
+TEST_CASE("reshape refuses a target shape whose element count overflows") {
+  const std::int64_t big = std::int64_t{1} << 40;
+  Tensor t = Tensor::range(4, DType::i32);
+  CHECK(message_of([&] { t.reshape({big, big}); }) ==
+        "reshape: shape [1099511627776, 1099511627776] has too many elements (its product overflows 64 bits)");
+  CHECK(message_of([&] { t.reshape({(std::int64_t{1} << 62) + 1, 4}); }) ==
+        "reshape: shape [4611686018427387905, 4] has too many elements (its product overflows 64 bits)");
+  CHECK(message_of([&] { t.reshape({big, big, -1}); }) ==
+        "reshape: shape [1099511627776, 1099511627776, -1] has too many elements (its product overflows 64 bits)");
 }
 
 TEST_CASE("reshape shares storage and checks the element count") {

@@ -172,7 +172,7 @@ void frame_reader::advance(const ring_link& link) {
   segments_.clear();
   std::size_t offset = 0;
   for (std::uint32_t i = 0; i < count; ++i) {
-    segments_.push_back(kj::arrayPtr(words_.data() + offset, table_[i + 1]));
+    segments_.push_back(kj::arrayPtr(reinterpret_cast<const capnp::word*>(words_.data()) + offset, table_[i + 1]));
     offset += table_[i + 1];
   }
   capnp::ReaderOptions options;

@@ -152,7 +152,7 @@ class frame_reader {
   std::size_t have_ = 0;
   std::size_t need_ = 0;
   std::vector<std::uint32_t> table_;
-  std::vector<capnp::word> words_;
+  std::vector<std::uint64_t> words_;  // the body, as words (capnp::word is not movable under clang)
   std::vector<kj::ArrayPtr<const capnp::word>> segments_;
   std::optional<capnp::SegmentArrayMessageReader> reader_;
 };

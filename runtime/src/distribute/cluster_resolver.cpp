@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "troupe/base/quote.hpp"
 #include "troupe/runtime.hpp"
 
 namespace troupe::distribute {
@@ -29,7 +30,11 @@ constexpr std::size_t max_hosts = 1 << 20;
   throw std::invalid_argument(std::string(context) + ": " + what);
 }
 
-std::string in_quotes(std::string_view s) { return "'" + std::string(s) + "'"; }
+// Quoted, control bytes escaped and cut short: what users and peers wrote is echoed, never flooded.
+std::string in_quotes(std::string_view s) { return base::quoted(s); }
+
+// A host name longer than this is refused (DNS names have at most 253 characters).
+constexpr std::size_t max_host_bytes = 255;
 
 // A JSON value for an error message, shortened so a huge TF_CONFIG does not flood the log.
 std::string shown(const json& value) {
@@ -67,6 +72,14 @@ void check_address(const std::string& address, const std::string& job, std::size
   }
   const std::string host = address.substr(0, colon);
   const std::string port = address.substr(colon + 1);
+  if (const auto nul = address.find('\0'); nul != std::string::npos) {
+    // C resolvers would stop at the NUL and reach another host than the one written.
+    fail(context, "address " + in_quotes(address) + where + " has a NUL character at byte " + std::to_string(nul));
+  }
+  if (host.size() > max_host_bytes) {
+    fail(context, "address " + in_quotes(address) + where + " has a host of " + std::to_string(host.size()) +
+                      " bytes (at most " + std::to_string(max_host_bytes) + ")");
+  }
   if (host.empty()) fail(context, "address " + in_quotes(address) + where + " has no host (expected \"host:port\")");
   if (host.front() == '[') {
     if (host.size() < 3 || host.back() != ']') {
@@ -75,10 +88,10 @@ void check_address(const std::string& address, const std::string& job, std::size
     }
   } else if (host.find(':') != std::string::npos) {
     fail(context, "address " + in_quotes(address) + where + " looks like an IPv6 address without brackets (write \"[" +
-                      host + "]:" + port + "\")");
+                      host + "]:" + port.substr(0, 16) + "\")");
   }
   for (char c : host) {
-    if (c == ' ' || c == '\t' || c == '\n' || c == '/' || c == ',') {
+    if (c == ' ' || c == '/' || c == ',' || static_cast<unsigned char>(c) < 0x20 || c == '\x7f') {
       fail(context,
            "address " + in_quotes(address) + where + " has an invalid character in its host " + in_quotes(host));
     }
@@ -89,7 +102,8 @@ void check_address(const std::string& address, const std::string& job, std::size
   }
   const auto value = parse_count(port, 1'000'000);
   if (!value || *value < 1 || *value > 65535) {
-    fail(context, "port " + port + " in address " + in_quotes(address) + where + " is outside 1..65535");
+    fail(context, "port " + (port.size() <= 16 ? port : in_quotes(port)) + " in address " + in_quotes(address) +
+                      where + " is outside 1..65535");
   }
 }
 
@@ -371,13 +385,17 @@ TFConfigClusterResolver::TFConfigClusterResolver(const std::string& tf_config_js
   json config;
   try {
     config = json::parse(tf_config_json);
-  } catch (const json::parse_error& e) {
-    // what() is "[json.exception.parse_error.101] parse error at line 1, column 3: ..."; keep the part
-    // after the tag, which gives the position and what the parser expected.
+  } catch (const json::exception& e) {
+    // A parse_error, or an out_of_range for a number beyond a double (1e999). what() is
+    // "[json.exception.parse_error.101] parse error at line 1, column 3: ..."; keep the part after
+    // the tag, which gives the position and what the parser expected, cut short: it quotes the
+    // offending token, which may be the whole input.
     std::string detail = e.what();
     if (auto tag_end = detail.find("] "); detail.rfind("[json.exception", 0) == 0 && tag_end != std::string::npos) {
       detail = detail.substr(tag_end + 2);
     }
+    constexpr std::size_t max_detail = 200;
+    if (detail.size() > max_detail) detail = detail.substr(0, max_detail) + "...";
     fail(ctx, "not valid JSON (" + detail + "); expected e.g. " + tf_config_example);
   }
   if (!config.is_object())

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "env.hpp"
 #include "distribute/hierarchical_collectives.hpp"
 #include "middleman.hpp"
 #include "distribute/worker_group.hpp"
@@ -113,6 +114,7 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
                                                                    const ClusterResolver& resolver,
                                                                    const MultiWorkerOptions& settings) {
   troupe::detail::require_middleman(runtime, "MultiWorkerMirroredStrategy");
+  troupe::detail::check_multi_worker_options(options, settings);
   const bool nccl = options.implementation == CommunicationImplementation::nccl;
   const int gpus = Runtime::gpu_count();
   if (nccl && gpus == 0) {

@@ -162,8 +162,18 @@ Tensor RingWorkerGroup::concat(const Tensor& t_in, int axis) {
     base::check_agree("gather across workers", troupe::detail::sent(me, t),
                       base::sent_tensor{who, static_cast<base::scalar_type>(r[0] - 1), shape}, axis,
                       "; only the size of axis " + std::to_string(axis) + " may differ");
-    offsets[static_cast<std::size_t>(w) + 1] =
-        offsets[static_cast<std::size_t>(w)] + shape_num_elements(shapes[static_cast<std::size_t>(w)]);
+    // The sizes came from a peer: their product, and the running total, are checked for overflow.
+    std::int64_t n = 0;
+    try {
+      n = shape_num_elements(shape);
+    } catch (const std::invalid_argument&) {
+      throw std::runtime_error("gather across workers: " + who + " sent shape " + shape_to_string(shape) +
+                               ", whose element count overflows 64 bits");
+    }
+    if (__builtin_add_overflow(offsets[static_cast<std::size_t>(w)], n, &offsets[static_cast<std::size_t>(w) + 1])) {
+      throw std::runtime_error("gather across workers: with " + who + "'s shape " + shape_to_string(shape) +
+                               " the workers' tensors have more elements together than 64 bits count");
+    }
   }
   std::vector<std::size_t> bytes(static_cast<std::size_t>(workers));
   for (std::size_t w = 0; w < bytes.size(); ++w) {
