@@ -79,6 +79,10 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
       [=](bye_atom, std::int32_t rank) { self->state.rules->on_bye(rank); },
       [=](check_atom, std::chrono::milliseconds interval) {
         for (const auto& v : self->state.rules->check(rendezvous_state::clock::now())) fan_out(v);
+        // The chief's heartbeat to every watcher, which declares it gone when these stop.
+        for (const auto& w : self->state.watchers) {
+          if (w) self->send(w, alive_atom::value);
+        }
         self->delayed_send(self, interval, check_atom::value, interval);
       },
       [=](tick_atom, std::chrono::milliseconds interval) {
@@ -131,12 +135,16 @@ std::string describe(caf::actor_system& system, const caf::error& e) {
 
 struct heartbeat_state {
   bool reported = false;
+  std::chrono::steady_clock::time_point heard;  // the chief's last sign of life
 };
 
-// A worker's side of the watch: beats to the chief's agent, reports the verdicts.
+// A worker's side of the watch: beats to the chief's agent, reports the verdicts, and watches the
+// chief as the chief watches it: an agent silent for more than `missed` intervals (a stopped or
+// hung chief keeps its connections open, so no down message would ever come) is declared gone.
 caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor agent, std::int32_t rank,
-                        std::chrono::milliseconds interval, std::string chief,
+                        std::chrono::milliseconds interval, int missed, std::string chief,
                         std::function<void(int, const std::string&)> on_failure) {
+  self->state.heard = std::chrono::steady_clock::now();
   auto report = [=](int r, const std::string& reason) {
     if (self->state.reported) return;
     self->state.reported = true;
@@ -157,6 +165,16 @@ caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor a
       [=](tick_atom, std::chrono::milliseconds every) {
         self->send(agent, beat_atom::value, rank, caf::actor_cast<caf::actor>(self));
         self->delayed_send(self, every, tick_atom::value, every);
+        const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                                  self->state.heard);
+        if (silent > missed * every) {
+          report(0, chief + " (the chief) sent no heartbeat for " + std::to_string(silent.count()) +
+                        " ms (hung, stopped or unreachable)");
+        }
+      },
+      [=](alive_atom) {
+        // Only the agent's own word counts: a stranger's cannot hide a stopped chief.
+        if (caf::actor_cast<caf::actor_addr>(self->current_sender()) == agent.address()) self->state.heard = std::chrono::steady_clock::now();
       },
       [=](gone_atom, std::int32_t r, const std::string& reason) { report(r, reason); },
   };
@@ -328,7 +346,7 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
   w->rank = options.rank;
   if (w->chief) caf::anon_send(agent, tick_atom::value, heartbeat_interval);
   w->beat = system.spawn(heartbeat, agent, static_cast<std::int32_t>(options.rank), heartbeat_interval,
-                         options.tasks[0], std::move(on_failure));
+                         options.missed_heartbeats, options.tasks[0], std::move(on_failure));
   watch = std::make_unique<cluster_watch>(std::move(w));
   return members;
 }

@@ -240,10 +240,12 @@ int main(int argc, char** argv) {
       std::cout << "FAIL the collective with a dead worker returned\n";
       rc = 1;
     } else if (mode == "hang") {
-      // Worker 1 stops (as a hung process would) after the first collective; the others must
-      // fail within CommunicationOptions::timeout (MW_TIMEOUT_MS) and exit.
+      // Worker MW_STOPPING_TASK (1 unless set) stops (as a hung process would) after the first
+      // collective; the others must fail (by MW_TIMEOUT_MS, or the cluster watch) and exit.
+      const char* stopping = std::getenv("MW_STOPPING_TASK");
+      const int victim = stopping != nullptr ? std::atoi(stopping) : 1;
       s.run([] { get_replica_context()->all_reduce(ReduceOp::sum, Tensor::zeros({100})); });
-      if (s.cluster_resolver()->task_id() == 1) {
+      if (s.cluster_resolver()->task_id() == victim) {
         std::cout << "stopping" << std::endl;
         raise(SIGSTOP);
       }

@@ -107,7 +107,38 @@ expect_cluster() {
   done
 }
 
+now_ms() { date +%s%3N; }
+
+# stops_under_defaults N VICTIM: N workers with default settings; task VICTIM stops itself with
+# SIGSTOP after the first collective. Every other task must name it and exit 3 within 5 s of the
+# stop; then the stopped one is killed.
+stops_under_defaults() {
+  local n="$1" victim="$2"
+  for i in $(seq 0 $((n - 1))); do declare -g "W${i}_ENV=MW_STOPPING_TASK=$victim"; done
+  start_cluster "$n" hang
+  local stopped=""
+  for _ in $(seq 1 600); do
+    grep -q "^stopping" "$dir/out$victim" 2>/dev/null && { stopped=$(now_ms); break; }
+    sleep 0.05
+  done
+  [ -n "$stopped" ] || fail "task $victim never reached its stop"
+  for i in $(seq 0 $((n - 1))); do
+    [ "$i" = "$victim" ] && continue
+    wait "${pids[$i]}"; echo $? > "$dir/rc$i"
+    local took=$(( $(now_ms) - stopped ))
+    [ "$took" -lt 5000 ] || fail "task $i took $took ms to notice the stopped task $victim (bound: 5000)"
+  done
+  kill -9 "${pids[$victim]}" 2>/dev/null; wait "${pids[$victim]}" 2>/dev/null
+  for i in $(seq 0 $((n - 1))); do
+    [ "$i" = "$victim" ] && continue
+    [ "$(cat "$dir/rc$i")" = "3" ] || fail "task $i exited $(cat "$dir/rc$i"), expected 3"
+    grep -q "task:$victim.*sent no heartbeat" "$dir/out$i" || fail "task $i did not name the stopped task $victim"
+  done
+}
+
 case "$scenario" in
+  chief-stops) stops_under_defaults 3 0 ;;
+  worker-stops-defaults) stops_under_defaults 3 1 ;;
   collectives-2x1) start_cluster 2 collectives; wait_all 2; expect_cluster 2 2 ;;
   collectives-3x1) start_cluster 3 collectives; wait_all 3; expect_cluster 3 3 ;;
   collectives-4x1) start_cluster 4 collectives; wait_all 4; expect_cluster 4 4 ;;

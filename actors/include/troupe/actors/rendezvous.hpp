@@ -74,7 +74,10 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
 /// Liveness after the rendezvous: every worker's heartbeat actor beats to the chief's agent every
 /// `interval`; the chief declares a worker gone when it has been silent for more than
 /// options.missed_heartbeats intervals (hung, stopped, or unreachable) or its connection closed,
-/// and tells every worker; a worker whose connection to the chief closes declares the chief gone.
+/// and tells every worker. The watch runs both ways: the chief's agent beats to every worker's
+/// heartbeat actor every `interval` too, and a worker declares the chief gone when the agent has
+/// been silent for more than options.missed_heartbeats intervals (a stopped chief keeps its
+/// connections open) or its connection to the chief closed.
 /// on_failure(rank, reason) runs once per worker process, on an actor thread. A worker that
 /// leaves cleanly says goodbye first, so it is not declared gone. Destroying the watch stops the
 /// actors.
