@@ -10,6 +10,8 @@
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
+#include "caf/openssl/all.hpp"
+#include "control_tls.hpp"
 #include "protocol.hpp"
 #include "troupe/actors/rendezvous_state.hpp"
 
@@ -182,8 +184,19 @@ caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor a
 
 }  // namespace
 
+// The chief's agent stops listening (through the OpenSSL module's middleman when it published
+// there).
+void unpublish(caf::actor_system& system, const caf::actor& agent, std::uint16_t port, bool tls) {
+  if (tls) {
+    caf::anon_send(system.openssl_manager().actor_handle(), caf::unpublish_atom::value, agent.address(), port);
+  } else {
+    system.middleman().unpublish(agent, port);
+  }
+}
+
 struct cluster_watch::impl {
   caf::actor_system* system = nullptr;
+  std::unique_ptr<control_credentials> credentials;  // kept while the chief's agent listens
   caf::actor agent;      // the chief's agent (kept published on the chief)
   bool chief = false;
   std::uint16_t port = 0;
@@ -198,7 +211,7 @@ cluster_watch::~cluster_watch() {
   if (s.agent) caf::anon_send(s.agent, bye_atom::value, s.rank);
   if (s.beat) caf::anon_send_exit(s.beat, caf::exit_reason::user_shutdown);
   if (s.chief && s.agent) {
-    s.system->middleman().unpublish(s.agent, s.port);
+    unpublish(*s.system, s.agent, s.port, s.credentials != nullptr);
     caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
   }
 }
@@ -265,17 +278,26 @@ std::vector<member> table_from(const rendezvous_options& options, answer a) {
 
 // The rendezvous; with `keep` set, the chief's agent stays published (and the worker keeps its
 // handle) for a cluster_watch.
-std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_options& options, caf::actor* keep) {
+std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_options& options, caf::actor* keep,
+                                    std::unique_ptr<control_credentials>& credentials) {
   check_options(options);
   if (!knows_rendezvous_types(system)) {
     throw std::invalid_argument(
         "rendezvous: this actor system was built without troupe's message types: call "
         "troupe::Runtime::configure(config) on its config before constructing it");
   }
+  // With a token, every control connection is mutual TLS from credentials the token derives
+  // (control_tls.hpp); without one, plain BASP, for clusters on loopback only.
+  const bool tls = !options.token.empty();
+  if (tls) {
+    credentials = std::make_unique<control_credentials>(options.token);
+    credentials->install(system);
+  }
   caf::scoped_actor self{system};
   if (options.rank == 0) {
     auto agent = system.spawn(cluster_agent, options);
-    auto published = system.middleman().publish(agent, options.chief_port, options.chief_host.c_str(), true);
+    auto published = tls ? caf::openssl::publish(agent, options.chief_port, options.chief_host.c_str(), true)
+                         : system.middleman().publish(agent, options.chief_port, options.chief_host.c_str(), true);
     if (!published) {
       caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
       throw std::runtime_error("rendezvous: the chief cannot listen on " + options.chief_host + ":" +
@@ -292,7 +314,7 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
       *keep = agent;
     } else {
       self->send_exit(agent, caf::exit_reason::user_shutdown);
-      system.middleman().unpublish(agent, *published);
+      unpublish(system, agent, *published, tls);
     }
     return table_from(options, std::move(a));
   }
@@ -300,12 +322,17 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
   caf::actor agent;
   std::string last_error;
   while (!agent) {
-    auto found = system.middleman().remote_actor(options.chief_host, options.chief_port);
+    auto found = tls ? caf::openssl::remote_actor(system, options.chief_host, options.chief_port)
+                     : system.middleman().remote_actor(options.chief_host, options.chief_port);
     if (found) {
       agent = *found;
       break;
     }
     last_error = system.render(found.error());
+    if (tls) {
+      last_error += " (a TLS handshake the chief refuses looks the same: the same TROUPE_CLUSTER_TOKEN on every "
+                    "worker?)";
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
       throw std::runtime_error("rendezvous failed: could not reach the chief " + options.tasks[0] + " at " +
                                options.chief_host + ":" + std::to_string(options.chief_port) + " within " +
@@ -329,7 +356,8 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
 }  // namespace
 
 std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options) {
-  return rendezvous_impl(system, options, nullptr);
+  std::unique_ptr<control_credentials> credentials;
+  return rendezvous_impl(system, options, nullptr, credentials);
 }
 
 std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options,
@@ -337,8 +365,8 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
                                std::function<void(int, const std::string&)> on_failure,
                                std::unique_ptr<cluster_watch>& watch) {
   caf::actor agent;
-  auto members = rendezvous_impl(system, options, &agent);
   auto w = std::make_unique<cluster_watch::impl>();
+  auto members = rendezvous_impl(system, options, &agent, w->credentials);
   w->system = &system;
   w->agent = agent;
   w->chief = options.rank == 0;

@@ -2,6 +2,7 @@
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
+#include "caf/openssl/manager.hpp"
 #include "gpu_probe.hpp"
 #include "troupe/actors/rendezvous.hpp"
 
@@ -37,6 +38,7 @@ Runtime::~Runtime() = default;
 
 void Runtime::configure(caf::actor_system_config& config) {
   config.load<caf::io::middleman>();  // multi-worker rendezvous goes through it
+  config.load<caf::openssl::manager>();  // and, with a cluster token, through mutual TLS
   actors::add_rendezvous_types(config);
 }
 

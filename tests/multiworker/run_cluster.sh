@@ -34,6 +34,8 @@ start_cluster() {
     env TF_CONFIG="{\"cluster\": {\"worker\": [$list]}, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
         ${!extra_var:-} timeout 60 "$worker" "$mode" > "$dir/out$i" 2>&1 &
     pids+=($!)
+    # AFTER_CHIEF: a command run once the first worker (the chief) started, before the others.
+    if [ "$i" = 0 ] && [ -n "${AFTER_CHIEF:-}" ]; then eval "$AFTER_CHIEF"; fi
   done
 }
 
@@ -176,8 +178,44 @@ case "$scenario" in
     for i in 0 1 2 3; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2"; done
     start_cluster 4 collectives; wait_all 4; expect_cluster 4 8 ;;
   bad-token)
-    W0_ENV="TROUPE_CLUSTER_TOKEN=secret" W1_ENV="TROUPE_CLUSTER_TOKEN=guess" start_cluster 2 join
-    wait_all 2; expect_all 2 3 "/job:worker/replica:0/task:1 failed the cluster token check" ;;
+    # A worker with another token fails the TLS handshake: it cannot abort the start, it is only
+    # missing (the chief names it at its deadline), and it names the token as the likely cause.
+    W0_ENV="TROUPE_CLUSTER_TOKEN=secret TROUPE_START_TIMEOUT_MS=3000"
+    W1_ENV="TROUPE_CLUSTER_TOKEN=guess TROUPE_START_TIMEOUT_MS=3000"
+    start_cluster 2 join; wait_all 2
+    expect_all 1 3 "still missing after 3000 ms: /job:worker/replica:0/task:1"
+    [ "$(cat "$dir/rc1")" = 3 ] || fail "worker 1 exited $(cat "$dir/rc1"), expected 3"
+    grep -q "could not reach the chief.*TROUPE_CLUSTER_TOKEN" "$dir/out1" || fail "worker 1 did not name the token" ;;
+  stranger-basp-header|stranger-bad-token)
+    # A stranger attacks the chief's rendezvous port while a cluster with a token forms: the
+    # cluster forms and computes right, and the chief's resident memory stays small.
+    for i in 0 1 2; do declare "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$"; done
+    # The stranger strikes between the chief's start and the others'.
+    attack() {
+      if [ "$scenario" = stranger-basp-header ]; then
+        "$(dirname "$0")/attacker.py" basp-header 127.0.0.1 "${ports[0]}" 3 > "$dir/attacker" 2>&1 &
+      else
+        "$(dirname "$0")/attacker.py" bad-token 127.0.0.1 "${ports[0]}" > "$dir/attacker" 2>&1 &
+      fi
+      attacker=$!
+      for _ in $(seq 1 300); do grep -q "attacker: sent" "$dir/attacker" 2>/dev/null && break; sleep 0.02; done
+    }
+    AFTER_CHIEF=attack start_cluster 3 collectives
+    pids+=("$attacker")
+    peak_kb=0
+    while kill -0 "${pids[0]}" 2>/dev/null; do
+      kb=$(awk '/^VmHWM:/ {print $2}' "/proc/${pids[0]}/status" 2>/dev/null || true)
+      for c in $(pgrep -P "${pids[0]}" 2>/dev/null); do  # timeout(1) runs the worker as its child
+        kb=$(awk '/^VmHWM:/ {print $2}' "/proc/$c/status" 2>/dev/null || echo 0)
+      done
+      [ -n "$kb" ] && [ "$kb" -gt "$peak_kb" ] && peak_kb=$kb
+      sleep 0.02
+    done
+    wait_all 3; wait "$attacker" || fail "the attacker did not run: $(cat "$dir/attacker")"
+    grep -q "attacker: sent" "$dir/attacker" || fail "the attacker sent nothing"
+    expect_cluster 3 3
+    echo "the chief's peak resident memory: $peak_kb kB"
+    [ "$peak_kb" -gt 0 ] && [ "$peak_kb" -lt 262144 ] || fail "the chief's peak resident memory was $peak_kb kB" ;;
   device-mismatch)
     W0_ENV="TROUPE_DEVICES_PER_WORKER=1" W1_ENV="TROUPE_DEVICES_PER_WORKER=2" start_cluster 2 join
     wait_all 2; expect_all 2 3 "workers have different device counts" ;;
