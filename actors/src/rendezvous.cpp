@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
+#include <iostream>
 #include <optional>
 #include <stdexcept>
 #include <thread>
@@ -38,7 +39,22 @@ struct agent_state {
   std::optional<rendezvous_state> rules;
   std::vector<table_promise> waiting;  // joined workers and the chief, until the table or a failure
   std::vector<caf::actor> watchers;    // by rank, once watching
+  std::uint64_t refused = 0;           // messages refused, for the log's bound
 };
+
+// Who sent the message being handled: its node, or a name no member has when it came without a
+// sender.
+std::string peer_of(caf::local_actor* self) {
+  const auto& sender = self->current_sender();
+  return sender ? caf::to_string(sender->node()) : std::string("<anonymous>");
+}
+
+// A refusal goes to the log; a flood of them is logged at powers of two only, so the log stays
+// bounded too.
+void log_refusal(agent_state& st, const std::string& what) {
+  const auto n = ++st.refused;
+  if ((n & (n - 1)) == 0) std::cerr << "troupe: " << what << " (" << n << " refused so far)" << std::endl;
+}
 
 void finish(agent_state& st) {
   for (auto& p : st.waiting) {
@@ -53,6 +69,7 @@ void finish(agent_state& st) {
 
 caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_options options) {
   self->state.rules.emplace(options);
+  self->state.rules->set_chief_peer(caf::to_string(self->node()));
   self->delayed_send(self, options.timeout, expire_atom::value);
   auto fan_out = [=](const verdict& v) {
     auto& s = self->state;
@@ -73,12 +90,27 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
   return {
       [=](beat_atom, std::int32_t rank, const caf::actor& watcher) {
         auto& s = self->state;
-        if (s.rules->on_beat(rank, rendezvous_state::clock::now())) {
+        // A beat counts only from the peer that joined as that rank, naming a watcher there.
+        const auto peer = peer_of(self);
+        if (!s.rules->is_member(rank, peer) || !watcher || caf::to_string(watcher.node()) != peer) {
+          log_refusal(s, "refused a heartbeat for rank " + std::to_string(rank) + " from " + peer +
+                             ", which did not join as that rank");
+          return;
+        }
+        if (s.rules->on_beat(rank, rendezvous_state::clock::now(), peer)) {
           s.watchers[static_cast<std::size_t>(rank)] = watcher;
           self->monitor(watcher);
         }
       },
-      [=](bye_atom, std::int32_t rank) { self->state.rules->on_bye(rank); },
+      [=](bye_atom, std::int32_t rank) {
+        const auto peer = peer_of(self);
+        if (!self->state.rules->is_member(rank, peer)) {
+          log_refusal(self->state, "refused a goodbye for rank " + std::to_string(rank) + " from " + peer +
+                                       ", which did not join as that rank");
+          return;
+        }
+        self->state.rules->on_bye(rank, peer);
+      },
       [=](check_atom, std::chrono::milliseconds interval) {
         for (const auto& v : self->state.rules->check(rendezvous_state::clock::now())) fan_out(v);
         // The chief's heartbeat to every watcher, which declares it gone when these stop.
@@ -97,13 +129,18 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
       [=](nonce_atom) -> caf::result<std::string> {
         auto nonce = random_nonce();
         if (nonce.empty()) return caf::make_error(caf::sec::runtime_error, "the chief has no randomness for a nonce");
-        self->state.rules->add_nonce(nonce);
+        self->state.rules->add_nonce(nonce, peer_of(self), rendezvous_state::clock::now());
         return nonce;
       },
       [=](join_atom, std::uint32_t version, std::int32_t rank, const std::string& nonce, const std::string& proof,
           std::int32_t devices, const std::string& host, std::uint16_t port) -> caf::result<std::vector<member>> {
         auto& s = self->state;
-        if (auto error = s.rules->join(join_request{version, rank, nonce, proof, devices, host, port})) {
+        if (auto error = s.rules->join(join_request{version, rank, nonce, proof, devices, host, port, peer_of(self),
+                                                    rendezvous_state::clock::now()})) {
+          if (error->code == rendezvous_errc::bad_token) {
+            log_refusal(s, error->message + ", from " + peer_of(self));
+            return to_caf_error(*error);  // refused alone: the others go on
+          }
           finish(s);  // a bad join fails everyone who waits
           return to_caf_error(*error);
         }
@@ -208,7 +245,11 @@ cluster_watch::cluster_watch(std::unique_ptr<impl> i) : impl_(std::move(i)) {}
 
 cluster_watch::~cluster_watch() {
   auto& s = *impl_;
-  if (s.agent) caf::anon_send(s.agent, bye_atom::value, s.rank);
+  if (s.agent) {
+    // From an actor of this node: a goodbye counts only from the peer that joined as the rank.
+    caf::scoped_actor self{*s.system};
+    self->send(s.agent, bye_atom::value, s.rank);
+  }
   if (s.beat) caf::anon_send_exit(s.beat, caf::exit_reason::user_shutdown);
   if (s.chief && s.agent) {
     unpublish(*s.system, s.agent, s.port, s.credentials != nullptr);

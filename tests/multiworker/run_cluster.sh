@@ -138,7 +138,70 @@ stops_under_defaults() {
   done
 }
 
+attacker_bin="$(dirname "$worker")/mw_attacker"
+
+# start_with_attacker N MODE ATTACK_ARGS...: the chief first, then the stranger (mw_attacker
+# ATTACK_ARGS, with the chief's port after the host), once it printed ATTACK_WAIT (default: it
+# reached the chief) the others.
+start_with_attacker() {
+  local n="$1" mode="$2"
+  attack_what="$3"; shift 3; attack_args=("$@")
+  launch_attacker() {
+    "$attacker_bin" "$attack_what" 127.0.0.1 "${ports[0]}" "${attack_args[@]}" > "$dir/attacker" 2>&1 &
+    attacker=$!
+    for _ in $(seq 1 3000); do grep -q "${ATTACK_WAIT:-attacker: connected}" "$dir/attacker" 2>/dev/null && break; sleep 0.02; done
+  }
+  AFTER_CHIEF=launch_attacker start_cluster "$n" "$mode"
+}
+
+# peak_rss_kb PID: follows PID (timeout(1), whose child is the worker) until it exits and prints
+# the worker's peak resident memory in kB.
+peak_rss_kb() {
+  local peak=0 kb
+  while kill -0 "$1" 2>/dev/null; do
+    for c in $(pgrep -P "$1" 2>/dev/null); do
+      kb=$(awk '/^VmHWM:/ {print $2}' "/proc/$c/status" 2>/dev/null || echo 0)
+      [ -n "$kb" ] && [ "$kb" -gt "$peak" ] && peak=$kb
+    done
+    sleep 0.02
+  done
+  echo "$peak"
+}
+
 case "$scenario" in
+  forged-bye-beats)
+    # A cluster without a token (loopback): a stranger forges a goodbye and heartbeats for task 1,
+    # which then stops. They count only from the peer that joined as task 1: every other task
+    # still names it within 5 s, and the chief logs the refusals.
+    for i in 0 1 2; do declare "W${i}_ENV=MW_STOPPING_TASK=1"; done
+    start_with_attacker 3 hang forge 1 12
+    stopped=""
+    for _ in $(seq 1 600); do
+      grep -q "^stopping" "$dir/out1" 2>/dev/null && { stopped=$(now_ms); break; }
+      sleep 0.05
+    done
+    [ -n "$stopped" ] || fail "task 1 never reached its stop"
+    for i in 0 2; do
+      wait "${pids[$i]}"; echo $? > "$dir/rc$i"
+      took=$(( $(now_ms) - stopped ))
+      [ "$took" -lt 5000 ] || fail "task $i took $took ms to notice the stopped task 1 under forged beats"
+      [ "$(cat "$dir/rc$i")" = 3 ] || fail "task $i exited $(cat "$dir/rc$i"), expected 3"
+      grep -q "task:1 sent no heartbeat" "$dir/out$i" || fail "task $i did not name the stopped task 1"
+    done
+    kill -9 "${pids[1]}" "$attacker" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
+    grep -q "refused a goodbye for rank 1" "$dir/out0" || fail "the chief did not log the forged goodbye"
+    grep -q "refused a heartbeat for rank 1" "$dir/out0" || fail "the chief did not log the forged heartbeat" ;;
+  nonce-flood)
+    # A stranger asks a chief without a token for 400000 nonces before the cluster forms: the
+    # nonces it holds are bounded, its memory stays small, and the cluster computes right.
+    # The others start once the chief answered the flood's last request: it handled all of it.
+    ATTACK_WAIT="attacker: done" start_with_attacker 3 collectives nonce-flood 400000
+    peak_kb=$(peak_rss_kb "${pids[0]}")
+    wait_all 3; wait "$attacker"
+    grep -q "attacker: done 400000" "$dir/attacker" || fail "the flood did not finish: $(cat "$dir/attacker")"
+    expect_cluster 3 3
+    echo "the chief's peak resident memory: $peak_kb kB"
+    [ "$peak_kb" -gt 0 ] && [ "$peak_kb" -lt 49152 ] || fail "the chief's peak resident memory was $peak_kb kB" ;;
   chief-stops) stops_under_defaults 3 0 ;;
   worker-stops-defaults) stops_under_defaults 3 1 ;;
   collectives-2x1) start_cluster 2 collectives; wait_all 2; expect_cluster 2 2 ;;
