@@ -169,6 +169,18 @@ peak_rss_kb() {
 }
 
 case "$scenario" in
+  token-required)
+    # A cluster beyond loopback (192.0.2.1 is TEST-NET-1) without a token refuses to start,
+    # naming both ways out; told insecure it starts (and finds the other task missing).
+    read -r -a ports <<< "$(free_ports 1)"
+    cfg="{\"cluster\": {\"worker\": [\"127.0.0.1:${ports[0]}\", \"192.0.2.1:2222\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}"
+    env -u TROUPE_CLUSTER_TOKEN TF_CONFIG="$cfg" timeout 60 "$worker" join > "$dir/out0" 2>&1; echo $? > "$dir/rc0"
+    expect_all 1 3 "spans more than loopback (192.0.2.1:2222) and no cluster token is set.*TROUPE_CLUSTER_TOKEN.*TROUPE_INSECURE=1"
+    env -u TROUPE_CLUSTER_TOKEN TROUPE_INSECURE=1 TROUPE_START_TIMEOUT_MS=1000 TF_CONFIG="$cfg" timeout 60 "$worker" join \
+      > "$dir/out0" 2>&1; echo $? > "$dir/rc0"
+    expect_all 1 3 "still missing after 1000 ms: /job:worker/replica:0/task:1"
+    TROUPE_INSECURE=yes TF_CONFIG="$cfg" timeout 60 "$worker" join > "$dir/out0" 2>&1; echo $? > "$dir/rc0"
+    expect_all 1 3 'TROUPE_INSECURE="yes" is not 0 or 1' ;;
   forged-bye-beats)
     # A cluster without a token (loopback): a stranger forges a goodbye and heartbeats for task 1,
     # which then stops. They count only from the peer that joined as task 1: every other task
