@@ -1,6 +1,6 @@
 // One worker of the multi-worker tests: run by run_cluster.sh in N processes with TF_CONFIG set
 // (or the Slurm or mpirun variables, with MW_RESOLVER=slurm|mpi).
-// Usage: mw_worker collectives | die | hang | checkpoint | join
+// Usage: mw_worker collectives | die | hang | checkpoint | join | idle
 // Once the cluster formed it prints "replicas <R> workers <W> task <type>:<index>". Prints
 // "OK <rank>" and exits 0 when every check holds; prints "FAIL ..." and exits 1 when one does not;
 // prints "ERROR <message>" and exits 3 when the strategy throws.
@@ -12,6 +12,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <troupe/troupe.hpp>
 
@@ -255,6 +256,11 @@ int main(int argc, char** argv) {
     } else if (mode == "checkpoint") {
       const char* dir = std::getenv("MW_CKPT_DIR");
       rc = checkpoint(s, dir ? dir : "/tmp/troupe-mw-ckpt");
+    } else if (mode == "idle") {
+      // The cluster watch alone for MW_IDLE_MS (what bench/control_plane_cost.sh measures).
+      const char* idle = std::getenv("MW_IDLE_MS");
+      std::this_thread::sleep_for(std::chrono::milliseconds(idle != nullptr ? std::atoi(idle) : 1000));
+      s.run([] { get_replica_context()->all_reduce(ReduceOp::sum, Tensor::zeros({1})); });
     } else if (mode == "join") {
       std::cout << "joined " << s.num_replicas_in_sync() << "\n";
     }
