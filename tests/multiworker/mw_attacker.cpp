@@ -4,6 +4,9 @@
 //          every 50 ms for SECONDS: a goodbye for RANK, then a heartbeat for RANK naming itself
 //        mw_attacker nonce-flood HOST PORT COUNT
 //          COUNT nonce requests, without ever joining
+//        mw_attacker bad-join HOST PORT RANK
+//          asks for a nonce and joins as RANK with a proof made from another token; prints the
+//          chief's answer ("attacker: refused <message>" or "attacker: accepted")
 // Prints "attacker: connected" once it reached the chief, "attacker: done <n>" at the end.
 #include <chrono>
 #include <cstdlib>
@@ -19,6 +22,7 @@ namespace {
 using nonce_atom = caf::atom_constant<caf::atom("nonce")>;
 using beat_atom = caf::atom_constant<caf::atom("beat")>;
 using bye_atom = caf::atom_constant<caf::atom("bye")>;
+using join_atom = caf::atom_constant<caf::atom("join")>;
 
 caf::actor reach(caf::actor_system& sys, const std::string& host, std::uint16_t port) {
   for (int i = 0; i < 3000; ++i) {
@@ -60,6 +64,18 @@ int main(int argc, char** argv) {
     // One answered request at the end: the chief has handled the whole flood by then.
     self->request(chief, std::chrono::seconds(30), nonce_atom::value)
         .receive([](const std::string&) {}, [](caf::error&) {});
+  } else if (mode == "bad-join") {
+    std::string nonce;
+    self->request(chief, std::chrono::seconds(10), nonce_atom::value)
+        .receive([&](const std::string& n) { nonce = n; }, [](caf::error&) {});
+    // 64 hex digits, as an HMAC-SHA256 proof looks, but not made from the cluster's token.
+    const std::string proof(64, 'a');
+    self->request(chief, std::chrono::seconds(10), join_atom::value, std::uint32_t{3},
+                  static_cast<std::int32_t>(std::atoi(argv[4])), nonce, proof, std::int32_t{1},
+                  std::string("127.0.0.1"), std::uint16_t{9})
+        .receive([&](const caf::message&) { std::cout << "attacker: accepted" << std::endl; },
+                 [&](caf::error& e) { std::cout << "attacker: refused " << sys.render(e) << std::endl; });
+    n = 1;
   } else {
     std::cerr << "attacker: unknown mode " << mode << "\n";
     return 2;

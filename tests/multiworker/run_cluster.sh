@@ -203,6 +203,16 @@ case "$scenario" in
     kill -9 "${pids[1]}" "$attacker" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
     grep -q "refused a goodbye for rank 1" "$dir/out0" || fail "the chief did not log the forged goodbye"
     grep -q "refused a heartbeat for rank 1" "$dir/out0" || fail "the chief did not log the forged heartbeat" ;;
+  stranger-bad-join)
+    # On a cluster without a token (loopback), a stranger joins as task 1 with a wrong proof
+    # before task 1 starts: it is refused alone and logged, and the cluster forms and computes.
+    ATTACK_WAIT="attacker: done" start_with_attacker 3 collectives bad-join 1
+    wait_all 3; wait "$attacker"
+    grep -q "attacker: refused.*refused a join claiming to be /job:worker/replica:0/task:1" "$dir/attacker" ||
+      fail "the stranger's join was not refused: $(cat "$dir/attacker")"
+    grep -q "troupe: rendezvous: refused a join claiming to be /job:worker/replica:0/task:1" "$dir/out0" ||
+      fail "the chief did not log the refused join"
+    expect_cluster 3 3 ;;
   nonce-flood)
     # A stranger asks a chief without a token for 400000 nonces before the cluster forms: the
     # nonces it holds are bounded, its memory stays small, and the cluster computes right.
