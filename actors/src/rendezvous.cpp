@@ -175,6 +175,7 @@ std::string describe(caf::actor_system& system, const caf::error& e) {
 struct heartbeat_state {
   bool reported = false;
   std::chrono::steady_clock::time_point heard;  // the chief's last sign of life
+  bool chief_left = false;                       // its agent shut down on purpose: no more beats
 };
 
 // A worker's side of the watch: beats to the chief's agent, reports the verdicts, and watches the
@@ -195,7 +196,10 @@ caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor a
     // A chief that finished its program shuts its agent down on purpose, possibly while the
     // others still complete the last collective with it: that is no failure (a chief that dies
     // shows up as an unreachable link, and a collective that still needs it fails naming it).
-    if (d.reason == caf::exit_reason::user_shutdown) return;
+    if (d.reason == caf::exit_reason::user_shutdown) {
+      self->state.chief_left = true;
+      return;
+    }
     report(0, "the chief " + chief + " is gone: " + self->system().render(d.reason));
   });
   self->send(agent, beat_atom::value, rank, caf::actor_cast<caf::actor>(self));
@@ -206,7 +210,7 @@ caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor a
         self->delayed_send(self, every, tick_atom::value, every);
         const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
                                                                                   self->state.heard);
-        if (silent > missed * every) {
+        if (!self->state.chief_left && silent > missed * every) {
           report(0, chief + " (the chief) sent no heartbeat for " + std::to_string(silent.count()) +
                         " ms (hung, stopped or unreachable)");
         }
