@@ -33,7 +33,9 @@ struct rendezvous_options {
   int devices = 1;
   std::string data_host;
   std::uint16_t data_port = 0;
-  std::string token;                  ///< the shared cluster token (TROUPE_CLUSTER_TOKEN); may be empty
+  /// The shared cluster token (TROUPE_CLUSTER_TOKEN). Set: every control connection is mutual
+  /// TLS from a certificate it derives (the system needs CAF's OpenSSL module). Empty: plain BASP.
+  std::string token;
   std::chrono::milliseconds timeout{60000};  ///< the start deadline: every worker joined by then
   std::uint32_t version = 3;          ///< protocol version; every worker must agree
   /// The chief's only: an id every worker needs to join its GPU collectives (the ncclUniqueId, as
@@ -56,15 +58,17 @@ struct rendezvous_options {
 void add_rendezvous_types(caf::actor_system_config& config);
 
 /// The rendezvous of a multi-worker strategy, numbered as it happens:
-///   1. The chief publishes its cluster agent through the CAF middleman at its own address.
+///   1. The chief publishes its cluster agent through the CAF middleman at its own address; with a
+///      token, through CAF's OpenSSL module, so that only holders of the token reach BASP.
 ///   2. Every other worker connects to it (retrying until the timeout), asks for a nonce, and
 ///      joins with: protocol version, rank, HMAC-SHA256(token, nonce) (the token never travels),
 ///      local device count and data-plane endpoint.
 ///   3. The chief checks each join (version, token proof, device count equal to its own, a rank
 ///      that is free) and, once every worker has joined, sends all of them the peer table (with
-///      its collective_id in its own entry).
-///   4. A bad join, or the timeout with workers still missing, fails every worker with the same
-///      error naming the culprit (the missing tasks by name).
+///      its collective_id in its own entry). A join that fails the token proof is refused alone
+///      and logged: whoever sent it proved nothing, so it cannot fail the cluster.
+///   4. Any other bad join, or the timeout with workers still missing, fails every worker with
+///      the same error naming the culprit (the missing tasks by name).
 ///   5. Every worker checks the table it received (check_peer_table) before using it.
 /// The rules of steps 3 to 5 are rendezvous_state's. Returns the peer table in rank order, or
 /// throws std::runtime_error with that error (std::invalid_argument for bad options, or a system
