@@ -34,7 +34,7 @@ join_request join_of(rendezvous_state& s, int rank, const std::string& nonce = "
   const std::string n = nonce.empty() ? "nonce-" + std::to_string(rank) : nonce;
   s.add_nonce(n);
   auto o = options_for(3, rank);
-  return join_request{o.version, rank, n, hmac_sha256_hex("shared", n), o.devices, o.data_host, o.data_port};
+  return join_request{o.version, rank, n, hmac_sha256_hex("shared", n), o.devices, o.data_host, o.data_port, "", {}};
 }
 
 // Joins that fail: the code and the whole message.
@@ -153,7 +153,7 @@ TEST_CASE("a join with a wrong token proof is refused alone: the rendezvous goes
 
 TEST_CASE("a join with a nonce the chief never handed out fails the token check") {
   rendezvous_state s(options_for(3));
-  join_request j{3, 1, "made-up", hmac_sha256_hex("shared", "made-up"), 2, "10.0.0.2", 40001};
+  join_request j{3, 1, "made-up", hmac_sha256_hex("shared", "made-up"), 2, "10.0.0.2", 40001, "", {}};
   CHECK(s.join(j)->code == rendezvous_errc::bad_token);
 }
 
@@ -222,7 +222,7 @@ TEST_CASE("a join claiming a rank outside the cluster, or the chief's, fails the
                     " is not in the cluster (3 workers; a joining worker's rank is in 1..2)");
   rendezvous_state alone(options_for(1));
   alone.add_nonce("n");
-  join_request k{3, 1, "n", hmac_sha256_hex("shared", "n"), 2, "h", 1};
+  join_request k{3, 1, "n", hmac_sha256_hex("shared", "n"), 2, "h", 1, "", {}};
   CHECK(alone.join(k)->message.find("(1 workers; no other worker may join)") != std::string::npos);
 }
 
@@ -280,7 +280,7 @@ TEST_CASE("once failed, the rendezvous answers every later join with the first e
 TEST_CASE("the start deadline fails the rendezvous naming every missing task in rank order") {
   rendezvous_state s(options_for(4));
   s.add_nonce("n");
-  CHECK_FALSE(s.join(join_request{3, 2, "n", hmac_sha256_hex("shared", "n"), 2, "h", 1}));
+  CHECK_FALSE(s.join(join_request{3, 2, "n", hmac_sha256_hex("shared", "n"), 2, "h", 1, "", {}}));
   CHECK(s.expire());
   REQUIRE(s.failure());
   CHECK(s.failure()->code == rendezvous_errc::workers_missing);

@@ -269,6 +269,7 @@ TEST_CASE("the cluster token never travels: a joining worker sends the HMAC proo
   CHECK(sent.find("worker-data-plane.test") == std::string::npos);
   CHECK(sent.find(token) == std::string::npos);
   CHECK(received.find(token) == std::string::npos);
+  CHECK(hex32_runs(received).empty());  // nor the chief's nonce
   CHECK(sent.size() > 100);  // but it did carry the handshake and the join
 }
 
