@@ -50,7 +50,7 @@ void spin_on_mailbox(caf::blocking_actor* self, std::chrono::microseconds spin, 
 //     (beat, rank, watcher); (bye, rank)
 //   chief -> its own agent: (await) -> vector<member> or the error; (tick, interval); (check);
 //     (expire)
-//   agent -> every watcher: (gone, rank, reason)
+//   agent -> every watcher: (gone, rank, reason); (alive) every interval, the chief's heartbeat
 // The join keeps flat fields with the version first, so a worker of another protocol version is
 // still understood well enough to be told so.
 using nonce_atom = caf::atom_constant<caf::atom("nonce")>;
@@ -62,6 +62,7 @@ using bye_atom = caf::atom_constant<caf::atom("bye")>;
 using check_atom = caf::atom_constant<caf::atom("check")>;
 using gone_atom = caf::atom_constant<caf::atom("gone")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using alive_atom = caf::atom_constant<caf::atom("alive")>;
 
 /// A member travels field by field; add_rendezvous_types announces it and the peer table.
 template <class Inspector>

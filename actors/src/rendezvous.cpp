@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
+#include <iostream>
 #include <optional>
 #include <stdexcept>
 #include <thread>
@@ -10,6 +11,8 @@
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
+#include "caf/openssl/all.hpp"
+#include "control_tls.hpp"
 #include "protocol.hpp"
 #include "troupe/actors/rendezvous_state.hpp"
 
@@ -36,7 +39,22 @@ struct agent_state {
   std::optional<rendezvous_state> rules;
   std::vector<table_promise> waiting;  // joined workers and the chief, until the table or a failure
   std::vector<caf::actor> watchers;    // by rank, once watching
+  std::uint64_t refused = 0;           // messages refused, for the log's bound
 };
+
+// Who sent the message being handled: its node, or a name no member has when it came without a
+// sender.
+std::string peer_of(caf::local_actor* self) {
+  const auto& sender = self->current_sender();
+  return sender ? caf::to_string(sender->node()) : std::string("<anonymous>");
+}
+
+// A refusal goes to the log; a flood of them is logged at powers of two only, so the log stays
+// bounded too.
+void log_refusal(agent_state& st, const std::string& what) {
+  const auto n = ++st.refused;
+  if ((n & (n - 1)) == 0) std::cerr << "troupe: " << what << " (" << n << " refused so far)" << std::endl;
+}
 
 void finish(agent_state& st) {
   for (auto& p : st.waiting) {
@@ -51,6 +69,7 @@ void finish(agent_state& st) {
 
 caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_options options) {
   self->state.rules.emplace(options);
+  self->state.rules->set_chief_peer(caf::to_string(self->node()));
   self->delayed_send(self, options.timeout, expire_atom::value);
   auto fan_out = [=](const verdict& v) {
     auto& s = self->state;
@@ -71,14 +90,33 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
   return {
       [=](beat_atom, std::int32_t rank, const caf::actor& watcher) {
         auto& s = self->state;
-        if (s.rules->on_beat(rank, rendezvous_state::clock::now())) {
+        // A beat counts only from the peer that joined as that rank, naming a watcher there.
+        const auto peer = peer_of(self);
+        if (!s.rules->is_member(rank, peer) || !watcher || caf::to_string(watcher.node()) != peer) {
+          log_refusal(s, "refused a heartbeat for rank " + std::to_string(rank) + " from " + peer +
+                             ", which did not join as that rank");
+          return;
+        }
+        if (s.rules->on_beat(rank, rendezvous_state::clock::now(), peer)) {
           s.watchers[static_cast<std::size_t>(rank)] = watcher;
           self->monitor(watcher);
         }
       },
-      [=](bye_atom, std::int32_t rank) { self->state.rules->on_bye(rank); },
+      [=](bye_atom, std::int32_t rank) {
+        const auto peer = peer_of(self);
+        if (!self->state.rules->is_member(rank, peer)) {
+          log_refusal(self->state, "refused a goodbye for rank " + std::to_string(rank) + " from " + peer +
+                                       ", which did not join as that rank");
+          return;
+        }
+        self->state.rules->on_bye(rank, peer);
+      },
       [=](check_atom, std::chrono::milliseconds interval) {
         for (const auto& v : self->state.rules->check(rendezvous_state::clock::now())) fan_out(v);
+        // The chief's heartbeat to every watcher, which declares it gone when these stop.
+        for (const auto& w : self->state.watchers) {
+          if (w) self->send(w, alive_atom::value);
+        }
         self->delayed_send(self, interval, check_atom::value, interval);
       },
       [=](tick_atom, std::chrono::milliseconds interval) {
@@ -91,13 +129,18 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
       [=](nonce_atom) -> caf::result<std::string> {
         auto nonce = random_nonce();
         if (nonce.empty()) return caf::make_error(caf::sec::runtime_error, "the chief has no randomness for a nonce");
-        self->state.rules->add_nonce(nonce);
+        self->state.rules->add_nonce(nonce, peer_of(self), rendezvous_state::clock::now());
         return nonce;
       },
       [=](join_atom, std::uint32_t version, std::int32_t rank, const std::string& nonce, const std::string& proof,
           std::int32_t devices, const std::string& host, std::uint16_t port) -> caf::result<std::vector<member>> {
         auto& s = self->state;
-        if (auto error = s.rules->join(join_request{version, rank, nonce, proof, devices, host, port})) {
+        if (auto error = s.rules->join(join_request{version, rank, nonce, proof, devices, host, port, peer_of(self),
+                                                    rendezvous_state::clock::now()})) {
+          if (error->code == rendezvous_errc::bad_token) {
+            log_refusal(s, error->message + ", from " + peer_of(self));
+            return to_caf_error(*error);  // refused alone: the others go on
+          }
           finish(s);  // a bad join fails everyone who waits
           return to_caf_error(*error);
         }
@@ -131,12 +174,17 @@ std::string describe(caf::actor_system& system, const caf::error& e) {
 
 struct heartbeat_state {
   bool reported = false;
+  std::chrono::steady_clock::time_point heard;  // the chief's last sign of life
+  bool chief_left = false;                       // its agent shut down on purpose: no more beats
 };
 
-// A worker's side of the watch: beats to the chief's agent, reports the verdicts.
+// A worker's side of the watch: beats to the chief's agent, reports the verdicts, and watches the
+// chief as the chief watches it: an agent silent for more than `missed` intervals (a stopped or
+// hung chief keeps its connections open, so no down message would ever come) is declared gone.
 caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor agent, std::int32_t rank,
-                        std::chrono::milliseconds interval, std::string chief,
+                        std::chrono::milliseconds interval, int missed, std::string chief,
                         std::function<void(int, const std::string&)> on_failure) {
+  self->state.heard = std::chrono::steady_clock::now();
   auto report = [=](int r, const std::string& reason) {
     if (self->state.reported) return;
     self->state.reported = true;
@@ -148,7 +196,10 @@ caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor a
     // A chief that finished its program shuts its agent down on purpose, possibly while the
     // others still complete the last collective with it: that is no failure (a chief that dies
     // shows up as an unreachable link, and a collective that still needs it fails naming it).
-    if (d.reason == caf::exit_reason::user_shutdown) return;
+    if (d.reason == caf::exit_reason::user_shutdown) {
+      self->state.chief_left = true;
+      return;
+    }
     report(0, "the chief " + chief + " is gone: " + self->system().render(d.reason));
   });
   self->send(agent, beat_atom::value, rank, caf::actor_cast<caf::actor>(self));
@@ -157,6 +208,16 @@ caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor a
       [=](tick_atom, std::chrono::milliseconds every) {
         self->send(agent, beat_atom::value, rank, caf::actor_cast<caf::actor>(self));
         self->delayed_send(self, every, tick_atom::value, every);
+        const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                                  self->state.heard);
+        if (!self->state.chief_left && silent > missed * every) {
+          report(0, chief + " (the chief) sent no heartbeat for " + std::to_string(silent.count()) +
+                        " ms (hung, stopped or unreachable)");
+        }
+      },
+      [=](alive_atom) {
+        // Only the agent's own word counts: a stranger's cannot hide a stopped chief.
+        if (caf::actor_cast<caf::actor_addr>(self->current_sender()) == agent.address()) self->state.heard = std::chrono::steady_clock::now();
       },
       [=](gone_atom, std::int32_t r, const std::string& reason) { report(r, reason); },
   };
@@ -164,8 +225,19 @@ caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor a
 
 }  // namespace
 
+// The chief's agent stops listening (through the OpenSSL module's middleman when it published
+// there).
+void unpublish(caf::actor_system& system, const caf::actor& agent, std::uint16_t port, bool tls) {
+  if (tls) {
+    caf::anon_send(system.openssl_manager().actor_handle(), caf::unpublish_atom::value, agent.address(), port);
+  } else {
+    system.middleman().unpublish(agent, port);
+  }
+}
+
 struct cluster_watch::impl {
   caf::actor_system* system = nullptr;
+  std::unique_ptr<control_credentials> credentials;  // kept while the chief's agent listens
   caf::actor agent;      // the chief's agent (kept published on the chief)
   bool chief = false;
   std::uint16_t port = 0;
@@ -177,10 +249,14 @@ cluster_watch::cluster_watch(std::unique_ptr<impl> i) : impl_(std::move(i)) {}
 
 cluster_watch::~cluster_watch() {
   auto& s = *impl_;
-  if (s.agent) caf::anon_send(s.agent, bye_atom::value, s.rank);
+  if (s.agent) {
+    // From an actor of this node: a goodbye counts only from the peer that joined as the rank.
+    caf::scoped_actor self{*s.system};
+    self->send(s.agent, bye_atom::value, s.rank);
+  }
   if (s.beat) caf::anon_send_exit(s.beat, caf::exit_reason::user_shutdown);
   if (s.chief && s.agent) {
-    s.system->middleman().unpublish(s.agent, s.port);
+    unpublish(*s.system, s.agent, s.port, s.credentials != nullptr);
     caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
   }
 }
@@ -253,17 +329,26 @@ std::vector<member> table_from(const rendezvous_options& options, answer a) {
 
 // The rendezvous; with `keep` set, the chief's agent stays published (and the worker keeps its
 // handle) for a cluster_watch.
-std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_options& options, caf::actor* keep) {
+std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_options& options, caf::actor* keep,
+                                    std::unique_ptr<control_credentials>& credentials) {
   check_options(options);
   if (!knows_rendezvous_types(system)) {
     throw std::invalid_argument(
         "rendezvous: this actor system was built without troupe's message types: call "
         "troupe::Runtime::configure(config) on its config before constructing it");
   }
+  // With a token, every control connection is mutual TLS from credentials the token derives
+  // (control_tls.hpp); without one, plain BASP, for clusters on loopback only.
+  const bool tls = !options.token.empty();
+  if (tls) {
+    credentials = std::make_unique<control_credentials>(options.token);
+    credentials->install(system);
+  }
   caf::scoped_actor self{system};
   if (options.rank == 0) {
     auto agent = system.spawn(cluster_agent, options);
-    auto published = system.middleman().publish(agent, options.chief_port, options.chief_host.c_str(), true);
+    auto published = tls ? caf::openssl::publish(agent, options.chief_port, options.chief_host.c_str(), true)
+                         : system.middleman().publish(agent, options.chief_port, options.chief_host.c_str(), true);
     if (!published) {
       caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
       throw std::runtime_error("rendezvous: the chief cannot listen on " + options.chief_host + ":" +
@@ -280,7 +365,7 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
       *keep = agent;
     } else {
       self->send_exit(agent, caf::exit_reason::user_shutdown);
-      system.middleman().unpublish(agent, *published);
+      unpublish(system, agent, *published, tls);
     }
     return table_from(options, std::move(a));
   }
@@ -288,12 +373,17 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
   caf::actor agent;
   std::string last_error;
   while (!agent) {
-    auto found = system.middleman().remote_actor(options.chief_host, options.chief_port);
+    auto found = tls ? caf::openssl::remote_actor(system, options.chief_host, options.chief_port)
+                     : system.middleman().remote_actor(options.chief_host, options.chief_port);
     if (found) {
       agent = *found;
       break;
     }
     last_error = system.render(found.error());
+    if (tls) {
+      last_error += " (a TLS handshake the chief refuses looks the same: the same TROUPE_CLUSTER_TOKEN on every "
+                    "worker?)";
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
       throw std::runtime_error("rendezvous failed: could not reach the chief " + options.tasks[0] + " at " +
                                options.chief_host + ":" + std::to_string(options.chief_port) + " within " +
@@ -317,7 +407,8 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
 }  // namespace
 
 std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options) {
-  return rendezvous_impl(system, options, nullptr);
+  std::unique_ptr<control_credentials> credentials;
+  return rendezvous_impl(system, options, nullptr, credentials);
 }
 
 std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options,
@@ -325,8 +416,8 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
                                std::function<void(int, const std::string&)> on_failure,
                                std::unique_ptr<cluster_watch>& watch) {
   caf::actor agent;
-  auto members = rendezvous_impl(system, options, &agent);
   auto w = std::make_unique<cluster_watch::impl>();
+  auto members = rendezvous_impl(system, options, &agent, w->credentials);
   w->system = &system;
   w->agent = agent;
   w->chief = options.rank == 0;
@@ -334,7 +425,7 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
   w->rank = options.rank;
   if (w->chief) caf::anon_send(agent, tick_atom::value, heartbeat_interval);
   w->beat = system.spawn(heartbeat, agent, static_cast<std::int32_t>(options.rank), heartbeat_interval,
-                         options.tasks[0], std::move(on_failure));
+                         options.missed_heartbeats, options.tasks[0], std::move(on_failure));
   watch = std::make_unique<cluster_watch>(std::move(w));
   return members;
 }

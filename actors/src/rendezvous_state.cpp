@@ -35,10 +35,37 @@ rendezvous_state::rendezvous_state(rendezvous_options options) : options_(std::m
   members_[0] = member{0, options_.tasks[0], options_.data_host, options_.data_port, options_.devices,
                        options_.collective_id, new_incarnation()};
   joined_[0] = true;
+  peers_.assign(n, std::string());
   complete_ = n == 1;
 }
 
-void rendezvous_state::add_nonce(std::string nonce) { nonces_.insert(std::move(nonce)); }
+void rendezvous_state::set_chief_peer(std::string peer) { peers_[0] = std::move(peer); }
+
+void rendezvous_state::forget_nonce(const std::string& nonce) {
+  auto it = nonces_.find(nonce);
+  if (it == nonces_.end()) return;
+  auto p = nonce_of_peer_.find(it->second.peer);
+  if (p != nonce_of_peer_.end() && p->second == nonce) nonce_of_peer_.erase(p);
+  nonces_.erase(it);
+}
+
+void rendezvous_state::add_nonce(std::string nonce, std::string peer, clock::time_point now) {
+  // Expired ones go first, then the oldest while full; the order queue holds at most a few
+  // entries more than the map (used nonces leave the map at once, the queue when reached).
+  while (!nonce_order_.empty()) {
+    auto it = nonces_.find(nonce_order_.front());
+    const bool stale = it == nonces_.end() || now - it->second.at > rendezvous_limits::nonce_lifetime;
+    if (!stale && nonces_.size() < rendezvous_limits::max_nonces && nonce_order_.size() <= 2 * rendezvous_limits::max_nonces) {
+      break;
+    }
+    forget_nonce(nonce_order_.front());
+    nonce_order_.pop_front();
+  }
+  if (auto old = nonce_of_peer_.find(peer); old != nonce_of_peer_.end()) forget_nonce(old->second);
+  nonce_of_peer_[peer] = nonce;
+  nonces_[nonce] = issued{std::move(peer), now};
+  nonce_order_.push_back(std::move(nonce));
+}
 
 rendezvous_error rendezvous_state::fail(rendezvous_errc code, const std::string& what) {
   failure_ = rendezvous_error{code, "rendezvous failed: " + what};
@@ -56,10 +83,17 @@ std::optional<rendezvous_error> rendezvous_state::join(const join_request& r) {
                 who + " speaks rendezvous protocol version " + std::to_string(r.version) + ", the chief " +
                     std::to_string(options_.version) + ": run the same troupe build everywhere");
   }
-  // A nonce is good for one join, whatever its outcome.
-  if (nonces_.erase(r.nonce) == 0 || hmac_sha256_hex(options_.token, r.nonce) != r.proof) {
-    return fail(rendezvous_errc::bad_token,
-                who + " failed the cluster token check: set the same TROUPE_CLUSTER_TOKEN on every worker");
+  // A nonce is good for one join by the peer it was handed to, whatever its outcome. A join that
+  // fails here is refused alone: whoever sent it proved nothing, so it cannot fail the cluster.
+  auto issued_to = nonces_.find(r.nonce);
+  const bool fresh = issued_to != nonces_.end() && issued_to->second.peer == r.peer &&
+                     r.at - issued_to->second.at <= rendezvous_limits::nonce_lifetime;
+  if (issued_to != nonces_.end() && issued_to->second.peer == r.peer) forget_nonce(r.nonce);
+  if (!fresh || hmac_sha256_hex(options_.token, r.nonce) != r.proof) {
+    return rendezvous_error{rendezvous_errc::bad_token,
+                            "rendezvous: refused a join claiming to be " + who +
+                                ": it failed the cluster token check (a stranger, or a worker with another "
+                                "TROUPE_CLUSTER_TOKEN: set the same on every worker)"};
   }
   if (!known || r.rank == 0) {
     return fail(rendezvous_errc::not_in_cluster, who + " is not in the cluster (" + std::to_string(n) + " workers; " +
@@ -90,6 +124,7 @@ std::optional<rendezvous_error> rendezvous_state::join(const join_request& r) {
   }
   members_[rank] = member{r.rank, who, r.data_host, r.data_port, r.devices, {}, {}};
   joined_[rank] = true;
+  peers_[rank] = r.peer;
   complete_ = missing().empty();
   return std::nullopt;
 }
@@ -116,8 +151,12 @@ void rendezvous_state::start_watch(std::chrono::milliseconds interval, clock::ti
   settled_.assign(members_.size(), false);
 }
 
-bool rendezvous_state::on_beat(int rank, clock::time_point now) {
-  if (!watched(rank)) return false;
+bool rendezvous_state::is_member(int rank, const std::string& peer) const {
+  return rank >= 0 && static_cast<std::size_t>(rank) < peers_.size() && peers_[static_cast<std::size_t>(rank)] == peer;
+}
+
+bool rendezvous_state::on_beat(int rank, clock::time_point now, const std::string& peer) {
+  if (!watched(rank) || !is_member(rank, peer)) return false;
   const auto r = static_cast<std::size_t>(rank);
   last_beat_[r] = now;
   if (has_watcher_[r]) return false;
@@ -125,8 +164,8 @@ bool rendezvous_state::on_beat(int rank, clock::time_point now) {
   return true;
 }
 
-void rendezvous_state::on_bye(int rank) {
-  if (watched(rank)) settled_[static_cast<std::size_t>(rank)] = true;
+void rendezvous_state::on_bye(int rank, const std::string& peer) {
+  if (watched(rank) && is_member(rank, peer)) settled_[static_cast<std::size_t>(rank)] = true;
 }
 
 bool rendezvous_state::settled(int rank) const { return watched(rank) && settled_[static_cast<std::size_t>(rank)]; }

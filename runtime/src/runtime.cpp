@@ -4,6 +4,7 @@
 #include "caf/io/all.hpp"
 #include "cpu/kernels.hpp"
 #include "env.hpp"
+#include "caf/openssl/manager.hpp"
 #include "gpu_probe.hpp"
 #include "middleman.hpp"
 #include "troupe/actors/rendezvous.hpp"
@@ -53,6 +54,7 @@ Runtime::~Runtime() = default;
 
 void Runtime::configure(caf::actor_system_config& config) {
   config.load<caf::io::middleman>();  // multi-worker rendezvous goes through it
+  config.load<caf::openssl::manager>();  // and, with a cluster token, through mutual TLS
   actors::add_rendezvous_types(config);
 }
 

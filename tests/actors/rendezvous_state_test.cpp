@@ -34,7 +34,7 @@ join_request join_of(rendezvous_state& s, int rank, const std::string& nonce = "
   const std::string n = nonce.empty() ? "nonce-" + std::to_string(rank) : nonce;
   s.add_nonce(n);
   auto o = options_for(3, rank);
-  return join_request{o.version, rank, n, hmac_sha256_hex("shared", n), o.devices, o.data_host, o.data_port};
+  return join_request{o.version, rank, n, hmac_sha256_hex("shared", n), o.devices, o.data_host, o.data_port, "", {}};
 }
 
 // Joins that fail: the code and the whole message.
@@ -135,22 +135,26 @@ TEST_CASE("a join in another protocol version fails the rendezvous, naming both 
   j.version = 7;
   j.proof = "wrong too";  // the version is checked first
   check_refused(s.join(j), rendezvous_errc::protocol_mismatch,
-                "rendezvous failed: " + task(1) + " speaks rendezvous protocol version 7, the chief 4: run the same "
+                "rendezvous failed: " + task(1) + " speaks rendezvous protocol version 7, the chief 5: run the same "
                                                   "troupe build everywhere");
 }
 
-TEST_CASE("a join with a wrong token proof fails the rendezvous, naming the worker") {
+TEST_CASE("a join with a wrong token proof is refused alone: the rendezvous goes on") {
   rendezvous_state s(options_for(3));
   auto j = join_of(s, 2);
   j.proof = hmac_sha256_hex("guess", j.nonce);
-  check_refused(s.join(j), rendezvous_errc::bad_token,
-                "rendezvous failed: " + task(2) +
-                    " failed the cluster token check: set the same TROUPE_CLUSTER_TOKEN on every worker");
+  check_refused(s.join(j), rendezvous_errc::bad_token, "rendezvous: refused a join claiming to be " + task(2) +
+                    ": it failed the cluster token check (a stranger, or a worker with another TROUPE_CLUSTER_TOKEN: "
+                    "set the same on every worker)");
+  CHECK_FALSE(s.failure());
+  CHECK_FALSE(s.join(join_of(s, 1)));
+  CHECK_FALSE(s.join(join_of(s, 2)));
+  CHECK(s.complete());
 }
 
 TEST_CASE("a join with a nonce the chief never handed out fails the token check") {
   rendezvous_state s(options_for(3));
-  join_request j{rendezvous_options{}.version, 1, "made-up", hmac_sha256_hex("shared", "made-up"), 2, "10.0.0.2", 40001};
+  join_request j{rendezvous_options{}.version, 1, "made-up", hmac_sha256_hex("shared", "made-up"), 2, "10.0.0.2", 40001, "", {}};
   CHECK(s.join(j)->code == rendezvous_errc::bad_token);
 }
 
@@ -161,9 +165,45 @@ TEST_CASE("a nonce is good for one join only") {
   auto replay = first;
   replay.rank = 2;
   replay.data_port = 40002;
-  check_refused(s.join(replay), rendezvous_errc::bad_token,
-                "rendezvous failed: " + task(2) +
-                    " failed the cluster token check: set the same TROUPE_CLUSTER_TOKEN on every worker");
+  check_refused(s.join(replay), rendezvous_errc::bad_token, "rendezvous: refused a join claiming to be " + task(2) +
+                    ": it failed the cluster token check (a stranger, or a worker with another TROUPE_CLUSTER_TOKEN: "
+                    "set the same on every worker)");
+  CHECK_FALSE(s.failure());
+}
+
+TEST_CASE("a nonce counts only for the peer it was handed to, and only within its lifetime") {
+  rendezvous_state s(options_for(3));
+  const auto t = rendezvous_state::clock::time_point{} + 1h;
+  s.add_nonce("n1", "worker-node", t);
+  auto o = options_for(3, 1);
+  join_request j{o.version, 1, "n1", hmac_sha256_hex("shared", "n1"), o.devices, o.data_host, o.data_port,
+                 "stranger-node", t};
+  CHECK(s.join(j)->code == rendezvous_errc::bad_token);  // another peer's nonce
+  j.peer = "worker-node";
+  j.at = t + rendezvous_limits::nonce_lifetime + 1ms;
+  CHECK(s.join(j)->code == rendezvous_errc::bad_token);  // expired (and now used up)
+  s.add_nonce("n2", "worker-node", t);
+  j.nonce = "n2";
+  j.proof = hmac_sha256_hex("shared", "n2");
+  j.at = t + 1s;
+  CHECK_FALSE(s.join(j));
+  CHECK_FALSE(s.failure());
+}
+
+TEST_CASE("nonces are bounded: one per peer, at most max_nonces in all, the expired ones dropped") {
+  rendezvous_state s(options_for(3));
+  const auto t = rendezvous_state::clock::time_point{} + 1h;
+  for (int i = 0; i < 200000; ++i) s.add_nonce("flood-" + std::to_string(i), "stranger", t);
+  CHECK(s.nonces() == 1);
+  for (int i = 0; i < 200000; ++i) s.add_nonce("n-" + std::to_string(i), "peer-" + std::to_string(i), t);
+  CHECK(s.nonces() == rendezvous_limits::max_nonces);
+  s.add_nonce("late", "late-peer", t + rendezvous_limits::nonce_lifetime + 1ms);
+  CHECK(s.nonces() == 1);
+  // A real worker's nonce handed out after the flood still works.
+  s.add_nonce("real", "worker-node", t + rendezvous_limits::nonce_lifetime + 2ms);
+  auto o = options_for(3, 1);
+  CHECK_FALSE(s.join(join_request{o.version, 1, "real", hmac_sha256_hex("shared", "real"), o.devices, o.data_host,
+                                  o.data_port, "worker-node", t + rendezvous_limits::nonce_lifetime + 3ms}));
 }
 
 TEST_CASE("a join claiming a rank outside the cluster, or the chief's, fails the rendezvous") {
@@ -183,7 +223,7 @@ TEST_CASE("a join claiming a rank outside the cluster, or the chief's, fails the
                     " is not in the cluster (3 workers; a joining worker's rank is in 1..2)");
   rendezvous_state alone(options_for(1));
   alone.add_nonce("n");
-  join_request k{rendezvous_options{}.version, 1, "n", hmac_sha256_hex("shared", "n"), 2, "h", 1};
+  join_request k{rendezvous_options{}.version, 1, "n", hmac_sha256_hex("shared", "n"), 2, "h", 1, "", {}};
   CHECK(alone.join(k)->message.find("(1 workers; no other worker may join)") != std::string::npos);
 }
 
@@ -250,7 +290,7 @@ TEST_CASE("once failed, the rendezvous answers every later join with the first e
 TEST_CASE("the start deadline fails the rendezvous naming every missing task in rank order") {
   rendezvous_state s(options_for(4));
   s.add_nonce("n");
-  CHECK_FALSE(s.join(join_request{rendezvous_options{}.version, 2, "n", hmac_sha256_hex("shared", "n"), 2, "h", 1}));
+  CHECK_FALSE(s.join(join_request{rendezvous_options{}.version, 2, "n", hmac_sha256_hex("shared", "n"), 2, "h", 1, "", {}}));
   CHECK(s.expire());
   REQUIRE(s.failure());
   CHECK(s.failure()->code == rendezvous_errc::workers_missing);
@@ -313,6 +353,35 @@ TEST_CASE("missed_heartbeats sets how many intervals of silence declare a worker
   auto s = watched_cluster(o);
   CHECK(s.check(t0 + 200ms).empty());
   CHECK(s.check(t0 + 201ms).size() == 2);
+}
+
+TEST_CASE("heartbeats and goodbyes count only from the peer that joined as the rank they name") {
+  rendezvous_state s(options_for(3));
+  const auto t = rendezvous_state::clock::time_point{} + 1h;
+  s.set_chief_peer("chief-node");
+  for (int r = 1; r < 3; ++r) {
+    auto o = options_for(3, r);
+    const std::string n = "nonce-" + std::to_string(r), peer = "node-" + std::to_string(r);
+    s.add_nonce(n, peer, t);
+    REQUIRE_FALSE(s.join(join_request{o.version, r, n, hmac_sha256_hex("shared", n), o.devices, o.data_host,
+                                      o.data_port, peer, t}));
+  }
+  s.start_watch(100ms, t);
+  CHECK(s.is_member(1, "node-1"));
+  CHECK_FALSE(s.is_member(1, "stranger"));
+  CHECK_FALSE(s.is_member(0, "stranger"));
+  // A forged goodbye for rank 1, then rank 1 stops: it is still declared gone.
+  s.on_bye(1, "stranger");
+  CHECK_FALSE(s.settled(1));
+  // Forged heartbeats for rank 2 do not hide its silence.
+  CHECK(s.on_beat(1, t + 50ms, "node-1"));
+  CHECK_FALSE(s.on_beat(2, t + 650ms, "stranger"));
+  CHECK_FALSE(s.on_beat(0, t + 650ms, "stranger"));
+  auto verdicts = s.check(t + 700ms);
+  REQUIRE(verdicts.size() == 2);
+  CHECK(verdicts[0].rank == 1);
+  CHECK(verdicts[1].rank == 2);
+  CHECK(verdicts[0].tell == std::vector<int>{1});  // only rank 1's real watcher registered
 }
 
 TEST_CASE("a worker that said goodbye is never declared gone") {

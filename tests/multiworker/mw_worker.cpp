@@ -1,6 +1,6 @@
 // One worker of the multi-worker tests: run by run_cluster.sh in N processes with TF_CONFIG set
 // (or the Slurm or mpirun variables, with MW_RESOLVER=slurm|mpi).
-// Usage: mw_worker collectives | die | hang | skip | checkpoint | train | join
+// Usage: mw_worker collectives | die | hang | skip | checkpoint | train | join | idle
 // Once the cluster formed it prints "replicas <R> workers <W> task <type>:<index>". Prints
 // "OK <rank>" and exits 0 when every check holds; prints "FAIL ..." and exits 1 when one does not;
 // prints "ERROR <message>" and exits 3 when the strategy throws.
@@ -12,6 +12,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <troupe/troupe.hpp>
 
@@ -291,10 +292,12 @@ int main(int argc, char** argv) {
       std::cout << "FAIL the collective with a dead worker returned\n";
       rc = 1;
     } else if (mode == "hang") {
-      // Worker 1 stops (as a hung process would) after the first collective; the others must
-      // fail within CommunicationOptions::timeout (MW_TIMEOUT_MS) and exit.
+      // Worker MW_STOPPING_TASK (1 unless set) stops (as a hung process would) after the first
+      // collective; the others must fail (by MW_TIMEOUT_MS, or the cluster watch) and exit.
+      const char* stopping = std::getenv("MW_STOPPING_TASK");
+      const int victim = stopping != nullptr ? std::atoi(stopping) : 1;
       s.run([] { get_replica_context()->all_reduce(ReduceOp::sum, Tensor::zeros({100})); });
-      if (s.cluster_resolver()->task_id() == 1) {
+      if (s.cluster_resolver()->task_id() == victim) {
         std::cout << "stopping" << std::endl;
         raise(SIGSTOP);
       }
@@ -319,6 +322,11 @@ int main(int argc, char** argv) {
       rc = checkpoint(s, dir ? dir : "/tmp/troupe-mw-ckpt");
     } else if (mode == "train") {
       rc = train(s);
+    } else if (mode == "idle") {
+      // The cluster watch alone for MW_IDLE_MS (what bench/control_plane_cost.sh measures).
+      const char* idle = std::getenv("MW_IDLE_MS");
+      std::this_thread::sleep_for(std::chrono::milliseconds(idle != nullptr ? std::atoi(idle) : 1000));
+      s.run([] { get_replica_context()->all_reduce(ReduceOp::sum, Tensor::zeros({1})); });
     } else if (mode == "join") {
       std::cout << "joined " << s.num_replicas_in_sync() << "\n";
     }

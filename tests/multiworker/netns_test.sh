@@ -35,10 +35,10 @@ ip -n "$a" link set "va-$tag" up
 ip -n "$b" link set "vb-$tag" up
 
 cluster="\"worker\": [\"$net.1:23456\", \"$net.2:23456\"]"
-ip netns exec "$a" env TF_CONFIG="{\"cluster\": {$cluster}, \"task\": {\"type\": \"worker\", \"index\": 0}}" \
+ip netns exec "$a" env TROUPE_CLUSTER_TOKEN="netns-$$" TF_CONFIG="{\"cluster\": {$cluster}, \"task\": {\"type\": \"worker\", \"index\": 0}}" \
   timeout 60 "$worker" collectives > "$dir/out0" 2>&1 &
 p0=$!
-ip netns exec "$b" env TF_CONFIG="{\"cluster\": {$cluster}, \"task\": {\"type\": \"worker\", \"index\": 1}}" \
+ip netns exec "$b" env TROUPE_CLUSTER_TOKEN="netns-$$" TF_CONFIG="{\"cluster\": {$cluster}, \"task\": {\"type\": \"worker\", \"index\": 1}}" \
   timeout 60 "$worker" collectives > "$dir/out1" 2>&1 &
 p1=$!
 wait $p0; r0=$?

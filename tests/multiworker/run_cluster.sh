@@ -35,6 +35,8 @@ start_cluster() {
     env TF_CONFIG="{\"cluster\": {\"worker\": [$list]}, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
         ${!extra_var:-} timeout 60 "$worker" "$mode" > "$dir/out$i" 2>&1 &
     pids+=($!)
+    # AFTER_CHIEF: a command run once the first worker (the chief) started, before the others.
+    if [ "$i" = 0 ] && [ -n "${AFTER_CHIEF:-}" ]; then eval "$AFTER_CHIEF"; fi
   done
 }
 
@@ -139,6 +141,65 @@ stranger_attack() {
   if grep -q "ERROR\|cross-worker collective failed" "$dir"/out0 "$dir"/out1; then fail "a worker was blamed"; fi
 }
 
+now_ms() { date +%s%3N; }
+
+# stops_under_defaults N VICTIM: N workers with default settings; task VICTIM stops itself with
+# SIGSTOP after the first collective. Every other task must name it and exit 3 within 5 s of the
+# stop; then the stopped one is killed.
+stops_under_defaults() {
+  local n="$1" victim="$2"
+  for i in $(seq 0 $((n - 1))); do declare -g "W${i}_ENV=MW_STOPPING_TASK=$victim"; done
+  start_cluster "$n" hang
+  local stopped=""
+  for _ in $(seq 1 600); do
+    grep -q "^stopping" "$dir/out$victim" 2>/dev/null && { stopped=$(now_ms); break; }
+    sleep 0.05
+  done
+  [ -n "$stopped" ] || fail "task $victim never reached its stop"
+  for i in $(seq 0 $((n - 1))); do
+    [ "$i" = "$victim" ] && continue
+    wait "${pids[$i]}"; echo $? > "$dir/rc$i"
+    local took=$(( $(now_ms) - stopped ))
+    [ "$took" -lt 5000 ] || fail "task $i took $took ms to notice the stopped task $victim (bound: 5000)"
+  done
+  kill -9 "${pids[$victim]}" 2>/dev/null; wait "${pids[$victim]}" 2>/dev/null
+  for i in $(seq 0 $((n - 1))); do
+    [ "$i" = "$victim" ] && continue
+    [ "$(cat "$dir/rc$i")" = "3" ] || fail "task $i exited $(cat "$dir/rc$i"), expected 3"
+    grep -q "task:$victim.*sent no heartbeat" "$dir/out$i" || fail "task $i did not name the stopped task $victim"
+  done
+}
+
+attacker_bin="$(dirname "$worker")/mw_attacker"
+
+# start_with_attacker N MODE ATTACK_ARGS...: the chief first, then the stranger (mw_attacker
+# ATTACK_ARGS, with the chief's port after the host), once it printed ATTACK_WAIT (default: it
+# reached the chief) the others.
+start_with_attacker() {
+  local n="$1" mode="$2"
+  attack_what="$3"; shift 3; attack_args=("$@")
+  launch_attacker() {
+    "$attacker_bin" "$attack_what" 127.0.0.1 "${ports[0]}" "${attack_args[@]}" > "$dir/attacker" 2>&1 &
+    attacker=$!
+    for _ in $(seq 1 3000); do grep -q "${ATTACK_WAIT:-attacker: connected}" "$dir/attacker" 2>/dev/null && break; sleep 0.02; done
+  }
+  AFTER_CHIEF=launch_attacker start_cluster "$n" "$mode"
+}
+
+# peak_rss_kb PID: follows PID (timeout(1), whose child is the worker) until it exits and prints
+# the worker's peak resident memory in kB.
+peak_rss_kb() {
+  local peak=0 kb
+  while kill -0 "$1" 2>/dev/null; do
+    for c in $(pgrep -P "$1" 2>/dev/null); do
+      kb=$(awk '/^VmHWM:/ {print $2}' "/proc/$c/status" 2>/dev/null || echo 0)
+      [ -n "$kb" ] && [ "$kb" -gt "$peak" ] && peak=$kb
+    done
+    sleep 0.02
+  done
+  echo "$peak"
+}
+
 case "$scenario" in
   stranger-old-hello)
     stranger_attack old-hello
@@ -174,6 +235,63 @@ case "$scenario" in
       grep -q "rank 1 (127.0.0.1:[0-9]*) is at step 3, collective 0 .*rank $i (this worker) at step 2, collective 1" \
         "$dir/out$i" || fail "worker $i did not name both sides and both numbers"
     done ;;
+  token-required)
+    # A cluster beyond loopback (192.0.2.1 is TEST-NET-1) without a token refuses to start,
+    # naming both ways out; told insecure it starts (and finds the other task missing).
+    read -r -a ports <<< "$(free_ports 1)"
+    cfg="{\"cluster\": {\"worker\": [\"127.0.0.1:${ports[0]}\", \"192.0.2.1:2222\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}"
+    env -u TROUPE_CLUSTER_TOKEN TF_CONFIG="$cfg" timeout 60 "$worker" join > "$dir/out0" 2>&1; echo $? > "$dir/rc0"
+    expect_all 1 3 "spans more than loopback (192.0.2.1:2222) and no cluster token is set.*TROUPE_CLUSTER_TOKEN.*TROUPE_INSECURE=1"
+    env -u TROUPE_CLUSTER_TOKEN TROUPE_INSECURE=1 TROUPE_START_TIMEOUT_MS=1000 TF_CONFIG="$cfg" timeout 60 "$worker" join \
+      > "$dir/out0" 2>&1; echo $? > "$dir/rc0"
+    expect_all 1 3 "still missing after 1000 ms: /job:worker/replica:0/task:1"
+    TROUPE_INSECURE=yes TF_CONFIG="$cfg" timeout 60 "$worker" join > "$dir/out0" 2>&1; echo $? > "$dir/rc0"
+    expect_all 1 3 'TROUPE_INSECURE="yes" is not 0 or 1' ;;
+  forged-bye-beats)
+    # A cluster without a token (loopback): a stranger forges a goodbye and heartbeats for task 1,
+    # which then stops. They count only from the peer that joined as task 1: every other task
+    # still names it within 5 s, and the chief logs the refusals.
+    for i in 0 1 2; do declare "W${i}_ENV=MW_STOPPING_TASK=1"; done
+    start_with_attacker 3 hang forge 1 12
+    stopped=""
+    for _ in $(seq 1 600); do
+      grep -q "^stopping" "$dir/out1" 2>/dev/null && { stopped=$(now_ms); break; }
+      sleep 0.05
+    done
+    [ -n "$stopped" ] || fail "task 1 never reached its stop"
+    for i in 0 2; do
+      wait "${pids[$i]}"; echo $? > "$dir/rc$i"
+      took=$(( $(now_ms) - stopped ))
+      [ "$took" -lt 5000 ] || fail "task $i took $took ms to notice the stopped task 1 under forged beats"
+      [ "$(cat "$dir/rc$i")" = 3 ] || fail "task $i exited $(cat "$dir/rc$i"), expected 3"
+      grep -q "task:1 sent no heartbeat" "$dir/out$i" || fail "task $i did not name the stopped task 1"
+    done
+    kill -9 "${pids[1]}" "$attacker" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
+    grep -q "refused a goodbye for rank 1" "$dir/out0" || fail "the chief did not log the forged goodbye"
+    grep -q "refused a heartbeat for rank 1" "$dir/out0" || fail "the chief did not log the forged heartbeat" ;;
+  stranger-bad-join)
+    # On a cluster without a token (loopback), a stranger joins as task 1 with a wrong proof
+    # before task 1 starts: it is refused alone and logged, and the cluster forms and computes.
+    ATTACK_WAIT="attacker: done" start_with_attacker 3 collectives bad-join 1
+    wait_all 3; wait "$attacker"
+    grep -q "attacker: refused.*refused a join claiming to be /job:worker/replica:0/task:1" "$dir/attacker" ||
+      fail "the stranger's join was not refused: $(cat "$dir/attacker")"
+    grep -q "troupe: rendezvous: refused a join claiming to be /job:worker/replica:0/task:1" "$dir/out0" ||
+      fail "the chief did not log the refused join"
+    expect_cluster 3 3 ;;
+  nonce-flood)
+    # A stranger asks a chief without a token for 400000 nonces before the cluster forms: the
+    # nonces it holds are bounded, its memory stays small, and the cluster computes right.
+    # The others start once the chief answered the flood's last request: it handled all of it.
+    ATTACK_WAIT="attacker: done" start_with_attacker 3 collectives nonce-flood 400000
+    peak_kb=$(peak_rss_kb "${pids[0]}")
+    wait_all 3; wait "$attacker"
+    grep -q "attacker: done 400000" "$dir/attacker" || fail "the flood did not finish: $(cat "$dir/attacker")"
+    expect_cluster 3 3
+    echo "the chief's peak resident memory: $peak_kb kB"
+    [ "$peak_kb" -gt 0 ] && [ "$peak_kb" -lt 49152 ] || fail "the chief's peak resident memory was $peak_kb kB" ;;
+  chief-stops) stops_under_defaults 3 0 ;;
+  worker-stops-defaults) stops_under_defaults 3 1 ;;
   collectives-2x1) start_cluster 2 collectives; wait_all 2; expect_cluster 2 2 ;;
   collectives-3x1) start_cluster 3 collectives; wait_all 3; expect_cluster 3 3 ;;
   collectives-4x1) start_cluster 4 collectives; wait_all 4; expect_cluster 4 4 ;;
@@ -211,8 +329,44 @@ case "$scenario" in
     for i in 0 1 2 3; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2"; done
     start_cluster 4 collectives; wait_all 4; expect_cluster 4 8 ;;
   bad-token)
-    W0_ENV="TROUPE_CLUSTER_TOKEN=secret" W1_ENV="TROUPE_CLUSTER_TOKEN=guess" start_cluster 2 join
-    wait_all 2; expect_all 2 3 "/job:worker/replica:0/task:1 failed the cluster token check" ;;
+    # A worker with another token fails the TLS handshake: it cannot abort the start, it is only
+    # missing (the chief names it at its deadline), and it names the token as the likely cause.
+    W0_ENV="TROUPE_CLUSTER_TOKEN=secret TROUPE_START_TIMEOUT_MS=3000"
+    W1_ENV="TROUPE_CLUSTER_TOKEN=guess TROUPE_START_TIMEOUT_MS=3000"
+    start_cluster 2 join; wait_all 2
+    expect_all 1 3 "still missing after 3000 ms: /job:worker/replica:0/task:1"
+    [ "$(cat "$dir/rc1")" = 3 ] || fail "worker 1 exited $(cat "$dir/rc1"), expected 3"
+    grep -q "could not reach the chief.*TROUPE_CLUSTER_TOKEN" "$dir/out1" || fail "worker 1 did not name the token" ;;
+  stranger-basp-header|stranger-bad-token)
+    # A stranger attacks the chief's rendezvous port while a cluster with a token forms: the
+    # cluster forms and computes right, and the chief's resident memory stays small.
+    for i in 0 1 2; do declare "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$"; done
+    # The stranger strikes between the chief's start and the others'.
+    attack() {
+      if [ "$scenario" = stranger-basp-header ]; then
+        "$(dirname "$0")/attacker.py" basp-header 127.0.0.1 "${ports[0]}" 3 > "$dir/attacker" 2>&1 &
+      else
+        "$(dirname "$0")/attacker.py" bad-token 127.0.0.1 "${ports[0]}" > "$dir/attacker" 2>&1 &
+      fi
+      attacker=$!
+      for _ in $(seq 1 300); do grep -q "attacker: sent" "$dir/attacker" 2>/dev/null && break; sleep 0.02; done
+    }
+    AFTER_CHIEF=attack start_cluster 3 collectives
+    pids+=("$attacker")
+    peak_kb=0
+    while kill -0 "${pids[0]}" 2>/dev/null; do
+      kb=$(awk '/^VmHWM:/ {print $2}' "/proc/${pids[0]}/status" 2>/dev/null || true)
+      for c in $(pgrep -P "${pids[0]}" 2>/dev/null); do  # timeout(1) runs the worker as its child
+        kb=$(awk '/^VmHWM:/ {print $2}' "/proc/$c/status" 2>/dev/null || echo 0)
+      done
+      [ -n "$kb" ] && [ "$kb" -gt "$peak_kb" ] && peak_kb=$kb
+      sleep 0.02
+    done
+    wait_all 3; wait "$attacker" || fail "the attacker did not run: $(cat "$dir/attacker")"
+    grep -q "attacker: sent" "$dir/attacker" || fail "the attacker sent nothing"
+    expect_cluster 3 3
+    echo "the chief's peak resident memory: $peak_kb kB"
+    [ "$peak_kb" -gt 0 ] && [ "$peak_kb" -lt 262144 ] || fail "the chief's peak resident memory was $peak_kb kB" ;;
   device-mismatch)
     W0_ENV="TROUPE_DEVICES_PER_WORKER=1" W1_ENV="TROUPE_DEVICES_PER_WORKER=2" start_cluster 2 join
     wait_all 2; expect_all 2 3 "workers have different device counts" ;;

@@ -330,6 +330,24 @@ TEST_CASE("troupe-launch passes --devices-per-worker as TROUPE_DEVICES_PER_WORKE
     CHECK(lines_of_rank(r.out, rank) == std::vector<std::string>{"DEVICES=2"});
 }
 
+TEST_CASE("troupe-launch gives its workers one fresh TROUPE_CLUSTER_TOKEN per launch unless the caller set one") {
+  scratch dir;
+  // The token every worker of one launch saw (empty when they differ).
+  auto token_of = [&](const std::vector<std::string>& env) {
+    auto r = run(workers(2, R"(echo "TOKEN=${TROUPE_CLUSTER_TOKEN-unset}")", dir), dir, env);
+    REQUIRE(r.finished);
+    CHECK(r.exit_code == 0);
+    const std::string t = lines_of_rank(r.out, 0).at(0);
+    return t == lines_of_rank(r.out, 1).at(0) ? t : std::string();
+  };
+  const std::string first = token_of({"TROUPE_CLUSTER_TOKEN"});
+  CHECK(first.size() == std::string("TOKEN=").size() + 64);
+  CHECK(token_of({"TROUPE_CLUSTER_TOKEN"}) != first);  // another launch, another token
+  const std::string from_empty = token_of({"TROUPE_CLUSTER_TOKEN="});  // empty counts as unset
+  CHECK(from_empty.size() == first.size());
+  CHECK(token_of({"TROUPE_CLUSTER_TOKEN=mine"}) == "TOKEN=mine");
+}
+
 TEST_CASE("troupe-launch prefixes every stdout and stderr line with the worker's rank") {
   scratch dir;
   auto r = run(workers(3, R"(echo "out $i"; echo "err $i" >&2; printf 'two\nlines\n'

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <system_error>
@@ -250,17 +251,36 @@ class supervisor {
     return q + "'";
   }
 
-  // The environment every worker shares; TF_CONFIG is added per worker.
+  // A fresh secret for this launch: 32 bytes from the kernel, hex.
+  static std::string random_token() {
+    std::random_device random;  // /dev/urandom on Linux
+    static const char* hex = "0123456789abcdef";
+    std::string token;
+    for (int i = 0; i < 16; ++i) {
+      const auto v = random();
+      for (int k = 0; k < 4; ++k) token += hex[(v >> (4 * k)) & 15];
+    }
+    return token;
+  }
+
+  // The environment every worker shares; TF_CONFIG is added per worker. Unless the caller set a
+  // TROUPE_CLUSTER_TOKEN, the workers share one made for this launch.
   std::vector<std::string> base_environment() const {
     std::vector<std::string> env;
+    bool token = false;
     for (char** e = environ; e && *e; ++e) {
       std::string entry(*e);
       if (entry.rfind("TF_CONFIG=", 0) == 0) continue;
+      if (entry.rfind("TROUPE_CLUSTER_TOKEN=", 0) == 0) {
+        if (entry.size() == std::strlen("TROUPE_CLUSTER_TOKEN=")) continue;  // empty: as if unset
+        token = true;
+      }
       if (options_.devices_per_worker && entry.rfind("TROUPE_DEVICES_PER_WORKER=", 0) == 0) continue;
       env.push_back(std::move(entry));
     }
     if (options_.devices_per_worker)
       env.push_back("TROUPE_DEVICES_PER_WORKER=" + std::to_string(*options_.devices_per_worker));
+    if (!token) env.push_back("TROUPE_CLUSTER_TOKEN=" + random_token());
     return env;
   }
 

@@ -79,6 +79,31 @@ std::vector<std::string> training_tasks(const ClusterSpec& spec) {
   return tasks;
 }
 
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// A cluster that spans more than loopback needs a token unless told insecure: without one, its
+// control plane is plain CAF/BASP, which anyone who reaches the chief's port can make allocate
+// gigabytes or speak as a worker. Names the first address beyond loopback and both ways out.
+void require_token(const ClusterSpec& spec, const std::string& coordinator, const MultiWorkerOptions& settings) {
+  if (!settings.cluster_token.empty() || settings.insecure) return;
+  std::vector<std::string> addresses{coordinator};
+  for (const auto& job : spec.jobs()) {
+    for (const auto& a : spec.task_addresses(job)) addresses.push_back(a);
+  }
+  for (const auto& a : addresses) {
+    if (a == ClusterSpec::pending_address) continue;
+    if (!is_loopback_host(split_address(a, "a cluster").first)) {
+      throw std::invalid_argument(
+          "MultiWorkerMirroredStrategy: the cluster spans more than loopback (" + a.substr(0, 300) +
+          ") and no cluster token is set: set the same secret in TROUPE_CLUSTER_TOKEN on every worker "
+          "(troupe-launch sets one), or, on a trusted isolated network only, set TROUPE_INSECURE=1 "
+          "(MultiWorkerOptions::insecure)");
+    }
+  }
+}
+
 class MultiWorkerBackend final : public detail::MirroredBackend {
  public:
   MultiWorkerBackend(Runtime& runtime, std::vector<Device> devices, std::unique_ptr<detail::RingWorkerGroup> workers,
@@ -128,6 +153,7 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
     throw std::invalid_argument("MultiWorkerMirroredStrategy: task type \"" + task_type +
                                 "\" does not train; only chief and worker tasks run the strategy");
   }
+  require_token(spec, resolver.coordinator_address(), settings);
   const int rank = spec.id_in_cluster(task_type, resolver.task_id());
   const std::vector<std::string> tasks = training_tasks(spec);
   const int workers = static_cast<int>(tasks.size());

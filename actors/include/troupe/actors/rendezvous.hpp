@@ -36,9 +36,11 @@ struct rendezvous_options {
   int devices = 1;
   std::string data_host;
   std::uint16_t data_port = 0;
-  std::string token;                  ///< the shared cluster token (TROUPE_CLUSTER_TOKEN); may be empty
+  /// The shared cluster token (TROUPE_CLUSTER_TOKEN). Set: every control connection is mutual
+  /// TLS from a certificate it derives (the system needs CAF's OpenSSL module). Empty: plain BASP.
+  std::string token;
   std::chrono::milliseconds timeout{60000};  ///< the start deadline: every worker joined by then
-  std::uint32_t version = 4;          ///< protocol version; every worker must agree (4: incarnation)
+  std::uint32_t version = 5;          ///< protocol version; every worker must agree (4: incarnation; 5: the chief beats to the workers)
   /// The chief's only: an id every worker needs to join its GPU collectives (the ncclUniqueId, as
   /// hex), handed to all of them with the peer table. Hex digits only.
   std::string collective_id;
@@ -59,15 +61,18 @@ struct rendezvous_options {
 void add_rendezvous_types(caf::actor_system_config& config);
 
 /// The rendezvous of a multi-worker strategy, numbered as it happens:
-///   1. The chief publishes its cluster agent through the CAF middleman at its own address.
+///   1. The chief publishes its cluster agent through the CAF middleman at its own address; with a
+///      token, through CAF's OpenSSL module, so that only holders of the token reach BASP.
 ///   2. Every other worker connects to it (retrying until the timeout), asks for a nonce, and
 ///      joins with: protocol version, rank, HMAC-SHA256(token, nonce) (the token never travels),
 ///      local device count and data-plane endpoint.
 ///   3. The chief checks each join (version, token proof, device count equal to its own, a rank
 ///      that is free) and, once every worker has joined, sends all of them the peer table (with
-///      its collective_id and this start's random incarnation in its own entry).
-///   4. A bad join, or the timeout with workers still missing, fails every worker with the same
-///      error naming the culprit (the missing tasks by name).
+///      its collective_id and this start's random incarnation in its own entry). A join that
+///      fails the token proof is refused alone and logged: whoever sent it proved nothing, so it
+///      cannot fail the cluster.
+///   4. Any other bad join, or the timeout with workers still missing, fails every worker with
+///      the same error naming the culprit (the missing tasks by name).
 ///   5. Every worker checks the table it received (check_peer_table) before using it.
 /// The rules of steps 3 to 5 are rendezvous_state's. Returns the peer table in rank order, or
 /// throws std::runtime_error with that error (std::invalid_argument for bad options, or a system
@@ -77,7 +82,10 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
 /// Liveness after the rendezvous: every worker's heartbeat actor beats to the chief's agent every
 /// `interval`; the chief declares a worker gone when it has been silent for more than
 /// options.missed_heartbeats intervals (hung, stopped, or unreachable) or its connection closed,
-/// and tells every worker; a worker whose connection to the chief closes declares the chief gone.
+/// and tells every worker. The watch runs both ways: the chief's agent beats to every worker's
+/// heartbeat actor every `interval` too, and a worker declares the chief gone when the agent has
+/// been silent for more than options.missed_heartbeats intervals (a stopped chief keeps its
+/// connections open) or its connection to the chief closed.
 /// on_failure(rank, reason) runs once per worker process, on an actor thread. A worker that
 /// leaves cleanly says goodbye first, so it is not declared gone. Destroying the watch stops the
 /// actors.

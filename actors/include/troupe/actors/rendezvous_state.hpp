@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -38,6 +40,10 @@ struct rendezvous_limits {
   static constexpr std::size_t max_collective_id_chars = 1024; ///< hex; an ncclUniqueId is 256
   static constexpr std::size_t incarnation_chars = 32;         ///< hex: 128 random bits
   static constexpr std::size_t max_workers = 65536;
+  /// Nonces handed out and not yet used: at most this many (the oldest goes first), one per
+  /// peer (a peer's new nonce replaces its old one), each good for nonce_lifetime.
+  static constexpr std::size_t max_nonces = 1024;
+  static constexpr std::chrono::milliseconds nonce_lifetime{10000};
 };
 
 /// A worker's join, as the chief's agent receives it.
@@ -49,6 +55,10 @@ struct join_request {
   std::int32_t devices = 0;
   std::string data_host;
   std::uint16_t data_port = 0;
+  /// Who sent it (the sender's node, as the agent sees it): the nonce must have been handed to
+  /// the same peer, and the rank's heartbeats and goodbye count only from it.
+  std::string peer;
+  std::chrono::steady_clock::time_point at{};  ///< when it arrived
 };
 
 /// A worker declared gone: who, why, and the ranks whose watchers are to be told.
@@ -72,12 +82,19 @@ class rendezvous_state {
 
   // --- joining ---
 
-  /// Records a nonce handed to a worker; each is good for one join.
-  void add_nonce(std::string nonce);
+  /// Who the chief itself is (its node): rank 0's heartbeats and goodbye count only from it.
+  void set_chief_peer(std::string peer);
+  /// Records a nonce handed to `peer` at `now`; each is good for one join by that peer within
+  /// rendezvous_limits::nonce_lifetime. Bounded: see rendezvous_limits::max_nonces.
+  void add_nonce(std::string nonce, std::string peer = {}, clock::time_point now = {});
+  /// Nonces held now (at most rendezvous_limits::max_nonces).
+  std::size_t nonces() const noexcept { return nonces_.size(); }
   /// Checks a join against the rules (protocol version, token proof, rank in the cluster and
   /// free, device count equal to the chief's, a data-plane endpoint in range), in that order.
-  /// A bad join fails the whole rendezvous and returns its error; a good one takes the rank.
-  /// Once failed, every join gets the same error.
+  /// A join that fails the token proof (an unknown, expired or replayed nonce, another peer's
+  /// nonce, a wrong proof) is refused alone: a stranger cannot abort the start. Any other bad
+  /// join fails the whole rendezvous and returns its error; a good one takes the rank. Once
+  /// failed, every join gets the same error.
   std::optional<rendezvous_error> join(const join_request& request);
   /// The start deadline passed: fails the rendezvous naming the missing tasks, unless it is
   /// complete or failed already. Returns whether this call failed it.
@@ -93,12 +110,15 @@ class rendezvous_state {
 
   /// The rendezvous is complete: from `now`, every worker is expected to beat every `interval`.
   void start_watch(std::chrono::milliseconds interval, clock::time_point now);
-  /// A heartbeat from `rank`. Returns true when it is the first from that rank's watcher, which
-  /// is then to be monitored and told every verdict. Ignored (false) before start_watch or for a
-  /// rank outside the cluster.
-  bool on_beat(int rank, clock::time_point now);
-  /// `rank` leaves cleanly: it will not be declared gone.
-  void on_bye(int rank);
+  /// Whether `peer` is the one that joined as `rank` (the chief's own for rank 0): heartbeats and
+  /// goodbyes naming a rank count only from it.
+  bool is_member(int rank, const std::string& peer) const;
+  /// A heartbeat from `rank`, sent by `peer`. Returns true when it is the first from that rank's
+  /// watcher, which is then to be monitored and told every verdict. Ignored (false) before
+  /// start_watch, for a rank outside the cluster, or from a peer that is not that rank's.
+  bool on_beat(int rank, clock::time_point now, const std::string& peer = {});
+  /// `rank` leaves cleanly: it will not be declared gone. Ignored from a peer not that rank's.
+  void on_bye(int rank, const std::string& peer = {});
   /// The connection to `rank`'s watcher closed: a verdict unless that rank is settled already.
   std::optional<verdict> on_connection_closed(int rank);
   /// The periodic check: a verdict for each worker silent for more than
@@ -115,7 +135,15 @@ class rendezvous_state {
   rendezvous_options options_;
   std::vector<member> members_;  // by rank; members_[0] is the chief
   std::vector<bool> joined_;
-  std::set<std::string> nonces_;
+  struct issued {
+    std::string peer;
+    clock::time_point at;
+  };
+  void forget_nonce(const std::string& nonce);
+  std::map<std::string, issued> nonces_;              // by nonce
+  std::map<std::string, std::string> nonce_of_peer_;  // one per peer
+  std::deque<std::string> nonce_order_;               // oldest first (may hold used ones)
+  std::vector<std::string> peers_;                    // by rank: who joined
   std::optional<rendezvous_error> failure_;
   bool complete_ = false;
   std::chrono::milliseconds interval_{0};

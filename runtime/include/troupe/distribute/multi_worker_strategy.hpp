@@ -46,8 +46,14 @@ struct MultiWorkerOptions {
   /// TROUPE_DEVICES_PER_WORKER: local replicas (1..1024); 0 means every GPU under NCCL, else one
   /// CPU replica.
   int devices_per_worker = 0;
-  /// TROUPE_CLUSTER_TOKEN: the secret every worker proves at rendezvous (empty: none).
+  /// TROUPE_CLUSTER_TOKEN: the secret every worker shares. With one, the control plane
+  /// (rendezvous, heartbeats, goodbyes) is mutual TLS from a certificate the token derives, so only
+  /// its holders reach it. Empty: plain, unauthenticated control messages, allowed only on a
+  /// cluster whose every address is loopback, or with `insecure`.
   std::string cluster_token;
+  /// TROUPE_INSECURE=1: lets a cluster that spans more than loopback start without a token (a
+  /// trusted, isolated network only: anyone who reaches the chief's port can stall or exhaust it).
+  bool insecure = false;
 
   /// The defaults with the TROUPE_* environment applied.
   static MultiWorkerOptions from_environment();

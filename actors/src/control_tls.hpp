@@ -1,0 +1,41 @@
+#pragma once
+
+// The control plane's credentials: every worker of a cluster derives one Ed25519 key and one
+// self-signed certificate from the cluster token, and uses that certificate both as its own and
+// as the only authority it trusts. CAF's OpenSSL module then runs mutual TLS on every rendezvous
+// and heartbeat connection: a peer without the token fails the handshake before one byte of BASP
+// is parsed (BASP reserves whatever payload size a header declares, so it must never face a
+// stranger). Internal to actors/.
+
+#include <string>
+
+#include "caf/fwd.hpp"
+
+namespace troupe::actors {
+
+/// The PEM files CAF's OpenSSL module reads, in a private directory (mode 0700) removed with
+/// the object. The key is as secret as the token it comes from.
+class control_credentials {
+ public:
+  /// Derives the key and the certificate from `token` (not empty) and writes them. Throws
+  /// std::runtime_error when OpenSSL or the file system fails.
+  explicit control_credentials(const std::string& token);
+  ~control_credentials();
+  control_credentials(const control_credentials&) = delete;
+  control_credentials& operator=(const control_credentials&) = delete;
+
+  const std::string& certificate() const noexcept { return certificate_; }
+  const std::string& key() const noexcept { return key_; }
+
+  /// Points `system`'s OpenSSL module at these files: every TLS session it opens from now on
+  /// presents this certificate and requires the peer's to be signed by it. Throws
+  /// std::invalid_argument when the system was built without the module.
+  void install(caf::actor_system& system) const;
+
+ private:
+  std::string dir_;
+  std::string certificate_;
+  std::string key_;
+};
+
+}  // namespace troupe::actors
