@@ -30,6 +30,12 @@ void check_multi_worker_options(const distribute::CommunicationOptions& options,
 /// TROUPE_FORCE_CPU=1: GPUs are hidden from troupe.
 bool force_cpu_from_environment();
 
+/// TROUPE_CPU as set (nullptr when unset): the CPU kernel path to force (cpu/dispatch.cpp checks it).
+const char* cpu_path_from_environment();
+
+/// TROUPE_INTRA_OP_THREADS (0..64, 0 when unset: as many as the cores the replicas leave idle).
+int intra_op_threads_from_environment();
+
 /// TROUPE_LOG_LEVEL, or warning when it is unset or names no level (RuntimeOptions refuses such a
 /// value with a clear error; the log itself never throws).
 LogLevel log_level_from_environment();

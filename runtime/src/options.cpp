@@ -82,6 +82,10 @@ bool force_cpu_from_environment() {
   return force_cpu != nullptr && std::strcmp(force_cpu, "1") == 0;
 }
 
+const char* cpu_path_from_environment() { return std::getenv("TROUPE_CPU"); }
+
+int intra_op_threads_from_environment() { return env_int("TROUPE_INTRA_OP_THREADS", 0, 0, 64); }
+
 LogLevel log_level_from_environment() {
   const char* v = std::getenv("TROUPE_LOG_LEVEL");
   if (v == nullptr || *v == '\0') return LogLevel::warning;

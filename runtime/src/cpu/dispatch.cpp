@@ -6,6 +6,8 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "../env.hpp"
+
 namespace troupe::detail::cpu {
 namespace {
 
@@ -57,7 +59,7 @@ const choice& chosen() {
   static const choice c = [] {
     choice out;
     out.features = detect_features();
-    const char* env = std::getenv("TROUPE_CPU");
+    const char* env = troupe::detail::cpu_path_from_environment();
     out.setting = env == nullptr ? "" : env;
     try {
       out.table = table_for(choose_isa(env, out.features));

@@ -121,7 +121,7 @@ pool& helpers() {
 int intra_op_threads() { return threads_here; }
 
 int intra_op_threads_for(int replicas) {
-  const int set = env_int("TROUPE_INTRA_OP_THREADS", 0, 0, 64);
+  const int set = troupe::detail::intra_op_threads_from_environment();
   if (set > 0) return set;
   return std::max(1, cores() / std::max(1, replicas));
 }
