@@ -17,6 +17,8 @@ wire::ScalarType to_wire(base::scalar_type t) {
     case base::scalar_type::f64: return wire::ScalarType::FLOAT64;
     case base::scalar_type::i32: return wire::ScalarType::INT32;
     case base::scalar_type::i64: return wire::ScalarType::INT64;
+    case base::scalar_type::f16: return wire::ScalarType::FLOAT16;
+    case base::scalar_type::bf16: return wire::ScalarType::BFLOAT16;
   }
   return wire::ScalarType::FLOAT32;
 }
