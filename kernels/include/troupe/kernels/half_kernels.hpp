@@ -79,7 +79,10 @@ inline float f16_to_float(std::uint16_t h) noexcept {
     const float mag = static_cast<float>(mant) * 0x1p-24f;  // exact: mant < 2^10
     return detail::float_of(sign | detail::bits_of(mag));
   }
-  if (exp == 31) return detail::float_of(sign | 0x7f800000u | (mant << 13));
+  if (exp == 31) {
+    if (mant == 0) return detail::float_of(sign | 0x7f800000u);  // infinity
+    return detail::float_of(sign | 0x7fc00000u | (mant << 13));    // NaN, quieted (as IEEE converts)
+  }
   return detail::float_of(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
