@@ -7,6 +7,9 @@
 #include <immintrin.h>
 #define TROUPE_HAVE_F16C_PATH 1
 #endif
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace troupe::kernels {
 namespace {
@@ -46,6 +49,43 @@ __attribute__((target("avx,f16c"))) std::int64_t decompress_f16c(const std::uint
 }
 #endif
 
+#if defined(__SSE2__)
+// bfloat16 four at a time with SSE2 (every x86-64 has it): the same integer steps as
+// float_to_bf16, with the NaN case chosen by mask.
+std::int64_t compress_bf16_sse2(const float* in, std::uint16_t* out, std::int64_t count) {
+  const __m128i abs_mask = _mm_set1_epi32(0x7fffffff);
+  const __m128i inf = _mm_set1_epi32(0x7f800000);
+  const __m128i bias = _mm_set1_epi32(0x7fff);
+  const __m128i one = _mm_set1_epi32(1);
+  const __m128i quiet = _mm_set1_epi32(0x0040);
+  auto narrow4 = [&](__m128i u) {
+    const __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(u, abs_mask), inf);
+    const __m128i rounded = _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(u, bias), _mm_and_si128(_mm_srli_epi32(u, 16), one)), 16);
+    const __m128i quieted = _mm_or_si128(_mm_srli_epi32(u, 16), quiet);
+    const __m128i h = _mm_or_si128(_mm_and_si128(nan, quieted), _mm_andnot_si128(nan, rounded));
+    return _mm_srai_epi32(_mm_slli_epi32(h, 16), 16);  // sign-extended: the signed pack keeps the bits
+  };
+  std::int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m128i lo = narrow4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    const __m128i hi = narrow4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + 4)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_packs_epi32(lo, hi));
+  }
+  return i;
+}
+
+std::int64_t decompress_bf16_sse2(const std::uint16_t* in, float* out, std::int64_t count) {
+  const __m128i zero = _mm_setzero_si128();
+  std::int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_unpacklo_epi16(zero, h));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 4), _mm_unpackhi_epi16(zero, h));
+  }
+  return i;
+}
+#endif
+
 }  // namespace
 
 void compress_range(const float* in, std::uint16_t* out, std::int64_t count, scalar_type type) {
@@ -56,7 +96,11 @@ void compress_range(const float* in, std::uint16_t* out, std::int64_t count, sca
 #endif
     for (; i < count; ++i) out[i] = float_to_f16(in[i]);
   } else if (type == scalar_type::bf16) {
-    for (std::int64_t i = 0; i < count; ++i) out[i] = float_to_bf16(in[i]);
+    std::int64_t i = 0;
+#if defined(__SSE2__)
+    i = compress_bf16_sse2(in, out, count);
+#endif
+    for (; i < count; ++i) out[i] = float_to_bf16(in[i]);
   } else {
     not_16_bit("compress_range", type);
   }
@@ -70,7 +114,11 @@ void decompress_range(const std::uint16_t* in, float* out, std::int64_t count, s
 #endif
     for (; i < count; ++i) out[i] = f16_to_float(in[i]);
   } else if (type == scalar_type::bf16) {
-    for (std::int64_t i = 0; i < count; ++i) out[i] = bf16_to_float(in[i]);
+    std::int64_t i = 0;
+#if defined(__SSE2__)
+    i = decompress_bf16_sse2(in, out, count);
+#endif
+    for (; i < count; ++i) out[i] = bf16_to_float(in[i]);
   } else {
     not_16_bit("decompress_range", type);
   }
