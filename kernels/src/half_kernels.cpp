@@ -86,6 +86,35 @@ std::int64_t decompress_bf16_sse2(const std::uint16_t* in, float* out, std::int6
 }
 #endif
 
+#if defined(TROUPE_HAVE_F16C_PATH)
+// The same eight at a time with AVX2, where the CPU has it.
+bool have_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+__attribute__((target("avx2"), always_inline)) inline __m256i narrow_bf16_avx2(__m256i u) {
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+  const __m256i quieted = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
+  const __m256i h = _mm256_blendv_epi8(rounded, quieted, nan);
+  return _mm256_srai_epi32(_mm256_slli_epi32(h, 16), 16);  // sign-extended: the signed pack keeps the bits
+}
+
+__attribute__((target("avx2"))) std::int64_t compress_bf16_avx2(const float* in, std::uint16_t* out,
+                                                                 std::int64_t count) {
+  std::int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m256i lo = narrow_bf16_avx2(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
+    const __m256i hi = narrow_bf16_avx2(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 8)));
+    // packs works within 128-bit lanes: put the four 64-bit quarters back in element order.
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xd8));
+  }
+  return i;
+}
+#endif
+
 }  // namespace
 
 void compress_range(const float* in, std::uint16_t* out, std::int64_t count, scalar_type type) {
@@ -97,8 +126,11 @@ void compress_range(const float* in, std::uint16_t* out, std::int64_t count, sca
     for (; i < count; ++i) out[i] = float_to_f16(in[i]);
   } else if (type == scalar_type::bf16) {
     std::int64_t i = 0;
+#if defined(TROUPE_HAVE_F16C_PATH)
+    if (have_avx2()) i = compress_bf16_avx2(in, out, count);
+#endif
 #if defined(__SSE2__)
-    i = compress_bf16_sse2(in, out, count);
+    i += compress_bf16_sse2(in + i, out + i, count - i);
 #endif
     for (; i < count; ++i) out[i] = float_to_bf16(in[i]);
   } else {
