@@ -87,9 +87,12 @@ inline float f16_to_float(std::uint16_t h) noexcept {
 }
 
 /// Rounds `count` float32 values to `type` (f16 or bf16) bits; std::invalid_argument otherwise.
+/// Eight at a time with F16C (f16) or AVX2 (bf16) where the CPU has them, else SSE2 or the scalar
+/// code: the same bits on every path.
 void compress_range(const float* in, std::uint16_t* out, std::int64_t count, scalar_type type);
 
 /// Widens `count` `type` (f16 or bf16) values to float32 (exact); std::invalid_argument otherwise.
+/// F16C or SSE2 where present, with the same bits.
 void decompress_range(const std::uint16_t* in, float* out, std::int64_t count, scalar_type type);
 
 }  // namespace troupe::kernels
