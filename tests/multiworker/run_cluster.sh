@@ -315,7 +315,10 @@ case "$scenario" in
   compression-mismatch)
     # One worker compresses, the other does not: the first all-reduce fails on both, naming the peer.
     W0_ENV="MW_COMPRESSION=fp16" W1_ENV="MW_COMPRESSION=none" start_cluster 2 compressed
-    wait_all 2; expect_all 2 3 "cross-worker collective failed" ;;
+    wait_all 2; expect_all 2 3 "cross-worker collective failed"
+    # Worker 1 receives worker 0's float16 frames where it expects float32, and says so.
+    grep -q "it sent float16, this worker expected float32: every worker must all-reduce the same dtype with the same CommunicationOptions::compression" "$dir/out1" ||
+      fail "worker 1 did not name the element types" ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 [ -n "${MW_SHOW:-}" ] && for f in "$dir"/out*; do echo "--- $f"; cat "$f"; done
