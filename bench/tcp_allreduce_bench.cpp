@@ -3,8 +3,13 @@
 // several repetitions, algbw and busbw (nccl-tests' definitions: busbw = algbw x 2(n-1)/n).
 // With --floor (2 processes) it measures the data movement of a 2-rank all-reduce instead: both
 // processes send and receive the same bytes at once over one connection pair, busy-polling.
+// With --compression none,fp16,bf16 every size runs each listed wire format, the repetitions
+// interleaved (none, fp16, bf16, none, ...), and each row gives its ratio to the first format's
+// median. A compressed operation is what CommunicationOptions::compression does: round the float32
+// buffer to 16 bits, all-reduce those, widen the result back; SIZE and algbw count float32 bytes.
 //
-// Usage: tcp_allreduce_bench [-n RANKS] [--floor] [--reps R] [--target-ms T] [SIZE...]
+// Usage: tcp_allreduce_bench [-n RANKS] [--floor] [--reps R] [--target-ms T]
+//                            [--compression none,fp16,bf16] [SIZE...]
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -24,6 +29,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "troupe/kernels/half_kernels.hpp"
 #include "troupe/transport/tcp_ring.hpp"
 
 using namespace troupe::transport;
@@ -33,22 +39,41 @@ namespace {
 
 double seconds_since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
 
-// Runs `iters` all-reduces of `bytes` and returns seconds per op; all ranks start together
-// because each all-reduce is itself a synchronisation.
-double time_ring(tcp_ring& ring, std::vector<float>& buf, std::size_t bytes, int iters) {
+// A float32 buffer all-reduced as `wire` elements: f32 as it is; f16 or bf16 rounded into
+// `packed`, all-reduced, and widened back, as the runtime's compression does.
+void all_reduce_as(tcp_ring& ring, std::vector<float>& buf, std::vector<std::uint16_t>& packed, std::int64_t count,
+                   scalar_type wire) {
+  if (wire == scalar_type::f32) {
+    ring.all_reduce(buf.data(), count, scalar_type::f32, reduce_kind::sum);
+    return;
+  }
+  troupe::kernels::compress_range(buf.data(), packed.data(), count, wire);
+  ring.all_reduce(packed.data(), count, wire, reduce_kind::sum);
+  troupe::kernels::decompress_range(packed.data(), buf.data(), count, wire);
+}
+
+// Runs `iters` all-reduces of `bytes` (of float32) and returns seconds per op; all ranks start
+// together because each all-reduce is itself a synchronisation.
+double time_ring(tcp_ring& ring, std::vector<float>& buf, std::vector<std::uint16_t>& packed, std::size_t bytes,
+                 int iters, scalar_type wire) {
   const auto count = static_cast<std::int64_t>(bytes / 4);
-  ring.all_reduce(buf.data(), count, scalar_type::f32, reduce_kind::sum);  // line up
+  all_reduce_as(ring, buf, packed, count, wire);  // line up
   const auto start = clock_type::now();
-  for (int i = 0; i < iters; ++i) ring.all_reduce(buf.data(), count, scalar_type::f32, reduce_kind::sum);
+  for (int i = 0; i < iters; ++i) all_reduce_as(ring, buf, packed, count, wire);
   return seconds_since(start) / iters;
 }
 
+const char* wire_name(scalar_type wire) {
+  return wire == scalar_type::f16 ? "fp16" : wire == scalar_type::bf16 ? "bf16" : "none";
+}
+
 int run_rank(int rank, int n, std::vector<listener*>& listeners, const std::vector<endpoint>& peers,
-             const std::vector<std::size_t>& sizes, int reps, double target_ms) {
+             const std::vector<std::size_t>& sizes, int reps, double target_ms, const std::vector<scalar_type>& wires) {
   tcp_ring ring(rank, n, *listeners[static_cast<std::size_t>(rank)], peers, std::chrono::seconds(30));
   // All ranks share this machine: spinning only pays while each has a core of its own.
   if (n > static_cast<int>(std::thread::hardware_concurrency())) ring.set_spin(std::chrono::microseconds(50), true);
   std::vector<float> buf(std::max<std::size_t>(1, sizes.back() / 4), 1.0f);
+  std::vector<std::uint16_t> packed(buf.size());
   std::vector<float> check(1024, float(rank + 1));
   ring.all_reduce(check.data(), 1024, scalar_type::f32, reduce_kind::sum);
   if (check[1023] != float(n * (n + 1) / 2)) {
@@ -56,26 +81,41 @@ int run_rank(int rank, int n, std::vector<listener*>& listeners, const std::vect
     return 1;
   }
   for (std::size_t bytes : sizes) {
-    // Calibrate on rank 0's first measurement, agreed by all through an all-reduce.
-    std::vector<float> iters_f(1, 0.0f);
-    double t1 = time_ring(ring, buf, bytes, 3);
-    if (rank == 0) iters_f[0] = float(std::clamp(target_ms / 1e3 / t1, 3.0, 20000.0));
-    ring.all_reduce(iters_f.data(), 1, scalar_type::f32, reduce_kind::sum);
-    const int iters = static_cast<int>(iters_f[0]);
-    std::vector<double> times;
-    for (int r = 0; r < reps; ++r) {
-      std::vector<float> t(static_cast<std::size_t>(n), 0.0f);
-      t[static_cast<std::size_t>(rank)] = float(time_ring(ring, buf, bytes, iters));
-      ring.all_reduce(t.data(), n, scalar_type::f32, reduce_kind::sum);
-      times.push_back(*std::max_element(t.begin(), t.end()));
+    // Calibrate each format on rank 0's first measurement, agreed by all through an all-reduce.
+    std::vector<int> iters(wires.size());
+    for (std::size_t w = 0; w < wires.size(); ++w) {
+      std::vector<float> iters_f(1, 0.0f);
+      // Ones stay exact in every format only while n is small: refill before each format.
+      std::fill(buf.begin(), buf.end(), 1.0f);
+      double t1 = time_ring(ring, buf, packed, bytes, 3, wires[w]);
+      if (rank == 0) iters_f[0] = float(std::clamp(target_ms / 1e3 / t1, 3.0, 20000.0));
+      ring.all_reduce(iters_f.data(), 1, scalar_type::f32, reduce_kind::sum);
+      iters[w] = static_cast<int>(iters_f[0]);
     }
-    std::sort(times.begin(), times.end());
-    const double med = times[times.size() / 2];
-    if (rank == 0) {
-      const double algbw = double(bytes) / med / 1e9;
-      std::printf("tcp_allreduce bytes=%zu ranks=%d iters=%d median_us=%.2f algbw_GBps=%.3f busbw_GBps=%.3f\n", bytes, n,
-                  iters, med * 1e6, algbw, algbw * 2.0 * (n - 1) / n);
-      std::fflush(stdout);
+    std::vector<std::vector<double>> times(wires.size());
+    for (int r = 0; r < reps; ++r) {
+      for (std::size_t w = 0; w < wires.size(); ++w) {  // interleaved: the machine's noise hits every format
+        std::fill(buf.begin(), buf.end(), 1.0f);
+        std::vector<float> t(static_cast<std::size_t>(n), 0.0f);
+        t[static_cast<std::size_t>(rank)] = float(time_ring(ring, buf, packed, bytes, iters[w], wires[w]));
+        ring.all_reduce(t.data(), n, scalar_type::f32, reduce_kind::sum);
+        times[w].push_back(*std::max_element(t.begin(), t.end()));
+      }
+    }
+    double first_med = 0;
+    for (std::size_t w = 0; w < wires.size(); ++w) {
+      std::sort(times[w].begin(), times[w].end());
+      const double med = times[w][times[w].size() / 2];
+      if (w == 0) first_med = med;
+      if (rank == 0) {
+        const double algbw = double(bytes) / med / 1e9;
+        std::printf("tcp_allreduce bytes=%zu ranks=%d iters=%d median_us=%.2f algbw_GBps=%.3f busbw_GBps=%.3f "
+                    "compression=%s",
+                    bytes, n, iters[w], med * 1e6, algbw, algbw * 2.0 * (n - 1) / n, wire_name(wires[w]));
+        if (wires.size() > 1) std::printf(" speedup_vs_%s=%.2f", wire_name(wires[0]), first_med / med);
+        std::printf("\n");
+        std::fflush(stdout);
+      }
     }
   }
   return 0;
@@ -141,6 +181,7 @@ int main(int argc, char** argv) {
   int reps = 5;
   double target_ms = 50;
   std::vector<std::size_t> sizes;
+  std::string compression_list = "none";
   CLI::App app{"All-reduce over troupe's TCP ring between processes on loopback (or, with --floor, the bare\n"
                "exchange).",
                "tcp_allreduce_bench"};
@@ -150,6 +191,19 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "repetitions per size (the median is printed)")
       ->check(CLI::Range(1, 100000));
   app.add_option("--target-ms", target_ms, "time each repetition aims at")->check(CLI::Range(0.001, 1e6));
+  app.add_option("--compression", compression_list,
+                 "wire formats to compare, comma-separated and interleaved (none: float32; fp16, bf16: "
+                 "16-bit, as CommunicationOptions::compression)")
+      ->check([](const std::string& list) {
+        std::size_t at = 0;
+        while (at <= list.size()) {
+          const std::size_t end = std::min(list.find(',', at), list.size());
+          const std::string name = list.substr(at, end - at);
+          if (name != "none" && name != "fp16" && name != "bf16") return name + " is not none, fp16 or bf16";
+          at = end + 1;
+        }
+        return std::string();
+      });
   app.add_option("sizes", sizes, "bytes per all-reduce (default: a sweep)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 34));
   try {
@@ -159,6 +213,13 @@ int main(int argc, char** argv) {
   }
   if (sizes.empty()) sizes = {4, 64, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
   std::sort(sizes.begin(), sizes.end());
+  std::vector<scalar_type> wires;
+  for (std::size_t at = 0; at <= compression_list.size();) {
+    const std::size_t end = std::min(compression_list.find(',', at), compression_list.size());
+    const std::string c = compression_list.substr(at, end - at);
+    wires.push_back(c == "fp16" ? scalar_type::f16 : c == "bf16" ? scalar_type::bf16 : scalar_type::f32);
+    at = end + 1;
+  }
   if (floor_mode) {
     int sv[2];
     listener l("127.0.0.1", 0);
@@ -191,10 +252,10 @@ int main(int argc, char** argv) {
   std::vector<pid_t> children;
   for (int r = 1; r < n; ++r) {
     pid_t pid = fork();
-    if (pid == 0) _exit(run_rank(r, n, listeners, peers, sizes, reps, target_ms));
+    if (pid == 0) _exit(run_rank(r, n, listeners, peers, sizes, reps, target_ms, wires));
     children.push_back(pid);
   }
-  int rc = run_rank(0, n, listeners, peers, sizes, reps, target_ms);
+  int rc = run_rank(0, n, listeners, peers, sizes, reps, target_ms, wires);
   for (pid_t c : children) {
     int status = 0;
     waitpid(c, &status, 0);

@@ -3,6 +3,7 @@
 //
 //   troupe-launch -n 2 -- multi_worker_trainer            # 2 workers, 1 CPU replica each
 //   troupe-launch -n 2 --devices-per-worker 2 -- multi_worker_trainer --epochs 3
+//   troupe-launch -n 2 -- multi_worker_trainer --compression bf16   # gradients cross in 16 bits
 //
 // Every worker reads the same generated set; each global batch is split over all replicas of all
 // workers; gradients are all-reduced hierarchically (shared memory, then a TCP ring between the
@@ -51,15 +52,24 @@ std::string weights_digest(const std::map<std::string, Variable>& variables) {
 int main(int argc, char** argv) {
   int epochs = 3;
   std::int64_t batch = 256;
+  std::string compression = "none";
   CLI::App app{"The MLP classifier under MultiWorkerMirroredStrategy (TF_CONFIG says who is who).",
                "multi_worker_trainer"};
   troupe::examples::show_defaults(app);
   app.add_option("--epochs", epochs, "epochs")->check(CLI::Range(1, 1000000));
   app.add_option("--batch", batch, "global batch, split over every replica of every worker")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{8192}));  // the generated set has 8192 examples
+  app.add_option("--compression", compression,
+                 "how gradients cross workers: none (float32), fp16 or bf16 (CommunicationOptions::compression; "
+                 "every worker must pass the same)")
+      ->check(CLI::IsMember({"none", "fp16", "bf16"}));
   return troupe::examples::run_main(app, argc, argv, [&] {
     Runtime rt;
-    MultiWorkerMirroredStrategy strategy(rt);
+    CommunicationOptions communication;
+    communication.compression = compression == "fp16"   ? Compression::fp16
+                                : compression == "bf16" ? Compression::bf16
+                                                        : Compression::none;
+    MultiWorkerMirroredStrategy strategy(rt, communication);
     const int workers = strategy.num_replicas_in_sync() / strategy.num_local_replicas();
     nn::BlobOptions blobs;
     blobs.samples = 8192;
@@ -74,7 +84,7 @@ int main(int argc, char** argv) {
     model.compile(std::make_shared<nn::Adam>(0.003f), nn::Loss::sparse_categorical_crossentropy());
     std::cout << strategy.cluster_resolver()->task_type() << " " << strategy.cluster_resolver()->task_id() << " of "
               << workers << " workers, " << strategy.num_replicas_in_sync() << " replicas, global batch " << batch
-              << "\n";
+              << ", compression " << compression << "\n";
     auto batches = data::Dataset::from_tensor_slices({d.features, d.labels}).shuffle(blobs.samples, 7).repeat().batch(
         batch, true);
     nn::History history = model.fit(batches, epochs, steps_per_epoch);

@@ -173,6 +173,8 @@ wire::ElementType to_wire(scalar_type t) {
     case scalar_type::f64: return wire::ElementType::FLOAT64;
     case scalar_type::i32: return wire::ElementType::INT32;
     case scalar_type::i64: return wire::ElementType::INT64;
+    case scalar_type::f16:   // wire formats of the ring only: no tensor holds them
+    case scalar_type::bf16: break;
   }
   throw std::invalid_argument("write_checkpoint_file: unknown element type " +
                               std::to_string(static_cast<int>(t)));

@@ -36,6 +36,8 @@ DType from_scalar(tp::scalar_type t) {
     case tp::scalar_type::f64: return DType::f64;
     case tp::scalar_type::i32: return DType::i32;
     case tp::scalar_type::i64: return DType::i64;
+    case tp::scalar_type::f16:   // wire formats of the ring only, never in a checkpoint
+    case tp::scalar_type::bf16: break;
   }
   throw std::invalid_argument("checkpoint: unknown element type " + std::to_string(static_cast<int>(t)));
 }

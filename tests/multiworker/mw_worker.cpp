@@ -1,10 +1,11 @@
 // One worker of the multi-worker tests: run by run_cluster.sh in N processes with TF_CONFIG set
 // (or the Slurm or mpirun variables, with MW_RESOLVER=slurm|mpi).
-// Usage: mw_worker collectives | die | hang | skip | checkpoint | train | join | idle
+// Usage: mw_worker collectives | die | hang | skip | checkpoint | train | join | idle | compressed
 // Once the cluster formed it prints "replicas <R> workers <W> task <type>:<index>". Prints
 // "OK <rank>" and exits 0 when every check holds; prints "FAIL ..." and exits 1 when one does not;
 // prints "ERROR <message>" and exits 3 when the strategy throws.
-// MW_TIMEOUT_MS sets CommunicationOptions::timeout, MW_BYTES_PER_PACK bytes_per_pack.
+// MW_TIMEOUT_MS sets CommunicationOptions::timeout, MW_BYTES_PER_PACK bytes_per_pack,
+// MW_COMPRESSION (none, fp16, bf16) compression.
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,6 +16,8 @@
 #include <thread>
 
 #include <troupe/troupe.hpp>
+
+#include "troupe/kernels/half_kernels.hpp"
 
 using namespace troupe;
 using namespace troupe::distribute;
@@ -211,6 +214,85 @@ std::uint64_t hash_bits(const std::vector<Tensor>& tensors) {
   return h;
 }
 
+// all_reduce in replica context with CommunicationOptions::compression, on 2 workers: the float32
+// tensors cross as 16-bit values, so element i must be round(round(s0) + round(s1)) (the local sums
+// of worker 0 and 1, rounded to the format, added in float32 and rounded again), widened back; a
+// MEAN is that divided by the replicas; int32 and float64 tensors cross unchanged. Prints a hash
+// of every local replica's result bits ("compressed <replica> <hash>"): run_cluster.sh checks that
+// they are the same on every replica of every worker.
+int compressed(MultiWorkerMirroredStrategy& s, Compression compression) {
+  const int n = s.num_replicas_in_sync();
+  const int local = s.num_local_replicas();
+  if (n / local != 2) {
+    std::cout << "FAIL the compressed scenario needs 2 workers\n";
+    return 1;
+  }
+  // 40000 elements: 80 KB on the wire in 16 bits, over the ring's reduce-scatter path; 9: a swap.
+  auto value = [](int replica, std::int64_t i) {
+    return 0.1f * static_cast<float>(i % 1000 - 500) + 0.37f * static_cast<float>(replica) + 1.0f / 3.0f;
+  };
+  auto results = s.run([&] {
+    auto* ctx = get_replica_context();
+    const int id = ctx->replica_id_in_sync_group();
+    std::vector<Tensor> out;
+    for (const std::int64_t count : {std::int64_t{40000}, std::int64_t{9}}) {
+      std::vector<float> mine(static_cast<std::size_t>(count));
+      for (std::int64_t i = 0; i < count; ++i) mine[static_cast<std::size_t>(i)] = value(id, i);
+      const Tensor t = Tensor::from_vector(mine, {count});
+      out.push_back(ctx->all_reduce(ReduceOp::sum, t));
+      out.push_back(ctx->all_reduce(ReduceOp::mean, t));
+    }
+    // A pack of float32, int32 and float64 tensors: only the float32 one is compressed.
+    auto mixed = ctx->all_reduce(ReduceOp::sum, std::vector<Tensor>{Tensor::full({5}, 1.0 / 3.0, DType::f64),
+                                                                     Tensor::full({5}, id + 1000001, DType::i32),
+                                                                     Tensor::full({5}, value(id, 1), DType::f32)});
+    out.insert(out.end(), mixed.begin(), mixed.end());
+    return out;
+  });
+  auto round_trip = [&](float x) {
+    return compression == Compression::fp16 ? troupe::kernels::f16_to_float(troupe::kernels::float_to_f16(x))
+                                            : troupe::kernels::bf16_to_float(troupe::kernels::float_to_bf16(x));
+  };
+  auto want_sum = [&](std::int64_t i) {
+    float worker_sum[2];
+    for (int w = 0; w < 2; ++w) {
+      float acc = value(w * local, i);
+      for (int r = 1; r < local; ++r) acc += value(w * local + r, i);
+      worker_sum[w] = acc;
+    }
+    if (compression == Compression::none) return worker_sum[0] + worker_sum[1];
+    return round_trip(round_trip(worker_sum[0]) + round_trip(worker_sum[1]));
+  };
+  int rounded = 0;
+  for (int r = 0; r < local; ++r) {
+    const auto& got = results[r];
+    for (std::size_t k = 0; k < 2; ++k) {
+      const std::vector<float> sum = got[2 * k].to_vector<float>();
+      const std::vector<float> mean = got[2 * k + 1].to_vector<float>();
+      for (std::size_t i = 0; i < sum.size(); ++i) {
+        const float want = want_sum(static_cast<std::int64_t>(i));
+        if (sum[i] != want || mean[i] != want / static_cast<float>(n)) {
+          std::cout << "FAIL replica " << r << " element " << i << " of " << sum.size() << ": sum " << sum[i]
+                    << " mean " << mean[i] << ", expected " << want << " and " << want / static_cast<float>(n) << "\n";
+          ++failures;
+          break;
+        }
+        float exact = 0;
+        for (int g = 0; g < n; ++g) exact += value(g, static_cast<std::int64_t>(i));
+        if (sum[i] != exact) ++rounded;
+      }
+    }
+    expect_eq(got[4].to_vector<double>(), std::vector<double>(5, n * (1.0 / 3.0)), "float64 crosses unchanged");
+    expect_eq(got[5].to_vector<std::int32_t>(), std::vector<std::int32_t>(5, n * 1000001 + n * (n - 1) / 2),
+              "int32 crosses unchanged");
+    expect_eq(got[6].to_vector<float>(), std::vector<float>(5, want_sum(1)), "float32 in a mixed pack");
+    std::cout << "compressed " << s.cluster_resolver()->task_id() * local + r << " " << hash_bits(got) << "\n";
+  }
+  // The check must be able to fail: compression changes some bits of the float32 sums.
+  if (compression != Compression::none) expect_eq(rounded > 0, true, "some sums were rounded to 16 bits");
+  return failures == 0 ? 0 : 1;
+}
+
 // An MLP trained with Adam, each replica on its own batch: prints the kernel path, a hash of a
 // forward pass on a batch every worker shares (it differs between paths: their products round
 // differently), and after every step a hash of the weights (identical on every worker, whatever
@@ -261,6 +343,10 @@ int main(int argc, char** argv) {
     CommunicationOptions options;
     if (const char* t = std::getenv("MW_TIMEOUT_MS")) options.timeout = std::chrono::milliseconds(std::atoi(t));
     if (const char* b = std::getenv("MW_BYTES_PER_PACK")) options.bytes_per_pack = std::strtoull(b, nullptr, 10);
+    if (const char* c = std::getenv("MW_COMPRESSION")) {
+      const std::string name = c;
+      options.compression = name == "fp16" ? Compression::fp16 : name == "bf16" ? Compression::bf16 : Compression::none;
+    }
     std::shared_ptr<ClusterResolver> resolver;
     const std::string which = std::getenv("MW_RESOLVER") ? std::getenv("MW_RESOLVER") : "tf_config";
     if (which == "slurm") {
@@ -327,6 +413,8 @@ int main(int argc, char** argv) {
       const char* idle = std::getenv("MW_IDLE_MS");
       std::this_thread::sleep_for(std::chrono::milliseconds(idle != nullptr ? std::atoi(idle) : 1000));
       s.run([] { get_replica_context()->all_reduce(ReduceOp::sum, Tensor::zeros({1})); });
+    } else if (mode == "compressed") {
+      rc = compressed(s, options.compression);
     } else if (mode == "join") {
       std::cout << "joined " << s.num_replicas_in_sync() << "\n";
     }

@@ -455,6 +455,24 @@ case "$scenario" in
       fail "the two paths computed the same forward bits: the test cannot tell them apart"
     diff <(grep '^step' "$dir/out0") <(grep '^step' "$dir/out1") > "$dir/diff" ||
       fail "the workers' weights differ: $(cat "$dir/diff")" ;;
+  compressed-2x2-fp16|compressed-2x2-bf16|compressed-2x1-none)
+    # CommunicationOptions::compression: the float32 sums are the expected rounded ones (each
+    # worker checks), and every replica of every worker holds the same bits.
+    format="${scenario##*-}"
+    devices=2; [ "$format" = none ] && devices=1
+    for i in 0 1; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=$devices MW_COMPRESSION=$format"; done
+    start_cluster 2 compressed; wait_all 2; expect_cluster 2 $((2 * devices))
+    [ "$(cat "$dir"/out0 "$dir"/out1 | grep -c '^compressed ')" = $((2 * devices)) ] ||
+      fail "not every replica reported its result"
+    [ "$(cat "$dir"/out0 "$dir"/out1 | grep '^compressed ' | awk '{print $3}' | sort -u | wc -l)" = 1 ] ||
+      fail "the replicas' results differ in their bits" ;;
+  compression-mismatch)
+    # One worker compresses, the other does not: the first all-reduce fails on both, naming the peer.
+    W0_ENV="MW_COMPRESSION=fp16" W1_ENV="MW_COMPRESSION=none" start_cluster 2 compressed
+    wait_all 2; expect_all 2 3 "cross-worker collective failed"
+    # Worker 1 receives worker 0's float16 frames where it expects float32, and says so.
+    grep -q "it sent float16, this worker expected float32: every worker must all-reduce the same dtype with the same CommunicationOptions::compression" "$dir/out1" ||
+      fail "worker 1 did not name the element types" ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 [ -n "${MW_SHOW:-}" ] && for f in "$dir"/out*; do echo "--- $f"; cat "$f"; done

@@ -226,6 +226,20 @@ TEST_CASE("many steps in a row keep working") {
   }
 }
 
+TEST_CASE("MultiWorkerMirroredStrategy refuses a compression outside the enum, naming it, before any rendezvous") {
+  Runtime rt;
+  auto resolver = std::make_shared<SimpleClusterResolver>(ClusterSpec(ClusterSpec::JobMap{{"worker", {"127.0.0.1:1"}}}), "worker", 0);
+  CommunicationOptions bad;
+  bad.compression = static_cast<Compression>(7);
+  const auto start = std::chrono::steady_clock::now();
+  std::string msg = message_of([&] { MultiWorkerMirroredStrategy(rt, bad, resolver); });
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  CHECK(msg == "MultiWorkerMirroredStrategy: CommunicationOptions::compression 7 is not a Compression (expected none, fp16 or bf16)");
+  CHECK(std::string(compression_name(Compression::fp16)) == "fp16");
+  CHECK(std::string(compression_name(Compression::bf16)) == "bf16");
+  CHECK(std::string(compression_name(Compression::none)) == "none");
+}
+
 TEST_CASE("MultiWorkerMirroredStrategy refuses NCCL without GPUs, saying why, before any rendezvous") {
   troupe::testing::scoped_env no_gpus("TROUPE_FORCE_CPU", "1");  // hides any GPU this machine has
   Runtime rt;

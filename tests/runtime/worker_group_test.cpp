@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "distribute/worker_group.hpp"
+#include "troupe/kernels/half_kernels.hpp"
 #include "test_util.hpp"
 
 using namespace troupe;
@@ -129,4 +131,44 @@ TEST_CASE("a failure the watch reports breaks the ring, and the collective's err
       CHECK(contains(error, "; cluster watch: " + task(0) + " sent no heartbeat"));
     }
   });
+}
+
+TEST_CASE("a ring worker group carries float32 as fp16 or bf16: rounded sums, the same bits on every worker") {
+  using troupe::distribute::Compression;
+  for (const Compression c : {Compression::fp16, Compression::bf16}) {
+    CAPTURE(troupe::distribute::compression_name(c));
+    const auto narrow = c == Compression::fp16 ? troupe::kernels::float_to_f16 : troupe::kernels::float_to_bf16;
+    const auto widen = c == Compression::fp16 ? troupe::kernels::f16_to_float : troupe::kernels::bf16_to_float;
+    // 2 workers: each element is one addition, round(round(a) + round(b)), on either ring path
+    // (small: 7 elements, a whole-buffer swap; large: 100000, reduce-scatter). 3 workers over the
+    // large path: every worker ends with the same bits, close to the float32 sum.
+    for (const int workers : {2, 3}) {
+      for (const std::int64_t count : {std::int64_t{7}, std::int64_t{100000}}) {
+        std::vector<std::vector<float>> results(static_cast<std::size_t>(workers));
+        auto value = [](int r, std::int64_t i) { return 0.1f * float(i % 1000) + 1.37f * float(r) + 0.003f; };
+        with_ring_groups(workers, [&](int r, wg::RingWorkerGroup& group, wg::WorkerFailures&) {
+          std::vector<float> mine(static_cast<std::size_t>(count));
+          for (std::int64_t i = 0; i < count; ++i) mine[static_cast<std::size_t>(i)] = value(r, i);
+          Tensor t = Tensor::from_vector(mine, {count});
+          group.all_reduce_in_place(t, c);
+          results[static_cast<std::size_t>(r)] = t.to_vector<float>();
+          // Other dtypes cross unchanged.
+          Tensor ints = Tensor::full({3}, r + 1, DType::i32);
+          group.all_reduce_in_place(ints, c);
+          CHECK(ints.to_vector<std::int32_t>() == std::vector<std::int32_t>(3, workers * (workers + 1) / 2));
+        });
+        for (int r = 1; r < workers; ++r) REQUIRE(results[static_cast<std::size_t>(r)] == results[0]);
+        for (std::int64_t i = 0; i < count; ++i) {
+          const float got = results[0][static_cast<std::size_t>(i)];
+          if (workers == 2) {
+            REQUIRE(got == widen(narrow(widen(narrow(value(0, i))) + widen(narrow(value(1, i))))));
+          } else {
+            float exact = 0;
+            for (int r = 0; r < workers; ++r) exact += value(r, i);
+            REQUIRE(std::abs(got - exact) <= std::abs(exact) * (c == Compression::fp16 ? 0x1p-8f : 0x1p-5f));
+          }
+        }
+      }
+    }
+  }
 }

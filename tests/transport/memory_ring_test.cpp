@@ -245,6 +245,9 @@ TEST_CASE("a ring frame with a wrong collective kind, offset, length, type or op
        "all_reduce: malformed frame from rank 0 (in-process): 404 bytes, 100 elements"},
       {"type", [](chunk_fields& f) { f.type = 2; },
        "all_reduce: malformed frame from rank 0 (in-process): 400 bytes, 100 elements of type 2"},
+      {"type named", [](chunk_fields& f) { f.type = 5; },
+       "at offset 0 (it sent float16, this worker expected float32: every worker must all-reduce the same dtype "
+       "with the same CommunicationOptions::compression)"},
   };
   for (const auto& f : forgeries) {
     CAPTURE(f.name);

@@ -26,6 +26,8 @@ ncclDataType_t to_nccl(scalar_type t) {
     case scalar_type::f64: return ncclFloat64;
     case scalar_type::i32: return ncclInt32;
     case scalar_type::i64: return ncclInt64;
+    case scalar_type::f16: return ncclFloat16;
+    case scalar_type::bf16: return ncclBfloat16;
   }
   return ncclFloat32;
 }

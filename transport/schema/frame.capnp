@@ -4,7 +4,8 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("troupe::wire");
 
-enum ScalarType { float32 @0; float64 @1; int32 @2; int64 @3; uint8 @4; }
+# float16 and bfloat16: the wire formats of compressed float32 all-reduces (CommunicationOptions::compression).
+enum ScalarType { float32 @0; float64 @1; int32 @2; int64 @3; uint8 @4; float16 @5; bfloat16 @6; }
 
 # Which collective a frame belongs to (protocol version 3; allReduceBlock since version 4). Frames
 # of version 2 had no kind: they read as allReduce, the only collective then.

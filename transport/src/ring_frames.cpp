@@ -17,9 +17,28 @@ wire::ScalarType to_wire(base::scalar_type t) {
     case base::scalar_type::f64: return wire::ScalarType::FLOAT64;
     case base::scalar_type::i32: return wire::ScalarType::INT32;
     case base::scalar_type::i64: return wire::ScalarType::INT64;
+    case base::scalar_type::f16: return wire::ScalarType::FLOAT16;
+    case base::scalar_type::bf16: return wire::ScalarType::BFLOAT16;
   }
   return wire::ScalarType::FLOAT32;
 }
+
+namespace {
+
+std::string type_name(wire::ScalarType t) {
+  switch (t) {
+    case wire::ScalarType::FLOAT32: return "float32";
+    case wire::ScalarType::FLOAT64: return "float64";
+    case wire::ScalarType::INT32: return "int32";
+    case wire::ScalarType::INT64: return "int64";
+    case wire::ScalarType::UINT8: return "bytes";
+    case wire::ScalarType::FLOAT16: return "float16";
+    case wire::ScalarType::BFLOAT16: return "bfloat16";
+  }
+  return "code " + std::to_string(static_cast<unsigned>(t));
+}
+
+}  // namespace
 
 std::string describe(const frame_header& h) {
   const std::string operation = " (step " + std::to_string(h.step) + ", collective " + std::to_string(h.sequence) + ")";
@@ -214,7 +233,13 @@ const kj::byte* frame_reader::take_chunk(const ring_link& link, const char* op, 
                                       ", expected " + std::to_string(want.bytes) + " bytes, " +
                                       std::to_string(want.count) + " elements of type " +
                                       std::to_string(static_cast<unsigned>(want.type)) + " at offset " +
-                                      std::to_string(want.offset));
+                                      std::to_string(want.offset) +
+                                      (chunk.getType() != want.type
+                                           ? " (it sent " + type_name(chunk.getType()) + ", this worker expected " +
+                                                 type_name(want.type) +
+                                                 ": every worker must all-reduce the same dtype with the same "
+                                                 "CommunicationOptions::compression)"
+                                           : std::string()));
     }
     return want.bytes == 0 ? nullptr : d.begin();
   } catch (const kj::Exception& x) {

@@ -5,6 +5,7 @@
 
 #include "distribute/collectives.hpp"
 #include "distribute/worker_group.hpp"
+#include "troupe/distribute/multi_worker_strategy.hpp"
 
 namespace troupe::distribute::detail {
 
@@ -13,11 +14,15 @@ namespace troupe::distribute::detail {
 /// the workers' leaders, and the result goes back to the local replicas.
 class HierarchicalCollectives final : public ReplicaCollectives {
  public:
-  /// `global_replicas`: replicas over every worker (MEAN's divisor). `bytes_per_pack`: see
-  /// CommunicationOptions::bytes_per_pack.
+  /// `global_replicas`: replicas over every worker (MEAN's divisor). `bytes_per_pack` and
+  /// `compression`: see CommunicationOptions.
   HierarchicalCollectives(ShmCollectives& local, RingWorkerGroup& workers, int global_replicas,
-                          std::size_t bytes_per_pack)
-      : local_(local), workers_(workers), global_replicas_(global_replicas), bytes_per_pack_(bytes_per_pack) {}
+                          std::size_t bytes_per_pack, Compression compression = Compression::none)
+      : local_(local),
+        workers_(workers),
+        global_replicas_(global_replicas),
+        bytes_per_pack_(bytes_per_pack),
+        compression_(compression) {}
 
   std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) override;
   Tensor all_reduce(int replica, ReduceOp op, const Tensor& value) override;
@@ -32,6 +37,7 @@ class HierarchicalCollectives final : public ReplicaCollectives {
   RingWorkerGroup& workers_;
   int global_replicas_;
   std::size_t bytes_per_pack_;
+  Compression compression_;
 };
 
 }  // namespace troupe::distribute::detail

@@ -103,16 +103,28 @@ void require_token(const ClusterSpec& spec, const std::string& coordinator, cons
     }
   }
 }
+}  // namespace
+
+const char* compression_name(Compression c) noexcept {
+  switch (c) {
+    case Compression::none: return "none";
+    case Compression::fp16: return "fp16";
+    case Compression::bf16: return "bf16";
+  }
+  return "?";
+}
+
+namespace {
 
 class MultiWorkerBackend final : public detail::MirroredBackend {
  public:
   MultiWorkerBackend(Runtime& runtime, std::vector<Device> devices, std::unique_ptr<detail::RingWorkerGroup> workers,
-                     std::size_t bytes_per_pack, detail::NcclWorld world)
+                     std::size_t bytes_per_pack, Compression compression, detail::NcclWorld world)
       : MirroredBackend(runtime, devices, std::make_shared<ReductionToOneDevice>(), std::move(world)),
         gpu_(devices[0].is_gpu()),
         workers_(std::move(workers)),
         hierarchical_(shm_collectives(), *workers_, workers_->size() * static_cast<int>(devices.size()),
-                      bytes_per_pack) {}
+                      bytes_per_pack, compression) {}
 
   detail::WorkerGroup& workers() const override { return *workers_; }
 
@@ -140,6 +152,12 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
                                                                    const MultiWorkerOptions& settings) {
   troupe::detail::require_middleman(runtime, "MultiWorkerMirroredStrategy");
   troupe::detail::check_multi_worker_options(options, settings);
+  if (options.compression != Compression::none && options.compression != Compression::fp16 &&
+      options.compression != Compression::bf16) {
+    throw std::invalid_argument("MultiWorkerMirroredStrategy: CommunicationOptions::compression " +
+                                std::to_string(static_cast<int>(options.compression)) +
+                                " is not a Compression (expected none, fp16 or bf16)");
+  }
   const bool nccl = options.implementation == CommunicationImplementation::nccl;
   const int gpus = Runtime::gpu_count();
   if (nccl && gpus == 0) {
@@ -240,6 +258,7 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   auto group = std::make_unique<detail::RingWorkerGroup>(rank, std::move(members), std::move(listener), std::move(ring),
                                                          std::move(failures), std::move(watch));
   return std::make_unique<MultiWorkerBackend>(runtime, std::move(devices), std::move(group), options.bytes_per_pack,
+                                              options.compression,
                                               std::move(world));
 }
 

@@ -8,6 +8,7 @@
 #include "elements.hpp"
 #include "distribute/collectives.hpp"
 #include "troupe/errors.hpp"
+#include "troupe/kernels/half_kernels.hpp"
 
 namespace troupe::distribute::detail {
 
@@ -89,8 +90,18 @@ Tensor RingWorkerGroup::broadcast_from_chief(const Tensor& t) {
   return out.to(t.device());
 }
 
-void RingWorkerGroup::all_reduce_in_place(Tensor& t) {
+void RingWorkerGroup::all_reduce_in_place(Tensor& t, Compression compression) {
   try {
+    if (compression != Compression::none && t.dtype() == DType::f32) {
+      const auto wire = compression == Compression::fp16 ? base::scalar_type::f16 : base::scalar_type::bf16;
+      const std::int64_t n = t.num_elements();
+      wire_.resize(static_cast<std::size_t>(n));
+      auto* values = static_cast<float*>(t.raw_mutable_data());
+      kernels::compress_range(values, wire_.data(), n, wire);
+      ring_->all_reduce(wire_.data(), n, wire, base::reduce_kind::sum);
+      kernels::decompress_range(wire_.data(), values, n, wire);
+      return;
+    }
     ring_->all_reduce(t.raw_mutable_data(), t.num_elements(), troupe::detail::to_scalar_type(t.dtype()), base::reduce_kind::sum);
   } catch (const transport::peer_error& e) {
     throw CollectiveAborted(describe_collective_failure(e, members_, *failures_));

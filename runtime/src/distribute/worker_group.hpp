@@ -12,6 +12,7 @@
 
 #include "troupe/actors/rendezvous.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
+#include "troupe/distribute/multi_worker_strategy.hpp"
 #include "troupe/distribute/reduce_op.hpp"
 #include "troupe/tensor.hpp"
 #include "troupe/transport/tcp_ring.hpp"
@@ -100,8 +101,12 @@ class RingWorkerGroup final : public WorkerGroup {
   /// from now on, so that a worker that skipped, added or reordered a collective fails on every
   /// worker instead of adding values of different steps.
   void begin_step() { ring_->begin_step(++steps_); }
-  /// Sums a host tensor over the workers in place (the tensor must not be shared).
-  void all_reduce_in_place(Tensor& t);
+  /// Sums a host tensor over the workers in place (the tensor must not be shared). With
+  /// `compression`, a float32 tensor crosses as f16 or bf16: each worker rounds its values to the
+  /// format (nearest even), the ring sums them in float32 in its fixed order and rounds every
+  /// partial sum to the format again, and the final 16-bit sum, the same bits on every worker, is
+  /// widened back into `t`. Other dtypes ignore it.
+  void all_reduce_in_place(Tensor& t, Compression compression = Compression::none);
   /// The members, in rank order.
   const std::vector<actors::member>& members() const { return members_; }
 
@@ -114,6 +119,7 @@ class RingWorkerGroup final : public WorkerGroup {
   std::unique_ptr<transport::tcp_ring> ring_;
   std::shared_ptr<WorkerFailures> failures_;
   std::uint64_t steps_ = 0;  // Strategy::run calls so far
+  std::vector<std::uint16_t> wire_;  // compressed values, kept between calls (no page faults)
   std::unique_ptr<actors::cluster_watch> watch_;  // declared last: destroyed first
 };
 

@@ -13,8 +13,10 @@
 
 namespace troupe::base {
 
-/// Element types (the same order as troupe::DType).
-enum class scalar_type : std::uint8_t { f32, f64, i32, i64 };
+/// Element types (the same order as troupe::DType for the first four). f16 (IEEE binary16) and
+/// bf16 (bfloat16) are wire formats only: the cross-worker ring carries compressed float32
+/// gradients in them (CommunicationOptions::compression); no tensor holds them.
+enum class scalar_type : std::uint8_t { f32, f64, i32, i64, f16, bf16 };
 /// Reductions of a collective.
 enum class reduce_kind : std::uint8_t { sum, mean };
 
@@ -25,17 +27,21 @@ constexpr std::size_t scalar_size(scalar_type t) noexcept {
     case scalar_type::f64: return 8;
     case scalar_type::i32: return 4;
     case scalar_type::i64: return 8;
+    case scalar_type::f16: return 2;
+    case scalar_type::bf16: return 2;
   }
   return 0;
 }
 
-/// "float32", "float64", "int32", "int64" (TensorFlow's names).
+/// "float32", "float64", "int32", "int64", "float16", "bfloat16" (TensorFlow's names).
 constexpr const char* scalar_name(scalar_type t) noexcept {
   switch (t) {
     case scalar_type::f32: return "float32";
     case scalar_type::f64: return "float64";
     case scalar_type::i32: return "int32";
     case scalar_type::i64: return "int64";
+    case scalar_type::f16: return "float16";
+    case scalar_type::bf16: return "bfloat16";
   }
   return "?";
 }

@@ -18,6 +18,16 @@ enum class CommunicationImplementation {
   nccl,       ///< NCCL: needs GPUs, so a clear error on this build
 };
 
+/// How float32 gradients cross workers (Horovod's hvd.Compression).
+enum class Compression {
+  none,  ///< float32 on the wire
+  fp16,  ///< IEEE binary16: half the bytes, 11 significant bits, |x| up to 65504 (larger: inf)
+  bf16,  ///< bfloat16: half the bytes, 8 significant bits, float32's range
+};
+
+/// "none", "fp16", "bf16".
+const char* compression_name(Compression c) noexcept;
+
 /// tf.distribute.experimental.CommunicationOptions.
 struct CommunicationOptions {
   CommunicationImplementation implementation = CommunicationImplementation::automatic;
@@ -28,6 +38,13 @@ struct CommunicationOptions {
   /// RuntimeOptions::collective_timeout_ms (TROUPE_COLLECTIVE_TIMEOUT_MS), and when that is 0 too waits as long as the peer's connection is alive (a dead worker is
   /// noticed as soon as its sockets close, a hung one only through a timeout).
   std::chrono::milliseconds timeout{0};
+  /// The format of float32 tensors on the TCP ring of all_reduce in replica context (the
+  /// cross-worker stage of the hierarchical all-reduce); every other tensor, collective and stage
+  /// is unchanged. Each worker rounds its local sum to the format (nearest even), the ring sums in
+  /// float32 and rounds each partial sum again, and every replica of every worker receives the
+  /// same bits, widened back to float32. Every worker must choose the same setting (a mismatch
+  /// fails the first all_reduce on every worker). A value outside the enum is std::invalid_argument.
+  Compression compression = Compression::none;
 };
 
 /// The settings of a multi-worker cluster beyond tf.distribute's CommunicationOptions, with named
