@@ -6,32 +6,7 @@
 # Usage: launch_hosts_netns_test.sh TROUPE_LAUNCH MW_WORKER EXPECT_SH
 set -u
 launch="$1" worker="$2" expect="$3"
-tag="l$$"
-a="troupe-la-$tag"
-b="troupe-lb-$tag"
-net="10.77.$(( ($$ + 100) % 200 + 1 ))"
-dir="$(mktemp -d)"
-cleanup() {
-  ip netns pids "$a" 2>/dev/null | xargs -r kill -9 2>/dev/null
-  ip netns pids "$b" 2>/dev/null | xargs -r kill -9 2>/dev/null
-  ip netns del "$a" 2>/dev/null
-  ip netns del "$b" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-if ! command -v ip >/dev/null || ! ip netns add "$a" 2>/dev/null; then
-  echo "SKIPPED: network namespaces are not available here (needs root and iproute2)"
-  exit 77
-fi
-ip netns add "$b" || { echo "SKIPPED: cannot create a second network namespace"; exit 77; }
-ip link add "va-$tag" type veth peer name "vb-$tag" || { echo "SKIPPED: cannot create a veth pair"; exit 77; }
-ip link set "va-$tag" netns "$a"
-ip link set "vb-$tag" netns "$b"
-ip -n "$a" addr add "$net.1/24" dev "va-$tag"
-ip -n "$b" addr add "$net.2/24" dev "vb-$tag"
-for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
-ip -n "$a" link set "va-$tag" up
-ip -n "$b" link set "vb-$tag" up
+source "$(dirname "$0")/../common/two_hosts.sh" l 100
 
 # The remote shell: `rsh HOST COMMAND` runs COMMAND in the namespace that owns HOST's address.
 cat > "$dir/rsh" <<RSH
