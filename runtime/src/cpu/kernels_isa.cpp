@@ -30,6 +30,15 @@ using row_map = Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>;
 template <class T>
 using crow_map = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>;
 
+// C = op(A) op(B), op transposing or not: one product for every combination of the flags.
+template <class T, class AMap>
+void multiply(map<T>& C, const AMap& A, const cmap<T>& B, bool transpose_a, bool transpose_b) {
+  if (!transpose_a && !transpose_b) C.noalias() = A * B;
+  if (transpose_a && !transpose_b) C.noalias() = A.transpose() * B;
+  if (!transpose_a && transpose_b) C.noalias() = A * B.transpose();
+  if (transpose_a && transpose_b) C.noalias() = A.transpose() * B.transpose();
+}
+
 template <class T>
 void gemm(const T* a, const T* b, T* c, std::int64_t m, std::int64_t n, std::int64_t k, bool transpose_a,
           bool transpose_b) {
@@ -42,10 +51,7 @@ void gemm(const T* a, const T* b, T* c, std::int64_t m, std::int64_t n, std::int
   // op(a) is [m, k]: stored as [k, m] when transposed.
   const cmap<T> A(a, transpose_a ? k : m, transpose_a ? m : k);
   const cmap<T> B(b, transpose_b ? n : k, transpose_b ? k : n);
-  if (!transpose_a && !transpose_b) C.noalias() = A * B;
-  if (transpose_a && !transpose_b) C.noalias() = A.transpose() * B;
-  if (!transpose_a && transpose_b) C.noalias() = A * B.transpose();
-  if (transpose_a && transpose_b) C.noalias() = A.transpose() * B.transpose();
+  multiply(C, A, B, transpose_a, transpose_b);
 }
 
 template <class T>
@@ -62,10 +68,7 @@ void gemm_lda(const T* a, std::int64_t lda, const T* b, T* c, std::int64_t m, st
   }
   const strided_cmap<T> A(a, transpose_a ? k : m, transpose_a ? m : k, Eigen::OuterStride<>(lda));
   const cmap<T> B(b, transpose_b ? n : k, transpose_b ? k : n);
-  if (!transpose_a && !transpose_b) C.noalias() = A * B;
-  if (transpose_a && !transpose_b) C.noalias() = A.transpose() * B;
-  if (!transpose_a && transpose_b) C.noalias() = A * B.transpose();
-  if (transpose_a && transpose_b) C.noalias() = A.transpose() * B.transpose();
+  multiply(C, A, B, transpose_a, transpose_b);
 }
 
 template <class T>
