@@ -11,6 +11,8 @@
 //   mlp_classifier --idx-images train-images-idx3-ubyte --idx-labels train-labels-idx1-ubyte
 //   mlp_classifier --checkpoint-dir /tmp/mlp --checkpoint-every 50   # then again with --resume
 //   mlp_classifier --cached-batches                      # training alone, input cost taken out
+//   mlp_classifier --epochs 1000 --dashboard-port 8080   # steer it from http://127.0.0.1:8080/
+//   mlp_classifier --trace trace.json --trace-steps 10:110   # a Chrome trace of steps 10..110
 //
 // The last line is for scripts (bench/training_bench.sh):
 //   result: replicas=4 batch=256 input=pipeline steps=640 samples_per_s=... allreduce_share=... accuracy=... loss=...
@@ -65,6 +67,7 @@ struct Flags {
   double min_accuracy = 0.0;
   bool quiet = false;
   bool cached_batches = false;
+  troupe::examples::MonitorFlags monitor;
 };
 
 // The command line, with the defaults of Flags.
@@ -117,6 +120,7 @@ void add_options(CLI::App& app, Flags& f) {
   app.add_flag("--cached-batches", f.cached_batches,
                "keep the first epoch's global batches in memory and repeat them (tf.data's cache()): the "
                "per-step input cost drops to splitting a batch, for measuring training alone");
+  troupe::examples::add_monitor_options(app, f.monitor);
 }
 
 std::vector<std::string> cpus(int n) {
@@ -304,18 +308,35 @@ int run(const Flags& f) {
   options.verbose = f.quiet ? 0 : 1;
   options.initial_step = initial_step;
   std::int64_t last_saved = initial_step;
-  options.on_step_end = [&](std::int64_t step, double) {
+  // The dashboard and traces: the monitor sees every step boundary and may pause or stop there.
+  std::unique_ptr<Monitor> monitor;
+  if (f.monitor.enabled()) {
+    monitor = std::make_unique<Monitor>(strategy, model.optimizer().get(), f.monitor.options(f.batch));
+    if (manager) {
+      monitor->set_checkpoint_function([&](std::int64_t step) {
+        manager->save(step);
+        last_saved = step;
+      });
+    }
+    options.on_replica_losses = [&](const std::vector<Tensor>& losses) { monitor->record_replica_losses(losses); };
+  }
+  options.on_step_end = [&](std::int64_t step, double loss) {
     if (manager && step % f.checkpoint_every == 0) {
       manager->save(step);
       last_saved = step;
     }
+    if (monitor && monitor->on_step_end(step, loss) == StepDecision::stop) throw TrainingStopped(step);
   };
   const std::int64_t total_steps = f.epochs * steps_per_epoch;
   nn::History history;
-  if (initial_step < total_steps) history = model.fit(batches, f.epochs, steps_per_epoch, options);
-  if (manager && last_saved != std::max(initial_step, total_steps)) {
-    manager->save(std::max(initial_step, total_steps));
+  std::int64_t end_step = std::max(initial_step, total_steps);
+  try {
+    if (initial_step < total_steps) history = model.fit(batches, f.epochs, steps_per_epoch, options);
+  } catch (const TrainingStopped& stopped) {
+    std::cout << stopped.what() << "\n";
+    end_step = stopped.step();
   }
+  if (manager && last_saved != end_step) manager->save(end_step);
 
   const nn::EvaluateResult train = model.evaluate(data::Dataset::from_tensor_slices({d.features, d.labels}).batch(4096));
   double seconds = 0;

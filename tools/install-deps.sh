@@ -10,7 +10,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config ccache
   libcaf-dev capnproto libcapnp-dev
-  libboost-dev libcli11-dev
+  libboost-dev libcli11-dev libjs-chart.js
   doctest-dev libeigen3-dev libbenchmark-dev nlohmann-json3-dev
   openmpi-bin libopenmpi-dev  # the tests start workers with mpirun (MpiClusterResolver)
 )

@@ -6,6 +6,7 @@
 #include "troupe/dtype.hpp"
 #include "troupe/errors.hpp"
 #include "troupe/log.hpp"
+#include "troupe/monitor.hpp"
 #include "troupe/gradient_tape.hpp"
 #include "troupe/runtime.hpp"
 #include "troupe/tensor.hpp"

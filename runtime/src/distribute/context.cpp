@@ -4,6 +4,7 @@
 
 #include "distribute/collectives.hpp"
 #include "distribute/context_state.hpp"
+#include "distribute/step_profile.hpp"
 #include "troupe/distribute/strategy.hpp"
 
 namespace troupe::distribute {
@@ -49,7 +50,12 @@ ReplicaContext::ReplicaContext(Strategy& strategy, int replica_id, int num_repli
       num_replicas_(num_replicas), device_(std::move(device)), collectives_(collectives) {}
 
 Tensor ReplicaContext::all_reduce(ReduceOp op, const Tensor& value) {
-  return collectives_->all_reduce(local_index_, op, value);
+  detail::StepProfile* profile = strategy_->backend().step_profile();
+  if (!profile) return collectives_->all_reduce(local_index_, op, value);
+  const std::int64_t start = detail::profile_now_ns();
+  Tensor out = collectives_->all_reduce(local_index_, op, value);
+  profile->collective(local_index_, detail::CollectiveKind::all_reduce, start, detail::profile_now_ns(), value.nbytes());
+  return out;
 }
 
 Tensor ReplicaContext::all_reduce(std::string_view op, const Tensor& value) {
@@ -57,11 +63,23 @@ Tensor ReplicaContext::all_reduce(std::string_view op, const Tensor& value) {
 }
 
 std::vector<Tensor> ReplicaContext::all_reduce(ReduceOp op, const std::vector<Tensor>& values) {
-  return collectives_->all_reduce(local_index_, op, values);
+  detail::StepProfile* profile = strategy_->backend().step_profile();
+  if (!profile) return collectives_->all_reduce(local_index_, op, values);
+  const std::int64_t start = detail::profile_now_ns();
+  std::vector<Tensor> out = collectives_->all_reduce(local_index_, op, values);
+  std::uint64_t bytes = 0;
+  for (const Tensor& v : values) bytes += v.nbytes();
+  profile->collective(local_index_, detail::CollectiveKind::all_reduce, start, detail::profile_now_ns(), bytes);
+  return out;
 }
 
 Tensor ReplicaContext::all_gather(const Tensor& value, int axis) {
-  return collectives_->all_gather(local_index_, value, axis);
+  detail::StepProfile* profile = strategy_->backend().step_profile();
+  if (!profile) return collectives_->all_gather(local_index_, value, axis);
+  const std::int64_t start = detail::profile_now_ns();
+  Tensor out = collectives_->all_gather(local_index_, value, axis);
+  profile->collective(local_index_, detail::CollectiveKind::all_gather, start, detail::profile_now_ns(), value.nbytes());
+  return out;
 }
 
 void ReplicaContext::merge_call_erased(const void* mine,

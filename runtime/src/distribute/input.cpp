@@ -2,6 +2,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "distribute/step_profile.hpp"
 #include "distribute/worker_group.hpp"
 #include "troupe/actors/input_pipeline.hpp"
 #include "troupe/distribute/input.hpp"
@@ -106,7 +107,7 @@ class InlineProducer {
 // One producer: an input pipeline actor when the strategy has a runtime, else inline.
 class Producer {
  public:
-  Producer(Strategy& strategy, std::function<item()> produce, std::int64_t depth) {
+  Producer(Strategy& strategy, std::function<item()> produce, std::int64_t depth) : backend_(&strategy.backend()) {
     if (Runtime* rt = strategy.backend().runtime()) {
       actor_ = std::make_unique<actors::input_pipeline>(rt->system(), std::move(produce),
                                                         static_cast<std::size_t>(std::max<std::int64_t>(0, depth)),
@@ -115,10 +116,18 @@ class Producer {
       inline_ = std::make_unique<InlineProducer>(std::move(produce));
     }
   }
-  item next() { return actor_ ? actor_->next() : inline_->next(); }
+  item next() {
+    StepProfile* profile = backend_->step_profile();
+    if (!profile) return actor_ ? actor_->next() : inline_->next();
+    const std::int64_t start = profile_now_ns();
+    item x = actor_ ? actor_->next() : inline_->next();
+    profile->input_wait(start, profile_now_ns() - start);
+    return x;
+  }
   std::chrono::nanoseconds waited() const { return actor_ ? actor_->waited() : inline_->waited(); }
 
  private:
+  StrategyBackend* backend_;
   std::unique_ptr<actors::input_pipeline> actor_;
   std::unique_ptr<InlineProducer> inline_;
 };

@@ -10,6 +10,7 @@
 #include "cpu/intra_op.hpp"
 #include "distribute/collectives.hpp"
 #include "distribute/context_state.hpp"
+#include "distribute/step_profile.hpp"
 #include "distribute/worker_group.hpp"
 #include "gpu.hpp"
 #include "distribute/nccl_collectives.hpp"
@@ -59,6 +60,7 @@ class MirroredBackend : public StrategyBackend {
     group_.reset();  // no replica is inside a collective between steps
     collectives_.reset();
     if (nccl_) nccl_->prepare();
+    StepProfile* profile = step_profile();
     auto per_replica = [&](int r) {
       const Device& device = devices_[static_cast<std::size_t>(r)];
       // A GPU replica enqueues its kernels on its own stream and waits for them once, at the end.
@@ -68,6 +70,17 @@ class MirroredBackend : public StrategyBackend {
       troupe::detail::cpu::intra_op_scope intra_op(device.is_gpu() ? 1 : intra_op_threads_);
       ReplicaContext ctx(strategy, first_replica_id() + r, num_replicas_in_sync(), device, &replica_collectives(), r);
       ReplicaContextGuard guard(&ctx);
+      // Timings for a watching Monitor: this replica's span, written on its own thread.
+      struct span {
+        StepProfile* profile;
+        int r;
+        span(StepProfile* p, int replica) : profile(p), r(replica) {
+          if (profile) profile->begin_replica(r);
+        }
+        ~span() {
+          if (profile) profile->end_replica(r);
+        }
+      } timing(profile, r);
       try {
         fn(r);
         if (nccl_) nccl_->drain(r);

@@ -149,6 +149,7 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       auto losses = strategy.run([this, global_batch](const data::Element& e) { return train_step(e, global_batch); },
                                  *batch);
       const double loss = as_double(strategy.reduce(ReduceOp::sum, losses, std::nullopt));
+      if (options.on_replica_losses) options.on_replica_losses(losses.values());
       loss_sum += loss;
       ++steps;
       samples += global_batch;

@@ -30,6 +30,7 @@ class Strategy;
 namespace detail {
 
 class WorkerGroup;
+class StepProfile;
 
 /// What a strategy runs on: implemented by MirroredStrategy's actors and by the default strategy.
 /// Its replicas are this worker's devices; what crosses workers goes through workers().
@@ -52,6 +53,14 @@ class StrategyBackend {
   int num_replicas_in_sync() const;
   /// The global id of this worker's first replica.
   int first_replica_id() const;
+
+  /// Where replicas, collectives and the input record their per-step timings while a Monitor
+  /// watches this strategy; nullptr otherwise (the hooks then cost a pointer test).
+  StepProfile* step_profile() const noexcept { return step_profile_; }
+  void set_step_profile(StepProfile* profile) noexcept { step_profile_ = profile; }
+
+ private:
+  StepProfile* step_profile_ = nullptr;
 };
 
 /// The argument replica `r` receives for `arg`: its component of a PerReplica, else arg itself.

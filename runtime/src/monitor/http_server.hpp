@@ -1,0 +1,50 @@
+#pragma once
+// The dashboard's HTTP server (Boost.Beast on one thread of its own): plain requests go to a
+// handler, and GET /api/events is a server-sent-event stream that push() writes to. Every request
+// must carry the token when one is set (query `token=` or `Authorization: Bearer`); requests are
+// bounded (8 KiB of headers, 4 KiB of body, 10 s to arrive), and one connection serves one request.
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace troupe::detail {
+
+struct HttpRequest {
+  std::string method;  ///< "GET", "POST", ...
+  std::string path;    ///< without the query
+  std::string query;   ///< after '?', undecoded
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+};
+
+/// The value of `name` in a query string ("a=1&b=2"), percent-decoded; "" when absent.
+std::string query_value(const std::string& query, const std::string& name);
+
+class HttpServer {
+ public:
+  using Handler = std::function<HttpResponse(const HttpRequest&)>;
+
+  /// Binds address:port (0: any free port) and starts serving; throws std::runtime_error naming
+  /// the address when it cannot bind.
+  HttpServer(const std::string& address, int port, std::string token, Handler handler);
+  /// Closes every connection and joins the server's thread.
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  /// The port it listens on.
+  int port() const noexcept;
+  /// Sends `data` as one event to every open /api/events stream (from any thread).
+  void push(std::string data);
+
+ private:
+  struct impl;
+  std::shared_ptr<impl> impl_;
+};
+
+}  // namespace troupe::detail
