@@ -1,0 +1,204 @@
+#!/usr/bin/python3
+"""The dashboard in a real browser: headless Chromium (Debian's `chromium`) driven over the
+DevTools protocol, against a running mlp_classifier.
+
+1. it loads the page and sees points arrive on the loss chart;
+2. it clicks Pause and sees the step counter stop;
+3. it clicks Resume and sees it move;
+4. it types a learning rate, clicks Set, and sees the new value in the steps that follow;
+5. it clicks Stop, and the trainer exits 0 saying it stopped.
+A screenshot of the page is kept at SCREENSHOT.
+
+Usage: browser_test.py MLP_CLASSIFIER SCREENSHOT
+Exit status: 0 passed, 1 failed, 77 skipped (no chromium, or no websocket module).
+"""
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+DEADLINE = time.monotonic() + 100  # the whole test; every wait below is bounded by it too
+
+
+def fail(why):
+    print("FAILED: " + why, flush=True)
+    raise SystemExit(1)
+
+
+def wait_for(what, predicate, timeout):
+    end = min(time.monotonic() + timeout, DEADLINE)
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    fail("timed out waiting for " + what)
+
+
+try:
+    import websocket  # Debian's python3-websocket
+except ImportError:
+    print("SKIPPED: the python3 websocket module is missing (apt-get install python3-websocket)")
+    sys.exit(77)
+
+
+class DevTools:
+    """A minimal Chrome DevTools Protocol client over one page's websocket."""
+
+    def __init__(self, ws_url):
+        self.ws = websocket.create_connection(ws_url, timeout=30, suppress_origin=True)
+        self.next_id = 0
+
+    def call(self, method, **params):
+        self.next_id += 1
+        my_id = self.next_id
+        self.ws.send(json.dumps({"id": my_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == my_id:
+                if "error" in msg:
+                    fail("%s: %s" % (method, msg["error"]))
+                return msg.get("result", {})
+
+    def eval(self, expression):
+        r = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in r:
+            return None
+        return r.get("result", {}).get("value")
+
+    def click(self, element_id):
+        """A real mouse click in the middle of the element."""
+        box = self.eval("(() => { const r = document.getElementById(%s).getBoundingClientRect();"
+                        " return [r.x + r.width / 2, r.y + r.height / 2]; })()" % json.dumps(element_id))
+        if not box:
+            fail("no element #" + element_id + " on the page")
+        for kind in ("mousePressed", "mouseReleased"):
+            self.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
+
+
+def main():
+    trainer, screenshot = sys.argv[1], sys.argv[2]
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        print("SKIPPED: no chromium on PATH (apt-get install chromium)")
+        return 77
+    work = tempfile.mkdtemp(prefix="troupe-browser-")
+    procs = []
+    try:
+        log_path = os.path.join(work, "trainer.log")
+        log = open(log_path, "w")
+        train = subprocess.Popen([trainer, "--epochs", "100000", "--replicas", "2", "--samples", "4096",
+                                  "--batch", "128", "--optimizer", "sgd", "--lr", "0.01", "--dashboard-port", "0"],
+                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                 preexec_fn=lambda: os.nice(10))  # the browser must keep up on 2 cores
+        procs.append(train)
+
+        def trainer_log():
+            with open(log_path) as f:
+                return f.read()
+
+        url = wait_for("the trainer's dashboard URL",
+                       lambda: (re.search(r"dashboard: (http://\S+)", trainer_log()) or [None, None])[1], 30)
+        profile = os.path.join(work, "profile")
+        browser = subprocess.Popen([chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
+                                    "--no-first-run", "--no-default-browser-check", "--user-data-dir=" + profile,
+                                    "--remote-debugging-port=0", "--window-size=1400,1000", "about:blank"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        procs.append(browser)
+        port_file = os.path.join(profile, "DevToolsActivePort")
+        port = wait_for("chromium's DevTools port",
+                        lambda: os.path.exists(port_file) and open(port_file).read().split("\n")[0], 30)
+        targets = json.load(urllib.request.urlopen("http://127.0.0.1:%s/json/list" % port, timeout=10))
+        page = next(t for t in targets if t.get("type") == "page")
+        dt = DevTools(page["webSocketDebuggerUrl"])
+        dt.call("Page.enable")
+        dt.call("Page.navigate", url=url)
+
+        # 1. Points arrive on the loss chart.
+        points = lambda: dt.eval("window.troupe ? window.troupe.lossChart.data.datasets[0].data.length : 0") or 0
+        newest = lambda: dt.eval("window.troupe.lossChart.data.datasets[0].data.at(-1).x") or 0
+        wait_for("points on the loss chart", lambda: points() > 0, 20)
+        first = newest()
+        wait_for("newer points on the loss chart (pushed, not only loaded)", lambda: newest() > first + 20, 20)
+        replicas = dt.eval("window.troupe.lossChart.data.datasets.length")
+        if replicas != 3:
+            fail("the loss chart has %s lines, expected the mean and 2 replicas" % replicas)
+        step = lambda: int(dt.eval("document.getElementById('step').textContent") or 0)
+        print("loss chart: %d points, step %d" % (points(), step()), flush=True)
+
+        # 2. Pause: the step counter stops.
+        dt.click("pause")
+        wait_for("the page to say paused", lambda: dt.eval("document.getElementById('status').textContent") == "paused", 10)
+        paused_at = step()
+        time.sleep(1.5)
+        if step() != paused_at:
+            fail("the step counter moved while paused: %d then %d" % (paused_at, step()))
+        if not re.search(r"paused after step %d\b" % paused_at, trainer_log()):
+            fail("the trainer did not report pausing after step %d" % paused_at)
+        print("paused at step %d, still %d after 1.5 s" % (paused_at, step()), flush=True)
+
+        # 4 (set while paused, so the very next step uses it). The learning rate field and Set.
+        dt.click("lr-input")
+        dt.call("Input.insertText", text="0.0123")
+        dt.click("lr-set")
+        wait_for("the trainer to take the new learning rate",
+                 lambda: re.search(r"learning rate 0\.0123 from step %d\b" % (paused_at + 1), trainer_log()), 10)
+
+        # 3. Resume: the counter moves.
+        dt.click("resume")
+        wait_for("the step counter to move after resume", lambda: step() > paused_at + 5, 15)
+        wait_for("the page to say running", lambda: dt.eval("document.getElementById('status').textContent") == "running", 10)
+        print("resumed: step %d" % step(), flush=True)
+
+        # 4. The new learning rate in the steps after the pause, on the chart and in the header.
+        lr_points = lambda: dt.eval("window.troupe.lrChart.data.datasets[0].data.filter(p => p.x > %d).map(p => p.y)"
+                                    % paused_at) or []
+        wait_for("learning-rate points after the pause", lambda: len(lr_points()) > 3, 10)
+        bad = [y for y in lr_points() if abs(y - 0.0123) > 1e-6]
+        if bad:
+            fail("steps after the change show learning rates %s, expected 0.0123" % bad[:5])
+        before = dt.eval("window.troupe.lrChart.data.datasets[0].data.filter(p => p.x <= %d).map(p => p.y)" % paused_at)
+        if not before or abs(before[-1] - 0.01) > 1e-6:
+            fail("the steps before the change should show 0.01, got %s" % (before[-3:] if before else before))
+        header = dt.eval("document.getElementById('lr').textContent")
+        if header != "0.01230":
+            fail("the header shows learning rate %r, expected 0.01230" % header)
+        print("learning rate 0.0123 in %d later steps" % len(lr_points()), flush=True)
+
+        shot = dt.call("Page.captureScreenshot", format="png")
+        os.makedirs(os.path.dirname(os.path.abspath(screenshot)), exist_ok=True)
+        with open(screenshot, "wb") as f:
+            f.write(base64.b64decode(shot["data"]))
+        print("screenshot: " + screenshot, flush=True)
+
+        # 5. Stop: the trainer ends cleanly.
+        dt.click("stop")
+        try:
+            rc = train.wait(timeout=max(1, DEADLINE - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            fail("the trainer did not exit after Stop")
+        out = trainer_log()
+        if rc != 0 or "training stopped from the dashboard after step" not in out:
+            fail("the trainer exited %d after Stop:\n%s" % (rc, out[-2000:]))
+        print("PASSED: stopped cleanly (%s)" % re.search(r"stopped after step \d+", out).group(0), flush=True)
+        return 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
