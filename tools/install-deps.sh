@@ -13,6 +13,7 @@ packages=(
   libboost-dev libcli11-dev libjs-chart.js
   doctest-dev libeigen3-dev libbenchmark-dev nlohmann-json3-dev
   openmpi-bin libopenmpi-dev  # the tests start workers with mpirun (MpiClusterResolver)
+  chromium python3-websocket  # the dashboard's test drives headless Chromium over its DevTools protocol
 )
 bench=0
 for arg in "$@"; do

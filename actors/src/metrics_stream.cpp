@@ -177,8 +177,9 @@ void metrics_history::add(const step_event& e) {
   std::deque<step_event> kept;
   for (std::size_t i = 0; i < events_.size(); i += 2) kept.push_back(std::move(events_[i]));
   events_ = std::move(kept);
+  // The kept events were offered at 0, s, 2s, ...: those left are at 0, 2s, 4s, ..., and the next
+  // one kept is the next offered at a multiple of 2s.
   stride_ *= 2;
-  offered_ = 1;  // the event just kept starts the new stride
 }
 
 std::string metrics_history::to_json() const {

@@ -190,8 +190,8 @@ struct HttpServer::impl : std::enable_shared_from_this<HttpServer::impl> {
     } else {
       try {
         out = handler(r);
-      } catch (const std::exception& e) {
-        out = {500, "application/json", std::string("{\"error\":\"internal: ") + e.what() + "\"}"};
+      } catch (...) {
+        out = {500, "application/json", "{\"error\":\"the trainer could not answer this request\"}"};
       }
     }
     c->response.version(11);

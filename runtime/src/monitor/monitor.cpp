@@ -390,6 +390,10 @@ struct Monitor::Impl {
     return out;
   }
 
+  static detail::HttpResponse error(int status, const std::string& message) {
+    return {status, "application/json", "{\"error\":" + json_string(message) + "}"};
+  }
+
   detail::HttpResponse enqueue(int command, double value) {
     std::lock_guard<std::mutex> lock(mutex);
     if (stopped) return {409, "application/json", "{\"error\":\"the training has stopped\"}"};
@@ -440,9 +444,8 @@ struct Monitor::Impl {
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
         if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v) || v <= 0 || v > 1e6) {
-          return {400, "application/json",
-                  "{\"error\":\"learning_rate: value " + json_string(text.substr(0, 64)) +
-                      " is not a positive number (e.g. /api/learning_rate?value=0.001)\"}"};
+          return error(400, "learning_rate: value \"" + text.substr(0, 64) +
+                                "\" is not a positive number (e.g. /api/learning_rate?value=0.001)");
         }
         if (!optimizer) return {409, "application/json", "{\"error\":\"this trainer has no optimizer to steer\"}"};
         return enqueue(set_learning_rate, v);
@@ -452,16 +455,15 @@ struct Monitor::Impl {
         char* end = nullptr;
         const long long n = text.empty() ? 100 : std::strtoll(text.c_str(), &end, 10);
         if ((!text.empty() && end != text.c_str() + text.size()) || n < 1 || n > max_trace_steps) {
-          return {400, "application/json",
-                  "{\"error\":\"trace: steps " + json_string(text.substr(0, 64)) + " is not a number in 1.." +
-                      std::to_string(max_trace_steps) + "\"}"};
+          return error(400, "trace: steps \"" + text.substr(0, 64) + "\" is not a number in 1.." +
+                                std::to_string(max_trace_steps));
         }
         return enqueue(trace, static_cast<double>(n));
       }
     } else {
       return {405, "application/json", "{\"error\":\"method not allowed: use GET or POST\"}"};
     }
-    return {404, "application/json", "{\"error\":\"no such page: " + r.path.substr(0, 64) + "\"}"};
+    return error(404, "no such page: " + r.path.substr(0, 64));
   }
 };
 

@@ -1,0 +1,106 @@
+// The metrics stream: its bounded history, its JSON, and the actor's pushes to subscribers.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "caf/all.hpp"
+#include "troupe/actors/metrics_stream.hpp"
+
+using troupe::actors::metrics_history;
+using troupe::actors::metrics_stream;
+using troupe::actors::step_event;
+
+namespace {
+
+step_event event(std::int64_t step) {
+  step_event e;
+  e.step = step;
+  e.loss = 1.0 / static_cast<double>(step);
+  e.replica_loss = {0.5, 0.25};
+  e.workers.resize(2);
+  e.workers[1].worker = 1;
+  e.workers[1].all_reduce_bytes = 4096;
+  return e;
+}
+
+std::size_t count(const std::string& s, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("metrics history keeps at most its capacity and spans the whole run at a coarser stride") {
+  metrics_history h(8);
+  for (std::int64_t s = 1; s <= 1000; ++s) h.add(event(s));
+  CHECK(h.events().size() <= 8);
+  CHECK(h.events().size() >= 4);
+  CHECK(h.events().front().step == 1);
+  CHECK(h.events().back().step > 1000 - static_cast<std::int64_t>(h.stride()));
+  // The kept steps are evenly spaced by the stride.
+  for (std::size_t i = 1; i < h.events().size(); ++i) {
+    CHECK(h.events()[i].step - h.events()[i - 1].step == static_cast<std::int64_t>(h.stride()));
+  }
+  // A full history halves: 1000 steps end with stride 256 (steps 1, 257, 513, 769 kept).
+  CHECK(h.stride() == 256);
+  CHECK(h.events().size() == 4);
+}
+
+TEST_CASE("metrics history below capacity keeps every step") {
+  metrics_history h(100);
+  for (std::int64_t s = 1; s <= 50; ++s) h.add(event(s));
+  CHECK(h.events().size() == 50);
+  CHECK(h.stride() == 1);
+}
+
+TEST_CASE("a step event's JSON carries every field, and null for a non-finite loss") {
+  step_event e = event(7);
+  e.loss = std::nan("");
+  const std::string json = troupe::actors::to_json(e);
+  CHECK(json.find("\"step\":7,") != std::string::npos);
+  CHECK(json.find("\"loss\":null") != std::string::npos);
+  CHECK(json.find("\"replica_loss\":[0.5,0.25]") != std::string::npos);
+  CHECK(json.find("\"all_reduce_bytes\":4096") != std::string::npos);
+  CHECK(count(json, "\"worker\":") == 2);
+  CHECK(count(json, "{") == count(json, "}"));
+}
+
+TEST_CASE("the metrics stream pushes new steps to a subscriber within its interval, then stops after unsubscribe") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  metrics_stream stream(sys, 64, std::chrono::milliseconds(20));
+  std::mutex m;
+  std::string received;
+  std::atomic<int> pushes{0};
+  const int id = stream.subscribe([&](const std::string& json) {
+    std::lock_guard<std::mutex> lock(m);
+    received += json;
+    ++pushes;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  for (std::int64_t s = 1; s <= 3; ++s) stream.publish(event(s));
+  while (pushes == 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(pushes > 0);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(250));
+  {
+    std::lock_guard<std::mutex> lock(m);
+    CHECK(received.front() == '[');
+    CHECK(count(received, "\"step\":") >= 1);
+  }
+  // The history has all three.
+  const std::string history = stream.history_json(std::chrono::seconds(5));
+  CHECK(count(history, "{\"step\":") == 3);
+  stream.unsubscribe(id);
+  const int before = pushes;
+  stream.publish(event(4));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(pushes == before);
+}

@@ -1,0 +1,172 @@
+#!/usr/bin/python3
+"""The dashboard's JSON API under MultiWorkerMirroredStrategy: multi_worker_trainer on 2 workers
+(troupe-launch), the chief serving the dashboard, each worker tracing its steps.
+
+- GET /api/state answers the documented fields, with both workers;
+- POST /api/pause on the chief pauses both workers after the same step: each reports it, the
+  state shows both paused at that step, and the step does not move for a second;
+- POST /api/learning_rate while paused: both workers take the same value from the same step;
+- POST /api/resume: both go on; POST /api/stop: both stop after the same step, save a checkpoint,
+  exit 0 and hold the same weights;
+- bad requests get 400 with a message naming the value; the chief's trace and worker 1's parse.
+
+Usage: mw_api_test.py TROUPE_LAUNCH MULTI_WORKER_TRAINER
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+DEADLINE = time.monotonic() + 90
+
+
+def fail(why, log=None):
+    print("FAILED: " + why, flush=True)
+    if log:
+        print("--- output\n" + log[-4000:], flush=True)
+    raise SystemExit(1)
+
+
+def wait_for(what, predicate, timeout, log=lambda: None):
+    end = min(time.monotonic() + timeout, DEADLINE)
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    fail("timed out waiting for " + what, log())
+
+
+def request(base, path, method="GET"):
+    req = urllib.request.Request(base + path, method=method, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def main():
+    launch, trainer = sys.argv[1], sys.argv[2]
+    work = tempfile.mkdtemp(prefix="troupe-mw-api-")
+    log_path = os.path.join(work, "cluster.log")
+    trace = os.path.join(work, "trace.json")
+    ckpt = os.path.join(work, "ckpt")
+    proc = None
+    try:
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([launch, "-n", "2", "--timeout", "80", "--", trainer, "--epochs", "100000",
+                                     "--dashboard-port", "0", "--checkpoint-dir", ckpt, "--trace", trace,
+                                     "--trace-steps", "3:12"],
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def out():
+            with open(log_path) as f:
+                return f.read()
+
+        base = wait_for("the chief's dashboard URL",
+                        lambda: (re.search(r"\[rank 0\] dashboard: (http://[0-9.:]+)/", out()) or [None, None])[1],
+                        30, out)
+        if "[rank 1] dashboard:" in out():
+            fail("worker 1 serves a dashboard too; only the chief should", out())
+
+        wait_for("a few steps", lambda: request(base, "/api/state")[1]["step"] > 20, 20, out)
+        status, state = request(base, "/api/state")
+        if status != 200:
+            fail("GET /api/state answered %d" % status)
+        for key, kind in (("step", int), ("paused", bool), ("learning_rate", float), ("loss", float)):
+            if not isinstance(state.get(key), kind):
+                fail("GET /api/state: %r is %r, expected a %s" % (key, state.get(key), kind.__name__))
+        if len(state["workers"]) != 2 or state["replicas_in_sync"] != 2:
+            fail("GET /api/state shows %d workers and %s replicas, expected 2 and 2"
+                 % (len(state["workers"]), state["replicas_in_sync"]))
+
+        # Bad requests: a clear 400 naming the value.
+        status, body = request(base, "/api/learning_rate?value=-1", "POST")
+        if status != 400 or "-1" not in body.get("error", ""):
+            fail("POST /api/learning_rate?value=-1 answered %d %s, expected 400 naming -1" % (status, body))
+        status, _ = request(base, "/api/nothing", "POST")
+        if status != 404:
+            fail("POST /api/nothing answered %d, expected 404" % status)
+
+        # Pause on the chief: both workers pause after the same step.
+        status, _ = request(base, "/api/pause", "POST")
+        if status != 200:
+            fail("POST /api/pause answered %d" % status)
+        both = lambda: [re.findall(r"\[rank %d\] paused after step (\d+)" % r, out()) for r in (0, 1)]
+        wait_for("both workers to report the pause", lambda: all(both()), 15, out)
+        steps = [int(b[0]) for b in both()]
+        if steps[0] != steps[1]:
+            fail("the workers paused after different steps: %s" % steps, out())
+        paused_at = steps[0]
+        state = wait_for("the state to show both paused",
+                         lambda: (lambda s: s if s["paused"] and all(w["paused"] for w in s["workers"]) else None)(
+                             request(base, "/api/state")[1]), 10, out)
+        if state["step"] != paused_at or [w["step"] for w in state["workers"]] != [paused_at, paused_at]:
+            fail("paused after step %d but the state says %s" % (paused_at, state))
+        time.sleep(1.0)
+        if request(base, "/api/state")[1]["step"] != paused_at:
+            fail("the step moved while paused")
+
+        # A learning rate while paused: both workers, the same step.
+        request(base, "/api/learning_rate?value=0.0007", "POST")
+        lr = lambda: [re.findall(r"\[rank %d\] learning rate 0\.0007 from step (\d+)" % r, out()) for r in (0, 1)]
+        wait_for("both workers to take the learning rate", lambda: all(lr()), 10, out)
+        if [int(x[0]) for x in lr()] != [paused_at + 1, paused_at + 1]:
+            fail("the learning rate applies from steps %s, expected %d on both" % (lr(), paused_at + 1))
+
+        request(base, "/api/resume", "POST")
+        wait_for("steps after resume", lambda: request(base, "/api/state")[1]["step"] > paused_at + 5, 15, out)
+        if abs(request(base, "/api/state")[1]["learning_rate"] - 0.0007) > 1e-9:
+            fail("the state does not show learning rate 0.0007 after resume")
+
+        # Stop: both stop after the same step, with a checkpoint, and exit 0 in step.
+        request(base, "/api/stop", "POST")
+        try:
+            rc = proc.wait(timeout=max(1, DEADLINE - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            fail("the workers did not exit after stop", out())
+        text = out()
+        if rc != 0:
+            fail("troupe-launch exited %d after stop" % rc, text)
+        stopped = [re.findall(r"\[rank %d\] stopped after step (\d+)" % r, text) for r in (0, 1)]
+        if not all(stopped) or stopped[0] != stopped[1]:
+            fail("the workers' stops: %s (expected one, the same step, on both)" % stopped, text)
+        stop_step = int(stopped[0][0])
+        if not os.path.exists(os.path.join(ckpt, "ckpt-%d.ckpt" % stop_step)):
+            fail("no checkpoint ckpt-%d.ckpt in %s: %s" % (stop_step, ckpt, os.listdir(ckpt)), text)
+        digests = [re.findall(r"\[rank %d\] result: .* steps=%d .*weights_digest=(\w+)" % (r, stop_step), text)
+                   for r in (0, 1)]
+        if not all(digests) or digests[0] != digests[1]:
+            fail("the workers' result lines after stop: %s" % digests, text)
+
+        for path in (trace, trace + ".worker-1"):
+            with open(path) as f:
+                events = json.load(f)["traceEvents"]
+            reduces = [e for e in events if e.get("name") == "all_reduce"]
+            if not reduces or any("dur" not in e or "replica" not in e["args"] for e in reduces):
+                fail("%s: all-reduce events without a duration or a replica" % path)
+        print("PASSED: both workers paused after step %d, took the learning rate from step %d, stopped after step "
+              "%d with checkpoint ckpt-%d and weights %s" % (paused_at, paused_at + 1, stop_step, stop_step,
+                                                              digests[0][0]), flush=True)
+        return 0
+    finally:
+        if proc and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
