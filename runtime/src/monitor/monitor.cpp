@@ -29,6 +29,13 @@ using distribute::detail::StepProfile;
 // The dashboard's commands, as they travel in the chief's row of the step-boundary exchange.
 enum Command : int { none = 0, pause = 1, resume = 2, set_learning_rate = 3, checkpoint = 4, stop = 5, trace = 6 };
 
+// A command as the training thread takes it: more says whether others wait behind it.
+struct Taken {
+  int code = 0;
+  double argument = 0;
+  bool more = false;
+};
+
 const char* command_name(int c) {
   switch (c) {
     case pause: return "pause";
@@ -56,6 +63,7 @@ enum Column : int {
   c_other_ms,
   c_samples_per_s,
   c_paused,
+  c_more,  // the chief has more commands: every worker exchanges again at this boundary
   columns
 };
 
@@ -239,17 +247,21 @@ struct Monitor::Impl {
     trace_first = trace_last = -1;
   }
 
-  std::pair<int, double> take_command() {
+  Taken take_command() {
     std::lock_guard<std::mutex> lock(mutex);
-    if (commands.empty()) return {none, 0.0};
-    auto c = commands.front();
+    return take_locked();
+  }
+  Taken take_locked() {
+    if (commands.empty()) return {};
+    Taken t{commands.front().first, commands.front().second, false};
     commands.pop_front();
-    return c;
+    t.more = !commands.empty();
+    return t;
   }
 
   // Every worker's row: the chief's command travels to all, the timings to the chief. A sum of
   // rows that are zero except one's own is exact: every worker reads the same table.
-  std::pair<int, double> exchange(std::pair<int, double> command, std::int64_t step,
+  Taken exchange(Taken command, std::int64_t step,
                                   const actors::worker_metrics& mine, actors::step_event& event) {
     const int first = backend.first_replica_id();
     std::fill(rows.begin(), rows.end(), 0.0);
@@ -257,8 +269,9 @@ struct Monitor::Impl {
       double* row = &rows[static_cast<std::size_t>((first + r) * columns)];
       const auto& rec = profile.replica(r);
       if (worker == 0 && r == 0) {
-        row[c_command] = command.first;
-        row[c_argument] = command.second;
+        row[c_command] = command.code;
+        row[c_argument] = command.argument;
+        row[c_more] = command.more ? 1.0 : 0.0;
       }
       row[c_worker] = worker;
       row[c_step] = static_cast<double>(step);
@@ -298,13 +311,13 @@ struct Monitor::Impl {
       std::lock_guard<std::mutex> lock(mutex);
       std::fill(heard_ns.begin(), heard_ns.end(), now);
     }
-    return {static_cast<int>(all[c_command]), all[c_argument]};
+    return {static_cast<int>(all[c_command]), all[c_argument], all[c_more] != 0.0};
   }
 
   // Applies a command after `step`, identically on every worker.
-  void apply(std::pair<int, double> command, std::int64_t step) {
-    const int c = command.first;
-    const double value = command.second;
+  void apply(const Taken& command, std::int64_t step) {
+    const int c = command.code;
+    const double value = command.argument;
     if (c == none) return;
     if (c == pause && !paused) {
       paused = true;
@@ -571,7 +584,7 @@ StepDecision Monitor::on_step_end(std::int64_t step, double loss) {
     if (step == m.trace_last) m.write_trace();
   }
 
-  std::pair<int, double> command = m.worker == 0 ? m.take_command() : std::pair<int, double>{none, 0.0};
+  Taken command = m.worker == 0 ? m.take_command() : Taken{};
   if (m.workers > 1) {
     command = m.exchange(command, step, mine, e);
   } else {
@@ -587,6 +600,15 @@ StepDecision Monitor::on_step_end(std::int64_t step, double loss) {
   }
   m.have_shares = false;
   m.apply(command, step);
+  // Several commands arrived during the step: all of them apply at this boundary, in order.
+  while (command.more && !m.stopped) {
+    command = m.worker == 0 ? m.take_command() : Taken{};
+    if (m.workers > 1) {
+      actors::step_event again = e;
+      command = m.exchange(command, step, mine, again);
+    }
+    m.apply(command, step);
+  }
   e.paused = m.paused;
   e.workers[static_cast<std::size_t>(m.worker)].paused = m.paused;
   e.learning_rate = m.optimizer ? m.optimizer->learning_rate() : NAN;
@@ -595,14 +617,11 @@ StepDecision Monitor::on_step_end(std::int64_t step, double loss) {
   // Paused: every worker waits here; the chief polls for commands, and every poll is one more
   // exchange so that all workers leave the pause after the same step.
   while (m.paused && !m.stopped) {
-    std::pair<int, double> c{none, 0.0};
+    Taken c;
     if (m.worker == 0) {
       std::unique_lock<std::mutex> lock(m.mutex);
       m.command_ready.wait_for(lock, paused_poll, [&] { return !m.commands.empty(); });
-      if (!m.commands.empty()) {
-        c = m.commands.front();
-        m.commands.pop_front();
-      }
+      c = m.take_locked();
     }
     if (m.workers > 1) {
       actors::step_event idle = e;

@@ -1,0 +1,138 @@
+// The Monitor in one process: its refusals, the token, and commands applied at step boundaries.
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "test_util.hpp"
+#include "troupe/troupe.hpp"
+
+using namespace troupe;
+using namespace troupe::distribute;
+using troupe::testing::contains;
+using troupe::testing::message_of;
+
+namespace {
+
+// One HTTP/1.1 request to 127.0.0.1:port; returns the whole response ("" when it cannot connect).
+std::string http(int port, const std::string& method, const std::string& target, const std::string& header = "") {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    const std::string req = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n" + header +
+                            "Connection: close\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  close(fd);
+  return out;
+}
+
+Tensor one_step(MirroredStrategy& s) {
+  auto r = s.run([] { return get_replica_context()->all_reduce(ReduceOp::sum, Tensor::scalar<float>(1.0f)); });
+  return r.values()[0];
+}
+
+}  // namespace
+
+TEST_CASE("monitor: a dashboard beyond loopback without a token is refused, naming the address") {
+  Runtime rt;
+  MirroredStrategy s(rt, {"CPU:0"});
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  o.dashboard_address = "0.0.0.0";
+  const std::string msg = message_of([&] { Monitor m(s, nullptr, o); });
+  CHECK(contains(msg, "0.0.0.0"));
+  CHECK(contains(msg, "token"));
+  o.dashboard_address = "127.0.0.1";
+  o.trace_file = "t.json";
+  o.trace_first_step = 5;
+  o.trace_last_step = 2;
+  CHECK(contains(message_of([&] { Monitor m(s, nullptr, o); }), "5:2"));
+}
+
+TEST_CASE("monitor: with a token, requests without it get 401 and requests with it are served") {
+  Runtime rt;
+  MirroredStrategy s(rt, {"CPU:0"});
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  o.dashboard_token = "s3cret";
+  std::ostringstream log;
+  o.log = &log;
+  Monitor m(s, nullptr, o);
+  REQUIRE(m.dashboard_port() > 0);
+  CHECK(m.dashboard_url() == "http://127.0.0.1:" + std::to_string(m.dashboard_port()) + "/?token=s3cret");
+  CHECK(contains(http(m.dashboard_port(), "GET", "/api/state"), "401 Unauthorized"));
+  CHECK(contains(http(m.dashboard_port(), "GET", "/api/state?token=wrong"), "401 Unauthorized"));
+  CHECK(contains(http(m.dashboard_port(), "GET", "/api/state?token=s3cret"), "200 OK"));
+  CHECK(contains(http(m.dashboard_port(), "GET", "/api/state", "Authorization: Bearer s3cret\r\n"), "\"paused\":false"));
+  const std::string page = http(m.dashboard_port(), "GET", "/?token=s3cret");
+  CHECK(contains(page, "text/html"));
+  CHECK(contains(page, "<script src=\"chart.js\">"));
+  CHECK(contains(http(m.dashboard_port(), "GET", "/chart.js?token=s3cret"), "Chart.js v"));
+}
+
+TEST_CASE("monitor: pause, learning rate, checkpoint and stop act at the step boundary") {
+  Runtime rt;
+  MirroredStrategy s(rt, {"CPU:0", "CPU:1"});
+  auto scope = s.scope();
+  auto sgd = std::make_shared<nn::SGD>(0.5f);
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  std::ostringstream log;
+  o.log = &log;
+  Monitor m(s, sgd.get(), o);
+  std::vector<std::int64_t> saved;
+  m.set_checkpoint_function([&](std::int64_t step) { saved.push_back(step); });
+  const int port = m.dashboard_port();
+  one_step(s);
+  CHECK(m.on_step_end(1, 0.5) == StepDecision::proceed);
+  CHECK(contains(http(port, "GET", "/api/state"), "\"step\":1,\"paused\":false"));
+
+  CHECK(contains(http(port, "POST", "/api/learning_rate?value=0.25"), "200 OK"));
+  CHECK(contains(http(port, "POST", "/api/learning_rate?value=zero"), "400 Bad Request"));
+  CHECK(sgd->learning_rate() == 0.5f);  // not before the boundary
+  CHECK(contains(http(port, "POST", "/api/pause"), "200 OK"));
+  // The boundary pauses; the resume comes from another thread while on_step_end waits.
+  std::thread resumer([&] {
+    for (int i = 0; i < 100 && !contains(http(port, "GET", "/api/state"), "\"paused\":true"); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    http(port, "POST", "/api/resume");
+  });
+  one_step(s);
+  CHECK(m.on_step_end(2, 0.4) == StepDecision::proceed);
+  resumer.join();
+  CHECK(sgd->learning_rate() == 0.25f);
+  CHECK(contains(log.str(), "paused after step 2"));
+  CHECK(contains(log.str(), "learning rate 0.25 from step 3"));
+  CHECK(contains(log.str(), "resumed after step 2"));
+
+  CHECK(contains(http(port, "POST", "/api/checkpoint"), "200 OK"));
+  one_step(s);
+  CHECK(m.on_step_end(3, 0.3) == StepDecision::proceed);
+  CHECK(contains(http(port, "POST", "/api/stop"), "200 OK"));
+  one_step(s);
+  CHECK(m.on_step_end(4, 0.2) == StepDecision::stop);
+  CHECK(saved == std::vector<std::int64_t>{3, 4});
+  CHECK(m.stopped());
+  CHECK(contains(http(port, "POST", "/api/pause"), "409 Conflict"));
+  CHECK(contains(http(port, "GET", "/api/nothing"), "404 Not Found"));
+}
