@@ -8,7 +8,7 @@
 #include "caf/all.hpp"
 
 // Local messages only: the stream never leaves this process.
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const troupe::actors::step_event>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const std::vector<troupe::actors::step_event>>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<troupe::actors::metrics_stream::subscriber>)
 
 namespace troupe::actors {
@@ -21,7 +21,14 @@ using unsubscribe_atom = caf::atom_constant<caf::atom("munsub")>;
 using history_atom = caf::atom_constant<caf::atom("mhistory")>;
 using close_atom = caf::atom_constant<caf::atom("mclose")>;
 
-using event_ptr = std::shared_ptr<const step_event>;
+using batch_ptr = std::shared_ptr<const std::vector<step_event>>;
+
+// One event of a published batch, without copying it.
+struct event_ref {
+  batch_ptr batch;
+  std::size_t index;
+  const step_event& get() const { return (*batch)[index]; }
+};
 using subscriber_ptr = std::shared_ptr<metrics_stream::subscriber>;
 
 // A number as JSON: non-finite values (a diverging loss) become null, which JSON can carry.
@@ -46,7 +53,7 @@ void put_field(std::string& out, const char* name, double v) {
 
 struct stream_state {
   std::unique_ptr<metrics_history> history;
-  std::vector<event_ptr> pending;
+  std::vector<event_ref> pending;
   std::uint64_t pending_stride = 1;
   std::uint64_t pending_offered = 0;
   std::map<int, subscriber_ptr> subscribers;
@@ -59,20 +66,22 @@ caf::behavior stream_actor(caf::stateful_actor<stream_state>* self, std::size_t 
                            std::chrono::milliseconds interval) {
   self->state.history = std::make_unique<metrics_history>(capacity);
   return {
-      [=](publish_atom, const event_ptr& e) {
+      [=](publish_atom, const batch_ptr& batch) {
         auto& s = self->state;
-        s.history->add(*e);
-        if (s.subscribers.empty()) return;
-        // Between two pushes at most max_pending events wait: beyond that, every other one.
-        if (++s.pending_offered % s.pending_stride == 0) {
-          s.pending.push_back(e);
+        for (std::size_t i = 0; i < batch->size(); ++i) {
+          s.history->add((*batch)[i]);
+          if (s.subscribers.empty()) continue;
+          // Between two pushes at most max_pending events wait: beyond that, every other one.
+          if (s.pending_offered++ % s.pending_stride != 0) continue;
+          s.pending.push_back({batch, i});
           if (s.pending.size() >= metrics_stream::max_pending) {
             std::size_t k = 0;
-            for (std::size_t i = 0; i < s.pending.size(); i += 2) s.pending[k++] = s.pending[i];
+            for (std::size_t j = 0; j < s.pending.size(); j += 2) s.pending[k++] = s.pending[j];
             s.pending.resize(k);
             s.pending_stride *= 2;
           }
         }
+        if (s.subscribers.empty()) return;
         if (!s.flush_scheduled) {
           s.flush_scheduled = true;
           self->delayed_send(self, interval, flush_atom::value);
@@ -85,7 +94,7 @@ caf::behavior stream_actor(caf::stateful_actor<stream_state>* self, std::size_t 
         std::string json = "[";
         for (std::size_t i = 0; i < s.pending.size(); ++i) {
           if (i) json += ',';
-          json += to_json(*s.pending[i]);
+          json += to_json(s.pending[i].get());
         }
         json += ']';
         s.pending.clear();
@@ -199,7 +208,10 @@ struct metrics_stream::impl {
   caf::actor actor;
   std::atomic<int> next_id{1};
   impl(caf::actor_system& sys, std::size_t capacity, std::chrono::milliseconds interval)
-      : system(sys), actor(sys.spawn(stream_actor, capacity, interval)) {}
+      // Detached: the stream sleeps on its own thread between messages. On the shared scheduler
+      // every message would set its workers polling for the next one, which a training loop on
+      // a few cores feels.
+      : system(sys), actor(sys.spawn<caf::detached>(stream_actor, capacity, interval)) {}
 };
 
 metrics_stream::metrics_stream(caf::actor_system& system, std::size_t capacity, std::chrono::milliseconds push_interval)
@@ -212,8 +224,10 @@ metrics_stream::~metrics_stream() {
       .receive([](bool) {}, [&](caf::error&) { caf::anon_send_exit(impl_->actor, caf::exit_reason::user_shutdown); });
 }
 
-void metrics_stream::publish(step_event event) {
-  caf::anon_send(impl_->actor, publish_atom::value, event_ptr(std::make_shared<const step_event>(std::move(event))));
+void metrics_stream::publish(std::vector<step_event> events) {
+  if (events.empty()) return;
+  caf::anon_send(impl_->actor, publish_atom::value,
+                 batch_ptr(std::make_shared<const std::vector<step_event>>(std::move(events))));
 }
 
 int metrics_stream::subscribe(subscriber s) {

@@ -84,7 +84,8 @@ TEST_CASE("the metrics stream pushes new steps to a subscriber within its interv
     ++pushes;
   });
   const auto start = std::chrono::steady_clock::now();
-  for (std::int64_t s = 1; s <= 3; ++s) stream.publish(event(s));
+  stream.publish({event(1), event(2)});
+  stream.publish({event(3)});
   while (pushes == 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -100,7 +101,7 @@ TEST_CASE("the metrics stream pushes new steps to a subscriber within its interv
   CHECK(count(history, "{\"step\":") == 3);
   stream.unsubscribe(id);
   const int before = pushes;
-  stream.publish(event(4));
+  stream.publish({event(4)});
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   CHECK(pushes == before);
 }

@@ -71,6 +71,11 @@ constexpr std::size_t max_queued_commands = 64;
 constexpr std::size_t max_trace_events = 4 << 20;
 constexpr std::int64_t max_trace_steps = 100000;
 const std::chrono::milliseconds paused_poll{100};
+// Steps go to the metrics stream in batches: one message per this interval (or per 256 steps),
+// so that a loop of sub-millisecond steps does not wake the stream's thread at every step. A
+// step's event still reaches an open dashboard within publish_interval + the push interval.
+constexpr std::int64_t publish_interval_ns = 50'000'000;
+constexpr std::size_t max_batch = 256;
 
 bool is_loopback(const std::string& address) {
   return address.rfind("127.", 0) == 0 || address == "::1" || address == "localhost";
@@ -142,6 +147,8 @@ struct Monitor::Impl {
   std::vector<double> shares;  // this worker's replicas' loss shares of the step
   bool have_shares = false;
   std::vector<double> rows;    // the exchange, reused
+  std::vector<actors::step_event> outbox;  // steps not yet published
+  std::int64_t published_ns = 0;
 
   // The dashboard's requests, from the HTTP thread to the training thread.
   std::mutex mutex;
@@ -351,11 +358,22 @@ struct Monitor::Impl {
     last.paused = paused;
   }
 
-  void publish(const actors::step_event& e) {
-    stream->publish(e);
-    std::lock_guard<std::mutex> lock(mutex);
-    last = e;
-    last.paused = paused;
+  void publish(actors::step_event&& e, bool now) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      last = e;
+      last.paused = paused;
+    }
+    outbox.push_back(std::move(e));
+    const std::int64_t t = profile_now_ns();
+    if (now || outbox.size() >= max_batch || t - published_ns >= publish_interval_ns) flush(t);
+  }
+  void flush(std::int64_t t) {
+    published_ns = t;
+    if (outbox.empty()) return;
+    stream->publish(std::move(outbox));
+    outbox.clear();
+    outbox.reserve(64);
   }
 
   std::string state_json() {
@@ -526,6 +544,7 @@ Monitor::Monitor(distribute::Strategy& strategy, nn::Optimizer* optimizer, Monit
 Monitor::~Monitor() {
   Impl& m = *impl_;
   m.backend.set_step_profile(nullptr);
+  m.flush(profile_now_ns());
   if (m.server) m.stream->unsubscribe(m.subscription);
   m.server.reset();
   m.stream.reset();
@@ -612,7 +631,9 @@ StepDecision Monitor::on_step_end(std::int64_t step, double loss) {
   e.paused = m.paused;
   e.workers[static_cast<std::size_t>(m.worker)].paused = m.paused;
   e.learning_rate = m.optimizer ? m.optimizer->learning_rate() : NAN;
-  m.publish(e);
+  // A step that changed the state (paused, stopped) is shown at once.
+  const bool changed = m.paused || m.stopped || command.code != none;
+  m.publish(std::move(e), changed);
 
   // Paused: every worker waits here; the chief polls for commands, and every poll is one more
   // exchange so that all workers leave the pause after the same step.
@@ -624,7 +645,7 @@ StepDecision Monitor::on_step_end(std::int64_t step, double loss) {
       c = m.take_locked();
     }
     if (m.workers > 1) {
-      actors::step_event idle = e;
+      actors::step_event idle = m.last;
       mine.paused = true;
       c = m.exchange(c, step, mine, idle);
       std::lock_guard<std::mutex> lock(m.mutex);

@@ -85,7 +85,9 @@ class metrics_stream {
   metrics_stream(const metrics_stream&) = delete;
   metrics_stream& operator=(const metrics_stream&) = delete;
 
-  void publish(step_event event);
+  /// Publishes steps, oldest first. A trainer batches its steps (a few per message) so that a
+  /// fast training loop does not wake the stream's thread at every step.
+  void publish(std::vector<step_event> events);
   /// Adds a subscriber; returns its id.
   int subscribe(subscriber s);
   /// Removes a subscriber; once this returns it is not called again.
