@@ -169,6 +169,7 @@ struct Monitor::Impl {
   std::int64_t trace_first = -1;  // steps trace_first..trace_last (inclusive) are recorded
   std::int64_t trace_last = -1;
   std::vector<TraceEvent> trace_events;
+  std::int64_t trace_recorded_last = -1;
 
   void say(const std::string& line) {
     if (log) *log << line << std::endl;
@@ -188,6 +189,7 @@ struct Monitor::Impl {
   }
 
   void record_trace(std::int64_t step, std::int64_t boundary_ns, std::int64_t input_start_ns, std::int64_t input_ns) {
+    trace_recorded_last = step;
     if (trace_events.size() + 4 + static_cast<std::size_t>(local_replicas) * 40 > max_trace_events) return;
     const int first_replica = backend.first_replica_id();
     trace_events.push_back({"step", worker, 0, last_boundary_ns, boundary_ns - last_boundary_ns, step, -1, -1, -1});
@@ -244,7 +246,7 @@ struct Monitor::Impl {
       }
     }
     std::rename(tmp.c_str(), trace_path.c_str());
-    say("trace of steps " + std::to_string(trace_first) + ".." + std::to_string(trace_last) + " written to " +
+    say("trace of steps " + std::to_string(trace_first) + ".." + std::to_string(trace_recorded_last) + " written to " +
         trace_path + " (" + std::to_string(trace_events.size()) + " events)");
     trace_events.clear();
     trace_events.shrink_to_fit();
@@ -545,6 +547,12 @@ Monitor::~Monitor() {
   Impl& m = *impl_;
   m.backend.set_step_profile(nullptr);
   m.flush(profile_now_ns());
+  // Training ended inside the traced range: what was recorded is written.
+  try {
+    if (m.trace_first >= 0 && !m.trace_events.empty()) m.write_trace();
+  } catch (...) {
+    // A trace that cannot be written must not end the program from a destructor.
+  }
   if (m.server) m.stream->unsubscribe(m.subscription);
   m.server.reset();
   m.stream.reset();
