@@ -122,6 +122,7 @@ struct HttpServer::impl : std::enable_shared_from_this<HttpServer::impl> {
   std::string token;
   Handler handler;
   std::list<std::shared_ptr<event_stream>> streams;  // touched on the io thread only
+  std::list<std::weak_ptr<beast::tcp_stream>> requests;  // connections reading or answering (io thread)
   std::thread thread;
   int port = 0;
 
@@ -148,6 +149,8 @@ struct HttpServer::impl : std::enable_shared_from_this<HttpServer::impl> {
 
   void serve(tcp::socket socket) {
     auto c = std::make_shared<connection>(std::move(socket));
+    requests.remove_if([](const std::weak_ptr<beast::tcp_stream>& w) { return w.expired(); });
+    requests.push_back(std::shared_ptr<beast::tcp_stream>(c, &c->stream));
     c->parser.header_limit(max_header_bytes);
     c->parser.body_limit(max_body_bytes);
     c->stream.expires_after(request_timeout);
@@ -263,9 +266,16 @@ HttpServer::~HttpServer() {
     state->acceptor.close(ignored);
     for (auto& s : state->streams) s->close();
     state->streams.clear();
+    for (auto& w : state->requests) {
+      if (auto r = w.lock()) r->close();
+    }
+    state->requests.clear();
     state->io.stop();
   });
   if (state->thread.joinable()) state->thread.join();
+  // The handlers of the operations just aborted hold the state: run them so that it is freed.
+  state->io.restart();
+  state->io.run_for(std::chrono::seconds(1));
 }
 
 int HttpServer::port() const noexcept { return impl_->port; }
