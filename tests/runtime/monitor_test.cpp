@@ -33,7 +33,8 @@ std::string http(int port, const std::string& method, const std::string& target,
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string out;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string req = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n" + header +
+    const std::string req = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(port) +
+                            "\r\nContent-Length: 0\r\n" + header +
                             "Connection: close\r\n\r\n";
     if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
       char buf[4096];
@@ -135,4 +136,32 @@ TEST_CASE("monitor: pause, learning rate, checkpoint and stop act at the step bo
   CHECK(m.stopped());
   CHECK(contains(http(port, "POST", "/api/pause"), "409 Conflict"));
   CHECK(contains(http(port, "GET", "/api/nothing"), "404 Not Found"));
+}
+
+TEST_CASE("monitor: without a token, another site's page cannot steer the training") {
+  Runtime rt;
+  MirroredStrategy s(rt, {"CPU:0"});
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  std::ostringstream log;
+  o.log = &log;
+  Monitor m(s, nullptr, o);
+  const int port = m.dashboard_port();
+  const std::string host = "127.0.0.1:" + std::to_string(port);
+  // A cross-site POST (a form or fetch on another site's page) carries that site's Origin.
+  CHECK(contains(http(port, "POST", "/api/pause", "Origin: http://evil.example\r\n"), "403 Forbidden"));
+  CHECK(contains(http(port, "POST", "/api/pause", "Origin: http://" + host + "\r\n"), "200 OK"));
+  // A name rebound to 127.0.0.1 arrives with its own Host.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  const std::string req = "GET /api/state HTTP/1.1\r\nHost: evil.example:" + std::to_string(port) + "\r\n\r\n";
+  REQUIRE(write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+  char buf[512] = {};
+  CHECK(read(fd, buf, sizeof buf - 1) > 0);
+  CHECK(contains(buf, "403 Forbidden"));
+  close(fd);
 }

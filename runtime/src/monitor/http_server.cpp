@@ -124,6 +124,7 @@ struct HttpServer::impl : std::enable_shared_from_this<HttpServer::impl> {
   std::list<std::shared_ptr<event_stream>> streams;  // touched on the io thread only
   std::list<std::weak_ptr<beast::tcp_stream>> requests;  // connections reading or answering (io thread)
   std::thread thread;
+  std::string address;
   int port = 0;
 
   void accept() {
@@ -165,6 +166,25 @@ struct HttpServer::impl : std::enable_shared_from_this<HttpServer::impl> {
     });
   }
 
+  // Without a token the page is trusted for being on this machine, so another site must not be
+  // able to use the browser against it: the Host must name this server (a DNS-rebound name does
+  // not), and a POST from a page must come from this server's own origin.
+  std::string refuse_foreign(const http::request<http::string_body>& req) const {
+    const std::string host(req[http::field::host]);
+    if (token.empty()) {
+      const std::string p = ":" + std::to_string(port);
+      if (host != "127.0.0.1" + p && host != "localhost" + p && host != "[::1]" + p && host != address + p &&
+          host != "[" + address + "]" + p) {
+        return "this dashboard answers requests for 127.0.0.1" + p + " or localhost" + p + " only";
+      }
+    }
+    const auto origin = req[http::field::origin];
+    if (req.method() == http::verb::post && !origin.empty() && std::string(origin) != "http://" + host) {
+      return "a page of another site may not steer this training";
+    }
+    return {};
+  }
+
   bool authorised(const http::request<http::string_body>& req, const std::string& query) const {
     if (token.empty()) return true;
     if (same_secret(query_value(query, "token"), token)) return true;
@@ -183,7 +203,10 @@ struct HttpServer::impl : std::enable_shared_from_this<HttpServer::impl> {
     r.path = target.substr(0, q);
     r.query = q == std::string::npos ? std::string() : target.substr(q + 1);
     HttpResponse out;
-    if (!authorised(req, r.query)) {
+    const std::string foreign = refuse_foreign(req);
+    if (!foreign.empty()) {
+      out = {403, "application/json", "{\"error\":\"" + foreign + "\"}"};
+    } else if (!authorised(req, r.query)) {
       out = {401, "application/json",
              "{\"error\":\"this dashboard needs its token: open it with ?token=TOKEN or send Authorization: Bearer "
              "TOKEN\"}"};
@@ -248,6 +271,7 @@ HttpServer::HttpServer(const std::string& address, int port, std::string token, 
                              ec.message() + " (choose another --dashboard-port, or 0 for any free one)");
   }
   impl_->port = impl_->acceptor.local_endpoint().port();
+  impl_->address = address;
   impl_->accept();
   auto state = impl_;
   impl_->thread = std::thread([state] {
