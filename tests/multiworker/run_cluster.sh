@@ -292,6 +292,20 @@ case "$scenario" in
     [ "$peak_kb" -gt 0 ] && [ "$peak_kb" -lt 49152 ] || fail "the chief's peak resident memory was $peak_kb kB" ;;
   chief-stops) stops_under_defaults 3 0 ;;
   worker-stops-defaults) stops_under_defaults 3 1 ;;
+  input-*)
+    # input-<data|off|file|uneven>-<workers>x<replicas per worker>: mw_worker input checks the
+    # rows each worker got; here every worker must have run the same number of steps.
+    spec="${scenario#input-}"; which="${spec%-*}"; shape="${spec##*-}"; n="${shape%x*}"; per="${shape#*x}"
+    for i in $(seq 0 $((n - 1))); do
+      declare "W${i}_ENV=MW_INPUT=$which MW_TIMEOUT_MS=20000 TROUPE_DEVICES_PER_WORKER=$per"
+    done
+    start_cluster "$n" input; wait_all "$n"; expect_cluster "$n" $((n * per))
+    steps0="$(grep '^input steps' "$dir/out0")"
+    [ -n "$steps0" ] || fail "worker 0 printed no step count"
+    for i in $(seq 1 $((n - 1))); do
+      [ "$(grep '^input steps' "$dir/out$i")" = "$steps0" ] || fail "worker $i ran other steps than worker 0 ($steps0)"
+    done
+    echo "every worker: $steps0" ;;
   collectives-2x1) start_cluster 2 collectives; wait_all 2; expect_cluster 2 2 ;;
   collectives-3x1) start_cluster 3 collectives; wait_all 3; expect_cluster 3 3 ;;
   collectives-4x1) start_cluster 4 collectives; wait_all 4; expect_cluster 4 4 ;;
