@@ -1,11 +1,12 @@
 // One worker of the multi-worker tests: run by run_cluster.sh in N processes with TF_CONFIG set
 // (or the Slurm or mpirun variables, with MW_RESOLVER=slurm|mpi).
 // Usage: mw_worker collectives | die | hang | skip | checkpoint | train | join | idle | compressed | input
+//        | outside
 // Once the cluster formed it prints "replicas <R> workers <W> task <type>:<index>". Prints
 // "OK <rank>" and exits 0 when every check holds; prints "FAIL ..." and exits 1 when one does not;
 // prints "ERROR <message>" and exits 3 when the strategy throws.
 // MW_TIMEOUT_MS sets CommunicationOptions::timeout, MW_BYTES_PER_PACK bytes_per_pack,
-// MW_COMPRESSION (none, fp16, bf16) compression; MW_INPUT (data, off, file, uneven) the input
+// MW_COMPRESSION (none, fp16, bf16) compression; MW_INPUT (data, off, file, uneven, fail) the input
 // scenario of mode input.
 #include <signal.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -391,6 +393,21 @@ int input(MultiWorkerMirroredStrategy& s, const std::string& which) {
   std::int64_t rows = 0;
   int steps = 0;
   std::vector<std::int64_t> counts;
+  if (which == "fail") {
+    // Worker 1's dataset fails at its third element; worker 0's holds five. Both must stop at
+    // that step: worker 1 with the cause, worker 0 naming worker 1.
+    auto dist = s.distribute_datasets_from_function([&](const InputContext& ctx) {
+      const int me = ctx.input_pipeline_id;
+      return data::Dataset::range(5).map([me](const data::Element& e) {
+        if (me == 1 && e[0].item<std::int64_t>() == 2) throw std::runtime_error("bad record 2 in worker 1's shard");
+        return e;
+      }).batch(1);
+    });
+    std::vector<std::int64_t> local_ids(5, 0);
+    steps = consume(s, dist, rows, local_ids, [](const data::Element& e) { return e[0].to_vector<std::int64_t>(); });
+    std::cout << "FAIL the pass ended after " << steps << " steps although worker 1 failed to read\n";
+    return 1;
+  }
   if (which == "uneven") {
     const std::vector<std::int64_t> sizes{11, 4, 0, 7};
     std::int64_t total = 0, most_steps = 0;
@@ -461,6 +478,56 @@ int input(MultiWorkerMirroredStrategy& s, const std::string& which) {
     }
   }
   std::cout << "input steps " << steps << "\n";
+  return failures == 0 ? 0 : 1;
+}
+
+// A strategy's variables in main, outside its scope, after training (TensorFlow's semantics): an
+// on_read ONLY_FIRST_REPLICA counter incremented in 50 steps reads 50, an on_read SUM metric reads
+// its sum over every replica of every worker, a mirrored variable its first component; assign
+// writes every component; a CheckpointManager saves (only the chief's file stays) and restores.
+int outside(MultiWorkerMirroredStrategy& s, const std::string& dir) {
+  const int n = s.num_replicas_in_sync();
+  std::optional<Variable> w, counter, metric;
+  {
+    auto scope = s.scope();
+    w.emplace(Tensor::full({4}, 1.5, DType::f32), "w");
+    counter.emplace(Tensor::scalar<float>(0.0f), "counter", VariableSynchronization::on_read,
+                    VariableAggregation::only_first_replica);
+    metric.emplace(Tensor::scalar<float>(0.0f), "metric", VariableSynchronization::on_read, VariableAggregation::sum);
+  }
+  for (int step = 0; step < 50; ++step) {
+    s.run([&] {
+      counter->assign_add(Tensor::scalar<float>(1.0f));
+      metric->assign_add(Tensor::scalar<float>(2.0f));
+    });
+  }
+  expect_eq(has_strategy(), false, "no strategy in main");
+  expect_eq(counter->value().item<float>(), 50.0f, "the counter reads 50 outside the scope");
+  expect_eq(metric->value().item<float>(), 100.0f * float(n), "the metric reads its sum over every worker");
+  expect_eq(w->value().to_vector<float>(), std::vector<float>(4, 1.5f), "w reads its first component");
+  w->assign(Tensor::full({4}, 2.5, DType::f32));
+  for (const Tensor& c : s.experimental_local_results(*w)) {
+    expect_eq(c.to_vector<float>(), std::vector<float>(4, 2.5f), "assign outside the scope writes every component");
+  }
+  CheckpointManager manager(Checkpoint({{"w", *w}, {"counter", *counter}, {"metric", *metric}}), dir, 2);
+  const std::string written = manager.save(3);
+  const bool chief = expected_rank(*s.cluster_resolver()) == 0;
+  expect_eq(written.find(chief ? "ckpt-3.ckpt" : ".tmp.ckpt") != std::string::npos, true,
+            "only the chief writes the real path, outside the scope too");
+  w->assign(Tensor::zeros({4}));
+  counter->assign(Tensor::scalar<float>(0.0f));
+  metric->assign(Tensor::scalar<float>(0.0f));
+  // Every worker restores the chief's file once it exists (the chief saved before this sum).
+  s.reduce(ReduceOp::sum, s.experimental_distribute_values_from_function([](const ValueContext&) {
+    return Tensor::scalar<int>(1);
+  }), std::nullopt);
+  auto step = manager.restore_or_initialize();
+  expect_eq(step.has_value() && *step == 3, true, "restored step 3 outside the scope");
+  for (const Tensor& c : s.experimental_local_results(*w)) {
+    expect_eq(c.to_vector<float>(), std::vector<float>(4, 2.5f), "w restored into every component");
+  }
+  expect_eq(counter->value().item<float>(), 50.0f, "the counter restored");
+  expect_eq(metric->value().item<float>(), 100.0f * float(n), "the metric restored so that it sums back");
   return failures == 0 ? 0 : 1;
 }
 
@@ -543,6 +610,9 @@ int main(int argc, char** argv) {
       const char* idle = std::getenv("MW_IDLE_MS");
       std::this_thread::sleep_for(std::chrono::milliseconds(idle != nullptr ? std::atoi(idle) : 1000));
       s.run([] { get_replica_context()->all_reduce(ReduceOp::sum, Tensor::zeros({1})); });
+    } else if (mode == "outside") {
+      const char* dir = std::getenv("MW_CKPT_DIR");
+      rc = outside(s, dir ? dir : "/tmp/troupe-mw-outside");
     } else if (mode == "input") {
       const char* which = std::getenv("MW_INPUT");
       rc = input(s, which ? which : "data");

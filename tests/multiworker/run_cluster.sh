@@ -292,6 +292,19 @@ case "$scenario" in
     [ "$peak_kb" -gt 0 ] && [ "$peak_kb" -lt 49152 ] || fail "the chief's peak resident memory was $peak_kb kB" ;;
   chief-stops) stops_under_defaults 3 0 ;;
   worker-stops-defaults) stops_under_defaults 3 1 ;;
+  input-fail-2x1)
+    # Worker 1's input fails at its third element: both workers stop at that step, bounded.
+    for i in 0 1; do declare "W${i}_ENV=MW_INPUT=fail MW_TIMEOUT_MS=20000"; done
+    start_cluster 2 input; wait_all 2
+    for i in 0 1; do
+      [ "$(cat "$dir/rc$i")" = 3 ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+    done
+    grep -q "^ERROR .*bad record 2 in worker 1's shard" "$dir/out1" || fail "worker 1 did not report its own cause"
+    grep -q "^ERROR .*worker 1 failed to read its input" "$dir/out0" || fail "worker 0 did not name worker 1" ;;
+  outside-scope-2x2)
+    for i in 0 1; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2 MW_CKPT_DIR=$dir/ckpt"; done
+    start_cluster 2 outside; wait_all 2; expect_cluster 2 4
+    [ "$(ls "$dir/ckpt")" = "ckpt-3.ckpt" ] || fail "the checkpoint directory holds: $(ls "$dir/ckpt")" ;;
   input-*)
     # input-<data|off|file|uneven>-<workers>x<replicas per worker>: mw_worker input checks the
     # rows each worker got; here every worker must have run the same number of steps.
