@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "../common/temp_dir.hpp"
 #include "test_util.hpp"
 
 using namespace troupe;
@@ -69,14 +70,20 @@ TEST_CASE("CentralStorageStrategy: replica-context writes are aggregated and app
 
 namespace {
 
-// Trains Dense(6,8,relu) -> Dense(8,3) with SGD momentum on 4 CPU replicas under `strategy` for
+// Trains Dense(6,8,relu) -> Dense(8,3) with SGD momentum or Adam on 4 CPU replicas under `strategy` for
 // 12 steps of a fixed dataset and returns every trainable variable's value, then the losses.
 template <class S>
-std::pair<std::vector<Tensor>, std::vector<double>> train(Runtime& rt) {
+std::pair<std::vector<Tensor>, std::vector<double>> train(Runtime& rt, bool adam) {
   S strategy(rt, cpus(4));
   auto scope = strategy.scope();
   nn::Model model(nn::Sequential({nn::Dense(6, 8, nn::Activation::relu, 3), nn::Dense(8, 3, nn::Activation::none, 4)}));
-  model.compile(std::make_shared<nn::SGD>(0.05f, 0.9f), nn::Loss::sparse_categorical_crossentropy());
+  std::shared_ptr<nn::Optimizer> optimizer;
+  if (adam) {
+    optimizer = std::make_shared<nn::Adam>(0.01f);
+  } else {
+    optimizer = std::make_shared<nn::SGD>(0.05f, 0.9f);
+  }
+  model.compile(optimizer, nn::Loss::sparse_categorical_crossentropy());
   std::vector<float> x(48 * 6);
   std::vector<std::int64_t> y(48);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 37) % 11) / 11.0f - 0.4f;
@@ -92,18 +99,51 @@ std::pair<std::vector<Tensor>, std::vector<double>> train(Runtime& rt) {
 
 }  // namespace
 
-TEST_CASE("CentralStorageStrategy trains to the same bits as MirroredStrategy") {
+TEST_CASE("CentralStorageStrategy trains to the same bits as MirroredStrategy, with SGD momentum and Adam") {
   Runtime rt;
-  const auto mirrored = train<MirroredStrategy>(rt);
-  const auto central = train<CentralStorageStrategy>(rt);
-  REQUIRE(mirrored.first.size() == central.first.size());
-  REQUIRE(mirrored.first.size() == 4);
-  for (std::size_t i = 0; i < mirrored.first.size(); ++i) {
-    const Tensor& a = mirrored.first[i];
-    const Tensor& b = central.first[i];
-    REQUIRE(a.nbytes() == b.nbytes());
-    CHECK(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
+  for (const bool adam : {false, true}) {
+    CAPTURE(adam);
+    const auto mirrored = train<MirroredStrategy>(rt, adam);
+    const auto central = train<CentralStorageStrategy>(rt, adam);
+    REQUIRE(mirrored.first.size() == central.first.size());
+    REQUIRE(mirrored.first.size() == 4);
+    for (std::size_t i = 0; i < mirrored.first.size(); ++i) {
+      const Tensor& a = mirrored.first[i];
+      const Tensor& b = central.first[i];
+      REQUIRE(a.nbytes() == b.nbytes());
+      CHECK(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
+    }
+    CHECK(mirrored.second == central.second);
+    CHECK(central.second.back() < central.second.front());  // it learnt something
   }
-  CHECK(mirrored.second == central.second);
-  CHECK(central.second.back() < central.second.front());  // it learnt something
+}
+
+TEST_CASE("CentralStorageStrategy: a checkpoint saves and restores its variables and optimizer slots") {
+  Runtime rt;
+  CentralStorageStrategy s(rt, cpus(3));
+  troupe::testing::temp_dir dir("central-ckpt");
+  auto scope = s.scope();
+  nn::Model model(nn::Sequential({nn::Dense(4, 2, nn::Activation::none, 5)}));
+  model.compile(std::make_shared<nn::SGD>(0.1f, 0.5f), nn::Loss::mean_squared_error());
+  auto ds = data::Dataset::from_tensor_slices({Tensor::full({6, 4}, 0.5, DType::f32), Tensor::full({6, 2}, 1.0, DType::f32)})
+                .batch(3);
+  nn::FitOptions quiet;
+  quiet.verbose = 0;
+  model.fit(ds, 2, -1, quiet);
+  Checkpoint ckpt(model.variables());
+  const std::string path = ckpt.save((dir.path / "central").string());
+  std::map<std::string, std::vector<float>> saved;
+  for (const auto& [name, v] : ckpt.variables()) {
+    CHECK(v.components().size() == 1);  // every one lives once, on the CPU
+    if (v.dtype() == DType::f32) saved[name] = v.value().to_vector<float>();
+  }
+  for (auto& [name, v] : ckpt.variables()) {
+    Variable copy = v;
+    copy.assign(Tensor::zeros(v.shape(), v.dtype()));
+  }
+  ckpt.restore(path);
+  for (const auto& [name, v] : ckpt.variables()) {
+    if (v.dtype() == DType::f32) CHECK(v.value().to_vector<float>() == saved[name]);
+  }
+  CHECK(model.optimizer()->iterations().value().item<std::int64_t>() == 4);
 }

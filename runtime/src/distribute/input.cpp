@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <stdexcept>
@@ -206,8 +207,15 @@ class AgreedSource final : public InputSource {
     // One row per worker: state (0 ended, 1 data, 2 failed), components, and for each component
     // its dtype code and rank and sizes.
     std::vector<std::int64_t> row(static_cast<std::size_t>(cols), 0);
+    if (mine && !failure) {
+      try {
+        describe(*mine, row);  // elements that cannot be described fail every worker, not only this one
+      } catch (...) {
+        failure = std::current_exception();
+        std::fill(row.begin(), row.end(), 0);
+      }
+    }
     row[0] = failure ? 2 : mine ? 1 : 0;
-    if (mine && !failure) describe(*mine, row);
     const Tensor table = workers_->concat(Tensor::from_vector(row, {1, cols}), 0);
     const std::vector<std::int64_t> all = table.to_vector<std::int64_t>();
     const int n = workers_->size();
