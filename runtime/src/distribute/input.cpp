@@ -186,7 +186,7 @@ class PerReplicaSource final : public InputSource {
 
 // The end of the data agreed across workers (TensorFlow's get_next_as_optional under
 // MultiWorkerMirroredStrategy): every call, each worker tells the others whether it has a step of
-// input, what its elements look like, or that reading failed (an all-gather of one row each). The
+// input, what its elements look like, or that reading failed (one row each, gathered). The
 // pass goes on while any worker has data; a worker whose own data has ended gives its replicas
 // empty batches shaped like the others' (0 rows), so every worker runs the same steps and no one
 // waits in a collective for a worker that has stopped. It ends on every worker at the same call.
@@ -216,9 +216,13 @@ class AgreedSource final : public InputSource {
       }
     }
     row[0] = failure ? 2 : mine ? 1 : 0;
-    const Tensor table = workers_->concat(Tensor::from_vector(row, {1, cols}), 0);
-    const std::vector<std::int64_t> all = table.to_vector<std::int64_t>();
+    // Each worker's row in its own slot of a zeroed table, summed over the workers: one small
+    // all-reduce gathers every row (an all-gather of unknown sizes would take two exchanges).
     const int n = workers_->size();
+    std::vector<std::int64_t> slots(static_cast<std::size_t>(n) * cols, 0);
+    std::copy(row.begin(), row.end(), slots.begin() + static_cast<std::ptrdiff_t>(workers_->rank()) * cols);
+    const std::vector<std::int64_t> all =
+        workers_->sum(Tensor::from_vector(slots, {static_cast<std::int64_t>(slots.size())})).to_vector<std::int64_t>();
     if (static_cast<std::int64_t>(all.size()) != static_cast<std::int64_t>(n) * cols) {
       throw std::runtime_error("distributed input: the workers' descriptions of their input came back as " +
                                std::to_string(all.size()) + " numbers, expected " + std::to_string(n * cols));
