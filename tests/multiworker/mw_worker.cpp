@@ -385,7 +385,8 @@ std::vector<std::int64_t> cluster_counts(MultiWorkerMirroredStrategy& s, const s
 // own files (w, w + W, ...). uneven: distribute_datasets_from_function where worker w's dataset
 // holds 11, 4, 0 or 7 ids (by rank) batched by 2 per replica: every worker runs as many steps as
 // the worker with most data, the others get empty batches (dtype int64, shape [0]) meanwhile, and
-// every id is seen once. Prints "input steps <N>".
+// every id is seen once; uneven-replica: the same with a pipeline per replica (11, 4, 0, 7, 5, 2,
+// 9, 1 ids by pipeline). fail: worker 1's input fails. Prints "input steps <N>".
 int input(MultiWorkerMirroredStrategy& s, const std::string& which) {
   const int local = s.num_local_replicas();
   const int workers = s.num_replicas_in_sync() / local;
@@ -408,21 +409,26 @@ int input(MultiWorkerMirroredStrategy& s, const std::string& which) {
     std::cout << "FAIL the pass ended after " << steps << " steps although worker 1 failed to read\n";
     return 1;
   }
-  if (which == "uneven") {
-    const std::vector<std::int64_t> sizes{11, 4, 0, 7};
+  if (which == "uneven" || which == "uneven-replica") {
+    // One pipeline per worker, or (uneven-replica) per replica, each with its own number of ids.
+    const bool per_replica = which == "uneven-replica";
+    const std::vector<std::int64_t> sizes{11, 4, 0, 7, 5, 2, 9, 1};
+    const int pipelines = per_replica ? workers * local : workers;
     std::int64_t total = 0, most_steps = 0;
     std::vector<std::int64_t> offset;
-    for (int w = 0; w < workers; ++w) {
+    for (int p = 0; p < pipelines; ++p) {
       offset.push_back(total);
-      total += sizes[static_cast<std::size_t>(w)];
-      const std::int64_t batches = (sizes[static_cast<std::size_t>(w)] + 1) / 2;
-      most_steps = std::max(most_steps, (batches + local - 1) / local);
+      total += sizes[static_cast<std::size_t>(p)];
+      const std::int64_t batches = (sizes[static_cast<std::size_t>(p)] + 1) / 2;
+      most_steps = std::max(most_steps, per_replica ? batches : (batches + local - 1) / local);
     }
+    InputOptions options;
+    if (per_replica) options.experimental_replication_mode = InputReplicationMode::per_replica;
     auto dist = s.distribute_datasets_from_function([&](const InputContext& ctx) {
       const std::int64_t n = sizes[static_cast<std::size_t>(ctx.input_pipeline_id)];
       return data::Dataset::from_tensor_slices({Tensor::range(n) + Scalar(offset[static_cast<std::size_t>(ctx.input_pipeline_id)])})
           .batch(ctx.get_per_replica_batch_size(2 * ctx.num_replicas_in_sync));
-    });
+    }, options);
     std::vector<std::int64_t> local_ids(static_cast<std::size_t>(total), 0);
     int empties = 0;
     steps = consume(s, dist, rows, local_ids, [&](const data::Element& e) {
@@ -435,7 +441,9 @@ int input(MultiWorkerMirroredStrategy& s, const std::string& which) {
     });
     expect_eq(steps, static_cast<int>(most_steps), "as many steps as the worker with most data");
     expect_eq(rows, total, "every row counted once over the steps");
-    if (sizes[static_cast<std::size_t>(rank)] == 0) expect_eq(empties, steps * local, "a worker without data gets empty batches");
+    if (!per_replica && sizes[static_cast<std::size_t>(rank)] == 0) {
+      expect_eq(empties, steps * local, "a worker without data gets empty batches");
+    }
     counts = cluster_counts(s, local_ids);
     expect_eq(counts, std::vector<std::int64_t>(static_cast<std::size_t>(total), 1), "every id seen once");
   } else {

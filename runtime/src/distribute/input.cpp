@@ -162,11 +162,10 @@ class PerReplicaSource final : public InputSource {
       if (!shape_donor) shape_donor = &*got[r];
     }
     if (!shape_donor) return std::nullopt;  // every pipeline has ended: the end, for all at once
+    // The empty batches are cut from the donor before any element is moved out of `got`.
+    const data::Element empty = slice_element(*shape_donor, 0, 0, "distribute_datasets_from_function");
     std::vector<data::Element> parts(n);
-    for (std::size_t r = 0; r < n; ++r) {
-      parts[r] = got[r] ? std::move(*got[r])
-                        : slice_element(*shape_donor, 0, 0, "distribute_datasets_from_function");
-    }
+    for (std::size_t r = 0; r < n; ++r) parts[r] = got[r] ? std::move(*got[r]) : empty;
     Batch b(std::move(parts));
     place(b, devices_);
     return b;
