@@ -409,6 +409,42 @@ int input(MultiWorkerMirroredStrategy& s, const std::string& which) {
     std::cout << "FAIL the pass ended after " << steps << " steps although worker 1 failed to read\n";
     return 1;
   }
+  if (which == "fit") {
+    // Model::fit over distribute_datasets_from_function with 12, 5 or 0 samples per worker (by
+    // rank), 2 per replica per step, for 2 epochs: every worker takes every step, the samples
+    // counted are the cluster's, and every worker ends with the same weights.
+    const std::vector<std::int64_t> sizes{12, 5, 0, 7};
+    std::int64_t total = 0, most_steps = 0;
+    for (int w = 0; w < workers; ++w) {
+      total += sizes[static_cast<std::size_t>(w)];
+      most_steps = std::max(most_steps, ((sizes[static_cast<std::size_t>(w)] + 1) / 2 + local - 1) / local);
+    }
+    auto scope = s.scope();
+    nn::Model model(nn::Sequential({nn::Dense(3, 1, nn::Activation::none, 9)}));
+    model.compile(std::make_shared<nn::SGD>(0.05f), nn::Loss::mean_squared_error());
+    auto dist = s.distribute_datasets_from_function([&](const InputContext& ctx) {
+      const std::int64_t n = sizes[static_cast<std::size_t>(ctx.input_pipeline_id)];
+      std::vector<float> x, y;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float v = static_cast<float>(ctx.input_pipeline_id * 100 + i) / 50.0f;
+        x.insert(x.end(), {v, 1.0f - v, 0.5f});
+        y.push_back(2.0f * v - 1.0f);
+      }
+      return data::Dataset::from_tensor_slices({Tensor::from_vector(x, {n, 3}), Tensor::from_vector(y, {n, 1})})
+          .batch(ctx.get_per_replica_batch_size(2 * ctx.num_replicas_in_sync));
+    });
+    nn::FitOptions quiet;
+    quiet.verbose = 0;
+    const nn::History history = model.fit(dist, 2, -1, quiet);
+    expect_eq(history.steps, 2 * most_steps, "fit took the steps of the worker with most data");
+    expect_eq(history.samples, 2 * total, "fit counted the samples of every worker");
+    std::vector<Tensor> weights;
+    for (const Variable& v : model.trainable_variables()) weights.push_back(s.experimental_local_results(v).front());
+    std::cout << "fit weights " << hash_bits(weights) << "\n";
+    steps = static_cast<int>(history.steps);
+    std::cout << "input steps " << steps << "\n";
+    return failures == 0 ? 0 : 1;
+  }
   if (which == "uneven" || which == "uneven-replica") {
     // One pipeline per worker, or (uneven-replica) per replica, each with its own number of ids.
     const bool per_replica = which == "uneven-replica";

@@ -318,6 +318,14 @@ case "$scenario" in
     for i in $(seq 1 $((n - 1))); do
       [ "$(grep '^input steps' "$dir/out$i")" = "$steps0" ] || fail "worker $i ran other steps than worker 0 ($steps0)"
     done
+    # fit: every worker ends with the same weights.
+    if [ "$which" = fit ]; then
+      weights0="$(grep '^fit weights' "$dir/out0")"
+      [ -n "$weights0" ] || fail "worker 0 printed no weights"
+      for i in $(seq 1 $((n - 1))); do
+        [ "$(grep '^fit weights' "$dir/out$i")" = "$weights0" ] || fail "worker $i ended with other weights than worker 0"
+      done
+    fi
     echo "every worker: $steps0" ;;
   collectives-2x1) start_cluster 2 collectives; wait_all 2; expect_cluster 2 2 ;;
   collectives-3x1) start_cluster 3 collectives; wait_all 3; expect_cluster 3 3 ;;

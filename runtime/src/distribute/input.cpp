@@ -23,6 +23,8 @@ class InputSource {
   /// The next per-replica element, nullopt at the end; rethrows a reading error.
   virtual std::optional<Batch> next() = 0;
   virtual std::chrono::nanoseconds waited() const = 0;
+  /// The last element's rows over every replica of every worker, where known without a collective.
+  virtual std::optional<std::int64_t> global_rows() const { return std::nullopt; }
 };
 
 std::vector<std::pair<std::int64_t, std::int64_t>> split_rows(std::int64_t rows, std::int64_t global_batch,
@@ -203,8 +205,8 @@ class AgreedSource final : public InputSource {
     } catch (...) {
       failure = std::current_exception();
     }
-    // One row per worker: state (0 ended, 1 data, 2 failed), components, and for each component
-    // its dtype code and rank and sizes.
+    // One row per worker: state (0 ended, 1 data, 2 failed), components, the rows of its
+    // replicas' elements, and for each component its dtype code and rank and sizes.
     std::vector<std::int64_t> row(static_cast<std::size_t>(cols), 0);
     if (mine && !failure) {
       try {
@@ -227,6 +229,7 @@ class AgreedSource final : public InputSource {
                                std::to_string(all.size()) + " numbers, expected " + std::to_string(n * cols));
     }
     int donor = -1;
+    std::int64_t rows = 0;
     for (int w = 0; w < n; ++w) {
       const std::int64_t* r = all.data() + static_cast<std::size_t>(w) * cols;
       if (r[0] == 2) {
@@ -238,6 +241,7 @@ class AgreedSource final : public InputSource {
       if (r[0] != 0 && r[0] != 1) throw malformed(w, "state " + std::to_string(r[0]));
       if (r[0] == 1) {
         check_row(w, r);
+        rows += r[2];
         if (donor < 0) {
           donor = w;
         } else {
@@ -247,19 +251,23 @@ class AgreedSource final : public InputSource {
     }
     if (donor < 0) {
       ended_ = true;
+      rows_.reset();
       return std::nullopt;
     }
+    rows_ = rows;
     if (mine) return mine;
     return empty_like(all.data() + static_cast<std::size_t>(donor) * cols);
   }
 
   std::chrono::nanoseconds waited() const override { return inner_->waited(); }
+  std::optional<std::int64_t> global_rows() const override { return rows_; }
 
  private:
   static constexpr int max_components = 8;
   static constexpr int max_rank = 8;
   static constexpr int per_component = 2 + max_rank;
-  static constexpr int cols = 2 + max_components * per_component;
+  static constexpr int header = 3;  // state, components, this worker's rows
+  static constexpr int cols = header + max_components * per_component;
 
   static std::runtime_error malformed(int worker, const std::string& what) {
     return std::runtime_error("distributed input: worker " + std::to_string(worker) +
@@ -274,6 +282,7 @@ class AgreedSource final : public InputSource {
                                   " components (expected 1.." + std::to_string(max_components) + ")");
     }
     row[1] = static_cast<std::int64_t>(e.size());
+    for (const data::Element& part : batch.values()) row[2] += part.empty() || part[0].rank() < 1 ? 0 : part[0].shape()[0];
     for (std::size_t c = 0; c < e.size(); ++c) {
       const Tensor& t = e[c];
       if (t.rank() < 1 || t.rank() > max_rank) {
@@ -281,7 +290,7 @@ class AgreedSource final : public InputSource {
                                     " of an element has rank " + std::to_string(t.rank()) + " (expected a batch: rank 1.." +
                                     std::to_string(max_rank) + "); batch the dataset before distributing it");
       }
-      std::int64_t* p = row.data() + 2 + c * per_component;
+      std::int64_t* p = row.data() + header + c * per_component;
       p[0] = static_cast<std::int64_t>(t.dtype()) + 1;
       p[1] = t.rank();
       for (int d = 0; d < t.rank(); ++d) p[2 + d] = t.shape()[static_cast<std::size_t>(d)];
@@ -291,8 +300,9 @@ class AgreedSource final : public InputSource {
   // A peer's row is checked before it means anything.
   static void check_row(int w, const std::int64_t* r) {
     if (r[1] < 1 || r[1] > max_components) throw malformed(w, std::to_string(r[1]) + " components");
+    if (r[2] < 0) throw malformed(w, std::to_string(r[2]) + " rows");
     for (int c = 0; c < r[1]; ++c) {
-      const std::int64_t* p = r + 2 + c * per_component;
+      const std::int64_t* p = r + header + c * per_component;
       if (p[0] < 1 || p[0] > 4) throw malformed(w, "dtype code " + std::to_string(p[0]));
       if (p[1] < 1 || p[1] > max_rank) throw malformed(w, "rank " + std::to_string(p[1]));
       for (int d = 0; d < p[1]; ++d) {
@@ -304,7 +314,7 @@ class AgreedSource final : public InputSource {
   static std::string structure(const std::int64_t* r) {
     std::string out;
     for (int c = 0; c < r[1]; ++c) {
-      const std::int64_t* p = r + 2 + c * per_component;
+      const std::int64_t* p = r + header + c * per_component;
       Shape rest(p + 3, p + 2 + p[1]);  // every size but the rows
       out += (c ? ", " : "") + std::string(dtype_name(static_cast<DType>(p[0] - 1))) + " [rows" +
              (rest.empty() ? "" : ", " + shape_to_string(rest).substr(1, shape_to_string(rest).size() - 2)) + "]";
@@ -315,8 +325,8 @@ class AgreedSource final : public InputSource {
   static void check_same_structure(int a, const std::int64_t* ra, int b, const std::int64_t* rb) {
     bool same = ra[1] == rb[1];
     for (int c = 0; same && c < ra[1]; ++c) {
-      const std::int64_t* p = ra + 2 + c * per_component;
-      const std::int64_t* q = rb + 2 + c * per_component;
+      const std::int64_t* p = ra + header + c * per_component;
+      const std::int64_t* q = rb + header + c * per_component;
       same = p[0] == q[0] && p[1] == q[1] && std::equal(p + 3, p + 2 + p[1], q + 3);
     }
     if (!same) {
@@ -331,7 +341,7 @@ class AgreedSource final : public InputSource {
     std::vector<data::Element> parts(devices_.size());
     for (auto& part : parts) {
       for (int c = 0; c < r[1]; ++c) {
-        const std::int64_t* p = r + 2 + c * per_component;
+        const std::int64_t* p = r + header + c * per_component;
         Shape shape(p + 2, p + 2 + p[1]);
         shape[0] = 0;
         part.push_back(Tensor::zeros(shape, static_cast<DType>(p[0] - 1)));
@@ -346,6 +356,7 @@ class AgreedSource final : public InputSource {
   WorkerGroup* workers_;
   std::vector<Device> devices_;
   bool ended_ = false;
+  std::optional<std::int64_t> rows_;  // the last step's rows over every worker
 };
 
 // With several workers, the end of the data is agreed across them (see AgreedSource).
@@ -369,6 +380,8 @@ PerReplica<data::Element> DistributedIterator::get_next() {
 }
 
 std::chrono::nanoseconds DistributedIterator::time_waiting() const { return source_->waited(); }
+
+std::optional<std::int64_t> DistributedIterator::last_global_rows() const { return source_->global_rows(); }
 
 namespace {
 

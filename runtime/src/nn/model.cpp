@@ -145,8 +145,10 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
         check_element(e, "fit");
         rows += rows_of(e);
       }
-      // Every worker's replicas get batches of one size except at the very end of the data.
-      const std::int64_t global_batch = rows * workers;
+      // Input whose end is agreed across workers knows the step's rows over every worker (one
+      // worker may have fewer, or none); elsewhere every worker's replicas get batches of one
+      // size except at the very end of the data.
+      const std::int64_t global_batch = iterator->last_global_rows().value_or(rows * workers);
       if (global_batch == 0) continue;
       auto losses = strategy.run([this, global_batch](const data::Element& e) { return train_step(e, global_batch); },
                                  *batch);

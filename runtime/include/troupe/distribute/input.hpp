@@ -55,6 +55,11 @@ class DistributedIterator {
   std::optional<PerReplica<data::Element>> get_next_as_optional();
   /// Time spent waiting for input in get_next, for benchmarks.
   std::chrono::nanoseconds time_waiting() const;
+  /// The rows (the first dimension of the first component) of the element the last get_next
+  /// returned, summed over every replica of every worker, where the input learnt it while
+  /// agreeing on the end of the data across workers; nullopt elsewhere (every worker's replicas
+  /// then get equal shares of each global batch but the last).
+  std::optional<std::int64_t> last_global_rows() const;
 
   /// Range-for support.
   class range_iterator {
