@@ -14,9 +14,10 @@ namespace troupe::distribute {
 /// local replicas (tf.distribute.experimental.CentralStorageStrategy). Replicas run as under
 /// MirroredStrategy: a replica actor per compute device, collectives through shared memory. A
 /// variable created in its scope has one component, on the parameter device, which every replica
-/// reads; a write in replica context is made once for all replicas (on_write aggregation decides
-/// the value as under MirroredStrategy; assign_local takes the first replica's value, which every
-/// replica computed alike). on_read variables keep a value per replica, as in TensorFlow.
+/// reads; a write in replica context is a collective that every replica makes, applied once for
+/// all of them (on_write aggregation decides the value as under MirroredStrategy; assign_local
+/// takes the first replica's value, which every replica computed alike). on_read variables keep a
+/// value per replica, as in TensorFlow. Training gives the weights MirroredStrategy gives.
 class CentralStorageStrategy : public Strategy {
  public:
   /// `compute_devices`: the replicas' devices, as MirroredStrategy takes them ("CPU:0", "CPU:1",
