@@ -21,8 +21,14 @@ enum class InputReplicationMode {
   per_replica,  ///< one pipeline per replica (MirroredStrategy)
 };
 
-/// How a dataset is split between workers (tf.data.experimental.AutoShardPolicy).
-enum class AutoShardPolicy { automatic, file, data, off };
+/// How experimental_distribute_dataset splits a dataset between workers
+/// (tf.data.experimental.AutoShardPolicy).
+enum class AutoShardPolicy {
+  automatic,  ///< file when the dataset reads at least one file per worker, else data
+  file,       ///< each worker reads only its own files of a file-based dataset (data::files_dataset)
+  data,       ///< every worker reads every global batch and keeps its own replicas' rows
+  off,        ///< every worker reads everything and splits each global batch over its own replicas
+};
 
 /// Options of experimental_distribute_dataset and distribute_datasets_from_function.
 struct InputOptions {
