@@ -42,7 +42,8 @@ struct VariableState;
 /// Outside every strategy (no scope open, no replica function running: `main` after training), a
 /// variable created under a strategy is read and written as in that strategy's cross-replica
 /// context, as TensorFlow does: value() is the first replica's component (on_read: the
-/// aggregate), assign sets every component, and checkpoints save and restore it.
+/// aggregate, over every worker under multi-worker, so every worker must read it), assign sets
+/// every component, and checkpoints save and restore it.
 class Variable {
  public:
   explicit Variable(Tensor initial_value, std::string name = "",
