@@ -7,6 +7,7 @@
 #include <system_error>
 #include <utility>
 
+#include "distribute/context_state.hpp"
 #include "distribute/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
@@ -49,37 +50,23 @@ void require_cross_replica(const char* op) {
   }
 }
 
-// The variable's value in cross-replica context. Outside any scope a mirrored variable refuses
-// value() (it belongs to another strategy than the default one), so its components are combined
-// here the same way: the primary component, or the aggregate for on_read SUM and MEAN.
-Tensor saved_value(const Variable& v) {
-  std::vector<Tensor> components = v.components();
-  if (distribute::in_cross_replica_context() || components.size() == 1) return v.value();
-  if (v.synchronization() == VariableSynchronization::on_read) {
-    if (v.aggregation() == VariableAggregation::sum) {
-      return distribute::ReductionToOneDevice().reduce(distribute::ReduceOp::sum, components, Device{});
-    }
-    if (v.aggregation() == VariableAggregation::mean) {
-      return distribute::ReductionToOneDevice().reduce(distribute::ReduceOp::mean, components, Device{});
-    }
-  }
-  return components[0];
-}
+// The variable's value as a cross-replica read gives it, also outside the strategy's scope: the
+// primary component, or the aggregate for on_read variables (over every worker).
+Tensor saved_value(const Variable& v) { return v.value(); }
 
-// Sets every component to what assign does in cross-replica context. set_component works in
-// any context, also outside the strategy's scope.
-void assign_restored(Variable& v, const Tensor& value) {
-  if (distribute::in_cross_replica_context()) {
-    v.assign(value);  // knows every replica of every worker: an on_read SUM value sums back
-    return;
+// Sets the value as assign does in cross-replica context (inside or outside the scope): every
+// component, and an on_read SUM value split so that it sums back over every replica.
+void assign_restored(Variable& v, const Tensor& value) { v.assign(value); }
+
+// The strategy whose workers take part in a save: the open scope's, else (a checkpoint saved in
+// main after training) the one its variables were created under.
+distribute::Strategy& saving_strategy(const std::map<std::string, Variable>& variables) {
+  if (distribute::has_strategy()) return distribute::get_strategy();
+  for (const auto& [name, variable] : variables) {
+    distribute::Strategy& s = variable.distribute_strategy();
+    if (&s != &distribute::detail::default_strategy()) return s;
   }
-  const std::size_t n = v.components().size();
-  Tensor each = value;
-  if (n > 1 && v.synchronization() == VariableSynchronization::on_read &&
-      v.aggregation() == VariableAggregation::sum) {
-    each = value / Scalar(static_cast<std::int64_t>(n));
-  }
-  for (std::size_t r = 0; r < n; ++r) v.set_component(static_cast<int>(r), each);
+  return distribute::get_strategy();
 }
 
 std::string describe(DType dtype, const Shape& shape) {
@@ -201,7 +188,7 @@ std::string Checkpoint::save(const std::string& path_prefix) {
   // Under multi-worker every worker takes part (on_read values are aggregated over all of them)
   // and writes the same file, but only the chief writes the real path: the others write a
   // temporary one next to it and remove it, as TensorFlow's workers do.
-  auto& backend = distribute::get_strategy().backend();
+  auto& backend = saving_strategy(variables_).backend();
   const bool chief = backend.workers().rank() == 0;
   const std::string path = chief ? path_prefix + ".ckpt"
                                  : path_prefix + ".worker-" + std::to_string(backend.workers().rank()) + ".tmp.ckpt";
@@ -246,7 +233,7 @@ std::string CheckpointManager::save(std::int64_t step) {
   }
   checkpoint_.set_step(step);
   const std::string written = checkpoint_.save((fs::path(directory_) / ("ckpt-" + std::to_string(step))).string());
-  if (distribute::get_strategy().backend().workers().rank() != 0) return written;  // the chief keeps the directory
+  if (saving_strategy(checkpoint_.variables()).backend().workers().rank() != 0) return written;  // the chief keeps the directory
   auto all = list_checkpoints(directory_);
   std::size_t excess = all.size() > static_cast<std::size_t>(max_to_keep_) ? all.size() - max_to_keep_ : 0;
   for (const auto& [old_step, path] : all) {

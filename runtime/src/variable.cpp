@@ -19,6 +19,9 @@ struct VariableState {
   VariableAggregation aggregation = VariableAggregation::none;
   distribute::Strategy* strategy = nullptr;
   std::vector<Device> devices;
+  // One component on the strategy's variable device, shared by every replica
+  // (CentralStorageStrategy): replica-context writes are made once, in merge_call.
+  bool central = false;
   // Replica r reads and writes only components[r] inside run; the vector never changes size.
   std::vector<Tensor> components;
 };
@@ -63,6 +66,19 @@ Tensor aggregate_in_replica(const detail::VariableState& s, distribute::ReplicaC
                               "context, or use merge_call");
 }
 
+// A central variable's one component is shared by every replica: a write in replica context is
+// made once, by the first replica inside merge_call, which starts only when every replica has
+// arrived (so each has read the value its update starts from) and which every replica waits for
+// (so each reads the new value afterwards).
+void write_central(detail::VariableState& s, distribute::ReplicaContext& ctx, const Tensor& value) {
+  ctx.merge_call(
+      [&](distribute::Strategy&, const distribute::PerReplica<Tensor>& values) {
+        s.components[0] = values[0].with_device(s.devices[0]);
+        return 0;
+      },
+      value);
+}
+
 }  // namespace
 
 Variable::Variable(Tensor initial_value, std::string name, VariableSynchronization synchronization,
@@ -78,6 +94,13 @@ Variable::Variable(Tensor initial_value, std::string name, VariableSynchronizati
   if (distribute::in_cross_replica_context()) {
     s.strategy = &distribute::get_strategy();
     s.devices = s.strategy->extended().worker_devices();
+    // On a strategy that keeps variables on one device, every variable but an on_read one (which
+    // keeps a value per replica, as in TensorFlow) has a single component there.
+    if (const Device* central = s.strategy->backend().variable_device();
+        central != nullptr && s.synchronization != VariableSynchronization::on_read) {
+      s.devices = {*central};
+      s.central = true;
+    }
   } else if (distribute::has_strategy()) {
     throw std::logic_error(label(s) + ": create variables in the strategy's scope (cross-replica context), not "
                            "inside a replica function");
@@ -97,7 +120,10 @@ int Variable::component_index() const {
   distribute::ReplicaContext* ctx = distribute::get_replica_context();
   if (ctx == nullptr) return -1;
   if (&ctx->strategy() != s.strategy) {
-    if (s.components.size() == 1) return 0;
+    // Outside every strategy (the default replica context, e.g. in main after training) the
+    // variable acts as in its own strategy's cross-replica context, as in TensorFlow.
+    if (distribute::detail::installed_replica_context() == nullptr) return -1;
+    if (s.components.size() == 1 && !s.central) return 0;
     throw std::logic_error(label(s) + " belongs to another strategy than the replica using it");
   }
   return s.components.size() == 1 ? 0 : ctx->local_replica_index();
@@ -107,7 +133,14 @@ Tensor Variable::value() const {
   const auto& s = *state_;
   const int r = component_index();
   // A read while a GradientTape records is watched (the variable's identity: its shared name).
-  if (r >= 0) return detail::watched_read(s.components[static_cast<std::size_t>(r)], &name());
+  if (r >= 0) {
+    if (s.central) {
+      // Each replica computes with the variable on its own device, as TensorFlow copies it there.
+      const Device& device = distribute::get_replica_context()->device();
+      if (device.is_gpu()) return detail::watched_read(s.components[0].to(device), &name());
+    }
+    return detail::watched_read(s.components[static_cast<std::size_t>(r)], &name());
+  }
   if (s.synchronization != VariableSynchronization::on_read || s.strategy->num_replicas_in_sync() == 1) {
     return detail::watched_read(s.components[0], &name());
   }
@@ -139,11 +172,15 @@ void Variable::assign(const Tensor& value) {
     for (std::size_t i = 0; i < s.components.size(); ++i) s.components[i] = each.with_device(s.devices[i]);
     return;
   }
+  auto* ctx = distribute::get_replica_context();
+  if (s.central) {
+    write_central(s, *ctx, s.strategy->num_replicas_in_sync() == 1 ? value : aggregate_in_replica(s, *ctx, value, "assign"));
+    return;
+  }
   if (s.synchronization != VariableSynchronization::on_write || s.strategy->num_replicas_in_sync() == 1) {
     s.components[static_cast<std::size_t>(r)] = value.with_device(s.devices[static_cast<std::size_t>(r)]);
     return;
   }
-  auto* ctx = distribute::get_replica_context();
   s.components[static_cast<std::size_t>(r)] = aggregate_in_replica(s, *ctx, value, "assign");
 }
 
@@ -159,12 +196,17 @@ void Variable::assign_add(const Tensor& delta) {
     for (std::size_t i = 0; i < s.components.size(); ++i) s.components[i] = s.components[i] + each;
     return;
   }
+  auto* ctx = distribute::get_replica_context();
+  if (s.central) {
+    const Tensor total = s.strategy->num_replicas_in_sync() == 1 ? delta : aggregate_in_replica(s, *ctx, delta, "assign_add");
+    write_central(s, *ctx, s.components[0] + total.with_device(s.devices[0]));
+    return;
+  }
   Tensor& mine = s.components[static_cast<std::size_t>(r)];
   if (s.synchronization != VariableSynchronization::on_write || s.strategy->num_replicas_in_sync() == 1) {
     mine = mine + delta;
     return;
   }
-  auto* ctx = distribute::get_replica_context();
   mine = mine + aggregate_in_replica(s, *ctx, delta, "assign_add");
 }
 
@@ -176,6 +218,10 @@ void Variable::assign_local(const Tensor& value) {
   const int r = component_index();
   if (r < 0) {
     for (std::size_t i = 0; i < s.components.size(); ++i) s.components[i] = value.with_device(s.devices[i]);
+    return;
+  }
+  if (s.central) {
+    write_central(s, *distribute::get_replica_context(), value);
     return;
   }
   s.components[static_cast<std::size_t>(r)] = value.with_device(s.devices[static_cast<std::size_t>(r)]);
@@ -198,5 +244,6 @@ VariableSynchronization Variable::synchronization() const { return state_->synch
 VariableAggregation Variable::aggregation() const { return state_->aggregation; }
 std::vector<Tensor> Variable::components() const { return state_->components; }
 const std::vector<Device>& Variable::devices() const { return state_->devices; }
+distribute::Strategy& Variable::distribute_strategy() const { return *state_->strategy; }
 
 }  // namespace troupe

@@ -292,6 +292,41 @@ case "$scenario" in
     [ "$peak_kb" -gt 0 ] && [ "$peak_kb" -lt 49152 ] || fail "the chief's peak resident memory was $peak_kb kB" ;;
   chief-stops) stops_under_defaults 3 0 ;;
   worker-stops-defaults) stops_under_defaults 3 1 ;;
+  input-fail-2x1)
+    # Worker 1's input fails at its third element: both workers stop at that step, bounded.
+    for i in 0 1; do declare "W${i}_ENV=MW_INPUT=fail MW_TIMEOUT_MS=20000"; done
+    start_cluster 2 input; wait_all 2
+    for i in 0 1; do
+      [ "$(cat "$dir/rc$i")" = 3 ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+    done
+    grep -q "^ERROR .*bad record 2 in worker 1's shard" "$dir/out1" || fail "worker 1 did not report its own cause"
+    grep -q "^ERROR .*worker 1 failed to read its input" "$dir/out0" || fail "worker 0 did not name worker 1" ;;
+  outside-scope-2x2)
+    for i in 0 1; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2 MW_CKPT_DIR=$dir/ckpt"; done
+    start_cluster 2 outside; wait_all 2; expect_cluster 2 4
+    [ "$(ls "$dir/ckpt")" = "ckpt-3.ckpt" ] || fail "the checkpoint directory holds: $(ls "$dir/ckpt")" ;;
+  input-*)
+    # input-<data|off|file|uneven>-<workers>x<replicas per worker>: mw_worker input checks the
+    # rows each worker got; here every worker must have run the same number of steps.
+    spec="${scenario#input-}"; which="${spec%-*}"; shape="${spec##*-}"; n="${shape%x*}"; per="${shape#*x}"
+    for i in $(seq 0 $((n - 1))); do
+      declare "W${i}_ENV=MW_INPUT=$which MW_TIMEOUT_MS=20000 TROUPE_DEVICES_PER_WORKER=$per"
+    done
+    start_cluster "$n" input; wait_all "$n"; expect_cluster "$n" $((n * per))
+    steps0="$(grep '^input steps' "$dir/out0")"
+    [ -n "$steps0" ] || fail "worker 0 printed no step count"
+    for i in $(seq 1 $((n - 1))); do
+      [ "$(grep '^input steps' "$dir/out$i")" = "$steps0" ] || fail "worker $i ran other steps than worker 0 ($steps0)"
+    done
+    # fit: every worker ends with the same weights.
+    if [ "$which" = fit ]; then
+      weights0="$(grep '^fit weights' "$dir/out0")"
+      [ -n "$weights0" ] || fail "worker 0 printed no weights"
+      for i in $(seq 1 $((n - 1))); do
+        [ "$(grep '^fit weights' "$dir/out$i")" = "$weights0" ] || fail "worker $i ended with other weights than worker 0"
+      done
+    fi
+    echo "every worker: $steps0" ;;
   collectives-2x1) start_cluster 2 collectives; wait_all 2; expect_cluster 2 2 ;;
   collectives-3x1) start_cluster 3 collectives; wait_all 3; expect_cluster 3 3 ;;
   collectives-4x1) start_cluster 4 collectives; wait_all 4; expect_cluster 4 4 ;;

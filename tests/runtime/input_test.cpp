@@ -223,3 +223,23 @@ TEST_CASE("the declared batch size decides the split even when the first batch i
   CHECK(Dataset::range(3).batch(8).repeat(2).take(1).impl()->batch_size() == 8);
   CHECK_FALSE(Dataset::range(3).impl()->batch_size());
 }
+
+TEST_CASE("distribute_datasets_from_function, per replica: replicas after the first one with data get empty batches") {
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(3));
+  InputOptions options;
+  options.experimental_replication_mode = InputReplicationMode::per_replica;
+  auto dist = s.distribute_datasets_from_function(
+      [](const InputContext& ctx) {
+        // Replica r gets 3 - r elements: the first replica's data outlasts the others'.
+        const std::int64_t id = ctx.input_pipeline_id;
+        return Dataset::range(100 * id, 100 * id + 3 - id).batch(1);
+      },
+      options);
+  std::vector<Rows> steps;
+  for (const auto& x : dist) steps.push_back(rows_of(x));
+  REQUIRE(steps.size() == 3);
+  CHECK(steps[0] == Rows{{0}, {100}, {200}});
+  CHECK(steps[1] == Rows{{1}, {101}, {}});
+  CHECK(steps[2] == Rows{{2}, {}, {}});
+}

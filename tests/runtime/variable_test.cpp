@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "../common/temp_dir.hpp"
 #include "test_util.hpp"
 
 using namespace troupe;
@@ -209,4 +210,112 @@ TEST_CASE("variables are created in a scope, not inside a replica function") {
   MirroredStrategy s(rt, cpus(2));
   std::string msg = message_of([&] { s.run([] { Variable v(Tensor::scalar<float>(1.0f)); }); });
   CHECK(contains(msg, "create variables in the strategy's scope"));
+}
+
+// Outside every scope (main after training) a strategy's variables read, write and checkpoint as
+// in its cross-replica context; TensorFlow 2.21 gives the same values.
+TEST_CASE("outside the scope: an on_read ONLY_FIRST_REPLICA counter incremented in 50 steps reads 50.0") {
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(3));
+  std::optional<Variable> counter;
+  {
+    auto scope = s.scope();
+    counter.emplace(Tensor::scalar<float>(0.0f), "counter", VariableSynchronization::on_read,
+                    VariableAggregation::only_first_replica);
+  }
+  for (int step = 0; step < 50; ++step) s.run([&] { counter->assign_add(Tensor::scalar<float>(1.0f)); });
+  REQUIRE_FALSE(has_strategy());
+  CHECK(counter->value().item<float>() == 50.0f);
+  CHECK(counter->read_value().item<float>() == 50.0f);
+}
+
+TEST_CASE("outside the scope: an on_read SUM metric over 3 replicas reads the sum, 300.0") {
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(3));
+  std::optional<Variable> metric;
+  {
+    auto scope = s.scope();
+    metric.emplace(Tensor::scalar<float>(0.0f), "metric", VariableSynchronization::on_read, VariableAggregation::sum);
+  }
+  for (int step = 0; step < 50; ++step) s.run([&] { metric->assign_add(Tensor::scalar<float>(2.0f)); });
+  CHECK(metric->value().item<float>() == 300.0f);
+  for (const Tensor& c : s.experimental_local_results(*metric)) CHECK(c.item<float>() == 100.0f);
+  // assign outside the scope splits the value so that it sums back, as in cross-replica context.
+  metric->assign(Tensor::scalar<float>(30.0f));
+  CHECK(metric->value().item<float>() == 30.0f);
+  for (const Tensor& c : s.experimental_local_results(*metric)) CHECK(c.item<float>() == 10.0f);
+}
+
+TEST_CASE("outside the scope: a mirrored variable reads its first component; assign writes every component") {
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(3));
+  std::optional<Variable> w;
+  {
+    auto scope = s.scope();
+    w.emplace(Tensor::from_vector<float>({1.0f, 2.0f}), "w");
+  }
+  // Training outside the scope: every replica applies the same update to its own component.
+  for (int step = 0; step < 4; ++step) {
+    s.run([&] { w->assign_local(w->value() + Scalar(0.5)); });
+  }
+  CHECK(w->value().to_vector<float>() == std::vector<float>{3.0f, 4.0f});
+  w->assign(Tensor::from_vector<float>({7.0f, 8.0f}));
+  w->assign_add(Tensor::from_vector<float>({1.0f, 1.0f}));
+  w->assign_sub(Tensor::from_vector<float>({0.5f, 0.5f}));
+  for (const Tensor& c : s.experimental_local_results(*w)) {
+    CHECK(c.to_vector<float>() == std::vector<float>{7.5f, 8.5f});
+  }
+  CHECK(w->value().to_vector<float>() == std::vector<float>{7.5f, 8.5f});
+  // The replicas see what main wrote.
+  auto seen = s.run([&] { return w->value(); });
+  for (const Tensor& t : s.experimental_local_results(seen)) CHECK(t.to_vector<float>() == std::vector<float>{7.5f, 8.5f});
+}
+
+TEST_CASE("outside the scope: a checkpoint saves and restores mirrored and on_read variables") {
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(3));
+  std::optional<Variable> w, counter, metric;
+  {
+    auto scope = s.scope();
+    w.emplace(Tensor::from_vector<float>({1.0f, 2.0f}), "w");
+    counter.emplace(Tensor::scalar<float>(0.0f), "counter", VariableSynchronization::on_read,
+                    VariableAggregation::only_first_replica);
+    metric.emplace(Tensor::scalar<float>(0.0f), "metric", VariableSynchronization::on_read, VariableAggregation::sum);
+  }
+  for (int step = 0; step < 50; ++step) {
+    s.run([&] {
+      counter->assign_add(Tensor::scalar<float>(1.0f));
+      metric->assign_add(Tensor::scalar<float>(2.0f));
+    });
+  }
+  troupe::testing::temp_dir dir("outside-scope");
+  Checkpoint ckpt({{"w", *w}, {"counter", *counter}, {"metric", *metric}});
+  const std::string path = ckpt.save((dir.path / "after-training").string());
+  const CheckpointInfo info = inspect_checkpoint(path, true);
+  for (const CheckpointEntry& e : info.entries) {
+    if (e.name == "counter") CHECK(e.value.item<float>() == 50.0f);
+    if (e.name == "metric") CHECK(e.value.item<float>() == 300.0f);
+    if (e.name == "w") CHECK(e.value.to_vector<float>() == std::vector<float>{1.0f, 2.0f});
+  }
+  w->assign(Tensor::zeros({2}));
+  counter->assign(Tensor::scalar<float>(0.0f));
+  metric->assign(Tensor::scalar<float>(0.0f));
+  ckpt.restore(path);
+  for (const Tensor& c : s.experimental_local_results(*w)) CHECK(c.to_vector<float>() == std::vector<float>{1.0f, 2.0f});
+  CHECK(counter->value().item<float>() == 50.0f);
+  CHECK(metric->value().item<float>() == 300.0f);
+  for (const Tensor& c : s.experimental_local_results(*metric)) CHECK(c.item<float>() == 100.0f);
+}
+
+TEST_CASE("a variable used by a replica of another strategy is still refused, naming it") {
+  Runtime rt;
+  MirroredStrategy a(rt, cpus(2));
+  MirroredStrategy b(rt, cpus(2));
+  std::optional<Variable> w;
+  {
+    auto scope = a.scope();
+    w.emplace(Tensor::scalar<float>(1.0f), "w");
+  }
+  CHECK(contains(message_of([&] { b.run([&] { return w->value(); }); }),
+                 "Variable 'w' belongs to another strategy than the replica using it"));
 }

@@ -29,8 +29,9 @@ class CheckpointError : public Error {
 /// inside Strategy::run (std::logic_error). The file format is described in
 /// format/include/troupe/format/checkpoint_file.hpp.
 ///
-/// Under MultiWorkerMirroredStrategy, save and restore are collectives (call them in the
-/// strategy's scope on every worker): on_read values are aggregated over all workers, the chief
+/// Under MultiWorkerMirroredStrategy, save and restore are collectives (call them on every
+/// worker, in the strategy's scope or outside any scope, where the variables' strategy is
+/// followed): on_read values are aggregated over all workers, the chief
 /// writes the real path, and every other worker writes a temporary file beside it
 /// ("<prefix>.worker-<i>.tmp.ckpt") and removes it; restore reads the chief's file, so the
 /// directory must be shared (or copied) between the workers.

@@ -13,6 +13,7 @@
 #include "troupe/variable.hpp"
 #include "troupe/data/dataset.hpp"
 #include "troupe/data/readers.hpp"
+#include "troupe/distribute/central_storage_strategy.hpp"
 #include "troupe/distribute/cluster_resolver.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"

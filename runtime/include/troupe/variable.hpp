@@ -9,6 +9,10 @@
 
 namespace troupe {
 
+namespace distribute {
+class Strategy;
+}
+
 /// When the components of a variable are kept in sync (tf.VariableSynchronization).
 enum class VariableSynchronization {
   automatic,  ///< on_write
@@ -34,6 +38,12 @@ struct VariableState;
 /// every replica must make them, and the aggregation decides the value (sum or mean of the
 /// replicas' values, or replica 0's); aggregation none is refused there, as in TensorFlow. Writes
 /// in cross-replica context set every component.
+///
+/// Outside every strategy (no scope open, no replica function running: `main` after training), a
+/// variable created under a strategy is read and written as in that strategy's cross-replica
+/// context, as TensorFlow does: value() is the first replica's component (on_read: the
+/// aggregate, over every worker under multi-worker, so every worker must read it), assign sets
+/// every component, and checkpoints save and restore it.
 class Variable {
  public:
   explicit Variable(Tensor initial_value, std::string name = "",
@@ -65,6 +75,8 @@ class Variable {
   std::vector<Tensor> components() const;
   /// The devices of the components.
   const std::vector<Device>& devices() const;
+  /// The strategy the variable was created under (the default strategy outside any scope).
+  distribute::Strategy& distribute_strategy() const;
   /// Sets component `replica` only (strategy internals, checkpoint restore).
   void set_component(int replica, const Tensor& value);
 

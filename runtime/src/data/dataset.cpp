@@ -24,6 +24,16 @@ using detail::DatasetImpl;
 using detail::IteratorImpl;
 using DatasetPtr = std::shared_ptr<const DatasetImpl>;
 
+// An operator over `input` rebuilt over its input's file-sharded graph (AutoShardPolicy::file):
+// the same operator, with the same arguments, above a source that reads fewer files.
+template <class Node, class... Args>
+DatasetPtr over_sharded_files(const DatasetPtr& input, std::int64_t num_shards, std::int64_t index,
+                              const Args&... args) {
+  DatasetPtr sharded = input->shard_files(num_shards, index);
+  if (!sharded) return nullptr;
+  return std::make_shared<Node>(std::move(sharded), args...);
+}
+
 // ---- Cancellation of prefetch producers --------------------------------------------------------
 //
 // A prefetch producer thread may be inside an upstream next() that loops for a long time, e.g. a
@@ -342,6 +352,11 @@ class BatchDataset final : public DatasetImpl {
 
   std::optional<std::int64_t> batch_size() const override { return n_; }
 
+  std::int64_t num_files() const override { return input_->num_files(); }
+  DatasetPtr shard_files(std::int64_t num_shards, std::int64_t index) const override {
+    return over_sharded_files<BatchDataset>(input_, num_shards, index, n_, drop_remainder_);
+  }
+
  private:
   DatasetPtr input_;
   std::int64_t n_;
@@ -402,6 +417,11 @@ class RepeatDataset final : public DatasetImpl {
   }
 
   std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
+
+  std::int64_t num_files() const override { return input_->num_files(); }
+  DatasetPtr shard_files(std::int64_t num_shards, std::int64_t index) const override {
+    return over_sharded_files<RepeatDataset>(input_, num_shards, index, count_);
+  }
 
  private:
   DatasetPtr input_;
@@ -465,6 +485,11 @@ class ShuffleDataset final : public DatasetImpl {
 
   std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
 
+  std::int64_t num_files() const override { return input_->num_files(); }
+  DatasetPtr shard_files(std::int64_t num_shards, std::int64_t index) const override {
+    return over_sharded_files<ShuffleDataset>(input_, num_shards, index, static_cast<std::int64_t>(buffer_size_), seed_);
+  }
+
  private:
   DatasetPtr input_;
   std::size_t buffer_size_;
@@ -503,6 +528,11 @@ class MapDataset final : public DatasetImpl {
 
   std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
 
+  std::int64_t num_files() const override { return input_->num_files(); }
+  DatasetPtr shard_files(std::int64_t num_shards, std::int64_t index) const override {
+    return over_sharded_files<MapDataset>(input_, num_shards, index, fn_);
+  }
+
  private:
   DatasetPtr input_;
   std::function<Element(const Element&)> fn_;
@@ -537,6 +567,11 @@ class FilterDataset final : public DatasetImpl {
   std::int64_t cardinality() const override { return unknown_cardinality; }
 
   std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
+
+  std::int64_t num_files() const override { return input_->num_files(); }
+  DatasetPtr shard_files(std::int64_t num_shards, std::int64_t index) const override {
+    return over_sharded_files<FilterDataset>(input_, num_shards, index, predicate_);
+  }
 
  private:
   DatasetPtr input_;
@@ -581,6 +616,11 @@ class TakeDataset final : public DatasetImpl {
 
   std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
 
+  std::int64_t num_files() const override { return input_->num_files(); }
+  DatasetPtr shard_files(std::int64_t num_shards, std::int64_t index) const override {
+    return over_sharded_files<TakeDataset>(input_, num_shards, index, n_);
+  }
+
  private:
   DatasetPtr input_;
   std::int64_t n_;
@@ -620,6 +660,11 @@ class SkipDataset final : public DatasetImpl {
   }
 
   std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
+
+  std::int64_t num_files() const override { return input_->num_files(); }
+  DatasetPtr shard_files(std::int64_t num_shards, std::int64_t index) const override {
+    return over_sharded_files<SkipDataset>(input_, num_shards, index, n_);
+  }
 
  private:
   DatasetPtr input_;
@@ -661,6 +706,11 @@ class ShardDataset final : public DatasetImpl {
   }
 
   std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
+
+  std::int64_t num_files() const override { return input_->num_files(); }
+  DatasetPtr shard_files(std::int64_t num_shards, std::int64_t index) const override {
+    return over_sharded_files<ShardDataset>(input_, num_shards, index, num_shards_, index_);
+  }
 
  private:
   DatasetPtr input_;
@@ -769,6 +819,11 @@ class PrefetchDataset final : public DatasetImpl {
   std::int64_t cardinality() const override { return input_->cardinality(); }
 
   std::optional<std::int64_t> batch_size() const override { return input_->batch_size(); }
+
+  std::int64_t num_files() const override { return input_->num_files(); }
+  DatasetPtr shard_files(std::int64_t num_shards, std::int64_t index) const override {
+    return over_sharded_files<PrefetchDataset>(input_, num_shards, index, static_cast<std::int64_t>(n_));
+  }
 
  private:
   DatasetPtr input_;

@@ -525,4 +525,76 @@ Dataset idx_dataset(const std::string& images_path, const std::string& labels_pa
   return Dataset::from_tensor_slices({std::move(images), std::move(labels)});
 }
 
+namespace {
+
+// The elements of read(path) for each path in turn.
+class FilesIterator final : public detail::IteratorImpl {
+ public:
+  FilesIterator(std::shared_ptr<const std::vector<std::string>> paths,
+                std::shared_ptr<const std::function<Dataset(const std::string&)>> read)
+      : paths_(std::move(paths)), read_(std::move(read)) {}
+  std::optional<Element> next() override {
+    while (true) {
+      if (current_) {
+        if (auto e = current_->next()) return e;
+        current_.reset();
+      }
+      if (next_file_ >= paths_->size()) return std::nullopt;
+      const Dataset file = (*read_)((*paths_)[next_file_++]);
+      current_ = file.impl()->make_iterator();
+    }
+  }
+
+ private:
+  std::shared_ptr<const std::vector<std::string>> paths_;
+  std::shared_ptr<const std::function<Dataset(const std::string&)>> read_;
+  std::size_t next_file_ = 0;
+  std::unique_ptr<detail::IteratorImpl> current_;
+};
+
+class FilesDataset final : public detail::DatasetImpl {
+ public:
+  FilesDataset(std::shared_ptr<const std::vector<std::string>> paths,
+               std::shared_ptr<const std::function<Dataset(const std::string&)>> read)
+      : paths_(std::move(paths)), read_(std::move(read)) {}
+  std::unique_ptr<detail::IteratorImpl> make_iterator() const override {
+    return std::make_unique<FilesIterator>(paths_, read_);
+  }
+  std::int64_t cardinality() const override { return paths_->empty() ? 0 : unknown_cardinality; }
+  std::int64_t num_files() const override { return static_cast<std::int64_t>(paths_->size()); }
+  std::shared_ptr<const detail::DatasetImpl> shard_files(std::int64_t num_shards, std::int64_t index) const override {
+    if (num_shards < 1 || index < 0 || index >= num_shards) {
+      throw std::invalid_argument("shard_files: shard " + std::to_string(index) + " of " + std::to_string(num_shards) +
+                                  " (expected 0 <= index < num_shards)");
+    }
+    auto mine = std::make_shared<std::vector<std::string>>();
+    for (std::size_t i = static_cast<std::size_t>(index); i < paths_->size(); i += static_cast<std::size_t>(num_shards)) {
+      mine->push_back((*paths_)[i]);
+    }
+    return std::make_shared<FilesDataset>(std::move(mine), read_);
+  }
+
+ private:
+  std::shared_ptr<const std::vector<std::string>> paths_;
+  std::shared_ptr<const std::function<Dataset(const std::string&)>> read_;
+};
+
+}  // namespace
+
+Dataset files_dataset(std::vector<std::string> paths, std::function<Dataset(const std::string&)> read) {
+  if (!read) throw std::invalid_argument("files_dataset: the read function is empty (expected a callable)");
+  if (paths.empty()) throw std::invalid_argument("files_dataset: no files (expected at least one path)");
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    if (paths[i].empty()) {
+      throw std::invalid_argument("files_dataset: path " + std::to_string(i) + " is empty (expected a file name)");
+    }
+  }
+  return Dataset(std::make_shared<FilesDataset>(std::make_shared<const std::vector<std::string>>(std::move(paths)),
+                                                std::make_shared<const std::function<Dataset(const std::string&)>>(std::move(read))));
+}
+
+Dataset csv_files_dataset(std::vector<std::string> paths, const CsvOptions& options) {
+  return files_dataset(std::move(paths), [options](const std::string& path) { return csv_dataset(path, options); });
+}
+
 }  // namespace troupe::data

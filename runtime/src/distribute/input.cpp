@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <chrono>
+#include <deque>
 #include <stdexcept>
 #include <string>
 
@@ -22,6 +24,8 @@ class InputSource {
   /// The next per-replica element, nullopt at the end; rethrows a reading error.
   virtual std::optional<Batch> next() = 0;
   virtual std::chrono::nanoseconds waited() const = 0;
+  /// The last element's rows over every replica of every worker, where known without a collective.
+  virtual std::optional<std::int64_t> global_rows() const { return std::nullopt; }
 };
 
 std::vector<std::pair<std::int64_t, std::int64_t>> split_rows(std::int64_t rows, std::int64_t global_batch,
@@ -169,11 +173,10 @@ class PerReplicaSource final : public InputSource {
       if (!shape_donor) shape_donor = &*got[r];
     }
     if (!shape_donor) return std::nullopt;  // every pipeline has ended: the end, for all at once
+    // The empty batches are cut from the donor before any element is moved out of `got`.
+    const data::Element empty = slice_element(*shape_donor, 0, 0, "distribute_datasets_from_function");
     std::vector<data::Element> parts(n);
-    for (std::size_t r = 0; r < n; ++r) {
-      parts[r] = got[r] ? std::move(*got[r])
-                        : slice_element(*shape_donor, 0, 0, "distribute_datasets_from_function");
-    }
+    for (std::size_t r = 0; r < n; ++r) parts[r] = got[r] ? std::move(*got[r]) : empty;
     Batch b(std::move(parts));
     place(b, devices_);
     return b;
@@ -191,6 +194,187 @@ class PerReplicaSource final : public InputSource {
   std::vector<Device> devices_;
 };
 
+// The end of the data agreed across workers (TensorFlow's get_next_as_optional under
+// MultiWorkerMirroredStrategy): every call, each worker tells the others whether it has a step of
+// input, what its elements look like, or that reading failed (one row each, gathered). The
+// pass goes on while any worker has data; a worker whose own data has ended gives its replicas
+// empty batches shaped like the others' (0 rows), so every worker runs the same steps and no one
+// waits in a collective for a worker that has stopped. It ends on every worker at the same call.
+class AgreedSource final : public InputSource {
+ public:
+  AgreedSource(std::shared_ptr<InputSource> inner, WorkerGroup& workers, std::vector<Device> devices)
+      : inner_(std::move(inner)), workers_(&workers), devices_(std::move(devices)) {}
+
+  std::optional<Batch> next() override {
+    if (ended_) return std::nullopt;
+    std::optional<Batch> mine;
+    std::exception_ptr failure;
+    try {
+      mine = inner_->next();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    // One row per worker: state (0 ended, 1 data, 2 failed), components, the rows of its
+    // replicas' elements, and for each component its dtype code and rank and sizes.
+    std::vector<std::int64_t> row(static_cast<std::size_t>(cols), 0);
+    if (mine && !failure) {
+      try {
+        describe(*mine, row);  // elements that cannot be described fail every worker, not only this one
+      } catch (...) {
+        failure = std::current_exception();
+        std::fill(row.begin(), row.end(), 0);
+      }
+    }
+    row[0] = failure ? 2 : mine ? 1 : 0;
+    // Each worker's row in its own slot of a zeroed table, summed over the workers: one small
+    // all-reduce gathers every row (an all-gather of unknown sizes would take two exchanges).
+    const int n = workers_->size();
+    std::vector<std::int64_t> slots(static_cast<std::size_t>(n) * cols, 0);
+    std::copy(row.begin(), row.end(), slots.begin() + static_cast<std::ptrdiff_t>(workers_->rank()) * cols);
+    const std::vector<std::int64_t> all =
+        workers_->sum(Tensor::from_vector(slots, {static_cast<std::int64_t>(slots.size())})).to_vector<std::int64_t>();
+    if (static_cast<std::int64_t>(all.size()) != static_cast<std::int64_t>(n) * cols) {
+      throw std::runtime_error("distributed input: the workers' descriptions of their input came back as " +
+                               std::to_string(all.size()) + " numbers, expected " + std::to_string(n * cols));
+    }
+    int donor = -1;
+    std::int64_t rows = 0;
+    for (int w = 0; w < n; ++w) {
+      const std::int64_t* r = all.data() + static_cast<std::size_t>(w) * cols;
+      if (r[0] == 2) {
+        if (failure) std::rethrow_exception(failure);
+        throw std::runtime_error("distributed input: worker " + std::to_string(w) +
+                                 " failed to read its input (its own log names the cause); every worker stops "
+                                 "at this step");
+      }
+      if (r[0] != 0 && r[0] != 1) throw malformed(w, "state " + std::to_string(r[0]));
+      if (r[0] == 1) {
+        check_row(w, r);
+        rows += r[2];
+        if (donor < 0) {
+          donor = w;
+        } else {
+          check_same_structure(donor, all.data() + static_cast<std::size_t>(donor) * cols, w, r);
+        }
+      }
+    }
+    if (donor < 0) {
+      ended_ = true;
+      rows_.reset();
+      return std::nullopt;
+    }
+    rows_ = rows;
+    if (mine) return mine;
+    return empty_like(all.data() + static_cast<std::size_t>(donor) * cols);
+  }
+
+  std::chrono::nanoseconds waited() const override { return inner_->waited(); }
+  std::optional<std::int64_t> global_rows() const override { return rows_; }
+
+ private:
+  static constexpr int max_components = 8;
+  static constexpr int max_rank = 8;
+  static constexpr int per_component = 2 + max_rank;
+  static constexpr int header = 3;  // state, components, this worker's rows
+  static constexpr int cols = header + max_components * per_component;
+
+  static std::runtime_error malformed(int worker, const std::string& what) {
+    return std::runtime_error("distributed input: worker " + std::to_string(worker) +
+                              " sent a malformed description of its input (" + what + ")");
+  }
+
+  // This worker's first replica's element: its components' dtypes and shapes.
+  void describe(const Batch& batch, std::vector<std::int64_t>& row) const {
+    const data::Element& e = batch[0];
+    if (e.empty() || static_cast<int>(e.size()) > max_components) {
+      throw std::invalid_argument("distributed input across workers: an element has " + std::to_string(e.size()) +
+                                  " components (expected 1.." + std::to_string(max_components) + ")");
+    }
+    row[1] = static_cast<std::int64_t>(e.size());
+    for (const data::Element& part : batch.values()) row[2] += part.empty() || part[0].rank() < 1 ? 0 : part[0].shape()[0];
+    for (std::size_t c = 0; c < e.size(); ++c) {
+      const Tensor& t = e[c];
+      if (t.rank() < 1 || t.rank() > max_rank) {
+        throw std::invalid_argument("distributed input across workers: component " + std::to_string(c) +
+                                    " of an element has rank " + std::to_string(t.rank()) + " (expected a batch: rank 1.." +
+                                    std::to_string(max_rank) + "); batch the dataset before distributing it");
+      }
+      std::int64_t* p = row.data() + header + c * per_component;
+      p[0] = static_cast<std::int64_t>(t.dtype()) + 1;
+      p[1] = t.rank();
+      for (int d = 0; d < t.rank(); ++d) p[2 + d] = t.shape()[static_cast<std::size_t>(d)];
+    }
+  }
+
+  // A peer's row is checked before it means anything.
+  static void check_row(int w, const std::int64_t* r) {
+    if (r[1] < 1 || r[1] > max_components) throw malformed(w, std::to_string(r[1]) + " components");
+    if (r[2] < 0) throw malformed(w, std::to_string(r[2]) + " rows");
+    for (int c = 0; c < r[1]; ++c) {
+      const std::int64_t* p = r + header + c * per_component;
+      if (p[0] < 1 || p[0] > 4) throw malformed(w, "dtype code " + std::to_string(p[0]));
+      if (p[1] < 1 || p[1] > max_rank) throw malformed(w, "rank " + std::to_string(p[1]));
+      for (int d = 0; d < p[1]; ++d) {
+        if (p[2 + d] < 0) throw malformed(w, "size " + std::to_string(p[2 + d]));
+      }
+    }
+  }
+
+  static std::string structure(const std::int64_t* r) {
+    std::string out;
+    for (int c = 0; c < r[1]; ++c) {
+      const std::int64_t* p = r + header + c * per_component;
+      Shape rest(p + 3, p + 2 + p[1]);  // every size but the rows
+      out += (c ? ", " : "") + std::string(dtype_name(static_cast<DType>(p[0] - 1))) + " [rows" +
+             (rest.empty() ? "" : ", " + shape_to_string(rest).substr(1, shape_to_string(rest).size() - 2)) + "]";
+    }
+    return "{" + out + "}";
+  }
+
+  static void check_same_structure(int a, const std::int64_t* ra, int b, const std::int64_t* rb) {
+    bool same = ra[1] == rb[1];
+    for (int c = 0; same && c < ra[1]; ++c) {
+      const std::int64_t* p = ra + header + c * per_component;
+      const std::int64_t* q = rb + header + c * per_component;
+      same = p[0] == q[0] && p[1] == q[1] && std::equal(p + 3, p + 2 + p[1], q + 3);
+    }
+    if (!same) {
+      throw std::invalid_argument("distributed input: worker " + std::to_string(a) + " reads elements " + structure(ra) +
+                                  ", worker " + std::to_string(b) + " reads " + structure(rb) +
+                                  "; every worker's dataset must give elements of one structure");
+    }
+  }
+
+  // Empty batches (0 rows) shaped like the donor's elements, for every local replica.
+  Batch empty_like(const std::int64_t* r) const {
+    std::vector<data::Element> parts(devices_.size());
+    for (auto& part : parts) {
+      for (int c = 0; c < r[1]; ++c) {
+        const std::int64_t* p = r + header + c * per_component;
+        Shape shape(p + 2, p + 2 + p[1]);
+        shape[0] = 0;
+        part.push_back(Tensor::zeros(shape, static_cast<DType>(p[0] - 1)));
+      }
+    }
+    Batch b(std::move(parts));
+    place(b, devices_);
+    return b;
+  }
+
+  std::shared_ptr<InputSource> inner_;
+  WorkerGroup* workers_;
+  std::vector<Device> devices_;
+  bool ended_ = false;
+  std::optional<std::int64_t> rows_;  // the last step's rows over every worker
+};
+
+// With several workers, the end of the data is agreed across them (see AgreedSource).
+std::shared_ptr<InputSource> agreed(std::shared_ptr<InputSource> source, WorkerGroup& workers,
+                                    const std::vector<Device>& devices) {
+  if (workers.size() == 1) return source;
+  return std::make_shared<AgreedSource>(std::move(source), workers, devices);
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -206,16 +390,84 @@ PerReplica<data::Element> DistributedIterator::get_next() {
 
 std::chrono::nanoseconds DistributedIterator::time_waiting() const { return source_->waited(); }
 
+std::optional<std::int64_t> DistributedIterator::last_global_rows() const { return source_->global_rows(); }
+
+namespace {
+
+// The auto-shard policy in effect for a dataset over `workers` workers: FILE needs a file-based
+// dataset with a file for every worker; AUTO is FILE when that holds, else DATA (TensorFlow's rule).
+AutoShardPolicy effective_policy(AutoShardPolicy policy, const data::Dataset& dataset, int workers) {
+  const std::int64_t files = dataset.impl()->num_files();
+  if (policy == AutoShardPolicy::file) {
+    if (files == 0) {
+      throw std::invalid_argument(
+          "experimental_distribute_dataset: AutoShardPolicy::file needs a dataset that reads files (build it with "
+          "files_dataset or csv_files_dataset); this one reads none: use AutoShardPolicy::data or off");
+    }
+    if (files < workers) {
+      throw std::invalid_argument("experimental_distribute_dataset: AutoShardPolicy::file: the dataset reads " +
+                                  std::to_string(files) + " file(s), fewer than the " + std::to_string(workers) +
+                                  " workers; give every worker a file, or use AutoShardPolicy::data");
+    }
+    return AutoShardPolicy::file;
+  }
+  if (policy == AutoShardPolicy::automatic) {
+    return workers > 1 && files >= workers ? AutoShardPolicy::file : AutoShardPolicy::data;
+  }
+  return policy;
+}
+
+}  // namespace
+
 DistributedDataset Strategy::experimental_distribute_dataset(data::Dataset dataset, InputOptions options) {
-  // Every worker reads the same global batches and keeps the rows of its own replicas (sharding
-  // by data at row granularity: the workers see the same number of steps, so the end of the data
-  // is the same step everywhere). With AutoShardPolicy::off each worker splits whole global
-  // batches over its local replicas instead.
-  const bool off = options.auto_shard_policy == AutoShardPolicy::off;
+  const int workers = backend_->workers().size();
+  const AutoShardPolicy policy = effective_policy(options.auto_shard_policy, dataset, workers);
   const int local = num_local_replicas();
+  const std::vector<Device> devices = backend_->devices();
+  if (policy == AutoShardPolicy::file && workers > 1) {
+    // Each worker reads only its own files (w, w + W, ...) and splits each global batch it reads
+    // into the replicas' shares as DATA does, its own replicas' shares first and then the other
+    // workers' shares, one step each: a global batch from its files feeds W steps of its
+    // replicas, each replica getting global_batch / replicas_in_sync rows. The workers' files
+    // hold different amounts of data, so the end is agreed across them.
+    const int replicas = num_replicas_in_sync();
+    const int rank = backend_->workers().rank();
+    data::Dataset mine(dataset.impl()->shard_files(workers, rank));
+    detail::WorkerGroup* group = &backend_->workers();
+    return DistributedDataset([this, mine, options, replicas, workers, rank, local, devices, group] {
+      auto produce = [mine, replicas, workers, rank, local, devices, it = std::shared_ptr<data::Iterator>(),
+                      pending = std::make_shared<std::deque<detail::Batch>>(),
+                      global_batch = mine.impl()->batch_size().value_or(0)]() mutable -> detail::item {
+        if (!it) it = std::make_shared<data::Iterator>(mine.make_iterator());
+        while (pending->empty()) {
+          auto e = it->get_next_as_optional();
+          if (!e) return nullptr;
+          if (global_batch == 0 && !e->empty() && (*e)[0].rank() > 0) global_batch = (*e)[0].shape()[0];
+          for (int k = 0; k < workers; ++k) {
+            const int first = ((rank + k) % workers) * local;
+            detail::Batch part = detail::split_global_batch(*e, global_batch, replicas, first, local);
+            bool any = false;
+            for (int r = 0; r < local; ++r) any = any || (part[r].empty() ? false : part[r][0].shape()[0] > 0);
+            if (any) pending->push_back(std::move(part));
+          }
+        }
+        auto batch = std::make_shared<detail::Batch>(std::move(pending->front()));
+        pending->pop_front();
+        detail::place(*batch, devices);
+        return batch;
+      };
+      return detail::agreed(
+          std::make_shared<detail::BatchSource>(*this, std::move(produce), options.experimental_prefetch_to_device),
+          *group, devices);
+    });
+  }
+  // DATA: every worker reads the same global batches and keeps the rows of its own replicas
+  // (sharding by data at row granularity: the workers see the same number of steps, so the end
+  // of the data is the same step everywhere). OFF: each worker splits whole global batches over
+  // its local replicas instead.
+  const bool off = policy == AutoShardPolicy::off;
   const int replicas = off ? local : num_replicas_in_sync();
   const int first = off ? 0 : backend_->first_replica_id();
-  const std::vector<Device> devices = backend_->devices();
   data::Dataset sharded = dataset;
   return DistributedDataset([this, sharded, options, replicas, first, local, devices] {
     auto produce = [sharded, replicas, first, local, devices, it = std::shared_ptr<data::Iterator>(),
@@ -239,8 +491,10 @@ DistributedDataset Strategy::distribute_datasets_from_function(
   const std::vector<Device> devices = backend_->devices();
   const int workers = backend_->workers().size();
   const int worker = backend_->workers().rank();
+  // Each worker's dataset_fn may give it more or fewer steps than the others: the end is agreed.
+  detail::WorkerGroup* group = &backend_->workers();
   if (options.experimental_replication_mode == InputReplicationMode::per_replica) {
-    return DistributedDataset([this, dataset_fn, options, replicas, devices, workers, worker] {
+    return DistributedDataset([this, dataset_fn, options, replicas, devices, workers, worker, group] {
       std::vector<std::unique_ptr<detail::Producer>> producers;
       for (int r = 0; r < replicas; ++r) {
         InputContext ctx{workers * replicas, worker * replicas + r, workers * replicas};
@@ -254,10 +508,10 @@ DistributedDataset Strategy::distribute_datasets_from_function(
         producers.push_back(
             std::make_unique<detail::Producer>(*this, std::move(produce), options.experimental_prefetch_to_device));
       }
-      return std::make_shared<detail::PerReplicaSource>(std::move(producers), devices);
+      return detail::agreed(std::make_shared<detail::PerReplicaSource>(std::move(producers), devices), *group, devices);
     });
   }
-  return DistributedDataset([this, dataset_fn, options, replicas, devices, workers, worker] {
+  return DistributedDataset([this, dataset_fn, options, replicas, devices, workers, worker, group] {
     InputContext ctx{workers, worker, num_replicas_in_sync()};
     data::Dataset ds = dataset_fn(ctx);
     auto produce = [ds, replicas, devices, it = std::shared_ptr<data::Iterator>()]() mutable -> detail::item {
@@ -279,7 +533,9 @@ DistributedDataset Strategy::distribute_datasets_from_function(
       detail::place(*batch, devices);
       return batch;
     };
-    return std::make_shared<detail::BatchSource>(*this, std::move(produce), options.experimental_prefetch_to_device);
+    return detail::agreed(
+        std::make_shared<detail::BatchSource>(*this, std::move(produce), options.experimental_prefetch_to_device),
+        *group, devices);
   });
 }
 

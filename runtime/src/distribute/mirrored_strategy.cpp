@@ -1,4 +1,5 @@
 #include "troupe/distribute/mirrored_strategy.hpp"
+#include "troupe/distribute/central_storage_strategy.hpp"
 
 #include <chrono>
 #include <mutex>
@@ -63,10 +64,58 @@ std::vector<Device> resolve_devices(const char* who, const std::vector<std::stri
   return devices;
 }
 
-std::unique_ptr<detail::StrategyBackend> make_backend(const char* who, Runtime& runtime,
-                                                      const std::vector<std::string>& specs,
-                                                      std::shared_ptr<CrossDeviceOps> ops) {
-  std::vector<Device> devices = resolve_devices(who, specs);
+// MirroredStrategy's replicas with the variables on one device.
+class CentralStorageBackend final : public detail::MirroredBackend {
+ public:
+  CentralStorageBackend(Runtime& runtime, std::vector<Device> devices, std::shared_ptr<CrossDeviceOps> ops,
+                        Device parameter_device)
+      : MirroredBackend(runtime, std::move(devices), std::move(ops)), parameter_device_(std::move(parameter_device)) {}
+  const Device* variable_device() const override { return &parameter_device_; }
+
+ private:
+  Device parameter_device_;
+};
+
+// TensorFlow's default parameter device: the one compute device, else the CPU.
+Device resolve_parameter_device(const std::vector<Device>& compute, const std::string& spec) {
+  const char* who = "CentralStorageStrategy";
+  if (spec.empty()) return compute.size() == 1 ? compute[0] : Device{};
+  Device d;
+  try {
+    d = Device::parse(spec);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string(who) + ": parameter device: " + e.what());
+  }
+  if (d.job() && *d.job() != "localhost") {
+    throw std::invalid_argument(std::string(who) + ": parameter device " + d.to_string() +
+                                " belongs to another job; name a device of this process (\"CPU:0\", \"GPU:0\")");
+  }
+  if (d.is_gpu()) {
+    const int gpus = Runtime::gpu_count();
+    if (d.index() >= gpus) {
+      throw std::invalid_argument(std::string(who) + ": parameter device " + d.to_string() + " was requested but " +
+                                  (gpus == 0 ? std::string("this machine has no GPU; use \"CPU:0\"")
+                                             : "only " + std::to_string(gpus) + " GPU(s) exist"));
+    }
+    return Device(d.type(), d.index());
+  }
+  return Device{};  // every CPU device is the host's memory
+}
+
+std::shared_ptr<CrossDeviceOps> checked_ops(const char* who, const std::vector<Device>& devices,
+                                            std::shared_ptr<CrossDeviceOps> ops);
+
+std::unique_ptr<detail::StrategyBackend> make_central_backend(Runtime& runtime, const std::vector<std::string>& specs,
+                                                              const std::string& parameter_device,
+                                                              std::shared_ptr<CrossDeviceOps> ops) {
+  std::vector<Device> devices = resolve_devices("CentralStorageStrategy", specs);
+  Device parameters = resolve_parameter_device(devices, parameter_device);
+  ops = checked_ops("CentralStorageStrategy", devices, std::move(ops));
+  return std::make_unique<CentralStorageBackend>(runtime, std::move(devices), std::move(ops), std::move(parameters));
+}
+
+std::shared_ptr<CrossDeviceOps> checked_ops(const char* who, const std::vector<Device>& devices,
+                                            std::shared_ptr<CrossDeviceOps> ops) {
   // TensorFlow's defaults: NCCL between GPUs, a reduction on one device between CPU replicas.
   if (!ops) {
     ops = devices[0].is_gpu() ? std::shared_ptr<CrossDeviceOps>(std::make_shared<NcclAllReduce>())
@@ -79,6 +128,14 @@ std::unique_ptr<detail::StrategyBackend> make_backend(const char* who, Runtime& 
                                      ? " (NCCL needs GPU devices; use ReductionToOneDevice or HierarchicalCopyAllReduce)"
                                      : ""));
   }
+  return ops;
+}
+
+std::unique_ptr<detail::StrategyBackend> make_backend(const char* who, Runtime& runtime,
+                                                      const std::vector<std::string>& specs,
+                                                      std::shared_ptr<CrossDeviceOps> ops) {
+  std::vector<Device> devices = resolve_devices(who, specs);
+  ops = checked_ops(who, devices, std::move(ops));
   return std::make_unique<detail::MirroredBackend>(runtime, std::move(devices), std::move(ops));
 }
 
@@ -94,5 +151,16 @@ OneDeviceStrategy::OneDeviceStrategy(Runtime& runtime, std::string device)
     : Strategy(make_backend("OneDeviceStrategy", runtime, {std::move(device)}, nullptr)) {}
 
 OneDeviceStrategy::~OneDeviceStrategy() = default;
+
+CentralStorageStrategy::CentralStorageStrategy(Runtime& runtime, std::vector<std::string> compute_devices,
+                                               std::string parameter_device,
+                                               std::shared_ptr<CrossDeviceOps> cross_device_ops)
+    : Strategy(make_central_backend(runtime, compute_devices, parameter_device, std::move(cross_device_ops))) {}
+
+CentralStorageStrategy::~CentralStorageStrategy() = default;
+
+const Device& CentralStorageStrategy::parameter_device() const {
+  return *const_cast<CentralStorageStrategy*>(this)->backend().variable_device();
+}
 
 }  // namespace troupe::distribute

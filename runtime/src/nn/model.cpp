@@ -62,8 +62,10 @@ distribute::Scope cross_replica_scope(distribute::Strategy& strategy, const char
 Model::Model(Sequential layers) : layers_(std::move(layers)), strategy_(&distribute::get_strategy()) {
   if (layers_.layers().empty()) throw std::invalid_argument("Model: the Sequential has no layers");
   const std::size_t replicas = strategy_->extended().worker_devices().size();
+  // A strategy that keeps its variables on one device (CentralStorageStrategy) gives each one.
+  const std::size_t components = strategy_->backend().variable_device() != nullptr ? 1 : replicas;
   for (const auto& [name, variable] : layers_.named_trainable_variables()) {
-    if (variable.components().size() != replicas) {
+    if (variable.components().size() != components) {
       throw std::invalid_argument("Model: variable '" + name + "' has " + std::to_string(variable.components().size()) +
                                   " component(s) but the current strategy has " + std::to_string(replicas) +
                                   " local replica(s): create the layers and the model in the same strategy.scope()");
@@ -143,8 +145,10 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
         check_element(e, "fit");
         rows += rows_of(e);
       }
-      // Every worker's replicas get batches of one size except at the very end of the data.
-      const std::int64_t global_batch = rows * workers;
+      // Input whose end is agreed across workers knows the step's rows over every worker (one
+      // worker may have fewer, or none); elsewhere every worker's replicas get batches of one
+      // size except at the very end of the data.
+      const std::int64_t global_batch = iterator->last_global_rows().value_or(rows * workers);
       if (global_batch == 0) continue;
       auto losses = strategy.run([this, global_batch](const data::Element& e) { return train_step(e, global_batch); },
                                  *batch);

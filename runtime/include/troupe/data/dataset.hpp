@@ -39,6 +39,16 @@ class DatasetImpl {
   /// repeat, take, skip, shard, shuffle, filter and prefetch), if known: how a distributed
   /// dataset splits a last partial batch.
   virtual std::optional<std::int64_t> batch_size() const { return std::nullopt; }
+  /// The files read by a file-based source upstream (files_dataset), through every operator; 0
+  /// when no source reads files.
+  virtual std::int64_t num_files() const { return 0; }
+  /// This graph with that source reading only its files index, index + num_shards, ... (what
+  /// AutoShardPolicy::file gives each worker); nullptr when num_files() is 0.
+  virtual std::shared_ptr<const DatasetImpl> shard_files(std::int64_t num_shards, std::int64_t index) const {
+    (void)num_shards;
+    (void)index;
+    return nullptr;
+  }
 };
 
 }  // namespace detail

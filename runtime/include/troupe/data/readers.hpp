@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -75,6 +76,18 @@ CsvData read_csv(const std::string& path, const CsvOptions& options = {});
 /// One element per row of a CSV file: {features row} or, with a label column, {features row,
 /// label}. The file is read (and checked) when the dataset is made.
 Dataset csv_dataset(const std::string& path, const CsvOptions& options = {});
+
+/// The elements of read(path) for each path in turn: a file-based dataset (tf.data's
+/// list_files(paths, shuffle=False).flat_map(read)). Each file is opened when the pass reaches it.
+/// Under MultiWorkerMirroredStrategy, AutoShardPolicy::file (and automatic, with at least as
+/// many files as workers) gives each worker only its own files: worker w of W reads files
+/// w, w + W, ... An empty list, an empty path or an empty `read` throws std::invalid_argument.
+Dataset files_dataset(std::vector<std::string> paths, std::function<Dataset(const std::string&)> read);
+
+/// csv_dataset over several files, one after another: a file-based dataset (see files_dataset).
+/// Every file is read with `options` when the pass reaches it (a worker may lack the files of
+/// others), so a bad file fails that get_next, naming the file.
+Dataset csv_files_dataset(std::vector<std::string> paths, const CsvOptions& options = {});
 
 /// Reads an IDX file (the MNIST format): magic 0x0000TTDD with TT the element type (0x08 unsigned
 /// byte, 0x09 signed byte, 0x0B int16, 0x0C int32, 0x0D float32, 0x0E float64) and DD the number

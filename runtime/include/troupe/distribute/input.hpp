@@ -21,8 +21,14 @@ enum class InputReplicationMode {
   per_replica,  ///< one pipeline per replica (MirroredStrategy)
 };
 
-/// How a dataset is split between workers (tf.data.experimental.AutoShardPolicy).
-enum class AutoShardPolicy { automatic, file, data, off };
+/// How experimental_distribute_dataset splits a dataset between workers
+/// (tf.data.experimental.AutoShardPolicy).
+enum class AutoShardPolicy {
+  automatic,  ///< file when the dataset reads at least one file per worker, else data
+  file,       ///< each worker reads only its own files of a file-based dataset (data::files_dataset)
+  data,       ///< every worker reads every global batch and keeps its own replicas' rows
+  off,        ///< every worker reads everything and splits each global batch over its own replicas
+};
 
 /// Options of experimental_distribute_dataset and distribute_datasets_from_function.
 struct InputOptions {
@@ -55,6 +61,11 @@ class DistributedIterator {
   std::optional<PerReplica<data::Element>> get_next_as_optional();
   /// Time spent waiting for input in get_next, for benchmarks.
   std::chrono::nanoseconds time_waiting() const;
+  /// The rows (the first dimension of the first component) of the element the last get_next
+  /// returned, summed over every replica of every worker, where the input learnt it while
+  /// agreeing on the end of the data across workers; nullopt elsewhere (every worker's replicas
+  /// then get equal shares of each global batch but the last).
+  std::optional<std::int64_t> last_global_rows() const;
 
   /// Range-for support.
   class range_iterator {

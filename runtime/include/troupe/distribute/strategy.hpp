@@ -48,6 +48,9 @@ class StrategyBackend {
   virtual Runtime* runtime() { return nullptr; }
   /// The workers this strategy spans (one, for single-process strategies).
   virtual WorkerGroup& workers() const = 0;
+  /// Where the strategy keeps its variables when they are not mirrored (one device for every
+  /// replica, CentralStorageStrategy); nullptr when each replica holds its own copy.
+  virtual const Device* variable_device() const { return nullptr; }
 
   /// Replicas over all workers (every worker has as many as this one).
   int num_replicas_in_sync() const;
