@@ -11,7 +11,7 @@
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
-#include "caf/openssl/all.hpp"
+#include "control_gate.hpp"
 #include "control_tls.hpp"
 #include "protocol.hpp"
 #include "troupe/actors/rendezvous_state.hpp"
@@ -225,19 +225,10 @@ caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor a
 
 }  // namespace
 
-// The chief's agent stops listening (through the OpenSSL module's middleman when it published
-// there).
-void unpublish(caf::actor_system& system, const caf::actor& agent, std::uint16_t port, bool tls) {
-  if (tls) {
-    caf::anon_send(system.openssl_manager().actor_handle(), caf::unpublish_atom::value, agent.address(), port);
-  } else {
-    system.middleman().unpublish(agent, port);
-  }
-}
-
 struct cluster_watch::impl {
   caf::actor_system* system = nullptr;
   std::unique_ptr<control_credentials> credentials;  // kept while the chief's agent listens
+  std::unique_ptr<control_gate> gate;                // the chief's listener goes through it
   caf::actor agent;      // the chief's agent (kept published on the chief)
   bool chief = false;
   std::uint16_t port = 0;
@@ -256,7 +247,7 @@ cluster_watch::~cluster_watch() {
   }
   if (s.beat) caf::anon_send_exit(s.beat, caf::exit_reason::user_shutdown);
   if (s.chief && s.agent) {
-    unpublish(*s.system, s.agent, s.port, s.credentials != nullptr);
+    if (s.gate) s.gate->unpublish(s.agent, s.port);
     caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
   }
 }
@@ -330,25 +321,27 @@ std::vector<member> table_from(const rendezvous_options& options, answer a) {
 // The rendezvous; with `keep` set, the chief's agent stays published (and the worker keeps its
 // handle) for a cluster_watch.
 std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_options& options, caf::actor* keep,
-                                    std::unique_ptr<control_credentials>& credentials) {
+                                    std::unique_ptr<control_credentials>& credentials,
+                                    std::unique_ptr<control_gate>& gate) {
   check_options(options);
   if (!knows_rendezvous_types(system)) {
     throw std::invalid_argument(
         "rendezvous: this actor system was built without troupe's message types: call "
         "troupe::Runtime::configure(config) on its config before constructing it");
   }
-  // With a token, every control connection is mutual TLS from credentials the token derives
-  // (control_tls.hpp); without one, plain BASP, for clusters on loopback only.
+  // Every control connection goes through the gate (control_gate.hpp), which bounds what a peer
+  // can make this process hold. With a token, it is mutual TLS from credentials the token derives
+  // (control_tls.hpp) as well; without one, plain BASP, for clusters on loopback only.
   const bool tls = !options.token.empty();
   if (tls) {
     credentials = std::make_unique<control_credentials>(options.token);
     credentials->install(system);
   }
+  gate = std::make_unique<control_gate>(system, tls, gate_limits::for_cluster(static_cast<int>(options.tasks.size())));
   caf::scoped_actor self{system};
   if (options.rank == 0) {
     auto agent = system.spawn(cluster_agent, options);
-    auto published = tls ? caf::openssl::publish(agent, options.chief_port, options.chief_host.c_str(), true)
-                         : system.middleman().publish(agent, options.chief_port, options.chief_host.c_str(), true);
+    auto published = gate->publish(agent, options.chief_port, options.chief_host);
     if (!published) {
       caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
       throw std::runtime_error("rendezvous: the chief cannot listen on " + options.chief_host + ":" +
@@ -365,7 +358,7 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
       *keep = agent;
     } else {
       self->send_exit(agent, caf::exit_reason::user_shutdown);
-      unpublish(system, agent, *published, tls);
+      gate->unpublish(agent, *published);
     }
     return table_from(options, std::move(a));
   }
@@ -373,8 +366,9 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
   caf::actor agent;
   std::string last_error;
   while (!agent) {
-    auto found = tls ? caf::openssl::remote_actor(system, options.chief_host, options.chief_port)
-                     : system.middleman().remote_actor(options.chief_host, options.chief_port);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto found = gate->remote_actor(options.chief_host, options.chief_port,
+                                    std::max(left, std::chrono::milliseconds(1000)));
     if (found) {
       agent = *found;
       break;
@@ -408,7 +402,8 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
 
 std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options) {
   std::unique_ptr<control_credentials> credentials;
-  return rendezvous_impl(system, options, nullptr, credentials);
+  std::unique_ptr<control_gate> gate;
+  return rendezvous_impl(system, options, nullptr, credentials, gate);
 }
 
 std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options,
@@ -417,7 +412,7 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
                                std::unique_ptr<cluster_watch>& watch) {
   caf::actor agent;
   auto w = std::make_unique<cluster_watch::impl>();
-  auto members = rendezvous_impl(system, options, &agent, w->credentials);
+  auto members = rendezvous_impl(system, options, &agent, w->credentials, w->gate);
   w->system = &system;
   w->agent = agent;
   w->chief = options.rank == 0;

@@ -1,0 +1,341 @@
+#include "control_gate.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <iostream>
+#include <utility>
+
+#include "caf/all.hpp"
+#include "caf/io/all.hpp"
+#include "caf/io/basp_broker.hpp"
+#include "caf/io/middleman_actor_impl.hpp"
+#include "caf/io/network/default_multiplexer.hpp"
+#include "caf/io/network/doorman_impl.hpp"
+#include "caf/io/network/stream_impl.hpp"
+#include "caf/openssl/session.hpp"
+#include "caf/policy/tcp.hpp"
+
+namespace troupe::actors {
+
+using caf::io::network::native_socket;
+using caf::io::network::rw_state;
+using default_mpx = caf::io::network::default_multiplexer;
+
+gate_limits gate_limits::for_cluster(int workers) {
+  gate_limits l;
+  const int n = std::max(workers, 1);
+  l.max_payload_bytes = 64 * 1024 + 1024 * static_cast<std::uint32_t>(std::min(n, 1 << 20));
+  l.max_connections = 16 + 4 * std::min(n, 1 << 20);
+  return l;
+}
+
+struct gate_shared {
+  gate_limits limits;
+  bool tls = false;
+  std::atomic<int> open{0};              // accepted connections alive
+  std::atomic<std::uint64_t> refused{0};
+
+  // A flood of refusals is logged at powers of two only, so that the log stays bounded too.
+  void refuse(const std::string& what) {
+    const auto n = ++refused;
+    if ((n & (n - 1)) == 0) {
+      std::cerr << "troupe: control plane: " << what << " (" << n << " refused so far)" << std::endl;
+    }
+  }
+};
+
+namespace {
+
+// "127.0.0.1:40312", or "an unknown address".
+std::string peer_address(native_socket fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "an unknown address";
+  char host[INET6_ADDRSTRLEN] = {};
+  if (addr.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
+    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+    return std::string(host) + ":" + std::to_string(ntohs(a->sin_port));
+  }
+  if (addr.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(a->sin6_port));
+  }
+  return "an unknown address";
+}
+
+// The transport policy of every gated connection: TLS (or plain TCP) below, the BASP header
+// check above. CAF reads a BASP stream as a 32-byte header, then exactly the payload it declares;
+// the gate follows the same stream and refuses a header before CAF parses it.
+class gate_policy {
+ public:
+  static constexpr std::size_t header_bytes = caf::io::basp::header_size;  // 32
+
+  gate_policy(std::shared_ptr<gate_shared> shared, caf::openssl::session_ptr session, std::string peer, bool accepted)
+      : shared_(std::move(shared)), session_(std::move(session)), peer_(std::move(peer)), accepted_(accepted) {}
+
+  ~gate_policy() {
+    if (accepted_) --shared_->open;
+  }
+
+  rw_state read_some(std::size_t& result, native_socket fd, void* buf, std::size_t len) {
+    if (failed_) return rw_state::failure;
+    const rw_state st = session_ ? session_->read_some(result, fd, buf, len)
+                                 : caf::policy::tcp::read_some(result, fd, buf, len);
+    if (st == rw_state::failure) {
+      closed();
+      return st;
+    }
+    if (st == rw_state::success && result > 0) {
+      proven_ = true;  // with TLS: the handshake is done, the peer holds the token
+      if (!scan(static_cast<const unsigned char*>(buf), result)) {
+        result = 0;
+        failed_ = true;
+        return rw_state::failure;
+      }
+    }
+    return st;
+  }
+
+  rw_state write_some(std::size_t& result, native_socket fd, const void* buf, std::size_t len) {
+    if (failed_) return rw_state::failure;
+    const rw_state st = session_ ? session_->write_some(result, fd, buf, len)
+                                 : caf::policy::tcp::write_some(result, fd, buf, len);
+    if (st == rw_state::failure) closed();
+    return st;
+  }
+
+  bool try_accept(native_socket& result, native_socket fd) { return caf::policy::tcp::try_accept(result, fd); }
+
+  bool must_read_more(native_socket fd, std::size_t threshold) {
+    return session_ ? session_->must_read_more(fd, threshold) : false;
+  }
+
+ private:
+  // Follows the stream: false (logged) when a header declares more than the limit.
+  bool scan(const unsigned char* p, std::size_t n) {
+    while (n > 0) {
+      if (payload_left_ > 0) {
+        const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(payload_left_, n));
+        payload_left_ -= k;
+        p += k;
+        n -= k;
+        continue;
+      }
+      const std::size_t k = std::min(header_bytes - have_, n);
+      std::memcpy(header_ + have_, p, k);
+      have_ += k;
+      p += k;
+      n -= k;
+      if (have_ < header_bytes) break;
+      have_ = 0;
+      // operation, 2 padding bytes, flags, then the payload length, big-endian.
+      const std::uint32_t payload = (std::uint32_t{header_[4]} << 24) | (std::uint32_t{header_[5]} << 16) |
+                                    (std::uint32_t{header_[6]} << 8) | std::uint32_t{header_[7]};
+      if (payload > shared_->limits.max_payload_bytes) {
+        shared_->refuse("closed the connection " + direction() + " " + peer_ + ": a message header declares " +
+                        std::to_string(payload) + " bytes, at most " +
+                        std::to_string(shared_->limits.max_payload_bytes) + " accepted");
+        return false;
+      }
+      payload_left_ = payload;
+    }
+    return true;
+  }
+
+  void closed() {
+    if (failed_) return;
+    failed_ = true;
+    if (session_ && !proven_) {
+      shared_->refuse(accepted_ ? "refused the connection from " + peer_ +
+                                      ": its TLS handshake failed or never finished (no cluster token, or another one)"
+                                : "the connection to " + peer_ +
+                                      " failed its TLS handshake (no cluster token, or another one)");
+    }
+  }
+
+  std::string direction() const { return accepted_ ? "from" : "to"; }
+
+  std::shared_ptr<gate_shared> shared_;
+  caf::openssl::session_ptr session_;
+  std::string peer_;
+  bool accepted_;
+  bool proven_ = false;
+  bool failed_ = false;
+  unsigned char header_[header_bytes] = {};
+  std::size_t have_ = 0;
+  std::uint64_t payload_left_ = 0;
+};
+
+// A connection through the gate (after CAF's OpenSSL scribe).
+class gate_scribe : public caf::io::scribe {
+ public:
+  gate_scribe(default_mpx& mpx, native_socket fd, std::shared_ptr<gate_shared> shared,
+              caf::openssl::session_ptr session, std::string peer, bool accepted)
+      : caf::io::scribe(caf::io::network::conn_hdl_from_socket(fd)),
+        stream_(mpx, fd, std::move(shared), std::move(session), std::move(peer), accepted) {}
+
+  void configure_read(caf::io::receive_policy::config config) override {
+    stream_.configure_read(config);
+    if (!launched_) launch();
+  }
+  void ack_writes(bool enable) override { stream_.ack_writes(enable); }
+  std::vector<char>& wr_buf() override { return stream_.wr_buf(); }
+  std::vector<char>& rd_buf() override { return stream_.rd_buf(); }
+  void graceful_shutdown() override {
+    stream_.graceful_shutdown();
+    detach(&stream_.backend(), false);
+  }
+  void flush() override { stream_.flush(this); }
+  std::string addr() const override {
+    auto x = caf::io::network::remote_addr_of_fd(stream_.fd());
+    return x ? *x : std::string();
+  }
+  std::uint16_t port() const override {
+    auto x = caf::io::network::remote_port_of_fd(stream_.fd());
+    return x ? *x : 0;
+  }
+  void launch() {
+    launched_ = true;
+    stream_.start(this);
+    // Lets a TLS session run its handshake before the first write (a nop for plain TCP).
+    stream_.force_empty_write(this);
+  }
+  void add_to_loop() override { stream_.activate(this); }
+  void remove_from_loop() override { stream_.passivate(); }
+
+ private:
+  bool launched_ = false;
+  caf::io::network::stream_impl<gate_policy> stream_;
+};
+
+// The chief's listener: every accepted connection gets the gate's policy.
+class gate_doorman : public caf::io::network::doorman_impl {
+ public:
+  gate_doorman(default_mpx& mpx, native_socket fd, std::shared_ptr<gate_shared> shared)
+      : caf::io::network::doorman_impl(mpx, fd), shared_(std::move(shared)) {}
+
+  bool new_connection() override {
+    if (detached()) return false;
+    auto& mpx = acceptor_.backend();
+    const native_socket fd = acceptor_.accepted_socket();
+    std::string peer = peer_address(fd);
+    if (shared_->open.load() >= shared_->limits.max_connections) {
+      shared_->refuse("refused a connection from " + peer + ": " + std::to_string(shared_->limits.max_connections) +
+                      " connections are open already");
+      caf::io::network::close_socket(fd);
+      return true;  // the listener goes on
+    }
+    caf::io::network::nonblocking(fd, true);
+    caf::openssl::session_ptr session;
+    if (shared_->tls) {
+      session = caf::openssl::make_session(parent()->system(), fd, true);
+      if (!session) {
+        // The handshake failed at once (the peer's first bytes were there already).
+        shared_->refuse("refused the connection from " + peer +
+                        ": its TLS handshake failed (no cluster token, or another one)");
+        caf::io::network::close_socket(fd);
+        return true;
+      }
+    }
+    ++shared_->open;
+    auto scribe = caf::make_counted<gate_scribe>(mpx, fd, shared_, std::move(session), std::move(peer), true);
+    auto hdl = scribe->hdl();
+    parent()->add_scribe(std::move(scribe));
+    return doorman::new_connection(&mpx, hdl);
+  }
+
+ private:
+  std::shared_ptr<gate_shared> shared_;
+};
+
+class gate_middleman : public caf::io::middleman_actor_impl {
+ public:
+  gate_middleman(caf::actor_config& cfg, caf::actor broker, std::shared_ptr<gate_shared> shared)
+      : caf::io::middleman_actor_impl(cfg, std::move(broker)), shared_(std::move(shared)) {}
+
+  const char* name() const override { return "troupe.control_gate"; }
+
+ protected:
+  caf::expected<caf::io::scribe_ptr> connect(const std::string& host, std::uint16_t port) override {
+    auto fd = caf::io::network::new_tcp_connection(host, port);
+    if (!fd) return std::move(fd.error());
+    caf::io::network::nonblocking(*fd, true);
+    std::string peer = peer_address(*fd);
+    caf::openssl::session_ptr session;
+    if (shared_->tls) {
+      session = caf::openssl::make_session(system(), *fd, false);
+      if (!session) {
+        caf::io::network::close_socket(*fd);
+        return caf::make_error(caf::sec::cannot_connect_to_node, "no TLS session for " + peer);
+      }
+    }
+    return caf::make_counted<gate_scribe>(mpx(), *fd, shared_, std::move(session), std::move(peer), false);
+  }
+
+  caf::expected<caf::io::doorman_ptr> open(std::uint16_t port, const char* addr, bool reuse) override {
+    auto fd = caf::io::network::new_tcp_acceptor_impl(port, addr, reuse);
+    if (!fd) return std::move(fd.error());
+    return caf::make_counted<gate_doorman>(mpx(), *fd, shared_);
+  }
+
+ private:
+  default_mpx& mpx() { return static_cast<default_mpx&>(system().middleman().backend()); }
+  std::shared_ptr<gate_shared> shared_;
+};
+
+}  // namespace
+
+control_gate::control_gate(caf::actor_system& system, bool tls, gate_limits limits)
+    : system_(system), shared_(std::make_shared<gate_shared>()) {
+  shared_->limits = limits;
+  shared_->tls = tls;
+  auto broker = system.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP"));
+  actor_ = system.spawn<gate_middleman, caf::hidden>(std::move(broker), shared_);
+}
+
+control_gate::~control_gate() { caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown); }
+
+caf::expected<std::uint16_t> control_gate::publish(const caf::actor& whom, std::uint16_t port,
+                                                   const std::string& host) {
+  caf::scoped_actor self{system_};
+  caf::expected<std::uint16_t> out{caf::sec::runtime_error};
+  std::set<std::string> sigs;
+  self->request(actor_, caf::infinite, caf::publish_atom::value, port, caf::actor_cast<caf::strong_actor_ptr>(whom),
+                std::move(sigs), host, true)
+      .receive([&](std::uint16_t p) { out = p; }, [&](caf::error& e) { out = std::move(e); });
+  return out;
+}
+
+caf::expected<caf::actor> control_gate::remote_actor(const std::string& host, std::uint16_t port,
+                                                     std::chrono::milliseconds wait) {
+  caf::scoped_actor self{system_};
+  caf::expected<caf::actor> out{caf::sec::cannot_connect_to_node};
+  self->request(actor_, wait, caf::connect_atom::value, host, port)
+      .receive(
+          [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+            if (ptr) {
+              out = caf::actor_cast<caf::actor>(std::move(ptr));
+            } else {
+              out = caf::make_error(caf::sec::no_actor_published_at_port, "no actor published at port " +
+                                                                              std::to_string(port));
+            }
+          },
+          [&](caf::error& e) { out = std::move(e); });
+  return out;
+}
+
+void control_gate::unpublish(const caf::actor& whom, std::uint16_t port) {
+  caf::anon_send(actor_, caf::unpublish_atom::value, whom.address(), port);
+}
+
+std::uint64_t control_gate::refused() const { return shared_->refused.load(); }
+
+}  // namespace troupe::actors
