@@ -13,12 +13,13 @@
 
 namespace troupe::actors {
 
-/// The PEM files CAF's OpenSSL module reads, in a private directory (mode 0700) removed with
-/// the object. The key is as secret as the token it comes from.
+/// The PEM texts CAF's OpenSSL module reads, in two sealed memory files (memfd_create) that it
+/// opens as /proc/self/fd/N: nothing is ever written to a file system, and both vanish with the
+/// object (or the process). The key is as secret as the token it comes from.
 class control_credentials {
  public:
-  /// Derives the key and the certificate from `token` (not empty) and writes them. Throws
-  /// std::runtime_error when OpenSSL or the file system fails.
+  /// Derives the key and the certificate from `token` (not empty) into their memory files.
+  /// Throws std::runtime_error when OpenSSL or memfd_create fails.
   explicit control_credentials(const std::string& token);
   ~control_credentials();
   control_credentials(const control_credentials&) = delete;
@@ -33,7 +34,8 @@ class control_credentials {
   void install(caf::actor_system& system) const;
 
  private:
-  std::string dir_;
+  int key_fd_ = -1;
+  int certificate_fd_ = -1;
   std::string certificate_;
   std::string key_;
 };
