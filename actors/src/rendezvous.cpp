@@ -32,6 +32,9 @@ std::string random_nonce() {
   return out;
 }
 
+// A fault report travels to every worker; a longer one is cut.
+constexpr std::size_t max_fault_bytes = 4096;
+
 using table_promise = caf::typed_response_promise<std::vector<member>>;
 
 // The chief's agent: rendezvous_state decides, this actor delivers.
@@ -110,6 +113,23 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
           return;
         }
         self->state.rules->on_bye(rank, peer);
+      },
+      [=](fault_atom, std::int32_t rank, const std::string& what) -> bool {
+        auto& s = self->state;
+        // Only a member's word counts, and only that rank's own peer may speak for it.
+        const auto peer = peer_of(self);
+        if (!s.rules->is_member(rank, peer)) {
+          log_refusal(s, "refused a fault report for rank " + std::to_string(rank) + " from " + peer +
+                             ", which did not join as that rank");
+          return false;
+        }
+        const std::string reason = what.size() > max_fault_bytes ? what.substr(0, max_fault_bytes) + "..." : what;
+        for (std::size_t r = 0; r < s.watchers.size(); ++r) {
+          if (s.watchers[r] && static_cast<std::int32_t>(r) != rank) {
+            self->send(s.watchers[r], gone_atom::value, rank, reason);
+          }
+        }
+        return true;
       },
       [=](check_atom, std::chrono::milliseconds interval) {
         for (const auto& v : self->state.rules->check(rendezvous_state::clock::now())) fan_out(v);
@@ -250,6 +270,14 @@ cluster_watch::~cluster_watch() {
     if (s.gate) s.gate->unpublish(s.agent, s.port);
     caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
   }
+}
+
+void cluster_watch::report_fault(const std::string& what, std::chrono::milliseconds wait) {
+  auto& s = *impl_;
+  if (!s.agent) return;
+  caf::scoped_actor self{*s.system};
+  // Answered once the agent has told every other worker: the caller may break its ring then.
+  self->request(s.agent, wait, fault_atom::value, s.rank, what).receive([](bool) {}, [](caf::error&) {});
 }
 
 void add_rendezvous_types(caf::actor_system_config& config) {

@@ -235,6 +235,25 @@ case "$scenario" in
       grep -q "rank 1 (127.0.0.1:[0-9]*) is at step 3, collective 0 .*rank $i (this worker) at step 2, collective 1" \
         "$dir/out$i" || fail "worker $i did not name both sides and both numbers"
     done ;;
+  skipped-collective-4x1)
+    # Four workers: worker 3 is no neighbour of worker 1 and never receives its frames; the
+    # workers that do tell every other worker through the chief. Every worker names both
+    # workers and both (step, collective) numbers; none exits 0.
+    start_cluster 4 skip; wait_all 4
+    for i in 0 1 2 3; do
+      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+      grep -q "skipped, added or reordered a collective" "$dir/out$i" || fail "worker $i did not name the misalignment"
+    done
+    for i in 0 2; do
+      grep -q "rank 1 (127.0.0.1:[0-9]*) is at step 3, collective 0 .*rank $i (this worker) at step 2, collective 1" \
+        "$dir/out$i" || fail "worker $i did not name both sides and both numbers"
+    done
+    grep -q "rank [02] (127.0.0.1:[0-9]*) is at step 2, collective 1 .*rank 1 (this worker) at step 3, collective 0" \
+      "$dir/out1" || fail "worker 1 did not name both sides and both numbers"
+    grep -q "cluster watch: /job:worker/replica:0/task:[0-2] (rank [0-2]) found the workers out of step: .*rank [0-9] (127.0.0.1:[0-9]*) is at step [23], collective [01] .*rank [0-9] at step [23], collective [01]" \
+      "$dir/out3" || fail "worker 3 did not name both sides and both numbers"
+    grep -q "rank 1 (127.0.0.1:[0-9]*) is at step 3, collective 0 .*rank [02] at step 2, collective 1\|rank [02] (127.0.0.1:[0-9]*) is at step 2, collective 1 .*rank 1 at step 3, collective 0" \
+      "$dir/out3" || fail "worker 3 did not name worker 1 and a worker of step 2" ;;
   token-required)
     # A cluster beyond loopback (192.0.2.1 is TEST-NET-1) without a token refuses to start,
     # naming both ways out; told insecure it starts (and finds the other task missing).

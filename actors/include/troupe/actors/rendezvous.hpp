@@ -85,7 +85,8 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
 /// and tells every worker. The watch runs both ways: the chief's agent beats to every worker's
 /// heartbeat actor every `interval` too, and a worker declares the chief gone when the agent has
 /// been silent for more than options.missed_heartbeats intervals (a stopped chief keeps its
-/// connections open) or its connection to the chief closed.
+/// connections open) or its connection to the chief closed. A worker that finds the workers out
+/// of step (report_fault) has the chief tell every other worker.
 /// on_failure(rank, reason) runs once per worker process, on an actor thread. A worker that
 /// leaves cleanly says goodbye first, so it is not declared gone. Destroying the watch stops the
 /// actors.
@@ -96,6 +97,12 @@ class cluster_watch {
   ~cluster_watch();
   cluster_watch(const cluster_watch&) = delete;
   cluster_watch& operator=(const cluster_watch&) = delete;
+
+  /// Tells every other worker, through the chief's agent, a fault this worker found that is the
+  /// cluster's (workers out of step): their on_failure runs with (this rank, `what`). The agent
+  /// acts only on a report from the peer that joined as this rank, and cuts `what` at 4 KiB.
+  /// Returns once the agent has passed it on, or after `wait`.
+  void report_fault(const std::string& what, std::chrono::milliseconds wait);
 
  private:
   std::unique_ptr<impl> impl_;
