@@ -38,7 +38,7 @@ gate_limits gate_limits::for_cluster(int workers) {
 struct gate_shared {
   gate_limits limits;
   bool tls = false;
-  std::atomic<int> open{0};              // accepted connections alive
+  std::atomic<int> open{0};              // accepted connections not proven (all without TLS)
   std::atomic<std::uint64_t> refused{0};
 
   // A flood of refusals is logged at powers of two only, so that the log stays bounded too.
@@ -79,10 +79,14 @@ class gate_policy {
   static constexpr std::size_t header_bytes = caf::io::basp::header_size;  // 32
 
   gate_policy(std::shared_ptr<gate_shared> shared, caf::openssl::session_ptr session, std::string peer, bool accepted)
-      : shared_(std::move(shared)), session_(std::move(session)), peer_(std::move(peer)), accepted_(accepted) {}
+      : shared_(std::move(shared)),
+        session_(std::move(session)),
+        peer_(std::move(peer)),
+        accepted_(accepted),
+        counted_(accepted) {}
 
   ~gate_policy() {
-    if (accepted_) --shared_->open;
+    if (counted_) --shared_->open;
   }
 
   rw_state read_some(std::size_t& result, native_socket fd, void* buf, std::size_t len) {
@@ -94,7 +98,12 @@ class gate_policy {
       return st;
     }
     if (st == rw_state::success && result > 0) {
-      proven_ = true;  // with TLS: the handshake is done, the peer holds the token
+      if (session_ && !proven_ && counted_) {
+        // The handshake is done: the peer holds the token, and no longer takes a stranger's slot.
+        counted_ = false;
+        --shared_->open;
+      }
+      proven_ = true;
       if (!scan(static_cast<const unsigned char*>(buf), result)) {
         result = 0;
         failed_ = true;
@@ -167,6 +176,7 @@ class gate_policy {
   caf::openssl::session_ptr session_;
   std::string peer_;
   bool accepted_;
+  bool counted_;  // holds one of the listener's slots (gate_shared::open)
   bool proven_ = false;
   bool failed_ = false;
   unsigned char header_[header_bytes] = {};
@@ -229,7 +239,7 @@ class gate_doorman : public caf::io::network::doorman_impl {
     std::string peer = peer_address(fd);
     if (shared_->open.load() >= shared_->limits.max_connections) {
       shared_->refuse("refused a connection from " + peer + ": " + std::to_string(shared_->limits.max_connections) +
-                      " connections are open already");
+                      " connections that have not proven the cluster token are open already");
       caf::io::network::close_socket(fd);
       return true;  // the listener goes on
     }

@@ -9,10 +9,11 @@
 //      fails, or a connection that closes before it finished, is logged with the peer's address.
 //   2. Every BASP header is read by the gate before CAF sees it: a payload larger than
 //      gate_limits::max_payload_bytes closes the connection, logged with the peer's address.
-//   3. The chief accepts at most gate_limits::max_connections connections at a time; one more is
-//      closed at once and logged.
-// So no peer makes a troupe process hold more than max_connections x max_payload_bytes for
-// control messages, token or not. Internal to actors/.
+//   3. The chief holds at most gate_limits::max_connections connections that have not proven the
+//      token (with TLS: whose handshake has not finished; without a token: all of them) at a
+//      time; one more is closed at once and logged.
+// So strangers make a troupe process hold at most max_connections x (max_payload_bytes or a TLS
+// session's buffers) for control messages, token or not. Internal to actors/.
 
 #include <chrono>
 #include <cstdint>
@@ -30,7 +31,8 @@ namespace troupe::actors {
 struct gate_limits {
   /// The largest BASP payload accepted (the peer table of a big cluster is well under it).
   std::uint32_t max_payload_bytes = 64 * 1024;
-  /// Connections the chief's listener holds at once.
+  /// Connections the chief's listener holds at once before they proved the token (all of them
+  /// without a token).
   int max_connections = 64;
   /// The limits for a cluster of `workers`: 64 KiB plus 1 KiB per worker, 16 + 4 per worker
   /// connections.

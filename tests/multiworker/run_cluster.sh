@@ -355,14 +355,21 @@ case "$scenario" in
     start_cluster 2 join; wait_all 2
     expect_all 1 3 "still missing after 3000 ms: /job:worker/replica:0/task:1"
     [ "$(cat "$dir/rc1")" = 3 ] || fail "worker 1 exited $(cat "$dir/rc1"), expected 3"
-    grep -q "could not reach the chief.*TROUPE_CLUSTER_TOKEN" "$dir/out1" || fail "worker 1 did not name the token" ;;
-  stranger-basp-header|stranger-bad-token)
-    # A stranger attacks the chief's rendezvous port while a cluster with a token forms: the
-    # cluster forms and computes right, and the chief's resident memory stays small.
-    for i in 0 1 2; do declare "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$"; done
+    grep -q "could not reach the chief.*TROUPE_CLUSTER_TOKEN" "$dir/out1" || fail "worker 1 did not name the token"
+    # The chief logs the refused handshakes with the peer's address, and goes on to its deadline.
+    grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: its TLS handshake failed" "$dir/out0" ||
+      fail "the chief did not log the failed handshakes with the peer's address" ;;
+  stranger-basp-header|stranger-basp-header-plain|stranger-bad-token)
+    # A stranger attacks the chief's rendezvous port while a cluster forms, with a token (mutual
+    # TLS) or without one (plain BASP behind the gate): the chief logs the refusal with the
+    # stranger's address, the cluster forms and computes right, and the chief's resident memory
+    # stays small (a middleman facing the header alone reserves its 4 GiB).
+    if [ "$scenario" != stranger-basp-header-plain ]; then
+      for i in 0 1 2; do declare "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$"; done
+    fi
     # The stranger strikes between the chief's start and the others'.
     attack() {
-      if [ "$scenario" = stranger-basp-header ]; then
+      if [ "$scenario" != stranger-bad-token ]; then
         "$(dirname "$0")/attacker.py" basp-header 127.0.0.1 "${ports[0]}" 3 > "$dir/attacker" 2>&1 &
       else
         "$(dirname "$0")/attacker.py" bad-token 127.0.0.1 "${ports[0]}" > "$dir/attacker" 2>&1 &
@@ -385,7 +392,36 @@ case "$scenario" in
     grep -q "attacker: sent" "$dir/attacker" || fail "the attacker sent nothing"
     expect_cluster 3 3
     echo "the chief's peak resident memory: $peak_kb kB"
-    [ "$peak_kb" -gt 0 ] && [ "$peak_kb" -lt 262144 ] || fail "the chief's peak resident memory was $peak_kb kB" ;;
+    [ "$peak_kb" -gt 0 ] && [ "$peak_kb" -lt 65536 ] || fail "the chief's peak resident memory was $peak_kb kB"
+    if [ "$scenario" = stranger-basp-header-plain ]; then
+      grep -q "troupe: control plane: closed the connection from 127.0.0.1:[0-9]*: a message header declares 4294967295 bytes, at most [0-9]* accepted" \
+        "$dir/out0" || fail "the chief did not log the oversized header with the stranger's address"
+    else
+      grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: its TLS handshake failed" \
+        "$dir/out0" || fail "the chief did not log the failed handshake with the stranger's address"
+    fi ;;
+  control-key-in-memory)
+    # With a token, the control plane's TLS key lives in a sealed memory file: while the cluster
+    # watches, every worker holds it (memfd:troupe-control-key) and no file of it exists in
+    # TMPDIR, or anywhere a worker has open.
+    mkdir "$dir/tmp"
+    for i in 0 1 2; do declare "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$ TMPDIR=$dir/tmp MW_IDLE_MS=3000"; done
+    start_cluster 3 idle
+    for i in 0 1 2; do
+      held=""
+      for _ in $(seq 1 600); do
+        c=$(pgrep -P "${pids[$i]}" | head -1)
+        if [ -n "$c" ] && ls -l "/proc/$c/fd" 2>/dev/null | grep -q "memfd:troupe-control-key"; then held=$c; break; fi
+        sleep 0.02
+      done
+      [ -n "$held" ] || fail "worker $i never held its key in a memory file"
+      files=$(ls -l "/proc/$held/fd" 2>/dev/null | awk '{print $NF}' | grep -E "^/" | grep -v "^/dev/\|^/proc/" || true)
+      [ -z "$files" ] || [ -z "$(echo "$files" | grep -E "$dir/tmp|troupe-control|\.pem")" ] ||
+        fail "worker $i holds a key file open: $files"
+    done
+    [ -z "$(find "$dir/tmp" -mindepth 1)" ] || fail "a key file exists while the cluster runs: $(find "$dir/tmp" -mindepth 1)"
+    wait_all 3; expect_cluster 3 3
+    [ -z "$(find "$dir/tmp" -mindepth 1)" ] || fail "a key file was left behind: $(find "$dir/tmp" -mindepth 1)" ;;
   device-mismatch)
     W0_ENV="TROUPE_DEVICES_PER_WORKER=1" W1_ENV="TROUPE_DEVICES_PER_WORKER=2" start_cluster 2 join
     wait_all 2; expect_all 2 3 "workers have different device counts" ;;
