@@ -7,8 +7,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <optional>
+#include <sstream>
 #include <utility>
 
 #include "caf/all.hpp"
@@ -69,6 +73,84 @@ std::string peer_address(native_socket fd) {
     return "[" + std::string(host) + "]:" + std::to_string(ntohs(a->sin6_port));
   }
   return "an unknown address";
+}
+
+// The user that owns the other end of a loopback connection, from the kernel's socket table;
+// nullopt when the peer is not on loopback, or its socket is not in the table (another network
+// namespace: no user of this host can be vouched for).
+struct loopback_peer {
+  bool loopback = false;
+  std::optional<uid_t> uid;
+};
+
+bool is_loopback(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) {
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&x)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&x) && x.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+// An endpoint as /proc/net/tcp{,6} writes it: the address as native 32-bit words in hex, then
+// the port.
+std::string proc_endpoint(const sockaddr_storage& a) {
+  char out[64] = {};
+  if (a.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+    std::uint32_t w = 0;
+    std::memcpy(&w, &v4->sin_addr, 4);
+    std::snprintf(out, sizeof out, "%08X:%04X", w, ntohs(v4->sin_port));
+  } else {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    std::uint32_t w[4];
+    std::memcpy(w, &v6->sin6_addr, 16);
+    std::snprintf(out, sizeof out, "%08X%08X%08X%08X:%04X", w[0], w[1], w[2], w[3], ntohs(v6->sin6_port));
+  }
+  return out;
+}
+
+loopback_peer peer_on_loopback(native_socket fd) {
+  loopback_peer out;
+  sockaddr_storage mine{}, theirs{};
+  socklen_t a = sizeof mine, b = sizeof theirs;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &a) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &b) != 0 || !is_loopback(theirs)) {
+    return out;
+  }
+  out.loopback = true;
+  // The peer's socket: its local end is our remote one and the other way round.
+  const std::string local = proc_endpoint(theirs), remote = proc_endpoint(mine);
+  std::ifstream table(theirs.ss_family == AF_INET ? "/proc/net/tcp" : "/proc/net/tcp6");
+  std::string line;
+  std::getline(table, line);  // the column names
+  while (std::getline(table, line)) {
+    std::istringstream in(line);
+    std::string slot, l, r, state, queues, timer, retransmits;
+    unsigned long uid = 0;
+    if (!(in >> slot >> l >> r >> state >> queues >> timer >> retransmits >> uid)) continue;
+    if (l == local && r == remote) {
+      out.uid = static_cast<uid_t>(uid);
+      break;
+    }
+  }
+  return out;
+}
+
+// Without a token, a loopback peer is known by the kernel: the gate lets in only this process's
+// own user. Empty when the peer may pass; otherwise why not.
+std::string foreign_user(native_socket fd) {
+  const auto peer = peer_on_loopback(fd);
+  if (!peer.loopback) return {};  // beyond loopback without a token: insecure, by the operator's choice
+  if (!peer.uid) return "its socket is not in this host's table, so its user is unknown";
+  if (*peer.uid != ::geteuid()) {
+    return "it belongs to user " + std::to_string(*peer.uid) + ", this process to user " +
+           std::to_string(::geteuid()) + " (without a cluster token only the same user may connect on loopback)";
+  }
+  return {};
 }
 
 // The transport policy of every gated connection: TLS (or plain TCP) below, the BASP header
@@ -243,6 +325,14 @@ class gate_doorman : public caf::io::network::doorman_impl {
       caf::io::network::close_socket(fd);
       return true;  // the listener goes on
     }
+    if (!shared_->tls) {
+      const std::string why = foreign_user(fd);
+      if (!why.empty()) {
+        shared_->refuse("refused the connection from " + peer + ": " + why);
+        caf::io::network::close_socket(fd);
+        return true;
+      }
+    }
     caf::io::network::nonblocking(fd, true);
     caf::openssl::session_ptr session;
     if (shared_->tls) {
@@ -277,8 +367,17 @@ class gate_middleman : public caf::io::middleman_actor_impl {
   caf::expected<caf::io::scribe_ptr> connect(const std::string& host, std::uint16_t port) override {
     auto fd = caf::io::network::new_tcp_connection(host, port);
     if (!fd) return std::move(fd.error());
-    caf::io::network::nonblocking(*fd, true);
     std::string peer = peer_address(*fd);
+    if (!shared_->tls) {
+      // Whoever listens at the chief's address must be the chief's user too: a squatter is not.
+      const std::string why = foreign_user(*fd);
+      if (!why.empty()) {
+        caf::io::network::close_socket(*fd);
+        shared_->refuse("refused to talk to " + peer + ": " + why);
+        return caf::make_error(caf::sec::cannot_connect_to_node, "refused to talk to " + peer + ": " + why);
+      }
+    }
+    caf::io::network::nonblocking(*fd, true);
     caf::openssl::session_ptr session;
     if (shared_->tls) {
       session = caf::openssl::make_session(system(), *fd, false);

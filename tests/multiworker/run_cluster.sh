@@ -400,6 +400,25 @@ case "$scenario" in
       grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: its TLS handshake failed" \
         "$dir/out0" || fail "the chief did not log the failed handshake with the stranger's address"
     fi ;;
+  stranger-other-user)
+    # Without a token, on loopback: a stranger running as another user (nobody) is refused by
+    # the chief's gate before one BASP byte, and logged with its address and user; the cluster
+    # forms and computes. Needs root to run the stranger as nobody.
+    if [ "$(id -u)" != 0 ] || ! command -v setpriv > /dev/null; then
+      echo "SKIPPED: running a stranger as another user needs root and setpriv"; exit 77
+    fi
+    other_user() {
+      timeout 10 setpriv --reuid=65534 --regid=65534 --clear-groups \
+        "$attacker_bin" bad-join 127.0.0.1 "${ports[0]}" 1 > "$dir/attacker" 2>&1 &
+      attacker=$!
+      for _ in $(seq 1 500); do grep -q "refused the connection from" "$dir/out0" 2>/dev/null && break; sleep 0.02; done
+    }
+    AFTER_CHIEF=other_user start_cluster 3 collectives
+    wait_all 3; kill "$attacker" 2>/dev/null; wait "$attacker" 2>/dev/null
+    grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: it belongs to user 65534, this process to user 0" \
+      "$dir/out0" || fail "the chief did not refuse and log the other user's connection"
+    if grep -q "attacker: connected" "$dir/attacker"; then fail "the other user reached the chief's agent"; fi
+    expect_cluster 3 3 ;;
   control-key-in-memory)
     # With a token, the control plane's TLS key lives in a sealed memory file: while the cluster
     # watches, every worker holds it (memfd:troupe-control-key) and no file of it exists in
