@@ -122,6 +122,20 @@ loopback_peer peer_on_loopback(native_socket fd) {
     return out;
   }
   out.loopback = true;
+  // An IPv4 peer of a dual-stack socket is in the IPv4 table, as are both its ends.
+  auto unmap = [](sockaddr_storage& a) {
+    if (a.ss_family != AF_INET6) return;
+    const auto v6 = *reinterpret_cast<const sockaddr_in6*>(&a);
+    if (!IN6_IS_ADDR_V4MAPPED(&v6.sin6_addr)) return;
+    sockaddr_in v4{};
+    v4.sin_family = AF_INET;
+    v4.sin_port = v6.sin6_port;
+    std::memcpy(&v4.sin_addr, &v6.sin6_addr.s6_addr[12], 4);
+    a = sockaddr_storage{};
+    std::memcpy(&a, &v4, sizeof v4);
+  };
+  unmap(mine);
+  unmap(theirs);
   // The peer's socket: its local end is our remote one and the other way round.
   const std::string local = proc_endpoint(theirs), remote = proc_endpoint(mine);
   std::ifstream table(theirs.ss_family == AF_INET ? "/proc/net/tcp" : "/proc/net/tcp6");
