@@ -2,10 +2,9 @@
 
 // The control plane's credentials: every worker of a cluster derives one Ed25519 key and one
 // self-signed certificate from the cluster token, and uses that certificate both as its own and
-// as the only authority it trusts. CAF's OpenSSL module then runs mutual TLS on every rendezvous
-// and heartbeat connection: a peer without the token fails the handshake before one byte of BASP
-// is parsed (BASP reserves whatever payload size a header declares, so it must never face a
-// stranger). Internal to actors/.
+// as the only authority it trusts. The control gate (control_gate.hpp) then runs mutual TLS with
+// CAF's OpenSSL sessions on every rendezvous and heartbeat connection: a peer without the token
+// fails the handshake before one byte of BASP is parsed. Internal to actors/.
 
 #include <string>
 

@@ -37,7 +37,8 @@ struct rendezvous_options {
   std::string data_host;
   std::uint16_t data_port = 0;
   /// The shared cluster token (TROUPE_CLUSTER_TOKEN). Set: every control connection is mutual
-  /// TLS from a certificate it derives (the system needs CAF's OpenSSL module). Empty: plain BASP.
+  /// TLS from a certificate it derives (the system needs CAF's OpenSSL module). Empty: plain BASP,
+  /// from the same user only on loopback. Either way behind the gate that bounds every header.
   std::string token;
   std::chrono::milliseconds timeout{60000};  ///< the start deadline: every worker joined by then
   std::uint32_t version = 5;          ///< protocol version; every worker must agree (4: incarnation; 5: the chief beats to the workers)
@@ -61,8 +62,10 @@ struct rendezvous_options {
 void add_rendezvous_types(caf::actor_system_config& config);
 
 /// The rendezvous of a multi-worker strategy, numbered as it happens:
-///   1. The chief publishes its cluster agent through the CAF middleman at its own address; with a
-///      token, through CAF's OpenSSL module, so that only holders of the token reach BASP.
+///   1. The chief publishes its cluster agent through the CAF middleman at its own address, behind
+///      troupe's gate (every BASP header bounded, every refusal logged with the peer's address);
+///      with a token, over mutual TLS, so that only holders of the token reach BASP; without one,
+///      a loopback peer must be the chief's own user.
 ///   2. Every other worker connects to it (retrying until the timeout), asks for a nonce, and
 ///      joins with: protocol version, rank, HMAC-SHA256(token, nonce) (the token never travels),
 ///      local device count and data-plane endpoint.
