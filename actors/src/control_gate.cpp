@@ -456,7 +456,10 @@ caf::expected<caf::actor> control_gate::remote_actor(const std::string& host, st
 }
 
 void control_gate::unpublish(const caf::actor& whom, std::uint16_t port) {
-  caf::anon_send(actor_, caf::unpublish_atom::value, whom.address(), port);
+  // Waited for (briefly): the gate's actor may be told to exit right after.
+  caf::scoped_actor self{system_};
+  self->request(actor_, std::chrono::seconds(1), caf::unpublish_atom::value, whom.address(), port)
+      .receive([] {}, [](caf::error&) {});
 }
 
 std::uint64_t control_gate::refused() const { return shared_->refused.load(); }

@@ -57,7 +57,7 @@ class control_gate {
   caf::expected<std::uint16_t> publish(const caf::actor& whom, std::uint16_t port, const std::string& host);
   /// Connects to the actor published at host:port, waiting at most `wait`.
   caf::expected<caf::actor> remote_actor(const std::string& host, std::uint16_t port, std::chrono::milliseconds wait);
-  /// Stops publishing `whom` at `port` (asynchronous).
+  /// Stops publishing `whom` at `port` (waits at most 1 s for the middleman).
   void unpublish(const caf::actor& whom, std::uint16_t port);
 
   /// Connections refused or failed before they proved themselves, so far.

@@ -120,7 +120,7 @@ TEST_CASE("the control gate holds at most max_connections unproven connections a
   caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
 }
 
-TEST_CASE("two nodes talk through their control gates") {
+TEST_CASE("two nodes talk through their control gates, and an unpublished port listens no more") {
   node chief, worker;
   control_gate chief_gate(*chief.system, false, gate_limits::for_cluster(2));
   control_gate worker_gate(*worker.system, false, gate_limits::for_cluster(2));
@@ -136,5 +136,15 @@ TEST_CASE("two nodes talk through their control gates") {
   CHECK(answer == "hello!");
   CHECK(chief_gate.refused() == 0);
   CHECK(worker_gate.refused() == 0);
+  // Unpublished, the port listens no more.
+  chief_gate.unpublish(agent, *port);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(*port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0);
+  ::close(fd);
   caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
 }
