@@ -2,12 +2,15 @@
 // to the chief (a fresh actor system each time, as at start-up), between two actor systems in
 // one process over loopback, through CAF's own middleman (no gate), the gate without a token, and
 // the gate with mutual TLS. Modes run side by side in one invocation, so that the load of the
-// machine weighs on them alike.
+// machine weighs on them alike; process_cpu_us (every thread of the process, per iteration) is
+// the figure to compare on a busy machine.
 //   BM_ControlRoundTrip/<mode>: one request and its answer (a 16-byte string each way), the
 //     size of a heartbeat; mode 0 = CAF's middleman, 1 = gate, 2 = gate + TLS.
 //   BM_ControlConnect/<mode>: a new actor system connects to the chief's agent and leaves.
 //   BM_ControlCredentials: deriving the key and certificate into their memory files.
 #include <benchmark/benchmark.h>
+
+#include <time.h>
 
 #include <chrono>
 #include <memory>
@@ -56,6 +59,19 @@ caf::behavior echo(caf::event_based_actor*) {
   return {[](const std::string& s) { return s; }};
 }
 
+// CPU time of the whole process (both actor systems, every thread), in microseconds: unlike
+// wall time, it hardly depends on what else the machine runs.
+double process_cpu_us() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e6 + static_cast<double>(t.tv_nsec) / 1e3;
+}
+
+void count_cpu(benchmark::State& state, double start_us) {
+  state.counters["process_cpu_us"] =
+      benchmark::Counter(process_cpu_us() - start_us, benchmark::Counter::kAvgIterations);
+}
+
 const char* mode_name(int mode) { return mode == 0 ? "caf" : mode == 1 ? "gate" : "gate+tls"; }
 
 void BM_ControlRoundTrip(benchmark::State& state) {
@@ -68,12 +84,14 @@ void BM_ControlRoundTrip(benchmark::State& state) {
   if (!remote) throw std::runtime_error("connect failed: " + worker.system->render(remote.error()));
   caf::scoped_actor self{*worker.system};
   const std::string beat(16, 'b');
+  const double cpu = process_cpu_us();
   for (auto _ : state) {
     bool ok = false;
     self->request(*remote, 5s, beat).receive([&](const std::string& s) { ok = s.size() == beat.size(); },
                                              [&](caf::error&) {});
     if (!ok) state.SkipWithError("no answer");
   }
+  count_cpu(state, cpu);
   state.SetLabel(mode_name(mode));
   caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
 }
@@ -84,11 +102,13 @@ void BM_ControlConnect(benchmark::State& state) {
   auto agent = chief.system->spawn(echo);
   auto port = chief.publish(agent);
   if (!port) throw std::runtime_error("publish failed");
+  const double cpu = process_cpu_us();
   for (auto _ : state) {
     node worker(mode);
     auto remote = worker.reach(*port);
     if (!remote) state.SkipWithError("connect failed");
   }
+  count_cpu(state, cpu);
   state.SetLabel(mode_name(mode));
   caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
 }
