@@ -288,6 +288,16 @@ case "$scenario" in
     kill -9 "${pids[1]}" "$attacker" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
     grep -q "refused a goodbye for rank 1" "$dir/out0" || fail "the chief did not log the forged goodbye"
     grep -q "refused a heartbeat for rank 1" "$dir/out0" || fail "the chief did not log the forged heartbeat" ;;
+  forged-fault)
+    # A cluster without a token (loopback): a stranger of the same user reaches the chief and
+    # forges fault reports (workers out of step) for task 1 while the cluster forms and computes.
+    # A report counts only from the peer that joined as that rank: none is passed on, the chief
+    # logs the refusals, and every worker computes right.
+    start_with_attacker 3 collectives fault 1 4
+    wait_all 3; kill "$attacker" 2>/dev/null; wait "$attacker" 2>/dev/null
+    grep -q "refused a fault report for rank 1 from" "$dir/out0" || fail "the chief did not log the forged fault report"
+    if grep -q "forged: rank 1" "$dir"/out*; then fail "a forged fault report reached a worker"; fi
+    expect_cluster 3 3 ;;
   stranger-bad-join)
     # On a cluster without a token (loopback), a stranger joins as task 1 with a wrong proof
     # before task 1 starts: it is refused alone and logged, and the cluster forms and computes.
