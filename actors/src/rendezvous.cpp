@@ -52,11 +52,26 @@ std::string peer_of(caf::local_actor* self) {
   return sender ? caf::to_string(sender->node()) : std::string("<anonymous>");
 }
 
-// A refusal goes to the log; a flood of them is logged at powers of two only, so the log stays
-// bounded too.
-void log_refusal(agent_state& st, const std::string& what) {
-  const auto n = ++st.refused;
-  if ((n & (n - 1)) == 0) std::cerr << "troupe: " << what << " (" << n << " refused so far)" << std::endl;
+// A refusal goes to the log with the sender's address (the BASP broker knows which connection a
+// node came through); a flood of them is logged at powers of two only, so the log stays bounded
+// too.
+void log_refusal(caf::stateful_actor<agent_state>* self, const std::string& what) {
+  const auto n = ++self->state.refused;
+  if ((n & (n - 1)) != 0) return;
+  const std::string line = "troupe: " + what;
+  const std::string count = " (" + std::to_string(n) + " refused so far)";
+  const auto& sender = self->current_sender();
+  if (!sender || sender->node() == self->node()) {
+    std::cerr << line << count << std::endl;
+    return;
+  }
+  self->request(self->system().middleman().actor_handle(), std::chrono::seconds(1), caf::get_atom::value,
+                sender->node())
+      .then(
+          [=](const caf::node_id&, const std::string& host, std::uint16_t port) {
+            std::cerr << line << " [connected from " << host << ":" << port << "]" << count << std::endl;
+          },
+          [=](caf::error&) { std::cerr << line << count << std::endl; });
 }
 
 void finish(agent_state& st) {
@@ -96,7 +111,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
         // A beat counts only from the peer that joined as that rank, naming a watcher there.
         const auto peer = peer_of(self);
         if (!s.rules->is_member(rank, peer) || !watcher || caf::to_string(watcher.node()) != peer) {
-          log_refusal(s, "refused a heartbeat for rank " + std::to_string(rank) + " from " + peer +
+          log_refusal(self, "refused a heartbeat for rank " + std::to_string(rank) + " from " + peer +
                              ", which did not join as that rank");
           return;
         }
@@ -108,7 +123,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
       [=](bye_atom, std::int32_t rank) {
         const auto peer = peer_of(self);
         if (!self->state.rules->is_member(rank, peer)) {
-          log_refusal(self->state, "refused a goodbye for rank " + std::to_string(rank) + " from " + peer +
+          log_refusal(self, "refused a goodbye for rank " + std::to_string(rank) + " from " + peer +
                                        ", which did not join as that rank");
           return;
         }
@@ -119,7 +134,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
         // Only a member's word counts, and only that rank's own peer may speak for it.
         const auto peer = peer_of(self);
         if (!s.rules->is_member(rank, peer)) {
-          log_refusal(s, "refused a fault report for rank " + std::to_string(rank) + " from " + peer +
+          log_refusal(self, "refused a fault report for rank " + std::to_string(rank) + " from " + peer +
                              ", which did not join as that rank");
           return false;
         }
@@ -158,7 +173,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
         if (auto error = s.rules->join(join_request{version, rank, nonce, proof, devices, host, port, peer_of(self),
                                                     rendezvous_state::clock::now()})) {
           if (error->code == rendezvous_errc::bad_token) {
-            log_refusal(s, error->message + ", from " + peer_of(self));
+            log_refusal(self, error->message + ", from " + peer_of(self));
             return to_caf_error(*error);  // refused alone: the others go on
           }
           finish(s);  // a bad join fails everyone who waits
