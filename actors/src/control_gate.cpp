@@ -491,8 +491,8 @@ caf::expected<std::uint16_t> control_gate::publish(const caf::actor& whom, std::
   caf::scoped_actor self{system_};
   caf::expected<std::uint16_t> out{caf::sec::runtime_error};
   std::set<std::string> sigs;
-  self->request(actor_, std::chrono::seconds(10), caf::publish_atom::value, port, caf::actor_cast<caf::strong_actor_ptr>(whom),
-                std::move(sigs), host, true)
+  self->request(actor_, std::chrono::seconds(10), caf::publish_atom::value, port,
+                caf::actor_cast<caf::strong_actor_ptr>(whom), std::move(sigs), host, true)
       .receive([&](std::uint16_t p) { out = p; }, [&](caf::error& e) { out = std::move(e); });
   return out;
 }
