@@ -6,7 +6,7 @@
 #             with a heartbeat every BEAT_MS, per heartbeat interval, median of RUNS.
 # Usage: bench/control_plane_cost.sh build/tests/multiworker/mw_worker [RUNS] [IDLE_MS] [BEAT_MS]
 set -u
-worker="$1"; runs="${2:-7}"; idle_ms="${3:-5000}"; beat_ms="${4:-20}"
+worker="$1"; runs="${2:-7}"; idle_ms="${3:-5000}"; beat_ms="${4:-50}"
 dir="$(mktemp -d)"; trap 'rm -rf "$dir"' EXIT
 
 ports() {

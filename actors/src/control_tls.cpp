@@ -4,11 +4,10 @@
 #include <openssl/hmac.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
-#include <sys/stat.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -45,11 +44,27 @@ std::vector<unsigned char> seed_from(const std::string& token) {
   return seed;
 }
 
-void write_file(const std::string& path, const std::function<int(FILE*)>& write) {
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) fail("cannot write " + path);
-  const int ok = write(f);
-  if (std::fclose(f) != 0 || ok != 1) fail("cannot write " + path);
+// A memory file holding `pem`, sealed; its descriptor. Nothing of it is in a file system: the
+// OpenSSL module reads it through /proc/self/fd/N, and it is gone when the descriptor closes.
+int memory_file(const char* name, const std::function<int(BIO*)>& write) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new(BIO_s_mem()), &BIO_free);
+  if (!bio || write(bio.get()) != 1) fail(std::string("cannot encode the ") + name);
+  char* data = nullptr;
+  const long len = BIO_get_mem_data(bio.get(), &data);
+  const int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) fail(std::string("memfd_create failed for the ") + name);
+  long done = 0;
+  while (done < len) {
+    const ssize_t n = ::write(fd, data + done, static_cast<std::size_t>(len - done));
+    if (n <= 0) {
+      ::close(fd);
+      fail(std::string("cannot write the ") + name + " to its memory file");
+    }
+    done += n;
+  }
+  // Nobody changes it from now on (a descriptor handed to a child by mistake cannot either).
+  ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+  return fd;
 }
 
 }  // namespace
@@ -74,31 +89,22 @@ control_credentials::control_credentials(const std::string& token) {
   X509_set_pubkey(cert.get(), key.get());
   if (X509_sign(cert.get(), key.get(), nullptr) <= 0) fail("cannot sign the certificate");
 
-  const char* base = std::getenv("TMPDIR");
-  std::string pattern = (base != nullptr && *base != '\0' ? std::string(base) : std::string("/tmp")) +
-                        "/troupe-control-XXXXXX";
-  std::vector<char> buf(pattern.begin(), pattern.end());
-  buf.push_back('\0');
-  if (mkdtemp(buf.data()) == nullptr) fail("cannot make a private directory from " + pattern);  // mode 0700
-  dir_ = buf.data();
-  certificate_ = dir_ + "/cert.pem";
-  key_ = dir_ + "/key.pem";
-  const mode_t old = umask(077);
+  key_fd_ = memory_file("troupe-control-key", [&](BIO* b) {
+    return PEM_write_bio_PrivateKey(b, key.get(), nullptr, nullptr, 0, nullptr, nullptr);
+  });
   try {
-    write_file(key_, [&](FILE* f) { return PEM_write_PrivateKey(f, key.get(), nullptr, nullptr, 0, nullptr, nullptr); });
-    write_file(certificate_, [&](FILE* f) { return PEM_write_X509(f, cert.get()); });
+    certificate_fd_ = memory_file("troupe-control-cert", [&](BIO* b) { return PEM_write_bio_X509(b, cert.get()); });
   } catch (...) {
-    umask(old);
+    ::close(key_fd_);
     throw;
   }
-  umask(old);
+  key_ = "/proc/self/fd/" + std::to_string(key_fd_);
+  certificate_ = "/proc/self/fd/" + std::to_string(certificate_fd_);
 }
 
 control_credentials::~control_credentials() {
-  if (dir_.empty()) return;
-  ::unlink(key_.c_str());
-  ::unlink(certificate_.c_str());
-  ::rmdir(dir_.c_str());
+  if (key_fd_ >= 0) ::close(key_fd_);
+  if (certificate_fd_ >= 0) ::close(certificate_fd_);
 }
 
 void control_credentials::install(caf::actor_system& system) const {

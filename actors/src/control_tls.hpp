@@ -2,10 +2,9 @@
 
 // The control plane's credentials: every worker of a cluster derives one Ed25519 key and one
 // self-signed certificate from the cluster token, and uses that certificate both as its own and
-// as the only authority it trusts. CAF's OpenSSL module then runs mutual TLS on every rendezvous
-// and heartbeat connection: a peer without the token fails the handshake before one byte of BASP
-// is parsed (BASP reserves whatever payload size a header declares, so it must never face a
-// stranger). Internal to actors/.
+// as the only authority it trusts. The control gate (control_gate.hpp) then runs mutual TLS with
+// CAF's OpenSSL sessions on every rendezvous and heartbeat connection: a peer without the token
+// fails the handshake before one byte of BASP is parsed. Internal to actors/.
 
 #include <string>
 
@@ -13,12 +12,13 @@
 
 namespace troupe::actors {
 
-/// The PEM files CAF's OpenSSL module reads, in a private directory (mode 0700) removed with
-/// the object. The key is as secret as the token it comes from.
+/// The PEM texts CAF's OpenSSL module reads, in two sealed memory files (memfd_create) that it
+/// opens as /proc/self/fd/N: nothing is ever written to a file system, and both vanish with the
+/// object (or the process). The key is as secret as the token it comes from.
 class control_credentials {
  public:
-  /// Derives the key and the certificate from `token` (not empty) and writes them. Throws
-  /// std::runtime_error when OpenSSL or the file system fails.
+  /// Derives the key and the certificate from `token` (not empty) into their memory files.
+  /// Throws std::runtime_error when OpenSSL or memfd_create fails.
   explicit control_credentials(const std::string& token);
   ~control_credentials();
   control_credentials(const control_credentials&) = delete;
@@ -33,7 +33,8 @@ class control_credentials {
   void install(caf::actor_system& system) const;
 
  private:
-  std::string dir_;
+  int key_fd_ = -1;
+  int certificate_fd_ = -1;
   std::string certificate_;
   std::string key_;
 };

@@ -47,7 +47,8 @@ void spin_on_mailbox(caf::blocking_actor* self, std::chrono::microseconds spin, 
 // The rendezvous and the cluster watch (rendezvous.hpp has the walkthrough):
 //   worker -> chief's agent: (nonce) -> string; (join, version, rank, nonce, proof, devices,
 //     data host, data port) -> vector<member> or a caf::error of category "rendezvous";
-//     (beat, rank, watcher); (bye, rank)
+//     (beat, rank, watcher); (bye, rank); (fault, rank, what) -> bool: a member found the workers
+//     out of step, and the agent tells every other watcher (gone, rank, what)
 //   chief -> its own agent: (await) -> vector<member> or the error; (tick, interval); (check);
 //     (expire)
 //   agent -> every watcher: (gone, rank, reason); (alive) every interval, the chief's heartbeat
@@ -63,6 +64,7 @@ using check_atom = caf::atom_constant<caf::atom("check")>;
 using gone_atom = caf::atom_constant<caf::atom("gone")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using alive_atom = caf::atom_constant<caf::atom("alive")>;
+using fault_atom = caf::atom_constant<caf::atom("fault")>;
 
 /// A member travels field by field; add_rendezvous_types announces it and the peer table.
 template <class Inspector>

@@ -11,7 +11,7 @@
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
-#include "caf/openssl/all.hpp"
+#include "control_gate.hpp"
 #include "control_tls.hpp"
 #include "protocol.hpp"
 #include "troupe/actors/rendezvous_state.hpp"
@@ -32,6 +32,9 @@ std::string random_nonce() {
   return out;
 }
 
+// A fault report travels to every worker; a longer one is cut.
+constexpr std::size_t max_fault_bytes = 4096;
+
 using table_promise = caf::typed_response_promise<std::vector<member>>;
 
 // The chief's agent: rendezvous_state decides, this actor delivers.
@@ -49,11 +52,26 @@ std::string peer_of(caf::local_actor* self) {
   return sender ? caf::to_string(sender->node()) : std::string("<anonymous>");
 }
 
-// A refusal goes to the log; a flood of them is logged at powers of two only, so the log stays
-// bounded too.
-void log_refusal(agent_state& st, const std::string& what) {
-  const auto n = ++st.refused;
-  if ((n & (n - 1)) == 0) std::cerr << "troupe: " << what << " (" << n << " refused so far)" << std::endl;
+// A refusal goes to the log with the sender's address (the BASP broker knows which connection a
+// node came through); a flood of them is logged at powers of two only, so the log stays bounded
+// too.
+void log_refusal(caf::stateful_actor<agent_state>* self, const std::string& what) {
+  const auto n = ++self->state.refused;
+  if ((n & (n - 1)) != 0) return;
+  const std::string line = "troupe: " + what;
+  const std::string count = " (" + std::to_string(n) + " refused so far)";
+  const auto& sender = self->current_sender();
+  if (!sender || sender->node() == self->node()) {
+    std::cerr << line << count << std::endl;
+    return;
+  }
+  self->request(self->system().middleman().actor_handle(), std::chrono::seconds(1), caf::get_atom::value,
+                sender->node())
+      .then(
+          [=](const caf::node_id&, const std::string& host, std::uint16_t port) {
+            std::cerr << line << " [connected from " << host << ":" << port << "]" << count << std::endl;
+          },
+          [=](caf::error&) { std::cerr << line << count << std::endl; });
 }
 
 void finish(agent_state& st) {
@@ -93,7 +111,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
         // A beat counts only from the peer that joined as that rank, naming a watcher there.
         const auto peer = peer_of(self);
         if (!s.rules->is_member(rank, peer) || !watcher || caf::to_string(watcher.node()) != peer) {
-          log_refusal(s, "refused a heartbeat for rank " + std::to_string(rank) + " from " + peer +
+          log_refusal(self, "refused a heartbeat for rank " + std::to_string(rank) + " from " + peer +
                              ", which did not join as that rank");
           return;
         }
@@ -105,11 +123,28 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
       [=](bye_atom, std::int32_t rank) {
         const auto peer = peer_of(self);
         if (!self->state.rules->is_member(rank, peer)) {
-          log_refusal(self->state, "refused a goodbye for rank " + std::to_string(rank) + " from " + peer +
+          log_refusal(self, "refused a goodbye for rank " + std::to_string(rank) + " from " + peer +
                                        ", which did not join as that rank");
           return;
         }
         self->state.rules->on_bye(rank, peer);
+      },
+      [=](fault_atom, std::int32_t rank, const std::string& what) -> bool {
+        auto& s = self->state;
+        // Only a member's word counts, and only that rank's own peer may speak for it.
+        const auto peer = peer_of(self);
+        if (!s.rules->is_member(rank, peer)) {
+          log_refusal(self, "refused a fault report for rank " + std::to_string(rank) + " from " + peer +
+                             ", which did not join as that rank");
+          return false;
+        }
+        const std::string reason = what.size() > max_fault_bytes ? what.substr(0, max_fault_bytes) + "..." : what;
+        for (std::size_t r = 0; r < s.watchers.size(); ++r) {
+          if (s.watchers[r] && static_cast<std::int32_t>(r) != rank) {
+            self->send(s.watchers[r], gone_atom::value, rank, reason);
+          }
+        }
+        return true;
       },
       [=](check_atom, std::chrono::milliseconds interval) {
         for (const auto& v : self->state.rules->check(rendezvous_state::clock::now())) fan_out(v);
@@ -138,7 +173,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
         if (auto error = s.rules->join(join_request{version, rank, nonce, proof, devices, host, port, peer_of(self),
                                                     rendezvous_state::clock::now()})) {
           if (error->code == rendezvous_errc::bad_token) {
-            log_refusal(s, error->message + ", from " + peer_of(self));
+            log_refusal(self, error->message + ", from " + peer_of(self));
             return to_caf_error(*error);  // refused alone: the others go on
           }
           finish(s);  // a bad join fails everyone who waits
@@ -225,19 +260,10 @@ caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor a
 
 }  // namespace
 
-// The chief's agent stops listening (through the OpenSSL module's middleman when it published
-// there).
-void unpublish(caf::actor_system& system, const caf::actor& agent, std::uint16_t port, bool tls) {
-  if (tls) {
-    caf::anon_send(system.openssl_manager().actor_handle(), caf::unpublish_atom::value, agent.address(), port);
-  } else {
-    system.middleman().unpublish(agent, port);
-  }
-}
-
 struct cluster_watch::impl {
   caf::actor_system* system = nullptr;
   std::unique_ptr<control_credentials> credentials;  // kept while the chief's agent listens
+  std::unique_ptr<control_gate> gate;                // the chief's listener goes through it
   caf::actor agent;      // the chief's agent (kept published on the chief)
   bool chief = false;
   std::uint16_t port = 0;
@@ -256,9 +282,17 @@ cluster_watch::~cluster_watch() {
   }
   if (s.beat) caf::anon_send_exit(s.beat, caf::exit_reason::user_shutdown);
   if (s.chief && s.agent) {
-    unpublish(*s.system, s.agent, s.port, s.credentials != nullptr);
+    if (s.gate) s.gate->unpublish(s.agent, s.port);
     caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
   }
+}
+
+void cluster_watch::report_fault(const std::string& what, std::chrono::milliseconds wait) {
+  auto& s = *impl_;
+  if (!s.agent) return;
+  caf::scoped_actor self{*s.system};
+  // Answered once the agent has told every other worker: the caller may break its ring then.
+  self->request(s.agent, wait, fault_atom::value, s.rank, what).receive([](bool) {}, [](caf::error&) {});
 }
 
 void add_rendezvous_types(caf::actor_system_config& config) {
@@ -330,25 +364,27 @@ std::vector<member> table_from(const rendezvous_options& options, answer a) {
 // The rendezvous; with `keep` set, the chief's agent stays published (and the worker keeps its
 // handle) for a cluster_watch.
 std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_options& options, caf::actor* keep,
-                                    std::unique_ptr<control_credentials>& credentials) {
+                                    std::unique_ptr<control_credentials>& credentials,
+                                    std::unique_ptr<control_gate>& gate) {
   check_options(options);
   if (!knows_rendezvous_types(system)) {
     throw std::invalid_argument(
         "rendezvous: this actor system was built without troupe's message types: call "
         "troupe::Runtime::configure(config) on its config before constructing it");
   }
-  // With a token, every control connection is mutual TLS from credentials the token derives
-  // (control_tls.hpp); without one, plain BASP, for clusters on loopback only.
+  // Every control connection goes through the gate (control_gate.hpp), which bounds what a peer
+  // can make this process hold. With a token, it is mutual TLS from credentials the token derives
+  // (control_tls.hpp) as well; without one, plain BASP, for clusters on loopback only.
   const bool tls = !options.token.empty();
   if (tls) {
     credentials = std::make_unique<control_credentials>(options.token);
     credentials->install(system);
   }
+  gate = std::make_unique<control_gate>(system, tls, gate_limits::for_cluster(static_cast<int>(options.tasks.size())));
   caf::scoped_actor self{system};
   if (options.rank == 0) {
     auto agent = system.spawn(cluster_agent, options);
-    auto published = tls ? caf::openssl::publish(agent, options.chief_port, options.chief_host.c_str(), true)
-                         : system.middleman().publish(agent, options.chief_port, options.chief_host.c_str(), true);
+    auto published = gate->publish(agent, options.chief_port, options.chief_host);
     if (!published) {
       caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
       throw std::runtime_error("rendezvous: the chief cannot listen on " + options.chief_host + ":" +
@@ -365,7 +401,7 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
       *keep = agent;
     } else {
       self->send_exit(agent, caf::exit_reason::user_shutdown);
-      unpublish(system, agent, *published, tls);
+      gate->unpublish(agent, *published);
     }
     return table_from(options, std::move(a));
   }
@@ -373,8 +409,9 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
   caf::actor agent;
   std::string last_error;
   while (!agent) {
-    auto found = tls ? caf::openssl::remote_actor(system, options.chief_host, options.chief_port)
-                     : system.middleman().remote_actor(options.chief_host, options.chief_port);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto found = gate->remote_actor(options.chief_host, options.chief_port,
+                                    std::max(left, std::chrono::milliseconds(1000)));
     if (found) {
       agent = *found;
       break;
@@ -408,7 +445,8 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
 
 std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options) {
   std::unique_ptr<control_credentials> credentials;
-  return rendezvous_impl(system, options, nullptr, credentials);
+  std::unique_ptr<control_gate> gate;
+  return rendezvous_impl(system, options, nullptr, credentials, gate);
 }
 
 std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options,
@@ -417,7 +455,7 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
                                std::unique_ptr<cluster_watch>& watch) {
   caf::actor agent;
   auto w = std::make_unique<cluster_watch::impl>();
-  auto members = rendezvous_impl(system, options, &agent, w->credentials);
+  auto members = rendezvous_impl(system, options, &agent, w->credentials, w->gate);
   w->system = &system;
   w->agent = agent;
   w->chief = options.rank == 0;

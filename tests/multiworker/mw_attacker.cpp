@@ -2,6 +2,9 @@
 // reaches a chief that runs without a token (loopback, insecure) and forges what a member sends.
 // Usage: mw_attacker forge HOST PORT RANK SECONDS
 //          every 50 ms for SECONDS: a goodbye for RANK, then a heartbeat for RANK naming itself
+//        mw_attacker fault HOST PORT RANK SECONDS
+//          every 50 ms for SECONDS: a fault report for RANK (workers out of step), as a member
+//          that found one sends it
 //        mw_attacker nonce-flood HOST PORT COUNT
 //          COUNT nonce requests, without ever joining
 //        mw_attacker bad-join HOST PORT RANK
@@ -24,6 +27,7 @@ using nonce_atom = caf::atom_constant<caf::atom("nonce")>;
 using beat_atom = caf::atom_constant<caf::atom("beat")>;
 using bye_atom = caf::atom_constant<caf::atom("bye")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
+using fault_atom = caf::atom_constant<caf::atom("fault")>;
 
 caf::actor reach(caf::actor_system& sys, const std::string& host, std::uint16_t port) {
   for (int i = 0; i < 3000; ++i) {
@@ -56,6 +60,15 @@ int main(int argc, char** argv) {
     while (std::chrono::steady_clock::now() < until) {
       self->send(chief, bye_atom::value, rank);
       self->send(chief, beat_atom::value, rank, caf::actor_cast<caf::actor>(self));
+      ++n;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } else if (mode == "fault") {
+    const auto rank = static_cast<std::int32_t>(std::atoi(argv[4]));
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(argc > 5 ? std::atoi(argv[5]) : 10);
+    while (std::chrono::steady_clock::now() < until) {
+      self->send(chief, fault_atom::value, rank,
+                 std::string("forged: rank 1 is at step 9, collective 9, rank 0 at step 1, collective 0"));
       ++n;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

@@ -235,6 +235,25 @@ case "$scenario" in
       grep -q "rank 1 (127.0.0.1:[0-9]*) is at step 3, collective 0 .*rank $i (this worker) at step 2, collective 1" \
         "$dir/out$i" || fail "worker $i did not name both sides and both numbers"
     done ;;
+  skipped-collective-4x1)
+    # Four workers: worker 3 is no neighbour of worker 1 and never receives its frames; the
+    # workers that do tell every other worker through the chief. Every worker names both
+    # workers and both (step, collective) numbers; none exits 0.
+    start_cluster 4 skip; wait_all 4
+    for i in 0 1 2 3; do
+      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+      grep -q "skipped, added or reordered a collective" "$dir/out$i" || fail "worker $i did not name the misalignment"
+    done
+    for i in 0 2; do
+      grep -q "rank 1 (127.0.0.1:[0-9]*) is at step 3, collective 0 .*rank $i (this worker) at step 2, collective 1" \
+        "$dir/out$i" || fail "worker $i did not name both sides and both numbers"
+    done
+    grep -q "rank [02] (127.0.0.1:[0-9]*) is at step 2, collective 1 .*rank 1 (this worker) at step 3, collective 0" \
+      "$dir/out1" || fail "worker 1 did not name both sides and both numbers"
+    grep -q "cluster watch: /job:worker/replica:0/task:[0-2] (rank [0-2]) found the workers out of step: .*rank [0-9] (127.0.0.1:[0-9]*) is at step [23], collective [01] .*rank [0-9] at step [23], collective [01]" \
+      "$dir/out3" || fail "worker 3 did not name both sides and both numbers"
+    grep -q "rank 1 (127.0.0.1:[0-9]*) is at step 3, collective 0 .*rank [02] at step 2, collective 1\|rank [02] (127.0.0.1:[0-9]*) is at step 2, collective 1 .*rank 1 at step 3, collective 0" \
+      "$dir/out3" || fail "worker 3 did not name worker 1 and a worker of step 2" ;;
   token-required)
     # A cluster beyond loopback (192.0.2.1 is TEST-NET-1) without a token refuses to start,
     # naming both ways out; told insecure it starts (and finds the other task missing).
@@ -269,6 +288,17 @@ case "$scenario" in
     kill -9 "${pids[1]}" "$attacker" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
     grep -q "refused a goodbye for rank 1" "$dir/out0" || fail "the chief did not log the forged goodbye"
     grep -q "refused a heartbeat for rank 1" "$dir/out0" || fail "the chief did not log the forged heartbeat" ;;
+  forged-fault)
+    # A cluster without a token (loopback): a stranger of the same user reaches the chief and
+    # forges fault reports (workers out of step) for task 1 while the cluster forms and computes.
+    # A report counts only from the peer that joined as that rank: none is passed on, the chief
+    # logs the refusals, and every worker computes right.
+    start_with_attacker 3 collectives fault 1 4
+    wait_all 3; kill "$attacker" 2>/dev/null; wait "$attacker" 2>/dev/null
+    grep -q "refused a fault report for rank 1 from .*which did not join as that rank \[connected from 127.0.0.1:[0-9]*\]" \
+      "$dir/out0" || fail "the chief did not log the forged fault report with the stranger's address"
+    if grep -q "forged: rank 1" "$dir"/out*; then fail "a forged fault report reached a worker"; fi
+    expect_cluster 3 3 ;;
   stranger-bad-join)
     # On a cluster without a token (loopback), a stranger joins as task 1 with a wrong proof
     # before task 1 starts: it is refused alone and logged, and the cluster forms and computes.
@@ -371,14 +401,21 @@ case "$scenario" in
     start_cluster 2 join; wait_all 2
     expect_all 1 3 "still missing after 3000 ms: /job:worker/replica:0/task:1"
     [ "$(cat "$dir/rc1")" = 3 ] || fail "worker 1 exited $(cat "$dir/rc1"), expected 3"
-    grep -q "could not reach the chief.*TROUPE_CLUSTER_TOKEN" "$dir/out1" || fail "worker 1 did not name the token" ;;
-  stranger-basp-header|stranger-bad-token)
-    # A stranger attacks the chief's rendezvous port while a cluster with a token forms: the
-    # cluster forms and computes right, and the chief's resident memory stays small.
-    for i in 0 1 2; do declare "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$"; done
+    grep -q "could not reach the chief.*TROUPE_CLUSTER_TOKEN" "$dir/out1" || fail "worker 1 did not name the token"
+    # The chief logs the refused handshakes with the peer's address, and goes on to its deadline.
+    grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: its TLS handshake failed" "$dir/out0" ||
+      fail "the chief did not log the failed handshakes with the peer's address" ;;
+  stranger-basp-header|stranger-basp-header-plain|stranger-bad-token)
+    # A stranger attacks the chief's rendezvous port while a cluster forms, with a token (mutual
+    # TLS) or without one (plain BASP behind the gate): the chief logs the refusal with the
+    # stranger's address, the cluster forms and computes right, and the chief's resident memory
+    # stays small (a middleman facing the header alone reserves its 4 GiB).
+    if [ "$scenario" != stranger-basp-header-plain ]; then
+      for i in 0 1 2; do declare "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$"; done
+    fi
     # The stranger strikes between the chief's start and the others'.
     attack() {
-      if [ "$scenario" = stranger-basp-header ]; then
+      if [ "$scenario" != stranger-bad-token ]; then
         "$(dirname "$0")/attacker.py" basp-header 127.0.0.1 "${ports[0]}" 3 > "$dir/attacker" 2>&1 &
       else
         "$(dirname "$0")/attacker.py" bad-token 127.0.0.1 "${ports[0]}" > "$dir/attacker" 2>&1 &
@@ -401,7 +438,55 @@ case "$scenario" in
     grep -q "attacker: sent" "$dir/attacker" || fail "the attacker sent nothing"
     expect_cluster 3 3
     echo "the chief's peak resident memory: $peak_kb kB"
-    [ "$peak_kb" -gt 0 ] && [ "$peak_kb" -lt 262144 ] || fail "the chief's peak resident memory was $peak_kb kB" ;;
+    [ "$peak_kb" -gt 0 ] && [ "$peak_kb" -lt 65536 ] || fail "the chief's peak resident memory was $peak_kb kB"
+    if [ "$scenario" = stranger-basp-header-plain ]; then
+      grep -q "troupe: control plane: closed the connection from 127.0.0.1:[0-9]*: a message header declares 4294967295 bytes, at most [0-9]* accepted" \
+        "$dir/out0" || fail "the chief did not log the oversized header with the stranger's address"
+    else
+      grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: its TLS handshake failed" \
+        "$dir/out0" || fail "the chief did not log the failed handshake with the stranger's address"
+    fi ;;
+  stranger-other-user)
+    # Without a token, on loopback: a stranger running as another user (nobody) is refused by
+    # the chief's gate before one BASP byte, and logged with its address and user; the cluster
+    # forms and computes. Needs root to run the stranger as nobody.
+    if [ "$(id -u)" != 0 ] || ! command -v setpriv > /dev/null; then
+      echo "SKIPPED: running a stranger as another user needs root and setpriv"; exit 77
+    fi
+    other_user() {
+      timeout 10 setpriv --reuid=65534 --regid=65534 --clear-groups \
+        "$attacker_bin" bad-join 127.0.0.1 "${ports[0]}" 1 > "$dir/attacker" 2>&1 &
+      attacker=$!
+      for _ in $(seq 1 500); do grep -q "refused the connection from" "$dir/out0" 2>/dev/null && break; sleep 0.02; done
+    }
+    AFTER_CHIEF=other_user start_cluster 3 collectives
+    wait_all 3; kill "$attacker" 2>/dev/null; wait "$attacker" 2>/dev/null
+    grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: it belongs to user 65534, this process to user 0" \
+      "$dir/out0" || fail "the chief did not refuse and log the other user's connection"
+    if grep -q "attacker: connected" "$dir/attacker"; then fail "the other user reached the chief's agent"; fi
+    expect_cluster 3 3 ;;
+  control-key-in-memory)
+    # With a token, the control plane's TLS key lives in a sealed memory file: while the cluster
+    # watches, every worker holds it (memfd:troupe-control-key) and no file of it exists in
+    # TMPDIR, or anywhere a worker has open.
+    mkdir "$dir/tmp"
+    for i in 0 1 2; do declare "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$ TMPDIR=$dir/tmp MW_IDLE_MS=3000"; done
+    start_cluster 3 idle
+    for i in 0 1 2; do
+      held=""
+      for _ in $(seq 1 600); do
+        c=$(pgrep -P "${pids[$i]}" | head -1)
+        if [ -n "$c" ] && ls -l "/proc/$c/fd" 2>/dev/null | grep -q "memfd:troupe-control-key"; then held=$c; break; fi
+        sleep 0.02
+      done
+      [ -n "$held" ] || fail "worker $i never held its key in a memory file"
+      files=$(ls -l "/proc/$held/fd" 2>/dev/null | awk '{print $NF}' | grep -E "^/" | grep -v "^/dev/\|^/proc/" || true)
+      [ -z "$files" ] || [ -z "$(echo "$files" | grep -E "$dir/tmp|troupe-control|\.pem")" ] ||
+        fail "worker $i holds a key file open: $files"
+    done
+    [ -z "$(find "$dir/tmp" -mindepth 1)" ] || fail "a key file exists while the cluster runs: $(find "$dir/tmp" -mindepth 1)"
+    wait_all 3; expect_cluster 3 3
+    [ -z "$(find "$dir/tmp" -mindepth 1)" ] || fail "a key file was left behind: $(find "$dir/tmp" -mindepth 1)" ;;
   device-mismatch)
     W0_ENV="TROUPE_DEVICES_PER_WORKER=1" W1_ENV="TROUPE_DEVICES_PER_WORKER=2" start_cluster 2 join
     wait_all 2; expect_all 2 3 "workers have different device counts" ;;

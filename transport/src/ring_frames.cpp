@@ -211,17 +211,22 @@ const kj::byte* frame_reader::take_chunk(const ring_link& link, const char* op, 
     if (got.step != h.step || got.sequence != h.sequence) {
       // A worker that skipped, added or reordered a collective: never sum values of different
       // steps or collectives.
-      throw peer_error(from.rank, std::string(op) + ": " + from.name + " is at step " + std::to_string(got.step) +
-                                      ", collective " + std::to_string(got.sequence) + " (it sent " + describe(got) +
-                                      "), rank " + std::to_string(self) + " (this worker) at step " +
-                                      std::to_string(h.step) + ", collective " + std::to_string(h.sequence) +
-                                      " (it expected " + describe(h) +
-                                      ") (the workers disagree on the collective: one skipped, added or reordered a collective)");
+      auto say = [&](const std::string& me) {
+        return std::string(op) + ": " + from.name + " is at step " + std::to_string(got.step) + ", collective " +
+               std::to_string(got.sequence) + " (it sent " + describe(got) + "), " + me + " at step " +
+               std::to_string(h.step) + ", collective " + std::to_string(h.sequence) + " (it expected " +
+               describe(h) + ") (the workers disagree on the collective: one skipped, added or reordered a collective)";
+      };
+      throw peer_error(from.rank, say("rank " + std::to_string(self) + " (this worker)"),
+                       say("rank " + std::to_string(self)));
     }
     if (got.kind != h.kind || got.index != h.index || got.root != h.root || got.total != h.total) {
-      throw peer_error(from.rank, std::string(op) + ": " + from.name + " sent " + describe(got) + ", rank " +
-                                      std::to_string(self) + " (this worker) expected " + describe(h) +
-                                      " (the workers disagree on the collective)");
+      auto say = [&](const std::string& me) {
+        return std::string(op) + ": " + from.name + " sent " + describe(got) + ", " + me + " expected " +
+               describe(h) + " (the workers disagree on the collective)";
+      };
+      throw peer_error(from.rank, say("rank " + std::to_string(self) + " (this worker)"),
+                       say("rank " + std::to_string(self)));
     }
     auto d = chunk.getData();  // read once: every getData() counts against the traversal limit
     if (chunk.getType() != want.type || chunk.getOffset() != want.offset || chunk.getCount() != want.count ||

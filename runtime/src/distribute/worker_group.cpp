@@ -24,11 +24,18 @@ Tensor LocalWorkerGroup::concat(const Tensor& local, int axis) {
 void WorkerFailures::report(const std::string& why) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (reason_.empty()) reason_ = why;
+  reported_.notify_all();
   if (ring_ != nullptr) ring_->shutdown();
 }
 
 std::string WorkerFailures::reason() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  return reason_;
+}
+
+std::string WorkerFailures::await_reason(std::chrono::milliseconds wait) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  reported_.wait_for(lock, wait, [this] { return !reason_.empty(); });
   return reason_;
 }
 
@@ -85,7 +92,7 @@ Tensor RingWorkerGroup::broadcast_from_chief(const Tensor& t) {
   try {
     ring_->broadcast(out.raw_mutable_data(), out.nbytes(), 0);
   } catch (const transport::peer_error& e) {
-    throw CollectiveAborted(describe_collective_failure(e, members_, *failures_));
+    fail(e);
   }
   return out.to(t.device());
 }
@@ -104,7 +111,7 @@ void RingWorkerGroup::all_reduce_in_place(Tensor& t, Compression compression) {
     }
     ring_->all_reduce(t.raw_mutable_data(), t.num_elements(), troupe::detail::to_scalar_type(t.dtype()), base::reduce_kind::sum);
   } catch (const transport::peer_error& e) {
-    throw CollectiveAborted(describe_collective_failure(e, members_, *failures_));
+    fail(e);
   }
 }
 
@@ -113,8 +120,26 @@ void RingWorkerGroup::all_gather(const void* mine, std::size_t my_bytes, void* o
   try {
     ring_->all_gather(mine, my_bytes, out, bytes);
   } catch (const transport::peer_error& e) {
-    throw CollectiveAborted(describe_collective_failure(e, members_, *failures_));
+    fail(e);
   }
+}
+
+namespace {
+// How long a fault report waits for the chief to pass it on, and a worker whose ring broke for
+// the verdict that explains it. Failure paths only.
+constexpr std::chrono::milliseconds fault_report_wait{1000};
+constexpr std::chrono::milliseconds verdict_wait{500};
+}  // namespace
+
+void RingWorkerGroup::fail(const transport::peer_error& e) {
+  if (!e.for_everyone().empty() && watch_) {
+    watch_->report_fault(members_[static_cast<std::size_t>(rank_)].task + " (rank " + std::to_string(rank_) +
+                             ") found the workers out of step: " + e.for_everyone(),
+                         fault_report_wait);
+  } else if (watch_) {
+    failures_->await_reason(verdict_wait);
+  }
+  throw CollectiveAborted(describe_collective_failure(e, members_, *failures_));
 }
 
 std::string describe_collective_failure(const transport::peer_error& e, const std::vector<actors::member>& members,

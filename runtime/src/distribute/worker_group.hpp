@@ -5,6 +5,8 @@
 // the one-process group does nothing, the ring group runs a collective on the TCP ring among the
 // workers' leaders. Strategy code never asks how many workers there are to decide what to do.
 
+#include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -60,12 +62,16 @@ class WorkerFailures {
   void report(const std::string& why);
   /// The first reason reported; empty while every worker lives.
   std::string reason() const;
+  /// The first reason, waiting at most `wait` for one (a broken ring is often the echo of a
+  /// verdict on its way).
+  std::string await_reason(std::chrono::milliseconds wait) const;
   /// Attaches the ring to break on a verdict (nullptr detaches it); a verdict that came before
   /// breaks it at once.
   void attach(transport::tcp_ring* ring);
 
  private:
   mutable std::mutex mutex_;
+  mutable std::condition_variable reported_;
   std::string reason_;
   transport::tcp_ring* ring_ = nullptr;
 };
@@ -112,6 +118,10 @@ class RingWorkerGroup final : public WorkerGroup {
 
  private:
   void all_gather(const void* mine, std::size_t my_bytes, void* out, const std::vector<std::size_t>& bytes);
+  /// The CollectiveAborted for `e`. A fault of the cluster's (workers out of step) is told to
+  /// every worker first, through the watch; otherwise the watch's verdict, when one is on its
+  /// way, is awaited briefly, so that a worker whose ring broke under it learns why.
+  [[noreturn]] void fail(const transport::peer_error& e);
 
   int rank_;
   std::vector<actors::member> members_;

@@ -37,7 +37,8 @@ struct rendezvous_options {
   std::string data_host;
   std::uint16_t data_port = 0;
   /// The shared cluster token (TROUPE_CLUSTER_TOKEN). Set: every control connection is mutual
-  /// TLS from a certificate it derives (the system needs CAF's OpenSSL module). Empty: plain BASP.
+  /// TLS from a certificate it derives (the system needs CAF's OpenSSL module). Empty: plain BASP,
+  /// from the same user only on loopback. Either way behind the gate that bounds every header.
   std::string token;
   std::chrono::milliseconds timeout{60000};  ///< the start deadline: every worker joined by then
   std::uint32_t version = 5;          ///< protocol version; every worker must agree (4: incarnation; 5: the chief beats to the workers)
@@ -61,8 +62,10 @@ struct rendezvous_options {
 void add_rendezvous_types(caf::actor_system_config& config);
 
 /// The rendezvous of a multi-worker strategy, numbered as it happens:
-///   1. The chief publishes its cluster agent through the CAF middleman at its own address; with a
-///      token, through CAF's OpenSSL module, so that only holders of the token reach BASP.
+///   1. The chief publishes its cluster agent through the CAF middleman at its own address, behind
+///      troupe's gate (every BASP header bounded, every refusal logged with the peer's address);
+///      with a token, over mutual TLS, so that only holders of the token reach BASP; without one,
+///      a loopback peer must be the chief's own user.
 ///   2. Every other worker connects to it (retrying until the timeout), asks for a nonce, and
 ///      joins with: protocol version, rank, HMAC-SHA256(token, nonce) (the token never travels),
 ///      local device count and data-plane endpoint.
@@ -85,7 +88,8 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
 /// and tells every worker. The watch runs both ways: the chief's agent beats to every worker's
 /// heartbeat actor every `interval` too, and a worker declares the chief gone when the agent has
 /// been silent for more than options.missed_heartbeats intervals (a stopped chief keeps its
-/// connections open) or its connection to the chief closed.
+/// connections open) or its connection to the chief closed. A worker that finds the workers out
+/// of step (report_fault) has the chief tell every other worker.
 /// on_failure(rank, reason) runs once per worker process, on an actor thread. A worker that
 /// leaves cleanly says goodbye first, so it is not declared gone. Destroying the watch stops the
 /// actors.
@@ -96,6 +100,12 @@ class cluster_watch {
   ~cluster_watch();
   cluster_watch(const cluster_watch&) = delete;
   cluster_watch& operator=(const cluster_watch&) = delete;
+
+  /// Tells every other worker, through the chief's agent, a fault this worker found that is the
+  /// cluster's (workers out of step): their on_failure runs with (this rank, `what`). The agent
+  /// acts only on a report from the peer that joined as this rank, and cuts `what` at 4 KiB.
+  /// Returns once the agent has passed it on, or after `wait`.
+  void report_fault(const std::string& what, std::chrono::milliseconds wait);
 
  private:
   std::unique_ptr<impl> impl_;

@@ -22,10 +22,19 @@ struct endpoint {
 class peer_error : public std::runtime_error {
  public:
   peer_error(int peer, std::string message) : std::runtime_error(std::move(message)), peer_(peer) {}
+  /// `for_everyone`: what every other worker must learn too (see for_everyone()).
+  peer_error(int peer, std::string message, std::string for_everyone)
+      : std::runtime_error(std::move(message)), peer_(peer), for_everyone_(std::move(for_everyone)) {}
   int peer() const noexcept { return peer_; }
+  /// Not empty when the error is the cluster's and not only this link's (workers that disagree
+  /// on the collective): the same facts worded for any worker, both sides named by rank. The
+  /// runtime tells every worker through the control plane, since workers that are not this
+  /// one's neighbours see only the ring break.
+  const std::string& for_everyone() const noexcept { return for_everyone_; }
 
  private:
   int peer_;
+  std::string for_everyone_;
 };
 
 /// Which of a rank's two connections: the one to its successor (rank + 1) or the one to its
