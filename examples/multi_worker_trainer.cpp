@@ -4,6 +4,12 @@
 //   troupe-launch -n 2 -- multi_worker_trainer            # 2 workers, 1 CPU replica each
 //   troupe-launch -n 2 --devices-per-worker 2 -- multi_worker_trainer --epochs 3
 //   troupe-launch -n 2 -- multi_worker_trainer --compression bf16   # gradients cross in 16 bits
+//   troupe-launch -n 2 -- multi_worker_trainer --checkpoint-dir /tmp/mw --tensorboard-dir logs --epochs 1000
+//
+// Only the chief prints the progress. A NaN or infinite loss stops every worker at the same step
+// (exit 1, no checkpoint after it). SIGINT or SIGTERM on any worker stops every worker after the
+// same step; with --checkpoint-dir a checkpoint of that step is saved, and each exits 130 or 143
+// saying so (--resume continues from it).
 //
 // Every worker reads the same generated set; each global batch is split over all replicas of all
 // workers; gradients are all-reduced hierarchically (shared memory, then a TCP ring between the
@@ -12,12 +18,17 @@
 // where weights_digest hashes the bytes of every variable (the model's and the optimizer's), the
 // same on every worker of a synchronised run.
 
+#include <cmath>
 #include <iomanip>
+#include <memory>
 #include <iostream>
 #include <map>
 #include <sstream>
 #include <string>
 
+#include <csignal>
+
+#include <troupe/checkpoint.hpp>
 #include <troupe/troupe.hpp>
 
 #include "example_cli.hpp"
@@ -53,6 +64,11 @@ int main(int argc, char** argv) {
   int epochs = 3;
   std::int64_t batch = 256;
   std::string compression = "none";
+  std::string checkpoint_dir;
+  std::string tensorboard_dir;
+  bool resume = false;
+  bool no_terminate_on_nan = false;
+  float learning_rate = 0.003f;
   CLI::App app{"The MLP classifier under MultiWorkerMirroredStrategy (TF_CONFIG says who is who).",
                "multi_worker_trainer"};
   troupe::examples::show_defaults(app);
@@ -63,6 +79,14 @@ int main(int argc, char** argv) {
                  "how gradients cross workers: none (float32), fp16 or bf16 (CommunicationOptions::compression; "
                  "every worker must pass the same)")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
+  app.add_option("--lr", learning_rate, "Adam's learning rate")->check(CLI::PositiveNumber);
+  auto* dir = app.add_option("--checkpoint-dir", checkpoint_dir,
+                             "write a checkpoint into DIR at every epoch's end and on SIGINT/SIGTERM (every worker "
+                             "must see the chief's DIR to --resume)");
+  app.add_flag("--resume", resume, "continue from the newest intact checkpoint")->needs(dir);
+  app.add_option("--tensorboard-dir", tensorboard_dir,
+                 "write TensorBoard event files into DIR (the chief's; worker i's under DIR/worker_i)");
+  app.add_flag("--no-terminate-on-nan", no_terminate_on_nan, "keep training when the loss is NaN or infinite");
   return troupe::examples::run_main(app, argc, argv, [&] {
     Runtime rt;
     CommunicationOptions communication;
@@ -81,13 +105,64 @@ int main(int argc, char** argv) {
     nn::Model model(nn::Sequential({nn::Dense(inputs, 64, nn::Activation::relu, 1),
                                     nn::Dense(64, 64, nn::Activation::relu, 2),
                                     nn::Dense(64, blobs.classes, nn::Activation::none, 3)}));
-    model.compile(std::make_shared<nn::Adam>(0.003f), nn::Loss::sparse_categorical_crossentropy());
+    model.compile(std::make_shared<nn::Adam>(learning_rate), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
     std::cout << strategy.cluster_resolver()->task_type() << " " << strategy.cluster_resolver()->task_id() << " of "
               << workers << " workers, " << strategy.num_replicas_in_sync() << " replicas, global batch " << batch
               << ", compression " << compression << "\n";
-    auto batches = data::Dataset::from_tensor_slices({d.features, d.labels}).shuffle(blobs.samples, 7).repeat().batch(
-        batch, true);
-    nn::History history = model.fit(batches, epochs, steps_per_epoch);
+    std::unique_ptr<CheckpointManager> manager;
+    std::int64_t initial_step = 0;
+    if (!checkpoint_dir.empty()) {
+      manager = std::make_unique<CheckpointManager>(Checkpoint(model.variables()), checkpoint_dir, 3);
+      if (resume) {
+        if (auto step = manager->restore_or_initialize()) initial_step = *step;
+        std::cout << "starting at step " << initial_step << "\n";
+      }
+    }
+    auto batches = data::Dataset::from_tensor_slices({d.features, d.labels})
+                       .shuffle(blobs.samples, 7)
+                       .repeat()
+                       .batch(batch, true)
+                       .skip(initial_step);
+    nn::FitOptions options;
+    options.initial_step = initial_step;
+    auto stop_on_signal = std::make_shared<nn::StopOnSignal>();
+    options.callbacks.push_back(stop_on_signal);
+    if (!no_terminate_on_nan) options.callbacks.push_back(std::make_shared<nn::TerminateOnNaN>());
+    if (!tensorboard_dir.empty()) options.callbacks.push_back(std::make_shared<nn::TensorBoard>(tensorboard_dir, 1));
+    // Checkpoints at every epoch's end and when one is requested, never of a non-finite loss's
+    // weights. Saving is a collective: every worker calls it at the same step.
+    std::int64_t last_saved = initial_step;
+    std::string last_file;
+    const auto save = [&](std::int64_t step, const nn::Logs& logs) {
+      const auto loss = logs.find("loss");
+      if (!manager || step == last_saved || (loss != logs.end() && !std::isfinite(loss->second))) return;
+      last_file = manager->save(step);
+      last_saved = step;
+    };
+    auto saver = std::make_shared<nn::LambdaCallback>();
+    saver->epoch_end = [&](int, nn::Logs& logs) { save(model.control().step(), logs); };
+    saver->checkpoint = [&](std::int64_t step, nn::Logs& logs) { save(step, logs); };
+    options.callbacks.push_back(saver);
+    nn::History history;
+    if (initial_step < epochs * steps_per_epoch) history = model.fit(batches, epochs, steps_per_epoch, options);
+    if (history.non_finite_step != 0) {
+      std::cerr << "multi_worker_trainer: "
+                << (history.stop_reason.empty() ? "the loss was not finite at step " + std::to_string(history.non_finite_step)
+                                                : history.stop_reason)
+                << "\n";
+      return 1;
+    }
+    if (stop_on_signal->received() != 0 || !history.stop_reason.empty()) {
+      std::cerr << "multi_worker_trainer: " << history.stop_reason << " (step " << history.stopped_at_step << "); "
+                << (manager ? "checkpoint " + last_file + " saved (continue with --resume)"
+                            : std::string("no --checkpoint-dir: the training done is not saved"))
+                << "\n";
+      const int signal = stop_on_signal->received() != 0 ? stop_on_signal->received() : SIGINT;
+      std::cout << "stopped: step=" << history.stopped_at_step << " weights_digest=" << weights_digest(model.variables())
+                << "\n";
+      return 128 + signal;
+    }
+    if (history.loss.empty()) history.loss.push_back(0.0);
     const nn::EvaluateResult eval = model.evaluate(d.features, d.labels);
     std::cout << std::setprecision(9) << "result: workers=" << workers
               << " replicas=" << strategy.num_replicas_in_sync() << " loss=" << history.loss.back()

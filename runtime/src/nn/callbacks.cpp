@@ -5,6 +5,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <limits>
@@ -29,6 +30,12 @@ bool maximize_for(const std::string& op, const std::string& monitor, const std::
          monitor.find("auc") != std::string::npos;
 }
 
+// "nan", "inf" or "-inf" (printf's "-nan" says nothing more).
+std::string non_finite_name(double x) {
+  if (std::isnan(x)) return "nan";
+  return x > 0 ? "inf" : "-inf";
+}
+
 bool chief(const Callback& c) { return c.params().worker == 0; }
 
 std::string keys_of(const Logs& logs) {
@@ -39,8 +46,9 @@ std::string keys_of(const Logs& logs) {
 
 // Keras's filepath.format(epoch=..., **logs): "{key}" or "{key:spec}" with a printf spec such
 // as "03d" or ".4f".
+// With check_keys false only the pattern's form is checked (at construction, before any logs).
 std::string format_path(const std::string& pattern, int epoch, std::int64_t step, std::int64_t batch,
-                        const Logs& logs) {
+                        const Logs& logs, bool check_keys = true) {
   std::string out;
   for (std::size_t i = 0; i < pattern.size();) {
     if (pattern[i] != '{') {
@@ -67,6 +75,10 @@ std::string format_path(const std::string& pattern, int epoch, std::int64_t step
       std::snprintf(buffer, sizeof buffer, ("%" + s + "lld").c_str(), v);
     } else {
       const auto it = logs.find(key);
+      if (it == logs.end() && !check_keys) {
+        i = close + 1;
+        continue;
+      }
       if (it == logs.end()) {
         throw std::invalid_argument("ModelCheckpoint: the filepath names \"" + key + "\", which is not in the logs (" +
                                     keys_of(logs) + ", epoch, step, batch)");
@@ -182,7 +194,7 @@ ModelCheckpoint::ModelCheckpoint(std::string filepath, std::string monitor, int 
     throw std::invalid_argument("ModelCheckpoint: save_freq " + std::to_string(save_freq) +
                                 " (expected 0 for every epoch, or a number of steps)");
   }
-  format_path(filepath_, 0, 0, 0, Logs{});  // a malformed pattern is an error now, not at the first save
+  format_path(filepath_, 0, 0, 0, Logs{}, false);  // a malformed pattern is an error now, not at the first save
 }
 
 void ModelCheckpoint::on_epoch_end(int epoch, Logs& logs) {
@@ -200,7 +212,7 @@ void ModelCheckpoint::on_checkpoint(std::int64_t, Logs& logs) {
 void ModelCheckpoint::save(int epoch, std::int64_t batch, const Logs& logs, bool requested) {
   const auto loss = logs.find("loss");
   if (loss != logs.end() && !std::isfinite(loss->second)) {
-    if (chief(*this)) std::cerr << "ModelCheckpoint: the loss is " << loss->second << ": no checkpoint written\n";
+    if (chief(*this)) std::cerr << "ModelCheckpoint: the loss is " << non_finite_name(loss->second) << ": no checkpoint written\n";
     return;
   }
   if (save_best_only_ && !requested) {
@@ -224,10 +236,16 @@ void ModelCheckpoint::save(int epoch, std::int64_t batch, const Logs& logs, bool
   }
   const std::int64_t step = model().control().step();
   const std::string prefix = format_path(filepath_, epoch, step, batch, logs);
+  // A requested checkpoint at a step just saved (save_freq, an epoch's end) is that file.
+  if (!saved_.empty() && step == last_step_ && prefix == last_prefix_) return;
+  const std::filesystem::path parent = std::filesystem::path(prefix).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
   Checkpoint checkpoint(save_weights_only_ ? model().layers().variables() : model().variables());
   checkpoint.set_step(step);
   const std::string file = checkpoint.save(prefix);
   saved_.push_back(file);
+  last_step_ = step;
+  last_prefix_ = prefix;
   if (verbose_ > 0 && chief(*this)) std::cerr << "Epoch " << epoch + 1 << ": saving model to " << file << "\n";
 }
 
@@ -237,7 +255,7 @@ void TerminateOnNaN::on_train_batch_end(std::int64_t batch, Logs& logs) {
   if (it == logs.end() || std::isfinite(it->second)) return;
   const std::int64_t step = model().control().step();
   std::ostringstream reason;
-  reason << "TerminateOnNaN: the loss is " << it->second << " at step " << step << " (epoch "
+  reason << "TerminateOnNaN: the loss is " << non_finite_name(it->second) << " at step " << step << " (epoch "
          << model().control().epoch() + 1 << ", batch " << batch + 1 << ")";
   if (chief(*this)) std::cerr << reason.str() << ": training stopped, no checkpoint is written after it\n";
   model().control().stop_training(reason.str());

@@ -254,11 +254,14 @@ class ProgbarLogger : public Callback {
     line << "Epoch " << epoch + 1 << "/" << params().epochs << ": " << steps_ << (steps_ == 1 ? " step" : " steps");
     const auto loss = logs.find("loss");
     if (loss != logs.end()) line << ", loss " << std::setprecision(6) << loss->second;
-    for (const auto& [name, value] : logs) {
-      const bool metric = std::find(params().metrics.begin(), params().metrics.end(), name) != params().metrics.end();
-      const bool validation = name.rfind("val_", 0) == 0;
-      if (name == "loss" || !(metric || validation)) continue;
-      line << ", " << name << " " << std::setprecision(4) << std::fixed << value << std::defaultfloat;
+    // Keras's order: the loss and metrics, then the same with "val_".
+    for (const char* prefix : {"", "val_"}) {
+      for (const std::string& metric : params().metrics) {
+        const std::string name = prefix + metric;
+        const auto it = logs.find(name);
+        if (name == "loss" || it == logs.end()) continue;
+        line << ", " << name << " " << std::setprecision(4) << std::fixed << it->second << std::defaultfloat;
+      }
     }
     const auto rate = logs.find("samples_per_second");
     if (rate != logs.end()) line << ", " << std::fixed << std::setprecision(0) << rate->second << " samples/s";

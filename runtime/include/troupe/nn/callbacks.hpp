@@ -90,6 +90,8 @@ class ModelCheckpoint : public Callback {
   std::int64_t save_freq_;
   std::optional<double> best_;
   std::vector<std::string> saved_;
+  std::int64_t last_step_ = -1;
+  std::string last_prefix_;
 };
 
 /// Stops training at the first step whose loss is NaN or infinite
