@@ -388,7 +388,7 @@ int run(const Flags& f) {
   }
   if (manager && last_saved != std::max(initial_step, end_step)) save(std::max(initial_step, end_step), {});
   if (stop_on_signal->received() != 0) {
-    std::cerr << "mlp_classifier: " << history.stop_reason << "; "
+    std::cerr << "mlp_classifier: " << history.stop_reason << " at step " << history.stopped_at_step << "; "
               << (manager ? "checkpoint " + last_file + " saved (continue with --resume)"
                           : std::string("no --checkpoint-dir: the training done is not saved"))
               << "\n";

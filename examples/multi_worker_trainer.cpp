@@ -132,11 +132,10 @@ int main(int argc, char** argv) {
     // Checkpoints at every epoch's end and when one is requested, never of a non-finite loss's
     // weights. Saving is a collective: every worker calls it at the same step.
     std::int64_t last_saved = initial_step;
-    std::string last_file;
     const auto save = [&](std::int64_t step, const nn::Logs& logs) {
       const auto loss = logs.find("loss");
       if (!manager || step == last_saved || (loss != logs.end() && !std::isfinite(loss->second))) return;
-      last_file = manager->save(step);
+      manager->save(step);
       last_saved = step;
     };
     auto saver = std::make_shared<nn::LambdaCallback>();
@@ -153,8 +152,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (stop_on_signal->received() != 0 || !history.stop_reason.empty()) {
-      std::cerr << "multi_worker_trainer: " << history.stop_reason << " (step " << history.stopped_at_step << "); "
-                << (manager ? "checkpoint " + last_file + " saved (continue with --resume)"
+      std::cerr << "multi_worker_trainer: " << history.stop_reason << " at step " << history.stopped_at_step << "; "
+                << (manager ? "checkpoint " + checkpoint_dir + "/ckpt-" + std::to_string(last_saved) +
+                                  ".ckpt saved (continue with --resume)"
                             : std::string("no --checkpoint-dir: the training done is not saved"))
                 << "\n";
       const int signal = stop_on_signal->received() != 0 ? stop_on_signal->received() : SIGINT;

@@ -35,7 +35,7 @@ interrupt() {
   timeout 120 "$mlp" "${common[@]}" --epochs 100000 "$@" > "$dir/$name.out" 2> "$dir/$name.err" &
   pid=$!
   for _ in $(seq 600); do
-    grep -q "^Epoch 3/" "$dir/$name.out" && break
+    grep -q "^Epoch 3/" "$dir/$name.out" 2>/dev/null && break
     sleep 0.05
   done
   grep -q "^Epoch 3/" "$dir/$name.out" || fail "$name: no third epoch within 30 s"

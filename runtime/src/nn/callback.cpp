@@ -7,9 +7,27 @@ namespace troupe::nn {
 
 void TrainingControl::stop_training(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mutex_);
+  stopped_ = true;
+  if (std::this_thread::get_id() == fit_thread_) {
+    if (!immediate_stop_) immediate_stop_ = reason;
+    return;
+  }
   if (!pending_.stop) pending_.stop_reason = reason;
   pending_.stop = true;
+}
+
+void TrainingControl::request_stop(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
   stopped_ = true;
+  if (!pending_.stop) pending_.stop_reason = reason;
+  pending_.stop = true;
+}
+
+std::optional<std::string> TrainingControl::take_immediate_stop() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::optional<std::string> out = std::move(immediate_stop_);
+  immediate_stop_.reset();
+  return out;
 }
 
 void TrainingControl::request_checkpoint() {
@@ -77,6 +95,8 @@ void TrainingControl::set_paused(bool paused) {
 void TrainingControl::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
   pending_ = Requests{};
+  immediate_stop_.reset();
+  fit_thread_ = std::this_thread::get_id();
   stopped_ = false;
   paused_ = false;
   step_ = 0;

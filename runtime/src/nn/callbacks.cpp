@@ -337,14 +337,15 @@ void StopOnSignal::on_train_batch_end(std::int64_t, Logs&) {
   const int signal = caught_signal;
   if (signal == 0 || received_ != 0) return;
   received_ = signal;
-  const std::int64_t step = model().control().step();
   if (chief(*this)) {
-    std::cerr << signal_name(signal) << ": finishing at step " << step
-              << ", saving a checkpoint where one is set up, and stopping (" << signal_name(signal)
-              << " again ends at once)\n";
+    std::cerr << signal_name(signal) << " after step " << model().control().step()
+              << ": stopping at the next step boundary (every worker at the same step), saving a checkpoint "
+                 "where one is set up ("
+              << signal_name(signal) << " again ends at once)\n";
   }
+  // One worker may get the signal: the stop and the checkpoint are agreed by every worker.
   model().control().request_checkpoint();
-  model().control().stop_training("interrupted by " + signal_name(signal) + " at step " + std::to_string(step));
+  model().control().request_stop("interrupted by " + signal_name(signal));
 }
 
 void StopOnSignal::on_train_end(Logs&) { restore(); }

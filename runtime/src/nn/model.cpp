@@ -130,29 +130,25 @@ struct Agreed {
   std::optional<double> learning_rate;
 };
 
-// Takes this worker's pending requests and agrees on them with every other worker: one
-// concatenation of a row of five numbers per worker, in rank order, so every worker reads the
-// same table and decides the same (a request anywhere counts everywhere; for the pause state and
-// the learning rate, the lowest rank that asked wins). One worker needs no collective.
-Agreed agree(TrainingControl& control, distribute::detail::WorkerGroup& group) {
-  TrainingControl::Requests mine = control.take();
+// A worker's requests as the five numbers of its row in the agreement table.
+constexpr std::size_t request_fields = 5;
+
+void encode(const TrainingControl::Requests& r, double* row) {
+  row[0] = r.stop ? 1.0 : 0.0;
+  row[1] = r.checkpoint ? 1.0 : 0.0;
+  row[2] = r.pause ? (*r.pause ? 1.0 : 2.0) : 0.0;
+  row[3] = r.learning_rate ? 1.0 : 0.0;
+  row[4] = r.learning_rate.value_or(0.0);
+}
+
+// The decision every worker reads from the same table of rows, one per worker in order: a
+// request anywhere counts everywhere; for the pause state and the learning rate the first row
+// that asked wins. `mine` gives this worker's own stop reason.
+Agreed decide(const double* table, int workers, const TrainingControl::Requests& mine) {
   Agreed out;
-  if (group.size() == 1) {
-    out.stop = mine.stop;
-    out.stop_reason = mine.stop_reason;
-    out.checkpoint = mine.checkpoint;
-    out.pause = mine.pause;
-    out.learning_rate = mine.learning_rate;
-    return out;
-  }
-  const Tensor row = Tensor::from_vector<double>(
-      {mine.stop ? 1.0 : 0.0, mine.checkpoint ? 1.0 : 0.0, mine.pause ? (*mine.pause ? 1.0 : 2.0) : 0.0,
-       mine.learning_rate ? 1.0 : 0.0, mine.learning_rate.value_or(0.0)},
-      {1, 5});
-  const std::vector<double> table = group.concat(row, 0).to_vector<double>();
   int stopper = -1;
-  for (int w = 0; w < group.size(); ++w) {
-    const double* r = &table[static_cast<std::size_t>(w) * 5];
+  for (int w = 0; w < workers; ++w) {
+    const double* r = table + static_cast<std::size_t>(w) * request_fields;
     if (r[0] != 0 && stopper < 0) stopper = w;
     if (r[1] != 0) out.checkpoint = true;
     if (r[2] != 0 && !out.pause) out.pause = r[2] == 1.0;
@@ -163,6 +159,28 @@ Agreed agree(TrainingControl& control, distribute::detail::WorkerGroup& group) {
     out.stop_reason = mine.stop ? mine.stop_reason : "stop requested by worker " + std::to_string(stopper);
   }
   return out;
+}
+
+Agreed local(TrainingControl::Requests mine) {
+  Agreed out;
+  out.stop = mine.stop;
+  out.stop_reason = std::move(mine.stop_reason);
+  out.checkpoint = mine.checkpoint;
+  out.pause = mine.pause;
+  out.learning_rate = mine.learning_rate;
+  return out;
+}
+
+// Takes this worker's pending requests and agrees on them with every other worker in a
+// collective of its own (while training is paused no step carries them): one row per worker,
+// concatenated in rank order. One worker needs no collective.
+Agreed agree(TrainingControl& control, distribute::detail::WorkerGroup& group) {
+  TrainingControl::Requests mine = control.take();
+  if (group.size() == 1) return local(std::move(mine));
+  std::vector<double> row(request_fields);
+  encode(mine, row.data());
+  const Tensor table = group.concat(Tensor::from_vector(row, {1, static_cast<std::int64_t>(request_fields)}), 0);
+  return decide(table.to_vector<double>().data(), group.size(), mine);
 }
 
 std::string format_ms(double ms) {
@@ -343,9 +361,15 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
   bool stopped = false;
   Logs last_batch_logs;
 
-  // Applies what every worker agreed on at this step boundary; holds training while paused.
-  auto boundary = [&](Logs& logs) {
-    Agreed agreed = agree(control, group);
+  // Applies, at this step boundary, what every worker agreed on (carried by the step's own
+  // reduction under MultiWorkerMirroredStrategy, this worker's requests otherwise) and a
+  // callback's stop_training; holds training while paused.
+  auto boundary = [&](Logs& logs, std::optional<Agreed> carried) {
+    Agreed agreed = carried ? std::move(*carried) : local(control.take());
+    if (auto reason = control.take_immediate_stop()) {
+      if (!agreed.stop) agreed.stop_reason = *reason;
+      agreed.stop = true;
+    }
     for (bool first = true;; first = false) {
       if (agreed.learning_rate) optimizer_->set_learning_rate(static_cast<float>(*agreed.learning_rate));
       if (agreed.checkpoint && history.non_finite_step == 0) {
@@ -356,7 +380,6 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
           stopped = true;
           history.stop_reason = agreed.stop_reason;
           history.stopped_at_step = step;
-          control.stop_training(agreed.stop_reason);
         }
         break;
       }
@@ -412,27 +435,47 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       const std::int64_t global_batch = rows * workers;
       if (global_batch == 0) continue;
       const auto t1 = std::chrono::steady_clock::now();
-      // With metrics, each replica returns {its share of the loss, its correct predictions}.
+      // With metrics or several workers each replica returns float64 {its share of the loss, its
+      // correct predictions, then one row of requests per worker}: the first replica of each
+      // worker fills its worker's row with the requests pending now, so the step's one
+      // reduction also agrees on them (no collective of its own).
+      const bool wide = with_metrics || workers > 1;
+      TrainingControl::Requests carried;
+      std::vector<double> carried_row(request_fields);
+      if (workers > 1) {
+        carried = control.take();
+        encode(carried, carried_row.data());
+      }
+      const int worker_count = static_cast<int>(workers);
       auto results = strategy.run(
-          [this, global_batch, with_metrics](const data::Element& e) {
-            if (!with_metrics) return train_step(e, global_batch);
+          [this, global_batch, with_metrics, wide, worker_count, local_replicas, &carried_row](const data::Element& e) {
+            if (!wide) return train_step(e, global_batch);
             check_element(e, "fit");
             std::vector<Tensor> activations;
             const Tensor outputs = layers_.forward(model_input(e[0], "fit"), activations);
             LossAndGradient lg = loss_.fn(outputs, e[1], global_batch);
             optimizer_->apply_gradients(zip(layers_.backward(activations, lg.gradient), trainable_variables()));
-            const double hits = rows_of(e) > 0 ? nn::accuracy(outputs, e[1]) * static_cast<double>(rows_of(e)) : 0.0;
-            return Tensor::from_vector<double>({as_double(lg.loss), hits}, {2});
+            std::vector<double> v(2 + request_fields * static_cast<std::size_t>(worker_count), 0.0);
+            v[0] = as_double(lg.loss);
+            if (with_metrics && rows_of(e) > 0) v[1] = nn::accuracy(outputs, e[1]) * static_cast<double>(rows_of(e));
+            const int id = distribute::get_replica_context()->replica_id_in_sync_group();
+            if (worker_count > 1 && id % local_replicas == 0) {
+              const std::size_t at = 2 + request_fields * static_cast<std::size_t>(id / local_replicas);
+              std::copy(carried_row.begin(), carried_row.end(), v.begin() + static_cast<std::ptrdiff_t>(at));
+            }
+            return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())});
           },
           *batch);
       const Tensor reduced = strategy.reduce(ReduceOp::sum, results, std::nullopt);
       const auto t2 = std::chrono::steady_clock::now();
       double loss = 0.0;
       double hits = 0.0;
-      if (with_metrics) {
+      std::optional<Agreed> agreed;
+      if (wide) {
         const std::vector<double> v = reduced.to_vector<double>();
         loss = v[0];
         hits = v[1];
+        if (workers > 1) agreed = decide(v.data() + 2, worker_count, carried);
       } else {
         loss = as_double(reduced);
       }
@@ -458,13 +501,13 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       const auto locals = strategy.experimental_local_results(results);
       for (std::size_t r = 0; r < locals.size() && r < replica_rows.size(); ++r) {
         if (replica_rows[r] == 0) continue;
-        const double share = with_metrics ? locals[r].to_vector<double>()[0] : as_double(locals[r]);
+        const double share = wide ? locals[r].to_vector<double>()[0] : as_double(locals[r]);
         logs["loss/replica_" + std::to_string(group.rank() * local_replicas + static_cast<int>(r))] =
             share * static_cast<double>(global_batch) / static_cast<double>(replica_rows[r]);
       }
       if (options.on_step_end) options.on_step_end(step, loss);
       for (const auto& c : callbacks) c->on_train_batch_end(k, logs);
-      boundary(logs);
+      boundary(logs, std::move(agreed));
       last_batch_logs = std::move(logs);
     }
     if (steps == 0) {
@@ -491,7 +534,12 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
     epoch_logs["samples_per_second"] = rate;
     if (!poisoned) {
       for (const auto& c : callbacks) c->on_epoch_end(epoch, epoch_logs);
-      if (!stopped) boundary(epoch_logs);
+      // Only a callback's own stop_training acts here: requests wait for the next step.
+      if (auto reason = control.take_immediate_stop(); reason && !stopped) {
+        stopped = true;
+        history.stop_reason = *reason;
+        history.stopped_at_step = step;
+      }
     }
   }
   for (const auto& c : callbacks) c->on_train_end(last_batch_logs);

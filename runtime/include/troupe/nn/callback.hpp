@@ -6,6 +6,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace troupe::nn {
@@ -29,24 +30,38 @@ struct FitParams {
   std::vector<std::string> metrics;  ///< "loss", then the compiled metrics' names
 };
 
-/// Requests to a running Model::fit, taken at the next step boundary. Thread-safe: a callback, a
-/// signal handler's flag poller or a server thread may call it at any time. Under
-/// MultiWorkerMirroredStrategy fit agrees on the requests of every worker in one collective at
-/// each step boundary, so that every worker stops, pauses, resumes, saves and changes its learning
-/// rate at the same step (a request on any worker counts for all; the learning rate and pause
-/// state of the lowest-ranked worker that asked win). With one worker it is read directly.
+/// Requests to a running Model::fit, applied at a step boundary. Thread-safe: a callback, a
+/// server thread or a signal's poller may call it at any time.
+///
+/// Two kinds, because under MultiWorkerMirroredStrategy every worker must stop, pause, resume,
+/// save and change its learning rate at the same step:
+/// - stop_training() from a callback hook (fit's thread) is Keras's `model.stop_training = True`:
+///   it acts at the boundary of the step just done, on this worker. Every worker runs the same
+///   callbacks on the same logs (the loss and metrics are reduced over the cluster), so a
+///   decision made from the logs (TerminateOnNaN, EarlyStopping) is made by every worker alike.
+/// - Every other request (request_stop, request_checkpoint, pause, resume, set_learning_rate, and
+///   stop_training from another thread) may come from one worker only: it is agreed by every
+///   worker, carried by the reduction every step already makes (no collective of its own), and
+///   applied at the boundary of the first step whose reduction starts after it; while training is
+///   paused a small collective every 20 ms carries them. A request anywhere counts for all; for
+///   the learning rate and the pause state the lowest-ranked worker that asked wins. With one
+///   worker they apply at the next boundary.
 class TrainingControl {
  public:
-  /// Ends training after the current step (Keras's `model.stop_training = True`); `reason` is
-  /// reported in History::stop_reason. The first reason is kept.
+  /// Ends training (see the class comment); `reason` becomes History::stop_reason (the first
+  /// reason is kept).
   void stop_training(const std::string& reason = "stop_training requested");
-  /// Asks every callback's on_checkpoint to save at the next step boundary.
+  /// Ends training after a step agreed by every worker, with a checkpoint only if one is also
+  /// requested.
+  void request_stop(const std::string& reason);
+  /// Asks every callback's on_checkpoint to save at the next agreed step boundary.
   void request_checkpoint();
-  /// Holds training at the next step boundary until resume() or stop_training().
+  /// Holds training at the next agreed step boundary until resume() or a stop.
   void pause();
   /// Lets a paused training go on.
   void resume();
-  /// Sets the optimizer's learning rate from the next step on (> 0, else std::invalid_argument).
+  /// Sets the optimizer's learning rate from the next agreed step boundary on (> 0, else
+  /// std::invalid_argument).
   void set_learning_rate(double learning_rate);
 
   /// Steps done in all (FitOptions::initial_step included); updated by fit after every step.
@@ -55,10 +70,10 @@ class TrainingControl {
   int epoch() const;
   /// Whether fit is holding training at a step boundary.
   bool paused() const;
-  /// Whether a stop has been requested or agreed.
+  /// Whether a stop has been requested.
   bool stop_requested() const;
 
-  /// The requests made since the last take (fit's side).
+  /// The agreed requests made since the last take (fit's side).
   struct Requests {
     bool stop = false;
     std::string stop_reason;
@@ -66,18 +81,22 @@ class TrainingControl {
     std::optional<bool> pause;  ///< true: pause, false: resume
     std::optional<double> learning_rate;
   };
-  /// Hands over the pending requests and clears them (the stop request stays visible to
-  /// stop_requested()).
+  /// fit's side: hands over the pending agreed requests and clears them.
   Requests take();
-  /// fit's bookkeeping: the step done, the epoch, the paused state.
+  /// fit's side: the reason of a stop_training made on fit's thread, once.
+  std::optional<std::string> take_immediate_stop();
+  /// fit's side: the step done, the epoch.
   void set_position(std::int64_t step, int epoch);
+  /// fit's side: the paused state.
   void set_paused(bool paused);
-  /// Clears every request and the stopped state (fit calls it when it starts).
+  /// fit's side: clears every request and state, and makes the calling thread fit's.
   void reset();
 
  private:
   mutable std::mutex mutex_;
   Requests pending_;
+  std::optional<std::string> immediate_stop_;
+  std::thread::id fit_thread_;
   bool stopped_ = false;
   bool paused_ = false;
   std::int64_t step_ = 0;
