@@ -118,7 +118,7 @@ class Callback {
   /// Before the first step of an epoch.
   virtual void on_epoch_begin(int epoch, Logs& logs) { (void)epoch, (void)logs; }
   /// After the last step of an epoch, with the epoch's mean loss and metrics (and validation's).
-  /// Not called for an epoch that ended on a non-finite loss.
+  /// Not called for an epoch that TerminateOnNaN (a non-finite loss) stopped.
   virtual void on_epoch_end(int epoch, Logs& logs) { (void)epoch, (void)logs; }
   /// Before a step.
   virtual void on_train_batch_begin(std::int64_t batch, Logs& logs) { (void)batch, (void)logs; }

@@ -120,9 +120,9 @@ class LearningRateScheduler : public Callback {
 /// Ends training cleanly on SIGINT or SIGTERM: the step running finishes, a checkpoint is
 /// requested (the ModelCheckpoint callbacks save it) and training stops, on every worker at the
 /// same step. stop_reason says "interrupted by SIGINT"; History::stopped_at_step the step. Its handlers are installed by
-/// on_train_begin and the previous ones restored by on_train_end; a second signal of the same kind
-/// while training winds down gets the previous handler (a second Ctrl-C ends the process). Signal
-/// handlers belong to the process: use one StopOnSignal per fit.
+/// on_train_begin and the previous ones restored by on_train_end (or its destructor); a second
+/// signal of the same kind while training winds down gets the default action (a second Ctrl-C
+/// ends the process). Signal handlers belong to the process: use one StopOnSignal per fit.
 class StopOnSignal : public Callback {
  public:
   /// The signals to catch (SIGINT and SIGTERM by default).

@@ -66,8 +66,6 @@ struct History {
   std::int64_t stopped_at_step = 0;
   /// The step whose loss was NaN or infinite when TerminateOnNaN stopped training (0: none).
   std::int64_t non_finite_step = 0;
-  /// The signal (SIGINT, SIGTERM) that stopped training through StopOnSignal (0: none).
-  int signal = 0;
 };
 
 /// What Model::evaluate measured.
