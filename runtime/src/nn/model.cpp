@@ -463,7 +463,8 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
               const std::size_t at = 2 + request_fields * static_cast<std::size_t>(id / local_replicas);
               std::copy(carried_row.begin(), carried_row.end(), v.begin() + static_cast<std::ptrdiff_t>(at));
             }
-            return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())});
+            // On the replica's device, where the strategy's cross-device op expects its values.
+            return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(lg.loss.device());
           },
           *batch);
       const Tensor reduced = strategy.reduce(ReduceOp::sum, results, std::nullopt);
