@@ -132,7 +132,8 @@ void add_options(CLI::App& app, Flags& f) {
   app.add_option("--validation-split", f.validation_split,
                  "hold out this fraction of the examples (the last ones) as validation_data")
       ->check(CLI::Range(0.0, 0.9));
-  app.add_flag("--no-terminate-on-nan", f.no_terminate_on_nan, "keep training when the loss is NaN or infinite");
+  app.add_flag("--no-terminate-on-nan", f.no_terminate_on_nan,
+               "keep training (and checkpointing) when the loss is NaN or infinite, and exit 0");
   app.add_option("--early-stopping-patience", f.early_stopping_patience,
                  "stop when val_loss (loss without a validation split) has not improved for N epochs (0: never)")
       ->check(CLI::Range(0, 1000000));
@@ -357,13 +358,14 @@ int run(const Flags& f) {
     options.callbacks.push_back(std::make_shared<nn::TensorBoard>(f.tensorboard_dir, f.tensorboard_freq));
   }
   // Checkpoints every --checkpoint-every steps and when one is requested (a signal), never of a
-  // non-finite loss's weights.
+  // non-finite loss's weights unless --no-terminate-on-nan asked to go on regardless.
   std::int64_t last_saved = initial_step;
   std::string last_file;
   auto saver = std::make_shared<nn::LambdaCallback>();
   const auto save = [&](std::int64_t step, const nn::Logs& logs) {
     const auto loss = logs.find("loss");
-    if (!manager || step == last_saved || (loss != logs.end() && !std::isfinite(loss->second))) return;
+    const bool poisoned = loss != logs.end() && !std::isfinite(loss->second);
+    if (!manager || step == last_saved || (poisoned && !f.no_terminate_on_nan)) return;
     last_file = manager->save(step);
     last_saved = step;
   };
@@ -377,7 +379,7 @@ int run(const Flags& f) {
   nn::History history;
   if (initial_step < total_steps) history = model.fit(batches, f.epochs, steps_per_epoch, options);
   const std::int64_t end_step = initial_step + history.steps;
-  if (history.non_finite_step != 0) {
+  if (history.non_finite_step != 0 && !f.no_terminate_on_nan) {
     std::cerr << "mlp_classifier: "
               << (history.stop_reason.empty() ? "the loss was not finite at step " + std::to_string(history.non_finite_step)
                                               : history.stop_reason)
