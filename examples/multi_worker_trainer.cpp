@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", resume, "continue from the newest intact checkpoint")->needs(dir);
   app.add_option("--tensorboard-dir", tensorboard_dir,
                  "write TensorBoard event files into DIR (the chief's; worker i's under DIR/worker_i)");
-  app.add_flag("--no-terminate-on-nan", no_terminate_on_nan, "keep training when the loss is NaN or infinite");
+  app.add_flag("--no-terminate-on-nan", no_terminate_on_nan, "keep training (and checkpointing) when the loss is NaN or infinite, and exit 0");
   return troupe::examples::run_main(app, argc, argv, [&] {
     Runtime rt;
     CommunicationOptions communication;
@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
     std::int64_t last_saved = initial_step;
     const auto save = [&](std::int64_t step, const nn::Logs& logs) {
       const auto loss = logs.find("loss");
-      if (!manager || step == last_saved || (loss != logs.end() && !std::isfinite(loss->second))) return;
+      const bool poisoned = loss != logs.end() && !std::isfinite(loss->second);
+      if (!manager || step == last_saved || (poisoned && !no_terminate_on_nan)) return;
       manager->save(step);
       last_saved = step;
     };
@@ -144,7 +145,7 @@ int main(int argc, char** argv) {
     options.callbacks.push_back(saver);
     nn::History history;
     if (initial_step < epochs * steps_per_epoch) history = model.fit(batches, epochs, steps_per_epoch, options);
-    if (history.non_finite_step != 0) {
+    if (history.non_finite_step != 0 && !no_terminate_on_nan) {
       std::cerr << "multi_worker_trainer: "
                 << (history.stop_reason.empty() ? "the loss was not finite at step " + std::to_string(history.non_finite_step)
                                                 : history.stop_reason)
