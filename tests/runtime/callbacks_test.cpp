@@ -1,8 +1,11 @@
 #include <doctest/doctest.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <iomanip>
 #include <limits>
@@ -432,4 +435,57 @@ TEST_CASE("the progress bar is redrawn on a terminal, one line per epoch otherwi
   CHECK(std::count(f.begin(), f.end(), '\n') == 2);
   CHECK(std::regex_search(f, std::regex("^Epoch 1/2: 10 steps, loss [0-9.e-]+, accuracy 0\\.[0-9]{4}, [0-9]+ samples/s, "
                                         "[0-9.]+ m?s, [0-9.]+ms/step\\nEpoch 2/2: ")));
+}
+
+namespace {
+volatile std::sig_atomic_t previous_handler_ran = 0;
+extern "C" void previous_handler(int) { previous_handler_ran = 1; }
+}  // namespace
+
+TEST_CASE("StopOnSignal stops a paused fit with a checkpoint, and gives the signal back afterwards") {
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(2));
+  auto scope = s.scope();
+  const nn::ClassificationData d = blobs(64);
+  nn::Model model(small_mlp(19));
+  model.compile(std::make_shared<nn::SGD>(0.1f), nn::Loss::sparse_categorical_crossentropy());
+  struct sigaction mine {}, before {};
+  mine.sa_handler = previous_handler;
+  sigemptyset(&mine.sa_mask);
+  REQUIRE(sigaction(SIGUSR1, &mine, &before) == 0);
+
+  auto stop = std::make_shared<nn::StopOnSignal>(std::vector<int>{SIGUSR1});
+  std::vector<std::int64_t> checkpoints;
+  auto probe = std::make_shared<nn::LambdaCallback>();
+  probe->batch_end = [&](std::int64_t, nn::Logs&) {
+    if (model.control().step() == 3) model.control().pause();
+  };
+  probe->checkpoint = [&](std::int64_t step, nn::Logs&) { checkpoints.push_back(step); };
+  std::thread sender([&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!model.control().paused() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    kill(getpid(), SIGUSR1);
+  });
+  nn::FitOptions o = quiet();
+  o.callbacks = {stop, probe};
+  const nn::History h =
+      model.fit(data::Dataset::from_tensor_slices({d.features, d.labels}).repeat().batch(8), 1, 10, o);
+  sender.join();
+  CHECK(h.steps == 3);
+  CHECK(h.stopped_at_step == 3);
+  CHECK(h.stop_reason == "interrupted by SIGUSR1");
+  CHECK(stop->received() == SIGUSR1);
+  CHECK(checkpoints == std::vector<std::int64_t>{3});
+  CHECK(previous_handler_ran == 0);
+  // After fit the handler installed before it is back.
+  kill(getpid(), SIGUSR1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (previous_handler_ran == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(previous_handler_ran == 1);
+  sigaction(SIGUSR1, &before, nullptr);
+  CHECK(contains(message_of([] { nn::StopOnSignal({SIGKILL}); }), "StopOnSignal: signal 9 cannot be caught"));
 }

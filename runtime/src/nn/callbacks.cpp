@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -11,6 +13,7 @@
 #include <limits>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "troupe/checkpoint.hpp"
 #include "troupe/nn/model.hpp"
@@ -286,7 +289,7 @@ void LearningRateScheduler::on_epoch_end(int, Logs& logs) {
 
 // ---------------------------------------------------------------------------------------------
 namespace {
-// The signal caught, for the handler to leave and on_train_batch_end to read: a signal handler
+// The signal caught, for the handler to leave and the watcher thread to read: a signal handler
 // has no context to reach an object through, so this one flag is the process's.
 volatile std::sig_atomic_t caught_signal = 0;
 
@@ -296,6 +299,9 @@ extern "C" void troupe_stop_on_signal(int signal) { caught_signal = signal; }
 struct StopOnSignal::Saved {
   std::vector<struct sigaction> previous;
   bool installed = false;
+  std::atomic<int> received{0};
+  std::atomic<bool> watching{false};
+  std::thread watcher;
 };
 
 StopOnSignal::StopOnSignal(std::vector<int> signals) : signals_(std::move(signals)), saved_(std::make_unique<Saved>()) {
@@ -309,6 +315,8 @@ StopOnSignal::StopOnSignal(std::vector<int> signals) : signals_(std::move(signal
 
 StopOnSignal::~StopOnSignal() { restore(); }
 
+int StopOnSignal::received() const noexcept { return saved_->received.load(); }
+
 std::string StopOnSignal::signal_name(int signal) {
   if (signal == SIGINT) return "SIGINT";
   if (signal == SIGTERM) return "SIGTERM";
@@ -321,7 +329,7 @@ std::string StopOnSignal::signal_name(int signal) {
 void StopOnSignal::on_train_begin(Logs&) {
   restore();
   caught_signal = 0;
-  received_ = 0;
+  saved_->received = 0;
   saved_->previous.assign(signals_.size(), {});
   for (std::size_t i = 0; i < signals_.size(); ++i) {
     struct sigaction action {};
@@ -331,27 +339,38 @@ void StopOnSignal::on_train_begin(Logs&) {
     sigaction(signals_[i], &action, &saved_->previous[i]);
   }
   saved_->installed = true;
-}
-
-void StopOnSignal::on_train_batch_end(std::int64_t, Logs&) {
-  const int signal = caught_signal;
-  if (signal == 0 || received_ != 0) return;
-  received_ = signal;
-  if (chief(*this)) {
-    std::cerr << signal_name(signal) << " after step " << model().control().step()
-              << ": stopping at the next step boundary (every worker at the same step), saving a checkpoint "
-                 "where one is set up ("
-              << signal_name(signal) << " again ends at once)\n";
-  }
-  // One worker may get the signal: the stop and the checkpoint are agreed by every worker.
-  model().control().request_checkpoint();
-  model().control().request_stop("interrupted by " + signal_name(signal));
+  // A handler may do next to nothing: this thread turns the flag into requests, which are agreed
+  // by every worker (one worker may get the signal) and taken even while training is paused.
+  saved_->watching = true;
+  TrainingControl& control = model().control();
+  const bool chief = params().worker == 0;
+  saved_->watcher = std::thread([this, &control, chief] {
+    while (saved_->watching.load()) {
+      const int signal = caught_signal;
+      if (signal != 0) {
+        saved_->received = signal;
+        if (chief) {
+          std::cerr << signal_name(signal) << " after step " << control.step()
+                    << ": stopping at the next step boundary (every worker at the same step), saving a checkpoint "
+                       "where one is set up ("
+                    << signal_name(signal) << " again ends at once)\n";
+        }
+        control.request_checkpoint();
+        control.request_stop("interrupted by " + signal_name(signal));
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
 }
 
 void StopOnSignal::on_train_end(Logs&) { restore(); }
 
 void StopOnSignal::restore() {
-  if (!saved_ || !saved_->installed) return;
+  if (!saved_) return;
+  saved_->watching = false;
+  if (saved_->watcher.joinable()) saved_->watcher.join();
+  if (!saved_->installed) return;
   for (std::size_t i = 0; i < signals_.size(); ++i) sigaction(signals_[i], &saved_->previous[i], nullptr);
   saved_->installed = false;
 }

@@ -119,10 +119,12 @@ class LearningRateScheduler : public Callback {
 
 /// Ends training cleanly on SIGINT or SIGTERM: the step running finishes, a checkpoint is
 /// requested (the ModelCheckpoint callbacks save it) and training stops, on every worker at the
-/// same step. stop_reason says "interrupted by SIGINT"; History::stopped_at_step the step. Its handlers are installed by
-/// on_train_begin and the previous ones restored by on_train_end (or its destructor); a second
-/// signal of the same kind while training winds down gets the default action (a second Ctrl-C
-/// ends the process). Signal handlers belong to the process: use one StopOnSignal per fit.
+/// same step; a paused training stops too. stop_reason says "interrupted by SIGINT";
+/// History::stopped_at_step the step. Its handlers are installed by on_train_begin, with a thread
+/// that looks for a caught signal every 10 ms, and the previous handlers are restored by
+/// on_train_end (or its destructor); a second signal of the same kind while training winds down
+/// gets the default action (a second Ctrl-C ends the process). Signal handlers belong to the
+/// process: use one StopOnSignal per fit.
 class StopOnSignal : public Callback {
  public:
   /// The signals to catch (SIGINT and SIGTERM by default).
@@ -132,11 +134,10 @@ class StopOnSignal : public Callback {
   StopOnSignal& operator=(const StopOnSignal&) = delete;
 
   void on_train_begin(Logs& logs) override;
-  void on_train_batch_end(std::int64_t batch, Logs& logs) override;
   void on_train_end(Logs& logs) override;
 
   /// The signal that stopped training (0: none).
-  int received() const noexcept { return received_; }
+  int received() const noexcept;
   /// "SIGINT", "SIGTERM" or "signal N".
   static std::string signal_name(int signal);
 
@@ -146,7 +147,6 @@ class StopOnSignal : public Callback {
   std::vector<int> signals_;
   struct Saved;
   std::unique_ptr<Saved> saved_;
-  int received_ = 0;
 };
 
 /// Writes TensorBoard event files (tf.keras.callbacks.TensorBoard): `log_dir`/train and
