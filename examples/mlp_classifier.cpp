@@ -13,6 +13,11 @@
 //   mlp_classifier --cached-batches                      # training alone, input cost taken out
 //   mlp_classifier --epochs 1000 --dashboard-port 8080   # steer it from http://127.0.0.1:8080/
 //   mlp_classifier --trace trace.json --trace-steps 10:110   # a Chrome trace of steps 10..110
+//   mlp_classifier --tensorboard-dir logs --validation-split 0.1   # then: tensorboard --logdir logs
+//
+// A NaN or infinite loss stops training (TerminateOnNaN; exit 1, no checkpoint after it). SIGINT
+// or SIGTERM finishes the step, saves a checkpoint when --checkpoint-dir is set and exits 130 or
+// 143 saying so; --resume continues from there.
 //
 // The last line is for scripts (bench/training_bench.sh):
 //   result: replicas=4 batch=256 input=pipeline steps=640 samples_per_s=... allreduce_share=... accuracy=... loss=...
@@ -24,6 +29,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <utility>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,6 +74,12 @@ struct Flags {
   bool quiet = false;
   bool cached_batches = false;
   troupe::examples::MonitorFlags monitor;
+  // Watching and stopping.
+  std::string tensorboard_dir;
+  std::int64_t tensorboard_freq = 1;
+  double validation_split = 0.0;
+  bool no_terminate_on_nan = false;
+  int early_stopping_patience = 0;
 };
 
 // The command line, with the defaults of Flags.
@@ -117,6 +129,17 @@ void add_options(CLI::App& app, Flags& f) {
   app.add_option("--min-accuracy", f.min_accuracy, "exit 1 when the training accuracy ends below A")
       ->check(CLI::Range(0.0, 1.0));
   app.add_flag("--quiet", f.quiet, "print the result line only");
+  app.add_option("--tensorboard-dir", f.tensorboard_dir, "write TensorBoard event files into DIR (train/, validation/)");
+  app.add_option("--tensorboard-freq", f.tensorboard_freq, "steps between the per-step TensorBoard scalars")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+  app.add_option("--validation-split", f.validation_split,
+                 "hold out this fraction of the examples (the last ones) as validation_data")
+      ->check(CLI::Range(0.0, 0.9));
+  app.add_flag("--no-terminate-on-nan", f.no_terminate_on_nan,
+               "keep training (and checkpointing) when the loss is NaN or infinite, and exit 0");
+  app.add_option("--early-stopping-patience", f.early_stopping_patience,
+                 "stop when val_loss (loss without a validation split) has not improved for N epochs (0: never)")
+      ->check(CLI::Range(0, 1000000));
   app.add_flag("--cached-batches", f.cached_batches,
                "keep the first epoch's global batches in memory and repeat them (tf.data's cache()): the "
                "per-step input cost drops to splitting a batch, for measuring training alone");
@@ -240,9 +263,29 @@ void save_label_names(const Flags& f, const std::vector<std::string>& names) {
   if (!out.flush()) throw std::runtime_error("cannot write " + path);
 }
 
+// The first rows for training and the last `fraction` of them for validation.
+std::pair<nn::ClassificationData, std::optional<nn::ClassificationData>> split(const nn::ClassificationData& all,
+                                                                               double fraction) {
+  const std::int64_t n = all.features.shape()[0];
+  const auto held = static_cast<std::int64_t>(static_cast<double>(n) * fraction);
+  if (held == 0) return {all, std::nullopt};
+  if (held >= n) throw std::invalid_argument("--validation-split leaves no training examples");
+  const std::int64_t cols = all.features.num_elements() / n;
+  const std::vector<float> x = all.features.to_vector<float>();
+  const std::vector<std::int64_t> y = all.labels.to_vector<std::int64_t>();
+  const auto rows = [&](std::int64_t a, std::int64_t b) {
+    return nn::ClassificationData{
+        Tensor::from_vector(std::vector<float>(x.begin() + a * cols, x.begin() + b * cols), {b - a, cols}),
+        Tensor::from_vector(std::vector<std::int64_t>(y.begin() + a, y.begin() + b), {b - a})};
+  };
+  return {rows(0, n - held), rows(n - held, n)};
+}
+
 int run(const Flags& f) {
   const LoadedData loaded = load(f);
-  const nn::ClassificationData& d = loaded.data;
+  const auto parts = split(loaded.data, f.validation_split);
+  const nn::ClassificationData& d = parts.first;
+  const std::optional<nn::ClassificationData>& validation = parts.second;
   const std::int64_t n = d.features.shape()[0];
   const int inputs = static_cast<int>(d.features.num_elements() / n);
   const std::int64_t steps_per_epoch = std::max<std::int64_t>(1, n / f.batch);
@@ -263,7 +306,7 @@ int run(const Flags& f) {
   nn::Model model(nn::Sequential({nn::Dense(inputs, f.hidden, nn::Activation::relu, f.seed),
                                   nn::Dense(f.hidden, f.hidden, nn::Activation::relu, f.seed + 1),
                                   nn::Dense(f.hidden, loaded.classes, nn::Activation::none, f.seed + 2)}));
-  model.compile(make_optimizer(f), nn::Loss::sparse_categorical_crossentropy());
+  model.compile(make_optimizer(f), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
   if (!f.quiet) {
     std::cout << "model: " << inputs << " -> " << f.hidden << " relu -> " << f.hidden << " relu -> " << loaded.classes
               << ", " << f.optimizer << " lr " << f.learning_rate << "; " << strategy.num_replicas_in_sync()
@@ -307,34 +350,66 @@ int run(const Flags& f) {
   nn::FitOptions options;
   options.verbose = f.quiet ? 0 : 1;
   options.initial_step = initial_step;
+  if (validation) options.validation_data = data::Dataset::from_tensor_slices({validation->features, validation->labels}).batch(4096);
+  auto stop_on_signal = std::make_shared<nn::StopOnSignal>();
+  options.callbacks.push_back(stop_on_signal);
+  if (!f.no_terminate_on_nan) options.callbacks.push_back(std::make_shared<nn::TerminateOnNaN>());
+  if (f.early_stopping_patience > 0) {
+    options.callbacks.push_back(
+        std::make_shared<nn::EarlyStopping>(validation ? "val_loss" : "loss", 0.0, f.early_stopping_patience, 1));
+  }
+  if (!f.tensorboard_dir.empty()) {
+    options.callbacks.push_back(std::make_shared<nn::TensorBoard>(f.tensorboard_dir, f.tensorboard_freq));
+  }
+  // Checkpoints every --checkpoint-every steps and when one is requested (a signal), never of a
+  // non-finite loss's weights unless --no-terminate-on-nan asked to go on regardless.
   std::int64_t last_saved = initial_step;
+  std::string last_file;
+  auto saver = std::make_shared<nn::LambdaCallback>();
+  const auto save = [&](std::int64_t step, const nn::Logs& logs) {
+    const auto loss = logs.find("loss");
+    const bool poisoned = loss != logs.end() && !std::isfinite(loss->second);
+    if (!manager || step == last_saved || (poisoned && !f.no_terminate_on_nan)) return;
+    last_file = manager->save(step);
+    last_saved = step;
+  };
+  saver->batch_end = [&](std::int64_t, nn::Logs& logs) {
+    const std::int64_t step = model.control().step();
+    if (step % f.checkpoint_every == 0) save(step, logs);
+  };
+  saver->checkpoint = [&](std::int64_t step, nn::Logs& logs) { save(step, logs); };
+  options.callbacks.push_back(saver);
   // The dashboard and traces: the monitor sees every step boundary and may pause or stop there.
   std::unique_ptr<Monitor> monitor;
   if (f.monitor.enabled()) {
     monitor = std::make_unique<Monitor>(strategy, model.optimizer().get(), f.monitor.options(f.batch));
-    if (manager) {
-      monitor->set_checkpoint_function([&](std::int64_t step) {
-        manager->save(step);
-        last_saved = step;
-      });
-    }
+    if (manager) monitor->set_checkpoint_function([&](std::int64_t step) { save(step, {}); });
     options.on_replica_losses = [&](const std::vector<Tensor>& losses) { monitor->record_replica_losses(losses); };
+    options.on_step_end = [&](std::int64_t step, double loss) {
+      if (monitor->on_step_end(step, loss) == StepDecision::stop) model.control().stop_training("stopped from the dashboard");
+    };
   }
-  options.on_step_end = [&](std::int64_t step, double loss) {
-    if (manager && step % f.checkpoint_every == 0) {
-      manager->save(step);
-      last_saved = step;
-    }
-    if (monitor && monitor->on_step_end(step, loss) == StepDecision::stop) throw TrainingStopped(step);
-  };
   const std::int64_t total_steps = f.epochs * steps_per_epoch;
   nn::History history;
-  std::int64_t end_step = std::max(initial_step, total_steps);
-  try {
-    if (initial_step < total_steps) history = model.fit(batches, f.epochs, steps_per_epoch, options);
-  } catch (const TrainingStopped& stopped) {
-    std::cout << stopped.what() << "\n";
-    end_step = stopped.step();
+  if (initial_step < total_steps) history = model.fit(batches, f.epochs, steps_per_epoch, options);
+  const std::int64_t end_step = initial_step + history.steps;
+  if (history.non_finite_step != 0 && !f.no_terminate_on_nan) {
+    std::cerr << "mlp_classifier: "
+              << (history.stop_reason.empty() ? "the loss was not finite at step " + std::to_string(history.non_finite_step)
+                                              : history.stop_reason)
+              << "; " << (last_saved > initial_step ? "the last checkpoint is of step " + std::to_string(last_saved)
+                                            : std::string("no checkpoint was written"))
+              << "\n";
+    return 1;
+  }
+  if (manager && last_saved != std::max(initial_step, end_step)) save(std::max(initial_step, end_step), {});
+  if (monitor && monitor->stopped()) std::cout << "stopped from the dashboard after step " << end_step << "\n";
+  if (stop_on_signal->received() != 0) {
+    std::cerr << "mlp_classifier: " << history.stop_reason << " at step " << history.stopped_at_step << "; "
+              << (manager ? "checkpoint " + last_file + " saved (continue with --resume)"
+                          : std::string("no --checkpoint-dir: the training done is not saved"))
+              << "\n";
+    return 128 + stop_on_signal->received();
   }
   if (manager && last_saved != end_step) manager->save(end_step);
 

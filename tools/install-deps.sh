@@ -14,6 +14,8 @@ packages=(
   doctest-dev libeigen3-dev libbenchmark-dev nlohmann-json3-dev
   openmpi-bin libopenmpi-dev  # the tests start workers with mpirun (MpiClusterResolver)
   chromium python3-websocket  # the dashboard's test drives headless Chromium over its DevTools protocol
+  libprotobuf-dev protobuf-compiler  # TensorBoard event files (format/proto)
+  python3-venv  # the tests read those files back with TensorBoard's own reader
 )
 bench=0
 for arg in "$@"; do
@@ -34,6 +36,16 @@ install_tensorflow() {
   "$venv/bin/pip" install -q "tensorflow-cpu==2.21.*"
 }
 
+# TensorBoard (PyPI; Debian has none), whose reader the tests use on troupe's event files, in a
+# virtual environment at $TROUPE_TENSORBOARD_VENV, default /opt/troupe-tensorboard.
+install_tensorboard() {
+  local venv=${TROUPE_TENSORBOARD_VENV:-/opt/troupe-tensorboard}
+  "$venv/bin/python" -c "import tensorboard" 2>/dev/null && return 0
+  echo "troupe: installing tensorboard into $venv" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q tensorboard
+}
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -41,6 +53,7 @@ for p in "${packages[@]}"; do
   fi
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
+  install_tensorboard
   if [[ $bench == 1 ]]; then install_tensorflow; fi
   exit 0
 fi
@@ -52,3 +65,4 @@ export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 if [[ $bench == 1 ]]; then install_tensorflow; fi
+install_tensorboard

@@ -15,9 +15,10 @@ trap 'rm -rf "$work"' EXIT
 "$expect" 0 --match "dense_0/kernel +float32 +\[32, 128\] +16384 bytes +ok +min -?[0-9.e-]+ +max [0-9.e-]+ +mean" \
   --no-match "NON-FINITE" -- "$ckpt" --stats "$work/good/ckpt-16.ckpt"
 
-# A run that diverges (SGD at 1e30) writes NaN with valid checksums: only --stats tells.
+# A run that diverges (SGD at 1e30) and is told to go on (TerminateOnNaN would stop it) writes
+# NaN with valid checksums: only --stats tells.
 "$expect" 0 --match "loss -?nan" -- "$mlp" --epochs 1 --samples 2048 --optimizer sgd --lr 1e30 \
-  --checkpoint-dir "$work/nan" --quiet >/dev/null
+  --checkpoint-dir "$work/nan" --quiet --no-terminate-on-nan >/dev/null
 "$expect" 0 --match "intact" -- "$ckpt" "$work/nan"
 "$expect" 1 --match "dense_0/kernel .*NON-FINITE: 4096 NaN, 0 Inf" \
   --match "troupe-ckpt: checkpoint .*ckpt-8\.ckpt: [0-9]+ of 7 tensors hold NaN or Inf" -- "$ckpt" --stats "$work/nan"

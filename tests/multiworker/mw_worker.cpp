@@ -11,6 +11,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -575,6 +577,65 @@ int outside(MultiWorkerMirroredStrategy& s, const std::string& dir) {
   return failures == 0 ? 0 : 1;
 }
 
+// Model::fit steered from one worker at a time: worker 1 pauses after step 5 and, from another
+// thread, sets the learning rate and resumes; the chief requests a checkpoint after step 12 and a
+// stop after step 20. Every worker must apply each at the same step (requests ride on the next
+// step's reduction; a pause's are agreed in their own collective), and end with the same weights.
+int steer(MultiWorkerMirroredStrategy& s) {
+  const int task = s.cluster_resolver()->task_id();
+  auto scope = s.scope();
+  nn::BlobOptions blobs;
+  blobs.samples = 1024;
+  const nn::ClassificationData d = nn::make_blobs(blobs);
+  nn::Model model(nn::Sequential({nn::Dense(blobs.features, 32, nn::Activation::relu, 1),
+                                  nn::Dense(32, blobs.classes, nn::Activation::none, 2)}));
+  model.compile(std::make_shared<nn::SGD>(0.05f), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
+  std::int64_t paused = 0, resumed = 0, checkpoint = 0, rate_changed = 0;
+  auto probe = std::make_shared<nn::LambdaCallback>();
+  probe->batch_end = [&](std::int64_t, nn::Logs& logs) {
+    const std::int64_t step = model.control().step();
+    if (rate_changed == 0 && std::abs(logs.at("learning_rate") - 0.0125) < 1e-9) rate_changed = step;
+    if (task == 1 && step == 5) model.control().pause();
+    if (task == 0 && step == 12) model.control().request_checkpoint();
+    if (task == 0 && step == 20) model.control().request_stop("stop from the chief");
+  };
+  probe->checkpoint = [&](std::int64_t step, nn::Logs&) { checkpoint = step; };
+  struct Watch : nn::Callback {
+    std::int64_t* paused;
+    std::int64_t* resumed;
+    void on_pause(std::int64_t step) override { *paused = step; }
+    void on_resume(std::int64_t step) override { *resumed = step; }
+  };
+  auto watch = std::make_shared<Watch>();
+  watch->paused = &paused;
+  watch->resumed = &resumed;
+  std::thread steering;
+  if (task == 1) {
+    steering = std::thread([&] {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!model.control().paused() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      model.control().set_learning_rate(0.0125);
+      model.control().resume();
+    });
+  }
+  nn::FitOptions options;
+  options.verbose = 0;
+  options.callbacks = {probe, watch};
+  const auto batches = data::Dataset::from_tensor_slices({d.features, d.labels}).repeat().batch(32, true);
+  const nn::History h = model.fit(batches, 2, 20, options);
+  if (steering.joinable()) steering.join();
+  std::vector<Tensor> weights;
+  for (const Variable& v : model.trainable_variables()) weights.push_back(v.value());
+  std::cout << "steer paused=" << paused << " resumed=" << resumed << " rate_changed=" << rate_changed
+            << " checkpoint=" << checkpoint << " stopped=" << h.stopped_at_step << " steps=" << h.steps
+            << " weights=" << hash_bits(weights) << "\n";
+  std::cout << "reason " << h.stop_reason << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -662,6 +723,8 @@ int main(int argc, char** argv) {
       rc = input(s, which ? which : "data");
     } else if (mode == "compressed") {
       rc = compressed(s, options.compression);
+    } else if (mode == "steer") {
+      rc = steer(s);
     } else if (mode == "join") {
       std::cout << "joined " << s.num_replicas_in_sync() << "\n";
     }

@@ -522,6 +522,16 @@ case "$scenario" in
     for i in 0 1; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2 MW_CKPT_DIR=$dir/ckpt"; done
     start_cluster 2 checkpoint; wait_all 2; expect_cluster 2 4
     [ "$(ls "$dir/ckpt")" = "ckpt-7.ckpt" ] || fail "the checkpoint directory holds: $(ls "$dir/ckpt")" ;;
+  steer-2x2)
+    # Model::fit steered from one worker (see mw_worker's steer): every worker pauses, resumes,
+    # changes its rate, checkpoints and stops at the same step, with the same weights.
+    for i in 0 1; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2"; done
+    start_cluster 2 steer; wait_all 2; expect_cluster 2 4
+    want="steer paused=6 resumed=6 rate_changed=7 checkpoint=13 stopped=21 steps=21 weights="
+    for i in 0 1; do grep -q "^$want" "$dir/out$i" || fail "worker $i: expected '$want...'"; done
+    [ "$(grep '^steer ' "$dir/out0")" = "$(grep '^steer ' "$dir/out1")" ] || fail "the workers' weights differ"
+    grep -q "^reason stop requested by worker 0" "$dir/out1" || fail "worker 1 does not name the chief's stop"
+    grep -q "^reason stop from the chief" "$dir/out0" || fail "the chief does not give its own reason" ;;
   packed-3x2)
     # CommunicationOptions::bytes_per_pack: the tensors of one all-reduce cross in several packs.
     for i in 0 1 2; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2 MW_BYTES_PER_PACK=24"; done

@@ -22,6 +22,8 @@
 #include "troupe/distribute/per_replica.hpp"
 #include "troupe/distribute/reduce_op.hpp"
 #include "troupe/distribute/strategy.hpp"
+#include "troupe/nn/callback.hpp"
+#include "troupe/nn/callbacks.hpp"
 #include "troupe/nn/datasets.hpp"
 #include "troupe/nn/dense.hpp"
 #include "troupe/nn/losses.hpp"

@@ -1,5 +1,6 @@
 #include "troupe/nn/model.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iomanip>
@@ -7,7 +8,10 @@
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 #include <utility>
+
+#include <unistd.h>
 
 #include "distribute/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
@@ -80,6 +84,18 @@ void Model::compile(std::shared_ptr<Optimizer> optimizer, Loss loss) {
   optimizer->build(layers_.named_trainable_variables());
   optimizer_ = std::move(optimizer);
   loss_ = std::move(loss);
+  metrics_.clear();
+}
+
+void Model::compile(std::shared_ptr<Optimizer> optimizer, Loss loss, std::vector<std::string> metrics) {
+  for (const std::string& m : metrics) {
+    if (m != "accuracy" && m != "sparse_categorical_accuracy") {
+      throw std::invalid_argument("Model::compile: unknown metric '" + m +
+                                  "' (expected \"accuracy\" or \"sparse_categorical_accuracy\")");
+    }
+  }
+  compile(std::move(optimizer), std::move(loss));
+  metrics_ = std::move(metrics);
 }
 
 void Model::check_compiled(const char* op) const {
@@ -103,6 +119,199 @@ Tensor Model::train_step(const data::Element& inputs, std::int64_t global_batch_
   return r.loss;
 }
 
+namespace {
+
+bool finite(double x) { return std::isfinite(x); }
+
+// What every worker agreed to do at a step boundary.
+struct Agreed {
+  bool stop = false;
+  std::string stop_reason;
+  bool checkpoint = false;
+  std::optional<bool> pause;
+  std::optional<double> learning_rate;
+};
+
+// A worker's requests as the five numbers of its row in the agreement table.
+constexpr std::size_t request_fields = 5;
+
+void encode(const TrainingControl::Requests& r, double* row) {
+  row[0] = r.stop ? 1.0 : 0.0;
+  row[1] = r.checkpoint ? 1.0 : 0.0;
+  row[2] = r.pause ? (*r.pause ? 1.0 : 2.0) : 0.0;
+  row[3] = r.learning_rate ? 1.0 : 0.0;
+  row[4] = r.learning_rate.value_or(0.0);
+}
+
+// The decision every worker reads from the same table of rows, one per worker in order: a
+// request anywhere counts everywhere; for the pause state and the learning rate the first row
+// that asked wins. `mine` gives this worker's own stop reason.
+Agreed decide(const double* table, int workers, const TrainingControl::Requests& mine) {
+  Agreed out;
+  int stopper = -1;
+  for (int w = 0; w < workers; ++w) {
+    const double* r = table + static_cast<std::size_t>(w) * request_fields;
+    if (r[0] != 0 && stopper < 0) stopper = w;
+    if (r[1] != 0) out.checkpoint = true;
+    if (r[2] != 0 && !out.pause) out.pause = r[2] == 1.0;
+    if (r[3] != 0 && !out.learning_rate) out.learning_rate = r[4];
+  }
+  if (stopper >= 0) {
+    out.stop = true;
+    out.stop_reason = mine.stop ? mine.stop_reason : "stop requested by worker " + std::to_string(stopper);
+  }
+  return out;
+}
+
+Agreed local(TrainingControl::Requests mine) {
+  Agreed out;
+  out.stop = mine.stop;
+  out.stop_reason = std::move(mine.stop_reason);
+  out.checkpoint = mine.checkpoint;
+  out.pause = mine.pause;
+  out.learning_rate = mine.learning_rate;
+  return out;
+}
+
+// Takes this worker's pending requests and agrees on them with every other worker in a
+// collective of its own (while training is paused no step carries them): one row per worker,
+// concatenated in rank order. One worker needs no collective.
+Agreed agree(TrainingControl& control, distribute::detail::WorkerGroup& group) {
+  TrainingControl::Requests mine = control.take();
+  if (group.size() == 1) return local(std::move(mine));
+  std::vector<double> row(request_fields);
+  encode(mine, row.data());
+  const Tensor table = group.concat(Tensor::from_vector(row, {1, static_cast<std::int64_t>(request_fields)}), 0);
+  return decide(table.to_vector<double>().data(), group.size(), mine);
+}
+
+std::string format_ms(double ms) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(ms >= 10 ? 0 : ms >= 1 ? 1 : 3) << ms << "ms";
+  return s.str();
+}
+
+std::string format_seconds(double seconds) {
+  std::ostringstream s;
+  if (seconds >= 3600) {
+    s << static_cast<long long>(seconds) / 3600 << ":" << std::setw(2) << std::setfill('0')
+      << (static_cast<long long>(seconds) / 60) % 60 << ":" << std::setw(2) << static_cast<long long>(seconds) % 60;
+  } else if (seconds >= 60) {
+    s << static_cast<long long>(seconds) / 60 << ":" << std::setw(2) << std::setfill('0')
+      << static_cast<long long>(seconds) % 60;
+  } else {
+    s << static_cast<long long>(seconds + 0.5) << "s";
+  }
+  return s.str();
+}
+
+// Keras's progress bar: on a terminal one line redrawn in place at most every 50 ms with the
+// step, a bar, the ETA, ms/step and the running means of the loss and metrics; at the end of an
+// epoch (and elsewhere, as the only output) the epoch's line.
+class ProgbarLogger : public Callback {
+ public:
+  ProgbarLogger(std::ostream& out, bool terminal, int verbose)
+      : out_(out), terminal_(terminal && verbose == 1) {}
+
+  void on_epoch_begin(int epoch, Logs&) override {
+    epoch_ = epoch;
+    steps_ = 0;
+    sums_.clear();
+    start_ = last_draw_ = std::chrono::steady_clock::now();
+    drawn_ = false;
+  }
+
+  void on_train_batch_end(std::int64_t, Logs& logs) override {
+    ++steps_;
+    for (const std::string& name : params().metrics) {
+      auto it = logs.find(name);
+      if (it != logs.end()) sums_[name] += it->second;
+    }
+    if (!terminal_) return;
+    const auto now = std::chrono::steady_clock::now();
+    const bool last = params().steps > 0 && steps_ >= params().steps;
+    if (!last && now - last_draw_ < std::chrono::milliseconds(50) && drawn_) return;
+    last_draw_ = now;
+    drawn_ = true;
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    const double per_step = elapsed / static_cast<double>(steps_);
+    std::ostringstream line;
+    line << "\rEpoch " << epoch_ + 1 << "/" << params().epochs << " ";
+    if (params().steps > 0) {
+      const int width = 30;
+      const std::int64_t total = params().steps;
+      const int filled = static_cast<int>(width * std::min<std::int64_t>(steps_, total) / total);
+      line << std::setw(static_cast<int>(std::to_string(total).size())) << steps_ << "/" << total << " [";
+      for (int i = 0; i < width; ++i) line << (i < filled ? '=' : i == filled ? '>' : '.');
+      line << "] - ETA: " << format_seconds(per_step * static_cast<double>(std::max<std::int64_t>(0, total - steps_)));
+    } else {
+      line << steps_ << "/Unknown - " << format_seconds(elapsed);
+    }
+    line << " - " << format_ms(per_step * 1e3) << "/step";
+    for (const std::string& name : params().metrics) {
+      auto it = sums_.find(name);
+      if (it == sums_.end()) continue;
+      line << " - " << name << ": " << std::setprecision(4) << std::fixed << it->second / static_cast<double>(steps_);
+    }
+    line << "\x1b[K";
+    out_ << line.str() << std::flush;
+  }
+
+  void on_epoch_end(int epoch, Logs& logs) override { finish(epoch, logs); }
+
+  // An epoch cut short by a stop before its end (on_epoch_end is not called after a non-finite
+  // loss) still ends its line on a terminal.
+  void on_train_end(Logs&) override {
+    if (terminal_ && drawn_) out_ << "\n" << std::flush;
+    drawn_ = false;
+  }
+
+ private:
+  void finish(int epoch, const Logs& logs) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    std::ostringstream line;
+    if (terminal_) line << "\r\x1b[K";
+    line << "Epoch " << epoch + 1 << "/" << params().epochs << ": " << steps_ << (steps_ == 1 ? " step" : " steps");
+    const auto loss = logs.find("loss");
+    if (loss != logs.end()) line << ", loss " << std::setprecision(6) << loss->second;
+    // Keras's order: the loss and metrics, then the same with "val_".
+    for (const char* prefix : {"", "val_"}) {
+      for (const std::string& metric : params().metrics) {
+        const std::string name = prefix + metric;
+        const auto it = logs.find(name);
+        if (name == "loss" || it == logs.end()) continue;
+        line << ", " << name << " " << std::setprecision(4) << std::fixed << it->second << std::defaultfloat;
+      }
+    }
+    const auto rate = logs.find("samples_per_second");
+    if (rate != logs.end()) line << ", " << std::fixed << std::setprecision(0) << rate->second << " samples/s";
+    line << ", ";
+    // Epochs of a small set take microseconds: three significant digits in ms, not "0.000 s".
+    if (seconds >= 0.1) {
+      line << std::fixed << std::setprecision(3) << seconds << " s";
+    } else {
+      line << std::defaultfloat << std::setprecision(3) << seconds * 1e3 << " ms";
+    }
+    if (steps_ > 0) line << ", " << format_ms(seconds * 1e3 / static_cast<double>(steps_)) << "/step";
+    out_ << line.str() << "\n" << std::flush;
+    drawn_ = false;
+  }
+
+  std::ostream& out_;
+  bool terminal_;
+  int epoch_ = 0;
+  std::int64_t steps_ = 0;
+  std::map<std::string, double> sums_;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+  bool drawn_ = false;
+};
+
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
 History Model::fit(const distribute::DistributedDataset& dataset, int epochs, std::int64_t steps_per_epoch,
                    const FitOptions& options) {
   check_compiled("fit");
@@ -115,24 +324,101 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
     throw std::invalid_argument("Model::fit: initial_step " + std::to_string(options.initial_step) +
                                 " needs steps_per_epoch and must be >= 0");
   }
+  for (std::size_t i = 0; i < options.callbacks.size(); ++i) {
+    if (!options.callbacks[i]) throw std::invalid_argument("Model::fit: callback " + std::to_string(i) + " is null");
+  }
   auto scope = cross_replica_scope(*strategy_, "fit");
   distribute::Strategy& strategy = *strategy_;
+  distribute::detail::WorkerGroup& group = strategy.backend().workers();
   std::ostream& out = options.out != nullptr ? *options.out : std::cout;
-  const std::int64_t workers = strategy.backend().workers().size();
+  const std::int64_t workers = group.size();
   const auto all_reduce_before = optimizer_->all_reduce_time();
+  TrainingControl& control = *control_;
+  control.reset();
+
+  FitParams params;
+  params.epochs = epochs;
+  params.steps = steps_per_epoch;
+  params.verbose = options.verbose;
+  params.worker = group.rank();
+  params.workers = group.size();
+  params.metrics.push_back("loss");
+  for (const std::string& m : metrics_) params.metrics.push_back(m);
+
+  std::vector<std::shared_ptr<Callback>> callbacks = options.callbacks;
+  if (options.verbose > 0 && (group.rank() == 0 || options.print_on_all_workers)) {
+    const bool terminal = options.terminal ? *options.terminal : (options.out == nullptr && isatty(STDOUT_FILENO) == 1);
+    callbacks.push_back(std::make_shared<ProgbarLogger>(out, terminal, options.verbose));
+  }
+  for (const auto& c : callbacks) c->set_model(*this, params);
 
   History history;
+  Logs train_logs;
+  for (const auto& c : callbacks) c->on_train_begin(train_logs);
   std::optional<distribute::DistributedIterator> iterator;
   std::int64_t step = options.initial_step;
   const int first_epoch = steps_per_epoch > 0 ? static_cast<int>(options.initial_step / steps_per_epoch) : 0;
-  for (int epoch = first_epoch; epoch < epochs; ++epoch) {
+  const bool with_metrics = !metrics_.empty();
+  const int local_replicas = static_cast<int>(strategy.extended().worker_devices().size());
+  bool stopped = false;
+  Logs last_batch_logs;
+
+  // Applies, at this step boundary, what every worker agreed on (carried by the step's own
+  // reduction under MultiWorkerMirroredStrategy, this worker's requests otherwise) and a
+  // callback's stop_training; holds training while paused.
+  auto boundary = [&](Logs& logs, std::optional<Agreed> carried) {
+    Agreed agreed = carried ? std::move(*carried) : local(control.take());
+    if (auto reason = control.take_immediate_stop()) {
+      if (!agreed.stop) agreed.stop_reason = *reason;
+      agreed.stop = true;
+    }
+    for (bool first = true;; first = false) {
+      if (agreed.learning_rate) optimizer_->set_learning_rate(static_cast<float>(*agreed.learning_rate));
+      if (agreed.checkpoint && history.non_finite_step == 0) {
+        for (const auto& c : callbacks) c->on_checkpoint(step, logs);
+      }
+      if (agreed.stop) {
+        if (!stopped) {
+          stopped = true;
+          history.stop_reason = agreed.stop_reason;
+          history.stopped_at_step = step;
+        }
+        break;
+      }
+      if (first && agreed.pause && *agreed.pause) {
+        control.set_paused(true);
+        for (const auto& c : callbacks) c->on_pause(step);
+      } else if (!first && agreed.pause && !*agreed.pause) {
+        break;
+      }
+      if (!control.paused()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      agreed = agree(control, group);
+    }
+    if (control.paused()) {
+      control.set_paused(false);
+      if (!stopped) {
+        for (const auto& c : callbacks) c->on_resume(step);
+      }
+    }
+  };
+
+  for (int epoch = first_epoch; epoch < epochs && !stopped; ++epoch) {
+    control.set_position(step, epoch);
     if (steps_per_epoch < 0 || !iterator) iterator.emplace(dataset.make_iterator());
+    Logs epoch_logs;
+    for (const auto& c : callbacks) c->on_epoch_begin(epoch, epoch_logs);
     const auto start = std::chrono::steady_clock::now();
     double loss_sum = 0.0;
+    double hits_sum = 0.0;
     std::int64_t steps = 0;
     std::int64_t samples = 0;
     std::int64_t k = (epoch == first_epoch && steps_per_epoch > 0) ? options.initial_step % steps_per_epoch : 0;
-    for (; steps_per_epoch < 0 || k < steps_per_epoch; ++k) {
+    for (; (steps_per_epoch < 0 || k < steps_per_epoch) && !stopped; ++k) {
+      Logs logs;
+      for (const auto& c : callbacks) c->on_train_batch_begin(k, logs);
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto all_reduce_at_start = optimizer_->all_reduce_time();
       auto batch = iterator->get_next_as_optional();
       if (!batch) {
         if (steps_per_epoch < 0) break;
@@ -140,9 +426,11 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
         batch = iterator->get_next_as_optional();
         if (!batch) throw std::invalid_argument("Model::fit: the dataset has no elements");
       }
+      std::vector<std::int64_t> replica_rows;
       std::int64_t rows = 0;
       for (const data::Element& e : batch->values()) {
         check_element(e, "fit");
+        replica_rows.push_back(rows_of(e));
         rows += rows_of(e);
       }
       // Input whose end is agreed across workers knows the step's rows over every worker (one
@@ -150,20 +438,93 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       // size except at the very end of the data.
       const std::int64_t global_batch = iterator->last_global_rows().value_or(rows * workers);
       if (global_batch == 0) continue;
-      auto losses = strategy.run([this, global_batch](const data::Element& e) { return train_step(e, global_batch); },
-                                 *batch);
-      const double loss = as_double(strategy.reduce(ReduceOp::sum, losses, std::nullopt));
-      if (options.on_replica_losses) options.on_replica_losses(losses.values());
+      const auto t1 = std::chrono::steady_clock::now();
+      // With metrics or several workers each replica returns float64 {its share of the loss, its
+      // correct predictions, then one row of requests per worker}: the first replica of each
+      // worker fills its worker's row with the requests pending now, so the step's one
+      // reduction also agrees on them (no collective of its own).
+      const bool wide = with_metrics || workers > 1;
+      TrainingControl::Requests carried;
+      std::vector<double> carried_row(request_fields);
+      if (workers > 1) {
+        carried = control.take();
+        encode(carried, carried_row.data());
+      }
+      const int worker_count = static_cast<int>(workers);
+      auto results = strategy.run(
+          [this, global_batch, with_metrics, wide, worker_count, local_replicas, &carried_row](const data::Element& e) {
+            if (!wide) return train_step(e, global_batch);
+            check_element(e, "fit");
+            std::vector<Tensor> activations;
+            const Tensor outputs = layers_.forward(model_input(e[0], "fit"), activations);
+            LossAndGradient lg = loss_.fn(outputs, e[1], global_batch);
+            optimizer_->apply_gradients(zip(layers_.backward(activations, lg.gradient), trainable_variables()));
+            std::vector<double> v(2 + request_fields * static_cast<std::size_t>(worker_count), 0.0);
+            v[0] = as_double(lg.loss);
+            if (with_metrics && rows_of(e) > 0) v[1] = nn::accuracy(outputs, e[1]) * static_cast<double>(rows_of(e));
+            const int id = distribute::get_replica_context()->replica_id_in_sync_group();
+            if (worker_count > 1 && id % local_replicas == 0) {
+              const std::size_t at = 2 + request_fields * static_cast<std::size_t>(id / local_replicas);
+              std::copy(carried_row.begin(), carried_row.end(), v.begin() + static_cast<std::ptrdiff_t>(at));
+            }
+            // On the replica's device, where the strategy's cross-device op expects its values.
+            return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(lg.loss.device());
+          },
+          *batch);
+      const Tensor reduced = strategy.reduce(ReduceOp::sum, results, std::nullopt);
+      const auto t2 = std::chrono::steady_clock::now();
+      double loss = 0.0;
+      double hits = 0.0;
+      std::optional<Agreed> agreed;
+      if (wide) {
+        const std::vector<double> v = reduced.to_vector<double>();
+        loss = v[0];
+        hits = v[1];
+        if (workers > 1) agreed = decide(v.data() + 2, worker_count, carried);
+      } else {
+        loss = as_double(reduced);
+      }
       loss_sum += loss;
+      hits_sum += hits;
       ++steps;
       samples += global_batch;
       ++step;
+      control.set_position(step, epoch);
+      if (!finite(loss) && history.non_finite_step == 0) history.non_finite_step = step;
+
+      const double all_reduce_s =
+          std::chrono::duration<double>(optimizer_->all_reduce_time() - all_reduce_at_start).count();
+      const double step_s = seconds_between(t0, t2);
+      logs["loss"] = loss;
+      for (const std::string& m : metrics_) logs[m] = hits / static_cast<double>(global_batch);
+      logs["learning_rate"] = optimizer_->learning_rate();
+      logs["samples_per_second"] = step_s > 0 ? static_cast<double>(global_batch) / step_s : 0.0;
+      logs["time/input_ms"] = seconds_between(t0, t1) * 1e3;
+      logs["time/all_reduce_ms"] = all_reduce_s * 1e3;
+      logs["time/compute_ms"] = std::max(0.0, seconds_between(t1, t2) - all_reduce_s) * 1e3;
+      logs["time/step_ms"] = step_s * 1e3;
+      const auto locals = strategy.experimental_local_results(results);
+      for (std::size_t r = 0; r < locals.size() && r < replica_rows.size(); ++r) {
+        if (replica_rows[r] == 0) continue;
+        const double share = wide ? locals[r].to_vector<double>()[0] : as_double(locals[r]);
+        logs["loss/replica_" + std::to_string(group.rank() * local_replicas + static_cast<int>(r))] =
+            share * static_cast<double>(global_batch) / static_cast<double>(replica_rows[r]);
+      }
+      if (options.on_replica_losses) {
+        std::vector<Tensor> shares;
+        shares.reserve(locals.size());
+        for (const Tensor& t : locals) shares.push_back(wide ? Tensor::scalar<double>(t.to_vector<double>()[0]) : t);
+        options.on_replica_losses(shares);
+      }
       if (options.on_step_end) options.on_step_end(step, loss);
+      for (const auto& c : callbacks) c->on_train_batch_end(k, logs);
+      boundary(logs, std::move(agreed));
+      last_batch_logs = std::move(logs);
     }
     if (steps == 0) {
       throw std::invalid_argument("Model::fit: epoch " + std::to_string(epoch + 1) + " got no batch from the dataset");
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds = seconds_between(start, std::chrono::steady_clock::now());
     const double epoch_loss = loss_sum / static_cast<double>(steps);
     const double rate = seconds > 0 ? static_cast<double>(samples) / seconds : 0.0;
     history.loss.push_back(epoch_loss);
@@ -171,20 +532,28 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
     history.samples_per_second.push_back(rate);
     history.steps += steps;
     history.samples += samples;
-    if (options.verbose > 0) {
-      std::ostringstream line;
-      line << "Epoch " << epoch + 1 << "/" << epochs << ": " << steps << (steps == 1 ? " step" : " steps")
-           << ", loss " << std::setprecision(6) << epoch_loss << ", " << std::fixed << std::setprecision(0) << rate
-           << " samples/s, ";
-      // Epochs of a small set take microseconds: three significant digits in ms, not "0.000 s".
-      if (seconds >= 0.1) {
-        line << std::setprecision(3) << seconds << " s\n";
-      } else {
-        line << std::defaultfloat << std::setprecision(3) << seconds * 1e3 << " ms\n";
+    epoch_logs["loss"] = epoch_loss;
+    for (const std::string& m : metrics_) epoch_logs[m] = hits_sum / static_cast<double>(samples);
+    const bool poisoned = history.non_finite_step != 0 && stopped;
+    if (options.validation_data && !poisoned) {
+      const EvaluateResult v = evaluate(*options.validation_data);
+      epoch_logs["val_loss"] = v.loss;
+      for (const std::string& m : metrics_) epoch_logs["val_" + m] = v.accuracy;
+    }
+    for (const auto& [name, value] : epoch_logs) history.history[name].push_back(value);
+    epoch_logs["learning_rate"] = optimizer_->learning_rate();
+    epoch_logs["samples_per_second"] = rate;
+    if (!poisoned) {
+      for (const auto& c : callbacks) c->on_epoch_end(epoch, epoch_logs);
+      // Only a callback's own stop_training acts here: requests wait for the next step.
+      if (auto reason = control.take_immediate_stop(); reason && !stopped) {
+        stopped = true;
+        history.stop_reason = *reason;
+        history.stopped_at_step = step;
       }
-      out << line.str() << std::flush;
     }
   }
+  for (const auto& c : callbacks) c->on_train_end(last_batch_logs);
   history.all_reduce_seconds = std::chrono::duration<double>(optimizer_->all_reduce_time() - all_reduce_before).count();
   return history;
 }

@@ -5,11 +5,13 @@
 #include <iosfwd>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "troupe/data/dataset.hpp"
 #include "troupe/distribute/input.hpp"
+#include "troupe/nn/callback.hpp"
 #include "troupe/nn/losses.hpp"
 #include "troupe/nn/optimizers.hpp"
 #include "troupe/nn/sequential.hpp"
@@ -22,21 +24,32 @@ class Strategy;
 
 namespace troupe::nn {
 
-/// How Model::fit reports and resumes.
+/// How Model::fit reports, resumes and is steered.
 struct FitOptions {
-  /// 0: silent; 1: one line per epoch ("Epoch 2/5: 40 steps, loss 0.1234, 51234 samples/s, 0.52 s").
+  /// 0: silent; 1: Keras's progress bar (ETA, ms/step, loss and metrics), redrawn in place on a
+  /// terminal and one line per epoch otherwise; 2: one line per epoch
+  /// ("Epoch 2/5: 40 steps, loss 0.1234, accuracy 0.9500, 51234 samples/s, 0.52 s, 13 ms/step").
   int verbose = 1;
-  /// Where the progress lines go; nullptr: std::cout.
+  /// Where the progress goes; nullptr: std::cout.
   std::ostream* out = nullptr;
+  /// Whether `out` is a terminal (the bar is redrawn in place); unset: std::cout on a terminal.
+  std::optional<bool> terminal;
+  /// Under MultiWorkerMirroredStrategy only the chief prints, unless this is set.
+  bool print_on_all_workers = false;
   /// Steps already done by an earlier run (after restoring a checkpoint): training starts at that
   /// step of that epoch. Needs steps_per_epoch.
   std::int64_t initial_step = 0;
   /// Called after every step, in cross-replica context, with the number of steps done in all
-  /// (initial_step included) and the step's loss: where a trainer saves checkpoints.
+  /// (initial_step included) and the step's loss.
   std::function<void(std::int64_t step, double loss)> on_step_end;
   /// Called after every step, before on_step_end, with this worker's replicas' losses (each
   /// replica's share of the global mean): what a Monitor shows per replica.
   std::function<void(const std::vector<Tensor>& replica_losses)> on_replica_losses;
+  /// Called at every boundary of training, in this order (see Callback).
+  std::vector<std::shared_ptr<Callback>> callbacks;
+  /// Batches {features, labels} evaluated at the end of every epoch: "val_loss" and the compiled
+  /// metrics with "val_" in front, in the epoch's logs and History::history.
+  std::optional<data::Dataset> validation_data;
 };
 
 /// What Model::fit measured.
@@ -44,9 +57,18 @@ struct History {
   std::vector<double> loss;                ///< per epoch: the mean of its steps' losses
   std::vector<double> samples_per_second;  ///< per epoch
   std::vector<double> seconds;             ///< per epoch, wall-clock
+  /// Per epoch, by name (Keras's History.history): "loss", the compiled metrics, "val_*".
+  std::map<std::string, std::vector<double>> history;
   std::int64_t steps = 0;                  ///< steps run by this call
   std::int64_t samples = 0;                ///< examples consumed by this call, over all replicas
   double all_reduce_seconds = 0;           ///< replica 0's time in the gradient all-reduce
+  /// Why training ended before its last epoch (TrainingControl::stop_training's reason); empty
+  /// when it ran to the end.
+  std::string stop_reason;
+  /// The step (counted from the start, initial_step included) after which training stopped early.
+  std::int64_t stopped_at_step = 0;
+  /// The step whose loss was NaN or infinite when TerminateOnNaN stopped training (0: none).
+  std::int64_t non_finite_step = 0;
 };
 
 /// What Model::evaluate measured.
@@ -74,6 +96,10 @@ class Model {
 
   /// Sets the optimizer and the loss, and builds the optimizer's slots in the model's scope.
   void compile(std::shared_ptr<Optimizer> optimizer, Loss loss);
+  /// The same, with metrics computed during fit and evaluate: "accuracy" or
+  /// "sparse_categorical_accuracy" (the argmax of the outputs against integer labels; anything
+  /// else is std::invalid_argument naming it).
+  void compile(std::shared_ptr<Optimizer> optimizer, Loss loss, std::vector<std::string> metrics);
 
   /// Trains for `epochs` epochs. Each step takes the next per-replica batch {features, targets},
   /// and runs train_step on every replica through strategy.run; the step's loss is the global
@@ -114,6 +140,10 @@ class Model {
   const std::shared_ptr<Optimizer>& optimizer() const noexcept { return optimizer_; }
   /// The compiled loss (no function before compile).
   const Loss& loss() const noexcept { return loss_; }
+  /// The compiled metrics' names.
+  const std::vector<std::string>& metrics() const noexcept { return metrics_; }
+  /// Requests to a running fit (stop, pause, checkpoint, learning rate): see TrainingControl.
+  TrainingControl& control() const noexcept { return *control_; }
   /// The strategy the model belongs to.
   distribute::Strategy& strategy() const noexcept { return *strategy_; }
 
@@ -124,6 +154,8 @@ class Model {
   distribute::Strategy* strategy_;
   std::shared_ptr<Optimizer> optimizer_;
   Loss loss_;
+  std::vector<std::string> metrics_;
+  std::shared_ptr<TrainingControl> control_ = std::make_shared<TrainingControl>();
 };
 
 }  // namespace troupe::nn
