@@ -403,7 +403,7 @@ int run(const Flags& f) {
     return 1;
   }
   if (manager && last_saved != std::max(initial_step, end_step)) save(std::max(initial_step, end_step), {});
-  if (monitor && monitor->stopped()) std::cout << "stopped from the dashboard after step " << end_step << "\n";
+  if (monitor && monitor->stopped()) std::cout << "training stopped from the dashboard after step " << end_step << "\n";
   if (stop_on_signal->received() != 0) {
     std::cerr << "mlp_classifier: " << history.stop_reason << " at step " << history.stopped_at_step << "; "
               << (manager ? "checkpoint " + last_file + " saved (continue with --resume)"

@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
     if (dashboard_stop) {
       // A clean stop: every worker saves the same step, then reports as at the end.
       end_step = history.stopped_at_step;
-      std::cout << "stopped from the dashboard after step " << end_step << "\n";
+      std::cout << "training stopped from the dashboard after step " << end_step << "\n";
       save(end_step, {});
     } else if (stop_on_signal->received() != 0 || !history.stop_reason.empty()) {
       std::cerr << "multi_worker_trainer: " << history.stop_reason << " at step " << history.stopped_at_step << "; "
