@@ -12,6 +12,7 @@
 #include "distribute/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
+#include "troupe/nn/backup_and_restore.hpp"
 #include "troupe/nn/ops.hpp"
 
 namespace troupe::nn {
@@ -121,23 +122,45 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
 
   History history;
   std::optional<distribute::DistributedIterator> iterator;
-  std::int64_t step = options.initial_step;
-  const int first_epoch = steps_per_epoch > 0 ? static_cast<int>(options.initial_step / steps_per_epoch) : 0;
+  std::int64_t taken = 0;  // elements taken from the current iterator
+  TrainingPosition at;     // where this call starts
+  if (steps_per_epoch > 0) {
+    at.step = options.initial_step;
+    at.epoch = options.initial_step / steps_per_epoch;
+    at.step_in_epoch = options.initial_step % steps_per_epoch;
+  }
+  BackupAndRestore* backup = options.backup_and_restore;
+  if (backup != nullptr) {
+    backup->track(variables());
+    at = backup->restore();
+  }
+  std::int64_t step = at.step;
+  const int first_epoch = static_cast<int>(at.epoch);
+  BackupAndRestore::replay_passes(dataset, at.input_passes);
+  std::int64_t passes = at.input_passes;  // iterators made, the current one included
   for (int epoch = first_epoch; epoch < epochs; ++epoch) {
-    if (steps_per_epoch < 0 || !iterator) iterator.emplace(dataset.make_iterator());
+    if (steps_per_epoch < 0 || !iterator) {
+      iterator.emplace(dataset.make_iterator());
+      ++passes;
+      taken = epoch == first_epoch ? BackupAndRestore::skip(*iterator, at.iterator_position) : 0;
+    }
     const auto start = std::chrono::steady_clock::now();
     double loss_sum = 0.0;
     std::int64_t steps = 0;
     std::int64_t samples = 0;
-    std::int64_t k = (epoch == first_epoch && steps_per_epoch > 0) ? options.initial_step % steps_per_epoch : 0;
+    const std::int64_t first_k = epoch == first_epoch ? at.step_in_epoch : 0;
+    std::int64_t k = first_k;
     for (; steps_per_epoch < 0 || k < steps_per_epoch; ++k) {
       auto batch = iterator->get_next_as_optional();
       if (!batch) {
         if (steps_per_epoch < 0) break;
         iterator.emplace(dataset.make_iterator());  // a finite dataset with steps_per_epoch: start again
+        ++passes;
+        taken = 0;
         batch = iterator->get_next_as_optional();
         if (!batch) throw std::invalid_argument("Model::fit: the dataset has no elements");
       }
+      ++taken;
       std::int64_t rows = 0;
       for (const data::Element& e : batch->values()) {
         check_element(e, "fit");
@@ -154,7 +177,18 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       samples += global_batch;
       ++step;
       if (options.on_step_end) options.on_step_end(step, loss);
+      if (backup != nullptr) {
+        // The last step of an epoch of known length stands at the start of the next one.
+        const bool epoch_done = steps_per_epoch > 0 && k + 1 == steps_per_epoch;
+        backup->on_step_end(epoch_done ? TrainingPosition{step, epoch + 1, 0, taken, passes - 1}
+                                       : TrainingPosition{step, epoch, k + 1, taken, passes - 1});
+      }
     }
+    if (backup != nullptr) {
+      backup->on_epoch_end(steps_per_epoch > 0 ? TrainingPosition{step, epoch + 1, 0, taken, passes - 1}
+                                               : TrainingPosition{step, epoch + 1, 0, 0, passes});
+    }
+    if (steps == 0 && first_k > 0) continue;  // resumed after the last batch of this epoch
     if (steps == 0) {
       throw std::invalid_argument("Model::fit: epoch " + std::to_string(epoch + 1) + " got no batch from the dataset");
     }
@@ -181,6 +215,7 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
     }
   }
   history.all_reduce_seconds = std::chrono::duration<double>(optimizer_->all_reduce_time() - all_reduce_before).count();
+  if (backup != nullptr) backup->on_train_end();
   return history;
 }
 

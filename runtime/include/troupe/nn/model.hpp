@@ -22,6 +22,8 @@ class Strategy;
 
 namespace troupe::nn {
 
+class BackupAndRestore;
+
 /// How Model::fit reports and resumes.
 struct FitOptions {
   /// 0: silent; 1: one line per epoch ("Epoch 2/5: 40 steps, loss 0.1234, 51234 samples/s, 0.52 s").
@@ -34,6 +36,10 @@ struct FitOptions {
   /// Called after every step, in cross-replica context, with the number of steps done in all
   /// (initial_step included) and the step's loss: where a trainer saves checkpoints.
   std::function<void(std::int64_t step, double loss)> on_step_end;
+  /// Backs the run up and resumes it where a backup stands (weights, optimizer, step, epoch,
+  /// input position), so that an interrupted fit ends bit-identical to one that never stopped.
+  /// Not owned; replaces initial_step. See troupe/nn/backup_and_restore.hpp.
+  BackupAndRestore* backup_and_restore = nullptr;
 };
 
 /// What Model::fit measured.
