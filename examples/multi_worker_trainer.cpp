@@ -4,6 +4,13 @@
 //   troupe-launch -n 2 -- multi_worker_trainer            # 2 workers, 1 CPU replica each
 //   troupe-launch -n 2 --devices-per-worker 2 -- multi_worker_trainer --epochs 3
 //   troupe-launch -n 2 -- multi_worker_trainer --compression bf16   # gradients cross in 16 bits
+//   troupe-launch -n 2 --max-restarts 3 -- multi_worker_trainer --checkpoint-dir /tmp/run
+//
+// With --checkpoint-dir, the run is backed up (BackupAndRestore) at the end of every epoch, or
+// every --checkpoint-every steps, and when any worker gets SIGTERM every worker saves at the same
+// step and exits with status 75 (PreemptionCheckpointHandler). Started again (troupe-launch
+// --max-restarts does it), it resumes from the newest backup and ends with the same weights as a
+// run that never stopped. The backup is deleted when the run completes.
 //
 // Every worker reads the same generated set; each global batch is split over all replicas of all
 // workers; gradients are all-reduced hierarchically (shared memory, then a TCP ring between the
@@ -12,8 +19,15 @@
 // where weights_digest hashes the bytes of every variable (the model's and the optimizer's), the
 // same on every worker of a synchronised run.
 
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <memory>
+#include <thread>
 #include <map>
 #include <sstream>
 #include <string>
@@ -53,6 +67,9 @@ int main(int argc, char** argv) {
   int epochs = 3;
   std::int64_t batch = 256;
   std::string compression = "none";
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  int step_delay_ms = 0;
   CLI::App app{"The MLP classifier under MultiWorkerMirroredStrategy (TF_CONFIG says who is who).",
                "multi_worker_trainer"};
   troupe::examples::show_defaults(app);
@@ -63,7 +80,28 @@ int main(int argc, char** argv) {
                  "how gradients cross workers: none (float32), fp16 or bf16 (CommunicationOptions::compression; "
                  "every worker must pass the same)")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
+  app.add_option("--checkpoint-dir", checkpoint_dir,
+                 "back the run up in DIR and resume from it (every worker must see the same directory)")
+      ->type_name("DIR");
+  app.add_option("--checkpoint-every", checkpoint_every,
+                 "with --checkpoint-dir: save every STEPS steps (0: at the end of every epoch)")
+      ->type_name("STEPS")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+  app.add_option("--step-delay-ms", step_delay_ms, "sleep this long after every step (to watch or interrupt a run)")
+      ->check(CLI::Range(0, 60000));
   return troupe::examples::run_main(app, argc, argv, [&] {
+    if (checkpoint_every > 0 && checkpoint_dir.empty()) {
+      throw std::invalid_argument("--checkpoint-every " + std::to_string(checkpoint_every) +
+                                  " needs --checkpoint-dir DIR (where to save)");
+    }
+    // The directory is checked now, before the cluster forms and any training.
+    std::unique_ptr<nn::BackupAndRestore> backup;
+    if (!checkpoint_dir.empty()) {
+      nn::BackupOptions backup_options;
+      backup_options.save_freq = checkpoint_every;
+      backup_options.save_before_preemption = true;
+      backup = std::make_unique<nn::BackupAndRestore>(checkpoint_dir, backup_options);
+    }
     Runtime rt;
     CommunicationOptions communication;
     communication.compression = compression == "fp16"   ? Compression::fp16
@@ -83,14 +121,28 @@ int main(int argc, char** argv) {
                                     nn::Dense(64, blobs.classes, nn::Activation::none, 3)}));
     model.compile(std::make_shared<nn::Adam>(0.003f), nn::Loss::sparse_categorical_crossentropy());
     std::cout << strategy.cluster_resolver()->task_type() << " " << strategy.cluster_resolver()->task_id() << " of "
-              << workers << " workers, " << strategy.num_replicas_in_sync() << " replicas, global batch " << batch
-              << ", compression " << compression << "\n";
+              << workers << " workers (pid " << ::getpid() << "), " << strategy.num_replicas_in_sync() << " replicas, global batch " << batch
+              << ", compression " << compression << std::endl;  // flushed: a supervisor reads the pid
     auto batches = data::Dataset::from_tensor_slices({d.features, d.labels}).shuffle(blobs.samples, 7).repeat().batch(
         batch, true);
-    nn::History history = model.fit(batches, epochs, steps_per_epoch);
+    nn::FitOptions fit_options;
+    if (backup) {
+      fit_options.backup_and_restore = backup.get();
+      if (auto latest = backup->latest_backup()) {
+        std::cout << "resuming from " << std::filesystem::path(*latest).filename().string() << "\n";
+      }
+    }
+    if (step_delay_ms > 0) {
+      fit_options.on_step_end = [&](std::int64_t, double) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms));
+      };
+    }
+    nn::History history = model.fit(batches, epochs, steps_per_epoch, fit_options);
     const nn::EvaluateResult eval = model.evaluate(d.features, d.labels);
+    // A run resumed after its last epoch trained no epoch here: no loss to report.
+    const double loss = history.loss.empty() ? std::nan("") : history.loss.back();
     std::cout << std::setprecision(9) << "result: workers=" << workers
-              << " replicas=" << strategy.num_replicas_in_sync() << " loss=" << history.loss.back()
+              << " replicas=" << strategy.num_replicas_in_sync() << " loss=" << loss
               << " accuracy=" << eval.accuracy << " weights_digest=" << weights_digest(model.variables()) << "\n";
     return 0;
   });

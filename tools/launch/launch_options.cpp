@@ -118,7 +118,7 @@ Workers read their standard input from /dev/null.
 With --max-restarts N, a run that fails (a worker exits non-zero or is killed) or is preempted (a
 worker exits with status 75 after saving a checkpoint: PreemptionCheckpointHandler) is started
 again, every worker with fresh ports, after a wait that doubles each time (--restart-backoff); the
-launcher says why on stderr. It gives up after N restarts with the last failure's status. A
+launcher says why on stderr; workers find the restarts so far in TROUPE_RESTART_COUNT. It gives up after N restarts with the last failure's status. A
 signal to the launcher, --timeout, or a program that cannot be executed ends it at once.
 
 Exit status: 0 when every worker succeeds; the status of the first worker to fail (128+signal when

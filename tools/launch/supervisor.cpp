@@ -162,6 +162,7 @@ class supervisor {
       timeout_at_ = clock::now() + std::chrono::duration_cast<clock::duration>(
                                        std::chrono::duration<double>(*options_.timeout_s));
     for (int restarts = 0;; ++restarts) {
+      restart_count_ = restarts;
       const int status = run_once();
       if (status == 0) return 0;
       // A signal to the launcher, the timeout, or a program that does not start: restarting
@@ -336,7 +337,7 @@ class supervisor {
     bool token = false;
     for (char** e = environ; e && *e; ++e) {
       std::string entry(*e);
-      if (entry.rfind("TF_CONFIG=", 0) == 0) continue;
+      if (entry.rfind("TF_CONFIG=", 0) == 0 || entry.rfind("TROUPE_RESTART_COUNT=", 0) == 0) continue;
       if (entry.rfind("TROUPE_CLUSTER_TOKEN=", 0) == 0) {
         if (entry.size() == std::strlen("TROUPE_CLUSTER_TOKEN=")) continue;  // empty: as if unset
         token = true;
@@ -347,6 +348,7 @@ class supervisor {
     if (options_.devices_per_worker)
       env.push_back("TROUPE_DEVICES_PER_WORKER=" + std::to_string(*options_.devices_per_worker));
     if (!token) env.push_back("TROUPE_CLUSTER_TOKEN=" + random_token());
+    env.push_back("TROUPE_RESTART_COUNT=" + std::to_string(restart_count_));
     return env;
   }
 
@@ -650,6 +652,7 @@ class supervisor {
   bool timed_out_ = false;
   bool start_failed_ = false;
   std::string last_failure_;  // the worker that failed first in the last run, and how
+  int restart_count_ = 0;     // restarts so far: TROUPE_RESTART_COUNT of the workers
   std::optional<clock::time_point> timeout_at_;
   std::optional<clock::time_point> kill_at_;
   std::optional<clock::time_point> drain_until_;

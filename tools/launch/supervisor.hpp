@@ -17,7 +17,8 @@
 //    timeout, or a program that could not start) is started again, every worker with fresh
 //    ports, after a backoff that doubles each time; the launcher says why, and after N restarts
 //    it returns the last failure's status. A worker that exits with status 75 was preempted and
-//    saved a checkpoint (PreemptionCheckpointHandler); it is restarted the same way.
+//    saved a checkpoint (PreemptionCheckpointHandler); it is restarted the same way. Workers
+//    find the number of restarts so far in TROUPE_RESTART_COUNT (0 in the first run).
 // If the launcher itself dies, each worker's main process gets SIGKILL (Linux's parent-death
 // signal).
 

@@ -105,8 +105,14 @@ bool PreemptionCheckpointHandler::save_checkpoint_if_preempted() {
   } else {
     manager_->save(total_run_calls_);
   }
-  // No worker leaves before every one has saved (the chief's file is written by now).
-  workers.sum(Tensor::scalar<std::int64_t>(1));
+  // No worker leaves before every one has saved (the chief's file is written by now). A worker
+  // that completes this sum has everyone's contribution, so every worker had saved: one that
+  // sees the sum fail because a faster worker already left has nothing more to wait for.
+  try {
+    workers.sum(Tensor::scalar<std::int64_t>(1));
+  } catch (const std::exception& e) {
+    log(LogLevel::info, std::string("PreemptionCheckpointHandler: after the save: ") + e.what());
+  }
   if (config_.exit_fn) {
     config_.exit_fn();
     return true;
