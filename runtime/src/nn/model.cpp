@@ -184,11 +184,16 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
                                        : TrainingPosition{step, epoch, k + 1, taken, passes - 1});
       }
     }
-    if (backup != nullptr) {
+    // The epoch's time excludes its backup (after the line below).
+    const auto end_of_epoch = [&] {
+      if (backup == nullptr) return;
       backup->on_epoch_end(steps_per_epoch > 0 ? TrainingPosition{step, epoch + 1, 0, taken, passes - 1}
                                                : TrainingPosition{step, epoch + 1, 0, 0, passes});
+    };
+    if (steps == 0 && first_k > 0) {  // resumed after the last batch of this epoch
+      end_of_epoch();
+      continue;
     }
-    if (steps == 0 && first_k > 0) continue;  // resumed after the last batch of this epoch
     if (steps == 0) {
       throw std::invalid_argument("Model::fit: epoch " + std::to_string(epoch + 1) + " got no batch from the dataset");
     }
@@ -213,6 +218,7 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       }
       out << line.str() << std::flush;
     }
+    end_of_epoch();
   }
   history.all_reduce_seconds = std::chrono::duration<double>(optimizer_->all_reduce_time() - all_reduce_before).count();
   if (backup != nullptr) backup->on_train_end();
