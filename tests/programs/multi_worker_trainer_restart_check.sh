@@ -67,6 +67,8 @@ if [ "$mode" = kill ]; then
 else
   grep -q "^troupe-launch: restarting all 2 workers (restart 1 of 2) in 0.2 s: worker [01] (pid [0-9]*, .*) exited with status 75 (preempted: it saved a checkpoint to restart from)$" "$dir/run.out" ||
     fail "the launcher did not restart after a preemption exit (status 75)"
+  n75=$(grep -c "^troupe-launch: worker [01] (pid [0-9]*, [^)]*) exited with status 75 (preempted" "$dir/run.out")
+  [ "$n75" = 2 ] || fail "$n75 workers exited with status 75 (expected both)"
   saved=()
   for r in 0 1; do
     s=$(sed -n "s/^\[rank $r\] troupe: warning: PreemptionCheckpointHandler: worker $r of 2: .* saving a checkpoint at step \([0-9]*\), then exiting with status 75$/\1/p" "$dir/run.out")

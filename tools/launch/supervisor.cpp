@@ -532,7 +532,12 @@ class supervisor {
 
   void on_exit(const worker& w, int status) {
     bool succeeded = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (succeeded || stopping_) return;  // once stopping, exits are what was asked for
+    if (succeeded) return;
+    if (stopping_) {  // once stopping, exits are what was asked for; a preempted one is told
+      if (WIFEXITED(status) && WEXITSTATUS(status) == preemption_exit_code)
+        say(w.describe() + " exited with status " + std::to_string(preemption_exit_code) + " (preempted) too");
+      return;
+    }
     std::string how;
     if (WIFEXITED(status)) {
       exit_code_ = WEXITSTATUS(status);
