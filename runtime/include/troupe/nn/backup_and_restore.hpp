@@ -79,6 +79,7 @@ class BackupAndRestore {
   /// throws CheckpointError) and removes what interrupted saves left there. save_freq < 0 or
   /// max_to_keep < 1 throws std::invalid_argument.
   explicit BackupAndRestore(std::string backup_dir, BackupOptions options = {});
+  /// Stops watching for SIGTERM (save_before_preemption); the backup stays.
   ~BackupAndRestore();
   BackupAndRestore(const BackupAndRestore&) = delete;
   BackupAndRestore& operator=(const BackupAndRestore&) = delete;
@@ -112,7 +113,9 @@ class BackupAndRestore {
   /// so that the next iterator made is the one restore() said was current.
   static void replay_passes(const distribute::DistributedDataset& dataset, std::int64_t n);
 
+  /// The directory given at construction.
   const std::string& backup_dir() const noexcept { return dir_; }
+  /// The options given at construction.
   const BackupOptions& options() const noexcept { return options_; }
   /// The newest backup file, if any.
   std::optional<std::string> latest_backup() const { return manager_.latest_checkpoint(); }

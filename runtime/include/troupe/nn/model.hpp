@@ -38,7 +38,9 @@ struct FitOptions {
   std::function<void(std::int64_t step, double loss)> on_step_end;
   /// Backs the run up and resumes it where a backup stands (weights, optimizer, step, epoch,
   /// input position), so that an interrupted fit ends bit-identical to one that never stopped.
-  /// Not owned; replaces initial_step. See troupe/nn/backup_and_restore.hpp.
+  /// Not owned; replaces initial_step; one fit per BackupAndRestore. fit tracks the model's
+  /// variables itself (track only other state, such as random engines, before calling fit).
+  /// See troupe/nn/backup_and_restore.hpp.
   BackupAndRestore* backup_and_restore = nullptr;
 };
 
