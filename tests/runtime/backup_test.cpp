@@ -119,6 +119,45 @@ TEST_CASE("BackupAndRestore: a fit interrupted three times ends bit-identical to
   }
 }
 
+TEST_CASE("BackupAndRestore::save_now from fit's on_step_end saves that step, and the run resumes there") {
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(2));
+  auto scope = s.scope();
+  nn::FitOptions quiet;
+  quiet.verbose = 0;
+  nn::Model reference(mlp(31));
+  reference.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+  reference.fit(training_set(10), 2, 10, quiet);
+
+  temp_dir dir("save-now");
+  nn::BackupOptions rarely;
+  rarely.save_freq = 1000;  // no periodic save within the run
+  {
+    nn::Model model(mlp(31));
+    model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+    nn::BackupAndRestore backup(dir.path.string(), rarely);
+    nn::FitOptions options = quiet;
+    options.backup_and_restore = &backup;
+    options.on_step_end = [&](std::int64_t step, double) {
+      if (step == 7) backup.save_now();  // as a dashboard's "checkpoint" request would
+      if (step == 9) throw interrupted{};
+    };
+    CHECK_THROWS_AS(model.fit(training_set(10), 2, 10, options), interrupted);
+    CHECK(files_in(dir.path) == std::vector<std::string>{"ckpt-7.ckpt"});
+  }
+  nn::Model model(mlp(31));
+  model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+  nn::BackupAndRestore backup(dir.path.string(), rarely);
+  nn::FitOptions options = quiet;
+  options.backup_and_restore = &backup;
+  std::vector<std::int64_t> steps;
+  options.on_step_end = [&](std::int64_t step, double) { steps.push_back(step); };
+  model.fit(training_set(10), 2, 10, options);
+  CHECK(steps.front() == 8);
+  CHECK(steps.back() == 20);
+  CHECK(bits(model.variables()) == bits(reference.variables()));
+}
+
 TEST_CASE("BackupAndRestore: a custom loop with a random engine resumes bit-identical after two interruptions") {
   Runtime rt;
   MirroredStrategy s(rt, cpus(2));

@@ -145,6 +145,8 @@ void BackupAndRestore::save(const TrainingPosition& at) {
   write(at);
 }
 
+void BackupAndRestore::save_now() { write(last_); }
+
 void BackupAndRestore::on_step_end(const TrainingPosition& at) {
   last_ = at;
   if (options_.save_freq > 0 && at.step % options_.save_freq == 0) write(at);

@@ -176,13 +176,13 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       ++steps;
       samples += global_batch;
       ++step;
-      if (options.on_step_end) options.on_step_end(step, loss);
-      if (backup != nullptr) {
+      if (backup != nullptr) {  // first: on_step_end may save through it (BackupAndRestore::save_now)
         // The last step of an epoch of known length stands at the start of the next one.
         const bool epoch_done = steps_per_epoch > 0 && k + 1 == steps_per_epoch;
         backup->on_step_end(epoch_done ? TrainingPosition{step, epoch + 1, 0, taken, passes - 1}
                                        : TrainingPosition{step, epoch, k + 1, taken, passes - 1});
       }
+      if (options.on_step_end) options.on_step_end(step, loss);
     }
     // The epoch's time excludes its backup (after the line below).
     const auto end_of_epoch = [&] {

@@ -97,6 +97,10 @@ class BackupAndRestore {
   TrainingPosition restore();
   /// Saves now, at `at`.
   void save(const TrainingPosition& at);
+  /// Saves now, at the position of the last on_step_end or on_epoch_end (or restore): for a
+  /// save asked for from outside the loop, such as a FitOptions::on_step_end callback (fit
+  /// tells the backup its position before it calls on_step_end).
+  void save_now();
   /// After every step: saves when at.step is a multiple of save_freq (save_freq > 0), or when a
   /// worker was told to stop (save_before_preemption; then the process exits).
   void on_step_end(const TrainingPosition& at);
