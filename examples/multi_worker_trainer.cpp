@@ -6,12 +6,17 @@
 //   troupe-launch -n 2 -- multi_worker_trainer --compression bf16   # gradients cross in 16 bits
 //   troupe-launch -n 2 -- multi_worker_trainer --epochs 1000 --dashboard-port 8080 --checkpoint-dir /tmp/mw
 //     # the chief serves the dashboard of both workers; pause, stop... act on both at the same step
-//   troupe-launch -n 2 -- multi_worker_trainer --checkpoint-dir /tmp/mw --tensorboard-dir logs --epochs 1000
+//   troupe-launch -n 2 --max-restarts 3 -- multi_worker_trainer --checkpoint-dir /tmp/run --tensorboard-dir logs
 //
 // Only the chief prints the progress. A NaN or infinite loss stops every worker at the same step
-// (exit 1, no checkpoint after it). SIGINT or SIGTERM on any worker stops every worker after the
-// same step; with --checkpoint-dir a checkpoint of that step is saved, and each exits 130 or 143
-// saying so (--resume continues from it).
+// (exit 1, no backup after it). With --checkpoint-dir, the run is backed up (BackupAndRestore) at
+// the end of every epoch, or every --checkpoint-every steps, and on the dashboard's request; when
+// any worker gets SIGTERM every worker saves at the same step and exits with status 75
+// (PreemptionCheckpointHandler); SIGINT on any worker stops every worker after the same step,
+// saves, and exits 130. Started again (troupe-launch --max-restarts does it), it resumes from the
+// newest backup and ends with the same weights as a run that never stopped. The backup is deleted
+// when the run completes. Without --checkpoint-dir, SIGINT and SIGTERM stop every worker after the
+// same step and exit 130 or 143, saving nothing.
 //
 // Every worker reads the same generated set; each global batch is split over all replicas of all
 // workers; gradients are all-reduced hierarchically (shared memory, then a TCP ring between the
@@ -20,10 +25,15 @@
 // where weights_digest hashes the bytes of every variable (the model's and the optimizer's), the
 // same on every worker of a synchronised run.
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <iomanip>
-#include <memory>
 #include <iostream>
+#include <memory>
+#include <thread>
 #include <map>
 #include <sstream>
 #include <string>
@@ -70,9 +80,9 @@ int main(int argc, char** argv) {
   std::int64_t checkpoint_every = 0;
   troupe::examples::MonitorFlags monitor_flags;
   std::string tensorboard_dir;
-  bool resume = false;
   bool no_terminate_on_nan = false;
   float learning_rate = 0.003f;
+  int step_delay_ms = 0;
   CLI::App app{"The MLP classifier under MultiWorkerMirroredStrategy (TF_CONFIG says who is who).",
                "multi_worker_trainer"};
   troupe::examples::show_defaults(app);
@@ -84,18 +94,32 @@ int main(int argc, char** argv) {
                  "every worker must pass the same)")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
   app.add_option("--lr", learning_rate, "Adam's learning rate")->check(CLI::PositiveNumber);
-  auto* dir = app.add_option("--checkpoint-dir", checkpoint_dir,
-                             "write a checkpoint into DIR at every epoch's end and on SIGINT/SIGTERM (every worker "
-                             "must see the chief's DIR to --resume)");
-  app.add_flag("--resume", resume, "continue from the newest intact checkpoint")->needs(dir);
+  app.add_option("--checkpoint-dir", checkpoint_dir,
+                 "back the run up in DIR and resume from it (every worker must see the same directory)")
+      ->type_name("DIR");
+  app.add_option("--checkpoint-every", checkpoint_every,
+                 "with --checkpoint-dir: save every STEPS steps (0: at the end of every epoch)")
+      ->type_name("STEPS")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+  app.add_option("--step-delay-ms", step_delay_ms, "sleep this long after every step (to watch or interrupt a run)")
+      ->check(CLI::Range(0, 60000));
   app.add_option("--tensorboard-dir", tensorboard_dir,
                  "write TensorBoard event files into DIR (the chief's; worker i's under DIR/worker_i)");
-  app.add_flag("--no-terminate-on-nan", no_terminate_on_nan, "keep training (and checkpointing) when the loss is NaN or infinite, and exit 0");
-  app.add_option("--checkpoint-every", checkpoint_every, "steps between checkpoints (0: at every epoch's end only)")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))
-      ->needs(dir);
+  app.add_flag("--no-terminate-on-nan", no_terminate_on_nan, "keep training (and backing up) when the loss is NaN or infinite, and exit 0");
   troupe::examples::add_monitor_options(app, monitor_flags);
   return troupe::examples::run_main(app, argc, argv, [&] {
+    if (checkpoint_every > 0 && checkpoint_dir.empty()) {
+      throw std::invalid_argument("--checkpoint-every " + std::to_string(checkpoint_every) +
+                                  " needs --checkpoint-dir DIR (where to save)");
+    }
+    // The directory is checked now, before the cluster forms and any training.
+    std::unique_ptr<nn::BackupAndRestore> backup;
+    if (!checkpoint_dir.empty()) {
+      nn::BackupOptions backup_options;
+      backup_options.save_freq = checkpoint_every;
+      backup_options.save_before_preemption = true;
+      backup = std::make_unique<nn::BackupAndRestore>(checkpoint_dir, backup_options);
+    }
     Runtime rt;
     CommunicationOptions communication;
     communication.compression = compression == "fp16"   ? Compression::fp16
@@ -115,44 +139,27 @@ int main(int argc, char** argv) {
                                     nn::Dense(64, blobs.classes, nn::Activation::none, 3)}));
     model.compile(std::make_shared<nn::Adam>(learning_rate), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
     std::cout << strategy.cluster_resolver()->task_type() << " " << strategy.cluster_resolver()->task_id() << " of "
-              << workers << " workers, " << strategy.num_replicas_in_sync() << " replicas, global batch " << batch
-              << ", compression " << compression << "\n";
-    std::unique_ptr<CheckpointManager> manager;
-    std::int64_t initial_step = 0;
-    if (!checkpoint_dir.empty()) {
-      manager = std::make_unique<CheckpointManager>(Checkpoint(model.variables()), checkpoint_dir, 3);
-      if (resume) {
-        if (auto step = manager->restore_or_initialize()) initial_step = *step;
-        std::cout << "starting at step " << initial_step << "\n";
+              << workers << " workers (pid " << ::getpid() << "), " << strategy.num_replicas_in_sync() << " replicas, global batch " << batch
+              << ", compression " << compression << std::endl;  // flushed: a supervisor reads the pid
+    auto batches = data::Dataset::from_tensor_slices({d.features, d.labels}).shuffle(blobs.samples, 7).repeat().batch(
+        batch, true);
+    nn::FitOptions options;
+    if (backup) {
+      options.backup_and_restore = backup.get();
+      if (auto latest = backup->latest_backup()) {
+        std::cout << "resuming from " << std::filesystem::path(*latest).filename().string() << "\n";
       }
     }
-    auto batches = data::Dataset::from_tensor_slices({d.features, d.labels})
-                       .shuffle(blobs.samples, 7)
-                       .repeat()
-                       .batch(batch, true)
-                       .skip(initial_step);
-    nn::FitOptions options;
-    options.initial_step = initial_step;
-    auto stop_on_signal = std::make_shared<nn::StopOnSignal>();
+    // With a backup, SIGTERM is a preemption (the backup's handler saves and exits 75).
+    auto stop_on_signal = std::make_shared<nn::StopOnSignal>(backup ? std::vector<int>{SIGINT} : std::vector<int>{});
     options.callbacks.push_back(stop_on_signal);
     if (!no_terminate_on_nan) options.callbacks.push_back(std::make_shared<nn::TerminateOnNaN>());
     if (!tensorboard_dir.empty()) options.callbacks.push_back(std::make_shared<nn::TensorBoard>(tensorboard_dir, 1));
-    // Checkpoints at every epoch's end, every --checkpoint-every steps and when one is requested,
-    // never of a non-finite loss's weights. Saving is a collective: every worker calls it at the
-    // same step.
-    std::int64_t last_saved = initial_step;
-    const auto save = [&](std::int64_t step, const nn::Logs& logs) {
-      const auto loss = logs.find("loss");
-      const bool poisoned = loss != logs.end() && !std::isfinite(loss->second);
-      if (!manager || step == last_saved || (poisoned && !no_terminate_on_nan)) return;
-      manager->save(step);
-      last_saved = step;
-    };
+    // A checkpoint requested at a step boundary (model.control(), the dashboard) is a backup of
+    // that step; saving is a collective: every worker calls it at the same step.
     auto saver = std::make_shared<nn::LambdaCallback>();
-    saver->epoch_end = [&](int, nn::Logs& logs) { save(model.control().step(), logs); };
-    saver->checkpoint = [&](std::int64_t step, nn::Logs& logs) { save(step, logs); };
-    saver->batch_end = [&](std::int64_t, nn::Logs& logs) {
-      if (checkpoint_every > 0 && model.control().step() % checkpoint_every == 0) save(model.control().step(), logs);
+    saver->checkpoint = [&](std::int64_t, nn::Logs&) {
+      if (backup) backup->save_now();
     };
     options.callbacks.push_back(saver);
     // Every worker watches its steps; the chief serves the dashboard, and a command it takes is
@@ -162,14 +169,16 @@ int main(int argc, char** argv) {
       MonitorOptions monitor_options = monitor_flags.options(batch);
       monitor_options.log = &std::cout;  // every worker says when it paused, resumed, stopped
       monitor = std::make_unique<Monitor>(strategy, model.optimizer().get(), monitor_options);
-      if (manager) monitor->set_checkpoint_function([&](std::int64_t step) { save(step, {}); });
+      if (backup) monitor->set_checkpoint_function([&](std::int64_t) { backup->save_now(); });
       options.on_replica_losses = [&](const std::vector<Tensor>& l) { monitor->record_replica_losses(l); };
-      options.on_step_end = [&](std::int64_t step, double loss) {
-        if (monitor->on_step_end(step, loss) == StepDecision::stop) model.control().stop_training("stopped from the dashboard");
-      };
     }
-    nn::History history;
-    if (initial_step < epochs * steps_per_epoch) history = model.fit(batches, epochs, steps_per_epoch, options);
+    options.on_step_end = [&](std::int64_t step, double loss) {
+      if (monitor && monitor->on_step_end(step, loss) == StepDecision::stop) {
+        model.control().stop_training("stopped from the dashboard");  // agreed by the monitor: this step
+      }
+      if (step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms));
+    };
+    const nn::History history = model.fit(batches, epochs, steps_per_epoch, options);
     if (history.non_finite_step != 0 && !no_terminate_on_nan) {
       std::cerr << "multi_worker_trainer: "
                 << (history.stop_reason.empty() ? "the loss was not finite at step " + std::to_string(history.non_finite_step)
@@ -178,29 +187,29 @@ int main(int argc, char** argv) {
       return 1;
     }
     const bool dashboard_stop = monitor && monitor->stopped();
-    std::int64_t end_step = std::max(initial_step, initial_step + history.steps);
-    if (dashboard_stop) {
-      // A clean stop: every worker saves the same step, then reports as at the end.
-      end_step = history.stopped_at_step;
-      std::cout << "training stopped from the dashboard after step " << end_step << "\n";
-      save(end_step, {});
-    } else if (stop_on_signal->received() != 0 || !history.stop_reason.empty()) {
-      std::cerr << "multi_worker_trainer: " << history.stop_reason << " at step " << history.stopped_at_step << "; "
-                << (manager ? "checkpoint " + checkpoint_dir + "/ckpt-" + std::to_string(last_saved) +
-                                  ".ckpt saved (continue with --resume)"
-                            : std::string("no --checkpoint-dir: the training done is not saved"))
-                << "\n";
-      const int signal = stop_on_signal->received() != 0 ? stop_on_signal->received() : SIGINT;
-      std::cout << "stopped: step=" << history.stopped_at_step << " weights_digest=" << weights_digest(model.variables())
-                << "\n";
-      return 128 + signal;
-    } else {
-      save(end_step, {});
+    // A stop requested by another worker (its signal) stops this one at the same step too.
+    if (dashboard_stop || stop_on_signal->received() != 0 || !history.stop_reason.empty()) {
+      // Every worker stopped after the same step; with a backup, every worker saves it.
+      if (backup) backup->save_now();
+      const std::string saved =
+          backup ? "backed up in " + checkpoint_dir + "/ckpt-" + std::to_string(history.stopped_at_step) +
+                       ".ckpt (run again to continue)"
+                 : std::string("no --checkpoint-dir: the training done is not saved");
+      if (dashboard_stop) {
+        std::cout << "training stopped from the dashboard after step " << history.stopped_at_step << "; " << saved << "\n";
+      } else {
+        std::cerr << "multi_worker_trainer: " << history.stop_reason << " at step " << history.stopped_at_step << "; "
+                  << saved << "\n";
+        std::cout << "stopped: step=" << history.stopped_at_step
+                  << " weights_digest=" << weights_digest(model.variables()) << "\n";
+        return 128 + (stop_on_signal->received() != 0 ? stop_on_signal->received() : SIGINT);
+      }
     }
     const nn::EvaluateResult eval = model.evaluate(d.features, d.labels);
-    const double last_loss = history.loss.empty() ? eval.loss : history.loss.back();
+    // A run resumed after its last epoch trained no epoch here: no loss to report.
+    const double loss = history.loss.empty() ? std::nan("") : history.loss.back();
     std::cout << std::setprecision(9) << "result: workers=" << workers
-              << " replicas=" << strategy.num_replicas_in_sync() << " steps=" << end_step << " loss=" << last_loss
+              << " replicas=" << strategy.num_replicas_in_sync() << " steps=" << model.control().step() << " loss=" << loss
               << " accuracy=" << eval.accuracy << " weights_digest=" << weights_digest(model.variables()) << "\n";
     return 0;
   });

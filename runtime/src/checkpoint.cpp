@@ -1,6 +1,12 @@
 #include "troupe/checkpoint.hpp"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <charconv>
 #include <filesystem>
 #include <stdexcept>
@@ -155,6 +161,99 @@ std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::st
   return out;
 }
 
+// Whether `digits` is a non-empty run of decimal digits.
+bool all_digits(std::string_view digits) {
+  return !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// What a save of this manager's prefix may leave behind when it is killed: the temporary of a
+// chief's save ("ckpt-<step>.ckpt.tmp-<pid>-<n>"), a non-chief worker's file
+// ("ckpt-<step>.worker-<rank>.tmp.ckpt") and that file's own temporary. Returns the pid of the
+// writer when the name carries one (0 when it does not); nullopt for any other name.
+std::optional<long> stale_temporary_writer(const std::string& filename) {
+  constexpr std::string_view prefix = "ckpt-";
+  if (filename.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  std::string_view rest(filename);
+  rest.remove_prefix(prefix.size());
+  const std::size_t dot = rest.find('.');
+  if (dot == std::string_view::npos || !all_digits(rest.substr(0, dot))) return std::nullopt;
+  rest.remove_prefix(dot);
+  long pid = 0;
+  const std::size_t marker = rest.rfind(tp::checkpoint_temporary_marker);
+  if (marker != std::string_view::npos) {  // ".tmp-<pid>-<n>" at the end
+    std::string_view tail = rest.substr(marker + tp::checkpoint_temporary_marker.size());
+    const std::size_t dash = tail.find('-');
+    if (dash == std::string_view::npos || !all_digits(tail.substr(0, dash)) || !all_digits(tail.substr(dash + 1))) {
+      return std::nullopt;
+    }
+    auto [ptr, ec] = std::from_chars(tail.data(), tail.data() + dash, pid);
+    if (ec != std::errc() || pid <= 0) return std::nullopt;
+    rest = rest.substr(0, marker);
+  }
+  if (rest == ".ckpt") return marker != std::string_view::npos ? std::optional<long>(pid) : std::nullopt;
+  constexpr std::string_view worker = ".worker-", worker_end = ".tmp.ckpt";
+  if (rest.size() > worker.size() + worker_end.size() && rest.compare(0, worker.size(), worker) == 0 &&
+      rest.compare(rest.size() - worker_end.size(), worker_end.size(), worker_end) == 0 &&
+      all_digits(rest.substr(worker.size(), rest.size() - worker.size() - worker_end.size()))) {
+    return pid;
+  }
+  return std::nullopt;
+}
+
+// Removes the temporary files that killed saves of this prefix left in `directory`. A file whose
+// writer (by the pid in its name) is still running on this host is another process's save in
+// progress and stays.
+void remove_stale_temporaries(const std::string& directory) {
+  std::error_code ec;
+  fs::directory_iterator it(directory, ec);
+  if (ec) return;
+  for (const fs::directory_entry& entry : it) {
+    std::error_code type_ec;
+    if (!entry.is_regular_file(type_ec)) continue;
+    const std::string name = entry.path().filename().string();
+    const std::optional<long> writer = stale_temporary_writer(name);
+    if (!writer) continue;
+    if (*writer > 0 && *writer != static_cast<long>(::getpid()) &&
+        (::kill(static_cast<pid_t>(*writer), 0) == 0 || errno == EPERM)) {
+      continue;
+    }
+    std::error_code remove_ec;
+    if (fs::remove(entry.path(), remove_ec)) {
+      log(LogLevel::info, "CheckpointManager: removed " + entry.path().string() + ", left by an interrupted save");
+    } else if (remove_ec) {
+      log(LogLevel::warning, "CheckpointManager: cannot remove " + entry.path().string() +
+                                 ", left by an interrupted save: " + remove_ec.message());
+    }
+  }
+}
+
+// A checkpoint directory that cannot be written is reported now, before any training, not at the
+// first save: the directory is created when missing, and a probe file is created and removed.
+void check_directory_usable(const std::string& directory) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(directory, ec);
+  if (fs::exists(status) && !fs::is_directory(status)) {
+    throw CheckpointError("CheckpointManager: the checkpoint directory " + directory +
+                          " is not a directory (it is a file); give a directory, or a path that does not exist yet");
+  }
+  if (!fs::exists(status)) {
+    fs::create_directories(directory, ec);
+    if (ec) {
+      throw CheckpointError("CheckpointManager: cannot create the checkpoint directory " + directory + ": " +
+                            ec.message() + " (give a directory this process can create and write)");
+    }
+  }
+  const std::string probe = (fs::path(directory) / (".ckpt-probe-" + std::to_string(::getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    throw CheckpointError("CheckpointManager: cannot write in the checkpoint directory " + directory + ": " +
+                          std::strerror(err) + " (make it writable, or give another directory)");
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 void create_parent_directory(const std::string& path) {
   const fs::path parent = fs::path(path).parent_path();
   if (parent.empty()) return;
@@ -225,6 +324,8 @@ CheckpointManager::CheckpointManager(Checkpoint checkpoint, std::string director
                                 " (expected at least 1)");
   }
   if (directory_.empty()) throw std::invalid_argument("CheckpointManager: empty directory name");
+  check_directory_usable(directory_);
+  remove_stale_temporaries(directory_);
 }
 
 std::string CheckpointManager::save(std::int64_t step) {

@@ -1,7 +1,7 @@
 // One worker of the multi-worker tests: run by run_cluster.sh in N processes with TF_CONFIG set
 // (or the Slurm or mpirun variables, with MW_RESOLVER=slurm|mpi).
 // Usage: mw_worker collectives | die | hang | skip | checkpoint | train | join | idle | compressed | input
-//        | outside
+//        | outside | steer | preempt
 // Once the cluster formed it prints "replicas <R> workers <W> task <type>:<index>". Prints
 // "OK <rank>" and exits 0 when every check holds; prints "FAIL ..." and exits 1 when one does not;
 // prints "ERROR <message>" and exits 3 when the strategy throws.
@@ -208,6 +208,38 @@ int checkpoint(MultiWorkerMirroredStrategy& s, const std::string& dir) {
     expect_eq(c.to_vector<float>(), std::vector<float>(4, 1.5f), "w restored into every component");
   }
   expect_eq(seen.value().item<float>(), float(n), "on_read restored so that it sums back");
+  return failures == 0 ? 0 : 1;
+}
+
+// PreemptionCheckpointHandler on its own: 10 steps, each adding every replica's 1 to a mirrored
+// counter through an all-reduce. A termination watcher on worker MW_WATCH_TASK (1) alone says stop
+// once 5 steps are done: every worker must save at step 5 and exit with restart_exit_code (75).
+// Run again, every worker restores step 5 and runs steps 6..10.
+int preempt(MultiWorkerMirroredStrategy& s, const std::string& dir) {
+  const char* watch = std::getenv("MW_WATCH_TASK");
+  const int watcher = watch != nullptr ? std::atoi(watch) : 1;
+  const int task = s.cluster_resolver()->task_id();
+  auto scope = s.scope();
+  Variable count(Tensor::scalar<float>(0.0f), "count");
+  CheckpointManager manager(Checkpoint({{"count", count}}), dir, 3);
+  TerminationConfig config;
+  PreemptionCheckpointHandler* handler_ptr = nullptr;
+  bool fresh = false;  // the watcher speaks in the first run only
+  config.termination_watcher_fn = [&] { return fresh && task == watcher && handler_ptr->total_run_calls() == 5; };
+  PreemptionCheckpointHandler handler(s, manager, config);
+  handler_ptr = &handler;
+  const std::int64_t start = handler.total_run_calls();
+  fresh = start == 0;
+  std::cout << "starting at step " << start << std::endl;
+  expect_eq(count.value().item<float>(), float(start * s.num_replicas_in_sync()), "the counter restored");
+  while (handler.total_run_calls() < 10) {
+    handler.run([&] {
+      auto sums = s.run([] { return get_replica_context()->all_reduce(ReduceOp::sum, Tensor::scalar<float>(1.0f)); });
+      count.assign_add(s.experimental_local_results(sums).front());
+    });
+  }
+  expect_eq(start, std::int64_t{5}, "the second run starts from the preemption checkpoint");
+  expect_eq(count.value().item<float>(), float(10 * s.num_replicas_in_sync()), "10 steps counted in all");
   return failures == 0 ? 0 : 1;
 }
 
@@ -708,6 +740,9 @@ int main(int argc, char** argv) {
     } else if (mode == "checkpoint") {
       const char* dir = std::getenv("MW_CKPT_DIR");
       rc = checkpoint(s, dir ? dir : "/tmp/troupe-mw-ckpt");
+    } else if (mode == "preempt") {
+      const char* dir = std::getenv("MW_CKPT_DIR");
+      rc = preempt(s, dir ? dir : "/tmp/troupe-mw-preempt");
     } else if (mode == "train") {
       rc = train(s);
     } else if (mode == "idle") {

@@ -532,6 +532,22 @@ case "$scenario" in
     [ "$(grep '^steer ' "$dir/out0")" = "$(grep '^steer ' "$dir/out1")" ] || fail "the workers' weights differ"
     grep -q "^reason stop requested by worker 0" "$dir/out1" || fail "worker 1 does not name the chief's stop"
     grep -q "^reason stop from the chief" "$dir/out0" || fail "the chief does not give its own reason" ;;
+  preempt-3x1)
+    # A termination watcher on worker 1 alone: every worker saves at step 5 and exits 75; run
+    # again, every worker resumes at step 5 and finishes.
+    for i in 0 1 2; do declare "W${i}_ENV=MW_CKPT_DIR=$dir/ckpt"; done
+    start_cluster 3 preempt; wait_all 3
+    expect_all 3 75 "^starting at step 0$"
+    for i in 0 1 2; do
+      grep -q "PreemptionCheckpointHandler: worker $i of 3: 1 worker(s) told to stop.*saving a checkpoint at step 5, then exiting with status 75$" "$dir/out$i" ||
+        fail "worker $i did not save at step 5"
+    done
+    grep -q "worker 1 of 3: 1 worker(s) told to stop (this one by its termination watcher)" "$dir/out1" ||
+      fail "worker 1 does not name its watcher"
+    [ "$(ls "$dir/ckpt")" = "ckpt-5.ckpt" ] || fail "the checkpoint directory holds: $(ls "$dir/ckpt")"
+    pids=()
+    start_cluster 3 preempt; wait_all 3; expect_cluster 3 3
+    expect_all 3 0 "^starting at step 5$" ;;
   packed-3x2)
     # CommunicationOptions::bytes_per_pack: the tensors of one all-reduce cross in several packs.
     for i in 0 1 2; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2 MW_BYTES_PER_PACK=24"; done

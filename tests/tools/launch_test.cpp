@@ -498,6 +498,51 @@ TEST_CASE("troupe-launch waits for every worker when one finishes early") {
   CHECK(r.err == "");
 }
 
+TEST_CASE("troupe-launch --max-restarts restarts every worker after a failure and a preemption, saying why") {
+  scratch dir;
+  // Each worker counts its starts in $D/starts.$i. Rank 1 is killed by SIGKILL in the first run;
+  // rank 0 exits 75 (preempted) in the second; the third run succeeds.
+  auto r = run(workers(2, R"(echo x >> "$D/starts.$i"; n=$((TROUPE_RESTART_COUNT + 1))
+echo "run $n"
+if [ "$n" = 1 ]; then record; fi
+if [ "$n" = 1 ] && [ "$i" = 1 ]; then await 0; kill -9 $$; fi
+if [ "$n" = 2 ] && [ "$i" = 0 ]; then exit 75; fi
+if [ "$n" -lt 3 ]; then sleep 60 & wait; fi
+exit 0)",
+                       dir, {"--max-restarts", "2", "--restart-backoff", "0.1"}),
+               dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  CHECK(read_file(dir.path() + "/starts.0") == "x\nx\nx\n");
+  CHECK(lines_of_rank(r.out, 1).back() == "run 3");  // rank 1 may be stopped before it says "run 2"
+  CHECK(lines_of_rank(r.out, 0) == std::vector<std::string>{"run 1", "run 2", "run 3"});
+  CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: restarting all 2 workers \(restart 1 of 2\) in 0\.1 s: )"
+                                            R"(worker 1 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) was killed by signal 9 \(SIGKILL\)\n)")));
+  CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: restarting all 2 workers \(restart 2 of 2\) in 0\.2 s: )"
+                                            R"(worker 0 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) exited with status 75 )"
+                                            R"(\(preempted: it saved a checkpoint to restart from\)\n)")));
+}
+
+TEST_CASE("troupe-launch --max-restarts gives up with the last failure's status") {
+  scratch dir;
+  auto r = run(workers(2, R"(echo x >> "$D/starts.$i"; n=$((TROUPE_RESTART_COUNT + 1))
+if [ "$i" = 1 ]; then exit $((4 + n)); fi
+sleep 60 & wait)",
+                       dir, {"--max-restarts", "1", "--restart-backoff", "0"}),
+               dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 6);  // the second run's failure, not the first's 5
+  CHECK(read_file(dir.path() + "/starts.1") == "x\nx\n");
+  CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: giving up after 1 restart; the last failure: worker 1 )"
+                                            R"(\(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) exited with status 6 \(exit status 6\)\n)")));
+  // Without --max-restarts nothing is restarted.
+  scratch once;
+  auto r0 = run(workers(1, R"(echo x >> "$D/starts.$i"; exit 5)", once), once);
+  CHECK(r0.exit_code == 5);
+  CHECK(read_file(once.path() + "/starts.0") == "x\n");
+  CHECK(r0.err.find("restarting") == std::string::npos);
+}
+
 TEST_CASE("troupe-launch rejects bad usage with exit status 2 and says what is wrong") {
   struct bad_usage {
     std::vector<std::string> args;
@@ -519,6 +564,10 @@ TEST_CASE("troupe-launch rejects bad usage with exit status 2 and says what is w
       {{"-n", "2", "--timeout", "soon", "--", "/bin/true"}, "--timeout: expected a number of seconds > 0, got 'soon'"},
       {{"-n", "2", "--devices-per-worker", "none", "--", "/bin/true"},
        "--devices-per-worker: expected a positive number of devices (1..1024), got 'none'"},
+      {{"-n", "2", "--max-restarts", "-1", "--", "/bin/true"},
+       "--max-restarts: expected a number of restarts (0..1000), got '-1'"},
+      {{"-n", "2", "--restart-backoff", "later", "--", "/bin/true"},
+       "--restart-backoff: expected a number of seconds >= 0, got 'later'"},
       {{"-n", "2", "--port-base", "65535", "--", "/bin/true"},
        "--port-base 65535: ports up to 65536 for 2 workers (expected at most 65535)"},
   };

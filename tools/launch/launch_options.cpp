@@ -45,6 +45,7 @@ namespace {
 struct raw_options {
   std::string num_workers, devices_per_worker, port_base, timeout;
   std::string grace = "5";
+  std::string max_restarts = "0", restart_backoff = "1";
   std::string hosts, hostfile, rsh = "ssh", log_dir, ranks;
 };
 
@@ -84,6 +85,14 @@ void add_options(CLI::App& app, raw_options& raw) {
   app.add_option("--grace", raw.grace, "wait between SIGTERM and SIGKILL when stopping workers")
       ->type_name("SECONDS")
       ->capture_default_str();
+  app.add_option("--max-restarts", raw.max_restarts,
+                 "when a worker fails or is preempted, stop the others and start every worker again, up to N times")
+      ->type_name("N")
+      ->capture_default_str();
+  app.add_option("--restart-backoff", raw.restart_backoff,
+                 "wait before the first restart; doubled for each further one, at most 30 s")
+      ->type_name("SECONDS")
+      ->capture_default_str();
   app.add_option("--hosts", raw.hosts, "workers on other hosts, started through --rsh: h1:2,h2:2 (2 each)")
       ->type_name("LIST");
   app.add_option("--hostfile", raw.hostfile, "the hosts, one a line: \"host\", \"host:N\" or \"host slots=N\"")
@@ -105,6 +114,12 @@ docs/multi-worker.md.
 Every line worker i writes is prefixed with "[rank i] ", on stdout or stderr as the worker wrote
 it. SIGINT and SIGTERM are forwarded to every worker. When a worker fails, the others are stopped.
 Workers read their standard input from /dev/null.
+
+With --max-restarts N, a run that fails (a worker exits non-zero or is killed) or is preempted (a
+worker exits with status 75 after saving a checkpoint: PreemptionCheckpointHandler) is started
+again, every worker with fresh ports, after a wait that doubles each time (--restart-backoff); the
+launcher says why on stderr; workers find the restarts so far in TROUPE_RESTART_COUNT. It gives up after N restarts with the last failure's status. A
+signal to the launcher, --timeout, or a program that cannot be executed ends it at once.
 
 Exit status: 0 when every worker succeeds; the status of the first worker to fail (128+signal when
 a signal killed it); 124 on --timeout; 128+signal when the launcher got SIGINT or SIGTERM;
@@ -185,6 +200,9 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
   }
   if (app.count("--timeout") > 0) options.timeout_s = parse_seconds("--timeout", raw.timeout, false);
   options.grace_s = parse_seconds("--grace", raw.grace, true);
+  options.max_restarts = parse_int("--max-restarts", raw.max_restarts, 0, max_restarts_limit,
+                                   ("a number of restarts (0.." + std::to_string(max_restarts_limit) + ")").c_str());
+  options.restart_backoff_s = parse_seconds("--restart-backoff", raw.restart_backoff, true);
 
   if (options.program.empty()) throw usage_error("no program to run (expected: -- program args...)");
   int per_host = options.num_workers;  // the most workers on one host, each with its own port

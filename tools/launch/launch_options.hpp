@@ -20,6 +20,15 @@ struct host_slots {
   bool operator==(const host_slots& o) const { return host == o.host && slots == o.slots; }
 };
 
+/// The most restarts --max-restarts allows.
+inline constexpr int max_restarts_limit = 1000;
+/// The first wait before a restart; it doubles with each restart, up to max_restart_backoff_s.
+inline constexpr double default_restart_backoff_s = 1.0;
+inline constexpr double max_restart_backoff_s = 30.0;
+/// The exit status of a worker that saved a checkpoint because it was told to stop
+/// (troupe::distribute::restart_exit_code): a restart, not a failure of the program.
+inline constexpr int preemption_exit_code = 75;
+
 /// The port of the first worker on each host of --hosts when --port-base does not say.
 inline constexpr int default_hosts_port_base = 23456;
 
@@ -34,6 +43,8 @@ struct launch_options {
   std::vector<std::string> rsh{"ssh"};    ///< --rsh CMD: runs a command on a host (rsh... HOST COMMAND)
   std::optional<std::string> log_dir;     ///< --log-dir DIR: every rank's output in DIR/rank-<i>.log
   std::vector<int> ranks;                 ///< --ranks 0,2: only their output on the terminal (empty: all)
+  int max_restarts = 0;                   ///< --max-restarts N: restart every worker after a failure, N times
+  double restart_backoff_s = default_restart_backoff_s;  ///< --restart-backoff SECONDS: the first wait
   bool help = false;                      ///< -h / --help
   std::vector<std::string> program;       ///< the program and its arguments
 };

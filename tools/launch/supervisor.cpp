@@ -161,6 +161,45 @@ class supervisor {
     if (options_.timeout_s)
       timeout_at_ = clock::now() + std::chrono::duration_cast<clock::duration>(
                                        std::chrono::duration<double>(*options_.timeout_s));
+    for (int restarts = 0;; ++restarts) {
+      restart_count_ = restarts;
+      const int status = run_once();
+      if (status == 0) return 0;
+      // A signal to the launcher, the timeout, or a program that does not start: restarting
+      // would not help, or was not wanted.
+      if (signal_received_ || timed_out_ || start_failed_ || options_.max_restarts == 0) return status;
+      if (restarts == options_.max_restarts) {
+        say("giving up after " + std::to_string(restarts) + " restart" + (restarts == 1 ? "" : "s") +
+            "; the last failure: " + last_failure_ + " (exit status " + std::to_string(status) + ")");
+        return status;
+      }
+      const double backoff =
+          std::min(options_.restart_backoff_s * static_cast<double>(1LL << std::min(restarts, 20)), max_restart_backoff_s);
+      say("restarting all " + std::to_string(workers_.size()) + " worker" + (workers_.size() == 1 ? "" : "s") +
+          " (restart " + std::to_string(restarts + 1) + " of " + std::to_string(options_.max_restarts) + ") in " +
+          seconds_text(backoff) + " s: " + last_failure_);
+      if (auto stopped = wait_before_restart(backoff)) return *stopped;
+      if (options_.hosts.empty() && !options_.port_base) {  // fresh ports: the old ones may linger
+        try {
+          addresses_ = worker_addresses(pick_free_ports(static_cast<int>(workers_.size()), std::nullopt));
+        } catch (const std::exception& e) {
+          say(std::string("cannot restart: ") + e.what());
+          return status;
+        }
+      }
+      for (std::size_t i = 0; i < workers_.size(); ++i) workers_[i].address = addresses_[i];
+    }
+  }
+
+ private:
+  // One start of every worker, until every one has exited; the status as described in
+  // supervisor.hpp.
+  int run_once() {
+    exit_code_.reset();
+    stopping_ = false;
+    kill_at_.reset();
+    drain_until_.reset();
+    last_failure_.clear();
     start_workers();
     for (;;) {
       reap();
@@ -177,7 +216,35 @@ class supervisor {
     return exit_code_.value_or(0);
   }
 
- private:
+  // Waits `seconds` before a restart, still answering signals and the timeout: their exit
+  // status when one ends the launch, nullopt when the restart may go ahead.
+  std::optional<int> wait_before_restart(double seconds) {
+    const auto until = clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
+    for (;;) {
+      auto now = clock::now();
+      if (timeout_at_ && now >= *timeout_at_) {
+        say("timed out after " + seconds_text(*options_.timeout_s) + " s, before a restart");
+        return 124;
+      }
+      if (now >= until) return std::nullopt;
+      auto next = until;
+      if (timeout_at_ && *timeout_at_ < next) next = *timeout_at_;
+      pollfd p{signal_fds_[0], POLLIN, 0};
+      const int timeout_ms = static_cast<int>(
+          std::clamp<long long>(std::chrono::ceil<std::chrono::milliseconds>(next - now).count(), 0, 60 * 60 * 1000));
+      if (::poll(&p, 1, timeout_ms) <= 0) continue;
+      unsigned char buffer[64];
+      ssize_t n;
+      while ((n = ::read(signal_fds_[0], buffer, sizeof buffer)) > 0 || (n < 0 && errno == EINTR)) {
+        for (ssize_t i = 0; i < n; ++i) {
+          if (buffer[i] == SIGCHLD) continue;
+          say("received " + signal_name(buffer[i]) + " while waiting to restart; not restarting");
+          return 128 + buffer[i];
+        }
+      }
+    }
+  }
+
   bool setup() {
     std::array<int, 2> fds;
     if (!make_pipe(fds) || !set_flags(fds[0], 0, O_NONBLOCK) || !set_flags(fds[1], 0, O_NONBLOCK)) {
@@ -270,7 +337,7 @@ class supervisor {
     bool token = false;
     for (char** e = environ; e && *e; ++e) {
       std::string entry(*e);
-      if (entry.rfind("TF_CONFIG=", 0) == 0) continue;
+      if (entry.rfind("TF_CONFIG=", 0) == 0 || entry.rfind("TROUPE_RESTART_COUNT=", 0) == 0) continue;
       if (entry.rfind("TROUPE_CLUSTER_TOKEN=", 0) == 0) {
         if (entry.size() == std::strlen("TROUPE_CLUSTER_TOKEN=")) continue;  // empty: as if unset
         token = true;
@@ -281,6 +348,7 @@ class supervisor {
     if (options_.devices_per_worker)
       env.push_back("TROUPE_DEVICES_PER_WORKER=" + std::to_string(*options_.devices_per_worker));
     if (!token) env.push_back("TROUPE_CLUSTER_TOKEN=" + random_token());
+    env.push_back("TROUPE_RESTART_COUNT=" + std::to_string(restart_count_));
     return env;
   }
 
@@ -304,6 +372,7 @@ class supervisor {
       say("cannot start worker " + std::to_string(w.rank) + ": " + what + ": " + std::strerror(errno));
       for (int* fd : {&out[0], &out[1], &err[0], &err[1], &status[0], &status[1]}) close_fd(*fd);
       exit_code_ = exit_code_.value_or(1);
+      start_failed_ = true;
       return false;
     };
     if (!make_pipe(out) || !make_pipe(err) || !make_pipe(status)) return fail("pipe");
@@ -373,6 +442,7 @@ class supervisor {
       if (exec_errno == ENOENT && program.find('/') == std::string::npos) why = "command not found in PATH";
       say("cannot execute '" + program + "': " + why);
       exit_code_ = exit_code_.value_or(127);
+      start_failed_ = true;
       return false;
     }
 
@@ -462,18 +532,25 @@ class supervisor {
 
   void on_exit(const worker& w, int status) {
     bool succeeded = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (succeeded || stopping_) return;  // once stopping, exits are what was asked for
+    if (succeeded) return;
+    if (stopping_) {  // once stopping, exits are what was asked for; a preempted one is told
+      if (WIFEXITED(status) && WEXITSTATUS(status) == preemption_exit_code)
+        say(w.describe() + " exited with status " + std::to_string(preemption_exit_code) + " (preempted) too");
+      return;
+    }
     std::string how;
     if (WIFEXITED(status)) {
       exit_code_ = WEXITSTATUS(status);
       how = "exited with status " + std::to_string(WEXITSTATUS(status));
+      if (WEXITSTATUS(status) == preemption_exit_code) how += " (preempted: it saved a checkpoint to restart from)";
     } else {
       int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
       exit_code_ = 128 + sig;
       how = "was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")";
     }
     bool others = running_count() > 0;
-    say(w.describe() + " " + how + (others ? "; stopping the others" : ""));
+    last_failure_ = w.describe() + " " + how;
+    say(last_failure_ + (others ? "; stopping the others" : ""));
     begin_stop(SIGTERM);
   }
 
@@ -483,6 +560,7 @@ class supervisor {
       say("timed out after " + seconds_text(*options_.timeout_s) + " s; stopping " +
           std::to_string(running) + " running worker" + (running == 1 ? "" : "s"));
       exit_code_ = 124;
+      timed_out_ = true;
       begin_stop(SIGTERM);
     }
     if (kill_at_ && now >= *kill_at_) {
@@ -561,7 +639,7 @@ class supervisor {
   }
 
   const launch_options& options_;
-  const std::vector<std::string>& addresses_;
+  std::vector<std::string> addresses_;  // changed by a restart (fresh ports)
   std::vector<worker> workers_;
 
   std::array<int, 2> signal_fds_{-1, -1};
@@ -576,6 +654,10 @@ class supervisor {
   bool stopping_ = false;
   int stop_signal_ = SIGTERM;
   bool signal_received_ = false;
+  bool timed_out_ = false;
+  bool start_failed_ = false;
+  std::string last_failure_;  // the worker that failed first in the last run, and how
+  int restart_count_ = 0;     // restarts so far: TROUPE_RESTART_COUNT of the workers
   std::optional<clock::time_point> timeout_at_;
   std::optional<clock::time_point> kill_at_;
   std::optional<clock::time_point> drain_until_;

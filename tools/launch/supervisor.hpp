@@ -13,6 +13,12 @@
 //    SIGINT, SIGTERM and SIGHUP are forwarded to every group the same way; a second one kills.
 // 4. The launcher returns once every worker is reaped and its pipes are drained (bounded, in case
 //    a process that left the group still holds one open).
+// 5. With --max-restarts N, a launch that ended with a failure (not a signal to the launcher, the
+//    timeout, or a program that could not start) is started again, every worker with fresh
+//    ports, after a backoff that doubles each time; the launcher says why, and after N restarts
+//    it returns the last failure's status. A worker that exits with status 75 was preempted and
+//    saved a checkpoint (PreemptionCheckpointHandler); it is restarted the same way. Workers
+//    find the number of restarts so far in TROUPE_RESTART_COUNT (0 in the first run).
 // If the launcher itself dies, each worker's main process gets SIGKILL (Linux's parent-death
 // signal).
 
@@ -27,7 +33,7 @@ namespace troupe::launch {
 /// `addresses` and index i, and supervises them as described above. Returns the launcher's exit
 /// status: 0 when every worker succeeded, else the status of the first to fail (128+signal), 124
 /// on timeout, 128+signal when the launcher got a signal, 127 when exec failed, 1 when a worker
-/// could not be started. Messages go to stderr, prefixed "troupe-launch: ".
+/// could not be started. With options.max_restarts, the status of the last launch. Messages go to stderr, prefixed "troupe-launch: ".
 int supervise(const launch_options& options, const std::vector<std::string>& addresses);
 
 /// The conventional name of a signal, "SIGTERM"; "signal N" when it has none here.

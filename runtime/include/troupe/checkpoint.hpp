@@ -64,7 +64,11 @@ class Checkpoint {
 /// save never shadows a good checkpoint.
 class CheckpointManager {
  public:
-  /// `max_to_keep` >= 1 (std::invalid_argument otherwise). The directory is created by save.
+  /// `max_to_keep` >= 1 (std::invalid_argument otherwise). The directory is checked now, before
+  /// any training: created when missing, and a path that is a file, or a directory this process
+  /// cannot create or write, throws CheckpointError naming it. Temporary files that killed saves
+  /// of this manager left there ("ckpt-<step>.ckpt.tmp-<pid>-<n>", a worker's
+  /// "ckpt-<step>.worker-<rank>.tmp.ckpt") are removed, except those of a process still running.
   CheckpointManager(Checkpoint checkpoint, std::string directory, int max_to_keep);
   /// Saves the checkpoint for `step` (>= 0), then deletes the oldest beyond max_to_keep (never
   /// the file just written); returns the file.

@@ -16,6 +16,7 @@
 #include "distribute/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
+#include "troupe/nn/backup_and_restore.hpp"
 #include "troupe/nn/ops.hpp"
 
 namespace troupe::nn {
@@ -356,8 +357,23 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
   Logs train_logs;
   for (const auto& c : callbacks) c->on_train_begin(train_logs);
   std::optional<distribute::DistributedIterator> iterator;
-  std::int64_t step = options.initial_step;
-  const int first_epoch = steps_per_epoch > 0 ? static_cast<int>(options.initial_step / steps_per_epoch) : 0;
+  std::int64_t taken = 0;  // elements taken from the current iterator
+  TrainingPosition at;     // where this call starts
+  if (steps_per_epoch > 0) {
+    at.step = options.initial_step;
+    at.epoch = options.initial_step / steps_per_epoch;
+    at.step_in_epoch = options.initial_step % steps_per_epoch;
+  }
+  BackupAndRestore* backup = options.backup_and_restore;
+  if (backup != nullptr) {
+    backup->track(variables());
+    at = backup->restore();
+  }
+  std::int64_t step = at.step;
+  const int first_epoch = static_cast<int>(at.epoch);
+  BackupAndRestore::replay_passes(dataset, at.input_passes);
+  std::int64_t passes = at.input_passes;  // iterators made, the current one included
+  bool stopped_mid_epoch = false;          // at a step boundary (a signal, a request): the backup stays
   const bool with_metrics = !metrics_.empty();
   const int local_replicas = static_cast<int>(strategy.extended().worker_devices().size());
   bool stopped = false;
@@ -372,6 +388,7 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       if (!agreed.stop) agreed.stop_reason = *reason;
       agreed.stop = true;
     }
+    if (agreed.stop) stopped_mid_epoch = true;
     for (bool first = true;; first = false) {
       if (agreed.learning_rate) optimizer_->set_learning_rate(static_cast<float>(*agreed.learning_rate));
       if (agreed.checkpoint && history.non_finite_step == 0) {
@@ -405,7 +422,11 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
 
   for (int epoch = first_epoch; epoch < epochs && !stopped; ++epoch) {
     control.set_position(step, epoch);
-    if (steps_per_epoch < 0 || !iterator) iterator.emplace(dataset.make_iterator());
+    if (steps_per_epoch < 0 || !iterator) {
+      iterator.emplace(dataset.make_iterator());
+      ++passes;
+      taken = epoch == first_epoch ? BackupAndRestore::skip(*iterator, at.iterator_position) : 0;
+    }
     Logs epoch_logs;
     for (const auto& c : callbacks) c->on_epoch_begin(epoch, epoch_logs);
     const auto start = std::chrono::steady_clock::now();
@@ -413,7 +434,8 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
     double hits_sum = 0.0;
     std::int64_t steps = 0;
     std::int64_t samples = 0;
-    std::int64_t k = (epoch == first_epoch && steps_per_epoch > 0) ? options.initial_step % steps_per_epoch : 0;
+    const std::int64_t first_k = epoch == first_epoch ? at.step_in_epoch : 0;
+    std::int64_t k = first_k;
     for (; (steps_per_epoch < 0 || k < steps_per_epoch) && !stopped; ++k) {
       Logs logs;
       for (const auto& c : callbacks) c->on_train_batch_begin(k, logs);
@@ -423,9 +445,12 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       if (!batch) {
         if (steps_per_epoch < 0) break;
         iterator.emplace(dataset.make_iterator());  // a finite dataset with steps_per_epoch: start again
+        ++passes;
+        taken = 0;
         batch = iterator->get_next_as_optional();
         if (!batch) throw std::invalid_argument("Model::fit: the dataset has no elements");
       }
+      ++taken;
       std::vector<std::int64_t> replica_rows;
       std::int64_t rows = 0;
       for (const data::Element& e : batch->values()) {
@@ -516,10 +541,26 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
         for (const Tensor& t : locals) shares.push_back(wide ? Tensor::scalar<double>(t.to_vector<double>()[0]) : t);
         options.on_replica_losses(shares);
       }
+      if (backup != nullptr && history.non_finite_step == 0) {  // first: on_step_end may save through it
+        // The last step of an epoch of known length stands at the start of the next one.
+        const bool epoch_done = steps_per_epoch > 0 && k + 1 == steps_per_epoch;
+        backup->on_step_end(epoch_done ? TrainingPosition{step, epoch + 1, 0, taken, passes - 1}
+                                       : TrainingPosition{step, epoch, k + 1, taken, passes - 1});
+      }
       if (options.on_step_end) options.on_step_end(step, loss);
       for (const auto& c : callbacks) c->on_train_batch_end(k, logs);
       boundary(logs, std::move(agreed));
       last_batch_logs = std::move(logs);
+    }
+    // The epoch's time excludes its backup (after the line below).
+    const auto end_of_epoch = [&] {
+      if (backup == nullptr || history.non_finite_step != 0) return;  // never a backup of non-finite weights
+      backup->on_epoch_end(steps_per_epoch > 0 ? TrainingPosition{step, epoch + 1, 0, taken, passes - 1}
+                                               : TrainingPosition{step, epoch + 1, 0, 0, passes});
+    };
+    if (steps == 0 && first_k > 0) {  // resumed after the last batch of this epoch
+      end_of_epoch();
+      continue;
     }
     if (steps == 0) {
       throw std::invalid_argument("Model::fit: epoch " + std::to_string(epoch + 1) + " got no batch from the dataset");
@@ -552,9 +593,14 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
         history.stopped_at_step = step;
       }
     }
+    end_of_epoch();
   }
   for (const auto& c : callbacks) c->on_train_end(last_batch_logs);
   history.all_reduce_seconds = std::chrono::duration<double>(optimizer_->all_reduce_time() - all_reduce_before).count();
+  // A run that ended, or that a callback stopped at an epoch's end (EarlyStopping), has no more
+  // use for its backup; one stopped at a step boundary (a signal, a request, the dashboard)
+  // resumes from it.
+  if (backup != nullptr && !stopped_mid_epoch) backup->on_train_end();
   return history;
 }
 

@@ -24,6 +24,8 @@ class Strategy;
 
 namespace troupe::nn {
 
+class BackupAndRestore;
+
 /// How Model::fit reports, resumes and is steered.
 struct FitOptions {
   /// 0: silent; 1: Keras's progress bar (ETA, ms/step, loss and metrics), redrawn in place on a
@@ -50,6 +52,12 @@ struct FitOptions {
   /// Batches {features, labels} evaluated at the end of every epoch: "val_loss" and the compiled
   /// metrics with "val_" in front, in the epoch's logs and History::history.
   std::optional<data::Dataset> validation_data;
+  /// Backs the run up and resumes it where a backup stands (weights, optimizer, step, epoch,
+  /// input position), so that an interrupted fit ends bit-identical to one that never stopped.
+  /// Not owned; replaces initial_step; one fit per BackupAndRestore. fit tracks the model's
+  /// variables itself (track only other state, such as random engines, before calling fit).
+  /// See troupe/nn/backup_and_restore.hpp.
+  BackupAndRestore* backup_and_restore = nullptr;
 };
 
 /// What Model::fit measured.
