@@ -486,6 +486,84 @@ int dispatcher::workers_up() const { return impl_->up; }
 
 // --- shard_client -----------------------------------------------------------------------------
 
+namespace {
+
+// Carries a worker's requests to the ps agents and answers each exactly once: with the reply,
+// with the request's timeout, or, as soon as that ps agent goes down, with its loss (a request in
+// flight to a dead peer would otherwise wait for its whole timeout).
+template <class T>
+struct type_tag {
+  using type = T;
+};
+
+struct router_state {
+  std::vector<caf::actor> agents;
+  std::vector<std::map<std::uint64_t, caf::response_promise>> pending;  // by ps task
+  std::uint64_t next = 0;
+};
+
+caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<task_endpoint> ps,
+                           std::chrono::milliseconds timeout) {
+  self->state.agents.resize(ps.size());
+  self->state.pending.resize(ps.size());
+  self->set_down_handler([=](caf::down_msg& d) {
+    auto& st = self->state;
+    for (std::size_t p = 0; p < st.agents.size(); ++p) {
+      if (!st.agents[p] || st.agents[p].address() != d.source) continue;
+      st.agents[p] = caf::actor{};
+      auto lost = runtime_error("ps task " + ps[p].task + " is lost (" + self->system().render(d.reason) + ")");
+      for (auto& entry : st.pending[p]) entry.second.deliver(lost);
+      st.pending[p].clear();
+    }
+  });
+  // Sends `msg` to ps task p's agent and answers the promise once, with a Reply or an error.
+  auto forward = [=](std::int32_t p, caf::message msg, auto reply_tag) -> caf::response_promise {
+    using Reply = typename decltype(reply_tag)::type;
+    auto& st = self->state;
+    auto rp = self->make_response_promise();
+    const auto i = static_cast<std::size_t>(p);
+    if (p < 0 || i >= st.agents.size() || !st.agents[i]) {
+      rp.deliver(runtime_error("ps task " + std::to_string(p) + " is not connected"));
+      return rp;
+    }
+    const auto token = ++st.next;
+    st.pending[i].emplace(token, rp);
+    auto take = [=]() -> std::optional<caf::response_promise> {
+      auto& pend = self->state.pending[i];
+      auto it = pend.find(token);
+      if (it == pend.end()) return std::nullopt;  // answered already (its ps task was lost)
+      auto out = it->second;
+      pend.erase(it);
+      return out;
+    };
+    self->request(st.agents[i], timeout, std::move(msg))
+        .then(
+            [=](Reply& reply) {
+              if (auto promise = take()) promise->deliver(std::move(reply));
+            },
+            [=](caf::error& e) {
+              if (auto promise = take()) promise->deliver(std::move(e));
+            });
+    return rp;
+  };
+  return {
+      [=](wup_atom, std::int32_t p, const caf::actor& agent) -> bool {
+        self->state.agents.at(static_cast<std::size_t>(p)) = agent;
+        self->monitor(agent);
+        return true;
+      },
+      [=](vread_atom, std::int32_t p, const std::string& key) -> caf::result<std::string> {
+        return forward(p, caf::make_message(vread_atom::value, key), type_tag<std::string>{});
+      },
+      [=](vupdate_atom, std::int32_t p, const std::string& key, std::uint8_t op,
+          std::string& delta) -> caf::result<bool> {
+        return forward(p, caf::make_message(vupdate_atom::value, key, op, std::move(delta)), type_tag<bool>{});
+      },
+  };
+}
+
+}  // namespace
+
 struct shard_client::impl {
   caf::actor_system* system = nullptr;
   std::string task;
@@ -494,24 +572,26 @@ struct shard_client::impl {
   std::chrono::milliseconds timeout{0};
   std::mutex mutex;
   std::vector<caf::actor> agents;
-  caf::actor watch;  // what the ps agents watch: lives as long as this client
+  caf::actor router;  // also what the ps agents watch: it lives as long as this client
 
-  caf::actor agent(int p) {
+  // Connects to ps task p on first use (and again after it was lost).
+  void connect(int p) {
     const auto i = static_cast<std::size_t>(p);
-    if (i >= ps.size()) {
+    if (p < 0 || i >= ps.size()) {
       throw std::out_of_range("variable shard on ps task " + std::to_string(p) + ", but the cluster has " +
                               std::to_string(ps.size()) + " ps task(s)");
     }
     std::lock_guard<std::mutex> lock(mutex);
-    if (!agents[i]) {
-      auto found = reach(*system, ps[i], task, watch, credentials != nullptr, timeout);
-      if (!found) {
-        throw std::runtime_error(task + " cannot reach ps task " + ps[i].task + " at " +
-                                 address_of(ps[i].host, ps[i].port) + ": " + error_text(*system, found.error()));
-      }
-      agents[i] = *found;
+    if (agents[i]) return;
+    auto found = reach(*system, ps[i], task, router, credentials != nullptr, timeout);
+    if (!found) {
+      throw std::runtime_error(task + " cannot reach ps task " + ps[i].task + " at " +
+                               address_of(ps[i].host, ps[i].port) + ": " + error_text(*system, found.error()));
     }
-    return agents[i];
+    caf::scoped_actor self{*system};
+    self->request(router, timeout, wup_atom::value, static_cast<std::int32_t>(p), *found)
+        .receive([](bool) {}, [](caf::error&) {});
+    agents[i] = *found;
   }
 
   [[noreturn]] void fail(int p, const std::string& what, const caf::error& e) {
@@ -534,27 +614,30 @@ shard_client::shard_client(caf::actor_system& system, std::string task, std::vec
   s.timeout = timeout;
   s.agents.resize(s.ps.size());
   s.credentials = std::move(credentials);
-  s.watch = system.spawn([]() -> caf::behavior { return {[](leave_atom) {}}; });
+  s.router = system.spawn(shard_router, s.ps, timeout);
 }
 
-shard_client::~shard_client() { caf::anon_send_exit(impl_->watch, caf::exit_reason::user_shutdown); }
+shard_client::~shard_client() { caf::anon_send_exit(impl_->router, caf::exit_reason::user_shutdown); }
 
 std::string shard_client::read(int ps, const std::string& key) {
-  auto agent = impl_->agent(ps);
+  impl_->connect(ps);
   caf::scoped_actor self{*impl_->system};
   std::string out;
   caf::error failed;
-  self->request(agent, impl_->timeout, vread_atom::value, key)
+  // The router answers within its own timeout; the margin only covers the hop to it.
+  self->request(impl_->router, impl_->timeout + std::chrono::seconds(5), vread_atom::value,
+                static_cast<std::int32_t>(ps), key)
       .receive([&](std::string& bytes) { out = std::move(bytes); }, [&](caf::error& e) { failed = std::move(e); });
   if (failed) impl_->fail(ps, "reading variable shard '" + key + "'", failed);
   return out;
 }
 
 void shard_client::update(int ps, const std::string& key, std::uint8_t op, std::string delta) {
-  auto agent = impl_->agent(ps);
+  impl_->connect(ps);
   caf::scoped_actor self{*impl_->system};
   caf::error failed;
-  self->request(agent, impl_->timeout, vupdate_atom::value, key, op, std::move(delta))
+  self->request(impl_->router, impl_->timeout + std::chrono::seconds(5), vupdate_atom::value,
+                static_cast<std::int32_t>(ps), key, op, std::move(delta))
       .receive([](bool) {}, [&](caf::error& e) { failed = std::move(e); });
   if (failed) impl_->fail(ps, "updating variable shard '" + key + "'", failed);
 }
