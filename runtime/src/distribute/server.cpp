@@ -260,7 +260,11 @@ struct Server::Impl {
   bool stopped = false;
 
   void log(const std::string& line) {
-    if (options.log) options.log(line);
+    if (options.log) {
+      options.log(line);
+    } else {
+      std::cerr << "troupe: " + task + ": " + line + "\n" << std::flush;
+    }
   }
   void stop() {
     {

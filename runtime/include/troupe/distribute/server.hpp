@@ -24,7 +24,8 @@ struct ServerOptions {
   /// join() returns once the chief that connected leaves or is lost: what a task of a training
   /// program wants (the same binary in every role). A daemon (troupe-worker) serves on.
   bool stop_with_chief = false;
-  /// One line per event (ready, a peer connected, left or was lost); nullptr: none.
+  /// One line per event (a peer connected, left or was lost); nullptr: "troupe: <task>: <line>" on
+  /// stderr.
   std::function<void(const std::string& line)> log;
 
   /// The defaults with the TROUPE_* environment applied (malformed: std::invalid_argument).
