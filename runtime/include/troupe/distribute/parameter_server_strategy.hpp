@@ -82,8 +82,9 @@ struct RemoteValueState;
 class ParameterServerStrategy {
  public:
   /// Connects to every ps task (each within ServerOptions::peer_timeout, else std::runtime_error
-  /// naming it). The cluster must have "ps" and "worker" jobs (std::invalid_argument otherwise).
-  /// partitioner nullptr: one shard per variable.
+  /// naming it), and to the workers in the background (retried while they are down). The cluster
+  /// must have "ps" and "worker" jobs (std::invalid_argument otherwise); beyond loopback it needs
+  /// the cluster token, as Server does. partitioner nullptr: one shard per variable.
   ParameterServerStrategy(Runtime& runtime, std::shared_ptr<ClusterResolver> resolver,
                           std::shared_ptr<Partitioner> partitioner = nullptr,
                           ServerOptions options = ServerOptions::from_environment());
@@ -177,8 +178,9 @@ struct ClusterCoordinatorOptions {
 /// - a lost ps task makes join() fail at once, naming it.
 class ClusterCoordinator {
  public:
+  /// One per strategy (a second one shares the first's queue and counters). The strategy must
+  /// outlive it; destroying the strategy tells every worker and ps task that the chief leaves.
   explicit ClusterCoordinator(ParameterServerStrategy& strategy, ClusterCoordinatorOptions options = {});
-  /// Tells every worker and ps task the chief leaves.
   ~ClusterCoordinator();
   ClusterCoordinator(const ClusterCoordinator&) = delete;
   ClusterCoordinator& operator=(const ClusterCoordinator&) = delete;
