@@ -156,3 +156,20 @@ TEST_CASE("a coordinator schedules onto in-process servers, shards variables ove
     CHECK(coordinator.closures_retried() == 0);
   }
 }
+
+TEST_CASE("a ps shard applies updates in place and refuses one that does not fit") {
+  std::string shard = wire::encode_tensor(Tensor::from_vector<float>({1, 2, 3, 4}, {2, 2}));
+  CHECK_FALSE(wire::update_in_place(shard, 1, wire::encode_tensor(Tensor::from_vector<float>({1, 1, 1, 1}, {2, 2}))));
+  CHECK_FALSE(wire::update_in_place(shard, 2, wire::encode_tensor(Tensor::from_vector<float>({0, 0, 0, 0.5f}, {2, 2}))));
+  CHECK(wire::decode_tensor(shard).to_vector<float>() == std::vector<float>{2, 3, 4, 4.5f});
+  auto bad = wire::update_in_place(shard, 1, wire::encode_tensor(Tensor::from_vector<float>({1, 1}, {2})));
+  REQUIRE(bad);
+  CHECK(contains(*bad, "shapes and dtypes must match"));
+  CHECK(wire::update_in_place(shard, 7, shard)->find("operation 7 is unknown") != std::string::npos);
+  std::string ints = wire::encode_tensor(Tensor::from_vector<std::int64_t>({5, -5}, {2}));
+  CHECK_FALSE(wire::update_in_place(ints, 2, wire::encode_tensor(Tensor::from_vector<std::int64_t>({7, 7}, {2}))));
+  CHECK(wire::decode_tensor(ints).to_vector<std::int64_t>() == std::vector<std::int64_t>{-2, -12});
+  CHECK_FALSE(wire::update_in_place(ints, 0, wire::encode_tensor(Tensor::from_vector<std::int64_t>({9, 9}, {2}))));
+  CHECK(wire::decode_tensor(ints).to_vector<std::int64_t>() == std::vector<std::int64_t>{9, 9});
+  CHECK_THROWS_AS(wire::update_in_place(ints, 1, "junk"), std::invalid_argument);
+}

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 namespace troupe::distribute::detail {
@@ -105,6 +106,24 @@ class reader {
     pos_ += static_cast<std::size_t>(nbytes);
     return t;
   }
+  // A tensor's header, checked, and where its bytes are, without copying them.
+  struct view {
+    DType dtype;
+    Shape shape;
+    std::size_t offset;
+    std::size_t nbytes;
+  };
+  view tensor_view() {
+    view v{dtype(), shape(), 0, 0};
+    const auto nbytes = get<std::uint64_t>();
+    const auto expected = elements(v.shape) * dtype_size(v.dtype);
+    if (nbytes != expected) bad(std::to_string(nbytes) + " bytes for a tensor of that shape (expected " + std::to_string(expected) + ")");
+    if (in_.size() - pos_ < nbytes) bad("a tensor of " + std::to_string(nbytes) + " bytes runs past the end");
+    v.offset = pos_;
+    v.nbytes = static_cast<std::size_t>(nbytes);
+    pos_ += v.nbytes;
+    return v;
+  }
   void magic(std::uint32_t m) {
     if (get<std::uint32_t>() != m) bad("it does not start with this message kind's mark");
   }
@@ -194,6 +213,55 @@ Tensor decode_tensor(const std::string& bytes) {
   Tensor t = r.tensor();
   r.end();
   return t;
+}
+
+namespace {
+
+template <class T>
+void combine(char* value, const char* delta, std::size_t n, int sign) {
+  // Element by element through memcpy: the bytes of a std::string need not be aligned for T.
+  for (std::size_t i = 0; i < n; ++i) {
+    T a, b;
+    std::memcpy(&a, value + i * sizeof(T), sizeof(T));
+    std::memcpy(&b, delta + i * sizeof(T), sizeof(T));
+    a = sign > 0 ? static_cast<T>(a + b) : static_cast<T>(a - b);
+    std::memcpy(value + i * sizeof(T), &a, sizeof(T));
+  }
+}
+
+}  // namespace
+
+std::optional<std::string> update_in_place(std::string& value, std::uint8_t op, const std::string& delta) {
+  reader rv(value, "variable shard");
+  rv.magic(tensor_magic);
+  const auto v = rv.tensor_view();
+  rv.end();
+  reader rd(delta, "variable update");
+  rd.magic(tensor_magic);
+  const auto d = rd.tensor_view();
+  rd.end();
+  if (v.dtype != d.dtype || v.shape != d.shape) {
+    return "the update is a " + std::string(dtype_name(d.dtype)) + " tensor of " + std::to_string(d.nbytes) +
+           " bytes and rank " + std::to_string(d.shape.size()) + ", the shard a " + std::string(dtype_name(v.dtype)) +
+           " tensor of " + std::to_string(v.nbytes) + " bytes and rank " + std::to_string(v.shape.size()) +
+           " (shapes and dtypes must match)";
+  }
+  if (op == 0) {
+    value = delta;
+    return std::nullopt;
+  }
+  if (op != 1 && op != 2) return "update operation " + std::to_string(op) + " is unknown (0 assign, 1 add, 2 subtract)";
+  const int sign = op == 1 ? 1 : -1;
+  char* out = value.data() + v.offset;
+  const char* in = delta.data() + d.offset;
+  const std::size_t n = v.nbytes / dtype_size(v.dtype);
+  switch (v.dtype) {
+    case DType::f32: combine<float>(out, in, n, sign); break;
+    case DType::f64: combine<double>(out, in, n, sign); break;
+    case DType::i32: combine<std::int32_t>(out, in, n, sign); break;
+    case DType::i64: combine<std::int64_t>(out, in, n, sign); break;
+  }
+  return std::nullopt;
 }
 
 std::string encode_table(const VariableTable& table) {

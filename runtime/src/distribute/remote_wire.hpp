@@ -7,6 +7,7 @@
 // travel as one contiguous block of their bytes (host order: troupe's hosts are little-endian).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,11 @@ std::vector<Tensor> decode_tensors(const std::string& bytes);
 /// One tensor's bytes alone (a shard's value), with its dtype and shape checked on receipt.
 std::string encode_tensor(const Tensor& t);
 Tensor decode_tensor(const std::string& bytes);
+
+/// A ps shard's update, applied to its encoded bytes in place (op 0 assign, 1 add, 2 subtract):
+/// an error message when the update does not fit the shard; malformed bytes throw
+/// std::invalid_argument.
+std::optional<std::string> update_in_place(std::string& value, std::uint8_t op, const std::string& delta);
 
 /// What a worker needs to reach the variables: the ps tasks and every variable's shards.
 struct VariableTable {

@@ -227,23 +227,6 @@ void require_token(const ClusterSpec& spec, const std::string& token, bool insec
   }
 }
 
-// A ps shard's update: the shard and the delta arrive as encoded tensors of one shape and dtype.
-std::optional<std::string> apply_update(std::string& value, std::uint8_t op, const std::string& delta_bytes) {
-  Tensor current = decode_tensor(value);
-  Tensor delta = decode_tensor(delta_bytes);
-  if (current.shape() != delta.shape() || current.dtype() != delta.dtype()) {
-    return "the update's shape or dtype differs from the shard's (" + std::string(dtype_name(delta.dtype())) +
-           " vs " + std::string(dtype_name(current.dtype())) + ")";
-  }
-  switch (op) {
-    case 0: value = encode_tensor(delta); break;
-    case 1: value = encode_tensor(current + delta); break;
-    case 2: value = encode_tensor(current - delta); break;
-    default: return "update operation " + std::to_string(op) + " is unknown (0 assign, 1 add, 2 subtract)";
-  }
-  return std::nullopt;
-}
-
 }  // namespace detail
 
 struct Server::Impl {
@@ -329,7 +312,7 @@ Server::Server(Runtime& runtime, const ClusterSpec& cluster, const std::string& 
       }
     };
   } else {
-    h.update = detail::apply_update;
+    h.update = detail::update_in_place;
   }
   h.event = [self](const std::string& line) { self->log(line); };
   h.chief_gone = [self] {
