@@ -236,6 +236,7 @@ struct dispatch_actor_state {
   std::unordered_map<std::uint64_t, closure_record> closures;
   std::string table;
   bool has_table = false;
+  bool leaving = false;  // the chief is done: tasks that stop now are no loss
 };
 
 caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, std::shared_ptr<dispatcher::impl> d) {
@@ -260,6 +261,7 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
   };
   self->set_down_handler([=](caf::down_msg& m) {
     auto& st = self->state;
+    if (st.leaving) return;
     for (std::size_t p = 0; p < d->ps.size(); ++p) {
       if (d->ps[p].address() == m.source) {
         d->on_ps_lost(d->options.ps[p].task, "its connection closed (" + self->system().render(m.reason) + ")");
@@ -322,6 +324,7 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
         return true;
       },
       [=](leave_atom) -> bool {
+        self->state.leaving = true;
         for (const auto& w : self->state.workers) {
           if (w) self->send(w, leave_atom::value);
         }
