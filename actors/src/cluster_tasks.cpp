@@ -100,8 +100,11 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         auto who = watch.address();
         if (who && st.peers.emplace(who, peer.substr(0, 200)).second) {
           self->monitor(who);
-          if (peer.rfind("/job:chief/", 0) == 0) st.chief = who;
           event(st, "connected " + peer.substr(0, 200));
+          if (peer.rfind("/job:chief/", 0) == 0) {
+            st.chief = who;
+            if (st.handlers->chief_came) st.handlers->chief_came();
+          }
         }
         return st.task;
       },

@@ -10,6 +10,7 @@
 #                  named, variables, per-worker iterators; SIGTERM stops each daemon cleanly
 #   wrong-token    a daemon with another token is refused and the cluster goes on without it
 #   two-hosts      ps_trainer with its tasks in two network namespaces, over mutual TLS
+#   no-chief       a worker of ps_trainer whose chief never comes fails after the start timeout
 set -uo pipefail
 scenario="$1"
 build="$2"
@@ -191,6 +192,13 @@ case "$scenario" in
       eval "p=\$pid_$n"
       status_of "$p"; [[ $st == 0 ]] || fail "$n did not exit 0"
     done
+    ;;
+  no-chief)
+    TROUPE_START_TIMEOUT_MS=1000 start w0 worker 0 "$trainer"
+    status_of "$pid_w0"
+    [[ $st == 1 ]] || fail "the worker exited $st (expected 1)"
+    grep -q "Server: /job:worker/replica:0/task:0: no chief connected within 1000 ms" "$dir/w0.log" ||
+      fail "the worker did not say why it stopped"
     ;;
   *)
     echo "run_cluster.sh: unknown scenario $scenario" >&2

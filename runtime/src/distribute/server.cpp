@@ -241,6 +241,7 @@ struct Server::Impl {
   std::mutex mutex;
   std::condition_variable stopped_cv;
   bool stopped = false;
+  bool chief_seen = false;
 
   void log(const std::string& line) {
     if (options.log) {
@@ -315,6 +316,13 @@ Server::Server(Runtime& runtime, const ClusterSpec& cluster, const std::string& 
     h.update = detail::update_in_place;
   }
   h.event = [self](const std::string& line) { self->log(line); };
+  h.chief_came = [self] {
+    {
+      std::lock_guard<std::mutex> lock(self->mutex);
+      self->chief_seen = true;
+    }
+    self->stopped_cv.notify_all();
+  };
   h.chief_gone = [self] {
     if (self->options.stop_with_chief) self->stop();
   };
@@ -345,7 +353,17 @@ bool serve_if_worker_or_ps(Runtime& runtime, const ClusterResolver& resolver, Fu
   const auto type = resolver.task_type();
   if (type != "worker" && type != "ps") return false;
   options.stop_with_chief = true;
+  const auto wait = options.peer_timeout;
   Server server(runtime, resolver, std::move(functions), std::move(options));
+  {
+    // A chief that never comes (it failed before connecting) must not leave this task behind.
+    auto& s = *server.impl_;
+    std::unique_lock<std::mutex> lock(s.mutex);
+    if (!s.stopped_cv.wait_for(lock, wait, [&] { return s.chief_seen || s.stopped; })) {
+      throw Error("Server: " + s.task + ": no chief connected within " + std::to_string(wait.count()) +
+                  " ms (TROUPE_START_TIMEOUT_MS); is the chief running, with the same TF_CONFIG cluster and token?");
+    }
+  }
   server.join();
   return true;
 }

@@ -110,6 +110,8 @@ struct task_handlers {
   std::function<std::optional<std::string>(std::string& value, std::uint8_t op, const std::string& delta)> update;
   /// One line per event: a peer connected, left or was lost.
   std::function<void(const std::string& line)> event;
+  /// A chief connected.
+  std::function<void()> chief_came;
   /// The chief that connected has left or was lost.
   std::function<void()> chief_gone;
 };

@@ -63,12 +63,15 @@ class Server {
   struct Impl;
 
  private:
+  friend bool serve_if_worker_or_ps(Runtime&, const ClusterResolver&, FunctionRegistry, ServerOptions);
   std::unique_ptr<Impl> impl_;
 };
 
 /// For a program that runs in every role (TensorFlow's own examples): when the resolver's task is
 /// a "worker" or "ps", serves it with `functions` until its chief leaves and returns true; for any
-/// other task returns false at once, and the program goes on as the chief.
+/// other task returns false at once, and the program goes on as the chief. A chief that has not
+/// connected within options.peer_timeout (TROUPE_START_TIMEOUT_MS) is troupe::Error naming the
+/// task, so no task is left behind by a chief that failed at start.
 bool serve_if_worker_or_ps(Runtime& runtime, const ClusterResolver& resolver, FunctionRegistry functions,
                            ServerOptions options = ServerOptions::from_environment());
 
