@@ -341,7 +341,7 @@ TEST_CASE("a huge host name is refused and echoed once, cut short") {
   CHECK_NOTHROW(ClusterSpec(ClusterSpec::JobMap{{"worker", {std::string(255, 'h') + ":2222"}}}));
   // Every echo of user text is bounded: a long job name, task type, or port.
   CHECK(cluster_error(R"({")" + std::string(100'000, 'j') + R"(": ["h:1"]})") ==
-        "TF_CONFIG: job '" + std::string(64, 'j') + "...' (100000 bytes) is unknown (expected chief, worker or "
+        "TF_CONFIG: job '" + std::string(64, 'j') + "...' (100000 bytes) is unknown (expected chief, worker, ps or "
         "evaluator)");
   CHECK(cluster_error(R"({"worker": ["h:)" + std::string(50'000, '7') + R"("]})") ==
         "TF_CONFIG: port '" + std::string(64, '7') + "...' (50000 bytes) in address 'h:" + std::string(62, '7') +
