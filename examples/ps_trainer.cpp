@@ -61,8 +61,8 @@ FunctionRegistry make_functions(const Flags& f) {
   functions.add("train_step", [f](FunctionContext& ctx) {
     const data::Element batch = ctx.next(0);
     const float lr = ctx.arg(1).item<float>();
-    std::vector<Tensor> w;
-    for (const char* name : layers) w.push_back(ctx.read_variable(name));
+    const std::vector<std::string> names(std::begin(layers), std::end(layers));
+    const std::vector<Tensor> w = ctx.read_variables(names);  // every shard in flight at once
     const Tensor h1 = nn::dense_forward(batch[0], w[0], w[1], nn::Activation::relu);
     const Tensor h2 = nn::dense_forward(h1, w[2], w[3], nn::Activation::relu);
     const Tensor logits = nn::dense_forward(h2, w[4], w[5], nn::Activation::none);
@@ -70,8 +70,7 @@ FunctionRegistry make_functions(const Flags& f) {
     const auto g3 = nn::dense_backward(h2, w[4], logits, loss.gradient, nn::Activation::none);
     const auto g2 = nn::dense_backward(h1, w[2], h2, g3.input, nn::Activation::relu);
     const auto g1 = nn::dense_backward(batch[0], w[0], h1, g2.input, nn::Activation::relu, false);
-    const Tensor grads[] = {g1.kernel, g1.bias, g2.kernel, g2.bias, g3.kernel, g3.bias};
-    for (int i = 0; i < 6; ++i) ctx.assign_sub(layers[i], grads[i] * lr);
+    ctx.assign_sub(names, {g1.kernel * lr, g1.bias * lr, g2.kernel * lr, g2.bias * lr, g3.kernel * lr, g3.bias * lr});
     if (f.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.step_delay_ms));
     return std::vector<Tensor>{loss.loss};
   });

@@ -196,7 +196,18 @@ task_server::~task_server() {
   } else {
     s.system->middleman().unpublish(s.agent, s.port);
   }
-  caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
+  // Wait until the agent is gone: its handlers reach into the owner of this object, which is
+  // destroyed next. A function still running is given a bound, after which it is left behind.
+  caf::scoped_actor self{*s.system};
+  self->monitor(s.agent);
+  self->send_exit(s.agent, caf::exit_reason::user_shutdown);
+  bool gone = false;
+  self->receive_while([&] { return !gone; })(
+      [&](caf::down_msg& d) { gone = d.source == s.agent.address(); },
+      caf::after(std::chrono::seconds(30)) >> [&] {
+        std::cerr << "troupe: the task agent did not stop within 30 s (a function still runs?)" << std::endl;
+        gone = true;
+      });
 }
 
 std::uint16_t task_server::port() const noexcept { return impl_->port; }
@@ -625,27 +636,66 @@ shard_client::shard_client(caf::actor_system& system, std::string task, std::vec
 
 shard_client::~shard_client() { caf::anon_send_exit(impl_->router, caf::exit_reason::user_shutdown); }
 
-std::string shard_client::read(int ps, const std::string& key) {
-  impl_->connect(ps);
+std::string shard_client::read(int ps, const std::string& key) { return std::move(read_many({{ps, key}}).at(0)); }
+
+void shard_client::update(int ps, const std::string& key, std::uint8_t op, std::string delta) {
+  std::vector<shard_update> one;
+  one.push_back(shard_update{ps, key, op, std::move(delta)});
+  update_many(std::move(one));
+}
+
+std::vector<std::string> shard_client::read_many(const std::vector<std::pair<int, std::string>>& shards) {
+  for (const auto& s : shards) impl_->connect(s.first);
   caf::scoped_actor self{*impl_->system};
-  std::string out;
+  // Every request leaves at once; the answers are taken in order (a blocking receive keeps the
+  // others in the mailbox). The router answers within its own timeout; the margin covers the hop.
+  const auto wait = impl_->timeout + std::chrono::seconds(5);
+  using handle = decltype(self->request(impl_->router, wait, vread_atom::value, std::int32_t{0}, std::string{}));
+  std::vector<handle> pending;
+  pending.reserve(shards.size());
+  for (const auto& s : shards) {
+    pending.push_back(self->request(impl_->router, wait, vread_atom::value, static_cast<std::int32_t>(s.first), s.second));
+  }
+  std::vector<std::string> out(shards.size());
+  std::size_t bad = shards.size();
   caf::error failed;
-  // The router answers within its own timeout; the margin only covers the hop to it.
-  self->request(impl_->router, impl_->timeout + std::chrono::seconds(5), vread_atom::value,
-                static_cast<std::int32_t>(ps), key)
-      .receive([&](std::string& bytes) { out = std::move(bytes); }, [&](caf::error& e) { failed = std::move(e); });
-  if (failed) impl_->fail(ps, "reading variable shard '" + key + "'", failed);
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    pending[i].receive([&](std::string& bytes) { out[i] = std::move(bytes); },
+                       [&](caf::error& e) {
+                         if (bad == shards.size()) {
+                           bad = i;
+                           failed = std::move(e);
+                         }
+                       });
+  }
+  if (bad != shards.size()) impl_->fail(shards[bad].first, "reading variable shard '" + shards[bad].second + "'", failed);
   return out;
 }
 
-void shard_client::update(int ps, const std::string& key, std::uint8_t op, std::string delta) {
-  impl_->connect(ps);
+void shard_client::update_many(std::vector<shard_update> updates) {
+  for (const auto& u : updates) impl_->connect(u.ps);
   caf::scoped_actor self{*impl_->system};
+  const auto wait = impl_->timeout + std::chrono::seconds(5);
+  using handle = decltype(self->request(impl_->router, wait, vupdate_atom::value, std::int32_t{0}, std::string{},
+                                        std::uint8_t{0}, std::string{}));
+  std::vector<handle> pending;
+  pending.reserve(updates.size());
+  for (auto& u : updates) {
+    pending.push_back(self->request(impl_->router, wait, vupdate_atom::value, static_cast<std::int32_t>(u.ps), u.key,
+                                    u.op, std::move(u.bytes)));
+  }
+  std::size_t bad = updates.size();
   caf::error failed;
-  self->request(impl_->router, impl_->timeout + std::chrono::seconds(5), vupdate_atom::value,
-                static_cast<std::int32_t>(ps), key, op, std::move(delta))
-      .receive([](bool) {}, [&](caf::error& e) { failed = std::move(e); });
-  if (failed) impl_->fail(ps, "updating variable shard '" + key + "'", failed);
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    pending[i].receive([](bool) {},
+                       [&](caf::error& e) {
+                         if (bad == updates.size()) {
+                           bad = i;
+                           failed = std::move(e);
+                         }
+                       });
+  }
+  if (bad != updates.size()) impl_->fail(updates[bad].ps, "updating variable shard '" + updates[bad].key + "'", failed);
 }
 
 }  // namespace troupe::actors

@@ -127,6 +127,13 @@ TEST_CASE("a coordinator schedules onto in-process servers, shards variables ove
     return std::vector<Tensor>{w};
   });
   functions.add("throw", [](FunctionContext&) -> std::vector<Tensor> { throw std::runtime_error("bad batch"); });
+  // Both variables at once, each shard's read and update in flight together.
+  functions.add("step", [](FunctionContext& ctx) {
+    auto vs = ctx.read_variables({"w", "b"});
+    ctx.assign_sub({"w", "b"}, {vs[0] * 0.5f, vs[1] * 0.5f});
+    ctx.assign_sub(std::vector<std::string>{"w"}, std::vector<Tensor>{});  // one value per name, or nothing is sent
+    return vs;
+  });
   ServerOptions o;
   Runtime worker_rt, ps0_rt, ps1_rt, chief_rt;
   Server worker(worker_rt, spec, "worker", 0, functions, o);
@@ -147,12 +154,18 @@ TEST_CASE("a coordinator schedules onto in-process servers, shards variables ove
     coordinator.join();
     CHECK(strategy.read_variable("w").to_vector<float>() == std::vector<float>{2, 4, 6});
     CHECK(contains(message_of([&] { strategy.create_variable("w", Tensor::zeros({1})); }), "exists already"));
+    strategy.create_variable("b", Tensor::from_vector<float>({8, 8, 8, 8}, {4}));
+    auto step = coordinator.schedule("step");
+    CHECK(contains(message_of([&] { coordinator.join(); }), "1 names and 0 values (expected one value per name)"));
+    CHECK_THROWS_AS(coordinator.fetch(step), troupe::Error);  // after the first updates were applied
+    CHECK(strategy.read_variable("w").to_vector<float>() == std::vector<float>{1, 2, 3});
+    CHECK(strategy.read_variable("b").to_vector<float>() == std::vector<float>{4, 4, 4, 4});
 
     coordinator.schedule("throw");
     CHECK(contains(message_of([&] { coordinator.join(); }),
                    "function 'throw' failed on /job:worker/replica:0/task:0: bad batch"));
     CHECK(coordinator.done());
-    CHECK(coordinator.closures_done() == 2);
+    CHECK(coordinator.closures_done() == 3);
     CHECK(coordinator.closures_retried() == 0);
   }
 }

@@ -110,33 +110,66 @@ data::Element FunctionContext::next(std::size_t i) {
 
 const std::string& FunctionContext::task() const noexcept { return services_->task; }
 
-Tensor FunctionContext::read_variable(const std::string& name) {
-  auto [v, client] = services_->variable(name);
-  std::vector<Tensor> pieces;
-  pieces.reserve(v.shards.size());
-  for (const auto& s : v.shards) pieces.push_back(detail::decode_tensor(client->read(s.ps, s.key)));
-  return detail::join_rows(pieces, v.shape, v.dtype);
+Tensor FunctionContext::read_variable(const std::string& name) { return read_variables({name}).at(0); }
+
+std::vector<Tensor> FunctionContext::read_variables(const std::vector<std::string>& names) {
+  std::vector<ShardedVariable> vars;
+  std::shared_ptr<actors::shard_client> client;
+  std::vector<std::pair<int, std::string>> shards;
+  for (const auto& name : names) {
+    auto [v, c] = services_->variable(name);
+    client = c;
+    for (const auto& s : v.shards) shards.emplace_back(s.ps, s.key);
+    vars.push_back(std::move(v));
+  }
+  std::vector<Tensor> out;
+  if (shards.empty()) return out;
+  auto bytes = client->read_many(shards);
+  std::size_t next = 0;
+  for (const auto& v : vars) {
+    std::vector<Tensor> pieces;
+    pieces.reserve(v.shards.size());
+    for (std::size_t i = 0; i < v.shards.size(); ++i) pieces.push_back(detail::decode_tensor(bytes[next++]));
+    out.push_back(detail::join_rows(pieces, v.shape, v.dtype));
+  }
+  return out;
 }
 
-void FunctionContext::update(const std::string& name, const Tensor& delta, std::uint8_t op) {
-  auto [v, client] = services_->variable(name);
-  if (delta.shape() != v.shape || delta.dtype() != v.dtype) {
-    throw std::invalid_argument("update of variable " + base::quoted(name) + ": the value is a " +
-                                std::string(dtype_name(delta.dtype())) + " tensor of " +
-                                std::to_string(delta.rank()) + " dims, the variable " +
-                                std::string(dtype_name(v.dtype)) + " with " + std::to_string(v.shape.size()) +
-                                " dims (shapes must match)");
+void FunctionContext::update(const std::vector<std::string>& names, const std::vector<Tensor>& deltas,
+                             std::uint8_t op) {
+  if (names.size() != deltas.size()) {
+    throw std::invalid_argument("variable update: " + std::to_string(names.size()) + " names and " +
+                                std::to_string(deltas.size()) + " values (expected one value per name)");
   }
-  std::int64_t row = 0;
-  for (const auto& s : v.shards) {
-    client->update(s.ps, s.key, op, detail::encode_tensor(detail::rows_of(delta, row, s.rows)));
-    row += s.rows;
+  std::vector<actors::shard_client::shard_update> updates;
+  std::shared_ptr<actors::shard_client> client;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    const auto& name = names[k];
+    const auto& delta = deltas[k];
+    auto [v, c] = services_->variable(name);
+    client = c;
+    if (delta.shape() != v.shape || delta.dtype() != v.dtype) {
+      throw std::invalid_argument("update of variable " + base::quoted(name) + ": the value is a " +
+                                  std::string(dtype_name(delta.dtype())) + " tensor of " +
+                                  std::to_string(delta.rank()) + " dims, the variable " +
+                                  std::string(dtype_name(v.dtype)) + " with " + std::to_string(v.shape.size()) +
+                                  " dims (shapes must match)");
+    }
+    std::int64_t row = 0;
+    for (const auto& s : v.shards) {
+      updates.push_back({s.ps, s.key, op, detail::encode_tensor(detail::rows_of(delta, row, s.rows))});
+      row += s.rows;
+    }
   }
+  if (!updates.empty()) client->update_many(std::move(updates));
 }
 
-void FunctionContext::assign_add(const std::string& name, const Tensor& delta) { update(name, delta, 1); }
-void FunctionContext::assign_sub(const std::string& name, const Tensor& delta) { update(name, delta, 2); }
-void FunctionContext::assign(const std::string& name, const Tensor& value) { update(name, value, 0); }
+void FunctionContext::assign_add(const std::string& name, const Tensor& delta) { update({name}, {delta}, 1); }
+void FunctionContext::assign_sub(const std::string& name, const Tensor& delta) { update({name}, {delta}, 2); }
+void FunctionContext::assign(const std::string& name, const Tensor& value) { update({name}, {value}, 0); }
+void FunctionContext::assign_sub(const std::vector<std::string>& names, const std::vector<Tensor>& deltas) {
+  update(names, deltas, 2);
+}
 
 // --- WorkerServices ---------------------------------------------------------------------------
 

@@ -205,6 +205,18 @@ class shard_client {
   std::string read(int ps, const std::string& key);
   /// Applies an update (op: 0 assign, 1 add, 2 subtract); throws std::runtime_error naming the ps task.
   void update(int ps, const std::string& key, std::uint8_t op, std::string delta);
+  /// Reads several shards (ps task, key) with every request in flight at once; the bytes in order.
+  std::vector<std::string> read_many(const std::vector<std::pair<int, std::string>>& shards);
+  /// One update of update_many.
+  struct shard_update {
+    int ps = 0;
+    std::string key;
+    std::uint8_t op = 0;
+    std::string bytes;
+  };
+  /// Applies several updates with every request in flight at once; waits for all of them, then
+  /// throws for the first that failed.
+  void update_many(std::vector<shard_update> updates);
 
   struct impl;
 

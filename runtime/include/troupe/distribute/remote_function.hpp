@@ -33,6 +33,11 @@ class FunctionContext {
   /// A variable of the strategy, its shards read from the ps tasks and joined along axis 0; an
   /// unknown name is std::invalid_argument naming it.
   Tensor read_variable(const std::string& name);
+  /// Several variables, every shard's read in flight at once (one round trip, not one per shard).
+  std::vector<Tensor> read_variables(const std::vector<std::string>& names);
+  /// Subtracts deltas[i] from variable names[i] for every i, all updates in flight at once (what
+  /// an SGD step sends: learning rate x gradient); waits until every ps task applied them.
+  void assign_sub(const std::vector<std::string>& names, const std::vector<Tensor>& deltas);
   /// Updates a variable on the ps tasks, each shard with its rows of `delta` (the variable's shape
   /// and dtype), applied there as it arrives: updates from different workers are not ordered.
   void assign_add(const std::string& name, const Tensor& delta);
@@ -50,7 +55,7 @@ class FunctionContext {
   FunctionContext(detail::WorkerServices& services, std::vector<Argument> args);
 
  private:
-  void update(const std::string& name, const Tensor& delta, std::uint8_t op);
+  void update(const std::vector<std::string>& names, const std::vector<Tensor>& deltas, std::uint8_t op);
   detail::WorkerServices* services_;
   std::vector<Argument> args_;
 };
