@@ -33,19 +33,22 @@ caf::expected<caf::actor> connect(caf::actor_system& system, const std::string& 
 
 // --- the task agent ---------------------------------------------------------------------------
 
+// The shard's bytes live in a message, so that a read answers with the message itself (shared,
+// not copied); an update writes in place, copying only while a read still holds the bytes.
 struct shard_state {
-  std::string value;
+  caf::message value;
 };
 
 caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::string value,
                           std::shared_ptr<const task_handlers> handlers) {
-  self->state.value = std::move(value);
+  self->state.value = caf::make_message(std::move(value));
   return {
-      [=](vread_atom) -> std::string { return self->state.value; },
+      [=](vread_atom) -> caf::message { return self->state.value; },
       [=](vupdate_atom, std::uint8_t op, const std::string& delta) -> caf::result<bool> {
         if (!handlers->update) return runtime_error("this task holds no variables");
         try {
-          if (auto bad = handlers->update(self->state.value, op, delta)) return runtime_error(*bad);
+          auto& bytes = self->state.value.get_mutable_as<std::string>(0);
+          if (auto bad = handlers->update(bytes, op, delta)) return runtime_error(*bad);
         } catch (const std::exception& e) {
           return runtime_error(e.what());
         }
