@@ -215,6 +215,93 @@ task_server::~task_server() {
 
 std::uint16_t task_server::port() const noexcept { return impl_->port; }
 
+// --- the router of requests to ps tasks ------------------------------------------------------
+
+namespace {
+
+// Carries a worker's requests to the ps agents and answers each exactly once: with the reply,
+// with the request's timeout, or, as soon as that ps agent goes down, with its loss (a request in
+// flight to a dead peer would otherwise wait for its whole timeout).
+template <class T>
+struct type_tag {
+  using type = T;
+};
+
+struct router_state {
+  std::vector<caf::actor> agents;
+  std::vector<std::map<std::uint64_t, caf::response_promise>> pending;  // by ps task
+  std::uint64_t next = 0;
+};
+
+caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<task_endpoint> ps,
+                           std::chrono::milliseconds timeout) {
+  self->state.agents.resize(ps.size());
+  self->state.pending.resize(ps.size());
+  self->set_down_handler([=](caf::down_msg& d) {
+    auto& st = self->state;
+    for (std::size_t p = 0; p < st.agents.size(); ++p) {
+      if (!st.agents[p] || st.agents[p].address() != d.source) continue;
+      st.agents[p] = caf::actor{};
+      auto lost = runtime_error("ps task " + ps[p].task + " is lost (" + self->system().render(d.reason) + ")");
+      for (auto& entry : st.pending[p]) entry.second.deliver(lost);
+      st.pending[p].clear();
+    }
+  });
+  // Sends `msg` to ps task p's agent and answers the promise once, with a Reply or an error.
+  auto forward = [=](std::int32_t p, caf::message msg, auto reply_tag) -> caf::response_promise {
+    using Reply = typename decltype(reply_tag)::type;
+    auto& st = self->state;
+    auto rp = self->make_response_promise();
+    const auto i = static_cast<std::size_t>(p);
+    if (p < 0 || i >= st.agents.size()) {
+      rp.deliver(runtime_error("ps task " + std::to_string(p) + " is not in the cluster"));
+      return rp;
+    }
+    if (!st.agents[i]) {
+      rp.deliver(runtime_error("ps task " + ps[i].task + " is not connected (lost, or not reached yet)"));
+      return rp;
+    }
+    const auto token = ++st.next;
+    st.pending[i].emplace(token, rp);
+    auto take = [=]() -> std::optional<caf::response_promise> {
+      auto& pend = self->state.pending[i];
+      auto it = pend.find(token);
+      if (it == pend.end()) return std::nullopt;  // answered already (its ps task was lost)
+      auto out = it->second;
+      pend.erase(it);
+      return out;
+    };
+    self->request(st.agents[i], timeout, std::move(msg))
+        .then(
+            [=](Reply& reply) {
+              if (auto promise = take()) promise->deliver(std::move(reply));
+            },
+            [=](caf::error& e) {
+              if (auto promise = take()) promise->deliver(std::move(e));
+            });
+    return rp;
+  };
+  return {
+      [=](wup_atom, std::int32_t p, const caf::actor& agent) -> bool {
+        self->state.agents.at(static_cast<std::size_t>(p)) = agent;
+        self->monitor(agent);
+        return true;
+      },
+      [=](vread_atom, std::int32_t p, const std::string& key) -> caf::result<std::string> {
+        return forward(p, caf::make_message(vread_atom::value, key), type_tag<std::string>{});
+      },
+      [=](vnew_atom, std::int32_t p, const std::string& key, std::string& bytes) -> caf::result<bool> {
+        return forward(p, caf::make_message(vnew_atom::value, key, std::move(bytes)), type_tag<bool>{});
+      },
+      [=](vupdate_atom, std::int32_t p, const std::string& key, std::uint8_t op,
+          std::string& delta) -> caf::result<bool> {
+        return forward(p, caf::make_message(vupdate_atom::value, key, op, std::move(delta)), type_tag<bool>{});
+      },
+  };
+}
+
+}  // namespace
+
 // --- dispatcher -------------------------------------------------------------------------------
 
 struct dispatcher::impl {
@@ -224,6 +311,7 @@ struct dispatcher::impl {
   std::function<void(const std::string&, const std::string&)> on_ps_lost;
   std::function<void(const std::string&)> log;
   caf::actor actor;
+  caf::actor router;  // the chief's own requests to the ps tasks, failed at once when one is lost
   std::vector<caf::actor> ps;
   std::unique_ptr<std::atomic<bool>[]> connected;  // by worker: set by the connector, cleared on loss
   std::atomic<std::uint64_t> retried{0};
@@ -437,9 +525,14 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
       std::this_thread::sleep_for(d.options.connect_retry);
     }
   }
+  d.router = system.spawn(shard_router, d.options.ps, d.options.ps_timeout);
   {
     caf::scoped_actor self{system};
     self->request(d.actor, std::chrono::seconds(5), watch_ps_atom::value).receive([](bool) {}, [](caf::error&) {});
+    for (std::size_t p = 0; p < d.ps.size(); ++p) {
+      self->request(d.router, std::chrono::seconds(5), wup_atom::value, static_cast<std::int32_t>(p), d.ps[p])
+          .receive([](bool) {}, [](caf::error&) {});
+    }
   }
   d.connector = std::thread(run_connector, impl_);
 }
@@ -456,6 +549,7 @@ dispatcher::~dispatcher() {
     caf::scoped_actor self{*d.system};
     self->request(d.actor, std::chrono::seconds(5), leave_atom::value).receive([](bool) {}, [](caf::error&) {});
     self->send_exit(d.actor, caf::exit_reason::user_shutdown);
+    self->send_exit(d.router, caf::exit_reason::user_shutdown);
   }
 }
 
@@ -476,7 +570,8 @@ void dispatcher::create_shard(int ps, const std::string& key, std::string bytes,
   const auto& p = d.options.ps.at(static_cast<std::size_t>(ps));
   caf::scoped_actor self{*d.system};
   std::string failed;
-  self->request(d.ps[static_cast<std::size_t>(ps)], timeout, vnew_atom::value, key, std::move(bytes))
+  self->request(d.router, timeout + std::chrono::seconds(5), vnew_atom::value, static_cast<std::int32_t>(ps), key,
+                std::move(bytes))
       .receive([](bool) {}, [&](caf::error& e) { failed = error_text(*d.system, e); });
   if (!failed.empty()) {
     throw std::runtime_error("ParameterServerStrategy: cannot create variable shard '" + key + "' on ps task " +
@@ -490,7 +585,7 @@ std::string dispatcher::read_shard(int ps, const std::string& key, std::chrono::
   caf::scoped_actor self{*d.system};
   std::string failed;
   std::string out;
-  self->request(d.ps[static_cast<std::size_t>(ps)], timeout, vread_atom::value, key)
+  self->request(d.router, timeout + std::chrono::seconds(5), vread_atom::value, static_cast<std::int32_t>(ps), key)
       .receive([&](std::string& bytes) { out = std::move(bytes); },
                [&](caf::error& e) { failed = error_text(*d.system, e); });
   if (!failed.empty()) {
@@ -505,84 +600,6 @@ std::uint64_t dispatcher::workers_lost() const { return impl_->lost; }
 int dispatcher::workers_up() const { return impl_->up; }
 
 // --- shard_client -----------------------------------------------------------------------------
-
-namespace {
-
-// Carries a worker's requests to the ps agents and answers each exactly once: with the reply,
-// with the request's timeout, or, as soon as that ps agent goes down, with its loss (a request in
-// flight to a dead peer would otherwise wait for its whole timeout).
-template <class T>
-struct type_tag {
-  using type = T;
-};
-
-struct router_state {
-  std::vector<caf::actor> agents;
-  std::vector<std::map<std::uint64_t, caf::response_promise>> pending;  // by ps task
-  std::uint64_t next = 0;
-};
-
-caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<task_endpoint> ps,
-                           std::chrono::milliseconds timeout) {
-  self->state.agents.resize(ps.size());
-  self->state.pending.resize(ps.size());
-  self->set_down_handler([=](caf::down_msg& d) {
-    auto& st = self->state;
-    for (std::size_t p = 0; p < st.agents.size(); ++p) {
-      if (!st.agents[p] || st.agents[p].address() != d.source) continue;
-      st.agents[p] = caf::actor{};
-      auto lost = runtime_error("ps task " + ps[p].task + " is lost (" + self->system().render(d.reason) + ")");
-      for (auto& entry : st.pending[p]) entry.second.deliver(lost);
-      st.pending[p].clear();
-    }
-  });
-  // Sends `msg` to ps task p's agent and answers the promise once, with a Reply or an error.
-  auto forward = [=](std::int32_t p, caf::message msg, auto reply_tag) -> caf::response_promise {
-    using Reply = typename decltype(reply_tag)::type;
-    auto& st = self->state;
-    auto rp = self->make_response_promise();
-    const auto i = static_cast<std::size_t>(p);
-    if (p < 0 || i >= st.agents.size() || !st.agents[i]) {
-      rp.deliver(runtime_error("ps task " + std::to_string(p) + " is not connected"));
-      return rp;
-    }
-    const auto token = ++st.next;
-    st.pending[i].emplace(token, rp);
-    auto take = [=]() -> std::optional<caf::response_promise> {
-      auto& pend = self->state.pending[i];
-      auto it = pend.find(token);
-      if (it == pend.end()) return std::nullopt;  // answered already (its ps task was lost)
-      auto out = it->second;
-      pend.erase(it);
-      return out;
-    };
-    self->request(st.agents[i], timeout, std::move(msg))
-        .then(
-            [=](Reply& reply) {
-              if (auto promise = take()) promise->deliver(std::move(reply));
-            },
-            [=](caf::error& e) {
-              if (auto promise = take()) promise->deliver(std::move(e));
-            });
-    return rp;
-  };
-  return {
-      [=](wup_atom, std::int32_t p, const caf::actor& agent) -> bool {
-        self->state.agents.at(static_cast<std::size_t>(p)) = agent;
-        self->monitor(agent);
-        return true;
-      },
-      [=](vread_atom, std::int32_t p, const std::string& key) -> caf::result<std::string> {
-        return forward(p, caf::make_message(vread_atom::value, key), type_tag<std::string>{});
-      },
-      [=](vupdate_atom, std::int32_t p, const std::string& key, std::uint8_t op,
-          std::string& delta) -> caf::result<bool> {
-        return forward(p, caf::make_message(vupdate_atom::value, key, op, std::move(delta)), type_tag<bool>{});
-      },
-  };
-}
-
-}  // namespace
 
 struct shard_client::impl {
   caf::actor_system* system = nullptr;

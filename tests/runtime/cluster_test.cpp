@@ -1,8 +1,11 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../common/free_port.hpp"
@@ -138,7 +141,8 @@ TEST_CASE("a coordinator schedules onto in-process servers, shards variables ove
   Runtime worker_rt, ps0_rt, ps1_rt, chief_rt;
   Server worker(worker_rt, spec, "worker", 0, functions, o);
   Server ps0(ps0_rt, spec, "ps", 0, {}, o);
-  Server ps1(ps1_rt, spec, "ps", 1, {}, o);
+  std::optional<Server> ps1;
+  ps1.emplace(ps1_rt, spec, "ps", 1, FunctionRegistry{}, o);
   {
     auto resolver = std::make_shared<SimpleClusterResolver>(spec, "chief", 0);
     ParameterServerStrategy strategy(chief_rt, resolver, std::make_shared<FixedShardsPartitioner>(2), o);
@@ -167,6 +171,19 @@ TEST_CASE("a coordinator schedules onto in-process servers, shards variables ove
     CHECK(coordinator.done());
     CHECK(coordinator.closures_done() == 3);
     CHECK(coordinator.closures_retried() == 0);
+
+    // A ps task that goes away fails join and the chief's own reads at once, naming it.
+    ps1.reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string lost;
+    while (lost.empty() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2)) {
+      lost = message_of([&] { coordinator.done(); });  // empty until the loss is known
+      if (lost.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    CHECK(contains(lost, "ps task /job:ps/replica:0/task:1 is lost"));
+    CHECK(contains(message_of([&] { coordinator.join(); }), "ps task /job:ps/replica:0/task:1 is lost"));
+    CHECK(contains(message_of([&] { strategy.read_variable("w"); }), "/job:ps/replica:0/task:1"));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
   }
 }
 
