@@ -66,6 +66,27 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using alive_atom = caf::atom_constant<caf::atom("alive")>;
 using fault_atom = caf::atom_constant<caf::atom("fault")>;
 
+// The tasks of a cluster (cluster_tasks.hpp has the walkthrough):
+//   dispatcher -> task agent: (hello, task, watched actor) -> task; (table, blob); (call, id, function, args);
+//     (leave)
+//   task agent -> dispatcher: (result, id, ok, payload)
+//   anyone -> ps agent: (vnew, key, bytes) -> bool; (vread, key) -> bytes; (vupdate, key, op, bytes)
+//     -> bool
+//   inside the chief, to its dispatch actor: (sched, id, function, args); (wup, worker, agent);
+//     (table, blob); (leave) -> bool
+using hello_atom = caf::atom_constant<caf::atom("hello")>;
+using call_atom = caf::atom_constant<caf::atom("call")>;
+using result_atom = caf::atom_constant<caf::atom("result")>;
+using table_atom = caf::atom_constant<caf::atom("table")>;
+using leave_atom = caf::atom_constant<caf::atom("leave")>;
+using vnew_atom = caf::atom_constant<caf::atom("vnew")>;
+using vread_atom = caf::atom_constant<caf::atom("vread")>;
+using vupdate_atom = caf::atom_constant<caf::atom("vupdate")>;
+using sched_atom = caf::atom_constant<caf::atom("sched")>;
+using wup_atom = caf::atom_constant<caf::atom("wup")>;
+using window_atom = caf::atom_constant<caf::atom("window")>;
+using watch_ps_atom = caf::atom_constant<caf::atom("watchps")>;
+
 /// A member travels field by field; add_rendezvous_types announces it and the peer table.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, member& x) {

@@ -294,13 +294,9 @@ TEST_CASE("TF_CONFIG task index outside its job is rejected with the job's range
                  "task index 1 is outside job 'chief' with 1 task (0..0)"));
 }
 
-TEST_CASE("TF_CONFIG with an unknown task type or parameter servers is rejected") {
+TEST_CASE("TF_CONFIG with an unknown task type is rejected") {
   CHECK(contains(tf_config_error(two_worker_config(R"({"type": "trainer", "index": 0})")),
-                 "task type 'trainer' is unknown (expected chief, worker or evaluator)"));
-  CHECK(contains(tf_config_error(two_worker_config(R"({"type": "ps", "index": 0})")),
-                 "task type 'ps' is not supported: troupe has no parameter servers"));
-  CHECK(contains(cluster_error(R"({"worker": ["w:1"], "ps": ["p:1"]})"),
-                 "job 'ps' is not supported: troupe has no parameter servers"));
+                 "task type 'trainer' is unknown (expected chief, worker, ps or evaluator)"));
   CHECK(contains(cluster_error(R"({"worker": ["w:1"], "master": ["m:1"]})"), "use \"chief\""));
   CHECK(contains(cluster_error(R"({"worker": ["w:1"], "trainers": ["t:1"]})"), "job 'trainers' is unknown"));
   CHECK(contains(tf_config_error(R"({"cluster": {"worker": ["w:1"]}, "task": {"type": "chief", "index": 0}})"),
@@ -345,7 +341,7 @@ TEST_CASE("a huge host name is refused and echoed once, cut short") {
   CHECK_NOTHROW(ClusterSpec(ClusterSpec::JobMap{{"worker", {std::string(255, 'h') + ":2222"}}}));
   // Every echo of user text is bounded: a long job name, task type, or port.
   CHECK(cluster_error(R"({")" + std::string(100'000, 'j') + R"(": ["h:1"]})") ==
-        "TF_CONFIG: job '" + std::string(64, 'j') + "...' (100000 bytes) is unknown (expected chief, worker or "
+        "TF_CONFIG: job '" + std::string(64, 'j') + "...' (100000 bytes) is unknown (expected chief, worker, ps or "
         "evaluator)");
   CHECK(cluster_error(R"({"worker": ["h:)" + std::string(50'000, '7') + R"("]})") ==
         "TF_CONFIG: port '" + std::string(64, '7') + "...' (50000 bytes) in address 'h:" + std::string(62, '7') +
@@ -384,7 +380,22 @@ TEST_CASE("simple resolver rejects an empty cluster, unknown task types and indi
   CHECK(contains(message_of([] {
                    SimpleClusterResolver r(ClusterSpec(ClusterSpec::JobMap{{"ps", {"p:1"}}}), "ps", 0);
                  }),
-                 "no parameter servers"));
+                 "no \"chief\" or \"worker\" job"));
+}
+
+TEST_CASE("TF_CONFIG with chief, workers, parameter servers and an evaluator names every role") {
+  TFConfigClusterResolver r(R"({"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1", "p:2"],
+                                            "evaluator": ["e:1"]},
+                               "task": {"type": "ps", "index": 1}})");
+  CHECK(r.task_type() == "ps");
+  CHECK(r.task_id() == 1);
+  CHECK(r.task_address() == "p:2");
+  CHECK(r.cluster_spec().num_tasks("ps") == 2);
+  CHECK(r.cluster_spec().num_training_tasks() == 3);  // the chief and the workers; ps tasks hold variables
+  CHECK(r.coordinator_address() == "c:1");
+  CHECK_THROWS_AS(r.cluster_spec().id_in_cluster("ps", 0), std::invalid_argument);
+  SimpleClusterResolver s(r.cluster_spec(), "ps", 0);
+  CHECK(s.task_address() == "p:1");
 }
 
 // --- Slurm ---

@@ -671,6 +671,27 @@ TEST_CASE("troupe-launch builds TF_CONFIG with the cluster and the task index") 
                       R"({"cluster": {"worker": ["127.0.0.1:40000", "127.0.0.1:40001"]}, "task": {"type": "worker", "index": 1}})"));
 }
 
+TEST_CASE("troupe-launch builds TF_CONFIG with roles: a chief, the workers and the ps tasks") {
+  const std::vector<std::string> a{"h:1", "h:2", "h:3", "h:4"};
+  const auto cluster = nlohmann::json::parse(R"({"chief": ["h:1"], "worker": ["h:2", "h:3"], "ps": ["h:4"]})");
+  const char* types[] = {"chief", "worker", "worker", "ps"};
+  const int indices[] = {0, 0, 1, 0};
+  for (int rank = 0; rank < 4; ++rank) {
+    auto config = nlohmann::json::parse(troupe::launch::tf_config_json(a, rank, true, 1));
+    CHECK(config["cluster"] == cluster);
+    CHECK(config["task"]["type"] == types[rank]);
+    CHECK(config["task"]["index"] == indices[rank]);
+  }
+  auto options = troupe::launch::parse_launch_options({"--ps", "1", "-n", "2", "--chief", "--", "prog"});
+  CHECK(options.num_workers == 4);  // processes: the chief, 2 workers and the ps task
+  CHECK(options.ps == 1);
+  CHECK(options.chief);
+  CHECK_THROWS_AS(troupe::launch::parse_launch_options({"--ps", "0", "-n", "2", "prog"}),
+                  troupe::launch::usage_error);
+  CHECK_THROWS_AS(troupe::launch::parse_launch_options({"--hosts", "a:2", "--ps", "1", "--chief", "prog"}),
+                  troupe::launch::usage_error);
+}
+
 TEST_CASE("troupe-launch picks distinct free ports from the kernel") {
   auto ports = troupe::launch::pick_free_ports(8, std::nullopt);
   REQUIRE(ports.size() == 8);

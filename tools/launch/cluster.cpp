@@ -89,11 +89,13 @@ std::vector<std::string> host_addresses(const std::vector<host_slots>& hosts, in
   return addresses;
 }
 
-std::string tf_config_json(const std::vector<std::string>& addresses, int index) {
-  // Addresses are "host:<digits>", host names from the command line: escape what JSON needs.
-  std::string json = R"({"cluster": {"worker": [)";
-  for (std::size_t i = 0; i < addresses.size(); ++i) {
-    if (i > 0) json += ", ";
+namespace {
+
+// Addresses are "host:<digits>", host names from the command line: escape what JSON needs.
+std::string json_list(const std::vector<std::string>& addresses, std::size_t from, std::size_t to) {
+  std::string json = "[";
+  for (std::size_t i = from; i < to; ++i) {
+    if (i > from) json += ", ";
     json += '"';
     for (char c : addresses[i]) {
       if (c == '"' || c == '\\') json += '\\';
@@ -101,7 +103,34 @@ std::string tf_config_json(const std::vector<std::string>& addresses, int index)
     }
     json += '"';
   }
-  json += R"(]}, "task": {"type": "worker", "index": )" + std::to_string(index) + "}}";
+  return json + "]";
+}
+
+}  // namespace
+
+std::string tf_config_json(const std::vector<std::string>& addresses, int index) {
+  return tf_config_json(addresses, index, false, 0);
+}
+
+std::string tf_config_json(const std::vector<std::string>& addresses, int rank, bool chief, int ps) {
+  const std::size_t n = addresses.size();
+  const std::size_t first_worker = chief ? 1 : 0;
+  const std::size_t first_ps = n - static_cast<std::size_t>(ps);
+  std::string json = R"({"cluster": {)";
+  if (chief) json += R"("chief": )" + json_list(addresses, 0, 1) + ", ";
+  json += R"("worker": )" + json_list(addresses, first_worker, first_ps);
+  if (ps > 0) json += R"(, "ps": )" + json_list(addresses, first_ps, n);
+  const auto r = static_cast<std::size_t>(rank);
+  std::string type = "worker";
+  std::size_t index = r - first_worker;
+  if (chief && r == 0) {
+    type = "chief";
+    index = 0;
+  } else if (r >= first_ps) {
+    type = "ps";
+    index = r - first_ps;
+  }
+  json += R"(}, "task": {"type": ")" + type + R"(", "index": )" + std::to_string(index) + "}}";
   return json;
 }
 

@@ -29,4 +29,9 @@ std::vector<std::string> host_addresses(const std::vector<host_slots>& hosts, in
 /// {"cluster": {"worker": ["127.0.0.1:p0", ...]}, "task": {"type": "worker", "index": i}}.
 std::string tf_config_json(const std::vector<std::string>& addresses, int index);
 
+/// TF_CONFIG for rank `rank` of a cluster with roles, the addresses in rank order: with `chief`,
+/// rank 0 is the "chief"; the last `ps` ranks are "ps" tasks; the ranks between are "worker"s:
+/// {"cluster": {"chief": [...], "worker": [...], "ps": [...]}, "task": {"type": "ps", "index": 0}}.
+std::string tf_config_json(const std::vector<std::string>& addresses, int rank, bool chief, int ps);
+
 }  // namespace troupe::launch

@@ -43,7 +43,8 @@ namespace {
 // The command line's options, as strings: CLI11 splits "--name=value", "-nVALUE" and "--", and
 // parse_int / parse_seconds check the values with the messages above.
 struct raw_options {
-  std::string num_workers, devices_per_worker, port_base, timeout;
+  std::string num_workers, devices_per_worker, port_base, timeout, ps;
+  bool chief = false;
   std::string grace = "5";
   std::string max_restarts = "0", restart_backoff = "1";
   std::string hosts, hostfile, rsh = "ssh", log_dir, ranks;
@@ -77,6 +78,9 @@ host_slots parse_host(const std::string& entry, const std::string& where) {
 
 void add_options(CLI::App& app, raw_options& raw) {
   app.add_option("-n,--num-workers", raw.num_workers, "how many workers to start (1..256)")->type_name("N");
+  app.add_option("--ps", raw.ps, "also start M ps tasks (the last ranks), for ParameterServerStrategy")
+      ->type_name("M");
+  app.add_flag("--chief", raw.chief, "also start a chief task (rank 0), which coordinates the others");
   app.add_option("--devices-per-worker", raw.devices_per_worker,
                  "set TROUPE_DEVICES_PER_WORKER=K for every worker")->type_name("K");
   app.add_option("--port-base", raw.port_base, "use the ports P..P+N-1 (each checked free) instead of free ones")
@@ -129,7 +133,8 @@ a signal killed it); 124 on --timeout; 128+signal when the launcher got SIGINT o
 const char* description =
     "troupe-launch -n N [options] [--] program [args...]\n"
     "Starts N local copies of program, each with TF_CONFIG naming the cluster (127.0.0.1 on N free\n"
-    "ports) and its own task index, and supervises them.\n";
+    "ports) and its own task index, and supervises them. With --chief and --ps M the cluster has\n"
+    "roles for ParameterServerStrategy: rank 0 the chief, then N workers, then M ps tasks.\n";
 
 }  // namespace
 
@@ -163,16 +168,31 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
     throw usage_error("the hosts have " + std::to_string(slots) + " slots (expected at most " +
                       std::to_string(max_workers) + " workers)");
   }
+  if (app.count("--ps") > 0) {
+    options.ps = parse_int("--ps", raw.ps, 1, max_workers, ("a number of ps tasks (1.." + std::to_string(max_workers) + ")").c_str());
+  }
+  options.chief = raw.chief;
+  const int roles = options.ps + (options.chief ? 1 : 0);  // tasks besides the workers
   if (app.count("-n") == 0 && options.hosts.empty()) throw usage_error("missing -n N (the number of workers)");
   if (app.count("-n") > 0) {
     options.num_workers = parse_int("-n", raw.num_workers, 1, max_workers,
-                                    ("a positive number of workers (1.." + std::to_string(max_workers) + ")").c_str());
+                                    ("a positive number of workers (1.." + std::to_string(max_workers) + ")").c_str()) +
+                          roles;
+    if (options.num_workers > max_workers) {
+      throw usage_error("-n " + raw.num_workers + " with --ps and --chief makes " + std::to_string(options.num_workers) +
+                        " tasks (expected at most " + std::to_string(max_workers) + ")");
+    }
     if (!options.hosts.empty() && options.num_workers != slots) {
-      throw usage_error("-n " + std::to_string(options.num_workers) + " but the hosts have " + std::to_string(slots) +
+      throw usage_error("-n " + raw.num_workers + (roles > 0 ? " and the chief and ps tasks make " + std::to_string(options.num_workers) + " tasks," : "") +
+                        " but the hosts have " + std::to_string(slots) +
                         " slots (give one of them, or make them agree)");
     }
   } else {
     options.num_workers = slots;
+    if (slots - roles < 1) {
+      throw usage_error("the hosts have " + std::to_string(slots) + " slots, which leaves no worker besides the " +
+                        std::to_string(roles) + " chief and ps task(s)");
+    }
   }
   {
     std::istringstream words(raw.rsh);

@@ -34,7 +34,9 @@ inline constexpr int default_hosts_port_base = 23456;
 
 /// What the command line asks for.
 struct launch_options {
-  int num_workers = 0;                    ///< -n N, or the slots of --hosts: how many workers to start
+  int num_workers = 0;                    ///< processes to start: -n N plus --ps and --chief, or the slots of --hosts
+  int ps = 0;                             ///< --ps M: the last M ranks are "ps" tasks
+  bool chief = false;                     ///< --chief: rank 0 is the "chief" task
   std::optional<int> devices_per_worker;  ///< --devices-per-worker K: TROUPE_DEVICES_PER_WORKER
   std::optional<int> port_base;           ///< --port-base P: ports P..P+N-1 instead of free ones
   std::optional<double> timeout_s;        ///< --timeout SECONDS: stop everything, exit 124

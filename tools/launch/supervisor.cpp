@@ -355,7 +355,7 @@ class supervisor {
   void start_workers() {
     std::vector<std::string> env = base_environment();
     for (auto& w : workers_) {
-      env.push_back("TF_CONFIG=" + tf_config_json(addresses_, w.rank));
+      env.push_back("TF_CONFIG=" + tf_config_json(addresses_, w.rank, options_.chief, options_.ps));
       bool started = start_worker(w, env, command_for(w, env));
       env.pop_back();
       if (!started) {

@@ -165,17 +165,11 @@ void check_roles(const ClusterSpec& spec, std::string_view context) {
 }
 
 void check_job_name(const std::string& name, std::string_view context, const char* what) {
-  if (name == "chief" || name == "worker" || name == "evaluator") return;
-  if (name == "ps") {
-    fail(context, std::string(what) +
-                      " 'ps' is not supported: troupe has no parameter servers "
-                      "(synchronous training keeps a copy of every variable on each worker; "
-                      "remove the ps tasks)");
-  }
+  if (name == "chief" || name == "worker" || name == "evaluator" || name == "ps") return;
   if (name == "master") {
     fail(context, std::string(what) + " 'master' is not supported (TF1 name; use \"chief\")");
   }
-  fail(context, std::string(what) + " " + in_quotes(name) + " is unknown (expected chief, worker or evaluator)");
+  fail(context, std::string(what) + " " + in_quotes(name) + " is unknown (expected chief, worker, ps or evaluator)");
 }
 
 std::optional<std::string> lookup(const EnvironmentMap& env, const std::string& name) {
@@ -441,7 +435,7 @@ TFConfigClusterResolver::TFConfigClusterResolver(const std::string& tf_config_js
     fail(ctx, R"("task" must be an object like {"type": "worker", "index": 0}, got )" + shown(*task));
   }
   auto type = task->find("type");
-  if (type == task->end()) fail(ctx, R"("task" has no "type" (expected "chief", "worker" or "evaluator"))");
+  if (type == task->end()) fail(ctx, R"("task" has no "type" (expected "chief", "worker", "ps" or "evaluator"))");
   if (!type->is_string()) fail(ctx, R"("task" "type" must be a string, got )" + shown(*type));
   task_type_ = type->get<std::string>();
   check_job_name(task_type_, ctx, "task type");

@@ -171,6 +171,11 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
     throw std::invalid_argument("MultiWorkerMirroredStrategy: task type \"" + task_type +
                                 "\" does not train; only chief and worker tasks run the strategy");
   }
+  if (spec.has_job("ps")) {
+    throw std::invalid_argument("MultiWorkerMirroredStrategy: the cluster has " + std::to_string(spec.num_tasks("ps")) +
+                                " ps task(s), which synchronous training does not use; remove them, or train with "
+                                "ParameterServerStrategy");
+  }
   require_token(spec, resolver.coordinator_address(), settings);
   const int rank = spec.id_in_cluster(task_type, resolver.task_id());
   const std::vector<std::string> tasks = training_tasks(spec);

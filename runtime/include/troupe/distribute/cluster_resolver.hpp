@@ -12,7 +12,7 @@ namespace troupe::distribute {
 /// of the process environment (launchers, tests).
 using EnvironmentMap = std::map<std::string, std::string>;
 
-/// The tasks of a cluster, like tf.train.ClusterSpec: job name ("chief", "worker", "evaluator")
+/// The tasks of a cluster, like tf.train.ClusterSpec: job name ("chief", "worker", "ps", "evaluator")
 /// -> ordered "host:port" addresses, task i of a job at index i. A value type.
 class ClusterSpec {
  public:
@@ -49,7 +49,7 @@ class ClusterSpec {
   bool empty() const { return jobs_.empty(); }
   /// Whether every address is known (none is pending_address).
   bool is_complete() const;
-  /// Tasks that train: the chief (if any) and the workers. Evaluators do not take part.
+  /// Tasks that train: the chief (if any) and the workers. Evaluators and ps tasks do not take part.
   int num_training_tasks() const;
   /// A training task's rank among the training tasks: the chief is 0 and worker i is i + 1 when
   /// there is a chief, else worker i is i. Other jobs throw std::invalid_argument.
@@ -75,7 +75,7 @@ class ClusterResolver {
 
   /// Every task of the cluster.
   virtual ClusterSpec cluster_spec() const = 0;
-  /// This process's job: "chief", "worker" or "evaluator".
+  /// This process's job: "chief", "worker", "ps" or "evaluator".
   virtual std::string task_type() const = 0;
   /// This process's index in its job.
   virtual int task_id() const = 0;
@@ -108,8 +108,8 @@ class ClusterResolver {
 ///                "worker": ["job-worker-0.ns.svc:2222", "job-worker-1.ns.svc:2222"]},
 ///    "task": {"type": "worker", "index": 1}, "environment": "cloud", "rpc_layer": "grpc"}
 /// Jobs: at most one "chief", "worker", at most one "evaluator" (which need not be listed:
-/// it evaluates checkpoints and takes no part in training). "ps" is rejected: troupe has no
-/// parameter servers. "environment" and "rpc_layer" are optional. Every mistake throws
+/// it evaluates checkpoints and takes no part in training), and "ps" (parameter servers: they hold
+/// the variables of a ParameterServerStrategy). "environment" and "rpc_layer" are optional. Every mistake throws
 /// std::invalid_argument saying what to fix.
 class TFConfigClusterResolver : public ClusterResolver {
  public:

@@ -1,0 +1,227 @@
+#pragma once
+
+// The actors of a cluster of tasks (tf.distribute.Server and ParameterServerStrategy's
+// ClusterCoordinator). Payloads are opaque byte strings here: the runtime encodes tensors and
+// decodes them, checking every length, since everything a peer sends is hostile until its sender
+// proved the cluster token (which the mutual TLS of the control plane does before BASP sees a byte).
+//
+// The protocol, numbered as it happens:
+//   1. Every task's Server publishes a task agent at its own address (TLS with a token).
+//   2. The chief's dispatcher connects to every worker and ps agent (retrying, in a thread of its
+//      own, so a worker that is down or refuses the token never holds up the others) and says
+//      (hello, its task name); the agent monitors the sender and logs "connected".
+//   3. The dispatcher sends each worker the variables' layout (table, blob), again whenever it
+//      changes, then (call, id, function, args); the worker's agent runs the function on its own
+//      thread and answers (result, id, ok, payload) to the dispatcher.
+//   4. A worker whose agent goes down has its calls in flight put back at the front of the queue
+//      (at-least-once) and is tried again until it comes back; a ps agent that goes down fails the
+//      coordinator, naming it.
+//   5. Variable shards are actors on the ps tasks: (vnew, key, bytes) creates one, (vread, key)
+//      answers its bytes, (vupdate, key, op, bytes) applies an update as it arrives (updates from
+//      different workers are not ordered, as in TensorFlow).
+//   6. The dispatcher, when destroyed, says (leave) to every agent; a Server told to stop with its
+//      chief then stops.
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace caf {
+class actor_system;
+}
+
+namespace troupe::actors {
+
+class control_credentials;
+
+/// The control plane's TLS credentials from the cluster token, installed in `system` (nullptr for
+/// an empty token: plain BASP). Every object below that talks to peers keeps the pointer, so the
+/// files stay as long as one of them may open a session. Throws std::runtime_error when OpenSSL
+/// or the file system fails, std::invalid_argument when the system has no OpenSSL module.
+std::shared_ptr<control_credentials> make_credentials(caf::actor_system& system, const std::string& token);
+
+/// The scheduling rules of a dispatcher, apart from CAF: a queue of closures, the workers that
+/// are up, and at most `window` closures in flight on each. At-least-once: a closure in flight on
+/// a worker that is lost goes back to the front of the queue.
+class dispatch_state {
+ public:
+  explicit dispatch_state(int workers, int window);
+
+  /// Closure `id` waits for a worker.
+  void enqueue(std::uint64_t id);
+  /// Worker `w` is reachable (again).
+  void on_worker_up(int w);
+  /// Worker `w` is gone: its closures in flight go back to the front of the queue, in order, and
+  /// are counted as retried. Returns them. A worker that was not up changes nothing.
+  std::vector<std::uint64_t> on_worker_lost(int w);
+  /// Closure `id` finished on worker `w`. Returns false (and changes nothing) when it was not in
+  /// flight there: a stale answer.
+  bool on_finished(int w, std::uint64_t id);
+  /// Closures in flight per worker from now on (1 or more).
+  void set_window(int window);
+  /// Hands out queued closures to the least loaded workers that are up, each below its window.
+  std::vector<std::pair<int, std::uint64_t>> assign();
+
+  int workers() const noexcept { return static_cast<int>(up_.size()); }
+  bool is_up(int w) const { return up_.at(static_cast<std::size_t>(w)); }
+  int workers_up() const noexcept;
+  std::size_t queued() const noexcept { return queue_.size(); }
+  std::size_t in_flight() const noexcept;
+  std::uint64_t retried() const noexcept { return retried_; }
+  std::uint64_t workers_lost() const noexcept { return lost_; }
+
+ private:
+  std::vector<bool> up_;
+  std::vector<std::set<std::uint64_t>> in_flight_;
+  std::deque<std::uint64_t> queue_;
+  int window_;
+  std::uint64_t retried_ = 0;
+  std::uint64_t lost_ = 0;
+  std::size_t next_ = 0;  // where the least-loaded search starts, so ties rotate
+};
+
+/// A task's address and its name for errors and logs.
+struct task_endpoint {
+  std::string task;  ///< "/job:worker/replica:0/task:1"
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+/// What a call returns: the result's bytes, or the error's message.
+struct call_reply {
+  bool ok = false;
+  std::string payload;
+};
+
+/// What a task agent does with what it receives; all run on the agent's own thread.
+struct task_handlers {
+  /// Runs a function (worker tasks).
+  std::function<call_reply(const std::string& function, const std::string& args)> call;
+  /// Takes the variables' layout (worker tasks).
+  std::function<void(const std::string& blob)> table;
+  /// Applies an update to a shard's bytes in place; an error message, or nothing (ps tasks).
+  std::function<std::optional<std::string>(std::string& value, std::uint8_t op, const std::string& delta)> update;
+  /// One line per event: a peer connected, left or was lost.
+  std::function<void(const std::string& line)> event;
+  /// A chief connected.
+  std::function<void()> chief_came;
+  /// The chief that connected has left or was lost.
+  std::function<void()> chief_gone;
+};
+
+/// One task of a cluster listening for its peers: the task agent, published through the
+/// middleman (CAF's OpenSSL module with a token). Destruction unpublishes it and stops it.
+class task_server {
+ public:
+  /// Listens on host:port (port 0: any free port). Throws std::runtime_error naming the address
+  /// when it cannot listen.
+  task_server(caf::actor_system& system, std::string task, std::string host, std::uint16_t port,
+              std::shared_ptr<control_credentials> credentials, task_handlers handlers);
+  ~task_server();
+  task_server(const task_server&) = delete;
+  task_server& operator=(const task_server&) = delete;
+
+  /// The port it listens on.
+  std::uint16_t port() const noexcept;
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+/// How a closure ended.
+struct closure_outcome {
+  std::uint64_t id = 0;
+  bool ok = false;
+  std::string payload;  ///< the result's bytes, or the error's message
+  std::string worker;   ///< the task it ran on
+};
+
+/// What a dispatcher is given.
+struct dispatcher_options {
+  std::string task = "/job:chief/replica:0/task:0";  ///< its own name, said in every hello
+  std::vector<task_endpoint> workers;
+  std::vector<task_endpoint> ps;
+  std::shared_ptr<control_credentials> credentials;  ///< nullptr: plain BASP
+  int window = 16;                                   ///< closures in flight per worker
+  std::chrono::milliseconds connect_retry{200};      ///< how often a worker that is down is tried
+  std::chrono::milliseconds ps_timeout{60000};       ///< how long the ps tasks may take to answer at start
+};
+
+/// The chief's side: connects to the workers and ps tasks, schedules closures onto the workers
+/// and watches them all.
+class dispatcher {
+ public:
+  /// Connects to every ps task first (each within options.ps_timeout, else std::runtime_error
+  /// naming it); workers are connected in the background and retried while they are down.
+  /// on_done runs once per closure that completes (ok or with an error raised by its function);
+  /// on_ps_lost once per ps task lost; both on an actor thread.
+  dispatcher(caf::actor_system& system, dispatcher_options options, std::function<void(closure_outcome)> on_done,
+             std::function<void(const std::string& ps_task, const std::string& reason)> on_ps_lost,
+             std::function<void(const std::string& line)> log);
+  ~dispatcher();
+  dispatcher(const dispatcher&) = delete;
+  dispatcher& operator=(const dispatcher&) = delete;
+
+  /// Closures in flight per worker from now on, and how often a worker that is down is tried.
+  void configure(int window, std::chrono::milliseconds connect_retry);
+  /// Queues a closure.
+  void schedule(std::uint64_t id, std::string function, std::string args);
+  /// The variables' layout, sent to every worker now and to every worker that connects later.
+  void set_table(std::string blob);
+  /// Creates a variable shard on ps task `ps` (blocking, bounded by `timeout`); throws
+  /// std::runtime_error naming the ps task on failure.
+  void create_shard(int ps, const std::string& key, std::string bytes, std::chrono::milliseconds timeout);
+  /// A shard's bytes (blocking, bounded); throws std::runtime_error naming the ps task.
+  std::string read_shard(int ps, const std::string& key, std::chrono::milliseconds timeout);
+
+  /// Closures put back after their worker was lost, and workers lost, so far.
+  std::uint64_t retried() const;
+  std::uint64_t workers_lost() const;
+  int workers_up() const;
+
+  struct impl;
+
+ private:
+  std::shared_ptr<impl> impl_;
+};
+
+/// A worker's connections to the ps tasks, made on first use, for functions that read and update
+/// variables. Thread-safe.
+class shard_client {
+ public:
+  shard_client(caf::actor_system& system, std::string task, std::vector<task_endpoint> ps,
+               std::shared_ptr<control_credentials> credentials, std::chrono::milliseconds timeout);
+  ~shard_client();
+  /// A shard's bytes; throws std::runtime_error naming the ps task.
+  std::string read(int ps, const std::string& key);
+  /// Applies an update (op: 0 assign, 1 add, 2 subtract); throws std::runtime_error naming the ps task.
+  void update(int ps, const std::string& key, std::uint8_t op, std::string delta);
+  /// Reads several shards (ps task, key) with every request in flight at once; the bytes in order.
+  std::vector<std::string> read_many(const std::vector<std::pair<int, std::string>>& shards);
+  /// One update of update_many.
+  struct shard_update {
+    int ps = 0;
+    std::string key;
+    std::uint8_t op = 0;
+    std::string bytes;
+  };
+  /// Applies several updates with every request in flight at once; waits for all of them, then
+  /// throws for the first that failed.
+  void update_many(std::vector<shard_update> updates);
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,721 @@
+#include "troupe/actors/cluster_tasks.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <iostream>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+
+#include "caf/all.hpp"
+#include "caf/io/all.hpp"
+#include "caf/openssl/all.hpp"
+#include "control_tls.hpp"
+#include "protocol.hpp"
+
+namespace troupe::actors {
+namespace {
+
+// An error's own message when it carries one (ours do), else CAF's rendering.
+std::string error_text(caf::actor_system& system, const caf::error& e) {
+  if (e.context().match_elements<std::string>()) return e.context().get_as<std::string>(0);
+  return system.render(e);
+}
+
+caf::error runtime_error(std::string text) { return caf::make_error(caf::sec::runtime_error, std::move(text)); }
+
+std::string address_of(const std::string& host, std::uint16_t port) { return host + ":" + std::to_string(port); }
+
+caf::expected<caf::actor> connect(caf::actor_system& system, const std::string& host, std::uint16_t port, bool tls) {
+  return tls ? caf::openssl::remote_actor(system, host, port) : system.middleman().remote_actor(host, port);
+}
+
+// --- the task agent ---------------------------------------------------------------------------
+
+// The shard's bytes live in a message, so that a read answers with the message itself (shared,
+// not copied); an update writes in place, copying only while a read still holds the bytes.
+struct shard_state {
+  caf::message value;
+};
+
+caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::string value,
+                          std::shared_ptr<const task_handlers> handlers) {
+  self->state.value = caf::make_message(std::move(value));
+  return {
+      [=](vread_atom) -> caf::message { return self->state.value; },
+      [=](vupdate_atom, std::uint8_t op, const std::string& delta) -> caf::result<bool> {
+        if (!handlers->update) return runtime_error("this task holds no variables");
+        try {
+          auto& bytes = self->state.value.get_mutable_as<std::string>(0);
+          if (auto bad = handlers->update(bytes, op, delta)) return runtime_error(*bad);
+        } catch (const std::exception& e) {
+          return runtime_error(e.what());
+        }
+        return true;
+      },
+  };
+}
+
+struct agent_state {
+  std::string task;
+  std::shared_ptr<const task_handlers> handlers;
+  std::map<std::string, caf::actor> shards;
+  std::map<caf::actor_addr, std::string> peers;  // who said hello, by the address they said it from
+  caf::actor_addr chief;
+};
+
+void event(agent_state& st, const std::string& line) {
+  if (st.handlers->event) st.handlers->event(line);
+}
+
+caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string task,
+                         std::shared_ptr<const task_handlers> handlers) {
+  self->state.task = std::move(task);
+  self->state.handlers = std::move(handlers);
+  auto forget = [=](const caf::actor_addr& who, const std::string& how) {
+    auto& st = self->state;
+    auto it = st.peers.find(who);
+    if (it == st.peers.end()) return;
+    event(st, how + " " + it->second);
+    st.peers.erase(it);
+    if (who == st.chief) {
+      st.chief = caf::actor_addr{};
+      if (st.handlers->chief_gone) st.handlers->chief_gone();
+    }
+  };
+  self->set_down_handler([=](caf::down_msg& d) {
+    forget(d.source, "lost");
+  });
+  self->set_exit_handler([=](caf::exit_msg& m) {
+    for (auto& s : self->state.shards) self->send_exit(s.second, m.reason);
+    self->quit(m.reason);
+  });
+  auto shard_of = [=](const std::string& key) -> caf::actor {
+    auto it = self->state.shards.find(key);
+    return it == self->state.shards.end() ? caf::actor{} : it->second;
+  };
+  return {
+      [=](hello_atom, const std::string& peer, const caf::actor& watch) -> std::string {
+        // The peer names an actor that lives as long as its connection to us is used: watching
+        // it, rather than the sender of the hello, shows when the peer leaves or is lost.
+        auto& st = self->state;
+        auto who = watch.address();
+        if (who && st.peers.emplace(who, peer.substr(0, 200)).second) {
+          self->monitor(who);
+          event(st, "connected " + peer.substr(0, 200));
+          if (peer.rfind("/job:chief/", 0) == 0) {
+            st.chief = who;
+            if (st.handlers->chief_came) st.handlers->chief_came();
+          }
+        }
+        return st.task;
+      },
+      [=](leave_atom) { forget(caf::actor_cast<caf::actor_addr>(self->current_sender()), "left"); },
+      [=](table_atom, const std::string& blob) {
+        if (self->state.handlers->table) self->state.handlers->table(blob);
+      },
+      [=](call_atom, std::uint64_t id, const std::string& function, const std::string& args) {
+        auto& st = self->state;
+        call_reply reply;
+        if (!st.handlers->call) {
+          reply.payload = st.task + " runs no functions (it is not a worker task)";
+        } else {
+          try {
+            reply = st.handlers->call(function, args);
+          } catch (const std::exception& e) {
+            reply = call_reply{false, e.what()};
+          }
+        }
+        auto to = caf::actor_cast<caf::actor>(self->current_sender());
+        if (to) self->send(to, result_atom::value, id, reply.ok, std::move(reply.payload));
+      },
+      [=](vnew_atom, const std::string& key, std::string& bytes) -> bool {
+        auto& st = self->state;
+        if (auto old = shard_of(key)) self->send_exit(old, caf::exit_reason::user_shutdown);
+        st.shards[key] = self->spawn(shard_actor, std::move(bytes), st.handlers);
+        return true;
+      },
+      [=](vread_atom, const std::string& key) -> caf::result<std::string> {
+        auto shard = shard_of(key);
+        if (!shard) return runtime_error("no variable shard '" + key + "' on " + self->state.task);
+        auto rp = self->make_response_promise();
+        rp.delegate(shard, vread_atom::value);
+        return rp;
+      },
+      [=](vupdate_atom, const std::string& key, std::uint8_t op, std::string& delta) -> caf::result<bool> {
+        auto shard = shard_of(key);
+        if (!shard) return runtime_error("no variable shard '" + key + "' on " + self->state.task);
+        auto rp = self->make_response_promise();
+        rp.delegate(shard, vupdate_atom::value, op, std::move(delta));
+        return rp;
+      },
+  };
+}
+
+}  // namespace
+
+std::shared_ptr<control_credentials> make_credentials(caf::actor_system& system, const std::string& token) {
+  if (token.empty()) return nullptr;
+  auto c = std::make_shared<control_credentials>(token);
+  c->install(system);
+  return c;
+}
+
+// --- task_server ------------------------------------------------------------------------------
+
+struct task_server::impl {
+  caf::actor_system* system = nullptr;
+  std::shared_ptr<control_credentials> credentials;
+  caf::actor agent;
+  std::uint16_t port = 0;
+  bool tls = false;
+};
+
+task_server::task_server(caf::actor_system& system, std::string task, std::string host, std::uint16_t port,
+                         std::shared_ptr<control_credentials> credentials, task_handlers handlers)
+    : impl_(std::make_unique<impl>()) {
+  auto& s = *impl_;
+  s.system = &system;
+  s.credentials = std::move(credentials);
+  s.tls = s.credentials != nullptr;
+  // Detached: functions run on the agent's own thread, never on a scheduler thread.
+  s.agent = system.spawn<caf::detached>(task_agent, task,
+                                        std::make_shared<const task_handlers>(std::move(handlers)));
+  auto published = s.tls ? caf::openssl::publish(s.agent, port, host.c_str(), true)
+                         : system.middleman().publish(s.agent, port, host.c_str(), true);
+  if (!published) {
+    caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
+    throw std::runtime_error("Server: " + task + " cannot listen on " + address_of(host, port) + ": " +
+                             system.render(published.error()));
+  }
+  s.port = *published;
+}
+
+task_server::~task_server() {
+  auto& s = *impl_;
+  if (s.tls) {
+    caf::anon_send(s.system->openssl_manager().actor_handle(), caf::unpublish_atom::value, s.agent.address(), s.port);
+  } else {
+    s.system->middleman().unpublish(s.agent, s.port);
+  }
+  // Wait until the agent is gone: its handlers reach into the owner of this object, which is
+  // destroyed next. A function still running is given a bound, after which it is left behind.
+  caf::scoped_actor self{*s.system};
+  self->monitor(s.agent);
+  self->send_exit(s.agent, caf::exit_reason::user_shutdown);
+  bool gone = false;
+  self->receive_while([&] { return !gone; })(
+      [&](caf::down_msg& d) { gone = d.source == s.agent.address(); },
+      caf::after(std::chrono::seconds(30)) >> [&] {
+        std::cerr << "troupe: the task agent did not stop within 30 s (a function still runs?)" << std::endl;
+        gone = true;
+      });
+}
+
+std::uint16_t task_server::port() const noexcept { return impl_->port; }
+
+// --- the router of requests to ps tasks ------------------------------------------------------
+
+namespace {
+
+// Carries a worker's requests to the ps agents and answers each exactly once: with the reply,
+// with the request's timeout, or, as soon as that ps agent goes down, with its loss (a request in
+// flight to a dead peer would otherwise wait for its whole timeout).
+template <class T>
+struct type_tag {
+  using type = T;
+};
+
+struct router_state {
+  std::vector<caf::actor> agents;
+  std::vector<std::map<std::uint64_t, caf::response_promise>> pending;  // by ps task
+  std::uint64_t next = 0;
+};
+
+caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<task_endpoint> ps,
+                           std::chrono::milliseconds timeout) {
+  self->state.agents.resize(ps.size());
+  self->state.pending.resize(ps.size());
+  self->set_down_handler([=](caf::down_msg& d) {
+    auto& st = self->state;
+    for (std::size_t p = 0; p < st.agents.size(); ++p) {
+      if (!st.agents[p] || st.agents[p].address() != d.source) continue;
+      st.agents[p] = caf::actor{};
+      auto lost = runtime_error("ps task " + ps[p].task + " is lost (" + self->system().render(d.reason) + ")");
+      for (auto& entry : st.pending[p]) entry.second.deliver(lost);
+      st.pending[p].clear();
+    }
+  });
+  // Sends `msg` to ps task p's agent and answers the promise once, with a Reply or an error.
+  auto forward = [=](std::int32_t p, caf::message msg, auto reply_tag) -> caf::response_promise {
+    using Reply = typename decltype(reply_tag)::type;
+    auto& st = self->state;
+    auto rp = self->make_response_promise();
+    const auto i = static_cast<std::size_t>(p);
+    if (p < 0 || i >= st.agents.size()) {
+      rp.deliver(runtime_error("ps task " + std::to_string(p) + " is not in the cluster"));
+      return rp;
+    }
+    if (!st.agents[i]) {
+      rp.deliver(runtime_error("ps task " + ps[i].task + " is not connected (lost, or not reached yet)"));
+      return rp;
+    }
+    const auto token = ++st.next;
+    st.pending[i].emplace(token, rp);
+    auto take = [=]() -> std::optional<caf::response_promise> {
+      auto& pend = self->state.pending[i];
+      auto it = pend.find(token);
+      if (it == pend.end()) return std::nullopt;  // answered already (its ps task was lost)
+      auto out = it->second;
+      pend.erase(it);
+      return out;
+    };
+    self->request(st.agents[i], timeout, std::move(msg))
+        .then(
+            [=](Reply& reply) {
+              if (auto promise = take()) promise->deliver(std::move(reply));
+            },
+            [=](caf::error& e) {
+              if (auto promise = take()) promise->deliver(std::move(e));
+            });
+    return rp;
+  };
+  return {
+      [=](wup_atom, std::int32_t p, const caf::actor& agent) -> bool {
+        self->state.agents.at(static_cast<std::size_t>(p)) = agent;
+        self->monitor(agent);
+        return true;
+      },
+      [=](vread_atom, std::int32_t p, const std::string& key) -> caf::result<std::string> {
+        return forward(p, caf::make_message(vread_atom::value, key), type_tag<std::string>{});
+      },
+      [=](vnew_atom, std::int32_t p, const std::string& key, std::string& bytes) -> caf::result<bool> {
+        return forward(p, caf::make_message(vnew_atom::value, key, std::move(bytes)), type_tag<bool>{});
+      },
+      [=](vupdate_atom, std::int32_t p, const std::string& key, std::uint8_t op,
+          std::string& delta) -> caf::result<bool> {
+        return forward(p, caf::make_message(vupdate_atom::value, key, op, std::move(delta)), type_tag<bool>{});
+      },
+  };
+}
+
+}  // namespace
+
+// --- dispatcher -------------------------------------------------------------------------------
+
+struct dispatcher::impl {
+  caf::actor_system* system = nullptr;
+  dispatcher_options options;
+  std::function<void(closure_outcome)> on_done;
+  std::function<void(const std::string&, const std::string&)> on_ps_lost;
+  std::function<void(const std::string&)> log;
+  caf::actor actor;
+  caf::actor router;  // the chief's own requests to the ps tasks, failed at once when one is lost
+  std::vector<caf::actor> ps;
+  std::unique_ptr<std::atomic<bool>[]> connected;  // by worker: set by the connector, cleared on loss
+  std::atomic<std::uint64_t> retried{0};
+  std::atomic<std::uint64_t> lost{0};
+  std::atomic<int> up{0};
+  std::atomic<std::int64_t> connect_retry_ms{200};
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stopping = false;
+  std::thread connector;
+
+  void say(const std::string& line) {
+    if (log) log(line);
+  }
+};
+
+namespace {
+
+struct closure_record {
+  std::string function;
+  std::string args;
+};
+
+struct dispatch_actor_state {
+  std::optional<dispatch_state> rules;
+  std::vector<caf::actor> workers;
+  std::unordered_map<std::uint64_t, closure_record> closures;
+  std::string table;
+  bool has_table = false;
+  bool leaving = false;  // the chief is done: tasks that stop now are no loss
+};
+
+caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, std::shared_ptr<dispatcher::impl> d) {
+  const int n = static_cast<int>(d->options.workers.size());
+  self->state.rules.emplace(n, d->options.window);
+  self->state.workers.assign(static_cast<std::size_t>(n), caf::actor{});
+  auto pump = [=] {
+    auto& st = self->state;
+    for (auto [w, id] : st.rules->assign()) {
+      auto it = st.closures.find(id);
+      if (it == st.closures.end()) continue;
+      self->send(st.workers[static_cast<std::size_t>(w)], call_atom::value, id, it->second.function,
+                 it->second.args);
+    }
+  };
+  auto worker_of = [=](const caf::actor_addr& a) {
+    const auto& ws = self->state.workers;
+    for (std::size_t w = 0; w < ws.size(); ++w) {
+      if (ws[w] && ws[w].address() == a) return static_cast<int>(w);
+    }
+    return -1;
+  };
+  self->set_down_handler([=](caf::down_msg& m) {
+    auto& st = self->state;
+    if (st.leaving) return;
+    for (std::size_t p = 0; p < d->ps.size(); ++p) {
+      if (d->ps[p].address() == m.source) {
+        d->on_ps_lost(d->options.ps[p].task, "its connection closed (" + self->system().render(m.reason) + ")");
+        return;
+      }
+    }
+    const int w = worker_of(m.source);
+    if (w < 0) return;
+    auto back = st.rules->on_worker_lost(w);
+    st.workers[static_cast<std::size_t>(w)] = caf::actor{};
+    d->retried += back.size();
+    d->lost += 1;
+    d->up = st.rules->workers_up();
+    d->connected[static_cast<std::size_t>(w)] = false;
+    d->say("lost " + d->options.workers[static_cast<std::size_t>(w)].task + " (" + self->system().render(m.reason) +
+           "); " + std::to_string(back.size()) + " closure(s) in flight go to other workers");
+    d->wake.notify_all();
+    pump();
+  });
+  return {
+      [=](sched_atom, std::uint64_t id, std::string& function, std::string& args) {
+        auto& st = self->state;
+        st.closures.emplace(id, closure_record{std::move(function), std::move(args)});
+        st.rules->enqueue(id);
+        pump();
+      },
+      [=](wup_atom, std::int32_t w, const caf::actor& agent) {
+        auto& st = self->state;
+        st.workers[static_cast<std::size_t>(w)] = agent;
+        self->monitor(agent);
+        if (st.has_table) self->send(agent, table_atom::value, st.table);
+        st.rules->on_worker_up(w);
+        d->up = st.rules->workers_up();
+        pump();
+      },
+      [=](table_atom, std::string& blob) {
+        auto& st = self->state;
+        st.table = std::move(blob);
+        st.has_table = true;
+        for (const auto& w : st.workers) {
+          if (w) self->send(w, table_atom::value, st.table);
+        }
+      },
+      [=](result_atom, std::uint64_t id, bool ok, std::string& payload) {
+        auto& st = self->state;
+        const int w = worker_of(caf::actor_cast<caf::actor_addr>(self->current_sender()));
+        if (w < 0 || !st.rules->on_finished(w, id)) return;  // stale: that closure ran elsewhere
+        auto it = st.closures.find(id);
+        if (it == st.closures.end()) return;
+        st.closures.erase(it);
+        d->on_done(closure_outcome{id, ok, std::move(payload), d->options.workers[static_cast<std::size_t>(w)].task});
+        pump();
+      },
+      [=](window_atom, std::int32_t window) {
+        self->state.rules->set_window(window);
+        pump();
+      },
+      [=](watch_ps_atom) -> bool {
+        for (const auto& p : d->ps) self->monitor(p);
+        return true;
+      },
+      [=](leave_atom) -> bool {
+        self->state.leaving = true;
+        for (const auto& w : self->state.workers) {
+          if (w) self->send(w, leave_atom::value);
+        }
+        for (const auto& p : d->ps) self->send(p, leave_atom::value);
+        return true;
+      },
+  };
+}
+
+// One attempt to reach a task and hear its name: the agent, or why not.
+caf::expected<caf::actor> reach(caf::actor_system& system, const task_endpoint& t, const std::string& self_task,
+                                const caf::actor& watch, bool tls, std::chrono::milliseconds wait) {
+  auto found = connect(system, t.host, t.port, tls);
+  if (!found) return found.error();
+  caf::scoped_actor self{system};
+  caf::error failed;
+  std::string name;
+  self->request(*found, wait, hello_atom::value, self_task, watch)
+      .receive([&](std::string& n) { name = std::move(n); }, [&](caf::error& e) { failed = std::move(e); });
+  if (failed) return failed;
+  if (name != t.task) {
+    return runtime_error(address_of(t.host, t.port) + " is " + name.substr(0, 64) + ", not " + t.task);
+  }
+  return *found;
+}
+
+void run_connector(std::shared_ptr<dispatcher::impl> d) {
+  const bool tls = d->options.credentials != nullptr;
+  std::vector<bool> complained(d->options.workers.size(), false);
+  for (;;) {
+    for (std::size_t w = 0; w < d->options.workers.size(); ++w) {
+      {
+        std::lock_guard<std::mutex> lock(d->mutex);
+        if (d->stopping) return;
+      }
+      if (d->connected[w]) continue;
+      const auto& t = d->options.workers[w];
+      auto agent = reach(*d->system, t, d->options.task, d->actor, tls, std::chrono::seconds(5));
+      if (agent) {
+        d->connected[w] = true;
+        complained[w] = false;
+        d->say("connected " + t.task + " at " + address_of(t.host, t.port));
+        caf::anon_send(d->actor, wup_atom::value, static_cast<std::int32_t>(w), *agent);
+      } else if (!complained[w]) {
+        complained[w] = true;
+        d->say("cannot reach " + t.task + " at " + address_of(t.host, t.port) + ": " +
+               error_text(*d->system, agent.error()) +
+               (tls ? " (a task with another TROUPE_CLUSTER_TOKEN is refused the same way)" : "") +
+               "; trying again every " + std::to_string(d->connect_retry_ms.load()) + " ms");
+      }
+    }
+    std::unique_lock<std::mutex> lock(d->mutex);
+    d->wake.wait_for(lock, std::chrono::milliseconds(d->connect_retry_ms.load()), [&] { return d->stopping; });
+    if (d->stopping) return;
+  }
+}
+
+}  // namespace
+
+dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
+                       std::function<void(closure_outcome)> on_done,
+                       std::function<void(const std::string&, const std::string&)> on_ps_lost,
+                       std::function<void(const std::string&)> log)
+    : impl_(std::make_shared<impl>()) {
+  auto& d = *impl_;
+  d.system = &system;
+  d.options = std::move(options);
+  d.on_done = std::move(on_done);
+  d.on_ps_lost = std::move(on_ps_lost);
+  d.log = std::move(log);
+  d.connect_retry_ms = d.options.connect_retry.count();
+  d.connected = std::make_unique<std::atomic<bool>[]>(d.options.workers.size());
+  for (std::size_t w = 0; w < d.options.workers.size(); ++w) d.connected[w] = false;
+  // The ps tasks hold the variables: without every one of them there is nothing to train.
+  d.actor = system.spawn(dispatch_actor, impl_);
+  const auto deadline = std::chrono::steady_clock::now() + d.options.ps_timeout;
+  for (const auto& p : d.options.ps) {
+    for (;;) {
+      auto agent = reach(system, p, d.options.task, d.actor, d.options.credentials != nullptr, std::chrono::seconds(5));
+      if (agent) {
+        d.ps.push_back(*agent);
+        d.say("connected " + p.task + " at " + address_of(p.host, p.port));
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        caf::anon_send_exit(d.actor, caf::exit_reason::user_shutdown);
+        throw std::runtime_error("ParameterServerStrategy: cannot reach ps task " + p.task + " at " +
+                                 address_of(p.host, p.port) + " within " +
+                                 std::to_string(d.options.ps_timeout.count()) +
+                                 " ms: " + error_text(system, agent.error()) +
+                                 (d.options.credentials ? " (is TROUPE_CLUSTER_TOKEN the same on every task?)" : ""));
+      }
+      std::this_thread::sleep_for(d.options.connect_retry);
+    }
+  }
+  d.router = system.spawn(shard_router, d.options.ps, d.options.ps_timeout);
+  {
+    caf::scoped_actor self{system};
+    self->request(d.actor, std::chrono::seconds(5), watch_ps_atom::value).receive([](bool) {}, [](caf::error&) {});
+    for (std::size_t p = 0; p < d.ps.size(); ++p) {
+      self->request(d.router, std::chrono::seconds(5), wup_atom::value, static_cast<std::int32_t>(p), d.ps[p])
+          .receive([](bool) {}, [](caf::error&) {});
+    }
+  }
+  d.connector = std::thread(run_connector, impl_);
+}
+
+dispatcher::~dispatcher() {
+  auto& d = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    d.stopping = true;
+  }
+  d.wake.notify_all();
+  if (d.connector.joinable()) d.connector.join();
+  {
+    caf::scoped_actor self{*d.system};
+    self->request(d.actor, std::chrono::seconds(5), leave_atom::value).receive([](bool) {}, [](caf::error&) {});
+    self->send_exit(d.actor, caf::exit_reason::user_shutdown);
+    self->send_exit(d.router, caf::exit_reason::user_shutdown);
+  }
+}
+
+void dispatcher::configure(int window, std::chrono::milliseconds connect_retry) {
+  if (window < 1) throw std::invalid_argument("dispatcher: window " + std::to_string(window) + " (expected >= 1)");
+  impl_->connect_retry_ms = connect_retry.count();
+  caf::anon_send(impl_->actor, window_atom::value, static_cast<std::int32_t>(window));
+}
+
+void dispatcher::schedule(std::uint64_t id, std::string function, std::string args) {
+  caf::anon_send(impl_->actor, sched_atom::value, id, std::move(function), std::move(args));
+}
+
+void dispatcher::set_table(std::string blob) { caf::anon_send(impl_->actor, table_atom::value, std::move(blob)); }
+
+void dispatcher::create_shard(int ps, const std::string& key, std::string bytes, std::chrono::milliseconds timeout) {
+  auto& d = *impl_;
+  const auto& p = d.options.ps.at(static_cast<std::size_t>(ps));
+  caf::scoped_actor self{*d.system};
+  std::string failed;
+  self->request(d.router, timeout + std::chrono::seconds(5), vnew_atom::value, static_cast<std::int32_t>(ps), key,
+                std::move(bytes))
+      .receive([](bool) {}, [&](caf::error& e) { failed = error_text(*d.system, e); });
+  if (!failed.empty()) {
+    throw std::runtime_error("ParameterServerStrategy: cannot create variable shard '" + key + "' on ps task " +
+                             p.task + ": " + failed);
+  }
+}
+
+std::string dispatcher::read_shard(int ps, const std::string& key, std::chrono::milliseconds timeout) {
+  auto& d = *impl_;
+  const auto& p = d.options.ps.at(static_cast<std::size_t>(ps));
+  caf::scoped_actor self{*d.system};
+  std::string failed;
+  std::string out;
+  self->request(d.router, timeout + std::chrono::seconds(5), vread_atom::value, static_cast<std::int32_t>(ps), key)
+      .receive([&](std::string& bytes) { out = std::move(bytes); },
+               [&](caf::error& e) { failed = error_text(*d.system, e); });
+  if (!failed.empty()) {
+    throw std::runtime_error("ParameterServerStrategy: cannot read variable shard '" + key + "' on ps task " +
+                             p.task + ": " + failed);
+  }
+  return out;
+}
+
+std::uint64_t dispatcher::retried() const { return impl_->retried; }
+std::uint64_t dispatcher::workers_lost() const { return impl_->lost; }
+int dispatcher::workers_up() const { return impl_->up; }
+
+// --- shard_client -----------------------------------------------------------------------------
+
+struct shard_client::impl {
+  caf::actor_system* system = nullptr;
+  std::string task;
+  std::vector<task_endpoint> ps;
+  std::shared_ptr<control_credentials> credentials;
+  std::chrono::milliseconds timeout{0};
+  std::mutex mutex;
+  std::vector<caf::actor> agents;
+  caf::actor router;  // also what the ps agents watch: it lives as long as this client
+
+  // Connects to ps task p on first use (and again after it was lost).
+  void connect(int p) {
+    const auto i = static_cast<std::size_t>(p);
+    if (p < 0 || i >= ps.size()) {
+      throw std::out_of_range("variable shard on ps task " + std::to_string(p) + ", but the cluster has " +
+                              std::to_string(ps.size()) + " ps task(s)");
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    if (agents[i]) return;
+    auto found = reach(*system, ps[i], task, router, credentials != nullptr, timeout);
+    if (!found) {
+      throw std::runtime_error(task + " cannot reach ps task " + ps[i].task + " at " +
+                               address_of(ps[i].host, ps[i].port) + ": " + error_text(*system, found.error()));
+    }
+    caf::scoped_actor self{*system};
+    self->request(router, timeout, wup_atom::value, static_cast<std::int32_t>(p), *found)
+        .receive([](bool) {}, [](caf::error&) {});
+    agents[i] = *found;
+  }
+
+  [[noreturn]] void fail(int p, const std::string& what, const caf::error& e) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      agents[static_cast<std::size_t>(p)] = caf::actor{};  // reconnect next time
+    }
+    throw std::runtime_error(what + " on ps task " + ps[static_cast<std::size_t>(p)].task + " failed: " +
+                             error_text(*system, e));
+  }
+};
+
+shard_client::shard_client(caf::actor_system& system, std::string task, std::vector<task_endpoint> ps,
+                           std::shared_ptr<control_credentials> credentials, std::chrono::milliseconds timeout)
+    : impl_(std::make_unique<impl>()) {
+  auto& s = *impl_;
+  s.system = &system;
+  s.task = std::move(task);
+  s.ps = std::move(ps);
+  s.timeout = timeout;
+  s.agents.resize(s.ps.size());
+  s.credentials = std::move(credentials);
+  s.router = system.spawn(shard_router, s.ps, timeout);
+}
+
+shard_client::~shard_client() { caf::anon_send_exit(impl_->router, caf::exit_reason::user_shutdown); }
+
+std::string shard_client::read(int ps, const std::string& key) { return std::move(read_many({{ps, key}}).at(0)); }
+
+void shard_client::update(int ps, const std::string& key, std::uint8_t op, std::string delta) {
+  std::vector<shard_update> one;
+  one.push_back(shard_update{ps, key, op, std::move(delta)});
+  update_many(std::move(one));
+}
+
+std::vector<std::string> shard_client::read_many(const std::vector<std::pair<int, std::string>>& shards) {
+  for (const auto& s : shards) impl_->connect(s.first);
+  caf::scoped_actor self{*impl_->system};
+  // Every request leaves at once; the answers are taken in order (a blocking receive keeps the
+  // others in the mailbox). The router answers within its own timeout; the margin covers the hop.
+  const auto wait = impl_->timeout + std::chrono::seconds(5);
+  using handle = decltype(self->request(impl_->router, wait, vread_atom::value, std::int32_t{0}, std::string{}));
+  std::vector<handle> pending;
+  pending.reserve(shards.size());
+  for (const auto& s : shards) {
+    pending.push_back(self->request(impl_->router, wait, vread_atom::value, static_cast<std::int32_t>(s.first), s.second));
+  }
+  std::vector<std::string> out(shards.size());
+  std::size_t bad = shards.size();
+  caf::error failed;
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    pending[i].receive([&](std::string& bytes) { out[i] = std::move(bytes); },
+                       [&](caf::error& e) {
+                         if (bad == shards.size()) {
+                           bad = i;
+                           failed = std::move(e);
+                         }
+                       });
+  }
+  if (bad != shards.size()) impl_->fail(shards[bad].first, "reading variable shard '" + shards[bad].second + "'", failed);
+  return out;
+}
+
+void shard_client::update_many(std::vector<shard_update> updates) {
+  for (const auto& u : updates) impl_->connect(u.ps);
+  caf::scoped_actor self{*impl_->system};
+  const auto wait = impl_->timeout + std::chrono::seconds(5);
+  using handle = decltype(self->request(impl_->router, wait, vupdate_atom::value, std::int32_t{0}, std::string{},
+                                        std::uint8_t{0}, std::string{}));
+  std::vector<handle> pending;
+  pending.reserve(updates.size());
+  for (auto& u : updates) {
+    pending.push_back(self->request(impl_->router, wait, vupdate_atom::value, static_cast<std::int32_t>(u.ps), u.key,
+                                    u.op, std::move(u.bytes)));
+  }
+  std::size_t bad = updates.size();
+  caf::error failed;
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    pending[i].receive([](bool) {},
+                       [&](caf::error& e) {
+                         if (bad == updates.size()) {
+                           bad = i;
+                           failed = std::move(e);
+                         }
+                       });
+  }
+  if (bad != updates.size()) impl_->fail(updates[bad].ps, "updating variable shard '" + updates[bad].key + "'", failed);
+}
+
+}  // namespace troupe::actors

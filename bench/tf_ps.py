@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""The peer of cluster_bench: TensorFlow's ParameterServerStrategy and ClusterCoordinator on one
+machine, with tf.distribute.Server tasks in separate processes (2 workers, 1 ps), measuring what
+cluster_bench measures: empty closures per second, and closures that read a variable of 4 KiB to
+16 MiB (returning its sum) or add a tensor of its size to it, in MB/s of variable bytes.
+
+    python tf_ps.py [--closures 2000] [--rounds 5]
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def serve(cluster, job, index):
+    import tensorflow as tf
+    server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=index,
+                                  protocol="grpc", start=True)
+    server.join()
+
+
+def make_fn(tf, op, v, b):
+    if op == "read":
+        @tf.function
+        def read():
+            return tf.reduce_sum(v)
+        return read
+
+    @tf.function
+    def update():
+        v.assign_add(tf.ones([b // 4]))
+        return tf.constant(0)
+    return update
+
+
+def chief(cluster, closures, rounds):
+    import tensorflow as tf
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster), rpc_layer="grpc")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        variables = {b: tf.Variable(tf.zeros([b // 4])) for b in SIZES}
+
+    @tf.function
+    def empty():
+        return tf.constant(0)
+
+    coordinator.schedule(empty)
+    coordinator.join()
+    rates = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(closures):
+            coordinator.schedule(empty)
+        coordinator.join()
+        rates.append(closures / (time.perf_counter() - t0))
+    print("tensorflow empty closures: 2 workers, %d per round: %.0f closures/s (median of %d)"
+          % (closures, statistics.median(rates), rounds), flush=True)
+    for op in ("read", "update"):
+        for b in SIZES:
+            fn = make_fn(tf, op, variables[b], b)
+            coordinator.schedule(fn)
+            coordinator.join()
+            n = max(8, min(500, (64 << 20) // b))
+            mbs = []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    coordinator.schedule(fn)
+                coordinator.join()
+                mbs.append(n * b / (time.perf_counter() - t0) / 1e6)
+            m = statistics.median(mbs)
+            print("tensorflow %s %d bytes: %d closures: %.1f MB/s, %.1f us per closure (median of %d)"
+                  % (op, b, n, m, b / m, rounds), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--closures", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--serve", nargs=3, metavar=("CLUSTER", "JOB", "INDEX"), help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.serve:
+        serve(json.loads(a.serve[0]), a.serve[1], int(a.serve[2]))
+        return
+    ports = free_ports(4)
+    cluster = {"chief": ["127.0.0.1:%d" % ports[0]],
+               "worker": ["127.0.0.1:%d" % ports[1], "127.0.0.1:%d" % ports[2]],
+               "ps": ["127.0.0.1:%d" % ports[3]]}
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    tasks = [subprocess.Popen([sys.executable, __file__, "--serve", json.dumps(cluster), job, str(i)], env=env)
+             for job, i in (("worker", 0), ("worker", 1), ("ps", 0))]
+    try:
+        os.environ.update(env)
+        chief(cluster, a.closures, a.rounds)
+    finally:
+        for t in tasks:
+            t.kill()
+            t.wait()
+    os._exit(0)  # the coordinator's threads do not stop on their own
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "troupe/data/dataset.hpp"
+#include "troupe/tensor.hpp"
+
+namespace troupe::distribute {
+
+namespace detail {
+struct WorkerServices;
+}
+
+/// What a function scheduled by a ClusterCoordinator sees on the worker that runs it: its
+/// arguments (tensors and per-worker iterators, in the order given to schedule) and the
+/// variables of the ParameterServerStrategy, which live on the ps tasks.
+class FunctionContext {
+ public:
+  /// Arguments given to schedule.
+  std::size_t num_args() const noexcept { return args_.size(); }
+  /// Argument i, a tensor; std::out_of_range past the end, std::invalid_argument when it is a
+  /// per-worker iterator.
+  const Tensor& arg(std::size_t i) const;
+  /// Argument i, a per-worker iterator (from create_per_worker_dataset): this worker's next
+  /// element; at the end troupe::OutOfRange.
+  data::Element next(std::size_t i);
+
+  /// A variable of the strategy, its shards read from the ps tasks and joined along axis 0; an
+  /// unknown name is std::invalid_argument naming it.
+  Tensor read_variable(const std::string& name);
+  /// Several variables, every shard's read in flight at once (one round trip, not one per shard).
+  std::vector<Tensor> read_variables(const std::vector<std::string>& names);
+  /// Subtracts deltas[i] from variable names[i] for every i, all updates in flight at once (what
+  /// an SGD step sends: learning rate x gradient); waits until every ps task applied them.
+  void assign_sub(const std::vector<std::string>& names, const std::vector<Tensor>& deltas);
+  /// Updates a variable on the ps tasks, each shard with its rows of `delta` (the variable's shape
+  /// and dtype), applied there as it arrives: updates from different workers are not ordered.
+  void assign_add(const std::string& name, const Tensor& delta);
+  void assign_sub(const std::string& name, const Tensor& delta);
+  void assign(const std::string& name, const Tensor& value);
+
+  /// The task running the function: "/job:worker/replica:0/task:1".
+  const std::string& task() const noexcept;
+
+  struct Argument {
+    Tensor tensor;
+    std::uint64_t iterator = 0;     ///< non-zero: a per-worker iterator
+    std::string dataset_function;   ///< the dataset function of that iterator
+  };
+  FunctionContext(detail::WorkerServices& services, std::vector<Argument> args);
+
+ private:
+  void update(const std::vector<std::string>& names, const std::vector<Tensor>& deltas, std::uint8_t op);
+  detail::WorkerServices* services_;
+  std::vector<Argument> args_;
+};
+
+/// A function that runs on a worker: C++ closures cannot travel, so workers find it by name.
+using RemoteFunction = std::function<std::vector<Tensor>(FunctionContext&)>;
+/// A function that makes a worker's dataset, for ClusterCoordinator::create_per_worker_dataset.
+using DatasetFunction = std::function<data::Dataset()>;
+
+/// The functions a process can run for a ClusterCoordinator, by name. A value: a Server holds the
+/// one it was given; nothing is global. The same name must mean the same function in every
+/// process (they link the same code, or load the same module).
+class FunctionRegistry {
+ public:
+  /// Adds a function; an empty or already registered name is std::invalid_argument.
+  void add(const std::string& name, RemoteFunction fn);
+  /// Adds a dataset function, under the same rules (one name space with functions).
+  void add_dataset(const std::string& name, DatasetFunction fn);
+
+  /// The function, or nullptr.
+  const RemoteFunction* find(const std::string& name) const;
+  const DatasetFunction* find_dataset(const std::string& name) const;
+  /// Every name, sorted.
+  std::vector<std::string> names() const;
+
+  /// Loads a shared library with dlopen and calls its entry point, troupe_register_functions
+  /// (defined by TROUPE_MODULE), with this registry. The library stays loaded for the process.
+  /// A file that does not load or lacks the entry point is std::invalid_argument naming it.
+  void load_module(const std::string& path);
+
+ private:
+  std::map<std::string, RemoteFunction> functions_;
+  std::map<std::string, DatasetFunction> datasets_;
+};
+
+}  // namespace troupe::distribute
+
+/// Defines a module's entry point: TROUPE_MODULE(registry) { registry.add("step", ...); }
+/// Build the module as a shared library linking troupe::troupe; troupe-worker --module loads it.
+#define TROUPE_MODULE(registry)                                                                   \
+  static void troupe_module_body(::troupe::distribute::FunctionRegistry& registry);               \
+  extern "C" __attribute__((visibility("default"))) void troupe_register_functions(              \
+      ::troupe::distribute::FunctionRegistry* r) {                                                \
+    troupe_module_body(*r);                                                                       \
+  }                                                                                               \
+  static void troupe_module_body(::troupe::distribute::FunctionRegistry& registry)

@@ -1,0 +1,450 @@
+#include "troupe/distribute/parameter_server_strategy.hpp"
+
+#include <condition_variable>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "caf/actor_system.hpp"
+#include "distribute/remote_wire.hpp"
+#include "troupe/actors/cluster_tasks.hpp"
+#include "troupe/base/quote.hpp"
+#include "troupe/errors.hpp"
+
+namespace troupe::distribute {
+
+namespace detail {
+std::pair<std::string, std::uint16_t> split_host_port(const std::string& address);
+std::string task_name(const std::string& job, int index);
+void require_token(const ClusterSpec& spec, const std::string& token, bool insecure, const char* who);
+}  // namespace detail
+
+// --- partitioners -----------------------------------------------------------------------------
+
+namespace {
+
+std::int64_t total_bytes(const Shape& shape, DType dtype) {
+  std::int64_t n = static_cast<std::int64_t>(dtype_size(dtype));
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::vector<int> along_axis0(const Shape& shape, std::int64_t shards) {
+  if (shape.empty()) return {};
+  std::vector<int> out(shape.size(), 1);
+  out[0] = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(shards, shape[0])));
+  return out;
+}
+
+}  // namespace
+
+FixedShardsPartitioner::FixedShardsPartitioner(int num_shards) : num_shards_(num_shards) {
+  if (num_shards < 1) {
+    throw std::invalid_argument("FixedShardsPartitioner: num_shards " + std::to_string(num_shards) +
+                                " (expected 1 or more)");
+  }
+}
+
+std::vector<int> FixedShardsPartitioner::operator()(const Shape& shape, DType) const {
+  return along_axis0(shape, num_shards_);
+}
+
+MinSizePartitioner::MinSizePartitioner(std::int64_t min_shard_bytes, int max_shards)
+    : min_shard_bytes_(min_shard_bytes), max_shards_(max_shards) {
+  if (min_shard_bytes < 1 || max_shards < 1) {
+    throw std::invalid_argument("MinSizePartitioner: min_shard_bytes " + std::to_string(min_shard_bytes) +
+                                ", max_shards " + std::to_string(max_shards) + " (expected both 1 or more)");
+  }
+}
+
+std::vector<int> MinSizePartitioner::operator()(const Shape& shape, DType dtype) const {
+  const std::int64_t fit = total_bytes(shape, dtype) / min_shard_bytes_;
+  return along_axis0(shape, std::min<std::int64_t>(max_shards_, std::max<std::int64_t>(1, fit)));
+}
+
+MaxSizePartitioner::MaxSizePartitioner(std::int64_t max_shard_bytes, int max_shards)
+    : max_shard_bytes_(max_shard_bytes), max_shards_(max_shards) {
+  if (max_shard_bytes < 1 || max_shards < 0) {
+    throw std::invalid_argument("MaxSizePartitioner: max_shard_bytes " + std::to_string(max_shard_bytes) +
+                                ", max_shards " + std::to_string(max_shards) +
+                                " (expected max_shard_bytes 1 or more, max_shards 0 for no limit or more)");
+  }
+}
+
+std::vector<int> MaxSizePartitioner::operator()(const Shape& shape, DType dtype) const {
+  const std::int64_t bytes = total_bytes(shape, dtype);
+  std::int64_t n = (bytes + max_shard_bytes_ - 1) / max_shard_bytes_;
+  if (max_shards_ > 0) n = std::min<std::int64_t>(n, max_shards_);
+  return along_axis0(shape, n);
+}
+
+// --- state ------------------------------------------------------------------------------------
+
+namespace detail {
+
+struct CoordinatorState;
+
+struct RemoteValueState {
+  std::weak_ptr<CoordinatorState> owner;  // whose failures end a wait
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool ready = false;
+  std::vector<Tensor> value;
+  std::string error;  // set: the function failed
+};
+
+struct CoordinatorState {
+  ClusterCoordinatorOptions options;
+  std::vector<std::string> workers;  // task names
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::uint64_t next_id = 1;
+  std::uint64_t scheduled = 0;
+  std::uint64_t done = 0;
+  std::uint64_t next_iterator = 1;
+  struct Pending {
+    std::string function;
+    std::shared_ptr<RemoteValueState> value;
+  };
+  std::unordered_map<std::uint64_t, Pending> pending;
+  std::optional<std::string> first_error;  // a function's, since the last join
+  std::optional<std::string> ps_lost;      // for good: without the ps there is nothing to train
+  std::unique_ptr<actors::dispatcher> dispatcher;
+
+  void finished(actors::closure_outcome o) {
+    std::shared_ptr<RemoteValueState> value;
+    std::string function;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      auto it = pending.find(o.id);
+      if (it == pending.end()) return;
+      value = std::move(it->second.value);
+      function = std::move(it->second.function);
+      pending.erase(it);
+    }
+    std::vector<Tensor> result;
+    std::string error;
+    if (o.ok) {
+      try {
+        result = decode_tensors(o.payload);
+      } catch (const std::exception& e) {
+        error = "function " + base::quoted(function) + " on " + o.worker + " sent results troupe cannot read: " +
+                e.what();
+      }
+    } else {
+      error = "function " + base::quoted(function) + " failed on " + o.worker + ": " + o.payload;
+    }
+    {
+      std::lock_guard<std::mutex> lock(value->mutex);
+      value->ready = true;
+      value->value = std::move(result);
+      value->error = error;
+    }
+    value->cv.notify_all();
+    bool wake = !error.empty();
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++done;
+      if (!error.empty() && !first_error) first_error = error;
+      wake = wake || done == scheduled;
+    }
+    if (wake) cv.notify_all();
+  }
+
+  void lost_ps(const std::string& task, const std::string& reason) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!ps_lost) ps_lost = "ClusterCoordinator: ps task " + task + " is lost: " + reason;
+    }
+    cv.notify_all();
+  }
+};
+
+struct PsState {
+  Runtime* runtime = nullptr;
+  ClusterSpec spec;
+  ServerOptions options;
+  std::shared_ptr<Partitioner> partitioner;
+  std::shared_ptr<actors::control_credentials> credentials;
+  VariableTable table;
+  int next_ps = 0;  // round-robin placement over the ps tasks
+  std::shared_ptr<CoordinatorState> coordinator;
+  mutable std::mutex mutex;
+};
+
+}  // namespace detail
+
+// --- ParameterServerStrategy ------------------------------------------------------------------
+
+namespace {
+
+std::vector<actors::task_endpoint> endpoints(const ClusterSpec& spec, const std::string& job) {
+  std::vector<actors::task_endpoint> out;
+  if (!spec.has_job(job)) return out;
+  for (int i = 0; i < spec.num_tasks(job); ++i) {
+    auto [host, port] = detail::split_host_port(spec.task_address(job, i));
+    out.push_back(actors::task_endpoint{detail::task_name(job, i), host, port});
+  }
+  return out;
+}
+
+}  // namespace
+
+ParameterServerStrategy::ParameterServerStrategy(Runtime& runtime, std::shared_ptr<ClusterResolver> resolver,
+                                                 std::shared_ptr<Partitioner> partitioner, ServerOptions options)
+    : resolver_(std::move(resolver)), state_(std::make_shared<detail::PsState>()) {
+  if (!resolver_) throw std::invalid_argument("ParameterServerStrategy: the cluster resolver is null");
+  auto& s = *state_;
+  s.runtime = &runtime;
+  s.spec = resolver_->cluster_spec();
+  if (!s.spec.has_job("ps") || !s.spec.has_job("worker")) {
+    throw std::invalid_argument("ParameterServerStrategy: the cluster needs \"ps\" and \"worker\" jobs (it has: " +
+                                [&] {
+                                  std::string j;
+                                  for (const auto& n : s.spec.jobs()) j += (j.empty() ? "" : ", ") + n;
+                                  return j;
+                                }() +
+                                ")");
+  }
+  detail::require_token(s.spec, options.cluster_token, options.insecure, "ParameterServerStrategy");
+  s.options = std::move(options);
+  s.partitioner = std::move(partitioner);
+  s.credentials = actors::make_credentials(runtime.system(), s.options.cluster_token);
+  for (const auto& p : endpoints(s.spec, "ps")) s.table.ps.push_back(detail::VariableTable::Ps{p.task, p.host, p.port});
+
+  auto c = std::make_shared<detail::CoordinatorState>();
+  c->workers.clear();
+  for (const auto& w : endpoints(s.spec, "worker")) c->workers.push_back(w.task);
+  actors::dispatcher_options d;
+  d.task = detail::task_name(resolver_->task_type(), resolver_->task_id());
+  d.workers = endpoints(s.spec, "worker");
+  d.ps = endpoints(s.spec, "ps");
+  d.credentials = s.credentials;
+  d.ps_timeout = s.options.peer_timeout;
+  std::weak_ptr<detail::CoordinatorState> weak = c;
+  auto log = s.options.log ? s.options.log : [](const std::string& line) { std::cerr << "troupe: " << line << std::endl; };
+  c->dispatcher = std::make_unique<actors::dispatcher>(
+      runtime.system(), std::move(d),
+      [weak](actors::closure_outcome o) {
+        if (auto c = weak.lock()) c->finished(std::move(o));
+      },
+      [weak](const std::string& task, const std::string& reason) {
+        if (auto c = weak.lock()) c->lost_ps(task, reason);
+      },
+      log);
+  s.coordinator = std::move(c);
+}
+
+ParameterServerStrategy::~ParameterServerStrategy() {
+  if (state_->coordinator) state_->coordinator->dispatcher.reset();  // tells every task the chief leaves
+}
+
+int ParameterServerStrategy::num_workers() const { return state_->spec.num_tasks("worker"); }
+int ParameterServerStrategy::num_ps() const { return state_->spec.num_tasks("ps"); }
+
+ShardedVariable ParameterServerStrategy::create_variable(const std::string& name, const Tensor& initial_value) {
+  auto& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (name.empty()) throw std::invalid_argument("ParameterServerStrategy::create_variable: the name is empty");
+  for (const auto& v : s.table.variables) {
+    if (v.name == name) {
+      throw std::invalid_argument("ParameterServerStrategy::create_variable: variable " + base::quoted(name) +
+                                  " exists already");
+    }
+  }
+  if (initial_value.rank() == 0 || initial_value.shape()[0] == 0) {
+    throw std::invalid_argument("ParameterServerStrategy::create_variable: variable " + base::quoted(name) +
+                                " needs at least one row along axis 0 (shards split it; reshape a scalar to {1})");
+  }
+  const std::int64_t rows = initial_value.shape()[0];
+  int n = 1;
+  if (s.partitioner) {
+    auto parts = (*s.partitioner)(initial_value.shape(), initial_value.dtype());
+    for (std::size_t a = 1; a < parts.size(); ++a) {
+      if (parts[a] != 1) {
+        throw std::invalid_argument("ParameterServerStrategy: the partitioner split axis " + std::to_string(a) +
+                                    " of " + base::quoted(name) + "; only axis 0 can be split");
+      }
+    }
+    n = parts.empty() ? 1 : parts[0];
+    if (n < 1 || n > rows) {
+      throw std::invalid_argument("ParameterServerStrategy: the partitioner made " + std::to_string(n) +
+                                  " shards of " + base::quoted(name) + " with " + std::to_string(rows) + " rows");
+    }
+  }
+  ShardedVariable v;
+  v.name = name;
+  v.shape = initial_value.shape();
+  v.dtype = initial_value.dtype();
+  std::int64_t row = 0;
+  const int num_ps = static_cast<int>(s.table.ps.size());
+  for (int i = 0; i < n; ++i) {
+    // As TensorFlow splits: the first rows % n shards take one row more.
+    const std::int64_t r = rows / n + (i < rows % n ? 1 : 0);
+    ShardedVariable::Shard shard{s.next_ps, r, name + "/part_" + std::to_string(i)};
+    s.next_ps = (s.next_ps + 1) % num_ps;
+    s.coordinator->dispatcher->create_shard(shard.ps, shard.key,
+                                            detail::encode_tensor(detail::rows_of(initial_value, row, r)),
+                                            s.options.peer_timeout);
+    row += r;
+    v.shards.push_back(std::move(shard));
+  }
+  s.table.variables.push_back(v);
+  s.coordinator->dispatcher->set_table(detail::encode_table(s.table));
+  return v;
+}
+
+Tensor ParameterServerStrategy::read_variable(const std::string& name) const {
+  auto& s = *state_;
+  ShardedVariable v;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    auto it = std::find_if(s.table.variables.begin(), s.table.variables.end(),
+                           [&](const ShardedVariable& x) { return x.name == name; });
+    if (it == s.table.variables.end()) {
+      throw std::invalid_argument("ParameterServerStrategy::read_variable: no variable " + base::quoted(name));
+    }
+    v = *it;
+  }
+  std::vector<Tensor> pieces;
+  for (const auto& shard : v.shards) {
+    pieces.push_back(
+        detail::decode_tensor(s.coordinator->dispatcher->read_shard(shard.ps, shard.key, s.options.peer_timeout)));
+  }
+  return detail::join_rows(pieces, v.shape, v.dtype);
+}
+
+std::vector<ShardedVariable> ParameterServerStrategy::variables() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->table.variables;
+}
+
+// --- RemoteValue, PerWorkerDataset --------------------------------------------------------------
+
+std::vector<Tensor> RemoteValue::fetch() const {
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  while (!state_->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return state_->ready; })) {
+    // A lost ps task fails every wait: the function may never finish without it.
+    if (auto owner = state_->owner.lock()) {
+      lock.unlock();
+      {
+        std::lock_guard<std::mutex> g(owner->mutex);
+        if (owner->ps_lost) throw Error(*owner->ps_lost);
+      }
+      lock.lock();
+    }
+  }
+  if (!state_->error.empty()) throw Error(state_->error);
+  return state_->value;
+}
+
+bool RemoteValue::is_ready() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->ready;
+}
+
+PerWorkerIterator PerWorkerDataset::make_iterator() {
+  std::lock_guard<std::mutex> lock(owner_->mutex);
+  return PerWorkerIterator{owner_->next_iterator++, dataset_function_};
+}
+
+// --- ClusterCoordinator -----------------------------------------------------------------------
+
+ClusterCoordinator::ClusterCoordinator(ParameterServerStrategy& strategy, ClusterCoordinatorOptions options)
+    : state_(strategy.state_->coordinator) {
+  if (options.closures_per_worker < 1) {
+    throw std::invalid_argument("ClusterCoordinatorOptions: closures_per_worker " +
+                                std::to_string(options.closures_per_worker) + " (expected 1 or more)");
+  }
+  state_->options = options;
+  state_->dispatcher->configure(options.closures_per_worker, options.reconnect_interval);
+}
+
+ClusterCoordinator::~ClusterCoordinator() = default;
+
+RemoteValue ClusterCoordinator::schedule_arguments(const std::string& function, std::vector<ScheduleArgument> args) {
+  if (function.empty()) throw std::invalid_argument("ClusterCoordinator::schedule: the function name is empty");
+  std::vector<FunctionContext::Argument> wire;
+  wire.reserve(args.size());
+  for (auto& a : args) {
+    FunctionContext::Argument w;
+    if (a.iterator.id != 0) {
+      w.iterator = a.iterator.id;
+      w.dataset_function = a.iterator.dataset_function;
+    } else {
+      w.tensor = std::move(a.tensor);
+    }
+    wire.push_back(std::move(w));
+  }
+  auto value = std::make_shared<detail::RemoteValueState>();
+  value->owner = state_;
+  std::uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    id = state_->next_id++;
+    ++state_->scheduled;
+    state_->pending.emplace(id, detail::CoordinatorState::Pending{function, value});
+  }
+  state_->dispatcher->schedule(id, function, detail::encode_arguments(wire));
+  return RemoteValue(std::move(value));
+}
+
+namespace {
+
+// The error join() and done() raise, if any; clears a function's error (TensorFlow raises it once).
+void raise_if_failed(detail::CoordinatorState& s) {
+  if (s.ps_lost) throw Error(*s.ps_lost);
+  if (s.first_error) {
+    std::string e = std::move(*s.first_error);
+    s.first_error.reset();
+    throw Error("ClusterCoordinator: " + e);
+  }
+}
+
+}  // namespace
+
+void ClusterCoordinator::join() {
+  auto& s = *state_;
+  std::unique_lock<std::mutex> lock(s.mutex);
+  auto since = std::chrono::steady_clock::now();  // when the last worker was seen up
+  for (;;) {
+    raise_if_failed(s);
+    if (s.done == s.scheduled) return;
+    s.cv.wait_for(lock, std::chrono::milliseconds(100));
+    const auto now = std::chrono::steady_clock::now();
+    if (s.dispatcher->workers_up() > 0) {
+      since = now;
+    } else if (now - since > s.options.no_worker_timeout) {
+      std::string names;
+      for (const auto& w : s.workers) names += (names.empty() ? "" : ", ") + w;
+      throw Error("ClusterCoordinator: no worker has been reachable for " +
+                  std::to_string(s.options.no_worker_timeout.count()) + " ms while " +
+                  std::to_string(s.scheduled - s.done) + " function(s) wait (workers: " + names + ")");
+    }
+  }
+}
+
+bool ClusterCoordinator::done() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  raise_if_failed(*state_);
+  return state_->done == state_->scheduled;
+}
+
+PerWorkerDataset ClusterCoordinator::create_per_worker_dataset(const std::string& dataset_function) {
+  if (dataset_function.empty()) {
+    throw std::invalid_argument("ClusterCoordinator::create_per_worker_dataset: the dataset function name is empty");
+  }
+  return PerWorkerDataset(dataset_function, state_);
+}
+
+std::uint64_t ClusterCoordinator::closures_done() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->done;
+}
+std::uint64_t ClusterCoordinator::closures_retried() const { return state_->dispatcher->retried(); }
+std::uint64_t ClusterCoordinator::workers_lost() const { return state_->dispatcher->workers_lost(); }
+
+}  // namespace troupe::distribute

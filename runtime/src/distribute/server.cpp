@@ -1,0 +1,404 @@
+#include "troupe/distribute/server.hpp"
+
+#include <dlfcn.h>
+
+#include <condition_variable>
+#include <iostream>
+#include <mutex>
+#include <stdexcept>
+
+#include "caf/actor_system.hpp"
+#include "distribute/remote_wire.hpp"
+#include "distribute/worker_services.hpp"
+#include "troupe/actors/cluster_tasks.hpp"
+#include "troupe/base/quote.hpp"
+#include "troupe/distribute/multi_worker_strategy.hpp"
+#include "troupe/errors.hpp"
+
+namespace troupe::distribute {
+
+// --- FunctionRegistry -------------------------------------------------------------------------
+
+namespace {
+
+void check_new_name(const std::map<std::string, RemoteFunction>& f, const std::map<std::string, DatasetFunction>& d,
+                    const std::string& name, const char* what) {
+  if (name.empty()) throw std::invalid_argument(std::string("FunctionRegistry: ") + what + " with an empty name");
+  if (f.count(name) != 0 || d.count(name) != 0) {
+    throw std::invalid_argument("FunctionRegistry: " + base::quoted(name) +
+                                " is registered already (every name means one function)");
+  }
+}
+
+}  // namespace
+
+void FunctionRegistry::add(const std::string& name, RemoteFunction fn) {
+  check_new_name(functions_, datasets_, name, "a function");
+  if (!fn) throw std::invalid_argument("FunctionRegistry: function " + base::quoted(name) + " is empty");
+  functions_.emplace(name, std::move(fn));
+}
+
+void FunctionRegistry::add_dataset(const std::string& name, DatasetFunction fn) {
+  check_new_name(functions_, datasets_, name, "a dataset function");
+  if (!fn) throw std::invalid_argument("FunctionRegistry: dataset function " + base::quoted(name) + " is empty");
+  datasets_.emplace(name, std::move(fn));
+}
+
+const RemoteFunction* FunctionRegistry::find(const std::string& name) const {
+  auto it = functions_.find(name);
+  return it == functions_.end() ? nullptr : &it->second;
+}
+
+const DatasetFunction* FunctionRegistry::find_dataset(const std::string& name) const {
+  auto it = datasets_.find(name);
+  return it == datasets_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> FunctionRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& f : functions_) out.push_back(f.first);
+  for (const auto& d : datasets_) out.push_back(d.first);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void FunctionRegistry::load_module(const std::string& path) {
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = ::dlerror();
+    throw std::invalid_argument("FunctionRegistry: cannot load module " + base::quoted(path) + ": " +
+                                (why != nullptr ? why : "unknown error"));
+  }
+  using entry = void (*)(FunctionRegistry*);
+  auto fn = reinterpret_cast<entry>(::dlsym(handle, "troupe_register_functions"));
+  if (fn == nullptr) {
+    ::dlclose(handle);
+    throw std::invalid_argument("FunctionRegistry: module " + base::quoted(path) +
+                                " has no troupe_register_functions (define it with TROUPE_MODULE)");
+  }
+  fn(this);  // the library stays loaded: its functions are in the registry now
+}
+
+// --- FunctionContext --------------------------------------------------------------------------
+
+FunctionContext::FunctionContext(detail::WorkerServices& services, std::vector<Argument> args)
+    : services_(&services), args_(std::move(args)) {}
+
+const Tensor& FunctionContext::arg(std::size_t i) const {
+  if (i >= args_.size()) {
+    throw std::out_of_range("FunctionContext::arg: argument " + std::to_string(i) + " of " +
+                            std::to_string(args_.size()));
+  }
+  if (args_[i].iterator != 0) {
+    throw std::invalid_argument("FunctionContext::arg: argument " + std::to_string(i) +
+                                " is a per-worker iterator (read it with next(" + std::to_string(i) + "))");
+  }
+  return args_[i].tensor;
+}
+
+data::Element FunctionContext::next(std::size_t i) {
+  if (i >= args_.size()) {
+    throw std::out_of_range("FunctionContext::next: argument " + std::to_string(i) + " of " +
+                            std::to_string(args_.size()));
+  }
+  if (args_[i].iterator == 0) {
+    throw std::invalid_argument("FunctionContext::next: argument " + std::to_string(i) +
+                                " is a tensor, not a per-worker iterator");
+  }
+  return services_->iterator(args_[i].iterator, args_[i].dataset_function).get_next();
+}
+
+const std::string& FunctionContext::task() const noexcept { return services_->task; }
+
+Tensor FunctionContext::read_variable(const std::string& name) { return read_variables({name}).at(0); }
+
+std::vector<Tensor> FunctionContext::read_variables(const std::vector<std::string>& names) {
+  std::vector<ShardedVariable> vars;
+  std::shared_ptr<actors::shard_client> client;
+  std::vector<std::pair<int, std::string>> shards;
+  for (const auto& name : names) {
+    auto [v, c] = services_->variable(name);
+    client = c;
+    for (const auto& s : v.shards) shards.emplace_back(s.ps, s.key);
+    vars.push_back(std::move(v));
+  }
+  std::vector<Tensor> out;
+  if (shards.empty()) return out;
+  auto bytes = client->read_many(shards);
+  std::size_t next = 0;
+  for (const auto& v : vars) {
+    std::vector<Tensor> pieces;
+    pieces.reserve(v.shards.size());
+    for (std::size_t i = 0; i < v.shards.size(); ++i) pieces.push_back(detail::decode_tensor(bytes[next++]));
+    out.push_back(detail::join_rows(pieces, v.shape, v.dtype));
+  }
+  return out;
+}
+
+void FunctionContext::update(const std::vector<std::string>& names, const std::vector<Tensor>& deltas,
+                             std::uint8_t op) {
+  if (names.size() != deltas.size()) {
+    throw std::invalid_argument("variable update: " + std::to_string(names.size()) + " names and " +
+                                std::to_string(deltas.size()) + " values (expected one value per name)");
+  }
+  std::vector<actors::shard_client::shard_update> updates;
+  std::shared_ptr<actors::shard_client> client;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    const auto& name = names[k];
+    const auto& delta = deltas[k];
+    auto [v, c] = services_->variable(name);
+    client = c;
+    if (delta.shape() != v.shape || delta.dtype() != v.dtype) {
+      throw std::invalid_argument("update of variable " + base::quoted(name) + ": the value is a " +
+                                  std::string(dtype_name(delta.dtype())) + " tensor of " +
+                                  std::to_string(delta.rank()) + " dims, the variable " +
+                                  std::string(dtype_name(v.dtype)) + " with " + std::to_string(v.shape.size()) +
+                                  " dims (shapes must match)");
+    }
+    std::int64_t row = 0;
+    for (const auto& s : v.shards) {
+      updates.push_back({s.ps, s.key, op, detail::encode_tensor(detail::rows_of(delta, row, s.rows))});
+      row += s.rows;
+    }
+  }
+  if (!updates.empty()) client->update_many(std::move(updates));
+}
+
+void FunctionContext::assign_add(const std::string& name, const Tensor& delta) { update({name}, {delta}, 1); }
+void FunctionContext::assign_sub(const std::string& name, const Tensor& delta) { update({name}, {delta}, 2); }
+void FunctionContext::assign(const std::string& name, const Tensor& value) { update({name}, {value}, 0); }
+void FunctionContext::assign_sub(const std::vector<std::string>& names, const std::vector<Tensor>& deltas) {
+  update(names, deltas, 2);
+}
+
+// --- WorkerServices ---------------------------------------------------------------------------
+
+namespace detail {
+
+void WorkerServices::set_table(const std::string& blob) {
+  VariableTable t = decode_table(blob);
+  std::lock_guard<std::mutex> lock(mutex);
+  bool same_ps = t.ps.size() == table.ps.size();
+  for (std::size_t i = 0; same_ps && i < t.ps.size(); ++i) {
+    same_ps = t.ps[i].host == table.ps[i].host && t.ps[i].port == table.ps[i].port;
+  }
+  if (!same_ps || !shards) {
+    std::vector<actors::task_endpoint> ps;
+    for (const auto& p : t.ps) ps.push_back(actors::task_endpoint{p.task, p.host, p.port});
+    shards = std::make_shared<actors::shard_client>(*system, task, std::move(ps), credentials, peer_timeout);
+  }
+  table = std::move(t);
+}
+
+std::pair<ShardedVariable, std::shared_ptr<actors::shard_client>> WorkerServices::variable(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& v : table.variables) {
+    if (v.name == name) return {v, shards};
+  }
+  throw std::invalid_argument("variable " + base::quoted(name) + " is unknown on " + task + " (" +
+                              std::to_string(table.variables.size()) +
+                              " variables known; create it with ParameterServerStrategy::create_variable before "
+                              "scheduling functions that use it)");
+}
+
+data::Iterator& WorkerServices::iterator(std::uint64_t id, const std::string& dataset_function) {
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = iterators.find(id);
+  if (it != iterators.end()) return it->second;
+  const DatasetFunction* fn = functions->find_dataset(dataset_function);
+  if (fn == nullptr) {
+    throw std::invalid_argument("dataset function " + base::quoted(dataset_function) + " is not registered on " +
+                                task);
+  }
+  return iterators.emplace(id, (*fn)().make_iterator()).first->second;
+}
+
+}  // namespace detail
+
+// --- ServerOptions, Server --------------------------------------------------------------------
+
+ServerOptions ServerOptions::from_environment() {
+  const auto mw = MultiWorkerOptions::from_environment();
+  ServerOptions o;
+  o.cluster_token = mw.cluster_token;
+  o.insecure = mw.insecure;
+  o.peer_timeout = mw.start_timeout;
+  return o;
+}
+
+namespace detail {
+
+std::pair<std::string, std::uint16_t> split_host_port(const std::string& address) {
+  const auto colon = address.rfind(':');
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return {host, static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1)))};
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+std::string task_name(const std::string& job, int index) {
+  return "/job:" + job + "/replica:0/task:" + std::to_string(index);
+}
+
+// A cluster beyond loopback needs the token unless told insecure: without one, anyone who reaches
+// a task's port could run its functions or rewrite its variables.
+void require_token(const ClusterSpec& spec, const std::string& token, bool insecure, const char* who) {
+  if (!token.empty() || insecure) return;
+  for (const auto& job : spec.as_map()) {
+    for (const auto& a : job.second) {
+      if (a == ClusterSpec::pending_address) continue;
+      if (!is_loopback(split_host_port(a).first)) {
+        throw std::invalid_argument(std::string(who) + ": the cluster spans more than loopback (" + a.substr(0, 300) +
+                                    ") and TROUPE_CLUSTER_TOKEN is empty: set the same token on every task "
+                                    "(troupe-launch sets one), or, on a trusted isolated network only, set "
+                                    "TROUPE_INSECURE=1 (ServerOptions::insecure)");
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+struct Server::Impl {
+  Runtime* runtime = nullptr;
+  std::string task;
+  std::string host;
+  ServerOptions options;
+  FunctionRegistry functions;
+  detail::WorkerServices services;
+  std::shared_ptr<actors::control_credentials> credentials;
+  std::unique_ptr<actors::task_server> server;
+  std::mutex mutex;
+  std::condition_variable stopped_cv;
+  bool stopped = false;
+  bool chief_seen = false;
+
+  void log(const std::string& line) {
+    if (options.log) {
+      options.log(line);
+    } else {
+      std::cerr << "troupe: " + task + ": " + line + "\n" << std::flush;
+    }
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopped = true;
+    }
+    stopped_cv.notify_all();
+  }
+};
+
+Server::Server(Runtime& runtime, const ClusterResolver& resolver, FunctionRegistry functions, ServerOptions options)
+    : Server(runtime, resolver.cluster_spec(), resolver.task_type(), resolver.task_id(), std::move(functions),
+             std::move(options)) {}
+
+Server::Server(Runtime& runtime, const ClusterSpec& cluster, const std::string& task_type, int task_id,
+               FunctionRegistry functions, ServerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  auto& s = *impl_;
+  if (task_type != "worker" && task_type != "ps") {
+    throw std::invalid_argument("Server: task type " + base::quoted(task_type) +
+                                " runs no Server (expected \"worker\" or \"ps\"; the chief runs the "
+                                "ClusterCoordinator)");
+  }
+  const std::string address = cluster.task_address(task_type, task_id);  // names a missing task
+  detail::require_token(cluster, options.cluster_token, options.insecure, "Server");
+  s.runtime = &runtime;
+  s.task = detail::task_name(task_type, task_id);
+  std::uint16_t port = 0;
+  std::tie(s.host, port) = detail::split_host_port(address);
+  s.options = std::move(options);
+  s.functions = std::move(functions);
+  s.credentials = actors::make_credentials(runtime.system(), s.options.cluster_token);
+  s.services.system = &runtime.system();
+  s.services.task = s.task;
+  s.services.functions = &s.functions;
+  s.services.credentials = s.credentials;
+  s.services.peer_timeout = s.options.peer_timeout;
+
+  actors::task_handlers h;
+  Impl* self = &s;
+  if (task_type == "worker") {
+    h.call = [self](const std::string& name, const std::string& args) {
+      const RemoteFunction* fn = self->functions.find(name);
+      if (fn == nullptr) {
+        std::string known;
+        for (const auto& n : self->functions.names()) known += (known.empty() ? "" : ", ") + n;
+        return actors::call_reply{false, "function " + base::quoted(name) + " is not registered on " + self->task +
+                                             " (it has: " + (known.empty() ? "none" : known) + ")"};
+      }
+      try {
+        FunctionContext ctx(self->services, detail::decode_arguments(args));
+        return actors::call_reply{true, detail::encode_tensors((*fn)(ctx))};
+      } catch (const std::exception& e) {
+        return actors::call_reply{false, e.what()};
+      }
+    };
+    h.table = [self](const std::string& blob) {
+      try {
+        self->services.set_table(blob);
+      } catch (const std::exception& e) {
+        self->log(std::string("refused a variable table: ") + e.what());
+      }
+    };
+  } else {
+    h.update = detail::update_in_place;
+  }
+  h.event = [self](const std::string& line) { self->log(line); };
+  h.chief_came = [self] {
+    {
+      std::lock_guard<std::mutex> lock(self->mutex);
+      self->chief_seen = true;
+    }
+    self->stopped_cv.notify_all();
+  };
+  h.chief_gone = [self] {
+    if (self->options.stop_with_chief) self->stop();
+  };
+  s.server = std::make_unique<actors::task_server>(runtime.system(), s.task, s.host, port, s.credentials, std::move(h));
+}
+
+Server::~Server() {
+  impl_->stop();
+  impl_->server.reset();
+}
+
+std::string Server::target() const {
+  const auto& h = impl_->host;
+  return (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + std::to_string(impl_->server->port());
+}
+
+const std::string& Server::task() const { return impl_->task; }
+
+void Server::join() {
+  std::unique_lock<std::mutex> lock(impl_->mutex);
+  impl_->stopped_cv.wait(lock, [&] { return impl_->stopped; });
+}
+
+void Server::stop() { impl_->stop(); }
+
+bool serve_if_worker_or_ps(Runtime& runtime, const ClusterResolver& resolver, FunctionRegistry functions,
+                           ServerOptions options) {
+  const auto type = resolver.task_type();
+  if (type != "worker" && type != "ps") return false;
+  options.stop_with_chief = true;
+  const auto wait = options.peer_timeout;
+  Server server(runtime, resolver, std::move(functions), std::move(options));
+  {
+    // A chief that never comes (it failed before connecting) must not leave this task behind.
+    auto& s = *server.impl_;
+    std::unique_lock<std::mutex> lock(s.mutex);
+    if (!s.stopped_cv.wait_for(lock, wait, [&] { return s.chief_seen || s.stopped; })) {
+      throw Error("Server: " + s.task + ": no chief connected within " + std::to_string(wait.count()) +
+                  " ms (TROUPE_START_TIMEOUT_MS); is the chief running, with the same TF_CONFIG cluster and token?");
+    }
+  }
+  server.join();
+  return true;
+}
+
+}  // namespace troupe::distribute

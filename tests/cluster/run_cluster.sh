@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# Clusters of tasks as real processes on loopback (or two network-namespace "hosts"): a chief with
+# ClusterCoordinator, workers and a ps task, each bounded in time and killed on exit.
+#   run_cluster.sh SCENARIO BUILD_DIR
+# Scenarios:
+#   train          ps_trainer, 1 chief + 2 workers + 1 ps: every closure done, the loss falls, all exit 0
+#   worker-killed  the same with worker 1 killed by SIGKILL mid-run: every closure done, workers_lost=1
+#   ps-killed      the ps task killed mid-run: the chief fails within 2 s naming it; nothing hangs
+#   daemons        troupe-worker daemons with a module: results, a failing and a missing function
+#                  named, variables, per-worker iterators; SIGTERM stops each daemon cleanly
+#   wrong-token    a daemon with another token is refused and the cluster goes on without it
+#   two-hosts      ps_trainer with its tasks in two network namespaces, over mutual TLS
+#   no-chief       a worker of ps_trainer whose chief never comes fails after the start timeout
+set -uo pipefail
+scenario="$1"
+build="$2"
+trainer="$build/examples/ps_trainer"
+daemon="$build/tools/troupe-worker"
+chief_bin="$build/tests/cluster/cluster_chief"
+module="$build/tests/cluster/libtroupe_cluster_functions.so"
+dir="$(mktemp -d)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAILED: $scenario: $*"
+  for f in "$dir"/*.log; do echo "--- $(basename "$f")"; tail -n 40 "$f"; done
+  exit 1
+}
+
+# Four free loopback ports.
+read -r p0 p1 p2 p3 < <(python3 -c '
+import socket
+ss = [socket.socket() for _ in range(4)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in ss])')
+host=127.0.0.1
+cluster() {
+  echo "{\"chief\": [\"$host:$p3\"], \"worker\": [\"$host:$p0\", \"$host:$p1\"], \"ps\": [\"$host:$p2\"]}"
+}
+tf_config() { echo "{\"cluster\": $(cluster), \"task\": {\"type\": \"$1\", \"index\": $2}}"; }
+
+# start NAME TYPE INDEX COMMAND...: runs COMMAND with that task's TF_CONFIG in the background.
+start() {
+  local name="$1" type="$2" index="$3"
+  shift 3
+  TF_CONFIG="$(tf_config "$type" "$index")" timeout 60 "$@" >"$dir/$name.log" 2>&1 &
+  pids+=($!)
+  eval "pid_$name=$!"
+}
+# wait_for FILE REGEX SECONDS
+wait_for() {
+  local deadline=$((SECONDS + $3))
+  until grep -Eq -- "$2" "$1" 2>/dev/null; do
+    [[ $SECONDS -ge $deadline ]] && fail "no line matching '$2' in $(basename "$1") within $3 s"
+    sleep 0.05
+  done
+}
+# status_of PID: waits for it (bounded by the timeout it runs under) and sets $st to its status.
+# Not in $(...): a subshell cannot wait for its parent's children.
+status_of() {
+  wait "$1"
+  st=$?
+}
+result_field() { grep -Eo "$2=[0-9.e+-]+" "$1" | tail -n 1 | cut -d= -f2; }
+
+check_training() {  # LOG CLOSURES WORKERS_LOST
+  local log="$1"
+  grep -q '^result: ' "$log" || fail "no result line"
+  [[ "$(grep -c '^result: ' "$log")" == 1 ]] || fail "more than one result line"
+  [[ "$(result_field "$log" closures)" == "$2" ]] || fail "closures is not $2"
+  [[ "$(result_field "$log" done)" == "$2" ]] || fail "done is not $2: not every closure completed once"
+  [[ "$(result_field "$log" workers_lost)" == "$3" ]] || fail "workers_lost is not $3"
+  python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if b < 0.6 * a else 1)" \
+    "$(result_field "$log" loss_first)" "$(result_field "$log" loss_last)" || fail "the loss did not fall"
+  [[ "$(grep -c 'closures' "$log")" -ge $(($2 / 10)) ]] || fail "fewer progress lines than one per 10 closures"
+}
+
+case "$scenario" in
+  train)
+    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
+      set -- $t
+      start "$1" "$2" "$3" "$trainer" --closures 200
+    done
+    start chief chief 0 "$trainer" --closures 200
+    status_of "$pid_chief"; [[ $st == 0 ]] || fail "the chief did not exit 0"
+    check_training "$dir/chief.log" 200 0
+    for n in w0 w1 ps; do
+      eval "p=\$pid_$n"
+      status_of "$p"; [[ $st == 0 ]] || fail "$n did not exit 0 after its chief left"
+    done
+    ;;
+  worker-killed)
+    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
+      set -- $t
+      start "$1" "$2" "$3" "$trainer" --closures 200 --step-delay-ms 10
+    done
+    start chief chief 0 "$trainer" --closures 200 --step-delay-ms 10
+    wait_for "$dir/chief.log" '^closures [0-9]+/200' 30
+    pkill -KILL -P "$pid_w1"  # the worker itself, not the timeout that runs it
+    status_of "$pid_chief"; [[ $st == 0 ]] || fail "the chief did not exit 0 after losing a worker"
+    check_training "$dir/chief.log" 200 1
+    grep -q "lost /job:worker/replica:0/task:1" "$dir/chief.log" || fail "the chief did not log the lost worker"
+    status_of "$pid_w0"; [[ $st == 0 ]] || fail "worker 0 did not exit 0"
+    status_of "$pid_ps"; [[ $st == 0 ]] || fail "the ps task did not exit 0"
+    ;;
+  ps-killed)
+    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
+      set -- $t
+      start "$1" "$2" "$3" "$trainer" --closures 2000 --step-delay-ms 5
+    done
+    start chief chief 0 "$trainer" --closures 2000 --step-delay-ms 5
+    wait_for "$dir/chief.log" '^closures [0-9]+/2000' 30
+    killed=$(date +%s%N)
+    pkill -KILL -P "$pid_ps"
+    status_of "$pid_chief"
+    ms=$((($(date +%s%N) - killed) / 1000000))
+    [[ "$st" != 0 && "$st" != 124 ]] || fail "the chief exited $st (expected a failure of its own, not 0 or a timeout)"
+    grep -q "/job:ps/replica:0/task:0" "$dir/chief.log" || fail "the chief's error does not name the ps task"
+    [[ $ms -le 2000 ]] || fail "the chief took $ms ms to fail after the ps task died (at most 2000)"
+    echo "the chief failed $ms ms after the ps task was killed: $(grep 'ps_trainer:' "$dir/chief.log" | tail -n 1)"
+    for n in w0 w1; do
+      eval "p=\$pid_$n"
+      status_of "$p"
+      [[ "$st" != 124 ]] || fail "$n hung after its chief failed"
+    done
+    ;;
+  daemons)
+    for t in "w0 worker:0" "w1 worker:1" "ps ps:0"; do
+      set -- $t
+      timeout 60 "$daemon" --task "$2" --cluster "$(cluster)" --module "$module" >"$dir/$1.log" 2>&1 &
+      pids+=($!)
+      eval "pid_$1=$!"
+    done
+    for n in w0 w1 ps; do wait_for "$dir/$n.log" '^troupe-worker: ready ' 20; done
+    grep -q "functions: add, bump, counting, empty, fail, slow, take" "$dir/w0.log" || fail "the ready line lacks the module's functions"
+    TF_CONFIG="$(tf_config chief 0)" timeout 60 "$chief_bin" --mode basic >"$dir/chief.log" 2>&1
+    st=$?
+    [[ $st == 0 ]] || fail "the chief exited $st"
+    [[ "$(grep -c '^PASS' "$dir/chief.log")" == 5 ]] || fail "not every check of the chief passed"
+    for n in w0 w1 ps; do
+      grep -q "connected /job:chief/replica:0/task:0" "$dir/$n.log" || fail "$n did not log the chief connecting"
+      grep -q "left /job:chief/replica:0/task:0" "$dir/$n.log" || fail "$n did not log the chief leaving"
+      eval "p=\$pid_$n"
+      kill -TERM "$p"
+      status_of "$p"
+      [[ "$st" == 0 ]] || fail "$n exited $st on SIGTERM (expected 0)"
+      grep -q "^troupe-worker: stopped /job:" "$dir/$n.log" || fail "$n did not say it stopped"
+    done
+    ;;
+  wrong-token)
+    good=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    for t in "w0 worker:0 $good" "w1 worker:1 stranger-$good" "ps ps:0 $good"; do
+      set -- $t
+      TROUPE_CLUSTER_TOKEN="$3" timeout 60 "$daemon" --task "$2" --cluster "$(cluster)" --module "$module" \
+        >"$dir/$1.log" 2>&1 &
+      pids+=($!)
+      eval "pid_$1=$!"
+    done
+    for n in w0 w1 ps; do wait_for "$dir/$n.log" '^troupe-worker: ready ' 20; done
+    TROUPE_CLUSTER_TOKEN="$good" TF_CONFIG="$(tf_config chief 0)" timeout 60 "$chief_bin" --mode retry \
+      --closures 40 --slow-ms 1 >"$dir/chief.log" 2>&1
+    st=$?
+    [[ $st == 0 ]] || fail "the chief exited $st"
+    grep -q "result: closures=40 done=40 " "$dir/chief.log" || fail "not every closure was done"
+    grep -q "cannot reach /job:worker/replica:0/task:1" "$dir/chief.log" || fail "the chief did not log the refused worker"
+    grep -q "connected" "$dir/w1.log" && fail "the worker with the wrong token was heard"
+    grep -q "connected /job:chief/replica:0/task:0" "$dir/w0.log" || fail "worker 0 did not serve the chief"
+    ;;
+  two-hosts)
+    rm -rf "$dir"  # two_hosts.sh makes its own, and removes it with the namespaces
+    source "$(dirname "$0")/../common/two_hosts.sh" cl 37
+    token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    # The chief and worker 0 on host a, worker 1 and the ps task on host b.
+    cluster() {
+      echo "{\"chief\": [\"$net.1:$p3\"], \"worker\": [\"$net.1:$p0\", \"$net.2:$p1\"], \"ps\": [\"$net.2:$p2\"]}"
+    }
+    for t in "w0 worker 0 $a" "w1 worker 1 $b" "ps ps 0 $b" "chief chief 0 $a"; do
+      set -- $t
+      TROUPE_CLUSTER_TOKEN="$token" TF_CONFIG="$(tf_config "$2" "$3")" timeout 60 ip netns exec "$4" "$trainer" \
+        --closures 100 >"$dir/$1.log" 2>&1 &
+      pids+=($!)
+      eval "pid_$1=$!"
+    done
+    status_of "$pid_chief"; [[ $st == 0 ]] || fail "the chief did not exit 0"
+    check_training "$dir/chief.log" 100 0
+    for n in w0 w1 ps; do
+      eval "p=\$pid_$n"
+      status_of "$p"; [[ $st == 0 ]] || fail "$n did not exit 0"
+    done
+    ;;
+  no-chief)
+    TROUPE_START_TIMEOUT_MS=1000 start w0 worker 0 "$trainer"
+    status_of "$pid_w0"
+    [[ $st == 1 ]] || fail "the worker exited $st (expected 1)"
+    grep -q "Server: /job:worker/replica:0/task:0: no chief connected within 1000 ms" "$dir/w0.log" ||
+      fail "the worker did not say why it stopped"
+    ;;
+  *)
+    echo "run_cluster.sh: unknown scenario $scenario" >&2
+    exit 2
+    ;;
+esac
+echo "PASSED: $scenario"

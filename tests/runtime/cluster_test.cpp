@@ -1,0 +1,205 @@
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../common/free_port.hpp"
+#include "distribute/remote_wire.hpp"
+#include "test_util.hpp"
+#include "troupe/troupe.hpp"
+
+using namespace troupe;
+using namespace troupe::distribute;
+using troupe::testing::contains;
+using troupe::testing::message_of;
+namespace wire = troupe::distribute::detail;
+
+TEST_CASE("remote values: tensors and per-worker iterators survive the wire bit for bit") {
+  std::vector<FunctionContext::Argument> args(3);
+  args[0].tensor = Tensor::from_vector<float>({1.5f, -2.0f, 3.25f, 0.0f}, {2, 2});
+  args[1].iterator = 7;
+  args[1].dataset_function = "mnist";
+  args[2].tensor = Tensor::scalar<std::int64_t>(-42);
+  auto back = wire::decode_arguments(wire::encode_arguments(args));
+  REQUIRE(back.size() == 3);
+  CHECK(back[0].tensor.shape() == Shape{2, 2});
+  CHECK(back[0].tensor.to_vector<float>() == std::vector<float>{1.5f, -2.0f, 3.25f, 0.0f});
+  CHECK(back[1].iterator == 7);
+  CHECK(back[1].dataset_function == "mnist");
+  CHECK(back[2].tensor.item<std::int64_t>() == -42);
+  auto empty = wire::decode_tensors(wire::encode_tensors({Tensor::zeros({0, 3}, DType::f64)}));
+  REQUIRE(empty.size() == 1);
+  CHECK(empty[0].shape() == Shape{0, 3});
+  CHECK(empty[0].dtype() == DType::f64);
+}
+
+TEST_CASE("remote values: a truncated, oversized or inconsistent message is refused naming what is wrong") {
+  const std::string good = wire::encode_tensors({Tensor::from_vector<float>({1, 2, 3}, {3})});
+  for (std::size_t n = 0; n < good.size(); ++n) {
+    CHECK_THROWS_AS(wire::decode_tensors(good.substr(0, n)), std::invalid_argument);
+  }
+  CHECK(contains(message_of([&] { wire::decode_tensors(good + "x"); }), "1 bytes are left over"));
+  // The tensor claims 4 elements' bytes for a shape of 3.
+  std::string lying = good;
+  const std::size_t nbytes_at = 4 + 4 + 1 + 1 + 8;
+  std::uint64_t wrong = 16;
+  std::memcpy(lying.data() + nbytes_at, &wrong, sizeof wrong);
+  CHECK(contains(message_of([&] { wire::decode_tensors(lying); }), "16 bytes for a float32 tensor of 3 elements"));
+  // A dtype that does not exist, and a count far beyond the bytes.
+  std::string bad_dtype = good;
+  bad_dtype[8] = 9;
+  CHECK(contains(message_of([&] { wire::decode_tensors(bad_dtype); }), "dtype 9 is unknown"));
+  std::string huge = good;
+  std::uint32_t count = 0xffffffffu;
+  std::memcpy(huge.data() + 4, &count, sizeof count);
+  CHECK(contains(message_of([&] { wire::decode_tensors(huge); }), "tensor count 4294967295 is above"));
+  // A shape whose size overflows.
+  std::string overflow = wire::encode_tensors({Tensor::zeros({2, 2})});
+  std::int64_t big = std::int64_t{1} << 62;
+  std::memcpy(overflow.data() + 10, &big, sizeof big);
+  std::memcpy(overflow.data() + 18, &big, sizeof big);
+  CHECK(contains(message_of([&] { wire::decode_tensors(overflow); }), "overflows"));
+  CHECK(contains(message_of([&] { wire::decode_arguments(good); }), "does not start with this message kind"));
+}
+
+TEST_CASE("remote values: a variable table whose shards do not add up to the variable is refused") {
+  wire::VariableTable t;
+  t.ps.push_back({"/job:ps/replica:0/task:0", "127.0.0.1", 2222});
+  t.variables.push_back(ShardedVariable{"w", {5, 2}, DType::f32, {{0, 3, "w/part_0"}, {0, 2, "w/part_1"}}});
+  auto back = wire::decode_table(wire::encode_table(t));
+  REQUIRE(back.variables.size() == 1);
+  CHECK(back.variables[0].shards[1].key == "w/part_1");
+  t.variables[0].shards[1].rows = 1;
+  CHECK(contains(message_of([&] { wire::decode_table(wire::encode_table(t)); }), "hold 4 rows of 5"));
+  t.variables[0].shards[1] = {3, 2, "w/part_1"};
+  CHECK(contains(message_of([&] { wire::decode_table(wire::encode_table(t)); }), "on ps task 3 of 1"));
+}
+
+TEST_CASE("partitioners split axis 0 as TensorFlow's do") {
+  CHECK(FixedShardsPartitioner(3)({10, 4}, DType::f32) == std::vector<int>{3, 1});
+  CHECK(FixedShardsPartitioner(8)({5, 4}, DType::f32) == std::vector<int>{5, 1});  // at most one row each
+  CHECK_THROWS_AS(FixedShardsPartitioner(0), std::invalid_argument);
+  // 1024 x 256 float32 = 1 MiB.
+  CHECK(MinSizePartitioner(256 << 10, 8)({1024, 256}, DType::f32) == std::vector<int>{4, 1});
+  CHECK(MinSizePartitioner(256 << 10, 2)({1024, 256}, DType::f32) == std::vector<int>{2, 1});
+  CHECK(MinSizePartitioner(4 << 20, 8)({1024, 256}, DType::f32) == std::vector<int>{1, 1});
+  CHECK(MaxSizePartitioner(300 << 10)({1024, 256}, DType::f32) == std::vector<int>{4, 1});
+  CHECK(MaxSizePartitioner(300 << 10, 2)({1024, 256}, DType::f32) == std::vector<int>{2, 1});
+  CHECK(MaxSizePartitioner(1)({3}, DType::f64) == std::vector<int>{3});
+  CHECK(contains(message_of([] { MaxSizePartitioner(0); }), "max_shard_bytes 0"));
+}
+
+TEST_CASE("a function registry refuses duplicate names and names a module it cannot load") {
+  FunctionRegistry r;
+  r.add("step", [](FunctionContext&) { return std::vector<Tensor>{}; });
+  r.add_dataset("data", [] { return data::Dataset::range(3); });
+  CHECK(contains(message_of([&] { r.add("step", [](FunctionContext&) { return std::vector<Tensor>{}; }); }),
+                 "'step' is registered already"));
+  CHECK(contains(message_of([&] { r.add_dataset("step", [] { return data::Dataset::range(1); }); }),
+                 "'step' is registered already"));
+  CHECK(r.names() == std::vector<std::string>{"data", "step"});
+  CHECK(r.find("data") == nullptr);
+  CHECK(r.find_dataset("data") != nullptr);
+  CHECK(contains(message_of([&] { r.load_module("/nonexistent/libsteps.so"); }),
+                 "cannot load module '/nonexistent/libsteps.so'"));
+}
+
+TEST_CASE("a Server refuses a chief task and a cluster beyond loopback without a token") {
+  Runtime rt;
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {"127.0.0.1:1"}}, {"worker", {"10.1.2.3:2222"}}, {"ps", {"10.1.2.4:2222"}}});
+  ServerOptions o;
+  CHECK(contains(message_of([&] { Server s(rt, spec, "chief", 0, {}, o); }), "runs no Server"));
+  CHECK(contains(message_of([&] { Server s(rt, spec, "worker", 0, {}, o); }),
+                 "the cluster spans more than loopback (10.1.2.4:2222) and TROUPE_CLUSTER_TOKEN is empty"));
+  CHECK_THROWS_AS(Server(rt, spec, "worker", 3, {}, o), std::out_of_range);
+}
+
+TEST_CASE("a coordinator schedules onto in-process servers, shards variables over two ps tasks and names failures") {
+  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
+  ClusterSpec spec(ClusterSpec::JobMap{
+      {"chief", {port()}}, {"worker", {port()}}, {"ps", {port(), port()}}});
+  FunctionRegistry functions;
+  functions.add("scale", [](FunctionContext& ctx) {
+    Tensor w = ctx.read_variable("w");
+    ctx.assign_add("w", w * ctx.arg(0).item<float>());
+    return std::vector<Tensor>{w};
+  });
+  functions.add("throw", [](FunctionContext&) -> std::vector<Tensor> { throw std::runtime_error("bad batch"); });
+  // Both variables at once, each shard's read and update in flight together.
+  functions.add("step", [](FunctionContext& ctx) {
+    auto vs = ctx.read_variables({"w", "b"});
+    ctx.assign_sub({"w", "b"}, {vs[0] * 0.5f, vs[1] * 0.5f});
+    ctx.assign_sub(std::vector<std::string>{"w"}, std::vector<Tensor>{});  // one value per name, or nothing is sent
+    return vs;
+  });
+  ServerOptions o;
+  Runtime worker_rt, ps0_rt, ps1_rt, chief_rt;
+  Server worker(worker_rt, spec, "worker", 0, functions, o);
+  Server ps0(ps0_rt, spec, "ps", 0, {}, o);
+  std::optional<Server> ps1;
+  ps1.emplace(ps1_rt, spec, "ps", 1, FunctionRegistry{}, o);
+  {
+    auto resolver = std::make_shared<SimpleClusterResolver>(spec, "chief", 0);
+    ParameterServerStrategy strategy(chief_rt, resolver, std::make_shared<FixedShardsPartitioner>(2), o);
+    ClusterCoordinator coordinator(strategy);
+    auto v = strategy.create_variable("w", Tensor::from_vector<float>({1, 2, 3}, {3, 1}));
+    REQUIRE(v.shards.size() == 2);
+    CHECK(v.shards[0].ps == 0);
+    CHECK(v.shards[1].ps == 1);
+    CHECK(v.shards[0].rows == 2);  // the first rows % n shards take one row more
+    CHECK(v.shards[1].rows == 1);
+    auto r = coordinator.schedule("scale", 1.0f);
+    CHECK(coordinator.fetch(r).at(0).to_vector<float>() == std::vector<float>{1, 2, 3});
+    coordinator.join();
+    CHECK(strategy.read_variable("w").to_vector<float>() == std::vector<float>{2, 4, 6});
+    CHECK(contains(message_of([&] { strategy.create_variable("w", Tensor::zeros({1})); }), "exists already"));
+    strategy.create_variable("b", Tensor::from_vector<float>({8, 8, 8, 8}, {4}));
+    auto step = coordinator.schedule("step");
+    CHECK(contains(message_of([&] { coordinator.join(); }), "1 names and 0 values (expected one value per name)"));
+    CHECK_THROWS_AS(coordinator.fetch(step), troupe::Error);  // after the first updates were applied
+    CHECK(strategy.read_variable("w").to_vector<float>() == std::vector<float>{1, 2, 3});
+    CHECK(strategy.read_variable("b").to_vector<float>() == std::vector<float>{4, 4, 4, 4});
+
+    coordinator.schedule("throw");
+    CHECK(contains(message_of([&] { coordinator.join(); }),
+                   "function 'throw' failed on /job:worker/replica:0/task:0: bad batch"));
+    CHECK(coordinator.done());
+    CHECK(coordinator.closures_done() == 3);
+    CHECK(coordinator.closures_retried() == 0);
+
+    // A ps task that goes away fails join and the chief's own reads at once, naming it.
+    ps1.reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string lost;
+    while (lost.empty() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2)) {
+      lost = message_of([&] { coordinator.done(); });  // empty until the loss is known
+      if (lost.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    CHECK(contains(lost, "ps task /job:ps/replica:0/task:1 is lost"));
+    CHECK(contains(message_of([&] { coordinator.join(); }), "ps task /job:ps/replica:0/task:1 is lost"));
+    CHECK(contains(message_of([&] { strategy.read_variable("w"); }), "/job:ps/replica:0/task:1"));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  }
+}
+
+TEST_CASE("a ps shard applies updates in place and refuses one that does not fit") {
+  std::string shard = wire::encode_tensor(Tensor::from_vector<float>({1, 2, 3, 4}, {2, 2}));
+  CHECK_FALSE(wire::update_in_place(shard, 1, wire::encode_tensor(Tensor::from_vector<float>({1, 1, 1, 1}, {2, 2}))));
+  CHECK_FALSE(wire::update_in_place(shard, 2, wire::encode_tensor(Tensor::from_vector<float>({0, 0, 0, 0.5f}, {2, 2}))));
+  CHECK(wire::decode_tensor(shard).to_vector<float>() == std::vector<float>{2, 3, 4, 4.5f});
+  auto bad = wire::update_in_place(shard, 1, wire::encode_tensor(Tensor::from_vector<float>({1, 1}, {2})));
+  REQUIRE(bad);
+  CHECK(contains(*bad, "shapes and dtypes must match"));
+  CHECK(wire::update_in_place(shard, 7, shard)->find("operation 7 is unknown") != std::string::npos);
+  std::string ints = wire::encode_tensor(Tensor::from_vector<std::int64_t>({5, -5}, {2}));
+  CHECK_FALSE(wire::update_in_place(ints, 2, wire::encode_tensor(Tensor::from_vector<std::int64_t>({7, 7}, {2}))));
+  CHECK(wire::decode_tensor(ints).to_vector<std::int64_t>() == std::vector<std::int64_t>{-2, -12});
+  CHECK_FALSE(wire::update_in_place(ints, 0, wire::encode_tensor(Tensor::from_vector<std::int64_t>({9, 9}, {2}))));
+  CHECK(wire::decode_tensor(ints).to_vector<std::int64_t>() == std::vector<std::int64_t>{9, 9});
+  CHECK_THROWS_AS(wire::update_in_place(ints, 1, "junk"), std::invalid_argument);
+}

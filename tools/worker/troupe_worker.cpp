@@ -1,0 +1,107 @@
+// troupe-worker: a daemon that serves one task of a cluster (a worker, which runs the functions a
+// ClusterCoordinator schedules, or a ps task, which holds variable shards) for training programs
+// that come later. Functions come from shared libraries that define TROUPE_MODULE.
+//
+//   troupe-worker --task worker:0 --module ./libsteps.so            # cluster from TF_CONFIG
+//   troupe-worker --task ps:0 --cluster '{"worker": ["h1:2222"], "ps": ["h2:2222"]}'
+//
+// It prints one line when it is ready and one per peer that connects, leaves or is lost; SIGTERM
+// (or SIGINT) stops it cleanly.
+#include <pthread.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "troupe/troupe.hpp"
+
+namespace td = troupe::distribute;
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe-worker: serves one task (worker or ps) of a troupe cluster"};
+  std::string task;
+  std::string cluster;
+  std::vector<std::string> modules;
+  app.add_option("--task", task, "TYPE:INDEX, e.g. worker:0 or ps:1 (default: TF_CONFIG's task)");
+  app.add_option("--cluster", cluster,
+                 "the cluster as TF_CONFIG's \"cluster\" value (default: TF_CONFIG's cluster)");
+  app.add_option("--module", modules, "a shared library whose TROUPE_MODULE registers functions (repeatable)");
+  CLI11_PARSE(app, argc, argv);
+
+  // Every thread started from here on (the actor system's) leaves SIGTERM and SIGINT to the one
+  // thread that waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  std::mutex out;
+  auto say = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(out);
+    std::cout << "troupe-worker: " << line << std::endl;
+  };
+  try {
+    std::string type;
+    int index = 0;
+    td::ClusterSpec spec;
+    if (!cluster.empty() || !task.empty()) {
+      const char* env = std::getenv("TF_CONFIG");
+      std::string cluster_json = cluster;
+      if (cluster_json.empty()) {
+        if (env == nullptr || *env == '\0') throw std::invalid_argument("--task needs --cluster or TF_CONFIG");
+        cluster_json = td::TFConfigClusterResolver(env).cluster_spec().as_json();
+      }
+      const auto colon = task.find(':');
+      if (task.empty() || colon == std::string::npos) {
+        throw std::invalid_argument("--task " + task + " is not TYPE:INDEX (e.g. worker:0)");
+      }
+      type = task.substr(0, colon);
+      try {
+        index = std::stoi(task.substr(colon + 1));
+      } catch (const std::exception&) {
+        throw std::invalid_argument("--task " + task + ": the index is not a number");
+      }
+      // The resolver checks the cluster and the task as TF_CONFIG would.
+      td::TFConfigClusterResolver r("{\"cluster\": " + cluster_json + ", \"task\": {\"type\": \"" + type +
+                                    "\", \"index\": " + std::to_string(index) + "}}");
+      spec = r.cluster_spec();
+    } else {
+      td::TFConfigClusterResolver r;
+      spec = r.cluster_spec();
+      type = r.task_type();
+      index = r.task_id();
+    }
+    td::FunctionRegistry functions;
+    for (const auto& m : modules) functions.load_module(m);
+    std::string names;
+    for (const auto& n : functions.names()) names += (names.empty() ? "" : ", ") + n;
+
+    troupe::Runtime runtime;
+    auto options = td::ServerOptions::from_environment();
+    options.log = say;
+    td::Server server(runtime, spec, type, index, std::move(functions), options);
+    say("ready " + server.task() + " on " + server.target() + " (functions: " + (names.empty() ? "none" : names) +
+        ")");
+
+    std::thread waiter([&] {
+      int sig = 0;
+      sigwait(&stop_signals, &sig);
+      say(std::string("stopping on ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT"));
+      server.stop();
+    });
+    server.join();
+    // The waiter is still in sigwait when join returned another way: wake it.
+    pthread_kill(waiter.native_handle(), SIGTERM);
+    waiter.join();
+    say("stopped " + server.task());
+  } catch (const std::exception& e) {
+    std::cerr << "troupe-worker: " << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}
