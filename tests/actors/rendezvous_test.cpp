@@ -309,7 +309,7 @@ TEST_CASE("a worker that speaks another protocol version fails every worker, nam
   for (const auto& r : results) CHECK(r.find(expected) != std::string::npos);
 }
 
-TEST_CASE("a worker with another cluster token never reaches the chief: it is missing, and names the token; the proof is HMAC-SHA256 (RFC 4231)") {
+TEST_CASE("a worker with another cluster token never reaches the chief: it is missing, and names the token - the proof is HMAC-SHA256 (RFC 4231)") {
   auto options = cluster(2);
   options[1].token = "guess";
   for (auto& o : options) o.timeout = 800ms;

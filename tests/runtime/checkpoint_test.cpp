@@ -299,7 +299,7 @@ TEST_CASE("CheckpointManager keeps the last K checkpoints, ordered by step") {
   CHECK_THROWS_AS(manager.save(-1), std::invalid_argument);
 }
 
-TEST_CASE("an application's log sink receives the damaged-checkpoint warning; the level filters it") {
+TEST_CASE("an application's log sink receives the damaged-checkpoint warning - the level filters it") {
   temp_dir dir;
   Variable w(Tensor::from_vector<float>({0, 0}), "w");
   CheckpointManager manager(Checkpoint({{"w", w}}), dir.path.string(), 5);
@@ -329,7 +329,7 @@ TEST_CASE("an application's log sink receives the damaged-checkpoint warning; th
   CHECK(got[0].level == LogLevel::warning);
   CHECK(got[0].message ==
         "CheckpointManager: skipping a damaged checkpoint, checkpoint " + dir.file("ckpt-2.ckpt") +
-            ": empty file; trying an older one");
+            ": empty file (0 bytes), not a troupe checkpoint; trying an older one");
   CHECK(err_text.empty());  // nothing went to stderr while the application's sink was set
   CHECK(parse_log_level("debug") == LogLevel::debug);
   CHECK(contains(message_of([] { parse_log_level("loud"); }), "\"loud\" is not one of debug, info, warning, error, off"));

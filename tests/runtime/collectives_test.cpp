@@ -181,7 +181,7 @@ TEST_CASE("strategy reduce matches the replicas' own all_reduce bit for bit") {
   CHECK(s.reduce(ReduceOp::sum, values, std::nullopt).equals(reduced[0]));
 }
 
-TEST_CASE("a large all_reduce hands every replica one shared result; small ones and the next steps stay right") {
+TEST_CASE("a large all_reduce hands every replica one shared result - small ones and the next steps stay right") {
   Runtime rt;
   MirroredStrategy s(rt, cpus(4));
   for (int step = 0; step < 3; ++step) {

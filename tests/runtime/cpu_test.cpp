@@ -81,7 +81,7 @@ void check_gemm(const cpu::kernel_table& table, std::int64_t m, std::int64_t n, 
 
 }  // namespace
 
-TEST_CASE("the CPU kernel path: the widest the CPU runs unless TROUPE_CPU names one; bad values name the variable") {
+TEST_CASE("the CPU kernel path: the widest the CPU runs unless TROUPE_CPU names one - bad values name the variable") {
   const cpu::cpu_features none{};
   const cpu::cpu_features avx2{true, false};
   const cpu::cpu_features all{true, true};
@@ -202,7 +202,7 @@ TEST_CASE_TEMPLATE("optimizer updates give the same bits on every CPU path", T, 
   }
 }
 
-TEST_CASE("intra-op threads: a replica gets the cores the others leave; parallel_for runs every part once") {
+TEST_CASE("intra-op threads: a replica gets the cores the others leave - parallel_for runs every part once") {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   if (std::getenv("TROUPE_INTRA_OP_THREADS") == nullptr) {
     CHECK(cpu::intra_op_threads_for(1) == cores);

@@ -93,7 +93,7 @@ TEST_CASE("files_dataset refuses bad arguments and names a bad file when the pas
   CHECK(contains(message_of([&] { it.get_next(); }), "missing.csv"));
 }
 
-TEST_CASE("AutoShardPolicy::file needs a dataset that reads files; on one worker it reads them all") {
+TEST_CASE("AutoShardPolicy::file needs a dataset that reads files - on one worker it reads them all") {
   Runtime rt;
   MirroredStrategy s(rt, cpus(2));
   InputOptions file;

@@ -148,7 +148,7 @@ TEST_CASE("GradientTape watches variable reads while it records, sums repeated r
   CHECK(contains(message_of([&] { tape.gradient(Tensor::scalar<std::int64_t>(1), a); }), "expected float32 or float64"));
 }
 
-TEST_CASE("GradientTape: a non-persistent tape answers once; nested tapes record in the innermost") {
+TEST_CASE("GradientTape: a non-persistent tape answers once - nested tapes record in the innermost") {
   Variable a(Tensor::from_vector(std::vector<double>{3}), "a");
   GradientTape outer;
   const Tensor y_outer = a.value() * 2.0;

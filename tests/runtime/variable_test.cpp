@@ -246,7 +246,7 @@ TEST_CASE("outside the scope: an on_read SUM metric over 3 replicas reads the su
   for (const Tensor& c : s.experimental_local_results(*metric)) CHECK(c.item<float>() == 10.0f);
 }
 
-TEST_CASE("outside the scope: a mirrored variable reads its first component; assign writes every component") {
+TEST_CASE("outside the scope: a mirrored variable reads its first component - assign writes every component") {
   Runtime rt;
   MirroredStrategy s(rt, cpus(3));
   std::optional<Variable> w;

@@ -199,7 +199,7 @@ TEST_CASE("mismatched buffers are refused by every rank before any byte moves") 
 
 TEST_CASE("shm_group refuses a size below one") { CHECK_THROWS_AS(shm_group(0, 0us), std::invalid_argument); }
 
-TEST_CASE("a fused all_reduce with shared_output writes rank 0's output only; a small one every rank's") {
+TEST_CASE("a fused all_reduce with shared_output writes rank 0's output only - a small one every rank's") {
   for (int n : {2, 3, 4}) {
     for (std::size_t count : {std::size_t{8}, std::size_t{300001}}) {
       CAPTURE(n);
