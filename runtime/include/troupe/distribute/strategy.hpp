@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -47,6 +48,8 @@ class StrategyBackend {
   virtual Runtime* runtime() { return nullptr; }
   /// The workers this strategy spans (one, for single-process strategies).
   virtual WorkerGroup& workers() const = 0;
+  /// The size of Model::train_step's gradient buckets; 0: one all-reduce after the backward pass.
+  virtual std::size_t gradient_bucket_bytes() const { return 0; }
 
   /// Replicas over all workers (every worker has as many as this one).
   int num_replicas_in_sync() const;
