@@ -11,6 +11,7 @@
 //   mlp_classifier --idx-images train-images-idx3-ubyte --idx-labels train-labels-idx1-ubyte
 //   mlp_classifier --checkpoint-dir /tmp/mlp --checkpoint-every 50   # then again with --resume
 //   mlp_classifier --cached-batches                      # training alone, input cost taken out
+//   troupe-launch -n 2 --devices-per-worker 2 -- mlp_classifier --multi-worker   # 2 workers x 2 replicas
 //
 // The last line is for scripts (bench/training_bench.sh):
 //   result: replicas=4 batch=256 input=pipeline steps=640 samples_per_s=... allreduce_share=... exposed_share=...
@@ -67,6 +68,7 @@ struct Flags {
   double min_accuracy = 0.0;
   bool quiet = false;
   bool cached_batches = false;
+  bool multi_worker = false;
 };
 
 // The command line, with the defaults of Flags.
@@ -119,6 +121,9 @@ void add_options(CLI::App& app, Flags& f) {
   app.add_flag("--cached-batches", f.cached_batches,
                "keep the first epoch's global batches in memory and repeat them (tf.data's cache()): the "
                "per-step input cost drops to splitting a batch, for measuring training alone");
+  app.add_flag("--multi-worker", f.multi_worker,
+               "train as one worker of a MultiWorkerMirroredStrategy (TF_CONFIG says who is who, "
+               "TROUPE_DEVICES_PER_WORKER how many replicas each worker runs; --replicas is ignored)");
 }
 
 std::vector<std::string> cpus(int n) {
@@ -256,7 +261,14 @@ int run(const Flags& f) {
   if (!f.checkpoint_dir.empty() && !loaded.label_names.empty()) save_label_names(f, loaded.label_names);
 
   Runtime rt;
-  MirroredStrategy strategy(rt, cpus(f.replicas));
+  // One process, or one worker of several (TF_CONFIG, TROUPE_DEVICES_PER_WORKER replicas each).
+  std::unique_ptr<Strategy> owned_strategy;
+  if (f.multi_worker) {
+    owned_strategy = std::make_unique<MultiWorkerMirroredStrategy>(rt);
+  } else {
+    owned_strategy = std::make_unique<MirroredStrategy>(rt, cpus(f.replicas));
+  }
+  Strategy& strategy = *owned_strategy;
   auto scope = strategy.scope();
   nn::Model model(nn::Sequential({nn::Dense(inputs, f.hidden, nn::Activation::relu, f.seed),
                                   nn::Dense(f.hidden, f.hidden, nn::Activation::relu, f.seed + 1),
@@ -333,7 +345,7 @@ int run(const Flags& f) {
             << " examples), loss " << std::setprecision(6) << train.loss << "\n";
   std::cout << std::setprecision(0) << "throughput " << throughput << " samples/s (median over epochs), all-reduce "
             << std::setprecision(1) << 100 * share << "% of training time (exposed " << 100 * exposed_share << "%)\n";
-  std::cout << std::setprecision(4) << "result: replicas=" << f.replicas << " batch=" << f.batch
+  std::cout << std::setprecision(4) << "result: replicas=" << strategy.num_replicas_in_sync() << " batch=" << f.batch
             << " input=" << (f.cached_batches ? "cached" : "pipeline")
             << " steps=" << history.steps << " samples_per_s=" << std::setprecision(0) << throughput
             << " allreduce_share=" << std::setprecision(4) << share << " exposed_share=" << exposed_share

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -146,4 +147,56 @@ TEST_CASE("bucketed gradient all-reduce: replicas whose buckets differ fail with
     return std::vector<float>{big.to_vector<float>().front(), big.to_vector<float>().back(), small.to_vector<float>()[1]};
   });
   for (const auto& v : s.experimental_local_results(sums)) CHECK(v == std::vector<float>{3.0f, 3.0f, 1.0f});
+}
+
+TEST_CASE("GradientTape::gradient with an all-reduce: the bits of all_reduce(gradient(...)), for every bucket size") {
+  // Per replica: the tape's gradients all-reduced in buckets while it differentiates, and the
+  // plain gradients all-reduced afterwards, over the bytes of each.
+  auto run = [](int bucket_bytes, ReduceOp op) {
+    RuntimeOptions options;
+    options.gradient_bucket_bytes = bucket_bytes;
+    Runtime rt(options);
+    MirroredStrategy s(rt, cpus(3));
+    auto scope = s.scope();
+    nn::Sequential model({nn::Dense(20, 16, nn::Activation::relu, 1), nn::Dense(16, 8, nn::Activation::relu, 2),
+                          nn::Dense(8, 3, nn::Activation::none, 3)});
+    std::vector<Variable> sources = model.trainable_variables();
+    sources.emplace_back(Tensor::zeros({5}), "unused");  // the loss does not depend on it: zeros
+    auto out = s.run([&] {
+      const int id = get_replica_context()->replica_id_in_sync_group();
+      const Tensor x = nn::glorot_uniform(6, 20, 70 + static_cast<std::uint64_t>(id)) * 3.0f;
+      const Tensor y = Tensor::from_vector(std::vector<std::int64_t>{0, 1, 2, id % 3, 1, 0}, {6});
+      std::vector<Tensor> bucketed, plain;
+      {
+        GradientTape tape;
+        const Tensor loss = nn::compute_average_loss(nn::sparse_softmax_cross_entropy_per_example(model.forward(x), y), 18);
+        bucketed = tape.gradient(loss, sources, op);
+      }
+      {
+        GradientTape tape;
+        const Tensor loss = nn::compute_average_loss(nn::sparse_softmax_cross_entropy_per_example(model.forward(x), y), 18);
+        plain = get_replica_context()->all_reduce(op, tape.gradient(loss, sources));
+      }
+      Bits a, b;
+      for (const Tensor& t : bucketed) append_bits(a, t);
+      for (const Tensor& t : plain) append_bits(b, t);
+      return std::make_pair(a, b);
+    });
+    return s.experimental_local_results(out);
+  };
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::mean}) {
+    for (int bytes : {0, 100, 700, 1 << 30}) {
+      CAPTURE(bytes);
+      const auto results = run(bytes, op);
+      REQUIRE(results.size() == 3);
+      for (const auto& [bucketed, plain] : results) {
+        CHECK(bucketed == plain);
+        CHECK(bucketed == results.front().first);  // every replica the same sums
+      }
+      // The sums are not all zeros (a comparison of zeros could not fail); the unused one is.
+      const Bits& first = results.front().first;
+      CHECK(std::any_of(first.front().begin(), first.front().end(), [](unsigned char c) { return c != 0; }));
+      CHECK(std::all_of(first.back().begin(), first.back().end(), [](unsigned char c) { return c == 0; }));
+    }
+  }
 }

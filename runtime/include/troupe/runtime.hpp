@@ -29,9 +29,12 @@ struct RuntimeOptions {
   /// Model::train_step all-reduces its gradients in buckets of about this many bytes, in reverse
   /// layer order, each started as soon as the backward pass has produced it, so that the sums
   /// run while earlier layers are still differentiated (a tensor larger than this is a bucket of
-  /// its own). 0: every gradient in one all-reduce after the backward pass. The results are the
-  /// same bits either way. MultiWorkerMirroredStrategy's CommunicationOptions::bytes_per_pack,
-  /// when set, takes its place. -1: TROUPE_GRADIENT_BUCKET_BYTES, else default_gradient_bucket_bytes.
+  /// its own). 0: every gradient in one all-reduce after the backward pass. Among the replicas of
+  /// one process, and across two workers, the results are the same bits either way; across more
+  /// workers the ring adds in an order that follows the buckets (the same bits on every worker).
+  /// MultiWorkerMirroredStrategy's CommunicationOptions::bytes_per_pack, when set, takes its place;
+  /// GPU replicas (NCCL) ignore it. -1: TROUPE_GRADIENT_BUCKET_BYTES, else
+  /// default_gradient_bucket_bytes.
   int gradient_bucket_bytes = -1;
 
   /// The defaults, with the TROUPE_* environment applied; a malformed value throws

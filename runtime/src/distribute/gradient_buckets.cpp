@@ -227,9 +227,16 @@ void GradientBuckets::settle() {
   }
 }
 
-std::vector<Tensor> GradientBuckets::wait(int, std::size_t index, const Device& device,
+std::vector<Tensor> GradientBuckets::wait(int replica, std::size_t index, const Device& device,
                                           std::chrono::nanoseconds& exposed) {
   const auto begin = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (index >= next_[static_cast<std::size_t>(replica)]) {
+      throw std::logic_error("wait_all_reduce: bucket " + std::to_string(index) + " was not started by replica " +
+                             std::to_string(replica) + " in this step");
+    }
+  }
   bucket& b = at(index);
   const auto spin_until = begin + spin_;
   for (;;) {

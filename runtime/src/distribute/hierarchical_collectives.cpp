@@ -143,7 +143,11 @@ Tensor HierarchicalCollectives::all_gather(int replica, const Tensor& value, int
 
 void HierarchicalCollectives::merge(int replica, const void* mine,
                                     const std::function<void(const std::vector<const void*>&)>& on_first) {
-  local_.merge(replica, mine, on_first);
+  // on_first may reach the ring (a cross-worker reduce): the started buckets go first.
+  local_.merge(replica, mine, [&](const std::vector<const void*>& all) {
+    local_.buckets().settle();
+    on_first(all);
+  });
 }
 
 }  // namespace troupe::distribute::detail

@@ -50,7 +50,9 @@ class MirroredBackend : public StrategyBackend {
   CrossDeviceOps& cross_device_ops() override { return *ops_; }
   Runtime* runtime() override { return runtime_; }
   WorkerGroup& workers() const override { return local_workers_; }
+  // GPU replicas all-reduce through NCCL, which has no bucket stage: one all-reduce after backward.
   std::size_t gradient_bucket_bytes() const override {
+    if (nccl_) return 0;
     return static_cast<std::size_t>(std::max(0, runtime_->options().gradient_bucket_bytes));
   }
 

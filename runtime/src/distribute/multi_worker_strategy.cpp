@@ -130,6 +130,7 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
   detail::WorkerGroup& workers() const override { return *workers_; }
   // CommunicationOptions::bytes_per_pack sizes the gradient buckets too, when it is set.
   std::size_t gradient_bucket_bytes() const override {
+    if (gpu_) return 0;
     return bytes_per_pack_ > 0 ? bytes_per_pack_ : MirroredBackend::gradient_bucket_bytes();
   }
 

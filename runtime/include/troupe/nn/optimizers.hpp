@@ -74,8 +74,8 @@ class Optimizer {
     return std::chrono::nanoseconds(all_reduce_ns_.load(std::memory_order_relaxed));
   }
   /// The part of all_reduce_time() that the backward pass did not hide: replica 0's waits for
-  /// gradient buckets counted from the moment every replica had started the bucket (waiting for
-  /// a replica that is still differentiating is not counted). Only Model::train_step's bucketed
+  /// gradient buckets from the moment every replica of its worker had started the bucket (a wait
+  /// for a local replica still differentiating is not counted). Only Model::train_step's bucketed
   /// all-reduce (RuntimeOptions::gradient_bucket_bytes) measures it; for benchmarks.
   std::chrono::nanoseconds exposed_all_reduce_time() const noexcept {
     return std::chrono::nanoseconds(exposed_ns_.load(std::memory_order_relaxed));
