@@ -9,7 +9,9 @@
 # ordinary collective; "after-backward=1073741824" is one bucket holding every gradient, started
 # when the backward pass ends (the same timing, measured by the bucket clock); the others are
 # buckets of that many bytes in reverse layer order, started while earlier layers are still
-# differentiated.
+# differentiated. For the default MLP the gradients in backward order are 40 B, 10 KiB | 1 KiB,
+# 256 KiB | 1 KiB, 784 KiB: "per-tensor=1" makes 6 buckets, "256KiB" 4 (any size from 12 KiB to
+# 268 KiB gives these), "1MiB" 2 (everything but the first layer's kernel, then that kernel).
 #
 # Columns, per run the medians over epochs, then the median over rounds and the range:
 # - samples/s;
@@ -20,14 +22,15 @@
 #
 #   bench/overlap_bench.sh [BUILD_DIR]
 #   env: ROUNDS=3 EPOCHS=4 BATCH=256 FEATURES=784 HIDDEN=256 CLASSES=10
-#        SETTINGS="unbucketed=0 after-backward=1073741824 256KiB=262144 64KiB=65536" LAYOUTS="4x1 2x2"
+#        SETTINGS="unbucketed=0 after-backward=1073741824 1MiB=1048576 256KiB=262144 per-tensor=1"
+#        LAYOUTS="4x1 2x2"
 set -euo pipefail
 build_dir=${1:-build}
 bin="$build_dir/examples/mlp_classifier"
 [[ -x "$bin" ]] || { echo "overlap_bench: $bin not found" >&2; exit 2; }
 rounds=${ROUNDS:-3}
 epochs=${EPOCHS:-4}
-settings=${SETTINGS:-"unbucketed=0 after-backward=1073741824 256KiB=262144 64KiB=65536"}
+settings=${SETTINGS:-"unbucketed=0 after-backward=1073741824 1MiB=1048576 256KiB=262144 per-tensor=1"}
 layouts=${LAYOUTS:-"4x1 2x2"}
 common=(--quiet --cached-batches --optimizer sgd --lr 0.05 --batch "${BATCH:-256}" --epochs "$epochs" --samples 16384
         --features "${FEATURES:-784}" --hidden "${HIDDEN:-256}" --classes "${CLASSES:-10}")
