@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -199,4 +200,22 @@ TEST_CASE("GradientTape::gradient with an all-reduce: the bits of all_reduce(gra
       CHECK(std::all_of(first.back().begin(), first.back().end(), [](unsigned char c) { return c == 0; }));
     }
   }
+}
+
+TEST_CASE("gradient_bucket_bytes: a bad setting names the field or the variable and what is possible") {
+  RuntimeOptions options;
+  options.gradient_bucket_bytes = -5;
+  const std::string field = message_of([&] { Runtime rt(options); });
+  CHECK(contains(field, "gradient_bucket_bytes"));
+  CHECK(contains(field, "-5"));
+  CHECK(contains(field, "0 for one all-reduce after the backward pass"));
+  ::setenv("TROUPE_GRADIENT_BUCKET_BYTES", "lots", 1);
+  const std::string variable = message_of([] { RuntimeOptions::from_environment(); });
+  ::setenv("TROUPE_GRADIENT_BUCKET_BYTES", "4096", 1);
+  const int parsed = RuntimeOptions::from_environment().gradient_bucket_bytes;
+  ::unsetenv("TROUPE_GRADIENT_BUCKET_BYTES");
+  CHECK(contains(variable, "TROUPE_GRADIENT_BUCKET_BYTES"));
+  CHECK(contains(variable, "lots"));
+  CHECK(parsed == 4096);
+  CHECK(RuntimeOptions::from_environment().gradient_bucket_bytes == RuntimeOptions::default_gradient_bucket_bytes);
 }
