@@ -17,8 +17,10 @@
 # - samples/s;
 # - all-reduce share: replica 0's time waiting for the gradient all-reduce, over training time
 #   (its wait for replicas the OS has not run yet included);
-# - exposed share: the part of that wait after every replica had started the bucket, i.e. the
-#   all-reduce the backward pass did not hide (measured by the bucketed path only).
+# - exposed share: the part of that wait after every replica of the process had finished its
+#   backward pass (started its last bucket), i.e. the all-reduce the backward pass did not hide
+#   (measured by the bucketed path only; across workers it also holds the ring's wait for the
+#   other worker's replicas).
 #
 #   bench/overlap_bench.sh [BUILD_DIR]
 #   env: ROUNDS=3 EPOCHS=4 BATCH=256 FEATURES=784 HIDDEN=256 CLASSES=10

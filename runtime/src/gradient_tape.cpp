@@ -234,9 +234,9 @@ std::vector<Tensor> GradientTape::gradient(const Tensor& target, const std::vect
   } forget_hook{*impl_};
   std::vector<Tensor> out = gradient(target, sources);
   flush();
-  std::chrono::nanoseconds exposed{0};
+  std::chrono::steady_clock::time_point all_started{};
   for (std::size_t b = 0; b < handles.size(); ++b) {
-    std::vector<Tensor> sums = collectives.wait_all_reduce(local, handles[b], exposed);
+    std::vector<Tensor> sums = collectives.wait_all_reduce(local, handles[b], all_started);
     for (std::size_t k = 0; k < sums.size(); ++k) out[members[b][k]] = std::move(sums[k]);
   }
   return out;

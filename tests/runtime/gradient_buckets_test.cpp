@@ -127,9 +127,9 @@ TEST_CASE("bucketed gradient all-reduce: replicas whose buckets differ fail with
       ReplicaContext* ctx = get_replica_context();
       const std::int64_t n = ctx->replica_id_in_sync_group() == 1 ? 5 : 4;
       auto& collectives = distribute::detail::collectives_of(*ctx);
-      std::chrono::nanoseconds exposed{0};
+      std::chrono::steady_clock::time_point all_started{};
       const std::size_t b = collectives.start_all_reduce(ctx->local_replica_index(), ReduceOp::sum, {Tensor::full({n}, 1.0f)});
-      collectives.wait_all_reduce(ctx->local_replica_index(), b, exposed);
+      collectives.wait_all_reduce(ctx->local_replica_index(), b, all_started);
     });
   });
   CHECK(contains(message, "differs from the other replicas'"));
@@ -140,11 +140,11 @@ TEST_CASE("bucketed gradient all-reduce: replicas whose buckets differ fail with
     ReplicaContext* ctx = get_replica_context();
     auto& collectives = distribute::detail::collectives_of(*ctx);
     const int r = ctx->local_replica_index();
-    std::chrono::nanoseconds exposed{0};
+    std::chrono::steady_clock::time_point all_started{};
     const std::size_t a = collectives.start_all_reduce(r, ReduceOp::sum, {Tensor::full({70000}, r + 1.0f, DType::f32)});
     const std::size_t b = collectives.start_all_reduce(r, ReduceOp::mean, {Tensor::full({3}, 2.0f * r, DType::f32)});
-    const Tensor big = collectives.wait_all_reduce(r, a, exposed).at(0);
-    const Tensor small = collectives.wait_all_reduce(r, b, exposed).at(0);
+    const Tensor big = collectives.wait_all_reduce(r, a, all_started).at(0);
+    const Tensor small = collectives.wait_all_reduce(r, b, all_started).at(0);
     return std::vector<float>{big.to_vector<float>().front(), big.to_vector<float>().back(), small.to_vector<float>()[1]};
   });
   for (const auto& v : s.experimental_local_results(sums)) CHECK(v == std::vector<float>{3.0f, 3.0f, 1.0f});

@@ -105,9 +105,10 @@ std::size_t ShmCollectives::start_all_reduce(int replica, ReduceOp op, std::vect
   return buckets_.start(replica, op, std::move(values), device(replica));
 }
 
-std::vector<Tensor> ShmCollectives::wait_all_reduce(int replica, std::size_t bucket, std::chrono::nanoseconds& exposed) {
-  if (group_.size() == 1) return ReplicaCollectives::wait_all_reduce(replica, bucket, exposed);
-  return buckets_.wait(replica, bucket, device(replica), exposed);
+std::vector<Tensor> ShmCollectives::wait_all_reduce(int replica, std::size_t bucket,
+                                                    std::chrono::steady_clock::time_point& all_started) {
+  if (group_.size() == 1) return ReplicaCollectives::wait_all_reduce(replica, bucket, all_started);
+  return buckets_.wait(replica, bucket, device(replica), all_started);
 }
 
 namespace {
@@ -126,7 +127,9 @@ std::size_t ReplicaCollectives::start_all_reduce(int replica, ReduceOp op, std::
   return tl_done_buckets.size() - 1;
 }
 
-std::vector<Tensor> ReplicaCollectives::wait_all_reduce(int, std::size_t bucket, std::chrono::nanoseconds&) {
+std::vector<Tensor> ReplicaCollectives::wait_all_reduce(int, std::size_t bucket,
+                                                         std::chrono::steady_clock::time_point& all_started) {
+  all_started = std::max(all_started, std::chrono::steady_clock::now());
   if (bucket >= tl_done_buckets.size()) {
     throw std::logic_error("wait_all_reduce: bucket " + std::to_string(bucket) + " was not started on this replica");
   }

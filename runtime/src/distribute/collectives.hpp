@@ -33,9 +33,11 @@ class ReplicaCollectives {
   /// the collectives can, the call returns before the other replicas have started the bucket, and
   /// the sums are computed while the replica goes on; here, it reduces at once.
   virtual std::size_t start_all_reduce(int replica, ReduceOp op, std::vector<Tensor> values);
-  /// The result of a started bucket: the same bits all_reduce(values) gives. `exposed` grows by
-  /// the part of the wait after every replica had started the bucket.
-  virtual std::vector<Tensor> wait_all_reduce(int replica, std::size_t bucket, std::chrono::nanoseconds& exposed);
+  /// The result of a started bucket: the same bits all_reduce(values) gives. `all_started`
+  /// becomes the moment every replica (of this process) had started the bucket, if that is later
+  /// (now, where the all-reduce ran at start).
+  virtual std::vector<Tensor> wait_all_reduce(int replica, std::size_t bucket,
+                                              std::chrono::steady_clock::time_point& all_started);
   /// The step of replica `replica` is over (it returned from the replica function).
   virtual void end_step(int replica) { (void)replica; }
   /// The step failed: pending bucket waits leave with CollectiveAborted(`why`).
@@ -59,7 +61,8 @@ class ShmCollectives final : public ReplicaCollectives {
              const std::function<void(const std::vector<const void*>&)>& on_first) override;
   /// Buckets are summed while the replicas go on (GradientBuckets).
   std::size_t start_all_reduce(int replica, ReduceOp op, std::vector<Tensor> values) override;
-  std::vector<Tensor> wait_all_reduce(int replica, std::size_t bucket, std::chrono::nanoseconds& exposed) override;
+  std::vector<Tensor> wait_all_reduce(int replica, std::size_t bucket,
+                                      std::chrono::steady_clock::time_point& all_started) override;
   void end_step(int replica) override { buckets_.finish(replica); }
   void abort_buckets(const std::string& why) override { buckets_.abort(why); }
   /// Between steps (no replica inside a collective): forgets the last step's shared results.

@@ -228,8 +228,9 @@ void GradientBuckets::settle() {
 }
 
 std::vector<Tensor> GradientBuckets::wait(int replica, std::size_t index, const Device& device,
-                                          std::chrono::nanoseconds& exposed) {
+                                          std::chrono::steady_clock::time_point& all_started) {
   const auto begin = std::chrono::steady_clock::now();
+  const auto spin_until = begin + spin_;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (index >= next_[static_cast<std::size_t>(replica)]) {
@@ -238,7 +239,6 @@ std::vector<Tensor> GradientBuckets::wait(int replica, std::size_t index, const 
     }
   }
   bucket& b = at(index);
-  const auto spin_until = begin + spin_;
   for (;;) {
     const int state = b.state.load(std::memory_order_acquire);
     if (state == complete_state || state == failed_state) break;
@@ -257,9 +257,7 @@ std::vector<Tensor> GradientBuckets::wait(int replica, std::size_t index, const 
     });
   }
   if (b.state.load(std::memory_order_acquire) == failed_state) std::rethrow_exception(b.error);
-  const auto end = std::chrono::steady_clock::now();
-  const auto from = std::max(begin, b.all_started);
-  if (end > from) exposed += std::chrono::duration_cast<std::chrono::nanoseconds>(end - from);
+  all_started = std::max(all_started, b.all_started);
   std::vector<Tensor> out;
   out.reserve(b.outputs.size());
   for (const Tensor& t : b.outputs) out.push_back(t.with_device(device));

@@ -41,8 +41,9 @@ class GradientBuckets {
   std::size_t start(int replica, ReduceOp op, std::vector<Tensor> values, const Device& device);
   /// The bucket's results, once complete (the calling replica helps reducing meanwhile). Throws
   /// CollectiveAborted when the step failed, std::invalid_argument when replicas disagree.
-  /// `exposed` grows by the part of the wait after every replica had started the bucket.
-  std::vector<Tensor> wait(int replica, std::size_t bucket, const Device& device, std::chrono::nanoseconds& exposed);
+  /// `all_started` becomes the moment every replica had started the bucket, if that is later.
+  std::vector<Tensor> wait(int replica, std::size_t bucket, const Device& device,
+                           std::chrono::steady_clock::time_point& all_started);
 
   /// The local sums of bucket `bucket` (valid once handed to the after-local stage).
   std::vector<Tensor>& sums(std::size_t bucket);

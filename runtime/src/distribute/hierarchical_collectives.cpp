@@ -91,8 +91,8 @@ std::size_t HierarchicalCollectives::start_all_reduce(int replica, ReduceOp op, 
 }
 
 std::vector<Tensor> HierarchicalCollectives::wait_all_reduce(int replica, std::size_t bucket,
-                                                             std::chrono::nanoseconds& exposed) {
-  std::vector<Tensor> outs = local_.buckets().wait(replica, bucket, local_.device(replica), exposed);
+                                                             std::chrono::steady_clock::time_point& all_started) {
+  std::vector<Tensor> outs = local_.buckets().wait(replica, bucket, local_.device(replica), all_started);
   if (bucket < tl_bucket_ops.size() && tl_bucket_ops[bucket] == ReduceOp::mean) {
     for (Tensor& t : outs) t = t / Scalar(static_cast<std::int64_t>(global_replicas_));
   }

@@ -40,7 +40,8 @@ class HierarchicalCollectives final : public ReplicaCollectives {
   /// (the same on every worker), while the replicas still differentiate. Collectives that use the
   /// ring from a replica first wait for the started buckets.
   std::size_t start_all_reduce(int replica, ReduceOp op, std::vector<Tensor> values) override;
-  std::vector<Tensor> wait_all_reduce(int replica, std::size_t bucket, std::chrono::nanoseconds& exposed) override;
+  std::vector<Tensor> wait_all_reduce(int replica, std::size_t bucket,
+                                      std::chrono::steady_clock::time_point& all_started) override;
   void end_step(int replica) override;
   void abort_buckets(const std::string& why) override { local_.abort_buckets(why); }
 

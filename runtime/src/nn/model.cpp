@@ -1,5 +1,6 @@
 #include "troupe/nn/model.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iomanip>
@@ -111,15 +112,19 @@ LossAndGradients bucketed_gradients(const Sequential& layers, const Loss& loss, 
     handles[b] = collectives.start_all_reduce(local, ReduceOp::sum, std::move(values));
   });
 
+  // The wait that backward did not hide starts when every replica has started its last bucket,
+  // i.e. finished its backward pass (waiting for a replica still differentiating is not it).
   const auto start = std::chrono::steady_clock::now();
-  std::chrono::nanoseconds exposed{0};
+  std::chrono::steady_clock::time_point all_started{};
   for (std::size_t b = 0; b < plan.members.size(); ++b) {
-    std::vector<Tensor> sums = collectives.wait_all_reduce(local, handles[b], exposed);
+    std::vector<Tensor> sums = collectives.wait_all_reduce(local, handles[b], all_started);
     for (std::size_t i = 0; i < sums.size(); ++i) gradients[plan.members[b][i]] = std::move(sums[i]);
   }
   if (ctx.replica_id_in_sync_group() == 0) {
-    optimizer.record_all_reduce_time(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start), exposed);
+    const auto end = std::chrono::steady_clock::now();
+    const auto from = std::max(start, all_started);
+    optimizer.record_all_reduce_time(std::chrono::duration_cast<std::chrono::nanoseconds>(end - start),
+                                     std::chrono::duration_cast<std::chrono::nanoseconds>(end - std::min(end, from)));
   }
   return {std::move(lg.loss), std::move(gradients)};
 }

@@ -73,9 +73,9 @@ class Optimizer {
   std::chrono::nanoseconds all_reduce_time() const noexcept {
     return std::chrono::nanoseconds(all_reduce_ns_.load(std::memory_order_relaxed));
   }
-  /// The part of all_reduce_time() that the backward pass did not hide: replica 0's waits for
-  /// gradient buckets from the moment every replica of its worker had started the bucket (a wait
-  /// for a local replica still differentiating is not counted). Only Model::train_step's bucketed
+  /// The part of all_reduce_time() that the backward pass did not hide: replica 0's wait for its
+  /// gradient buckets from the moment every replica of its worker had finished backward (started
+  /// its last bucket); waiting for a replica still differentiating is not counted. Only Model::train_step's bucketed
   /// all-reduce (RuntimeOptions::gradient_bucket_bytes) measures it; for benchmarks.
   std::chrono::nanoseconds exposed_all_reduce_time() const noexcept {
     return std::chrono::nanoseconds(exposed_ns_.load(std::memory_order_relaxed));
