@@ -345,7 +345,13 @@ int model_train(MultiWorkerMirroredStrategy& s) {
                                   nn::Dense(hidden, hidden, nn::Activation::relu, 2),
                                   nn::Dense(hidden, classes, nn::Activation::none, 3)}));
   model.compile(std::make_shared<nn::SGD>(0.05f, 0.9f), nn::Loss::sparse_categorical_crossentropy());
+  // MW_DIE_AT_STEP: worker 1 dies there, while the others' buckets are on the ring.
+  const char* die_at = std::getenv("MW_DIE_AT_STEP");
   for (int step = 0; step < 6; ++step) {
+    if (die_at != nullptr && std::atoi(die_at) == step && s.cluster_resolver()->task_id() == 1) {
+      std::cout << "dying" << std::endl;
+      kill(getpid(), SIGKILL);
+    }
     s.run([&] {
       const int id = get_replica_context()->replica_id_in_sync_group();
       const Tensor x = nn::glorot_uniform(batch, in, 2000 + step * 64 + id) * 4.0f;

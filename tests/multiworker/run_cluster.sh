@@ -475,6 +475,17 @@ case "$scenario" in
         grep -qx "exposed measured" "$dir/out0" || fail "bucket $bytes: the bucketed path did not run"
       fi
     done ;;
+  buckets-worker-dies)
+    # A worker dies while the others' gradient buckets cross the ring: they fail, naming the
+    # collective, instead of waiting for the bucket forever.
+    for i in 0 1 2; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2 TROUPE_GRADIENT_BUCKET_BYTES=1000 MW_DIE_AT_STEP=2"; done
+    start_cluster 3 model; wait_all 3
+    [ "$(cat "$dir/rc1")" = "137" ] || fail "worker 1 was not killed"
+    for i in 0 2; do
+      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+      grep -q "cross-worker collective failed" "$dir/out$i" || fail "worker $i did not report the failed collective"
+      [ "$(grep -c '^step .* weights' "$dir/out$i")" = 2 ] || fail "worker $i did not train the 2 steps before"
+    done ;;
   compressed-2x2-fp16|compressed-2x2-bf16|compressed-2x1-none)
     # CommunicationOptions::compression: the float32 sums are the expected rounded ones (each
     # worker checks), and every replica of every worker holds the same bits.
