@@ -44,6 +44,8 @@ void HierarchicalCollectives::ring_all_reduce_packed(std::vector<Tensor>& tensor
 
 HierarchicalCollectives::~HierarchicalCollectives() {
   local_.buckets().shut_down();
+  // A bucket of a failed step may still wait on the ring for a worker that is gone or hung.
+  if (in_ring_.load()) workers_.shutdown_ring();
   if (ring_thread_.joinable()) ring_thread_.join();
 }
 
@@ -67,6 +69,7 @@ void HierarchicalCollectives::ring_stage() {
       if (buckets.generation() == generation) return;  // shut down
       continue;
     }
+    in_ring_.store(true);
     try {
       std::vector<Tensor> sums = buckets.sums(next);  // handles: the storage stays alive
       ring_all_reduce_packed(sums);
@@ -74,6 +77,7 @@ void HierarchicalCollectives::ring_stage() {
     } catch (...) {
       buckets.fail(generation, next, std::current_exception());
     }
+    in_ring_.store(false);
     ++next;
   }
 }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <mutex>
 #include <thread>
@@ -56,6 +57,7 @@ class HierarchicalCollectives final : public ReplicaCollectives {
   std::size_t bytes_per_pack_;
   Compression compression_;
   std::once_flag ring_thread_started_;
+  std::atomic<bool> in_ring_{false};  // the ring thread is inside a ring operation
   std::thread ring_thread_;
 };
 
