@@ -2,13 +2,19 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "distribute/collectives.hpp"
+#include "distribute/context_state.hpp"
 #include "tape.hpp"
+#include "troupe/distribute/context.hpp"
+#include "troupe/distribute/strategy.hpp"
 
 namespace troupe {
 namespace {
@@ -80,6 +86,8 @@ struct GradientTape::Impl {
   detail::TapeRecorder recorder;
   bool persistent = false;
   bool used = false;
+  // Told each source's gradient as soon as it is final (the all-reducing gradient).
+  std::function<void(std::size_t source, const Tensor& gradient)> on_final;
 };
 
 GradientTape::GradientTape(bool persistent) : impl_(std::make_unique<Impl>()) {
@@ -140,15 +148,37 @@ std::vector<Tensor> GradientTape::gradient(const Tensor& target, const std::vect
     if (!fresh) it->second = it->second + g;
   };
   if (!order.empty()) grads.emplace(order.front(), Tensor::full(target.shape(), 1, target.dtype(), target.device()));
+  // A variable's gradient is final once its last read (the first recorded) has been passed.
+  std::map<const void*, std::size_t> reads_left;
+  std::map<const void*, std::vector<std::size_t>> sources_of;
+  std::vector<bool> told(sources.size(), false);
+  const auto& on_final = impl_->on_final;
+  if (on_final) {
+    for (const TapeNode* n : order) {
+      if (n->variable != nullptr) ++reads_left[n->variable];
+    }
+    for (std::size_t i = 0; i < sources.size(); ++i) sources_of[&sources[i].name()].push_back(i);
+  }
   for (TapeNode* n : order) {
     auto it = grads.find(n);
+    if (n->variable != nullptr) {
+      if (it != grads.end()) {
+        add_to(by_variable, n->variable, it->second);
+        grads.erase(it);
+      }
+      if (on_final && --reads_left[n->variable] == 0) {
+        auto found = by_variable.find(n->variable);
+        for (std::size_t i : sources_of[n->variable]) {
+          told[i] = true;
+          on_final(i, found != by_variable.end() ? detail::untaped(found->second)
+                                                 : Tensor::zeros(sources[i].shape(), sources[i].dtype()));
+        }
+      }
+      continue;
+    }
     if (it == grads.end()) continue;
     const Tensor g = std::move(it->second);
     grads.erase(it);
-    if (n->variable != nullptr) {
-      add_to(by_variable, n->variable, g);
-      continue;
-    }
     const std::vector<Tensor> in_grads = n->backward(g);
     for (std::size_t i = 0; i < n->inputs.size() && i < in_grads.size(); ++i) {
       const auto& m = TapeAccess::node(n->inputs[i]);
@@ -159,9 +189,55 @@ std::vector<Tensor> GradientTape::gradient(const Tensor& target, const std::vect
 
   std::vector<Tensor> out;
   out.reserve(sources.size());
-  for (const Variable& v : sources) {
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    const Variable& v = sources[i];
     auto it = by_variable.find(&v.name());
     out.push_back(it != by_variable.end() ? detail::untaped(it->second) : Tensor::zeros(v.shape(), v.dtype()));
+    if (on_final && !told[i]) on_final(i, out.back());  // the target does not depend on it
+  }
+  return out;
+}
+
+std::vector<Tensor> GradientTape::gradient(const Tensor& target, const std::vector<Variable>& sources,
+                                           distribute::ReduceOp all_reduce) {
+  distribute::ReplicaContext* ctx = distribute::detail::installed_replica_context();
+  if (ctx == nullptr || ctx->num_replicas_in_sync() <= 1) return gradient(target, sources);
+  const std::size_t bucket_bytes = ctx->strategy().backend().gradient_bucket_bytes();
+  if (bucket_bytes == 0) return ctx->all_reduce(all_reduce, gradient(target, sources));
+  // Buckets in the order the gradients become final (the same on every replica: the same
+  // recording), each started once it holds bucket_bytes.
+  distribute::detail::ReplicaCollectives& collectives = distribute::detail::collectives_of(*ctx);
+  const int local = ctx->local_replica_index();
+  std::vector<std::vector<std::size_t>> members;
+  std::vector<std::size_t> handles;
+  std::vector<std::size_t> current;
+  std::vector<Tensor> values;
+  std::size_t filled = 0;
+  auto flush = [&] {
+    if (current.empty()) return;
+    handles.push_back(collectives.start_all_reduce(local, all_reduce, std::move(values)));
+    members.push_back(std::move(current));
+    current.clear();
+    values.clear();
+    filled = 0;
+  };
+  impl_->on_final = [&](std::size_t source, const Tensor& g) {
+    if (!current.empty() && filled + g.nbytes() > bucket_bytes) flush();
+    current.push_back(source);
+    values.push_back(g);
+    filled += g.nbytes();
+    if (filled >= bucket_bytes) flush();
+  };
+  struct forget {
+    Impl& impl;
+    ~forget() { impl.on_final = nullptr; }
+  } forget_hook{*impl_};
+  std::vector<Tensor> out = gradient(target, sources);
+  flush();
+  std::chrono::steady_clock::time_point all_started{};
+  for (std::size_t b = 0; b < handles.size(); ++b) {
+    std::vector<Tensor> sums = collectives.wait_all_reduce(local, handles[b], all_started);
+    for (std::size_t k = 0; k < sums.size(); ++k) out[members[b][k]] = std::move(sums[k]);
   }
   return out;
 }

@@ -1,7 +1,7 @@
 // One worker of the multi-worker tests: run by run_cluster.sh in N processes with TF_CONFIG set
 // (or the Slurm or mpirun variables, with MW_RESOLVER=slurm|mpi).
-// Usage: mw_worker collectives | die | hang | skip | checkpoint | train | join | idle | compressed | input
-//        | outside | steer | preempt
+// Usage: mw_worker collectives | die | hang | skip | checkpoint | train | model | join | idle | compressed
+//        | input | outside | steer | preempt
 // Once the cluster formed it prints "replicas <R> workers <W> task <type>:<index>". Prints
 // "OK <rank>" and exits 0 when every check holds; prints "FAIL ..." and exits 1 when one does not;
 // prints "ERROR <message>" and exits 3 when the strategy throws.
@@ -668,6 +668,51 @@ int steer(MultiWorkerMirroredStrategy& s) {
   return 0;
 }
 
+}
+
+// nn::Model trained through train_step, whose gradients are all-reduced in buckets of
+// TROUPE_GRADIENT_BUCKET_BYTES while the backward pass runs (0: one all-reduce after it): after
+// every step a hash of the weights, which must not depend on the buckets.
+int model_train(MultiWorkerMirroredStrategy& s) {
+  const int n = s.num_replicas_in_sync();
+  const std::int64_t batch = 16, in = 96, hidden = 64, classes = 10;
+  auto scope = s.scope();
+  nn::Model model(nn::Sequential({nn::Dense(in, hidden, nn::Activation::relu, 1),
+                                  nn::Dense(hidden, hidden, nn::Activation::relu, 2),
+                                  nn::Dense(hidden, classes, nn::Activation::none, 3)}));
+  model.compile(std::make_shared<nn::SGD>(0.05f, 0.9f), nn::Loss::sparse_categorical_crossentropy());
+  // MW_DIE_AT_STEP: worker 1 dies there, while the others' buckets are on the ring.
+  const char* die_at = std::getenv("MW_DIE_AT_STEP");
+  for (int step = 0; step < 6; ++step) {
+    if (die_at != nullptr && std::atoi(die_at) == step && s.cluster_resolver()->task_id() == 1) {
+      std::cout << "dying" << std::endl;
+      kill(getpid(), SIGKILL);
+    }
+    s.run([&] {
+      const int id = get_replica_context()->replica_id_in_sync_group();
+      const Tensor x = nn::glorot_uniform(batch, in, 2000 + step * 64 + id) * 4.0f;
+      std::vector<std::int64_t> y(batch);
+      for (std::int64_t i = 0; i < batch; ++i) y[i] = (i * 3 + step + id) % classes;
+      return model.train_step({x, Tensor::from_vector(y, {batch})}, batch * n);
+    });
+    std::vector<Tensor> weights;
+    for (const Variable& v : model.trainable_variables()) {
+      const auto components = s.experimental_local_results(v);
+      for (const Tensor& c : components) {
+        expect_eq(hash_bits({c}), hash_bits({components.front()}), "local replicas' " + v.name() + " identical");
+      }
+      weights.push_back(components.front());
+    }
+    std::cout << "step " << step << " weights " << hash_bits(weights) << "\n";
+  }
+  // A collective after the buckets uses the ring in the same order on every worker.
+  const auto total = s.run([] { return get_replica_context()->all_reduce(ReduceOp::sum, Tensor::full({3}, 1.0f)); });
+  expect_eq(s.experimental_local_results(total).front().to_vector<float>(), std::vector<float>(3, static_cast<float>(n)),
+            "an all_reduce after bucketed steps");
+  std::cout << "exposed " << (model.optimizer()->exposed_all_reduce_time().count() > 0 ? "measured" : "none") << "\n";
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -745,6 +790,8 @@ int main(int argc, char** argv) {
       rc = preempt(s, dir ? dir : "/tmp/troupe-mw-preempt");
     } else if (mode == "train") {
       rc = train(s);
+    } else if (mode == "model") {
+      rc = model_train(s);
     } else if (mode == "idle") {
       // The cluster watch alone for MW_IDLE_MS (what bench/control_plane_cost.sh measures).
       const char* idle = std::getenv("MW_IDLE_MS");

@@ -601,6 +601,37 @@ case "$scenario" in
       fail "the two paths computed the same forward bits: the test cannot tell them apart"
     diff <(grep '^step' "$dir/out0") <(grep '^step' "$dir/out1") > "$dir/diff" ||
       fail "the workers' weights differ: $(cat "$dir/diff")" ;;
+  buckets-2x2)
+    # Model::train_step's gradient buckets, all-reduced across workers on the ring while backward
+    # runs: every bucket size gives the weights of one all-reduce after backward (0), bit for
+    # bit, on both workers. Gradient bytes in backward order: 40, 2560 | 256, 16384 | 256, 24576.
+    # 1000: every tensor alone (layers split); 20000: the last two layers together; 1 GiB: all.
+    for bytes in 0 1000 20000 1073741824; do
+      for i in 0 1; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2 TROUPE_GRADIENT_BUCKET_BYTES=$bytes"; done
+      pids=(); start_cluster 2 model; wait_all 2; expect_cluster 2 4
+      [ "$(grep -c '^step .* weights' "$dir/out0")" = 6 ] || fail "bucket $bytes: worker 0 did not report 6 steps"
+      diff <(grep '^step' "$dir/out0") <(grep '^step' "$dir/out1") > "$dir/diff" ||
+        fail "bucket $bytes: the workers' weights differ: $(cat "$dir/diff")"
+      if [ "$bytes" = 0 ]; then
+        grep '^step' "$dir/out0" > "$dir/reference"
+        grep -qx "exposed none" "$dir/out0" || fail "the unbucketed run measured an exposed time"
+      else
+        diff "$dir/reference" <(grep '^step' "$dir/out0") > "$dir/diff" ||
+          fail "bucket $bytes: the weights differ from the unbucketed run: $(cat "$dir/diff")"
+        grep -qx "exposed measured" "$dir/out0" || fail "bucket $bytes: the bucketed path did not run"
+      fi
+    done ;;
+  buckets-worker-dies)
+    # A worker dies while the others' gradient buckets cross the ring: they fail, naming the
+    # collective, instead of waiting for the bucket forever.
+    for i in 0 1 2; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2 TROUPE_GRADIENT_BUCKET_BYTES=1000 MW_DIE_AT_STEP=2"; done
+    start_cluster 3 model; wait_all 3
+    [ "$(cat "$dir/rc1")" = "137" ] || fail "worker 1 was not killed"
+    for i in 0 2; do
+      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+      grep -q "cross-worker collective failed" "$dir/out$i" || fail "worker $i did not report the failed collective"
+      [ "$(grep -c '^step .* weights' "$dir/out$i")" = 2 ] || fail "worker $i did not train the 2 steps before"
+    done ;;
   compressed-2x2-fp16|compressed-2x2-bf16|compressed-2x1-none)
     # CommunicationOptions::compression: the float32 sums are the expected rounded ones (each
     # worker checks), and every replica of every worker holds the same bits.

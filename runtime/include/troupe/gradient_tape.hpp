@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "troupe/distribute/reduce_op.hpp"
 #include "troupe/tensor.hpp"
 #include "troupe/variable.hpp"
 
@@ -41,6 +42,15 @@ class GradientTape {
   std::vector<Tensor> gradient(const Tensor& target, const std::vector<Variable>& sources);
   /// The same for one variable.
   Tensor gradient(const Tensor& target, const Variable& source);
+  /// The gradients all-reduced with `all_reduce` over the replicas of the strategy running this
+  /// replica function (Horovod's DistributedGradientTape): each gradient joins a bucket of about
+  /// RuntimeOptions::gradient_bucket_bytes as soon as it is final, and the bucket's all-reduce
+  /// starts while the tape still differentiates earlier operations. The same bits as
+  /// get_replica_context()->all_reduce(all_reduce, gradient(target, sources)); pass them to
+  /// Optimizer::apply_gradients with aggregation std::nullopt. Outside a replica function of
+  /// several replicas, gradient(target, sources).
+  std::vector<Tensor> gradient(const Tensor& target, const std::vector<Variable>& sources,
+                               distribute::ReduceOp all_reduce);
 
  private:
   struct Impl;

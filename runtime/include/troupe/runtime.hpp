@@ -15,15 +15,27 @@ namespace troupe {
 /// TROUPE_SPIN_US (how long a waiting replica spins before it sleeps, default 50),
 /// TROUPE_COLLECTIVE_TIMEOUT_MS (the longest a GPU replica waits for its NCCL collectives, and a
 /// cross-worker collective for its peers, unless CommunicationOptions::timeout says; default 0,
-/// no bound).
+/// no bound), TROUPE_GRADIENT_BUCKET_BYTES (the size of Model::train_step's gradient buckets,
+/// default 256 KiB; 0: one all-reduce after the backward pass).
 struct RuntimeOptions {
   static constexpr int default_scheduler_threads = 2;
   static constexpr int default_spin_us = 50;
   static constexpr int default_collective_timeout_ms = 0;
+  static constexpr int default_gradient_bucket_bytes = 256 * 1024;
 
   int scheduler_threads = 0;       ///< 0: TROUPE_SCHEDULER_THREADS, else default_scheduler_threads
   int spin_us = -1;                ///< -1: TROUPE_SPIN_US, else default_spin_us
   int collective_timeout_ms = -1;  ///< -1: TROUPE_COLLECTIVE_TIMEOUT_MS, else 0 (no bound)
+  /// Model::train_step all-reduces its gradients in buckets of about this many bytes, in reverse
+  /// layer order, each started as soon as the backward pass has produced it, so that the sums
+  /// run while earlier layers are still differentiated (a tensor larger than this is a bucket of
+  /// its own). 0: every gradient in one all-reduce after the backward pass. Among the replicas of
+  /// one process, and across two workers, the results are the same bits either way; across more
+  /// workers the ring adds in an order that follows the buckets (the same bits on every worker).
+  /// MultiWorkerMirroredStrategy's CommunicationOptions::bytes_per_pack, when set, takes its place;
+  /// GPU replicas (NCCL) ignore it. -1: TROUPE_GRADIENT_BUCKET_BYTES, else
+  /// default_gradient_bucket_bytes.
+  int gradient_bucket_bytes = -1;
 
   /// The defaults, with the TROUPE_* environment applied; a malformed value throws
   /// std::invalid_argument naming the variable.

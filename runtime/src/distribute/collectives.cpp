@@ -97,6 +97,44 @@ void ShmCollectives::reset() {
   std::fill(rounds_.begin(), rounds_.end(), 0);
   published_[0].clear();
   published_[1].clear();
+  buckets_.reset();
+}
+
+std::size_t ShmCollectives::start_all_reduce(int replica, ReduceOp op, std::vector<Tensor> values) {
+  if (group_.size() == 1) return ReplicaCollectives::start_all_reduce(replica, op, std::move(values));
+  return buckets_.start(replica, op, std::move(values), device(replica));
+}
+
+std::vector<Tensor> ShmCollectives::wait_all_reduce(int replica, std::size_t bucket,
+                                                    std::chrono::steady_clock::time_point& all_started) {
+  if (group_.size() == 1) return ReplicaCollectives::wait_all_reduce(replica, bucket, all_started);
+  return buckets_.wait(replica, bucket, device(replica), all_started);
+}
+
+namespace {
+// Buckets of collectives that reduce at once, per replica thread: the results until waited for.
+thread_local std::vector<std::vector<Tensor>> tl_done_buckets;
+thread_local std::size_t tl_waited_buckets = 0;
+}  // namespace
+
+std::size_t ReplicaCollectives::start_all_reduce(int replica, ReduceOp op, std::vector<Tensor> values) {
+  if (tl_waited_buckets == tl_done_buckets.size()) {
+    // Every earlier bucket was taken (or a failed step left them): numbering starts again.
+    tl_done_buckets.clear();
+    tl_waited_buckets = 0;
+  }
+  tl_done_buckets.push_back(all_reduce(replica, op, values));
+  return tl_done_buckets.size() - 1;
+}
+
+std::vector<Tensor> ReplicaCollectives::wait_all_reduce(int, std::size_t bucket,
+                                                         std::chrono::steady_clock::time_point& all_started) {
+  all_started = std::max(all_started, std::chrono::steady_clock::now());
+  if (bucket >= tl_done_buckets.size()) {
+    throw std::logic_error("wait_all_reduce: bucket " + std::to_string(bucket) + " was not started on this replica");
+  }
+  ++tl_waited_buckets;
+  return std::move(tl_done_buckets[bucket]);
 }
 
 void ShmCollectives::merge(int replica, const void* mine,

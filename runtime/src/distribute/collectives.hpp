@@ -1,9 +1,13 @@
 #pragma once
 
+#include <chrono>
+#include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "distribute/gradient_buckets.hpp"
 #include "troupe/device.hpp"
 #include "troupe/distribute/reduce_op.hpp"
 #include "troupe/tensor.hpp"
@@ -24,6 +28,21 @@ class ReplicaCollectives {
   /// The result the last merge's on_first left for every replica.
   std::shared_ptr<const void>& merge_result() { return merge_result_; }
 
+  /// Starts the all-reduce of one bucket of gradients and returns its number (from 0 in each step,
+  /// in the order every replica starts them: every replica must start the same buckets). Where
+  /// the collectives can, the call returns before the other replicas have started the bucket, and
+  /// the sums are computed while the replica goes on; here, it reduces at once.
+  virtual std::size_t start_all_reduce(int replica, ReduceOp op, std::vector<Tensor> values);
+  /// The result of a started bucket: the same bits all_reduce(values) gives. `all_started`
+  /// becomes the moment every replica (of this process) had started the bucket, if that is later
+  /// (now, where the all-reduce ran at start).
+  virtual std::vector<Tensor> wait_all_reduce(int replica, std::size_t bucket,
+                                              std::chrono::steady_clock::time_point& all_started);
+  /// The step of replica `replica` is over (it returned from the replica function).
+  virtual void end_step(int replica) { (void)replica; }
+  /// The step failed: pending bucket waits leave with CollectiveAborted(`why`).
+  virtual void abort_buckets(const std::string& why) { (void)why; }
+
  private:
   std::shared_ptr<const void> merge_result_;
 };
@@ -31,15 +50,26 @@ class ReplicaCollectives {
 /// The replicas of one process, through transport::shm_group.
 class ShmCollectives final : public ReplicaCollectives {
  public:
-  ShmCollectives(transport::shm_group& group, std::vector<Device> devices)
-      : group_(group), devices_(std::move(devices)), rounds_(devices_.size(), 0) {}
+  ShmCollectives(transport::shm_group& group, std::vector<Device> devices,
+                 std::chrono::microseconds spin = std::chrono::microseconds(50))
+      : group_(group), devices_(std::move(devices)), rounds_(devices_.size(), 0),
+        buckets_(static_cast<int>(devices_.size()), spin) {}
   std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) override;
   Tensor all_reduce(int replica, ReduceOp op, const Tensor& value) override;
   Tensor all_gather(int replica, const Tensor& value, int axis) override;
   void merge(int replica, const void* mine,
              const std::function<void(const std::vector<const void*>&)>& on_first) override;
+  /// Buckets are summed while the replicas go on (GradientBuckets).
+  std::size_t start_all_reduce(int replica, ReduceOp op, std::vector<Tensor> values) override;
+  std::vector<Tensor> wait_all_reduce(int replica, std::size_t bucket,
+                                      std::chrono::steady_clock::time_point& all_started) override;
+  void end_step(int replica) override { buckets_.finish(replica); }
+  void abort_buckets(const std::string& why) override { buckets_.abort(why); }
   /// Between steps (no replica inside a collective): forgets the last step's shared results.
   void reset();
+  /// The buckets of start_all_reduce, for a stage that follows the local sums.
+  GradientBuckets& buckets() { return buckets_; }
+  const Device& device(int replica) const { return devices_[static_cast<std::size_t>(replica)]; }
 
  private:
   void run_all_reduce(int replica, ReduceOp op, const Tensor* values, Tensor* outputs, std::size_t count);
@@ -52,6 +82,7 @@ class ShmCollectives final : public ReplicaCollectives {
   // all-reduce count, since replica 0 may publish the next one while a slow replica still reads.
   std::vector<std::uint64_t> rounds_;  // per replica: all-reduces begun this step
   std::vector<Tensor> published_[2];
+  GradientBuckets buckets_;
 };
 
 /// One replica alone (the default strategy): every collective returns its input.

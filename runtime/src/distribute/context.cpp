@@ -29,6 +29,8 @@ ReplicaContextGuard::~ReplicaContextGuard() { tl_replica = previous_; }
 
 ReplicaContext* installed_replica_context() { return tl_replica; }
 
+ReplicaCollectives& collectives_of(const ReplicaContext& context) { return *context.collectives_; }
+
 void push_scope(Strategy* strategy) { tl_scopes.push_back(strategy); }
 
 void pop_scope(Strategy* strategy) {

@@ -1,6 +1,7 @@
 #include "distribute/hierarchical_collectives.hpp"
 
 #include <cstring>
+#include <exception>
 
 #include "axis.hpp"
 
@@ -41,9 +42,77 @@ void HierarchicalCollectives::ring_all_reduce_packed(std::vector<Tensor>& tensor
   }
 }
 
+HierarchicalCollectives::~HierarchicalCollectives() {
+  local_.buckets().shut_down();
+  // A bucket of a failed step may still wait on the ring for a worker that is gone or hung.
+  if (in_ring_.load()) workers_.shutdown_ring();
+  if (ring_thread_.joinable()) ring_thread_.join();
+}
+
+namespace {
+// Per replica thread: the reduce op of each bucket it started in this step (the local stage
+// sums; MEAN divides at the end, as all_reduce does).
+thread_local std::vector<ReduceOp> tl_bucket_ops;
+}  // namespace
+
+void HierarchicalCollectives::ring_stage() {
+  GradientBuckets& buckets = local_.buckets();
+  std::uint64_t generation = buckets.generation();
+  std::size_t next = 0;
+  for (;;) {
+    const std::uint64_t now = buckets.generation();
+    if (now != generation) {
+      generation = now;
+      next = 0;
+    }
+    if (!buckets.wait_local(generation, next)) {
+      if (buckets.generation() == generation) return;  // shut down
+      continue;
+    }
+    in_ring_.store(true);
+    try {
+      std::vector<Tensor> sums = buckets.sums(next);  // handles: the storage stays alive
+      ring_all_reduce_packed(sums);
+      buckets.complete(generation, next);
+    } catch (...) {
+      buckets.fail(generation, next, std::current_exception());
+    }
+    in_ring_.store(false);
+    ++next;
+  }
+}
+
+std::size_t HierarchicalCollectives::start_all_reduce(int replica, ReduceOp op, std::vector<Tensor> values) {
+  std::call_once(ring_thread_started_, [this] {
+    local_.buckets().set_after_local(true);
+    ring_thread_ = std::thread([this] { ring_stage(); });
+  });
+  const std::size_t bucket = local_.buckets().start(replica, ReduceOp::sum, std::move(values), local_.device(replica));
+  if (bucket == 0) tl_bucket_ops.clear();
+  tl_bucket_ops.resize(bucket + 1, op);
+  tl_bucket_ops[bucket] = op;
+  return bucket;
+}
+
+std::vector<Tensor> HierarchicalCollectives::wait_all_reduce(int replica, std::size_t bucket,
+                                                             std::chrono::steady_clock::time_point& all_started) {
+  std::vector<Tensor> outs = local_.buckets().wait(replica, bucket, local_.device(replica), all_started);
+  if (bucket < tl_bucket_ops.size() && tl_bucket_ops[bucket] == ReduceOp::mean) {
+    for (Tensor& t : outs) t = t / Scalar(static_cast<std::int64_t>(global_replicas_));
+  }
+  return outs;
+}
+
+void HierarchicalCollectives::end_step(int replica) {
+  local_.end_step(replica);
+  // The ring is free again for whatever follows the step (reduce, the next step's collectives).
+  if (replica == 0) local_.buckets().settle();
+}
+
 std::vector<Tensor> HierarchicalCollectives::all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) {
   std::vector<Tensor> outs = local_.all_reduce(replica, ReduceOp::sum, values);
   local_.merge(replica, &outs, [&](const std::vector<const void*>& all) {
+    local_.buckets().settle();  // the ring stage's buckets go first: one order on every worker
     // On local replica 0: the ring over the workers, then the sums to the other replicas.
     ring_all_reduce_packed(outs);
     for (std::size_t r = 1; r < all.size(); ++r) {
@@ -69,6 +138,7 @@ Tensor HierarchicalCollectives::all_gather(int replica, const Tensor& value, int
   const int ax = troupe::detail::checked_axis("all_gather", axis, value.rank());
   Tensor mine = local_.all_gather(replica, value, ax);
   local_.merge(replica, &mine, [&](const std::vector<const void*>& all) {
+    local_.buckets().settle();
     mine = workers_.concat(mine, ax);
     for (std::size_t r = 1; r < all.size(); ++r) *static_cast<Tensor*>(const_cast<void*>(all[r])) = mine;
   });
@@ -77,7 +147,11 @@ Tensor HierarchicalCollectives::all_gather(int replica, const Tensor& value, int
 
 void HierarchicalCollectives::merge(int replica, const void* mine,
                                     const std::function<void(const std::vector<const void*>&)>& on_first) {
-  local_.merge(replica, mine, on_first);
+  // on_first may reach the ring (a cross-worker reduce): the started buckets go first.
+  local_.merge(replica, mine, [&](const std::vector<const void*>& all) {
+    local_.buckets().settle();
+    on_first(all);
+  });
 }
 
 }  // namespace troupe::distribute::detail

@@ -1,6 +1,9 @@
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "distribute/collectives.hpp"
@@ -23,6 +26,9 @@ class HierarchicalCollectives final : public ReplicaCollectives {
         global_replicas_(global_replicas),
         bytes_per_pack_(bytes_per_pack),
         compression_(compression) {}
+  ~HierarchicalCollectives() override;
+  HierarchicalCollectives(const HierarchicalCollectives&) = delete;
+  HierarchicalCollectives& operator=(const HierarchicalCollectives&) = delete;
 
   std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) override;
   Tensor all_reduce(int replica, ReduceOp op, const Tensor& value) override;
@@ -30,14 +36,29 @@ class HierarchicalCollectives final : public ReplicaCollectives {
   void merge(int replica, const void* mine,
              const std::function<void(const std::vector<const void*>&)>& on_first) override;
 
+  /// A bucket is summed locally while the replicas go on (GradientBuckets); a thread of its own
+  /// then all-reduces it across workers on the ring, bucket after bucket in the order started
+  /// (the same on every worker), while the replicas still differentiate. Collectives that use the
+  /// ring from a replica first wait for the started buckets.
+  std::size_t start_all_reduce(int replica, ReduceOp op, std::vector<Tensor> values) override;
+  std::vector<Tensor> wait_all_reduce(int replica, std::size_t bucket,
+                                      std::chrono::steady_clock::time_point& all_started) override;
+  void end_step(int replica) override;
+  void abort_buckets(const std::string& why) override { local_.abort_buckets(why); }
+
  private:
   void ring_all_reduce_packed(std::vector<Tensor>& tensors);
+  // The ring stage of the buckets: runs on ring_thread_.
+  void ring_stage();
 
   ShmCollectives& local_;
   RingWorkerGroup& workers_;
   int global_replicas_;
   std::size_t bytes_per_pack_;
   Compression compression_;
+  std::once_flag ring_thread_started_;
+  std::atomic<bool> in_ring_{false};  // the ring thread is inside a ring operation
+  std::thread ring_thread_;
 };
 
 }  // namespace troupe::distribute::detail

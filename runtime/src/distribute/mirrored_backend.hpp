@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -33,7 +34,7 @@ class MirroredBackend : public StrategyBackend {
         devices_(std::move(devices)),
         ops_(std::move(ops)),
         group_(static_cast<int>(devices_.size()), std::chrono::microseconds(runtime.options().spin_us)),
-        collectives_(group_, devices_),
+        collectives_(group_, devices_, std::chrono::microseconds(runtime.options().spin_us)),
         coordinator_(runtime.system(), static_cast<int>(devices_.size()),
                      std::chrono::microseconds(runtime.options().spin_us)),
         intra_op_threads_(troupe::detail::cpu::intra_op_threads_for(static_cast<int>(devices_.size()))) {
@@ -50,6 +51,11 @@ class MirroredBackend : public StrategyBackend {
   CrossDeviceOps& cross_device_ops() override { return *ops_; }
   Runtime* runtime() override { return runtime_; }
   WorkerGroup& workers() const override { return local_workers_; }
+  // GPU replicas all-reduce through NCCL, which has no bucket stage: one all-reduce after backward.
+  std::size_t gradient_bucket_bytes() const override {
+    if (nccl_) return 0;
+    return static_cast<std::size_t>(std::max(0, runtime_->options().gradient_bucket_bytes));
+  }
 
   void execute(Strategy& strategy, const std::function<void(int)>& fn) override {
     if (coordinator_.on_replica_thread()) {
@@ -84,23 +90,30 @@ class MirroredBackend : public StrategyBackend {
       try {
         fn(r);
         if (nccl_) nccl_->drain(r);
+        replica_collectives().end_step(r);
       } catch (const CollectiveAborted& e) {
         // The group may already carry the cause that released this replica; if not, this is it.
         group_.abort(r, e.what());
+        replica_collectives().abort_buckets(e.what());
         release_gpu(r);
         throw;
       } catch (const std::exception& e) {
         group_.abort(r, "replica " + std::to_string(r) + " failed: " + e.what());
+        replica_collectives().abort_buckets("replica " + std::to_string(r) + " failed: " + e.what());
         release_gpu(r);
         throw;
       } catch (...) {
         group_.abort(r, "replica " + std::to_string(r) + " failed with a non-standard exception");
+        replica_collectives().abort_buckets("replica " + std::to_string(r) + " failed with a non-standard exception");
         release_gpu(r);
         throw;
       }
       group_.finish(r);
     };
-    auto errors = coordinator_.run_step(per_replica, [&](int r, const std::string& why) { group_.abort(r, why); });
+    auto errors = coordinator_.run_step(per_replica, [&](int r, const std::string& why) {
+      group_.abort(r, why);
+      replica_collectives().abort_buckets(why);
+    });
     rethrow_step_failure(errors, devices_);
   }
 

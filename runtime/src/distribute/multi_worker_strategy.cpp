@@ -122,11 +122,17 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
                      std::size_t bytes_per_pack, Compression compression, detail::NcclWorld world)
       : MirroredBackend(runtime, devices, std::make_shared<ReductionToOneDevice>(), std::move(world)),
         gpu_(devices[0].is_gpu()),
+        bytes_per_pack_(bytes_per_pack),
         workers_(std::move(workers)),
         hierarchical_(shm_collectives(), *workers_, workers_->size() * static_cast<int>(devices.size()),
                       bytes_per_pack, compression) {}
 
   detail::WorkerGroup& workers() const override { return *workers_; }
+  // CommunicationOptions::bytes_per_pack sizes the gradient buckets too, when it is set.
+  std::size_t gradient_bucket_bytes() const override {
+    if (gpu_) return 0;
+    return bytes_per_pack_ > 0 ? bytes_per_pack_ : MirroredBackend::gradient_bucket_bytes();
+  }
 
   // One step per run on every worker: its number travels in every frame of the ring.
   void execute(Strategy& strategy, const std::function<void(int)>& fn) override {
@@ -143,6 +149,7 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
 
  private:
   bool gpu_;
+  std::size_t bytes_per_pack_;
   std::unique_ptr<detail::RingWorkerGroup> workers_;
   detail::HierarchicalCollectives hierarchical_;
 };

@@ -115,6 +115,9 @@ class RingWorkerGroup final : public WorkerGroup {
   void all_reduce_in_place(Tensor& t, Compression compression = Compression::none);
   /// The members, in rank order.
   const std::vector<actors::member>& members() const { return members_; }
+  /// Breaks the ring: a collective in progress on another thread fails at once (the group is
+  /// being torn down).
+  void shutdown_ring() { ring_->shutdown(); }
 
  private:
   void all_gather(const void* mine, std::size_t my_bytes, void* out, const std::vector<std::size_t>& bytes);

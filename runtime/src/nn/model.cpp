@@ -13,6 +13,8 @@
 
 #include <unistd.h>
 
+#include "distribute/collectives.hpp"
+#include "distribute/context_state.hpp"
 #include "distribute/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
@@ -60,6 +62,75 @@ distribute::Scope cross_replica_scope(distribute::Strategy& strategy, const char
                            "use model(x) and train_step");
   }
   return strategy.scope();
+}
+
+// Model::train_step's gradient buckets: the variables in the order the backward pass produces
+// their gradients (reverse layer order), cut into buckets of about `bytes` (a larger tensor is a
+// bucket of its own).
+struct BucketPlan {
+  std::vector<std::vector<std::size_t>> members;  // per bucket: variable indices, in production order
+  std::vector<std::size_t> bucket_of;             // per variable
+};
+
+BucketPlan plan_buckets(const std::vector<Variable>& variables, std::size_t bytes) {
+  BucketPlan plan;
+  plan.bucket_of.resize(variables.size());
+  std::size_t filled = 0;
+  // Sequential::backward's order: the last layer first, its bias before its kernel.
+  for (std::size_t k = variables.size(); k-- > 0;) {
+    const std::size_t size = variables[k].value().nbytes();
+    if (plan.members.empty() || (filled > 0 && filled + size > bytes)) {
+      plan.members.emplace_back();
+      filled = 0;
+    }
+    plan.members.back().push_back(k);
+    plan.bucket_of[k] = plan.members.size() - 1;
+    filled += size;
+  }
+  return plan;
+}
+
+// The replica's gradients, all-reduced (SUM) bucket by bucket while the backward pass goes on;
+// adds replica 0's waits to the optimizer's all-reduce times.
+LossAndGradients bucketed_gradients(const Sequential& layers, const Loss& loss, Optimizer& optimizer,
+                                    distribute::ReplicaContext& ctx, std::size_t bucket_bytes, const Tensor& features,
+                                    const Tensor& targets, std::int64_t global_batch_size) {
+  const std::vector<Variable> variables = layers.trainable_variables();
+  const BucketPlan plan = plan_buckets(variables, bucket_bytes);
+  distribute::detail::ReplicaCollectives& collectives = distribute::detail::collectives_of(ctx);
+  const int local = ctx.local_replica_index();
+
+  std::vector<Tensor> activations;
+  const Tensor outputs = layers.forward(model_input(features, "train_step"), activations);
+  LossAndGradient lg = loss.fn(outputs, targets, global_batch_size);
+  std::vector<Tensor> gradients(variables.size());
+  std::vector<std::size_t> ready(plan.members.size(), 0);
+  std::vector<std::size_t> handles(plan.members.size(), 0);
+  layers.backward(activations, lg.gradient, [&](std::size_t index, const Tensor& gradient) {
+    gradients[index] = gradient;
+    const std::size_t b = plan.bucket_of[index];
+    if (++ready[b] < plan.members[b].size()) return;
+    std::vector<Tensor> values;
+    values.reserve(plan.members[b].size());
+    for (std::size_t k : plan.members[b]) values.push_back(gradients[k]);
+    handles[b] = collectives.start_all_reduce(local, ReduceOp::sum, std::move(values));
+  });
+
+  // The wait that backward did not hide starts when every replica has started its last bucket,
+  // i.e. finished its backward pass (waiting for a replica still differentiating is not it).
+  const auto start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point all_started{};
+  for (std::size_t b = 0; b < plan.members.size(); ++b) {
+    std::vector<Tensor> sums = collectives.wait_all_reduce(local, handles[b], all_started);
+    for (std::size_t i = 0; i < sums.size(); ++i) gradients[plan.members[b][i]] = std::move(sums[i]);
+  }
+  if (ctx.replica_id_in_sync_group() == 0) {
+    const auto end = std::chrono::steady_clock::now();
+    const auto from = std::max(start, all_started);
+    optimizer.record_all_reduce_time(std::chrono::duration_cast<std::chrono::nanoseconds>(end - start),
+                                     std::chrono::duration_cast<std::chrono::nanoseconds>(end - std::min(end, from)));
+  }
+  return {std::move(lg.loss), std::move(gradients)};
 }
 
 }  // namespace
@@ -115,6 +186,19 @@ LossAndGradients Model::compute_gradients(const Tensor& features, const Tensor& 
 Tensor Model::train_step(const data::Element& inputs, std::int64_t global_batch_size) {
   check_compiled("train_step");
   check_element(inputs, "train_step");
+  // Inside strategy.run with several replicas: the gradients are all-reduced in buckets while
+  // the backward pass goes on (RuntimeOptions::gradient_bucket_bytes), the same bits as one
+  // all-reduce after it.
+  distribute::ReplicaContext* ctx = distribute::detail::installed_replica_context();
+  const std::size_t bucket_bytes =
+      ctx != nullptr && ctx->num_replicas_in_sync() > 1 ? ctx->strategy().backend().gradient_bucket_bytes() : 0;
+  if (bucket_bytes > 0) {
+    check_compiled("compute_gradients");
+    LossAndGradients r = bucketed_gradients(layers_, loss_, *optimizer_, *ctx, bucket_bytes, inputs[0], inputs[1],
+                                            global_batch_size);
+    optimizer_->apply_gradients(zip(r.gradients, trainable_variables()), std::nullopt);
+    return r.loss;
+  }
   LossAndGradients r = compute_gradients(inputs[0], inputs[1], global_batch_size);
   optimizer_->apply_gradients(zip(r.gradients, trainable_variables()));
   return r.loss;

@@ -40,6 +40,12 @@ Tensor Sequential::forward(const Tensor& x, std::vector<Tensor>& activations) co
 }
 
 std::vector<Tensor> Sequential::backward(const std::vector<Tensor>& activations, const Tensor& grad_output) const {
+  return backward(activations, grad_output, nullptr);
+}
+
+std::vector<Tensor> Sequential::backward(
+    const std::vector<Tensor>& activations, const Tensor& grad_output,
+    const std::function<void(std::size_t index, const Tensor& gradient)>& on_gradient) const {
   if (activations.size() != layers_.size() + 1) {
     throw std::invalid_argument("Sequential::backward: " + std::to_string(activations.size()) +
                                 " activations for " + std::to_string(layers_.size()) +
@@ -52,6 +58,10 @@ std::vector<Tensor> Sequential::backward(const std::vector<Tensor>& activations,
     DenseGradients d = layers_[i].backward(activations[i], activations[i + 1], g, i > 0);
     grads[2 * i] = std::move(d.kernel);
     grads[2 * i + 1] = std::move(d.bias);
+    if (on_gradient) {
+      on_gradient(2 * i + 1, grads[2 * i + 1]);
+      on_gradient(2 * i, grads[2 * i]);
+    }
     g = std::move(d.input);
   }
   return grads;

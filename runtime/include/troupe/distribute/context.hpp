@@ -16,8 +16,12 @@ namespace troupe::distribute {
 
 class Strategy;
 
+class ReplicaContext;
+
 namespace detail {
 class ReplicaCollectives;
+/// The collectives behind a replica context (the library's own bucketed gradient all-reduce).
+ReplicaCollectives& collectives_of(const ReplicaContext& context);
 }
 
 /// The context of one replica while its function runs inside Strategy::run: who it is, and the
@@ -63,6 +67,7 @@ class ReplicaContext {
   std::shared_ptr<const void> merge_result() const;
 
  private:
+  friend detail::ReplicaCollectives& detail::collectives_of(const ReplicaContext& context);
   std::shared_ptr<const void>& collectives_result();
 
   Strategy* strategy_;

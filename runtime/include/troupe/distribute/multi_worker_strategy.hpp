@@ -32,7 +32,12 @@ const char* compression_name(Compression c) noexcept;
 struct CommunicationOptions {
   CommunicationImplementation implementation = CommunicationImplementation::automatic;
   /// The tensors of one all_reduce call cross workers packed by dtype into collectives of at most
-  /// this many bytes (0: one pack per dtype; a tensor larger than the limit travels alone).
+  /// this many bytes (0: one pack per dtype; a tensor larger than the limit travels alone). When
+  /// set, it is also the size of Model::train_step's gradient buckets (in place of
+  /// RuntimeOptions::gradient_bucket_bytes): each bucket crosses the ring as soon as its local sum
+  /// exists, while the replicas still differentiate earlier layers. With 2 workers the weights do
+  /// not depend on it; with more, the ring's order of additions follows the packs, so the bits
+  /// may (every worker still gets the same ones).
   std::size_t bytes_per_pack = 0;
   /// The longest any cross-worker collective waits for a peer; 0 takes the runtime's
   /// RuntimeOptions::collective_timeout_ms (TROUPE_COLLECTIVE_TIMEOUT_MS), and when that is 0 too waits as long as the peer's connection is alive (a dead worker is

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -51,6 +52,8 @@ class StrategyBackend {
   /// Where the strategy keeps its variables when they are not mirrored (one device for every
   /// replica, CentralStorageStrategy); nullptr when each replica holds its own copy.
   virtual const Device* variable_device() const { return nullptr; }
+  /// The size of Model::train_step's gradient buckets; 0: one all-reduce after the backward pass.
+  virtual std::size_t gradient_bucket_bytes() const { return 0; }
 
   /// Replicas over all workers (every worker has as many as this one).
   int num_replicas_in_sync() const;

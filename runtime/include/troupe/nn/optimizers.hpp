@@ -73,6 +73,19 @@ class Optimizer {
   std::chrono::nanoseconds all_reduce_time() const noexcept {
     return std::chrono::nanoseconds(all_reduce_ns_.load(std::memory_order_relaxed));
   }
+  /// The part of all_reduce_time() that the backward pass did not hide: replica 0's wait for its
+  /// gradient buckets from the moment every replica of its worker had finished backward (started
+  /// its last bucket); waiting for a replica still differentiating is not counted. Only Model::train_step's bucketed
+  /// all-reduce (RuntimeOptions::gradient_bucket_bytes) measures it; for benchmarks.
+  std::chrono::nanoseconds exposed_all_reduce_time() const noexcept {
+    return std::chrono::nanoseconds(exposed_ns_.load(std::memory_order_relaxed));
+  }
+  /// Adds to all_reduce_time() and exposed_all_reduce_time(), for a caller that all-reduced the
+  /// gradients itself before apply_gradients(..., std::nullopt).
+  void record_all_reduce_time(std::chrono::nanoseconds waited, std::chrono::nanoseconds exposed) noexcept {
+    all_reduce_ns_.fetch_add(waited.count(), std::memory_order_relaxed);
+    exposed_ns_.fetch_add(exposed.count(), std::memory_order_relaxed);
+  }
 
  protected:
   Optimizer(std::string name, float learning_rate);
@@ -99,6 +112,7 @@ class Optimizer {
   std::vector<Entry> entries_;
   std::optional<Variable> iterations_;
   std::atomic<std::int64_t> all_reduce_ns_{0};
+  std::atomic<std::int64_t> exposed_ns_{0};
 };
 
 /// Gradient descent, with optional momentum (tf.keras.optimizers.SGD):

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -31,6 +33,11 @@ class Sequential {
   /// Back-propagates grad_output through the layers; returns the gradients in the order of
   /// trainable_variables(). `activations` is what forward filled in.
   std::vector<Tensor> backward(const std::vector<Tensor>& activations, const Tensor& grad_output) const;
+  /// The same, calling on_gradient(index, gradient) as soon as each gradient exists, the last
+  /// layer's first (per layer: the bias, then the kernel; `index` in trainable_variables() order):
+  /// where a gradient's all-reduce can start while earlier layers are still differentiated.
+  std::vector<Tensor> backward(const std::vector<Tensor>& activations, const Tensor& grad_output,
+                               const std::function<void(std::size_t index, const Tensor& gradient)>& on_gradient) const;
 
   /// The layers, input first.
   const std::vector<Dense>& layers() const noexcept { return layers_; }
