@@ -112,6 +112,17 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         return st.task;
       },
       [=](leave_atom) { forget(caf::actor_cast<caf::actor_addr>(self->current_sender()), "left"); },
+      [=](leave_atom, const std::string& peer, const std::string& to) -> bool {
+        // A chief that leaves before it ever reached this task (it was still starting when the
+        // chief tried) says so once, so that a task waiting for it need not wait out its start
+        // timeout. A task serving a chief ignores it (that is not its chief), and so does a task
+        // that is not the one the chief meant.
+        auto& st = self->state;
+        if (st.chief || to != st.task || peer.rfind("/job:chief/", 0) != 0) return false;
+        event(st, "left " + peer.substr(0, 200) + " (it left before it reached this task)");
+        if (st.handlers->chief_gone) st.handlers->chief_gone();
+        return true;
+      },
       [=](table_atom, const std::string& blob) {
         if (self->state.handlers->table) self->state.handlers->table(blob);
       },
@@ -456,20 +467,47 @@ caf::expected<caf::actor> reach(caf::actor_system& system, const task_endpoint& 
   return *found;
 }
 
+// Says (leave, chief, worker) to each worker the chief never reached, once, as it leaves: such a worker
+// may have come up since the last try, and would otherwise wait for a chief until its start
+// timeout. Workers that answered no try promptly (a host that drops the connection attempts) are
+// skipped, so leaving never waits on them.
+void say_goodbye(const std::shared_ptr<dispatcher::impl>& d, const std::vector<bool>& reached,
+                 const std::vector<bool>& prompt) {
+  const bool tls = d->options.credentials != nullptr;
+  for (std::size_t w = 0; w < d->options.workers.size(); ++w) {
+    if (reached[w] || !prompt[w]) continue;
+    const auto& t = d->options.workers[w];
+    auto agent = connect(*d->system, t.host, t.port, tls);
+    if (!agent) continue;  // still down: its start timeout ends it
+    caf::scoped_actor self{*d->system};
+    bool told = false;
+    self->request(*agent, std::chrono::seconds(2), leave_atom::value, d->options.task, t.task)
+        .receive([&](bool taken) { told = taken; }, [](caf::error&) {});
+    if (told) d->say("told " + t.task + " that the chief leaves (it was not reached before)");
+  }
+}
+
 void run_connector(std::shared_ptr<dispatcher::impl> d) {
   const bool tls = d->options.credentials != nullptr;
-  std::vector<bool> complained(d->options.workers.size(), false);
+  const std::size_t n = d->options.workers.size();
+  std::vector<bool> complained(n, false);
+  std::vector<bool> reached(n, false);  // said hello at least once
+  std::vector<bool> prompt(n, true);    // the last try failed (or succeeded) within a second
+  auto stopping = [&] {
+    std::lock_guard<std::mutex> lock(d->mutex);
+    return d->stopping;
+  };
   for (;;) {
-    for (std::size_t w = 0; w < d->options.workers.size(); ++w) {
-      {
-        std::lock_guard<std::mutex> lock(d->mutex);
-        if (d->stopping) return;
-      }
+    for (std::size_t w = 0; w < n; ++w) {
+      if (stopping()) return say_goodbye(d, reached, prompt);
       if (d->connected[w]) continue;
       const auto& t = d->options.workers[w];
+      const auto began = std::chrono::steady_clock::now();
       auto agent = reach(*d->system, t, d->options.task, d->actor, tls, std::chrono::seconds(5));
+      prompt[w] = std::chrono::steady_clock::now() - began < std::chrono::seconds(1);
       if (agent) {
         d->connected[w] = true;
+        reached[w] = true;
         complained[w] = false;
         d->say("connected " + t.task + " at " + address_of(t.host, t.port));
         caf::anon_send(d->actor, wup_atom::value, static_cast<std::int32_t>(w), *agent);
@@ -483,7 +521,10 @@ void run_connector(std::shared_ptr<dispatcher::impl> d) {
     }
     std::unique_lock<std::mutex> lock(d->mutex);
     d->wake.wait_for(lock, std::chrono::milliseconds(d->connect_retry_ms.load()), [&] { return d->stopping; });
-    if (d->stopping) return;
+    if (d->stopping) {
+      lock.unlock();
+      return say_goodbye(d, reached, prompt);
+    }
   }
 }
 

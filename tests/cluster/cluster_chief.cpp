@@ -3,8 +3,10 @@
 // mismatch exits 1 naming it.
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <fstream>
 #include <iostream>
 #include <set>
+#include <thread>
 
 #include "troupe/troupe.hpp"
 
@@ -40,7 +42,9 @@ int main(int argc, char** argv) {
   std::string mode = "basic";
   int closures = 200;
   int slow_ms = 20;
-  app.add_option("--mode", mode, "basic, retry, ps-lost or rate");
+  std::string wait_file;
+  app.add_option("--mode", mode, "basic, retry, rate or leave-early");
+  app.add_option("--wait-file", wait_file, "leave-early: leaves once this file exists (at most 30 s)");
   app.add_option("--closures", closures);
   app.add_option("--slow-ms", slow_ms);
   CLI11_PARSE(app, argc, argv);
@@ -48,7 +52,10 @@ int main(int argc, char** argv) {
     troupe::Runtime rt;
     auto resolver = std::make_shared<td::TFConfigClusterResolver>();
     td::ParameterServerStrategy strategy(rt, resolver, std::make_shared<td::FixedShardsPartitioner>(2));
-    td::ClusterCoordinator coordinator(strategy);
+    td::ClusterCoordinatorOptions options;
+    // leave-early: a worker that is down at the first try is not tried again while the chief runs.
+    if (mode == "leave-early") options.reconnect_interval = std::chrono::seconds(60);
+    td::ClusterCoordinator coordinator(strategy, options);
     if (mode == "basic") {
       // Results come back in order of scheduling, from both workers.
       std::vector<td::RemoteValue> values;
@@ -126,6 +133,15 @@ int main(int argc, char** argv) {
         std::cout << "rate: " << closures << " empty closures in " << s << " s = " << closures / s
                   << " closures/s" << std::endl;
       }
+    } else if (mode == "leave-early") {
+      // The chief leaves while the script has started a worker it has not reached yet.
+      std::cout << "waiting for " << wait_file << std::endl;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!std::ifstream(wait_file).good()) {
+        expect(std::chrono::steady_clock::now() < deadline, "no " + wait_file + " within 30 s");
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      std::cout << "leaving with " << strategy.num_workers() << " workers in the cluster" << std::endl;
     } else {
       fail("unknown mode " + mode);
     }

@@ -5,7 +5,9 @@
 # Scenarios:
 #   train          ps_trainer, 1 chief + 2 workers + 1 ps: every closure done, the loss falls, all exit 0
 #   worker-killed  the same with worker 1 killed by SIGKILL mid-run: every closure done, workers_lost=1
-#   ps-killed      the ps task killed mid-run: the chief fails within 2 s naming it; nothing hangs
+#   ps-killed      the ps task killed mid-run: the chief fails within 2 s naming it; the workers end
+#   leave-early    a chief leaves before it reached a worker that came up late: it tells the worker,
+#                  which ends at once (not after its start timeout)
 #   daemons        troupe-worker daemons with a module: results, a failing and a missing function
 #                  named, variables, per-worker iterators; SIGTERM stops each daemon cleanly
 #   wrong-token    a daemon with another token is refused and the cluster goes on without it
@@ -115,6 +117,9 @@ case "$scenario" in
     done
     start chief chief 0 "$trainer" --closures 2000 --step-delay-ms 5
     wait_for "$dir/chief.log" '^closures [0-9]+/2000' 30
+    # Mid-run: both workers serve the chief (a worker still starting when the chief fails is
+    # leave-early's case).
+    for w in 0 1; do wait_for "$dir/chief.log" "connected /job:worker/replica:0/task:$w " 30; done
     killed=$(date +%s%N)
     pkill -KILL -P "$pid_ps"
     status_of "$pid_chief"
@@ -127,6 +132,40 @@ case "$scenario" in
       eval "p=\$pid_$n"
       status_of "$p"
       [[ "$st" != 124 ]] || fail "$n hung after its chief failed"
+      [[ "$st" == 0 ]] || fail "$n exited $st after its chief failed (expected 0)"
+      grep -Eq "(left|lost) /job:chief/replica:0/task:0" "$dir/$n.log" || fail "$n did not log its chief going"
+    done
+    ;;
+  leave-early)
+    start ps ps 0 "$trainer"
+    start w0 worker 0 "$trainer"
+    start chief chief 0 "$chief_bin" --mode leave-early --wait-file "$dir/go"
+    wait_for "$dir/chief.log" "cannot reach /job:worker/replica:0/task:1 " 30
+    wait_for "$dir/chief.log" '^waiting for ' 30
+    sleep 1  # past the one retry due before the chief set its reconnect interval to 60 s
+    start w1 worker 1 "$trainer"
+    deadline=$((SECONDS + 30))
+    until ! python3 -c "import socket, sys; socket.socket().bind(('127.0.0.1', int(sys.argv[1])))" "$p1" 2>/dev/null; do
+      [[ $SECONDS -ge $deadline ]] && fail "worker 1 does not listen on $p1 within 30 s"
+      sleep 0.05
+    done
+    touch "$dir/go"
+    status_of "$pid_chief"; [[ $st == 0 ]] || fail "the chief exited $st"
+    left=$(date +%s%N)
+    grep -q "connected /job:worker/replica:0/task:1 " "$dir/chief.log" && fail "the chief reached worker 1 (the case needs it unreached)"
+    grep -q "told /job:worker/replica:0/task:1 that the chief leaves" "$dir/chief.log" ||
+      fail "the chief did not tell worker 1 it leaves"
+    status_of "$pid_w1"
+    ms=$((($(date +%s%N) - left) / 1000000))
+    [[ $st == 0 ]] || fail "worker 1 exited $st after a chief that never reached it left (expected 0; 124: it waited for its start timeout)"
+    [[ $ms -le 10000 ]] || fail "worker 1 took $ms ms to end after the chief left (at most 10000)"
+    grep -q "left /job:chief/replica:0/task:0 (it left before it reached this task)" "$dir/w1.log" ||
+      fail "worker 1 did not log the chief leaving"
+    echo "worker 1, never reached, ended $ms ms after the chief left"
+    for n in w0 ps; do
+      eval "p=\$pid_$n"
+      status_of "$p"; [[ $st == 0 ]] || fail "$n did not exit 0 after its chief left"
+      grep -q "left /job:chief/replica:0/task:0" "$dir/$n.log" || fail "$n did not log the chief leaving"
     done
     ;;
   daemons)

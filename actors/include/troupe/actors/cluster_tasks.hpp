@@ -20,7 +20,9 @@
 //      answers its bytes, (vupdate, key, op, bytes) applies an update as it arrives (updates from
 //      different workers are not ordered, as in TensorFlow).
 //   6. The dispatcher, when destroyed, says (leave) to every agent; a Server told to stop with its
-//      chief then stops.
+//      chief then stops. A worker it never reached (down at every try, up since) is told
+//      (leave, its task name, the worker's) once, so that it does not wait for a chief until its
+//      start timeout; an agent serving a chief, or named otherwise, ignores that.
 
 #include <chrono>
 #include <cstdint>
