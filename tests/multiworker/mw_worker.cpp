@@ -668,8 +668,6 @@ int steer(MultiWorkerMirroredStrategy& s) {
   return 0;
 }
 
-}
-
 // nn::Model trained through train_step, whose gradients are all-reduced in buckets of
 // TROUPE_GRADIENT_BUCKET_BYTES while the backward pass runs (0: one all-reduce after it): after
 // every step a hash of the weights, which must not depend on the buckets.
