@@ -1,6 +1,7 @@
 #include "troupe/monitor.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <atomic>
 #include <condition_variable>
@@ -741,6 +742,14 @@ class Monitor::FitCallback : public nn::Callback {
     }
     m_.shown_learning_rate = m_.optimizer ? m_.optimizer->learning_rate() : NAN;
     m_.last_boundary_ns = profile_now_ns();
+    // The names read at every step, made once.
+    replica_keys_.clear();
+    for (int g = 0; g < m_.replicas_in_sync; ++g) replica_keys_.push_back("loss/replica_" + std::to_string(g));
+    part_keys_.clear();
+    for (int w = 0; w < m_.workers; ++w) {
+      const std::string prefix = w == m_.worker ? "time/" : "worker_" + std::to_string(w) + "/time/";
+      part_keys_.push_back({prefix + "input_ms", prefix + "compute_ms", prefix + "all_reduce_ms", prefix + "step_ms"});
+    }
   }
 
   void on_train_batch_begin(std::int64_t, nn::Logs&) override {
@@ -751,6 +760,7 @@ class Monitor::FitCallback : public nn::Callback {
   void on_train_batch_end(std::int64_t, nn::Logs& logs) override {
     const std::int64_t now = profile_now_ns();
     const std::int64_t step = model().control().step();
+    static const std::string loss_key = "loss", step_key = "time/step_ms";
     const auto get = [&logs](const std::string& name) {
       const auto it = logs.find(name);
       return it == logs.end() ? NAN : it->second;
@@ -761,29 +771,33 @@ class Monitor::FitCallback : public nn::Callback {
     actors::step_event e;
     e.step = step;
     e.time_s = static_cast<double>(now - m_.t0_ns) / 1e9;
-    e.loss = get("loss");
+    e.loss = get(loss_key);
     e.learning_rate = m_.optimizer ? m_.optimizer->learning_rate() : NAN;
-    const double step_ms = get("time/step_ms");
+    const double step_ms = get(step_key);
     const double per_second = step_ms > 0 ? 1e3 / step_ms : 0.0;
     e.samples_per_s = m_.options.global_batch_size > 0
                           ? per_second * static_cast<double>(m_.options.global_batch_size)
                           : per_second;
     e.replica_loss.assign(static_cast<std::size_t>(m_.replicas_in_sync), NAN);
     for (int g = 0; g < m_.replicas_in_sync; ++g) {
-      e.replica_loss[static_cast<std::size_t>(g)] = get("loss/replica_" + std::to_string(g));
+      e.replica_loss[static_cast<std::size_t>(g)] = get(replica_keys_[static_cast<std::size_t>(g)]);
     }
     // This worker's parts of this step; every other worker's of the step before, as fit's
     // reduction carried them.
     e.workers.assign(static_cast<std::size_t>(m_.workers), actors::worker_metrics{});
     for (int w = 0; w < m_.workers; ++w) {
       actors::worker_metrics& x = e.workers[static_cast<std::size_t>(w)];
-      const std::string prefix = w == m_.worker ? "time/" : "worker_" + std::to_string(w) + "/time/";
+      const std::array<std::string, 4>& keys = part_keys_[static_cast<std::size_t>(w)];
+      const auto part = [&](std::size_t i) {
+        const double value = get(keys[i]);
+        return std::isfinite(value) ? value : 0.0;
+      };
       x.worker = w;
       x.step = step;
-      x.input_ms = std::isfinite(get(prefix + "input_ms")) ? get(prefix + "input_ms") : 0.0;
-      x.compute_ms = std::isfinite(get(prefix + "compute_ms")) ? get(prefix + "compute_ms") : 0.0;
-      x.all_reduce_ms = std::isfinite(get(prefix + "all_reduce_ms")) ? get(prefix + "all_reduce_ms") : 0.0;
-      const double whole = get(prefix + "step_ms");
+      x.input_ms = part(0);
+      x.compute_ms = part(1);
+      x.all_reduce_ms = part(2);
+      const double whole = get(keys[3]);
       x.other_ms = std::isfinite(whole) ? std::max(0.0, whole - x.input_ms - x.compute_ms - x.all_reduce_ms) : 0.0;
       x.samples_per_s = e.samples_per_s;
     }
@@ -854,6 +868,8 @@ class Monitor::FitCallback : public nn::Callback {
 
  private:
   Monitor::Impl& m_;
+  std::vector<std::string> replica_keys_;              // "loss/replica_<g>"
+  std::vector<std::array<std::string, 4>> part_keys_;  // per worker: its input, compute, all-reduce, step
 };
 
 std::shared_ptr<nn::Callback> Monitor::callback() {
