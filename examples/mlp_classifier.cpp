@@ -396,12 +396,9 @@ int run(const Flags& f) {
   // The dashboard and traces: the monitor sees every step boundary and may pause or stop there.
   std::unique_ptr<Monitor> monitor;
   if (f.monitor.enabled()) {
+    // Its controls go through model.control(); a checkpoint is saved by `saver` above.
     monitor = std::make_unique<Monitor>(strategy, model.optimizer().get(), f.monitor.options(f.batch));
-    if (manager) monitor->set_checkpoint_function([&](std::int64_t step) { save(step, {}); });
-    options.on_replica_losses = [&](const std::vector<Tensor>& losses) { monitor->record_replica_losses(losses); };
-    options.on_step_end = [&](std::int64_t step, double loss) {
-      if (monitor->on_step_end(step, loss) == StepDecision::stop) model.control().stop_training("stopped from the dashboard");
-    };
+    options.callbacks.push_back(monitor->callback());
   }
   const std::int64_t total_steps = f.epochs * steps_per_epoch;
   nn::History history;

@@ -162,22 +162,21 @@ int main(int argc, char** argv) {
       if (backup) backup->save_now();
     };
     options.callbacks.push_back(saver);
-    // Every worker watches its steps; the chief serves the dashboard, and a command it takes is
-    // applied by all workers after the same step (the monitor agrees on it across workers).
+    // Every worker watches its steps; the chief serves the dashboard. Its controls are requests to
+    // model.control(), which fit agrees on in every step's own reduction: all workers apply them
+    // after the same step, and a checkpoint is saved by `saver` above.
     std::unique_ptr<Monitor> monitor;
     if (monitor_flags.enabled()) {
       MonitorOptions monitor_options = monitor_flags.options(batch);
       monitor_options.log = &std::cout;  // every worker says when it paused, resumed, stopped
       monitor = std::make_unique<Monitor>(strategy, model.optimizer().get(), monitor_options);
-      if (backup) monitor->set_checkpoint_function([&](std::int64_t) { backup->save_now(); });
-      options.on_replica_losses = [&](const std::vector<Tensor>& l) { monitor->record_replica_losses(l); };
+      options.callbacks.push_back(monitor->callback());
     }
-    options.on_step_end = [&](std::int64_t step, double loss) {
-      if (monitor && monitor->on_step_end(step, loss) == StepDecision::stop) {
-        model.control().stop_training("stopped from the dashboard");  // agreed by the monitor: this step
-      }
-      if (step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms));
-    };
+    if (step_delay_ms > 0) {
+      options.on_step_end = [&](std::int64_t, double) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms));
+      };
+    }
     const nn::History history = model.fit(batches, epochs, steps_per_epoch, options);
     if (history.non_finite_step != 0 && !no_terminate_on_nan) {
       std::cerr << "multi_worker_trainer: "

@@ -613,6 +613,8 @@ int outside(MultiWorkerMirroredStrategy& s, const std::string& dir) {
 // thread, sets the learning rate and resumes; the chief requests a checkpoint after step 12 and a
 // stop after step 20. Every worker must apply each at the same step (requests ride on the next
 // step's reduction; a pause's are agreed in their own collective), and end with the same weights.
+// That reduction also gives every worker every replica's loss and every worker's step-time parts
+// of the step before, and the stop's reason code (stopped_for).
 int steer(MultiWorkerMirroredStrategy& s) {
   const int task = s.cluster_resolver()->task_id();
   auto scope = s.scope();
@@ -622,10 +624,21 @@ int steer(MultiWorkerMirroredStrategy& s) {
   nn::Model model(nn::Sequential({nn::Dense(blobs.features, 32, nn::Activation::relu, 1),
                                   nn::Dense(32, blobs.classes, nn::Activation::none, 2)}));
   model.compile(std::make_shared<nn::SGD>(0.05f), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
-  std::int64_t paused = 0, resumed = 0, checkpoint = 0, rate_changed = 0;
+  std::int64_t paused = 0, resumed = 0, checkpoint = 0, rate_changed = 0, rate_hook = 0;
+  int replica_losses = 0, worker_parts = 0;  // at step 3: keys in the logs
+  bool parts_positive = true;
   auto probe = std::make_shared<nn::LambdaCallback>();
   probe->batch_end = [&](std::int64_t, nn::Logs& logs) {
     const std::int64_t step = model.control().step();
+    if (step == 3) {
+      for (const auto& [name, value] : logs) {
+        if (name.rfind("loss/replica_", 0) == 0 && std::isfinite(value)) ++replica_losses;
+        if (name.rfind("worker_", 0) == 0 && name.find("/time/step_ms") != std::string::npos) {
+          ++worker_parts;
+          parts_positive = parts_positive && value > 0;
+        }
+      }
+    }
     if (rate_changed == 0 && std::abs(logs.at("learning_rate") - 0.0125) < 1e-9) rate_changed = step;
     if (task == 1 && step == 5) model.control().pause();
     if (task == 0 && step == 12) model.control().request_checkpoint();
@@ -637,10 +650,13 @@ int steer(MultiWorkerMirroredStrategy& s) {
     std::int64_t* resumed;
     void on_pause(std::int64_t step) override { *paused = step; }
     void on_resume(std::int64_t step) override { *resumed = step; }
+    void on_learning_rate(std::int64_t step, double) override { *rate_hook = step; }
+    std::int64_t* rate_hook;
   };
   auto watch = std::make_shared<Watch>();
   watch->paused = &paused;
   watch->resumed = &resumed;
+  watch->rate_hook = &rate_hook;
   std::thread steering;
   if (task == 1) {
     steering = std::thread([&] {
@@ -663,6 +679,10 @@ int steer(MultiWorkerMirroredStrategy& s) {
   for (const Variable& v : model.trainable_variables()) weights.push_back(v.value());
   std::cout << "steer paused=" << paused << " resumed=" << resumed << " rate_changed=" << rate_changed
             << " checkpoint=" << checkpoint << " stopped=" << h.stopped_at_step << " steps=" << h.steps
+            << " rate_hook=" << rate_hook << " replica_losses=" << replica_losses << " worker_parts=" << worker_parts
+            << (parts_positive ? "" : " (not positive)")
+            << " stopped_for_chief=" << model.control().stopped_for("stop from the chief")
+            << " stopped_for_other=" << model.control().stopped_for("stopped from the dashboard")
             << " weights=" << hash_bits(weights) << "\n";
   std::cout << "reason " << h.stop_reason << "\n";
   return 0;

@@ -524,10 +524,13 @@ case "$scenario" in
     [ "$(ls "$dir/ckpt")" = "ckpt-7.ckpt" ] || fail "the checkpoint directory holds: $(ls "$dir/ckpt")" ;;
   steer-2x2)
     # Model::fit steered from one worker (see mw_worker's steer): every worker pauses, resumes,
-    # changes its rate, checkpoints and stops at the same step, with the same weights.
+    # changes its rate, checkpoints and stops at the same step, with the same weights; the step's
+    # reduction gives both every replica's loss (4) and every worker's step-time parts (2), and
+    # the chief's stop reason.
     for i in 0 1; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2"; done
     start_cluster 2 steer; wait_all 2; expect_cluster 2 4
-    want="steer paused=6 resumed=6 rate_changed=7 checkpoint=13 stopped=21 steps=21 weights="
+    want="steer paused=6 resumed=6 rate_changed=7 checkpoint=13 stopped=21 steps=21 rate_hook=6 replica_losses=4"
+    want+=" worker_parts=2 stopped_for_chief=1 stopped_for_other=0 weights="
     for i in 0 1; do grep -q "^$want" "$dir/out$i" || fail "worker $i: expected '$want...'"; done
     [ "$(grep '^steer ' "$dir/out0")" = "$(grep '^steer ' "$dir/out1")" ] || fail "the workers' weights differ"
     grep -q "^reason stop requested by worker 0" "$dir/out1" || fail "worker 1 does not name the chief's stop"

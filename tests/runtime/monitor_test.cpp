@@ -7,6 +7,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -164,4 +165,74 @@ TEST_CASE("monitor: without a token, another site's page cannot steer the traini
   CHECK(read(fd, buf, sizeof buf - 1) > 0);
   CHECK(contains(buf, "403 Forbidden"));
   close(fd);
+}
+
+TEST_CASE("monitor: as a fit callback, the dashboard's controls reach fit through model.control()") {
+  Runtime rt;
+  MirroredStrategy s(rt, {"CPU:0", "CPU:1"});
+  auto scope = s.scope();
+  nn::BlobOptions blobs;
+  blobs.samples = 256;
+  const nn::ClassificationData d = nn::make_blobs(blobs);
+  nn::Model model(nn::Sequential({nn::Dense(blobs.features, 8, nn::Activation::relu, 1),
+                                  nn::Dense(8, blobs.classes, nn::Activation::none, 2)}));
+  auto sgd = std::make_shared<nn::SGD>(0.05f);
+  model.compile(sgd, nn::Loss::sparse_categorical_crossentropy());
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  std::ostringstream log;
+  o.log = &log;
+  Monitor m(s, sgd.get(), o);
+  const int port = m.dashboard_port();
+  std::vector<std::int64_t> saved;
+  std::string state_while_paused;
+  std::thread resumer;
+  auto probe = std::make_shared<nn::LambdaCallback>();
+  probe->batch_end = [&](std::int64_t, nn::Logs&) {
+    const std::int64_t step = model.control().step();
+    if (step == 2) {
+      CHECK(contains(http(port, "POST", "/api/learning_rate?value=0.25"), "200 OK"));
+      CHECK(contains(http(port, "POST", "/api/checkpoint"), "200 OK"));
+    }
+    if (step == 4) {
+      CHECK(contains(http(port, "POST", "/api/pause"), "200 OK"));
+      resumer = std::thread([&] {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!model.control().paused() && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        state_while_paused = http(port, "GET", "/api/state");
+        http(port, "POST", "/api/resume");
+      });
+    }
+    if (step == 6) CHECK(contains(http(port, "POST", "/api/stop"), "200 OK"));
+  };
+  probe->checkpoint = [&](std::int64_t step, nn::Logs&) { saved.push_back(step); };
+  nn::FitOptions fit;
+  fit.verbose = 0;
+  fit.callbacks = {m.callback(), probe};
+  const nn::History h =
+      model.fit(data::Dataset::from_tensor_slices({d.features, d.labels}).repeat().batch(32, true), 1, 50, fit);
+  if (resumer.joinable()) resumer.join();
+  // With one worker a request made after step S applies at the boundary of S.
+  CHECK(saved == std::vector<std::int64_t>{2, 6});
+  CHECK(h.stopped_at_step == 6);
+  CHECK(h.stop_reason == Monitor::dashboard_stop_reason);
+  CHECK(m.stopped());
+  CHECK(sgd->learning_rate() == 0.25f);
+  CHECK(contains(state_while_paused, "\"step\":4,\"paused\":true"));
+  CHECK(contains(log.str(), "learning rate 0.25 from step 3"));
+  CHECK(contains(log.str(), "paused after step 4"));
+  CHECK(contains(log.str(), "resumed after step 4"));
+  CHECK(contains(log.str(), "stopped after step 6"));
+  // Both replicas' losses came from fit's logs.
+  const std::string state = http(port, "GET", "/api/state");
+  CHECK(contains(state, "\"step\":6,"));
+  const auto losses_at = state.find("\"replica_loss\":[");
+  REQUIRE(losses_at != std::string::npos);
+  const std::string losses = state.substr(losses_at + 16, state.find(']', losses_at) - losses_at - 16);
+  CHECK(losses.find(',') != std::string::npos);  // two replicas
+  CHECK(!contains(losses, "null"));
+  CHECK(std::isdigit(static_cast<unsigned char>(losses[0])));
+  CHECK(contains(http(port, "POST", "/api/pause"), "409 Conflict"));
 }

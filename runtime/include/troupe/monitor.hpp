@@ -1,18 +1,23 @@
 #pragma once
 // Watching and steering a training run: the metrics stream, the live dashboard, its JSON API and
-// Chrome traces. A training loop calls Monitor::on_step_end at every step boundary, on every
-// worker; the monitor publishes the step, and applies what the dashboard asked for there.
+// Chrome traces.
+//
+// With Model::fit the monitor is a callback, on every worker:
 //
 //   Monitor monitor(strategy, model.optimizer().get(), options);
-//   fit_options.on_replica_losses = [&](const std::vector<Tensor>& l) { monitor.record_replica_losses(l); };
-//   fit_options.on_step_end = [&](std::int64_t step, double loss) {
-//     if (monitor.on_step_end(step, loss) == StepDecision::stop) throw TrainingStopped(step);
-//   };
+//   fit_options.callbacks.push_back(monitor.callback());
 //
-// Under MultiWorkerMirroredStrategy the monitor of every worker joins one small all-gather at each
-// step boundary: the chief's row carries the command the dashboard gave it, and every row carries
-// its worker's timings, so every worker applies the same command after the same step (never a
-// divergence), and the chief's dashboard shows every worker. Only the chief serves the dashboard.
+// It reads each step from fit's logs (the loss of every replica, the step-time parts of every
+// worker), and the dashboard's controls become requests to model.control(): fit agrees on them
+// in the reduction every step already makes, so every worker pauses, resumes, takes a learning
+// rate, checkpoints (through the callbacks' on_checkpoint) and stops after the same step, and the
+// monitor adds no collective of its own.
+//
+// A custom training loop calls Monitor::on_step_end at every step boundary, on every worker,
+// instead. Under MultiWorkerMirroredStrategy the monitors then join one small all-reduce of their
+// own at each boundary: the chief's row carries the dashboard's command, every row its worker's
+// timings, so every worker applies the same command after the same step (never a divergence),
+// and the chief's dashboard shows every worker. Only the chief serves the dashboard.
 
 #include <chrono>
 #include <cstdint>
@@ -31,6 +36,7 @@ namespace distribute {
 class Strategy;
 }
 namespace nn {
+class Callback;
 class Optimizer;
 }
 
@@ -91,29 +97,43 @@ class Monitor {
   Monitor(const Monitor&) = delete;
   Monitor& operator=(const Monitor&) = delete;
 
-  /// What the "checkpoint" and "stop" controls call, on every worker, with the step just ended.
+  /// The monitor as a Model::fit callback (put it in FitOptions::callbacks, on every worker; the
+  /// monitor must outlive the fit). The dashboard's controls go through model.control(): pause,
+  /// resume, set_learning_rate, request_checkpoint (saved by the callbacks' on_checkpoint) and, for
+  /// "stop", request_checkpoint with request_stop(dashboard_stop_reason). A traced range asked for
+  /// from the dashboard is traced on the chief. Use either the callback or on_step_end, not both.
+  std::shared_ptr<nn::Callback> callback();
+  /// The reason of a stop from the dashboard (TrainingControl::stopped_for tells it on any worker).
+  static constexpr const char* dashboard_stop_reason = "stopped from the dashboard";
+
+  /// on_step_end's side: what the "checkpoint" and "stop" controls call, on every worker, with
+  /// the step just ended.
   void set_checkpoint_function(std::function<void(std::int64_t step)> save);
 
-  /// This worker's replicas' losses of the step about to end (each replica's share of the global
-  /// mean, as Model::train_step returns it); optional, before on_step_end.
+  /// on_step_end's side: this worker's replicas' losses of the step about to end (each replica's
+  /// share of the global mean, as Model::train_step returns it); optional, before on_step_end.
   void record_replica_losses(const std::vector<Tensor>& shares);
 
-  /// The step boundary, after `step` steps in all, in cross-replica context, on every worker:
-  /// publishes the step and applies the dashboard's commands (while paused, it waits here).
-  /// Returns StepDecision::stop once a stop was asked for (after the checkpoint is saved).
+  /// For a custom training loop (Model::fit takes callback() instead): the step boundary, after
+  /// `step` steps in all, in cross-replica context, on every worker: publishes the step and
+  /// applies the dashboard's commands (while paused, it waits here). Under
+  /// MultiWorkerMirroredStrategy it makes one small collective of its own per call. Returns
+  /// StepDecision::stop once a stop was asked for (after the checkpoint is saved).
   StepDecision on_step_end(std::int64_t step, double loss);
 
   /// The port the dashboard listens on; -1 when this process serves none.
   int dashboard_port() const noexcept;
   /// "http://127.0.0.1:PORT/" (with ?token=... when one is set); "" when none is served.
   std::string dashboard_url() const;
-  /// Whether a stop was applied.
+  /// Whether a stop from the dashboard was applied (with the callback: on every worker, once fit
+  /// stopped for it).
   bool stopped() const noexcept;
   /// The trace file written last; "" before.
   std::string trace_written() const;
 
  private:
   struct Impl;
+  class FitCallback;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,6 +1,7 @@
 #include "troupe/monitor.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <atomic>
 #include <condition_variable>
@@ -17,6 +18,8 @@
 #include "monitor/http_server.hpp"
 #include "troupe/actors/metrics_stream.hpp"
 #include "troupe/distribute/strategy.hpp"
+#include "troupe/nn/callback.hpp"
+#include "troupe/nn/model.hpp"
 #include "troupe/nn/optimizers.hpp"
 #include "troupe/runtime.hpp"
 
@@ -149,6 +152,13 @@ struct Monitor::Impl {
   std::vector<double> rows;    // the exchange, reused
   std::vector<actors::step_event> outbox;  // steps not yet published
   std::int64_t published_ns = 0;
+
+  // With callback(): fit's TrainingControl while fit runs (under mutex), which the dashboard's
+  // controls go to; before, they wait in `commands`. A trace asked for waits in trace_request.
+  bool callback_mode = false;
+  nn::TrainingControl* control = nullptr;
+  std::int64_t trace_request = 0;
+  double shown_learning_rate = NAN;
 
   // The dashboard's requests, from the HTTP thread to the training thread.
   std::mutex mutex;
@@ -427,13 +437,33 @@ struct Monitor::Impl {
     return {status, "application/json", "{\"error\":" + json_string(message) + "}"};
   }
 
+  // A dashboard command as a request to fit (under mutex): fit agrees on it at a step boundary.
+  void forward_locked(int command, double value) {
+    switch (command) {
+      case pause: control->pause(); break;
+      case resume: control->resume(); break;
+      case set_learning_rate: control->set_learning_rate(value); break;
+      case checkpoint: control->request_checkpoint(); break;
+      case stop:
+        control->request_checkpoint();
+        control->request_stop(Monitor::dashboard_stop_reason);
+        break;
+      default: break;
+    }
+  }
+
   detail::HttpResponse enqueue(int command, double value) {
     std::lock_guard<std::mutex> lock(mutex);
     if (stopped) return {409, "application/json", "{\"error\":\"the training has stopped\"}"};
-    if (commands.size() >= max_queued_commands) {
+    if (callback_mode && command == trace) {
+      trace_request = static_cast<std::int64_t>(value);
+    } else if (control != nullptr) {
+      forward_locked(command, value);
+    } else if (commands.size() >= max_queued_commands) {
       return {503, "application/json", "{\"error\":\"too many commands waiting for the next step boundary\"}"};
+    } else {
+      commands.emplace_back(command, value);
     }
-    commands.emplace_back(command, value);
     command_ready.notify_all();
     return {200, "application/json",
             std::string("{\"ok\":true,\"command\":\"") + command_name(command) +
@@ -691,6 +721,163 @@ bool Monitor::stopped() const noexcept { return impl_->stopped; }
 std::string Monitor::trace_written() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->trace_written;
+}
+
+// The monitor inside Model::fit: each step comes from fit's logs, and the dashboard's controls go
+// to fit's TrainingControl, which every worker agrees on in the step's own reduction.
+class Monitor::FitCallback : public nn::Callback {
+ public:
+  explicit FitCallback(Monitor::Impl& m) : m_(m) {}
+
+  void on_train_begin(nn::Logs&) override {
+    nn::TrainingControl& control = model().control();
+    {
+      std::lock_guard<std::mutex> lock(m_.mutex);
+      m_.control = &control;
+      // Commands given before training began go to fit now, in order.
+      while (!m_.commands.empty()) {
+        m_.forward_locked(m_.commands.front().first, m_.commands.front().second);
+        m_.commands.pop_front();
+      }
+    }
+    m_.shown_learning_rate = m_.optimizer ? m_.optimizer->learning_rate() : NAN;
+    m_.last_boundary_ns = profile_now_ns();
+    // The names read at every step, made once.
+    replica_keys_.clear();
+    for (int g = 0; g < m_.replicas_in_sync; ++g) replica_keys_.push_back("loss/replica_" + std::to_string(g));
+    part_keys_.clear();
+    for (int w = 0; w < m_.workers; ++w) {
+      const std::string prefix = w == m_.worker ? "time/" : "worker_" + std::to_string(w) + "/time/";
+      part_keys_.push_back({prefix + "input_ms", prefix + "compute_ms", prefix + "all_reduce_ms", prefix + "step_ms"});
+    }
+  }
+
+  void on_train_batch_begin(std::int64_t, nn::Logs&) override {
+    m_.profile.take_input_wait(nullptr);
+    m_.last_boundary_ns = profile_now_ns();
+  }
+
+  void on_train_batch_end(std::int64_t, nn::Logs& logs) override {
+    const std::int64_t now = profile_now_ns();
+    const std::int64_t step = model().control().step();
+    static const std::string loss_key = "loss", step_key = "time/step_ms";
+    const auto get = [&logs](const std::string& name) {
+      const auto it = logs.find(name);
+      return it == logs.end() ? NAN : it->second;
+    };
+    std::int64_t input_start = 0;
+    const std::int64_t input_ns = m_.profile.take_input_wait(&input_start);
+
+    actors::step_event e;
+    e.step = step;
+    e.time_s = static_cast<double>(now - m_.t0_ns) / 1e9;
+    e.loss = get(loss_key);
+    e.learning_rate = m_.optimizer ? m_.optimizer->learning_rate() : NAN;
+    const double step_ms = get(step_key);
+    const double per_second = step_ms > 0 ? 1e3 / step_ms : 0.0;
+    e.samples_per_s = m_.options.global_batch_size > 0
+                          ? per_second * static_cast<double>(m_.options.global_batch_size)
+                          : per_second;
+    e.replica_loss.assign(static_cast<std::size_t>(m_.replicas_in_sync), NAN);
+    for (int g = 0; g < m_.replicas_in_sync; ++g) {
+      e.replica_loss[static_cast<std::size_t>(g)] = get(replica_keys_[static_cast<std::size_t>(g)]);
+    }
+    // This worker's parts of this step; every other worker's of the step before, as fit's
+    // reduction carried them.
+    e.workers.assign(static_cast<std::size_t>(m_.workers), actors::worker_metrics{});
+    for (int w = 0; w < m_.workers; ++w) {
+      actors::worker_metrics& x = e.workers[static_cast<std::size_t>(w)];
+      const std::array<std::string, 4>& keys = part_keys_[static_cast<std::size_t>(w)];
+      const auto part = [&](std::size_t i) {
+        const double value = get(keys[i]);
+        return std::isfinite(value) ? value : 0.0;
+      };
+      x.worker = w;
+      x.step = step;
+      x.input_ms = part(0);
+      x.compute_ms = part(1);
+      x.all_reduce_ms = part(2);
+      const double whole = get(keys[3]);
+      x.other_ms = std::isfinite(whole) ? std::max(0.0, whole - x.input_ms - x.compute_ms - x.all_reduce_ms) : 0.0;
+      x.samples_per_s = e.samples_per_s;
+    }
+    actors::worker_metrics& mine = e.workers[static_cast<std::size_t>(m_.worker)];
+    for (int r = 0; r < m_.local_replicas; ++r) {
+      mine.all_reduce_bytes = m_.profile.replica(r).collective_bytes;
+      mine.collectives = m_.profile.replica(r).collectives;
+    }
+
+    if (m_.trace_first >= 0 && step >= m_.trace_first && step <= m_.trace_last) {
+      m_.record_trace(step, now, input_start, input_ns);
+      if (step == m_.trace_last) m_.write_trace();
+    }
+    std::int64_t trace_steps = 0;
+    {
+      std::lock_guard<std::mutex> lock(m_.mutex);
+      std::fill(m_.heard_ns.begin(), m_.heard_ns.end(), now);
+      std::swap(trace_steps, m_.trace_request);
+    }
+    if (trace_steps > 0) {
+      m_.start_trace(step + 1, step + std::clamp<std::int64_t>(trace_steps, 1, max_trace_steps),
+                     m_.options.trace_file.empty() ? "troupe-trace.json" : m_.options.trace_file);
+    }
+    m_.publish(std::move(e), false);
+  }
+
+  void on_learning_rate(std::int64_t step, double learning_rate) override {
+    std::ostringstream line;
+    line << "learning rate " << static_cast<float>(learning_rate) << " from step " << step + 1;
+    m_.say(line.str());
+    std::lock_guard<std::mutex> lock(m_.mutex);
+    m_.last.learning_rate = learning_rate;
+  }
+
+  void on_pause(std::int64_t step) override {
+    m_.flush(profile_now_ns());  // the steps before the pause reach the dashboard now
+    m_.paused = true;
+    m_.say("paused after step " + std::to_string(step));
+    std::lock_guard<std::mutex> lock(m_.mutex);
+    m_.last.paused = true;
+    for (auto& w : m_.last.workers) w.paused = true;  // fit paused every worker after this step
+  }
+
+  void on_resume(std::int64_t step) override {
+    m_.paused = false;
+    m_.say("resumed after step " + std::to_string(step));
+    std::lock_guard<std::mutex> lock(m_.mutex);
+    m_.last.paused = false;
+    for (auto& w : m_.last.workers) w.paused = false;
+  }
+
+  void on_checkpoint(std::int64_t step, nn::Logs&) override {
+    m_.say("checkpoint requested at step " + std::to_string(step));
+  }
+
+  void on_train_end(nn::Logs&) override {
+    nn::TrainingControl& control = model().control();
+    m_.flush(profile_now_ns());
+    std::lock_guard<std::mutex> lock(m_.mutex);
+    m_.control = nullptr;
+    m_.paused = false;
+    m_.last.paused = false;
+    if (control.stopped_for(Monitor::dashboard_stop_reason)) {
+      m_.stopped = true;
+      m_.say("stopped after step " + std::to_string(control.step()));
+    }
+  }
+
+ private:
+  Monitor::Impl& m_;
+  std::vector<std::string> replica_keys_;              // "loss/replica_<g>"
+  std::vector<std::array<std::string, 4>> part_keys_;  // per worker: its input, compute, all-reduce, step
+};
+
+std::shared_ptr<nn::Callback> Monitor::callback() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->callback_mode = true;
+  }
+  return std::make_shared<FitCallback>(*impl_);
 }
 
 }  // namespace troupe

@@ -92,8 +92,26 @@ void TrainingControl::set_paused(bool paused) {
   paused_ = paused;
 }
 
+bool TrainingControl::stopped_for(const std::string& reason) const {
+  const std::uint32_t code = reason_code(reason);
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stopped_for_ == code;
+}
+
+void TrainingControl::set_stopped_for(std::uint32_t code) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stopped_for_ = code;
+}
+
+std::uint32_t TrainingControl::reason_code(const std::string& reason) {
+  std::uint32_t h = 2166136261u;  // FNV-1a
+  for (unsigned char c : reason) h = (h ^ c) * 16777619u;
+  return h & 0x7fffffffu;
+}
+
 void TrainingControl::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
+  stopped_for_.reset();
   pending_ = Requests{};
   immediate_stop_.reset();
   fit_thread_ = std::this_thread::get_id();

@@ -1,6 +1,7 @@
 #include "troupe/nn/model.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <iomanip>
@@ -212,16 +213,24 @@ bool finite(double x) { return std::isfinite(x); }
 struct Agreed {
   bool stop = false;
   std::string stop_reason;
+  std::uint32_t stop_code = 0;  // TrainingControl::reason_code of the stopper's reason
   bool checkpoint = false;
   std::optional<bool> pause;
   std::optional<double> learning_rate;
 };
 
-// A worker's requests as the five numbers of its row in the agreement table.
+// A worker's requests as the five numbers of its row in the agreement table; under
+// MultiWorkerMirroredStrategy the step's row also carries the worker's step-time parts of the
+// step before (input, compute, all-reduce, whole step, in ms): worker_fields in all.
 constexpr std::size_t request_fields = 5;
+constexpr std::size_t part_fields = 4;
+constexpr std::size_t worker_fields = request_fields + part_fields;
+constexpr const char* part_names[part_fields] = {"input_ms", "compute_ms", "all_reduce_ms", "step_ms"};
 
 void encode(const TrainingControl::Requests& r, double* row) {
-  row[0] = r.stop ? 1.0 : 0.0;
+  // A stop carries its reason's code (< 2^31, exact in a double), so that every worker can tell
+  // why the cluster stopped.
+  row[0] = r.stop ? 1.0 + static_cast<double>(TrainingControl::reason_code(r.stop_reason)) : 0.0;
   row[1] = r.checkpoint ? 1.0 : 0.0;
   row[2] = r.pause ? (*r.pause ? 1.0 : 2.0) : 0.0;
   row[3] = r.learning_rate ? 1.0 : 0.0;
@@ -230,13 +239,16 @@ void encode(const TrainingControl::Requests& r, double* row) {
 
 // The decision every worker reads from the same table of rows, one per worker in order: a
 // request anywhere counts everywhere; for the pause state and the learning rate the first row
-// that asked wins. `mine` gives this worker's own stop reason.
-Agreed decide(const double* table, int workers, const TrainingControl::Requests& mine) {
+// that asked wins. `mine` gives this worker's own stop reason; rows are `stride` numbers apart.
+Agreed decide(const double* table, int workers, const TrainingControl::Requests& mine, std::size_t stride) {
   Agreed out;
   int stopper = -1;
   for (int w = 0; w < workers; ++w) {
-    const double* r = table + static_cast<std::size_t>(w) * request_fields;
-    if (r[0] != 0 && stopper < 0) stopper = w;
+    const double* r = table + static_cast<std::size_t>(w) * stride;
+    if (r[0] != 0 && stopper < 0) {
+      stopper = w;
+      out.stop_code = static_cast<std::uint32_t>(r[0] - 1.0);
+    }
     if (r[1] != 0) out.checkpoint = true;
     if (r[2] != 0 && !out.pause) out.pause = r[2] == 1.0;
     if (r[3] != 0 && !out.learning_rate) out.learning_rate = r[4];
@@ -252,6 +264,7 @@ Agreed local(TrainingControl::Requests mine) {
   Agreed out;
   out.stop = mine.stop;
   out.stop_reason = std::move(mine.stop_reason);
+  out.stop_code = TrainingControl::reason_code(out.stop_reason);
   out.checkpoint = mine.checkpoint;
   out.pause = mine.pause;
   out.learning_rate = mine.learning_rate;
@@ -267,7 +280,7 @@ Agreed agree(TrainingControl& control, distribute::detail::WorkerGroup& group) {
   std::vector<double> row(request_fields);
   encode(mine, row.data());
   const Tensor table = group.concat(Tensor::from_vector(row, {1, static_cast<std::int64_t>(request_fields)}), 0);
-  return decide(table.to_vector<double>().data(), group.size(), mine);
+  return decide(table.to_vector<double>().data(), group.size(), mine, request_fields);
 }
 
 std::string format_ms(double ms) {
@@ -462,6 +475,7 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
   const int local_replicas = static_cast<int>(strategy.extended().worker_devices().size());
   bool stopped = false;
   Logs last_batch_logs;
+  std::array<double, part_fields> previous_parts{};  // this worker's step-time parts of the step before
 
   // Applies, at this step boundary, what every worker agreed on (carried by the step's own
   // reduction under MultiWorkerMirroredStrategy, this worker's requests otherwise) and a
@@ -469,12 +483,18 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
   auto boundary = [&](Logs& logs, std::optional<Agreed> carried) {
     Agreed agreed = carried ? std::move(*carried) : local(control.take());
     if (auto reason = control.take_immediate_stop()) {
-      if (!agreed.stop) agreed.stop_reason = *reason;
+      if (!agreed.stop) {
+        agreed.stop_reason = *reason;
+        agreed.stop_code = TrainingControl::reason_code(*reason);
+      }
       agreed.stop = true;
     }
     if (agreed.stop) stopped_mid_epoch = true;
     for (bool first = true;; first = false) {
-      if (agreed.learning_rate) optimizer_->set_learning_rate(static_cast<float>(*agreed.learning_rate));
+      if (agreed.learning_rate) {
+        optimizer_->set_learning_rate(static_cast<float>(*agreed.learning_rate));
+        for (const auto& c : callbacks) c->on_learning_rate(step, optimizer_->learning_rate());
+      }
       if (agreed.checkpoint && history.non_finite_step == 0) {
         for (const auto& c : callbacks) c->on_checkpoint(step, logs);
       }
@@ -483,6 +503,7 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
           stopped = true;
           history.stop_reason = agreed.stop_reason;
           history.stopped_at_step = step;
+          control.set_stopped_for(agreed.stop_code);
         }
         break;
       }
@@ -549,15 +570,18 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       if (global_batch == 0) continue;
       const auto t1 = std::chrono::steady_clock::now();
       // With metrics or several workers each replica returns float64 {its share of the loss, its
-      // correct predictions, then one row of requests per worker}: the first replica of each
-      // worker fills its worker's row with the requests pending now, so the step's one
-      // reduction also agrees on them (no collective of its own).
+      // correct predictions, then one row per worker, then {mean loss, 1} per replica}: the first
+      // replica of each worker fills its worker's row with the requests pending now and the
+      // worker's step-time parts of the step before, and every replica its own loss, so the
+      // step's one reduction also agrees on the requests and shows every worker's timings and
+      // every replica's loss on every worker (no collective of its own).
       const bool wide = with_metrics || workers > 1;
       TrainingControl::Requests carried;
-      std::vector<double> carried_row(request_fields);
+      std::vector<double> carried_row(worker_fields);
       if (workers > 1) {
         carried = control.take();
         encode(carried, carried_row.data());
+        std::copy(previous_parts.begin(), previous_parts.end(), carried_row.begin() + request_fields);
       }
       const int worker_count = static_cast<int>(workers);
       auto results = strategy.run(
@@ -568,13 +592,22 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
             const Tensor outputs = layers_.forward(model_input(e[0], "fit"), activations);
             LossAndGradient lg = loss_.fn(outputs, e[1], global_batch);
             optimizer_->apply_gradients(zip(layers_.backward(activations, lg.gradient), trainable_variables()));
-            std::vector<double> v(2 + request_fields * static_cast<std::size_t>(worker_count), 0.0);
+            const std::size_t rows_at = 2 + worker_fields * static_cast<std::size_t>(worker_count);
+            const std::size_t replicas_in_sync = static_cast<std::size_t>(worker_count * local_replicas);
+            std::vector<double> v(worker_count > 1 ? rows_at + 2 * replicas_in_sync : 2, 0.0);
             v[0] = as_double(lg.loss);
             if (with_metrics && rows_of(e) > 0) v[1] = nn::accuracy(outputs, e[1]) * static_cast<double>(rows_of(e));
             const int id = distribute::get_replica_context()->replica_id_in_sync_group();
-            if (worker_count > 1 && id % local_replicas == 0) {
-              const std::size_t at = 2 + request_fields * static_cast<std::size_t>(id / local_replicas);
-              std::copy(carried_row.begin(), carried_row.end(), v.begin() + static_cast<std::ptrdiff_t>(at));
+            if (worker_count > 1) {
+              if (id % local_replicas == 0) {
+                const std::size_t at = 2 + worker_fields * static_cast<std::size_t>(id / local_replicas);
+                std::copy(carried_row.begin(), carried_row.end(), v.begin() + static_cast<std::ptrdiff_t>(at));
+              }
+              if (rows_of(e) > 0) {
+                const std::size_t at = rows_at + 2 * static_cast<std::size_t>(id);
+                v[at] = v[0] * static_cast<double>(global_batch) / static_cast<double>(rows_of(e));
+                v[at + 1] = 1.0;
+              }
             }
             // On the replica's device, where the strategy's cross-device op expects its values.
             return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(lg.loss.device());
@@ -585,11 +618,12 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       double loss = 0.0;
       double hits = 0.0;
       std::optional<Agreed> agreed;
+      std::vector<double> v;  // the reduced table, under MultiWorkerMirroredStrategy
       if (wide) {
-        const std::vector<double> v = reduced.to_vector<double>();
+        v = reduced.to_vector<double>();
         loss = v[0];
         hits = v[1];
-        if (workers > 1) agreed = decide(v.data() + 2, worker_count, carried);
+        if (workers > 1) agreed = decide(v.data() + 2, worker_count, carried, worker_fields);
       } else {
         loss = as_double(reduced);
       }
@@ -612,18 +646,30 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       logs["time/all_reduce_ms"] = all_reduce_s * 1e3;
       logs["time/compute_ms"] = std::max(0.0, seconds_between(t1, t2) - all_reduce_s) * 1e3;
       logs["time/step_ms"] = step_s * 1e3;
-      const auto locals = strategy.experimental_local_results(results);
-      for (std::size_t r = 0; r < locals.size() && r < replica_rows.size(); ++r) {
-        if (replica_rows[r] == 0) continue;
-        const double share = wide ? locals[r].to_vector<double>()[0] : as_double(locals[r]);
-        logs["loss/replica_" + std::to_string(group.rank() * local_replicas + static_cast<int>(r))] =
-            share * static_cast<double>(global_batch) / static_cast<double>(replica_rows[r]);
-      }
-      if (options.on_replica_losses) {
-        std::vector<Tensor> shares;
-        shares.reserve(locals.size());
-        for (const Tensor& t : locals) shares.push_back(wide ? Tensor::scalar<double>(t.to_vector<double>()[0]) : t);
-        options.on_replica_losses(shares);
+      if (workers > 1) {
+        // Every replica's loss of this step and every worker's parts of the step before, as the
+        // reduction carried them.
+        const std::size_t rows_at = 2 + worker_fields * static_cast<std::size_t>(worker_count);
+        for (int g = 0; g < worker_count * local_replicas; ++g) {
+          const std::size_t at = rows_at + 2 * static_cast<std::size_t>(g);
+          if (v[at + 1] != 0) logs["loss/replica_" + std::to_string(g)] = v[at];
+        }
+        for (int w = 0; w < worker_count; ++w) {
+          const double* parts = v.data() + 2 + worker_fields * static_cast<std::size_t>(w) + request_fields;
+          if (parts[part_fields - 1] <= 0) continue;  // the first step: no step before
+          for (std::size_t p = 0; p < part_fields; ++p) {
+            logs["worker_" + std::to_string(w) + "/time/" + part_names[p]] = parts[p];
+          }
+        }
+        previous_parts = {logs["time/input_ms"], logs["time/compute_ms"], logs["time/all_reduce_ms"], step_s * 1e3};
+      } else {
+        const auto locals = strategy.experimental_local_results(results);
+        for (std::size_t r = 0; r < locals.size() && r < replica_rows.size(); ++r) {
+          if (replica_rows[r] == 0) continue;
+          const double share = wide ? locals[r].to_vector<double>()[0] : as_double(locals[r]);
+          logs["loss/replica_" + std::to_string(group.rank() * local_replicas + static_cast<int>(r))] =
+              share * static_cast<double>(global_batch) / static_cast<double>(replica_rows[r]);
+        }
       }
       if (backup != nullptr && history.non_finite_step == 0) {  // first: on_step_end may save through it
         // The last step of an epoch of known length stands at the start of the next one.

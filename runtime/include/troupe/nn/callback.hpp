@@ -16,8 +16,12 @@ class Model;
 /// What Model::fit hands its callbacks (Keras's `logs` dict): "loss" and the compiled metrics
 /// ("accuracy", ...), "val_"-prefixed ones at the end of an epoch with validation_data, and at the
 /// end of a step also "learning_rate", "samples_per_second", the step's parts in milliseconds
-/// ("time/input_ms", "time/compute_ms", "time/all_reduce_ms", "time/step_ms") and this worker's
-/// replicas' own losses ("loss/replica_<id>", id in the sync group).
+/// ("time/input_ms", "time/compute_ms", "time/all_reduce_ms", "time/step_ms") and the replicas'
+/// own losses ("loss/replica_<id>", id in the sync group: this worker's replicas, and under
+/// MultiWorkerMirroredStrategy every worker's). Under MultiWorkerMirroredStrategy a step's logs
+/// also hold every worker's parts of the step before ("worker_<w>/time/input_ms",
+/// "worker_<w>/time/compute_ms", "worker_<w>/time/all_reduce_ms", "worker_<w>/time/step_ms", from
+/// the second step on): both ride in the step's own reduction, no collective of their own.
 using Logs = std::map<std::string, double>;
 
 /// What fit is running (Keras's `callback.params`).
@@ -72,6 +76,10 @@ class TrainingControl {
   bool paused() const;
   /// Whether a stop has been requested.
   bool stop_requested() const;
+  /// Whether fit stopped at a step boundary for a stop whose reason was `reason`, requested on
+  /// any worker (under MultiWorkerMirroredStrategy the reason travels as a 31-bit code with the
+  /// request, so every worker can tell why the cluster stopped).
+  bool stopped_for(const std::string& reason) const;
 
   /// The agreed requests made since the last take (fit's side).
   struct Requests {
@@ -89,6 +97,10 @@ class TrainingControl {
   void set_position(std::int64_t step, int epoch);
   /// fit's side: the paused state.
   void set_paused(bool paused);
+  /// fit's side: the code of the stop reason fit applied (reason_code).
+  void set_stopped_for(std::uint32_t code);
+  /// The code a stop reason travels as between workers (in [0, 2^31)).
+  static std::uint32_t reason_code(const std::string& reason);
   /// fit's side: clears every request and state, and makes the calling thread fit's.
   void reset();
 
@@ -99,6 +111,7 @@ class TrainingControl {
   std::thread::id fit_thread_;
   bool stopped_ = false;
   bool paused_ = false;
+  std::optional<std::uint32_t> stopped_for_;
   std::int64_t step_ = 0;
   int epoch_ = 0;
 };
@@ -131,6 +144,9 @@ class Callback {
   virtual void on_pause(std::int64_t step) { (void)step; }
   /// Training goes on after a pause.
   virtual void on_resume(std::int64_t step) { (void)step; }
+  /// A learning rate requested through TrainingControl::set_learning_rate was set at this step
+  /// boundary (agreed by every worker): it applies from step `step + 1` on.
+  virtual void on_learning_rate(std::int64_t step, double learning_rate) { (void)step, (void)learning_rate; }
 
   /// The model being fitted (fit sets it before on_train_begin).
   Model& model() const;

@@ -44,9 +44,6 @@ struct FitOptions {
   /// Called after every step, in cross-replica context, with the number of steps done in all
   /// (initial_step included) and the step's loss.
   std::function<void(std::int64_t step, double loss)> on_step_end;
-  /// Called after every step, before on_step_end, with this worker's replicas' losses (each
-  /// replica's share of the global mean): what a Monitor shows per replica.
-  std::function<void(const std::vector<Tensor>& replica_losses)> on_replica_losses;
   /// Called at every boundary of training, in this order (see Callback).
   std::vector<std::shared_ptr<Callback>> callbacks;
   /// Batches {features, labels} evaluated at the end of every epoch: "val_loss" and the compiled
