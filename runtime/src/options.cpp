@@ -54,9 +54,10 @@ void check_runtime_options(const RuntimeOptions& o) {
     bad_setting("RuntimeOptions", "collective_timeout_ms", o.collective_timeout_ms, " ms",
                 "-1 for TROUPE_COLLECTIVE_TIMEOUT_MS, 0 for no bound, or 1..86400000");
   }
-  if (o.gradient_bucket_bytes < -1 || o.gradient_bucket_bytes > (1 << 30)) {
+  if (o.gradient_bucket_bytes < -2 || o.gradient_bucket_bytes > (1 << 30)) {
     bad_setting("RuntimeOptions", "gradient_bucket_bytes", o.gradient_bucket_bytes, " bytes",
-                "-1 for TROUPE_GRADIENT_BUCKET_BYTES, 0 for one all-reduce after the backward pass, or 1..1073741824");
+                "-1 for TROUPE_GRADIENT_BUCKET_BYTES, -2 for automatic, 0 for one all-reduce after the backward pass, "
+                "or 1..1073741824");
   }
 }
 
@@ -109,7 +110,7 @@ RuntimeOptions RuntimeOptions::from_environment() {
   o.collective_timeout_ms =
       detail::env_int("TROUPE_COLLECTIVE_TIMEOUT_MS", default_collective_timeout_ms, 0, 86'400'000);
   o.gradient_bucket_bytes =
-      detail::env_int("TROUPE_GRADIENT_BUCKET_BYTES", default_gradient_bucket_bytes, 0, 1 << 30);
+      detail::env_int("TROUPE_GRADIENT_BUCKET_BYTES", automatic_gradient_bucket_bytes, 0, 1 << 30);
   if (const char* level = std::getenv("TROUPE_LOG_LEVEL"); level != nullptr && *level != '\0') {
     try {
       parse_log_level(level);

@@ -38,7 +38,7 @@ struct Runtime::Impl {
     if (o.scheduler_threads <= 0) o.scheduler_threads = env.scheduler_threads;
     if (o.spin_us < 0) o.spin_us = env.spin_us;
     if (o.collective_timeout_ms < 0) o.collective_timeout_ms = env.collective_timeout_ms;
-    if (o.gradient_bucket_bytes < 0) o.gradient_bucket_bytes = env.gradient_bucket_bytes;
+    if (o.gradient_bucket_bytes == -1) o.gradient_bucket_bytes = env.gradient_bucket_bytes;
     return o;
   }
 

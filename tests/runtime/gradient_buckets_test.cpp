@@ -217,5 +217,5 @@ TEST_CASE("gradient_bucket_bytes: a bad setting names the field or the variable 
   CHECK(contains(variable, "TROUPE_GRADIENT_BUCKET_BYTES"));
   CHECK(contains(variable, "lots"));
   CHECK(parsed == 4096);
-  CHECK(RuntimeOptions::from_environment().gradient_bucket_bytes == RuntimeOptions::default_gradient_bucket_bytes);
+  CHECK(RuntimeOptions::from_environment().gradient_bucket_bytes == RuntimeOptions::automatic_gradient_bucket_bytes);
 }

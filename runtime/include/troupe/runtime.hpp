@@ -22,6 +22,7 @@ struct RuntimeOptions {
   static constexpr int default_spin_us = 50;
   static constexpr int default_collective_timeout_ms = 0;
   static constexpr int default_gradient_bucket_bytes = 256 * 1024;
+  static constexpr int automatic_gradient_bucket_bytes = -2;
 
   int scheduler_threads = 0;       ///< 0: TROUPE_SCHEDULER_THREADS, else default_scheduler_threads
   int spin_us = -1;                ///< -1: TROUPE_SPIN_US, else default_spin_us
@@ -33,8 +34,11 @@ struct RuntimeOptions {
   /// one process, and across two workers, the results are the same bits either way; across more
   /// workers the ring adds in an order that follows the buckets (the same bits on every worker).
   /// MultiWorkerMirroredStrategy's CommunicationOptions::bytes_per_pack, when set, takes its place;
-  /// GPU replicas (NCCL) ignore it. -1: TROUPE_GRADIENT_BUCKET_BYTES, else
-  /// default_gradient_bucket_bytes.
+  /// GPU replicas (NCCL) ignore it. -1: TROUPE_GRADIENT_BUCKET_BYTES, else automatic.
+  /// automatic_gradient_bucket_bytes (-2): default_gradient_bucket_bytes when the strategy spans
+  /// several workers (the ring's time hides behind backward), 0 among the replicas of one process
+  /// (where the sums are CPU work that competes with backward for the same cores: measured about
+  /// 5 % slower with buckets on 2 cores, see bench/README.md).
   int gradient_bucket_bytes = -1;
 
   /// The defaults, with the TROUPE_* environment applied; a malformed value throws

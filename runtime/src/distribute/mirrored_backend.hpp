@@ -52,6 +52,7 @@ class MirroredBackend : public StrategyBackend {
   Runtime* runtime() override { return runtime_; }
   WorkerGroup& workers() const override { return local_workers_; }
   // GPU replicas all-reduce through NCCL, which has no bucket stage: one all-reduce after backward.
+  // Among the replicas of one process the automatic setting is one all-reduce after backward too.
   std::size_t gradient_bucket_bytes() const override {
     if (nccl_) return 0;
     return static_cast<std::size_t>(std::max(0, runtime_->options().gradient_bucket_bytes));
@@ -118,6 +119,8 @@ class MirroredBackend : public StrategyBackend {
   }
 
  protected:
+  /// The runtime's options (gradient buckets, timeouts), for the backends built on this one.
+  const RuntimeOptions& runtime_options() const { return runtime_->options(); }
   /// A failed GPU replica: replicas waiting inside NCCL are released, and this one's stream is
   /// drained before its tensors are dropped.
   void release_gpu(int r) noexcept {

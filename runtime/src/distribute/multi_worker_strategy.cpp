@@ -131,7 +131,12 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
   // CommunicationOptions::bytes_per_pack sizes the gradient buckets too, when it is set.
   std::size_t gradient_bucket_bytes() const override {
     if (gpu_) return 0;
-    return bytes_per_pack_ > 0 ? bytes_per_pack_ : MirroredBackend::gradient_bucket_bytes();
+    if (bytes_per_pack_ > 0) return bytes_per_pack_;
+    // Automatic: across workers the buckets' ring time hides behind the backward pass.
+    if (runtime_options().gradient_bucket_bytes == RuntimeOptions::automatic_gradient_bucket_bytes) {
+      return RuntimeOptions::default_gradient_bucket_bytes;
+    }
+    return MirroredBackend::gradient_bucket_bytes();
   }
 
   // One step per run on every worker: its number travels in every frame of the ring.
