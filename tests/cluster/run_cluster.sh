@@ -22,8 +22,10 @@ chief_bin="$build/tests/cluster/cluster_chief"
 module="$build/tests/cluster/libtroupe_cluster_functions.so"
 dir="$(mktemp -d)"
 pids=()
+# Every task runs under timeout, which makes itself the leader of a process group of its own: the
+# whole group goes, so that no task outlives the scenario.
 cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do kill -9 -- "-$p" 2>/dev/null || kill -9 "$p" 2>/dev/null; done
   wait 2>/dev/null
   rm -rf "$dir"
 }

@@ -9,7 +9,9 @@ stranger="${3:-}"
 dir="$(mktemp -d)"
 pids=()
 cleanup() {
-  for p in "${pids[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null; done
+  # A worker runs under timeout, which leads a process group of its own: the whole group goes,
+  # so that no worker outlives the scenario.
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && { kill -9 -- "-$p" 2>/dev/null || kill -9 "$p" 2>/dev/null; }; done
   rm -rf "$dir"
 }
 trap cleanup EXIT
