@@ -4,6 +4,7 @@
 #include <openssl/rand.h>
 
 #include <iostream>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <thread>
@@ -34,6 +35,8 @@ std::string random_nonce() {
 
 // A fault report travels to every worker; a longer one is cut.
 constexpr std::size_t max_fault_bytes = 4096;
+// How long the chief waits for a worker to take a fault report before it answers the reporter.
+constexpr std::chrono::milliseconds fault_ack_wait{500};
 
 using table_promise = caf::typed_response_promise<std::vector<member>>;
 
@@ -42,6 +45,7 @@ struct agent_state {
   std::optional<rendezvous_state> rules;
   std::vector<table_promise> waiting;  // joined workers and the chief, until the table or a failure
   std::vector<caf::actor> watchers;    // by rank, once watching
+  std::map<std::int32_t, std::pair<caf::actor, std::string>> early;  // beats before the watch began
   std::uint64_t refused = 0;           // messages refused, for the log's bound
 };
 
@@ -118,6 +122,10 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
         if (s.rules->on_beat(rank, rendezvous_state::clock::now(), peer)) {
           s.watchers[static_cast<std::size_t>(rank)] = watcher;
           self->monitor(watcher);
+        } else if (s.watchers.empty()) {
+          // A worker's first beat can come before this agent starts its watch: its watcher is
+          // kept for then (one per member), so that a report made early still reaches it.
+          s.early[rank] = {watcher, peer};
         }
       },
       [=](bye_atom, std::int32_t rank) {
@@ -129,7 +137,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
         }
         self->state.rules->on_bye(rank, peer);
       },
-      [=](fault_atom, std::int32_t rank, const std::string& what) -> bool {
+      [=](fault_atom, std::int32_t rank, const std::string& what) -> caf::result<bool> {
         auto& s = self->state;
         // Only a member's word counts, and only that rank's own peer may speak for it.
         const auto peer = peer_of(self);
@@ -139,12 +147,23 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
           return false;
         }
         const std::string reason = what.size() > max_fault_bytes ? what.substr(0, max_fault_bytes) + "..." : what;
+        // Answered once every other worker has the report (or after fault_ack_wait): the reporter
+        // breaks its ring, and the chief may exit, only after that, so the report is not lost
+        // with the process that was to send it.
+        auto promise = self->make_response_promise<bool>();
+        auto pending = std::make_shared<int>(1);
+        auto done = [promise, pending]() mutable {
+          if (--*pending == 0) promise.deliver(true);
+        };
         for (std::size_t r = 0; r < s.watchers.size(); ++r) {
           if (s.watchers[r] && static_cast<std::int32_t>(r) != rank) {
-            self->send(s.watchers[r], gone_atom::value, rank, reason);
+            ++*pending;
+            self->request(s.watchers[r], fault_ack_wait, gone_atom::value, rank, reason)
+                .then([done]() mutable { done(); }, [done](caf::error&) mutable { done(); });
           }
         }
-        return true;
+        done();
+        return promise;
       },
       [=](check_atom, std::chrono::milliseconds interval) {
         for (const auto& v : self->state.rules->check(rendezvous_state::clock::now())) fan_out(v);
@@ -159,6 +178,13 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
         auto& s = self->state;
         s.rules->start_watch(interval, rendezvous_state::clock::now());
         s.watchers.assign(s.rules->table().size(), caf::actor{});
+        for (const auto& [rank, early] : s.early) {
+          if (s.rules->on_beat(rank, rendezvous_state::clock::now(), early.second)) {
+            s.watchers[static_cast<std::size_t>(rank)] = early.first;
+            self->monitor(early.first);
+          }
+        }
+        s.early.clear();
         self->delayed_send(self, interval, check_atom::value, interval);
       },
       [=](nonce_atom) -> caf::result<std::string> {
