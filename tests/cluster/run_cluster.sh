@@ -203,12 +203,13 @@ case "$scenario" in
       eval "pid_$1=$!"
     done
     for n in w0 w1 ps; do wait_for "$dir/$n.log" '^troupe-worker: ready ' 20; done
+    # The result on stdout, the log on stderr: apart, so that a log line cannot split the result.
     TROUPE_CLUSTER_TOKEN="$good" TF_CONFIG="$(tf_config chief 0)" timeout 60 "$chief_bin" --mode retry \
-      --closures 40 --slow-ms 1 >"$dir/chief.log" 2>&1
+      --closures 40 --slow-ms 1 >"$dir/chief.log" 2>"$dir/chief-stderr.log"
     st=$?
     [[ $st == 0 ]] || fail "the chief exited $st"
     grep -q "result: closures=40 done=40 " "$dir/chief.log" || fail "not every closure was done"
-    grep -q "cannot reach /job:worker/replica:0/task:1" "$dir/chief.log" || fail "the chief did not log the refused worker"
+    grep -q "cannot reach /job:worker/replica:0/task:1" "$dir/chief-stderr.log" || fail "the chief did not log the refused worker"
     grep -q "connected" "$dir/w1.log" && fail "the worker with the wrong token was heard"
     grep -q "connected /job:chief/replica:0/task:0" "$dir/w0.log" || fail "worker 0 did not serve the chief"
     ;;
