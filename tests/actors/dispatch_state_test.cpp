@@ -75,3 +75,31 @@ TEST_CASE("dispatch_state refuses a window below 1") {
   for (std::uint64_t id = 1; id <= 5; ++id) s.enqueue(id);
   CHECK(s.assign().size() == 3);
 }
+
+TEST_CASE("heartbeat_state names a watched peer silent for more than missed intervals, once, until it beats") {
+  using namespace std::chrono_literals;
+  heartbeat_state h(3, 500ms, 6);
+  CHECK(h.limit() == 3000ms);
+  const auto t0 = heartbeat_state::clock::time_point{} + 100s;
+  CHECK(h.overdue(t0 + 60s).empty());  // nobody watched
+  h.watch(0, t0);
+  h.watch(2, t0);
+  CHECK(h.overdue(t0 + 3000ms).empty());  // exactly the limit: not yet
+  CHECK_FALSE(h.beat(2, t0 + 2900ms));     // peer 2 answers in time
+  CHECK_FALSE(h.beat(1, t0 + 2900ms));     // not watched: nothing
+  auto late = h.overdue(t0 + 3001ms);
+  REQUIRE(late.size() == 1);
+  CHECK(late[0] == 0);
+  CHECK(h.is_overdue(0));
+  CHECK(h.overdue(t0 + 10s) == std::vector<int>{2});  // peer 0 is not named again
+  CHECK(h.beat(0, t0 + 11s));                          // back
+  CHECK_FALSE(h.is_overdue(0));
+  CHECK(h.overdue(t0 + 13s).empty());
+  CHECK(h.overdue(t0 + 14100ms) == std::vector<int>{0});
+  h.forget(0);
+  CHECK_FALSE(h.watched(0));
+  CHECK_FALSE(h.beat(0, t0 + 20s));
+  CHECK(h.overdue(t0 + 60s).empty());  // peer 2 is still overdue from before, 0 is forgotten
+  CHECK_THROWS_AS(heartbeat_state(1, 0ms, 6), std::invalid_argument);
+  CHECK_THROWS_AS(heartbeat_state(1, 500ms, 0), std::invalid_argument);
+}
