@@ -12,6 +12,7 @@
 #include "caf/io/all.hpp"
 #include "caf/openssl/all.hpp"
 #include "control_tls.hpp"
+#include "openssl/err.h"
 #include "protocol.hpp"
 
 namespace troupe::actors {
@@ -26,6 +27,14 @@ std::string error_text(caf::actor_system& system, const caf::error& e) {
 caf::error runtime_error(std::string text) { return caf::make_error(caf::sec::runtime_error, std::move(text)); }
 
 std::string address_of(const std::string& host, std::uint16_t port) { return host + ":" + std::to_string(port); }
+
+// A TLS handshake that fails (a peer with another token) leaves its error in the OpenSSL error
+// queue of the middleman's thread, and CAF 0.17 does not clear it: the next read of another
+// session that has nothing to read then reads as a TLS error, and that healthy connection is
+// closed. Clearing the queue on that thread after a failed attempt keeps the others.
+void clear_tls_errors(caf::actor_system& system) {
+  system.middleman().backend().post([] { ERR_clear_error(); });
+}
 
 caf::expected<caf::actor> connect(caf::actor_system& system, const std::string& host, std::uint16_t port, bool tls) {
   return tls ? caf::openssl::remote_actor(system, host, port) : system.middleman().remote_actor(host, port);
@@ -623,7 +632,10 @@ struct reached_task {
 caf::expected<reached_task> reach(caf::actor_system& system, const task_endpoint& t, const std::string& self_task,
                                   const caf::actor& watch, bool tls, std::chrono::milliseconds wait) {
   auto found = connect(system, t.host, t.port, tls);
-  if (!found) return found.error();
+  if (!found) {
+    if (tls) clear_tls_errors(system);
+    return found.error();
+  }
   caf::scoped_actor self{system};
   caf::error failed;
   std::string name;
@@ -654,7 +666,10 @@ void say_goodbye(const std::shared_ptr<dispatcher::impl>& d, const std::vector<b
     if (reached[w] || !prompt[w]) continue;
     const auto& t = d->options.workers[w];
     auto agent = connect(*d->system, t.host, t.port, tls);
-    if (!agent) continue;  // still down: its start timeout ends it
+    if (!agent) {
+      if (tls) clear_tls_errors(*d->system);
+      continue;  // still down: its start timeout ends it
+    }
     caf::scoped_actor self{*d->system};
     bool told = false;
     self->request(*agent, std::chrono::seconds(2), leave_atom::value, d->options.task, t.task)

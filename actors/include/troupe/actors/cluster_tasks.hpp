@@ -19,6 +19,11 @@
 //   5. Variable shards are actors on the ps tasks: (vnew, key, bytes) creates one, (vread, key)
 //      answers its bytes, (vupdate, key, op, bytes) applies an update as it arrives (updates from
 //      different workers are not ordered, as in TensorFlow).
+//   5b. Heartbeats: the agent's answer to hello names its pulse, an actor apart from the agent's
+//      thread. Every heartbeat_interval the dispatcher asks each pulse (beat, interval, missed);
+//      a worker silent for more than missed intervals is lost as in 4 and taken back when it
+//      answers again, a silent ps task fails the coordinator as in 4, and a pulse that hears no
+//      beat from its chief for that long says the chief is gone (heartbeat_state's rules).
 //   6. The dispatcher, when destroyed, says (leave) to every agent; a Server told to stop with its
 //      chief then stops. A worker it never reached (down at every try, up since) is told
 //      (leave, its task name, the worker's) once, so that it does not wait for a chief until its
