@@ -92,6 +92,7 @@ void heartbeat_state::watch(int p, clock::time_point now) {
   watched_.at(i) = true;
   overdue_[i] = false;
   last_[i] = now;
+  if (!checked_ || now > *checked_) checked_ = now;  // the pause rule counts from here
 }
 
 void heartbeat_state::forget(int p) {
@@ -111,6 +112,15 @@ bool heartbeat_state::beat(int p, clock::time_point now) {
 
 std::vector<int> heartbeat_state::overdue(clock::time_point now) {
   std::vector<int> out;
+  // Expected every interval: a gap of two is this process not running, not its peers' silence.
+  const bool paused = checked_ && now - *checked_ > 2 * interval_;
+  if (!checked_ || now > *checked_) checked_ = now;
+  if (paused) {
+    for (std::size_t i = 0; i < watched_.size(); ++i) {
+      if (watched_[i] && !overdue_[i]) last_[i] = now;
+    }
+    return out;
+  }
   for (std::size_t i = 0; i < watched_.size(); ++i) {
     if (!watched_[i] || overdue_[i]) continue;
     if (now - last_[i] > limit()) {

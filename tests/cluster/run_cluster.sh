@@ -8,6 +8,8 @@
 #   ps-killed      the ps task killed mid-run: the chief fails within 2 s naming it; the workers end
 #   worker-stopped worker 1 SIGSTOPped mid-run (its connection stays open): its heartbeats stop, it
 #                  is lost, every closure is done, workers_lost=1; SIGCONT then lets it end
+#   worker-resumed worker 1 SIGSTOPped, lost, then SIGCONTed: it is taken back and runs closures
+#                  again; every closure is done, workers_lost=1
 #   ps-stopped     the ps task SIGSTOPped mid-run: the chief fails within 5 s naming it; after
 #                  SIGCONT every task ends (nothing hangs)
 #   chief-stopped  the chief SIGSTOPped mid-run: every task hears no heartbeat, names the chief lost
@@ -163,6 +165,29 @@ case "$scenario" in
     status_of "$pid_w0"; [[ $st == 0 ]] || fail "worker 0 did not exit 0"
     status_of "$pid_ps"; [[ $st == 0 ]] || fail "the ps task did not exit 0"
     echo "$(grep -c '^closures ' "$dir/chief.log") progress lines; worker 1 ended with $st after SIGCONT"
+    ;;
+  worker-resumed)
+    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
+      set -- $t
+      start "$1" "$2" "$3" "$trainer" --closures 1000 --step-delay-ms 5
+    done
+    start chief chief 0 "$trainer" --closures 1000 --step-delay-ms 5
+    wait_for "$dir/chief.log" '^closures [0-9]+/1000' 30
+    wait_for "$dir/chief.log" "connected /job:worker/replica:0/task:1 " 30
+    stopped=$(pgrep -P "$pid_w1")
+    [[ -n "$stopped" ]] || fail "no worker 1 process to stop"
+    kill -STOP "$stopped"
+    wait_for "$dir/chief.log" "lost /job:worker/replica:0/task:1 \\(it missed 6 heartbeats" 6
+    kill -CONT "$stopped"
+    wait_for "$dir/chief.log" "/job:worker/replica:0/task:1 answers again" 6
+    status_of "$pid_chief"; [[ $st == 0 ]] || fail "the chief exited $st (expected 0)"
+    grep -q '^result: ' "$dir/chief.log" || fail "no result line"
+    [[ "$(result_field "$dir/chief.log" done)" == 1000 ]] || fail "done is not 1000"
+    [[ "$(result_field "$dir/chief.log" workers_lost)" == 1 ]] || fail "workers_lost is not 1"
+    for n in w0 w1 ps; do
+      eval "p=\$pid_$n"
+      status_of "$p"; [[ $st == 0 ]] || fail "$n did not exit 0"
+    done
     ;;
   ps-stopped)
     for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do

@@ -111,7 +111,9 @@ class heartbeat_state {
   /// again). A peer not watched changes nothing and returns false.
   bool beat(int p, clock::time_point now);
   /// The watched peers silent for more than `missed` intervals at `now` that were not overdue yet;
-  /// each is marked overdue (reported once until it beats again).
+  /// each is marked overdue (reported once until it beats again). Called every interval; when the
+  /// previous call is itself more than two intervals ago, this process was not running (it was
+  /// stopped, or starved): nobody is blamed, and every watched peer is given a fresh limit from now.
   std::vector<int> overdue(clock::time_point now);
 
   bool watched(int p) const { return watched_.at(static_cast<std::size_t>(p)); }
@@ -127,6 +129,7 @@ class heartbeat_state {
   std::vector<bool> watched_;
   std::vector<bool> overdue_;
   std::vector<clock::time_point> last_;
+  std::optional<clock::time_point> checked_;  // the previous call of overdue
 };
 
 /// A task's address and its name for errors and logs.
