@@ -12,6 +12,7 @@
 #include "caf/io/all.hpp"
 #include "caf/openssl/all.hpp"
 #include "control_tls.hpp"
+#include "openssl/err.h"
 #include "protocol.hpp"
 
 namespace troupe::actors {
@@ -26,6 +27,14 @@ std::string error_text(caf::actor_system& system, const caf::error& e) {
 caf::error runtime_error(std::string text) { return caf::make_error(caf::sec::runtime_error, std::move(text)); }
 
 std::string address_of(const std::string& host, std::uint16_t port) { return host + ":" + std::to_string(port); }
+
+// A TLS handshake that fails (a peer with another token) leaves its error in the OpenSSL error
+// queue of the middleman's thread, and CAF 0.17 does not clear it: the next read of another
+// session that has nothing to read then reads as a TLS error, and that healthy connection is
+// closed. Clearing the queue on that thread after a failed attempt keeps the others.
+void clear_tls_errors(caf::actor_system& system) {
+  system.middleman().backend().post([] { ERR_clear_error(); });
+}
 
 caf::expected<caf::actor> connect(caf::actor_system& system, const std::string& host, std::uint16_t port, bool tls) {
   return tls ? caf::openssl::remote_actor(system, host, port) : system.middleman().remote_actor(host, port);
@@ -57,8 +66,73 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::string va
   };
 }
 
+// Answers the chief's heartbeats apart from the agent (whose thread may be running a function for
+// minutes) and watches them: a chief silent for more than its missed_heartbeats intervals (stopped,
+// hung) is gone, as if its connection had closed. The chief says its settings in every beat.
+struct pulse_state {
+  std::optional<heartbeat_state> chief;
+  bool ticking = false;
+};
+
+caf::behavior pulse_actor(caf::stateful_actor<pulse_state>* self, std::shared_ptr<const task_handlers> handlers) {
+  return {
+      [=](beat_atom, std::int64_t interval_ms, std::int32_t missed) -> bool {
+        auto& st = self->state;
+        const auto now = heartbeat_state::clock::now();
+        if (interval_ms < 1 || interval_ms > 3600000 || missed < 1 || missed > 1000) return false;
+        if (!st.chief || !st.chief->watched(0) || st.chief->interval().count() != interval_ms ||
+            st.chief->missed() != missed) {
+          st.chief.emplace(1, std::chrono::milliseconds(interval_ms), missed);
+          st.chief->watch(0, now);
+        } else {
+          st.chief->beat(0, now);
+        }
+        if (!st.ticking) {
+          st.ticking = true;
+          self->delayed_send(self, st.chief->interval(), tick_atom::value);
+        }
+        return true;
+      },
+      [=](tick_atom) {
+        auto& st = self->state;
+        st.ticking = false;
+        if (!st.chief || !st.chief->watched(0)) return;
+        if (!st.chief->overdue(heartbeat_state::clock::now()).empty()) {
+          st.chief->forget(0);
+          if (handlers->event) {
+            handlers->event("lost the chief: it missed " + std::to_string(st.chief->missed()) + " heartbeats of " +
+                            std::to_string(st.chief->interval().count()) + " ms (stopped or hung?)");
+          }
+          if (handlers->chief_gone) handlers->chief_gone();
+          return;
+        }
+        st.ticking = true;
+        self->delayed_send(self, st.chief->interval(), tick_atom::value);
+      },
+      [=](hello_atom) {
+        // From the agent: a chief said hello. It is watched from now on, with the last settings
+        // it said (the defaults before its first beat), so that a chief stopped before its first
+        // beat is noticed too.
+        auto& st = self->state;
+        if (!st.chief) {
+          const dispatcher_options defaults;
+          st.chief.emplace(1, defaults.heartbeat_interval, defaults.missed_heartbeats);
+        }
+        st.chief->watch(0, heartbeat_state::clock::now());
+        if (!st.ticking) {
+          st.ticking = true;
+          self->delayed_send(self, st.chief->interval(), tick_atom::value);
+        }
+      },
+      [=](leave_atom) {  // from the agent: the chief left or its connection closed
+        if (self->state.chief) self->state.chief->forget(0);
+      },
+  };
+}
+
 struct agent_state {
   std::string task;
+  caf::actor pulse;
   std::shared_ptr<const task_handlers> handlers;
   std::map<std::string, caf::actor> shards;
   std::map<caf::actor_addr, std::string> peers;  // who said hello, by the address they said it from
@@ -70,8 +144,9 @@ void event(agent_state& st, const std::string& line) {
 }
 
 caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string task,
-                         std::shared_ptr<const task_handlers> handlers) {
+                         std::shared_ptr<const task_handlers> handlers, caf::actor pulse) {
   self->state.task = std::move(task);
+  self->state.pulse = std::move(pulse);
   self->state.handlers = std::move(handlers);
   auto forget = [=](const caf::actor_addr& who, const std::string& how) {
     auto& st = self->state;
@@ -81,6 +156,7 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
     st.peers.erase(it);
     if (who == st.chief) {
       st.chief = caf::actor_addr{};
+      self->send(st.pulse, leave_atom::value);
       if (st.handlers->chief_gone) st.handlers->chief_gone();
     }
   };
@@ -89,6 +165,7 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
   });
   self->set_exit_handler([=](caf::exit_msg& m) {
     for (auto& s : self->state.shards) self->send_exit(s.second, m.reason);
+    self->send_exit(self->state.pulse, m.reason);
     self->quit(m.reason);
   });
   auto shard_of = [=](const std::string& key) -> caf::actor {
@@ -96,7 +173,7 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
     return it == self->state.shards.end() ? caf::actor{} : it->second;
   };
   return {
-      [=](hello_atom, const std::string& peer, const caf::actor& watch) -> std::string {
+      [=](hello_atom, const std::string& peer, const caf::actor& watch) -> caf::result<std::string, caf::actor> {
         // The peer names an actor that lives as long as its connection to us is used: watching
         // it, rather than the sender of the hello, shows when the peer leaves or is lost.
         auto& st = self->state;
@@ -106,10 +183,11 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
           event(st, "connected " + peer.substr(0, 200));
           if (peer.rfind("/job:chief/", 0) == 0) {
             st.chief = who;
+            self->send(st.pulse, hello_atom::value);
             if (st.handlers->chief_came) st.handlers->chief_came();
           }
         }
-        return st.task;
+        return {st.task, st.pulse};
       },
       [=](leave_atom) { forget(caf::actor_cast<caf::actor_addr>(self->current_sender()), "left"); },
       [=](leave_atom, const std::string& peer, const std::string& to) -> bool {
@@ -120,6 +198,7 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         auto& st = self->state;
         if (st.chief || to != st.task || peer.rfind("/job:chief/", 0) != 0) return false;
         event(st, "left " + peer.substr(0, 200) + " (it left before it reached this task)");
+        self->send(st.pulse, leave_atom::value);
         if (st.handlers->chief_gone) st.handlers->chief_gone();
         return true;
       },
@@ -179,6 +258,7 @@ struct task_server::impl {
   caf::actor_system* system = nullptr;
   std::shared_ptr<control_credentials> credentials;
   caf::actor agent;
+  caf::actor pulse;
   std::uint16_t port = 0;
   bool tls = false;
 };
@@ -190,13 +270,17 @@ task_server::task_server(caf::actor_system& system, std::string task, std::strin
   s.system = &system;
   s.credentials = std::move(credentials);
   s.tls = s.credentials != nullptr;
-  // Detached: functions run on the agent's own thread, never on a scheduler thread.
-  s.agent = system.spawn<caf::detached>(task_agent, task,
-                                        std::make_shared<const task_handlers>(std::move(handlers)));
+  // Detached: functions run on the agent's own thread, never on a scheduler thread. Heartbeats are
+  // answered by an actor of their own, so that a function running long is no silence.
+  auto shared = std::make_shared<const task_handlers>(std::move(handlers));
+  auto pulse = system.spawn(pulse_actor, shared);
+  s.pulse = pulse;
+  s.agent = system.spawn<caf::detached>(task_agent, task, shared, pulse);
   auto published = s.tls ? caf::openssl::publish(s.agent, port, host.c_str(), true)
                          : system.middleman().publish(s.agent, port, host.c_str(), true);
   if (!published) {
     caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(pulse, caf::exit_reason::user_shutdown);
     throw std::runtime_error("Server: " + task + " cannot listen on " + address_of(host, port) + ": " +
                              system.render(published.error()));
   }
@@ -213,14 +297,21 @@ task_server::~task_server() {
   // Wait until the agent is gone: its handlers reach into the owner of this object, which is
   // destroyed next. A function still running is given a bound, after which it is left behind.
   caf::scoped_actor self{*s.system};
+  self->monitor(s.pulse);
+  self->send_exit(s.pulse, caf::exit_reason::user_shutdown);
   self->monitor(s.agent);
   self->send_exit(s.agent, caf::exit_reason::user_shutdown);
   bool gone = false;
-  self->receive_while([&] { return !gone; })(
-      [&](caf::down_msg& d) { gone = d.source == s.agent.address(); },
+  bool pulse_gone = false;
+  self->receive_while([&] { return !gone || !pulse_gone; })(
+      [&](caf::down_msg& d) {
+        gone = gone || d.source == s.agent.address();
+        pulse_gone = pulse_gone || d.source == s.pulse.address();
+      },
       caf::after(std::chrono::seconds(30)) >> [&] {
         std::cerr << "troupe: the task agent did not stop within 30 s (a function still runs?)" << std::endl;
         gone = true;
+        pulse_gone = true;
       });
 }
 
@@ -298,6 +389,16 @@ caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<
         self->monitor(agent);
         return true;
       },
+      [=](gone_atom, std::int32_t p, const std::string& reason) {
+        // Its connection is still open but it stopped answering: what waits on it fails now.
+        auto& st = self->state;
+        const auto i = static_cast<std::size_t>(p);
+        if (p < 0 || i >= st.agents.size()) return;
+        st.agents[i] = caf::actor{};
+        auto lost = runtime_error("ps task " + ps[i].task + " is lost (" + reason + ")");
+        for (auto& entry : st.pending[i]) entry.second.deliver(lost);
+        st.pending[i].clear();
+      },
       [=](vread_atom, std::int32_t p, const std::string& key) -> caf::result<std::string> {
         return forward(p, caf::make_message(vread_atom::value, key), type_tag<std::string>{});
       },
@@ -324,6 +425,7 @@ struct dispatcher::impl {
   caf::actor actor;
   caf::actor router;  // the chief's own requests to the ps tasks, failed at once when one is lost
   std::vector<caf::actor> ps;
+  std::vector<caf::actor> ps_pulse;  // what answers each ps task's heartbeats
   std::unique_ptr<std::atomic<bool>[]> connected;  // by worker: set by the connector, cleared on loss
   std::atomic<std::uint64_t> retried{0};
   std::atomic<std::uint64_t> lost{0};
@@ -348,7 +450,10 @@ struct closure_record {
 
 struct dispatch_actor_state {
   std::optional<dispatch_state> rules;
+  std::optional<heartbeat_state> worker_beats;
+  std::optional<heartbeat_state> ps_beats;
   std::vector<caf::actor> workers;
+  std::vector<caf::actor> worker_pulses;
   std::unordered_map<std::uint64_t, closure_record> closures;
   std::string table;
   bool has_table = false;
@@ -358,7 +463,15 @@ struct dispatch_actor_state {
 caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, std::shared_ptr<dispatcher::impl> d) {
   const int n = static_cast<int>(d->options.workers.size());
   self->state.rules.emplace(n, d->options.window);
+  self->state.worker_beats.emplace(n, d->options.heartbeat_interval, d->options.missed_heartbeats);
+  self->state.ps_beats.emplace(static_cast<int>(d->options.ps.size()), d->options.heartbeat_interval,
+                               d->options.missed_heartbeats);
   self->state.workers.assign(static_cast<std::size_t>(n), caf::actor{});
+  self->state.worker_pulses.assign(static_cast<std::size_t>(n), caf::actor{});
+  const auto silence = [=] {
+    return "it missed " + std::to_string(d->options.missed_heartbeats) + " heartbeats of " +
+           std::to_string(d->options.heartbeat_interval.count()) + " ms (stopped or hung?)";
+  };
   auto pump = [=] {
     auto& st = self->state;
     for (auto [w, id] : st.rules->assign()) {
@@ -388,8 +501,10 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
     if (w < 0) return;
     auto back = st.rules->on_worker_lost(w);
     st.workers[static_cast<std::size_t>(w)] = caf::actor{};
+    st.worker_pulses[static_cast<std::size_t>(w)] = caf::actor{};
+    st.worker_beats->forget(w);
     d->retried += back.size();
-    d->lost += 1;
+    d->lost = st.rules->workers_lost();
     d->up = st.rules->workers_up();
     d->connected[static_cast<std::size_t>(w)] = false;
     d->say("lost " + d->options.workers[static_cast<std::size_t>(w)].task + " (" + self->system().render(m.reason) +
@@ -397,6 +512,24 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
     d->wake.notify_all();
     pump();
   });
+  auto beat_worker = [=](std::size_t w) {
+    auto pulse = self->state.worker_pulses[w];
+    if (!pulse) return;
+    self->request(pulse, self->state.worker_beats->limit(), beat_atom::value,
+                  static_cast<std::int64_t>(d->options.heartbeat_interval.count()),
+                  static_cast<std::int32_t>(d->options.missed_heartbeats))
+        .then(
+            [=](bool) {
+              auto& st = self->state;
+              if (st.leaving || st.worker_pulses[w] != pulse) return;  // a newer connection
+              if (!st.worker_beats->beat(static_cast<int>(w), heartbeat_state::clock::now())) return;
+              st.rules->on_worker_up(static_cast<int>(w));
+              d->up = st.rules->workers_up();
+              d->say(d->options.workers[w].task + " answers again; it takes closures again");
+              pump();
+            },
+            [](caf::error&) {});
+  };
   return {
       [=](sched_atom, std::uint64_t id, std::string& function, std::string& args) {
         auto& st = self->state;
@@ -404,9 +537,12 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
         st.rules->enqueue(id);
         pump();
       },
-      [=](wup_atom, std::int32_t w, const caf::actor& agent) {
+      [=](wup_atom, std::int32_t w, const caf::actor& agent, const caf::actor& pulse) {
         auto& st = self->state;
         st.workers[static_cast<std::size_t>(w)] = agent;
+        st.worker_pulses[static_cast<std::size_t>(w)] = pulse;
+        st.worker_beats->watch(w, heartbeat_state::clock::now());
+        beat_worker(static_cast<std::size_t>(w));  // says the settings to it at once
         self->monitor(agent);
         if (st.has_table) self->send(agent, table_atom::value, st.table);
         st.rules->on_worker_up(w);
@@ -437,7 +573,43 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
       },
       [=](watch_ps_atom) -> bool {
         for (const auto& p : d->ps) self->monitor(p);
+        const auto now = heartbeat_state::clock::now();
+        for (std::size_t p = 0; p < d->ps.size(); ++p) self->state.ps_beats->watch(static_cast<int>(p), now);
+        self->send(self, tick_atom::value);
         return true;
+      },
+      [=](tick_atom) {
+        // Beats every task, then names those silent too long: a worker is lost (its closures go
+        // to the others) until it answers again; a ps task fails the coordinator.
+        auto& st = self->state;
+        if (st.leaving) return;
+        const auto interval = static_cast<std::int64_t>(d->options.heartbeat_interval.count());
+        const auto missed = static_cast<std::int32_t>(d->options.missed_heartbeats);
+        const auto wait = st.worker_beats->limit();
+        for (std::size_t w = 0; w < st.worker_pulses.size(); ++w) beat_worker(w);
+        for (std::size_t p = 0; p < d->ps_pulse.size(); ++p) {
+          self->request(d->ps_pulse[p], wait, beat_atom::value, interval, missed)
+              .then([=](bool) { self->state.ps_beats->beat(static_cast<int>(p), heartbeat_state::clock::now()); },
+                    [](caf::error&) {});
+        }
+        const auto now = heartbeat_state::clock::now();
+        for (int w : st.worker_beats->overdue(now)) {
+          auto back = st.rules->on_worker_lost(w);
+          d->retried += back.size();
+          d->lost = st.rules->workers_lost();
+          d->up = st.rules->workers_up();
+          d->say("lost " + d->options.workers[static_cast<std::size_t>(w)].task + " (" + silence() + "); " +
+                 std::to_string(back.size()) +
+                 " closure(s) in flight go to other workers; it is taken back when it answers again");
+        }
+        for (int p : st.ps_beats->overdue(now)) {
+          const auto& task = d->options.ps[static_cast<std::size_t>(p)].task;
+          d->say("lost " + task + " (" + silence() + ")");
+          self->send(d->router, gone_atom::value, static_cast<std::int32_t>(p), silence());
+          d->on_ps_lost(task, silence());
+        }
+        pump();
+        self->delayed_send(self, d->options.heartbeat_interval, tick_atom::value);
       },
       [=](leave_atom) -> bool {
         self->state.leaving = true;
@@ -450,21 +622,37 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
   };
 }
 
-// One attempt to reach a task and hear its name: the agent, or why not.
-caf::expected<caf::actor> reach(caf::actor_system& system, const task_endpoint& t, const std::string& self_task,
-                                const caf::actor& watch, bool tls, std::chrono::milliseconds wait) {
+// One attempt to reach a task and hear its name: its agent and the actor that answers its
+// heartbeats, or why not.
+struct reached_task {
+  caf::actor agent;
+  caf::actor pulse;
+};
+
+caf::expected<reached_task> reach(caf::actor_system& system, const task_endpoint& t, const std::string& self_task,
+                                  const caf::actor& watch, bool tls, std::chrono::milliseconds wait) {
   auto found = connect(system, t.host, t.port, tls);
-  if (!found) return found.error();
+  if (!found) {
+    if (tls) clear_tls_errors(system);
+    return found.error();
+  }
   caf::scoped_actor self{system};
   caf::error failed;
   std::string name;
+  caf::actor pulse;
   self->request(*found, wait, hello_atom::value, self_task, watch)
-      .receive([&](std::string& n) { name = std::move(n); }, [&](caf::error& e) { failed = std::move(e); });
+      .receive(
+          [&](std::string& n, caf::actor& p) {
+            name = std::move(n);
+            pulse = std::move(p);
+          },
+          [&](caf::error& e) { failed = std::move(e); });
   if (failed) return failed;
   if (name != t.task) {
     return runtime_error(address_of(t.host, t.port) + " is " + name.substr(0, 64) + ", not " + t.task);
   }
-  return *found;
+  if (!pulse) return runtime_error(address_of(t.host, t.port) + " (" + t.task + ") answers no heartbeats");
+  return reached_task{*found, std::move(pulse)};
 }
 
 // Says (leave, chief, worker) to each worker the chief never reached, once, as it leaves: such a worker
@@ -478,7 +666,10 @@ void say_goodbye(const std::shared_ptr<dispatcher::impl>& d, const std::vector<b
     if (reached[w] || !prompt[w]) continue;
     const auto& t = d->options.workers[w];
     auto agent = connect(*d->system, t.host, t.port, tls);
-    if (!agent) continue;  // still down: its start timeout ends it
+    if (!agent) {
+      if (tls) clear_tls_errors(*d->system);
+      continue;  // still down: its start timeout ends it
+    }
     caf::scoped_actor self{*d->system};
     bool told = false;
     self->request(*agent, std::chrono::seconds(2), leave_atom::value, d->options.task, t.task)
@@ -510,7 +701,7 @@ void run_connector(std::shared_ptr<dispatcher::impl> d) {
         reached[w] = true;
         complained[w] = false;
         d->say("connected " + t.task + " at " + address_of(t.host, t.port));
-        caf::anon_send(d->actor, wup_atom::value, static_cast<std::int32_t>(w), *agent);
+        caf::anon_send(d->actor, wup_atom::value, static_cast<std::int32_t>(w), agent->agent, agent->pulse);
       } else if (!complained[w]) {
         complained[w] = true;
         d->say("cannot reach " + t.task + " at " + address_of(t.host, t.port) + ": " +
@@ -538,6 +729,11 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
   auto& d = *impl_;
   d.system = &system;
   d.options = std::move(options);
+  if (d.options.heartbeat_interval.count() < 1 || d.options.missed_heartbeats < 1) {
+    throw std::invalid_argument("ParameterServerStrategy: heartbeat_interval " +
+                                std::to_string(d.options.heartbeat_interval.count()) + " ms and missed_heartbeats " +
+                                std::to_string(d.options.missed_heartbeats) + " (expected both >= 1)");
+  }
   d.on_done = std::move(on_done);
   d.on_ps_lost = std::move(on_ps_lost);
   d.log = std::move(log);
@@ -551,7 +747,8 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
     for (;;) {
       auto agent = reach(system, p, d.options.task, d.actor, d.options.credentials != nullptr, std::chrono::seconds(5));
       if (agent) {
-        d.ps.push_back(*agent);
+        d.ps.push_back(agent->agent);
+        d.ps_pulse.push_back(agent->pulse);
         d.say("connected " + p.task + " at " + address_of(p.host, p.port));
         break;
       }
@@ -667,9 +864,9 @@ struct shard_client::impl {
                                address_of(ps[i].host, ps[i].port) + ": " + error_text(*system, found.error()));
     }
     caf::scoped_actor self{*system};
-    self->request(router, timeout, wup_atom::value, static_cast<std::int32_t>(p), *found)
+    self->request(router, timeout, wup_atom::value, static_cast<std::int32_t>(p), found->agent)
         .receive([](bool) {}, [](caf::error&) {});
-    agents[i] = *found;
+    agents[i] = found->agent;
   }
 
   [[noreturn]] void fail(int p, const std::string& what, const caf::error& e) {

@@ -67,8 +67,9 @@ using alive_atom = caf::atom_constant<caf::atom("alive")>;
 using fault_atom = caf::atom_constant<caf::atom("fault")>;
 
 // The tasks of a cluster (cluster_tasks.hpp has the walkthrough):
-//   dispatcher -> task agent: (hello, task, watched actor) -> task; (table, blob); (call, id, function, args);
-//     (leave)
+//   dispatcher -> task agent: (hello, task, watched actor) -> (task, pulse); (table, blob);
+//     (call, id, function, args); (leave)
+//   dispatcher -> pulse: (beat, interval ms, missed) -> bool
 //   task agent -> dispatcher: (result, id, ok, payload)
 //   anyone -> ps agent: (vnew, key, bytes) -> bool; (vread, key) -> bytes; (vupdate, key, op, bytes)
 //     -> bool

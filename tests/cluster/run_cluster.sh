@@ -6,6 +6,14 @@
 #   train          ps_trainer, 1 chief + 2 workers + 1 ps: every closure done, the loss falls, all exit 0
 #   worker-killed  the same with worker 1 killed by SIGKILL mid-run: every closure done, workers_lost=1
 #   ps-killed      the ps task killed mid-run: the chief fails within 2 s naming it; the workers end
+#   worker-stopped worker 1 SIGSTOPped mid-run (its connection stays open): its heartbeats stop, it
+#                  is lost, every closure is done, workers_lost=1; SIGCONT then lets it end
+#   worker-resumed worker 1 SIGSTOPped, lost, then SIGCONTed: it is taken back and runs closures
+#                  again; every closure is done, workers_lost=1
+#   ps-stopped     the ps task SIGSTOPped mid-run: the chief fails within 5 s naming it; after
+#                  SIGCONT every task ends (nothing hangs)
+#   chief-stopped  the chief SIGSTOPped mid-run: every task hears no heartbeat, names the chief lost
+#                  and ends within 10 s
 #   leave-early    a chief leaves before it reached a worker that came up late: it tells the worker,
 #                  which ends at once (not after its start timeout)
 #   daemons        troupe-worker daemons with a module: results, a failing and a missing function
@@ -137,6 +145,100 @@ case "$scenario" in
       [[ "$st" == 0 ]] || fail "$n exited $st after its chief failed (expected 0)"
       grep -Eq "(left|lost) /job:chief/replica:0/task:0" "$dir/$n.log" || fail "$n did not log its chief going"
     done
+    ;;
+  worker-stopped)
+    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
+      set -- $t
+      start "$1" "$2" "$3" "$trainer" --closures 200 --step-delay-ms 10
+    done
+    start chief chief 0 "$trainer" --closures 200 --step-delay-ms 10
+    wait_for "$dir/chief.log" '^closures [0-9]+/200' 30
+    wait_for "$dir/chief.log" "connected /job:worker/replica:0/task:1 " 30
+    stopped=$(pgrep -P "$pid_w1")  # the worker itself, not the timeout that runs it
+    [[ -n "$stopped" ]] || fail "no worker 1 process to stop"
+    kill -STOP "$stopped"
+    status_of "$pid_chief"
+    kill -CONT "$stopped"
+    [[ $st == 0 ]] || fail "the chief exited $st after a worker stopped answering (expected 0)"
+    check_training "$dir/chief.log" 200 1
+    grep -q "lost /job:worker/replica:0/task:1 (it missed 6 heartbeats of 500 ms" "$dir/chief.log" ||
+      fail "the chief did not log the silent worker by name"
+    status_of "$pid_w1"; [[ $st != 124 ]] || fail "worker 1 hung after SIGCONT"
+    status_of "$pid_w0"; [[ $st == 0 ]] || fail "worker 0 did not exit 0"
+    status_of "$pid_ps"; [[ $st == 0 ]] || fail "the ps task did not exit 0"
+    echo "$(grep -c '^closures ' "$dir/chief.log") progress lines; worker 1 ended with $st after SIGCONT"
+    ;;
+  worker-resumed)
+    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
+      set -- $t
+      start "$1" "$2" "$3" "$trainer" --closures 1000 --step-delay-ms 5
+    done
+    start chief chief 0 "$trainer" --closures 1000 --step-delay-ms 5
+    wait_for "$dir/chief.log" '^closures [0-9]+/1000' 30
+    wait_for "$dir/chief.log" "connected /job:worker/replica:0/task:1 " 30
+    stopped=$(pgrep -P "$pid_w1")
+    [[ -n "$stopped" ]] || fail "no worker 1 process to stop"
+    kill -STOP "$stopped"
+    wait_for "$dir/chief.log" "lost /job:worker/replica:0/task:1 \\(it missed 6 heartbeats" 6
+    kill -CONT "$stopped"
+    wait_for "$dir/chief.log" "/job:worker/replica:0/task:1 answers again" 6
+    status_of "$pid_chief"; [[ $st == 0 ]] || fail "the chief exited $st (expected 0)"
+    grep -q '^result: ' "$dir/chief.log" || fail "no result line"
+    [[ "$(result_field "$dir/chief.log" done)" == 1000 ]] || fail "done is not 1000"
+    [[ "$(result_field "$dir/chief.log" workers_lost)" == 1 ]] || fail "workers_lost is not 1"
+    for n in w0 w1 ps; do
+      eval "p=\$pid_$n"
+      status_of "$p"; [[ $st == 0 ]] || fail "$n did not exit 0"
+    done
+    ;;
+  ps-stopped)
+    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
+      set -- $t
+      start "$1" "$2" "$3" "$trainer" --closures 2000 --step-delay-ms 5
+    done
+    start chief chief 0 "$trainer" --closures 2000 --step-delay-ms 5
+    wait_for "$dir/chief.log" '^closures [0-9]+/2000' 30
+    for w in 0 1; do wait_for "$dir/chief.log" "connected /job:worker/replica:0/task:$w " 30; done
+    stopped=$(pgrep -P "$pid_ps")
+    [[ -n "$stopped" ]] || fail "no ps process to stop"
+    began=$(date +%s%N)
+    kill -STOP "$stopped"
+    status_of "$pid_chief"
+    ms=$((($(date +%s%N) - began) / 1000000))
+    kill -CONT "$stopped"
+    [[ "$st" != 0 && "$st" != 124 ]] || fail "the chief exited $st (expected a failure of its own, not 0 or a timeout)"
+    grep -q "ps task /job:ps/replica:0/task:0 is lost: it missed 6 heartbeats" "$dir/chief.log" ||
+      fail "the chief's error does not name the silent ps task"
+    [[ $ms -le 5000 ]] || fail "the chief took $ms ms to fail after the ps task stopped (at most 5000)"
+    echo "the chief failed $ms ms after the ps task was stopped: $(grep 'ps_trainer:' "$dir/chief.log" | tail -n 1)"
+    for n in w0 w1 ps; do
+      eval "p=\$pid_$n"
+      status_of "$p"
+      [[ "$st" != 124 ]] || fail "$n hung after its chief failed"
+    done
+    ;;
+  chief-stopped)
+    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
+      set -- $t
+      start "$1" "$2" "$3" "$trainer" --closures 2000 --step-delay-ms 5
+    done
+    start chief chief 0 "$trainer" --closures 2000 --step-delay-ms 5
+    wait_for "$dir/chief.log" '^closures [0-9]+/2000' 30
+    for w in 0 1; do wait_for "$dir/chief.log" "connected /job:worker/replica:0/task:$w " 30; done
+    stopped=$(pgrep -P "$pid_chief")
+    [[ -n "$stopped" ]] || fail "no chief process to stop"
+    began=$(date +%s%N)
+    kill -STOP "$stopped"
+    for n in w0 w1 ps; do
+      eval "p=\$pid_$n"
+      status_of "$p"
+      [[ "$st" != 124 ]] || fail "$n hung after its chief stopped"
+      grep -q "lost the chief: it missed 6 heartbeats of 500 ms" "$dir/$n.log" || fail "$n did not name its silent chief"
+    done
+    ms=$((($(date +%s%N) - began) / 1000000))
+    kill -KILL "$stopped"
+    [[ $ms -le 10000 ]] || fail "the tasks took $ms ms to end after the chief stopped (at most 10000)"
+    echo "every task ended within $ms ms of the chief stopping"
     ;;
   leave-early)
     start ps ps 0 "$trainer"

@@ -19,6 +19,11 @@
 //   5. Variable shards are actors on the ps tasks: (vnew, key, bytes) creates one, (vread, key)
 //      answers its bytes, (vupdate, key, op, bytes) applies an update as it arrives (updates from
 //      different workers are not ordered, as in TensorFlow).
+//   5b. Heartbeats: the agent's answer to hello names its pulse, an actor apart from the agent's
+//      thread. Every heartbeat_interval the dispatcher asks each pulse (beat, interval, missed);
+//      a worker silent for more than missed intervals is lost as in 4 and taken back when it
+//      answers again, a silent ps task fails the coordinator as in 4, and a pulse that hears no
+//      beat from its chief for that long says the chief is gone (heartbeat_state's rules).
 //   6. The dispatcher, when destroyed, says (leave) to every agent; a Server told to stop with its
 //      chief then stops. A worker it never reached (down at every try, up since) is told
 //      (leave, its task name, the worker's) once, so that it does not wait for a chief until its
@@ -89,6 +94,44 @@ class dispatch_state {
   std::size_t next_ = 0;  // where the least-loaded search starts, so ties rotate
 };
 
+/// The liveness rules of a cluster of tasks, apart from CAF: peers beat (answer a heartbeat, or
+/// send one) and a peer watched but silent for more than `missed` intervals is overdue. The chief
+/// keeps one for its workers and one for its ps tasks; a task keeps one for its chief.
+class heartbeat_state {
+ public:
+  using clock = std::chrono::steady_clock;
+  /// `peers` peers, none watched; throws std::invalid_argument for interval < 1 ms or missed < 1.
+  heartbeat_state(int peers, std::chrono::milliseconds interval, int missed);
+
+  /// Peer `p` is watched from `now` on (a beat at `now`); it is not overdue.
+  void watch(int p, clock::time_point now);
+  /// Peer `p` is no longer watched (its connection closed, or the chief is done).
+  void forget(int p);
+  /// Peer `p` answered at `now`. Returns true when it had been overdue: it is back (and watched
+  /// again). A peer not watched changes nothing and returns false.
+  bool beat(int p, clock::time_point now);
+  /// The watched peers silent for more than `missed` intervals at `now` that were not overdue yet;
+  /// each is marked overdue (reported once until it beats again). Called every interval; when the
+  /// previous call is itself more than two intervals ago, this process was not running (it was
+  /// stopped, or starved): nobody is blamed, and every watched peer is given a fresh limit from now.
+  std::vector<int> overdue(clock::time_point now);
+
+  bool watched(int p) const { return watched_.at(static_cast<std::size_t>(p)); }
+  bool is_overdue(int p) const { return overdue_.at(static_cast<std::size_t>(p)); }
+  std::chrono::milliseconds interval() const noexcept { return interval_; }
+  int missed() const noexcept { return missed_; }
+  /// How long a peer may be silent: interval * missed.
+  std::chrono::milliseconds limit() const noexcept { return interval_ * missed_; }
+
+ private:
+  std::chrono::milliseconds interval_;
+  int missed_;
+  std::vector<bool> watched_;
+  std::vector<bool> overdue_;
+  std::vector<clock::time_point> last_;
+  std::optional<clock::time_point> checked_;  // the previous call of overdue
+};
+
 /// A task's address and its name for errors and logs.
 struct task_endpoint {
   std::string task;  ///< "/job:worker/replica:0/task:1"
@@ -156,6 +199,12 @@ struct dispatcher_options {
   int window = 16;                                   ///< closures in flight per worker
   std::chrono::milliseconds connect_retry{200};      ///< how often a worker that is down is tried
   std::chrono::milliseconds ps_timeout{60000};       ///< how long the ps tasks may take to answer at start
+  /// How often the chief beats every task (the same defaults as MultiWorkerOptions): a worker
+  /// silent for more than missed_heartbeats intervals is lost (its closures go to other workers,
+  /// and it is taken back when it answers again), a silent ps task fails the coordinator, and a
+  /// task whose chief is silent that long is told its chief is gone.
+  std::chrono::milliseconds heartbeat_interval{500};
+  int missed_heartbeats = 6;
 };
 
 /// The chief's side: connects to the workers and ps tasks, schedules closures onto the workers
