@@ -10,7 +10,7 @@ DevTools protocol, against a running mlp_classifier.
 A screenshot of the page is kept at SCREENSHOT.
 
 Usage: browser_test.py MLP_CLASSIFIER SCREENSHOT
-Exit status: 0 passed, 1 failed, 77 skipped (no chromium, or no websocket module).
+Exit status: 0 passed, 1 failed (a missing chromium or websocket module fails too: the install script installs both).
 """
 import base64
 import json
@@ -45,8 +45,9 @@ def wait_for(what, predicate, timeout):
 try:
     import websocket  # Debian's python3-websocket
 except ImportError:
-    print("SKIPPED: the python3 websocket module is missing (apt-get install python3-websocket)")
-    sys.exit(77)
+    # tools/install-deps.sh installs it: its absence is a broken setup, not a reason to skip.
+    print("FAILED: the python3 websocket module is missing (tools/install-deps.sh installs python3-websocket)")
+    sys.exit(1)
 
 
 class DevTools:
@@ -87,8 +88,7 @@ def main():
     trainer, screenshot = sys.argv[1], sys.argv[2]
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
-        print("SKIPPED: no chromium on PATH (apt-get install chromium)")
-        return 77
+        fail("no chromium on PATH (tools/install-deps.sh installs Debian's chromium)")
     work = tempfile.mkdtemp(prefix="troupe-browser-")
     procs = []
     try:
