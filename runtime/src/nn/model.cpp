@@ -476,6 +476,17 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
   bool stopped = false;
   Logs last_batch_logs;
   std::array<double, part_fields> previous_parts{};  // this worker's step-time parts of the step before
+  // The names of the per-replica and per-worker logs, made once rather than every step.
+  std::vector<std::string> replica_loss_keys;
+  for (int g = 0; g < static_cast<int>(workers) * local_replicas; ++g) {
+    replica_loss_keys.push_back("loss/replica_" + std::to_string(g));
+  }
+  std::vector<std::array<std::string, part_fields>> worker_part_keys(static_cast<std::size_t>(workers));
+  for (std::size_t w = 0; w < worker_part_keys.size(); ++w) {
+    for (std::size_t p = 0; p < part_fields; ++p) {
+      worker_part_keys[w][p] = "worker_" + std::to_string(w) + "/time/" + part_names[p];
+    }
+  }
 
   // Applies, at this step boundary, what every worker agreed on (carried by the step's own
   // reduction under MultiWorkerMirroredStrategy, this worker's requests otherwise) and a
@@ -652,13 +663,13 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
         const std::size_t rows_at = 2 + worker_fields * static_cast<std::size_t>(worker_count);
         for (int g = 0; g < worker_count * local_replicas; ++g) {
           const std::size_t at = rows_at + 2 * static_cast<std::size_t>(g);
-          if (v[at + 1] != 0) logs["loss/replica_" + std::to_string(g)] = v[at];
+          if (v[at + 1] != 0) logs[replica_loss_keys[static_cast<std::size_t>(g)]] = v[at];
         }
         for (int w = 0; w < worker_count; ++w) {
           const double* parts = v.data() + 2 + worker_fields * static_cast<std::size_t>(w) + request_fields;
           if (parts[part_fields - 1] <= 0) continue;  // the first step: no step before
           for (std::size_t p = 0; p < part_fields; ++p) {
-            logs["worker_" + std::to_string(w) + "/time/" + part_names[p]] = parts[p];
+            logs[worker_part_keys[static_cast<std::size_t>(w)][p]] = parts[p];
           }
         }
         previous_parts = {logs["time/input_ms"], logs["time/compute_ms"], logs["time/all_reduce_ms"], step_s * 1e3};
@@ -667,7 +678,7 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
         for (std::size_t r = 0; r < locals.size() && r < replica_rows.size(); ++r) {
           if (replica_rows[r] == 0) continue;
           const double share = wide ? locals[r].to_vector<double>()[0] : as_double(locals[r]);
-          logs["loss/replica_" + std::to_string(group.rank() * local_replicas + static_cast<int>(r))] =
+          logs[replica_loss_keys[static_cast<std::size_t>(group.rank() * local_replicas) + r]] =
               share * static_cast<double>(global_batch) / static_cast<double>(replica_rows[r]);
         }
       }
