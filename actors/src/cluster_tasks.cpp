@@ -458,22 +458,52 @@ struct dispatch_actor_state {
   std::string table;
   bool has_table = false;
   bool leaving = false;  // the chief is done: tasks that stop now are no loss
+  // TensorFlow's rules after a closure failed (its ClosureQueue): from the failure until the
+  // coordinator raises it, a closure whose worker is lost is cancelled, not run again; while the
+  // coordinator raises it, everything queued is cancelled and closures in flight finish.
+  bool failed = false;
+  bool cancelling = false;
+  std::chrono::milliseconds heartbeat_interval{500};
+  int missed_heartbeats = 6;
 };
 
 caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, std::shared_ptr<dispatcher::impl> d) {
   const int n = static_cast<int>(d->options.workers.size());
   self->state.rules.emplace(n, d->options.window);
+  self->state.heartbeat_interval = d->options.heartbeat_interval;
+  self->state.missed_heartbeats = d->options.missed_heartbeats;
   self->state.worker_beats.emplace(n, d->options.heartbeat_interval, d->options.missed_heartbeats);
   self->state.ps_beats.emplace(static_cast<int>(d->options.ps.size()), d->options.heartbeat_interval,
                                d->options.missed_heartbeats);
   self->state.workers.assign(static_cast<std::size_t>(n), caf::actor{});
   self->state.worker_pulses.assign(static_cast<std::size_t>(n), caf::actor{});
   const auto silence = [=] {
-    return "it missed " + std::to_string(d->options.missed_heartbeats) + " heartbeats of " +
-           std::to_string(d->options.heartbeat_interval.count()) + " ms (stopped or hung?)";
+    return "it missed " + std::to_string(self->state.missed_heartbeats) + " heartbeats of " +
+           std::to_string(self->state.heartbeat_interval.count()) + " ms (stopped or hung?)";
+  };
+  auto cancel = [=](const std::vector<std::uint64_t>& ids) {
+    for (auto id : ids) {
+      if (self->state.closures.erase(id) == 1) d->on_done(closure_outcome{id, false, {}, {}, true});
+    }
+  };
+  // A lost worker's closures in flight: run again elsewhere, or cancelled after a failure.
+  auto lose_worker = [=](int w) {
+    auto& st = self->state;
+    const bool requeue = !st.failed && !st.cancelling;
+    auto back = st.rules->on_worker_lost(w, requeue);
+    if (requeue) {
+      d->retried += back.size();
+    } else {
+      cancel(back);
+    }
+    d->lost = st.rules->workers_lost();
+    d->up = st.rules->workers_up();
+    return std::to_string(back.size()) +
+           (requeue ? " closure(s) in flight go to other workers" : " closure(s) in flight cancelled (a closure failed)");
   };
   auto pump = [=] {
     auto& st = self->state;
+    if (st.cancelling) cancel(st.rules->cancel_queued());
     for (auto [w, id] : st.rules->assign()) {
       auto it = st.closures.find(id);
       if (it == st.closures.end()) continue;
@@ -499,16 +529,13 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
     }
     const int w = worker_of(m.source);
     if (w < 0) return;
-    auto back = st.rules->on_worker_lost(w);
+    const auto what = lose_worker(w);
     st.workers[static_cast<std::size_t>(w)] = caf::actor{};
     st.worker_pulses[static_cast<std::size_t>(w)] = caf::actor{};
     st.worker_beats->forget(w);
-    d->retried += back.size();
-    d->lost = st.rules->workers_lost();
-    d->up = st.rules->workers_up();
     d->connected[static_cast<std::size_t>(w)] = false;
     d->say("lost " + d->options.workers[static_cast<std::size_t>(w)].task + " (" + self->system().render(m.reason) +
-           "); " + std::to_string(back.size()) + " closure(s) in flight go to other workers");
+           "); " + what);
     d->wake.notify_all();
     pump();
   });
@@ -516,8 +543,8 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
     auto pulse = self->state.worker_pulses[w];
     if (!pulse) return;
     self->request(pulse, self->state.worker_beats->limit(), beat_atom::value,
-                  static_cast<std::int64_t>(d->options.heartbeat_interval.count()),
-                  static_cast<std::int32_t>(d->options.missed_heartbeats))
+                  static_cast<std::int64_t>(self->state.heartbeat_interval.count()),
+                  static_cast<std::int32_t>(self->state.missed_heartbeats))
         .then(
             [=](bool) {
               auto& st = self->state;
@@ -564,12 +591,42 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
         auto it = st.closures.find(id);
         if (it == st.closures.end()) return;
         st.closures.erase(it);
+        if (!ok) st.failed = true;
         d->on_done(closure_outcome{id, ok, std::move(payload), d->options.workers[static_cast<std::size_t>(w)].task});
         pump();
       },
       [=](window_atom, std::int32_t window) {
         self->state.rules->set_window(window);
         pump();
+      },
+      [=](cancel_atom) -> bool {
+        auto& st = self->state;
+        st.failed = false;  // being raised now: what fails from here on is a new error
+        st.cancelling = true;
+        pump();
+        return true;
+      },
+      [=](resume_atom) {
+        self->state.cancelling = false;
+        pump();
+      },
+      [=](hbset_atom, std::int64_t interval_ms, std::int32_t missed) {
+        // New settings: every peer watched so far starts a fresh limit under them.
+        auto& st = self->state;
+        st.heartbeat_interval = std::chrono::milliseconds(interval_ms);
+        st.missed_heartbeats = missed;
+        const auto now = heartbeat_state::clock::now();
+        auto renew = [&](std::optional<heartbeat_state>& beats) {
+          const int peers = static_cast<int>(beats->peers());
+          std::vector<bool> watched;
+          for (int p = 0; p < peers; ++p) watched.push_back(beats->watched(p) && !beats->is_overdue(p));
+          beats.emplace(peers, st.heartbeat_interval, missed);
+          for (int p = 0; p < peers; ++p) {
+            if (watched[static_cast<std::size_t>(p)]) beats->watch(p, now);
+          }
+        };
+        renew(st.worker_beats);
+        renew(st.ps_beats);
       },
       [=](watch_ps_atom) -> bool {
         for (const auto& p : d->ps) self->monitor(p);
@@ -583,8 +640,8 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
         // to the others) until it answers again; a ps task fails the coordinator.
         auto& st = self->state;
         if (st.leaving) return;
-        const auto interval = static_cast<std::int64_t>(d->options.heartbeat_interval.count());
-        const auto missed = static_cast<std::int32_t>(d->options.missed_heartbeats);
+        const auto interval = static_cast<std::int64_t>(st.heartbeat_interval.count());
+        const auto missed = static_cast<std::int32_t>(st.missed_heartbeats);
         const auto wait = st.worker_beats->limit();
         for (std::size_t w = 0; w < st.worker_pulses.size(); ++w) beat_worker(w);
         for (std::size_t p = 0; p < d->ps_pulse.size(); ++p) {
@@ -594,13 +651,9 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
         }
         const auto now = heartbeat_state::clock::now();
         for (int w : st.worker_beats->overdue(now)) {
-          auto back = st.rules->on_worker_lost(w);
-          d->retried += back.size();
-          d->lost = st.rules->workers_lost();
-          d->up = st.rules->workers_up();
-          d->say("lost " + d->options.workers[static_cast<std::size_t>(w)].task + " (" + silence() + "); " +
-                 std::to_string(back.size()) +
-                 " closure(s) in flight go to other workers; it is taken back when it answers again");
+          const auto what = lose_worker(w);
+          d->say("lost " + d->options.workers[static_cast<std::size_t>(w)].task + " (" + silence() + "); " + what +
+                 "; it is taken back when it answers again");
         }
         for (int p : st.ps_beats->overdue(now)) {
           const auto& task = d->options.ps[static_cast<std::size_t>(p)].task;
@@ -609,7 +662,7 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
           d->on_ps_lost(task, silence());
         }
         pump();
-        self->delayed_send(self, d->options.heartbeat_interval, tick_atom::value);
+        self->delayed_send(self, st.heartbeat_interval, tick_atom::value);
       },
       [=](leave_atom) -> bool {
         self->state.leaving = true;
@@ -796,6 +849,22 @@ void dispatcher::configure(int window, std::chrono::milliseconds connect_retry) 
   impl_->connect_retry_ms = connect_retry.count();
   caf::anon_send(impl_->actor, window_atom::value, static_cast<std::int32_t>(window));
 }
+
+void dispatcher::set_heartbeat(std::chrono::milliseconds interval, int missed) {
+  if (interval.count() < 1 || missed < 1) {
+    throw std::invalid_argument("dispatcher: heartbeat_interval " + std::to_string(interval.count()) +
+                                " ms and missed_heartbeats " + std::to_string(missed) + " (expected both >= 1)");
+  }
+  caf::anon_send(impl_->actor, hbset_atom::value, static_cast<std::int64_t>(interval.count()),
+                 static_cast<std::int32_t>(missed));
+}
+
+void dispatcher::cancel_queued() {
+  caf::scoped_actor self{*impl_->system};
+  self->request(impl_->actor, std::chrono::seconds(5), cancel_atom::value).receive([](bool) {}, [](caf::error&) {});
+}
+
+void dispatcher::resume() { caf::anon_send(impl_->actor, resume_atom::value); }
 
 void dispatcher::schedule(std::uint64_t id, std::string function, std::string args) {
   caf::anon_send(impl_->actor, sched_atom::value, id, std::move(function), std::move(args));

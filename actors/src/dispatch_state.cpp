@@ -23,17 +23,24 @@ void dispatch_state::enqueue(std::uint64_t id) { queue_.push_back(id); }
 
 void dispatch_state::on_worker_up(int w) { up_.at(static_cast<std::size_t>(w)) = true; }
 
-std::vector<std::uint64_t> dispatch_state::on_worker_lost(int w) {
+std::vector<std::uint64_t> dispatch_state::on_worker_lost(int w, bool requeue) {
   const auto i = static_cast<std::size_t>(w);
   if (!up_.at(i)) return {};
   up_[i] = false;
   ++lost_;
   std::vector<std::uint64_t> back(in_flight_[i].begin(), in_flight_[i].end());
   in_flight_[i].clear();
+  if (!requeue) return back;
   // To the front, oldest first: they were scheduled before anything still queued.
   for (auto it = back.rbegin(); it != back.rend(); ++it) queue_.push_front(*it);
   retried_ += back.size();
   return back;
+}
+
+std::vector<std::uint64_t> dispatch_state::cancel_queued() {
+  std::vector<std::uint64_t> out(queue_.begin(), queue_.end());
+  queue_.clear();
+  return out;
 }
 
 bool dispatch_state::on_finished(int w, std::uint64_t id) {

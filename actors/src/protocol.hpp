@@ -74,7 +74,7 @@ using fault_atom = caf::atom_constant<caf::atom("fault")>;
 //   anyone -> ps agent: (vnew, key, bytes) -> bool; (vread, key) -> bytes; (vupdate, key, op, bytes)
 //     -> bool
 //   inside the chief, to its dispatch actor: (sched, id, function, args); (wup, worker, agent);
-//     (table, blob); (leave) -> bool
+//     (table, blob); (leave) -> bool; (cancel) -> bool; (resume); (hbset, interval ms, missed)
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
 using call_atom = caf::atom_constant<caf::atom("call")>;
 using result_atom = caf::atom_constant<caf::atom("result")>;
@@ -87,6 +87,9 @@ using sched_atom = caf::atom_constant<caf::atom("sched")>;
 using wup_atom = caf::atom_constant<caf::atom("wup")>;
 using window_atom = caf::atom_constant<caf::atom("window")>;
 using watch_ps_atom = caf::atom_constant<caf::atom("watchps")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using resume_atom = caf::atom_constant<caf::atom("resume")>;
+using hbset_atom = caf::atom_constant<caf::atom("hbset")>;
 
 /// A member travels field by field; add_rendezvous_types announces it and the peer table.
 template <class Inspector>

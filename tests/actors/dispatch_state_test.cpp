@@ -66,6 +66,26 @@ TEST_CASE("dispatch_state puts a lost worker's closures back at the front, in or
   CHECK(a[0].first == 2);
 }
 
+TEST_CASE("dispatch_state cancels what is queued, and a lost worker's closures when told not to requeue them") {
+  dispatch_state s(2, 1);
+  s.on_worker_up(0);
+  s.on_worker_up(1);
+  for (std::uint64_t id = 1; id <= 5; ++id) s.enqueue(id);
+  auto a = s.assign();
+  REQUIRE(a.size() == 2);
+  CHECK(s.cancel_queued() == std::vector<std::uint64_t>{3, 4, 5});
+  CHECK(s.queued() == 0);
+  CHECK(s.in_flight() == 2);  // closures in flight stay
+  CHECK(s.assign().empty());
+  const int w = a[0].first;
+  auto back = s.on_worker_lost(w, false);
+  CHECK(back == std::vector<std::uint64_t>{a[0].second});
+  CHECK(s.queued() == 0);  // not put back
+  CHECK(s.retried() == 0);
+  CHECK(s.workers_lost() == 1);
+  CHECK(s.in_flight() == 1);
+}
+
 TEST_CASE("dispatch_state refuses a window below 1") {
   CHECK_THROWS_AS(dispatch_state(2, 0), std::invalid_argument);
   dispatch_state s(1, 1);

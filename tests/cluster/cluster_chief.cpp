@@ -43,7 +43,11 @@ int main(int argc, char** argv) {
   int closures = 200;
   int slow_ms = 20;
   std::string wait_file;
-  app.add_option("--mode", mode, "basic, retry, rate or leave-early");
+  int heartbeat_ms = 0;
+  int missed = 0;
+  app.add_option("--mode", mode, "basic, cancel, retry, rate or leave-early");
+  app.add_option("--heartbeat-ms", heartbeat_ms, "ClusterCoordinatorOptions::heartbeat_interval (0: the default)");
+  app.add_option("--missed", missed, "ClusterCoordinatorOptions::missed_heartbeats (0: the default)");
   app.add_option("--wait-file", wait_file, "leave-early: leaves once this file exists (at most 30 s)");
   app.add_option("--closures", closures);
   app.add_option("--slow-ms", slow_ms);
@@ -55,6 +59,10 @@ int main(int argc, char** argv) {
     td::ClusterCoordinatorOptions options;
     // leave-early: a worker that is down at the first try is not tried again while the chief runs.
     if (mode == "leave-early") options.reconnect_interval = std::chrono::seconds(60);
+    // cancel: one function in flight per worker, so that "in flight" means running.
+    if (mode == "cancel") options.closures_per_worker = 1;
+    if (heartbeat_ms > 0) options.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
+    if (missed > 0) options.missed_heartbeats = missed;
     td::ClusterCoordinator coordinator(strategy, options);
     if (mode == "basic") {
       // Results come back in order of scheduling, from both workers.
@@ -113,6 +121,81 @@ int main(int argc, char** argv) {
       for (auto& t : taken) seen.insert(t.fetch().at(0).item<std::int64_t>());
       expect(seen.count(0) >= 1 && *seen.rbegin() < 6, "per-worker iterators");
       std::cout << "PASS per-worker dataset" << std::endl;
+    } else if (mode == "cancel") {
+      // TensorFlow's rules after a function raises (its ClosureQueue): the next join, schedule or
+      // done raises the error once, after the functions in flight finished, and cancels what is
+      // still queued.
+      auto is_cancelled = [](const td::RemoteValue& v) {
+        try {
+          v.fetch();
+        } catch (const troupe::Cancelled& e) {
+          expect(contains(e.what(), "function 'slow' was cancelled"), std::string("cancelled: ") + e.what());
+          return true;
+        }
+        return false;
+      };
+      // Heartbeat settings out of range are refused, naming the value.
+      for (auto [interval_ms, beats] : {std::pair{0, 6}, std::pair{500, 0}, std::pair{500, 100000}}) {
+        td::ClusterCoordinatorOptions bad_options;
+        bad_options.heartbeat_interval = std::chrono::milliseconds(interval_ms);
+        bad_options.missed_heartbeats = beats;
+        std::string what;
+        try {
+          td::ClusterCoordinator other(strategy, bad_options);
+        } catch (const std::invalid_argument& x) {
+          what = x.what();
+        }
+        const std::string named = interval_ms == 0 ? "heartbeat_interval 0 ms" : "missed_heartbeats " + std::to_string(beats);
+        expect(contains(what, named), "heartbeat settings " + std::to_string(interval_ms) + " ms x " +
+                                          std::to_string(beats) + " refused naming them: " + what);
+      }
+      const int queued = 40;
+      auto running = coordinator.schedule("slow", 400, -1);  // on one worker while the other fails
+      auto bad = coordinator.schedule("fail");
+      std::vector<td::RemoteValue> rest;
+      for (int i = 0; i < queued; ++i) rest.push_back(coordinator.schedule("slow", 50, i));
+      auto e = error_of([&] { coordinator.join(); });
+      expect(contains(e, "function 'fail' failed on /job:worker/") && contains(e, "the step diverged"), "join: " + e);
+      expect(running.is_ready(), "the function in flight finished before join raised");
+      expect(running.fetch().at(0).item<int>() == -1, "the function in flight has its value");
+      expect(contains(error_of([&] { bad.fetch(); }), "the step diverged"), "the failed function's RemoteValue");
+      int cancelled = 0;
+      for (int i = 0; i < queued; ++i) {
+        auto& v = rest[static_cast<std::size_t>(i)];
+        expect(v.is_ready(), "closure " + std::to_string(i) + " still pending after join raised");
+        if (is_cancelled(v)) {
+          ++cancelled;
+        } else {
+          expect(v.fetch().at(0).item<int>() == i, "slow " + std::to_string(i));
+        }
+      }
+      expect(cancelled > 0, "no queued function was cancelled");
+      expect(coordinator.closures_cancelled() == static_cast<std::uint64_t>(cancelled), "closures_cancelled");
+      expect(coordinator.closures_done() + coordinator.closures_cancelled() == queued + 2, "every closure accounted");
+      expect(error_of([&] { coordinator.join(); }).empty(), "the error was raised twice");
+      std::cout << "PASS join: " << cancelled << " of " << queued << " queued functions cancelled, "
+                << queued - cancelled << " ran" << std::endl;
+
+      // schedule raises a pending error, and the function it was given is cancelled.
+      auto bad2 = coordinator.schedule("fail");
+      error_of([&] { bad2.fetch(); });  // waits until it failed
+      const auto before = coordinator.closures_cancelled();
+      auto s = error_of([&] { coordinator.schedule("add", 1.0f, 2.0f); });
+      expect(contains(s, "function 'fail' failed on /job:worker/"), "schedule after a failure: " + s);
+      expect(coordinator.closures_cancelled() == before + 1, "the function given to schedule was cancelled");
+      expect(error_of([&] { coordinator.join(); }).empty(), "join raised an error schedule raised");
+      auto sum = coordinator.schedule("add", 1.0f, 2.0f);
+      expect(sum.fetch().at(0).item<float>() == 3.0f, "schedule works again after the error was raised");
+      std::cout << "PASS schedule: " << s << std::endl;
+
+      // done raises it too, once.
+      auto bad3 = coordinator.schedule("fail");
+      error_of([&] { bad3.fetch(); });
+      auto d = error_of([&] { coordinator.done(); });
+      expect(contains(d, "function 'fail' failed on /job:worker/"), "done after a failure: " + d);
+      bool finished = false;
+      expect(error_of([&] { finished = coordinator.done(); }).empty() && finished, "done raised twice");
+      std::cout << "PASS done: " << d << std::endl;
     } else if (mode == "retry") {
       // Slow closures, so some are in flight when the script kills a worker.
       std::vector<td::RemoteValue> values;

@@ -18,6 +18,10 @@
 #                  which ends at once (not after its start timeout)
 #   daemons        troupe-worker daemons with a module: results, a failing and a missing function
 #                  named, variables, per-worker iterators; SIGTERM stops each daemon cleanly
+#   cancel         a function raises: join, schedule and done raise it once each, after the
+#                  functions in flight finished; the functions still queued are cancelled
+#   heartbeat      the chief's heartbeats set to 100 ms x 4: worker 1 SIGSTOPped for 1.5 s (less
+#                  than the default 6 x 500 ms) is lost and taken back; every closure is done
 #   wrong-token    a daemon with another token is refused and the cluster goes on without it
 #   two-hosts      ps_trainer with its tasks in two network namespaces, over mutual TLS
 #   no-chief       a worker of ps_trainer whose chief never comes fails after the start timeout
@@ -31,7 +35,9 @@ module="$build/tests/cluster/libtroupe_cluster_functions.so"
 dir="$(mktemp -d)"
 pids=()
 # Every task runs under timeout, which makes itself the leader of a process group of its own: the
-# whole group goes, so that no task outlives the scenario.
+# whole group goes, so that no task outlives the scenario. timeout -k: a task that ignores or
+# hangs on the SIGTERM (troupe-worker stops cleanly on it) is killed 5 s later, so no wait on a
+# task outlasts its bound.
 cleanup() {
   for p in "${pids[@]}"; do kill -9 -- "-$p" 2>/dev/null || kill -9 "$p" 2>/dev/null; done
   wait 2>/dev/null
@@ -60,7 +66,7 @@ tf_config() { echo "{\"cluster\": $(cluster), \"task\": {\"type\": \"$1\", \"ind
 start() {
   local name="$1" type="$2" index="$3"
   shift 3
-  TF_CONFIG="$(tf_config "$type" "$index")" timeout 60 "$@" >"$dir/$name.log" 2>&1 &
+  TF_CONFIG="$(tf_config "$type" "$index")" timeout -k 5 60 "$@" >"$dir/$name.log" 2>&1 &
   pids+=($!)
   eval "pid_$name=$!"
 }
@@ -78,6 +84,9 @@ status_of() {
   wait "$1"
   st=$?
 }
+# timed_out STATUS: the task ran into the timeout it runs under (124), or ignored its SIGTERM and
+# was killed 5 s later (137).
+timed_out() { [[ "$1" == 124 || "$1" == 137 ]]; }
 result_field() { grep -Eo "$2=[0-9.e+-]+" "$1" | tail -n 1 | cut -d= -f2; }
 
 check_training() {  # LOG CLOSURES WORKERS_LOST
@@ -90,6 +99,17 @@ check_training() {  # LOG CLOSURES WORKERS_LOST
   python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if b < 0.6 * a else 1)" \
     "$(result_field "$log" loss_first)" "$(result_field "$log" loss_last)" || fail "the loss did not fall"
   [[ "$(grep -c 'closures' "$log")" -ge $(($2 / 10)) ]] || fail "fewer progress lines than one per 10 closures"
+}
+
+# start_daemons: troupe-worker daemons with the test module for w0, w1 and ps, once all are ready.
+start_daemons() {
+  for t in "w0 worker:0" "w1 worker:1" "ps ps:0"; do
+    set -- $t
+    timeout -k 5 60 "$daemon" --task "$2" --cluster "$(cluster)" --module "$module" >"$dir/$1.log" 2>&1 &
+    pids+=($!)
+    eval "pid_$1=$!"
+  done
+  for n in w0 w1 ps; do wait_for "$dir/$n.log" '^troupe-worker: ready ' 20; done
 }
 
 case "$scenario" in
@@ -134,14 +154,14 @@ case "$scenario" in
     pkill -KILL -P "$pid_ps"
     status_of "$pid_chief"
     ms=$((($(date +%s%N) - killed) / 1000000))
-    [[ "$st" != 0 && "$st" != 124 ]] || fail "the chief exited $st (expected a failure of its own, not 0 or a timeout)"
+    [[ "$st" != 0 ]] && ! timed_out "$st" || fail "the chief exited $st (expected a failure of its own, not 0 or a timeout)"
     grep -q "/job:ps/replica:0/task:0" "$dir/chief.log" || fail "the chief's error does not name the ps task"
     [[ $ms -le 2000 ]] || fail "the chief took $ms ms to fail after the ps task died (at most 2000)"
     echo "the chief failed $ms ms after the ps task was killed: $(grep 'ps_trainer:' "$dir/chief.log" | tail -n 1)"
     for n in w0 w1; do
       eval "p=\$pid_$n"
       status_of "$p"
-      [[ "$st" != 124 ]] || fail "$n hung after its chief failed"
+      ! timed_out "$st" || fail "$n hung after its chief failed"
       [[ "$st" == 0 ]] || fail "$n exited $st after its chief failed (expected 0)"
       grep -Eq "(left|lost) /job:chief/replica:0/task:0" "$dir/$n.log" || fail "$n did not log its chief going"
     done
@@ -163,7 +183,7 @@ case "$scenario" in
     check_training "$dir/chief.log" 200 1
     grep -q "lost /job:worker/replica:0/task:1 (it missed 6 heartbeats of 500 ms" "$dir/chief.log" ||
       fail "the chief did not log the silent worker by name"
-    status_of "$pid_w1"; [[ $st != 124 ]] || fail "worker 1 hung after SIGCONT"
+    status_of "$pid_w1"; ! timed_out "$st" || fail "worker 1 hung after SIGCONT"
     status_of "$pid_w0"; [[ $st == 0 ]] || fail "worker 0 did not exit 0"
     status_of "$pid_ps"; [[ $st == 0 ]] || fail "the ps task did not exit 0"
     echo "$(grep -c '^closures ' "$dir/chief.log") progress lines; worker 1 ended with $st after SIGCONT"
@@ -206,7 +226,7 @@ case "$scenario" in
     status_of "$pid_chief"
     ms=$((($(date +%s%N) - began) / 1000000))
     kill -CONT "$stopped"
-    [[ "$st" != 0 && "$st" != 124 ]] || fail "the chief exited $st (expected a failure of its own, not 0 or a timeout)"
+    [[ "$st" != 0 ]] && ! timed_out "$st" || fail "the chief exited $st (expected a failure of its own, not 0 or a timeout)"
     grep -q "ps task /job:ps/replica:0/task:0 is lost: it missed 6 heartbeats" "$dir/chief.log" ||
       fail "the chief's error does not name the silent ps task"
     [[ $ms -le 5000 ]] || fail "the chief took $ms ms to fail after the ps task stopped (at most 5000)"
@@ -214,7 +234,7 @@ case "$scenario" in
     for n in w0 w1 ps; do
       eval "p=\$pid_$n"
       status_of "$p"
-      [[ "$st" != 124 ]] || fail "$n hung after its chief failed"
+      ! timed_out "$st" || fail "$n hung after its chief failed"
     done
     ;;
   chief-stopped)
@@ -232,7 +252,7 @@ case "$scenario" in
     for n in w0 w1 ps; do
       eval "p=\$pid_$n"
       status_of "$p"
-      [[ "$st" != 124 ]] || fail "$n hung after its chief stopped"
+      ! timed_out "$st" || fail "$n hung after its chief stopped"
       grep -q "lost the chief: it missed 6 heartbeats of 500 ms" "$dir/$n.log" || fail "$n did not name its silent chief"
     done
     ms=$((($(date +%s%N) - began) / 1000000))
@@ -273,15 +293,9 @@ case "$scenario" in
     done
     ;;
   daemons)
-    for t in "w0 worker:0" "w1 worker:1" "ps ps:0"; do
-      set -- $t
-      timeout 60 "$daemon" --task "$2" --cluster "$(cluster)" --module "$module" >"$dir/$1.log" 2>&1 &
-      pids+=($!)
-      eval "pid_$1=$!"
-    done
-    for n in w0 w1 ps; do wait_for "$dir/$n.log" '^troupe-worker: ready ' 20; done
+    start_daemons
     grep -q "functions: add, bump, counting, empty, fail, slow, take" "$dir/w0.log" || fail "the ready line lacks the module's functions"
-    TF_CONFIG="$(tf_config chief 0)" timeout 60 "$chief_bin" --mode basic >"$dir/chief.log" 2>&1
+    TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode basic >"$dir/chief.log" 2>&1
     st=$?
     [[ $st == 0 ]] || fail "the chief exited $st"
     [[ "$(grep -c '^PASS' "$dir/chief.log")" == 5 ]] || fail "not every check of the chief passed"
@@ -295,18 +309,47 @@ case "$scenario" in
       grep -q "^troupe-worker: stopped /job:" "$dir/$n.log" || fail "$n did not say it stopped"
     done
     ;;
+  cancel)
+    start_daemons
+    TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode cancel >"$dir/chief.log" 2>&1
+    st=$?
+    [[ $st == 0 ]] || fail "the chief exited $st"
+    [[ "$(grep -c '^PASS' "$dir/chief.log")" == 3 ]] || fail "not every check of the chief passed"
+    grep '^PASS' "$dir/chief.log"
+    ;;
+  heartbeat)
+    start_daemons
+    TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode retry --closures 400 --slow-ms 20 \
+      --heartbeat-ms 100 --missed 4 >"$dir/chief.log" 2>"$dir/chief-stderr.log" &
+    pids+=($!)
+    pid_chief=$!
+    wait_for "$dir/chief-stderr.log" "connected /job:worker/replica:0/task:1 " 30
+    wait_for "$dir/w1.log" "connected /job:chief/replica:0/task:0" 30
+    sleep 0.3  # mid-run
+    stopped=$(pgrep -P "$pid_w1")  # the daemon itself, not the timeout that runs it
+    [[ -n "$stopped" ]] || fail "no worker 1 process to stop"
+    kill -STOP "$stopped"
+    sleep 1.5
+    kill -CONT "$stopped"
+    status_of "$pid_chief"; [[ $st == 0 ]] || fail "the chief exited $st"
+    grep -q "result: closures=400 done=400 " "$dir/chief.log" || fail "not every closure was done"
+    grep -q "lost /job:worker/replica:0/task:1 (it missed 4 heartbeats of 100 ms" "$dir/chief-stderr.log" ||
+      fail "the chief did not detect the stopped worker within 1.5 s with 100 ms x 4 heartbeats"
+    grep -q "/job:worker/replica:0/task:1 answers again" "$dir/chief-stderr.log" || fail "worker 1 was not taken back"
+    grep -E "lost /job:worker/replica:0/task:1|answers again" "$dir/chief-stderr.log"
+    ;;
   wrong-token)
     good=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
     for t in "w0 worker:0 $good" "w1 worker:1 stranger-$good" "ps ps:0 $good"; do
       set -- $t
-      TROUPE_CLUSTER_TOKEN="$3" timeout 60 "$daemon" --task "$2" --cluster "$(cluster)" --module "$module" \
+      TROUPE_CLUSTER_TOKEN="$3" timeout -k 5 60 "$daemon" --task "$2" --cluster "$(cluster)" --module "$module" \
         >"$dir/$1.log" 2>&1 &
       pids+=($!)
       eval "pid_$1=$!"
     done
     for n in w0 w1 ps; do wait_for "$dir/$n.log" '^troupe-worker: ready ' 20; done
     # The result on stdout, the log on stderr: apart, so that a log line cannot split the result.
-    TROUPE_CLUSTER_TOKEN="$good" TF_CONFIG="$(tf_config chief 0)" timeout 60 "$chief_bin" --mode retry \
+    TROUPE_CLUSTER_TOKEN="$good" TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode retry \
       --closures 40 --slow-ms 1 >"$dir/chief.log" 2>"$dir/chief-stderr.log"
     st=$?
     [[ $st == 0 ]] || fail "the chief exited $st"
@@ -325,7 +368,7 @@ case "$scenario" in
     }
     for t in "w0 worker 0 $a" "w1 worker 1 $b" "ps ps 0 $b" "chief chief 0 $a"; do
       set -- $t
-      TROUPE_CLUSTER_TOKEN="$token" TF_CONFIG="$(tf_config "$2" "$3")" timeout 60 ip netns exec "$4" "$trainer" \
+      TROUPE_CLUSTER_TOKEN="$token" TF_CONFIG="$(tf_config "$2" "$3")" timeout -k 5 60 ip netns exec "$4" "$trainer" \
         --closures 100 >"$dir/$1.log" 2>&1 &
       pids+=($!)
       eval "pid_$1=$!"

@@ -35,6 +35,13 @@ class CollectiveAborted : public Error {
   using Error::Error;
 };
 
+/// A scheduled function never ran: it was cancelled (tf.errors.CancelledError), e.g. because
+/// another function failed before it (ClusterCoordinator); what() names it.
+class Cancelled : public Error {
+ public:
+  using Error::Error;
+};
+
 /// The end of a sequence was reached (an iterator's get_next past its last element).
 class OutOfRange : public Error {
  public:

@@ -93,7 +93,8 @@ struct RemoteValueState {
   std::condition_variable cv;
   bool ready = false;
   std::vector<Tensor> value;
-  std::string error;  // set: the function failed
+  std::string error;  // set: the function failed, or was cancelled
+  bool cancelled = false;
 };
 
 struct CoordinatorState {
@@ -103,7 +104,8 @@ struct CoordinatorState {
   std::condition_variable cv;
   std::uint64_t next_id = 1;
   std::uint64_t scheduled = 0;
-  std::uint64_t done = 0;
+  std::uint64_t done = 0;       // ran to the end, with a value or an error
+  std::uint64_t cancelled = 0;  // never ran: cancelled after another function failed
   std::uint64_t next_iterator = 1;
   struct Pending {
     std::string function;
@@ -127,7 +129,9 @@ struct CoordinatorState {
     }
     std::vector<Tensor> result;
     std::string error;
-    if (o.ok) {
+    if (o.cancelled) {
+      error = cancelled_message(function);
+    } else if (o.ok) {
       try {
         result = decode_tensors(o.payload);
       } catch (const std::exception& e) {
@@ -142,17 +146,30 @@ struct CoordinatorState {
       value->ready = true;
       value->value = std::move(result);
       value->error = error;
+      value->cancelled = o.cancelled;
     }
     value->cv.notify_all();
     bool wake = !error.empty();
     {
       std::lock_guard<std::mutex> lock(mutex);
-      ++done;
-      if (!error.empty() && !first_error) first_error = error;
-      wake = wake || done == scheduled;
+      if (o.cancelled) {
+        ++cancelled;
+      } else {
+        ++done;
+        if (!error.empty() && !first_error) first_error = error;
+      }
+      wake = wake || finished() == scheduled;
     }
     if (wake) cv.notify_all();
   }
+
+  static std::string cancelled_message(const std::string& function) {
+    return "function " + base::quoted(function) +
+           " was cancelled: another function failed before it ran (schedule it again)";
+  }
+
+  // Functions that ended, run or cancelled (with the mutex held).
+  std::uint64_t finished() const { return done + cancelled; }
 
   void lost_ps(const std::string& task, const std::string& reason) {
     {
@@ -337,6 +354,7 @@ std::vector<Tensor> RemoteValue::fetch() const {
       lock.lock();
     }
   }
+  if (state_->cancelled) throw Cancelled(state_->error);
   if (!state_->error.empty()) throw Error(state_->error);
   return state_->value;
 }
@@ -359,11 +377,57 @@ ClusterCoordinator::ClusterCoordinator(ParameterServerStrategy& strategy, Cluste
     throw std::invalid_argument("ClusterCoordinatorOptions: closures_per_worker " +
                                 std::to_string(options.closures_per_worker) + " (expected 1 or more)");
   }
+  if (options.heartbeat_interval < std::chrono::milliseconds(10) || options.heartbeat_interval > std::chrono::hours(1)) {
+    throw std::invalid_argument("ClusterCoordinatorOptions: heartbeat_interval " +
+                                std::to_string(options.heartbeat_interval.count()) +
+                                " ms (expected 10 ms to 3600000 ms)");
+  }
+  if (options.missed_heartbeats < 1 || options.missed_heartbeats > 1000) {
+    throw std::invalid_argument("ClusterCoordinatorOptions: missed_heartbeats " +
+                                std::to_string(options.missed_heartbeats) + " (expected 1 to 1000)");
+  }
   state_->options = options;
   state_->dispatcher->configure(options.closures_per_worker, options.reconnect_interval);
+  state_->dispatcher->set_heartbeat(options.heartbeat_interval, options.missed_heartbeats);
 }
 
 ClusterCoordinator::~ClusterCoordinator() = default;
+
+namespace {
+
+[[noreturn]] void raise_function_error(detail::CoordinatorState& s, std::unique_lock<std::mutex>& lock) {
+  // TensorFlow's rules (ClosureQueue._raise_if_error): the first error since the last raise is
+  // raised once; raising it cancels every function still queued (their RemoteValues fail with
+  // troupe::Cancelled) after the functions in flight finished. Errors of those are dropped.
+  const std::string error = std::move(*s.first_error);
+  s.first_error.reset();
+  lock.unlock();
+  s.dispatcher->cancel_queued();
+  struct Resume {
+    actors::dispatcher* d;
+    ~Resume() { d->resume(); }
+  } resume{s.dispatcher.get()};
+  lock.lock();
+  auto since = std::chrono::steady_clock::now();  // when the last worker was seen up
+  while (s.finished() != s.scheduled && !s.ps_lost) {
+    s.cv.wait_for(lock, std::chrono::milliseconds(100));
+    const auto now = std::chrono::steady_clock::now();
+    if (s.dispatcher->workers_up() > 0) {
+      since = now;
+    } else if (now - since > s.options.no_worker_timeout) {
+      break;  // what is in flight may never finish; the error says enough
+    }
+  }
+  s.first_error.reset();
+  throw Error("ClusterCoordinator: " + error);
+}
+
+void raise_if_failed(detail::CoordinatorState& s, std::unique_lock<std::mutex>& lock) {
+  if (s.ps_lost) throw Error(*s.ps_lost);
+  if (s.first_error) raise_function_error(s, lock);
+}
+
+}  // namespace
 
 RemoteValue ClusterCoordinator::schedule_arguments(const std::string& function, std::vector<ScheduleArgument> args) {
   if (function.empty()) throw std::invalid_argument("ClusterCoordinator::schedule: the function name is empty");
@@ -383,36 +447,31 @@ RemoteValue ClusterCoordinator::schedule_arguments(const std::string& function, 
   value->owner = state_;
   std::uint64_t id = 0;
   {
-    std::lock_guard<std::mutex> lock(state_->mutex);
+    std::unique_lock<std::mutex> lock(state_->mutex);
     id = state_->next_id++;
     ++state_->scheduled;
+    if (state_->first_error) {
+      // As TensorFlow's ClosureQueue.put: the function is queued, then the pending error is
+      // raised, which cancels it with everything else still queued.
+      ++state_->cancelled;
+      value->ready = true;
+      value->cancelled = true;
+      value->error = detail::CoordinatorState::cancelled_message(function);
+      raise_function_error(*state_, lock);
+    }
     state_->pending.emplace(id, detail::CoordinatorState::Pending{function, value});
   }
   state_->dispatcher->schedule(id, function, detail::encode_arguments(wire));
   return RemoteValue(std::move(value));
 }
 
-namespace {
-
-// The error join() and done() raise, if any; clears a function's error (TensorFlow raises it once).
-void raise_if_failed(detail::CoordinatorState& s) {
-  if (s.ps_lost) throw Error(*s.ps_lost);
-  if (s.first_error) {
-    std::string e = std::move(*s.first_error);
-    s.first_error.reset();
-    throw Error("ClusterCoordinator: " + e);
-  }
-}
-
-}  // namespace
-
 void ClusterCoordinator::join() {
   auto& s = *state_;
   std::unique_lock<std::mutex> lock(s.mutex);
   auto since = std::chrono::steady_clock::now();  // when the last worker was seen up
   for (;;) {
-    raise_if_failed(s);
-    if (s.done == s.scheduled) return;
+    raise_if_failed(s, lock);
+    if (s.finished() == s.scheduled) return;
     s.cv.wait_for(lock, std::chrono::milliseconds(100));
     const auto now = std::chrono::steady_clock::now();
     if (s.dispatcher->workers_up() > 0) {
@@ -422,15 +481,15 @@ void ClusterCoordinator::join() {
       for (const auto& w : s.workers) names += (names.empty() ? "" : ", ") + w;
       throw Error("ClusterCoordinator: no worker has been reachable for " +
                   std::to_string(s.options.no_worker_timeout.count()) + " ms while " +
-                  std::to_string(s.scheduled - s.done) + " function(s) wait (workers: " + names + ")");
+                  std::to_string(s.scheduled - s.finished()) + " function(s) wait (workers: " + names + ")");
     }
   }
 }
 
 bool ClusterCoordinator::done() {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  raise_if_failed(*state_);
-  return state_->done == state_->scheduled;
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  raise_if_failed(*state_, lock);
+  return state_->finished() == state_->scheduled;
 }
 
 PerWorkerDataset ClusterCoordinator::create_per_worker_dataset(const std::string& dataset_function) {
@@ -443,6 +502,10 @@ PerWorkerDataset ClusterCoordinator::create_per_worker_dataset(const std::string
 std::uint64_t ClusterCoordinator::closures_done() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->done;
+}
+std::uint64_t ClusterCoordinator::closures_cancelled() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->cancelled;
 }
 std::uint64_t ClusterCoordinator::closures_retried() const { return state_->dispatcher->retried(); }
 std::uint64_t ClusterCoordinator::workers_lost() const { return state_->dispatcher->workers_lost(); }

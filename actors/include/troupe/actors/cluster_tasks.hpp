@@ -66,8 +66,11 @@ class dispatch_state {
   /// Worker `w` is reachable (again).
   void on_worker_up(int w);
   /// Worker `w` is gone: its closures in flight go back to the front of the queue, in order, and
-  /// are counted as retried. Returns them. A worker that was not up changes nothing.
-  std::vector<std::uint64_t> on_worker_lost(int w);
+  /// are counted as retried (requeue false: they are only taken off it, for the caller to
+  /// cancel). Returns them. A worker that was not up changes nothing.
+  std::vector<std::uint64_t> on_worker_lost(int w, bool requeue = true);
+  /// Empties the queue (closures in flight stay); returns what it held, oldest first.
+  std::vector<std::uint64_t> cancel_queued();
   /// Closure `id` finished on worker `w`. Returns false (and changes nothing) when it was not in
   /// flight there: a stale answer.
   bool on_finished(int w, std::uint64_t id);
@@ -118,6 +121,7 @@ class heartbeat_state {
 
   bool watched(int p) const { return watched_.at(static_cast<std::size_t>(p)); }
   bool is_overdue(int p) const { return overdue_.at(static_cast<std::size_t>(p)); }
+  int peers() const noexcept { return static_cast<int>(watched_.size()); }
   std::chrono::milliseconds interval() const noexcept { return interval_; }
   int missed() const noexcept { return missed_; }
   /// How long a peer may be silent: interval * missed.
@@ -188,6 +192,7 @@ struct closure_outcome {
   bool ok = false;
   std::string payload;  ///< the result's bytes, or the error's message
   std::string worker;   ///< the task it ran on
+  bool cancelled = false;  ///< it never ran: cancelled after another closure failed (worker empty)
 };
 
 /// What a dispatcher is given.
@@ -224,8 +229,17 @@ class dispatcher {
 
   /// Closures in flight per worker from now on, and how often a worker that is down is tried.
   void configure(int window, std::chrono::milliseconds connect_retry);
+  /// Heartbeat settings from now on (as dispatcher_options; std::invalid_argument below 1): every
+  /// task watched starts a fresh limit, and each task hears them with its next beat.
+  void set_heartbeat(std::chrono::milliseconds interval, int missed);
   /// Queues a closure.
   void schedule(std::uint64_t id, std::string function, std::string args);
+  /// TensorFlow's rules after a closure failed: from a failure on, a closure whose worker is lost
+  /// is cancelled rather than run again. cancel_queued (blocking, bounded) cancels every closure
+  /// still queued and keeps cancelling what is queued (closures in flight finish) until resume.
+  /// Each cancelled closure reaches on_done once, with cancelled set.
+  void cancel_queued();
+  void resume();
   /// The variables' layout, sent to every worker now and to every worker that connects later.
   void set_table(std::string blob);
   /// Creates a variable shard on ps task `ps` (blocking, bounded by `timeout`); throws

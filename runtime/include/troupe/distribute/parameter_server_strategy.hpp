@@ -116,7 +116,8 @@ class ParameterServerStrategy {
 class RemoteValue {
  public:
   /// Waits for the function and returns what it returned; if it raised, throws troupe::Error with
-  /// the worker's name and the cause.
+  /// the worker's name and the cause; if it was cancelled (another function failed before it
+  /// ran), throws troupe::Cancelled naming it.
   std::vector<Tensor> fetch() const;
   std::vector<Tensor> get() const { return fetch(); }
   /// Whether it finished (with a value or an error).
@@ -168,13 +169,24 @@ struct ClusterCoordinatorOptions {
   std::chrono::milliseconds reconnect_interval{200};
   /// join() fails when no worker has been reachable for this long while functions wait.
   std::chrono::milliseconds no_worker_timeout{60000};
+  /// How often the chief beats every worker and ps task (10 ms to 1 h)...
+  std::chrono::milliseconds heartbeat_interval{500};
+  /// ...and how many beats in a row a task may miss (1 to 1000) before it is lost: a worker's
+  /// functions go to the others (it is taken back when it answers again), a ps task fails join().
+  /// The tasks hear both with each beat and watch the chief with the same limit.
+  int missed_heartbeats = 6;
 };
 
 /// Schedules functions onto the workers of a ParameterServerStrategy and survives losing them
 /// (tf.distribute.experimental.coordinator.ClusterCoordinator):
 /// - a function running on a worker that dies runs again on another (at-least-once); the lost
 ///   worker is logged and tried again until it comes back;
-/// - an exception inside a function reaches join() (and fetch()) naming the worker and the cause;
+/// - an exception inside a function reaches its RemoteValue (naming the worker and the cause)
+///   and, as in TensorFlow, the next schedule(), join() or done() raises it, once: that call
+///   first waits for the functions in flight to finish, and cancels every function still queued
+///   (and the one being scheduled): their RemoteValues throw troupe::Cancelled. Between the
+///   failure and that call, queued functions keep running, and a function whose worker is lost
+///   is cancelled rather than run again. join() returns at once when a function fails;
 /// - a lost ps task makes join() fail at once, naming it.
 class ClusterCoordinator {
  public:
@@ -185,14 +197,16 @@ class ClusterCoordinator {
   ClusterCoordinator(const ClusterCoordinator&) = delete;
   ClusterCoordinator& operator=(const ClusterCoordinator&) = delete;
 
-  /// Queues `function` (a name the workers' registries know) and returns at once.
+  /// Queues `function` (a name the workers' registries know) and returns at once; raises a
+  /// function's error not raised yet (see the class comment).
   template <class... Args>
   RemoteValue schedule(const std::string& function, Args&&... args) {
     return schedule_arguments(function, {ScheduleArgument(std::forward<Args>(args))...});
   }
   RemoteValue schedule_arguments(const std::string& function, std::vector<ScheduleArgument> args);
   /// Waits until every scheduled function finished. Throws the first error of a function since
-  /// the last join (troupe::Error naming the worker), or the loss of a ps task.
+  /// it was last raised (troupe::Error naming the worker; see the class comment), or the loss of
+  /// a ps task.
   void join();
   /// Whether every scheduled function finished (throws like join when one failed).
   bool done();
@@ -201,9 +215,10 @@ class ClusterCoordinator {
   /// A dataset on every worker, made there by the registered dataset function.
   PerWorkerDataset create_per_worker_dataset(const std::string& dataset_function);
 
-  /// Functions that completed (each counted once), ran again after their worker was lost, and
-  /// workers lost, so far.
+  /// Functions that completed (each counted once; with a value or an error), cancelled, ran again
+  /// after their worker was lost, and workers lost, so far.
   std::uint64_t closures_done() const;
+  std::uint64_t closures_cancelled() const;
   std::uint64_t closures_retried() const;
   std::uint64_t workers_lost() const;
 
