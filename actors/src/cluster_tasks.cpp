@@ -902,6 +902,21 @@ std::string dispatcher::read_shard(int ps, const std::string& key, std::chrono::
   return out;
 }
 
+void dispatcher::update_shard(int ps, const std::string& key, std::uint8_t op, std::string bytes,
+                              std::chrono::milliseconds timeout) {
+  auto& d = *impl_;
+  const auto& p = d.options.ps.at(static_cast<std::size_t>(ps));
+  caf::scoped_actor self{*d.system};
+  std::string failed;
+  self->request(d.router, timeout + std::chrono::seconds(5), vupdate_atom::value, static_cast<std::int32_t>(ps), key, op,
+                std::move(bytes))
+      .receive([](bool) {}, [&](caf::error& e) { failed = error_text(*d.system, e); });
+  if (!failed.empty()) {
+    throw std::runtime_error("ParameterServerStrategy: cannot update variable shard '" + key + "' on ps task " +
+                             p.task + ": " + failed);
+  }
+}
+
 std::uint64_t dispatcher::retried() const { return impl_->retried; }
 std::uint64_t dispatcher::workers_lost() const { return impl_->lost; }
 int dispatcher::workers_up() const { return impl_->up; }

@@ -24,6 +24,9 @@ struct VariableState {
   bool central = false;
   // Replica r reads and writes only components[r] inside run; the vector never changes size.
   std::vector<Tensor> components;
+  // Set: the variable lives outside this process (ParameterServerStrategy's ps tasks), and
+  // components is empty: every read and write reaches it, from any context.
+  std::shared_ptr<distribute::detail::RemoteVariable> remote;
 };
 
 }  // namespace detail
@@ -93,6 +96,12 @@ Variable::Variable(Tensor initial_value, std::string name, VariableSynchronizati
   s.aggregation = aggregation;
   if (distribute::in_cross_replica_context()) {
     s.strategy = &distribute::get_strategy();
+    if (auto remote = s.strategy->backend().make_remote_variable(s.name, initial_value)) {
+      s.remote = std::move(remote);
+      s.name = s.remote->name();
+      s.devices = {Device{}};
+      return;
+    }
     s.devices = s.strategy->extended().worker_devices();
     // On a strategy that keeps variables on one device, every variable but an on_read one (which
     // keeps a value per replica, as in TensorFlow) has a single component there.
@@ -131,6 +140,7 @@ int Variable::component_index() const {
 
 Tensor Variable::value() const {
   const auto& s = *state_;
+  if (s.remote) return detail::watched_read(s.remote->read(), &name());
   const int r = component_index();
   // A read while a GradientTape records is watched (the variable's identity: its shared name).
   if (r >= 0) {
@@ -162,6 +172,7 @@ Tensor Variable::value() const {
 void Variable::assign(const Tensor& value) {
   auto& s = *state_;
   check_value(s, value, "assign");
+  if (s.remote) return s.remote->write(0, value);
   const int r = component_index();
   if (r < 0) {
     // Cross-replica: every component. An on_read SUM variable splits the value so it sums back.
@@ -187,6 +198,7 @@ void Variable::assign(const Tensor& value) {
 void Variable::assign_add(const Tensor& delta) {
   auto& s = *state_;
   check_value(s, delta, "assign_add");
+  if (s.remote) return s.remote->write(1, delta);
   const int r = component_index();
   if (r < 0) {
     Tensor each = delta;
@@ -210,11 +222,18 @@ void Variable::assign_add(const Tensor& delta) {
   mine = mine + aggregate_in_replica(s, *ctx, delta, "assign_add");
 }
 
-void Variable::assign_sub(const Tensor& delta) { assign_add(-delta); }
+void Variable::assign_sub(const Tensor& delta) {
+  if (state_->remote) {
+    check_value(*state_, delta, "assign_sub");
+    return state_->remote->write(2, delta);
+  }
+  assign_add(-delta);
+}
 
 void Variable::assign_local(const Tensor& value) {
   auto& s = *state_;
   check_value(s, value, "assign_local");
+  if (s.remote) return s.remote->write(0, value);
   const int r = component_index();
   if (r < 0) {
     for (std::size_t i = 0; i < s.components.size(); ++i) s.components[i] = value.with_device(s.devices[i]);
@@ -230,10 +249,12 @@ void Variable::assign_local(const Tensor& value) {
 void Variable::set_component(int replica, const Tensor& value) {
   auto& s = *state_;
   check_value(s, value, "set_component");
-  if (replica < 0 || static_cast<std::size_t>(replica) >= s.components.size()) {
+  const std::size_t count = s.remote ? 1 : s.components.size();
+  if (replica < 0 || static_cast<std::size_t>(replica) >= count) {
     throw std::out_of_range(label(s) + ": no component " + std::to_string(replica) + " (it has " +
-                            std::to_string(s.components.size()) + ")");
+                            std::to_string(count) + ")");
   }
+  if (s.remote) return s.remote->write(0, value);
   s.components[static_cast<std::size_t>(replica)] = value.with_device(s.devices[static_cast<std::size_t>(replica)]);
 }
 
@@ -242,7 +263,10 @@ const Shape& Variable::shape() const { return state_->shape; }
 DType Variable::dtype() const { return state_->dtype; }
 VariableSynchronization Variable::synchronization() const { return state_->synchronization; }
 VariableAggregation Variable::aggregation() const { return state_->aggregation; }
-std::vector<Tensor> Variable::components() const { return state_->components; }
+std::vector<Tensor> Variable::components() const {
+  if (state_->remote) return {state_->remote->read()};
+  return state_->components;
+}
 const std::vector<Device>& Variable::devices() const { return state_->devices; }
 distribute::Strategy& Variable::distribute_strategy() const { return *state_->strategy; }
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -111,6 +112,45 @@ int main(int argc, char** argv) {
       expect(v == std::vector<float>{10, 20, 30, 40, 50, 60}, "v after " + std::to_string(bumps) + " bumps: " +
                                                                  strategy.read_variable("v").to_string());
       std::cout << "PASS variables: " << strategy.read_variable("v").to_string() << std::endl;
+
+      // Variables made in the strategy's scope live on the ps tasks (TensorFlow's form): reads and
+      // writes from the chief reach them, the workers reach them by name.
+      {
+        std::optional<troupe::Variable> w;
+        std::optional<troupe::Variable> step;
+        {
+          auto scope = strategy.scope();
+          w.emplace(Tensor::from_vector<float>({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2}), "w");
+          step.emplace(Tensor::scalar<std::int64_t>(0));
+          auto dup = error_of([&] { troupe::Variable again(Tensor::from_vector<float>({1}, {1}), "w"); });
+          expect(contains(dup, "variable 'w' exists already"), "a second variable 'w': " + dup);
+        }
+        expect(step->name() == "Variable" && step->shape().empty(), "the unnamed scalar: " + step->name());
+        bool listed = false;
+        for (const auto& sv : strategy.variables()) {
+          if (sv.name == "w") listed = sv.shards.size() == 2 && sv.shards[0].rows == 2;
+        }
+        expect(listed, "w is sharded in two by the partitioner");
+        const auto ones = Tensor::from_vector<float>({1, 1, 1, 1, 1, 1, 1, 1}, {4, 2});
+        for (int i = 0; i < 5; ++i) coordinator.schedule("bump_w", ones);
+        coordinator.join();
+        expect(w->value().to_vector<float>() == std::vector<float>{6, 7, 8, 9, 10, 11, 12, 13},
+               "w after 5 bumps by the workers: " + w->value().to_string());
+        w->assign(Tensor::from_vector<float>({0, 0, 0, 0, 0, 0, 0, 0}, {4, 2}));
+        w->assign_sub(ones);
+        expect(strategy.read_variable("w").to_vector<float>() == std::vector<float>(8, -1.0f),
+               "the chief's assign and assign_sub reached the ps: " + strategy.read_variable("w").to_string());
+        auto seen = coordinator.schedule("bump_w", ones).fetch().at(0).to_vector<float>();
+        expect(seen == std::vector<float>(8, 0.0f), "a worker sees the chief's writes");
+        step->assign_add(Tensor::scalar<std::int64_t>(2));
+        expect(step->value().item<std::int64_t>() == 2 && step->value().shape().empty(), "the scalar's value");
+        // run() on the chief runs there, once, reading the ps (TensorFlow warns and does the same).
+        auto plus_two = strategy.run([&] { return w->value() + troupe::Scalar(2.0f); });  // w is 0 now
+        expect(plus_two.values().size() == 1 && plus_two[0].to_vector<float>() == std::vector<float>(8, 2.0f),
+               "run on the chief");
+        std::cout << "PASS scope variables: " << w->value().to_string() << ", " << step->name() << " = "
+                  << step->value().item<std::int64_t>() << std::endl;
+      }
 
       // Per-worker iterators: each worker reads its own dataset from the start.
       auto it = coordinator.create_per_worker_dataset("counting").make_iterator();

@@ -31,6 +31,11 @@ TROUPE_MODULE(registry) {
     ctx.assign_add("v", ctx.arg(0));
     return std::vector<Tensor>{before};
   });
+  // Adds arg0 to variable "w" (made in the strategy's scope on the chief) and returns its value.
+  registry.add("bump_w", [](FunctionContext& ctx) {
+    ctx.assign_add("w", ctx.arg(0));
+    return std::vector<Tensor>{ctx.read_variable("w")};
+  });
   // The next element of a per-worker iterator (arg0).
   registry.add("take", [](FunctionContext& ctx) { return std::vector<Tensor>{ctx.next(0)[0]}; });
   registry.add_dataset("counting", [] { return troupe::data::Dataset::range(1000); });

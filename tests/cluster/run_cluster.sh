@@ -17,7 +17,8 @@
 #   leave-early    a chief leaves before it reached a worker that came up late: it tells the worker,
 #                  which ends at once (not after its start timeout)
 #   daemons        troupe-worker daemons with a module: results, a failing and a missing function
-#                  named, variables, per-worker iterators; SIGTERM stops each daemon cleanly
+#                  named, variables (also made in the strategy's scope), per-worker iterators;
+#                  SIGTERM stops each daemon cleanly
 #   cancel         a function raises: join, schedule and done raise it once each, after the
 #                  functions in flight finished; the functions still queued are cancelled
 #   heartbeat      the chief's heartbeats set to 100 ms x 4: worker 1 SIGSTOPped for 1.5 s (less
@@ -294,11 +295,11 @@ case "$scenario" in
     ;;
   daemons)
     start_daemons
-    grep -q "functions: add, bump, counting, empty, fail, slow, take" "$dir/w0.log" || fail "the ready line lacks the module's functions"
+    grep -q "functions: add, bump, bump_w, counting, empty, fail, slow, take" "$dir/w0.log" || fail "the ready line lacks the module's functions"
     TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode basic >"$dir/chief.log" 2>&1
     st=$?
     [[ $st == 0 ]] || fail "the chief exited $st"
-    [[ "$(grep -c '^PASS' "$dir/chief.log")" == 5 ]] || fail "not every check of the chief passed"
+    [[ "$(grep -c '^PASS' "$dir/chief.log")" == 6 ]] || fail "not every check of the chief passed"
     for n in w0 w1 ps; do
       grep -q "connected /job:chief/replica:0/task:0" "$dir/$n.log" || fail "$n did not log the chief connecting"
       grep -q "left /job:chief/replica:0/task:0" "$dir/$n.log" || fail "$n did not log the chief leaving"

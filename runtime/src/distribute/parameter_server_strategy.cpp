@@ -1,5 +1,7 @@
 #include "troupe/distribute/parameter_server_strategy.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <iostream>
 #include <mutex>
@@ -9,7 +11,11 @@
 #include <unordered_map>
 
 #include "caf/actor_system.hpp"
+#include "distribute/collectives.hpp"
+#include "distribute/context_state.hpp"
 #include "distribute/remote_wire.hpp"
+#include "distribute/worker_group.hpp"
+#include "troupe/distribute/context.hpp"
 #include "troupe/actors/cluster_tasks.hpp"
 #include "troupe/base/quote.hpp"
 #include "troupe/errors.hpp"
@@ -194,6 +200,170 @@ struct PsState {
 
 }  // namespace detail
 
+namespace detail {
+namespace {
+
+bool taken(const PsState& s, const std::string& name) {
+  return std::any_of(s.table.variables.begin(), s.table.variables.end(),
+                     [&](const ShardedVariable& v) { return v.name == name; });
+}
+
+// Creates the shards of a new variable on the ps tasks (s.mutex held).
+ShardedVariable create_sharded(PsState& s, const std::string& name, const Tensor& initial_value, const char* who) {
+  if (name.empty()) throw std::invalid_argument(std::string(who) + ": the name is empty");
+  if (taken(s, name)) {
+    throw std::invalid_argument(std::string(who) + ": variable " + base::quoted(name) +
+                                " exists already (the workers reach variables by name: give each its own)");
+  }
+  if (initial_value.rank() == 0 || initial_value.shape()[0] == 0) {
+    throw std::invalid_argument(std::string(who) + ": variable " + base::quoted(name) +
+                                " needs at least one row along axis 0 (shards split it; reshape a scalar to {1})");
+  }
+  const std::int64_t rows = initial_value.shape()[0];
+  int n = 1;
+  if (s.partitioner) {
+    auto parts = (*s.partitioner)(initial_value.shape(), initial_value.dtype());
+    for (std::size_t a = 1; a < parts.size(); ++a) {
+      if (parts[a] != 1) {
+        throw std::invalid_argument("ParameterServerStrategy: the partitioner split axis " + std::to_string(a) +
+                                    " of " + base::quoted(name) + "; only axis 0 can be split");
+      }
+    }
+    n = parts.empty() ? 1 : parts[0];
+    if (n < 1 || n > rows) {
+      throw std::invalid_argument("ParameterServerStrategy: the partitioner made " + std::to_string(n) +
+                                  " shards of " + base::quoted(name) + " with " + std::to_string(rows) + " rows");
+    }
+  }
+  ShardedVariable v;
+  v.name = name;
+  v.shape = initial_value.shape();
+  v.dtype = initial_value.dtype();
+  std::int64_t row = 0;
+  const int num_ps = static_cast<int>(s.table.ps.size());
+  for (int i = 0; i < n; ++i) {
+    // As TensorFlow splits: the first rows % n shards take one row more.
+    const std::int64_t r = rows / n + (i < rows % n ? 1 : 0);
+    ShardedVariable::Shard shard{s.next_ps, r, name + "/part_" + std::to_string(i)};
+    s.next_ps = (s.next_ps + 1) % num_ps;
+    s.coordinator->dispatcher->create_shard(shard.ps, shard.key, encode_tensor(rows_of(initial_value, row, r)),
+                                            s.options.peer_timeout);
+    row += r;
+    v.shards.push_back(std::move(shard));
+  }
+  s.table.variables.push_back(v);
+  s.coordinator->dispatcher->set_table(encode_table(s.table));
+  return v;
+}
+
+Tensor read_sharded(PsState& s, const ShardedVariable& v) {
+  std::vector<Tensor> pieces;
+  for (const auto& shard : v.shards) {
+    pieces.push_back(decode_tensor(s.coordinator->dispatcher->read_shard(shard.ps, shard.key, s.options.peer_timeout)));
+  }
+  return join_rows(pieces, v.shape, v.dtype);
+}
+
+// A Variable made in the strategy's scope: its shards on the ps tasks.
+class PsVariable final : public RemoteVariable {
+ public:
+  PsVariable(std::weak_ptr<PsState> state, ShardedVariable sharded, Shape shape)
+      : state_(std::move(state)), sharded_(std::move(sharded)), shape_(std::move(shape)) {}
+
+  const std::string& name() const override { return sharded_.name; }
+
+  Tensor read() override {
+    Tensor t = read_sharded(*strategy_state(), sharded_);
+    return t.shape() == shape_ ? t : t.reshape(shape_);
+  }
+
+  void write(int op, const Tensor& value) override {
+    auto s = strategy_state();
+    const Tensor rows = value.shape() == sharded_.shape ? value : value.reshape(sharded_.shape);
+    std::int64_t row = 0;
+    for (const auto& shard : sharded_.shards) {
+      s->coordinator->dispatcher->update_shard(shard.ps, shard.key, static_cast<std::uint8_t>(op),
+                                               encode_tensor(rows_of(rows, row, shard.rows)), s->options.peer_timeout);
+      row += shard.rows;
+    }
+  }
+
+ private:
+  std::shared_ptr<PsState> strategy_state() const {
+    auto s = state_.lock();
+    if (!s) {
+      throw std::logic_error("Variable " + base::quoted(sharded_.name) +
+                             ": its ParameterServerStrategy was destroyed (its values lived on the ps tasks)");
+    }
+    return s;
+  }
+
+  std::weak_ptr<PsState> state_;
+  ShardedVariable sharded_;
+  Shape shape_;
+};
+
+}  // namespace
+
+// The chief's side of a ParameterServerStrategy as a Strategy: one replica on CPU:0, as in
+// TensorFlow, and variables made in scope live on the ps tasks.
+class PsBackend final : public StrategyBackend {
+ public:
+  std::weak_ptr<PsState> state;  // set once the strategy made it
+
+  const std::vector<Device>& devices() const override { return devices_; }
+
+  void execute(Strategy& strategy, const std::function<void(int)>& fn) override {
+    if (!warned_.exchange(true)) {
+      // TensorFlow 2.21 logs the same warning and runs the function on the coordinator.
+      const std::string line =
+          "a ParameterServerStrategy method (run) was called without ClusterCoordinator::schedule: it runs on "
+          "the chief, reading and writing the variables on the ps tasks, which can be slow; schedule functions "
+          "to run them on the workers";
+      auto s = state.lock();
+      if (s && s->options.log) {
+        s->options.log(line);
+      } else {
+        std::cerr << "troupe: " << line << std::endl;
+      }
+    }
+    ReplicaContext ctx(strategy, 0, 1, devices_[0], &collectives_);
+    ReplicaContextGuard guard(&ctx);
+    try {
+      fn(0);
+    } catch (...) {
+      rethrow_step_failure({std::current_exception()}, devices_);
+    }
+  }
+
+  CrossDeviceOps& cross_device_ops() override { return ops_; }
+  WorkerGroup& workers() const override { return workers_; }
+
+  std::shared_ptr<RemoteVariable> make_remote_variable(const std::string& name, const Tensor& initial_value) override {
+    auto s = state.lock();
+    if (!s) throw std::logic_error("ParameterServerStrategy: variable created while the strategy is destroyed");
+    std::lock_guard<std::mutex> lock(s->mutex);
+    std::string n = name;
+    if (n.empty()) {
+      // TensorFlow's default name, made unique: the workers reach variables by name.
+      n = "Variable";
+      for (int k = 1; taken(*s, n); ++k) n = "Variable_" + std::to_string(k);
+    }
+    const Tensor rows = initial_value.rank() == 0 ? initial_value.reshape({1}) : initial_value;
+    auto sharded = create_sharded(*s, n, rows, "Variable in ParameterServerStrategy's scope");
+    return std::make_shared<PsVariable>(s, std::move(sharded), initial_value.shape());
+  }
+
+ private:
+  std::vector<Device> devices_{Device{}};
+  IdentityCollectives collectives_;
+  ReductionToOneDevice ops_;
+  mutable LocalWorkerGroup workers_;
+  std::atomic<bool> warned_{false};
+};
+
+}  // namespace detail
+
 // --- ParameterServerStrategy ------------------------------------------------------------------
 
 namespace {
@@ -212,7 +382,9 @@ std::vector<actors::task_endpoint> endpoints(const ClusterSpec& spec, const std:
 
 ParameterServerStrategy::ParameterServerStrategy(Runtime& runtime, std::shared_ptr<ClusterResolver> resolver,
                                                  std::shared_ptr<Partitioner> partitioner, ServerOptions options)
-    : resolver_(std::move(resolver)), state_(std::make_shared<detail::PsState>()) {
+    : Strategy(std::make_unique<detail::PsBackend>()),
+      resolver_(std::move(resolver)),
+      state_(std::make_shared<detail::PsState>()) {
   if (!resolver_) throw std::invalid_argument("ParameterServerStrategy: the cluster resolver is null");
   auto& s = *state_;
   s.runtime = &runtime;
@@ -253,6 +425,7 @@ ParameterServerStrategy::ParameterServerStrategy(Runtime& runtime, std::shared_p
       },
       log);
   s.coordinator = std::move(c);
+  static_cast<detail::PsBackend&>(backend()).state = state_;
 }
 
 ParameterServerStrategy::~ParameterServerStrategy() {
@@ -263,55 +436,8 @@ int ParameterServerStrategy::num_workers() const { return state_->spec.num_tasks
 int ParameterServerStrategy::num_ps() const { return state_->spec.num_tasks("ps"); }
 
 ShardedVariable ParameterServerStrategy::create_variable(const std::string& name, const Tensor& initial_value) {
-  auto& s = *state_;
-  std::lock_guard<std::mutex> lock(s.mutex);
-  if (name.empty()) throw std::invalid_argument("ParameterServerStrategy::create_variable: the name is empty");
-  for (const auto& v : s.table.variables) {
-    if (v.name == name) {
-      throw std::invalid_argument("ParameterServerStrategy::create_variable: variable " + base::quoted(name) +
-                                  " exists already");
-    }
-  }
-  if (initial_value.rank() == 0 || initial_value.shape()[0] == 0) {
-    throw std::invalid_argument("ParameterServerStrategy::create_variable: variable " + base::quoted(name) +
-                                " needs at least one row along axis 0 (shards split it; reshape a scalar to {1})");
-  }
-  const std::int64_t rows = initial_value.shape()[0];
-  int n = 1;
-  if (s.partitioner) {
-    auto parts = (*s.partitioner)(initial_value.shape(), initial_value.dtype());
-    for (std::size_t a = 1; a < parts.size(); ++a) {
-      if (parts[a] != 1) {
-        throw std::invalid_argument("ParameterServerStrategy: the partitioner split axis " + std::to_string(a) +
-                                    " of " + base::quoted(name) + "; only axis 0 can be split");
-      }
-    }
-    n = parts.empty() ? 1 : parts[0];
-    if (n < 1 || n > rows) {
-      throw std::invalid_argument("ParameterServerStrategy: the partitioner made " + std::to_string(n) +
-                                  " shards of " + base::quoted(name) + " with " + std::to_string(rows) + " rows");
-    }
-  }
-  ShardedVariable v;
-  v.name = name;
-  v.shape = initial_value.shape();
-  v.dtype = initial_value.dtype();
-  std::int64_t row = 0;
-  const int num_ps = static_cast<int>(s.table.ps.size());
-  for (int i = 0; i < n; ++i) {
-    // As TensorFlow splits: the first rows % n shards take one row more.
-    const std::int64_t r = rows / n + (i < rows % n ? 1 : 0);
-    ShardedVariable::Shard shard{s.next_ps, r, name + "/part_" + std::to_string(i)};
-    s.next_ps = (s.next_ps + 1) % num_ps;
-    s.coordinator->dispatcher->create_shard(shard.ps, shard.key,
-                                            detail::encode_tensor(detail::rows_of(initial_value, row, r)),
-                                            s.options.peer_timeout);
-    row += r;
-    v.shards.push_back(std::move(shard));
-  }
-  s.table.variables.push_back(v);
-  s.coordinator->dispatcher->set_table(detail::encode_table(s.table));
-  return v;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return detail::create_sharded(*state_, name, initial_value, "ParameterServerStrategy::create_variable");
 }
 
 Tensor ParameterServerStrategy::read_variable(const std::string& name) const {
@@ -326,12 +452,7 @@ Tensor ParameterServerStrategy::read_variable(const std::string& name) const {
     }
     v = *it;
   }
-  std::vector<Tensor> pieces;
-  for (const auto& shard : v.shards) {
-    pieces.push_back(
-        detail::decode_tensor(s.coordinator->dispatcher->read_shard(shard.ps, shard.key, s.options.peer_timeout)));
-  }
-  return detail::join_rows(pieces, v.shape, v.dtype);
+  return detail::read_sharded(s, v);
 }
 
 std::vector<ShardedVariable> ParameterServerStrategy::variables() const {

@@ -247,6 +247,10 @@ class dispatcher {
   void create_shard(int ps, const std::string& key, std::string bytes, std::chrono::milliseconds timeout);
   /// A shard's bytes (blocking, bounded); throws std::runtime_error naming the ps task.
   std::string read_shard(int ps, const std::string& key, std::chrono::milliseconds timeout);
+  /// Applies an update to a shard (op: 0 assign, 1 add, 2 subtract; blocking, bounded); throws
+  /// std::runtime_error naming the ps task.
+  void update_shard(int ps, const std::string& key, std::uint8_t op, std::string bytes,
+                    std::chrono::milliseconds timeout);
 
   /// Closures put back after their worker was lost, and workers lost, so far.
   std::uint64_t retried() const;

@@ -11,6 +11,7 @@
 #include "troupe/distribute/cluster_resolver.hpp"
 #include "troupe/distribute/remote_function.hpp"
 #include "troupe/distribute/server.hpp"
+#include "troupe/distribute/strategy.hpp"
 #include "troupe/runtime.hpp"
 #include "troupe/tensor.hpp"
 
@@ -79,7 +80,16 @@ struct RemoteValueState;
 /// variables live on the cluster's "ps" tasks, sharded by the partitioner; a ClusterCoordinator
 /// on the chief schedules functions onto the "worker" tasks, which read the variables and send
 /// updates. Construct it on the chief; the workers and ps tasks run a Server.
-class ParameterServerStrategy {
+///
+/// A troupe::Variable created in its scope() lives on the ps tasks, as TensorFlow's
+/// ShardedVariable: its shards are placed round-robin, reading it (value()) from the chief reads
+/// every shard, and assign/assign_add/assign_sub write them; the workers' functions reach it by
+/// its name (FunctionContext). A variable given no name is named "Variable", "Variable_1"...;
+/// a name already taken is std::invalid_argument. A scalar is kept as one row of shape {1}.
+/// As in TensorFlow, the chief has one replica (CPU:0): run() on the chief runs the function
+/// there, once, after a warning that functions meant for the workers go through
+/// ClusterCoordinator::schedule.
+class ParameterServerStrategy : public Strategy {
  public:
   /// Connects to every ps task (each within ServerOptions::peer_timeout, else std::runtime_error
   /// naming it), and to the workers in the background (retried while they are down). The cluster
@@ -88,12 +98,13 @@ class ParameterServerStrategy {
   ParameterServerStrategy(Runtime& runtime, std::shared_ptr<ClusterResolver> resolver,
                           std::shared_ptr<Partitioner> partitioner = nullptr,
                           ServerOptions options = ServerOptions::from_environment());
-  ~ParameterServerStrategy();
+  ~ParameterServerStrategy() override;
   ParameterServerStrategy(const ParameterServerStrategy&) = delete;
   ParameterServerStrategy& operator=(const ParameterServerStrategy&) = delete;
 
   /// Creates a variable on the ps tasks, its shards placed round-robin; a name already taken is
-  /// std::invalid_argument. Create variables before scheduling functions that use them.
+  /// std::invalid_argument. Create variables before scheduling functions that use them. The
+  /// TensorFlow form, a Variable made in scope(), does the same and returns a Variable.
   ShardedVariable create_variable(const std::string& name, const Tensor& initial_value);
   /// A variable's value, its shards read from the ps tasks (std::runtime_error naming a ps task
   /// that fails).
@@ -101,7 +112,7 @@ class ParameterServerStrategy {
   /// Every variable, in creation order.
   std::vector<ShardedVariable> variables() const;
 
-  ClusterResolver* cluster_resolver() { return resolver_.get(); }
+  ClusterResolver* cluster_resolver() override { return resolver_.get(); }
   int num_workers() const;
   int num_ps() const;
 

@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -33,6 +34,18 @@ namespace detail {
 class WorkerGroup;
 class StepProfile;
 
+/// A variable kept outside this process (ParameterServerStrategy's, on the ps tasks): every read
+/// and write of the Variable reaches it.
+class RemoteVariable {
+ public:
+  virtual ~RemoteVariable() = default;
+  /// The name it is known by there (the one it was asked for, or a free one when none was given).
+  virtual const std::string& name() const = 0;
+  virtual Tensor read() = 0;
+  /// op 0 sets the value, 1 adds `value`, 2 subtracts it.
+  virtual void write(int op, const Tensor& value) = 0;
+};
+
 /// What a strategy runs on: implemented by MirroredStrategy's actors and by the default strategy.
 /// Its replicas are this worker's devices; what crosses workers goes through workers().
 class StrategyBackend {
@@ -54,6 +67,13 @@ class StrategyBackend {
   virtual const Device* variable_device() const { return nullptr; }
   /// The size of Model::train_step's gradient buckets; 0: one all-reduce after the backward pass.
   virtual std::size_t gradient_bucket_bytes() const { return 0; }
+  /// Where a variable created in the strategy's scope lives when it lives outside this process
+  /// (ParameterServerStrategy); nullptr: in this process, one component per replica.
+  virtual std::shared_ptr<RemoteVariable> make_remote_variable(const std::string& name, const Tensor& initial_value) {
+    (void)name;
+    (void)initial_value;
+    return nullptr;
+  }
 
   /// Replicas over all workers (every worker has as many as this one).
   int num_replicas_in_sync() const;
