@@ -1,8 +1,9 @@
-// The MLP of mlp_classifier trained asynchronously with ParameterServerStrategy: the variables
-// live on the ps tasks, the chief schedules training closures onto the workers, and each worker
-// reads the variables, computes the gradients of one batch of its own dataset and sends the
-// updates (plain SGD, applied on the ps tasks as they arrive). One binary for every role, chosen
-// by TF_CONFIG: "chief" coordinates, "worker" and "ps" serve until the chief leaves.
+// The MLP of mlp_classifier trained asynchronously with ParameterServerStrategy: the variables,
+// made in the strategy's scope, live on the ps tasks, the chief schedules training closures onto
+// the workers, and each worker reads the variables, computes the gradients of one batch of its
+// own dataset and sends the updates (plain SGD, applied on the ps tasks as they arrive). One
+// binary for every role, chosen by TF_CONFIG: "chief" coordinates, "worker" and "ps" serve until
+// the chief leaves.
 //
 //   troupe-launch --ps 1 -n 2 --chief -- ps_trainer --closures 200
 //
@@ -112,10 +113,16 @@ int main(int argc, char** argv) {
 
     ParameterServerStrategy strategy(runtime, resolver, std::make_shared<FixedShardsPartitioner>(f.shards));
     ClusterCoordinator coordinator(strategy);
+    // As in TensorFlow, variables made in the strategy's scope live on the ps tasks, sharded by
+    // the partitioner; the workers' train_step reaches them by name.
     const std::int64_t sizes[] = {f.features, f.hidden, f.hidden, f.classes};
-    for (int l = 0; l < 3; ++l) {
-      strategy.create_variable(layers[2 * l], nn::glorot_uniform(sizes[l], sizes[l + 1], 100 + l));
-      strategy.create_variable(layers[2 * l + 1], Tensor::zeros({sizes[l + 1]}));
+    std::vector<Variable> weights;
+    {
+      auto scope = strategy.scope();
+      for (int l = 0; l < 3; ++l) {
+        weights.emplace_back(nn::glorot_uniform(sizes[l], sizes[l + 1], 100 + l), layers[2 * l]);
+        weights.emplace_back(Tensor::zeros({sizes[l + 1]}), layers[2 * l + 1]);
+      }
     }
     auto iterator = coordinator.create_per_worker_dataset("blobs").make_iterator();
     std::cout << "ps_trainer: " << strategy.num_workers() << " workers, " << strategy.num_ps() << " ps task(s), "
