@@ -112,6 +112,15 @@ start_daemons() {
   done
   for n in w0 w1 ps; do wait_for "$dir/$n.log" '^troupe-worker: ready ' 20; done
 }
+# stop_daemons: SIGTERM to each daemon, which must exit 0.
+stop_daemons() {
+  for n in w0 w1 ps; do
+    eval "p=\$pid_$n"
+    kill -TERM "$p"
+    status_of "$p"
+    [[ "$st" == 0 ]] || fail "$n exited $st on SIGTERM (expected 0)"
+  done
+}
 
 case "$scenario" in
   train)
@@ -317,6 +326,7 @@ case "$scenario" in
     [[ $st == 0 ]] || fail "the chief exited $st"
     [[ "$(grep -c '^PASS' "$dir/chief.log")" == 3 ]] || fail "not every check of the chief passed"
     grep '^PASS' "$dir/chief.log"
+    stop_daemons
     ;;
   heartbeat)
     start_daemons
@@ -338,6 +348,7 @@ case "$scenario" in
       fail "the chief did not detect the stopped worker within 1.5 s with 100 ms x 4 heartbeats"
     grep -q "/job:worker/replica:0/task:1 answers again" "$dir/chief-stderr.log" || fail "worker 1 was not taken back"
     grep -E "lost /job:worker/replica:0/task:1|answers again" "$dir/chief-stderr.log"
+    stop_daemons
     ;;
   wrong-token)
     good=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')

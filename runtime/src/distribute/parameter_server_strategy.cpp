@@ -147,6 +147,11 @@ struct CoordinatorState {
     } else {
       error = "function " + base::quoted(function) + " failed on " + o.worker + ": " + o.payload;
     }
+    if (!error.empty() && !o.cancelled) {
+      // Pending before the RemoteValue is ready: whoever saw it fail then sees schedule raise it.
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!first_error) first_error = error;
+    }
     {
       std::lock_guard<std::mutex> lock(value->mutex);
       value->ready = true;
@@ -157,13 +162,9 @@ struct CoordinatorState {
     value->cv.notify_all();
     bool wake = !error.empty();
     {
+      // Counted once the RemoteValue is ready: whoever saw every function end sees every value.
       std::lock_guard<std::mutex> lock(mutex);
-      if (o.cancelled) {
-        ++cancelled;
-      } else {
-        ++done;
-        if (!error.empty() && !first_error) first_error = error;
-      }
+      ++(o.cancelled ? cancelled : done);
       wake = wake || finished() == scheduled;
     }
     if (wake) cv.notify_all();
