@@ -77,6 +77,17 @@ int main(int argc, char** argv) {
         workers.insert(r[1].item<std::int32_t>());
       }
       expect(coordinator.closures_done() == static_cast<std::uint64_t>(closures), "closures_done");
+      // Workers are connected in the background: on a loaded machine one may come up only after
+      // the first closures are done. More closures, until each worker ran some (at most 30 s).
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (workers.size() < static_cast<std::size_t>(strategy.num_workers()) &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::vector<td::RemoteValue> more;
+        for (int i = 0; i < 8; ++i) more.push_back(coordinator.schedule("add", 1.0f, 2.0f));
+        coordinator.join();
+        for (auto& m : more) workers.insert(m.fetch().at(1).item<std::int32_t>());
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
       std::cout << "PASS add: " << closures << " results, on workers";
       for (int w : workers) std::cout << " " << w;
       std::cout << std::endl;

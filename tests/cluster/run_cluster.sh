@@ -51,12 +51,15 @@ fail() {
   exit 1
 }
 
-# Four free loopback ports.
-read -r p0 p1 p2 p3 < <(python3 -c '
+# Four free loopback ports (free when asked: another process may take one before a task binds it).
+pick_ports() {
+  read -r p0 p1 p2 p3 < <(python3 -c '
 import socket
 ss = [socket.socket() for _ in range(4)]
 for s in ss: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in ss])')
+}
+pick_ports
 host=127.0.0.1
 cluster() {
   echo "{\"chief\": [\"$host:$p3\"], \"worker\": [\"$host:$p0\", \"$host:$p1\"], \"ps\": [\"$host:$p2\"]}"
@@ -103,20 +106,52 @@ check_training() {  # LOG CLOSURES WORKERS_LOST
 }
 
 # start_daemons: troupe-worker daemons with the test module for w0, w1 and ps, once all are ready.
+# A daemon that cannot listen (its port was taken since pick_ports) ends at once: then all start
+# again on fresh ports, up to 3 times.
 start_daemons() {
-  for t in "w0 worker:0" "w1 worker:1" "ps ps:0"; do
-    set -- $t
-    timeout -k 5 60 "$daemon" --task "$2" --cluster "$(cluster)" --module "$module" >"$dir/$1.log" 2>&1 &
-    pids+=($!)
-    eval "pid_$1=$!"
+  local attempt n p deadline
+  for attempt in 1 2 3; do
+    for t in "w0 worker:0" "w1 worker:1" "ps ps:0"; do
+      set -- $t
+      timeout -k 5 60 "$daemon" --task "$2" --cluster "$(cluster)" --module "$module" >"$dir/$1.log" 2>&1 &
+      pids+=($!)
+      eval "pid_$1=$!"
+    done
+    deadline=$((SECONDS + 20))
+    for n in w0 w1 ps; do
+      eval "p=\$pid_$n"
+      until grep -q '^troupe-worker: ready ' "$dir/$n.log" 2>/dev/null; do
+        kill -0 "$p" 2>/dev/null || break
+        [[ $SECONDS -ge $deadline ]] && fail "$n is not ready within 20 s"
+        sleep 0.05
+      done
+    done
+    if [[ "$(grep -l '^troupe-worker: ready ' "$dir/w0.log" "$dir/w1.log" "$dir/ps.log" 2>/dev/null | wc -l)" == 3 ]]; then
+      return
+    fi
+    grep -q 'cannot listen' "$dir/w0.log" "$dir/w1.log" "$dir/ps.log" || fail "a daemon ended before it was ready"
+    echo "a port was taken (attempt $attempt): $(grep -h 'cannot listen' "$dir"/*.log | head -n 1)"
+    for n in w0 w1 ps; do
+      eval "p=\$pid_$n"
+      kill -9 -- "-$p" 2>/dev/null || kill -9 "$p" 2>/dev/null
+      wait "$p" 2>/dev/null
+    done
+    pick_ports
   done
-  for n in w0 w1 ps; do wait_for "$dir/$n.log" '^troupe-worker: ready ' 20; done
+  fail "no free ports after 3 tries"
+}
+# term_task PID: SIGTERM to the task that timeout PID runs, not to timeout (which would then
+# SIGKILL it 5 s later, cutting short a clean stop on a loaded machine).
+term_task() {
+  local child
+  child=$(pgrep -P "$1")
+  kill -TERM "${child:-$1}"
 }
 # stop_daemons: SIGTERM to each daemon, which must exit 0.
 stop_daemons() {
   for n in w0 w1 ps; do
     eval "p=\$pid_$n"
-    kill -TERM "$p"
+    term_task "$p"
     status_of "$p"
     [[ "$st" == 0 ]] || fail "$n exited $st on SIGTERM (expected 0)"
   done
@@ -313,7 +348,7 @@ case "$scenario" in
       grep -q "connected /job:chief/replica:0/task:0" "$dir/$n.log" || fail "$n did not log the chief connecting"
       grep -q "left /job:chief/replica:0/task:0" "$dir/$n.log" || fail "$n did not log the chief leaving"
       eval "p=\$pid_$n"
-      kill -TERM "$p"
+      term_task "$p"
       status_of "$p"
       [[ "$st" == 0 ]] || fail "$n exited $st on SIGTERM (expected 0)"
       grep -q "^troupe-worker: stopped /job:" "$dir/$n.log" || fail "$n did not say it stopped"

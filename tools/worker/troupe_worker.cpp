@@ -6,7 +6,7 @@
 //   troupe-worker --task ps:0 --cluster '{"worker": ["h1:2222"], "ps": ["h2:2222"]}'
 //
 // It prints one line when it is ready and one per peer that connects, leaves or is lost; SIGTERM
-// (or SIGINT) stops it cleanly, or exits 1 when that takes more than 10 s.
+// (or SIGINT) stops it cleanly, or exits 1 when that takes more than 30 s.
 #include <pthread.h>
 #include <signal.h>
 
@@ -95,10 +95,10 @@ int main(int argc, char** argv) {
       sigwait(&stop_signals, &sig);
       say(std::string("stopping on ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT"));
       // The signals stay blocked, so nothing else could end a stop that hangs (a peer that never
-      // answers while the actor system shuts down): it gets 10 s, then the process exits.
+      // answers while the actor system shuts down): it gets 30 s, then the process exits.
       std::thread([] {
-        std::this_thread::sleep_for(std::chrono::seconds(10));
-        std::fputs("troupe-worker: not stopped 10 s after the signal; exiting\n", stderr);
+        std::this_thread::sleep_for(std::chrono::seconds(30));
+        std::fputs("troupe-worker: not stopped 30 s after the signal; exiting\n", stderr);
         std::_Exit(1);
       }).detach();
       server.stop();
