@@ -619,7 +619,8 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
         auto renew = [&](std::optional<heartbeat_state>& beats) {
           const int peers = static_cast<int>(beats->peers());
           std::vector<bool> watched;
-          for (int p = 0; p < peers; ++p) watched.push_back(beats->watched(p) && !beats->is_overdue(p));
+          // An overdue peer is watched again too, so that it is taken back when it answers.
+          for (int p = 0; p < peers; ++p) watched.push_back(beats->watched(p));
           beats.emplace(peers, st.heartbeat_interval, missed);
           for (int p = 0; p < peers; ++p) {
             if (watched[static_cast<std::size_t>(p)]) beats->watch(p, now);

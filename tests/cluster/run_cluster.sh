@@ -21,7 +21,7 @@
 #                  SIGTERM stops each daemon cleanly
 #   cancel         a function raises: join, schedule and done raise it once each, after the
 #                  functions in flight finished; the functions still queued are cancelled
-#   heartbeat      the chief's heartbeats set to 100 ms x 4: worker 1 SIGSTOPped for 1.5 s (less
+#   heartbeat      the chief's heartbeats set to 200 ms x 3: worker 1 SIGSTOPped for 2.5 s (less
 #                  than the default 6 x 500 ms) is lost and taken back; every closure is done
 #   wrong-token    a daemon with another token is refused and the cluster goes on without it
 #   two-hosts      ps_trainer with its tasks in two network namespaces, over mutual TLS
@@ -222,6 +222,8 @@ case "$scenario" in
     stopped=$(pgrep -P "$pid_w1")  # the worker itself, not the timeout that runs it
     [[ -n "$stopped" ]] || fail "no worker 1 process to stop"
     kill -STOP "$stopped"
+    # Bounded: a chief that never names the silent worker fails here, not at its own timeout.
+    wait_for "$dir/chief.log" "lost /job:worker/replica:0/task:1 \\(it missed" 20
     status_of "$pid_chief"
     kill -CONT "$stopped"
     [[ $st == 0 ]] || fail "the chief exited $st after a worker stopped answering (expected 0)"
@@ -365,8 +367,8 @@ case "$scenario" in
     ;;
   heartbeat)
     start_daemons
-    TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode retry --closures 400 --slow-ms 20 \
-      --heartbeat-ms 100 --missed 4 >"$dir/chief.log" 2>"$dir/chief-stderr.log" &
+    TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode retry --closures 500 --slow-ms 20 \
+      --heartbeat-ms 200 --missed 3 >"$dir/chief.log" 2>"$dir/chief-stderr.log" &
     pids+=($!)
     pid_chief=$!
     wait_for "$dir/chief-stderr.log" "connected /job:worker/replica:0/task:1 " 30
@@ -375,12 +377,12 @@ case "$scenario" in
     stopped=$(pgrep -P "$pid_w1")  # the daemon itself, not the timeout that runs it
     [[ -n "$stopped" ]] || fail "no worker 1 process to stop"
     kill -STOP "$stopped"
-    sleep 1.5
+    sleep 2.5
     kill -CONT "$stopped"
     status_of "$pid_chief"; [[ $st == 0 ]] || fail "the chief exited $st"
-    grep -q "result: closures=400 done=400 " "$dir/chief.log" || fail "not every closure was done"
-    grep -q "lost /job:worker/replica:0/task:1 (it missed 4 heartbeats of 100 ms" "$dir/chief-stderr.log" ||
-      fail "the chief did not detect the stopped worker within 1.5 s with 100 ms x 4 heartbeats"
+    grep -q "result: closures=500 done=500 " "$dir/chief.log" || fail "not every closure was done"
+    grep -q "lost /job:worker/replica:0/task:1 (it missed 3 heartbeats of 200 ms" "$dir/chief-stderr.log" ||
+      fail "the chief did not detect the worker stopped for 2.5 s with 200 ms x 3 heartbeats"
     grep -q "/job:worker/replica:0/task:1 answers again" "$dir/chief-stderr.log" || fail "worker 1 was not taken back"
     grep -E "lost /job:worker/replica:0/task:1|answers again" "$dir/chief-stderr.log"
     stop_daemons
