@@ -204,3 +204,39 @@ TEST_CASE("the metrics stream pushes ring steps every push interval without bein
   CHECK(pushes == 1);
   CHECK(count(stream.history_json(std::chrono::seconds(5)), "{\"step\":") == 1);
 }
+
+TEST_CASE("the metrics stream turns steps into JSON only while its subscriber has someone to push to") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  metrics_stream stream(sys, 64, std::chrono::seconds(60), 2, 2);
+  std::atomic<bool> listening{false};
+  std::mutex m;
+  std::string received;
+  std::atomic<int> pushes{0};
+  stream.subscribe(
+      [&](const std::string& json) {
+        std::lock_guard<std::mutex> lock(m);
+        received += json;
+        ++pushes;
+      },
+      [&] { return listening.load(); });
+  const auto wait_for_history = [&](std::size_t steps) {
+    // history_json answers after the stream handled everything sent before it.
+    return count(stream.history_json(std::chrono::seconds(5)), "{\"step\":") == steps;
+  };
+  for (std::int64_t s = 1; s <= 3; ++s) CHECK(stream.push(event(s)));
+  stream.flush_now();
+  CHECK(wait_for_history(3));  // the history keeps every step either way
+  CHECK(pushes == 0);          // but nobody listened: no JSON, no push
+  listening = true;
+  CHECK(stream.push(event(4)));
+  stream.flush_now();
+  const auto start = std::chrono::steady_clock::now();
+  while (pushes == 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(pushes == 1);
+  std::lock_guard<std::mutex> lock(m);
+  CHECK(count(received, "{\"step\":") == 1);  // only the step since someone listens
+  CHECK(received.find("\"step\":4,") != std::string::npos);
+}

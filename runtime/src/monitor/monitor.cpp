@@ -571,7 +571,8 @@ Monitor::Monitor(distribute::Strategy& strategy, nn::Optimizer* optimizer, Monit
     m.server = std::make_unique<detail::HttpServer>(o.dashboard_address, o.dashboard_port, o.dashboard_token,
                                                     [self](const detail::HttpRequest& r) { return self->handle(r); });
     detail::HttpServer* server = m.server.get();
-    m.subscription = m.stream->subscribe([server](const std::string& json) { server->push(json); });
+    m.subscription = m.stream->subscribe([server](const std::string& json) { server->push(json); },
+                                         [server] { return server->has_listeners(); });
     m.say("dashboard: " + dashboard_url());
   }
   m.backend.set_step_profile(&m.profile);

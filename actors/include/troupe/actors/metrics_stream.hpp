@@ -138,8 +138,11 @@ class metrics_stream {
   void publish(std::vector<step_event> events);
   /// Steps dropped because the ring was full.
   std::uint64_t dropped() const noexcept;
-  /// Adds a subscriber; returns its id.
-  int subscribe(subscriber s);
+  /// Whether a subscriber has anyone to push to now (called on the stream's thread).
+  using listening = std::function<bool()>;
+  /// Adds a subscriber; returns its id. With `is_listening`, steps are turned into JSON for it
+  /// only while it returns true (the dashboard with no browser open costs no JSON).
+  int subscribe(subscriber s, listening is_listening = {});
   /// Removes a subscriber; once this returns it is not called again.
   void unsubscribe(int id);
   /// The history as JSON (metrics_history::to_json), or "" when the actor does not answer in time.
