@@ -102,9 +102,14 @@ struct stream_state {
     }
   }
 
-  // The steps the training thread left in the ring since the last drain, as one batch.
+  // The steps the training thread left in the ring since the last drain: into the history,
+  // and as one batch for the subscribers when someone listens.
   void drain() {
     if (ring->size() == 0) return;
+    if (!anyone_listening()) {
+      ring->drain([&](const step_event& e) { history->add(e); });
+      return;
+    }
     auto batch = std::make_shared<std::vector<step_event>>();
     batch->reserve(ring->size());
     ring->drain([&](const step_event& e) { batch->push_back(e); });
