@@ -239,11 +239,24 @@ metrics_history::metrics_history(std::size_t capacity) : capacity_(capacity < 2 
 
 void metrics_history::add(const step_event& e) {
   if (offered_++ % stride_ != 0) return;
-  events_.push_back(e);
+  if (spare_.empty()) {
+    events_.push_back(e);
+  } else {
+    // A dropped event's vectors take the copy: no allocation once the history has filled.
+    events_.push_back(std::move(spare_.back()));
+    spare_.pop_back();
+    events_.back() = e;
+  }
   if (events_.size() < capacity_) return;
   // Full: keep every other event, and from now on every other offered one of the new stride.
   std::deque<step_event> kept;
-  for (std::size_t i = 0; i < events_.size(); i += 2) kept.push_back(std::move(events_[i]));
+  for (std::size_t i = 0; i < events_.size(); ++i) {
+    if (i % 2 == 0) {
+      kept.push_back(std::move(events_[i]));
+    } else {
+      spare_.push_back(std::move(events_[i]));
+    }
+  }
   events_ = std::move(kept);
   // The kept events were offered at 0, s, 2s, ...: those left are at 0, 2s, 4s, ..., and the next
   // one kept is the next offered at a multiple of 2s.

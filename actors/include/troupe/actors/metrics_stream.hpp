@@ -77,6 +77,7 @@ class metrics_history {
   std::uint64_t stride_ = 1;
   std::uint64_t offered_ = 0;
   std::deque<step_event> events_;
+  std::vector<step_event> spare_;  // events dropped by a thinning, reused (with their vectors) by add
 };
 
 /// The hand-over from one producer thread (the step boundary) to one consumer thread (the stream):
