@@ -374,6 +374,7 @@ struct Monitor::Impl {
       last = e;
       last.paused = paused;
     }
+    if (!stream) return;
     stream->push(e);
     if (now) stream->flush_now();
   }
@@ -562,11 +563,13 @@ Monitor::Monitor(distribute::Strategy& strategy, nn::Optimizer* optimizer, Monit
   m.last.loss = NAN;
   m.scratch.replica_loss.reserve(static_cast<std::size_t>(m.replicas_in_sync));
   m.scratch.workers.reserve(static_cast<std::size_t>(m.workers));
-  m.stream = std::make_unique<actors::metrics_stream>(rt->system(), o.history_capacity, o.push_interval,
-                                                      static_cast<std::size_t>(m.replicas_in_sync),
-                                                      static_cast<std::size_t>(m.workers));
   if (!o.trace_file.empty()) m.start_trace(o.trace_first_step, o.trace_last_step, o.trace_file);
   if (o.dashboard_port >= 0 && m.worker == 0) {
+    // The stream, its thread and its history exist where a dashboard reads them: a worker that
+    // serves none (or a run only traced) keeps no history that nobody would read.
+    m.stream = std::make_unique<actors::metrics_stream>(rt->system(), o.history_capacity, o.push_interval,
+                                                        static_cast<std::size_t>(m.replicas_in_sync),
+                                                        static_cast<std::size_t>(m.workers));
     Impl* self = &m;
     m.server = std::make_unique<detail::HttpServer>(o.dashboard_address, o.dashboard_port, o.dashboard_token,
                                                     [self](const detail::HttpRequest& r) { return self->handle(r); });
@@ -581,7 +584,7 @@ Monitor::Monitor(distribute::Strategy& strategy, nn::Optimizer* optimizer, Monit
 Monitor::~Monitor() {
   Impl& m = *impl_;
   m.backend.set_step_profile(nullptr);
-  m.stream->flush_now();
+  if (m.stream) m.stream->flush_now();
   // Training ended inside the traced range: what was recorded is written.
   try {
     if (m.trace_first >= 0 && !m.trace_events.empty()) m.write_trace();
@@ -838,7 +841,7 @@ class Monitor::FitCallback : public nn::Callback {
   }
 
   void on_pause(std::int64_t step) override {
-    m_.stream->flush_now();  // the steps before the pause reach the dashboard now
+    if (m_.stream) m_.stream->flush_now();  // the steps before the pause reach the dashboard now
     m_.paused = true;
     m_.say("paused after step " + std::to_string(step));
     std::lock_guard<std::mutex> lock(m_.mutex);
@@ -860,7 +863,7 @@ class Monitor::FitCallback : public nn::Callback {
 
   void on_train_end(nn::Logs&) override {
     nn::TrainingControl& control = model().control();
-    m_.stream->flush_now();
+    if (m_.stream) m_.stream->flush_now();
     std::lock_guard<std::mutex> lock(m_.mutex);
     m_.control = nullptr;
     m_.paused = false;
