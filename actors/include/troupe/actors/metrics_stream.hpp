@@ -15,9 +15,9 @@
 // the history always spans the whole run at a coarser grain. Between two pushes at most
 // max_pending events wait, thinned the same way.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
