@@ -4,7 +4,7 @@
 // relu -> 4, Adam, global batch 256, cached input) through strategy.run and the loss reduce, as
 // Model::fit runs it; watched=1 adds what a Monitor adds: the per-step timings recorded in the
 // strategy (replica spans, the all-reduce, the input wait), the replica losses, and the step
-// boundary that batches one event per step to the metrics stream actor, with the dashboard's
+// boundary that copies one event per step into the metrics stream's ring, with the dashboard's
 // server listening. Wall-clock time, and the CPU time of the whole process (every thread: the
 // replicas, the stream, the server), which a loaded machine blurs less.
 //

@@ -1,12 +1,14 @@
 // The metrics stream: its bounded history, its JSON, and the actor's pushes to subscribers.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "caf/all.hpp"
 #include "troupe/actors/metrics_stream.hpp"
@@ -103,4 +105,138 @@ TEST_CASE("the metrics stream pushes new steps to a subscriber, and stops after 
   stream.publish({event(4)});
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   CHECK(pushes == before);
+}
+
+TEST_CASE("the step ring hands events over in order, keeps its slots' storage, and drops when full") {
+  troupe::actors::step_ring ring(5, 2, 2);  // rounded up to 8 slots
+  CHECK(ring.capacity() == 8);
+  std::vector<const double*> storage;
+  std::int64_t next = 1;
+  // Fill, drain part way, fill again: the indices wrap around the ring.
+  for (int round = 0; round < 3; ++round) {
+    while (ring.push(event(next))) ++next;
+    CHECK(ring.size() == 8);
+    CHECK(ring.dropped() == static_cast<std::uint64_t>(round + 1));
+    std::vector<std::int64_t> steps;
+    ring.drain([&](const step_event& e) {
+      steps.push_back(e.step);
+      CHECK(e.replica_loss.size() == 2);
+      CHECK(e.workers.size() == 2);
+      CHECK(e.workers[1].all_reduce_bytes == 4096);
+      storage.push_back(e.replica_loss.data());
+    });
+    REQUIRE(steps.size() == 8);
+    for (std::size_t i = 1; i < steps.size(); ++i) CHECK(steps[i] == steps[i - 1] + 1);
+    CHECK(steps.back() == next - 1);
+    CHECK(ring.size() == 0);
+  }
+  // An event of the ring's sizes is copied into the slot's own storage: the same 8 buffers
+  // over and over, no allocation per step.
+  std::sort(storage.begin(), storage.end());
+  CHECK(std::unique(storage.begin(), storage.end()) - storage.begin() == 8);
+}
+
+TEST_CASE("the step ring carries every event from a producer thread to a consumer thread") {
+  troupe::actors::step_ring ring(64, 2, 2);
+  constexpr std::int64_t steps = 20000;
+  std::atomic<bool> done{false};
+  std::thread producer([&] {
+    for (std::int64_t s = 1; s <= steps; ++s) {
+      while (!ring.push(event(s))) std::this_thread::yield();  // this test waits; a trainer drops
+    }
+    done = true;
+  });
+  std::int64_t expected = 1;
+  bool in_order = true;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while ((!done || ring.size() > 0) && std::chrono::steady_clock::now() < deadline) {
+    ring.drain([&](const step_event& e) {
+      in_order = in_order && e.step == expected && e.loss == 1.0 / static_cast<double>(expected);
+      ++expected;
+    });
+  }
+  producer.join();
+  CHECK(in_order);
+  CHECK(expected == steps + 1);
+}
+
+TEST_CASE("the metrics stream drains pushed steps on its own timer, and flush_now pushes at once") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  // A push interval far beyond the test's waits: only flush_now can push within them.
+  metrics_stream stream(sys, 64, std::chrono::seconds(60), 2, 2);
+  std::mutex m;
+  std::string received;
+  std::atomic<int> pushes{0};
+  stream.subscribe([&](const std::string& json) {
+    std::lock_guard<std::mutex> lock(m);
+    received += json;
+    ++pushes;
+  });
+  for (std::int64_t s = 1; s <= 5; ++s) CHECK(stream.push(event(s)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(pushes == 0);  // nothing is sent per step
+  stream.flush_now();
+  const auto start = std::chrono::steady_clock::now();
+  while (pushes == 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(pushes == 1);
+  {
+    std::lock_guard<std::mutex> lock(m);
+    CHECK(count(received, "{\"step\":") == 5);
+  }
+  CHECK(stream.dropped() == 0);
+  CHECK(count(stream.history_json(std::chrono::seconds(5)), "{\"step\":") == 5);
+}
+
+TEST_CASE("the metrics stream pushes ring steps every push interval without being asked") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  metrics_stream stream(sys, 64, std::chrono::milliseconds(20), 2, 2);
+  std::atomic<int> pushes{0};
+  stream.subscribe([&](const std::string&) { ++pushes; });
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(stream.push(event(1)));
+  while (pushes == 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(pushes == 1);
+  CHECK(count(stream.history_json(std::chrono::seconds(5)), "{\"step\":") == 1);
+}
+
+TEST_CASE("the metrics stream turns steps into JSON only while its subscriber has someone to push to") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  metrics_stream stream(sys, 64, std::chrono::seconds(60), 2, 2);
+  std::atomic<bool> listening{false};
+  std::mutex m;
+  std::string received;
+  std::atomic<int> pushes{0};
+  stream.subscribe(
+      [&](const std::string& json) {
+        std::lock_guard<std::mutex> lock(m);
+        received += json;
+        ++pushes;
+      },
+      [&] { return listening.load(); });
+  const auto wait_for_history = [&](std::size_t steps) {
+    // history_json answers after the stream handled everything sent before it.
+    return count(stream.history_json(std::chrono::seconds(5)), "{\"step\":") == steps;
+  };
+  for (std::int64_t s = 1; s <= 3; ++s) CHECK(stream.push(event(s)));
+  stream.flush_now();
+  CHECK(wait_for_history(3));  // the history keeps every step either way
+  CHECK(pushes == 0);          // but nobody listened: no JSON, no push
+  listening = true;
+  CHECK(stream.push(event(4)));
+  stream.flush_now();
+  const auto start = std::chrono::steady_clock::now();
+  while (pushes == 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(pushes == 1);
+  std::lock_guard<std::mutex> lock(m);
+  CHECK(count(received, "{\"step\":") == 1);  // only the step since someone listens
+  CHECK(received.find("\"step\":4,") != std::string::npos);
 }

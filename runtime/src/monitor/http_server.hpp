@@ -41,6 +41,9 @@ class HttpServer {
   int port() const noexcept;
   /// Sends `data` as one event to every open /api/events stream (from any thread).
   void push(std::string data);
+  /// Whether an /api/events stream is open (from any thread; a stream that just closed may
+  /// count until the next push).
+  bool has_listeners() const noexcept;
 
  private:
   struct impl;

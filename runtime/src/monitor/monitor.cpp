@@ -74,11 +74,6 @@ constexpr std::size_t max_queued_commands = 64;
 constexpr std::size_t max_trace_events = 4 << 20;
 constexpr std::int64_t max_trace_steps = 100000;
 const std::chrono::milliseconds paused_poll{100};
-// Steps go to the metrics stream in batches: one message per this interval (or per 256 steps),
-// so that a loop of sub-millisecond steps does not wake the stream's thread at every step. A
-// step's event still reaches an open dashboard within publish_interval + the push interval.
-constexpr std::int64_t publish_interval_ns = 50'000'000;
-constexpr std::size_t max_batch = 256;
 
 bool is_loopback(const std::string& address) {
   return address.rfind("127.", 0) == 0 || address == "::1" || address == "localhost";
@@ -150,8 +145,8 @@ struct Monitor::Impl {
   std::vector<double> shares;  // this worker's replicas' loss shares of the step
   bool have_shares = false;
   std::vector<double> rows;    // the exchange, reused
-  std::vector<actors::step_event> outbox;  // steps not yet published
-  std::int64_t published_ns = 0;
+  // The step being built at a boundary, its vectors sized once: a step allocates nothing.
+  actors::step_event scratch;
 
   // With callback(): fit's TrainingControl while fit runs (under mutex), which the dashboard's
   // controls go to; before, they wait in `commands`. A trace asked for waits in trace_request.
@@ -370,22 +365,28 @@ struct Monitor::Impl {
     last.paused = paused;
   }
 
-  void publish(actors::step_event&& e, bool now) {
+  // The step boundary's hand-over: a copy into /api/state's `last` (its vectors keep their
+  // storage) and into the stream's ring, which the stream drains on its own timer. No message, no
+  // allocation and no wakeup per step; `now` (a pause, a stop) asks the stream to push at once.
+  void publish(const actors::step_event& e, bool now) {
     {
       std::lock_guard<std::mutex> lock(mutex);
       last = e;
       last.paused = paused;
     }
-    outbox.push_back(std::move(e));
-    const std::int64_t t = profile_now_ns();
-    if (now || outbox.size() >= max_batch || t - published_ns >= publish_interval_ns) flush(t);
+    if (!stream) return;
+    stream->push(e);
+    if (now) stream->flush_now();
   }
-  void flush(std::int64_t t) {
-    published_ns = t;
-    if (outbox.empty()) return;
-    stream->publish(std::move(outbox));
-    outbox.clear();
-    outbox.reserve(64);
+  // Fresh scalars for the next step's event; its vectors keep their storage.
+  actors::step_event& next_event() {
+    actors::step_event& e = scratch;
+    e.step = 0;
+    e.time_s = e.loss = e.learning_rate = e.samples_per_s = 0;
+    e.paused = false;
+    e.replica_loss.clear();
+    e.workers.clear();
+    return e;
   }
 
   std::string state_json() {
@@ -560,14 +561,21 @@ Monitor::Monitor(distribute::Strategy& strategy, nn::Optimizer* optimizer, Monit
   m.t0_ns = m.last_boundary_ns = profile_now_ns();
   m.last.learning_rate = optimizer ? optimizer->learning_rate() : NAN;
   m.last.loss = NAN;
-  m.stream = std::make_unique<actors::metrics_stream>(rt->system(), o.history_capacity, o.push_interval);
+  m.scratch.replica_loss.reserve(static_cast<std::size_t>(m.replicas_in_sync));
+  m.scratch.workers.reserve(static_cast<std::size_t>(m.workers));
   if (!o.trace_file.empty()) m.start_trace(o.trace_first_step, o.trace_last_step, o.trace_file);
   if (o.dashboard_port >= 0 && m.worker == 0) {
+    // The stream, its thread and its history exist where a dashboard reads them: a worker that
+    // serves none (or a run only traced) keeps no history that nobody would read.
+    m.stream = std::make_unique<actors::metrics_stream>(rt->system(), o.history_capacity, o.push_interval,
+                                                        static_cast<std::size_t>(m.replicas_in_sync),
+                                                        static_cast<std::size_t>(m.workers));
     Impl* self = &m;
     m.server = std::make_unique<detail::HttpServer>(o.dashboard_address, o.dashboard_port, o.dashboard_token,
                                                     [self](const detail::HttpRequest& r) { return self->handle(r); });
     detail::HttpServer* server = m.server.get();
-    m.subscription = m.stream->subscribe([server](const std::string& json) { server->push(json); });
+    m.subscription = m.stream->subscribe([server](const std::string& json) { server->push(json); },
+                                         [server] { return server->has_listeners(); });
     m.say("dashboard: " + dashboard_url());
   }
   m.backend.set_step_profile(&m.profile);
@@ -576,7 +584,7 @@ Monitor::Monitor(distribute::Strategy& strategy, nn::Optimizer* optimizer, Monit
 Monitor::~Monitor() {
   Impl& m = *impl_;
   m.backend.set_step_profile(nullptr);
-  m.flush(profile_now_ns());
+  if (m.stream) m.stream->flush_now();
   // Training ended inside the traced range: what was recorded is written.
   try {
     if (m.trace_first >= 0 && !m.trace_events.empty()) m.write_trace();
@@ -610,7 +618,7 @@ StepDecision Monitor::on_step_end(std::int64_t step, double loss) {
   const std::int64_t input_ns = m.profile.take_input_wait(&input_start);
   const double step_ms = static_cast<double>(now - m.last_boundary_ns) / 1e6;
 
-  actors::step_event e;
+  actors::step_event& e = m.next_event();
   e.step = step;
   e.time_s = static_cast<double>(now - m.t0_ns) / 1e9;
   e.loss = loss;
@@ -671,7 +679,7 @@ StepDecision Monitor::on_step_end(std::int64_t step, double loss) {
   e.learning_rate = m.optimizer ? m.optimizer->learning_rate() : NAN;
   // A step that changed the state (paused, stopped) is shown at once.
   const bool changed = m.paused || m.stopped || command.code != none;
-  m.publish(std::move(e), changed);
+  m.publish(e, changed);
 
   // Paused: every worker waits here; the chief polls for commands, and every poll is one more
   // exchange so that all workers leave the pause after the same step.
@@ -768,7 +776,7 @@ class Monitor::FitCallback : public nn::Callback {
     std::int64_t input_start = 0;
     const std::int64_t input_ns = m_.profile.take_input_wait(&input_start);
 
-    actors::step_event e;
+    actors::step_event& e = m_.next_event();
     e.step = step;
     e.time_s = static_cast<double>(now - m_.t0_ns) / 1e9;
     e.loss = get(loss_key);
@@ -821,7 +829,7 @@ class Monitor::FitCallback : public nn::Callback {
       m_.start_trace(step + 1, step + std::clamp<std::int64_t>(trace_steps, 1, max_trace_steps),
                      m_.options.trace_file.empty() ? "troupe-trace.json" : m_.options.trace_file);
     }
-    m_.publish(std::move(e), false);
+    m_.publish(e, false);
   }
 
   void on_learning_rate(std::int64_t step, double learning_rate) override {
@@ -833,7 +841,7 @@ class Monitor::FitCallback : public nn::Callback {
   }
 
   void on_pause(std::int64_t step) override {
-    m_.flush(profile_now_ns());  // the steps before the pause reach the dashboard now
+    if (m_.stream) m_.stream->flush_now();  // the steps before the pause reach the dashboard now
     m_.paused = true;
     m_.say("paused after step " + std::to_string(step));
     std::lock_guard<std::mutex> lock(m_.mutex);
@@ -855,7 +863,7 @@ class Monitor::FitCallback : public nn::Callback {
 
   void on_train_end(nn::Logs&) override {
     nn::TrainingControl& control = model().control();
-    m_.flush(profile_now_ns());
+    if (m_.stream) m_.stream->flush_now();
     std::lock_guard<std::mutex> lock(m_.mutex);
     m_.control = nullptr;
     m_.paused = false;
