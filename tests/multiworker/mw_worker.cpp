@@ -688,16 +688,51 @@ int steer(MultiWorkerMirroredStrategy& s) {
   return 0;
 }
 
-// nn::Model trained through train_step, whose gradients are all-reduced in buckets of
+// The weights of `model` as one hash, after checking that every local replica holds the same bits.
+std::uint64_t model_weights(MultiWorkerMirroredStrategy& s, const nn::Model& model) {
+  std::vector<Tensor> weights;
+  for (const Variable& v : model.trainable_variables()) {
+    const auto components = s.experimental_local_results(v);
+    for (const Tensor& c : components) {
+      expect_eq(hash_bits({c}), hash_bits({components.front()}), "local replicas' " + v.name() + " identical");
+    }
+    weights.push_back(components.front());
+  }
+  return hash_bits(weights);
+}
+
+// nn::Model trained through train_step (or, with `via_fit`, through Model::fit with a metric, the
+// way examples/mlp_classifier trains), whose gradients are all-reduced in buckets of
 // TROUPE_GRADIENT_BUCKET_BYTES while the backward pass runs (0: one all-reduce after it): after
 // every step a hash of the weights, which must not depend on the buckets.
-int model_train(MultiWorkerMirroredStrategy& s) {
+int model_train(MultiWorkerMirroredStrategy& s, bool via_fit) {
   const int n = s.num_replicas_in_sync();
   const std::int64_t batch = 16, in = 96, hidden = 64, classes = 10;
   auto scope = s.scope();
   nn::Model model(nn::Sequential({nn::Dense(in, hidden, nn::Activation::relu, 1),
                                   nn::Dense(hidden, hidden, nn::Activation::relu, 2),
                                   nn::Dense(hidden, classes, nn::Activation::none, 3)}));
+  if (via_fit) {
+    model.compile(std::make_shared<nn::SGD>(0.05f, 0.9f), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
+    const std::int64_t samples = 6 * batch * n;
+    std::vector<std::int64_t> y(static_cast<std::size_t>(samples));
+    for (std::int64_t i = 0; i < samples; ++i) y[static_cast<std::size_t>(i)] = (i * 3 + i / 7) % classes;
+    const auto batches = data::Dataset::from_tensor_slices(
+                             {nn::glorot_uniform(samples, in, 2000) * 4.0f, Tensor::from_vector(y, {samples})})
+                             .batch(batch * n, true);
+    auto probe = std::make_shared<nn::LambdaCallback>();
+    int step = 0;
+    probe->batch_end = [&](std::int64_t, nn::Logs&) {
+      std::cout << "step " << step++ << " weights " << model_weights(s, model) << "\n";
+    };
+    nn::FitOptions options;
+    options.verbose = 0;
+    options.callbacks = {probe};
+    const nn::History h = model.fit(batches, 1, 6, options);
+    expect_eq(h.steps, std::int64_t{6}, "fit took 6 steps");
+    std::cout << "exposed " << (model.optimizer()->exposed_all_reduce_time().count() > 0 ? "measured" : "none") << "\n";
+    return failures == 0 ? 0 : 1;
+  }
   model.compile(std::make_shared<nn::SGD>(0.05f, 0.9f), nn::Loss::sparse_categorical_crossentropy());
   // MW_DIE_AT_STEP: worker 1 dies there, while the others' buckets are on the ring.
   const char* die_at = std::getenv("MW_DIE_AT_STEP");
@@ -713,15 +748,7 @@ int model_train(MultiWorkerMirroredStrategy& s) {
       for (std::int64_t i = 0; i < batch; ++i) y[i] = (i * 3 + step + id) % classes;
       return model.train_step({x, Tensor::from_vector(y, {batch})}, batch * n);
     });
-    std::vector<Tensor> weights;
-    for (const Variable& v : model.trainable_variables()) {
-      const auto components = s.experimental_local_results(v);
-      for (const Tensor& c : components) {
-        expect_eq(hash_bits({c}), hash_bits({components.front()}), "local replicas' " + v.name() + " identical");
-      }
-      weights.push_back(components.front());
-    }
-    std::cout << "step " << step << " weights " << hash_bits(weights) << "\n";
+    std::cout << "step " << step << " weights " << model_weights(s, model) << "\n";
   }
   // A collective after the buckets uses the ring in the same order on every worker.
   const auto total = s.run([] { return get_replica_context()->all_reduce(ReduceOp::sum, Tensor::full({3}, 1.0f)); });
@@ -808,8 +835,8 @@ int main(int argc, char** argv) {
       rc = preempt(s, dir ? dir : "/tmp/troupe-mw-preempt");
     } else if (mode == "train") {
       rc = train(s);
-    } else if (mode == "model") {
-      rc = model_train(s);
+    } else if (mode == "model" || mode == "model-fit") {
+      rc = model_train(s, mode == "model-fit");
     } else if (mode == "idle") {
       // The cluster watch alone for MW_IDLE_MS (what bench/control_plane_cost.sh measures).
       const char* idle = std::getenv("MW_IDLE_MS");

@@ -95,14 +95,15 @@ BucketPlan plan_buckets(const std::vector<Variable>& variables, std::size_t byte
 // adds replica 0's waits to the optimizer's all-reduce times.
 LossAndGradients bucketed_gradients(const Sequential& layers, const Loss& loss, Optimizer& optimizer,
                                     distribute::ReplicaContext& ctx, std::size_t bucket_bytes, const Tensor& features,
-                                    const Tensor& targets, std::int64_t global_batch_size) {
+                                    const Tensor& targets, std::int64_t global_batch_size, Tensor* outputs_out,
+                                    const char* op) {
   const std::vector<Variable> variables = layers.trainable_variables();
   const BucketPlan plan = plan_buckets(variables, bucket_bytes);
   distribute::detail::ReplicaCollectives& collectives = distribute::detail::collectives_of(ctx);
   const int local = ctx.local_replica_index();
 
   std::vector<Tensor> activations;
-  const Tensor outputs = layers.forward(model_input(features, "train_step"), activations);
+  const Tensor outputs = layers.forward(model_input(features, op), activations);
   LossAndGradient lg = loss.fn(outputs, targets, global_batch_size);
   std::vector<Tensor> gradients(variables.size());
   std::vector<std::size_t> ready(plan.members.size(), 0);
@@ -131,10 +132,41 @@ LossAndGradients bucketed_gradients(const Sequential& layers, const Loss& loss, 
     optimizer.record_all_reduce_time(std::chrono::duration_cast<std::chrono::nanoseconds>(end - start),
                                      std::chrono::duration_cast<std::chrono::nanoseconds>(end - std::min(end, from)));
   }
+  if (outputs_out != nullptr) *outputs_out = outputs;
   return {std::move(lg.loss), std::move(gradients)};
 }
 
+// The bucket size of a training step on this replica: gradient_bucket_bytes of the strategy
+// inside strategy.run with several replicas, 0 (one all-reduce after backward) elsewhere.
+std::size_t step_bucket_bytes(distribute::ReplicaContext*& ctx) {
+  ctx = distribute::detail::installed_replica_context();
+  return ctx != nullptr && ctx->num_replicas_in_sync() > 1 ? ctx->strategy().backend().gradient_bucket_bytes() : 0;
+}
+
 }  // namespace
+
+Tensor Model::step_and_update(const data::Element& inputs, std::int64_t global_batch_size, Tensor* outputs,
+                              const char* op) {
+  check_compiled(op);
+  check_element(inputs, op);
+  // Inside strategy.run with several replicas: the gradients are all-reduced in buckets while
+  // the backward pass goes on (RuntimeOptions::gradient_bucket_bytes), the same bits as one
+  // all-reduce after it.
+  distribute::ReplicaContext* ctx = nullptr;
+  const std::size_t bucket_bytes = step_bucket_bytes(ctx);
+  if (bucket_bytes > 0) {
+    LossAndGradients r = bucketed_gradients(layers_, loss_, *optimizer_, *ctx, bucket_bytes, inputs[0], inputs[1],
+                                            global_batch_size, outputs, op);
+    optimizer_->apply_gradients(zip(r.gradients, trainable_variables()), std::nullopt);
+    return r.loss;
+  }
+  std::vector<Tensor> activations;
+  const Tensor out = layers_.forward(model_input(inputs[0], op), activations);
+  LossAndGradient lg = loss_.fn(out, inputs[1], global_batch_size);
+  optimizer_->apply_gradients(zip(layers_.backward(activations, lg.gradient), trainable_variables()));
+  if (outputs != nullptr) *outputs = out;
+  return lg.loss;
+}
 
 Model::Model(Sequential layers) : layers_(std::move(layers)), strategy_(&distribute::get_strategy()) {
   if (layers_.layers().empty()) throw std::invalid_argument("Model: the Sequential has no layers");
@@ -185,24 +217,7 @@ LossAndGradients Model::compute_gradients(const Tensor& features, const Tensor& 
 }
 
 Tensor Model::train_step(const data::Element& inputs, std::int64_t global_batch_size) {
-  check_compiled("train_step");
-  check_element(inputs, "train_step");
-  // Inside strategy.run with several replicas: the gradients are all-reduced in buckets while
-  // the backward pass goes on (RuntimeOptions::gradient_bucket_bytes), the same bits as one
-  // all-reduce after it.
-  distribute::ReplicaContext* ctx = distribute::detail::installed_replica_context();
-  const std::size_t bucket_bytes =
-      ctx != nullptr && ctx->num_replicas_in_sync() > 1 ? ctx->strategy().backend().gradient_bucket_bytes() : 0;
-  if (bucket_bytes > 0) {
-    check_compiled("compute_gradients");
-    LossAndGradients r = bucketed_gradients(layers_, loss_, *optimizer_, *ctx, bucket_bytes, inputs[0], inputs[1],
-                                            global_batch_size);
-    optimizer_->apply_gradients(zip(r.gradients, trainable_variables()), std::nullopt);
-    return r.loss;
-  }
-  LossAndGradients r = compute_gradients(inputs[0], inputs[1], global_batch_size);
-  optimizer_->apply_gradients(zip(r.gradients, trainable_variables()));
-  return r.loss;
+  return step_and_update(inputs, global_batch_size, nullptr, "train_step");
 }
 
 namespace {
@@ -598,15 +613,13 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       auto results = strategy.run(
           [this, global_batch, with_metrics, wide, worker_count, local_replicas, &carried_row](const data::Element& e) {
             if (!wide) return train_step(e, global_batch);
-            check_element(e, "fit");
-            std::vector<Tensor> activations;
-            const Tensor outputs = layers_.forward(model_input(e[0], "fit"), activations);
-            LossAndGradient lg = loss_.fn(outputs, e[1], global_batch);
-            optimizer_->apply_gradients(zip(layers_.backward(activations, lg.gradient), trainable_variables()));
+            // The same step as train_step (gradient buckets included), keeping the outputs.
+            Tensor outputs;
+            const Tensor step_loss = step_and_update(e, global_batch, &outputs, "fit");
             const std::size_t rows_at = 2 + worker_fields * static_cast<std::size_t>(worker_count);
             const std::size_t replicas_in_sync = static_cast<std::size_t>(worker_count * local_replicas);
             std::vector<double> v(worker_count > 1 ? rows_at + 2 * replicas_in_sync : 2, 0.0);
-            v[0] = as_double(lg.loss);
+            v[0] = as_double(step_loss);
             if (with_metrics && rows_of(e) > 0) v[1] = nn::accuracy(outputs, e[1]) * static_cast<double>(rows_of(e));
             const int id = distribute::get_replica_context()->replica_id_in_sync_group();
             if (worker_count > 1) {
@@ -621,7 +634,7 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
               }
             }
             // On the replica's device, where the strategy's cross-device op expects its values.
-            return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(lg.loss.device());
+            return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(step_loss.device());
           },
           *batch);
       const Tensor reduced = strategy.reduce(ReduceOp::sum, results, std::nullopt);
