@@ -24,6 +24,7 @@
 
 #include <troupe/troupe.hpp>
 
+#include "distribute/collectives.hpp"
 #include "troupe/kernels/half_kernels.hpp"
 
 using namespace troupe;
@@ -826,6 +827,20 @@ int main(int argc, char** argv) {
         });
       }
       std::cout << "FAIL every step returned although worker 1 skipped a collective\n";
+      rc = 1;
+    } else if (mode == "bucket-skip") {
+      // Every worker's local replica 0 starts a gradient bucket that local replica 1 never starts;
+      // both then all-reduce, whose merge waits for the started buckets first. The merge must
+      // fail at once, naming replica 1 and the bucket, instead of waiting for it forever.
+      s.run([] {
+        auto* ctx = get_replica_context();
+        auto& collectives = distribute::detail::collectives_of(*ctx);
+        const int r = ctx->local_replica_index();
+        collectives.start_all_reduce(r, ReduceOp::sum, {Tensor::full({8}, 1.0f)});
+        if (r == 0) collectives.start_all_reduce(r, ReduceOp::sum, {Tensor::full({8}, 2.0f)});
+        ctx->all_reduce(ReduceOp::sum, Tensor::full({4}, 1.0f));
+      });
+      std::cout << "FAIL the step returned although replica 1 skipped a bucket\n";
       rc = 1;
     } else if (mode == "checkpoint") {
       const char* dir = std::getenv("MW_CKPT_DIR");

@@ -631,6 +631,13 @@ case "$scenario" in
         grep -qx "exposed measured" "$dir/out0" || fail "bucket $bytes: the bucketed path did not run"
       fi
     done ;;
+  buckets-skipped-2x2)
+    # A local replica enters an all_reduce without starting a bucket its leader started: the
+    # leader's wait for the started buckets fails at once on every worker, naming the replica and
+    # the bucket (it waited forever).
+    for i in 0 1; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2"; done
+    start_cluster 2 bucket-skip; wait_all 2
+    expect_all 2 3 "replica 1 entered another collective (all_reduce, all_gather, merge_call) without starting bucket 1" ;;
   buckets-worker-dies)
     # A worker dies while the others' gradient buckets cross the ring: they fail, naming the
     # collective, instead of waiting for the bucket forever.

@@ -27,7 +27,8 @@ GradientBuckets::GradientBuckets(int replicas, std::chrono::microseconds spin)
     : replicas_(replicas),
       spin_(spin),
       next_(static_cast<std::size_t>(replicas), 0),
-      finished_(static_cast<std::size_t>(replicas), false) {}
+      finished_(static_cast<std::size_t>(replicas), false),
+      in_collective_(static_cast<std::size_t>(replicas), false) {}
 
 GradientBuckets::bucket& GradientBuckets::at(std::size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -199,10 +200,13 @@ void GradientBuckets::check_missing(std::unique_lock<std::mutex>& lock, const bu
   if (b.state.load(std::memory_order_acquire) != collecting) return;
   for (int r = 0; r < replicas_; ++r) {
     const auto k = static_cast<std::size_t>(r);
-    if (finished_[k] && next_[k] <= index) {
+    if ((finished_[k] || in_collective_[k]) && next_[k] <= index) {
+      const bool returned = finished_[k];
       lock.unlock();
-      const std::string why = "gradient all-reduce: replica " + std::to_string(r) + " returned without starting bucket " +
-                              std::to_string(index) + ": every replica must start the same buckets";
+      const std::string why = "gradient all-reduce: replica " + std::to_string(r) +
+                              (returned ? " returned" : " entered another collective (all_reduce, all_gather, merge_call)") +
+                              " without starting bucket " + std::to_string(index) +
+                              ": every replica must start the same buckets before its next collective";
       abort(why);
       throw CollectiveAborted(why);
     }
@@ -281,9 +285,18 @@ void GradientBuckets::finish(int replica) {
   changed_.notify_all();
 }
 
+void GradientBuckets::set_in_collective(int replica, bool inside) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_collective_[static_cast<std::size_t>(replica)] = inside;
+  }
+  if (inside && count_.load(std::memory_order_acquire) > 0) changed_.notify_all();  // waiters re-check
+}
+
 void GradientBuckets::reset() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    std::fill(in_collective_.begin(), in_collective_.end(), false);
     buckets_.clear();
     count_.store(0);
     first_open_.store(0);

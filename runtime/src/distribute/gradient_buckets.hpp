@@ -67,6 +67,10 @@ class GradientBuckets {
   void abort(const std::string& why);
   /// `replica` left its step: a bucket it never started can no longer complete.
   void finish(int replica);
+  /// `replica` waits in another collective (`inside`) or left it: while it waits there it starts no
+  /// bucket, so a bucket it has not started cannot complete until the others join that collective,
+  /// and a replica waiting for the bucket instead would never get there: such a wait fails.
+  void set_in_collective(int replica, bool inside);
   /// Between steps (no replica inside start or wait).
   void reset();
 
@@ -110,6 +114,7 @@ class GradientBuckets {
   std::atomic<std::size_t> count_{0};            // buckets_.size(), readable without the lock
   std::vector<std::size_t> next_;                // per replica: its next bucket's number
   std::vector<bool> finished_;
+  std::vector<bool> in_collective_;  // per replica: waiting in another collective (a merge, ...)
   std::atomic<bool> aborted_{false};
   bool stopping_ = false;
   std::string reason_;
