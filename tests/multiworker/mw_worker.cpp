@@ -731,6 +731,9 @@ int model_train(MultiWorkerMirroredStrategy& s, bool via_fit) {
     options.callbacks = {probe};
     const nn::History h = model.fit(batches, 1, 6, options);
     expect_eq(h.steps, std::int64_t{6}, "fit took 6 steps");
+    // The wait for the other worker is a part of the exposed time.
+    expect_eq(model.optimizer()->exposed_peer_wait_time() <= model.optimizer()->exposed_all_reduce_time(), true,
+              "the exposed wait for another worker within the exposed time");
     std::cout << "exposed " << (model.optimizer()->exposed_all_reduce_time().count() > 0 ? "measured" : "none") << "\n";
     return failures == 0 ? 0 : 1;
   }

@@ -176,6 +176,25 @@ void GradientBuckets::complete(std::uint64_t generation, std::size_t index) {
   changed_.notify_all();
 }
 
+void GradientBuckets::note_peer_wait(std::uint64_t generation, std::chrono::steady_clock::time_point begin,
+                                     std::chrono::steady_clock::time_point end) {
+  if (end <= begin) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (generation == generation_) peer_waits_.emplace_back(begin, end);
+}
+
+std::chrono::nanoseconds GradientBuckets::peer_wait_within(std::chrono::steady_clock::time_point from,
+                                                           std::chrono::steady_clock::time_point to) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::chrono::nanoseconds total{0};
+  for (const auto& [begin, end] : peer_waits_) {
+    const auto b = std::max(begin, from);
+    const auto e = std::min(end, to);
+    if (e > b) total += std::chrono::duration_cast<std::chrono::nanoseconds>(e - b);
+  }
+  return total;
+}
+
 void GradientBuckets::fail(std::uint64_t generation, std::size_t index, std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -297,6 +316,7 @@ void GradientBuckets::reset() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     std::fill(in_collective_.begin(), in_collective_.end(), false);
+    peer_waits_.clear();
     buckets_.clear();
     count_.store(0);
     first_open_.store(0);

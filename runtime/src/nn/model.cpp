@@ -128,9 +128,10 @@ LossAndGradients bucketed_gradients(const Sequential& layers, const Loss& loss, 
   }
   if (ctx.replica_id_in_sync_group() == 0) {
     const auto end = std::chrono::steady_clock::now();
-    const auto from = std::max(start, all_started);
+    const auto from = std::min(end, std::max(start, all_started));
     optimizer.record_all_reduce_time(std::chrono::duration_cast<std::chrono::nanoseconds>(end - start),
-                                     std::chrono::duration_cast<std::chrono::nanoseconds>(end - std::min(end, from)));
+                                     std::chrono::duration_cast<std::chrono::nanoseconds>(end - from),
+                                     collectives.peer_wait_within(from, end));
   }
   if (outputs_out != nullptr) *outputs_out = outputs;
   return {std::move(lg.loss), std::move(gradients)};
