@@ -18,6 +18,7 @@
 #include "cpu/intra_op.hpp"
 #include "distribute/collectives.hpp"
 #include "distribute/context_state.hpp"
+#include "distribute/step_profile.hpp"
 #include "distribute/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
@@ -222,6 +223,15 @@ LossAndGradients bucketed_gradients(const Sequential& layers, const Loss& loss, 
       std::memcpy(static_cast<char*>(whole.raw_mutable_data()) + static_cast<std::size_t>(unit.row_begin) * row_bytes,
                   sums[i].raw_data(), sums[i].nbytes());
     }
+  }
+  // A monitor's step profile sees the wait for the buckets as the step's gradient all-reduce, as
+  // it saw the one all-reduce after backward.
+  if (distribute::detail::StepProfile* profile = ctx.strategy().backend().step_profile()) {
+    std::uint64_t bytes = 0;
+    for (const Variable& v : variables) bytes += v.value().nbytes();
+    profile->collective(local, distribute::detail::CollectiveKind::all_reduce,
+                        std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count(),
+                        distribute::detail::profile_now_ns(), bytes);
   }
   if (ctx.replica_id_in_sync_group() == 0) {
     const auto end = std::chrono::steady_clock::now();
