@@ -20,7 +20,13 @@
 # - exposed share: the part of that wait after every replica of the process had finished its
 #   backward pass (started its last bucket), i.e. the all-reduce the backward pass did not hide
 #   (measured by the bucketed path only; across workers it also holds the ring's wait for the
-#   other worker's replicas).
+#   other worker's replicas);
+# - of it, waiting for the other worker: the part of the exposed time in which the ring waited for
+#   the other worker to join a bucket's all-reduce (from the start of the ring operation until the
+#   first byte of the other worker's share arrived: that worker still differentiating, or its
+#   threads not scheduled; Horovod's NEGOTIATE);
+# - exposed all-reduce: the exposed share less that wait: the all-reduce itself (the ring's
+#   transfers and sums, the local sums, the hand-offs) that backward did not hide.
 #
 #   bench/overlap_bench.sh [BUILD_DIR]
 #   env: ROUNDS=3 EPOCHS=4 BATCH=256 FEATURES=784 HIDDEN=256 CLASSES=10
@@ -100,13 +106,18 @@ def cell(values, fmt):
     return f"{fmt(statistics.median(values))} ({fmt(min(values))}-{fmt(max(values))})"
 k = lambda v: f"{v / 1000:.1f} k"
 pct = lambda v: f"{100 * v:.0f} %"
-print("| layout | buckets | samples/s | all-reduce share | exposed share |")
-print("|---|---|---|---|---|")
+print("| layout | buckets | samples/s | all-reduce share | exposed share | of it, waiting for the other worker | exposed all-reduce |")
+print("|---|---|---|---|---|---|---|")
 for layout in layouts:
     name = "4 replicas, 1 process" if layout == "4x1" else f"{layout.split('x')[0]} workers x {layout.split('x')[1]} replicas, loopback"
     for s in settings:
         path = os.path.join(tmp, f"{layout}-{s}")
         rate, share, exposed = fields(path, "samples_per_s"), fields(path, "allreduce_share"), fields(path, "exposed_share")
-        exposed_cell = "not measured" if s == "unbucketed" else cell(exposed, pct)
-        print(f"| {name} | {s} | {cell(rate, k)} | {cell(share, pct)} | {exposed_cell} |")
+        peer = fields(path, "exposed_peer_wait_share")
+        own = [e - p for e, p in zip(exposed, peer)]
+        if s == "unbucketed":
+            cells = ["not measured"] * 3
+        else:
+            cells = [cell(exposed, pct), cell(peer, pct), cell(own, pct)]
+        print(f"| {name} | {s} | {cell(rate, k)} | {cell(share, pct)} | {' | '.join(cells)} |")
 PY

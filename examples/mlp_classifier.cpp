@@ -22,7 +22,7 @@
 //
 // The last line is for scripts (bench/training_bench.sh):
 //   result: replicas=4 batch=256 input=pipeline steps=640 samples_per_s=... allreduce_share=... exposed_share=...
-//           accuracy=... loss=...
+//           exposed_peer_wait_share=... accuracy=... loss=...
 
 #include <algorithm>
 #include <chrono>
@@ -403,6 +403,7 @@ int run(const Flags& f) {
   const std::int64_t total_steps = f.epochs * steps_per_epoch;
   nn::History history;
   const auto exposed_before = model.optimizer()->exposed_all_reduce_time();
+  const auto peer_wait_before = model.optimizer()->exposed_peer_wait_time();
   if (initial_step < total_steps) history = model.fit(batches, f.epochs, steps_per_epoch, options);
   const std::int64_t end_step = initial_step + history.steps;
   if (history.non_finite_step != 0 && !f.no_terminate_on_nan) {
@@ -434,14 +435,20 @@ int run(const Flags& f) {
   const double exposed =
       std::chrono::duration<double>(model.optimizer()->exposed_all_reduce_time() - exposed_before).count();
   const double exposed_share = seconds > 0 ? exposed / seconds : 0.0;
+  // Of it, the wait for another worker to join a bucket's all-reduce (across workers only).
+  const double peer_wait =
+      std::chrono::duration<double>(model.optimizer()->exposed_peer_wait_time() - peer_wait_before).count();
+  const double peer_wait_share = seconds > 0 ? peer_wait / seconds : 0.0;
   std::cout << std::fixed << std::setprecision(2) << "training accuracy " << 100 * train.accuracy << "% (" << train.samples
             << " examples), loss " << std::setprecision(6) << train.loss << "\n";
   std::cout << std::setprecision(0) << "throughput " << throughput << " samples/s (median over epochs), all-reduce "
-            << std::setprecision(1) << 100 * share << "% of training time (exposed " << 100 * exposed_share << "%)\n";
+            << std::setprecision(1) << 100 * share << "% of training time (exposed " << 100 * exposed_share << "%, of it waiting for another worker "
+            << 100 * peer_wait_share << "%)\n";
   std::cout << std::setprecision(4) << "result: replicas=" << strategy.num_replicas_in_sync() << " batch=" << f.batch
             << " input=" << (f.cached_batches ? "cached" : "pipeline")
             << " steps=" << history.steps << " samples_per_s=" << std::setprecision(0) << throughput
             << " allreduce_share=" << std::setprecision(4) << share << " exposed_share=" << exposed_share
+            << " exposed_peer_wait_share=" << peer_wait_share
             << " accuracy=" << train.accuracy
             << " loss=" << train.loss << "\n";
   if (train.accuracy < f.min_accuracy) {

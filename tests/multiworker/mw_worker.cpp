@@ -24,6 +24,7 @@
 
 #include <troupe/troupe.hpp>
 
+#include "distribute/collectives.hpp"
 #include "troupe/kernels/half_kernels.hpp"
 
 using namespace troupe;
@@ -688,16 +689,54 @@ int steer(MultiWorkerMirroredStrategy& s) {
   return 0;
 }
 
-// nn::Model trained through train_step, whose gradients are all-reduced in buckets of
+// The weights of `model` as one hash, after checking that every local replica holds the same bits.
+std::uint64_t model_weights(MultiWorkerMirroredStrategy& s, const nn::Model& model) {
+  std::vector<Tensor> weights;
+  for (const Variable& v : model.trainable_variables()) {
+    const auto components = s.experimental_local_results(v);
+    for (const Tensor& c : components) {
+      expect_eq(hash_bits({c}), hash_bits({components.front()}), "local replicas' " + v.name() + " identical");
+    }
+    weights.push_back(components.front());
+  }
+  return hash_bits(weights);
+}
+
+// nn::Model trained through train_step (or, with `via_fit`, through Model::fit with a metric, the
+// way examples/mlp_classifier trains), whose gradients are all-reduced in buckets of
 // TROUPE_GRADIENT_BUCKET_BYTES while the backward pass runs (0: one all-reduce after it): after
 // every step a hash of the weights, which must not depend on the buckets.
-int model_train(MultiWorkerMirroredStrategy& s) {
+int model_train(MultiWorkerMirroredStrategy& s, bool via_fit) {
   const int n = s.num_replicas_in_sync();
   const std::int64_t batch = 16, in = 96, hidden = 64, classes = 10;
   auto scope = s.scope();
   nn::Model model(nn::Sequential({nn::Dense(in, hidden, nn::Activation::relu, 1),
                                   nn::Dense(hidden, hidden, nn::Activation::relu, 2),
                                   nn::Dense(hidden, classes, nn::Activation::none, 3)}));
+  if (via_fit) {
+    model.compile(std::make_shared<nn::SGD>(0.05f, 0.9f), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
+    const std::int64_t samples = 6 * batch * n;
+    std::vector<std::int64_t> y(static_cast<std::size_t>(samples));
+    for (std::int64_t i = 0; i < samples; ++i) y[static_cast<std::size_t>(i)] = (i * 3 + i / 7) % classes;
+    const auto batches = data::Dataset::from_tensor_slices(
+                             {nn::glorot_uniform(samples, in, 2000) * 4.0f, Tensor::from_vector(y, {samples})})
+                             .batch(batch * n, true);
+    auto probe = std::make_shared<nn::LambdaCallback>();
+    int step = 0;
+    probe->batch_end = [&](std::int64_t, nn::Logs&) {
+      std::cout << "step " << step++ << " weights " << model_weights(s, model) << "\n";
+    };
+    nn::FitOptions options;
+    options.verbose = 0;
+    options.callbacks = {probe};
+    const nn::History h = model.fit(batches, 1, 6, options);
+    expect_eq(h.steps, std::int64_t{6}, "fit took 6 steps");
+    // The wait for the other worker is a part of the exposed time.
+    expect_eq(model.optimizer()->exposed_peer_wait_time() <= model.optimizer()->exposed_all_reduce_time(), true,
+              "the exposed wait for another worker within the exposed time");
+    std::cout << "exposed " << (model.optimizer()->exposed_all_reduce_time().count() > 0 ? "measured" : "none") << "\n";
+    return failures == 0 ? 0 : 1;
+  }
   model.compile(std::make_shared<nn::SGD>(0.05f, 0.9f), nn::Loss::sparse_categorical_crossentropy());
   // MW_DIE_AT_STEP: worker 1 dies there, while the others' buckets are on the ring.
   const char* die_at = std::getenv("MW_DIE_AT_STEP");
@@ -713,15 +752,7 @@ int model_train(MultiWorkerMirroredStrategy& s) {
       for (std::int64_t i = 0; i < batch; ++i) y[i] = (i * 3 + step + id) % classes;
       return model.train_step({x, Tensor::from_vector(y, {batch})}, batch * n);
     });
-    std::vector<Tensor> weights;
-    for (const Variable& v : model.trainable_variables()) {
-      const auto components = s.experimental_local_results(v);
-      for (const Tensor& c : components) {
-        expect_eq(hash_bits({c}), hash_bits({components.front()}), "local replicas' " + v.name() + " identical");
-      }
-      weights.push_back(components.front());
-    }
-    std::cout << "step " << step << " weights " << hash_bits(weights) << "\n";
+    std::cout << "step " << step << " weights " << model_weights(s, model) << "\n";
   }
   // A collective after the buckets uses the ring in the same order on every worker.
   const auto total = s.run([] { return get_replica_context()->all_reduce(ReduceOp::sum, Tensor::full({3}, 1.0f)); });
@@ -800,6 +831,20 @@ int main(int argc, char** argv) {
       }
       std::cout << "FAIL every step returned although worker 1 skipped a collective\n";
       rc = 1;
+    } else if (mode == "bucket-skip") {
+      // Every worker's local replica 0 starts a gradient bucket that local replica 1 never starts;
+      // both then all-reduce, whose merge waits for the started buckets first. The merge must
+      // fail at once, naming replica 1 and the bucket, instead of waiting for it forever.
+      s.run([] {
+        auto* ctx = get_replica_context();
+        auto& collectives = distribute::detail::collectives_of(*ctx);
+        const int r = ctx->local_replica_index();
+        collectives.start_all_reduce(r, ReduceOp::sum, {Tensor::full({8}, 1.0f)});
+        if (r == 0) collectives.start_all_reduce(r, ReduceOp::sum, {Tensor::full({8}, 2.0f)});
+        ctx->all_reduce(ReduceOp::sum, Tensor::full({4}, 1.0f));
+      });
+      std::cout << "FAIL the step returned although replica 1 skipped a bucket\n";
+      rc = 1;
     } else if (mode == "checkpoint") {
       const char* dir = std::getenv("MW_CKPT_DIR");
       rc = checkpoint(s, dir ? dir : "/tmp/troupe-mw-ckpt");
@@ -808,8 +853,8 @@ int main(int argc, char** argv) {
       rc = preempt(s, dir ? dir : "/tmp/troupe-mw-preempt");
     } else if (mode == "train") {
       rc = train(s);
-    } else if (mode == "model") {
-      rc = model_train(s);
+    } else if (mode == "model" || mode == "model-fit") {
+      rc = model_train(s, mode == "model-fit");
     } else if (mode == "idle") {
       // The cluster watch alone for MW_IDLE_MS (what bench/control_plane_cost.sh measures).
       const char* idle = std::getenv("MW_IDLE_MS");

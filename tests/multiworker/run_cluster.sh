@@ -608,14 +608,17 @@ case "$scenario" in
       fail "the two paths computed the same forward bits: the test cannot tell them apart"
     diff <(grep '^step' "$dir/out0") <(grep '^step' "$dir/out1") > "$dir/diff" ||
       fail "the workers' weights differ: $(cat "$dir/diff")" ;;
-  buckets-2x2)
+  buckets-2x2|buckets-fit-2x2)
     # Model::train_step's gradient buckets, all-reduced across workers on the ring while backward
     # runs: every bucket size gives the weights of one all-reduce after backward (0), bit for
     # bit, on both workers. Gradient bytes in backward order: 40, 2560 | 256, 16384 | 256, 24576.
     # 1000: every tensor alone (layers split); 20000: the last two layers together; 1 GiB: all.
+    # buckets-fit-2x2: the same through Model::fit with a metric (mlp_classifier's way), whose
+    # step must take the bucketed path too ("exposed measured").
+    mode=model; [ "$scenario" = buckets-fit-2x2 ] && mode=model-fit
     for bytes in 0 1000 20000 1073741824; do
       for i in 0 1; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2 TROUPE_GRADIENT_BUCKET_BYTES=$bytes"; done
-      pids=(); start_cluster 2 model; wait_all 2; expect_cluster 2 4
+      pids=(); start_cluster 2 "$mode"; wait_all 2; expect_cluster 2 4
       [ "$(grep -c '^step .* weights' "$dir/out0")" = 6 ] || fail "bucket $bytes: worker 0 did not report 6 steps"
       diff <(grep '^step' "$dir/out0") <(grep '^step' "$dir/out1") > "$dir/diff" ||
         fail "bucket $bytes: the workers' weights differ: $(cat "$dir/diff")"
@@ -628,6 +631,13 @@ case "$scenario" in
         grep -qx "exposed measured" "$dir/out0" || fail "bucket $bytes: the bucketed path did not run"
       fi
     done ;;
+  buckets-skipped-2x2)
+    # A local replica enters an all_reduce without starting a bucket its leader started: the
+    # leader's wait for the started buckets fails at once on every worker, naming the replica and
+    # the bucket (it waited forever).
+    for i in 0 1; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2"; done
+    start_cluster 2 bucket-skip; wait_all 2
+    expect_all 2 3 "replica 1 entered another collective (all_reduce, all_gather, merge_call) without starting bucket 1" ;;
   buckets-worker-dies)
     # A worker dies while the others' gradient buckets cross the ring: they fail, naming the
     # collective, instead of waiting for the bucket forever.

@@ -5,7 +5,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -253,5 +255,55 @@ TEST_CASE("products and Dense layers split over 2 intra-op threads agree with on
     double worst = 0;
     for (std::size_t k = 0; k < a.size(); ++k) worst = std::max(worst, double(std::abs(a[k] - b[k])) / (1 + std::abs(a[k])));
     CHECK(worst < 1e-5);
+  }
+}
+
+// 64-byte aligned floats, as tensor storage is: Eigen's vectorized sums peel unaligned heads, so
+// the bits of a column sum may depend on where its operands lie.
+struct aligned_floats {
+  explicit aligned_floats(std::size_t n)
+      : size(n), data(static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64 + 64)), &std::free) {}
+  aligned_floats(const std::vector<float>& v) : aligned_floats(v.size()) {
+    std::memcpy(data.get(), v.data(), v.size() * sizeof(float));
+  }
+  float* get() const { return data.get(); }
+  std::size_t size;
+  std::unique_ptr<float, decltype(&std::free)> data;
+};
+
+TEST_CASE("cpu: a Dense kernel gradient computed in row blocks has the bits of the whole, on every path") {
+  // Model::train_step computes the first layer's kernel gradient xᵀ·g in row blocks (columns of
+  // x, in fresh tensors), each all-reduced as soon as it exists; the weights must not depend on it.
+  struct shape {
+    std::int64_t batch, in, units, block;
+  };
+  for (const cpu::isa path : cpu::runnable_isas()) {
+    const cpu::kernel_table& table = *cpu::table_for(path);
+    for (const shape s : {shape{64, 784, 256, 112}, shape{64, 784, 256, 16}, shape{256, 784, 256, 208},
+                          shape{16, 96, 64, 16}, shape{8, 40, 32, 16}, shape{3, 40, 32, 48}}) {
+      INFO("path " << std::string(cpu::isa_name(path)) << ", batch " << s.batch << ", " << s.in << "x" << s.units
+                   << ", block " << s.block);
+      const aligned_floats x(random_values<float>(static_cast<std::size_t>(s.batch * s.in), 1, -3.0, 3.0));
+      const aligned_floats output(random_values<float>(static_cast<std::size_t>(s.batch * s.units), 2));
+      const aligned_floats grad(random_values<float>(static_cast<std::size_t>(s.batch * s.units), 3));
+      const aligned_floats kernel(std::vector<float>(static_cast<std::size_t>(s.in * s.units), 0.5f));
+      const aligned_floats whole_kernel(static_cast<std::size_t>(s.in * s.units));
+      const aligned_floats whole_bias(static_cast<std::size_t>(s.units));
+      table.f32.dense_backward(x.get(), kernel.get(), output.get(), grad.get(), true, nullptr, whole_kernel.get(),
+                               whole_bias.get(), s.batch, s.in, s.units);
+      for (std::int64_t r0 = 0; r0 < s.in; r0 += s.block) {
+        const std::int64_t r1 = std::min(s.in, r0 + s.block);
+        const aligned_floats cols(static_cast<std::size_t>(s.batch * (r1 - r0)));
+        for (std::int64_t b = 0; b < s.batch; ++b) {
+          std::memcpy(cols.get() + b * (r1 - r0), x.get() + b * s.in + r0, static_cast<std::size_t>(r1 - r0) * sizeof(float));
+        }
+        const aligned_floats part(static_cast<std::size_t>((r1 - r0) * s.units));
+        const aligned_floats bias(static_cast<std::size_t>(s.units));
+        table.f32.dense_backward(cols.get(), kernel.get() + r0 * s.units, output.get(), grad.get(), true, nullptr,
+                                 part.get(), bias.get(), s.batch, r1 - r0, s.units);
+        CHECK(std::memcmp(part.get(), whole_kernel.get() + r0 * s.units, part.size * sizeof(float)) == 0);
+        CHECK(std::memcmp(bias.get(), whole_bias.get(), bias.size * sizeof(float)) == 0);
+      }
+    }
   }
 }

@@ -30,6 +30,7 @@ struct Trained {
   std::vector<Bits> steps;   // per step: every variable's replica-0 component
   bool replicas_agree = true;
   double exposed_seconds = 0;
+  double peer_wait_seconds = 0;
 };
 
 // 40 -> 32 relu -> 16 relu -> 3, SGD with momentum, `replicas` CPU replicas on their own batches,
@@ -69,6 +70,7 @@ Trained train(int replicas, int bucket_bytes, int steps = 4) {
     out.steps.push_back(std::move(bits));
   }
   out.exposed_seconds = std::chrono::duration<double>(model.optimizer()->exposed_all_reduce_time()).count();
+  out.peer_wait_seconds = std::chrono::duration<double>(model.optimizer()->exposed_peer_wait_time()).count();
   return out;
 }
 
@@ -90,6 +92,7 @@ TEST_CASE("bucketed gradient all-reduce: the same bits as one all-reduce after b
       const Trained bucketed = train(replicas, bytes);
       CHECK(bucketed.replicas_agree);
       CHECK(bucketed.exposed_seconds > 0);  // the bucketed path ran
+      CHECK(bucketed.peer_wait_seconds == 0);  // one process: no other worker to wait for
       CHECK(bucketed.steps == reference.steps);
     }
   }
@@ -218,4 +221,35 @@ TEST_CASE("gradient_bucket_bytes: a bad setting names the field or the variable 
   CHECK(contains(variable, "lots"));
   CHECK(parsed == 4096);
   CHECK(RuntimeOptions::from_environment().gradient_bucket_bytes == RuntimeOptions::automatic_gradient_bucket_bytes);
+}
+
+TEST_CASE("bucketed gradient all-reduce: a replica that enters another collective without starting a bucket fails the wait") {
+  // Replica 0 waits for a bucket replica 1 never starts, because replica 1 waits in another
+  // collective, which waits for replica 0: each would wait for the other forever.
+  for (const char* collective : {"all_reduce", "all_gather", "merge"}) {
+    CAPTURE(collective);
+    Runtime rt;
+    MirroredStrategy s(rt, cpus(2));
+    const std::string message = message_of([&] {
+      s.run([&] {
+        ReplicaContext* ctx = get_replica_context();
+        auto& collectives = distribute::detail::collectives_of(*ctx);
+        const int r = ctx->local_replica_index();
+        if (r == 0) {
+          std::chrono::steady_clock::time_point all_started{};
+          const std::size_t b = collectives.start_all_reduce(r, ReduceOp::sum, {Tensor::full({4}, 1.0f)});
+          collectives.wait_all_reduce(r, b, all_started);
+        }
+        const std::string which = collective;
+        if (which == "all_reduce") collectives.all_reduce(r, ReduceOp::sum, Tensor::full({4}, 1.0f));
+        if (which == "all_gather") collectives.all_gather(r, Tensor::full({4}, 1.0f), 0);
+        if (which == "merge") collectives.merge(r, nullptr, [](const std::vector<const void*>&) {});
+      });
+    });
+    CHECK(contains(message, "replica 1 entered another collective"));
+    CHECK(contains(message, "without starting bucket 0"));
+    // The next step runs normally.
+    auto sums = s.run([&] { return get_replica_context()->all_reduce(ReduceOp::sum, Tensor::full({3}, 2.0f)); });
+    for (const Tensor& t : s.experimental_local_results(sums)) CHECK(t.to_vector<float>() == std::vector<float>(3, 4.0f));
+  }
 }

@@ -840,3 +840,35 @@ TEST_CASE("tcp_ring options: a bad segment size is std::invalid_argument, and th
   CHECK(ring.options().spin == 7us);
   CHECK(ring.options().yield_while_spinning);
 }
+
+TEST_CASE("ring all-reduce reports how long it waited for its predecessor to join, small and large") {
+  // Rank 1 joins each all-reduce 100 ms after rank 0: rank 0's wait for its predecessor's first
+  // byte covers at least those 100 ms (it cannot arrive before rank 1 sends); rank 1 finds rank
+  // 0's first bytes already sent, so its own wait is shorter.
+  for (std::int64_t count : {std::int64_t{100}, std::int64_t{300000}}) {
+    CAPTURE(count);
+    std::vector<tcp_ring::peer_wait> waits(2);
+    auto errors = run_ring(2, [&](int r, tcp_ring& ring) {
+      std::vector<float> v(static_cast<std::size_t>(count), 1.0f);
+      ring.all_reduce(v.data(), count, scalar_type::f32, reduce_kind::sum);  // both connected and warm
+      if (r == 1) std::this_thread::sleep_for(100ms);
+      ring.all_reduce(v.data(), count, scalar_type::f32, reduce_kind::sum);
+      waits[static_cast<std::size_t>(r)] = ring.last_all_reduce_wait();
+      CHECK(v.front() == 4.0f);
+      CHECK(v.back() == 4.0f);
+    });
+    for (const auto& e : errors) CHECK(e == "");
+    const auto waited = [&](int r) { return waits[static_cast<std::size_t>(r)].first_from_prev - waits[static_cast<std::size_t>(r)].begin; };
+    CHECK(waited(0) >= 100ms);
+    CHECK(waited(1) >= 0ms);
+    CHECK(waited(1) < waited(0));
+  }
+  // One rank waits for nobody.
+  auto errors = run_ring(1, [&](int, tcp_ring& ring) {
+    float x = 1.0f;
+    ring.all_reduce(&x, 1, scalar_type::f32, reduce_kind::sum);
+    const tcp_ring::peer_wait w = ring.last_all_reduce_wait();
+    CHECK(w.first_from_prev == w.begin);
+  });
+  CHECK(errors[0] == "");
+}

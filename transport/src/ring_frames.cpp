@@ -274,15 +274,20 @@ hello_fields frame_reader::take_hello() {
 // ---- pump ----
 
 void frame_pump::exchange(const deadline& until, std::chrono::milliseconds timeout, const spin_policy& spin,
-                          bool both) {
+                          bool both, clock::time_point* first_from_prev) {
   ring_link& link = *link_;
   const auto spin_until_time = clock::now() + spin.spin;
   auto finished = [&] {
     return to_next.done() && from_prev.done() && (!both || (to_prev.done() && from_next.done()));
   };
+  if (first_from_prev != nullptr && *first_from_prev != clock::time_point{}) first_from_prev = nullptr;
   while (!finished()) {
     if (!to_next.done()) to_next.progress(link);
     if (!from_prev.done()) from_prev.progress(link);
+    if (first_from_prev != nullptr && from_prev.begun()) {
+      *first_from_prev = clock::now();
+      first_from_prev = nullptr;
+    }
     if (both) {
       if (!to_prev.done()) to_prev.progress(link);
       if (!from_next.done()) from_next.progress(link);

@@ -131,6 +131,8 @@ class frame_reader {
   /// Nothing to receive this time.
   void skip() { stage_ = stage::complete; }
   bool done() const { return stage_ == stage::complete; }
+  /// Whether any byte of the frame started last has arrived.
+  bool begun() const { return stage_ != stage::head || have_ > 0; }
   /// Reads what the link has.
   void progress(ring_link& link);
   ring_side side() const { return side_; }
@@ -180,7 +182,10 @@ class frame_pump {
   /// Moves to_next and from_prev (and, with `both`, to_prev and from_next) until all are done:
   /// busy-polls for the spin, then sleeps in the link's wait(). Past the deadline, a peer_error
   /// names the neighbour waited for; `timeout` is the bound it reports.
-  void exchange(const deadline& until, std::chrono::milliseconds timeout, const spin_policy& spin, bool both = false);
+  /// `first_from_prev`, when given and still unset (the epoch), receives the moment the first
+  /// byte from the predecessor was seen.
+  void exchange(const deadline& until, std::chrono::milliseconds timeout, const spin_policy& spin, bool both = false,
+                clock::time_point* first_from_prev = nullptr);
 
  private:
   ring_link* link_;

@@ -49,13 +49,16 @@ struct tcp_ring::impl {
   std::uint64_t step = 0;      // begin_step's
   std::uint64_t sequence = 0;  // collectives run in this step
   std::vector<capnp::word> blocks;  // small all-reduce: the other ranks' buffers, word-aligned
+  // The last all_reduce: when it began, and when the predecessor's first byte arrived.
+  frames::clock::time_point op_begin{};
+  frames::clock::time_point first_from_prev{};
 
   frames::spin_policy spin() const { return {options.spin, options.yield_while_spinning}; }
 
   // One round of frames (see frame_pump::exchange); after shutdown() any failure says so.
   void exchange(const deadline& until, bool both = false) {
     try {
-      pump.exchange(until, options.timeout, spin(), both);
+      pump.exchange(until, options.timeout, spin(), both, &first_from_prev);
     } catch (const peer_error& e) {
       if (!shut_down.load()) throw;
       throw peer_error(e.peer(), "the ring was shut down here (the cluster watch declared a worker gone or out of step) while talking to " +
@@ -165,9 +168,18 @@ void tcp_ring::set_spin(std::chrono::microseconds spin, bool yield) {
   impl_->options.yield_while_spinning = yield;
 }
 
+tcp_ring::peer_wait tcp_ring::last_all_reduce_wait() const noexcept {
+  return {impl_->op_begin, std::max(impl_->op_begin, impl_->first_from_prev)};
+}
+
 void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, reduce_kind op) {
-  if (size_ == 1 || count == 0) return;  // a sum or mean over one rank is the value
   auto& s = *impl_;
+  s.op_begin = frames::clock::now();
+  s.first_from_prev = {};
+  if (size_ == 1 || count == 0) {  // a sum or mean over one rank is the value
+    s.first_from_prev = s.op_begin;
+    return;
+  }
   auto& pump = s.pump;
   const std::size_t esize = scalar_size(type);
   const wire::ScalarType wire_type = frames::to_wire(type);

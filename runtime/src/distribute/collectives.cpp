@@ -26,6 +26,22 @@ void describe(transport::buffer& b, const Tensor& t) {
 // Per replica thread, so that a step's collectives allocate nothing but their outputs.
 thread_local std::vector<transport::buffer> tl_buffers;
 
+// While a replica waits in a collective of the group it starts no gradient bucket (see
+// GradientBuckets::set_in_collective).
+class in_collective {
+ public:
+  in_collective(GradientBuckets& buckets, int replica) : buckets_(buckets), replica_(replica) {
+    buckets_.set_in_collective(replica_, true);
+  }
+  ~in_collective() { buckets_.set_in_collective(replica_, false); }
+  in_collective(const in_collective&) = delete;
+  in_collective& operator=(const in_collective&) = delete;
+
+ private:
+  GradientBuckets& buckets_;
+  int replica_;
+};
+
 }  // namespace
 
 void ShmCollectives::run_all_reduce(int replica, ReduceOp op, const Tensor* values, Tensor* outputs,
@@ -48,6 +64,7 @@ void ShmCollectives::run_all_reduce(int replica, ReduceOp op, const Tensor* valu
     }
   }
   if (shared && replica == 0) published_[parity].assign(outputs, outputs + count);
+  const in_collective inside(buckets_, replica);
   try {
     group_.all_reduce(replica, tl_buffers.data(), count,
                       troupe::detail::to_reduce_kind(op), shared);
@@ -80,6 +97,7 @@ Tensor ShmCollectives::all_gather(int replica, const Tensor& value, int axis) {
   transport::buffer in;
   describe(in, host);
   Tensor out;
+  const in_collective inside(buckets_, replica);
   try {
     group_.all_gather(
         replica, in, ax,
@@ -139,6 +157,7 @@ std::vector<Tensor> ReplicaCollectives::wait_all_reduce(int, std::size_t bucket,
 
 void ShmCollectives::merge(int replica, const void* mine,
                            const std::function<void(const std::vector<const void*>&)>& on_first) {
+  const in_collective inside(buckets_, replica);
   try {
     group_.merge(replica, mine, on_first);
   } catch (const transport::aborted_error& e) {

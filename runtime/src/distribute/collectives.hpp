@@ -38,6 +38,14 @@ class ReplicaCollectives {
   /// (now, where the all-reduce ran at start).
   virtual std::vector<Tensor> wait_all_reduce(int replica, std::size_t bucket,
                                               std::chrono::steady_clock::time_point& all_started);
+  /// How much of [from, to] the started buckets' stage across workers spent waiting for another
+  /// worker to join a bucket's all-reduce (0 where there is no such stage).
+  virtual std::chrono::nanoseconds peer_wait_within(std::chrono::steady_clock::time_point from,
+                                                    std::chrono::steady_clock::time_point to) const {
+    (void)from;
+    (void)to;
+    return std::chrono::nanoseconds{0};
+  }
   /// The step of replica `replica` is over (it returned from the replica function).
   virtual void end_step(int replica) { (void)replica; }
   /// The step failed: pending bucket waits leave with CollectiveAborted(`why`).
@@ -69,6 +77,7 @@ class ShmCollectives final : public ReplicaCollectives {
   void reset();
   /// The buckets of start_all_reduce, for a stage that follows the local sums.
   GradientBuckets& buckets() { return buckets_; }
+  const GradientBuckets& buckets() const { return buckets_; }
   const Device& device(int replica) const { return devices_[static_cast<std::size_t>(replica)]; }
 
  private:

@@ -27,7 +27,8 @@ GradientBuckets::GradientBuckets(int replicas, std::chrono::microseconds spin)
     : replicas_(replicas),
       spin_(spin),
       next_(static_cast<std::size_t>(replicas), 0),
-      finished_(static_cast<std::size_t>(replicas), false) {}
+      finished_(static_cast<std::size_t>(replicas), false),
+      in_collective_(static_cast<std::size_t>(replicas), false) {}
 
 GradientBuckets::bucket& GradientBuckets::at(std::size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -175,6 +176,25 @@ void GradientBuckets::complete(std::uint64_t generation, std::size_t index) {
   changed_.notify_all();
 }
 
+void GradientBuckets::note_peer_wait(std::uint64_t generation, std::chrono::steady_clock::time_point begin,
+                                     std::chrono::steady_clock::time_point end) {
+  if (end <= begin) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (generation == generation_) peer_waits_.emplace_back(begin, end);
+}
+
+std::chrono::nanoseconds GradientBuckets::peer_wait_within(std::chrono::steady_clock::time_point from,
+                                                           std::chrono::steady_clock::time_point to) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::chrono::nanoseconds total{0};
+  for (const auto& [begin, end] : peer_waits_) {
+    const auto b = std::max(begin, from);
+    const auto e = std::min(end, to);
+    if (e > b) total += std::chrono::duration_cast<std::chrono::nanoseconds>(e - b);
+  }
+  return total;
+}
+
 void GradientBuckets::fail(std::uint64_t generation, std::size_t index, std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -199,10 +219,13 @@ void GradientBuckets::check_missing(std::unique_lock<std::mutex>& lock, const bu
   if (b.state.load(std::memory_order_acquire) != collecting) return;
   for (int r = 0; r < replicas_; ++r) {
     const auto k = static_cast<std::size_t>(r);
-    if (finished_[k] && next_[k] <= index) {
+    if ((finished_[k] || in_collective_[k]) && next_[k] <= index) {
+      const bool returned = finished_[k];
       lock.unlock();
-      const std::string why = "gradient all-reduce: replica " + std::to_string(r) + " returned without starting bucket " +
-                              std::to_string(index) + ": every replica must start the same buckets";
+      const std::string why = "gradient all-reduce: replica " + std::to_string(r) +
+                              (returned ? " returned" : " entered another collective (all_reduce, all_gather, merge_call)") +
+                              " without starting bucket " + std::to_string(index) +
+                              ": every replica must start the same buckets before its next collective";
       abort(why);
       throw CollectiveAborted(why);
     }
@@ -281,9 +304,19 @@ void GradientBuckets::finish(int replica) {
   changed_.notify_all();
 }
 
+void GradientBuckets::set_in_collective(int replica, bool inside) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_collective_[static_cast<std::size_t>(replica)] = inside;
+  }
+  if (inside && count_.load(std::memory_order_acquire) > 0) changed_.notify_all();  // waiters re-check
+}
+
 void GradientBuckets::reset() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    std::fill(in_collective_.begin(), in_collective_.end(), false);
+    peer_waits_.clear();
     buckets_.clear();
     count_.store(0);
     first_open_.store(0);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "troupe/device.hpp"
@@ -52,6 +53,13 @@ class GradientBuckets {
   bool wait_local(std::uint64_t generation, std::size_t bucket);
   /// Finishes a bucket handed to the after-local stage (nothing when the step moved on).
   void complete(std::uint64_t generation, std::size_t bucket);
+  /// The after-local stage of step `generation` waited for another worker from `begin` to `end`.
+  void note_peer_wait(std::uint64_t generation, std::chrono::steady_clock::time_point begin,
+                      std::chrono::steady_clock::time_point end);
+  /// How much of [from, to] this step's after-local stage spent waiting for another worker
+  /// (note_peer_wait's intervals, which do not overlap: the stage is one thread).
+  std::chrono::nanoseconds peer_wait_within(std::chrono::steady_clock::time_point from,
+                                            std::chrono::steady_clock::time_point to) const;
   void fail(std::uint64_t generation, std::size_t bucket, std::exception_ptr error);
   /// Waits, helping, until every bucket started in this step is complete or failed. Throws
   /// CollectiveAborted when the step failed or a replica left without starting a bucket.
@@ -67,6 +75,10 @@ class GradientBuckets {
   void abort(const std::string& why);
   /// `replica` left its step: a bucket it never started can no longer complete.
   void finish(int replica);
+  /// `replica` waits in another collective (`inside`) or left it: while it waits there it starts no
+  /// bucket, so a bucket it has not started cannot complete until the others join that collective,
+  /// and a replica waiting for the bucket instead would never get there: such a wait fails.
+  void set_in_collective(int replica, bool inside);
   /// Between steps (no replica inside start or wait).
   void reset();
 
@@ -110,10 +122,12 @@ class GradientBuckets {
   std::atomic<std::size_t> count_{0};            // buckets_.size(), readable without the lock
   std::vector<std::size_t> next_;                // per replica: its next bucket's number
   std::vector<bool> finished_;
+  std::vector<bool> in_collective_;  // per replica: waiting in another collective (a merge, ...)
   std::atomic<bool> aborted_{false};
   bool stopping_ = false;
   std::string reason_;
   std::uint64_t generation_ = 0;
+  std::vector<std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> peer_waits_;
 };
 
 }  // namespace troupe::distribute::detail

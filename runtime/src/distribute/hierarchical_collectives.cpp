@@ -11,7 +11,14 @@ namespace troupe::distribute::detail {
 // packed into one buffer (of at most bytes_per_pack bytes when that is set; a tensor larger than
 // that travels alone), since every ring operation pays the latency of 2(n-1) hops. With
 // compression, float32 packs cross as 16-bit values (RingWorkerGroup::all_reduce_in_place).
-void HierarchicalCollectives::ring_all_reduce_packed(std::vector<Tensor>& tensors) {
+void HierarchicalCollectives::ring_all_reduce_packed(
+    std::vector<Tensor>& tensors,
+    const std::function<void(std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point)>& on_wait) {
+  auto noted = [&] {
+    if (!on_wait) return;
+    const transport::tcp_ring::peer_wait w = workers_.last_all_reduce_wait();
+    on_wait(w.begin, w.first_from_prev);
+  };
   std::size_t i = 0;
   while (i < tensors.size()) {
     const DType dtype = tensors[i].dtype();
@@ -24,6 +31,7 @@ void HierarchicalCollectives::ring_all_reduce_packed(std::vector<Tensor>& tensor
     }
     if (end - i == 1) {
       workers_.all_reduce_in_place(tensors[i], compression_);
+      noted();
     } else {
       Tensor pack = Tensor::empty({static_cast<std::int64_t>(bytes / dtype_size(dtype))}, dtype);
       auto* p = static_cast<char*>(pack.raw_mutable_data());
@@ -32,6 +40,7 @@ void HierarchicalCollectives::ring_all_reduce_packed(std::vector<Tensor>& tensor
         p += tensors[k].nbytes();
       }
       workers_.all_reduce_in_place(pack, compression_);
+      noted();
       const auto* q = static_cast<const char*>(pack.raw_data());
       for (std::size_t k = i; k < end; ++k) {
         if (tensors[k].nbytes() > 0) std::memcpy(tensors[k].raw_mutable_data(), q, tensors[k].nbytes());
@@ -72,7 +81,12 @@ void HierarchicalCollectives::ring_stage() {
     in_ring_.store(true);
     try {
       std::vector<Tensor> sums = buckets.sums(next);  // handles: the storage stays alive
-      ring_all_reduce_packed(sums);
+      // Where the ring waited for another worker to join (still differentiating, or not
+      // scheduled), apart from the all-reduce itself.
+      ring_all_reduce_packed(sums, [&](std::chrono::steady_clock::time_point begin,
+                                       std::chrono::steady_clock::time_point first) {
+        buckets.note_peer_wait(generation, begin, first);
+      });
       buckets.complete(generation, next);
     } catch (...) {
       buckets.fail(generation, next, std::current_exception());

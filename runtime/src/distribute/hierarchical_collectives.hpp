@@ -43,11 +43,19 @@ class HierarchicalCollectives final : public ReplicaCollectives {
   std::size_t start_all_reduce(int replica, ReduceOp op, std::vector<Tensor> values) override;
   std::vector<Tensor> wait_all_reduce(int replica, std::size_t bucket,
                                       std::chrono::steady_clock::time_point& all_started) override;
+  std::chrono::nanoseconds peer_wait_within(std::chrono::steady_clock::time_point from,
+                                            std::chrono::steady_clock::time_point to) const override {
+    return local_.buckets().peer_wait_within(from, to);
+  }
   void end_step(int replica) override;
   void abort_buckets(const std::string& why) override { local_.abort_buckets(why); }
 
  private:
-  void ring_all_reduce_packed(std::vector<Tensor>& tensors);
+  // `on_wait(begin, first_from_prev)` after each ring operation, when given.
+  void ring_all_reduce_packed(
+      std::vector<Tensor>& tensors,
+      const std::function<void(std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point)>& on_wait =
+          nullptr);
   // The ring stage of the buckets: runs on ring_thread_.
   void ring_stage();
 

@@ -113,6 +113,8 @@ class RingWorkerGroup final : public WorkerGroup {
   /// partial sum to the format again, and the final 16-bit sum, the same bits on every worker, is
   /// widened back into `t`. Other dtypes ignore it.
   void all_reduce_in_place(Tensor& t, Compression compression = Compression::none);
+  /// Where the last all_reduce_in_place waited for another worker (tcp_ring::peer_wait).
+  transport::tcp_ring::peer_wait last_all_reduce_wait() const { return ring_->last_all_reduce_wait(); }
   /// The members, in rank order.
   const std::vector<actors::member>& members() const { return members_; }
   /// Breaks the ring: a collective in progress on another thread fails at once (the group is

@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <iomanip>
 #include <iostream>
 #include <optional>
@@ -14,8 +15,10 @@
 
 #include <unistd.h>
 
+#include "cpu/intra_op.hpp"
 #include "distribute/collectives.hpp"
 #include "distribute/context_state.hpp"
+#include "distribute/step_profile.hpp"
 #include "distribute/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
@@ -65,76 +68,213 @@ distribute::Scope cross_replica_scope(distribute::Strategy& strategy, const char
   return strategy.scope();
 }
 
-// Model::train_step's gradient buckets: the variables in the order the backward pass produces
-// their gradients (reverse layer order), cut into buckets of about `bytes` (a larger tensor is a
-// bucket of its own).
-struct BucketPlan {
-  std::vector<std::vector<std::size_t>> members;  // per bucket: variable indices, in production order
-  std::vector<std::size_t> bucket_of;             // per variable
+// Model::train_step's gradient buckets: the gradients in the order the backward pass produces
+// them (reverse layer order, a layer's bias before its kernel), cut into buckets of about `bytes`
+// (a larger tensor is a bucket of its own). The first layer's kernel gradient is the last one
+// backward produces and the largest (784 KiB of the MLP's 1.05 MiB), so nothing would overlap its
+// all-reduce: where it is larger than a bucket it is computed in row blocks of about a bucket
+// each (at most max_first_kernel_parts), and each block's all-reduce starts as soon as that block
+// exists, while the next ones are computed. Row blocks of xᵀ·g are the same products, element for
+// element, as the whole (checked on every CPU path by the tests of the bucketed all-reduce).
+constexpr std::int64_t max_first_kernel_parts = 8;
+constexpr std::int64_t first_kernel_row_multiple = 16;
+
+struct GradientUnit {
+  std::size_t variable = 0;
+  std::int64_t row_begin = 0;  // rows of the variable; [0, rows) unless the first kernel is split
+  std::int64_t row_end = 0;
 };
 
-BucketPlan plan_buckets(const std::vector<Variable>& variables, std::size_t bytes) {
+struct BucketPlan {
+  std::vector<GradientUnit> units;                // in production order
+  std::vector<std::vector<std::size_t>> members;  // per bucket: unit indices, in production order
+  std::vector<std::size_t> bucket_of;             // per unit
+  std::vector<std::size_t> unit_of;               // per variable: its (first) unit
+  std::int64_t first_kernel_part_rows = 0;        // > 0: variable 0 in blocks of this many rows
+};
+
+BucketPlan plan_buckets(const std::vector<Variable>& variables, std::size_t bytes, bool may_split_first_kernel) {
   BucketPlan plan;
-  plan.bucket_of.resize(variables.size());
-  std::size_t filled = 0;
-  // Sequential::backward's order: the last layer first, its bias before its kernel.
+  plan.unit_of.resize(variables.size());
+  const Tensor& first = variables.front().value();
+  if (may_split_first_kernel && first.rank() == 2 && first.nbytes() > bytes) {
+    const std::int64_t rows = first.shape()[0];
+    const std::int64_t parts = std::min<std::int64_t>(
+        max_first_kernel_parts, static_cast<std::int64_t>((first.nbytes() + bytes - 1) / std::max<std::size_t>(bytes, 1)));
+    std::int64_t per = (rows + parts - 1) / std::max<std::int64_t>(parts, 1);
+    per = (per + first_kernel_row_multiple - 1) / first_kernel_row_multiple * first_kernel_row_multiple;
+    if (per < rows) plan.first_kernel_part_rows = per;
+  }
   for (std::size_t k = variables.size(); k-- > 0;) {
-    const std::size_t size = variables[k].value().nbytes();
+    const Tensor& value = variables[k].value();
+    const std::int64_t rows = value.rank() > 0 ? value.shape()[0] : 1;
+    const std::int64_t step = k == 0 && plan.first_kernel_part_rows > 0 ? plan.first_kernel_part_rows : rows;
+    plan.unit_of[k] = plan.units.size();
+    for (std::int64_t r = 0; r < rows || r == 0; r += std::max<std::int64_t>(step, 1)) {
+      plan.units.push_back({k, r, std::min(rows, r + step)});
+      if (rows == 0) break;
+    }
+  }
+  std::size_t filled = 0;
+  plan.bucket_of.resize(plan.units.size());
+  for (std::size_t u = 0; u < plan.units.size(); ++u) {
+    const GradientUnit& unit = plan.units[u];
+    const Tensor& value = variables[unit.variable].value();
+    const std::int64_t rows = value.rank() > 0 ? value.shape()[0] : 1;
+    const std::size_t size = rows > 0 ? value.nbytes() / static_cast<std::size_t>(rows) *
+                                            static_cast<std::size_t>(unit.row_end - unit.row_begin)
+                                      : 0;
     if (plan.members.empty() || (filled > 0 && filled + size > bytes)) {
       plan.members.emplace_back();
       filled = 0;
     }
-    plan.members.back().push_back(k);
-    plan.bucket_of[k] = plan.members.size() - 1;
+    plan.members.back().push_back(u);
+    plan.bucket_of[u] = plan.members.size() - 1;
     filled += size;
   }
   return plan;
+}
+
+// Columns [begin, end) of a [rows, cols] tensor, contiguous.
+Tensor columns(const Tensor& x, std::int64_t begin, std::int64_t end) {
+  const std::int64_t rows = x.shape()[0], cols = x.shape()[1];
+  const std::size_t element = dtype_size(x.dtype());
+  Tensor out = Tensor::empty({rows, end - begin}, x.dtype(), x.device());
+  const auto* in = static_cast<const char*>(x.raw_data());
+  auto* to = static_cast<char*>(out.raw_mutable_data());
+  const std::size_t width = static_cast<std::size_t>(end - begin) * element;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::memcpy(to + static_cast<std::size_t>(r) * width,
+                in + (static_cast<std::size_t>(r * cols + begin)) * element, width);
+  }
+  return out;
 }
 
 // The replica's gradients, all-reduced (SUM) bucket by bucket while the backward pass goes on;
 // adds replica 0's waits to the optimizer's all-reduce times.
 LossAndGradients bucketed_gradients(const Sequential& layers, const Loss& loss, Optimizer& optimizer,
                                     distribute::ReplicaContext& ctx, std::size_t bucket_bytes, const Tensor& features,
-                                    const Tensor& targets, std::int64_t global_batch_size) {
+                                    const Tensor& targets, std::int64_t global_batch_size, Tensor* outputs_out,
+                                    const char* op) {
   const std::vector<Variable> variables = layers.trainable_variables();
-  const BucketPlan plan = plan_buckets(variables, bucket_bytes);
+  // Row blocks only where the replica's products run on its own thread (they are then the same
+  // bits as the whole product; an intra-op split is sized by the whole).
+  const bool may_split = troupe::detail::cpu::intra_op_threads() <= 1 && !features.is_gpu();
+  const BucketPlan plan = plan_buckets(variables, bucket_bytes, may_split);
   distribute::detail::ReplicaCollectives& collectives = distribute::detail::collectives_of(ctx);
   const int local = ctx.local_replica_index();
 
   std::vector<Tensor> activations;
-  const Tensor outputs = layers.forward(model_input(features, "train_step"), activations);
+  const Tensor outputs = layers.forward(model_input(features, op), activations);
   LossAndGradient lg = loss.fn(outputs, targets, global_batch_size);
-  std::vector<Tensor> gradients(variables.size());
+  std::vector<Tensor> unit_values(plan.units.size());
   std::vector<std::size_t> ready(plan.members.size(), 0);
   std::vector<std::size_t> handles(plan.members.size(), 0);
-  layers.backward(activations, lg.gradient, [&](std::size_t index, const Tensor& gradient) {
-    gradients[index] = gradient;
-    const std::size_t b = plan.bucket_of[index];
+  const auto produced = [&](std::size_t unit, Tensor gradient) {
+    unit_values[unit] = std::move(gradient);
+    const std::size_t b = plan.bucket_of[unit];
     if (++ready[b] < plan.members[b].size()) return;
     std::vector<Tensor> values;
     values.reserve(plan.members[b].size());
-    for (std::size_t k : plan.members[b]) values.push_back(gradients[k]);
+    for (std::size_t u : plan.members[b]) values.push_back(unit_values[u]);
     handles[b] = collectives.start_all_reduce(local, ReduceOp::sum, std::move(values));
-  });
+  };
+  // Sequential::backward's passes, each gradient handed on as soon as it exists.
+  const std::vector<Dense>& dense = layers.layers();
+  Tensor g = lg.gradient;
+  for (std::size_t i = dense.size(); i-- > 0;) {
+    if (i == 0 && plan.first_kernel_part_rows > 0) {
+      const Tensor kernel = dense[0].kernel().value();
+      const std::size_t first = plan.unit_of[0];
+      for (std::size_t u = first; u < plan.units.size() && plan.units[u].variable == 0; ++u) {
+        const GradientUnit& part = plan.units[u];
+        DenseGradients d = dense_backward(columns(activations[0], part.row_begin, part.row_end),
+                                          kernel.slice(part.row_begin, part.row_end), activations[1], g,
+                                          dense[0].activation(), false);
+        if (u == first) produced(plan.unit_of[1], std::move(d.bias));
+        produced(u, std::move(d.kernel));
+      }
+      break;
+    }
+    DenseGradients d = dense[i].backward(activations[i], activations[i + 1], g, i > 0);
+    produced(plan.unit_of[2 * i + 1], std::move(d.bias));
+    produced(plan.unit_of[2 * i], std::move(d.kernel));
+    g = std::move(d.input);
+  }
 
   // The wait that backward did not hide starts when every replica has started its last bucket,
   // i.e. finished its backward pass (waiting for a replica still differentiating is not it).
   const auto start = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point all_started{};
+  std::vector<Tensor> gradients(variables.size());
   for (std::size_t b = 0; b < plan.members.size(); ++b) {
     std::vector<Tensor> sums = collectives.wait_all_reduce(local, handles[b], all_started);
-    for (std::size_t i = 0; i < sums.size(); ++i) gradients[plan.members[b][i]] = std::move(sums[i]);
+    for (std::size_t i = 0; i < sums.size(); ++i) {
+      const GradientUnit& unit = plan.units[plan.members[b][i]];
+      const Tensor& value = variables[unit.variable].value();
+      if (unit.row_begin == 0 && (value.rank() == 0 || unit.row_end == value.shape()[0])) {
+        gradients[unit.variable] = std::move(sums[i]);
+        continue;
+      }
+      // A row block of the first kernel: into the whole gradient, as each block arrives.
+      Tensor& whole = gradients[unit.variable];
+      if (whole.num_elements() == 0 && value.num_elements() > 0) whole = Tensor::empty(value.shape(), value.dtype(), sums[i].device());
+      const std::size_t row_bytes = value.nbytes() / static_cast<std::size_t>(value.shape()[0]);
+      std::memcpy(static_cast<char*>(whole.raw_mutable_data()) + static_cast<std::size_t>(unit.row_begin) * row_bytes,
+                  sums[i].raw_data(), sums[i].nbytes());
+    }
+  }
+  // A monitor's step profile sees the wait for the buckets as the step's gradient all-reduce, as
+  // it saw the one all-reduce after backward.
+  if (distribute::detail::StepProfile* profile = ctx.strategy().backend().step_profile()) {
+    std::uint64_t bytes = 0;
+    for (const Variable& v : variables) bytes += v.value().nbytes();
+    profile->collective(local, distribute::detail::CollectiveKind::all_reduce,
+                        std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count(),
+                        distribute::detail::profile_now_ns(), bytes);
   }
   if (ctx.replica_id_in_sync_group() == 0) {
     const auto end = std::chrono::steady_clock::now();
-    const auto from = std::max(start, all_started);
+    const auto from = std::min(end, std::max(start, all_started));
     optimizer.record_all_reduce_time(std::chrono::duration_cast<std::chrono::nanoseconds>(end - start),
-                                     std::chrono::duration_cast<std::chrono::nanoseconds>(end - std::min(end, from)));
+                                     std::chrono::duration_cast<std::chrono::nanoseconds>(end - from),
+                                     collectives.peer_wait_within(from, end));
   }
+  if (outputs_out != nullptr) *outputs_out = outputs;
   return {std::move(lg.loss), std::move(gradients)};
 }
 
+// The bucket size of a training step on this replica: gradient_bucket_bytes of the strategy
+// inside strategy.run with several replicas, 0 (one all-reduce after backward) elsewhere.
+std::size_t step_bucket_bytes(distribute::ReplicaContext*& ctx) {
+  ctx = distribute::detail::installed_replica_context();
+  return ctx != nullptr && ctx->num_replicas_in_sync() > 1 ? ctx->strategy().backend().gradient_bucket_bytes() : 0;
+}
+
 }  // namespace
+
+Tensor Model::step_and_update(const data::Element& inputs, std::int64_t global_batch_size, Tensor* outputs,
+                              const char* op) {
+  check_compiled(op);
+  check_element(inputs, op);
+  // Inside strategy.run with several replicas: the gradients are all-reduced in buckets while
+  // the backward pass goes on (RuntimeOptions::gradient_bucket_bytes), the same bits as one
+  // all-reduce after it.
+  distribute::ReplicaContext* ctx = nullptr;
+  const std::size_t bucket_bytes = step_bucket_bytes(ctx);
+  if (bucket_bytes > 0) {
+    LossAndGradients r = bucketed_gradients(layers_, loss_, *optimizer_, *ctx, bucket_bytes, inputs[0], inputs[1],
+                                            global_batch_size, outputs, op);
+    optimizer_->apply_gradients(zip(r.gradients, trainable_variables()), std::nullopt);
+    return r.loss;
+  }
+  std::vector<Tensor> activations;
+  const Tensor out = layers_.forward(model_input(inputs[0], op), activations);
+  LossAndGradient lg = loss_.fn(out, inputs[1], global_batch_size);
+  optimizer_->apply_gradients(zip(layers_.backward(activations, lg.gradient), trainable_variables()));
+  if (outputs != nullptr) *outputs = out;
+  return lg.loss;
+}
 
 Model::Model(Sequential layers) : layers_(std::move(layers)), strategy_(&distribute::get_strategy()) {
   if (layers_.layers().empty()) throw std::invalid_argument("Model: the Sequential has no layers");
@@ -185,24 +325,7 @@ LossAndGradients Model::compute_gradients(const Tensor& features, const Tensor& 
 }
 
 Tensor Model::train_step(const data::Element& inputs, std::int64_t global_batch_size) {
-  check_compiled("train_step");
-  check_element(inputs, "train_step");
-  // Inside strategy.run with several replicas: the gradients are all-reduced in buckets while
-  // the backward pass goes on (RuntimeOptions::gradient_bucket_bytes), the same bits as one
-  // all-reduce after it.
-  distribute::ReplicaContext* ctx = distribute::detail::installed_replica_context();
-  const std::size_t bucket_bytes =
-      ctx != nullptr && ctx->num_replicas_in_sync() > 1 ? ctx->strategy().backend().gradient_bucket_bytes() : 0;
-  if (bucket_bytes > 0) {
-    check_compiled("compute_gradients");
-    LossAndGradients r = bucketed_gradients(layers_, loss_, *optimizer_, *ctx, bucket_bytes, inputs[0], inputs[1],
-                                            global_batch_size);
-    optimizer_->apply_gradients(zip(r.gradients, trainable_variables()), std::nullopt);
-    return r.loss;
-  }
-  LossAndGradients r = compute_gradients(inputs[0], inputs[1], global_batch_size);
-  optimizer_->apply_gradients(zip(r.gradients, trainable_variables()));
-  return r.loss;
+  return step_and_update(inputs, global_batch_size, nullptr, "train_step");
 }
 
 namespace {
@@ -598,15 +721,13 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       auto results = strategy.run(
           [this, global_batch, with_metrics, wide, worker_count, local_replicas, &carried_row](const data::Element& e) {
             if (!wide) return train_step(e, global_batch);
-            check_element(e, "fit");
-            std::vector<Tensor> activations;
-            const Tensor outputs = layers_.forward(model_input(e[0], "fit"), activations);
-            LossAndGradient lg = loss_.fn(outputs, e[1], global_batch);
-            optimizer_->apply_gradients(zip(layers_.backward(activations, lg.gradient), trainable_variables()));
+            // The same step as train_step (gradient buckets included), keeping the outputs.
+            Tensor outputs;
+            const Tensor step_loss = step_and_update(e, global_batch, &outputs, "fit");
             const std::size_t rows_at = 2 + worker_fields * static_cast<std::size_t>(worker_count);
             const std::size_t replicas_in_sync = static_cast<std::size_t>(worker_count * local_replicas);
             std::vector<double> v(worker_count > 1 ? rows_at + 2 * replicas_in_sync : 2, 0.0);
-            v[0] = as_double(lg.loss);
+            v[0] = as_double(step_loss);
             if (with_metrics && rows_of(e) > 0) v[1] = nn::accuracy(outputs, e[1]) * static_cast<double>(rows_of(e));
             const int id = distribute::get_replica_context()->replica_id_in_sync_group();
             if (worker_count > 1) {
@@ -621,7 +742,7 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
               }
             }
             // On the replica's device, where the strategy's cross-device op expects its values.
-            return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(lg.loss.device());
+            return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(step_loss.device());
           },
           *batch);
       const Tensor reduced = strategy.reduce(ReduceOp::sum, results, std::nullopt);

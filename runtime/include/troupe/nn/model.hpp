@@ -154,6 +154,10 @@ class Model {
 
  private:
   void check_compiled(const char* op) const;
+  // One training step on this replica (train_step's, also fit's): forward, loss, backward with
+  // the gradients all-reduced (in buckets while backward runs, where the strategy uses them),
+  // update. Returns the loss; `outputs`, when given, receives the model's outputs.
+  Tensor step_and_update(const data::Element& inputs, std::int64_t global_batch_size, Tensor* outputs, const char* op);
 
   Sequential layers_;
   distribute::Strategy* strategy_;

@@ -80,11 +80,20 @@ class Optimizer {
   std::chrono::nanoseconds exposed_all_reduce_time() const noexcept {
     return std::chrono::nanoseconds(exposed_ns_.load(std::memory_order_relaxed));
   }
-  /// Adds to all_reduce_time() and exposed_all_reduce_time(), for a caller that all-reduced the
-  /// gradients itself before apply_gradients(..., std::nullopt).
-  void record_all_reduce_time(std::chrono::nanoseconds waited, std::chrono::nanoseconds exposed) noexcept {
+  /// The part of exposed_all_reduce_time() in which the all-reduce across workers waited for
+  /// another worker to join it (from a bucket's start on the ring until the first byte of the
+  /// other worker's share arrived: that worker still differentiating, or not scheduled; Horovod's
+  /// NEGOTIATE). The rest of the exposed time is the all-reduce itself. 0 within one process.
+  std::chrono::nanoseconds exposed_peer_wait_time() const noexcept {
+    return std::chrono::nanoseconds(exposed_peer_wait_ns_.load(std::memory_order_relaxed));
+  }
+  /// Adds to all_reduce_time(), exposed_all_reduce_time() and exposed_peer_wait_time(), for a
+  /// caller that all-reduced the gradients itself before apply_gradients(..., std::nullopt).
+  void record_all_reduce_time(std::chrono::nanoseconds waited, std::chrono::nanoseconds exposed,
+                              std::chrono::nanoseconds exposed_peer_wait = std::chrono::nanoseconds{0}) noexcept {
     all_reduce_ns_.fetch_add(waited.count(), std::memory_order_relaxed);
     exposed_ns_.fetch_add(exposed.count(), std::memory_order_relaxed);
+    exposed_peer_wait_ns_.fetch_add(exposed_peer_wait.count(), std::memory_order_relaxed);
   }
 
  protected:
@@ -113,6 +122,7 @@ class Optimizer {
   std::optional<Variable> iterations_;
   std::atomic<std::int64_t> all_reduce_ns_{0};
   std::atomic<std::int64_t> exposed_ns_{0};
+  std::atomic<std::int64_t> exposed_peer_wait_ns_{0};
 };
 
 /// Gradient descent, with optional momentum (tf.keras.optimizers.SGD):

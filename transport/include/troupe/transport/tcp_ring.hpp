@@ -153,6 +153,17 @@ class tcp_ring {
   /// Sums (or averages) `data` in place over every rank.
   void all_reduce(void* data, std::int64_t count, scalar_type type, reduce_kind op);
 
+  /// Where the last all_reduce waited for another rank: from its start until the first byte from
+  /// the predecessor arrived (`first_from_prev == begin` when it was there at once). That is the
+  /// predecessor's lateness in entering the collective (Horovod's NEGOTIATE: a rank not ready yet),
+  /// plus one hop's latency; the rest of the call is the all-reduce itself.
+  struct peer_wait {
+    std::chrono::steady_clock::time_point begin;
+    std::chrono::steady_clock::time_point first_from_prev;
+  };
+  /// The last all_reduce's peer_wait (on the thread that ran it, or after it).
+  peer_wait last_all_reduce_wait() const noexcept;
+
   /// Copies root's `bytes` bytes at `data` into `data` on every other rank. Every rank passes the
   /// same `bytes` and `root`; 0 bytes returns at once on every rank. A `root` outside
   /// [0, size) is std::invalid_argument.
