@@ -45,6 +45,11 @@ void cluster_health::start(std::vector<std::string> tasks, std::chrono::millisec
   }
 }
 
+void cluster_health::set_restart_count(int restarts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  restart_count_ = restarts;
+}
+
 void cluster_health::beat(int rank, clock::time_point now) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!watching_ || !known(rank)) return;
@@ -112,6 +117,7 @@ cluster_snapshot cluster_health::snapshot(clock::time_point now) {
   s.interval = interval_;
   s.late_after_intervals = late_after_;
   s.incarnation = incarnation_;
+  s.restart_count = restart_count_;
   s.workers = workers_;
   s.events.assign(events_.rbegin(), events_.rend());
   s.events_total = total_;

@@ -84,6 +84,9 @@ TEST_CASE("cluster health: lost, left, faults, refusals and collective errors ar
   CHECK(s.events[3].kind == cluster_event_kind::worker_lost);
   CHECK(s.events[3].rank == 1);
   CHECK(s.incarnation == "0123456789abcdef0123456789abcdef");
+  CHECK(s.restart_count == 0);
+  h.set_restart_count(2);
+  CHECK(h.snapshot(at(740ms)).restart_count == 2);
   CHECK(std::string(troupe::actors::to_string(s.events[1].kind)) == "connection_refused");
   CHECK(std::string(troupe::actors::to_string(worker_state::lost)) == "lost");
 }

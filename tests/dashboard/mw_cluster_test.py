@@ -70,6 +70,8 @@ def main():
         s = state()
         if not s["cluster"]["watching"] or s["cluster"]["heartbeat_interval_ms"] != INTERVAL:
             fail("the state's cluster section is %s, expected watching with interval %d" % (s["cluster"], INTERVAL))
+        if s["cluster"]["restart_count"] != 0:
+            fail("the cluster's restart count is %r in its first start" % s["cluster"]["restart_count"])
         if len(s["cluster"]["incarnation"]) != 32:
             fail("the cluster's incarnation is %r, expected 32 hex digits" % s["cluster"]["incarnation"])
         samples = []

@@ -234,6 +234,7 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   if (nccl && rank == 0) ro.collective_id = detail::nccl_unique_id();
   // The chief's control plane records its cluster's health here, for the dashboard.
   auto health = std::make_shared<actors::cluster_health>();
+  health->set_restart_count(settings.restart_count);
   ro.health = health;
   auto failures = std::make_shared<detail::WorkerFailures>();
   std::unique_ptr<actors::cluster_watch> watch;

@@ -461,6 +461,7 @@ struct Monitor::Impl {
            ",\"heartbeat_interval_ms\":" + std::to_string(cluster.interval.count()) +
            ",\"late_after_ms\":" + std::to_string(cluster.interval.count() * cluster.late_after_intervals) +
            ",\"incarnation\":" + json_string(cluster.incarnation) +
+           ",\"restart_count\":" + std::to_string(cluster.restart_count) +
            ",\"events_total\":" + std::to_string(cluster.events_total) + "},\"failures\":[";
     // Both lists are newest first: merged by wall time.
     std::size_t a = 0;

@@ -70,6 +70,7 @@ struct cluster_snapshot {
   std::chrono::milliseconds interval{0};  ///< the heartbeat interval
   int late_after_intervals = 2;
   std::string incarnation;              ///< this start of the cluster (the chief's 32 hex digits)
+  int restart_count = 0;                ///< starts of the cluster before this one
   std::vector<worker_health> workers;   ///< by rank
   std::vector<cluster_event> events;    ///< newest first, at most the capacity
   std::uint64_t events_total = 0;       ///< recorded since the start, the dropped ones included
@@ -89,6 +90,8 @@ class cluster_health {
   /// worker silent for more than `late_after_intervals` intervals is late.
   void start(std::vector<std::string> tasks, std::chrono::milliseconds interval, int late_after_intervals,
              std::string incarnation, clock::time_point now);
+  /// How many times the cluster was started again before this start (troupe-launch's count).
+  void set_restart_count(int restarts);
   /// A heartbeat from `rank`: alive again (a late or lost worker's comeback is an event).
   /// Ignored before start() and for a rank outside the cluster.
   void beat(int rank, clock::time_point now);
@@ -118,6 +121,7 @@ class cluster_health {
   std::chrono::milliseconds interval_{0};
   int late_after_ = 2;
   std::string incarnation_;
+  int restart_count_ = 0;
   std::vector<worker_health> workers_;
   std::deque<cluster_event> events_;  // oldest first
   std::uint64_t total_ = 0;
