@@ -5,6 +5,7 @@
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
 #include <netinet/in.h>
+#include <openssl/err.h>
 #include <sys/time.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@
 #include "caf/io/network/stream_impl.hpp"
 #include "caf/openssl/session.hpp"
 #include "caf/policy/tcp.hpp"
+#include "troupe/actors/cluster_health.hpp"
 
 namespace troupe::actors {
 
@@ -48,12 +50,18 @@ struct gate_shared {
   bool tls = false;
   std::atomic<int> open{0};              // accepted connections not proven (all without TLS)
   std::atomic<std::uint64_t> refused{0};
+  std::shared_ptr<cluster_health> health;  // where refusals are recorded too (may be null)
 
-  // A flood of refusals is logged at powers of two only, so that the log stays bounded too.
-  void refuse(const std::string& what) {
+  // `what` names the peer at `address`; `why` is the reason alone. A flood of refusals is logged
+  // (and recorded in the cluster's health) at powers of two only, so that both stay bounded too.
+  void refuse(const std::string& what, const std::string& address, const std::string& why) {
     const auto n = ++refused;
     if ((n & (n - 1)) == 0) {
       std::cerr << "troupe: control plane: " << what << " (" << n << " refused so far)" << std::endl;
+      if (health) {
+        health->refused(address, "control plane: " + why + " (" + std::to_string(n) + " refused so far)",
+                        cluster_health::clock::now());
+      }
     }
   }
 };
@@ -245,8 +253,13 @@ class gate_policy {
     if (counted_) --shared_->open;
   }
 
+  // OpenSSL reads its thread's error queue to classify a call that did not succeed, so a queue
+  // left behind by another session's failed handshake (a stranger's, on this same multiplexer
+  // thread) would make a member's "no data yet" look like a fatal error and close its
+  // connection. Every session call starts with an empty queue.
   rw_state read_some(std::size_t& result, native_socket fd, void* buf, std::size_t len) {
     if (failed_) return rw_state::failure;
+    if (session_) ::ERR_clear_error();
     const rw_state st = session_ ? session_->read_some(result, fd, buf, len)
                                  : caf::policy::tcp::read_some(result, fd, buf, len);
     if (st == rw_state::failure) {
@@ -271,6 +284,7 @@ class gate_policy {
 
   rw_state write_some(std::size_t& result, native_socket fd, const void* buf, std::size_t len) {
     if (failed_) return rw_state::failure;
+    if (session_) ::ERR_clear_error();
     const rw_state st = session_ ? session_->write_some(result, fd, buf, len)
                                  : caf::policy::tcp::write_some(result, fd, buf, len);
     if (st == rw_state::failure) closed();
@@ -280,6 +294,7 @@ class gate_policy {
   bool try_accept(native_socket& result, native_socket fd) { return caf::policy::tcp::try_accept(result, fd); }
 
   bool must_read_more(native_socket fd, std::size_t threshold) {
+    if (session_) ::ERR_clear_error();
     return session_ ? session_->must_read_more(fd, threshold) : false;
   }
 
@@ -305,9 +320,9 @@ class gate_policy {
       const std::uint32_t payload = (std::uint32_t{header_[4]} << 24) | (std::uint32_t{header_[5]} << 16) |
                                     (std::uint32_t{header_[6]} << 8) | std::uint32_t{header_[7]};
       if (payload > shared_->limits.max_payload_bytes) {
-        shared_->refuse("closed the connection " + direction() + " " + peer_ + ": a message header declares " +
-                        std::to_string(payload) + " bytes, at most " +
-                        std::to_string(shared_->limits.max_payload_bytes) + " accepted");
+        const std::string why = "a message header declares " + std::to_string(payload) + " bytes, at most " +
+                                std::to_string(shared_->limits.max_payload_bytes) + " accepted";
+        shared_->refuse("closed the connection " + direction() + " " + peer_ + ": " + why, peer_, why);
         return false;
       }
       payload_left_ = payload;
@@ -319,10 +334,11 @@ class gate_policy {
     if (failed_) return;
     failed_ = true;
     if (session_ && !proven_) {
-      shared_->refuse(accepted_ ? "refused the connection from " + peer_ +
-                                      ": its TLS handshake failed or never finished (no cluster token, or another one)"
-                                : "the connection to " + peer_ +
-                                      " failed its TLS handshake (no cluster token, or another one)");
+      const std::string why = accepted_ ? "its TLS handshake failed or never finished (no cluster token, or another one)"
+                                        : "the TLS handshake failed (no cluster token, or another one)";
+      shared_->refuse(accepted_ ? "refused the connection from " + peer_ + ": " + why
+                                : "the connection to " + peer_ + " failed its TLS handshake (no cluster token, or another one)",
+                      peer_, why);
     }
   }
 
@@ -394,15 +410,16 @@ class gate_doorman : public caf::io::network::doorman_impl {
     const native_socket fd = acceptor_.accepted_socket();
     std::string peer = peer_address(fd);
     if (shared_->open.load() >= shared_->limits.max_connections) {
-      shared_->refuse("refused a connection from " + peer + ": " + std::to_string(shared_->limits.max_connections) +
-                      " connections that have not proven the cluster token are open already");
+      const std::string why = std::to_string(shared_->limits.max_connections) +
+                              " connections that have not proven the cluster token are open already";
+      shared_->refuse("refused a connection from " + peer + ": " + why, peer, why);
       caf::io::network::close_socket(fd);
       return true;  // the listener goes on
     }
     if (!shared_->tls) {
       const std::string why = foreign_user(fd);
       if (!why.empty()) {
-        shared_->refuse("refused the connection from " + peer + ": " + why);
+        shared_->refuse("refused the connection from " + peer + ": " + why, peer, why);
         caf::io::network::close_socket(fd);
         return true;
       }
@@ -410,11 +427,13 @@ class gate_doorman : public caf::io::network::doorman_impl {
     caf::io::network::nonblocking(fd, true);
     caf::openssl::session_ptr session;
     if (shared_->tls) {
+      ::ERR_clear_error();  // see gate_policy::read_some
       session = caf::openssl::make_session(parent()->system(), fd, true);
       if (!session) {
+        ::ERR_clear_error();
         // The handshake failed at once (the peer's first bytes were there already).
-        shared_->refuse("refused the connection from " + peer +
-                        ": its TLS handshake failed (no cluster token, or another one)");
+        const std::string why = "its TLS handshake failed (no cluster token, or another one)";
+        shared_->refuse("refused the connection from " + peer + ": " + why, peer, why);
         caf::io::network::close_socket(fd);
         return true;
       }
@@ -447,15 +466,17 @@ class gate_middleman : public caf::io::middleman_actor_impl {
       const std::string why = foreign_user(*fd);
       if (!why.empty()) {
         caf::io::network::close_socket(*fd);
-        shared_->refuse("refused to talk to " + peer + ": " + why);
+        shared_->refuse("refused to talk to " + peer + ": " + why, peer, why);
         return caf::make_error(caf::sec::cannot_connect_to_node, "refused to talk to " + peer + ": " + why);
       }
     }
     caf::io::network::nonblocking(*fd, true);
     caf::openssl::session_ptr session;
     if (shared_->tls) {
+      ::ERR_clear_error();
       session = caf::openssl::make_session(system(), *fd, false);
       if (!session) {
+        ::ERR_clear_error();
         caf::io::network::close_socket(*fd);
         return caf::make_error(caf::sec::cannot_connect_to_node, "no TLS session for " + peer);
       }
@@ -476,10 +497,12 @@ class gate_middleman : public caf::io::middleman_actor_impl {
 
 }  // namespace
 
-control_gate::control_gate(caf::actor_system& system, bool tls, gate_limits limits)
+control_gate::control_gate(caf::actor_system& system, bool tls, gate_limits limits,
+                           std::shared_ptr<cluster_health> health)
     : system_(system), shared_(std::make_shared<gate_shared>()) {
   shared_->limits = limits;
   shared_->tls = tls;
+  shared_->health = std::move(health);
   auto broker = system.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP"));
   actor_ = system.spawn<gate_middleman, caf::hidden>(std::move(broker), shared_);
 }

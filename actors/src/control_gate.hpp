@@ -40,6 +40,7 @@ struct gate_limits {
 };
 
 struct gate_shared;
+class cluster_health;
 
 /// A middleman actor whose connections go through the gate; publishes, connects and unpublishes
 /// like CAF's (the connections join the same BASP broker). Destroying it stops its actor; the
@@ -47,8 +48,10 @@ struct gate_shared;
 class control_gate {
  public:
   /// `tls`: every connection is mutual TLS with the credentials installed in `system`'s config
-  /// (control_credentials::install) first.
-  control_gate(caf::actor_system& system, bool tls, gate_limits limits);
+  /// (control_credentials::install) first. Every refusal the log shows is recorded in `health`
+  /// too (when set), with the peer's address.
+  control_gate(caf::actor_system& system, bool tls, gate_limits limits,
+               std::shared_ptr<cluster_health> health = nullptr);
   ~control_gate();
   control_gate(const control_gate&) = delete;
   control_gate& operator=(const control_gate&) = delete;

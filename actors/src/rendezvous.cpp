@@ -15,6 +15,7 @@
 #include "control_gate.hpp"
 #include "control_tls.hpp"
 #include "protocol.hpp"
+#include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/rendezvous_state.hpp"
 
 namespace troupe::actors {
@@ -47,6 +48,7 @@ struct agent_state {
   std::vector<caf::actor> watchers;    // by rank, once watching
   std::map<std::int32_t, std::pair<caf::actor, std::string>> early;  // beats before the watch began
   std::uint64_t refused = 0;           // messages refused, for the log's bound
+  std::shared_ptr<cluster_health> health;  // may be null
 };
 
 // Who sent the message being handled: its node, or a name no member has when it came without a
@@ -65,8 +67,13 @@ void log_refusal(caf::stateful_actor<agent_state>* self, const std::string& what
   const std::string line = "troupe: " + what;
   const std::string count = " (" + std::to_string(n) + " refused so far)";
   const auto& sender = self->current_sender();
+  auto health = self->state.health;
+  auto record = [health, what, count](const std::string& address) {
+    if (health) health->refused(address, what + count, cluster_health::clock::now());
+  };
   if (!sender || sender->node() == self->node()) {
     std::cerr << line << count << std::endl;
+    record(sender ? "this process" : "an unknown address");
     return;
   }
   self->request(self->system().middleman().actor_handle(), std::chrono::seconds(1), caf::get_atom::value,
@@ -74,8 +81,12 @@ void log_refusal(caf::stateful_actor<agent_state>* self, const std::string& what
       .then(
           [=](const caf::node_id&, const std::string& host, std::uint16_t port) {
             std::cerr << line << " [connected from " << host << ":" << port << "]" << count << std::endl;
+            record(host + ":" + std::to_string(port));
           },
-          [=](caf::error&) { std::cerr << line << count << std::endl; });
+          [=](caf::error&) {
+            std::cerr << line << count << std::endl;
+            record("an unknown address");
+          });
 }
 
 void finish(agent_state& st) {
@@ -91,10 +102,12 @@ void finish(agent_state& st) {
 
 caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_options options) {
   self->state.rules.emplace(options);
+  self->state.health = options.health;
   self->state.rules->set_chief_peer(caf::to_string(self->node()));
   self->delayed_send(self, options.timeout, expire_atom::value);
   auto fan_out = [=](const verdict& v) {
     auto& s = self->state;
+    if (s.health) s.health->lost(v.rank, v.reason, cluster_health::clock::now());
     for (int r : v.tell) {
       auto& w = s.watchers[static_cast<std::size_t>(r)];
       if (w) self->send(w, gone_atom::value, static_cast<std::int32_t>(v.rank), v.reason);
@@ -119,7 +132,9 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
                              ", which did not join as that rank");
           return;
         }
-        if (s.rules->on_beat(rank, rendezvous_state::clock::now(), peer)) {
+        const auto now = rendezvous_state::clock::now();
+        if (s.health) s.health->beat(rank, now);
+        if (s.rules->on_beat(rank, now, peer)) {
           s.watchers[static_cast<std::size_t>(rank)] = watcher;
           self->monitor(watcher);
         } else if (s.watchers.empty()) {
@@ -136,6 +151,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
           return;
         }
         self->state.rules->on_bye(rank, peer);
+        if (self->state.health) self->state.health->left(rank);
       },
       [=](fault_atom, std::int32_t rank, const std::string& what) -> caf::result<bool> {
         auto& s = self->state;
@@ -147,6 +163,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
           return false;
         }
         const std::string reason = what.size() > max_fault_bytes ? what.substr(0, max_fault_bytes) + "..." : what;
+        if (s.health) s.health->fault(rank, reason, cluster_health::clock::now());
         // Answered once every other worker has the report (or after fault_ack_wait): the reporter
         // breaks its ring, and the chief may exit, only after that, so the report is not lost
         // with the process that was to send it.
@@ -166,7 +183,9 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
         return promise;
       },
       [=](check_atom, std::chrono::milliseconds interval) {
-        for (const auto& v : self->state.rules->check(rendezvous_state::clock::now())) fan_out(v);
+        const auto now = rendezvous_state::clock::now();
+        for (const auto& v : self->state.rules->check(now)) fan_out(v);
+        if (self->state.health) self->state.health->observe(now);
         // The chief's heartbeat to every watcher, which declares it gone when these stop.
         for (const auto& w : self->state.watchers) {
           if (w) self->send(w, alive_atom::value);
@@ -178,7 +197,15 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
         auto& s = self->state;
         s.rules->start_watch(interval, rendezvous_state::clock::now());
         s.watchers.assign(s.rules->table().size(), caf::actor{});
+        if (s.health) {
+          std::vector<std::string> tasks;
+          for (const auto& m : s.rules->table()) tasks.push_back(m.task);
+          // Late after 2 intervals without a beat: a beat on time is never older than 1.
+          s.health->start(std::move(tasks), interval, 2, s.rules->table().at(0).incarnation,
+                          rendezvous_state::clock::now());
+        }
         for (const auto& [rank, early] : s.early) {
+          if (s.health) s.health->beat(rank, rendezvous_state::clock::now());
           if (s.rules->on_beat(rank, rendezvous_state::clock::now(), early.second)) {
             s.watchers[static_cast<std::size_t>(rank)] = early.first;
             self->monitor(early.first);
@@ -406,7 +433,8 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
     credentials = std::make_unique<control_credentials>(options.token);
     credentials->install(system);
   }
-  gate = std::make_unique<control_gate>(system, tls, gate_limits::for_cluster(static_cast<int>(options.tasks.size())));
+  gate = std::make_unique<control_gate>(system, tls, gate_limits::for_cluster(static_cast<int>(options.tasks.size())),
+                                        options.health);
   caf::scoped_actor self{system};
   if (options.rank == 0) {
     auto agent = system.spawn(cluster_agent, options);

@@ -131,6 +131,7 @@ MultiWorkerOptions MultiWorkerOptions::from_environment() {
   o.heartbeat_interval = std::chrono::milliseconds(
       troupe::detail::env_int("TROUPE_HEARTBEAT_MS", static_cast<int>(default_heartbeat_interval.count()), 10, 600'000));
   o.devices_per_worker = troupe::detail::env_int("TROUPE_DEVICES_PER_WORKER", 0, 1, 1024);
+  o.restart_count = troupe::detail::env_int("TROUPE_RESTART_COUNT", 0, 0, 1'000'000);
   if (const char* token = std::getenv("TROUPE_CLUSTER_TOKEN")) o.cluster_token = token;
   if (const char* insecure = std::getenv("TROUPE_INSECURE"); insecure != nullptr && *insecure != '\0') {
     if (std::strcmp(insecure, "1") != 0 && std::strcmp(insecure, "0") != 0) {

@@ -13,8 +13,11 @@
 #include <vector>
 
 #include "../../actors/src/control_gate.hpp"
+#include "../../actors/src/control_tls.hpp"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
+#include "caf/openssl/manager.hpp"
+#include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/rendezvous.hpp"
 
 using namespace troupe::actors;
@@ -25,6 +28,7 @@ namespace {
 struct node {
   node() {
     cfg.load<caf::io::middleman>();
+    cfg.load<caf::openssl::manager>();
     add_rendezvous_types(cfg);
     system = std::make_unique<caf::actor_system>(cfg);
   }
@@ -146,5 +150,43 @@ TEST_CASE("two nodes talk through their control gates, and an unpublished port l
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0);
   ::close(fd);
+  caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("over TLS, a stranger's failed handshake is refused with its address and leaves a member's connection open") {
+  node chief, worker, stranger;
+  control_credentials ours("the cluster's token"), theirs("another token");
+  ours.install(*chief.system);
+  ours.install(*worker.system);
+  theirs.install(*stranger.system);
+  auto health = std::make_shared<cluster_health>();
+  control_gate chief_gate(*chief.system, true, gate_limits::for_cluster(2), health);
+  control_gate worker_gate(*worker.system, true, gate_limits::for_cluster(2));
+  control_gate stranger_gate(*stranger.system, true, gate_limits::for_cluster(2));
+  auto agent = chief.system->spawn(echo);
+  auto port = chief_gate.publish(agent, 0, "127.0.0.1");
+  REQUIRE(port);
+  auto remote = worker_gate.remote_actor("127.0.0.1", *port, 5000ms);
+  REQUIRE(remote);
+  caf::scoped_actor self{*worker.system};
+  auto ask = [&](const std::string& what) {
+    std::string answer;
+    self->request(*remote, 5s, what).receive([&](const std::string& s) { answer = s; }, [&](caf::error&) {});
+    return answer;
+  };
+  CHECK(ask("before") == "before!");
+  CHECK_FALSE(stranger_gate.remote_actor("127.0.0.1", *port, 2000ms));
+  for (int i = 0; i < 50 && chief_gate.refused() == 0; ++i) std::this_thread::sleep_for(20ms);
+  CHECK(chief_gate.refused() >= 1);
+  // The member's connection, served by the same thread that refused the stranger, still works.
+  for (int i = 0; i < 5; ++i) {
+    CHECK(ask("after " + std::to_string(i)) == "after " + std::to_string(i) + "!");
+    std::this_thread::sleep_for(50ms);
+  }
+  const auto s = health->snapshot(cluster_health::clock::now());
+  REQUIRE_FALSE(s.events.empty());
+  CHECK(s.events.back().kind == cluster_event_kind::connection_refused);
+  CHECK(s.events.back().address.rfind("127.0.0.1:", 0) == 0);
+  CHECK(s.events.back().text.find("TLS handshake") != std::string::npos);
   caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
 }

@@ -18,6 +18,7 @@
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "caf/openssl/manager.hpp"
+#include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/rendezvous.hpp"
 
 using namespace troupe::actors;
@@ -336,4 +337,56 @@ TEST_CASE("a worker that never arrives is named when the start timeout ends") {
   for (auto& o : options) o.timeout = 800ms;
   auto results = run(options);
   for (const auto& r : results) CHECK(r.find("still missing after 800 ms: /job:worker/replica:0/task:2") != std::string::npos);
+}
+
+TEST_CASE("the chief's cluster health hears every worker's heartbeats, a fault report and a goodbye") {
+  auto options = cluster(2);
+  auto health = std::make_shared<cluster_health>();
+  options[0].health = health;
+  node chief, worker;
+  std::vector<std::unique_ptr<cluster_watch>> watches(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        rendezvous(*(i == 0 ? chief : worker).system, options[static_cast<std::size_t>(i)], 50ms,
+                   [](int, const std::string&) {}, watches[static_cast<std::size_t>(i)]);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(i)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  REQUIRE(errors[0] == "");
+  REQUIRE(errors[1] == "");
+  // Both workers beat every 50 ms: the chief hears each, and neither is late.
+  auto heard_both = [&] {
+    const auto s = health->snapshot(cluster_health::clock::now());
+    return s.watching && s.workers.size() == 2 && s.workers[0].heard && s.workers[1].heard;
+  };
+  for (int i = 0; i < 200 && !heard_both(); ++i) std::this_thread::sleep_for(10ms);
+  REQUIRE(heard_both());
+  auto s = health->snapshot(cluster_health::clock::now());
+  CHECK(s.interval == 50ms);
+  CHECK(s.incarnation.size() == 32);
+  CHECK(s.workers[1].task == "/job:worker/replica:0/task:1");
+  CHECK(s.workers[1].state == worker_state::alive);
+  // A fault report from worker 1 reaches the chief's record with its text.
+  watches[1]->report_fault("rank 1 found the workers out of step", 2000ms);
+  s = health->snapshot(cluster_health::clock::now());
+  REQUIRE_FALSE(s.events.empty());
+  CHECK(s.events[0].kind == cluster_event_kind::fault_reported);
+  CHECK(s.events[0].rank == 1);
+  CHECK(s.events[0].text == "rank 1 found the workers out of step");
+  // Worker 1 leaves cleanly: left, never lost.
+  watches[1].reset();
+  for (int i = 0; i < 200 && health->snapshot(cluster_health::clock::now()).workers[1].state != worker_state::left; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  std::this_thread::sleep_for(200ms);  // past the chief's next checks
+  s = health->snapshot(cluster_health::clock::now());
+  CHECK(s.workers[1].state == worker_state::left);
+  for (const auto& e : s.events) CHECK(e.kind != cluster_event_kind::worker_lost);
+  watches[0].reset();
 }

@@ -9,7 +9,14 @@ DevTools protocol, against a running mlp_classifier.
 5. it clicks Stop, and the trainer exits 0 saying it stopped.
 A screenshot of the page is kept at SCREENSHOT.
 
+With --cluster, against multi_worker_trainer on 2 workers (troupe-launch, TROUPE_LAUNCH):
+1. the cluster table shows both workers' heartbeat ages, and they tick between the state polls;
+2. a stranger with the wrong token knocks on the chief's control port, and the failures list
+   shows a "refused" row with its address;
+3. the screenshot is kept, and Stop ends both workers with status 0.
+
 Usage: browser_test.py MLP_CLASSIFIER SCREENSHOT
+       browser_test.py --cluster TROUPE_LAUNCH MULTI_WORKER_TRAINER SCREENSHOT
 Exit status: 0 passed, 1 failed (a missing chromium or websocket module fails too: the install script installs both).
 """
 import base64
@@ -84,11 +91,115 @@ class DevTools:
             self.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
 
 
-def main():
-    trainer, screenshot = sys.argv[1], sys.argv[2]
+def open_page(work, url, procs):
+    """Headless Chromium (added to `procs`) showing `url`; its DevTools client."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
         fail("no chromium on PATH (tools/install-deps.sh installs Debian's chromium)")
+    profile = os.path.join(work, "profile")
+    browser = subprocess.Popen([chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
+                                "--no-first-run", "--no-default-browser-check", "--user-data-dir=" + profile,
+                                "--remote-debugging-port=0", "--window-size=1400,1000", "about:blank"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    procs.append(browser)
+    port_file = os.path.join(profile, "DevToolsActivePort")
+    port = wait_for("chromium's DevTools port",
+                    lambda: os.path.exists(port_file) and open(port_file).read().split("\n")[0], 30)
+    targets = json.load(urllib.request.urlopen("http://127.0.0.1:%s/json/list" % port, timeout=10))
+    page = next(t for t in targets if t.get("type") == "page")
+    dt = DevTools(page["webSocketDebuggerUrl"])
+    dt.call("Page.enable")
+    dt.call("Page.navigate", url=url)
+    return dt
+
+
+def save_screenshot(dt, screenshot):
+    shot = dt.call("Page.captureScreenshot", format="png")
+    os.makedirs(os.path.dirname(os.path.abspath(screenshot)), exist_ok=True)
+    with open(screenshot, "wb") as f:
+        f.write(base64.b64decode(shot["data"]))
+    print("screenshot: " + screenshot, flush=True)
+
+
+def main_cluster(launch, trainer, screenshot):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import cluster_run
+    work = tempfile.mkdtemp(prefix="troupe-browser-cluster-")
+    procs = []
+    cluster = None
+    try:
+        cluster = cluster_run.Cluster(launch, trainer, work)
+        url = wait_for("the chief's dashboard URL",
+                       lambda: (re.search(r"\[rank 0\] dashboard: (http://\S+)", cluster.out()) or [None, None])[1],
+                       30)
+        dt = open_page(work, url, procs)
+
+        # 1. Both workers' heartbeat ages, ticking.
+        ages = lambda: dt.eval("Array.from(document.querySelectorAll('#workers td.hb-age')).map(td => td.textContent)") or []
+        states = lambda: dt.eval("Array.from(document.querySelectorAll('#workers td.hb-state')).map(td => td.textContent)") or []
+        shown = wait_for("two heartbeat ages in the cluster table",
+                         lambda: (lambda a: a if len(a) == 2 and all(re.fullmatch(r"\d+ ms", x) for x in a) else None)(ages()),
+                         30)
+        if states() != ["alive", "alive"]:
+            fail("the cluster table shows heartbeat states %s, expected alive twice" % states())
+        seen = set()
+        end = time.monotonic() + 5
+        while time.monotonic() < end and len(seen) < 3:
+            seen.add(tuple(ages()))
+            time.sleep(0.05)
+        if len(seen) < 3:
+            fail("the heartbeat ages do not move: %s" % sorted(seen))
+        values = [int(x.split()[0]) for a in seen for x in a]
+        if max(values) >= 2 * cluster_run.HEARTBEAT_MS + 600:  # a poll's age, plus the time since the poll
+            fail("the page shows heartbeat ages up to %d ms for a healthy cluster" % max(values))
+        print("heartbeat ages on the page: %s, then %d more readings" % (shown, len(seen) - 1), flush=True)
+
+        # 2. A stranger with the wrong token: a refused row with its address.
+        row_text = None
+        for attempt in range(3):  # refusals are recorded at powers of two: 1, 2, 4...
+            address = cluster_run.stranger_knocks(work, cluster.port_base)
+            end = time.monotonic() + 5
+            while not row_text and time.monotonic() < end:
+                rows = dt.eval("Array.from(document.querySelectorAll('#failures li.failure'))"
+                               ".map(li => [li.dataset.kind, li.textContent])") or []
+                row_text = next((t for k, t in rows if k == "connection_refused" and address in t), None)
+                time.sleep(0.1)
+            if row_text:
+                break
+        if not row_text:
+            fail("no refused row for the stranger %s in the page's failures list" % address)
+        print("failure row: %s" % row_text, flush=True)
+        dt.eval("document.getElementById('workers').closest('.card').scrollIntoView()")  # the panel in the picture
+        time.sleep(0.3)
+        save_screenshot(dt, screenshot)
+
+        # 3. Stop ends both workers.
+        dt.click("stop")
+        try:
+            rc = cluster.proc.wait(timeout=max(1, DEADLINE - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            fail("the workers did not exit after Stop")
+        if rc != 0:
+            fail("troupe-launch exited %d after Stop:\n%s" % (rc, cluster.out()[-2000:]))
+        print("PASSED: heartbeat ages tick on the page, the stranger %s is a refused row" % address, flush=True)
+        return 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=10)
+        if cluster:
+            cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main():
+    if sys.argv[1] == "--cluster":
+        return main_cluster(sys.argv[2], sys.argv[3], sys.argv[4])
+    trainer, screenshot = sys.argv[1], sys.argv[2]
     work = tempfile.mkdtemp(prefix="troupe-browser-")
     procs = []
     try:
@@ -106,20 +217,7 @@ def main():
 
         url = wait_for("the trainer's dashboard URL",
                        lambda: (re.search(r"dashboard: (http://\S+)", trainer_log()) or [None, None])[1], 30)
-        profile = os.path.join(work, "profile")
-        browser = subprocess.Popen([chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
-                                    "--no-first-run", "--no-default-browser-check", "--user-data-dir=" + profile,
-                                    "--remote-debugging-port=0", "--window-size=1400,1000", "about:blank"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        procs.append(browser)
-        port_file = os.path.join(profile, "DevToolsActivePort")
-        port = wait_for("chromium's DevTools port",
-                        lambda: os.path.exists(port_file) and open(port_file).read().split("\n")[0], 30)
-        targets = json.load(urllib.request.urlopen("http://127.0.0.1:%s/json/list" % port, timeout=10))
-        page = next(t for t in targets if t.get("type") == "page")
-        dt = DevTools(page["webSocketDebuggerUrl"])
-        dt.call("Page.enable")
-        dt.call("Page.navigate", url=url)
+        dt = open_page(work, url, procs)
 
         # 1. Points arrive on the loss chart.
         points = lambda: dt.eval("window.troupe ? window.troupe.lossChart.data.datasets[0].data.length : 0") or 0
@@ -172,11 +270,7 @@ def main():
             fail("the header shows learning rate %r, expected 0.01230" % header)
         print("learning rate 0.0123 in %d later steps" % len(lr_points()), flush=True)
 
-        shot = dt.call("Page.captureScreenshot", format="png")
-        os.makedirs(os.path.dirname(os.path.abspath(screenshot)), exist_ok=True)
-        with open(screenshot, "wb") as f:
-            f.write(base64.b64decode(shot["data"]))
-        print("screenshot: " + screenshot, flush=True)
+        save_screenshot(dt, screenshot)
 
         # 5. Stop: the trainer ends cleanly.
         dt.click("stop")

@@ -36,6 +36,17 @@ TEST_CASE("runtime options come from the TROUPE_* environment") {
   CHECK(r.values() == std::vector<int>{4, 4});
 }
 
+TEST_CASE("the restart count comes from TROUPE_RESTART_COUNT, which troupe-launch sets") {
+  unsetenv("TROUPE_RESTART_COUNT");
+  CHECK(MultiWorkerOptions::from_environment().restart_count == 0);
+  setenv("TROUPE_RESTART_COUNT", "3", 1);
+  CHECK(MultiWorkerOptions::from_environment().restart_count == 3);
+  setenv("TROUPE_RESTART_COUNT", "-1", 1);
+  CHECK(message_of([] { MultiWorkerOptions::from_environment(); }) ==
+        "TROUPE_RESTART_COUNT=-1 is outside 0..1000000 (a negative value is never valid)");
+  unsetenv("TROUPE_RESTART_COUNT");
+}
+
 TEST_CASE("a runtime embeds into an application's own actor system") {
   caf::actor_system_config cfg;
   caf::actor_system system{cfg};

@@ -232,6 +232,10 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   ro.missed_heartbeats = settings.missed_heartbeats;
   // The chief makes the NCCL id every worker joins its communicators with.
   if (nccl && rank == 0) ro.collective_id = detail::nccl_unique_id();
+  // The chief's control plane records its cluster's health here, for the dashboard.
+  auto health = std::make_shared<actors::cluster_health>();
+  health->set_restart_count(settings.restart_count);
+  ro.health = health;
   auto failures = std::make_shared<detail::WorkerFailures>();
   std::unique_ptr<actors::cluster_watch> watch;
   std::vector<actors::member> members = actors::rendezvous(
@@ -273,7 +277,7 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
     world.join_timeout = ro.timeout;
   }
   auto group = std::make_unique<detail::RingWorkerGroup>(rank, std::move(members), std::move(listener), std::move(ring),
-                                                         std::move(failures), std::move(watch));
+                                                         std::move(failures), std::move(watch), std::move(health));
   return std::make_unique<MultiWorkerBackend>(runtime, std::move(devices), std::move(group), options.bytes_per_pack,
                                               options.compression,
                                               std::move(world));

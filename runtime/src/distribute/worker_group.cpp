@@ -60,12 +60,14 @@ Tensor host_copy(const Tensor& t) {
 
 RingWorkerGroup::RingWorkerGroup(int rank, std::vector<actors::member> members,
                                  std::unique_ptr<transport::listener> listener, std::unique_ptr<transport::tcp_ring> ring,
-                                 std::shared_ptr<WorkerFailures> failures, std::unique_ptr<actors::cluster_watch> watch)
+                                 std::shared_ptr<WorkerFailures> failures, std::unique_ptr<actors::cluster_watch> watch,
+                                 std::shared_ptr<actors::cluster_health> health)
     : rank_(rank),
       members_(std::move(members)),
       listener_(std::move(listener)),
       ring_(std::move(ring)),
       failures_(failures ? std::move(failures) : std::make_shared<WorkerFailures>()),
+      health_(health ? std::move(health) : std::make_shared<actors::cluster_health>()),
       watch_(std::move(watch)) {
   failures_->attach(ring_.get());
 }
@@ -139,7 +141,9 @@ void RingWorkerGroup::fail(const transport::peer_error& e) {
   } else if (watch_) {
     failures_->await_reason(verdict_wait);
   }
-  throw CollectiveAborted(describe_collective_failure(e, members_, *failures_));
+  std::string message = describe_collective_failure(e, members_, *failures_);
+  health_->collective_error(message, actors::cluster_health::clock::now());
+  throw CollectiveAborted(std::move(message));
 }
 
 std::string describe_collective_failure(const transport::peer_error& e, const std::vector<actors::member>& members,

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/rendezvous.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
 #include "troupe/distribute/multi_worker_strategy.hpp"
@@ -40,6 +41,9 @@ class WorkerGroup {
   /// Concatenates the workers' tensors along `axis`, in rank order (only that dimension may
   /// differ between workers).
   virtual Tensor concat(const Tensor& local, int axis) = 0;
+  /// The cluster's health as the chief's control plane records it (heartbeats, workers late and
+  /// lost, faults, refused connections, failed collectives); nullptr for one process.
+  virtual actors::cluster_health* health() { return nullptr; }
 };
 
 /// One process: every operation returns this worker's value.
@@ -88,10 +92,12 @@ class RingWorkerGroup final : public WorkerGroup {
  public:
   /// `members` in rank order (from the rendezvous); `listener` is the data plane's listening
   /// socket the ring was accepted on (kept open for the group's life; may be null); `watch` may be
-  /// null (no liveness watch).
+  /// null (no liveness watch); `health` is what the watch records into (null: a record of its own,
+  /// which only failed collectives fill).
   RingWorkerGroup(int rank, std::vector<actors::member> members, std::unique_ptr<transport::listener> listener,
                   std::unique_ptr<transport::tcp_ring> ring, std::shared_ptr<WorkerFailures> failures,
-                  std::unique_ptr<actors::cluster_watch> watch);
+                  std::unique_ptr<actors::cluster_watch> watch,
+                  std::shared_ptr<actors::cluster_health> health = nullptr);
   ~RingWorkerGroup() override;
   RingWorkerGroup(const RingWorkerGroup&) = delete;
   RingWorkerGroup& operator=(const RingWorkerGroup&) = delete;
@@ -102,6 +108,7 @@ class RingWorkerGroup final : public WorkerGroup {
   Tensor sum(const Tensor& local) override;
   Tensor broadcast_from_chief(const Tensor& value) override;
   Tensor concat(const Tensor& local, int axis) override;
+  actors::cluster_health* health() override { return health_.get(); }
 
   /// A training step begins (Strategy::run, on every worker): the ring's frames carry its number
   /// from now on, so that a worker that skipped, added or reordered a collective fails on every
@@ -133,6 +140,7 @@ class RingWorkerGroup final : public WorkerGroup {
   std::unique_ptr<transport::listener> listener_;
   std::unique_ptr<transport::tcp_ring> ring_;
   std::shared_ptr<WorkerFailures> failures_;
+  std::shared_ptr<actors::cluster_health> health_;
   std::uint64_t steps_ = 0;  // Strategy::run calls so far
   std::vector<std::uint16_t> wire_;  // compressed values, kept between calls (no page faults)
   std::unique_ptr<actors::cluster_watch> watch_;  // declared last: destroyed first

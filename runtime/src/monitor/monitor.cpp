@@ -16,6 +16,7 @@
 #include "distribute/worker_group.hpp"
 #include "monitor/assets.hpp"
 #include "monitor/http_server.hpp"
+#include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/metrics_stream.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/nn/callback.hpp"
@@ -71,6 +72,7 @@ enum Column : int {
 };
 
 constexpr std::size_t max_queued_commands = 64;
+constexpr std::size_t max_own_failures = 64;
 constexpr std::size_t max_trace_events = 4 << 20;
 constexpr std::int64_t max_trace_steps = 100000;
 const std::chrono::milliseconds paused_poll{100};
@@ -115,6 +117,21 @@ struct TraceEvent {
   std::int64_t sequence;  // collectives: sequence number, else -1
   int replica;            // global replica id, or -1
 };
+
+// A failure of the monitor's own (a trace it cannot write), shown among the cluster's events.
+struct OwnFailure {
+  std::chrono::system_clock::time_point wall;
+  std::int64_t at_ns;  // profile_now_ns()
+  std::string text;
+};
+
+std::int64_t unix_ms(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+double ms_between(actors::cluster_health::clock::time_point from, actors::cluster_health::clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
 
 }  // namespace
 
@@ -165,7 +182,9 @@ struct Monitor::Impl {
   std::atomic<bool> paused{false};
   std::atomic<bool> stopped{false};
   std::vector<std::int64_t> heard_ns;  // when each worker's row last arrived
-  std::vector<std::string> failures;
+  std::deque<OwnFailure> failures;     // the newest max_own_failures
+  // The cluster's health as the chief's control plane records it; null for one process.
+  actors::cluster_health* health = nullptr;
   std::string trace_status = "idle";
   std::string trace_written;
 
@@ -246,7 +265,8 @@ struct Monitor::Impl {
       if (!file.flush()) {
         std::lock_guard<std::mutex> lock(mutex);
         trace_status = "failed: cannot write " + tmp;
-        failures.push_back("trace: cannot write " + tmp);
+        if (failures.size() == max_own_failures) failures.pop_front();
+        failures.push_back({std::chrono::system_clock::now(), profile_now_ns(), "trace: cannot write " + tmp});
         return;
       }
     }
@@ -389,6 +409,9 @@ struct Monitor::Impl {
     return e;
   }
 
+  // What /api/state says about the cluster: per worker its heartbeat as the chief's control
+  // plane saw it, and the failures (the control plane's events and the monitor's own), newest
+  // first. Under mutex.
   std::string state_json() {
     std::lock_guard<std::mutex> lock(mutex);
     std::string out = "{\"step\":" + std::to_string(last.step) + ",\"paused\":" + (paused ? "true" : "false") +
@@ -399,6 +422,9 @@ struct Monitor::Impl {
                       std::to_string(commands.size()) + ",\"replicas_in_sync\":" + std::to_string(replicas_in_sync) +
                       ",\"workers\":[";
     const std::int64_t now = profile_now_ns();
+    const auto steady_now = actors::cluster_health::clock::now();
+    actors::cluster_snapshot cluster;
+    if (health) cluster = health->snapshot(steady_now);
     for (int w = 0; w < workers; ++w) {
       if (w) out += ',';
       out += "{\"worker\":" + std::to_string(w) + ",\"replicas\":[";
@@ -414,9 +440,16 @@ struct Monitor::Impl {
       out += "]";
       if (static_cast<std::size_t>(w) < last.workers.size()) {
         const auto& m = last.workers[static_cast<std::size_t>(w)];
-        out += ",\"step\":" + std::to_string(m.step) + ",\"paused\":" + (m.paused ? "true" : "false") +
-               ",\"heartbeat_age_ms\":" +
-               json_number(static_cast<double>(now - heard_ns[static_cast<std::size_t>(w)]) / 1e6);
+        out += ",\"step\":" + std::to_string(m.step) + ",\"paused\":" + (m.paused ? "true" : "false");
+      }
+      out += ",\"report_age_ms\":" + json_number(static_cast<double>(now - heard_ns[static_cast<std::size_t>(w)]) / 1e6);
+      if (cluster.watching && static_cast<std::size_t>(w) < cluster.workers.size()) {
+        const auto& h = cluster.workers[static_cast<std::size_t>(w)];
+        out += ",\"task\":" + json_string(h.task) + ",\"state\":\"" + actors::to_string(h.state) +
+               "\",\"heartbeat_age_ms\":" + json_number(ms_between(h.last_beat, steady_now)) +
+               ",\"heard\":" + (h.heard ? "true" : "false");
+      } else {
+        out += ",\"state\":" + std::string(health ? "\"starting\"" : "\"alive\"") + ",\"heartbeat_age_ms\":null";
       }
       out += "}";
     }
@@ -425,10 +458,33 @@ struct Monitor::Impl {
       if (i) out += ',';
       out += json_number(last.replica_loss[i]);
     }
-    out += "],\"failures\":[";
-    for (std::size_t i = 0; i < failures.size(); ++i) {
-      if (i) out += ',';
-      out += json_string(failures[i]);
+    out += "],\"cluster\":{\"watching\":" + std::string(cluster.watching ? "true" : "false") +
+           ",\"heartbeat_interval_ms\":" + std::to_string(cluster.interval.count()) +
+           ",\"late_after_ms\":" + std::to_string(cluster.interval.count() * cluster.late_after_intervals) +
+           ",\"incarnation\":" + json_string(cluster.incarnation) +
+           ",\"restart_count\":" + std::to_string(cluster.restart_count) +
+           ",\"events_total\":" + std::to_string(cluster.events_total) + "},\"failures\":[";
+    // Both lists are newest first: merged by wall time.
+    std::size_t a = 0;
+    auto b = failures.rbegin();
+    bool first = true;
+    while (a < cluster.events.size() || b != failures.rend()) {
+      if (!first) out += ',';
+      first = false;
+      if (b == failures.rend() || (a < cluster.events.size() && cluster.events[a].wall >= b->wall)) {
+        const actors::cluster_event& e = cluster.events[a++];
+        out += "{\"sequence\":" + std::to_string(e.sequence) + ",\"kind\":\"" + actors::to_string(e.kind) +
+               "\",\"time_unix_ms\":" + std::to_string(unix_ms(e.wall)) +
+               ",\"age_ms\":" + json_number(ms_between(e.at, steady_now)) + ",\"worker\":" +
+               (e.rank >= 0 ? std::to_string(e.rank) : std::string("null")) + ",\"address\":" +
+               (e.address.empty() ? std::string("null") : json_string(e.address)) +
+               ",\"text\":" + json_string(e.text) + "}";
+      } else {
+        out += "{\"kind\":\"monitor\",\"time_unix_ms\":" + std::to_string(unix_ms(b->wall)) +
+               ",\"age_ms\":" + json_number(static_cast<double>(now - b->at_ns) / 1e6) +
+               ",\"worker\":" + std::to_string(worker) + ",\"address\":null,\"text\":" + json_string(b->text) + "}";
+        ++b;
+      }
     }
     out += "],\"trace\":{\"status\":" + json_string(trace_status) + ",\"file\":" + json_string(trace_written) + "}}";
     return out;
@@ -555,6 +611,7 @@ Monitor::Monitor(distribute::Strategy& strategy, nn::Optimizer* optimizer, Monit
   m.local_replicas = static_cast<int>(m.backend.devices().size());
   m.replicas_in_sync = m.backend.num_replicas_in_sync();
   m.heard_ns.assign(static_cast<std::size_t>(m.workers), profile_now_ns());
+  m.health = m.backend.workers().health();
   m.rows.assign(static_cast<std::size_t>(m.replicas_in_sync) * columns, 0.0);
   m.shares.assign(static_cast<std::size_t>(m.local_replicas), 0.0);
   m.log = o.log ? o.log : (m.worker == 0 ? &std::cout : nullptr);

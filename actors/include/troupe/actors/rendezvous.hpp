@@ -14,6 +14,8 @@ class actor_system_config;
 
 namespace troupe::actors {
 
+class cluster_health;
+
 /// One worker of a cluster, as the rendezvous tells every worker.
 struct member {
   int rank = 0;
@@ -55,6 +57,10 @@ struct rendezvous_options {
   /// How long a failing chief waits before returning, so the middleman can deliver the error to
   /// the workers that joined before its process exits.
   std::chrono::milliseconds failure_linger{300};
+  /// Where the chief's control plane records its cluster's health (cluster_health.hpp): every
+  /// worker's heartbeats as the chief's agent receives them, workers late, back and lost, fault
+  /// reports and refused connections. May be null (nothing recorded).
+  std::shared_ptr<cluster_health> health;
 };
 
 /// Announces the rendezvous messages (member, the peer table, its errors) to an actor system's

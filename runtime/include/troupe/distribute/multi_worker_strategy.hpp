@@ -76,6 +76,10 @@ struct MultiWorkerOptions {
   /// TROUPE_INSECURE=1: lets a cluster that spans more than loopback start without a token (a
   /// trusted, isolated network only: anyone who reaches the chief's port can stall or exhaust it).
   bool insecure = false;
+  /// TROUPE_RESTART_COUNT: how many times this cluster was started again before this start
+  /// (0..1000000; troupe-launch --max-restarts sets it). The chief's dashboard shows it, with the
+  /// cluster's incarnation.
+  int restart_count = 0;
 
   /// The defaults with the TROUPE_* environment applied.
   static MultiWorkerOptions from_environment();

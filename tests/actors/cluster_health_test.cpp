@@ -1,0 +1,121 @@
+#include "troupe/actors/cluster_health.hpp"
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+using troupe::actors::cluster_event_kind;
+using troupe::actors::cluster_health;
+using troupe::actors::worker_state;
+using namespace std::chrono_literals;
+
+namespace {
+
+cluster_health::clock::time_point at(std::chrono::milliseconds t) { return cluster_health::clock::time_point{} + t; }
+
+void start(cluster_health& h) {
+  h.start({"/job:worker/task:0", "/job:worker/task:1"}, 100ms, 2, "0123456789abcdef0123456789abcdef", at(0ms));
+}
+
+}  // namespace
+
+TEST_CASE("cluster health: before the watch begins, beats are ignored and nothing is watched") {
+  cluster_health h;
+  h.beat(0, at(5ms));
+  const auto s = h.snapshot(at(10s));
+  CHECK_FALSE(s.watching);
+  CHECK(s.workers.empty());
+  CHECK(s.events.empty());
+}
+
+TEST_CASE("cluster health: a worker silent for more than 2 intervals is late, and back when it beats") {
+  cluster_health h;
+  start(h);
+  h.beat(0, at(100ms));
+  h.beat(1, at(100ms));
+  auto s = h.snapshot(at(300ms));  // 200 ms silent: exactly 2 intervals, still alive
+  CHECK(s.workers[1].state == worker_state::alive);
+  CHECK(s.workers[1].heard);
+  CHECK(s.workers[1].last_beat == at(100ms));
+  CHECK(s.events.empty());
+  h.beat(0, at(350ms));
+  s = h.snapshot(at(301ms + 100ms));  // worker 1: 301 ms silent
+  CHECK(s.workers[0].state == worker_state::alive);
+  REQUIRE(s.workers[1].state == worker_state::late);
+  REQUIRE(s.events.size() == 1);
+  CHECK(s.events[0].kind == cluster_event_kind::worker_late);
+  CHECK(s.events[0].rank == 1);
+  CHECK(s.events[0].text.find("/job:worker/task:1 sent no heartbeat for 301 ms") == 0);
+  // Late once: a later look adds nothing.
+  h.beat(0, at(850ms));
+  CHECK(h.snapshot(at(900ms)).events.size() == 1);
+  h.beat(1, at(950ms));
+  s = h.snapshot(at(960ms));
+  CHECK(s.workers[1].state == worker_state::alive);
+  REQUIRE(s.events.size() == 2);
+  CHECK(s.events[0].kind == cluster_event_kind::worker_back);  // newest first
+  CHECK(s.events[0].text == "/job:worker/task:1 beats again (it was late)");
+  CHECK(s.events[1].kind == cluster_event_kind::worker_late);
+  CHECK(s.events[0].sequence == 2);
+  CHECK(s.events_total == 2);
+}
+
+TEST_CASE("cluster health: lost, left, faults, refusals and collective errors are recorded with their details") {
+  cluster_health h;
+  start(h);
+  h.lost(1, "/job:worker/task:1 sent no heartbeat for 700 ms (hung, stopped or unreachable)", at(700ms));
+  h.fault(0, "rank 0 found the workers out of step", at(710ms));
+  h.refused("127.0.0.1:40312", "its TLS handshake failed", at(720ms));
+  h.collective_error("all_reduce: peer /job:worker/task:1 closed the connection", at(730ms));
+  h.left(0);
+  h.beat(7, at(740ms));   // outside the cluster: ignored
+  h.beat(-1, at(740ms));
+  const auto s = h.snapshot(at(740ms));
+  CHECK(s.workers[0].state == worker_state::left);
+  CHECK(s.workers[1].state == worker_state::lost);  // not also late: lost stays lost
+  REQUIRE(s.events.size() == 4);
+  CHECK(s.events[0].kind == cluster_event_kind::collective_error);
+  CHECK(s.events[0].rank == -1);
+  CHECK(s.events[1].kind == cluster_event_kind::connection_refused);
+  CHECK(s.events[1].address == "127.0.0.1:40312");
+  CHECK(s.events[1].text == "its TLS handshake failed");
+  CHECK(s.events[2].kind == cluster_event_kind::fault_reported);
+  CHECK(s.events[2].rank == 0);
+  CHECK(s.events[3].kind == cluster_event_kind::worker_lost);
+  CHECK(s.events[3].rank == 1);
+  CHECK(s.incarnation == "0123456789abcdef0123456789abcdef");
+  CHECK(s.restart_count == 0);
+  h.set_restart_count(2);
+  CHECK(h.snapshot(at(740ms)).restart_count == 2);
+  CHECK(std::string(troupe::actors::to_string(s.events[1].kind)) == "connection_refused");
+  CHECK(std::string(troupe::actors::to_string(worker_state::lost)) == "lost");
+}
+
+TEST_CASE("cluster health: a lost worker that beats again is back") {
+  cluster_health h;
+  start(h);
+  h.lost(1, "gone", at(700ms));
+  h.beat(0, at(800ms));
+  h.beat(1, at(800ms));
+  const auto s = h.snapshot(at(800ms));
+  CHECK(s.workers[1].state == worker_state::alive);
+  REQUIRE(s.events.size() == 2);
+  CHECK(s.events[0].text == "/job:worker/task:1 beats again (it was lost)");
+}
+
+TEST_CASE("cluster health: memory stays bounded: the last N events, each text cut") {
+  cluster_health h(8);
+  start(h);
+  for (int i = 0; i < 1000; ++i) {
+    h.refused("10.0.0.1:" + std::to_string(i), std::string(10000, 'x'), at(std::chrono::milliseconds(i)));
+  }
+  h.beat(0, at(1000ms));
+  h.beat(1, at(1000ms));
+  const auto s = h.snapshot(at(1000ms));
+  REQUIRE(s.events.size() == 8);
+  CHECK(s.events_total == 1000);
+  CHECK(s.events[0].address == "10.0.0.1:999");
+  CHECK(s.events[7].address == "10.0.0.1:992");
+  CHECK(s.events[0].sequence == 1000);
+  CHECK(s.events[0].text.size() == cluster_health::max_text_bytes + 3);
+}

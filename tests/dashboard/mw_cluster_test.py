@@ -1,0 +1,171 @@
+#!/usr/bin/python3
+"""The dashboard's cluster view under MultiWorkerMirroredStrategy: multi_worker_trainer on 2
+workers (troupe-launch, a known cluster token, heartbeats every second), the chief serving.
+
+- while healthy, GET /api/state gives every worker a heartbeat age, as the chief's control plane
+  received the beats, below 2 beat intervals, and the state "alive";
+- a stranger that connects to the chief's control port over TLS with a certificate of another
+  token shows up in "failures" as a refused connection with its own address, and training goes on;
+- a SIGSTOPped worker turns "late" (or "lost"), with a "worker_late" event, while the chief stays
+  alive; after SIGCONT it is "alive" again, with a "worker_back" event, and training goes on;
+- the failures list is newest first; POST /api/stop ends both workers with status 0.
+
+Usage: mw_cluster_test.py TROUPE_LAUNCH MULTI_WORKER_TRAINER
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cluster_run  # noqa: E402
+
+DEADLINE = time.monotonic() + 100
+INTERVAL = cluster_run.HEARTBEAT_MS
+cluster = None
+
+
+def fail(why):
+    print("FAILED: " + why, flush=True)
+    if cluster:
+        print("--- output\n" + cluster.out()[-4000:], flush=True)
+    raise SystemExit(1)
+
+
+def wait_for(what, predicate, timeout):
+    return cluster_run.wait_for(what, predicate, timeout, DEADLINE, fail)
+
+
+def request(base, path, method="GET"):
+    req = urllib.request.Request(base + path, method=method, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+    except (urllib.error.URLError, OSError) as e:
+        fail("the chief's dashboard does not answer %s %s: %s" % (method, path, e))
+
+
+def main():
+    global cluster
+    launch, trainer = sys.argv[1], sys.argv[2]
+    work = tempfile.mkdtemp(prefix="troupe-mw-cluster-")
+    try:
+        cluster = cluster_run.Cluster(launch, trainer, work)
+        base = wait_for("the chief's dashboard URL",
+                        lambda: (re.search(r"\[rank 0\] dashboard: (http://[0-9.:]+)/", cluster.out()) or [None, None])[1],
+                        30)
+        state = lambda: request(base, "/api/state")[1]
+        wait_for("a few steps", lambda: state()["step"] > 5, 30)
+
+        # Healthy: every worker has a heartbeat age below 2 intervals, and is alive.
+        s = state()
+        if not s["cluster"]["watching"] or s["cluster"]["heartbeat_interval_ms"] != INTERVAL:
+            fail("the state's cluster section is %s, expected watching with interval %d" % (s["cluster"], INTERVAL))
+        if s["cluster"]["restart_count"] != 0:
+            fail("the cluster's restart count is %r in its first start" % s["cluster"]["restart_count"])
+        if len(s["cluster"]["incarnation"]) != 32:
+            fail("the cluster's incarnation is %r, expected 32 hex digits" % s["cluster"]["incarnation"])
+        samples = []
+        for _ in range(8):
+            s = state()
+            for w in s["workers"]:
+                age = w.get("heartbeat_age_ms")
+                if not isinstance(age, (int, float)) or w.get("state") != "alive":
+                    fail("healthy worker %d: heartbeat_age_ms %r, state %r (expected a number, alive)"
+                         % (w["worker"], age, w.get("state")))
+                if not 0 <= age < 2 * INTERVAL:
+                    fail("healthy worker %d: heartbeat age %.0f ms, expected below 2 intervals (%d ms)"
+                         % (w["worker"], age, 2 * INTERVAL))
+                samples.append(age)
+            time.sleep(0.25)
+        tasks = [w.get("task") for w in s["workers"]]
+        if tasks != ["/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"]:
+            fail("the workers' tasks are %s" % tasks)
+        print("healthy: %d heartbeat ages, at most %.0f ms" % (len(samples), max(samples)), flush=True)
+
+        # A stranger with the wrong token knocks on the chief's control port: refused, with its address.
+        def refused_row(address):
+            return next((f for f in state()["failures"]
+                         if f["kind"] == "connection_refused" and f["address"] == address), None)
+        row = None
+        for attempt in range(3):  # the gate logs and records refusals at powers of two: 1, 2, 4...
+            address = cluster_run.stranger_knocks(work, cluster.port_base)
+            end = time.monotonic() + 5
+            while not row and time.monotonic() < end:
+                row = refused_row(address)
+                time.sleep(0.1)
+            if row:
+                break
+        if not row:
+            fail("no refused connection from the stranger %s in the failures: %s" % (address, state()["failures"]))
+        if "TLS handshake" not in row["text"] or not isinstance(row["time_unix_ms"], int) or \
+                abs(row["time_unix_ms"] / 1000 - time.time()) > 60:
+            fail("the stranger's row is %s" % row)
+        step = state()["step"]
+        wait_for("steps after the stranger", lambda: state()["step"] > step + 3, 15)
+        print("stranger %s refused: %s" % (address, row["text"]), flush=True)
+
+        # A stopped worker is late (or lost), and back after SIGCONT.
+        pid = cluster.worker_pid(1)
+        if not pid:
+            fail("cannot find worker 1's process")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            late = wait_for("worker 1 to show late or lost",
+                            lambda: (lambda s: s if s["workers"][1]["state"] in ("late", "lost") else None)(state()),
+                            4 * INTERVAL / 1000 + 10)
+            w0, w1 = late["workers"]
+            if w0["state"] != "alive" or w0["heartbeat_age_ms"] >= 2 * INTERVAL:
+                fail("the chief is %s (heartbeat age %.0f ms) while worker 1 is stopped; expected alive"
+                     % (w0["state"], w0["heartbeat_age_ms"]))
+            if w1["heartbeat_age_ms"] <= 2 * INTERVAL:
+                fail("worker 1 is %s with a heartbeat age of %.0f ms (expected more than %d)"
+                     % (w1["state"], w1["heartbeat_age_ms"], 2 * INTERVAL))
+            kinds = [(f["kind"], f["worker"]) for f in late["failures"]]
+            if ("worker_late", 1) not in kinds:
+                fail("no worker_late event for worker 1 in %s" % late["failures"])
+            print("stopped worker 1: %s, heartbeat age %.0f ms" % (w1["state"], w1["heartbeat_age_ms"]), flush=True)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        back = wait_for("worker 1 to be alive again",
+                        lambda: (lambda s: s if s["workers"][1]["state"] == "alive" else None)(state()), 10)
+        events = back["failures"]
+        if not events or (events[0]["kind"], events[0]["worker"]) != ("worker_back", 1):
+            fail("the newest failure is not worker 1 coming back: %s" % events[:3])
+        sequences = [f["sequence"] for f in events if "sequence" in f]
+        if sequences != sorted(sequences, reverse=True):
+            fail("the failures are not newest first: sequences %s" % sequences)
+        times = [f["time_unix_ms"] for f in events]
+        if times != sorted(times, reverse=True):
+            fail("the failures' times are not newest first: %s" % times)
+        step = back["step"]
+        wait_for("steps after worker 1 came back", lambda: state()["step"] > step + 3, 20)
+        print("worker 1 back: %s" % events[0]["text"], flush=True)
+
+        request(base, "/api/stop", "POST")
+        try:
+            rc = cluster.proc.wait(timeout=max(1, DEADLINE - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            fail("the workers did not exit after stop")
+        if rc != 0:
+            fail("troupe-launch exited %d after stop" % rc)
+        print("PASSED: heartbeat ages below %d ms while healthy, the stranger %s refused, worker 1 late then back"
+              % (2 * INTERVAL, address), flush=True)
+        return 0
+    finally:
+        if cluster:
+            cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
