@@ -72,7 +72,7 @@ using fault_atom = caf::atom_constant<caf::atom("fault")>;
 //   dispatcher -> pulse: (beat, interval ms, missed) -> bool
 //   task agent -> dispatcher: (result, id, ok, payload)
 //   anyone -> ps agent: (vnew, key, bytes) -> bool; (vread, key) -> bytes; (vupdate, key, op, bytes)
-//     -> bool
+//     -> bool; (data) -> (port, secret) of its data connections (bulk_channel.hpp)
 //   inside the chief, to its dispatch actor: (sched, id, function, args); (wup, worker, agent);
 //     (table, blob); (leave) -> bool
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
@@ -87,6 +87,7 @@ using sched_atom = caf::atom_constant<caf::atom("sched")>;
 using wup_atom = caf::atom_constant<caf::atom("wup")>;
 using window_atom = caf::atom_constant<caf::atom("window")>;
 using watch_ps_atom = caf::atom_constant<caf::atom("watchps")>;
+using data_atom = caf::atom_constant<caf::atom("data")>;
 
 /// A member travels field by field; add_rendezvous_types announces it and the peer table.
 template <class Inspector>
