@@ -409,6 +409,7 @@ task_server::task_server(caf::actor_system& system, std::string task, std::strin
     s.data = std::make_unique<transport::bulk_listener>(
         host, std::uint16_t{0}, std::move(auth), std::chrono::milliseconds(60000), task + "'s data port",
         [store, shared, task](transport::bulk_stream& stream) { serve_shards(stream, *store, *shared, task); });
+    if (shared->event) shared->event("variables' data port " + address_of(host, s.data->port()));
   }
   auto pulse = system.spawn(pulse_actor, shared);
   s.pulse = pulse;
