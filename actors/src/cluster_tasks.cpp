@@ -231,7 +231,7 @@ caf::behavior pulse_actor(caf::stateful_actor<pulse_state>* self, std::shared_pt
 struct agent_state {
   std::string task;
   std::shared_ptr<shard_store> store;  // the shards' cells, shared with the data connections
-  std::uint16_t data_port = 0;         // 0: no data port (not a ps task)
+  std::shared_ptr<std::atomic<std::uint16_t>> data_port;  // 0 or null: no data port (yet)
   std::string data_secret;
   caf::actor pulse;
   std::shared_ptr<const task_handlers> handlers;
@@ -246,7 +246,8 @@ void event(agent_state& st, const std::string& line) {
 
 caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string task,
                          std::shared_ptr<const task_handlers> handlers, caf::actor pulse,
-                         std::shared_ptr<shard_store> store, std::uint16_t data_port, std::string data_secret) {
+                         std::shared_ptr<shard_store> store, std::shared_ptr<std::atomic<std::uint16_t>> data_port,
+                         std::string data_secret) {
   self->state.task = std::move(task);
   self->state.store = std::move(store);
   self->state.data_port = data_port;
@@ -343,10 +344,15 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         st.shards[key] = self->spawn(shard_actor, std::move(cell), st.handlers);
         return true;
       },
-      [=](data_atom) -> caf::result<std::uint16_t, std::string> {
+      [=](data_atom) -> caf::result<std::string> {
+        // The port (2 bytes, little-endian), then the secret.
         auto& st = self->state;
-        if (st.data_port == 0) return runtime_error(st.task + " has no data port (it holds no variables)");
-        return {st.data_port, st.data_secret};
+        const std::uint16_t port = st.data_port ? st.data_port->load() : 0;
+        if (port == 0) return runtime_error(st.task + " has no data port (it holds no variables)");
+        std::string out(2, '\0');
+        out[0] = static_cast<char>(port & 0xff);
+        out[1] = static_cast<char>(port >> 8);
+        return out + st.data_secret;
       },
       [=](vread_atom, const std::string& key) -> caf::result<std::string> {
         auto shard = shard_of(key);
@@ -378,6 +384,7 @@ std::shared_ptr<control_credentials> make_credentials(caf::actor_system& system,
 
 struct task_server::impl {
   std::unique_ptr<transport::bulk_listener> data;  // ps tasks: the shards' data connections
+  std::shared_ptr<std::atomic<std::uint16_t>> data_port;  // what the agent hands out; 0 once closing
   caf::actor_system* system = nullptr;
   std::shared_ptr<control_credentials> credentials;
   caf::actor agent;
@@ -397,24 +404,21 @@ task_server::task_server(caf::actor_system& system, std::string task, std::strin
   // answered by an actor of their own, so that a function running long is no silence.
   auto shared = std::make_shared<const task_handlers>(std::move(handlers));
   auto store = std::make_shared<shard_store>();
+  auto data_port = std::make_shared<std::atomic<std::uint16_t>>(0);
   std::string secret;
-  if (shared->layout && shared->combine) {
+  const bool holds_variables = shared->layout && shared->combine;
+  if (holds_variables) {
     // The data port's secret: handed out over the control plane only, so that without a token
     // too only peers that reached the agent can prove themselves there.
     secret.resize(32);
     if (RAND_bytes(reinterpret_cast<unsigned char*>(secret.data()), static_cast<int>(secret.size())) != 1) {
       throw std::runtime_error("Server: " + task + ": no randomness for the data port's secret");
     }
-    transport::ring_auth auth{s.credentials ? s.credentials->token() : std::string(), secret};
-    s.data = std::make_unique<transport::bulk_listener>(
-        host, std::uint16_t{0}, std::move(auth), std::chrono::milliseconds(60000), task + "'s data port",
-        [store, shared, task](transport::bulk_stream& stream) { serve_shards(stream, *store, *shared, task); });
-    if (shared->event) shared->event("variables' data port " + address_of(host, s.data->port()));
   }
   auto pulse = system.spawn(pulse_actor, shared);
   s.pulse = pulse;
-  s.agent = system.spawn<caf::detached>(task_agent, task, shared, pulse, store,
-                                        s.data ? s.data->port() : std::uint16_t{0}, secret);
+  s.data_port = data_port;
+  s.agent = system.spawn<caf::detached>(task_agent, task, shared, pulse, store, data_port, secret);
   auto published = s.tls ? caf::openssl::publish(s.agent, port, host.c_str(), true)
                          : system.middleman().publish(s.agent, port, host.c_str(), true);
   if (!published) {
@@ -424,10 +428,28 @@ task_server::task_server(caf::actor_system& system, std::string task, std::strin
                              system.render(published.error()));
   }
   s.port = *published;
+  if (holds_variables) {
+    // Listened on after the agent's own port, so that a free port the system picks here cannot be
+    // the one the cluster spec gave this task. Until then the agent says it has no data port.
+    try {
+      transport::ring_auth auth{s.credentials ? s.credentials->token() : std::string(), secret};
+      s.data = std::make_unique<transport::bulk_listener>(
+          host, std::uint16_t{0}, std::move(auth), std::chrono::milliseconds(60000), task + "'s data port",
+          [store, shared, task](transport::bulk_stream& stream) { serve_shards(stream, *store, *shared, task); });
+    } catch (const std::exception& e) {
+      caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(pulse, caf::exit_reason::user_shutdown);
+      throw std::runtime_error("Server: " + task + " cannot listen for variables' data on " + host + ": " + e.what());
+    }
+    *data_port = s.data->port();
+    if (shared->event) shared->event("variables' data port " + address_of(host, s.data->port()));
+  }
 }
 
 task_server::~task_server() {
   auto& s = *impl_;
+  // Workers asking for the data port from now on hear that there is none, at once.
+  if (s.data_port) *s.data_port = 0;
   s.data.reset();
   if (s.tls) {
     caf::anon_send(s.system->openssl_manager().actor_handle(), caf::unpublish_atom::value, s.agent.address(), s.port);
@@ -541,6 +563,9 @@ caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<
       },
       [=](vread_atom, std::int32_t p, const std::string& key) -> caf::result<std::string> {
         return forward(p, caf::make_message(vread_atom::value, key), type_tag<std::string>{});
+      },
+      [=](data_atom, std::int32_t p) -> caf::result<std::string> {
+        return forward(p, caf::make_message(data_atom::value), type_tag<std::string>{});
       },
       [=](vnew_atom, std::int32_t p, const std::string& key, std::string& bytes) -> caf::result<bool> {
         return forward(p, caf::make_message(vnew_atom::value, key, std::move(bytes)), type_tag<bool>{});
@@ -997,11 +1022,10 @@ struct shard_client::impl {
   std::vector<std::unique_ptr<data_link>> links;
 
   // After a failure on the data connections of `used` (their mutexes held): each is made again next
-  // time, and so is the control connection (its ps task may be gone).
+  // time. The control connection stays: the router knows when its ps task is lost, and says so
+  // at once when the data port is asked for again.
   void drop(const std::set<int>& used) {
     for (int p : used) links[static_cast<std::size_t>(p)]->stream.reset();
-    std::lock_guard<std::mutex> lock(mutex);
-    for (int p : used) agents[static_cast<std::size_t>(p)] = caf::actor{};
   }
 
   // Ps task p's data connection, with links[p]'s mutex held.
@@ -1010,23 +1034,22 @@ struct shard_client::impl {
     if (link.stream) return *link.stream;
     connect(p);
     const auto& t = ps[static_cast<std::size_t>(p)];
-    caf::actor agent;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      agent = agents[static_cast<std::size_t>(p)];
-    }
-    std::uint16_t port = 0;
-    std::string secret;
+    // Through the router, which answers at once when the ps task is lost meanwhile.
+    std::string answer;
     std::string failed;
     caf::scoped_actor self{*system};
-    self->request(agent, timeout, data_atom::value)
-        .receive(
-            [&](std::uint16_t p_, std::string& s_) {
-              port = p_;
-              secret = std::move(s_);
-            },
-            [&](caf::error& e) { failed = error_text(*system, e); });
-    if (!failed.empty()) throw std::runtime_error("ps task " + t.task + " gave no data port: " + failed);
+    self->request(router, timeout + std::chrono::seconds(5), data_atom::value, static_cast<std::int32_t>(p))
+        .receive([&](std::string& a) { answer = std::move(a); },
+                 [&](caf::error& e) { failed = error_text(*system, e); });
+    if (failed.empty() && answer.size() < 3) failed = "a malformed answer of " + std::to_string(answer.size()) + " bytes";
+    if (!failed.empty()) {
+      std::lock_guard<std::mutex> lock(mutex);
+      agents[static_cast<std::size_t>(p)] = caf::actor{};  // reached again next time
+      throw std::runtime_error("ps task " + t.task + " gave no data port: " + failed);
+    }
+    const auto port = static_cast<std::uint16_t>(static_cast<unsigned char>(answer[0]) |
+                                                 static_cast<unsigned char>(answer[1]) << 8);
+    std::string secret = answer.substr(2);
     transport::ring_auth auth{credentials ? credentials->token() : std::string(), std::move(secret)};
     link.stream = transport::bulk_stream::connect(transport::endpoint{t.host, port}, auth, timeout, "ps task " + t.task);
     return *link.stream;

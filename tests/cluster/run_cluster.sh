@@ -285,7 +285,7 @@ case "$scenario" in
       eval "pid_$1=$!"
     done
     for n in w0 w1 ps; do wait_for "$dir/$n.log" '^troupe-worker: ready ' 20; done
-    grep -q "functions: add, bump, counting, empty, fail, slow, take" "$dir/w0.log" || fail "the ready line lacks the module's functions"
+    grep -q "functions: add, bump, counting, empty, fail, fill, read_var, slow, take, update_var, watch" "$dir/w0.log" || fail "the ready line lacks the module's functions"
     TF_CONFIG="$(tf_config chief 0)" timeout 60 "$chief_bin" --mode basic >"$dir/chief.log" 2>&1
     st=$?
     [[ $st == 0 ]] || fail "the chief exited $st"

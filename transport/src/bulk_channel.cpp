@@ -92,10 +92,11 @@ std::string ipv4_of(const std::string& host) {
 
 std::unique_ptr<bulk_stream> bulk_stream::connect(const endpoint& ep, const ring_auth& auth,
                                                   std::chrono::milliseconds timeout, std::string name) {
-  const frames::deadline until(timeout);
+  // A proof takes milliseconds: a listener that does not answer it soon is stopped or gone.
+  const frames::deadline until(std::min(timeout, std::chrono::milliseconds(10000)));
   // The port was handed out by a listener that is up: a refused connection means it is gone, so the
   // connect is not retried for long.
-  const frames::deadline connect_until(std::min(timeout, std::chrono::milliseconds(2000)));
+  const frames::deadline connect_until(std::min(timeout, std::chrono::milliseconds(500)));
   const int fd = connect_socket(ep, connect_until, listening_rank, name);
   auto stream = std::make_unique<bulk_stream>(fd, timeout, name);
   try {
@@ -276,6 +277,7 @@ void bulk_stream::receive_reply(std::uint64_t expected) {
 
 struct bulk_listener::impl {
   std::unique_ptr<listener> socket;
+  std::uint16_t port = 0;
   ring_auth auth;
   std::chrono::milliseconds timeout{0};
   std::string owner;
@@ -381,6 +383,7 @@ bulk_listener::bulk_listener(const std::string& host, std::uint16_t port, ring_a
     : impl_(std::make_unique<impl>()) {
   auto& s = *impl_;
   s.socket = std::make_unique<listener>(ipv4_of(host), port);
+  s.port = s.socket->port();
   s.auth = std::move(auth);
   s.timeout = timeout;
   s.owner = std::move(owner);
@@ -393,6 +396,9 @@ bulk_listener::~bulk_listener() {
   auto& s = *impl_;
   s.stopping = true;
   s.acceptor.join();
+  // Closed first, so that a connection attempt from now on is refused at once rather than left in
+  // the backlog with nobody to prove it.
+  s.socket.reset();
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     for (auto& c : s.connections) {
@@ -404,7 +410,7 @@ bulk_listener::~bulk_listener() {
   for (auto& c : s.connections) c.thread.join();
 }
 
-std::uint16_t bulk_listener::port() const noexcept { return impl_->socket->port(); }
+std::uint16_t bulk_listener::port() const noexcept { return impl_->port; }
 std::uint64_t bulk_listener::refused() const noexcept { return impl_->refused; }
 
 }  // namespace troupe::transport
