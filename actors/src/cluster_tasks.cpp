@@ -45,14 +45,23 @@ caf::expected<caf::actor> connect(caf::actor_system& system, const std::string& 
 
 // --- the task agent ---------------------------------------------------------------------------
 
-// A shard: its bytes (the runtime's encoding of the tensor) behind a reader-writer lock, shared by
-// its actor (the control plane's reads and updates) and the ps task's data connections. A read
-// holds the shared lock while it copies or sends the bytes; an update, whole in hand, is applied
-// under the exclusive lock: a read sees the shard before or after an update, never in between.
+// A shard: its bytes (the runtime's encoding of the tensor), shared by its actor (the control
+// plane's reads and updates) and the ps task's data connections. A read takes a reference to the
+// bytes under the shared lock and sends them after releasing it, so that a reader that stalls
+// (a stopped worker) never holds up the updates. An update, whole in hand, is applied under the
+// exclusive lock, in place when no read holds the bytes, else to a copy that then replaces them
+// (copy on write): a read sees the shard before or after an update, never in between.
 struct shard_cell {
   std::shared_mutex mutex;
-  std::string value;
+  std::shared_ptr<std::string> value = std::make_shared<std::string>();
   shard_layout layout;
+
+  // The bytes to change, with the exclusive lock held: no new reference can be taken meanwhile,
+  // so a count of one means no read holds them.
+  std::string& writable() {
+    if (value.use_count() > 1) value = std::make_shared<std::string>(*value);
+    return *value;
+  }
 };
 
 // The ps task's shards by key, for its data connections.
@@ -80,17 +89,22 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_pt
   return {
       [=](vread_atom) -> std::string {
         auto& c = *self->state.cell;
-        std::shared_lock<std::shared_mutex> lock(c.mutex);
-        return c.value;
+        std::shared_ptr<std::string> bytes;
+        {
+          std::shared_lock<std::shared_mutex> lock(c.mutex);
+          bytes = c.value;
+        }
+        return *bytes;
       },
       [=](vupdate_atom, std::uint8_t op, const std::string& delta) -> caf::result<bool> {
         if (!handlers->update) return runtime_error("this task holds no variables");
         auto& c = *self->state.cell;
         try {
           std::unique_lock<std::shared_mutex> lock(c.mutex);
-          if (auto bad = handlers->update(c.value, op, delta)) return runtime_error(*bad);
+          auto& bytes = c.writable();
+          if (auto bad = handlers->update(bytes, op, delta)) return runtime_error(*bad);
           if (handlers->layout) {
-            if (auto l = handlers->layout(c.value)) c.layout = *l;
+            if (auto l = handlers->layout(bytes)) c.layout = *l;
           }
         } catch (const std::exception& e) {
           return runtime_error(e.what());
@@ -115,10 +129,16 @@ void serve_shards(transport::bulk_stream& s, shard_store& store, const task_hand
     if (!cell) bad = "no variable shard '" + r->key.substr(0, 64) + "' on " + task;
     if (r->kind == transport::bulk_request::read) {
       if (bad.empty()) {
-        std::shared_lock<std::shared_mutex> lock(cell->mutex);
-        bad = mismatch(cell->layout);
+        std::shared_ptr<const std::string> bytes;
+        shard_layout layout;
+        {
+          std::shared_lock<std::shared_mutex> lock(cell->mutex);
+          bytes = cell->value;
+          layout = cell->layout;
+        }
+        bad = mismatch(layout);
         if (bad.empty()) {
-          s.send_reply(cell->value.data() + cell->layout.offset, cell->layout.nbytes);
+          s.send_reply(bytes->data() + layout.offset, layout.nbytes);
           continue;
         }
       }
@@ -153,7 +173,7 @@ void serve_shards(transport::bulk_stream& s, shard_store& store, const task_hand
     {
       std::unique_lock<std::shared_mutex> lock(cell->mutex);
       failed = mismatch(cell->layout).empty()
-                   ? h.combine(cell->value.data() + cell->layout.offset, buffer.data(), n, r->dtype, r->op)
+                   ? h.combine(cell->writable().data() + cell->layout.offset, buffer.data(), n, r->dtype, r->op)
                    : std::optional<std::string>(mismatch(cell->layout));
     }
     if (failed) {
@@ -338,7 +358,7 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
             return runtime_error("variable shard '" + key + "' on " + st.task + ": " + e.what());
           }
         }
-        cell->value = std::move(bytes);
+        cell->value = std::make_shared<std::string>(std::move(bytes));
         if (auto old = shard_of(key)) self->send_exit(old, caf::exit_reason::user_shutdown);
         st.store->put(key, cell);
         st.shards[key] = self->spawn(shard_actor, std::move(cell), st.handlers);

@@ -24,9 +24,11 @@
 //      connects there once per ps task, both sides prove the cluster token bound to that secret,
 //      and reads and updates then carry the shard's raw elements, sent from the shard's storage and
 //      read straight into the destination. A shard is one cell behind a reader-writer lock: a read
-//      sends its bytes under the shared lock, an update is received whole into the connection's
-//      buffer and applied under the exclusive lock, so a read sees a shard before or after an
-//      update, never in between (the shard actor's own reads and updates take the same lock).
+//      takes a reference to its bytes under the shared lock and sends them after releasing it; an
+//      update is received whole into the connection's buffer and applied under the exclusive
+//      lock, in place, or to a copy when a read still holds the bytes (copy on write). A read sees
+//      a shard before or after an update, never in between, and a stalled reader holds up no
+//      update (the shard actor's own reads and updates take the same lock).
 //   5b. Heartbeats: the agent's answer to hello names its pulse, an actor apart from the agent's
 //      thread. Every heartbeat_interval the dispatcher asks each pulse (beat, interval, missed);
 //      a worker silent for more than missed intervals is lost as in 4 and taken back when it
