@@ -273,7 +273,9 @@ class dispatcher {
 };
 
 /// A worker's connections to the ps tasks, made on first use, for functions that read and update
-/// variables. Thread-safe.
+/// variables. Thread-safe. read, update, read_many and update_many carry encoded shards through
+/// CAF (the control plane); read_into and update_from carry raw elements over the ps tasks' data
+/// connections (5a), which is what FunctionContext uses.
 class shard_client {
  public:
   shard_client(caf::actor_system& system, std::string task, std::vector<task_endpoint> ps,
