@@ -22,7 +22,7 @@ using namespace troupe::distribute;
 
 namespace {
 
-const std::int64_t sizes[] = {4 << 10, 64 << 10, 1 << 20, 16 << 20};
+const std::int64_t sizes[] = {4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20};
 
 std::string var_name(std::int64_t bytes) { return "v" + std::to_string(bytes); }
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
+SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 
 
 def free_ports(n):

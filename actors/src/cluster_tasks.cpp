@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <iostream>
 #include <mutex>
+#include <shared_mutex>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
@@ -13,7 +14,9 @@
 #include "caf/openssl/all.hpp"
 #include "control_tls.hpp"
 #include "openssl/err.h"
+#include "openssl/rand.h"
 #include "protocol.hpp"
+#include "troupe/transport/bulk_channel.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -42,28 +45,143 @@ caf::expected<caf::actor> connect(caf::actor_system& system, const std::string& 
 
 // --- the task agent ---------------------------------------------------------------------------
 
-// The shard's bytes live in a message, so that a read answers with the message itself (shared,
-// not copied); an update writes in place, copying only while a read still holds the bytes.
-struct shard_state {
-  caf::message value;
+// A shard: its bytes (the runtime's encoding of the tensor), shared by its actor (the control
+// plane's reads and updates) and the ps task's data connections. A read takes a reference to the
+// bytes under the shared lock and sends them after releasing it, so that a reader that stalls
+// (a stopped worker) never holds up the updates. An update, whole in hand, is applied under the
+// exclusive lock, in place when no read holds the bytes, else to a copy that then replaces them
+// (copy on write): a read sees the shard before or after an update, never in between.
+struct shard_cell {
+  std::shared_mutex mutex;
+  std::shared_ptr<std::string> value = std::make_shared<std::string>();
+  shard_layout layout;
+
+  // The bytes to change, with the exclusive lock held: no new reference can be taken meanwhile,
+  // so a count of one means no read holds them.
+  std::string& writable() {
+    if (value.use_count() > 1) value = std::make_shared<std::string>(*value);
+    return *value;
+  }
 };
 
-caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::string value,
+// The ps task's shards by key, for its data connections.
+struct shard_store {
+  std::mutex mutex;
+  std::map<std::string, std::shared_ptr<shard_cell>> cells;
+  std::shared_ptr<shard_cell> find(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cells.find(key);
+    return it == cells.end() ? nullptr : it->second;
+  }
+  void put(const std::string& key, std::shared_ptr<shard_cell> cell) {
+    std::lock_guard<std::mutex> lock(mutex);
+    cells[key] = std::move(cell);
+  }
+};
+
+struct shard_state {
+  std::shared_ptr<shard_cell> cell;
+};
+
+caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_ptr<shard_cell> cell,
                           std::shared_ptr<const task_handlers> handlers) {
-  self->state.value = caf::make_message(std::move(value));
+  self->state.cell = std::move(cell);
   return {
-      [=](vread_atom) -> caf::message { return self->state.value; },
+      [=](vread_atom) -> std::string {
+        auto& c = *self->state.cell;
+        std::shared_ptr<std::string> bytes;
+        {
+          std::shared_lock<std::shared_mutex> lock(c.mutex);
+          bytes = c.value;
+        }
+        return *bytes;
+      },
       [=](vupdate_atom, std::uint8_t op, const std::string& delta) -> caf::result<bool> {
         if (!handlers->update) return runtime_error("this task holds no variables");
+        auto& c = *self->state.cell;
         try {
-          auto& bytes = self->state.value.get_mutable_as<std::string>(0);
+          std::unique_lock<std::shared_mutex> lock(c.mutex);
+          auto& bytes = c.writable();
           if (auto bad = handlers->update(bytes, op, delta)) return runtime_error(*bad);
+          if (handlers->layout) {
+            if (auto l = handlers->layout(bytes)) c.layout = *l;
+          }
         } catch (const std::exception& e) {
           return runtime_error(e.what());
         }
         return true;
       },
   };
+}
+
+// Serves one proven data connection of a ps task until the peer closes it (5a of the walkthrough).
+void serve_shards(transport::bulk_stream& s, shard_store& store, const task_handlers& h, const std::string& task) {
+  std::vector<char> buffer;  // an update's bytes, kept for the next (no page faults once grown)
+  while (auto r = s.receive_request()) {
+    auto cell = store.find(r->key);
+    auto mismatch = [&](const shard_layout& l) -> std::string {
+      if (l.dtype == r->dtype && l.nbytes == r->bytes) return {};
+      return "variable shard '" + r->key.substr(0, 64) + "' on " + task + " holds " + std::to_string(l.nbytes) +
+             " bytes of element type " + std::to_string(l.dtype) + ", the request says " + std::to_string(r->bytes) +
+             " bytes of type " + std::to_string(r->dtype) + " (the variable was created again with another shape?)";
+    };
+    std::string bad;
+    if (!cell) bad = "no variable shard '" + r->key.substr(0, 64) + "' on " + task;
+    if (r->kind == transport::bulk_request::read) {
+      if (bad.empty()) {
+        std::shared_ptr<const std::string> bytes;
+        shard_layout layout;
+        {
+          std::shared_lock<std::shared_mutex> lock(cell->mutex);
+          bytes = cell->value;
+          layout = cell->layout;
+        }
+        bad = mismatch(layout);
+        if (bad.empty()) {
+          s.send_reply(bytes->data() + layout.offset, layout.nbytes);
+          continue;
+        }
+      }
+      s.send_error(bad);
+      continue;
+    }
+    // An update: its size is checked against the shard before a byte of it is read or allocated.
+    if (bad.empty()) {
+      std::shared_lock<std::shared_mutex> lock(cell->mutex);
+      bad = mismatch(cell->layout);
+    }
+    if (!bad.empty()) {
+      // Its bytes are read and dropped, so that the answer reaches the sender in order; a count
+      // beyond any shard ends the connection instead.
+      if (r->bytes > (std::uint64_t{1} << 32)) {
+        s.send_error(bad);
+        return;
+      }
+      char sink[65536];
+      for (std::uint64_t left = r->bytes; left > 0;) {
+        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(left, sizeof sink));
+        s.receive(sink, n);
+        left -= n;
+      }
+      s.send_error(bad);
+      continue;
+    }
+    const auto n = static_cast<std::size_t>(r->bytes);
+    if (buffer.size() < n) buffer.resize(n);
+    s.receive(buffer.data(), n);
+    std::optional<std::string> failed;
+    {
+      std::unique_lock<std::shared_mutex> lock(cell->mutex);
+      failed = mismatch(cell->layout).empty()
+                   ? h.combine(cell->writable().data() + cell->layout.offset, buffer.data(), n, r->dtype, r->op)
+                   : std::optional<std::string>(mismatch(cell->layout));
+    }
+    if (failed) {
+      s.send_error(*failed);
+    } else {
+      s.send_reply(nullptr, 0);
+    }
+  }
 }
 
 // Answers the chief's heartbeats apart from the agent (whose thread may be running a function for
@@ -132,6 +250,9 @@ caf::behavior pulse_actor(caf::stateful_actor<pulse_state>* self, std::shared_pt
 
 struct agent_state {
   std::string task;
+  std::shared_ptr<shard_store> store;  // the shards' cells, shared with the data connections
+  std::shared_ptr<std::atomic<std::uint16_t>> data_port;  // 0 or null: no data port (yet)
+  std::string data_secret;
   caf::actor pulse;
   std::shared_ptr<const task_handlers> handlers;
   std::map<std::string, caf::actor> shards;
@@ -144,8 +265,13 @@ void event(agent_state& st, const std::string& line) {
 }
 
 caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string task,
-                         std::shared_ptr<const task_handlers> handlers, caf::actor pulse) {
+                         std::shared_ptr<const task_handlers> handlers, caf::actor pulse,
+                         std::shared_ptr<shard_store> store, std::shared_ptr<std::atomic<std::uint16_t>> data_port,
+                         std::string data_secret) {
   self->state.task = std::move(task);
+  self->state.store = std::move(store);
+  self->state.data_port = data_port;
+  self->state.data_secret = std::move(data_secret);
   self->state.pulse = std::move(pulse);
   self->state.handlers = std::move(handlers);
   auto forget = [=](const caf::actor_addr& who, const std::string& how) {
@@ -220,11 +346,33 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         auto to = caf::actor_cast<caf::actor>(self->current_sender());
         if (to) self->send(to, result_atom::value, id, reply.ok, std::move(reply.payload));
       },
-      [=](vnew_atom, const std::string& key, std::string& bytes) -> bool {
+      [=](vnew_atom, const std::string& key, std::string& bytes) -> caf::result<bool> {
         auto& st = self->state;
+        auto cell = std::make_shared<shard_cell>();
+        if (st.handlers->layout) {
+          try {
+            auto l = st.handlers->layout(bytes);
+            if (!l) return runtime_error("variable shard '" + key + "' on " + st.task + ": malformed bytes");
+            cell->layout = *l;
+          } catch (const std::exception& e) {
+            return runtime_error("variable shard '" + key + "' on " + st.task + ": " + e.what());
+          }
+        }
+        cell->value = std::make_shared<std::string>(std::move(bytes));
         if (auto old = shard_of(key)) self->send_exit(old, caf::exit_reason::user_shutdown);
-        st.shards[key] = self->spawn(shard_actor, std::move(bytes), st.handlers);
+        st.store->put(key, cell);
+        st.shards[key] = self->spawn(shard_actor, std::move(cell), st.handlers);
         return true;
+      },
+      [=](data_atom) -> caf::result<std::string> {
+        // The port (2 bytes, little-endian), then the secret.
+        auto& st = self->state;
+        const std::uint16_t port = st.data_port ? st.data_port->load() : 0;
+        if (port == 0) return runtime_error(st.task + " has no data port (it holds no variables)");
+        std::string out(2, '\0');
+        out[0] = static_cast<char>(port & 0xff);
+        out[1] = static_cast<char>(port >> 8);
+        return out + st.data_secret;
       },
       [=](vread_atom, const std::string& key) -> caf::result<std::string> {
         auto shard = shard_of(key);
@@ -255,6 +403,8 @@ std::shared_ptr<control_credentials> make_credentials(caf::actor_system& system,
 // --- task_server ------------------------------------------------------------------------------
 
 struct task_server::impl {
+  std::unique_ptr<transport::bulk_listener> data;  // ps tasks: the shards' data connections
+  std::shared_ptr<std::atomic<std::uint16_t>> data_port;  // what the agent hands out; 0 once closing
   caf::actor_system* system = nullptr;
   std::shared_ptr<control_credentials> credentials;
   caf::actor agent;
@@ -273,9 +423,22 @@ task_server::task_server(caf::actor_system& system, std::string task, std::strin
   // Detached: functions run on the agent's own thread, never on a scheduler thread. Heartbeats are
   // answered by an actor of their own, so that a function running long is no silence.
   auto shared = std::make_shared<const task_handlers>(std::move(handlers));
+  auto store = std::make_shared<shard_store>();
+  auto data_port = std::make_shared<std::atomic<std::uint16_t>>(0);
+  std::string secret;
+  const bool holds_variables = shared->layout && shared->combine;
+  if (holds_variables) {
+    // The data port's secret: handed out over the control plane only, so that without a token
+    // too only peers that reached the agent can prove themselves there.
+    secret.resize(32);
+    if (RAND_bytes(reinterpret_cast<unsigned char*>(secret.data()), static_cast<int>(secret.size())) != 1) {
+      throw std::runtime_error("Server: " + task + ": no randomness for the data port's secret");
+    }
+  }
   auto pulse = system.spawn(pulse_actor, shared);
   s.pulse = pulse;
-  s.agent = system.spawn<caf::detached>(task_agent, task, shared, pulse);
+  s.data_port = data_port;
+  s.agent = system.spawn<caf::detached>(task_agent, task, shared, pulse, store, data_port, secret);
   auto published = s.tls ? caf::openssl::publish(s.agent, port, host.c_str(), true)
                          : system.middleman().publish(s.agent, port, host.c_str(), true);
   if (!published) {
@@ -285,10 +448,29 @@ task_server::task_server(caf::actor_system& system, std::string task, std::strin
                              system.render(published.error()));
   }
   s.port = *published;
+  if (holds_variables) {
+    // Listened on after the agent's own port, so that a free port the system picks here cannot be
+    // the one the cluster spec gave this task. Until then the agent says it has no data port.
+    try {
+      transport::ring_auth auth{s.credentials ? s.credentials->token() : std::string(), secret};
+      s.data = std::make_unique<transport::bulk_listener>(
+          host, std::uint16_t{0}, std::move(auth), std::chrono::milliseconds(60000), task + "'s data port",
+          [store, shared, task](transport::bulk_stream& stream) { serve_shards(stream, *store, *shared, task); });
+    } catch (const std::exception& e) {
+      caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(pulse, caf::exit_reason::user_shutdown);
+      throw std::runtime_error("Server: " + task + " cannot listen for variables' data on " + host + ": " + e.what());
+    }
+    *data_port = s.data->port();
+    if (shared->event) shared->event("variables' data port " + address_of(host, s.data->port()));
+  }
 }
 
 task_server::~task_server() {
   auto& s = *impl_;
+  // Workers asking for the data port from now on hear that there is none, at once.
+  if (s.data_port) *s.data_port = 0;
+  s.data.reset();
   if (s.tls) {
     caf::anon_send(s.system->openssl_manager().actor_handle(), caf::unpublish_atom::value, s.agent.address(), s.port);
   } else {
@@ -401,6 +583,9 @@ caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<
       },
       [=](vread_atom, std::int32_t p, const std::string& key) -> caf::result<std::string> {
         return forward(p, caf::make_message(vread_atom::value, key), type_tag<std::string>{});
+      },
+      [=](data_atom, std::int32_t p) -> caf::result<std::string> {
+        return forward(p, caf::make_message(data_atom::value), type_tag<std::string>{});
       },
       [=](vnew_atom, std::int32_t p, const std::string& key, std::string& bytes) -> caf::result<bool> {
         return forward(p, caf::make_message(vnew_atom::value, key, std::move(bytes)), type_tag<bool>{});
@@ -934,6 +1119,47 @@ struct shard_client::impl {
   std::vector<caf::actor> agents;
   caf::actor router;  // also what the ps agents watch: it lives as long as this client
 
+  // Per ps task, its data connection (made on first use, dropped after any failure).
+  struct data_link {
+    std::mutex mutex;
+    std::unique_ptr<transport::bulk_stream> stream;
+  };
+  std::vector<std::unique_ptr<data_link>> links;
+
+  // After a failure on the data connections of `used` (their mutexes held): each is made again next
+  // time. The control connection stays: the router knows when its ps task is lost, and says so
+  // at once when the data port is asked for again.
+  void drop(const std::set<int>& used) {
+    for (int p : used) links[static_cast<std::size_t>(p)]->stream.reset();
+  }
+
+  // Ps task p's data connection, with links[p]'s mutex held.
+  transport::bulk_stream& data(int p) {
+    auto& link = *links[static_cast<std::size_t>(p)];
+    if (link.stream) return *link.stream;
+    connect(p);
+    const auto& t = ps[static_cast<std::size_t>(p)];
+    // Through the router, which answers at once when the ps task is lost meanwhile.
+    std::string answer;
+    std::string failed;
+    caf::scoped_actor self{*system};
+    self->request(router, timeout + std::chrono::seconds(5), data_atom::value, static_cast<std::int32_t>(p))
+        .receive([&](std::string& a) { answer = std::move(a); },
+                 [&](caf::error& e) { failed = error_text(*system, e); });
+    if (failed.empty() && answer.size() < 3) failed = "a malformed answer of " + std::to_string(answer.size()) + " bytes";
+    if (!failed.empty()) {
+      std::lock_guard<std::mutex> lock(mutex);
+      agents[static_cast<std::size_t>(p)] = caf::actor{};  // reached again next time
+      throw std::runtime_error("ps task " + t.task + " gave no data port: " + failed);
+    }
+    const auto port = static_cast<std::uint16_t>(static_cast<unsigned char>(answer[0]) |
+                                                 static_cast<unsigned char>(answer[1]) << 8);
+    std::string secret = answer.substr(2);
+    transport::ring_auth auth{credentials ? credentials->token() : std::string(), std::move(secret)};
+    link.stream = transport::bulk_stream::connect(transport::endpoint{t.host, port}, auth, timeout, "ps task " + t.task);
+    return *link.stream;
+  }
+
   // Connects to ps task p on first use (and again after it was lost).
   void connect(int p) {
     const auto i = static_cast<std::size_t>(p);
@@ -973,6 +1199,7 @@ shard_client::shard_client(caf::actor_system& system, std::string task, std::vec
   s.ps = std::move(ps);
   s.timeout = timeout;
   s.agents.resize(s.ps.size());
+  for (std::size_t p = 0; p < s.ps.size(); ++p) s.links.push_back(std::make_unique<impl::data_link>());
   s.credentials = std::move(credentials);
   s.router = system.spawn(shard_router, s.ps, timeout);
 }
@@ -1039,6 +1266,102 @@ void shard_client::update_many(std::vector<shard_update> updates) {
                        });
   }
   if (bad != updates.size()) impl_->fail(updates[bad].ps, "updating variable shard '" + updates[bad].key + "'", failed);
+}
+
+namespace {
+
+// The data links of the ps tasks `used` (ascending), locked in that order for one batch.
+std::vector<std::unique_lock<std::mutex>> lock_links(shard_client::impl& c, const std::set<int>& used) {
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (int p : used) {
+    if (p < 0 || static_cast<std::size_t>(p) >= c.ps.size()) {
+      throw std::out_of_range("variable shard on ps task " + std::to_string(p) + ", but the cluster has " +
+                              std::to_string(c.ps.size()) + " ps task(s)");
+    }
+    locks.emplace_back(c.links[static_cast<std::size_t>(p)]->mutex);
+  }
+  return locks;
+}
+
+}  // namespace
+
+void shard_client::read_into(const std::vector<shard_read>& shards) {
+  auto& c = *impl_;
+  std::set<int> used;
+  for (const auto& s : shards) used.insert(s.ps);
+  auto locks = lock_links(c, used);
+  std::size_t at = 0;
+  bool sent = false;
+  try {
+    // Every request leaves first (they are small), then the answers are read in order, each
+    // straight into its place; a ps task whose answer is not read yet waits in its send.
+    for (; at < shards.size(); ++at) {
+      const auto& s = shards[at];
+      transport::bulk_request r;
+      r.kind = transport::bulk_request::read;
+      r.dtype = s.dtype;
+      r.key = s.key;
+      r.bytes = s.nbytes;
+      c.data(s.ps).send_request(r, nullptr);
+    }
+    sent = true;
+    for (at = 0; at < shards.size(); ++at) {
+      const auto& s = shards[at];
+      auto& stream = *c.links[static_cast<std::size_t>(s.ps)]->stream;
+      stream.receive_reply(s.nbytes);
+      stream.receive(s.into, s.nbytes);
+    }
+  } catch (const std::exception& e) {
+    // The connections used may hold answers not read: each is made again next time.
+    c.drop(used);
+    const auto& s = shards[std::min(at, shards.size() - 1)];
+    throw std::runtime_error(std::string(sent ? "reading" : "asking for") + " variable shard '" + s.key +
+                             "' on ps task " + c.ps[static_cast<std::size_t>(s.ps)].task + " failed: " + e.what());
+  }
+}
+
+void shard_client::update_from(const std::vector<shard_write>& updates) {
+  auto& c = *impl_;
+  std::set<int> used;
+  for (const auto& u : updates) used.insert(u.ps);
+  auto locks = lock_links(c, used);
+  std::size_t at = 0;
+  std::string failed;
+  std::size_t failed_at = updates.size();
+  try {
+    for (; at < updates.size(); ++at) {
+      const auto& u = updates[at];
+      transport::bulk_request r;
+      r.kind = transport::bulk_request::update;
+      r.op = u.op;
+      r.dtype = u.dtype;
+      r.key = u.key;
+      r.bytes = u.nbytes;
+      c.data(u.ps).send_request(r, u.from);
+    }
+    // Every update is answered; the first that failed is reported once all have been.
+    for (at = 0; at < updates.size(); ++at) {
+      auto& stream = *c.links[static_cast<std::size_t>(updates[at].ps)]->stream;
+      try {
+        stream.receive_reply(0);
+      } catch (const std::exception& e) {
+        // An error the ps task sent keeps the connection in step; anything else breaks it.
+        if (failed_at == updates.size()) {
+          failed_at = at;
+          failed = e.what();
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    failed_at = std::min(at, updates.size() - 1);
+    failed = e.what();
+  }
+  if (failed_at != updates.size()) {
+    const auto& u = updates[failed_at];
+    c.drop(used);
+    throw std::runtime_error("updating variable shard '" + u.key + "' on ps task " +
+                             c.ps[static_cast<std::size_t>(u.ps)].task + " failed: " + failed);
+  }
 }
 
 }  // namespace troupe::actors

@@ -69,7 +69,7 @@ int memory_file(const char* name, const std::function<int(BIO*)>& write) {
 
 }  // namespace
 
-control_credentials::control_credentials(const std::string& token) {
+control_credentials::control_credentials(const std::string& token) : token_(token) {
   if (token.empty()) throw std::invalid_argument("rendezvous: TLS credentials need a cluster token");
   auto seed = seed_from(token);
   std::unique_ptr<EVP_PKEY, pkey_free> key(

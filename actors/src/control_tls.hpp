@@ -26,6 +26,8 @@ class control_credentials {
 
   const std::string& certificate() const noexcept { return certificate_; }
   const std::string& key() const noexcept { return key_; }
+  /// The cluster token itself (the data connections prove it too).
+  const std::string& token() const noexcept { return token_; }
 
   /// Points `system`'s OpenSSL module at these files: every TLS session it opens from now on
   /// presents this certificate and requires the peer's to be signed by it. Throws
@@ -37,6 +39,7 @@ class control_credentials {
   int certificate_fd_ = -1;
   std::string certificate_;
   std::string key_;
+  std::string token_;
 };
 
 }  // namespace troupe::actors

@@ -72,7 +72,7 @@ using fault_atom = caf::atom_constant<caf::atom("fault")>;
 //   dispatcher -> pulse: (beat, interval ms, missed) -> bool
 //   task agent -> dispatcher: (result, id, ok, payload)
 //   anyone -> ps agent: (vnew, key, bytes) -> bool; (vread, key) -> bytes; (vupdate, key, op, bytes)
-//     -> bool
+//     -> bool; (data) -> (port, secret) of its data connections (bulk_channel.hpp)
 //   inside the chief, to its dispatch actor: (sched, id, function, args); (wup, worker, agent);
 //     (table, blob); (leave) -> bool; (cancel) -> bool; (resume); (hbset, interval ms, missed)
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
@@ -90,6 +90,7 @@ using watch_ps_atom = caf::atom_constant<caf::atom("watchps")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
 using hbset_atom = caf::atom_constant<caf::atom("hbset")>;
+using data_atom = caf::atom_constant<caf::atom("data")>;
 
 /// A member travels field by field; add_rendezvous_types announces it and the peer table.
 template <class Inspector>

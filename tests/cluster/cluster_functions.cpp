@@ -1,5 +1,6 @@
 // The functions troupe's cluster tests run on their workers, as a module troupe-worker loads.
 #include <chrono>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -35,6 +36,48 @@ TROUPE_MODULE(registry) {
   registry.add("bump_w", [](FunctionContext& ctx) {
     ctx.assign_add("w", ctx.arg(0));
     return std::vector<Tensor>{ctx.read_variable("w")};
+  });
+  // Variables "b<arg0>" of the bulk scenario: read one whole; update one (arg1: 0 assign, 1 add,
+  // 2 subtract) with arg2.
+  auto bulk_name = [](FunctionContext& ctx) { return "b" + std::to_string(ctx.arg(0).item<std::int32_t>()); };
+  registry.add("read_var", [=](FunctionContext& ctx) { return std::vector<Tensor>{ctx.read_variable(bulk_name(ctx))}; });
+  registry.add("update_var", [=](FunctionContext& ctx) {
+    const auto op = ctx.arg(1).item<std::int32_t>();
+    if (op == 0) ctx.assign(bulk_name(ctx), ctx.arg(2));
+    if (op == 1) ctx.assign_add(bulk_name(ctx), ctx.arg(2));
+    if (op == 2) ctx.assign_sub(bulk_name(ctx), ctx.arg(2));
+    return std::vector<Tensor>{};
+  });
+  // Assigns arg2 + k to f64 variable b<arg0> for k = 1..arg1: every element of the variable the
+  // same value after each update.
+  registry.add("fill", [=](FunctionContext& ctx) {
+    const auto name = bulk_name(ctx);
+    for (int k = 1; k <= ctx.arg(1).item<std::int32_t>(); ++k) ctx.assign(name, ctx.arg(2) + static_cast<double>(k));
+    return std::vector<Tensor>{};
+  });
+  // Reads f64 variable b<arg0> arg1 times while "fill" runs elsewhere; arg2 holds the first row of
+  // each shard and the row count. Returns the reads in which a shard held two values (torn) and
+  // the distinct values seen.
+  registry.add("watch", [=](FunctionContext& ctx) {
+    const auto name = bulk_name(ctx);
+    const auto bounds = ctx.arg(2).to_vector<std::int64_t>();
+    std::int64_t torn = 0;
+    std::set<double> seen;
+    for (int k = 0; k < ctx.arg(1).item<std::int32_t>(); ++k) {
+      const Tensor t = ctx.read_variable(name);
+      const auto v = t.to_vector<double>();
+      const std::size_t row = v.size() / static_cast<std::size_t>(bounds.back());
+      bool torn_here = false;
+      for (std::size_t s = 0; s + 1 < bounds.size(); ++s) {
+        const std::size_t first = static_cast<std::size_t>(bounds[s]) * row;
+        const std::size_t end = static_cast<std::size_t>(bounds[s + 1]) * row;
+        seen.insert(v[first]);
+        for (std::size_t i = first; i < end; ++i) torn_here = torn_here || v[i] != v[first];
+      }
+      torn += torn_here ? 1 : 0;
+    }
+    return std::vector<Tensor>{Tensor::scalar<std::int64_t>(torn),
+                               Tensor::scalar<std::int64_t>(static_cast<std::int64_t>(seen.size()))};
   });
   // The next element of a per-worker iterator (arg0).
   registry.add("take", [](FunctionContext& ctx) { return std::vector<Tensor>{ctx.next(0)[0]}; });

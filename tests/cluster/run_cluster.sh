@@ -26,6 +26,10 @@
 #   wrong-token    a daemon with another token is refused and the cluster goes on without it
 #   two-hosts      ps_trainer with its tasks in two network namespaces, over mutual TLS
 #   no-chief       a worker of ps_trainer whose chief never comes fails after the start timeout
+#   bulk           daemons with 2 ps tasks: variables of odd sizes and every dtype read and updated
+#                  bit-exact over the data connections, no torn shard under concurrent reads and
+#                  whole assigns, while strangers hit a ps task's data port (junk, a segment table
+#                  claiming 16 GiB, silence): refused and logged, the ps task stays small
 set -uo pipefail
 scenario="$1"
 build="$2"
@@ -51,18 +55,19 @@ fail() {
   exit 1
 }
 
-# Four free loopback ports (free when asked: another process may take one before a task binds it).
+# Five free loopback ports (free when asked: another process may take one before a task binds it).
 pick_ports() {
-  read -r p0 p1 p2 p3 < <(python3 -c '
+  read -r p0 p1 p2 p3 p4 < <(python3 -c '
 import socket
-ss = [socket.socket() for _ in range(4)]
+ss = [socket.socket() for _ in range(5)]
 for s in ss: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in ss])')
 }
 pick_ports
 host=127.0.0.1
+ps_list="\"$host:$p2\""
 cluster() {
-  echo "{\"chief\": [\"$host:$p3\"], \"worker\": [\"$host:$p0\", \"$host:$p1\"], \"ps\": [\"$host:$p2\"]}"
+  echo "{\"chief\": [\"$host:$p3\"], \"worker\": [\"$host:$p0\", \"$host:$p1\"], \"ps\": [$ps_list]}"
 }
 tf_config() { echo "{\"cluster\": $(cluster), \"task\": {\"type\": \"$1\", \"index\": $2}}"; }
 
@@ -341,7 +346,7 @@ case "$scenario" in
     ;;
   daemons)
     start_daemons
-    grep -q "functions: add, bump, bump_w, counting, empty, fail, slow, take" "$dir/w0.log" || fail "the ready line lacks the module's functions"
+    grep -q "functions: add, bump, bump_w, counting, empty, fail, fill, read_var, slow, take, update_var, watch" "$dir/w0.log" || fail "the ready line lacks the module's functions"
     TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode basic >"$dir/chief.log" 2>&1
     st=$?
     [[ $st == 0 ]] || fail "the chief exited $st"
@@ -428,6 +433,61 @@ case "$scenario" in
       eval "p=\$pid_$n"
       status_of "$p"; [[ $st == 0 ]] || fail "$n did not exit 0"
     done
+    ;;
+  bulk)
+    ps_list="\"$host:$p2\", \"$host:$p4\""
+    for t in "w0 worker:0" "w1 worker:1" "ps ps:0" "ps1 ps:1"; do
+      set -- $t
+      timeout -k 5 60 "$daemon" --task "$2" --cluster "$(cluster)" --module "$module" >"$dir/$1.log" 2>&1 &
+      pids+=($!)
+      eval "pid_$1=$!"
+    done
+    for n in w0 w1 ps ps1; do wait_for "$dir/$n.log" '^troupe-worker: ready ' 20; done
+    wait_for "$dir/ps.log" "variables' data port 127.0.0.1:[0-9]+" 20
+    data_port=$(grep -Eo "variables' data port 127.0.0.1:[0-9]+" "$dir/ps.log" | head -n 1 | cut -d: -f2)
+    # Strangers: junk, a hello whose segment table claims 16 GiB, and one that stays silent while
+    # the cluster works (refused once its time to prove itself is over).
+    timeout 30 python3 - "$data_port" >"$dir/stranger.log" 2>&1 <<'PY' &
+import socket, struct, sys, time
+port = int(sys.argv[1])
+def closed(s):
+    s.settimeout(15)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+junk = socket.create_connection(("127.0.0.1", port))
+junk.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"A" * 1000000)
+huge = socket.create_connection(("127.0.0.1", port))
+huge.sendall(struct.pack("<II", 0, 0x7FFFFFFF))
+silent = socket.create_connection(("127.0.0.1", port))
+print("junk closed:", closed(junk), flush=True)
+print("huge closed:", closed(huge), flush=True)
+print("silent connected", flush=True)
+time.sleep(3)
+print("silent closed:", closed(silent), flush=True)
+PY
+    pids+=($!)
+    stranger=$!
+    wait_for "$dir/stranger.log" '^silent connected' 20
+    grep -q "junk closed: True" "$dir/stranger.log" || fail "the junk connection was not closed"
+    grep -q "huge closed: True" "$dir/stranger.log" || fail "the 16 GiB hello was not closed"
+    TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode bulk >"$dir/chief.log" 2>&1
+    st=$?
+    [[ $st == 0 ]] || fail "the chief exited $st"
+    [[ "$(grep -c '^PASS' "$dir/chief.log")" == 2 ]] || fail "not every check of the chief passed"
+    status_of "$stranger"
+    grep -q "silent closed: True" "$dir/stranger.log" || fail "the silent connection was not closed"
+    [[ "$(grep -c 'refused a data connection from 127.0.0.1:' "$dir/ps.log")" -ge 2 ]] ||
+      fail "the ps task did not log the strangers it refused"
+    ps_pid=$(pgrep -P "$pid_ps")
+    hwm=$(awk '/VmHWM/ {print $2}' "/proc/$ps_pid/status")
+    [[ "$hwm" -lt 400000 ]] || fail "the ps task's peak memory is $hwm kB (a stranger's claim was allocated?)"
+    echo "ps task peak memory ${hwm} kB; $(grep -h '^PASS' "$dir/chief.log" | tr '\n' ' ')"
     ;;
   no-chief)
     TROUPE_START_TIMEOUT_MS=1000 start w0 worker 0 "$trainer"

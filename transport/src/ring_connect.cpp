@@ -16,6 +16,7 @@
 #include <optional>
 #include <thread>
 
+#include "proof_exchange.hpp"
 #include "ring_frames.hpp"
 #include "ring_proof.hpp"
 #include "troupe/transport/ring_index.hpp"
@@ -198,6 +199,15 @@ listener::listener(const std::string& host, std::uint16_t port) : impl_(std::mak
 
 listener::~listener() = default;
 
+int connect_socket(const endpoint& ep, const frames::deadline& until, int peer, const std::string& name) {
+  asio::io_context io;
+  tcp::socket socket = connect_with_retry(io, ep, until, peer, name);
+  boost::system::error_code ec;
+  const int fd = socket.release(ec);
+  if (ec) throw peer_error(peer, "cannot set up the connection with " + name + ": " + ec.message());
+  return fd;
+}
+
 namespace {
 
 // "10.0.0.2:41234": the remote end of a connection, for the log.
@@ -209,137 +219,6 @@ std::string remote_of(int fd) {
   inet_ntop(AF_INET, &addr.sin_addr, text, sizeof text);
   return std::string(text) + ":" + std::to_string(ntohs(addr.sin_port));
 }
-
-// One connection during its proof, as a ring_link whose both sides are its socket, so that the
-// hellos go through the same checked frame reader and writer as the collectives.
-class proof_link final : public ring_link {
- public:
-  proof_link(int fd, ring_peer who) : ring_link(who, who), fd_(fd) {}
-  std::size_t write_some(ring_side side, const iovec* iov, std::size_t count) override {
-    for (;;) {
-      msghdr msg{};
-      msg.msg_iov = const_cast<iovec*>(iov);
-      msg.msg_iovlen = std::min<std::size_t>(count, IOV_MAX);
-      const ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
-      if (w >= 0) return static_cast<std::size_t>(w);
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-      if (errno == EINTR) continue;
-      throw_gone(side);
-    }
-  }
-  std::size_t read_some(ring_side side, void* into, std::size_t n) override {
-    for (;;) {
-      const ssize_t r = read(fd_, into, n);
-      if (r > 0) return static_cast<std::size_t>(r);
-      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-      if (r < 0 && errno == EINTR) continue;
-      throw_gone(side);
-    }
-  }
-  bool wait(const ring_wants&, int) override { return true; }  // the caller polls
-  void shutdown() noexcept override {}
-
- private:
-  int fd_;
-};
-
-// A connection's proof: the three hellos of connect_ring's walkthrough, from either side, driven
-// without blocking. A failure is std::runtime_error with what was wrong.
-class proof_exchange {
- public:
-  enum class role { connecting, accepting };
-
-  proof_exchange(role r, int fd, const ring_auth& auth, std::uint32_t version, int self, int expected_peer,
-                 int size, std::string name)
-      : role_(r),
-        fd_(fd),
-        auth_(auth),
-        version_(version),
-        self_(static_cast<std::uint32_t>(self)),
-        peer_(static_cast<std::uint32_t>(expected_peer)),
-        size_(static_cast<std::uint32_t>(size)),
-        link_(fd, ring_peer{expected_peer, std::move(name)}),
-        mine_(proof::fresh_nonce()) {
-    if (role_ == role::connecting) out_.start_hello(version_, self_, size_, mine_, {});
-    in_.start(hello_words);
-  }
-
-  int fd() const { return fd_; }
-  bool done() const { return stage_ == 2 && out_.done(); }
-  short events() const { return static_cast<short>(POLLIN | (out_.done() ? 0 : POLLOUT)); }
-
-  // Moves the exchange on as far as the socket allows now.
-  void progress() {
-    for (;;) {
-      if (!out_.done()) out_.progress(link_);
-      if (stage_ == 2 || !out_.done()) return;
-      in_.progress(link_);
-      if (!in_.done()) return;
-      const frames::hello_fields h = in_.take_hello();
-      check(h);
-      if (role_ == role::accepting && stage_ == 0) {
-        // The connecting side's nonce: answer with ours and our proof over both.
-        theirs_ = h.nonce;
-        out_.start_hello(version_, self_, size_, mine_, make(proof::side::accepting));
-        in_.start(hello_words);
-        stage_ = 1;
-      } else if (role_ == role::accepting) {
-        if (!proof::matches(h.proof, make(proof::side::connecting))) throw std::runtime_error(failed_proof());
-        stage_ = 2;
-      } else {
-        theirs_ = h.nonce;
-        if (!proof::matches(h.proof, make(proof::side::accepting))) throw std::runtime_error(failed_proof());
-        out_.start_hello(version_, self_, size_, {}, make(proof::side::connecting));
-        stage_ = 2;
-      }
-    }
-  }
-
- private:
-  static constexpr std::size_t hello_words = 64;
-
-  std::vector<std::uint8_t> make(proof::side by) const {
-    const bool connecting = role_ == role::connecting;
-    return proof::make(auth_, version_, by, size_, connecting ? self_ : peer_, connecting ? peer_ : self_,
-                       connecting ? mine_ : theirs_, connecting ? theirs_ : mine_);
-  }
-
-  static std::string failed_proof() {
-    return "its hello failed the proof (another cluster token, another incarnation of the cluster, or a replayed "
-           "hello)";
-  }
-
-  void check(const frames::hello_fields& h) const {
-    if (h.magic != frames::hello_magic) throw std::runtime_error("it does not speak troupe's protocol");
-    if (h.version != version_) {
-      throw std::runtime_error("it speaks protocol version " + std::to_string(h.version) + ", this worker " +
-                               std::to_string(version_));
-    }
-    if (h.rank != peer_ || h.size != size_) {
-      throw std::runtime_error("it says rank " + std::to_string(h.rank) + " of " + std::to_string(h.size) +
-                               ", expected rank " + std::to_string(peer_) + " of " + std::to_string(size_));
-    }
-    const bool nonce_due = role_ == role::accepting ? stage_ == 0 : true;
-    if (nonce_due && h.nonce.size() != proof::nonce_bytes) {
-      throw std::runtime_error("its hello has a nonce of " + std::to_string(h.nonce.size()) + " bytes, expected " +
-                               std::to_string(proof::nonce_bytes));
-    }
-  }
-
-  role role_;
-  int fd_;
-  const ring_auth& auth_;
-  std::uint32_t version_;
-  std::uint32_t self_;
-  std::uint32_t peer_;
-  std::uint32_t size_;
-  proof_link link_;
-  frames::frame_writer out_{ring_side::prev};
-  frames::frame_reader in_{ring_side::prev};
-  std::vector<std::uint8_t> mine_;
-  std::vector<std::uint8_t> theirs_;
-  int stage_ = 0;  // 0: first hello awaited, 1: the last (accepting side), 2: done
-};
 
 // A connection accepted on the listener whose proof is under way; owns its socket.
 struct pending_connection {

@@ -264,6 +264,38 @@ std::optional<std::string> update_in_place(std::string& value, std::uint8_t op, 
   return std::nullopt;
 }
 
+std::optional<actors::shard_layout> shard_layout_of(const std::string& value) {
+  reader r(value, "variable shard");
+  r.magic(tensor_magic);
+  const auto v = r.tensor_view();
+  r.end();
+  actors::shard_layout l;
+  l.offset = v.offset;
+  l.nbytes = v.nbytes;
+  l.dtype = wire_dtype(v.dtype);
+  return l;
+}
+
+std::uint8_t wire_dtype(DType t) { return static_cast<std::uint8_t>(t); }
+
+std::optional<std::string> combine_raw(char* value, const char* delta, std::size_t nbytes, std::uint8_t dtype,
+                                       std::uint8_t op) {
+  if (op == 0) {
+    std::memcpy(value, delta, nbytes);
+    return std::nullopt;
+  }
+  if (op != 1 && op != 2) return "update operation " + std::to_string(op) + " is unknown (0 assign, 1 add, 2 subtract)";
+  const int sign = op == 1 ? 1 : -1;
+  switch (dtype) {
+    case 0: combine<float>(value, delta, nbytes / sizeof(float), sign); break;
+    case 1: combine<double>(value, delta, nbytes / sizeof(double), sign); break;
+    case 2: combine<std::int32_t>(value, delta, nbytes / sizeof(std::int32_t), sign); break;
+    case 3: combine<std::int64_t>(value, delta, nbytes / sizeof(std::int64_t), sign); break;
+    default: return "element type " + std::to_string(dtype) + " is unknown";
+  }
+  return std::nullopt;
+}
+
 std::string encode_table(const VariableTable& table) {
   writer w;
   w.put(table_magic);

@@ -113,25 +113,29 @@ const std::string& FunctionContext::task() const noexcept { return services_->ta
 Tensor FunctionContext::read_variable(const std::string& name) { return read_variables({name}).at(0); }
 
 std::vector<Tensor> FunctionContext::read_variables(const std::vector<std::string>& names) {
-  std::vector<ShardedVariable> vars;
+  // Each variable's tensor is made once, at its registered shape and dtype, and every shard's
+  // elements are read from the ps task's data connection straight into its rows.
+  std::vector<Tensor> out;
   std::shared_ptr<actors::shard_client> client;
-  std::vector<std::pair<int, std::string>> shards;
+  std::vector<actors::shard_client::shard_read> shards;
   for (const auto& name : names) {
     auto [v, c] = services_->variable(name);
     client = c;
-    for (const auto& s : v.shards) shards.emplace_back(s.ps, s.key);
-    vars.push_back(std::move(v));
+    Tensor t = Tensor::empty(v.shape, v.dtype);
+    char* base = static_cast<char*>(t.raw_mutable_data());
+    const std::size_t row_bytes = v.shape.empty() || v.shape[0] == 0 ? t.nbytes() : t.nbytes() / static_cast<std::size_t>(v.shape[0]);
+    std::int64_t row = 0;
+    for (const auto& s : v.shards) {
+      const std::size_t n = static_cast<std::size_t>(s.rows) * row_bytes;
+      if (static_cast<std::size_t>(row) * row_bytes + n > t.nbytes()) {
+        throw std::invalid_argument("variable " + base::quoted(name) + ": its shards do not fit its shape");
+      }
+      shards.push_back({s.ps, s.key, base + static_cast<std::size_t>(row) * row_bytes, n, detail::wire_dtype(v.dtype)});
+      row += s.rows;
+    }
+    out.push_back(std::move(t));
   }
-  std::vector<Tensor> out;
-  if (shards.empty()) return out;
-  auto bytes = client->read_many(shards);
-  std::size_t next = 0;
-  for (const auto& v : vars) {
-    std::vector<Tensor> pieces;
-    pieces.reserve(v.shards.size());
-    for (std::size_t i = 0; i < v.shards.size(); ++i) pieces.push_back(detail::decode_tensor(bytes[next++]));
-    out.push_back(detail::join_rows(pieces, v.shape, v.dtype));
-  }
+  if (!shards.empty()) client->read_into(shards);
   return out;
 }
 
@@ -141,7 +145,8 @@ void FunctionContext::update(const std::vector<std::string>& names, const std::v
     throw std::invalid_argument("variable update: " + std::to_string(names.size()) + " names and " +
                                 std::to_string(deltas.size()) + " values (expected one value per name)");
   }
-  std::vector<actors::shard_client::shard_update> updates;
+  // Every shard's rows are sent from where they lie in the value.
+  std::vector<actors::shard_client::shard_write> updates;
   std::shared_ptr<actors::shard_client> client;
   for (std::size_t k = 0; k < names.size(); ++k) {
     const auto& name = names[k];
@@ -155,13 +160,22 @@ void FunctionContext::update(const std::vector<std::string>& names, const std::v
                                   std::string(dtype_name(v.dtype)) + " with " + std::to_string(v.shape.size()) +
                                   " dims (shapes must match)");
     }
+    const char* base = static_cast<const char*>(delta.raw_data());
+    const std::size_t row_bytes =
+        v.shape.empty() || v.shape[0] == 0 ? delta.nbytes() : delta.nbytes() / static_cast<std::size_t>(v.shape[0]);
     std::int64_t row = 0;
     for (const auto& s : v.shards) {
-      updates.push_back({s.ps, s.key, op, detail::encode_tensor(detail::rows_of(delta, row, s.rows))});
+      const std::size_t n = static_cast<std::size_t>(s.rows) * row_bytes;
+      if (static_cast<std::size_t>(row) * row_bytes + n > delta.nbytes()) {
+        throw std::invalid_argument("variable " + base::quoted(name) + ": its shards do not fit its shape");
+      }
+      updates.push_back({s.ps, s.key, op, base + static_cast<std::size_t>(row) * row_bytes, n,
+                         detail::wire_dtype(v.dtype)});
       row += s.rows;
     }
   }
-  if (!updates.empty()) client->update_many(std::move(updates));
+  // The deltas live until update_from returns: it sends from their storage.
+  if (!updates.empty()) client->update_from(updates);
 }
 
 void FunctionContext::assign_add(const std::string& name, const Tensor& delta) { update({name}, {delta}, 1); }
@@ -347,6 +361,8 @@ Server::Server(Runtime& runtime, const ClusterSpec& cluster, const std::string& 
     };
   } else {
     h.update = detail::update_in_place;
+    h.layout = detail::shard_layout_of;
+    h.combine = detail::combine_raw;
   }
   h.event = [self](const std::string& line) { self->log(line); };
   h.chief_came = [self] {

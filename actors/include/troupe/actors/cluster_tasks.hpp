@@ -19,6 +19,16 @@
 //   5. Variable shards are actors on the ps tasks: (vnew, key, bytes) creates one, (vread, key)
 //      answers its bytes, (vupdate, key, op, bytes) applies an update as it arrives (updates from
 //      different workers are not ordered, as in TensorFlow).
+//   5a. A shard's bytes also travel beside CAF: each ps task listens on a data port
+//      (transport/bulk_channel.hpp) and answers (data) with its port and a fresh secret; a worker
+//      connects there once per ps task, both sides prove the cluster token bound to that secret,
+//      and reads and updates then carry the shard's raw elements, sent from the shard's storage and
+//      read straight into the destination. A shard is one cell behind a reader-writer lock: a read
+//      takes a reference to its bytes under the shared lock and sends them after releasing it; an
+//      update is received whole into the connection's buffer and applied under the exclusive
+//      lock, in place, or to a copy when a read still holds the bytes (copy on write). A read sees
+//      a shard before or after an update, never in between, and a stalled reader holds up no
+//      update (the shard actor's own reads and updates take the same lock).
 //   5b. Heartbeats: the agent's answer to hello names its pulse, an actor apart from the agent's
 //      thread. Every heartbeat_interval the dispatcher asks each pulse (beat, interval, missed);
 //      a worker silent for more than missed intervals is lost as in 4 and taken back when it
@@ -149,7 +159,15 @@ struct call_reply {
   std::string payload;
 };
 
-/// What a task agent does with what it receives; all run on the agent's own thread.
+/// Where a shard's elements lie in its bytes (the runtime's encoding), for the data connections.
+struct shard_layout {
+  std::size_t offset = 0;  ///< the first element's byte
+  std::size_t nbytes = 0;  ///< the elements' bytes
+  std::uint8_t dtype = 0;  ///< the runtime's element type
+};
+
+/// What a task agent does with what it receives; all but layout and combine run on the agent's
+/// own thread (those two on a data connection's thread, or a shard actor's).
 struct task_handlers {
   /// Runs a function (worker tasks).
   std::function<call_reply(const std::string& function, const std::string& args)> call;
@@ -157,6 +175,15 @@ struct task_handlers {
   std::function<void(const std::string& blob)> table;
   /// Applies an update to a shard's bytes in place; an error message, or nothing (ps tasks).
   std::function<std::optional<std::string>(std::string& value, std::uint8_t op, const std::string& delta)> update;
+  /// Where a shard's elements lie (ps tasks; an error message when its bytes are malformed). Set:
+  /// the task listens on a data port.
+  std::function<std::optional<shard_layout>(const std::string& value)> layout;
+  /// Applies `nbytes` bytes of raw elements of `dtype` at `delta` to `value` (op 0 assign, 1 add,
+  /// 2 subtract); the caller checked dtype and size against the shard's layout. An error message
+  /// for an op it does not know.
+  std::function<std::optional<std::string>(char* value, const char* delta, std::size_t nbytes, std::uint8_t dtype,
+                                           std::uint8_t op)>
+      combine;
   /// One line per event: a peer connected, left or was lost.
   std::function<void(const std::string& line)> event;
   /// A chief connected.
@@ -264,7 +291,9 @@ class dispatcher {
 };
 
 /// A worker's connections to the ps tasks, made on first use, for functions that read and update
-/// variables. Thread-safe.
+/// variables. Thread-safe. read, update, read_many and update_many carry encoded shards through
+/// CAF (the control plane); read_into and update_from carry raw elements over the ps tasks' data
+/// connections (5a), which is what FunctionContext uses.
 class shard_client {
  public:
   shard_client(caf::actor_system& system, std::string task, std::vector<task_endpoint> ps,
@@ -286,6 +315,31 @@ class shard_client {
   /// Applies several updates with every request in flight at once; waits for all of them, then
   /// throws for the first that failed.
   void update_many(std::vector<shard_update> updates);
+
+  /// One shard of read_into: its elements' bytes go to `into` (`nbytes` of `dtype`, what the
+  /// variable's registered shape and dtype say; a ps task that answers otherwise is an error).
+  struct shard_read {
+    int ps = 0;
+    std::string key;
+    void* into = nullptr;
+    std::size_t nbytes = 0;
+    std::uint8_t dtype = 0;
+  };
+  /// Reads shards' raw elements over the ps tasks' data connections, straight into place; throws
+  /// std::runtime_error naming the ps task (its connection is made again next time).
+  void read_into(const std::vector<shard_read>& shards);
+  /// One update of update_from: `nbytes` raw elements of `dtype` at `from`, applied with `op`.
+  struct shard_write {
+    int ps = 0;
+    std::string key;
+    std::uint8_t op = 0;
+    const void* from = nullptr;
+    std::size_t nbytes = 0;
+    std::uint8_t dtype = 0;
+  };
+  /// Applies updates over the data connections, sent from where they lie; waits for every one,
+  /// then throws for the first that failed, naming its ps task.
+  void update_from(const std::vector<shard_write>& updates);
 
   struct impl;
 

@@ -1,0 +1,113 @@
+// A ps task's data port, in-process over loopback: a task_server holding a shard, a worker's
+// shard_client, and a reader that stops reading in the middle of a shard.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "../../actors/src/protocol.hpp"
+#include "caf/all.hpp"
+#include "caf/io/all.hpp"
+#include "troupe/actors/cluster_tasks.hpp"
+#include "troupe/transport/bulk_channel.hpp"
+
+using namespace troupe::actors;
+using namespace std::chrono_literals;
+namespace tt = troupe::transport;
+
+namespace {
+
+struct node {
+  node() {
+    cfg.load<caf::io::middleman>();
+    system = std::make_unique<caf::actor_system>(cfg);
+  }
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> system;
+};
+
+// Shards of plain bytes: the elements are the whole value, an update assigns (op 0) or adds.
+task_handlers byte_shards() {
+  task_handlers h;
+  h.layout = [](const std::string& v) { return std::optional<shard_layout>(shard_layout{0, v.size(), 0}); };
+  h.combine = [](char* value, const char* delta, std::size_t n, std::uint8_t, std::uint8_t op) {
+    if (op == 0) {
+      std::memcpy(value, delta, n);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) value[i] = static_cast<char>(value[i] + delta[i]);
+    }
+    return std::optional<std::string>();
+  };
+  return h;
+}
+
+// Whether every byte of `s` is `c` (a CHECK on this prints a bool, not megabytes).
+bool every_byte_is(const std::string& s, char c) {
+  return s.find_first_not_of(c) == std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("a reader that stops in the middle of a shard holds up no update, and sees the shard whole") {
+  node ps_node;
+  node worker_node;
+  const std::string task = "/job:ps/replica:0/task:0";
+  task_server ps(*ps_node.system, task, "127.0.0.1", 0, nullptr, byte_shards());
+  const std::size_t n = 32u << 20;  // well beyond what the sockets' buffers hold
+
+  auto agent = worker_node.system->middleman().remote_actor("127.0.0.1", ps.port());
+  REQUIRE(agent);
+  caf::scoped_actor self{*worker_node.system};
+  bool created = false;
+  self->request(*agent, 10s, vnew_atom::value, std::string("s"), std::string(n, 'a'))
+      .receive([&](bool ok) { created = ok; }, [](caf::error&) {});
+  REQUIRE(created);
+  std::string answer;
+  self->request(*agent, 10s, data_atom::value).receive([&](std::string& a) { answer = a; }, [](caf::error&) {});
+  REQUIRE(answer.size() == 2 + 32);
+  const auto port = static_cast<std::uint16_t>(static_cast<unsigned char>(answer[0]) |
+                                               static_cast<unsigned char>(answer[1]) << 8);
+
+  // A worker asks for the whole shard, takes its first bytes and stops reading.
+  auto stalled = tt::bulk_stream::connect(tt::endpoint{"127.0.0.1", port}, tt::ring_auth{"", answer.substr(2)}, 10000ms,
+                                          "ps task 0");
+  tt::bulk_request r;
+  r.key = "s";
+  r.bytes = n;
+  stalled->send_request(r, nullptr);
+  stalled->receive_reply(n);
+  std::string head(16, '\0');
+  stalled->receive(head.data(), head.size());
+  CHECK(every_byte_is(head, 'a'));
+
+  // Another worker's update goes through at once, and its reads see it.
+  shard_client client(*worker_node.system, "/job:worker/replica:0/task:0", {task_endpoint{task, "127.0.0.1", ps.port()}},
+                      nullptr, 10000ms);
+  const std::string delta(n, 'b');
+  const auto t0 = std::chrono::steady_clock::now();
+  client.update_from({shard_client::shard_write{0, "s", 0, delta.data(), n, 0}});
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  std::string back(n, '\0');
+  client.read_into({shard_client::shard_read{0, "s", back.data(), n, 0}});
+  CHECK(every_byte_is(back, 'b'));
+  const std::string one(n, '\1');
+  client.update_from({shard_client::shard_write{0, "s", 1, one.data(), n, 0}});
+  client.read_into({shard_client::shard_read{0, "s", back.data(), n, 0}});
+  CHECK(every_byte_is(back, 'c'));
+
+  // The stalled reader, reading again, gets the shard as it was when it asked: whole.
+  std::string rest(n - head.size(), '\0');
+  stalled->receive(rest.data(), rest.size());
+  CHECK(every_byte_is(rest, 'a'));
+
+  // A read of a size other than the shard's is refused by the ps task, naming it.
+  try {
+    client.read_into({shard_client::shard_read{0, "s", back.data(), n - 1, 0}});
+    FAIL("a read of the wrong size was answered");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()).find("reading variable shard 's' on ps task " + task + " failed: ps task " + task +
+                                     ": variable shard 's' on " + task + " holds 33554432 bytes") == 0);
+  }
+}

@@ -1,0 +1,118 @@
+#pragma once
+
+// The data connections of the ps tasks: a variable shard's bytes beside the control plane, sent
+// from the shard's storage and read straight into the destination tensor.
+//
+// The protocol, numbered as it happens:
+//   1. A ps task listens on a data port (bulk_listener) and hands out the port and a fresh random
+//      secret over the control plane, which only peers that proved the cluster token reach.
+//   2. A worker connects (bulk_stream::connect) and both sides run ring_connect's proof (three
+//      hellos, HMAC-SHA256 under the cluster token over both nonces), with the secret as the
+//      incarnation: without a token the secret alone keeps strangers out. A connection that fails
+//      the proof, or does not finish it in time, is refused and logged with its address before a
+//      request is read; nothing it claims is allocated (a hello is at most 64 words).
+//   3. Requests, answered one at a time in order: a 24-byte header (magic, kind, op, dtype, key
+//      length, byte count), the key, and for an update the bytes themselves. The receiver checks
+//      the header (magic, kind, a key of at most bulk_max_key bytes) and the byte count against
+//      the shard's registered dtype and size before it reads a byte of the data.
+//   4. Every request is answered by a 16-byte header (magic, status, byte count), then the shard's
+//      bytes (a read), nothing (an update), or the error's text (at most bulk_max_error bytes).
+//      A reply whose byte count is not what the requester expects is an error naming the peer.
+// Every wait has a bound: a peer that stalls mid-frame for longer than the timeout, closes early or
+// sends a malformed header is a std::runtime_error naming it, and its connection is dropped.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "troupe/transport/ring_connect.hpp"
+
+namespace troupe::transport {
+
+/// One request on a data connection.
+struct bulk_request {
+  enum : std::uint8_t { read = 1, update = 2 };
+  std::uint8_t kind = read;
+  std::uint8_t op = 0;     ///< an update's operation (its meaning is the receiver's)
+  std::uint8_t dtype = 0;  ///< the element type the sender expects (checked by the receiver)
+  std::string key;
+  std::uint64_t bytes = 0;  ///< an update: the bytes that follow; a read: the bytes expected
+};
+
+/// The longest key, and the longest error text, a data connection carries.
+constexpr std::size_t bulk_max_key = 1024;
+constexpr std::size_t bulk_max_error = 4096;
+
+/// One proven data connection, either side; owns its socket. Blocking, every wait bounded by the
+/// timeout (time without progress), except a listener's wait for the next request.
+class bulk_stream {
+ public:
+  /// Connects to `ep` (retrying while nobody listens yet) and proves the connection, all within
+  /// `timeout`; `name` names the peer in every error ("ps task /job:ps/replica:0/task:0").
+  static std::unique_ptr<bulk_stream> connect(const endpoint& ep, const ring_auth& auth,
+                                              std::chrono::milliseconds timeout, std::string name);
+  /// Takes a proven socket (the listener's side).
+  bulk_stream(int fd, std::chrono::milliseconds timeout, std::string name);
+  ~bulk_stream();
+  bulk_stream(const bulk_stream&) = delete;
+  bulk_stream& operator=(const bulk_stream&) = delete;
+
+  const std::string& name() const noexcept { return name_; }
+
+  /// Sends a request: its header, its key, then `r.bytes` bytes from `data` (an update) or none.
+  void send_request(const bulk_request& r, const void* data);
+  /// The next request, waiting as long as it takes (until the peer closes: nullopt, or shutdown());
+  /// a malformed header throws naming the peer. An update's bytes are left for receive().
+  std::optional<bulk_request> receive_request();
+  /// Answers a request with `n` bytes from `data` (n may be 0).
+  void send_reply(const void* data, std::size_t n);
+  /// Answers a request with an error.
+  void send_error(const std::string& text);
+  /// Reads a reply's header: ok with exactly `expected` bytes to follow (read them with receive()),
+  /// or throws the peer's error, or an error naming the peer when the count differs.
+  void receive_reply(std::uint64_t expected);
+  /// Reads exactly `n` bytes into `into`; throws naming the peer when it closes or stalls.
+  void receive(void* into, std::size_t n);
+  /// Wakes whatever waits on this connection; it is closed for both directions.
+  void shutdown() noexcept;
+
+ private:
+  void send_all(const void* header, std::size_t header_n, const void* a, std::size_t an, const void* b,
+                std::size_t bn);
+  int fd_;
+  std::chrono::milliseconds timeout_;
+  std::string name_;
+};
+
+/// Accepts data connections on host:port (port 0: a free one; a host name is resolved to its IPv4
+/// address) and proves each on a thread of its own; a proven one is handed to `serve` on that
+/// thread, which returns when the peer is gone. Connections that fail the proof are refused and
+/// logged on stderr with their address, `owner` naming the listener; beyond `max_connections` at
+/// once, new ones are refused at once. Destruction stops accepting, shuts every connection down
+/// and joins its threads.
+class bulk_listener {
+ public:
+  bulk_listener(const std::string& host, std::uint16_t port, ring_auth auth, std::chrono::milliseconds timeout,
+                std::string owner, std::function<void(bulk_stream&)> serve, std::size_t max_connections = 64);
+  ~bulk_listener();
+  bulk_listener(const bulk_listener&) = delete;
+  bulk_listener& operator=(const bulk_listener&) = delete;
+
+  /// The port it listens on.
+  std::uint16_t port() const noexcept;
+  /// Connections refused so far (failed or unfinished proofs, too many at once).
+  std::uint64_t refused() const noexcept;
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+/// The protocol version both sides of a data connection prove.
+constexpr std::uint32_t bulk_protocol_version = 0x70730001;
+
+}  // namespace troupe::transport

@@ -1,0 +1,416 @@
+#include "troupe/transport/bulk_channel.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <thread>
+
+#include "proof_exchange.hpp"
+
+namespace troupe::transport {
+namespace {
+
+constexpr std::uint32_t request_magic = 0x64737074;  // "tpsd"
+constexpr std::uint32_t reply_magic = 0x72737074;    // "tpsr"
+constexpr std::size_t request_header_bytes = 24;
+constexpr std::size_t reply_header_bytes = 16;
+constexpr std::uint8_t status_ok = 0;
+constexpr std::uint8_t status_error = 1;
+
+// The ranks and ring size the proof is made for: the connecting side is 1, the listener 0.
+constexpr int listening_rank = 0;
+constexpr int connecting_rank = 1;
+constexpr int pair_size = 2;
+
+template <class T>
+void put(unsigned char* at, T v) {
+  std::memcpy(at, &v, sizeof v);
+}
+template <class T>
+T get(const unsigned char* at) {
+  T v;
+  std::memcpy(&v, at, sizeof v);
+  return v;
+}
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+void set_blocking_with_timeout(int fd, std::chrono::milliseconds timeout, const std::string& name) {
+  const int flags = fcntl(fd, F_GETFL);
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+  const int one = 1;
+  if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) {
+    throw std::runtime_error("cannot set up the data connection with " + name + ": " + errno_text(errno));
+  }
+}
+
+std::string remote_of(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof addr;
+  char text[INET_ADDRSTRLEN] = "?";
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || addr.sin_family != AF_INET) return "?";
+  inet_ntop(AF_INET, &addr.sin_addr, text, sizeof text);
+  return std::string(text) + ":" + std::to_string(ntohs(addr.sin_port));
+}
+
+// An IPv4 address for `host`: itself when it is one, else the first the resolver gives.
+std::string ipv4_of(const std::string& host) {
+  in_addr a{};
+  if (inet_pton(AF_INET, host.c_str(), &a) == 1) return host;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) {
+    throw std::runtime_error("data port: cannot resolve \"" + host + "\" to an IPv4 address");
+  }
+  char text[INET_ADDRSTRLEN] = "";
+  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, text, sizeof text);
+  freeaddrinfo(found);
+  return text;
+}
+
+}  // namespace
+
+// --- bulk_stream ------------------------------------------------------------------------------
+
+std::unique_ptr<bulk_stream> bulk_stream::connect(const endpoint& ep, const ring_auth& auth,
+                                                  std::chrono::milliseconds timeout, std::string name) {
+  // A proof takes milliseconds: a listener that does not answer it soon is stopped or gone.
+  const frames::deadline until(std::min(timeout, std::chrono::milliseconds(10000)));
+  // The port was handed out by a listener that is up: a refused connection means it is gone, so the
+  // connect is not retried for long.
+  const frames::deadline connect_until(std::min(timeout, std::chrono::milliseconds(500)));
+  const int fd = connect_socket(ep, connect_until, listening_rank, name);
+  auto stream = std::make_unique<bulk_stream>(fd, timeout, name);
+  try {
+    prove_connection(fd, proof_exchange::role::connecting, auth, bulk_protocol_version, connecting_rank,
+                     listening_rank, pair_size, name, until);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("the data port of " + name + " at " + ep.to_string() + " refused this task: " +
+                             e.what() + " (is the cluster token the same on every task?)");
+  }
+  set_blocking_with_timeout(fd, timeout, name);
+  return stream;
+}
+
+bulk_stream::bulk_stream(int fd, std::chrono::milliseconds timeout, std::string name)
+    : fd_(fd), timeout_(timeout), name_(std::move(name)) {}
+
+bulk_stream::~bulk_stream() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void bulk_stream::shutdown() noexcept { ::shutdown(fd_, SHUT_RDWR); }
+
+void bulk_stream::send_all(const void* header, std::size_t header_n, const void* a, std::size_t an, const void* b,
+                           std::size_t bn) {
+  iovec iov[3] = {{const_cast<void*>(header), header_n}, {const_cast<void*>(a), an}, {const_cast<void*>(b), bn}};
+  std::size_t first = 0;
+  while (first < 3) {
+    if (iov[first].iov_len == 0) {
+      ++first;
+      continue;
+    }
+    msghdr msg{};
+    msg.msg_iov = iov + first;
+    msg.msg_iovlen = 3 - first;
+    const ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        throw std::runtime_error(name_ + " took no data for " + std::to_string(timeout_.count()) +
+                                 " ms (stalled or hung?)");
+      }
+      throw std::runtime_error("sending to " + name_ + " failed: " + errno_text(errno));
+    }
+    auto left = static_cast<std::size_t>(w);
+    while (first < 3 && left >= iov[first].iov_len) {
+      left -= iov[first].iov_len;
+      iov[first].iov_len = 0;
+      ++first;
+    }
+    if (first < 3) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+      iov[first].iov_len -= left;
+    }
+  }
+}
+
+void bulk_stream::receive(void* into, std::size_t n) {
+  auto* at = static_cast<char*>(into);
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = recv(fd_, at + got, n - got, MSG_WAITALL);
+    if (r > 0) {
+      got += static_cast<std::size_t>(r);
+      continue;
+    }
+    if (r == 0) {
+      throw std::runtime_error(name_ + " closed its data connection after " + std::to_string(got) + " of " +
+                               std::to_string(n) + " bytes (truncated frame; is it lost?)");
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      throw std::runtime_error(name_ + " sent nothing for " + std::to_string(timeout_.count()) + " ms after " +
+                               std::to_string(got) + " of " + std::to_string(n) + " bytes (stalled or hung?)");
+    }
+    throw std::runtime_error("receiving from " + name_ + " failed: " + errno_text(errno));
+  }
+}
+
+void bulk_stream::send_request(const bulk_request& r, const void* data) {
+  if (r.key.size() > bulk_max_key) {
+    throw std::invalid_argument("data connection: a key of " + std::to_string(r.key.size()) + " bytes (at most " +
+                                std::to_string(bulk_max_key) + ")");
+  }
+  unsigned char h[request_header_bytes] = {};
+  put<std::uint32_t>(h, request_magic);
+  h[4] = r.kind;
+  h[5] = r.op;
+  h[6] = r.dtype;
+  put<std::uint32_t>(h + 8, static_cast<std::uint32_t>(r.key.size()));
+  put<std::uint64_t>(h + 16, r.bytes);
+  const bool with_data = r.kind == bulk_request::update;
+  send_all(h, sizeof h, r.key.data(), r.key.size(), with_data ? data : nullptr,
+           with_data ? static_cast<std::size_t>(r.bytes) : 0);
+}
+
+std::optional<bulk_request> bulk_stream::receive_request() {
+  // Idle between requests for as long as the peer likes: only a close or shutdown() ends the wait.
+  for (;;) {
+    pollfd p{fd_, POLLIN, 0};
+    const int rc = poll(&p, 1, -1);
+    if (rc > 0) break;
+    if (rc < 0 && errno != EINTR) throw std::runtime_error("data connection: poll failed: " + errno_text(errno));
+  }
+  unsigned char h[request_header_bytes];
+  {
+    const ssize_t r = recv(fd_, h, 1, 0);
+    if (r == 0) return std::nullopt;
+    if (r < 0) {
+      if (errno == ECONNRESET || errno == ENOTCONN || errno == EPIPE) return std::nullopt;
+      throw std::runtime_error("receiving from " + name_ + " failed: " + errno_text(errno));
+    }
+  }
+  receive(h + 1, sizeof h - 1);
+  bulk_request r;
+  if (get<std::uint32_t>(h) != request_magic) {
+    throw std::runtime_error(name_ + " sent a request that is not troupe's (magic " +
+                             std::to_string(get<std::uint32_t>(h)) + ")");
+  }
+  r.kind = h[4];
+  r.op = h[5];
+  r.dtype = h[6];
+  if (r.kind != bulk_request::read && r.kind != bulk_request::update) {
+    throw std::runtime_error(name_ + " sent a request of unknown kind " + std::to_string(r.kind));
+  }
+  const auto key_n = get<std::uint32_t>(h + 8);
+  if (key_n > bulk_max_key) {
+    throw std::runtime_error(name_ + " sent a key of " + std::to_string(key_n) + " bytes (at most " +
+                             std::to_string(bulk_max_key) + ")");
+  }
+  r.bytes = get<std::uint64_t>(h + 16);
+  r.key.resize(key_n);
+  receive(r.key.data(), key_n);
+  return r;
+}
+
+void bulk_stream::send_reply(const void* data, std::size_t n) {
+  unsigned char h[reply_header_bytes] = {};
+  put<std::uint32_t>(h, reply_magic);
+  h[4] = status_ok;
+  put<std::uint64_t>(h + 8, n);
+  send_all(h, sizeof h, data, n, nullptr, 0);
+}
+
+void bulk_stream::send_error(const std::string& text) {
+  const std::string cut = text.substr(0, bulk_max_error);
+  unsigned char h[reply_header_bytes] = {};
+  put<std::uint32_t>(h, reply_magic);
+  h[4] = status_error;
+  put<std::uint64_t>(h + 8, cut.size());
+  send_all(h, sizeof h, cut.data(), cut.size(), nullptr, 0);
+}
+
+void bulk_stream::receive_reply(std::uint64_t expected) {
+  unsigned char h[reply_header_bytes];
+  receive(h, sizeof h);
+  if (get<std::uint32_t>(h) != reply_magic) {
+    throw std::runtime_error(name_ + " sent a reply that is not troupe's (magic " + std::to_string(get<std::uint32_t>(h)) +
+                             ")");
+  }
+  const auto n = get<std::uint64_t>(h + 8);
+  if (h[4] == status_error) {
+    if (n > bulk_max_error) {
+      throw std::runtime_error(name_ + " sent an error of " + std::to_string(n) + " bytes (at most " +
+                               std::to_string(bulk_max_error) + ")");
+    }
+    std::string text(static_cast<std::size_t>(n), '\0');
+    receive(text.data(), text.size());
+    throw std::runtime_error(name_ + ": " + text);
+  }
+  if (h[4] != status_ok) throw std::runtime_error(name_ + " sent a reply of unknown status " + std::to_string(h[4]));
+  if (n != expected) {
+    throw std::runtime_error(name_ + " answered with " + std::to_string(n) + " bytes, expected " +
+                             std::to_string(expected) + " (the shard's registered shape and dtype)");
+  }
+}
+
+// --- bulk_listener ----------------------------------------------------------------------------
+
+struct bulk_listener::impl {
+  std::unique_ptr<listener> socket;
+  std::uint16_t port = 0;
+  ring_auth auth;
+  std::chrono::milliseconds timeout{0};
+  std::string owner;
+  std::function<void(bulk_stream&)> serve;
+  std::size_t max_connections = 64;
+  std::atomic<bool> stopping{false};
+  std::atomic<std::uint64_t> refused{0};
+
+  struct connection {
+    int fd = -1;  // until a bulk_stream owns it
+    bulk_stream* stream = nullptr;
+    std::thread thread;
+    bool finished = false;
+  };
+  std::mutex mutex;
+  std::list<connection> connections;
+  std::thread acceptor;
+
+  void refuse(const std::string& remote, const std::string& why) {
+    const auto n = ++refused;
+    // A flood is logged at powers of two.
+    if ((n & (n - 1)) == 0) {
+      std::fprintf(stderr, "troupe: %s refused a data connection from %s: %s (%llu so far)\n", owner.c_str(),
+                   remote.c_str(), why.c_str(), static_cast<unsigned long long>(n));
+    }
+  }
+
+  void reap() {  // with the mutex held: joins the threads that finished
+    for (auto it = connections.begin(); it != connections.end();) {
+      if (it->finished) {
+        it->thread.join();
+        it = connections.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void run_connection(connection* c, std::string remote) {
+    const int fd = c->fd;
+    try {
+      const frames::deadline until(std::min(timeout, std::chrono::milliseconds(10000)));
+      prove_connection(fd, proof_exchange::role::accepting, auth, bulk_protocol_version, listening_rank,
+                       connecting_rank, pair_size, "the connection from " + remote, until);
+      set_blocking_with_timeout(fd, timeout, "the connection from " + remote);
+    } catch (const std::exception& e) {
+      if (!stopping) refuse(remote, e.what());
+      std::lock_guard<std::mutex> lock(mutex);
+      close(fd);
+      c->fd = -1;
+      c->finished = true;
+      return;
+    }
+    bulk_stream stream(fd, timeout, "the data connection from " + remote);
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      c->fd = -1;
+      c->stream = &stream;
+      if (stopping) stream.shutdown();
+    }
+    try {
+      serve(stream);
+    } catch (const std::exception& e) {
+      if (!stopping) std::fprintf(stderr, "troupe: %s dropped %s: %s\n", owner.c_str(), stream.name().c_str(), e.what());
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    c->stream = nullptr;
+    c->finished = true;
+  }
+
+  void accept_loop() {
+    const int listen_fd = socket->fd();
+    while (!stopping) {
+      pollfd p{listen_fd, POLLIN, 0};
+      const int rc = poll(&p, 1, 100);
+      if (rc <= 0) continue;
+      const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));  // out of descriptors: no spin
+        }
+        continue;
+      }
+      std::string remote = remote_of(fd);
+      std::lock_guard<std::mutex> lock(mutex);
+      reap();
+      if (connections.size() >= max_connections) {
+        close(fd);
+        refuse(remote, "too many data connections at once (" + std::to_string(max_connections) + ")");
+        continue;
+      }
+      connections.emplace_back();
+      connection* c = &connections.back();
+      c->fd = fd;
+      c->thread = std::thread([this, c, remote] { run_connection(c, remote); });
+    }
+  }
+};
+
+bulk_listener::bulk_listener(const std::string& host, std::uint16_t port, ring_auth auth,
+                             std::chrono::milliseconds timeout, std::string owner,
+                             std::function<void(bulk_stream&)> serve, std::size_t max_connections)
+    : impl_(std::make_unique<impl>()) {
+  auto& s = *impl_;
+  s.socket = std::make_unique<listener>(ipv4_of(host), port);
+  s.port = s.socket->port();
+  s.auth = std::move(auth);
+  s.timeout = timeout;
+  s.owner = std::move(owner);
+  s.serve = std::move(serve);
+  s.max_connections = max_connections;
+  s.acceptor = std::thread([&s] { s.accept_loop(); });
+}
+
+bulk_listener::~bulk_listener() {
+  auto& s = *impl_;
+  s.stopping = true;
+  s.acceptor.join();
+  // Closed first, so that a connection attempt from now on is refused at once rather than left in
+  // the backlog with nobody to prove it.
+  s.socket.reset();
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    for (auto& c : s.connections) {
+      if (c.stream != nullptr) c.stream->shutdown();
+      if (c.fd >= 0) ::shutdown(c.fd, SHUT_RDWR);
+    }
+  }
+  // Each thread ends within its bounds: a proof within its deadline, a connection once shut down.
+  for (auto& c : s.connections) c.thread.join();
+}
+
+std::uint16_t bulk_listener::port() const noexcept { return impl_->port; }
+std::uint64_t bulk_listener::refused() const noexcept { return impl_->refused; }
+
+}  // namespace troupe::transport
