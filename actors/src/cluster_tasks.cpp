@@ -39,8 +39,26 @@ void clear_tls_errors(caf::actor_system& system) {
   system.middleman().backend().post([] { ERR_clear_error(); });
 }
 
-caf::expected<caf::actor> connect(caf::actor_system& system, const std::string& host, std::uint16_t port, bool tls) {
-  return tls ? caf::openssl::remote_actor(system, host, port) : system.middleman().remote_actor(host, port);
+// CAF's remote_actor waits without a bound for the peer's handshake: a task that accepts the TCP
+// connection and then says nothing (stopped, hung, or a stranger on its port) would hold the
+// caller forever. The same request to the middleman, bounded by `wait`.
+caf::expected<caf::actor> connect(caf::actor_system& system, const std::string& host, std::uint16_t port, bool tls,
+                                  std::chrono::milliseconds wait) {
+  caf::scoped_actor self{system};
+  caf::expected<caf::actor> out{caf::sec::cannot_connect_to_node};
+  auto handle = tls ? system.openssl_manager().actor_handle() : system.middleman().actor_handle();
+  self->request(handle, wait, caf::connect_atom::value, host, port)
+      .receive(
+          [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+            if (ptr) {
+              out = caf::actor_cast<caf::actor>(std::move(ptr));
+            } else {
+              out = caf::make_error(caf::sec::no_actor_published_at_port,
+                                    "no actor published at " + address_of(host, port));
+            }
+          },
+          [&](caf::error& e) { out = std::move(e); });
+  return out;
 }
 
 // --- the task agent ---------------------------------------------------------------------------
@@ -870,7 +888,7 @@ struct reached_task {
 
 caf::expected<reached_task> reach(caf::actor_system& system, const task_endpoint& t, const std::string& self_task,
                                   const caf::actor& watch, bool tls, std::chrono::milliseconds wait) {
-  auto found = connect(system, t.host, t.port, tls);
+  auto found = connect(system, t.host, t.port, tls, wait);
   if (!found) {
     if (tls) clear_tls_errors(system);
     return found.error();
@@ -904,7 +922,7 @@ void say_goodbye(const std::shared_ptr<dispatcher::impl>& d, const std::vector<b
   for (std::size_t w = 0; w < d->options.workers.size(); ++w) {
     if (reached[w] || !prompt[w]) continue;
     const auto& t = d->options.workers[w];
-    auto agent = connect(*d->system, t.host, t.port, tls);
+    auto agent = connect(*d->system, t.host, t.port, tls, std::chrono::seconds(2));
     if (!agent) {
       if (tls) clear_tls_errors(*d->system);
       continue;  // still down: its start timeout ends it
