@@ -1,5 +1,6 @@
 #include "troupe/actors/cluster_tasks.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <iostream>
@@ -1002,7 +1003,11 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
   const auto deadline = std::chrono::steady_clock::now() + d.options.ps_timeout;
   for (const auto& p : d.options.ps) {
     for (;;) {
-      auto agent = reach(system, p, d.options.task, d.actor, d.options.credentials != nullptr, std::chrono::seconds(5));
+      // Each try bounded by what is left (at least 500 ms): a ps task that accepts and never
+      // answers must not outlast ps_timeout.
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto wait = std::clamp(left, std::chrono::milliseconds(500), std::chrono::milliseconds(5000));
+      auto agent = reach(system, p, d.options.task, d.actor, d.options.credentials != nullptr, wait);
       if (agent) {
         d.ps.push_back(agent->agent);
         d.ps_pulse.push_back(agent->pulse);

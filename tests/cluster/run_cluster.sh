@@ -489,6 +489,37 @@ PY
     [[ "$hwm" -lt 400000 ]] || fail "the ps task's peak memory is $hwm kB (a stranger's claim was allocated?)"
     echo "ps task peak memory ${hwm} kB; $(grep -h '^PASS' "$dir/chief.log" | tr '\n' ' ')"
     ;;
+  silent-ps)
+    # A "ps task" that accepts connections and never says a word: the chief gives up within its
+    # start timeout (each connect bounded), naming the ps task, instead of waiting forever.
+    timeout 60 python3 - "$p2" >"$dir/silent.log" 2>&1 <<'PY' &
+import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(16)
+print("listening", flush=True)
+held = []
+s.settimeout(1)
+end = time.time() + 50
+while time.time() < end:
+    try:
+        held.append(s.accept()[0])
+    except socket.timeout:
+        pass
+PY
+    pids+=($!)
+    wait_for "$dir/silent.log" '^listening' 20
+    began=$SECONDS
+    TF_CONFIG="$(tf_config chief 0)" TROUPE_START_TIMEOUT_MS=2000 timeout -k 5 40 "$trainer" --closures 10 >"$dir/chief.log" 2>&1
+    st=$?
+    took=$((SECONDS - began))
+    ! timed_out "$st" || fail "the chief hung on a ps task that never answers"
+    [[ $st != 0 ]] || fail "the chief exited 0 without its ps task"
+    grep -q "cannot reach ps task /job:ps/replica:0/task:0 at 127.0.0.1:$p2 within 2000 ms" "$dir/chief.log" ||
+      fail "the chief's error does not name the silent ps task"
+    echo "the chief gave up on the silent ps task after about $took s"
+    ;;
   no-chief)
     TROUPE_START_TIMEOUT_MS=1000 start w0 worker 0 "$trainer"
     status_of "$pid_w0"
