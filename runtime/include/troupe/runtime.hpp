@@ -16,7 +16,7 @@ namespace troupe {
 /// TROUPE_COLLECTIVE_TIMEOUT_MS (the longest a GPU replica waits for its NCCL collectives, and a
 /// cross-worker collective for its peers, unless CommunicationOptions::timeout says; default 0,
 /// no bound), TROUPE_GRADIENT_BUCKET_BYTES (the size of Model::train_step's gradient buckets,
-/// default 256 KiB; 0: one all-reduce after the backward pass).
+/// unset: 0, one all-reduce after the backward pass).
 struct RuntimeOptions {
   static constexpr int default_scheduler_threads = 2;
   static constexpr int default_spin_us = 50;
@@ -35,10 +35,12 @@ struct RuntimeOptions {
   /// workers the ring adds in an order that follows the buckets (the same bits on every worker).
   /// MultiWorkerMirroredStrategy's CommunicationOptions::bytes_per_pack, when set, takes its place;
   /// GPU replicas (NCCL) ignore it. -1: TROUPE_GRADIENT_BUCKET_BYTES, else automatic.
-  /// automatic_gradient_bucket_bytes (-2): default_gradient_bucket_bytes when the strategy spans
-  /// several workers (the ring's time hides behind backward), 0 among the replicas of one process
-  /// (where the sums are CPU work that competes with backward for the same cores: measured about
-  /// 5 % slower with buckets on 2 cores, see bench/README.md).
+  /// automatic_gradient_bucket_bytes (-2): 0 for now. Measured on 2 cores (bench/README.md), the
+  /// buckets cost throughput: about 5 % among the replicas of one process (their sums compete
+  /// with backward for the same cores), no gain for the 784-256-256-10 MLP across 2 workers, and
+  /// 35-40 % for multi_worker_trainer's small model across 2 workers (the ring thread's hand-offs
+  /// cost more than the little they hide). default_gradient_bucket_bytes is the size to start
+  /// from where the backward pass is long enough to hide them.
   int gradient_bucket_bytes = -1;
 
   /// The defaults, with the TROUPE_* environment applied; a malformed value throws

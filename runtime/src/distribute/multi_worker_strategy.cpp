@@ -132,10 +132,6 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
   std::size_t gradient_bucket_bytes() const override {
     if (gpu_) return 0;
     if (bytes_per_pack_ > 0) return bytes_per_pack_;
-    // Automatic: across workers the buckets' ring time hides behind the backward pass.
-    if (runtime_options().gradient_bucket_bytes == RuntimeOptions::automatic_gradient_bucket_bytes) {
-      return RuntimeOptions::default_gradient_bucket_bytes;
-    }
     return MirroredBackend::gradient_bucket_bytes();
   }
 
