@@ -55,7 +55,8 @@ fail() {
   exit 1
 }
 
-# Five free loopback ports (free when asked: another process may take one before a task binds it).
+# Five free loopback ports (free when asked: another process may take one before a task binds it;
+# start_listening starts the tasks again on fresh ports then).
 pick_ports() {
   read -r p0 p1 p2 p3 p4 < <(python3 -c '
 import socket
@@ -65,11 +66,23 @@ print(*[s.getsockname()[1] for s in ss])')
 }
 pick_ports
 host=127.0.0.1
-ps_list="\"$host:$p2\""
+nps=1  # ps tasks: 1 on p2, or 2 on p2 and p4
 cluster() {
-  echo "{\"chief\": [\"$host:$p3\"], \"worker\": [\"$host:$p0\", \"$host:$p1\"], \"ps\": [$ps_list]}"
+  local ps="\"$host:$p2\""
+  [[ $nps == 2 ]] && ps+=", \"$host:$p4\""
+  echo "{\"chief\": [\"$host:$p3\"], \"worker\": [\"$host:$p0\", \"$host:$p1\"], \"ps\": [$ps]}"
 }
 tf_config() { echo "{\"cluster\": $(cluster), \"task\": {\"type\": \"$1\", \"index\": $2}}"; }
+# task_of NAME: the task a name stands for and the port it listens on ("worker 1 PORT").
+task_of() {
+  case "$1" in
+    w0) echo "worker 0 $p0" ;;
+    w1) echo "worker 1 $p1" ;;
+    ps) echo "ps 0 $p2" ;;
+    ps1) echo "ps 1 $p4" ;;
+    *) fail "no task named $1" ;;
+  esac
+}
 
 # start NAME TYPE INDEX COMMAND...: runs COMMAND with that task's TF_CONFIG in the background.
 start() {
@@ -110,33 +123,41 @@ check_training() {  # LOG CLOSURES WORKERS_LOST
   [[ "$(grep -c 'closures' "$log")" -ge $(($2 / 10)) ]] || fail "fewer progress lines than one per 10 closures"
 }
 
-# start_daemons: troupe-worker daemons with the test module for w0, w1 and ps, once all are ready.
-# A daemon that cannot listen (its port was taken since pick_ports) ends at once: then all start
-# again on fresh ports, up to 3 times.
-start_daemons() {
-  local attempt n p deadline
+# listens PID PORT: the task that timeout PID runs holds a socket listening on PORT. Read from
+# /proc, not by trying to bind: what listens there may be another process that took the port.
+listens() {
+  local child inode
+  child=$(pgrep -P "$1") || return 1
+  for inode in $(awk -v port=":$(printf '%04X' "$2")" \
+    '$4 == "0A" && substr($2, length($2) - 4) == port { print $10 }' /proc/net/tcp /proc/net/tcp6 2>/dev/null); do
+    ls -l "/proc/$child/fd" 2>/dev/null | grep -q "socket:\[$inode\]" && return 0
+  done
+  return 1
+}
+# start_listening READY LAUNCH NAME...: `LAUNCH NAME` starts each task NAME that listens on a port
+# of the cluster (and sets pid_NAME); then each must be ready (`READY NAME` succeeds) or have ended
+# within 20 s. Ports are free when pick_ports asks, not when a task binds: a task whose port another
+# process took meanwhile says it cannot listen and ends at once; then all of them start again on
+# fresh ports, up to 3 times. A task that ended for another reason is the scenario's to check.
+start_listening() {
+  local ready="$1" launch="$2" attempt n p deadline taken
+  shift 2
   for attempt in 1 2 3; do
-    for t in "w0 worker:0" "w1 worker:1" "ps ps:0"; do
-      set -- $t
-      timeout -k 5 60 "$daemon" --task "$2" --cluster "$(cluster)" --module "$module" >"$dir/$1.log" 2>&1 &
-      pids+=($!)
-      eval "pid_$1=$!"
-    done
+    for n in "$@"; do "$launch" "$n"; done
     deadline=$((SECONDS + 20))
-    for n in w0 w1 ps; do
+    for n in "$@"; do
       eval "p=\$pid_$n"
-      until grep -q '^troupe-worker: ready ' "$dir/$n.log" 2>/dev/null; do
+      until "$ready" "$n"; do
         kill -0 "$p" 2>/dev/null || break
         [[ $SECONDS -ge $deadline ]] && fail "$n is not ready within 20 s"
         sleep 0.05
       done
     done
-    if [[ "$(grep -l '^troupe-worker: ready ' "$dir/w0.log" "$dir/w1.log" "$dir/ps.log" 2>/dev/null | wc -l)" == 3 ]]; then
-      return
-    fi
-    grep -q 'cannot listen' "$dir/w0.log" "$dir/w1.log" "$dir/ps.log" || fail "a daemon ended before it was ready"
-    echo "a port was taken (attempt $attempt): $(grep -h 'cannot listen' "$dir"/*.log | head -n 1)"
-    for n in w0 w1 ps; do
+    taken=""
+    for n in "$@"; do grep -q 'cannot listen' "$dir/$n.log" 2>/dev/null && taken+=" $n"; done
+    [[ -z "$taken" ]] && return
+    echo "a port was taken (attempt $attempt, task$taken): $(grep -h 'cannot listen' "$dir"/*.log | head -n 1)"
+    for n in "$@"; do
       eval "p=\$pid_$n"
       kill -9 -- "-$p" 2>/dev/null || kill -9 "$p" 2>/dev/null
       wait "$p" 2>/dev/null
@@ -144,6 +165,42 @@ start_daemons() {
     pick_ports
   done
   fail "no free ports after 3 tries"
+}
+# A ps_trainer task with the arguments in task_args, ready once it listens on its port.
+task_args=()
+launch_task() {
+  local t
+  read -r -a t <<< "$(task_of "$1")"
+  start "$1" "${t[0]}" "${t[1]}" "$trainer" "${task_args[@]}"
+}
+task_listens() {
+  local t p
+  read -r -a t <<< "$(task_of "$1")"
+  eval "p=\$pid_$1"
+  listens "$p" "${t[2]}"
+}
+# start_tasks ARGS...: ps_trainer's workers and ps task with ARGS, listening, before their chief.
+start_tasks() {
+  task_args=("$@")
+  start_listening task_listens launch_task w0 w1 ps
+}
+# A troupe-worker daemon with the test module (and the token in token_NAME, where one is set),
+# ready once it says so.
+launch_daemon() {
+  local t tok
+  read -r -a t <<< "$(task_of "$1")"
+  eval "tok=\${token_$1:-}"
+  timeout -k 5 60 env ${tok:+TROUPE_CLUSTER_TOKEN="$tok"} "$daemon" --task "${t[0]}:${t[1]}" --cluster "$(cluster)" \
+    --module "$module" >"$dir/$1.log" 2>&1 &
+  pids+=($!)
+  eval "pid_$1=$!"
+}
+daemon_ready() { grep -q '^troupe-worker: ready ' "$dir/$1.log" 2>/dev/null; }
+# start_daemons [NAME...]: the daemons NAME (w0, w1 and ps unless named), all ready.
+start_daemons() {
+  [[ $# -gt 0 ]] || set -- w0 w1 ps
+  start_listening daemon_ready launch_daemon "$@"
+  for n in "$@"; do daemon_ready "$n" || fail "$n ended before it was ready"; done
 }
 # term_task PID: SIGTERM to the task that timeout PID runs, not to timeout (which would then
 # SIGKILL it 5 s later, cutting short a clean stop on a loaded machine).
@@ -164,10 +221,7 @@ stop_daemons() {
 
 case "$scenario" in
   train)
-    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
-      set -- $t
-      start "$1" "$2" "$3" "$trainer" --closures 200
-    done
+    start_tasks --closures 200
     start chief chief 0 "$trainer" --closures 200
     status_of "$pid_chief"; [[ $st == 0 ]] || fail "the chief did not exit 0"
     check_training "$dir/chief.log" 200 0
@@ -177,10 +231,7 @@ case "$scenario" in
     done
     ;;
   worker-killed)
-    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
-      set -- $t
-      start "$1" "$2" "$3" "$trainer" --closures 200 --step-delay-ms 10
-    done
+    start_tasks --closures 200 --step-delay-ms 10
     start chief chief 0 "$trainer" --closures 200 --step-delay-ms 10
     wait_for "$dir/chief.log" '^closures [0-9]+/200' 30
     pkill -KILL -P "$pid_w1"  # the worker itself, not the timeout that runs it
@@ -191,10 +242,7 @@ case "$scenario" in
     status_of "$pid_ps"; [[ $st == 0 ]] || fail "the ps task did not exit 0"
     ;;
   ps-killed)
-    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
-      set -- $t
-      start "$1" "$2" "$3" "$trainer" --closures 2000 --step-delay-ms 5
-    done
+    start_tasks --closures 2000 --step-delay-ms 5
     start chief chief 0 "$trainer" --closures 2000 --step-delay-ms 5
     wait_for "$dir/chief.log" '^closures [0-9]+/2000' 30
     # Mid-run: both workers serve the chief (a worker still starting when the chief fails is
@@ -217,10 +265,7 @@ case "$scenario" in
     done
     ;;
   worker-stopped)
-    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
-      set -- $t
-      start "$1" "$2" "$3" "$trainer" --closures 200 --step-delay-ms 10
-    done
+    start_tasks --closures 200 --step-delay-ms 10
     start chief chief 0 "$trainer" --closures 200 --step-delay-ms 10
     wait_for "$dir/chief.log" '^closures [0-9]+/200' 30
     wait_for "$dir/chief.log" "connected /job:worker/replica:0/task:1 " 30
@@ -241,10 +286,7 @@ case "$scenario" in
     echo "$(grep -c '^closures ' "$dir/chief.log") progress lines; worker 1 ended with $st after SIGCONT"
     ;;
   worker-resumed)
-    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
-      set -- $t
-      start "$1" "$2" "$3" "$trainer" --closures 1000 --step-delay-ms 5
-    done
+    start_tasks --closures 1000 --step-delay-ms 5
     start chief chief 0 "$trainer" --closures 1000 --step-delay-ms 5
     wait_for "$dir/chief.log" '^closures [0-9]+/1000' 30
     wait_for "$dir/chief.log" "connected /job:worker/replica:0/task:1 " 30
@@ -264,10 +306,7 @@ case "$scenario" in
     done
     ;;
   ps-stopped)
-    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
-      set -- $t
-      start "$1" "$2" "$3" "$trainer" --closures 2000 --step-delay-ms 5
-    done
+    start_tasks --closures 2000 --step-delay-ms 5
     start chief chief 0 "$trainer" --closures 2000 --step-delay-ms 5
     wait_for "$dir/chief.log" '^closures [0-9]+/2000' 30
     for w in 0 1; do wait_for "$dir/chief.log" "connected /job:worker/replica:0/task:$w " 30; done
@@ -290,10 +329,7 @@ case "$scenario" in
     done
     ;;
   chief-stopped)
-    for t in "w0 worker 0" "w1 worker 1" "ps ps 0"; do
-      set -- $t
-      start "$1" "$2" "$3" "$trainer" --closures 2000 --step-delay-ms 5
-    done
+    start_tasks --closures 2000 --step-delay-ms 5
     start chief chief 0 "$trainer" --closures 2000 --step-delay-ms 5
     wait_for "$dir/chief.log" '^closures [0-9]+/2000' 30
     for w in 0 1; do wait_for "$dir/chief.log" "connected /job:worker/replica:0/task:$w " 30; done
@@ -313,15 +349,17 @@ case "$scenario" in
     echo "every task ended within $ms ms of the chief stopping"
     ;;
   leave-early)
-    start ps ps 0 "$trainer"
-    start w0 worker 0 "$trainer"
+    task_args=()
+    start_listening task_listens launch_task ps w0
     start chief chief 0 "$chief_bin" --mode leave-early --wait-file "$dir/go"
     wait_for "$dir/chief.log" "cannot reach /job:worker/replica:0/task:1 " 30
     wait_for "$dir/chief.log" '^waiting for ' 30
     sleep 1  # past the one retry due before the chief set its reconnect interval to 60 s
     start w1 worker 1 "$trainer"
     deadline=$((SECONDS + 30))
-    until ! python3 -c "import socket, sys; socket.socket().bind(('127.0.0.1', int(sys.argv[1])))" "$p1" 2>/dev/null; do
+    # Not restarted on a fresh port: the chief, waiting, has this one.
+    until listens "$pid_w1" "$p1"; do
+      grep -q 'cannot listen' "$dir/w1.log" && fail "worker 1 cannot listen on $p1: another process took the port"
       [[ $SECONDS -ge $deadline ]] && fail "worker 1 does not listen on $p1 within 30 s"
       sleep 0.05
     done
@@ -394,14 +432,8 @@ case "$scenario" in
     ;;
   wrong-token)
     good=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-    for t in "w0 worker:0 $good" "w1 worker:1 stranger-$good" "ps ps:0 $good"; do
-      set -- $t
-      TROUPE_CLUSTER_TOKEN="$3" timeout -k 5 60 "$daemon" --task "$2" --cluster "$(cluster)" --module "$module" \
-        >"$dir/$1.log" 2>&1 &
-      pids+=($!)
-      eval "pid_$1=$!"
-    done
-    for n in w0 w1 ps; do wait_for "$dir/$n.log" '^troupe-worker: ready ' 20; done
+    token_w0="$good" token_w1="stranger-$good" token_ps="$good"
+    start_daemons
     # The result on stdout, the log on stderr: apart, so that a log line cannot split the result.
     TROUPE_CLUSTER_TOKEN="$good" TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode retry \
       --closures 40 --slow-ms 1 >"$dir/chief.log" 2>"$dir/chief-stderr.log"
@@ -435,14 +467,8 @@ case "$scenario" in
     done
     ;;
   bulk)
-    ps_list="\"$host:$p2\", \"$host:$p4\""
-    for t in "w0 worker:0" "w1 worker:1" "ps ps:0" "ps1 ps:1"; do
-      set -- $t
-      timeout -k 5 60 "$daemon" --task "$2" --cluster "$(cluster)" --module "$module" >"$dir/$1.log" 2>&1 &
-      pids+=($!)
-      eval "pid_$1=$!"
-    done
-    for n in w0 w1 ps ps1; do wait_for "$dir/$n.log" '^troupe-worker: ready ' 20; done
+    nps=2
+    start_daemons w0 w1 ps ps1
     wait_for "$dir/ps.log" "variables' data port 127.0.0.1:[0-9]+" 20
     data_port=$(grep -Eo "variables' data port 127.0.0.1:[0-9]+" "$dir/ps.log" | head -n 1 | cut -d: -f2)
     # Strangers: junk, a hello whose segment table claims 16 GiB, and one that stays silent while
@@ -492,11 +518,15 @@ PY
   silent-ps)
     # A "ps task" that accepts connections and never says a word: the chief gives up within its
     # start timeout (each connect bounded), naming the ps task, instead of waiting forever.
-    timeout 60 python3 - "$p2" >"$dir/silent.log" 2>&1 <<'PY' &
+    launch_silent() {
+      timeout 60 python3 - "$p2" >"$dir/$1.log" 2>&1 <<'PY' &
 import socket, sys, time
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1])))
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError as e:
+    sys.exit(f"cannot listen on 127.0.0.1:{sys.argv[1]}: {e}")
 s.listen(16)
 print("listening", flush=True)
 held = []
@@ -508,8 +538,12 @@ while time.time() < end:
     except socket.timeout:
         pass
 PY
-    pids+=($!)
-    wait_for "$dir/silent.log" '^listening' 20
+      pids+=($!)
+      eval "pid_$1=$!"
+    }
+    silent_ready() { grep -q '^listening' "$dir/$1.log" 2>/dev/null; }
+    start_listening silent_ready launch_silent silent
+    silent_ready silent || fail "the silent ps task ended before it listened"
     began=$SECONDS
     TF_CONFIG="$(tf_config chief 0)" TROUPE_START_TIMEOUT_MS=2000 timeout -k 5 40 "$trainer" --closures 10 >"$dir/chief.log" 2>&1
     st=$?
@@ -521,7 +555,9 @@ PY
     echo "the chief gave up on the silent ps task after about $took s"
     ;;
   no-chief)
-    TROUPE_START_TIMEOUT_MS=1000 start w0 worker 0 "$trainer"
+    # Ends 1 s after it listens: start_listening may see it listen or see it ended.
+    launch_lonely() { TROUPE_START_TIMEOUT_MS=1000 start "$1" worker 0 "$trainer"; }
+    start_listening task_listens launch_lonely w0
     status_of "$pid_w0"
     [[ $st == 1 ]] || fail "the worker exited $st (expected 1)"
     grep -q "Server: /job:worker/replica:0/task:0: no chief connected within 1000 ms" "$dir/w0.log" ||

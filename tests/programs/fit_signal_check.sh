@@ -6,14 +6,17 @@
 # - SIGINT without --checkpoint-dir: exit 130, saying nothing was saved;
 # - a learning rate that makes the loss NaN: exit 1 naming the step (TerminateOnNaN), and no
 #   checkpoint of that step or after it.
-# Every process is bounded in time and killed on exit.
+# Every process is bounded in time and killed on exit. The signal goes to the trainer itself, not to
+# the timeout that runs it: timeout forwards a signal it gets both to its child and to its process
+# group, so the trainer would get it twice, and a second SIGINT/SIGTERM ends it at once, by design.
 # Usage: fit_signal_check.sh MLP_CLASSIFIER
 set -u
 mlp="$1"
 dir="$(mktemp -d)"
 pid=""
 cleanup() {
-  [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
+  # timeout leads a process group of its own: the whole group goes, the trainer with it.
+  [ -n "$pid" ] && { kill -9 -- "-$pid" 2>/dev/null || kill -9 "$pid" 2>/dev/null; }
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -39,7 +42,10 @@ interrupt() {
     sleep 0.05
   done
   grep -q "^Epoch 3/" "$dir/$name.out" || fail "$name: no third epoch within 30 s"
-  kill -s "$sig" "$pid"
+  local trainer
+  trainer=$(pgrep -P "$pid")
+  [ -n "$trainer" ] || fail "$name: no trainer process under timeout $pid"
+  kill -s "$sig" "$trainer"
   local rc=""
   for _ in $(seq 600); do
     if ! kill -0 "$pid" 2>/dev/null; then break; fi
