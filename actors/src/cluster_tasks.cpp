@@ -13,6 +13,7 @@
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "caf/openssl/all.hpp"
+#include "control_gate.hpp"
 #include "control_tls.hpp"
 #include "openssl/err.h"
 #include "openssl/rand.h"
@@ -40,26 +41,10 @@ void clear_tls_errors(caf::actor_system& system) {
   system.middleman().backend().post([] { ERR_clear_error(); });
 }
 
-// CAF's remote_actor waits without a bound for the peer's handshake: a task that accepts the TCP
-// connection and then says nothing (stopped, hung, or a stranger on its port) would hold the
-// caller forever. The same request to the middleman, bounded by `wait`.
 caf::expected<caf::actor> connect(caf::actor_system& system, const std::string& host, std::uint16_t port, bool tls,
                                   std::chrono::milliseconds wait) {
-  caf::scoped_actor self{system};
-  caf::expected<caf::actor> out{caf::sec::cannot_connect_to_node};
-  auto handle = tls ? system.openssl_manager().actor_handle() : system.middleman().actor_handle();
-  self->request(handle, wait, caf::connect_atom::value, host, port)
-      .receive(
-          [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
-            if (ptr) {
-              out = caf::actor_cast<caf::actor>(std::move(ptr));
-            } else {
-              out = caf::make_error(caf::sec::no_actor_published_at_port,
-                                    "no actor published at " + address_of(host, port));
-            }
-          },
-          [&](caf::error& e) { out = std::move(e); });
-  return out;
+  return connect_bounded(system, tls ? system.openssl_manager().actor_handle() : system.middleman().actor_handle(),
+                         host, port, wait);
 }
 
 // --- the task agent ---------------------------------------------------------------------------

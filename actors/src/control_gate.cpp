@@ -520,22 +520,27 @@ caf::expected<std::uint16_t> control_gate::publish(const caf::actor& whom, std::
   return out;
 }
 
-caf::expected<caf::actor> control_gate::remote_actor(const std::string& host, std::uint16_t port,
-                                                     std::chrono::milliseconds wait) {
-  caf::scoped_actor self{system_};
+caf::expected<caf::actor> connect_bounded(caf::actor_system& system, const caf::io::middleman_actor& middleman,
+                                          const std::string& host, std::uint16_t port, std::chrono::milliseconds wait) {
+  caf::scoped_actor self{system};
   caf::expected<caf::actor> out{caf::sec::cannot_connect_to_node};
-  self->request(actor_, wait, caf::connect_atom::value, host, port)
+  self->request(middleman, wait, caf::connect_atom::value, host, port)
       .receive(
           [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
             if (ptr) {
               out = caf::actor_cast<caf::actor>(std::move(ptr));
             } else {
-              out = caf::make_error(caf::sec::no_actor_published_at_port, "no actor published at port " +
-                                                                              std::to_string(port));
+              out = caf::make_error(caf::sec::no_actor_published_at_port,
+                                    "no actor published at " + host + ":" + std::to_string(port));
             }
           },
           [&](caf::error& e) { out = std::move(e); });
   return out;
+}
+
+caf::expected<caf::actor> control_gate::remote_actor(const std::string& host, std::uint16_t port,
+                                                     std::chrono::milliseconds wait) {
+  return connect_bounded(system_, actor_, host, port, wait);
 }
 
 void control_gate::unpublish(const caf::actor& whom, std::uint16_t port) {

@@ -45,6 +45,12 @@ class cluster_health;
 /// A middleman actor whose connections go through the gate; publishes, connects and unpublishes
 /// like CAF's (the connections join the same BASP broker). Destroying it stops its actor; the
 /// connections it made live on in the broker.
+/// Asks a middleman (CAF's own, its OpenSSL one, or a gate's) for the actor published at
+/// host:port, waiting at most `wait`: CAF's remote_actor waits for the peer's handshake without a
+/// bound, so a peer that accepts and says nothing would hold the caller forever.
+caf::expected<caf::actor> connect_bounded(caf::actor_system& system, const caf::io::middleman_actor& middleman,
+                                          const std::string& host, std::uint16_t port, std::chrono::milliseconds wait);
+
 class control_gate {
  public:
   /// `tls`: every connection is mutual TLS with the credentials installed in `system`'s config
