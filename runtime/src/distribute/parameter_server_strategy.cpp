@@ -13,6 +13,7 @@
 #include "caf/actor_system.hpp"
 #include "distribute/collectives.hpp"
 #include "distribute/context_state.hpp"
+#include "distribute/one_replica_backend.hpp"
 #include "distribute/remote_wire.hpp"
 #include "distribute/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
@@ -308,11 +309,9 @@ class PsVariable final : public RemoteVariable {
 
 // The chief's side of a ParameterServerStrategy as a Strategy: one replica on CPU:0, as in
 // TensorFlow, and variables made in scope live on the ps tasks.
-class PsBackend final : public StrategyBackend {
+class PsBackend final : public OneReplicaBackend {
  public:
   std::weak_ptr<PsState> state;  // set once the strategy made it
-
-  const std::vector<Device>& devices() const override { return devices_; }
 
   void execute(Strategy& strategy, const std::function<void(int)>& fn) override {
     if (!warned_.exchange(true)) {
@@ -328,17 +327,8 @@ class PsBackend final : public StrategyBackend {
         std::cerr << "troupe: " << line << std::endl;
       }
     }
-    ReplicaContext ctx(strategy, 0, 1, devices_[0], &collectives_);
-    ReplicaContextGuard guard(&ctx);
-    try {
-      fn(0);
-    } catch (...) {
-      rethrow_step_failure({std::current_exception()}, devices_);
-    }
+    OneReplicaBackend::execute(strategy, fn);
   }
-
-  CrossDeviceOps& cross_device_ops() override { return ops_; }
-  WorkerGroup& workers() const override { return workers_; }
 
   std::shared_ptr<RemoteVariable> make_remote_variable(const std::string& name, const Tensor& initial_value) override {
     auto s = state.lock();
@@ -356,10 +346,6 @@ class PsBackend final : public StrategyBackend {
   }
 
  private:
-  std::vector<Device> devices_{Device{}};
-  IdentityCollectives collectives_;
-  ReductionToOneDevice ops_;
-  mutable LocalWorkerGroup workers_;
   std::atomic<bool> warned_{false};
 };
 

@@ -6,6 +6,7 @@
 #include "axis.hpp"
 #include "distribute/collectives.hpp"
 #include "distribute/context_state.hpp"
+#include "distribute/one_replica_backend.hpp"
 #include "distribute/worker_group.hpp"
 #include "elements.hpp"
 #include "troupe/errors.hpp"
@@ -34,32 +35,9 @@ bool is_abandoned_collective(const std::exception_ptr& e) {
   }
 }
 
-// One replica on the calling thread: what get_strategy() returns outside any scope.
-class DefaultBackend final : public StrategyBackend {
- public:
-  const std::vector<Device>& devices() const override { return devices_; }
-  void execute(Strategy& strategy, const std::function<void(int)>& fn) override {
-    ReplicaContext ctx(strategy, 0, 1, devices_[0], &collectives_);
-    ReplicaContextGuard guard(&ctx);
-    try {
-      fn(0);
-    } catch (...) {
-      rethrow_step_failure({std::current_exception()}, devices_);
-    }
-  }
-  CrossDeviceOps& cross_device_ops() override { return ops_; }
-  WorkerGroup& workers() const override { return workers_; }
-
- private:
-  std::vector<Device> devices_{Device{}};
-  IdentityCollectives collectives_;
-  ReductionToOneDevice ops_;
-  mutable LocalWorkerGroup workers_;
-};
-
 class DefaultStrategy final : public Strategy {
  public:
-  DefaultStrategy() : Strategy(std::make_unique<DefaultBackend>()) {}
+  DefaultStrategy() : Strategy(std::make_unique<OneReplicaBackend>()) {}
 };
 
 }  // namespace
