@@ -848,10 +848,19 @@ TEST_CASE("ring all-reduce reports how long it waited for its predecessor to joi
   for (std::int64_t count : {std::int64_t{100}, std::int64_t{300000}}) {
     CAPTURE(count);
     std::vector<tcp_ring::peer_wait> waits(2);
+    std::atomic<bool> rank0_joining{false};
+    std::chrono::steady_clock::time_point rank1_joined;
     auto errors = run_ring(2, [&](int r, tcp_ring& ring) {
       std::vector<float> v(static_cast<std::size_t>(count), 1.0f);
       ring.all_reduce(v.data(), count, scalar_type::f32, reduce_kind::sum);  // both connected and warm
-      if (r == 1) std::this_thread::sleep_for(100ms);
+      // Rank 1's 100 ms start once rank 0 is on its way into the second all-reduce (a rank 0 that
+      // the OS runs late must not eat into them).
+      if (r == 0) rank0_joining = true;
+      if (r == 1) {
+        while (!rank0_joining) std::this_thread::yield();
+        std::this_thread::sleep_for(100ms);
+        rank1_joined = std::chrono::steady_clock::now();
+      }
       ring.all_reduce(v.data(), count, scalar_type::f32, reduce_kind::sum);
       waits[static_cast<std::size_t>(r)] = ring.last_all_reduce_wait();
       CHECK(v.front() == 4.0f);
@@ -859,6 +868,7 @@ TEST_CASE("ring all-reduce reports how long it waited for its predecessor to joi
     });
     for (const auto& e : errors) CHECK(e == "");
     const auto waited = [&](int r) { return waits[static_cast<std::size_t>(r)].first_from_prev - waits[static_cast<std::size_t>(r)].begin; };
+    CHECK(waits[0].first_from_prev >= rank1_joined);  // its predecessor's bytes came after it joined
     CHECK(waited(0) >= 100ms);
     CHECK(waited(1) >= 0ms);
     CHECK(waited(1) < waited(0));
