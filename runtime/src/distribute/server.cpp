@@ -3,7 +3,9 @@
 #include <dlfcn.h>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <iostream>
+#include <thread>
 #include <mutex>
 #include <stdexcept>
 
@@ -414,6 +416,14 @@ bool serve_if_worker_or_ps(Runtime& runtime, const ClusterResolver& resolver, Fu
     }
   }
   server.join();
+  // The task is over and the program returns from main next. Its shutdown is bounded: CAF's actor
+  // system can wait without a bound for an actor something still references (seen, rarely, after
+  // peers vanished), and a task must not outlive its cluster for that.
+  std::thread([task = server.impl_->task] {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::cerr << "troupe: " << task << ": still shutting down 5 s after its chief left; exiting" << std::endl;
+    std::_Exit(0);
+  }).detach();
   return true;
 }
 
