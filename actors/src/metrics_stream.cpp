@@ -151,8 +151,9 @@ caf::behavior stream_actor(caf::stateful_actor<stream_state>* self, std::size_t 
   self->state.history = std::make_unique<metrics_history>(capacity);
   self->state.ring = std::move(ring);
   // The stream's own clock: every interval it drains the ring and pushes what is new. The
-  // training thread never sends it anything per step.
-  self->send(self, tick_atom::value);
+  // training thread never sends it anything per step. The first tick is one interval away, like
+  // every other (the ring is empty at the start).
+  self->delayed_send(self, interval, tick_atom::value);
   return {
       [=](tick_atom) {
         self->state.drain();
