@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <iostream>
 #include <mutex>
 #include <shared_mutex>
@@ -252,6 +253,59 @@ caf::behavior pulse_actor(caf::stateful_actor<pulse_state>* self, std::shared_pt
   };
 }
 
+// The functions of a worker task: run one at a time, in the order their calls arrived, on a thread
+// of their own that the task server owns (a function may run for minutes: never on a scheduler
+// thread). The agent queues each call; the thread answers the call's sender in the agent's name.
+// The agent itself is an ordinary scheduled actor: CAF 0.17 cannot end an actor system while a
+// detached actor is still referenced from anywhere, and a task's agent is referenced from the
+// network.
+struct function_runner {
+  struct call {
+    std::uint64_t id = 0;
+    std::string function;
+    std::string args;
+    caf::actor reply_to;
+  };
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<call> calls;
+  bool stopping = false;
+  bool finished = false;          // the thread has returned
+  std::string running;            // the function running now, for the stop's message
+  caf::actor_addr agent;          // the identity its answers carry
+  std::thread thread;
+
+  void run(const task_handlers& handlers) {
+    for (;;) {
+      call c;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        wake.wait(lock, [&] { return stopping || !calls.empty(); });
+        if (stopping) break;  // calls still queued are dropped: their chief is gone or going
+        c = std::move(calls.front());
+        calls.pop_front();
+        running = c.function;
+      }
+      call_reply reply;
+      try {
+        reply = handlers.call(c.function, c.args);
+      } catch (const std::exception& e) {
+        reply = call_reply{false, e.what()};
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        running.clear();
+      }
+      if (auto self = caf::actor_cast<caf::actor>(agent)) {
+        caf::send_as(self, c.reply_to, result_atom::value, c.id, reply.ok, std::move(reply.payload));
+      }
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    finished = true;
+    wake.notify_all();
+  }
+};
+
 struct agent_state {
   std::string task;
   std::shared_ptr<shard_store> store;  // the shards' cells, shared with the data connections
@@ -262,6 +316,7 @@ struct agent_state {
   std::map<std::string, caf::actor> shards;
   std::map<caf::actor_addr, std::string> peers;  // who said hello, by the address they said it from
   caf::actor_addr chief;
+  std::shared_ptr<function_runner> runner;  // worker tasks: where calls go
 };
 
 void event(agent_state& st, const std::string& line) {
@@ -271,8 +326,9 @@ void event(agent_state& st, const std::string& line) {
 caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string task,
                          std::shared_ptr<const task_handlers> handlers, caf::actor pulse,
                          std::shared_ptr<shard_store> store, std::shared_ptr<std::atomic<std::uint16_t>> data_port,
-                         std::string data_secret) {
+                         std::string data_secret, std::shared_ptr<function_runner> runner) {
   self->state.task = std::move(task);
+  self->state.runner = std::move(runner);
   self->state.store = std::move(store);
   self->state.data_port = data_port;
   self->state.data_secret = std::move(data_secret);
@@ -335,20 +391,19 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
       [=](table_atom, const std::string& blob) {
         if (self->state.handlers->table) self->state.handlers->table(blob);
       },
-      [=](call_atom, std::uint64_t id, const std::string& function, const std::string& args) {
+      [=](call_atom, std::uint64_t id, std::string& function, std::string& args) {
         auto& st = self->state;
-        call_reply reply;
-        if (!st.handlers->call) {
-          reply.payload = st.task + " runs no functions (it is not a worker task)";
-        } else {
-          try {
-            reply = st.handlers->call(function, args);
-          } catch (const std::exception& e) {
-            reply = call_reply{false, e.what()};
-          }
-        }
         auto to = caf::actor_cast<caf::actor>(self->current_sender());
-        if (to) self->send(to, result_atom::value, id, reply.ok, std::move(reply.payload));
+        if (!st.runner) {
+          if (to) self->send(to, result_atom::value, id, false, st.task + " runs no functions (it is not a worker task)");
+          return;
+        }
+        {
+          std::lock_guard<std::mutex> lock(st.runner->mutex);
+          if (st.runner->stopping) return;
+          st.runner->calls.push_back(function_runner::call{id, std::move(function), std::move(args), std::move(to)});
+        }
+        st.runner->wake.notify_one();
       },
       [=](vnew_atom, const std::string& key, std::string& bytes) -> caf::result<bool> {
         auto& st = self->state;
@@ -413,19 +468,41 @@ struct task_server::impl {
   std::shared_ptr<control_credentials> credentials;
   caf::actor agent;
   caf::actor pulse;
+  std::shared_ptr<const task_handlers> handlers;
+  std::shared_ptr<function_runner> runner;  // worker tasks
   std::uint16_t port = 0;
   bool tls = false;
+
+  // Ends the function thread: a function still running is told to give up its waits (the
+  // handlers' cancel) and is waited for, saying so every 30 s.
+  void stop_functions() {
+    if (!runner) return;
+    {
+      std::lock_guard<std::mutex> lock(runner->mutex);
+      runner->stopping = true;
+    }
+    runner->wake.notify_all();
+    if (handlers->cancel) handlers->cancel();
+    std::unique_lock<std::mutex> lock(runner->mutex);
+    while (!runner->wake.wait_for(lock, std::chrono::seconds(30), [&] { return runner->finished; })) {
+      std::cerr << "troupe: the task's function " + runner->running + " still runs; waiting for it to return\n"
+                << std::flush;
+    }
+    lock.unlock();
+    runner->thread.join();
+  }
 };
 
 task_server::task_server(caf::actor_system& system, std::string task, std::string host, std::uint16_t port,
-                         std::shared_ptr<control_credentials> credentials, task_handlers handlers)
+                         std::shared_ptr<control_credentials> credentials, task_handlers handlers,
+                         task_server_options options)
     : impl_(std::make_unique<impl>()) {
   auto& s = *impl_;
   s.system = &system;
   s.credentials = std::move(credentials);
   s.tls = s.credentials != nullptr;
-  // Detached: functions run on the agent's own thread, never on a scheduler thread. Heartbeats are
-  // answered by an actor of their own, so that a function running long is no silence.
+  // Functions run on a thread of their own, heartbeats are answered by an actor of their own: a
+  // function running long is no silence, and the agent answers its peers meanwhile.
   auto shared = std::make_shared<const task_handlers>(std::move(handlers));
   auto store = std::make_shared<shard_store>();
   auto data_port = std::make_shared<std::atomic<std::uint16_t>>(0);
@@ -439,15 +516,22 @@ task_server::task_server(caf::actor_system& system, std::string task, std::strin
       throw std::runtime_error("Server: " + task + ": no randomness for the data port's secret");
     }
   }
+  s.handlers = shared;
+  if (shared->call) s.runner = std::make_shared<function_runner>();
   auto pulse = system.spawn(pulse_actor, shared);
   s.pulse = pulse;
   s.data_port = data_port;
-  s.agent = system.spawn<caf::detached>(task_agent, task, shared, pulse, store, data_port, secret);
+  s.agent = system.spawn(task_agent, task, shared, pulse, store, data_port, secret, s.runner);
+  if (s.runner) {
+    s.runner->agent = s.agent.address();
+    s.runner->thread = std::thread([runner = s.runner, shared] { runner->run(*shared); });
+  }
   auto published = s.tls ? caf::openssl::publish(s.agent, port, host.c_str(), true)
                          : system.middleman().publish(s.agent, port, host.c_str(), true);
   if (!published) {
     caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(pulse, caf::exit_reason::user_shutdown);
+    s.stop_functions();
     throw std::runtime_error("Server: " + task + " cannot listen on " + address_of(host, port) + ": " +
                              system.render(published.error()));
   }
@@ -458,12 +542,15 @@ task_server::task_server(caf::actor_system& system, std::string task, std::strin
     try {
       transport::ring_auth auth{s.credentials ? s.credentials->token() : std::string(), secret};
       s.data = std::make_unique<transport::bulk_listener>(
-          host, std::uint16_t{0}, std::move(auth), std::chrono::milliseconds(60000), task + "'s data port",
+          host, options.data_port, std::move(auth), options.data_timeout, task + "'s data port",
           [store, shared, task](transport::bulk_stream& stream) { serve_shards(stream, *store, *shared, task); });
     } catch (const std::exception& e) {
       caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(pulse, caf::exit_reason::user_shutdown);
-      throw std::runtime_error("Server: " + task + " cannot listen for variables' data on " + host + ": " + e.what());
+      s.stop_functions();
+      throw std::runtime_error("Server: " + task + " cannot listen for variables' data on " +
+                               (options.data_port == 0 ? host : address_of(host, options.data_port)) + ": " + e.what() +
+                               (options.data_port == 0 ? "" : " (the data port: TROUPE_PS_DATA_PORT or --data-port)"));
     }
     *data_port = s.data->port();
     if (shared->event) shared->event("variables' data port " + address_of(host, s.data->port()));
@@ -480,8 +567,9 @@ task_server::~task_server() {
   } else {
     s.system->middleman().unpublish(s.agent, s.port);
   }
-  // Wait until the agent is gone: its handlers reach into the owner of this object, which is
-  // destroyed next. A function still running is given a bound, after which it is left behind.
+  // The agent and the pulse end at once (neither runs functions); the function thread ends once
+  // its function returns. Both wait here: the handlers reach into the owner of this object, which
+  // is destroyed next.
   caf::scoped_actor self{*s.system};
   self->monitor(s.pulse);
   self->send_exit(s.pulse, caf::exit_reason::user_shutdown);
@@ -495,10 +583,11 @@ task_server::~task_server() {
         pulse_gone = pulse_gone || d.source == s.pulse.address();
       },
       caf::after(std::chrono::seconds(30)) >> [&] {
-        std::cerr << "troupe: the task agent did not stop within 30 s (a function still runs?)" << std::endl;
+        std::cerr << "troupe: the task agent did not stop within 30 s" << std::endl;
         gone = true;
         pulse_gone = true;
       });
+  s.stop_functions();
 }
 
 std::uint16_t task_server::port() const noexcept { return impl_->port; }
@@ -509,7 +598,9 @@ namespace {
 
 // Carries a worker's requests to the ps agents and answers each exactly once: with the reply,
 // with the request's timeout, or, as soon as that ps agent goes down, with its loss (a request in
-// flight to a dead peer would otherwise wait for its whole timeout).
+// flight to a dead peer would otherwise wait for its whole timeout). It also reaches the ps
+// agents for a worker (reach_atom), so that a task that stops can end every wait of a function
+// still running at once (cancel_atom): from then on it answers everything with the reason.
 template <class T>
 struct type_tag {
   using type = T;
@@ -518,13 +609,28 @@ struct type_tag {
 struct router_state {
   std::vector<caf::actor> agents;
   std::vector<std::map<std::uint64_t, caf::response_promise>> pending;  // by ps task
+  std::vector<std::vector<caf::response_promise>> reaching;  // by ps task: waiting for its reach
   std::uint64_t next = 0;
+  std::optional<std::string> cancelled;  // why, once the task stops
 };
 
 caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<task_endpoint> ps,
-                           std::chrono::milliseconds timeout) {
+                           std::chrono::milliseconds timeout, std::string self_task, bool tls) {
   self->state.agents.resize(ps.size());
   self->state.pending.resize(ps.size());
+  self->state.reaching.resize(ps.size());
+  // Answers everything that waits for ps task i's reach.
+  auto reached = [=](std::size_t i, caf::error e) {
+    auto waiting = std::move(self->state.reaching[i]);
+    self->state.reaching[i].clear();
+    for (auto& rp : waiting) {
+      if (e) {
+        rp.deliver(e);
+      } else {
+        rp.deliver(true);
+      }
+    }
+  };
   self->set_down_handler([=](caf::down_msg& d) {
     auto& st = self->state;
     for (std::size_t p = 0; p < st.agents.size(); ++p) {
@@ -541,6 +647,10 @@ caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<
     auto& st = self->state;
     auto rp = self->make_response_promise();
     const auto i = static_cast<std::size_t>(p);
+    if (st.cancelled) {
+      rp.deliver(runtime_error(*st.cancelled));
+      return rp;
+    }
     if (p < 0 || i >= st.agents.size()) {
       rp.deliver(runtime_error("ps task " + std::to_string(p) + " is not in the cluster"));
       return rp;
@@ -574,6 +684,68 @@ caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<
         self->state.agents.at(static_cast<std::size_t>(p)) = agent;
         self->monitor(agent);
         return true;
+      },
+      [=](reach_atom, std::int32_t p) -> caf::result<bool> {
+        // Connects to ps task p and says hello (once, however many ask at a time), as reach()
+        // does, but without blocking: a cancel answers the waiting at once.
+        auto& st = self->state;
+        const auto i = static_cast<std::size_t>(p);
+        if (st.cancelled) return runtime_error(*st.cancelled);
+        if (p < 0 || i >= st.agents.size()) return runtime_error("ps task " + std::to_string(p) + " is not in the cluster");
+        if (st.agents[i]) return true;
+        auto rp = self->make_response_promise();
+        st.reaching[i].push_back(rp);
+        if (st.reaching[i].size() > 1) return rp;
+        const auto& t = ps[i];
+        auto& sys = self->system();
+        const caf::io::middleman_actor mm =
+            tls ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
+        self->request(mm, timeout, caf::connect_atom::value, t.host, t.port)
+            .then(
+                [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+                  if (self->state.cancelled) return;
+                  if (!ptr) {
+                    reached(i, caf::make_error(caf::sec::no_actor_published_at_port,
+                                               "no actor published at " + address_of(t.host, t.port)));
+                    return;
+                  }
+                  auto agent = caf::actor_cast<caf::actor>(std::move(ptr));
+                  self->request(agent, timeout, hello_atom::value, self_task, caf::actor_cast<caf::actor>(self))
+                      .then(
+                          [=](std::string& name, caf::actor& pulse) {
+                            if (self->state.cancelled) return;
+                            if (name != t.task) {
+                              reached(i, runtime_error(address_of(t.host, t.port) + " is " + name.substr(0, 64) +
+                                                       ", not " + t.task));
+                            } else if (!pulse) {
+                              reached(i, runtime_error(address_of(t.host, t.port) + " (" + t.task +
+                                                       ") answers no heartbeats"));
+                            } else {
+                              self->state.agents[i] = agent;
+                              self->monitor(agent);
+                              reached(i, caf::error{});
+                            }
+                          },
+                          [=](caf::error& e) {
+                            if (!self->state.cancelled) reached(i, std::move(e));
+                          });
+                },
+                [=](caf::error& e) {
+                  if (tls) clear_tls_errors(self->system());
+                  if (!self->state.cancelled) reached(i, std::move(e));
+                });
+        return rp;
+      },
+      [=](cancel_atom, const std::string& why) {
+        auto& st = self->state;
+        if (st.cancelled) return;
+        st.cancelled = why;
+        auto e = runtime_error(why);
+        for (std::size_t i = 0; i < st.agents.size(); ++i) {
+          for (auto& entry : st.pending[i]) entry.second.deliver(e);
+          st.pending[i].clear();
+          reached(i, e);
+        }
       },
       [=](gone_atom, std::int32_t p, const std::string& reason) {
         // Its connection is still open but it stopped answering: what waits on it fails now.
@@ -1010,7 +1182,8 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
       std::this_thread::sleep_for(d.options.connect_retry);
     }
   }
-  d.router = system.spawn(shard_router, d.options.ps, d.options.ps_timeout);
+  d.router = system.spawn(shard_router, d.options.ps, d.options.ps_timeout, d.options.task,
+                         d.options.credentials != nullptr);
   {
     caf::scoped_actor self{system};
     self->request(d.actor, std::chrono::seconds(5), watch_ps_atom::value).receive([](bool) {}, [](caf::error&) {});
@@ -1124,7 +1297,7 @@ struct shard_client::impl {
   std::shared_ptr<control_credentials> credentials;
   std::chrono::milliseconds timeout{0};
   std::mutex mutex;
-  std::vector<caf::actor> agents;
+  std::vector<bool> reached;  // by ps task: the router holds its agent (as far as we know)
   caf::actor router;  // also what the ps agents watch: it lives as long as this client
 
   // Per ps task, its data connection (made on first use, dropped after any failure).
@@ -1133,11 +1306,16 @@ struct shard_client::impl {
     std::unique_ptr<transport::bulk_stream> stream;
   };
   std::vector<std::unique_ptr<data_link>> links;
+  // Guards every change of a link's stream and `cancelled`, so that cancel() can wake a stream
+  // whose link mutex a blocked function holds.
+  std::mutex streams_mutex;
+  std::optional<std::string> cancelled;
 
   // After a failure on the data connections of `used` (their mutexes held): each is made again next
   // time. The control connection stays: the router knows when its ps task is lost, and says so
   // at once when the data port is asked for again.
   void drop(const std::set<int>& used) {
+    std::lock_guard<std::mutex> lock(streams_mutex);
     for (int p : used) links[static_cast<std::size_t>(p)]->stream.reset();
   }
 
@@ -1157,41 +1335,48 @@ struct shard_client::impl {
     if (failed.empty() && answer.size() < 3) failed = "a malformed answer of " + std::to_string(answer.size()) + " bytes";
     if (!failed.empty()) {
       std::lock_guard<std::mutex> lock(mutex);
-      agents[static_cast<std::size_t>(p)] = caf::actor{};  // reached again next time
+      reached[static_cast<std::size_t>(p)] = false;  // reached again next time
       throw std::runtime_error("ps task " + t.task + " gave no data port: " + failed);
     }
     const auto port = static_cast<std::uint16_t>(static_cast<unsigned char>(answer[0]) |
                                                  static_cast<unsigned char>(answer[1]) << 8);
     std::string secret = answer.substr(2);
     transport::ring_auth auth{credentials ? credentials->token() : std::string(), std::move(secret)};
-    link.stream = transport::bulk_stream::connect(transport::endpoint{t.host, port}, auth, timeout, "ps task " + t.task);
+    auto stream = transport::bulk_stream::connect(transport::endpoint{t.host, port}, auth, timeout, "ps task " + t.task);
+    std::lock_guard<std::mutex> lock(streams_mutex);
+    if (cancelled) throw std::runtime_error(*cancelled);
+    link.stream = std::move(stream);
     return *link.stream;
   }
 
-  // Connects to ps task p on first use (and again after it was lost).
+  // Reaches ps task p on first use (and again after it was lost), through the router.
   void connect(int p) {
     const auto i = static_cast<std::size_t>(p);
     if (p < 0 || i >= ps.size()) {
       throw std::out_of_range("variable shard on ps task " + std::to_string(p) + ", but the cluster has " +
                               std::to_string(ps.size()) + " ps task(s)");
     }
-    std::lock_guard<std::mutex> lock(mutex);
-    if (agents[i]) return;
-    auto found = reach(*system, ps[i], task, router, credentials != nullptr, timeout);
-    if (!found) {
-      throw std::runtime_error(task + " cannot reach ps task " + ps[i].task + " at " +
-                               address_of(ps[i].host, ps[i].port) + ": " + error_text(*system, found.error()));
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (reached[i]) return;
     }
+    std::string failed;
     caf::scoped_actor self{*system};
-    self->request(router, timeout, wup_atom::value, static_cast<std::int32_t>(p), found->agent)
-        .receive([](bool) {}, [](caf::error&) {});
-    agents[i] = found->agent;
+    // The router bounds the connect and the hello by the timeout each.
+    self->request(router, 2 * timeout + std::chrono::seconds(5), reach_atom::value, static_cast<std::int32_t>(p))
+        .receive([](bool) {}, [&](caf::error& e) { failed = error_text(*system, e); });
+    if (!failed.empty()) {
+      throw std::runtime_error(task + " cannot reach ps task " + ps[i].task + " at " +
+                               address_of(ps[i].host, ps[i].port) + ": " + failed);
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    reached[i] = true;
   }
 
   [[noreturn]] void fail(int p, const std::string& what, const caf::error& e) {
     {
       std::lock_guard<std::mutex> lock(mutex);
-      agents[static_cast<std::size_t>(p)] = caf::actor{};  // reconnect next time
+      reached[static_cast<std::size_t>(p)] = false;  // asks the router again next time
     }
     throw std::runtime_error(what + " on ps task " + ps[static_cast<std::size_t>(p)].task + " failed: " +
                              error_text(*system, e));
@@ -1206,13 +1391,24 @@ shard_client::shard_client(caf::actor_system& system, std::string task, std::vec
   s.task = std::move(task);
   s.ps = std::move(ps);
   s.timeout = timeout;
-  s.agents.resize(s.ps.size());
+  s.reached.assign(s.ps.size(), false);
   for (std::size_t p = 0; p < s.ps.size(); ++p) s.links.push_back(std::make_unique<impl::data_link>());
   s.credentials = std::move(credentials);
-  s.router = system.spawn(shard_router, s.ps, timeout);
+  s.router = system.spawn(shard_router, s.ps, timeout, s.task, s.credentials != nullptr);
 }
 
 shard_client::~shard_client() { caf::anon_send_exit(impl_->router, caf::exit_reason::user_shutdown); }
+
+void shard_client::cancel(const std::string& why) {
+  auto& c = *impl_;
+  caf::anon_send(c.router, cancel_atom::value, why);
+  std::lock_guard<std::mutex> lock(c.streams_mutex);
+  if (c.cancelled) return;
+  c.cancelled = why;
+  for (auto& link : c.links) {
+    if (link->stream) link->stream->shutdown();
+  }
+}
 
 std::string shard_client::read(int ps, const std::string& key) { return std::move(read_many({{ps, key}}).at(0)); }
 

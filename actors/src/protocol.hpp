@@ -91,6 +91,7 @@ using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
 using hbset_atom = caf::atom_constant<caf::atom("hbset")>;
 using data_atom = caf::atom_constant<caf::atom("data")>;
+using reach_atom = caf::atom_constant<caf::atom("reach")>;
 
 /// A member travels field by field; add_rendezvous_types announces it and the peer table.
 template <class Inspector>

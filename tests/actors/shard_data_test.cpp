@@ -1,9 +1,18 @@
 // A ps task's data port, in-process over loopback: a task_server holding a shard, a worker's
-// shard_client, and a reader that stops reading in the middle of a shard.
+// shard_client, and a reader that stops reading in the middle of a shard; a task's stop ending
+// what its function waits for.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <future>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -110,4 +119,96 @@ TEST_CASE("a reader that stops in the middle of a shard holds up no update, and 
     CHECK(std::string(e.what()).find("reading variable shard 's' on ps task " + task + " failed: ps task " + task +
                                      ": variable shard 's' on " + task + " holds 33554432 bytes") == 0);
   }
+}
+
+namespace {
+
+// A port that accepts connections (the kernel's backlog) and never says a word: a ps task stopped
+// or stuck, as a worker sees it.
+struct silent_port {
+  silent_port() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd, 16) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+  ~silent_port() { ::close(fd); }
+  int fd = -1;
+  std::uint16_t port = 0;
+};
+
+}  // namespace
+
+TEST_CASE("cancel ends a worker's wait for a ps task that never answers, and every later request, at once") {
+  node worker_node;
+  silent_port ps;
+  shard_client client(*worker_node.system, "/job:worker/replica:0/task:0",
+                      {task_endpoint{"/job:ps/replica:0/task:0", "127.0.0.1", ps.port}}, nullptr, 60000ms);
+  auto reading = std::async(std::launch::async, [&] { return client.read_many({{0, "w"}}); });
+  // Still waiting for the silent ps task well after the read began (its bound is 60 s).
+  CHECK(reading.wait_for(300ms) == std::future_status::timeout);
+  client.cancel("/job:worker/replica:0/task:0 is stopping");
+  REQUIRE(reading.wait_for(10s) == std::future_status::ready);
+  try {
+    reading.get();
+    FAIL("a read of a ps task that never answered returned");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()).find("cannot reach ps task /job:ps/replica:0/task:0 at 127.0.0.1:" +
+                                     std::to_string(ps.port) + ": /job:worker/replica:0/task:0 is stopping") !=
+          std::string::npos);
+  }
+  // Nothing waits from now on.
+  std::string into(4, '\0');
+  CHECK_THROWS_WITH_AS(client.read_into({shard_client::shard_read{0, "w", into.data(), 4, 0}}),
+                       doctest::Contains("is stopping"), std::runtime_error);
+}
+
+TEST_CASE("a worker task answers its peers while a function runs, and its stop ends the function's waits and drops the queue") {
+  node worker_node;
+  node chief_node;
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool cancelled = false;
+  int started = 0;
+  task_handlers h;
+  h.call = [&](const std::string& function, const std::string&) {
+    std::unique_lock<std::mutex> lock(mutex);
+    ++started;
+    wake.notify_all();
+    // Waits, as a function waiting on a ps task would, until the task's stop cancels the wait.
+    wake.wait(lock, [&] { return cancelled; });
+    return call_reply{false, function + " gave up: the task stops"};
+  };
+  h.cancel = [&] {
+    std::lock_guard<std::mutex> lock(mutex);
+    cancelled = true;
+    wake.notify_all();
+  };
+  const std::string task = "/job:worker/replica:0/task:0";
+  auto worker = std::make_unique<task_server>(*worker_node.system, task, "127.0.0.1", 0, nullptr, h);
+  auto agent = chief_node.system->middleman().remote_actor("127.0.0.1", worker->port());
+  REQUIRE(agent);
+  caf::scoped_actor chief{*chief_node.system};
+  chief->send(*agent, call_atom::value, std::uint64_t{1}, std::string("first"), std::string());
+  chief->send(*agent, call_atom::value, std::uint64_t{2}, std::string("second"), std::string());
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    REQUIRE(wake.wait_for(lock, 10s, [&] { return started == 1; }));
+  }
+  // The function runs; the agent still answers a hello, with its task's name.
+  std::string name;
+  chief->request(*agent, 10s, hello_atom::value, std::string("/job:chief/replica:0/task:0"), caf::actor{chief})
+      .receive([&](std::string& n, caf::actor&) { name = n; }, [](caf::error&) {});
+  CHECK(name == task);
+  // Stopping: the function's wait ends, the call queued behind it never runs, the server is gone.
+  const auto t0 = std::chrono::steady_clock::now();
+  worker.reset();
+  CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+  CHECK(cancelled);
+  CHECK(started == 1);
 }

@@ -29,7 +29,8 @@
 #   bulk           daemons with 2 ps tasks: variables of odd sizes and every dtype read and updated
 #                  bit-exact over the data connections, no torn shard under concurrent reads and
 #                  whole assigns, while strangers hit a ps task's data port (junk, a segment table
-#                  claiming 16 GiB, silence): refused and logged, the ps task stays small
+#                  claiming 16 GiB, silence): refused and logged, the ps task stays small; ps task 1
+#                  serves its data on the fixed port --data-port gives it
 set -uo pipefail
 scenario="$1"
 build="$2"
@@ -55,12 +56,12 @@ fail() {
   exit 1
 }
 
-# Five free loopback ports (free when asked: another process may take one before a task binds it;
+# Six free loopback ports (free when asked: another process may take one before a task binds it;
 # start_listening starts the tasks again on fresh ports then).
 pick_ports() {
-  read -r p0 p1 p2 p3 p4 < <(python3 -c '
+  read -r p0 p1 p2 p3 p4 p5 < <(python3 -c '
 import socket
-ss = [socket.socket() for _ in range(5)]
+ss = [socket.socket() for _ in range(6)]
 for s in ss: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in ss])')
 }
@@ -184,14 +185,16 @@ start_tasks() {
   task_args=("$@")
   start_listening task_listens launch_task w0 w1 ps
 }
-# A troupe-worker daemon with the test module (and the token in token_NAME, where one is set),
-# ready once it says so.
+# A troupe-worker daemon with the test module (and the token in token_NAME, where one is set; a
+# fixed data port from the port variable that dport_NAME names, where one is), ready once it says so.
 launch_daemon() {
-  local t tok
+  local t tok dport
   read -r -a t <<< "$(task_of "$1")"
   eval "tok=\${token_$1:-}"
+  eval "dport=\${dport_$1:-}"
+  [[ -n "$dport" ]] && eval "dport=\$$dport"
   timeout -k 5 60 env ${tok:+TROUPE_CLUSTER_TOKEN="$tok"} "$daemon" --task "${t[0]}:${t[1]}" --cluster "$(cluster)" \
-    --module "$module" >"$dir/$1.log" 2>&1 &
+    --module "$module" ${dport:+--data-port "$dport"} >"$dir/$1.log" 2>&1 &
   pids+=($!)
   eval "pid_$1=$!"
 }
@@ -468,8 +471,11 @@ case "$scenario" in
     ;;
   bulk)
     nps=2
+    dport_ps1=p5  # ps task 1 on a fixed data port (--data-port), ps task 0 on one the system picks
     start_daemons w0 w1 ps ps1
     wait_for "$dir/ps.log" "variables' data port 127.0.0.1:[0-9]+" 20
+    grep -q "variables' data port 127.0.0.1:$p5\$" "$dir/ps1.log" ||
+      fail "ps task 1 does not serve its data on the port --data-port $p5 gave it"
     data_port=$(grep -Eo "variables' data port 127.0.0.1:[0-9]+" "$dir/ps.log" | head -n 1 | cut -d: -f2)
     # Strangers: junk, a hello whose segment table claims 16 GiB, and one that stays silent while
     # the cluster works (refused once its time to prove itself is over).
@@ -568,4 +574,9 @@ PY
     exit 2
     ;;
 esac
+# A task whose shutdown ran into its bound (the one-binary roles end 5 s after their chief left,
+# troupe-worker 30 s after its signal) hung: that is a failure even though the bound ended it.
+if grep -l -e "still shutting down" -e "not stopped 30 s after" -e "did not stop within" "$dir"/*.log 2>/dev/null; then
+  fail "a task's shutdown hung until its bound ended it (logs above)"
+fi
 echo "PASSED: $scenario"

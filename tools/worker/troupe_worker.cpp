@@ -3,7 +3,7 @@
 // that come later. Functions come from shared libraries that define TROUPE_MODULE.
 //
 //   troupe-worker --task worker:0 --module ./libsteps.so            # cluster from TF_CONFIG
-//   troupe-worker --task ps:0 --cluster '{"worker": ["h1:2222"], "ps": ["h2:2222"]}'
+//   troupe-worker --task ps:0 --cluster '{"worker": ["h1:2222"], "ps": ["h2:2222"]}' --data-port 2223
 //
 // It prints one line when it is ready and one per peer that connects, leaves or is lost; SIGTERM
 // (or SIGINT) stops it cleanly, or exits 1 when that takes more than 30 s.
@@ -32,6 +32,10 @@ int main(int argc, char** argv) {
   app.add_option("--cluster", cluster,
                  "the cluster as TF_CONFIG's \"cluster\" value (default: TF_CONFIG's cluster)");
   app.add_option("--module", modules, "a shared library whose TROUPE_MODULE registers functions (repeatable)");
+  int data_port = -1;
+  app.add_option("--data-port", data_port,
+                 "ps tasks: the port for the variables' bytes (default: TROUPE_PS_DATA_PORT, else a free one)")
+      ->check(CLI::Range(0, 65535));
   CLI11_PARSE(app, argc, argv);
 
   // Every thread started from here on (the actor system's) leaves SIGTERM and SIGINT to the one
@@ -85,6 +89,7 @@ int main(int argc, char** argv) {
 
     troupe::Runtime runtime;
     auto options = td::ServerOptions::from_environment();
+    if (data_port >= 0) options.data_port = static_cast<std::uint16_t>(data_port);
     options.log = say;
     td::Server server(runtime, spec, type, index, std::move(functions), options);
     say("ready " + server.task() + " on " + server.target() + " (functions: " + (names.empty() ? "none" : names) +

@@ -11,6 +11,7 @@
 
 #include "caf/actor_system.hpp"
 #include "distribute/remote_wire.hpp"
+#include "env.hpp"
 #include "distribute/worker_services.hpp"
 #include "troupe/actors/cluster_tasks.hpp"
 #include "troupe/base/quote.hpp"
@@ -198,12 +199,19 @@ void WorkerServices::set_table(const std::string& blob) {
   for (std::size_t i = 0; same_ps && i < t.ps.size(); ++i) {
     same_ps = t.ps[i].host == table.ps[i].host && t.ps[i].port == table.ps[i].port;
   }
+  if (stopping) return;
   if (!same_ps || !shards) {
     std::vector<actors::task_endpoint> ps;
     for (const auto& p : t.ps) ps.push_back(actors::task_endpoint{p.task, p.host, p.port});
     shards = std::make_shared<actors::shard_client>(*system, task, std::move(ps), credentials, peer_timeout);
   }
   table = std::move(t);
+}
+
+void WorkerServices::cancel() {
+  std::lock_guard<std::mutex> lock(mutex);
+  stopping = true;
+  if (shards) shards->cancel(task + " is stopping (its chief left, or it was told to stop)");
 }
 
 std::pair<ShardedVariable, std::shared_ptr<actors::shard_client>> WorkerServices::variable(const std::string& name) {
@@ -239,6 +247,7 @@ ServerOptions ServerOptions::from_environment() {
   o.cluster_token = mw.cluster_token;
   o.insecure = mw.insecure;
   o.peer_timeout = mw.start_timeout;
+  o.data_port = static_cast<std::uint16_t>(troupe::detail::env_int("TROUPE_PS_DATA_PORT", 0, 0, 65535));
   return o;
 }
 
@@ -354,6 +363,7 @@ Server::Server(Runtime& runtime, const ClusterSpec& cluster, const std::string& 
         return actors::call_reply{false, e.what()};
       }
     };
+    h.cancel = [self] { self->services.cancel(); };
     h.table = [self](const std::string& blob) {
       try {
         self->services.set_table(blob);
@@ -377,7 +387,11 @@ Server::Server(Runtime& runtime, const ClusterSpec& cluster, const std::string& 
   h.chief_gone = [self] {
     if (self->options.stop_with_chief) self->stop();
   };
-  s.server = std::make_unique<actors::task_server>(runtime.system(), s.task, s.host, port, s.credentials, std::move(h));
+  actors::task_server_options so;
+  so.data_port = s.options.data_port;
+  so.data_timeout = s.options.peer_timeout;
+  s.server =
+      std::make_unique<actors::task_server>(runtime.system(), s.task, s.host, port, s.credentials, std::move(h), so);
 }
 
 Server::~Server() {

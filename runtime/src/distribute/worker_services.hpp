@@ -27,6 +27,7 @@ struct WorkerServices {
   VariableTable table;
   std::shared_ptr<actors::shard_client> shards;     // for table.ps
   std::map<std::uint64_t, data::Iterator> iterators;  // by id, made on first use
+  bool stopping = false;  // the task stops: no new connections, every wait on the ps tasks ends
 
   /// Takes a new layout from the chief (a malformed one is refused with the reason).
   void set_table(const std::string& blob);
@@ -35,6 +36,8 @@ struct WorkerServices {
   std::pair<ShardedVariable, std::shared_ptr<actors::shard_client>> variable(const std::string& name);
   /// Per-worker iterator `id`, made from its dataset function on first use.
   data::Iterator& iterator(std::uint64_t id, const std::string& dataset_function);
+  /// The task stops: a function still running gives up its waits on the ps tasks (it throws).
+  void cancel();
 };
 
 }  // namespace troupe::distribute::detail

@@ -166,8 +166,9 @@ struct shard_layout {
   std::uint8_t dtype = 0;  ///< the runtime's element type
 };
 
-/// What a task agent does with what it receives; all but layout and combine run on the agent's
-/// own thread (those two on a data connection's thread, or a shard actor's).
+/// What a task agent does with what it receives. `call` runs on the task's function thread, one
+/// call at a time; the others on the agent's actor (layout and combine also on a data
+/// connection's thread, or a shard actor's), so they may run while a function does.
 struct task_handlers {
   /// Runs a function (worker tasks).
   std::function<call_reply(const std::string& function, const std::string& args)> call;
@@ -190,16 +191,27 @@ struct task_handlers {
   std::function<void()> chief_came;
   /// The chief that connected has left or was lost.
   std::function<void()> chief_gone;
+  /// The task stops: a function still running should give up what it waits for, now (worker
+  /// tasks). Called once, from the task server's destructor, while the function may still run.
+  std::function<void()> cancel;
+};
+
+/// A task server's data port (ps tasks: where the shards' bytes travel).
+struct task_server_options {
+  std::uint16_t data_port = 0;                   ///< 0: a free port the system picks
+  std::chrono::milliseconds data_timeout{60000};  ///< a data connection silent mid-frame this long is dropped
 };
 
 /// One task of a cluster listening for its peers: the task agent, published through the
 /// middleman (CAF's OpenSSL module with a token). Destruction unpublishes it and stops it.
 class task_server {
  public:
-  /// Listens on host:port (port 0: any free port). Throws std::runtime_error naming the address
-  /// when it cannot listen.
+  /// Listens on host:port (port 0: any free port), and a ps task (one whose handlers have layout
+  /// and combine) on its data port too. Throws std::runtime_error naming the address when it
+  /// cannot listen.
   task_server(caf::actor_system& system, std::string task, std::string host, std::uint16_t port,
-              std::shared_ptr<control_credentials> credentials, task_handlers handlers);
+              std::shared_ptr<control_credentials> credentials, task_handlers handlers,
+              task_server_options options = {});
   ~task_server();
   task_server(const task_server&) = delete;
   task_server& operator=(const task_server&) = delete;
@@ -340,6 +352,10 @@ class shard_client {
   /// Applies updates over the data connections, sent from where they lie; waits for every one,
   /// then throws for the first that failed, naming its ps task.
   void update_from(const std::vector<shard_write>& updates);
+
+  /// Ends every wait of this client now and from now on (its task stops): what waits, and what
+  /// asks later, throws std::runtime_error with `why`. Thread-safe.
+  void cancel(const std::string& why);
 
   struct impl;
 

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -19,8 +20,14 @@ struct ServerOptions {
   std::string cluster_token;
   /// TROUPE_INSECURE=1: serve beyond loopback without a token (a trusted, isolated network only).
   bool insecure = false;
-  /// TROUPE_START_TIMEOUT_MS: how long a worker waits for a ps task to answer.
+  /// TROUPE_START_TIMEOUT_MS: how long a worker waits for a ps task to answer, and how long a ps
+  /// task waits for a worker that stalls in the middle of sending or reading a variable's bytes.
   std::chrono::milliseconds peer_timeout{60000};
+  /// TROUPE_PS_DATA_PORT: the port a ps task serves its variables' bytes on, beside its cluster
+  /// address (where a firewall stands between hosts, open both). 0: a free port the system picks;
+  /// the workers learn it over the authenticated control connection either way. Two ps tasks on
+  /// one host need two ports (troupe-worker's --data-port sets it per task).
+  std::uint16_t data_port = 0;
   /// join() returns once the chief that connected leaves or is lost: what a task of a training
   /// program wants (the same binary in every role). A daemon (troupe-worker) serves on.
   bool stop_with_chief = false;
