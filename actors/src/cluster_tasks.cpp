@@ -405,6 +405,26 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         }
         st.runner->wake.notify_one();
       },
+      [=](cancel_atom) -> std::string {
+        // The chief raises a function's error: the calls it sent that have not started here are
+        // dropped, as TensorFlow cancels closures still queued. Their ids, 8 bytes each
+        // (little-endian), tell it which.
+        auto& st = self->state;
+        std::string ids;
+        if (!st.runner) return ids;
+        const auto from = self->current_sender();
+        std::lock_guard<std::mutex> lock(st.runner->mutex);
+        auto& calls = st.runner->calls;
+        for (auto it = calls.begin(); it != calls.end();) {
+          if (caf::actor_cast<caf::strong_actor_ptr>(it->reply_to) != from) {
+            ++it;
+            continue;
+          }
+          for (int b = 0; b < 8; ++b) ids.push_back(static_cast<char>((it->id >> (8 * b)) & 0xff));
+          it = calls.erase(it);
+        }
+        return ids;
+      },
       [=](vnew_atom, const std::string& key, std::string& bytes) -> caf::result<bool> {
         auto& st = self->state;
         auto cell = std::make_shared<shard_cell>();
@@ -965,6 +985,28 @@ caf::behavior dispatch_actor(caf::stateful_actor<dispatch_actor_state>* self, st
         st.failed = false;  // being raised now: what fails from here on is a new error
         st.cancelling = true;
         pump();
+        // Closures handed to a worker that has not started them are queued too (a TensorFlow
+        // worker takes one closure at a time): each worker drops them and says which.
+        for (std::size_t w = 0; w < st.workers.size(); ++w) {
+          auto worker = st.workers[w];
+          if (!worker) continue;
+          self->request(worker, std::chrono::seconds(10), cancel_atom::value)
+              .then(
+                  [=](const std::string& ids) {
+                    auto& st = self->state;
+                    if (st.workers[w] != worker) return;  // lost meanwhile: lose_worker settled them
+                    std::vector<std::uint64_t> dropped;
+                    for (std::size_t at = 0; at + 8 <= ids.size(); at += 8) {
+                      std::uint64_t id = 0;
+                      for (int b = 0; b < 8; ++b) id |= std::uint64_t{static_cast<unsigned char>(ids[at + b])} << (8 * b);
+                      // Only what that worker holds: a stale or made-up id changes nothing.
+                      if (st.rules->on_finished(static_cast<int>(w), id)) dropped.push_back(id);
+                    }
+                    cancel(dropped);
+                    pump();
+                  },
+                  [](caf::error&) {});  // they run and finish as usual
+        }
         return true;
       },
       [=](resume_atom) {
@@ -1239,49 +1281,72 @@ void dispatcher::schedule(std::uint64_t id, std::string function, std::string ar
 
 void dispatcher::set_table(std::string blob) { caf::anon_send(impl_->actor, table_atom::value, std::move(blob)); }
 
-void dispatcher::create_shard(int ps, const std::string& key, std::string bytes, std::chrono::milliseconds timeout) {
-  auto& d = *impl_;
-  const auto& p = d.options.ps.at(static_cast<std::size_t>(ps));
+namespace {
+
+// Sends one request per shard to the router at once (`make` builds each message), then takes the
+// answers in order (`take` gets the i-th reply); once all are in, throws for the first failure.
+template <class Reply, class Make, class Take>
+void all_shards(dispatcher::impl& d, std::size_t n, std::chrono::milliseconds timeout, const char* what,
+                const std::function<const dispatcher::shard_op&(std::size_t)>& shard, Make make, Take take) {
   caf::scoped_actor self{*d.system};
+  using handle = decltype(self->request(d.router, timeout, make(std::size_t{0})));
+  std::vector<handle> pending;
+  pending.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) pending.push_back(self->request(d.router, timeout + std::chrono::seconds(5), make(i)));
+  std::size_t bad = n;
   std::string failed;
-  self->request(d.router, timeout + std::chrono::seconds(5), vnew_atom::value, static_cast<std::int32_t>(ps), key,
-                std::move(bytes))
-      .receive([](bool) {}, [&](caf::error& e) { failed = error_text(*d.system, e); });
-  if (!failed.empty()) {
-    throw std::runtime_error("ParameterServerStrategy: cannot create variable shard '" + key + "' on ps task " +
-                             p.task + ": " + failed);
+  for (std::size_t i = 0; i < n; ++i) {
+    pending[i].receive([&](Reply& r) { take(i, r); },
+                       [&](caf::error& e) {
+                         if (bad == n) {
+                           bad = i;
+                           failed = error_text(*d.system, e);
+                         }
+                       });
   }
+  if (bad == n) return;
+  const auto& s = shard(bad);
+  throw std::runtime_error(std::string("ParameterServerStrategy: cannot ") + what + " variable shard '" + s.key +
+                           "' on ps task " + d.options.ps.at(static_cast<std::size_t>(s.ps)).task + ": " + failed);
 }
 
-std::string dispatcher::read_shard(int ps, const std::string& key, std::chrono::milliseconds timeout) {
+}  // namespace
+
+void dispatcher::create_shards(std::vector<shard_op> shards, std::chrono::milliseconds timeout) {
   auto& d = *impl_;
-  const auto& p = d.options.ps.at(static_cast<std::size_t>(ps));
-  caf::scoped_actor self{*d.system};
-  std::string failed;
-  std::string out;
-  self->request(d.router, timeout + std::chrono::seconds(5), vread_atom::value, static_cast<std::int32_t>(ps), key)
-      .receive([&](std::string& bytes) { out = std::move(bytes); },
-               [&](caf::error& e) { failed = error_text(*d.system, e); });
-  if (!failed.empty()) {
-    throw std::runtime_error("ParameterServerStrategy: cannot read variable shard '" + key + "' on ps task " +
-                             p.task + ": " + failed);
-  }
+  for (const auto& s : shards) d.options.ps.at(static_cast<std::size_t>(s.ps));  // a ps task of the cluster
+  all_shards<bool>(
+      d, shards.size(), timeout, "create", [&](std::size_t i) -> const shard_op& { return shards[i]; },
+      [&](std::size_t i) {
+        return caf::make_message(vnew_atom::value, static_cast<std::int32_t>(shards[i].ps), shards[i].key,
+                                 std::move(shards[i].bytes));
+      },
+      [](std::size_t, bool) {});
+}
+
+std::vector<std::string> dispatcher::read_shards(const std::vector<shard_op>& shards, std::chrono::milliseconds timeout) {
+  auto& d = *impl_;
+  for (const auto& s : shards) d.options.ps.at(static_cast<std::size_t>(s.ps));
+  std::vector<std::string> out(shards.size());
+  all_shards<std::string>(
+      d, shards.size(), timeout, "read", [&](std::size_t i) -> const shard_op& { return shards[i]; },
+      [&](std::size_t i) {
+        return caf::make_message(vread_atom::value, static_cast<std::int32_t>(shards[i].ps), shards[i].key);
+      },
+      [&](std::size_t i, std::string& bytes) { out[i] = std::move(bytes); });
   return out;
 }
 
-void dispatcher::update_shard(int ps, const std::string& key, std::uint8_t op, std::string bytes,
-                              std::chrono::milliseconds timeout) {
+void dispatcher::update_shards(std::vector<shard_op> updates, std::chrono::milliseconds timeout) {
   auto& d = *impl_;
-  const auto& p = d.options.ps.at(static_cast<std::size_t>(ps));
-  caf::scoped_actor self{*d.system};
-  std::string failed;
-  self->request(d.router, timeout + std::chrono::seconds(5), vupdate_atom::value, static_cast<std::int32_t>(ps), key, op,
-                std::move(bytes))
-      .receive([](bool) {}, [&](caf::error& e) { failed = error_text(*d.system, e); });
-  if (!failed.empty()) {
-    throw std::runtime_error("ParameterServerStrategy: cannot update variable shard '" + key + "' on ps task " +
-                             p.task + ": " + failed);
-  }
+  for (const auto& s : updates) d.options.ps.at(static_cast<std::size_t>(s.ps));
+  all_shards<bool>(
+      d, updates.size(), timeout, "update", [&](std::size_t i) -> const shard_op& { return updates[i]; },
+      [&](std::size_t i) {
+        return caf::make_message(vupdate_atom::value, static_cast<std::int32_t>(updates[i].ps), updates[i].key,
+                                 updates[i].op, std::move(updates[i].bytes));
+      },
+      [](std::size_t, bool) {});
 }
 
 std::uint64_t dispatcher::retried() const { return impl_->retried; }

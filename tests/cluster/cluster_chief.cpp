@@ -274,6 +274,33 @@ int main(int argc, char** argv) {
       bool finished = false;
       expect(error_of([&] { finished = coordinator.done(); }).empty() && finished, "done raised twice");
       std::cout << "PASS done: " << d << std::endl;
+
+      // Closures handed to a worker ahead of time (8 per worker here) and not started there are
+      // queued too: raising the error cancels them on the worker, as TensorFlow cancels what its
+      // workers have not taken. The worker that runs the long function holds 7 such closures.
+      td::ClusterCoordinatorOptions wide_options;
+      wide_options.closures_per_worker = 8;
+      td::ClusterCoordinator wide(strategy, wide_options);
+      auto long_one = wide.schedule("slow", 1500, -1);
+      auto bad4 = wide.schedule("fail");
+      std::vector<td::RemoteValue> handed;
+      for (int i = 0; i < 16; ++i) handed.push_back(wide.schedule("slow", 50, i));
+      auto w = error_of([&] { wide.join(); });
+      expect(contains(w, "function 'fail' failed on /job:worker/"), "join with a window of 8: " + w);
+      expect(long_one.fetch().at(0).item<int>() == -1, "the long function in flight has its value");
+      int dropped = 0;
+      for (int i = 0; i < 16; ++i) {
+        auto& v = handed[static_cast<std::size_t>(i)];
+        expect(v.is_ready(), "closure " + std::to_string(i) + " still pending after join raised");
+        if (is_cancelled(v)) {
+          ++dropped;
+        } else {
+          expect(v.fetch().at(0).item<int>() == i, "slow " + std::to_string(i));
+        }
+      }
+      expect(dropped >= 7, "only " + std::to_string(dropped) +
+                               " of 16 closures cancelled: those queued on the worker of the long function ran");
+      std::cout << "PASS worker queues: " << dropped << " of 16 closures cancelled" << std::endl;
     } else if (mode == "retry") {
       // Slow closures, so some are in flight when the script kills a worker.
       std::vector<td::RemoteValue> values;

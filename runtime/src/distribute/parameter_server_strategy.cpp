@@ -243,25 +243,30 @@ ShardedVariable create_sharded(PsState& s, const std::string& name, const Tensor
   v.dtype = initial_value.dtype();
   std::int64_t row = 0;
   const int num_ps = static_cast<int>(s.table.ps.size());
+  int next_ps = s.next_ps;
+  std::vector<actors::dispatcher::shard_op> creations;
   for (int i = 0; i < n; ++i) {
     // As TensorFlow splits: the first rows % n shards take one row more.
     const std::int64_t r = rows / n + (i < rows % n ? 1 : 0);
-    ShardedVariable::Shard shard{s.next_ps, r, name + "/part_" + std::to_string(i)};
-    s.next_ps = (s.next_ps + 1) % num_ps;
-    s.coordinator->dispatcher->create_shard(shard.ps, shard.key, encode_tensor(rows_of(initial_value, row, r)),
-                                            s.options.peer_timeout);
+    ShardedVariable::Shard shard{next_ps, r, name + "/part_" + std::to_string(i)};
+    next_ps = (next_ps + 1) % num_ps;
+    creations.push_back({shard.ps, shard.key, 0, encode_tensor(rows_of(initial_value, row, r))});
     row += r;
     v.shards.push_back(std::move(shard));
   }
+  s.coordinator->dispatcher->create_shards(std::move(creations), s.options.peer_timeout);
+  s.next_ps = next_ps;
   s.table.variables.push_back(v);
   s.coordinator->dispatcher->set_table(encode_table(s.table));
   return v;
 }
 
 Tensor read_sharded(PsState& s, const ShardedVariable& v) {
+  std::vector<actors::dispatcher::shard_op> reads;
+  for (const auto& shard : v.shards) reads.push_back({shard.ps, shard.key, 0, {}});
   std::vector<Tensor> pieces;
-  for (const auto& shard : v.shards) {
-    pieces.push_back(decode_tensor(s.coordinator->dispatcher->read_shard(shard.ps, shard.key, s.options.peer_timeout)));
+  for (const auto& bytes : s.coordinator->dispatcher->read_shards(reads, s.options.peer_timeout)) {
+    pieces.push_back(decode_tensor(bytes));
   }
   return join_rows(pieces, v.shape, v.dtype);
 }
@@ -283,11 +288,12 @@ class PsVariable final : public RemoteVariable {
     auto s = strategy_state();
     const Tensor rows = value.shape() == sharded_.shape ? value : value.reshape(sharded_.shape);
     std::int64_t row = 0;
+    std::vector<actors::dispatcher::shard_op> updates;
     for (const auto& shard : sharded_.shards) {
-      s->coordinator->dispatcher->update_shard(shard.ps, shard.key, static_cast<std::uint8_t>(op),
-                                               encode_tensor(rows_of(rows, row, shard.rows)), s->options.peer_timeout);
+      updates.push_back({shard.ps, shard.key, static_cast<std::uint8_t>(op), encode_tensor(rows_of(rows, row, shard.rows))});
       row += shard.rows;
     }
+    s->coordinator->dispatcher->update_shards(std::move(updates), s->options.peer_timeout);
   }
 
  private:

@@ -430,12 +430,13 @@ bool serve_if_worker_or_ps(Runtime& runtime, const ClusterResolver& resolver, Fu
     }
   }
   server.join();
-  // The task is over and the program returns from main next. Its shutdown is bounded: CAF's actor
-  // system can wait without a bound for an actor something still references (seen, rarely, after
-  // peers vanished), and a task must not outlive its cluster for that.
+  // The task is over and the program returns from main next. Its shutdown waits for a function
+  // still running (its waits on the ps tasks end at once, its own code does not): bounded, so that
+  // a task does not outlive its cluster for a result nobody will take.
   std::thread([task = server.impl_->task] {
     std::this_thread::sleep_for(std::chrono::seconds(5));
-    std::cerr << "troupe: " << task << ": still shutting down 5 s after its chief left; exiting" << std::endl;
+    std::cerr << "troupe: " << task << ": still shutting down 5 s after its chief left (a function still runs?); exiting"
+              << std::endl;
     std::_Exit(0);
   }).detach();
   return true;

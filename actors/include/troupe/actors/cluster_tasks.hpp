@@ -281,15 +281,22 @@ class dispatcher {
   void resume();
   /// The variables' layout, sent to every worker now and to every worker that connects later.
   void set_table(std::string blob);
-  /// Creates a variable shard on ps task `ps` (blocking, bounded by `timeout`); throws
-  /// std::runtime_error naming the ps task on failure.
-  void create_shard(int ps, const std::string& key, std::string bytes, std::chrono::milliseconds timeout);
-  /// A shard's bytes (blocking, bounded); throws std::runtime_error naming the ps task.
-  std::string read_shard(int ps, const std::string& key, std::chrono::milliseconds timeout);
-  /// Applies an update to a shard (op: 0 assign, 1 add, 2 subtract; blocking, bounded); throws
-  /// std::runtime_error naming the ps task.
-  void update_shard(int ps, const std::string& key, std::uint8_t op, std::string bytes,
-                    std::chrono::milliseconds timeout);
+  /// One shard of the chief's own requests: ps task, key, and for a creation or an update its
+  /// bytes (and op: 0 assign, 1 add, 2 subtract).
+  struct shard_op {
+    int ps = 0;
+    std::string key;
+    std::uint8_t op = 0;
+    std::string bytes;
+  };
+  /// Creates variable shards, every request in flight at once (blocking, each bounded by
+  /// `timeout`); once all are answered, throws std::runtime_error for the first that failed,
+  /// naming its ps task.
+  void create_shards(std::vector<shard_op> shards, std::chrono::milliseconds timeout);
+  /// Shards' bytes, in order, every request in flight at once; throws as create_shards.
+  std::vector<std::string> read_shards(const std::vector<shard_op>& shards, std::chrono::milliseconds timeout);
+  /// Applies updates to shards, every request in flight at once; throws as create_shards.
+  void update_shards(std::vector<shard_op> updates, std::chrono::milliseconds timeout);
 
   /// Closures put back after their worker was lost, and workers lost, so far.
   std::uint64_t retried() const;

@@ -79,8 +79,9 @@ class Server {
 /// other task returns false at once, and the program goes on as the chief. A chief that has not
 /// connected within options.peer_timeout (TROUPE_START_TIMEOUT_MS) is troupe::Error naming the
 /// task, so no task is left behind by a chief that failed at start. Once it returned true the
-/// process is expected to end: 5 s later it exits with status 0 if it still runs (its shutdown
-/// hung), saying so.
+/// process is expected to end: a function still running when the chief left has its waits on the
+/// ps tasks ended at once, and 5 s later the process exits with status 0 if it still runs (a
+/// function busy in its own code), saying so.
 bool serve_if_worker_or_ps(Runtime& runtime, const ClusterResolver& resolver, FunctionRegistry functions,
                            ServerOptions options = ServerOptions::from_environment());
 
