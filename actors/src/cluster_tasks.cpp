@@ -13,10 +13,8 @@
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
-#include "caf/openssl/all.hpp"
 #include "control_gate.hpp"
 #include "control_tls.hpp"
-#include "openssl/err.h"
 #include "openssl/rand.h"
 #include "protocol.hpp"
 #include "troupe/transport/bulk_channel.hpp"
@@ -34,18 +32,21 @@ caf::error runtime_error(std::string text) { return caf::make_error(caf::sec::ru
 
 std::string address_of(const std::string& host, std::uint16_t port) { return host + ":" + std::to_string(port); }
 
-// A TLS handshake that fails (a peer with another token) leaves its error in the OpenSSL error
-// queue of the middleman's thread, and CAF 0.17 does not clear it: the next read of another
-// session that has nothing to read then reads as a TLS error, and that healthy connection is
-// closed. Clearing the queue on that thread after a failed attempt keeps the others.
-void clear_tls_errors(caf::actor_system& system) {
-  system.middleman().backend().post([] { ERR_clear_error(); });
+// What a task's answer to hello says about it: nothing wrong, or why it is not the task meant.
+caf::error check_hello(const task_endpoint& t, const std::string& name, const caf::actor& pulse) {
+  if (name != t.task) return runtime_error(address_of(t.host, t.port) + " is " + name.substr(0, 64) + ", not " + t.task);
+  if (!pulse) return runtime_error(address_of(t.host, t.port) + " (" + t.task + ") answers no heartbeats");
+  return {};
 }
 
-caf::expected<caf::actor> connect(caf::actor_system& system, const std::string& host, std::uint16_t port, bool tls,
-                                  std::chrono::milliseconds wait) {
-  return connect_bounded(system, tls ? system.openssl_manager().actor_handle() : system.middleman().actor_handle(),
-                         host, port, wait);
+// Every connection of the cluster tasks, made or accepted, goes through a control gate
+// (control_gate.hpp): with a token no byte is parsed before the peer proved it in the TLS
+// handshake, the OpenSSL error queue is cleared before every session call (a stranger's failed
+// handshake would otherwise make a healthy session's next read look fatal), unproven connections
+// are bounded and refusals logged with the peer's address.
+caf::expected<caf::actor> connect(caf::actor_system& system, const control_gate& gate, const std::string& host,
+                                  std::uint16_t port, std::chrono::milliseconds wait) {
+  return connect_bounded(system, gate.actor(), host, port, wait);
 }
 
 // --- the task agent ---------------------------------------------------------------------------
@@ -291,6 +292,8 @@ struct function_runner {
         reply = handlers.call(c.function, c.args);
       } catch (const std::exception& e) {
         reply = call_reply{false, e.what()};
+      } catch (...) {
+        reply = call_reply{false, "function " + c.function + " threw something that is not a std::exception"};
       }
       {
         std::lock_guard<std::mutex> lock(mutex);
@@ -486,6 +489,7 @@ struct task_server::impl {
   std::shared_ptr<std::atomic<std::uint16_t>> data_port;  // what the agent hands out; 0 once closing
   caf::actor_system* system = nullptr;
   std::shared_ptr<control_credentials> credentials;
+  std::unique_ptr<control_gate> gate;  // the task's listener
   caf::actor agent;
   caf::actor pulse;
   std::shared_ptr<const task_handlers> handlers;
@@ -546,8 +550,8 @@ task_server::task_server(caf::actor_system& system, std::string task, std::strin
     s.runner->agent = s.agent.address();
     s.runner->thread = std::thread([runner = s.runner, shared] { runner->run(*shared); });
   }
-  auto published = s.tls ? caf::openssl::publish(s.agent, port, host.c_str(), true)
-                         : system.middleman().publish(s.agent, port, host.c_str(), true);
+  s.gate = std::make_unique<control_gate>(system, s.tls, gate_limits::for_tasks());
+  auto published = s.gate->publish(s.agent, port, host);
   if (!published) {
     caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(pulse, caf::exit_reason::user_shutdown);
@@ -582,11 +586,7 @@ task_server::~task_server() {
   // Workers asking for the data port from now on hear that there is none, at once.
   if (s.data_port) *s.data_port = 0;
   s.data.reset();
-  if (s.tls) {
-    caf::anon_send(s.system->openssl_manager().actor_handle(), caf::unpublish_atom::value, s.agent.address(), s.port);
-  } else {
-    s.system->middleman().unpublish(s.agent, s.port);
-  }
+  s.gate->unpublish(s.agent, s.port);
   // The agent and the pulse end at once (neither runs functions); the function thread ends once
   // its function returns. Both wait here: the handlers reach into the owner of this object, which
   // is destroyed next.
@@ -635,7 +635,7 @@ struct router_state {
 };
 
 caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<task_endpoint> ps,
-                           std::chrono::milliseconds timeout, std::string self_task, bool tls) {
+                           std::chrono::milliseconds timeout, std::string self_task, caf::io::middleman_actor mm) {
   self->state.agents.resize(ps.size());
   self->state.pending.resize(ps.size());
   self->state.reaching.resize(ps.size());
@@ -717,9 +717,6 @@ caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<
         st.reaching[i].push_back(rp);
         if (st.reaching[i].size() > 1) return rp;
         const auto& t = ps[i];
-        auto& sys = self->system();
-        const caf::io::middleman_actor mm =
-            tls ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
         self->request(mm, timeout, caf::connect_atom::value, t.host, t.port)
             .then(
                 [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
@@ -734,24 +731,18 @@ caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<
                       .then(
                           [=](std::string& name, caf::actor& pulse) {
                             if (self->state.cancelled) return;
-                            if (name != t.task) {
-                              reached(i, runtime_error(address_of(t.host, t.port) + " is " + name.substr(0, 64) +
-                                                       ", not " + t.task));
-                            } else if (!pulse) {
-                              reached(i, runtime_error(address_of(t.host, t.port) + " (" + t.task +
-                                                       ") answers no heartbeats"));
-                            } else {
+                            auto wrong = check_hello(t, name, pulse);
+                            if (!wrong) {
                               self->state.agents[i] = agent;
                               self->monitor(agent);
-                              reached(i, caf::error{});
                             }
+                            reached(i, std::move(wrong));
                           },
                           [=](caf::error& e) {
                             if (!self->state.cancelled) reached(i, std::move(e));
                           });
                 },
                 [=](caf::error& e) {
-                  if (tls) clear_tls_errors(self->system());
                   if (!self->state.cancelled) reached(i, std::move(e));
                 });
         return rp;
@@ -800,6 +791,7 @@ caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<
 struct dispatcher::impl {
   caf::actor_system* system = nullptr;
   dispatcher_options options;
+  std::unique_ptr<control_gate> gate;  // every connection to the tasks
   std::function<void(closure_outcome)> on_done;
   std::function<void(const std::string&, const std::string&)> on_ps_lost;
   std::function<void(const std::string&)> log;
@@ -1087,12 +1079,9 @@ struct reached_task {
 };
 
 caf::expected<reached_task> reach(caf::actor_system& system, const task_endpoint& t, const std::string& self_task,
-                                  const caf::actor& watch, bool tls, std::chrono::milliseconds wait) {
-  auto found = connect(system, t.host, t.port, tls, wait);
-  if (!found) {
-    if (tls) clear_tls_errors(system);
-    return found.error();
-  }
+                                  const caf::actor& watch, const control_gate& gate, std::chrono::milliseconds wait) {
+  auto found = connect(system, gate, t.host, t.port, wait);
+  if (!found) return found.error();
   caf::scoped_actor self{system};
   caf::error failed;
   std::string name;
@@ -1105,10 +1094,7 @@ caf::expected<reached_task> reach(caf::actor_system& system, const task_endpoint
           },
           [&](caf::error& e) { failed = std::move(e); });
   if (failed) return failed;
-  if (name != t.task) {
-    return runtime_error(address_of(t.host, t.port) + " is " + name.substr(0, 64) + ", not " + t.task);
-  }
-  if (!pulse) return runtime_error(address_of(t.host, t.port) + " (" + t.task + ") answers no heartbeats");
+  if (auto wrong = check_hello(t, name, pulse)) return wrong;
   return reached_task{*found, std::move(pulse)};
 }
 
@@ -1118,15 +1104,11 @@ caf::expected<reached_task> reach(caf::actor_system& system, const task_endpoint
 // skipped, so leaving never waits on them.
 void say_goodbye(const std::shared_ptr<dispatcher::impl>& d, const std::vector<bool>& reached,
                  const std::vector<bool>& prompt) {
-  const bool tls = d->options.credentials != nullptr;
   for (std::size_t w = 0; w < d->options.workers.size(); ++w) {
     if (reached[w] || !prompt[w]) continue;
     const auto& t = d->options.workers[w];
-    auto agent = connect(*d->system, t.host, t.port, tls, std::chrono::seconds(2));
-    if (!agent) {
-      if (tls) clear_tls_errors(*d->system);
-      continue;  // still down: its start timeout ends it
-    }
+    auto agent = connect(*d->system, *d->gate, t.host, t.port, std::chrono::seconds(2));
+    if (!agent) continue;  // still down: its start timeout ends it
     caf::scoped_actor self{*d->system};
     bool told = false;
     self->request(*agent, std::chrono::seconds(2), leave_atom::value, d->options.task, t.task)
@@ -1151,7 +1133,7 @@ void run_connector(std::shared_ptr<dispatcher::impl> d) {
       if (d->connected[w]) continue;
       const auto& t = d->options.workers[w];
       const auto began = std::chrono::steady_clock::now();
-      auto agent = reach(*d->system, t, d->options.task, d->actor, tls, std::chrono::seconds(5));
+      auto agent = reach(*d->system, t, d->options.task, d->actor, *d->gate, std::chrono::seconds(5));
       prompt[w] = std::chrono::steady_clock::now() - began < std::chrono::seconds(1);
       if (agent) {
         d->connected[w] = true;
@@ -1197,6 +1179,7 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
   d.connect_retry_ms = d.options.connect_retry.count();
   d.connected = std::make_unique<std::atomic<bool>[]>(d.options.workers.size());
   for (std::size_t w = 0; w < d.options.workers.size(); ++w) d.connected[w] = false;
+  d.gate = std::make_unique<control_gate>(system, d.options.credentials != nullptr, gate_limits::for_tasks());
   // The ps tasks hold the variables: without every one of them there is nothing to train.
   d.actor = system.spawn(dispatch_actor, impl_);
   const auto deadline = std::chrono::steady_clock::now() + d.options.ps_timeout;
@@ -1206,7 +1189,7 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
       // answers must not outlast ps_timeout.
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       const auto wait = std::clamp(left, std::chrono::milliseconds(500), std::chrono::milliseconds(5000));
-      auto agent = reach(system, p, d.options.task, d.actor, d.options.credentials != nullptr, wait);
+      auto agent = reach(system, p, d.options.task, d.actor, *d.gate, wait);
       if (agent) {
         d.ps.push_back(agent->agent);
         d.ps_pulse.push_back(agent->pulse);
@@ -1224,8 +1207,7 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
       std::this_thread::sleep_for(d.options.connect_retry);
     }
   }
-  d.router = system.spawn(shard_router, d.options.ps, d.options.ps_timeout, d.options.task,
-                         d.options.credentials != nullptr);
+  d.router = system.spawn(shard_router, d.options.ps, d.options.ps_timeout, d.options.task, d.gate->actor());
   {
     caf::scoped_actor self{system};
     self->request(d.actor, std::chrono::seconds(5), watch_ps_atom::value).receive([](bool) {}, [](caf::error&) {});
@@ -1363,6 +1345,7 @@ struct shard_client::impl {
   std::chrono::milliseconds timeout{0};
   std::mutex mutex;
   std::vector<bool> reached;  // by ps task: the router holds its agent (as far as we know)
+  std::unique_ptr<control_gate> gate;  // every connection to the ps tasks
   caf::actor router;  // also what the ps agents watch: it lives as long as this client
 
   // Per ps task, its data connection (made on first use, dropped after any failure).
@@ -1459,7 +1442,8 @@ shard_client::shard_client(caf::actor_system& system, std::string task, std::vec
   s.reached.assign(s.ps.size(), false);
   for (std::size_t p = 0; p < s.ps.size(); ++p) s.links.push_back(std::make_unique<impl::data_link>());
   s.credentials = std::move(credentials);
-  s.router = system.spawn(shard_router, s.ps, timeout, s.task, s.credentials != nullptr);
+  s.gate = std::make_unique<control_gate>(system, s.credentials != nullptr, gate_limits::for_tasks());
+  s.router = system.spawn(shard_router, s.ps, timeout, s.task, s.gate->actor());
 }
 
 shard_client::~shard_client() { caf::anon_send_exit(impl_->router, caf::exit_reason::user_shutdown); }

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -42,6 +43,13 @@ gate_limits gate_limits::for_cluster(int workers) {
   const int n = std::max(workers, 1);
   l.max_payload_bytes = 64 * 1024 + 1024 * static_cast<std::uint32_t>(std::min(n, 1 << 20));
   l.max_connections = 16 + 4 * std::min(n, 1 << 20);
+  return l;
+}
+
+gate_limits gate_limits::for_tasks() {
+  gate_limits l;
+  l.max_payload_bytes = std::numeric_limits<std::uint32_t>::max();
+  l.max_connections = 64;
   return l;
 }
 

@@ -37,6 +37,10 @@ struct gate_limits {
   /// The limits for a cluster of `workers`: 64 KiB plus 1 KiB per worker, 16 + 4 per worker
   /// connections.
   static gate_limits for_cluster(int workers);
+  /// The limits of the cluster tasks (Server, the coordinator's connections): their messages
+  /// carry tensors and variable shards, so a payload may be as large as BASP carries (4 GiB);
+  /// with a token that is only after the peer proved it. 64 unproven connections at once.
+  static gate_limits for_tasks();
 };
 
 struct gate_shared;
@@ -71,6 +75,8 @@ class control_gate {
 
   /// Connections refused or failed before they proved themselves, so far.
   std::uint64_t refused() const;
+  /// The gate's middleman actor, for connect_bounded and requests of one's own.
+  const caf::io::middleman_actor& actor() const noexcept { return actor_; }
 
  private:
   caf::actor_system& system_;

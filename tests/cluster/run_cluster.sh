@@ -24,7 +24,8 @@
 #                  chief and on the workers (those handed ahead within closures_per_worker)
 #   heartbeat      the chief's heartbeats set to 200 ms x 3: worker 1 SIGSTOPped for 2.5 s (less
 #                  than the default 6 x 500 ms) is lost and taken back; every closure is done
-#   wrong-token    a daemon with another token is refused and the cluster goes on without it
+#   wrong-token    a daemon with another token is refused (logged with the address) and the cluster
+#                  goes on without it: the failed handshakes break none of the good connections
 #   two-hosts      ps_trainer with its tasks in two network namespaces, over mutual TLS
 #   no-chief       a worker of ps_trainer whose chief never comes fails after the start timeout
 #   bulk           daemons with 2 ps tasks: variables of odd sizes and every dtype read and updated
@@ -439,13 +440,18 @@ case "$scenario" in
     token_w0="$good" token_w1="stranger-$good" token_ps="$good"
     start_daemons
     # The result on stdout, the log on stderr: apart, so that a log line cannot split the result.
+    # About a second of work, so that the chief's retries (every 200 ms) fail several handshakes
+    # while its connections to worker 0 and the ps task carry the closures: none may break.
     TROUPE_CLUSTER_TOKEN="$good" TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode retry \
-      --closures 40 --slow-ms 1 >"$dir/chief.log" 2>"$dir/chief-stderr.log"
+      --closures 200 --slow-ms 5 >"$dir/chief.log" 2>"$dir/chief-stderr.log"
     st=$?
     [[ $st == 0 ]] || fail "the chief exited $st"
-    grep -q "result: closures=40 done=40 " "$dir/chief.log" || fail "not every closure was done"
+    grep -q "result: closures=200 done=200 " "$dir/chief.log" || fail "not every closure was done"
+    grep -q "result: .* workers_lost=0" "$dir/chief.log" || fail "a good worker was lost beside the refused one"
     grep -q "cannot reach /job:worker/replica:0/task:1" "$dir/chief-stderr.log" || fail "the chief did not log the refused worker"
     grep -q "connected" "$dir/w1.log" && fail "the worker with the wrong token was heard"
+    grep -Eq "control plane: refused the connection from 127\.0\.0\.1:[0-9]+: its TLS handshake failed" "$dir/w1.log" ||
+      fail "the worker with the wrong token did not log the refused connection with its address"
     grep -q "connected /job:chief/replica:0/task:0" "$dir/w0.log" || fail "worker 0 did not serve the chief"
     ;;
   two-hosts)
