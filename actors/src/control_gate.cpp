@@ -243,6 +243,12 @@ std::string foreign_user(native_socket fd) {
   return {};
 }
 
+// Empties this thread's OpenSSL error queue (see gate_policy::read_some); a look first, since the
+// queue is nearly always empty and clearing it walks every slot.
+void clear_tls_errors() {
+  if (::ERR_peek_error() != 0) ::ERR_clear_error();
+}
+
 // The transport policy of every gated connection: TLS (or plain TCP) below, the BASP header
 // check above. CAF reads a BASP stream as a 32-byte header, then exactly the payload it declares;
 // the gate follows the same stream and refuses a header before CAF parses it.
@@ -267,7 +273,7 @@ class gate_policy {
   // connection. Every session call starts with an empty queue.
   rw_state read_some(std::size_t& result, native_socket fd, void* buf, std::size_t len) {
     if (failed_) return rw_state::failure;
-    if (session_) ::ERR_clear_error();
+    if (session_) clear_tls_errors();
     const rw_state st = session_ ? session_->read_some(result, fd, buf, len)
                                  : caf::policy::tcp::read_some(result, fd, buf, len);
     if (st == rw_state::failure) {
@@ -292,7 +298,7 @@ class gate_policy {
 
   rw_state write_some(std::size_t& result, native_socket fd, const void* buf, std::size_t len) {
     if (failed_) return rw_state::failure;
-    if (session_) ::ERR_clear_error();
+    if (session_) clear_tls_errors();
     const rw_state st = session_ ? session_->write_some(result, fd, buf, len)
                                  : caf::policy::tcp::write_some(result, fd, buf, len);
     if (st == rw_state::failure) closed();
@@ -302,7 +308,7 @@ class gate_policy {
   bool try_accept(native_socket& result, native_socket fd) { return caf::policy::tcp::try_accept(result, fd); }
 
   bool must_read_more(native_socket fd, std::size_t threshold) {
-    if (session_) ::ERR_clear_error();
+    if (session_) clear_tls_errors();
     return session_ ? session_->must_read_more(fd, threshold) : false;
   }
 
