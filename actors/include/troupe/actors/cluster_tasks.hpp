@@ -6,13 +6,17 @@
 // proved the cluster token (which the mutual TLS of the control plane does before BASP sees a byte).
 //
 // The protocol, numbered as it happens:
-//   1. Every task's Server publishes a task agent at its own address (TLS with a token).
+//   1. Every task's Server publishes a task agent at its own address; every connection, accepted or
+//      made, goes through a control gate (TLS first with a token; control_gate.hpp).
 //   2. The chief's dispatcher connects to every worker and ps agent (retrying, in a thread of its
 //      own, so a worker that is down or refuses the token never holds up the others) and says
 //      (hello, its task name); the agent monitors the sender and logs "connected".
 //   3. The dispatcher sends each worker the variables' layout (table, blob), again whenever it
-//      changes, then (call, id, function, args); the worker's agent runs the function on its own
-//      thread and answers (result, id, ok, payload) to the dispatcher.
+//      changes, then (call, id, function, args); the worker's agent (a scheduled actor) queues the
+//      call for the task's function thread, which runs calls one at a time in arrival order and
+//      answers (result, id, ok, payload) to the dispatcher in the agent's name. When the
+//      coordinator raises a function's error it asks each worker (cancel): the agent drops the
+//      calls of that dispatcher it has not started and answers their ids (8 bytes each).
 //   4. A worker whose agent goes down has its calls in flight put back at the front of the queue
 //      (at-least-once) and is tried again until it comes back; a ps agent that goes down fails the
 //      coordinator, naming it.
@@ -35,7 +39,8 @@
 //      answers again, a silent ps task fails the coordinator as in 4, and a pulse that hears no
 //      beat from its chief for that long says the chief is gone (heartbeat_state's rules).
 //   6. The dispatcher, when destroyed, says (leave) to every agent; a Server told to stop with its
-//      chief then stops. A worker it never reached (down at every try, up since) is told
+//      chief then stops: its agent and pulse end at once, queued calls are dropped, and a function
+//      still running has every wait on the ps tasks ended (shard_client::cancel). A worker it never reached (down at every try, up since) is told
 //      (leave, its task name, the worker's) once, so that it does not wait for a chief until its
 //      start timeout; an agent serving a chief, or named otherwise, ignores that.
 
