@@ -11,8 +11,8 @@
 
 #include "caf/actor_system.hpp"
 #include "distribute/remote_wire.hpp"
-#include "env.hpp"
 #include "distribute/worker_services.hpp"
+#include "env.hpp"
 #include "troupe/actors/cluster_tasks.hpp"
 #include "troupe/base/quote.hpp"
 #include "troupe/distribute/multi_worker_strategy.hpp"
