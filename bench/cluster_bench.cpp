@@ -3,7 +3,9 @@
 // The chief prints, as medians of --rounds rounds:
 //   - empty closures scheduled, run and joined per second over the workers;
 //   - variable reads and updates of 4 KiB to 16 MiB (one shard on the ps task), each a closure
-//     that reads the variable, or adds a tensor of its size to it, in MB/s of variable bytes.
+//     that reads the variable, or adds a tensor of its size to it, in MB/s of variable bytes;
+//   - embedding lookups and scatters: 1024 rows of 256 bytes of a 64 MiB table per closure, in
+//     MB/s of rows moved.
 // bench/tf_ps.py measures the same on TensorFlow's ParameterServerStrategy; bench/cluster_bench.sh
 // runs both.
 
@@ -26,11 +28,36 @@ const std::int64_t sizes[] = {4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20};
 
 std::string var_name(std::int64_t bytes) { return "v" + std::to_string(bytes); }
 
+// The embedding table: rows of 64 floats (256 bytes), 64 MiB in all; a closure looks up (or
+// scatters into) 1024 rows spread over it.
+constexpr std::int64_t table_rows = 262144;
+constexpr std::int64_t table_dim = 64;
+constexpr std::size_t batch_rows = 1024;
+
+std::vector<std::int64_t> batch_ids(std::int64_t seed) {
+  std::vector<std::int64_t> ids(batch_rows);
+  std::uint64_t x = static_cast<std::uint64_t>(seed) * 6364136223846793005ull + 1442695040888963407ull;
+  for (auto& id : ids) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    id = static_cast<std::int64_t>((x >> 33) % static_cast<std::uint64_t>(table_rows));
+  }
+  return ids;
+}
+
 FunctionRegistry functions() {
   FunctionRegistry r;
   r.add("empty", [](FunctionContext&) { return std::vector<Tensor>{}; });
   r.add("read", [](FunctionContext& ctx) {
     ctx.read_variable(var_name(ctx.arg(0).item<std::int64_t>()));
+    return std::vector<Tensor>{};
+  });
+  r.add("lookup", [](FunctionContext& ctx) {
+    ctx.embedding_lookup("table", batch_ids(ctx.arg(0).item<std::int64_t>()));
+    return std::vector<Tensor>{};
+  });
+  r.add("scatter", [](FunctionContext& ctx) {
+    ctx.scatter_sub("table", batch_ids(ctx.arg(0).item<std::int64_t>()),
+                    Tensor::full({static_cast<std::int64_t>(batch_rows), table_dim}, 0.001, DType::f32));
     return std::vector<Tensor>{};
   });
   r.add("update", [](FunctionContext& ctx) {
@@ -69,6 +96,7 @@ int main(int argc, char** argv) {
     ParameterServerStrategy strategy(rt, resolver);
     ClusterCoordinator coordinator(strategy);
     for (auto bytes : sizes) strategy.create_variable(var_name(bytes), Tensor::zeros({bytes / 4}));
+    strategy.create_variable("table", Tensor::zeros({table_rows, table_dim}));
     coordinator.schedule("empty");
     coordinator.join();  // every worker connected and warm
 
@@ -97,6 +125,20 @@ int main(int argc, char** argv) {
                     static_cast<long long>(bytes), n, median(mbs),
                     static_cast<double>(bytes) / median(mbs), rounds);
       }
+    }
+    for (const char* op : {"lookup", "scatter"}) {
+      const int n = 500;
+      std::vector<double> mbs;
+      for (int r = 0; r < rounds; ++r) {
+        const double s = seconds([&] {
+          for (int i = 0; i < n; ++i) coordinator.schedule(op, static_cast<std::int64_t>(r * n + i));
+          coordinator.join();
+        });
+        mbs.push_back(static_cast<double>(n) * batch_rows * table_dim * 4 / s / 1e6);
+      }
+      const double bytes = static_cast<double>(batch_rows * table_dim * 4);
+      std::printf("troupe %s %zu rows of %lld bytes: %d closures: %.1f MB/s, %.1f us per closure (median of %d)\n", op,
+                  batch_rows, static_cast<long long>(table_dim * 4), n, median(mbs), bytes / median(mbs), rounds);
     }
     // The adds all happened: every update added 1.0 to each element.
     const auto v = strategy.read_variable(var_name(sizes[0])).to_vector<float>();

@@ -18,7 +18,7 @@ import re, sys
 def load(path):
     d = {}
     for line in open(path):
-        m = re.match(r"\w+ (empty closures|read \d+ bytes|update \d+ bytes).*?: ([\d.]+) (closures/s|MB/s)", line)
+        m = re.match(r"\w+ (empty closures|read \d+ bytes|update \d+ bytes|lookup \d+ rows|scatter \d+ rows).*?: ([\d.]+) (closures/s|MB/s)", line)
         if m: d[m.group(1)] = float(m.group(2))
     return d
 t, f = load(sys.argv[1]), load(sys.argv[2])

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The peer of cluster_bench: TensorFlow's ParameterServerStrategy and ClusterCoordinator on one
 machine, with tf.distribute.Server tasks in separate processes (2 workers, 1 ps), measuring what
-cluster_bench measures: empty closures per second, and closures that read a variable of 4 KiB to
-16 MiB (returning its sum) or add a tensor of its size to it, in MB/s of variable bytes.
+cluster_bench measures: empty closures per second, closures that read a variable of 4 KiB to
+16 MiB (returning its sum) or add a tensor of its size to it, in MB/s of variable bytes, and
+closures that look up (embedding_lookup) or scatter_sub 1024 rows of 256 bytes of a 64 MiB table.
 
     python tf_ps.py [--closures 2000] [--rounds 5]
 """
@@ -49,6 +50,25 @@ def make_fn(tf, op, v, b):
     return update
 
 
+TABLE_ROWS, TABLE_DIM, BATCH_ROWS = 262144, 64, 1024
+
+
+def make_row_fn(tf, op, table):
+    if op == "lookup":
+        @tf.function
+        def lookup():
+            ids = tf.random.uniform([BATCH_ROWS], 0, TABLE_ROWS, dtype=tf.int64)
+            return tf.reduce_sum(tf.nn.embedding_lookup(table, ids))
+        return lookup
+
+    @tf.function
+    def scatter():
+        ids = tf.random.uniform([BATCH_ROWS], 0, TABLE_ROWS, dtype=tf.int64)
+        table.scatter_sub(tf.IndexedSlices(tf.fill([BATCH_ROWS, TABLE_DIM], 0.001), ids))
+        return tf.constant(0)
+    return scatter
+
+
 def chief(cluster, closures, rounds):
     import tensorflow as tf
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -57,6 +77,7 @@ def chief(cluster, closures, rounds):
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
         variables = {b: tf.Variable(tf.zeros([b // 4])) for b in SIZES}
+        table = tf.Variable(tf.zeros([TABLE_ROWS, TABLE_DIM]))
 
     @tf.function
     def empty():
@@ -89,6 +110,21 @@ def chief(cluster, closures, rounds):
             m = statistics.median(mbs)
             print("tensorflow %s %d bytes: %d closures: %.1f MB/s, %.1f us per closure (median of %d)"
                   % (op, b, n, m, b / m, rounds), flush=True)
+    for op in ("lookup", "scatter"):
+        fn = make_row_fn(tf, op, table)
+        coordinator.schedule(fn)
+        coordinator.join()
+        n, b = 200, BATCH_ROWS * TABLE_DIM * 4
+        mbs = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                coordinator.schedule(fn)
+            coordinator.join()
+            mbs.append(n * b / (time.perf_counter() - t0) / 1e6)
+        m = statistics.median(mbs)
+        print("tensorflow %s %d rows of %d bytes: %d closures: %.1f MB/s, %.1f us per closure (median of %d)"
+              % (op, BATCH_ROWS, TABLE_DIM * 4, n, m, b / m, rounds), flush=True)
 
 
 def main():

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <iostream>
 #include <mutex>
@@ -120,6 +121,111 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_pt
   };
 }
 
+// Reads and drops the `n` bytes of a refused request, so that the answer reaches the sender in
+// order; false (the connection ends) for a count beyond any shard.
+bool drain(transport::bulk_stream& s, std::uint64_t n) {
+  if (n > (std::uint64_t{1} << 32)) return false;
+  char sink[65536];
+  for (std::uint64_t left = n; left > 0;) {
+    const auto k = static_cast<std::size_t>(std::min<std::uint64_t>(left, sizeof sink));
+    s.receive(sink, k);
+    left -= k;
+  }
+  return true;
+}
+
+// A gather or a scatter on one shard (5a of the walkthrough): some rows, by index. Its size is
+// checked against the shard's rows before a byte is read or allocated, and every index against
+// the rows it has. False: the connection ends.
+bool serve_rows(transport::bulk_stream& s, const transport::bulk_request& r, const std::shared_ptr<shard_cell>& cell,
+                std::string bad, std::vector<char>& buffer, const task_handlers& h, const std::string& task) {
+  const bool gather = r.kind == transport::bulk_request::gather;
+  const std::string what = "variable shard '" + r.key.substr(0, 64) + "' on " + task;
+  shard_layout layout;
+  if (bad.empty()) {
+    std::shared_lock<std::shared_mutex> lock(cell->mutex);
+    layout = cell->layout;
+  }
+  const std::size_t row_bytes = layout.rows == 0 ? 0 : layout.nbytes / layout.rows;
+  const std::size_t unit = gather ? 8 : 8 + row_bytes;  // one index, or one index and its row
+  if (bad.empty() && (layout.dtype != r.dtype || row_bytes == 0)) {
+    bad = what + " holds elements of type " + std::to_string(layout.dtype) + " in " + std::to_string(layout.rows) +
+          " rows, the request says type " + std::to_string(r.dtype);
+  }
+  if (bad.empty() && (r.bytes % unit != 0 || r.bytes > (std::uint64_t{1} << 32))) {
+    bad = what + ": a " + (gather ? "gather" : "scatter") + " of " + std::to_string(r.bytes) +
+          " bytes is not a whole number of " + (gather ? "8-byte row indices" : "row indices and rows of " +
+          std::to_string(row_bytes) + " bytes") + " (at most 4 GiB)";
+  }
+  const std::size_t count = bad.empty() ? static_cast<std::size_t>(r.bytes / unit) : 0;
+  if (bad.empty() && gather && count * row_bytes > (std::size_t{1} << 32)) {
+    bad = what + ": a gather of " + std::to_string(count) + " rows of " + std::to_string(row_bytes) +
+          " bytes answers more than 4 GiB (ask for fewer rows at a time)";
+  }
+  if (!bad.empty()) {
+    if (!drain(s, r.bytes)) {
+      s.send_error(bad);
+      return false;
+    }
+    s.send_error(bad);
+    return true;
+  }
+  const auto n = static_cast<std::size_t>(r.bytes);
+  if (buffer.size() < n) buffer.resize(n);
+  s.receive(buffer.data(), n);
+  std::vector<std::uint64_t> rows(count);
+  std::memcpy(rows.data(), buffer.data(), count * 8);  // the host's byte order, as every field here
+  for (std::size_t i = 0; i < count; ++i) {
+    if (rows[i] >= layout.rows) {
+      s.send_error(what + " has " + std::to_string(layout.rows) + " rows; the request names row " +
+                   std::to_string(rows[i]) + " (index " + std::to_string(i) + ")");
+      return true;
+    }
+  }
+  if (gather) {
+    // From a reference to the bytes taken under the shared lock, as a read does: an update meanwhile
+    // goes to a copy.
+    std::shared_ptr<const std::string> bytes;
+    {
+      std::shared_lock<std::shared_mutex> lock(cell->mutex);
+      bytes = cell->value;
+      if (!(cell->layout.dtype == layout.dtype && cell->layout.nbytes == layout.nbytes && cell->layout.rows == layout.rows)) {
+        bytes = nullptr;
+      }
+    }
+    if (!bytes) {
+      s.send_error(what + " was created again with another shape meanwhile");
+      return true;
+    }
+    std::vector<char> out(count * row_bytes);
+    const char* base = bytes->data() + layout.offset;
+    for (std::size_t i = 0; i < count; ++i) std::memcpy(out.data() + i * row_bytes, base + rows[i] * row_bytes, row_bytes);
+    s.send_reply(out.data(), out.size());
+    return true;
+  }
+  // A scatter: every row applied in order under the exclusive lock (a row named twice is applied
+  // twice: additions add up, the last assignment wins).
+  std::optional<std::string> failed;
+  {
+    std::unique_lock<std::shared_mutex> lock(cell->mutex);
+    if (!(cell->layout.dtype == layout.dtype && cell->layout.nbytes == layout.nbytes && cell->layout.rows == layout.rows)) {
+      failed = what + " was created again with another shape meanwhile";
+    } else {
+      char* base = cell->writable().data() + layout.offset;
+      const char* from = buffer.data() + count * 8;
+      for (std::size_t i = 0; i < count && !failed; ++i) {
+        failed = h.combine(base + rows[i] * row_bytes, from + i * row_bytes, row_bytes, r.dtype, r.op);
+      }
+    }
+  }
+  if (failed) {
+    s.send_error(*failed);
+  } else {
+    s.send_reply(nullptr, 0);
+  }
+  return true;
+}
+
 // Serves one proven data connection of a ps task until the peer closes it (5a of the walkthrough).
 void serve_shards(transport::bulk_stream& s, shard_store& store, const task_handlers& h, const std::string& task) {
   std::vector<char> buffer;  // an update's bytes, kept for the next (no page faults once grown)
@@ -133,6 +239,10 @@ void serve_shards(transport::bulk_stream& s, shard_store& store, const task_hand
     };
     std::string bad;
     if (!cell) bad = "no variable shard '" + r->key.substr(0, 64) + "' on " + task;
+    if (r->kind == transport::bulk_request::gather || r->kind == transport::bulk_request::scatter) {
+      if (!serve_rows(s, *r, cell, std::move(bad), buffer, h, task)) return;
+      continue;
+    }
     if (r->kind == transport::bulk_request::read) {
       if (bad.empty()) {
         std::shared_ptr<const std::string> bytes;
@@ -159,17 +269,9 @@ void serve_shards(transport::bulk_stream& s, shard_store& store, const task_hand
     if (!bad.empty()) {
       // Its bytes are read and dropped, so that the answer reaches the sender in order; a count
       // beyond any shard ends the connection instead.
-      if (r->bytes > (std::uint64_t{1} << 32)) {
-        s.send_error(bad);
-        return;
-      }
-      char sink[65536];
-      for (std::uint64_t left = r->bytes; left > 0;) {
-        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(left, sizeof sink));
-        s.receive(sink, n);
-        left -= n;
-      }
+      const bool drained = drain(s, r->bytes);
       s.send_error(bad);
+      if (!drained) return;
       continue;
     }
     const auto n = static_cast<std::size_t>(r->bytes);
@@ -1570,6 +1672,80 @@ void shard_client::read_into(const std::vector<shard_read>& shards) {
     const auto& s = shards[std::min(at, shards.size() - 1)];
     throw std::runtime_error(std::string(sent ? "reading" : "asking for") + " variable shard '" + s.key +
                              "' on ps task " + c.ps[static_cast<std::size_t>(s.ps)].task + " failed: " + e.what());
+  }
+}
+
+void shard_client::gather_into(const std::vector<shard_gather>& gathers) {
+  auto& c = *impl_;
+  std::set<int> used;
+  for (const auto& g : gathers) used.insert(g.ps);
+  auto locks = lock_links(c, used);
+  std::size_t at = 0;
+  bool sent = false;
+  try {
+    for (; at < gathers.size(); ++at) {
+      const auto& g = gathers[at];
+      transport::bulk_request r;
+      r.kind = transport::bulk_request::gather;
+      r.dtype = g.dtype;
+      r.key = g.key;
+      r.bytes = g.count * sizeof(std::uint64_t);
+      c.data(g.ps).send_request(r, g.rows);
+    }
+    sent = true;
+    for (at = 0; at < gathers.size(); ++at) {
+      const auto& g = gathers[at];
+      auto& stream = *c.links[static_cast<std::size_t>(g.ps)]->stream;
+      stream.receive_reply(g.count * g.row_bytes);
+      stream.receive(g.into, g.count * g.row_bytes);
+    }
+  } catch (const std::exception& e) {
+    c.drop(used);
+    const auto& g = gathers[std::min(at, gathers.size() - 1)];
+    throw std::runtime_error(std::string(sent ? "gathering rows of" : "asking for rows of") + " variable shard '" +
+                             g.key + "' on ps task " + c.ps[static_cast<std::size_t>(g.ps)].task + " failed: " + e.what());
+  }
+}
+
+void shard_client::scatter_from(const std::vector<shard_scatter>& scatters) {
+  auto& c = *impl_;
+  std::set<int> used;
+  for (const auto& u : scatters) used.insert(u.ps);
+  auto locks = lock_links(c, used);
+  std::size_t at = 0;
+  std::string failed;
+  std::size_t failed_at = scatters.size();
+  try {
+    for (; at < scatters.size(); ++at) {
+      const auto& u = scatters[at];
+      transport::bulk_request r;
+      r.kind = transport::bulk_request::scatter;
+      r.op = u.op;
+      r.dtype = u.dtype;
+      r.key = u.key;
+      r.bytes = u.count * (sizeof(std::uint64_t) + u.row_bytes);
+      c.data(u.ps).send_request(r, u.rows, u.from, u.count * u.row_bytes);
+    }
+    for (at = 0; at < scatters.size(); ++at) {
+      auto& stream = *c.links[static_cast<std::size_t>(scatters[at].ps)]->stream;
+      try {
+        stream.receive_reply(0);
+      } catch (const std::exception& e) {
+        if (failed_at == scatters.size()) {
+          failed_at = at;
+          failed = e.what();
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    failed_at = std::min(at, scatters.size() - 1);
+    failed = e.what();
+  }
+  if (failed_at != scatters.size()) {
+    const auto& u = scatters[failed_at];
+    c.drop(used);
+    throw std::runtime_error("scattering rows into variable shard '" + u.key + "' on ps task " +
+                             c.ps[static_cast<std::size_t>(u.ps)].task + " failed: " + failed);
   }
 }
 

@@ -212,3 +212,80 @@ TEST_CASE("a worker task answers its peers while a function runs, and its stop e
   CHECK(cancelled);
   CHECK(started == 1);
 }
+
+TEST_CASE("gathers and scatters on a data connection: rows by index, every size and index checked") {
+  node ps_node;
+  const std::string task = "/job:ps/replica:0/task:0";
+  auto h = byte_shards();
+  h.layout = [](const std::string& v) { return std::optional<shard_layout>(shard_layout{0, v.size(), 0, v.size() / 4}); };
+  task_server ps(*ps_node.system, task, "127.0.0.1", 0, nullptr, h);
+  node worker_node;
+  auto agent = worker_node.system->middleman().remote_actor("127.0.0.1", ps.port());
+  REQUIRE(agent);
+  caf::scoped_actor self{*worker_node.system};
+  std::string rows;  // 6 rows of 4 bytes: row r is "rrrr" as the digit r
+  for (char r = '0'; r < '6'; ++r) rows += std::string(4, r);
+  bool created = false;
+  self->request(*agent, 10s, vnew_atom::value, std::string("e"), rows).receive([&](bool ok) { created = ok; },
+                                                                                [](caf::error&) {});
+  REQUIRE(created);
+  shard_client client(*worker_node.system, "/job:worker/replica:0/task:0", {task_endpoint{task, "127.0.0.1", ps.port()}},
+                      nullptr, 10000ms);
+
+  const std::vector<std::uint64_t> ids{4, 0, 4};
+  std::string got(12, '\0');
+  client.gather_into({shard_client::shard_gather{0, "e", ids.data(), ids.size(), got.data(), 4, 0}});
+  CHECK(got == "444400004444");
+  // Row 1 twice: both added (byte_shards adds bytes); row 5 assigned.
+  const std::vector<std::uint64_t> add_ids{1, 1};
+  const std::string ones(8, '\1');
+  client.scatter_from({shard_client::shard_scatter{0, "e", 1, add_ids.data(), 2, ones.data(), 4, 0}});
+  const std::vector<std::uint64_t> set_ids{5};
+  client.scatter_from({shard_client::shard_scatter{0, "e", 0, set_ids.data(), 1, "zzzz", 4, 0}});
+  std::string all(24, '\0');
+  client.read_into({shard_client::shard_read{0, "e", all.data(), 24, 0}});
+  CHECK(all == "00003333222233334444zzzz");
+
+  // A row the shard lacks is refused naming it; nothing changes.
+  const std::vector<std::uint64_t> outside{2, 6};
+  CHECK_THROWS_WITH_AS(client.gather_into({shard_client::shard_gather{0, "e", outside.data(), 2, got.data(), 4, 0}}),
+                       doctest::Contains("has 6 rows; the request names row 6 (index 1)"), std::runtime_error);
+  CHECK_THROWS_WITH_AS(client.scatter_from({shard_client::shard_scatter{0, "e", 1, outside.data(), 2, ones.data(), 4, 0}}),
+                       doctest::Contains("has 6 rows; the request names row 6 (index 1)"), std::runtime_error);
+  client.read_into({shard_client::shard_read{0, "e", all.data(), 24, 0}});
+  CHECK(all == "00003333222233334444zzzz");
+
+  // Sizes that are no whole number of indices (or of indices and rows) and a wrong element type,
+  // on a proven connection of its own: refused, the connection kept in step.
+  std::string answer;
+  self->request(*agent, 10s, data_atom::value).receive([&](std::string& a) { answer = a; }, [](caf::error&) {});
+  REQUIRE(answer.size() == 2 + 32);
+  const auto port = static_cast<std::uint16_t>(static_cast<unsigned char>(answer[0]) |
+                                               static_cast<unsigned char>(answer[1]) << 8);
+  auto raw = tt::bulk_stream::connect(tt::endpoint{"127.0.0.1", port}, tt::ring_auth{"", answer.substr(2)}, 10000ms,
+                                      "ps task 0");
+  auto refused = [&](std::uint8_t kind, std::uint8_t dtype, std::uint64_t bytes, const std::string& why) {
+    tt::bulk_request r;
+    r.kind = kind;
+    r.dtype = dtype;
+    r.key = "e";
+    r.bytes = bytes;
+    const std::string payload(static_cast<std::size_t>(bytes), '\0');
+    raw->send_request(r, payload.data());
+    CHECK_THROWS_WITH_AS(raw->receive_reply(0), doctest::Contains(why.c_str()), std::runtime_error);
+  };
+  refused(tt::bulk_request::gather, 0, 12, "a gather of 12 bytes is not a whole number of 8-byte row indices");
+  refused(tt::bulk_request::scatter, 0, 13, "a scatter of 13 bytes is not a whole number of row indices and rows of 4");
+  refused(tt::bulk_request::gather, 3, 8, "the request says type 3");
+  // Still in step: a good gather on the same connection.
+  tt::bulk_request good;
+  good.kind = tt::bulk_request::gather;
+  good.key = "e";
+  good.bytes = 8;
+  const std::uint64_t two = 2;
+  raw->send_request(good, &two);
+  raw->receive_reply(4);
+  std::string row(4, '\0');
+  raw->receive(row.data(), 4);
+  CHECK(row == "2222");
+}

@@ -203,3 +203,60 @@ TEST_CASE("a ps shard applies updates in place and refuses one that does not fit
   CHECK(wire::decode_tensor(ints).to_vector<std::int64_t>() == std::vector<std::int64_t>{9, 9});
   CHECK_THROWS_AS(wire::update_in_place(ints, 1, "junk"), std::invalid_argument);
 }
+
+TEST_CASE("embedding lookups and scatters move only the rows named, over two ps tasks") {
+  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}, {"ps", {port(), port()}}});
+  FunctionRegistry functions;
+  // Rows 5, 0, 5 and 3 (shard 1, shard 0, shard 1 again, shard 1): in the order asked.
+  functions.add("lookup", [](FunctionContext& ctx) {
+    return std::vector<Tensor>{ctx.embedding_lookup("emb", {5, 0, 5, 3})};
+  });
+  // An SGD step on the rows a batch used: row 1 twice (both subtracted), row 4 once.
+  functions.add("sgd_rows", [](FunctionContext& ctx) {
+    ctx.scatter_sub("emb", {1, 4, 1}, Tensor::from_vector<float>({1, 1, 1, 10, 10, 10, 2, 2, 2}, {3, 3}));
+    ctx.scatter_update("emb", {0, 0}, Tensor::from_vector<float>({7, 7, 7, 9, 9, 9}, {2, 3}));
+    return std::vector<Tensor>{};
+  });
+  functions.add("outside", [](FunctionContext& ctx) {
+    return std::vector<Tensor>{ctx.embedding_lookup("emb", {2, 6})};
+  });
+  functions.add("bad_rows", [](FunctionContext& ctx) {
+    ctx.scatter_add("emb", {2}, Tensor::zeros({2, 3}));
+    return std::vector<Tensor>{};
+  });
+  ServerOptions o;
+  Runtime worker_rt, ps0_rt, ps1_rt, chief_rt;
+  Server worker(worker_rt, spec, "worker", 0, functions, o);
+  Server ps0(ps0_rt, spec, "ps", 0, {}, o);
+  Server ps1(ps1_rt, spec, "ps", 1, {}, o);
+  auto resolver = std::make_shared<SimpleClusterResolver>(spec, "chief", 0);
+  ParameterServerStrategy strategy(chief_rt, resolver, std::make_shared<FixedShardsPartitioner>(2), o);
+  ClusterCoordinator coordinator(strategy);
+  std::vector<float> init(18);
+  for (std::size_t i = 0; i < init.size(); ++i) init[i] = static_cast<float>(i);  // row r holds 3r, 3r+1, 3r+2
+  auto v = strategy.create_variable("emb", Tensor::from_vector<float>(init, {6, 3}));
+  REQUIRE(v.shards.size() == 2);
+  REQUIRE(v.shards[0].ps != v.shards[1].ps);
+
+  auto rows = coordinator.fetch(coordinator.schedule("lookup")).at(0);
+  CHECK(rows.shape() == Shape{4, 3});
+  CHECK(rows.to_vector<float>() == std::vector<float>{15, 16, 17, 0, 1, 2, 15, 16, 17, 9, 10, 11});
+
+  coordinator.fetch(coordinator.schedule("sgd_rows"));
+  auto after = strategy.read_variable("emb").to_vector<float>();
+  std::vector<float> expected = init;
+  for (int c = 0; c < 3; ++c) {
+    expected[3 + c] -= 1 + 2;  // row 1, named twice
+    expected[12 + c] -= 10;    // row 4
+    expected[c] = 9;           // row 0 set twice: the last wins
+  }
+  CHECK(after == expected);
+
+  CHECK(contains(message_of([&] { coordinator.fetch(coordinator.schedule("outside")); }),
+                 "variable 'emb' has 6 rows; id 6 (at 1) is outside them"));
+  CHECK(contains(message_of([&] { coordinator.join(); }), "is outside them"));  // raised once, as TensorFlow does
+  CHECK(contains(message_of([&] { coordinator.fetch(coordinator.schedule("bad_rows")); }),
+                 "with shape [1, the variable's other dims] (one row per id)"));
+  CHECK(strategy.read_variable("emb").to_vector<float>() == expected);  // the refused ones changed nothing
+}

@@ -120,17 +120,21 @@ bulk_stream::~bulk_stream() {
 void bulk_stream::shutdown() noexcept { ::shutdown(fd_, SHUT_RDWR); }
 
 void bulk_stream::send_all(const void* header, std::size_t header_n, const void* a, std::size_t an, const void* b,
-                           std::size_t bn) {
-  iovec iov[3] = {{const_cast<void*>(header), header_n}, {const_cast<void*>(a), an}, {const_cast<void*>(b), bn}};
-  std::size_t first = 0;
-  while (first < 3) {
+                           std::size_t bn, const void* c, std::size_t cn) {
+  constexpr int parts = 4;
+  iovec iov[parts] = {{const_cast<void*>(header), header_n},
+                      {const_cast<void*>(a), an},
+                      {const_cast<void*>(b), bn},
+                      {const_cast<void*>(c), cn}};
+  int first = 0;
+  while (first < parts) {
     if (iov[first].iov_len == 0) {
       ++first;
       continue;
     }
     msghdr msg{};
     msg.msg_iov = iov + first;
-    msg.msg_iovlen = 3 - first;
+    msg.msg_iovlen = static_cast<std::size_t>(parts - first);
     const ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
@@ -141,12 +145,12 @@ void bulk_stream::send_all(const void* header, std::size_t header_n, const void*
       throw std::runtime_error("sending to " + name_ + " failed: " + errno_text(errno));
     }
     auto left = static_cast<std::size_t>(w);
-    while (first < 3 && left >= iov[first].iov_len) {
+    while (first < parts && left >= iov[first].iov_len) {
       left -= iov[first].iov_len;
       iov[first].iov_len = 0;
       ++first;
     }
-    if (first < 3) {
+    if (first < parts) {
       iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
       iov[first].iov_len -= left;
     }
@@ -175,10 +179,15 @@ void bulk_stream::receive(void* into, std::size_t n) {
   }
 }
 
-void bulk_stream::send_request(const bulk_request& r, const void* data) {
+void bulk_stream::send_request(const bulk_request& r, const void* data, const void* more, std::size_t more_n) {
   if (r.key.size() > bulk_max_key) {
     throw std::invalid_argument("data connection: a key of " + std::to_string(r.key.size()) + " bytes (at most " +
                                 std::to_string(bulk_max_key) + ")");
+  }
+  const bool with_data = r.kind != bulk_request::read;
+  if (with_data && more_n > r.bytes) {
+    throw std::invalid_argument("data connection: a request of " + std::to_string(r.bytes) + " bytes with " +
+                                std::to_string(more_n) + " of them in its second part");
   }
   unsigned char h[request_header_bytes] = {};
   put<std::uint32_t>(h, request_magic);
@@ -187,9 +196,9 @@ void bulk_stream::send_request(const bulk_request& r, const void* data) {
   h[6] = r.dtype;
   put<std::uint32_t>(h + 8, static_cast<std::uint32_t>(r.key.size()));
   put<std::uint64_t>(h + 16, r.bytes);
-  const bool with_data = r.kind == bulk_request::update;
-  send_all(h, sizeof h, r.key.data(), r.key.size(), with_data ? data : nullptr,
-           with_data ? static_cast<std::size_t>(r.bytes) : 0);
+  const std::size_t first_n = with_data ? static_cast<std::size_t>(r.bytes) - more_n : 0;
+  send_all(h, sizeof h, r.key.data(), r.key.size(), with_data ? data : nullptr, first_n, with_data ? more : nullptr,
+           with_data ? more_n : 0);
 }
 
 std::optional<bulk_request> bulk_stream::receive_request() {
@@ -218,7 +227,7 @@ std::optional<bulk_request> bulk_stream::receive_request() {
   r.kind = h[4];
   r.op = h[5];
   r.dtype = h[6];
-  if (r.kind != bulk_request::read && r.kind != bulk_request::update) {
+  if (r.kind < bulk_request::read || r.kind > bulk_request::scatter) {
     throw std::runtime_error(name_ + " sent a request of unknown kind " + std::to_string(r.kind));
   }
   const auto key_n = get<std::uint32_t>(h + 8);
@@ -237,7 +246,7 @@ void bulk_stream::send_reply(const void* data, std::size_t n) {
   put<std::uint32_t>(h, reply_magic);
   h[4] = status_ok;
   put<std::uint64_t>(h + 8, n);
-  send_all(h, sizeof h, data, n, nullptr, 0);
+  send_all(h, sizeof h, data, n, nullptr, 0, nullptr, 0);
 }
 
 void bulk_stream::send_error(const std::string& text) {
@@ -246,7 +255,7 @@ void bulk_stream::send_error(const std::string& text) {
   put<std::uint32_t>(h, reply_magic);
   h[4] = status_error;
   put<std::uint64_t>(h + 8, cut.size());
-  send_all(h, sizeof h, cut.data(), cut.size(), nullptr, 0);
+  send_all(h, sizeof h, cut.data(), cut.size(), nullptr, 0, nullptr, 0);
 }
 
 void bulk_stream::receive_reply(std::uint64_t expected) {

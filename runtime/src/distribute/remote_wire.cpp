@@ -273,6 +273,7 @@ std::optional<actors::shard_layout> shard_layout_of(const std::string& value) {
   l.offset = v.offset;
   l.nbytes = v.nbytes;
   l.dtype = wire_dtype(v.dtype);
+  l.rows = v.shape.empty() ? 1 : static_cast<std::size_t>(v.shape[0]);
   return l;
 }
 

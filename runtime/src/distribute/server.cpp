@@ -2,8 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <thread>
 #include <mutex>
@@ -179,6 +181,116 @@ void FunctionContext::update(const std::vector<std::string>& names, const std::v
   }
   // The deltas live until update_from returns: it sends from their storage.
   if (!updates.empty()) client->update_from(updates);
+}
+
+namespace {
+
+// Where rows `ids` of a sharded variable lie: per shard (in the variable's order) its local row
+// indices and, for each, the position in `ids`. An id outside the variable is std::out_of_range.
+struct rows_by_shard {
+  std::vector<std::vector<std::uint64_t>> rows;
+  std::vector<std::vector<std::size_t>> positions;
+};
+
+rows_by_shard locate_rows(const ShardedVariable& v, const std::string& name, const std::vector<std::int64_t>& ids) {
+  std::vector<std::int64_t> starts;  // each shard's first row; the shards lie along axis 0 in order
+  std::int64_t total = 0;
+  for (const auto& s : v.shards) {
+    starts.push_back(total);
+    total += s.rows;
+  }
+  rows_by_shard out;
+  out.rows.resize(v.shards.size());
+  out.positions.resize(v.shards.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::int64_t id = ids[i];
+    if (id < 0 || id >= total) {
+      throw std::out_of_range("variable " + base::quoted(name) + " has " + std::to_string(total) + " rows; id " +
+                              std::to_string(id) + " (at " + std::to_string(i) + ") is outside them");
+    }
+    const auto k = static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), id) - starts.begin() - 1);
+    out.rows[k].push_back(static_cast<std::uint64_t>(id - starts[k]));
+    out.positions[k].push_back(i);
+  }
+  return out;
+}
+
+// The bytes of one row of a variable of `shape` and `dtype` (a scalar variable is one row).
+std::size_t row_bytes_of(const Shape& shape, DType dtype) {
+  std::size_t n = dtype_size(dtype);
+  for (std::size_t d = 1; d < shape.size(); ++d) n *= static_cast<std::size_t>(shape[d]);
+  return n;
+}
+
+Shape rows_shape(const Shape& shape, std::size_t count) {
+  Shape out{static_cast<std::int64_t>(count)};
+  for (std::size_t d = 1; d < shape.size(); ++d) out.push_back(shape[d]);
+  return out;
+}
+
+}  // namespace
+
+Tensor FunctionContext::embedding_lookup(const std::string& name, const std::vector<std::int64_t>& ids) {
+  auto [v, client] = services_->variable(name);
+  const auto where = locate_rows(v, name, ids);
+  const std::size_t row_bytes = row_bytes_of(v.shape, v.dtype);
+  Tensor out = Tensor::empty(rows_shape(v.shape, ids.size()), v.dtype);
+  // Each shard's rows arrive in one block, then go to their places in the result.
+  std::vector<std::vector<char>> blocks(v.shards.size());
+  std::vector<actors::shard_client::shard_gather> gathers;
+  for (std::size_t k = 0; k < v.shards.size(); ++k) {
+    if (where.rows[k].empty()) continue;
+    blocks[k].resize(where.rows[k].size() * row_bytes);
+    gathers.push_back({v.shards[k].ps, v.shards[k].key, where.rows[k].data(), where.rows[k].size(), blocks[k].data(),
+                       row_bytes, detail::wire_dtype(v.dtype)});
+  }
+  if (!gathers.empty()) client->gather_into(gathers);
+  char* base = static_cast<char*>(out.raw_mutable_data());
+  for (std::size_t k = 0; k < v.shards.size(); ++k) {
+    for (std::size_t j = 0; j < where.positions[k].size(); ++j) {
+      std::memcpy(base + where.positions[k][j] * row_bytes, blocks[k].data() + j * row_bytes, row_bytes);
+    }
+  }
+  return out;
+}
+
+void FunctionContext::scatter(const std::string& name, const std::vector<std::int64_t>& ids, const Tensor& updates,
+                              std::uint8_t op) {
+  auto [v, client] = services_->variable(name);
+  const Shape expected = rows_shape(v.shape, ids.size());
+  if (updates.shape() != expected || updates.dtype() != v.dtype) {
+    throw std::invalid_argument("scatter into variable " + base::quoted(name) + ": the updates are a " +
+                                std::string(dtype_name(updates.dtype())) + " tensor of " +
+                                std::to_string(updates.rank()) + " dims, expected " + std::string(dtype_name(v.dtype)) +
+                                " with shape [" + std::to_string(ids.size()) + ", the variable's other dims] (one row per id)");
+  }
+  const auto where = locate_rows(v, name, ids);
+  const std::size_t row_bytes = row_bytes_of(v.shape, v.dtype);
+  const char* base = static_cast<const char*>(updates.raw_data());
+  // Each shard's rows, in the order of its ids, one block each.
+  std::vector<std::vector<char>> blocks(v.shards.size());
+  std::vector<actors::shard_client::shard_scatter> scatters;
+  for (std::size_t k = 0; k < v.shards.size(); ++k) {
+    if (where.rows[k].empty()) continue;
+    blocks[k].resize(where.rows[k].size() * row_bytes);
+    for (std::size_t j = 0; j < where.positions[k].size(); ++j) {
+      std::memcpy(blocks[k].data() + j * row_bytes, base + where.positions[k][j] * row_bytes, row_bytes);
+    }
+    scatters.push_back({v.shards[k].ps, v.shards[k].key, op, where.rows[k].data(), where.rows[k].size(),
+                        blocks[k].data(), row_bytes, detail::wire_dtype(v.dtype)});
+  }
+  if (!scatters.empty()) client->scatter_from(scatters);
+}
+
+void FunctionContext::scatter_add(const std::string& name, const std::vector<std::int64_t>& ids, const Tensor& updates) {
+  scatter(name, ids, updates, 1);
+}
+void FunctionContext::scatter_sub(const std::string& name, const std::vector<std::int64_t>& ids, const Tensor& updates) {
+  scatter(name, ids, updates, 2);
+}
+void FunctionContext::scatter_update(const std::string& name, const std::vector<std::int64_t>& ids,
+                                     const Tensor& updates) {
+  scatter(name, ids, updates, 0);
 }
 
 void FunctionContext::assign_add(const std::string& name, const Tensor& delta) { update({name}, {delta}, 1); }

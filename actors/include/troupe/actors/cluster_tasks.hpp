@@ -27,7 +27,8 @@
 //      (transport/bulk_channel.hpp) and answers (data) with its port and a fresh secret; a worker
 //      connects there once per ps task, both sides prove the cluster token bound to that secret,
 //      and reads and updates then carry the shard's raw elements, sent from the shard's storage and
-//      read straight into the destination. A shard is one cell behind a reader-writer lock: a read
+//      read straight into the destination; gathers and scatters carry some rows by index (every
+//      index checked against the shard's rows). A shard is one cell behind a reader-writer lock: a read
 //      takes a reference to its bytes under the shared lock and sends them after releasing it; an
 //      update is received whole into the connection's buffer and applied under the exclusive
 //      lock, in place, or to a copy when a read still holds the bytes (copy on write). A read sees
@@ -169,6 +170,7 @@ struct shard_layout {
   std::size_t offset = 0;  ///< the first element's byte
   std::size_t nbytes = 0;  ///< the elements' bytes
   std::uint8_t dtype = 0;  ///< the runtime's element type
+  std::size_t rows = 1;    ///< rows along the first axis (1 for a scalar): gathers and scatters index them
 };
 
 /// What a task agent does with what it receives. `call` runs on the task's function thread, one
@@ -364,6 +366,36 @@ class shard_client {
   /// Applies updates over the data connections, sent from where they lie; waits for every one,
   /// then throws for the first that failed, naming its ps task.
   void update_from(const std::vector<shard_write>& updates);
+
+  /// One shard of gather_into: rows `rows[0..count)` of the shard (local row indices), each
+  /// `row_bytes` of `dtype`, go one after another to `into`.
+  struct shard_gather {
+    int ps = 0;
+    std::string key;
+    const std::uint64_t* rows = nullptr;
+    std::size_t count = 0;
+    void* into = nullptr;
+    std::size_t row_bytes = 0;
+    std::uint8_t dtype = 0;
+  };
+  /// Reads some rows of shards over the data connections, every request in flight at once; throws
+  /// std::runtime_error naming the ps task (a row the shard lacks included).
+  void gather_into(const std::vector<shard_gather>& gathers);
+  /// One shard of scatter_from: `count` rows of `row_bytes` at `from`, applied with `op` (0 assign,
+  /// 1 add, 2 subtract) to the shard's rows `rows[0..count)`.
+  struct shard_scatter {
+    int ps = 0;
+    std::string key;
+    std::uint8_t op = 0;
+    const std::uint64_t* rows = nullptr;
+    std::size_t count = 0;
+    const void* from = nullptr;
+    std::size_t row_bytes = 0;
+    std::uint8_t dtype = 0;
+  };
+  /// Changes some rows of shards over the data connections; waits for every one, then throws for
+  /// the first that failed, naming its ps task.
+  void scatter_from(const std::vector<shard_scatter>& scatters);
 
   /// Ends every wait of this client now and from now on (its task stops): what waits, and what
   /// asks later, throws std::runtime_error with `why`. Thread-safe.

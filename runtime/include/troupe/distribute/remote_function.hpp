@@ -43,6 +43,18 @@ class FunctionContext {
   void assign_add(const std::string& name, const Tensor& delta);
   void assign_sub(const std::string& name, const Tensor& delta);
   void assign(const std::string& name, const Tensor& value);
+  /// Rows `ids` of a variable, in that order (tf.nn.embedding_lookup on a sharded variable): a
+  /// tensor of shape [ids.size(), the variable's other dimensions]; only those rows travel, each
+  /// from the ps task that holds it. An id outside the variable's rows is std::out_of_range naming
+  /// the variable, the id and its row count.
+  Tensor embedding_lookup(const std::string& name, const std::vector<std::int64_t>& ids);
+  /// Adds `updates` (shape [ids.size(), the variable's other dimensions], its dtype) to rows `ids`
+  /// of a variable on the ps tasks (tf.Variable.scatter_add); a row named twice gets both.
+  void scatter_add(const std::string& name, const std::vector<std::int64_t>& ids, const Tensor& updates);
+  /// Subtracts them (tf.Variable.scatter_sub: an SGD step on the rows a batch used).
+  void scatter_sub(const std::string& name, const std::vector<std::int64_t>& ids, const Tensor& updates);
+  /// Sets them (tf.Variable.scatter_update); of a row named twice the last wins.
+  void scatter_update(const std::string& name, const std::vector<std::int64_t>& ids, const Tensor& updates);
 
   /// The task running the function: "/job:worker/replica:0/task:1".
   const std::string& task() const noexcept;
@@ -56,6 +68,7 @@ class FunctionContext {
 
  private:
   void update(const std::vector<std::string>& names, const std::vector<Tensor>& deltas, std::uint8_t op);
+  void scatter(const std::string& name, const std::vector<std::int64_t>& ids, const Tensor& updates, std::uint8_t op);
   detail::WorkerServices* services_;
   std::vector<Argument> args_;
 };

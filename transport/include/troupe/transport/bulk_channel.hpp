@@ -12,9 +12,11 @@
 //      the proof, or does not finish it in time, is refused and logged with its address before a
 //      request is read; nothing it claims is allocated (a hello is at most 64 words).
 //   3. Requests, answered one at a time in order: a 24-byte header (magic, kind, op, dtype, key
-//      length, byte count), the key, and for an update the bytes themselves. The receiver checks
-//      the header (magic, kind, a key of at most bulk_max_key bytes) and the byte count against
-//      the shard's registered dtype and size before it reads a byte of the data.
+//      length, byte count), the key, and for an update, a gather or a scatter the bytes themselves
+//      (a gather's row indices; a scatter's row indices, then its rows). The receiver checks the
+//      header (magic, kind, a key of at most bulk_max_key bytes) and the byte count against the
+//      shard's registered dtype and size (a gather's and a scatter's: whole indices, or indices
+//      and rows) before it reads a byte of the data, and every row index against the shard's rows.
 //   4. Every request is answered by a 16-byte header (magic, status, byte count), then the shard's
 //      bytes (a read), nothing (an update), or the error's text (at most bulk_max_error bytes).
 //      A reply whose byte count is not what the requester expects is an error naming the peer.
@@ -32,9 +34,11 @@
 
 namespace troupe::transport {
 
-/// One request on a data connection.
+/// One request on a data connection. A read asks for the whole shard and an update sends it
+/// whole; a gather asks for some rows (its bytes: that many 8-byte row indices) and a scatter
+/// changes some (its bytes: the row indices, then the rows, in the same order).
 struct bulk_request {
-  enum : std::uint8_t { read = 1, update = 2 };
+  enum : std::uint8_t { read = 1, update = 2, gather = 3, scatter = 4 };
   std::uint8_t kind = read;
   std::uint8_t op = 0;     ///< an update's operation (its meaning is the receiver's)
   std::uint8_t dtype = 0;  ///< the element type the sender expects (checked by the receiver)
@@ -62,8 +66,9 @@ class bulk_stream {
 
   const std::string& name() const noexcept { return name_; }
 
-  /// Sends a request: its header, its key, then `r.bytes` bytes from `data` (an update) or none.
-  void send_request(const bulk_request& r, const void* data);
+  /// Sends a request: its header, its key, then (all but a read) `r.bytes` bytes: the first
+  /// `r.bytes - more_n` from `data`, the rest from `more`.
+  void send_request(const bulk_request& r, const void* data, const void* more = nullptr, std::size_t more_n = 0);
   /// The next request, waiting as long as it takes (until the peer closes: nullopt, or shutdown());
   /// a malformed header throws naming the peer. An update's bytes are left for receive().
   std::optional<bulk_request> receive_request();
@@ -81,7 +86,7 @@ class bulk_stream {
 
  private:
   void send_all(const void* header, std::size_t header_n, const void* a, std::size_t an, const void* b,
-                std::size_t bn);
+                std::size_t bn, const void* c, std::size_t cn);
   int fd_;
   std::chrono::milliseconds timeout_;
   std::string name_;
