@@ -1640,157 +1640,137 @@ std::vector<std::unique_lock<std::mutex>> lock_links(shard_client::impl& c, cons
 
 }  // namespace
 
-void shard_client::read_into(const std::vector<shard_read>& shards) {
-  auto& c = *impl_;
+namespace {
+
+// One request of a batch on the data connections: what to send, and what its answer carries.
+struct data_request {
+  int ps = 0;
+  transport::bulk_request header;
+  const void* data = nullptr;  // all but reads: header.bytes - more_n bytes from here...
+  const void* more = nullptr;  // ...then more_n from here
+  std::size_t more_n = 0;
+  void* into = nullptr;        // reads and gathers: the answer's bytes go here
+  std::size_t reply_bytes = 0;
+};
+
+// Sends every request of a batch at once (they are small, or sent from where the data lies), then
+// takes the answers in order. Reads and gathers: the first failure ends the batch. Updates and
+// scatters: every answer is taken, then the first failure is thrown. Either way the connections
+// used are made again next time, and the error names the shard, its ps task and `what` it was.
+void data_batch(shard_client::impl& c, const std::vector<data_request>& batch, const char* what) {
+  if (batch.empty()) return;
   std::set<int> used;
-  for (const auto& s : shards) used.insert(s.ps);
+  for (const auto& r : batch) used.insert(r.ps);
   auto locks = lock_links(c, used);
+  const bool fetch = batch.front().header.kind == transport::bulk_request::read ||
+                     batch.front().header.kind == transport::bulk_request::gather;
   std::size_t at = 0;
   bool sent = false;
-  try {
-    // Every request leaves first (they are small), then the answers are read in order, each
-    // straight into its place; a ps task whose answer is not read yet waits in its send.
-    for (; at < shards.size(); ++at) {
-      const auto& s = shards[at];
-      transport::bulk_request r;
-      r.kind = transport::bulk_request::read;
-      r.dtype = s.dtype;
-      r.key = s.key;
-      r.bytes = s.nbytes;
-      c.data(s.ps).send_request(r, nullptr);
-    }
-    sent = true;
-    for (at = 0; at < shards.size(); ++at) {
-      const auto& s = shards[at];
-      auto& stream = *c.links[static_cast<std::size_t>(s.ps)]->stream;
-      stream.receive_reply(s.nbytes);
-      stream.receive(s.into, s.nbytes);
-    }
-  } catch (const std::exception& e) {
-    // The connections used may hold answers not read: each is made again next time.
-    c.drop(used);
-    const auto& s = shards[std::min(at, shards.size() - 1)];
-    throw std::runtime_error(std::string(sent ? "reading" : "asking for") + " variable shard '" + s.key +
-                             "' on ps task " + c.ps[static_cast<std::size_t>(s.ps)].task + " failed: " + e.what());
-  }
-}
-
-void shard_client::gather_into(const std::vector<shard_gather>& gathers) {
-  auto& c = *impl_;
-  std::set<int> used;
-  for (const auto& g : gathers) used.insert(g.ps);
-  auto locks = lock_links(c, used);
-  std::size_t at = 0;
-  bool sent = false;
-  try {
-    for (; at < gathers.size(); ++at) {
-      const auto& g = gathers[at];
-      transport::bulk_request r;
-      r.kind = transport::bulk_request::gather;
-      r.dtype = g.dtype;
-      r.key = g.key;
-      r.bytes = g.count * sizeof(std::uint64_t);
-      c.data(g.ps).send_request(r, g.rows);
-    }
-    sent = true;
-    for (at = 0; at < gathers.size(); ++at) {
-      const auto& g = gathers[at];
-      auto& stream = *c.links[static_cast<std::size_t>(g.ps)]->stream;
-      stream.receive_reply(g.count * g.row_bytes);
-      stream.receive(g.into, g.count * g.row_bytes);
-    }
-  } catch (const std::exception& e) {
-    c.drop(used);
-    const auto& g = gathers[std::min(at, gathers.size() - 1)];
-    throw std::runtime_error(std::string(sent ? "gathering rows of" : "asking for rows of") + " variable shard '" +
-                             g.key + "' on ps task " + c.ps[static_cast<std::size_t>(g.ps)].task + " failed: " + e.what());
-  }
-}
-
-void shard_client::scatter_from(const std::vector<shard_scatter>& scatters) {
-  auto& c = *impl_;
-  std::set<int> used;
-  for (const auto& u : scatters) used.insert(u.ps);
-  auto locks = lock_links(c, used);
-  std::size_t at = 0;
   std::string failed;
-  std::size_t failed_at = scatters.size();
+  std::size_t failed_at = batch.size();
   try {
-    for (; at < scatters.size(); ++at) {
-      const auto& u = scatters[at];
-      transport::bulk_request r;
-      r.kind = transport::bulk_request::scatter;
-      r.op = u.op;
-      r.dtype = u.dtype;
-      r.key = u.key;
-      r.bytes = u.count * (sizeof(std::uint64_t) + u.row_bytes);
-      c.data(u.ps).send_request(r, u.rows, u.from, u.count * u.row_bytes);
+    for (; at < batch.size(); ++at) {
+      const auto& r = batch[at];
+      c.data(r.ps).send_request(r.header, r.data, r.more, r.more_n);
     }
-    for (at = 0; at < scatters.size(); ++at) {
-      auto& stream = *c.links[static_cast<std::size_t>(scatters[at].ps)]->stream;
+    sent = true;
+    for (at = 0; at < batch.size(); ++at) {
+      const auto& r = batch[at];
+      auto& stream = *c.links[static_cast<std::size_t>(r.ps)]->stream;
+      if (fetch) {
+        stream.receive_reply(r.reply_bytes);
+        stream.receive(r.into, r.reply_bytes);
+        continue;
+      }
       try {
         stream.receive_reply(0);
       } catch (const std::exception& e) {
-        if (failed_at == scatters.size()) {
+        // An error the ps task sent keeps the connection in step: the other answers are taken.
+        if (failed_at == batch.size()) {
           failed_at = at;
           failed = e.what();
         }
       }
     }
   } catch (const std::exception& e) {
-    failed_at = std::min(at, scatters.size() - 1);
+    failed_at = std::min(at, batch.size() - 1);
     failed = e.what();
   }
-  if (failed_at != scatters.size()) {
-    const auto& u = scatters[failed_at];
-    c.drop(used);
-    throw std::runtime_error("scattering rows into variable shard '" + u.key + "' on ps task " +
-                             c.ps[static_cast<std::size_t>(u.ps)].task + " failed: " + failed);
+  if (failed_at == batch.size()) return;
+  c.drop(used);
+  const auto& r = batch[failed_at];
+  throw std::runtime_error(std::string(fetch && !sent ? "asking for" : what) + " variable shard '" + r.header.key +
+                           "' on ps task " + c.ps[static_cast<std::size_t>(r.ps)].task + " failed: " + failed);
+}
+
+}  // namespace
+
+void shard_client::read_into(const std::vector<shard_read>& shards) {
+  // Each shard's elements are read straight into their place.
+  std::vector<data_request> batch;
+  for (const auto& s : shards) {
+    data_request r;
+    r.ps = s.ps;
+    r.header.kind = transport::bulk_request::read;
+    r.header.dtype = s.dtype;
+    r.header.key = s.key;
+    r.header.bytes = s.nbytes;
+    r.into = s.into;
+    r.reply_bytes = s.nbytes;
+    batch.push_back(std::move(r));
   }
+  data_batch(*impl_, batch, "reading");
 }
 
 void shard_client::update_from(const std::vector<shard_write>& updates) {
-  auto& c = *impl_;
-  std::set<int> used;
-  for (const auto& u : updates) used.insert(u.ps);
-  auto locks = lock_links(c, used);
-  std::size_t at = 0;
-  std::string failed;
-  std::size_t failed_at = updates.size();
-  try {
-    for (; at < updates.size(); ++at) {
-      const auto& u = updates[at];
-      transport::bulk_request r;
-      r.kind = transport::bulk_request::update;
-      r.op = u.op;
-      r.dtype = u.dtype;
-      r.key = u.key;
-      r.bytes = u.nbytes;
-      c.data(u.ps).send_request(r, u.from);
-    }
-    // Every update is answered; the first that failed is reported once all have been.
-    for (at = 0; at < updates.size(); ++at) {
-      auto& stream = *c.links[static_cast<std::size_t>(updates[at].ps)]->stream;
-      try {
-        stream.receive_reply(0);
-      } catch (const std::exception& e) {
-        // An error the ps task sent keeps the connection in step; anything else breaks it.
-        if (failed_at == updates.size()) {
-          failed_at = at;
-          failed = e.what();
-        }
-      }
-    }
-  } catch (const std::exception& e) {
-    failed_at = std::min(at, updates.size() - 1);
-    failed = e.what();
+  std::vector<data_request> batch;
+  for (const auto& u : updates) {
+    data_request r;
+    r.ps = u.ps;
+    r.header.kind = transport::bulk_request::update;
+    r.header.op = u.op;
+    r.header.dtype = u.dtype;
+    r.header.key = u.key;
+    r.header.bytes = u.nbytes;
+    r.data = u.from;
+    batch.push_back(std::move(r));
   }
-  if (failed_at != updates.size()) {
-    const auto& u = updates[failed_at];
-    c.drop(used);
-    throw std::runtime_error("updating variable shard '" + u.key + "' on ps task " +
-                             c.ps[static_cast<std::size_t>(u.ps)].task + " failed: " + failed);
+  data_batch(*impl_, batch, "updating");
+}
+
+void shard_client::gather_into(const std::vector<shard_gather>& gathers) {
+  std::vector<data_request> batch;
+  for (const auto& g : gathers) {
+    data_request r;
+    r.ps = g.ps;
+    r.header.kind = transport::bulk_request::gather;
+    r.header.dtype = g.dtype;
+    r.header.key = g.key;
+    r.header.bytes = g.count * sizeof(std::uint64_t);
+    r.data = g.rows;
+    r.into = g.into;
+    r.reply_bytes = g.count * g.row_bytes;
+    batch.push_back(std::move(r));
   }
+  data_batch(*impl_, batch, "gathering rows of");
+}
+
+void shard_client::scatter_from(const std::vector<shard_scatter>& scatters) {
+  std::vector<data_request> batch;
+  for (const auto& u : scatters) {
+    data_request r;
+    r.ps = u.ps;
+    r.header.kind = transport::bulk_request::scatter;
+    r.header.op = u.op;
+    r.header.dtype = u.dtype;
+    r.header.key = u.key;
+    r.header.bytes = u.count * (sizeof(std::uint64_t) + u.row_bytes);
+    r.data = u.rows;
+    r.more = u.from;
+    r.more_n = u.count * u.row_bytes;
+    batch.push_back(std::move(r));
+  }
+  data_batch(*impl_, batch, "scattering rows into");
 }
 
 }  // namespace troupe::actors
