@@ -134,6 +134,10 @@ bool drain(transport::bulk_stream& s, std::uint64_t n) {
   return true;
 }
 
+bool same_rows(const shard_layout& a, const shard_layout& b) {
+  return a.dtype == b.dtype && a.nbytes == b.nbytes && a.rows == b.rows && a.offset == b.offset;
+}
+
 // A gather or a scatter on one shard (5a of the walkthrough): some rows, by index. Its size is
 // checked against the shard's rows before a byte is read or allocated, and every index against
 // the rows it has. False: the connection ends.
@@ -189,7 +193,7 @@ bool serve_rows(transport::bulk_stream& s, const transport::bulk_request& r, con
     {
       std::shared_lock<std::shared_mutex> lock(cell->mutex);
       bytes = cell->value;
-      if (!(cell->layout.dtype == layout.dtype && cell->layout.nbytes == layout.nbytes && cell->layout.rows == layout.rows)) {
+      if (!same_rows(cell->layout, layout)) {
         bytes = nullptr;
       }
     }
@@ -208,7 +212,7 @@ bool serve_rows(transport::bulk_stream& s, const transport::bulk_request& r, con
   std::optional<std::string> failed;
   {
     std::unique_lock<std::shared_mutex> lock(cell->mutex);
-    if (!(cell->layout.dtype == layout.dtype && cell->layout.nbytes == layout.nbytes && cell->layout.rows == layout.rows)) {
+    if (!same_rows(cell->layout, layout)) {
       failed = what + " was created again with another shape meanwhile";
     } else {
       char* base = cell->writable().data() + layout.offset;
