@@ -281,10 +281,13 @@ int main(int argc, char** argv) {
       td::ClusterCoordinatorOptions wide_options;
       wide_options.closures_per_worker = 8;
       td::ClusterCoordinator wide(strategy, wide_options);
-      auto long_one = wide.schedule("slow", 1500, -1);
-      auto bad4 = wide.schedule("fail");
+      auto long_one = wide.schedule("slow", 3000, -1);
       std::vector<td::RemoteValue> handed;
       for (int i = 0; i < 16; ++i) handed.push_back(wide.schedule("slow", 50, i));
+      // The long function has started on its worker before another fails (a closure its worker
+      // has not started yet would be cancelled too, rightly).
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      auto bad4 = wide.schedule("fail");
       auto w = error_of([&] { wide.join(); });
       expect(contains(w, "function 'fail' failed on /job:worker/"), "join with a window of 8: " + w);
       expect(long_one.fetch().at(0).item<int>() == -1, "the long function in flight has its value");
