@@ -18,7 +18,8 @@
 //      shard's registered dtype and size (a gather's and a scatter's: whole indices, or indices
 //      and rows) before it reads a byte of the data, and every row index against the shard's rows.
 //   4. Every request is answered by a 16-byte header (magic, status, byte count), then the shard's
-//      bytes (a read), nothing (an update), or the error's text (at most bulk_max_error bytes).
+//      bytes (a read), the rows asked for in the order asked (a gather), nothing (an update or a
+//      scatter), or the error's text (at most bulk_max_error bytes).
 //      A reply whose byte count is not what the requester expects is an error naming the peer.
 // Every wait has a bound: a peer that stalls mid-frame for longer than the timeout, closes early or
 // sends a malformed header is a std::runtime_error naming it, and its connection is dropped.
