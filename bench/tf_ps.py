@@ -69,6 +69,18 @@ def make_row_fn(tf, op, table):
     return scatter
 
 
+def mb_per_s(coordinator, fn, n, b, rounds):
+    """The median over rounds of n closures of fn, each moving b bytes, in MB/s."""
+    mbs = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            coordinator.schedule(fn)
+        coordinator.join()
+        mbs.append(n * b / (time.perf_counter() - t0) / 1e6)
+    return statistics.median(mbs)
+
+
 def chief(cluster, closures, rounds):
     import tensorflow as tf
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -100,14 +112,7 @@ def chief(cluster, closures, rounds):
             coordinator.schedule(fn)
             coordinator.join()
             n = max(8, min(500, (64 << 20) // b))
-            mbs = []
-            for _ in range(rounds):
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    coordinator.schedule(fn)
-                coordinator.join()
-                mbs.append(n * b / (time.perf_counter() - t0) / 1e6)
-            m = statistics.median(mbs)
+            m = mb_per_s(coordinator, fn, n, b, rounds)
             print("tensorflow %s %d bytes: %d closures: %.1f MB/s, %.1f us per closure (median of %d)"
                   % (op, b, n, m, b / m, rounds), flush=True)
     for op in ("lookup", "scatter"):
@@ -115,14 +120,7 @@ def chief(cluster, closures, rounds):
         coordinator.schedule(fn)
         coordinator.join()
         n, b = 200, BATCH_ROWS * TABLE_DIM * 4
-        mbs = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                coordinator.schedule(fn)
-            coordinator.join()
-            mbs.append(n * b / (time.perf_counter() - t0) / 1e6)
-        m = statistics.median(mbs)
+        m = mb_per_s(coordinator, fn, n, b, rounds)
         print("tensorflow %s %d rows of %d bytes: %d closures: %.1f MB/s, %.1f us per closure (median of %d)"
               % (op, BATCH_ROWS, TABLE_DIM * 4, n, m, b / m, rounds), flush=True)
 

@@ -142,7 +142,8 @@ bool same_rows(const shard_layout& a, const shard_layout& b) {
 // checked against the shard's rows before a byte is read or allocated, and every index against
 // the rows it has. False: the connection ends.
 bool serve_rows(transport::bulk_stream& s, const transport::bulk_request& r, const std::shared_ptr<shard_cell>& cell,
-                std::string bad, std::vector<char>& buffer, const task_handlers& h, const std::string& task) {
+                std::string bad, std::vector<char>& buffer, std::vector<char>& reply, const task_handlers& h,
+                const std::string& task) {
   const bool gather = r.kind == transport::bulk_request::gather;
   const std::string what = "variable shard '" + r.key.substr(0, 64) + "' on " + task;
   shard_layout layout;
@@ -177,12 +178,16 @@ bool serve_rows(transport::bulk_stream& s, const transport::bulk_request& r, con
   const auto n = static_cast<std::size_t>(r.bytes);
   if (buffer.size() < n) buffer.resize(n);
   s.receive(buffer.data(), n);
-  std::vector<std::uint64_t> rows(count);
-  std::memcpy(rows.data(), buffer.data(), count * 8);  // the host's byte order, as every field here
+  // Row index i, in the host's byte order as every field here (the buffer need not be aligned).
+  const auto row = [&](std::size_t i) {
+    std::uint64_t v;
+    std::memcpy(&v, buffer.data() + i * 8, 8);
+    return v;
+  };
   for (std::size_t i = 0; i < count; ++i) {
-    if (rows[i] >= layout.rows) {
+    if (row(i) >= layout.rows) {
       s.send_error(what + " has " + std::to_string(layout.rows) + " rows; the request names row " +
-                   std::to_string(rows[i]) + " (index " + std::to_string(i) + ")");
+                   std::to_string(row(i)) + " (index " + std::to_string(i) + ")");
       return true;
     }
   }
@@ -201,10 +206,10 @@ bool serve_rows(transport::bulk_stream& s, const transport::bulk_request& r, con
       s.send_error(what + " was created again with another shape meanwhile");
       return true;
     }
-    std::vector<char> out(count * row_bytes);
+    if (reply.size() < count * row_bytes) reply.resize(count * row_bytes);
     const char* base = bytes->data() + layout.offset;
-    for (std::size_t i = 0; i < count; ++i) std::memcpy(out.data() + i * row_bytes, base + rows[i] * row_bytes, row_bytes);
-    s.send_reply(out.data(), out.size());
+    for (std::size_t i = 0; i < count; ++i) std::memcpy(reply.data() + i * row_bytes, base + row(i) * row_bytes, row_bytes);
+    s.send_reply(reply.data(), count * row_bytes);
     return true;
   }
   // A scatter: every row applied in order under the exclusive lock (a row named twice is applied
@@ -218,7 +223,7 @@ bool serve_rows(transport::bulk_stream& s, const transport::bulk_request& r, con
       char* base = cell->writable().data() + layout.offset;
       const char* from = buffer.data() + count * 8;
       for (std::size_t i = 0; i < count && !failed; ++i) {
-        failed = h.combine(base + rows[i] * row_bytes, from + i * row_bytes, row_bytes, r.dtype, r.op);
+        failed = h.combine(base + row(i) * row_bytes, from + i * row_bytes, row_bytes, r.dtype, r.op);
       }
     }
   }
@@ -233,6 +238,7 @@ bool serve_rows(transport::bulk_stream& s, const transport::bulk_request& r, con
 // Serves one proven data connection of a ps task until the peer closes it (5a of the walkthrough).
 void serve_shards(transport::bulk_stream& s, shard_store& store, const task_handlers& h, const std::string& task) {
   std::vector<char> buffer;  // an update's bytes, kept for the next (no page faults once grown)
+  std::vector<char> reply;   // a gather's rows, kept likewise
   while (auto r = s.receive_request()) {
     auto cell = store.find(r->key);
     auto mismatch = [&](const shard_layout& l) -> std::string {
@@ -244,7 +250,7 @@ void serve_shards(transport::bulk_stream& s, shard_store& store, const task_hand
     std::string bad;
     if (!cell) bad = "no variable shard '" + r->key.substr(0, 64) + "' on " + task;
     if (r->kind == transport::bulk_request::gather || r->kind == transport::bulk_request::scatter) {
-      if (!serve_rows(s, *r, cell, std::move(bad), buffer, h, task)) return;
+      if (!serve_rows(s, *r, cell, std::move(bad), buffer, reply, h, task)) return;
       continue;
     }
     if (r->kind == transport::bulk_request::read) {
@@ -1657,6 +1663,18 @@ struct data_request {
   std::size_t reply_bytes = 0;
 };
 
+data_request request_of(int ps, std::uint8_t kind, std::uint8_t op, std::uint8_t dtype, const std::string& key,
+                        std::uint64_t bytes) {
+  data_request r;
+  r.ps = ps;
+  r.header.kind = kind;
+  r.header.op = op;
+  r.header.dtype = dtype;
+  r.header.key = key;
+  r.header.bytes = bytes;
+  return r;
+}
+
 // Sends every request of a batch at once (they are small, or sent from where the data lies), then
 // takes the answers in order. Reads and gathers: the first failure ends the batch. Updates and
 // scatters: every answer is taken, then the first failure is thrown. Either way the connections
@@ -1713,15 +1731,9 @@ void shard_client::read_into(const std::vector<shard_read>& shards) {
   // Each shard's elements are read straight into their place.
   std::vector<data_request> batch;
   for (const auto& s : shards) {
-    data_request r;
-    r.ps = s.ps;
-    r.header.kind = transport::bulk_request::read;
-    r.header.dtype = s.dtype;
-    r.header.key = s.key;
-    r.header.bytes = s.nbytes;
-    r.into = s.into;
-    r.reply_bytes = s.nbytes;
-    batch.push_back(std::move(r));
+    batch.push_back(request_of(s.ps, transport::bulk_request::read, 0, s.dtype, s.key, s.nbytes));
+    batch.back().into = s.into;
+    batch.back().reply_bytes = s.nbytes;
   }
   data_batch(*impl_, batch, "reading");
 }
@@ -1729,15 +1741,8 @@ void shard_client::read_into(const std::vector<shard_read>& shards) {
 void shard_client::update_from(const std::vector<shard_write>& updates) {
   std::vector<data_request> batch;
   for (const auto& u : updates) {
-    data_request r;
-    r.ps = u.ps;
-    r.header.kind = transport::bulk_request::update;
-    r.header.op = u.op;
-    r.header.dtype = u.dtype;
-    r.header.key = u.key;
-    r.header.bytes = u.nbytes;
-    r.data = u.from;
-    batch.push_back(std::move(r));
+    batch.push_back(request_of(u.ps, transport::bulk_request::update, u.op, u.dtype, u.key, u.nbytes));
+    batch.back().data = u.from;
   }
   data_batch(*impl_, batch, "updating");
 }
@@ -1745,16 +1750,11 @@ void shard_client::update_from(const std::vector<shard_write>& updates) {
 void shard_client::gather_into(const std::vector<shard_gather>& gathers) {
   std::vector<data_request> batch;
   for (const auto& g : gathers) {
-    data_request r;
-    r.ps = g.ps;
-    r.header.kind = transport::bulk_request::gather;
-    r.header.dtype = g.dtype;
-    r.header.key = g.key;
-    r.header.bytes = g.count * sizeof(std::uint64_t);
-    r.data = g.rows;
-    r.into = g.into;
-    r.reply_bytes = g.count * g.row_bytes;
-    batch.push_back(std::move(r));
+    batch.push_back(
+        request_of(g.ps, transport::bulk_request::gather, 0, g.dtype, g.key, g.count * sizeof(std::uint64_t)));
+    batch.back().data = g.rows;
+    batch.back().into = g.into;
+    batch.back().reply_bytes = g.count * g.row_bytes;
   }
   data_batch(*impl_, batch, "gathering rows of");
 }
@@ -1762,17 +1762,11 @@ void shard_client::gather_into(const std::vector<shard_gather>& gathers) {
 void shard_client::scatter_from(const std::vector<shard_scatter>& scatters) {
   std::vector<data_request> batch;
   for (const auto& u : scatters) {
-    data_request r;
-    r.ps = u.ps;
-    r.header.kind = transport::bulk_request::scatter;
-    r.header.op = u.op;
-    r.header.dtype = u.dtype;
-    r.header.key = u.key;
-    r.header.bytes = u.count * (sizeof(std::uint64_t) + u.row_bytes);
-    r.data = u.rows;
-    r.more = u.from;
-    r.more_n = u.count * u.row_bytes;
-    batch.push_back(std::move(r));
+    batch.push_back(request_of(u.ps, transport::bulk_request::scatter, u.op, u.dtype, u.key,
+                               u.count * (sizeof(std::uint64_t) + u.row_bytes)));
+    batch.back().data = u.rows;  // the indices, then the rows from where they lie
+    batch.back().more = u.from;
+    batch.back().more_n = u.count * u.row_bytes;
   }
   data_batch(*impl_, batch, "scattering rows into");
 }
