@@ -1,4 +1,4 @@
-// The bytes a cluster's tasks exchange (runtime/src/distribute/remote_wire.cpp) over arbitrary
+// The bytes a cluster's tasks exchange (runtime/src/distribute/cluster/remote_wire.cpp) over arbitrary
 // input: function arguments, results, variable shards and tables, and a ps shard's update.
 // Refusals must be std::invalid_argument with a bounded message; what is accepted must encode
 // back to the same bytes.
@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "distribute/remote_wire.hpp"
+#include "distribute/cluster/remote_wire.hpp"
 #include "fuzz_util.hpp"
 
 namespace wire = troupe::distribute::detail;

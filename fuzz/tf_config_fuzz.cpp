@@ -2,7 +2,7 @@
 // the cluster spec's accessors. Refusals must be std::invalid_argument or std::out_of_range with a
 // bounded message; an accepted config must name a task of its own cluster.
 //
-// The parser is linked alone (runtime/src/distribute/cluster_resolver.cpp), without the runtime's
+// The parser is linked alone (runtime/src/distribute/cluster/cluster_resolver.cpp), without the runtime's
 // actor system: Runtime::gpu_count, which only num_accelerators() asks, is defined here.
 
 #include <cstdint>

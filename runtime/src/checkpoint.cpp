@@ -13,8 +13,8 @@
 #include <system_error>
 #include <utility>
 
-#include "distribute/context_state.hpp"
-#include "distribute/worker_group.hpp"
+#include "distribute/strategies/context_state.hpp"
+#include "distribute/collectives/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
 #include "troupe/distribute/strategy.hpp"

@@ -10,8 +10,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "distribute/collectives.hpp"
-#include "distribute/context_state.hpp"
+#include "distribute/collectives/collectives.hpp"
+#include "distribute/strategies/context_state.hpp"
 #include "tape.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"

@@ -5,7 +5,7 @@
 #include "cpu/kernels.hpp"
 #include "env.hpp"
 #include "caf/openssl/manager.hpp"
-#include "gpu_probe.hpp"
+#include "gpu/gpu_probe.hpp"
 #include "middleman.hpp"
 #include "troupe/actors/rendezvous.hpp"
 

@@ -1,6 +1,6 @@
 #include "storage.hpp"
 
-#include "gpu.hpp"
+#include "gpu/gpu.hpp"
 
 #include <sys/mman.h>
 

@@ -8,7 +8,7 @@
 
 #include "axis.hpp"
 #include "elements.hpp"
-#include "gpu.hpp"
+#include "gpu/gpu.hpp"
 #include "storage.hpp"
 #include "tape.hpp"
 

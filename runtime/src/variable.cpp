@@ -2,8 +2,8 @@
 
 #include <stdexcept>
 
-#include "distribute/context_state.hpp"
-#include "distribute/worker_group.hpp"
+#include "distribute/strategies/context_state.hpp"
+#include "distribute/collectives/worker_group.hpp"
 #include "tape.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"

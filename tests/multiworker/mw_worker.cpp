@@ -24,7 +24,7 @@
 
 #include <troupe/troupe.hpp>
 
-#include "distribute/collectives.hpp"
+#include "distribute/collectives/collectives.hpp"
 #include "troupe/kernels/half_kernels.hpp"
 
 using namespace troupe;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "../common/free_port.hpp"
-#include "distribute/remote_wire.hpp"
+#include "distribute/cluster/remote_wire.hpp"
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
 

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "distribute/collectives.hpp"
+#include "distribute/collectives/collectives.hpp"
 #include "test_util.hpp"
 
 using namespace troupe;

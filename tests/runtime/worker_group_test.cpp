@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "distribute/worker_group.hpp"
+#include "distribute/collectives/worker_group.hpp"
 #include "troupe/kernels/half_kernels.hpp"
 #include "test_util.hpp"
 

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "../env.hpp"
+#include "env.hpp"
 
 namespace troupe::detail::cpu {
 namespace {

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "../env.hpp"
+#include "env.hpp"
 
 namespace troupe::detail::cpu {
 namespace {

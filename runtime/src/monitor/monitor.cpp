@@ -12,8 +12,8 @@
 #include <mutex>
 #include <sstream>
 
-#include "distribute/step_profile.hpp"
-#include "distribute/worker_group.hpp"
+#include "distribute/strategies/step_profile.hpp"
+#include "distribute/collectives/worker_group.hpp"
 #include "monitor/assets.hpp"
 #include "monitor/http_server.hpp"
 #include "troupe/actors/cluster_health.hpp"

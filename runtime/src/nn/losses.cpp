@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "../tape.hpp"
+#include "tape.hpp"
 #include "eigen_maps.hpp"
 
 namespace troupe::nn {

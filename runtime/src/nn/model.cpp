@@ -16,10 +16,10 @@
 #include <unistd.h>
 
 #include "cpu/intra_op.hpp"
-#include "distribute/collectives.hpp"
-#include "distribute/context_state.hpp"
-#include "distribute/step_profile.hpp"
-#include "distribute/worker_group.hpp"
+#include "distribute/collectives/collectives.hpp"
+#include "distribute/strategies/context_state.hpp"
+#include "distribute/strategies/step_profile.hpp"
+#include "distribute/collectives/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/nn/backup_and_restore.hpp"

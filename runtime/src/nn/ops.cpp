@@ -8,10 +8,10 @@
 #include <type_traits>
 
 #include "elements.hpp"
-#include "../cpu/intra_op.hpp"
-#include "../cpu/kernels.hpp"
-#include "../gpu.hpp"
-#include "../tape.hpp"
+#include "cpu/intra_op.hpp"
+#include "cpu/kernels.hpp"
+#include "gpu/gpu.hpp"
+#include "tape.hpp"
 #include "eigen_maps.hpp"
 
 namespace troupe::nn {

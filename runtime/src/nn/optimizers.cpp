@@ -7,8 +7,8 @@
 #include <type_traits>
 
 #include "elements.hpp"
-#include "../cpu/kernels.hpp"
-#include "../gpu.hpp"
+#include "cpu/kernels.hpp"
+#include "gpu/gpu.hpp"
 #include "eigen_maps.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"

@@ -5,9 +5,9 @@
 #include <functional>
 #include <vector>
 
-#include "distribute/collectives.hpp"
-#include "distribute/context_state.hpp"
-#include "distribute/worker_group.hpp"
+#include "distribute/collectives/collectives.hpp"
+#include "distribute/strategies/context_state.hpp"
+#include "distribute/collectives/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
 #include "troupe/distribute/strategy.hpp"

@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "distribute/worker_group.hpp"
+#include "distribute/collectives/worker_group.hpp"
 #include "troupe/checkpoint.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"

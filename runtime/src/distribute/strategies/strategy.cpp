@@ -4,10 +4,10 @@
 #include <string>
 
 #include "axis.hpp"
-#include "distribute/collectives.hpp"
-#include "distribute/context_state.hpp"
-#include "distribute/one_replica_backend.hpp"
-#include "distribute/worker_group.hpp"
+#include "distribute/collectives/collectives.hpp"
+#include "distribute/strategies/context_state.hpp"
+#include "distribute/strategies/one_replica_backend.hpp"
+#include "distribute/collectives/worker_group.hpp"
 #include "elements.hpp"
 #include "troupe/errors.hpp"
 

@@ -12,8 +12,8 @@
 #include <stdexcept>
 
 #include "caf/actor_system.hpp"
-#include "distribute/remote_wire.hpp"
-#include "distribute/worker_services.hpp"
+#include "distribute/cluster/remote_wire.hpp"
+#include "distribute/cluster/worker_services.hpp"
 #include "env.hpp"
 #include "troupe/actors/cluster_tasks.hpp"
 #include "troupe/base/quote.hpp"

@@ -3,10 +3,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "distribute/collectives.hpp"
+#include "distribute/collectives/collectives.hpp"
 #include "elements.hpp"
-#include "gpu.hpp"
-#include "distribute/nccl_collectives.hpp"
+#include "gpu/gpu.hpp"
+#include "distribute/collectives/nccl_collectives.hpp"
 #include "troupe/kernels/reduce_kernels.hpp"
 
 namespace troupe::distribute {

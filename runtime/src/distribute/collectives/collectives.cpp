@@ -1,4 +1,4 @@
-#include "distribute/collectives.hpp"
+#include "distribute/collectives/collectives.hpp"
 
 #include <algorithm>
 #include <memory>

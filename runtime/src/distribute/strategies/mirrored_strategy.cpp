@@ -7,9 +7,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "distribute/collectives.hpp"
-#include "distribute/mirrored_backend.hpp"
-#include "distribute/context_state.hpp"
+#include "distribute/collectives/collectives.hpp"
+#include "distribute/strategies/mirrored_backend.hpp"
+#include "distribute/strategies/context_state.hpp"
 #include "troupe/actors/coordinator.hpp"
 #include "troupe/errors.hpp"
 #include "troupe/transport/shm_group.hpp"

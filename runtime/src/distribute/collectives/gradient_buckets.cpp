@@ -1,4 +1,4 @@
-#include "distribute/gradient_buckets.hpp"
+#include "distribute/collectives/gradient_buckets.hpp"
 
 #include <algorithm>
 #include <stdexcept>

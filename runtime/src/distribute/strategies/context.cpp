@@ -2,9 +2,9 @@
 #include <string>
 #include <vector>
 
-#include "distribute/collectives.hpp"
-#include "distribute/context_state.hpp"
-#include "distribute/step_profile.hpp"
+#include "distribute/collectives/collectives.hpp"
+#include "distribute/strategies/context_state.hpp"
+#include "distribute/strategies/step_profile.hpp"
 #include "troupe/distribute/strategy.hpp"
 
 namespace troupe::distribute {

@@ -1,4 +1,4 @@
-#include "distribute/worker_group.hpp"
+#include "distribute/collectives/worker_group.hpp"
 
 #include <cstring>
 #include <stdexcept>
@@ -6,7 +6,7 @@
 
 #include "axis.hpp"
 #include "elements.hpp"
-#include "distribute/collectives.hpp"
+#include "distribute/collectives/collectives.hpp"
 #include "troupe/errors.hpp"
 #include "troupe/kernels/half_kernels.hpp"
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "troupe/base/parse_number.hpp"
 #include "troupe/base/quote.hpp"
 #include "troupe/runtime.hpp"
 
@@ -53,11 +54,21 @@ bool all_digits(std::string_view s) {
 
 // A non-negative decimal; nullopt when s is not one or exceeds max.
 std::optional<long long> parse_count(std::string_view s, long long max) {
-  if (!all_digits(s) || s.size() > 18) return std::nullopt;
-  long long x = 0;
-  for (char c : s) x = x * 10 + (c - '0');
-  if (x > max) return std::nullopt;
-  return x;
+  const auto x = base::parse_uint(s);
+  if (!x || *x > static_cast<unsigned long long>(max)) return std::nullopt;
+  return static_cast<long long>(*x);
+}
+
+// Calls each(item) for every comma-separated item of `list`, empty ones included.
+template <class Each>
+void for_each_item(std::string_view list, Each&& each) {
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    auto comma = list.find(',', start);
+    if (comma == std::string_view::npos) comma = list.size();
+    each(list.substr(start, comma - start));
+    start = comma + 1;
+  }
 }
 
 std::string task_name(const std::string& job, std::size_t index) { return job + " " + std::to_string(index); }
@@ -225,12 +236,7 @@ void expand_host(std::string_view list, std::string_view item, std::vector<std::
   std::vector<std::string> suffixes;
   expand_host(list, item.substr(close + 1), suffixes);
 
-  std::size_t start = 0;
-  while (start <= ranges.size()) {
-    auto comma = ranges.find(',', start);
-    if (comma == std::string_view::npos) comma = ranges.size();
-    const std::string_view range = ranges.substr(start, comma - start);
-    start = comma + 1;
+  for_each_item(ranges, [&](std::string_view range) {
     const auto dash = range.find('-');
     const std::string_view lo = range.substr(0, dash);
     const std::string_view hi = dash == std::string_view::npos ? lo : range.substr(dash + 1);
@@ -251,7 +257,7 @@ void expand_host(std::string_view list, std::string_view item, std::vector<std::
         out.push_back(std::string(prefix) + digits + suffix);
       }
     }
-  }
+  });
 }
 
 }  // namespace
@@ -519,12 +525,7 @@ std::vector<int> SlurmClusterResolver::expand_tasks_per_node(std::string_view ta
   const auto bad = [&](const std::string& why) { fail("Slurm tasks per node " + in_quotes(tasks_per_node), why); };
   if (tasks_per_node.empty()) bad("is empty");
   std::vector<int> counts;
-  std::size_t start = 0;
-  while (start <= tasks_per_node.size()) {
-    auto comma = tasks_per_node.find(',', start);
-    if (comma == std::string_view::npos) comma = tasks_per_node.size();
-    const std::string_view item = tasks_per_node.substr(start, comma - start);
-    start = comma + 1;
+  for_each_item(tasks_per_node, [&](std::string_view item) {
     std::string_view count = item;
     long long repeat = 1;
     if (auto paren = item.find('('); paren != std::string_view::npos) {
@@ -544,7 +545,7 @@ std::vector<int> SlurmClusterResolver::expand_tasks_per_node(std::string_view ta
       bad("names more than " + std::to_string(max_hosts) + " nodes");
     }
     counts.insert(counts.end(), static_cast<std::size_t>(repeat), static_cast<int>(*n));
-  }
+  });
   return counts;
 }
 

@@ -4,8 +4,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "distribute/step_profile.hpp"
-#include "distribute/worker_group.hpp"
+#include "distribute/strategies/step_profile.hpp"
+#include "distribute/collectives/worker_group.hpp"
 #include "troupe/actors/input_pipeline.hpp"
 #include "troupe/distribute/input.hpp"
 #include "troupe/distribute/strategy.hpp"

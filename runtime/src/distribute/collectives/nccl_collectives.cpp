@@ -1,4 +1,4 @@
-#include "distribute/nccl_collectives.hpp"
+#include "distribute/collectives/nccl_collectives.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -9,7 +9,7 @@
 
 #include "axis.hpp"
 #include "elements.hpp"
-#include "gpu.hpp"
+#include "gpu/gpu.hpp"
 #include "nccl_group.hpp"
 #include "troupe/errors.hpp"
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "distribute/collectives.hpp"
+#include "distribute/collectives/collectives.hpp"
 
 namespace troupe::distribute::detail {
 

@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include "distribute/nccl_collectives.hpp"
+#include "distribute/collectives/nccl_collectives.hpp"
 
 namespace troupe::distribute::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include "distribute/hierarchical_collectives.hpp"
+#include "distribute/collectives/hierarchical_collectives.hpp"
 
 #include <cstring>
 #include <exception>

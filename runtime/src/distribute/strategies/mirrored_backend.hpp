@@ -9,12 +9,12 @@
 #include <vector>
 
 #include "cpu/intra_op.hpp"
-#include "distribute/collectives.hpp"
-#include "distribute/context_state.hpp"
-#include "distribute/step_profile.hpp"
-#include "distribute/worker_group.hpp"
-#include "gpu.hpp"
-#include "distribute/nccl_collectives.hpp"
+#include "distribute/collectives/collectives.hpp"
+#include "distribute/strategies/context_state.hpp"
+#include "distribute/strategies/step_profile.hpp"
+#include "distribute/collectives/worker_group.hpp"
+#include "gpu/gpu.hpp"
+#include "distribute/collectives/nccl_collectives.hpp"
 #include "troupe/actors/coordinator.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/errors.hpp"

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <string>
 
-#include "distribute/remote_wire.hpp"
+#include "distribute/cluster/remote_wire.hpp"
 #include "troupe/actors/cluster_tasks.hpp"
 #include "troupe/data/dataset.hpp"
 #include "troupe/distribute/remote_function.hpp"

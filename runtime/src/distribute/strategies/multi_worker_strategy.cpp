@@ -14,10 +14,10 @@
 #include <thread>
 
 #include "env.hpp"
-#include "distribute/hierarchical_collectives.hpp"
+#include "distribute/collectives/hierarchical_collectives.hpp"
 #include "middleman.hpp"
-#include "distribute/worker_group.hpp"
-#include "distribute/mirrored_backend.hpp"
+#include "distribute/collectives/worker_group.hpp"
+#include "distribute/strategies/mirrored_backend.hpp"
 #include "troupe/actors/rendezvous.hpp"
 #include "troupe/errors.hpp"
 #include "troupe/transport/tcp_ring.hpp"

@@ -1,4 +1,4 @@
-#include "distribute/remote_wire.hpp"
+#include "distribute/cluster/remote_wire.hpp"
 
 #include <cstring>
 #include <limits>

@@ -11,11 +11,11 @@
 #include <unordered_map>
 
 #include "caf/actor_system.hpp"
-#include "distribute/collectives.hpp"
-#include "distribute/context_state.hpp"
-#include "distribute/one_replica_backend.hpp"
-#include "distribute/remote_wire.hpp"
-#include "distribute/worker_group.hpp"
+#include "distribute/collectives/collectives.hpp"
+#include "distribute/strategies/context_state.hpp"
+#include "distribute/strategies/one_replica_backend.hpp"
+#include "distribute/cluster/remote_wire.hpp"
+#include "distribute/collectives/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/actors/cluster_tasks.hpp"
 #include "troupe/base/quote.hpp"

@@ -6,8 +6,8 @@
 #include <thread>
 #include <vector>
 
-#include "distribute/collectives.hpp"
-#include "distribute/worker_group.hpp"
+#include "distribute/collectives/collectives.hpp"
+#include "distribute/collectives/worker_group.hpp"
 #include "troupe/distribute/multi_worker_strategy.hpp"
 
 namespace troupe::distribute::detail {

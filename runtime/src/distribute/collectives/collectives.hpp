@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "distribute/gradient_buckets.hpp"
+#include "distribute/collectives/gradient_buckets.hpp"
 #include "troupe/device.hpp"
 #include "troupe/distribute/reduce_op.hpp"
 #include "troupe/tensor.hpp"
