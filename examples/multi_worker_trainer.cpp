@@ -23,7 +23,9 @@
 // workers). Every worker prints the same losses, and the last line:
 //   result: workers=2 replicas=2 loss=... accuracy=... weights_digest=HEX
 // where weights_digest hashes the bytes of every variable (the model's and the optimizer's), the
-// same on every worker of a synchronised run.
+// same on every worker of a synchronised run. A run started again after a stop resumes at the
+// step after it; one started with fewer --epochs than the backup has begun trains nothing, says
+// so, keeps the backup and prints no loss.
 
 #include <unistd.h>
 
@@ -205,11 +207,11 @@ int main(int argc, char** argv) {
       }
     }
     const nn::EvaluateResult eval = model.evaluate(d.features, d.labels);
-    // A run resumed after its last epoch trained no epoch here: no loss to report.
-    const double loss = history.loss.empty() ? std::nan("") : history.loss.back();
+    // A run resumed after its last epoch trained no step here (fit said so): no loss to report.
     std::cout << std::setprecision(9) << "result: workers=" << workers
-              << " replicas=" << strategy.num_replicas_in_sync() << " steps=" << model.control().step() << " loss=" << loss
-              << " accuracy=" << eval.accuracy << " weights_digest=" << weights_digest(model.variables()) << "\n";
+              << " replicas=" << strategy.num_replicas_in_sync() << " steps=" << model.control().step();
+    if (!history.loss.empty()) std::cout << " loss=" << history.loss.back();
+    std::cout << " accuracy=" << eval.accuracy << " weights_digest=" << weights_digest(model.variables()) << "\n";
     return 0;
   });
 }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -156,6 +157,147 @@ TEST_CASE("BackupAndRestore::save_now from fit's on_step_end saves that step, an
   CHECK(steps.front() == 8);
   CHECK(steps.back() == 20);
   CHECK(bits(model.variables()) == bits(reference.variables()));
+}
+
+namespace {
+
+// How a test stops fit at a step boundary: a callback's stop_training (Keras's
+// model.stop_training), or a request through model.control() (as a signal's poller or the
+// dashboard makes one).
+enum class StopBy { callback, control };
+
+// One run of a fit under `backup` that stops after step `stop` (-1: never). Returns its History;
+// `first_step` receives the first step it ran (0: none).
+nn::History fit_until(nn::Model& model, nn::BackupAndRestore& backup, std::int64_t steps_per_epoch, int epochs,
+                      std::int64_t stop, StopBy by, std::int64_t& first_step, std::ostream* out = nullptr) {
+  nn::FitOptions options;
+  options.verbose = out != nullptr ? 2 : 0;
+  options.out = out;
+  options.backup_and_restore = &backup;
+  first_step = 0;
+  options.on_step_end = [&](std::int64_t step, double) {
+    if (first_step == 0) first_step = step;
+    if (step == stop && by == StopBy::control) model.control().request_stop("stopped by the test");
+  };
+  auto stopper = std::make_shared<nn::LambdaCallback>();
+  stopper->batch_end = [&](std::int64_t, nn::Logs&) {
+    if (model.control().step() == stop && by == StopBy::callback) model.control().stop_training("stopped by the test");
+  };
+  options.callbacks = {stopper};
+  return model.fit(training_set(steps_per_epoch), epochs, steps_per_epoch, options);
+}
+
+}  // namespace
+
+TEST_CASE("fit stopped at step boundaries of several epochs resumes at the next step, bit-identical to one run") {
+  for (std::int64_t steps_per_epoch : {std::int64_t{10}, std::int64_t{-1}}) {
+    for (StopBy by : {StopBy::callback, StopBy::control}) {
+      for (std::int64_t save_freq : {std::int64_t{0}, std::int64_t{4}}) {
+        CAPTURE(steps_per_epoch);
+        CAPTURE(static_cast<int>(by));
+        CAPTURE(save_freq);
+        Runtime rt;
+        MirroredStrategy s(rt, cpus(2));
+        auto scope = s.scope();
+        nn::Model reference(mlp(41));
+        reference.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+        nn::FitOptions quiet;
+        quiet.verbose = 0;
+        const nn::History whole = reference.fit(training_set(steps_per_epoch), 4, steps_per_epoch, quiet);
+        REQUIRE(whole.steps == 40);
+
+        temp_dir dir("stop-resume");
+        nn::BackupOptions backup_options;
+        backup_options.save_freq = save_freq;
+        // Inside the first epoch, at the last step of the first (with -1: the end of the pass is
+        // known only to the next run; 10 is no multiple of save_freq), inside the second and the
+        // third, at the last step of the third, and at the first step of the fourth.
+        const std::vector<std::int64_t> stops = {3, 10, 17, 25, 30, 31};
+        std::int64_t done = 0;
+        std::int64_t expected_first = 1;
+        for (std::size_t attempt = 0; attempt <= stops.size(); ++attempt) {
+          CAPTURE(attempt);
+          nn::Model model(mlp(41));  // fresh weights, as a restarted process has
+          model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+          nn::BackupAndRestore backup(dir.path.string(), backup_options);
+          const std::int64_t stop = attempt < stops.size() ? stops[attempt] : -1;
+          std::int64_t first = 0;
+          const nn::History h = fit_until(model, backup, steps_per_epoch, 4, stop, by, first);
+          CHECK(first == expected_first);  // not a step lost, none run twice
+          done += h.steps;
+          if (stop > 0) {
+            CHECK(h.stopped_at_step == stop);
+            CHECK(h.stop_reason == "stopped by the test");
+            CHECK(model.control().step() == stop);
+            // The stop's own step is backed up, whatever save_freq says.
+            CHECK(fs::path(backup.latest_backup().value_or("")).filename() == "ckpt-" + std::to_string(stop) + ".ckpt");
+            expected_first = stop + 1;
+          } else {
+            CHECK(h.stop_reason.empty());
+            CHECK(model.control().step() == 40);
+            CHECK(bits(model.variables()) == bits(reference.variables()));
+            CHECK(backup.latest_backup() == std::nullopt);  // completed: deleted
+          }
+        }
+        CHECK(done == 40);
+      }
+    }
+  }
+}
+
+TEST_CASE("fit resumed with no epoch left trains nothing, says so and keeps the backup") {
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(2));
+  auto scope = s.scope();
+  temp_dir dir("nothing-left");
+  nn::Model reference(mlp(43));
+  reference.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+  nn::FitOptions quiet;
+  quiet.verbose = 0;
+  reference.fit(training_set(10), 5, 10, quiet);
+
+  std::map<std::string, std::vector<std::string>> at_stop;
+  for (std::int64_t stop : {std::int64_t{34}, std::int64_t{30}}) {  // inside epoch 4; at the end of epoch 3
+    CAPTURE(stop);
+    temp_dir run_dir("nothing-left-run");
+    {
+      nn::Model model(mlp(43));
+      model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+      nn::BackupAndRestore backup(run_dir.path.string());
+      std::int64_t first = 0;
+      const nn::History h = fit_until(model, backup, 10, 5, stop, StopBy::control, first);
+      REQUIRE(h.stopped_at_step == stop);
+      at_stop = bits(model.variables());
+    }
+    for (int epochs : {3, 2}) {  // fewer epochs than the backup stands in or after
+      CAPTURE(epochs);
+      nn::Model model(mlp(43));
+      model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+      nn::BackupAndRestore backup(run_dir.path.string());
+      std::ostringstream out;
+      std::int64_t first = 0;
+      const nn::History h = fit_until(model, backup, 10, epochs, -1, StopBy::control, first, &out);
+      CHECK(h.steps == 0);
+      CHECK(h.loss.empty());
+      CHECK(first == 0);
+      CHECK(model.control().step() == stop);
+      CHECK(contains(out.str(), "Nothing left to train: the run stands at step " + std::to_string(stop)));
+      CHECK(contains(out.str(), "the backup in " + run_dir.path.string() + " is kept"));
+      CHECK(!contains(out.str(), "nan"));
+      CHECK(bits(model.variables()) == at_stop);
+      CHECK(fs::path(backup.latest_backup().value_or("")).filename() == "ckpt-" + std::to_string(stop) + ".ckpt");
+    }
+    // Asked for the whole run again, it takes the backup up and ends as one run would.
+    nn::Model model(mlp(43));
+    model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+    nn::BackupAndRestore backup(run_dir.path.string());
+    std::int64_t first = 0;
+    const nn::History h = fit_until(model, backup, 10, 5, -1, StopBy::control, first);
+    CHECK(first == stop + 1);
+    CHECK(h.steps == 50 - stop);
+    CHECK(bits(model.variables()) == bits(reference.variables()));
+    CHECK(backup.latest_backup() == std::nullopt);
+  }
 }
 
 TEST_CASE("BackupAndRestore: a custom loop with a random engine resumes bit-identical after two interruptions") {

@@ -567,7 +567,8 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
   for (const std::string& m : metrics_) params.metrics.push_back(m);
 
   std::vector<std::shared_ptr<Callback>> callbacks = options.callbacks;
-  if (options.verbose > 0 && (group.rank() == 0 || options.print_on_all_workers)) {
+  const bool printing = options.verbose > 0 && (group.rank() == 0 || options.print_on_all_workers);
+  if (printing) {
     const bool terminal = options.terminal ? *options.terminal : (options.out == nullptr && isatty(STDOUT_FILENO) == 1);
     callbacks.push_back(std::make_shared<ProgbarLogger>(out, terminal, options.verbose));
   }
@@ -591,6 +592,18 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
   }
   std::int64_t step = at.step;
   const int first_epoch = static_cast<int>(at.epoch);
+  control.set_position(step, first_epoch);
+  // Resumed at or past the end of the epochs asked for: nothing to train, and the backup stays
+  // (a run asked for more epochs takes it up).
+  const bool nothing_to_do = first_epoch >= epochs && epochs > 0;
+  if (nothing_to_do && printing) {
+    out << "Nothing left to train: the run stands at step " << step
+        << (at.step_in_epoch > 0 ? ", in epoch " + std::to_string(first_epoch + 1)
+                                 : ", after epoch " + std::to_string(first_epoch))
+        << ", and " << epochs << (epochs == 1 ? " epoch was" : " epochs were") << " asked for"
+        << (backup != nullptr ? "; the backup in " + backup->backup_dir() + " is kept" : std::string()) << "\n"
+        << std::flush;
+  }
   BackupAndRestore::replay_passes(dataset, at.input_passes);
   std::int64_t passes = at.input_passes;  // iterators made, the current one included
   bool stopped_mid_epoch = false;          // at a step boundary (a signal, a request): the backup stays
@@ -814,11 +827,23 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
       boundary(logs, std::move(agreed));
       last_batch_logs = std::move(logs);
     }
-    // The epoch's time excludes its backup (after the line below).
+    // A stop at a step boundary before the epoch's last step cuts the epoch: the run stands
+    // inside it, where the next run takes it up (a pass of unknown length may have had no batch
+    // left: the next run finds that out and goes on with the next epoch).
+    const bool stopped_at_step = stopped;
+    const bool cut = stopped_at_step && (steps_per_epoch < 0 || k < steps_per_epoch);
+    // The epoch's time excludes its backup (after the line below). A stop at a step boundary is
+    // backed up at that step, whatever save_freq says, so that the next run resumes after it.
     const auto end_of_epoch = [&] {
       if (backup == nullptr || history.non_finite_step != 0) return;  // never a backup of non-finite weights
-      backup->on_epoch_end(steps_per_epoch > 0 ? TrainingPosition{step, epoch + 1, 0, taken, passes - 1}
-                                               : TrainingPosition{step, epoch + 1, 0, 0, passes});
+      const TrainingPosition at_end = cut                  ? TrainingPosition{step, epoch, k, taken, passes - 1}
+                                      : steps_per_epoch > 0 ? TrainingPosition{step, epoch + 1, 0, taken, passes - 1}
+                                                            : TrainingPosition{step, epoch + 1, 0, 0, passes};
+      if (stopped_at_step) {
+        backup->save(at_end);
+      } else {
+        backup->on_epoch_end(at_end);
+      }
     };
     if (steps == 0 && first_k > 0) {  // resumed after the last batch of this epoch
       end_of_epoch();
@@ -862,7 +887,7 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
   // A run that ended, or that a callback stopped at an epoch's end (EarlyStopping), has no more
   // use for its backup; one stopped at a step boundary (a signal, a request, the dashboard)
   // resumes from it.
-  if (backup != nullptr && !stopped_mid_epoch) backup->on_train_end();
+  if (backup != nullptr && !stopped_mid_epoch && !nothing_to_do) backup->on_train_end();
   return history;
 }
 

@@ -53,6 +53,9 @@ struct FitOptions {
   /// input position), so that an interrupted fit ends bit-identical to one that never stopped.
   /// Not owned; replaces initial_step; one fit per BackupAndRestore. fit tracks the model's
   /// variables itself (track only other state, such as random engines, before calling fit).
+  /// A stop at a step boundary (a signal, a request, a callback's stop_training) backs up that
+  /// step and keeps the backup, so the next run resumes inside the epoch; a run resumed with no
+  /// epoch left trains nothing, says so on `out` and keeps the backup.
   /// See troupe/nn/backup_and_restore.hpp.
   BackupAndRestore* backup_and_restore = nullptr;
 };
