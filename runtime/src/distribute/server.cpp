@@ -35,6 +35,16 @@ void check_new_name(const std::map<std::string, RemoteFunction>& f, const std::m
   }
 }
 
+// FunctionContext's updates carry their operation as its byte (its public header names no actors
+// type): byte_of at the call, op_of where it reaches the shard client.
+constexpr std::uint8_t byte_of(actors::update_op op) { return static_cast<std::uint8_t>(op); }
+
+actors::update_op op_of(std::uint8_t byte) {
+  const auto op = actors::update_op_of(byte);
+  if (!op) throw std::invalid_argument("variable update: " + actors::unknown_update_op(byte));
+  return *op;
+}
+
 }  // namespace
 
 void FunctionRegistry::add(const std::string& name, RemoteFunction fn) {
@@ -174,7 +184,7 @@ void FunctionContext::update(const std::vector<std::string>& names, const std::v
       if (static_cast<std::size_t>(row) * row_bytes + n > delta.nbytes()) {
         throw std::invalid_argument("variable " + base::quoted(name) + ": its shards do not fit its shape");
       }
-      updates.push_back({s.ps, s.key, op, base + static_cast<std::size_t>(row) * row_bytes, n,
+      updates.push_back({s.ps, s.key, op_of(op), base + static_cast<std::size_t>(row) * row_bytes, n,
                          detail::wire_dtype(v.dtype)});
       row += s.rows;
     }
@@ -276,28 +286,34 @@ void FunctionContext::scatter(const std::string& name, const std::vector<std::in
     for (std::size_t j = 0; j < where.positions[k].size(); ++j) {
       std::memcpy(blocks[k].data() + j * row_bytes, base + where.positions[k][j] * row_bytes, row_bytes);
     }
-    scatters.push_back({v.shards[k].ps, v.shards[k].key, op, where.rows[k].data(), where.rows[k].size(),
+    scatters.push_back({v.shards[k].ps, v.shards[k].key, op_of(op), where.rows[k].data(), where.rows[k].size(),
                         blocks[k].data(), row_bytes, detail::wire_dtype(v.dtype)});
   }
   if (!scatters.empty()) client->scatter_from(scatters);
 }
 
 void FunctionContext::scatter_add(const std::string& name, const std::vector<std::int64_t>& ids, const Tensor& updates) {
-  scatter(name, ids, updates, 1);
+  scatter(name, ids, updates, byte_of(actors::update_op::add));
 }
 void FunctionContext::scatter_sub(const std::string& name, const std::vector<std::int64_t>& ids, const Tensor& updates) {
-  scatter(name, ids, updates, 2);
+  scatter(name, ids, updates, byte_of(actors::update_op::subtract));
 }
 void FunctionContext::scatter_update(const std::string& name, const std::vector<std::int64_t>& ids,
                                      const Tensor& updates) {
-  scatter(name, ids, updates, 0);
+  scatter(name, ids, updates, byte_of(actors::update_op::assign));
 }
 
-void FunctionContext::assign_add(const std::string& name, const Tensor& delta) { update({name}, {delta}, 1); }
-void FunctionContext::assign_sub(const std::string& name, const Tensor& delta) { update({name}, {delta}, 2); }
-void FunctionContext::assign(const std::string& name, const Tensor& value) { update({name}, {value}, 0); }
+void FunctionContext::assign_add(const std::string& name, const Tensor& delta) {
+  update({name}, {delta}, byte_of(actors::update_op::add));
+}
+void FunctionContext::assign_sub(const std::string& name, const Tensor& delta) {
+  update({name}, {delta}, byte_of(actors::update_op::subtract));
+}
+void FunctionContext::assign(const std::string& name, const Tensor& value) {
+  update({name}, {value}, byte_of(actors::update_op::assign));
+}
 void FunctionContext::assign_sub(const std::vector<std::string>& names, const std::vector<Tensor>& deltas) {
-  update(names, deltas, 2);
+  update(names, deltas, byte_of(actors::update_op::subtract));
 }
 
 // --- WorkerServices ---------------------------------------------------------------------------
