@@ -12,6 +12,7 @@
 
 #include "caf/actor_system.hpp"
 #include "distribute/collectives.hpp"
+#include "distribute/cluster_net.hpp"
 #include "distribute/context_state.hpp"
 #include "distribute/one_replica_backend.hpp"
 #include "distribute/remote_wire.hpp"
@@ -22,12 +23,6 @@
 #include "troupe/errors.hpp"
 
 namespace troupe::distribute {
-
-namespace detail {
-std::pair<std::string, std::uint16_t> split_host_port(const std::string& address);
-std::string task_name(const std::string& job, int index);
-void require_token(const ClusterSpec& spec, const std::string& token, bool insecure, const char* who);
-}  // namespace detail
 
 // --- partitioners -----------------------------------------------------------------------------
 
@@ -369,7 +364,7 @@ std::vector<actors::task_endpoint> endpoints(const ClusterSpec& spec, const std:
   std::vector<actors::task_endpoint> out;
   if (!spec.has_job(job)) return out;
   for (int i = 0; i < spec.num_tasks(job); ++i) {
-    auto [host, port] = detail::split_host_port(spec.task_address(job, i));
+    auto [host, port] = detail::split_host_port(spec.task_address(job, i), "ParameterServerStrategy");
     out.push_back(actors::task_endpoint{detail::task_name(job, i), host, port});
   }
   return out;
@@ -395,7 +390,8 @@ ParameterServerStrategy::ParameterServerStrategy(Runtime& runtime, std::shared_p
                                 }() +
                                 ")");
   }
-  detail::require_token(s.spec, options.cluster_token, options.insecure, "ParameterServerStrategy");
+  detail::require_token(detail::cluster_addresses(s.spec), options.cluster_token, options.insecure,
+                        "ParameterServerStrategy", "ServerOptions::insecure");
   s.options = std::move(options);
   s.partitioner = std::move(partitioner);
   s.credentials = actors::make_credentials(runtime.system(), s.options.cluster_token);

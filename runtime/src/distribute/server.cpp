@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "caf/actor_system.hpp"
+#include "distribute/cluster_net.hpp"
 #include "distribute/remote_wire.hpp"
 #include "distribute/worker_services.hpp"
 #include "env.hpp"
@@ -379,41 +380,6 @@ ServerOptions ServerOptions::from_environment() {
   return o;
 }
 
-namespace detail {
-
-std::pair<std::string, std::uint16_t> split_host_port(const std::string& address) {
-  const auto colon = address.rfind(':');
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return {host, static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1)))};
-}
-
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
-
-std::string task_name(const std::string& job, int index) {
-  return "/job:" + job + "/replica:0/task:" + std::to_string(index);
-}
-
-// A cluster beyond loopback needs the token unless told insecure: without one, anyone who reaches
-// a task's port could run its functions or rewrite its variables.
-void require_token(const ClusterSpec& spec, const std::string& token, bool insecure, const char* who) {
-  if (!token.empty() || insecure) return;
-  for (const auto& job : spec.as_map()) {
-    for (const auto& a : job.second) {
-      if (a == ClusterSpec::pending_address) continue;
-      if (!is_loopback(split_host_port(a).first)) {
-        throw std::invalid_argument(std::string(who) + ": the cluster spans more than loopback (" + a.substr(0, 300) +
-                                    ") and TROUPE_CLUSTER_TOKEN is empty: set the same token on every task "
-                                    "(troupe-launch sets one), or, on a trusted isolated network only, set "
-                                    "TROUPE_INSECURE=1 (ServerOptions::insecure)");
-      }
-    }
-  }
-}
-
-}  // namespace detail
 
 struct Server::Impl {
   Runtime* runtime = nullptr;
@@ -459,11 +425,12 @@ Server::Server(Runtime& runtime, const ClusterSpec& cluster, const std::string& 
                                 "ClusterCoordinator)");
   }
   const std::string address = cluster.task_address(task_type, task_id);  // names a missing task
-  detail::require_token(cluster, options.cluster_token, options.insecure, "Server");
+  detail::require_token(detail::cluster_addresses(cluster), options.cluster_token, options.insecure, "Server",
+                        "ServerOptions::insecure");
   s.runtime = &runtime;
   s.task = detail::task_name(task_type, task_id);
   std::uint16_t port = 0;
-  std::tie(s.host, port) = detail::split_host_port(address);
+  std::tie(s.host, port) = detail::split_host_port(address, "Server");
   s.options = std::move(options);
   s.functions = std::move(functions);
   s.credentials = actors::make_credentials(runtime.system(), s.options.cluster_token);
