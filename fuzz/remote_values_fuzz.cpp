@@ -33,7 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     std::string shard = wire::encode_tensor(wire::decode_tensor(bytes));
     if (shard != bytes) std::abort();
-    if (auto refused = wire::update_in_place(shard, 1, bytes)) std::abort();  // a tensor always fits itself
+    if (auto refused = wire::update_in_place(shard, troupe::actors::update_op::add, bytes)) std::abort();  // a tensor always fits itself
   } catch (const std::invalid_argument& e) {
     troupe::fuzz::check_message(e.what());
   }

@@ -37,12 +37,12 @@ struct node {
   std::unique_ptr<caf::actor_system> system;
 };
 
-// Shards of plain bytes: the elements are the whole value, an update assigns (op 0) or adds.
+// Shards of plain bytes: the elements are the whole value, an update assigns or adds.
 task_handlers byte_shards() {
   task_handlers h;
   h.layout = [](const std::string& v) { return std::optional<shard_layout>(shard_layout{0, v.size(), 0}); };
-  h.combine = [](char* value, const char* delta, std::size_t n, std::uint8_t, std::uint8_t op) {
-    if (op == 0) {
+  h.combine = [](char* value, const char* delta, std::size_t n, std::uint8_t, update_op op) {
+    if (op == update_op::assign) {
       std::memcpy(value, delta, n);
     } else {
       for (std::size_t i = 0; i < n; ++i) value[i] = static_cast<char>(value[i] + delta[i]);
@@ -96,13 +96,13 @@ TEST_CASE("a reader that stops in the middle of a shard holds up no update, and 
                       nullptr, 10000ms);
   const std::string delta(n, 'b');
   const auto t0 = std::chrono::steady_clock::now();
-  client.update_from({shard_client::shard_write{0, "s", 0, delta.data(), n, 0}});
+  client.update_from({shard_client::shard_write{0, "s", update_op::assign, delta.data(), n, 0}});
   CHECK(std::chrono::steady_clock::now() - t0 < 5s);
   std::string back(n, '\0');
   client.read_into({shard_client::shard_read{0, "s", back.data(), n, 0}});
   CHECK(every_byte_is(back, 'b'));
   const std::string one(n, '\1');
-  client.update_from({shard_client::shard_write{0, "s", 1, one.data(), n, 0}});
+  client.update_from({shard_client::shard_write{0, "s", update_op::add, one.data(), n, 0}});
   client.read_into({shard_client::shard_read{0, "s", back.data(), n, 0}});
   CHECK(every_byte_is(back, 'c'));
 
@@ -218,6 +218,8 @@ TEST_CASE("gathers and scatters on a data connection: rows by index, every size 
   const std::string task = "/job:ps/replica:0/task:0";
   auto h = byte_shards();
   h.layout = [](const std::string& v) { return std::optional<shard_layout>(shard_layout{0, v.size(), 0, v.size() / 4}); };
+  // Reached only by an operation the task checked (below, an unknown one never is).
+  h.update = [](std::string&, update_op, const std::string&) { return std::optional<std::string>("applied"); };
   task_server ps(*ps_node.system, task, "127.0.0.1", 0, nullptr, h);
   node worker_node;
   auto agent = worker_node.system->middleman().remote_actor("127.0.0.1", ps.port());
@@ -239,9 +241,9 @@ TEST_CASE("gathers and scatters on a data connection: rows by index, every size 
   // Row 1 twice: both added (byte_shards adds bytes); row 5 assigned.
   const std::vector<std::uint64_t> add_ids{1, 1};
   const std::string ones(8, '\1');
-  client.scatter_from({shard_client::shard_scatter{0, "e", 1, add_ids.data(), 2, ones.data(), 4, 0}});
+  client.scatter_from({shard_client::shard_scatter{0, "e", update_op::add, add_ids.data(), 2, ones.data(), 4, 0}});
   const std::vector<std::uint64_t> set_ids{5};
-  client.scatter_from({shard_client::shard_scatter{0, "e", 0, set_ids.data(), 1, "zzzz", 4, 0}});
+  client.scatter_from({shard_client::shard_scatter{0, "e", update_op::assign, set_ids.data(), 1, "zzzz", 4, 0}});
   std::string all(24, '\0');
   client.read_into({shard_client::shard_read{0, "e", all.data(), 24, 0}});
   CHECK(all == "00003333222233334444zzzz");
@@ -250,7 +252,7 @@ TEST_CASE("gathers and scatters on a data connection: rows by index, every size 
   const std::vector<std::uint64_t> outside{2, 6};
   CHECK_THROWS_WITH_AS(client.gather_into({shard_client::shard_gather{0, "e", outside.data(), 2, got.data(), 4, 0}}),
                        doctest::Contains("has 6 rows; the request names row 6 (index 1)"), std::runtime_error);
-  CHECK_THROWS_WITH_AS(client.scatter_from({shard_client::shard_scatter{0, "e", 1, outside.data(), 2, ones.data(), 4, 0}}),
+  CHECK_THROWS_WITH_AS(client.scatter_from({shard_client::shard_scatter{0, "e", update_op::add, outside.data(), 2, ones.data(), 4, 0}}),
                        doctest::Contains("has 6 rows; the request names row 6 (index 1)"), std::runtime_error);
   client.read_into({shard_client::shard_read{0, "e", all.data(), 24, 0}});
   CHECK(all == "00003333222233334444zzzz");
@@ -264,9 +266,11 @@ TEST_CASE("gathers and scatters on a data connection: rows by index, every size 
                                                static_cast<unsigned char>(answer[1]) << 8);
   auto raw = tt::bulk_stream::connect(tt::endpoint{"127.0.0.1", port}, tt::ring_auth{"", answer.substr(2)}, 10000ms,
                                       "ps task 0");
-  auto refused = [&](std::uint8_t kind, std::uint8_t dtype, std::uint64_t bytes, const std::string& why) {
+  auto refused = [&](std::uint8_t kind, std::uint8_t dtype, std::uint64_t bytes, const std::string& why,
+                     std::uint8_t op = 0) {
     tt::bulk_request r;
     r.kind = kind;
+    r.op = op;
     r.dtype = dtype;
     r.key = "e";
     r.bytes = bytes;
@@ -277,6 +281,10 @@ TEST_CASE("gathers and scatters on a data connection: rows by index, every size 
   refused(tt::bulk_request::gather, 0, 12, "a gather of 12 bytes is not a whole number of 8-byte row indices");
   refused(tt::bulk_request::scatter, 0, 13, "a scatter of 13 bytes is not a whole number of row indices and rows of 4");
   refused(tt::bulk_request::gather, 3, 8, "the request says type 3");
+  // An operation byte that names none, on an update and on a scatter (a peer's byte is checked
+  // before anything is applied).
+  refused(tt::bulk_request::update, 0, 24, "update operation 7 is unknown (expected 0 assign, 1 add or 2 subtract)", 7);
+  refused(tt::bulk_request::scatter, 0, 12, "update operation 255 is unknown", 255);
   // Still in step: a good gather on the same connection.
   tt::bulk_request good;
   good.kind = tt::bulk_request::gather;
@@ -288,4 +296,12 @@ TEST_CASE("gathers and scatters on a data connection: rows by index, every size 
   std::string row(4, '\0');
   raw->receive(row.data(), 4);
   CHECK(row == "2222");
+  // And through the control plane: refused, the shard unchanged.
+  std::string refusal;
+  self->request(*agent, 10s, vupdate_atom::value, std::string("e"), std::uint8_t{3}, std::string(24, 'x'))
+      .receive([](bool) {}, [&](caf::error& e) { refusal = e.context().get_as<std::string>(0); });
+  CHECK(refusal.find("update operation 3 is unknown") != std::string::npos);
+  all.assign(24, '\0');
+  client.read_into({shard_client::shard_read{0, "e", all.data(), 24, 0}});
+  CHECK(all == "00003333222233334444zzzz");
 }

@@ -115,7 +115,7 @@ TEST_CASE("a Server refuses a chief task and a cluster beyond loopback without a
   ServerOptions o;
   CHECK(contains(message_of([&] { Server s(rt, spec, "chief", 0, {}, o); }), "runs no Server"));
   CHECK(contains(message_of([&] { Server s(rt, spec, "worker", 0, {}, o); }),
-                 "the cluster spans more than loopback (10.1.2.4:2222) and TROUPE_CLUSTER_TOKEN is empty"));
+                 "Server: the cluster spans more than loopback (10.1.2.4:2222) and no cluster token is set"));
   CHECK_THROWS_AS(Server(rt, spec, "worker", 3, {}, o), std::out_of_range);
 }
 

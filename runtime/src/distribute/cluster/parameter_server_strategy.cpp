@@ -11,23 +11,18 @@
 #include <unordered_map>
 
 #include "caf/actor_system.hpp"
+#include "distribute/cluster/remote_wire.hpp"
+#include "distribute/cluster/cluster_net.hpp"
 #include "distribute/collectives/collectives.hpp"
+#include "distribute/collectives/worker_group.hpp"
 #include "distribute/strategies/context_state.hpp"
 #include "distribute/strategies/one_replica_backend.hpp"
-#include "distribute/cluster/remote_wire.hpp"
-#include "distribute/collectives/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/actors/cluster_tasks.hpp"
 #include "troupe/base/quote.hpp"
 #include "troupe/errors.hpp"
 
 namespace troupe::distribute {
-
-namespace detail {
-std::pair<std::string, std::uint16_t> split_host_port(const std::string& address);
-std::string task_name(const std::string& job, int index);
-void require_token(const ClusterSpec& spec, const std::string& token, bool insecure, const char* who);
-}  // namespace detail
 
 // --- partitioners -----------------------------------------------------------------------------
 
@@ -250,7 +245,8 @@ ShardedVariable create_sharded(PsState& s, const std::string& name, const Tensor
     const std::int64_t r = rows / n + (i < rows % n ? 1 : 0);
     ShardedVariable::Shard shard{next_ps, r, name + "/part_" + std::to_string(i)};
     next_ps = (next_ps + 1) % num_ps;
-    creations.push_back({shard.ps, shard.key, 0, encode_tensor(rows_of(initial_value, row, r))});
+    creations.push_back(
+        {shard.ps, shard.key, actors::update_op::assign, encode_tensor(rows_of(initial_value, row, r))});
     row += r;
     v.shards.push_back(std::move(shard));
   }
@@ -263,7 +259,7 @@ ShardedVariable create_sharded(PsState& s, const std::string& name, const Tensor
 
 Tensor read_sharded(PsState& s, const ShardedVariable& v) {
   std::vector<actors::dispatcher::shard_op> reads;
-  for (const auto& shard : v.shards) reads.push_back({shard.ps, shard.key, 0, {}});
+  for (const auto& shard : v.shards) reads.push_back({shard.ps, shard.key, actors::update_op::assign, {}});
   std::vector<Tensor> pieces;
   for (const auto& bytes : s.coordinator->dispatcher->read_shards(reads, s.options.peer_timeout)) {
     pieces.push_back(decode_tensor(bytes));
@@ -287,10 +283,13 @@ class PsVariable final : public RemoteVariable {
   void write(int op, const Tensor& value) override {
     auto s = strategy_state();
     const Tensor rows = value.shape() == sharded_.shape ? value : value.reshape(sharded_.shape);
+    const auto kind = op >= 0 && op <= 0xff ? actors::update_op_of(static_cast<std::uint8_t>(op)) : std::nullopt;
+    if (!kind) throw std::invalid_argument("variable " + sharded_.name + ": update operation " + std::to_string(op) +
+                                           " is unknown (expected 0 assign, 1 add or 2 subtract)");
     std::int64_t row = 0;
     std::vector<actors::dispatcher::shard_op> updates;
     for (const auto& shard : sharded_.shards) {
-      updates.push_back({shard.ps, shard.key, static_cast<std::uint8_t>(op), encode_tensor(rows_of(rows, row, shard.rows))});
+      updates.push_back({shard.ps, shard.key, *kind, encode_tensor(rows_of(rows, row, shard.rows))});
       row += shard.rows;
     }
     s->coordinator->dispatcher->update_shards(std::move(updates), s->options.peer_timeout);
@@ -365,7 +364,7 @@ std::vector<actors::task_endpoint> endpoints(const ClusterSpec& spec, const std:
   std::vector<actors::task_endpoint> out;
   if (!spec.has_job(job)) return out;
   for (int i = 0; i < spec.num_tasks(job); ++i) {
-    auto [host, port] = detail::split_host_port(spec.task_address(job, i));
+    auto [host, port] = detail::split_host_port(spec.task_address(job, i), "ParameterServerStrategy");
     out.push_back(actors::task_endpoint{detail::task_name(job, i), host, port});
   }
   return out;
@@ -391,7 +390,8 @@ ParameterServerStrategy::ParameterServerStrategy(Runtime& runtime, std::shared_p
                                 }() +
                                 ")");
   }
-  detail::require_token(s.spec, options.cluster_token, options.insecure, "ParameterServerStrategy");
+  detail::require_token(detail::cluster_addresses(s.spec), options.cluster_token, options.insecure,
+                        "ParameterServerStrategy", "ServerOptions::insecure");
   s.options = std::move(options);
   s.partitioner = std::move(partitioner);
   s.credentials = actors::make_credentials(runtime.system(), s.options.cluster_token);

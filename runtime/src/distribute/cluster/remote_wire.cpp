@@ -231,7 +231,7 @@ void combine(char* value, const char* delta, std::size_t n, int sign) {
 
 }  // namespace
 
-std::optional<std::string> update_in_place(std::string& value, std::uint8_t op, const std::string& delta) {
+std::optional<std::string> update_in_place(std::string& value, actors::update_op op, const std::string& delta) {
   reader rv(value, "variable shard");
   rv.magic(tensor_magic);
   const auto v = rv.tensor_view();
@@ -246,12 +246,11 @@ std::optional<std::string> update_in_place(std::string& value, std::uint8_t op, 
            " tensor of " + std::to_string(v.nbytes) + " bytes and rank " + std::to_string(v.shape.size()) +
            " (shapes and dtypes must match)";
   }
-  if (op == 0) {
+  if (op == actors::update_op::assign) {
     value = delta;
     return std::nullopt;
   }
-  if (op != 1 && op != 2) return "update operation " + std::to_string(op) + " is unknown (0 assign, 1 add, 2 subtract)";
-  const int sign = op == 1 ? 1 : -1;
+  const int sign = op == actors::update_op::add ? 1 : -1;
   char* out = value.data() + v.offset;
   const char* in = delta.data() + d.offset;
   const std::size_t n = v.nbytes / dtype_size(v.dtype);
@@ -280,13 +279,12 @@ std::optional<actors::shard_layout> shard_layout_of(const std::string& value) {
 std::uint8_t wire_dtype(DType t) { return static_cast<std::uint8_t>(t); }
 
 std::optional<std::string> combine_raw(char* value, const char* delta, std::size_t nbytes, std::uint8_t dtype,
-                                       std::uint8_t op) {
-  if (op == 0) {
+                                       actors::update_op op) {
+  if (op == actors::update_op::assign) {
     std::memcpy(value, delta, nbytes);
     return std::nullopt;
   }
-  if (op != 1 && op != 2) return "update operation " + std::to_string(op) + " is unknown (0 assign, 1 add, 2 subtract)";
-  const int sign = op == 1 ? 1 : -1;
+  const int sign = op == actors::update_op::add ? 1 : -1;
   switch (dtype) {
     case 0: combine<float>(value, delta, nbytes / sizeof(float), sign); break;
     case 1: combine<double>(value, delta, nbytes / sizeof(double), sign); break;

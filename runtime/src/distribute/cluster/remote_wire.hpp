@@ -29,18 +29,17 @@ std::vector<Tensor> decode_tensors(const std::string& bytes);
 std::string encode_tensor(const Tensor& t);
 Tensor decode_tensor(const std::string& bytes);
 
-/// A ps shard's update, applied to its encoded bytes in place (op 0 assign, 1 add, 2 subtract):
-/// an error message when the update does not fit the shard; malformed bytes throw
-/// std::invalid_argument.
-std::optional<std::string> update_in_place(std::string& value, std::uint8_t op, const std::string& delta);
+/// A ps shard's update, applied to its encoded bytes in place: an error message when the update
+/// does not fit the shard; malformed bytes throw std::invalid_argument.
+std::optional<std::string> update_in_place(std::string& value, actors::update_op op, const std::string& delta);
 
 /// The data connections' view of a shard (raw elements, no encoding): where the elements of an
 /// encoded tensor lie (malformed bytes throw std::invalid_argument), a dtype's number on the
-/// wire, and an update of raw elements applied in place (an error message for an unknown op).
+/// wire, and an update of raw elements applied in place (an error message for an unknown dtype).
 std::optional<actors::shard_layout> shard_layout_of(const std::string& value);
 std::uint8_t wire_dtype(DType t);
 std::optional<std::string> combine_raw(char* value, const char* delta, std::size_t nbytes, std::uint8_t dtype,
-                                       std::uint8_t op);
+                                       actors::update_op op);
 
 /// What a worker needs to reach the variables: the ps tasks and every variable's shards.
 struct VariableTable {

@@ -14,6 +14,7 @@
 #include "caf/actor_system.hpp"
 #include "distribute/cluster/remote_wire.hpp"
 #include "distribute/cluster/worker_services.hpp"
+#include "distribute/cluster/cluster_net.hpp"
 #include "env.hpp"
 #include "troupe/actors/cluster_tasks.hpp"
 #include "troupe/base/quote.hpp"
@@ -33,6 +34,16 @@ void check_new_name(const std::map<std::string, RemoteFunction>& f, const std::m
     throw std::invalid_argument("FunctionRegistry: " + base::quoted(name) +
                                 " is registered already (every name means one function)");
   }
+}
+
+// FunctionContext's updates carry their operation as its byte (its public header names no actors
+// type): byte_of at the call, op_of where it reaches the shard client.
+constexpr std::uint8_t byte_of(actors::update_op op) { return static_cast<std::uint8_t>(op); }
+
+actors::update_op op_of(std::uint8_t byte) {
+  const auto op = actors::update_op_of(byte);
+  if (!op) throw std::invalid_argument("variable update: " + actors::unknown_update_op(byte));
+  return *op;
 }
 
 }  // namespace
@@ -174,7 +185,7 @@ void FunctionContext::update(const std::vector<std::string>& names, const std::v
       if (static_cast<std::size_t>(row) * row_bytes + n > delta.nbytes()) {
         throw std::invalid_argument("variable " + base::quoted(name) + ": its shards do not fit its shape");
       }
-      updates.push_back({s.ps, s.key, op, base + static_cast<std::size_t>(row) * row_bytes, n,
+      updates.push_back({s.ps, s.key, op_of(op), base + static_cast<std::size_t>(row) * row_bytes, n,
                          detail::wire_dtype(v.dtype)});
       row += s.rows;
     }
@@ -276,28 +287,34 @@ void FunctionContext::scatter(const std::string& name, const std::vector<std::in
     for (std::size_t j = 0; j < where.positions[k].size(); ++j) {
       std::memcpy(blocks[k].data() + j * row_bytes, base + where.positions[k][j] * row_bytes, row_bytes);
     }
-    scatters.push_back({v.shards[k].ps, v.shards[k].key, op, where.rows[k].data(), where.rows[k].size(),
+    scatters.push_back({v.shards[k].ps, v.shards[k].key, op_of(op), where.rows[k].data(), where.rows[k].size(),
                         blocks[k].data(), row_bytes, detail::wire_dtype(v.dtype)});
   }
   if (!scatters.empty()) client->scatter_from(scatters);
 }
 
 void FunctionContext::scatter_add(const std::string& name, const std::vector<std::int64_t>& ids, const Tensor& updates) {
-  scatter(name, ids, updates, 1);
+  scatter(name, ids, updates, byte_of(actors::update_op::add));
 }
 void FunctionContext::scatter_sub(const std::string& name, const std::vector<std::int64_t>& ids, const Tensor& updates) {
-  scatter(name, ids, updates, 2);
+  scatter(name, ids, updates, byte_of(actors::update_op::subtract));
 }
 void FunctionContext::scatter_update(const std::string& name, const std::vector<std::int64_t>& ids,
                                      const Tensor& updates) {
-  scatter(name, ids, updates, 0);
+  scatter(name, ids, updates, byte_of(actors::update_op::assign));
 }
 
-void FunctionContext::assign_add(const std::string& name, const Tensor& delta) { update({name}, {delta}, 1); }
-void FunctionContext::assign_sub(const std::string& name, const Tensor& delta) { update({name}, {delta}, 2); }
-void FunctionContext::assign(const std::string& name, const Tensor& value) { update({name}, {value}, 0); }
+void FunctionContext::assign_add(const std::string& name, const Tensor& delta) {
+  update({name}, {delta}, byte_of(actors::update_op::add));
+}
+void FunctionContext::assign_sub(const std::string& name, const Tensor& delta) {
+  update({name}, {delta}, byte_of(actors::update_op::subtract));
+}
+void FunctionContext::assign(const std::string& name, const Tensor& value) {
+  update({name}, {value}, byte_of(actors::update_op::assign));
+}
 void FunctionContext::assign_sub(const std::vector<std::string>& names, const std::vector<Tensor>& deltas) {
-  update(names, deltas, 2);
+  update(names, deltas, byte_of(actors::update_op::subtract));
 }
 
 // --- WorkerServices ---------------------------------------------------------------------------
@@ -363,41 +380,6 @@ ServerOptions ServerOptions::from_environment() {
   return o;
 }
 
-namespace detail {
-
-std::pair<std::string, std::uint16_t> split_host_port(const std::string& address) {
-  const auto colon = address.rfind(':');
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return {host, static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1)))};
-}
-
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
-
-std::string task_name(const std::string& job, int index) {
-  return "/job:" + job + "/replica:0/task:" + std::to_string(index);
-}
-
-// A cluster beyond loopback needs the token unless told insecure: without one, anyone who reaches
-// a task's port could run its functions or rewrite its variables.
-void require_token(const ClusterSpec& spec, const std::string& token, bool insecure, const char* who) {
-  if (!token.empty() || insecure) return;
-  for (const auto& job : spec.as_map()) {
-    for (const auto& a : job.second) {
-      if (a == ClusterSpec::pending_address) continue;
-      if (!is_loopback(split_host_port(a).first)) {
-        throw std::invalid_argument(std::string(who) + ": the cluster spans more than loopback (" + a.substr(0, 300) +
-                                    ") and TROUPE_CLUSTER_TOKEN is empty: set the same token on every task "
-                                    "(troupe-launch sets one), or, on a trusted isolated network only, set "
-                                    "TROUPE_INSECURE=1 (ServerOptions::insecure)");
-      }
-    }
-  }
-}
-
-}  // namespace detail
 
 struct Server::Impl {
   Runtime* runtime = nullptr;
@@ -443,11 +425,12 @@ Server::Server(Runtime& runtime, const ClusterSpec& cluster, const std::string& 
                                 "ClusterCoordinator)");
   }
   const std::string address = cluster.task_address(task_type, task_id);  // names a missing task
-  detail::require_token(cluster, options.cluster_token, options.insecure, "Server");
+  detail::require_token(detail::cluster_addresses(cluster), options.cluster_token, options.insecure, "Server",
+                        "ServerOptions::insecure");
   s.runtime = &runtime;
   s.task = detail::task_name(task_type, task_id);
   std::uint16_t port = 0;
-  std::tie(s.host, port) = detail::split_host_port(address);
+  std::tie(s.host, port) = detail::split_host_port(address, "Server");
   s.options = std::move(options);
   s.functions = std::move(functions);
   s.credentials = actors::make_credentials(runtime.system(), s.options.cluster_token);

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "distribute/cluster/cluster_net.hpp"
 #include "env.hpp"
 #include "distribute/collectives/hierarchical_collectives.hpp"
 #include "middleman.hpp"
@@ -25,23 +26,9 @@
 namespace troupe::distribute {
 namespace {
 
-// A cluster address "host:port" (or "[v6]:port") as the rendezvous and the ring take it. The
-// resolvers checked the addresses already; this only splits them, and still refuses a port that
-// is not a number in 1..65535, naming the address.
+// A cluster address "host:port" (or "[v6]:port") as the rendezvous and the ring take it.
 std::pair<std::string, std::uint16_t> split_address(const std::string& address, const std::string& what) {
-  const auto colon = address.rfind(':');
-  const std::string port_text = colon == std::string::npos ? std::string() : address.substr(colon + 1);
-  unsigned long port = 0;
-  bool ok = !port_text.empty() && port_text.size() <= 5;
-  for (char c : port_text) ok = ok && c >= '0' && c <= '9';
-  if (ok) port = std::stoul(port_text);
-  if (!ok || port < 1 || port > 65535) {
-    throw std::invalid_argument("MultiWorkerMirroredStrategy: " + what + " address \"" + address +
-                                "\" needs a port in 1..65535 after its last ':' (host:port)");
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return {host, static_cast<std::uint16_t>(port)};
+  return detail::split_host_port(address, "MultiWorkerMirroredStrategy", what);
 }
 
 // The IPv4 address the ring's listener binds: the one this task's cluster address names, so that
@@ -72,37 +59,21 @@ std::string listen_address(const std::string& host) {
 // Task names of the training tasks in rank order: the chief first, then the workers.
 std::vector<std::string> training_tasks(const ClusterSpec& spec) {
   std::vector<std::string> tasks;
-  if (spec.has_job("chief")) tasks.push_back("/job:chief/replica:0/task:0");
+  if (spec.has_job("chief")) tasks.push_back(detail::task_name("chief", 0));
   if (spec.has_job("worker")) {
-    for (int i = 0; i < spec.num_tasks("worker"); ++i) tasks.push_back("/job:worker/replica:0/task:" + std::to_string(i));
+    for (int i = 0; i < spec.num_tasks("worker"); ++i) tasks.push_back(detail::task_name("worker", i));
   }
   return tasks;
 }
 
-bool is_loopback_host(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+// A cluster that spans more than loopback needs a token unless told insecure (cluster_net.hpp).
+void require_token(const ClusterSpec& spec, const std::string& coordinator, const MultiWorkerOptions& settings) {
+  std::vector<std::string> addresses{coordinator};
+  for (const auto& a : detail::cluster_addresses(spec)) addresses.push_back(a);
+  detail::require_token(addresses, settings.cluster_token, settings.insecure, "MultiWorkerMirroredStrategy",
+                        "MultiWorkerOptions::insecure");
 }
 
-// A cluster that spans more than loopback needs a token unless told insecure: without one, its
-// control plane is plain CAF/BASP, which anyone who reaches the chief's port can make allocate
-// gigabytes or speak as a worker. Names the first address beyond loopback and both ways out.
-void require_token(const ClusterSpec& spec, const std::string& coordinator, const MultiWorkerOptions& settings) {
-  if (!settings.cluster_token.empty() || settings.insecure) return;
-  std::vector<std::string> addresses{coordinator};
-  for (const auto& job : spec.jobs()) {
-    for (const auto& a : spec.task_addresses(job)) addresses.push_back(a);
-  }
-  for (const auto& a : addresses) {
-    if (a == ClusterSpec::pending_address) continue;
-    if (!is_loopback_host(split_address(a, "a cluster").first)) {
-      throw std::invalid_argument(
-          "MultiWorkerMirroredStrategy: the cluster spans more than loopback (" + a.substr(0, 300) +
-          ") and no cluster token is set: set the same secret in TROUPE_CLUSTER_TOKEN on every worker "
-          "(troupe-launch sets one), or, on a trusted isolated network only, set TROUPE_INSECURE=1 "
-          "(MultiWorkerOptions::insecure)");
-    }
-  }
-}
 }  // namespace
 
 const char* compression_name(Compression c) noexcept {

@@ -1,0 +1,60 @@
+#pragma once
+
+// The vocabulary shared by the parts of a cluster of tasks (cluster_tasks.hpp has the walkthrough):
+// the control plane's credentials, a task's address, a call's reply, a shard's layout and the
+// operations that update a shard.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace caf {
+class actor_system;
+}
+
+namespace troupe::actors {
+
+class control_credentials;
+
+/// The control plane's TLS credentials from the cluster token, installed in `system` (nullptr for
+/// an empty token: plain BASP). Every object below that talks to peers keeps the pointer, so the
+/// files stay as long as one of them may open a session. Throws std::runtime_error when OpenSSL
+/// or the file system fails, std::invalid_argument when the system has no OpenSSL module.
+std::shared_ptr<control_credentials> make_credentials(caf::actor_system& system, const std::string& token);
+
+/// A task's address and its name for errors and logs.
+struct task_endpoint {
+  std::string task;  ///< "/job:worker/replica:0/task:1"
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+/// What a call returns: the result's bytes, or the error's message.
+struct call_reply {
+  bool ok = false;
+  std::string payload;
+};
+
+/// Where a shard's elements lie in its bytes (the runtime's encoding), for the data connections.
+struct shard_layout {
+  std::size_t offset = 0;  ///< the first element's byte
+  std::size_t nbytes = 0;  ///< the elements' bytes
+  std::uint8_t dtype = 0;  ///< the runtime's element type
+  std::size_t rows = 1;    ///< rows along the first axis (1 for a scalar): gathers and scatters index them
+};
+
+/// How a ps shard is updated: its value is set to the update, or the update is added to it, or
+/// subtracted from it. The byte values travel (in CAF messages and in the data connections'
+/// request headers), so they never change; a byte from the network is read with update_op_of.
+enum class update_op : std::uint8_t { assign = 0, add = 1, subtract = 2 };
+
+/// The operation a byte from the network names, or nothing for a byte that names none.
+std::optional<update_op> update_op_of(std::uint8_t byte) noexcept;
+/// "assign", "add" or "subtract".
+const char* update_op_name(update_op op) noexcept;
+/// What a task says of an update byte that names no operation: the byte and the ones it knows.
+std::string unknown_update_op(std::uint8_t byte);
+
+}  // namespace troupe::actors

@@ -1,0 +1,100 @@
+#pragma once
+
+// The chief's side of a cluster of tasks (cluster_tasks.hpp has the walkthrough: steps 2 to 6).
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "troupe/actors/cluster_task_types.hpp"
+
+namespace troupe::actors {
+
+/// How a closure ended.
+struct closure_outcome {
+  std::uint64_t id = 0;
+  bool ok = false;
+  std::string payload;  ///< the result's bytes, or the error's message
+  std::string worker;   ///< the task it ran on
+  bool cancelled = false;  ///< it never ran: cancelled after another closure failed (worker empty)
+};
+
+/// What a dispatcher is given.
+struct dispatcher_options {
+  std::string task = "/job:chief/replica:0/task:0";  ///< its own name, said in every hello
+  std::vector<task_endpoint> workers;
+  std::vector<task_endpoint> ps;
+  std::shared_ptr<control_credentials> credentials;  ///< nullptr: plain BASP
+  int window = 16;                                   ///< closures in flight per worker
+  std::chrono::milliseconds connect_retry{200};      ///< how often a worker that is down is tried
+  std::chrono::milliseconds ps_timeout{60000};       ///< how long the ps tasks may take to answer at start
+  /// How often the chief beats every task (the same defaults as MultiWorkerOptions): a worker
+  /// silent for more than missed_heartbeats intervals is lost (its closures go to other workers,
+  /// and it is taken back when it answers again), a silent ps task fails the coordinator, and a
+  /// task whose chief is silent that long is told its chief is gone.
+  std::chrono::milliseconds heartbeat_interval{500};
+  int missed_heartbeats = 6;
+};
+
+/// The chief's side: connects to the workers and ps tasks, schedules closures onto the workers
+/// and watches them all.
+class dispatcher {
+ public:
+  /// Connects to every ps task first (each within options.ps_timeout, else std::runtime_error
+  /// naming it); workers are connected in the background and retried while they are down.
+  /// on_done runs once per closure that completes (ok or with an error raised by its function);
+  /// on_ps_lost once per ps task lost; both on an actor thread.
+  dispatcher(caf::actor_system& system, dispatcher_options options, std::function<void(closure_outcome)> on_done,
+             std::function<void(const std::string& ps_task, const std::string& reason)> on_ps_lost,
+             std::function<void(const std::string& line)> log);
+  ~dispatcher();
+  dispatcher(const dispatcher&) = delete;
+  dispatcher& operator=(const dispatcher&) = delete;
+
+  /// Closures in flight per worker from now on, and how often a worker that is down is tried.
+  void configure(int window, std::chrono::milliseconds connect_retry);
+  /// Heartbeat settings from now on (as dispatcher_options; std::invalid_argument below 1): every
+  /// task watched starts a fresh limit, and each task hears them with its next beat.
+  void set_heartbeat(std::chrono::milliseconds interval, int missed);
+  /// Queues a closure.
+  void schedule(std::uint64_t id, std::string function, std::string args);
+  /// TensorFlow's rules after a closure failed: from a failure on, a closure whose worker is lost
+  /// is cancelled rather than run again. cancel_queued (blocking, bounded) cancels every closure
+  /// still queued and keeps cancelling what is queued (closures in flight finish) until resume.
+  /// Each cancelled closure reaches on_done once, with cancelled set.
+  void cancel_queued();
+  void resume();
+  /// The variables' layout, sent to every worker now and to every worker that connects later.
+  void set_table(std::string blob);
+  /// One shard of the chief's own requests: ps task, key, and for a creation or an update its
+  /// bytes (and how an update applies).
+  struct shard_op {
+    int ps = 0;
+    std::string key;
+    update_op op = update_op::assign;
+    std::string bytes;
+  };
+  /// Creates variable shards, every request in flight at once (blocking, each bounded by
+  /// `timeout`); once all are answered, throws std::runtime_error for the first that failed,
+  /// naming its ps task.
+  void create_shards(std::vector<shard_op> shards, std::chrono::milliseconds timeout);
+  /// Shards' bytes, in order, every request in flight at once; throws as create_shards.
+  std::vector<std::string> read_shards(const std::vector<shard_op>& shards, std::chrono::milliseconds timeout);
+  /// Applies updates to shards, every request in flight at once; throws as create_shards.
+  void update_shards(std::vector<shard_op> updates, std::chrono::milliseconds timeout);
+
+  /// Closures put back after their worker was lost, and workers lost, so far.
+  std::uint64_t retried() const;
+  std::uint64_t workers_lost() const;
+  int workers_up() const;
+
+  struct impl;
+
+ private:
+  std::shared_ptr<impl> impl_;
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,284 @@
+#include "dispatch_actor.hpp"
+
+#include <utility>
+
+#include "protocol.hpp"
+#include "task_common.hpp"
+
+namespace troupe::actors {
+namespace {
+
+using impl_ptr = std::shared_ptr<dispatcher::impl>;
+
+// Why a task counts as silent, for the log and the coordinator's error.
+std::string silence(const dispatch_actor_state& st) {
+  return "it missed " + std::to_string(st.missed_heartbeats) + " heartbeats of " +
+         std::to_string(st.heartbeat_interval.count()) + " ms (stopped or hung?)";
+}
+
+// Each closure of `ids` still known reaches on_done once, cancelled.
+void cancel_closures(dispatch_self* self, dispatcher::impl& d, const std::vector<std::uint64_t>& ids) {
+  for (auto id : ids) {
+    if (self->state.closures.erase(id) == 1) d.on_done(closure_outcome{id, false, {}, {}, true});
+  }
+}
+
+// A lost worker's closures in flight: run again elsewhere, or cancelled after a failure. Says which.
+std::string lose_worker(dispatch_self* self, dispatcher::impl& d, int w) {
+  auto& st = self->state;
+  const bool requeue = !st.failed && !st.cancelling;
+  auto back = st.rules->on_worker_lost(w, requeue);
+  if (requeue) {
+    d.retried += back.size();
+  } else {
+    cancel_closures(self, d, back);
+  }
+  d.lost = st.rules->workers_lost();
+  d.up = st.rules->workers_up();
+  return std::to_string(back.size()) +
+         (requeue ? " closure(s) in flight go to other workers" : " closure(s) in flight cancelled (a closure failed)");
+}
+
+// Hands queued closures to the workers (or cancels them while a failure is raised).
+void pump(dispatch_self* self, dispatcher::impl& d) {
+  auto& st = self->state;
+  if (st.cancelling) cancel_closures(self, d, st.rules->cancel_queued());
+  for (auto [w, id] : st.rules->assign()) {
+    auto it = st.closures.find(id);
+    if (it == st.closures.end()) continue;
+    self->send(st.workers[static_cast<std::size_t>(w)], call_atom::value, id, it->second.function, it->second.args);
+  }
+}
+
+// The worker whose agent has address `a`, or -1.
+int worker_of(const dispatch_actor_state& st, const caf::actor_addr& a) {
+  for (std::size_t w = 0; w < st.workers.size(); ++w) {
+    if (st.workers[w] && st.workers[w].address() == a) return static_cast<int>(w);
+  }
+  return -1;
+}
+
+// A ps task's connection closed (the coordinator fails), or a worker's (it is lost until the
+// connector reaches it again).
+void on_down(dispatch_self* self, dispatcher::impl& d, const caf::down_msg& m) {
+  auto& st = self->state;
+  if (st.leaving) return;
+  for (std::size_t p = 0; p < d.ps.size(); ++p) {
+    if (d.ps[p].address() == m.source) {
+      d.on_ps_lost(d.options.ps[p].task, "its connection closed (" + self->system().render(m.reason) + ")");
+      return;
+    }
+  }
+  const int w = worker_of(st, m.source);
+  if (w < 0) return;
+  const auto what = lose_worker(self, d, w);
+  const auto i = static_cast<std::size_t>(w);
+  st.workers[i] = caf::actor{};
+  st.worker_pulses[i] = caf::actor{};
+  st.worker_beats->forget(w);
+  d.connected[i] = false;
+  d.say("lost " + d.options.workers[i].task + " (" + self->system().render(m.reason) + "); " + what);
+  d.wake.notify_all();
+  pump(self, d);
+}
+
+// Beats worker w's pulse, saying the settings; a worker overdue that answers is taken back.
+void beat_worker(dispatch_self* self, const impl_ptr& d, std::size_t w) {
+  auto pulse = self->state.worker_pulses[w];
+  if (!pulse) return;
+  self->request(pulse, self->state.worker_beats->limit(), beat_atom::value,
+                static_cast<std::int64_t>(self->state.heartbeat_interval.count()),
+                static_cast<std::int32_t>(self->state.missed_heartbeats))
+      .then(
+          [self, d, w, pulse](bool) {
+            auto& st = self->state;
+            if (st.leaving || st.worker_pulses[w] != pulse) return;  // a newer connection
+            if (!st.worker_beats->beat(static_cast<int>(w), heartbeat_state::clock::now())) return;
+            st.rules->on_worker_up(static_cast<int>(w));
+            d->up = st.rules->workers_up();
+            d->say(d->options.workers[w].task + " answers again; it takes closures again");
+            pump(self, *d);
+          },
+          [](caf::error&) {});
+}
+
+// The connector reached worker w: it is watched, hears the table and takes closures.
+void on_worker_reached(dispatch_self* self, const impl_ptr& d, std::int32_t w, const caf::actor& agent,
+                       const caf::actor& pulse) {
+  auto& st = self->state;
+  st.workers[static_cast<std::size_t>(w)] = agent;
+  st.worker_pulses[static_cast<std::size_t>(w)] = pulse;
+  st.worker_beats->watch(w, heartbeat_state::clock::now());
+  beat_worker(self, d, static_cast<std::size_t>(w));  // says the settings to it at once
+  self->monitor(agent);
+  if (st.has_table) self->send(agent, table_atom::value, st.table);
+  st.rules->on_worker_up(w);
+  d->up = st.rules->workers_up();
+  pump(self, *d);
+}
+
+// A worker answered a call: a stale answer (that closure ran elsewhere) changes nothing.
+void on_result(dispatch_self* self, dispatcher::impl& d, std::uint64_t id, bool ok, std::string& payload) {
+  auto& st = self->state;
+  const int w = worker_of(st, caf::actor_cast<caf::actor_addr>(self->current_sender()));
+  if (w < 0 || !st.rules->on_finished(w, id)) return;
+  auto it = st.closures.find(id);
+  if (it == st.closures.end()) return;
+  st.closures.erase(it);
+  if (!ok) st.failed = true;
+  d.on_done(closure_outcome{id, ok, std::move(payload), d.options.workers[static_cast<std::size_t>(w)].task});
+  pump(self, d);
+}
+
+// The ids a worker dropped from its queue, 8 bytes each (little-endian): each it held is cancelled.
+void take_dropped(dispatch_self* self, dispatcher::impl& d, std::size_t w, const std::string& ids) {
+  auto& st = self->state;
+  std::vector<std::uint64_t> dropped;
+  for (std::size_t at = 0; at + 8 <= ids.size(); at += 8) {
+    std::uint64_t id = 0;
+    for (int b = 0; b < 8; ++b) id |= std::uint64_t{static_cast<unsigned char>(ids[at + b])} << (8 * b);
+    // Only what that worker holds: a stale or made-up id changes nothing.
+    if (st.rules->on_finished(static_cast<int>(w), id)) dropped.push_back(id);
+  }
+  cancel_closures(self, d, dropped);
+  pump(self, d);
+}
+
+// The coordinator raises a closure's error: everything queued is cancelled until resume.
+void on_cancel(dispatch_self* self, const impl_ptr& d) {
+  auto& st = self->state;
+  st.failed = false;  // being raised now: what fails from here on is a new error
+  st.cancelling = true;
+  pump(self, *d);
+  // Closures handed to a worker that has not started them are queued too (a TensorFlow
+  // worker takes one closure at a time): each worker drops them and says which.
+  for (std::size_t w = 0; w < st.workers.size(); ++w) {
+    auto worker = st.workers[w];
+    if (!worker) continue;
+    self->request(worker, std::chrono::seconds(10), cancel_atom::value)
+        .then(
+            [self, d, w, worker](const std::string& ids) {
+              if (self->state.workers[w] != worker) return;  // lost meanwhile: lose_worker settled them
+              take_dropped(self, *d, w, ids);
+            },
+            [](caf::error&) {});  // they run and finish as usual
+  }
+}
+
+// New heartbeat settings: every peer watched so far starts a fresh limit under them.
+void on_heartbeat_settings(dispatch_self* self, std::int64_t interval_ms, std::int32_t missed) {
+  auto& st = self->state;
+  st.heartbeat_interval = std::chrono::milliseconds(interval_ms);
+  st.missed_heartbeats = missed;
+  const auto now = heartbeat_state::clock::now();
+  auto renew = [&](std::optional<heartbeat_state>& beats) {
+    const int peers = static_cast<int>(beats->peers());
+    std::vector<bool> watched;
+    // An overdue peer is watched again too, so that it is taken back when it answers.
+    for (int p = 0; p < peers; ++p) watched.push_back(beats->watched(p));
+    beats.emplace(peers, st.heartbeat_interval, missed);
+    for (int p = 0; p < peers; ++p) {
+      if (watched[static_cast<std::size_t>(p)]) beats->watch(p, now);
+    }
+  };
+  renew(st.worker_beats);
+  renew(st.ps_beats);
+}
+
+// Beats every task, then names those silent too long: a worker is lost (its closures go to the
+// others) until it answers again; a ps task fails the coordinator.
+void on_tick(dispatch_self* self, const impl_ptr& d) {
+  auto& st = self->state;
+  if (st.leaving) return;
+  const auto interval = static_cast<std::int64_t>(st.heartbeat_interval.count());
+  const auto missed = static_cast<std::int32_t>(st.missed_heartbeats);
+  const auto wait = st.worker_beats->limit();
+  for (std::size_t w = 0; w < st.worker_pulses.size(); ++w) beat_worker(self, d, w);
+  for (std::size_t p = 0; p < d->ps_pulse.size(); ++p) {
+    self->request(d->ps_pulse[p], wait, beat_atom::value, interval, missed)
+        .then([self, p](bool) { self->state.ps_beats->beat(static_cast<int>(p), heartbeat_state::clock::now()); },
+              [](caf::error&) {});
+  }
+  const auto now = heartbeat_state::clock::now();
+  for (int w : st.worker_beats->overdue(now)) {
+    const auto what = lose_worker(self, *d, w);
+    d->say("lost " + d->options.workers[static_cast<std::size_t>(w)].task + " (" + silence(st) + "); " + what +
+           "; it is taken back when it answers again");
+  }
+  for (int p : st.ps_beats->overdue(now)) {
+    const auto& task = d->options.ps[static_cast<std::size_t>(p)].task;
+    d->say("lost " + task + " (" + silence(st) + ")");
+    self->send(d->router, gone_atom::value, static_cast<std::int32_t>(p), silence(st));
+    d->on_ps_lost(task, silence(st));
+  }
+  pump(self, *d);
+  self->delayed_send(self, st.heartbeat_interval, tick_atom::value);
+}
+
+}  // namespace
+
+caf::behavior dispatch_actor(dispatch_self* self, std::shared_ptr<dispatcher::impl> d) {
+  const int n = static_cast<int>(d->options.workers.size());
+  auto& st = self->state;
+  st.rules.emplace(n, d->options.window);
+  st.heartbeat_interval = d->options.heartbeat_interval;
+  st.missed_heartbeats = d->options.missed_heartbeats;
+  st.worker_beats.emplace(n, d->options.heartbeat_interval, d->options.missed_heartbeats);
+  st.ps_beats.emplace(static_cast<int>(d->options.ps.size()), d->options.heartbeat_interval,
+                      d->options.missed_heartbeats);
+  st.workers.assign(static_cast<std::size_t>(n), caf::actor{});
+  st.worker_pulses.assign(static_cast<std::size_t>(n), caf::actor{});
+  self->set_down_handler([self, d](caf::down_msg& m) { on_down(self, *d, m); });
+  return {
+      [self, d](sched_atom, std::uint64_t id, std::string& function, std::string& args) {
+        self->state.closures.emplace(id, closure_record{std::move(function), std::move(args)});
+        self->state.rules->enqueue(id);
+        pump(self, *d);
+      },
+      [self, d](wup_atom, std::int32_t w, const caf::actor& agent, const caf::actor& pulse) {
+        on_worker_reached(self, d, w, agent, pulse);
+      },
+      [self](table_atom, std::string& blob) {
+        auto& st = self->state;
+        st.table = std::move(blob);
+        st.has_table = true;
+        for (const auto& w : st.workers) {
+          if (w) self->send(w, table_atom::value, st.table);
+        }
+      },
+      [self, d](result_atom, std::uint64_t id, bool ok, std::string& payload) { on_result(self, *d, id, ok, payload); },
+      [self, d](window_atom, std::int32_t window) {
+        self->state.rules->set_window(window);
+        pump(self, *d);
+      },
+      [self, d](cancel_atom) -> bool {
+        on_cancel(self, d);
+        return true;
+      },
+      [self, d](resume_atom) {
+        self->state.cancelling = false;
+        pump(self, *d);
+      },
+      [self](hbset_atom, std::int64_t interval_ms, std::int32_t missed) {
+        on_heartbeat_settings(self, interval_ms, missed);
+      },
+      [self, d](watch_ps_atom) -> bool {
+        for (const auto& p : d->ps) self->monitor(p);
+        const auto now = heartbeat_state::clock::now();
+        for (std::size_t p = 0; p < d->ps.size(); ++p) self->state.ps_beats->watch(static_cast<int>(p), now);
+        self->send(self, tick_atom::value);
+        return true;
+      },
+      [self, d](tick_atom) { on_tick(self, d); },
+      [self, d](leave_atom) -> bool {
+        self->state.leaving = true;
+        for (const auto& w : self->state.workers) {
+          if (w) self->send(w, leave_atom::value);
+        }
+        for (const auto& p : d->ps) self->send(p, leave_atom::value);
+        return true;
+      },
+  };
+}
+
+}  // namespace troupe::actors

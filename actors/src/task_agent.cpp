@@ -1,0 +1,255 @@
+#include "task_agent.hpp"
+
+#include <exception>
+#include <utility>
+
+#include "protocol.hpp"
+#include "task_common.hpp"
+#include "troupe/actors/dispatcher.hpp"
+
+namespace troupe::actors {
+
+caf::behavior pulse_actor(caf::stateful_actor<pulse_state>* self, std::shared_ptr<const task_handlers> handlers) {
+  return {
+      [=](beat_atom, std::int64_t interval_ms, std::int32_t missed) -> bool {
+        auto& st = self->state;
+        const auto now = heartbeat_state::clock::now();
+        if (interval_ms < 1 || interval_ms > 3600000 || missed < 1 || missed > 1000) return false;
+        if (!st.chief || !st.chief->watched(0) || st.chief->interval().count() != interval_ms ||
+            st.chief->missed() != missed) {
+          st.chief.emplace(1, std::chrono::milliseconds(interval_ms), missed);
+          st.chief->watch(0, now);
+        } else {
+          st.chief->beat(0, now);
+        }
+        if (!st.ticking) {
+          st.ticking = true;
+          self->delayed_send(self, st.chief->interval(), tick_atom::value);
+        }
+        return true;
+      },
+      [=](tick_atom) {
+        auto& st = self->state;
+        st.ticking = false;
+        if (!st.chief || !st.chief->watched(0)) return;
+        if (!st.chief->overdue(heartbeat_state::clock::now()).empty()) {
+          st.chief->forget(0);
+          if (handlers->event) {
+            handlers->event("lost the chief: it missed " + std::to_string(st.chief->missed()) + " heartbeats of " +
+                            std::to_string(st.chief->interval().count()) + " ms (stopped or hung?)");
+          }
+          if (handlers->chief_gone) handlers->chief_gone();
+          return;
+        }
+        st.ticking = true;
+        self->delayed_send(self, st.chief->interval(), tick_atom::value);
+      },
+      [=](hello_atom) {
+        // From the agent: a chief said hello. It is watched from now on, with the last settings
+        // it said (the defaults before its first beat), so that a chief stopped before its first
+        // beat is noticed too.
+        auto& st = self->state;
+        if (!st.chief) {
+          const dispatcher_options defaults;
+          st.chief.emplace(1, defaults.heartbeat_interval, defaults.missed_heartbeats);
+        }
+        st.chief->watch(0, heartbeat_state::clock::now());
+        if (!st.ticking) {
+          st.ticking = true;
+          self->delayed_send(self, st.chief->interval(), tick_atom::value);
+        }
+      },
+      [=](leave_atom) {  // from the agent: the chief left or its connection closed
+        if (self->state.chief) self->state.chief->forget(0);
+      },
+  };
+}
+
+void function_runner::run(const task_handlers& handlers) {
+  for (;;) {
+    call c;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      wake.wait(lock, [&] { return stopping || !calls.empty(); });
+      if (stopping) break;  // calls still queued are dropped: their chief is gone or going
+      c = std::move(calls.front());
+      calls.pop_front();
+      running = c.function;
+    }
+    call_reply reply;
+    try {
+      reply = handlers.call(c.function, c.args);
+    } catch (const std::exception& e) {
+      reply = call_reply{false, e.what()};
+    } catch (...) {
+      reply = call_reply{false, "function " + c.function + " threw something that is not a std::exception"};
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      running.clear();
+    }
+    if (auto self = caf::actor_cast<caf::actor>(agent)) {
+      caf::send_as(self, c.reply_to, result_atom::value, c.id, reply.ok, std::move(reply.payload));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  finished = true;
+  wake.notify_all();
+}
+
+namespace {
+
+void event(agent_state& st, const std::string& line) {
+  if (st.handlers->event) st.handlers->event(line);
+}
+
+}  // namespace
+
+caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string task,
+                         std::shared_ptr<const task_handlers> handlers, caf::actor pulse,
+                         std::shared_ptr<shard_store> store, std::shared_ptr<std::atomic<std::uint16_t>> data_port,
+                         std::string data_secret, std::shared_ptr<function_runner> runner) {
+  self->state.task = std::move(task);
+  self->state.runner = std::move(runner);
+  self->state.store = std::move(store);
+  self->state.data_port = data_port;
+  self->state.data_secret = std::move(data_secret);
+  self->state.pulse = std::move(pulse);
+  self->state.handlers = std::move(handlers);
+  auto forget = [=](const caf::actor_addr& who, const std::string& how) {
+    auto& st = self->state;
+    auto it = st.peers.find(who);
+    if (it == st.peers.end()) return;
+    event(st, how + " " + it->second);
+    st.peers.erase(it);
+    if (who == st.chief) {
+      st.chief = caf::actor_addr{};
+      self->send(st.pulse, leave_atom::value);
+      if (st.handlers->chief_gone) st.handlers->chief_gone();
+    }
+  };
+  self->set_down_handler([=](caf::down_msg& d) {
+    forget(d.source, "lost");
+  });
+  self->set_exit_handler([=](caf::exit_msg& m) {
+    for (auto& s : self->state.shards) self->send_exit(s.second, m.reason);
+    self->send_exit(self->state.pulse, m.reason);
+    self->quit(m.reason);
+  });
+  auto shard_of = [=](const std::string& key) -> caf::actor {
+    auto it = self->state.shards.find(key);
+    return it == self->state.shards.end() ? caf::actor{} : it->second;
+  };
+  return {
+      [=](hello_atom, const std::string& peer, const caf::actor& watch) -> caf::result<std::string, caf::actor> {
+        // The peer names an actor that lives as long as its connection to us is used: watching
+        // it, rather than the sender of the hello, shows when the peer leaves or is lost.
+        auto& st = self->state;
+        auto who = watch.address();
+        if (who && st.peers.emplace(who, peer.substr(0, 200)).second) {
+          self->monitor(who);
+          event(st, "connected " + peer.substr(0, 200));
+          if (peer.rfind("/job:chief/", 0) == 0) {
+            st.chief = who;
+            self->send(st.pulse, hello_atom::value);
+            if (st.handlers->chief_came) st.handlers->chief_came();
+          }
+        }
+        return {st.task, st.pulse};
+      },
+      [=](leave_atom) { forget(caf::actor_cast<caf::actor_addr>(self->current_sender()), "left"); },
+      [=](leave_atom, const std::string& peer, const std::string& to) -> bool {
+        // A chief that leaves before it ever reached this task (it was still starting when the
+        // chief tried) says so once, so that a task waiting for it need not wait out its start
+        // timeout. A task serving a chief ignores it (that is not its chief), and so does a task
+        // that is not the one the chief meant.
+        auto& st = self->state;
+        if (st.chief || to != st.task || peer.rfind("/job:chief/", 0) != 0) return false;
+        event(st, "left " + peer.substr(0, 200) + " (it left before it reached this task)");
+        self->send(st.pulse, leave_atom::value);
+        if (st.handlers->chief_gone) st.handlers->chief_gone();
+        return true;
+      },
+      [=](table_atom, const std::string& blob) {
+        if (self->state.handlers->table) self->state.handlers->table(blob);
+      },
+      [=](call_atom, std::uint64_t id, std::string& function, std::string& args) {
+        auto& st = self->state;
+        auto to = caf::actor_cast<caf::actor>(self->current_sender());
+        if (!st.runner) {
+          if (to) self->send(to, result_atom::value, id, false, st.task + " runs no functions (it is not a worker task)");
+          return;
+        }
+        {
+          std::lock_guard<std::mutex> lock(st.runner->mutex);
+          if (st.runner->stopping) return;
+          st.runner->calls.push_back(function_runner::call{id, std::move(function), std::move(args), std::move(to)});
+        }
+        st.runner->wake.notify_one();
+      },
+      [=](cancel_atom) -> std::string {
+        // The chief raises a function's error: the calls it sent that have not started here are
+        // dropped, as TensorFlow cancels closures still queued. Their ids, 8 bytes each
+        // (little-endian), tell it which.
+        auto& st = self->state;
+        std::string ids;
+        if (!st.runner) return ids;
+        const auto from = self->current_sender();
+        std::lock_guard<std::mutex> lock(st.runner->mutex);
+        auto& calls = st.runner->calls;
+        for (auto it = calls.begin(); it != calls.end();) {
+          if (caf::actor_cast<caf::strong_actor_ptr>(it->reply_to) != from) {
+            ++it;
+            continue;
+          }
+          for (int b = 0; b < 8; ++b) ids.push_back(static_cast<char>((it->id >> (8 * b)) & 0xff));
+          it = calls.erase(it);
+        }
+        return ids;
+      },
+      [=](vnew_atom, const std::string& key, std::string& bytes) -> caf::result<bool> {
+        auto& st = self->state;
+        auto cell = std::make_shared<shard_cell>();
+        if (st.handlers->layout) {
+          try {
+            auto l = st.handlers->layout(bytes);
+            if (!l) return runtime_error("variable shard '" + key + "' on " + st.task + ": malformed bytes");
+            cell->layout = *l;
+          } catch (const std::exception& e) {
+            return runtime_error("variable shard '" + key + "' on " + st.task + ": " + e.what());
+          }
+        }
+        cell->value = std::make_shared<std::string>(std::move(bytes));
+        if (auto old = shard_of(key)) self->send_exit(old, caf::exit_reason::user_shutdown);
+        st.store->put(key, cell);
+        st.shards[key] = self->spawn(shard_actor, std::move(cell), st.handlers);
+        return true;
+      },
+      [=](data_atom) -> caf::result<std::string> {
+        // The port (2 bytes, little-endian), then the secret.
+        auto& st = self->state;
+        const std::uint16_t port = st.data_port ? st.data_port->load() : 0;
+        if (port == 0) return runtime_error(st.task + " has no data port (it holds no variables)");
+        std::string out(2, '\0');
+        out[0] = static_cast<char>(port & 0xff);
+        out[1] = static_cast<char>(port >> 8);
+        return out + st.data_secret;
+      },
+      [=](vread_atom, const std::string& key) -> caf::result<std::string> {
+        auto shard = shard_of(key);
+        if (!shard) return runtime_error("no variable shard '" + key + "' on " + self->state.task);
+        auto rp = self->make_response_promise();
+        rp.delegate(shard, vread_atom::value);
+        return rp;
+      },
+      [=](vupdate_atom, const std::string& key, std::uint8_t op, std::string& delta) -> caf::result<bool> {
+        auto shard = shard_of(key);
+        if (!shard) return runtime_error("no variable shard '" + key + "' on " + self->state.task);
+        auto rp = self->make_response_promise();
+        rp.delegate(shard, vupdate_atom::value, op, std::move(delta));
+        return rp;
+      },
+  };
+}
+
+}  // namespace troupe::actors
