@@ -11,7 +11,7 @@
 
 #include "troupe/transport/ring_connect.hpp"
 #include "troupe/transport/ring_link.hpp"
-#include "troupe/transport/shm_group.hpp"
+#include "troupe/transport/collective.hpp"
 
 namespace troupe::transport {
 
