@@ -57,6 +57,23 @@ std::string describe(const frame_header& h) {
   return "a frame of unknown kind " + std::to_string(static_cast<unsigned>(h.kind)) + operation;
 }
 
+std::size_t frame_length(const unsigned char* bytes, std::size_t n) {
+  if (n < 8) return 0;
+  std::uint32_t head = 0;
+  std::memcpy(&head, bytes, 4);
+  if (head >= max_segments) return 0;
+  const std::size_t count = std::size_t{head} + 1;
+  const std::size_t table_bytes = (count + 2) / 2 * 8;
+  if (n < table_bytes) return 0;
+  std::size_t total = table_bytes;
+  for (std::size_t i = 0; i < count; ++i) {
+    std::uint32_t words = 0;
+    std::memcpy(&words, bytes + 4 * (i + 1), 4);
+    total += std::size_t{words} * 8;
+  }
+  return n >= total ? total : 0;
+}
+
 // ---- writer ----
 
 capnp::MallocMessageBuilder& frame_writer::fresh_builder() {
@@ -93,9 +110,10 @@ void frame_writer::start_chunk(const chunk_frame& f, const void* data) {
 }
 
 void frame_writer::start_hello(std::uint32_t version, std::uint32_t rank, std::uint32_t size,
-                               const std::vector<std::uint8_t>& nonce, const std::vector<std::uint8_t>& proof) {
+                               const std::vector<std::uint8_t>& nonce, const std::vector<std::uint8_t>& proof,
+                               std::uint32_t magic) {
   auto h = fresh_builder().initRoot<wire::Hello>();
-  h.setMagic(hello_magic);
+  h.setMagic(magic);
   h.setVersion(version);
   h.setRank(rank);
   h.setSize(size);
@@ -134,6 +152,15 @@ void frame_writer::progress(ring_link& link) {
   }
 }
 
+std::vector<unsigned char> frame_writer::bytes() const {
+  std::vector<unsigned char> out;
+  for (std::size_t i = next_; i < iov_.size(); ++i) {
+    const auto* p = static_cast<const unsigned char*>(iov_[i].iov_base);
+    out.insert(out.end(), p, p + iov_[i].iov_len);
+  }
+  return out;
+}
+
 // ---- reader ----
 
 void frame_reader::start(std::size_t max_words) {
@@ -144,20 +171,42 @@ void frame_reader::start(std::size_t max_words) {
   table_.assign(2, 0);
 }
 
-void frame_reader::progress(ring_link& link) {
+template <typename Read>
+void frame_reader::pull(Read&& read, const ring_peer& from) {
   while (!done()) {
     char* target = stage_ == stage::body ? reinterpret_cast<char*>(words_.data())
                                          : reinterpret_cast<char*>(table_.data()) + (stage_ == stage::head ? 0 : 8);
-    const std::size_t r = link.read_some(side_, target + have_, need_ - have_);
+    const std::size_t r = read(target + have_, need_ - have_);
     if (r == 0) return;
     have_ += r;
     if (have_ < need_) continue;
-    advance(link);
+    advance(from);
   }
 }
 
-void frame_reader::advance(const ring_link& link) {
-  const ring_peer& from = link.peer(side_);
+void frame_reader::progress(ring_link& link) {
+  pull([&](void* into, std::size_t n) { return link.read_some(side_, into, n); }, link.peer(side_));
+}
+
+bool frame_reader::parse(const unsigned char* bytes, std::size_t n, std::size_t max_words) {
+  start(max_words);
+  std::size_t at = 0;
+  try {
+    pull(
+        [&](void* into, std::size_t want) {
+          const std::size_t take = std::min(want, n - at);
+          std::memcpy(into, bytes + at, take);
+          at += take;
+          return take;
+        },
+        ring_peer{-1, "a frame in memory"});
+  } catch (const peer_error&) {
+    return false;
+  }
+  return done() && at == n;
+}
+
+void frame_reader::advance(const ring_peer& from) {
   if (stage_ == stage::head) {
     // Checked before anything is sized from it: the count comes from the peer.
     if (table_[0] >= max_segments) {

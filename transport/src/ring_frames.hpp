@@ -82,6 +82,10 @@ struct hello_fields {
 /// For error messages: "a broadcast of 1000 bytes from root 2 (step 3, collective 7)".
 std::string describe(const frame_header& h);
 
+/// The length of the frame at the start of `bytes` (segment table and segments), or 0 when its
+/// end is not among the `n` bytes yet (or the table names more than max_segments segments).
+std::size_t frame_length(const unsigned char* bytes, std::size_t n);
+
 /// One frame going out on one side: the segment table and the message's segments, gathered as the
 /// link takes them. Data that is whole aligned words is a segment of its own that points into the
 /// caller's buffer (no copy); the builder's first segment is scratch space reused frame after
@@ -94,15 +98,18 @@ class frame_writer {
 
   /// Starts a chunk frame with `f.bytes` bytes at `data`, which must stay put until done().
   void start_chunk(const chunk_frame& f, const void* data);
-  /// Starts a hello with `nonce` and `proof` (either may be empty).
+  /// Starts a hello with `nonce` and `proof` (either may be empty); `magic` other than
+  /// hello_magic only for tests that forge one.
   void start_hello(std::uint32_t version, std::uint32_t rank, std::uint32_t size, const std::vector<std::uint8_t>& nonce,
-                   const std::vector<std::uint8_t>& proof);
+                   const std::vector<std::uint8_t>& proof, std::uint32_t magic = hello_magic);
   /// Nothing to send this time.
   void skip() { next_ = iov_.size(); }
   bool done() const { return next_ >= iov_.size(); }
   /// Writes what the link takes now.
   void progress(ring_link& link);
   ring_side side() const { return side_; }
+  /// The whole frame started last as it goes on the wire (for the in-process ring's tests).
+  std::vector<unsigned char> bytes() const;
 
  private:
   capnp::MallocMessageBuilder& fresh_builder();
@@ -135,6 +142,9 @@ class frame_reader {
   bool begun() const { return stage_ != stage::head || have_ > 0; }
   /// Reads what the link has.
   void progress(ring_link& link);
+  /// Reads one whole frame of at most `max_words` words from `n` bytes: false when they are not
+  /// exactly one frame (for the in-process ring's tests).
+  bool parse(const unsigned char* bytes, std::size_t n, std::size_t max_words);
   ring_side side() const { return side_; }
 
   /// Checks the chunk frame just received against `want` (`op` and `self` name the collective and
@@ -143,10 +153,16 @@ class frame_reader {
   const kj::byte* take_chunk(const ring_link& link, const char* op, int self, const chunk_frame& want);
   /// The hello just received, as the sender wrote it; a malformed one is std::runtime_error.
   hello_fields take_hello();
+  /// The chunk frame just received, unchecked; reading it may throw kj::Exception.
+  wire::Chunk::Reader chunk() { return reader_->getRoot<wire::Chunk>(); }
 
  private:
   enum class stage { head, table, body, complete };
-  void advance(const ring_link& link);
+  // Reads through `read(into, n)` (bytes read, 0: none yet) until the frame is done or nothing
+  // more comes; `from` names the peer in errors.
+  template <typename Read>
+  void pull(Read&& read, const ring_peer& from);
+  void advance(const ring_peer& from);
 
   ring_side side_;
   std::size_t max_words_ = 0;
