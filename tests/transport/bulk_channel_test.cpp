@@ -199,7 +199,7 @@ TEST_CASE("strangers on a data port are refused without allocating what they cla
   CHECK(got == pattern(100, 7));
 }
 
-TEST_CASE("a data port refuses connections beyond its bound at once") {
+TEST_CASE("beyond its bound a data port pushes out the oldest connection still proving itself") {
   byte_store store;
   tt::bulk_listener l("127.0.0.1", 0, good, 3000ms, "test ps", [&](tt::bulk_stream& s) { store.serve(s); }, 2);
   int a = raw_connect(l.port());
@@ -207,13 +207,41 @@ TEST_CASE("a data port refuses connections beyond its bound at once") {
   std::this_thread::sleep_for(100ms);
   int c = raw_connect(l.port());
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK(closed_by_peer(c));
-  CHECK(std::chrono::steady_clock::now() - t0 < 2s);  // at once, not after the 3 s proof bound
+  CHECK(closed_by_peer(a));  // the oldest, at once, not after the 3 s proof bound
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
   wait_refused(l, 1);
-  CHECK(l.refused() >= 1);
+  CHECK(l.refused() == 1);
   close(a);
   close(b);
   close(c);
+}
+
+TEST_CASE("64 idle strangers on a data port neither keep a worker out nor push out a proven one") {
+  byte_store store;
+  store.values["k"] = pattern(100, 7);
+  tt::bulk_listener l("127.0.0.1", 0, good, 5000ms, "test ps", [&](tt::bulk_stream& s) { store.serve(s); });
+  auto read_k = [&](tt::bulk_stream& c) {
+    tt::bulk_request r;
+    r.key = "k";
+    r.bytes = 100;
+    c.send_request(r, nullptr);
+    std::vector<char> got(100);
+    c.receive_reply(100);
+    c.receive(got.data(), got.size());
+    return got == pattern(100, 7);
+  };
+  auto proven = tt::bulk_stream::connect(at(l), good, 3000ms, "ps task 0");
+  std::vector<int> strangers;
+  for (int i = 0; i < 80; ++i) strangers.push_back(raw_connect(l.port()));
+  std::this_thread::sleep_for(100ms);
+  // A worker connecting now gets in (the oldest strangers make room), within the bound.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto late = tt::bulk_stream::connect(at(l), good, 3000ms, "ps task 0");
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  CHECK(read_k(*late));
+  // The connection proven before the flood still serves.
+  CHECK(read_k(*proven));
+  for (int fd : strangers) close(fd);
 }
 
 TEST_CASE("a reply of the wrong size, a truncated reply and a stalled peer are errors naming the peer") {

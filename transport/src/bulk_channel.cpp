@@ -1,7 +1,6 @@
 #include "troupe/transport/bulk_channel.hpp"
 
-#include <arpa/inet.h>
-#include <netdb.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -14,6 +13,7 @@
 #include <cstring>
 #include <list>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "proof_exchange.hpp"
@@ -60,32 +60,6 @@ void set_blocking_with_timeout(int fd, std::chrono::milliseconds timeout, const 
   }
 }
 
-std::string remote_of(int fd) {
-  sockaddr_in addr{};
-  socklen_t len = sizeof addr;
-  char text[INET_ADDRSTRLEN] = "?";
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || addr.sin_family != AF_INET) return "?";
-  inet_ntop(AF_INET, &addr.sin_addr, text, sizeof text);
-  return std::string(text) + ":" + std::to_string(ntohs(addr.sin_port));
-}
-
-// An IPv4 address for `host`: itself when it is one, else the first the resolver gives.
-std::string ipv4_of(const std::string& host) {
-  in_addr a{};
-  if (inet_pton(AF_INET, host.c_str(), &a) == 1) return host;
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) {
-    throw std::runtime_error("data port: cannot resolve \"" + host + "\" to an IPv4 address");
-  }
-  char text[INET_ADDRSTRLEN] = "";
-  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, text, sizeof text);
-  freeaddrinfo(found);
-  return text;
-}
-
 }  // namespace
 
 // --- bulk_stream ------------------------------------------------------------------------------
@@ -94,20 +68,34 @@ std::unique_ptr<bulk_stream> bulk_stream::connect(const endpoint& ep, const ring
                                                   std::chrono::milliseconds timeout, std::string name) {
   // A proof takes milliseconds: a listener that does not answer it soon is stopped or gone.
   const frames::deadline until(std::min(timeout, std::chrono::milliseconds(10000)));
-  // The port was handed out by a listener that is up: a refused connection means it is gone, so the
-  // connect is not retried for long.
-  const frames::deadline connect_until(std::min(timeout, std::chrono::milliseconds(500)));
-  const int fd = connect_socket(ep, connect_until, listening_rank, name);
-  auto stream = std::make_unique<bulk_stream>(fd, timeout, name);
-  try {
-    prove_connection(fd, proof_exchange::role::connecting, auth, bulk_protocol_version, connecting_rank,
-                     listening_rank, pair_size, name, until);
-  } catch (const std::exception& e) {
-    throw std::runtime_error("the data port of " + name + " at " + ep.to_string() + " refused this task: " +
-                             e.what() + " (is the cluster token the same on every task?)");
+  int retry_ms = 5;
+  for (;;) {
+    // The port was handed out by a listener that is up: a refused connection means it is gone, so
+    // the connect is not retried for long.
+    const frames::deadline connect_until(std::min(timeout, std::chrono::milliseconds(500)));
+    const int fd = connect_socket(ep, connect_until, listening_rank, name);
+    auto stream = std::make_unique<bulk_stream>(fd, timeout, name);
+    try {
+      prove_connection(fd, proof_exchange::role::connecting, auth, bulk_protocol_version, connecting_rank,
+                       listening_rank, pair_size, name, until);
+    } catch (const connection_refused& e) {
+      // Pushed out by connections that had not proven themselves (a flood of strangers), or the
+      // listener is stopping: tried again while the bound allows.
+      const int left = until.poll_ms();
+      if (until.passed() || (left >= 0 && left < retry_ms)) {
+        throw std::runtime_error("the data port of " + name + " at " + ep.to_string() +
+                                 " refused this task until the timeout: " + e.what());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(retry_ms));
+      retry_ms = std::min(2 * retry_ms, 200);
+      continue;
+    } catch (const std::exception& e) {
+      throw std::runtime_error("the data port of " + name + " at " + ep.to_string() + " refused this task: " +
+                               e.what());
+    }
+    set_blocking_with_timeout(fd, timeout, name);
+    return stream;
   }
-  set_blocking_with_timeout(fd, timeout, name);
-  return stream;
 }
 
 bulk_stream::bulk_stream(int fd, std::chrono::milliseconds timeout, std::string name)
@@ -292,6 +280,9 @@ struct bulk_listener::impl {
   std::string owner;
   std::function<void(bulk_stream&)> serve;
   std::size_t max_connections = 64;
+  // Open connections of any kind (a thread each), proven ones included: pushed-out ones whose
+  // threads have not ended yet count until they do.
+  static constexpr std::size_t max_open_connections = 1024;
   std::atomic<bool> stopping{false};
   std::atomic<std::uint64_t> refused{0};
 
@@ -299,6 +290,8 @@ struct bulk_listener::impl {
     int fd = -1;  // until a bulk_stream owns it
     bulk_stream* stream = nullptr;
     std::thread thread;
+    bool proven = false;   // its proof checked out: never pushed out for a newer connection
+    bool evicted = false;  // pushed out while it proved itself
     bool finished = false;
   };
   std::mutex mutex;
@@ -330,11 +323,20 @@ struct bulk_listener::impl {
     try {
       const frames::deadline until(std::min(timeout, std::chrono::milliseconds(10000)));
       prove_connection(fd, proof_exchange::role::accepting, auth, bulk_protocol_version, listening_rank,
-                       connecting_rank, pair_size, "the connection from " + remote, until);
+                       connecting_rank, pair_size, "the connection from " + remote, until, [this, c] {
+                         std::lock_guard<std::mutex> lock(mutex);
+                         if (c->evicted) return false;
+                         c->proven = true;
+                         return true;
+                       });
       set_blocking_with_timeout(fd, timeout, "the connection from " + remote);
     } catch (const std::exception& e) {
-      if (!stopping) refuse(remote, e.what());
       std::lock_guard<std::mutex> lock(mutex);
+      if (!stopping) {
+        refuse(remote, c->evicted ? std::string("pushed out by newer connections before it proved itself (at most ") +
+                                        std::to_string(max_connections) + " prove themselves at once)"
+                                  : std::string(e.what()));
+      }
       close(fd);
       c->fd = -1;
       c->finished = true;
@@ -373,15 +375,35 @@ struct bulk_listener::impl {
       std::string remote = remote_of(fd);
       std::lock_guard<std::mutex> lock(mutex);
       reap();
-      if (connections.size() >= max_connections) {
+      // At most max_connections prove themselves at once: beyond that the oldest one still proving
+      // itself is pushed out (a stranger that says nothing holds a place only until newer ones
+      // come; a worker pushed out tries again). Proven connections are never pushed out.
+      std::size_t unproven = 0;
+      connection* oldest = nullptr;
+      for (auto& c : connections) {
+        if (c.finished || c.proven || c.evicted) continue;
+        ++unproven;
+        if (oldest == nullptr) oldest = &c;
+      }
+      if (unproven >= max_connections && oldest != nullptr) {
+        oldest->evicted = true;
+        if (oldest->fd >= 0) ::shutdown(oldest->fd, SHUT_RDWR);
+      }
+      if (connections.size() >= max_open_connections) {
         close(fd);
-        refuse(remote, "too many data connections at once (" + std::to_string(max_connections) + ")");
+        refuse(remote, "too many data connections open at once (" + std::to_string(max_open_connections) + ")");
         continue;
       }
       connections.emplace_back();
       connection* c = &connections.back();
       c->fd = fd;
-      c->thread = std::thread([this, c, remote] { run_connection(c, remote); });
+      try {
+        c->thread = std::thread([this, c, remote] { run_connection(c, remote); });
+      } catch (const std::system_error& e) {  // no thread to be had: refused, never a crash
+        connections.pop_back();
+        close(fd);
+        refuse(remote, std::string("no thread for it: ") + e.what());
+      }
     }
   }
 };
@@ -391,7 +413,7 @@ bulk_listener::bulk_listener(const std::string& host, std::uint16_t port, ring_a
                              std::function<void(bulk_stream&)> serve, std::size_t max_connections)
     : impl_(std::make_unique<impl>()) {
   auto& s = *impl_;
-  s.socket = std::make_unique<listener>(ipv4_of(host), port);
+  s.socket = std::make_unique<listener>(ipv4_of(host, "data port"), port);
   s.port = s.socket->port();
   s.auth = std::move(auth);
   s.timeout = timeout;

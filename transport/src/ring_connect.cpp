@@ -208,17 +208,29 @@ int connect_socket(const endpoint& ep, const frames::deadline& until, int peer, 
   return fd;
 }
 
-namespace {
-
-// "10.0.0.2:41234": the remote end of a connection, for the log.
 std::string remote_of(int fd) {
   sockaddr_in addr{};
   socklen_t len = sizeof addr;
-  char text[INET_ADDRSTRLEN] = "?";
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || addr.sin_family != AF_INET) return "?";
-  inet_ntop(AF_INET, &addr.sin_addr, text, sizeof text);
-  return std::string(text) + ":" + std::to_string(ntohs(addr.sin_port));
+  const asio::ip::address_v4 address(ntohl(addr.sin_addr.s_addr));
+  return address.to_string() + ":" + std::to_string(ntohs(addr.sin_port));
 }
+
+std::string ipv4_of(const std::string& host, const std::string& what) {
+  boost::system::error_code ec;
+  asio::ip::make_address_v4(host, ec);
+  if (!ec) return host;
+  asio::io_context io;
+  tcp::resolver resolver(io);
+  const auto results = resolver.resolve(tcp::v4(), host, "0", ec);
+  if (ec || results.empty()) {
+    throw std::runtime_error(what + ": cannot resolve \"" + host + "\" to an IPv4 address" +
+                             (ec ? " (" + ec.message() + ")" : std::string()));
+  }
+  return results.begin()->endpoint().address().to_string();
+}
+
+namespace {
 
 // A connection accepted on the listener whose proof is under way; owns its socket.
 struct pending_connection {
@@ -360,7 +372,12 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
       try {
         to_next->progress();
       } catch (const std::exception& e) {
-        next_failure = e.what();
+        // A close before the acknowledgement is a refusal (pushed out by strangers while it proved
+        // itself, or the peer was not ready), worth another try like a failed proof.
+        next_failure = dynamic_cast<const peer_error*>(&e) != nullptr
+                           ? "it closed the connection before acknowledging this rank's proof (refused: too many "
+                             "connections proving themselves there at once, or it was not ready)"
+                           : e.what();
         std::fprintf(stderr, "troupe: ring rank %d dropped its connection to %s: %s; trying again\n", rank,
                      next_name.c_str(), next_failure.c_str());
         s.next_socket.reset();

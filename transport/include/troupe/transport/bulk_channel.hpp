@@ -7,7 +7,8 @@
 //   1. A ps task listens on a data port (bulk_listener) and hands out the port and a fresh random
 //      secret over the control plane, which only peers that proved the cluster token reach.
 //   2. A worker connects (bulk_stream::connect) and both sides run ring_connect's proof (three
-//      hellos, HMAC-SHA256 under the cluster token over both nonces), with the secret as the
+//      hellos, HMAC-SHA256 under the cluster token over both nonces, and the listener's
+//      acknowledgement), with the secret as the
 //      incarnation: without a token the secret alone keeps strangers out. A connection that fails
 //      the proof, or does not finish it in time, is refused and logged with its address before a
 //      request is read; nothing it claims is allocated (a hello is at most 64 words).
@@ -56,7 +57,9 @@ constexpr std::size_t bulk_max_error = 4096;
 class bulk_stream {
  public:
   /// Connects to `ep` (retrying while nobody listens yet) and proves the connection, all within
-  /// `timeout`; `name` names the peer in every error ("ps task /job:ps/replica:0/task:0").
+  /// `timeout` (at most 10 s); a listener that refuses it before acknowledging the proof (pushed
+  /// out by a flood of connections that do not prove themselves) is tried again within that bound.
+  /// `name` names the peer in every error ("ps task /job:ps/replica:0/task:0").
   static std::unique_ptr<bulk_stream> connect(const endpoint& ep, const ring_auth& auth,
                                               std::chrono::milliseconds timeout, std::string name);
   /// Takes a proven socket (the listener's side).
@@ -96,9 +99,11 @@ class bulk_stream {
 /// Accepts data connections on host:port (port 0: a free one; a host name is resolved to its IPv4
 /// address) and proves each on a thread of its own; a proven one is handed to `serve` on that
 /// thread, which returns when the peer is gone. Connections that fail the proof are refused and
-/// logged on stderr with their address, `owner` naming the listener; beyond `max_connections` at
-/// once, new ones are refused at once. Destruction stops accepting, shuts every connection down
-/// and joins its threads.
+/// logged on stderr with their address, `owner` naming the listener. At most `max_connections`
+/// prove themselves at once: a newer one pushes out the oldest still proving itself (a stranger
+/// that says nothing keeps its place only until newer ones come; a worker pushed out tries again,
+/// see bulk_stream::connect); proven connections are never pushed out. Destruction stops
+/// accepting, shuts every connection down and joins its threads.
 class bulk_listener {
  public:
   bulk_listener(const std::string& host, std::uint16_t port, ring_auth auth, std::chrono::milliseconds timeout,
@@ -109,7 +114,7 @@ class bulk_listener {
 
   /// The port it listens on.
   std::uint16_t port() const noexcept;
-  /// Connections refused so far (failed or unfinished proofs, too many at once).
+  /// Connections refused so far (failed or unfinished proofs, pushed out, too many open at once).
   std::uint64_t refused() const noexcept;
 
   struct impl;

@@ -180,11 +180,13 @@ class tcp_ring {
   /// ways around the ring (ceil((size-1)/2) steps); larger ones run the reduce-scatter ring.
   static constexpr std::size_t small_all_reduce_bytes = 64 * 1024;
 
+  /// Version 6: the accepting side acknowledges a proven connection (a fourth hello), and the
+  /// connecting side tries again when it is closed before that.
   /// Version 5: every connection proves the cluster token both ways (three hellos with nonces and
   /// HMAC proofs, ring_connect.hpp); every frame carries its step and its number within the step.
   /// Version 4: small all-reduce blocks (allReduceBlock frames, also sent to the predecessor).
   /// Version 3: broadcast and all-gather frames (a collective kind, root and total per frame).
-  static constexpr std::uint32_t protocol_version = 5;
+  static constexpr std::uint32_t protocol_version = 6;
 
  private:
   struct impl;
