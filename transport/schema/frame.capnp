@@ -46,4 +46,5 @@ struct Chunk {
                            # of the whole block
   step @9 :UInt64;         # the training step the collective belongs to (version 5): the runtime's
                            # count of Strategy::run calls, 0 before the first
+  key @10 :UInt64;         # the collective's name, when its caller gave one (version 6; 0: none)
 }

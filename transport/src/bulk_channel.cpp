@@ -75,9 +75,10 @@ std::unique_ptr<bulk_stream> bulk_stream::connect(const endpoint& ep, const ring
     const frames::deadline connect_until(std::min(timeout, std::chrono::milliseconds(500)));
     const int fd = connect_socket(ep, connect_until, listening_rank, name);
     auto stream = std::make_unique<bulk_stream>(fd, timeout, name);
+    std::vector<std::uint8_t> key;
     try {
-      prove_connection(fd, proof_exchange::role::connecting, auth, bulk_protocol_version, connecting_rank,
-                       listening_rank, pair_size, name, until);
+      key = prove_connection(fd, proof_exchange::role::connecting, auth, bulk_protocol_version, connecting_rank,
+                             listening_rank, pair_size, name, until);
     } catch (const connection_refused& e) {
       // Pushed out by connections that had not proven themselves (a flood of strangers), or the
       // listener is stopping: tried again while the bound allows.
@@ -94,6 +95,7 @@ std::unique_ptr<bulk_stream> bulk_stream::connect(const endpoint& ep, const ring
                                e.what());
     }
     set_blocking_with_timeout(fd, timeout, name);
+    if (!auth.token.empty()) stream->tag_messages(key, true);
     return stream;
   }
 }
@@ -107,13 +109,46 @@ bulk_stream::~bulk_stream() {
 
 void bulk_stream::shutdown() noexcept { ::shutdown(fd_, SHUT_RDWR); }
 
+void bulk_stream::tag_messages(const std::vector<std::uint8_t>& key, bool connecting) {
+  out_mac_ = std::make_shared<frames::frame_mac>(key, connecting ? 0 : 1);
+  in_mac_ = std::make_shared<frames::frame_mac>(key, connecting ? 1 : 0);
+}
+
+void bulk_stream::start_message(const void* header, std::size_t n) {
+  in_left_ = 0;
+  if (!in_mac_) return;
+  in_mac_->begin();
+  in_mac_->add(header, n);
+}
+
+void bulk_stream::add_to_message(const void* data, std::size_t n) {
+  if (in_mac_) in_mac_->add(data, n);
+}
+
+void bulk_stream::end_message_when_read() {
+  if (!in_mac_ || in_left_ > 0) return;
+  unsigned char tag[frames::frame_mac::tag_bytes];
+  read_exact(tag, sizeof tag);
+  if (!in_mac_->matches(tag)) {
+    throw std::runtime_error("a message from " + name_ +
+                             " failed its integrity check (its tag does not match: the bytes were altered, replayed "
+                             "or reordered on the way)");
+  }
+}
+
 void bulk_stream::send_all(const void* header, std::size_t header_n, const void* a, std::size_t an, const void* b,
                            std::size_t bn, const void* c, std::size_t cn) {
-  constexpr int parts = 4;
+  constexpr int parts = 5;
+  unsigned char tag[frames::frame_mac::tag_bytes];
   iovec iov[parts] = {{const_cast<void*>(header), header_n},
                       {const_cast<void*>(a), an},
                       {const_cast<void*>(b), bn},
-                      {const_cast<void*>(c), cn}};
+                      {const_cast<void*>(c), cn},
+                      {tag, 0}};
+  if (out_mac_) {
+    out_mac_->tag(iov, 4, tag);
+    iov[4].iov_len = sizeof tag;
+  }
   int first = 0;
   while (first < parts) {
     if (iov[first].iov_len == 0) {
@@ -146,6 +181,19 @@ void bulk_stream::send_all(const void* header, std::size_t header_n, const void*
 }
 
 void bulk_stream::receive(void* into, std::size_t n) {
+  if (n == 0) return;
+  read_exact(into, n);
+  if (!in_mac_) return;
+  if (n > in_left_) {
+    throw std::runtime_error("data connection with " + name_ + ": " + std::to_string(n) +
+                             " bytes asked of a message with " + std::to_string(in_left_) + " left");
+  }
+  add_to_message(into, n);
+  in_left_ -= n;
+  end_message_when_read();
+}
+
+void bulk_stream::read_exact(void* into, std::size_t n) {
   auto* at = static_cast<char*>(into);
   std::size_t got = 0;
   while (got < n) {
@@ -206,7 +254,8 @@ std::optional<bulk_request> bulk_stream::receive_request() {
       throw std::runtime_error("receiving from " + name_ + " failed: " + errno_text(errno));
     }
   }
-  receive(h + 1, sizeof h - 1);
+  read_exact(h + 1, sizeof h - 1);
+  start_message(h, sizeof h);
   bulk_request r;
   if (get<std::uint32_t>(h) != request_magic) {
     throw std::runtime_error(name_ + " sent a request that is not troupe's (magic " +
@@ -225,7 +274,10 @@ std::optional<bulk_request> bulk_stream::receive_request() {
   }
   r.bytes = get<std::uint64_t>(h + 16);
   r.key.resize(key_n);
-  receive(r.key.data(), key_n);
+  read_exact(r.key.data(), key_n);
+  add_to_message(r.key.data(), key_n);
+  in_left_ = r.kind == bulk_request::read ? 0 : r.bytes;
+  end_message_when_read();
   return r;
 }
 
@@ -248,7 +300,8 @@ void bulk_stream::send_error(const std::string& text) {
 
 void bulk_stream::receive_reply(std::uint64_t expected) {
   unsigned char h[reply_header_bytes];
-  receive(h, sizeof h);
+  read_exact(h, sizeof h);
+  start_message(h, sizeof h);
   if (get<std::uint32_t>(h) != reply_magic) {
     throw std::runtime_error(name_ + " sent a reply that is not troupe's (magic " + std::to_string(get<std::uint32_t>(h)) +
                              ")");
@@ -260,7 +313,12 @@ void bulk_stream::receive_reply(std::uint64_t expected) {
                                std::to_string(bulk_max_error) + ")");
     }
     std::string text(static_cast<std::size_t>(n), '\0');
-    receive(text.data(), text.size());
+    in_left_ = n;
+    if (text.empty()) {
+      end_message_when_read();
+    } else {
+      receive(text.data(), text.size());
+    }
     throw std::runtime_error(name_ + ": " + text);
   }
   if (h[4] != status_ok) throw std::runtime_error(name_ + " sent a reply of unknown status " + std::to_string(h[4]));
@@ -268,6 +326,8 @@ void bulk_stream::receive_reply(std::uint64_t expected) {
     throw std::runtime_error(name_ + " answered with " + std::to_string(n) + " bytes, expected " +
                              std::to_string(expected) + " (the shard's registered shape and dtype)");
   }
+  in_left_ = n;
+  end_message_when_read();
 }
 
 // --- bulk_listener ----------------------------------------------------------------------------
@@ -320,10 +380,11 @@ struct bulk_listener::impl {
 
   void run_connection(connection* c, std::string remote) {
     const int fd = c->fd;
+    std::vector<std::uint8_t> key;
     try {
       const frames::deadline until(std::min(timeout, std::chrono::milliseconds(10000)));
-      prove_connection(fd, proof_exchange::role::accepting, auth, bulk_protocol_version, listening_rank,
-                       connecting_rank, pair_size, "the connection from " + remote, until, [this, c] {
+      key = prove_connection(fd, proof_exchange::role::accepting, auth, bulk_protocol_version, listening_rank,
+                             connecting_rank, pair_size, "the connection from " + remote, until, [this, c] {
                          std::lock_guard<std::mutex> lock(mutex);
                          if (c->evicted) return false;
                          c->proven = true;
@@ -343,6 +404,7 @@ struct bulk_listener::impl {
       return;
     }
     bulk_stream stream(fd, timeout, "the data connection from " + remote);
+    if (!auth.token.empty()) stream.tag_messages(key, false);
     {
       std::lock_guard<std::mutex> lock(mutex);
       c->fd = -1;

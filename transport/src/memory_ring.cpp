@@ -11,7 +11,9 @@
 #include <string>
 
 #include "ring_frames.hpp"
+#include "ring_proof.hpp"
 #include "troupe/transport/ring_index.hpp"
+#include "troupe/transport/tcp_ring.hpp"
 
 namespace troupe::transport {
 namespace {
@@ -38,6 +40,7 @@ struct stream {
 struct memory_ring::state {
   int size = 0;
   fault_hook hook;
+  std::string token;  // frames carry tags when set
   std::mutex mutex;
   std::condition_variable changed;
   // Connection c joins rank c (its `next` side) and rank c+1 (its `prev` side); forward[c]
@@ -80,7 +83,11 @@ class memory_link final : public ring_link {
       written += iov[i].iov_len;
     }
     const int to = peer(side).rank;
-    while (const std::size_t n = frames::frame_length(s.partial.data(), s.partial.size())) {
+    const std::size_t tag = state_->token.empty() ? 0 : frames::frame_mac::tag_bytes;
+    for (;;) {
+      std::size_t n = frames::frame_length(s.partial.data(), s.partial.size());
+      if (n == 0 || s.partial.size() < n + tag) break;
+      n += tag;
       std::vector<unsigned char> bytes(s.partial.begin(), s.partial.begin() + static_cast<std::ptrdiff_t>(n));
       s.partial.erase(s.partial.begin(), s.partial.begin() + static_cast<std::ptrdiff_t>(n));
       frame_in_flight f{rank_, to, s.framed++, bytes};
@@ -160,12 +167,13 @@ class memory_link final : public ring_link {
 
 }  // namespace
 
-memory_ring::memory_ring(int size, fault_hook hook) : size_(size), state_(std::make_shared<state>()) {
+memory_ring::memory_ring(int size, fault_hook hook, std::string token) : size_(size), state_(std::make_shared<state>()) {
   if (size < 2) {
     throw std::invalid_argument("memory_ring: " + std::to_string(size) + " ranks (expected at least 2)");
   }
   state_->size = size;
   state_->hook = std::move(hook);
+  state_->token = std::move(token);
   state_->forward.resize(static_cast<std::size_t>(size));
   state_->backward.resize(static_cast<std::size_t>(size));
   state_->taken.assign(static_cast<std::size_t>(size), false);
@@ -183,7 +191,23 @@ std::unique_ptr<ring_link> memory_ring::link(int rank) {
     throw std::invalid_argument("memory_ring: the link of rank " + std::to_string(rank) + " was taken already");
   }
   state_->taken[static_cast<std::size_t>(rank)] = true;
-  return std::make_unique<memory_link>(state_, rank);
+  auto link = std::make_unique<memory_link>(state_, rank);
+  if (!state_->token.empty()) {
+    // Connection c joins rank c (connecting, direction 0) and rank c+1 (accepting, direction 1).
+    auto key_of = [&](int connection) {
+      const std::vector<std::uint8_t> none;
+      return proof::make(ring_auth{state_->token, "memory_ring"}, tcp_ring::protocol_version, proof::side::frames,
+                         static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(connection),
+                         static_cast<std::uint32_t>(ring_index::next_rank(connection, size_)), none, none);
+    };
+    const auto next_key = key_of(rank);
+    const auto prev_key = key_of(ring_index::prev_rank(rank, size_));
+    link->set_frame_macs(ring_side::next, std::make_shared<frames::frame_mac>(next_key, 0),
+                         std::make_shared<frames::frame_mac>(next_key, 1));
+    link->set_frame_macs(ring_side::prev, std::make_shared<frames::frame_mac>(prev_key, 1),
+                         std::make_shared<frames::frame_mac>(prev_key, 0));
+  }
+  return link;
 }
 
 namespace {

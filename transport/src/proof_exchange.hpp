@@ -124,6 +124,10 @@ class proof_exchange {
   /// The text of a refusal by on_proven.
   static constexpr const char* not_admitted = "it was pushed out by newer connections before it proved itself";
 
+  /// The key of this connection's frame tags (frames::frame_mac), once done(): both sides derive
+  /// it from the token and the proof's nonces, and it never travels.
+  std::vector<std::uint8_t> frame_key() const { return make(proof::side::frames); }
+
   /// Whether the last hello awaited is the acknowledgement (the connecting side has sent its
   /// proof): a close now means the accepting side refused the connection.
   bool awaiting_acknowledgement() const { return role_ == role::connecting && stage_ == 1; }
@@ -186,8 +190,9 @@ class connection_refused : public std::runtime_error {
 /// Runs a whole proof on the connected socket `fd` (blocking or not: it is made non-blocking for
 /// the exchange and given back as it was) until the deadline. A failure, or a deadline that passes
 /// first, is std::runtime_error saying what was wrong; a close by the accepting side before its
-/// acknowledgement is connection_refused. `admit`: see proof_exchange::on_proven.
-inline void prove_connection(int fd, proof_exchange::role r, const ring_auth& auth, std::uint32_t version, int self,
+/// acknowledgement is connection_refused. `admit`: see proof_exchange::on_proven. Returns the key
+/// of the connection's frame tags (proof_exchange::frame_key).
+inline std::vector<std::uint8_t> prove_connection(int fd, proof_exchange::role r, const ring_auth& auth, std::uint32_t version, int self,
                              int expected_peer, int size, const std::string& name, const frames::deadline& until,
                              std::function<bool()> admit = {}) {
   const int flags = fcntl(fd, F_GETFL);
@@ -210,7 +215,7 @@ inline void prove_connection(int fd, proof_exchange::role r, const ring_auth& au
           "connections proving themselves there at once, another protocol version, or it is stopping; its log "
           "says which)");
     }
-    if (exchange.done()) return;
+    if (exchange.done()) return exchange.frame_key();
     pollfd p{fd, exchange.events(), 0};
     const int rc = poll(&p, 1, until.poll_ms());
     if (rc < 0 && errno != EINTR) throw std::runtime_error(std::string("poll failed: ") + std::strerror(errno));

@@ -297,6 +297,7 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
     int flags;
   } listen_mode(listen_fd);
   std::vector<std::unique_ptr<pending_connection>> pending;
+  std::vector<std::uint8_t> prev_key;  // the frame tags' key of the connection from rank-1
   int refused = 0;
   bool have_prev = false;
   auto refuse = [&](std::size_t i, const std::string& why) {
@@ -361,6 +362,7 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
         socket.assign(tcp::v4(), pending[i]->fd, ec);
         if (ec) throw peer_error(prev, "cannot set up the connection with " + prev_name + ": " + ec.message());
         pending[i]->fd = -1;
+        prev_key = pending[i]->exchange->frame_key();
         pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
         prepare_for_frames(socket, prev, prev_name);
         s.prev_socket.emplace(std::move(socket));
@@ -399,6 +401,15 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
   // Whoever is still proving itself once the ring is formed is not rank-1.
   for (const auto& p : pending) {
     log_refusal(rank, p->remote, "it had not proven itself when the ring was formed");
+  }
+  if (!auth.token.empty()) {
+    // Every frame from now on carries its tag, under each connection's own key: direction 0 is
+    // the connecting rank's, 1 the accepting rank's.
+    const auto next_key = to_next->frame_key();
+    s.set_frame_macs(ring_side::next, std::make_shared<frames::frame_mac>(next_key, 0),
+                     std::make_shared<frames::frame_mac>(next_key, 1));
+    s.set_frame_macs(ring_side::prev, std::make_shared<frames::frame_mac>(prev_key, 1),
+                     std::make_shared<frames::frame_mac>(prev_key, 0));
   }
   return link;
 }

@@ -22,6 +22,10 @@
 //      bytes (a read), the rows asked for in the order asked (a gather), nothing (an update or a
 //      scatter), or the error's text (at most bulk_max_error bytes).
 //      A reply whose byte count is not what the requester expects is an error naming the peer.
+//   5. With a cluster token every request and every reply is followed by a 16-byte integrity tag
+//      (AES-256-GCM as a MAC, the proof's frame key, the message's number in the nonce), checked
+//      once its last byte is read: a message altered, replayed or reordered on the way fails,
+//      naming the peer, and the connection is dropped.
 // Every wait has a bound: a peer that stalls mid-frame for longer than the timeout, closes early or
 // sends a malformed header is a std::runtime_error naming it, and its connection is dropped.
 
@@ -31,6 +35,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "troupe/transport/ring_connect.hpp"
 
@@ -88,12 +93,26 @@ class bulk_stream {
   /// Wakes whatever waits on this connection; it is closed for both directions.
   void shutdown() noexcept;
 
+  /// From now on every request and every reply carries an integrity tag under `key` (the proof's
+  /// frame key; frames::frame_mac): `connecting` names this side of the connection. A message whose
+  /// tag does not match is a std::runtime_error naming the peer.
+  void tag_messages(const std::vector<std::uint8_t>& key, bool connecting);
+
  private:
   void send_all(const void* header, std::size_t header_n, const void* a, std::size_t an, const void* b,
                 std::size_t bn, const void* c, std::size_t cn);
+  void read_exact(void* into, std::size_t n);
+  // With tags: the incoming message's bytes so far join its tag; `left` bytes of it are still to
+  // come (receive()), and its tag is read and checked once none are.
+  void start_message(const void* header, std::size_t n);
+  void add_to_message(const void* data, std::size_t n);
+  void end_message_when_read();
   int fd_;
   std::chrono::milliseconds timeout_;
   std::string name_;
+  std::shared_ptr<frames::frame_mac> out_mac_;
+  std::shared_ptr<frames::frame_mac> in_mac_;
+  std::uint64_t in_left_ = 0;
 };
 
 /// Accepts data connections on host:port (port 0: a free one; a host name is resolved to its IPv4
