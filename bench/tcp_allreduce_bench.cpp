@@ -8,8 +8,10 @@
 // median. A compressed operation is what CommunicationOptions::compression does: round the float32
 // buffer to 16 bits, all-reduce those, widen the result back; SIZE and algbw count float32 bytes.
 //
+// With --token every frame carries its integrity tag (as in a cluster with TROUPE_CLUSTER_TOKEN).
+//
 // Usage: tcp_allreduce_bench [-n RANKS] [--floor] [--reps R] [--target-ms T]
-//                            [--compression none,fp16,bf16] [SIZE...]
+//                            [--compression none,fp16,bf16] [--token TEXT] [SIZE...]
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -68,8 +70,12 @@ const char* wire_name(scalar_type wire) {
 }
 
 int run_rank(int rank, int n, std::vector<listener*>& listeners, const std::vector<endpoint>& peers,
-             const std::vector<std::size_t>& sizes, int reps, double target_ms, const std::vector<scalar_type>& wires) {
-  tcp_ring ring(rank, n, *listeners[static_cast<std::size_t>(rank)], peers, std::chrono::seconds(30));
+             const std::vector<std::size_t>& sizes, int reps, double target_ms, const std::vector<scalar_type>& wires,
+             const std::string& token) {
+  tcp_ring_options options;
+  options.timeout = std::chrono::seconds(30);
+  options.auth = {token, "tcp_allreduce_bench"};
+  tcp_ring ring(rank, n, *listeners[static_cast<std::size_t>(rank)], peers, options);
   // All ranks share this machine: spinning only pays while each has a core of its own.
   if (n > static_cast<int>(std::thread::hardware_concurrency())) ring.set_spin(std::chrono::microseconds(50), true);
   std::vector<float> buf(std::max<std::size_t>(1, sizes.back() / 4), 1.0f);
@@ -182,6 +188,7 @@ int main(int argc, char** argv) {
   double target_ms = 50;
   std::vector<std::size_t> sizes;
   std::string compression_list = "none";
+  std::string token;
   CLI::App app{"All-reduce over troupe's TCP ring between processes on loopback (or, with --floor, the bare\n"
                "exchange).",
                "tcp_allreduce_bench"};
@@ -204,6 +211,9 @@ int main(int argc, char** argv) {
         }
         return std::string();
       });
+  app.add_option("--token", token,
+                 "a cluster token: the ring's connections prove it, and every frame carries an integrity tag "
+                 "(empty: no tags)");
   app.add_option("sizes", sizes, "bytes per all-reduce (default: a sweep)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 34));
   try {
@@ -252,10 +262,10 @@ int main(int argc, char** argv) {
   std::vector<pid_t> children;
   for (int r = 1; r < n; ++r) {
     pid_t pid = fork();
-    if (pid == 0) _exit(run_rank(r, n, listeners, peers, sizes, reps, target_ms, wires));
+    if (pid == 0) _exit(run_rank(r, n, listeners, peers, sizes, reps, target_ms, wires, token));
     children.push_back(pid);
   }
-  int rc = run_rank(0, n, listeners, peers, sizes, reps, target_ms, wires);
+  int rc = run_rank(0, n, listeners, peers, sizes, reps, target_ms, wires, token);
   for (pid_t c : children) {
     int status = 0;
     waitpid(c, &status, 0);

@@ -17,6 +17,8 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <list>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -53,12 +55,68 @@ gate_limits gate_limits::for_tasks() {
   return l;
 }
 
+// A TLS connection whose handshake has not finished: it is closed when its deadline passes, when
+// newer ones push it out, or when the gate goes, so that neither a process's exit nor a member's
+// connection ever waits on it.
+struct unproven_session {
+  native_socket fd;
+  bool accepted;
+  std::chrono::steady_clock::time_point deadline;
+  bool evicted = false;    // pushed out by a newer connection
+  bool timed_out = false;  // its deadline passed
+};
+
 struct gate_shared {
   gate_limits limits;
   bool tls = false;
   std::atomic<int> open{0};              // accepted connections not proven (all without TLS)
   std::atomic<std::uint64_t> refused{0};
   std::shared_ptr<cluster_health> health;  // where refusals are recorded too (may be null)
+
+  // The TLS sessions still in their handshake, oldest first. A session's entry leaves the list
+  // (under the mutex) before its socket is closed, so a socket shut down here is always its own.
+  std::mutex sessions_mutex;
+  std::list<std::shared_ptr<unproven_session>> sessions;
+
+  std::shared_ptr<unproven_session> track(native_socket fd, bool accepted) {
+    auto s = std::make_shared<unproven_session>(
+        unproven_session{fd, accepted, std::chrono::steady_clock::now() + limits.handshake_timeout});
+    std::lock_guard<std::mutex> lock(sessions_mutex);
+    sessions.push_back(s);
+    return s;
+  }
+  void forget(const std::shared_ptr<unproven_session>& s) {
+    std::lock_guard<std::mutex> lock(sessions_mutex);
+    sessions.remove(s);
+  }
+  // Accepted sessions still proving themselves and not pushed out yet.
+  int accepted_unproven() {
+    std::lock_guard<std::mutex> lock(sessions_mutex);
+    int n = 0;
+    for (const auto& s : sessions) n += s->accepted && !s->evicted && !s->timed_out ? 1 : 0;
+    return n;
+  }
+  // Pushes out the oldest accepted session still proving itself.
+  void evict_oldest() {
+    std::lock_guard<std::mutex> lock(sessions_mutex);
+    for (const auto& s : sessions) {
+      if (!s->accepted || s->evicted || s->timed_out) continue;
+      s->evicted = true;
+      ::shutdown(s->fd, SHUT_RDWR);
+      return;
+    }
+  }
+  // Closes the sessions whose deadline passed (all of them with `all`): their reads fail, and the
+  // multiplexer drops them.
+  void expire(bool all) {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lock(sessions_mutex);
+    for (const auto& s : sessions) {
+      if (s->evicted || s->timed_out || (!all && now < s->deadline)) continue;
+      s->timed_out = true;
+      ::shutdown(s->fd, SHUT_RDWR);
+    }
+  }
 
   // `what` names the peer at `address`; `why` is the reason alone. A flood of refusals is logged
   // (and recorded in the cluster's health) at powers of two only, so that both stay bounded too.
@@ -256,15 +314,18 @@ class gate_policy {
  public:
   static constexpr std::size_t header_bytes = caf::io::basp::header_size;  // 32
 
-  gate_policy(std::shared_ptr<gate_shared> shared, caf::openssl::session_ptr session, std::string peer, bool accepted)
+  gate_policy(std::shared_ptr<gate_shared> shared, caf::openssl::session_ptr session, std::string peer, bool accepted,
+              std::shared_ptr<unproven_session> unproven)
       : shared_(std::move(shared)),
         session_(std::move(session)),
         peer_(std::move(peer)),
         accepted_(accepted),
-        counted_(accepted) {}
+        counted_(accepted),
+        unproven_(std::move(unproven)) {}
 
   ~gate_policy() {
     if (counted_) --shared_->open;
+    if (unproven_) shared_->forget(unproven_);
   }
 
   // OpenSSL reads its thread's error queue to classify a call that did not succeed, so a queue
@@ -285,6 +346,10 @@ class gate_policy {
         // The handshake is done: the peer holds the token, and no longer takes a stranger's slot.
         counted_ = false;
         --shared_->open;
+      }
+      if (unproven_) {
+        shared_->forget(unproven_);
+        unproven_.reset();
       }
       proven_ = true;
       if (!scan(static_cast<const unsigned char*>(buf), result)) {
@@ -348,10 +413,27 @@ class gate_policy {
     if (failed_) return;
     failed_ = true;
     if (session_ && !proven_) {
-      const std::string why = accepted_ ? "its TLS handshake failed or never finished (no cluster token, or another one)"
-                                        : "the TLS handshake failed (no cluster token, or another one)";
+      bool evicted = false, timed_out = false;
+      if (unproven_) {
+        std::lock_guard<std::mutex> lock(shared_->sessions_mutex);
+        evicted = unproven_->evicted;
+        timed_out = unproven_->timed_out;
+      }
+      const std::string limit = std::to_string(shared_->limits.handshake_timeout.count()) + " ms";
+      std::string why;
+      if (evicted) {
+        why = "it was pushed out by newer connections before it finished its TLS handshake (at most " +
+              std::to_string(shared_->limits.max_connections) + " prove themselves at once)";
+      } else if (timed_out) {
+        why = "its TLS handshake did not finish within " + limit + " (or this process is stopping)";
+      } else if (accepted_) {
+        why = "its TLS handshake failed (no cluster token, or another one)";
+      } else {
+        why = "the other side closed it before the TLS handshake finished (another cluster token, too many "
+              "connections proving themselves there at once, or it is stopping; its log says which)";
+      }
       shared_->refuse(accepted_ ? "refused the connection from " + peer_ + ": " + why
-                                : "the connection to " + peer_ + " failed its TLS handshake (no cluster token, or another one)",
+                                : "the connection to " + peer_ + " failed: " + why,
                       peer_, why);
     }
   }
@@ -363,6 +445,7 @@ class gate_policy {
   std::string peer_;
   bool accepted_;
   bool counted_;  // holds one of the listener's slots (gate_shared::open)
+  std::shared_ptr<unproven_session> unproven_;  // until the TLS handshake is done
   bool proven_ = false;
   bool failed_ = false;
   unsigned char header_[header_bytes] = {};
@@ -376,7 +459,8 @@ class gate_scribe : public caf::io::scribe {
   gate_scribe(default_mpx& mpx, native_socket fd, std::shared_ptr<gate_shared> shared,
               caf::openssl::session_ptr session, std::string peer, bool accepted)
       : caf::io::scribe(caf::io::network::conn_hdl_from_socket(fd)),
-        stream_(mpx, fd, std::move(shared), std::move(session), std::move(peer), accepted) {}
+        stream_(mpx, fd, shared, std::move(session), std::move(peer), accepted,
+                shared->tls ? shared->track(fd, accepted) : nullptr) {}
 
   void configure_read(caf::io::receive_policy::config config) override {
     stream_.configure_read(config);
@@ -423,7 +507,11 @@ class gate_doorman : public caf::io::network::doorman_impl {
     auto& mpx = acceptor_.backend();
     const native_socket fd = acceptor_.accepted_socket();
     std::string peer = peer_address(fd);
-    if (shared_->open.load() >= shared_->limits.max_connections) {
+    // With a token, the oldest connection still in its handshake makes room for a new one: a
+    // stranger that says nothing holds a place only until newer ones come, and a member that was
+    // pushed out connects again. Without a token nothing is proven, so new ones are refused.
+    if (shared_->tls && shared_->accepted_unproven() >= shared_->limits.max_connections) shared_->evict_oldest();
+    if (!shared_->tls && shared_->open.load() >= shared_->limits.max_connections) {
       const std::string why = std::to_string(shared_->limits.max_connections) +
                               " connections that have not proven the cluster token are open already";
       shared_->refuse("refused a connection from " + peer + ": " + why, peer, why);
@@ -519,9 +607,32 @@ control_gate::control_gate(caf::actor_system& system, bool tls, gate_limits limi
   shared_->health = std::move(health);
   auto broker = system.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP"));
   actor_ = system.spawn<gate_middleman, caf::hidden>(std::move(broker), shared_);
+  if (tls) {
+    // Every handshake has a deadline.
+    watchdog_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(watchdog_mutex_);
+      while (!stopping_) {
+        watchdog_cv_.wait_for(lock, std::chrono::milliseconds(100));
+        shared_->expire(false);
+      }
+    });
+  }
 }
 
-control_gate::~control_gate() { caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown); }
+control_gate::~control_gate() {
+  if (watchdog_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(watchdog_mutex_);
+      stopping_ = true;
+    }
+    watchdog_cv_.notify_all();
+    watchdog_.join();
+  }
+  // Shutdown never waits on a connection that has not proven itself: CAF's middleman would wait
+  // for its session to end when the actor system stops.
+  shared_->expire(true);
+  caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
+}
 
 caf::expected<std::uint16_t> control_gate::publish(const caf::actor& whom, std::uint16_t port,
                                                    const std::string& host) {

@@ -11,14 +11,21 @@
 //      gate_limits::max_payload_bytes closes the connection, logged with the peer's address.
 //   3. The chief holds at most gate_limits::max_connections connections that have not proven the
 //      token (with TLS: whose handshake has not finished; without a token: all of them) at a
-//      time; one more is closed at once and logged.
+//      time. With a token one more pushes out the oldest still in its handshake; without one it
+//      is closed at once. Either is logged.
+//   4. With a token every handshake has a deadline (gate_limits::handshake_timeout), and a
+//      session still in its handshake when the gate goes is closed: neither a member's connection
+//      nor the process's exit ever waits on a connection that has not proven itself.
 // So strangers make a troupe process hold at most max_connections x (max_payload_bytes or a TLS
 // session's buffers) for control messages, token or not. Internal to actors/.
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
+#include <mutex>
 
 #include "caf/actor.hpp"
 #include "caf/expected.hpp"
@@ -32,8 +39,12 @@ struct gate_limits {
   /// The largest BASP payload accepted (the peer table of a big cluster is well under it).
   std::uint32_t max_payload_bytes = 64 * 1024;
   /// Connections the chief's listener holds at once before they proved the token (all of them
-  /// without a token).
+  /// without a token). With a token a new one pushes out the oldest still in its TLS handshake;
+  /// without one, a new one is refused.
   int max_connections = 64;
+  /// With a token, the longest a TLS handshake may take, either way; a session still in its
+  /// handshake then (or when the gate goes) is closed and logged.
+  std::chrono::milliseconds handshake_timeout{5000};
   /// The limits for a cluster of `workers`: 64 KiB plus 1 KiB per worker, 16 + 4 per worker
   /// connections.
   static gate_limits for_cluster(int workers);
@@ -82,6 +93,11 @@ class control_gate {
   caf::actor_system& system_;
   std::shared_ptr<gate_shared> shared_;
   caf::io::middleman_actor actor_;
+  // With a token: closes the sessions whose handshake outlived its deadline.
+  std::thread watchdog_;
+  std::mutex watchdog_mutex_;
+  std::condition_variable watchdog_cv_;
+  bool stopping_ = false;
 };
 
 }  // namespace troupe::actors

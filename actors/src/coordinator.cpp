@@ -1,6 +1,7 @@
 #include "troupe/actors/coordinator.hpp"
 
 #include <stdexcept>
+#include <system_error>
 
 #include "protocol.hpp"
 #include "troupe/transport/spin.hpp"
@@ -46,12 +47,51 @@ struct coordinator::impl {
       : system(sys), self(sys), spin(spin_budget), pause_spins(transport::pause_spins_for(n + 1)) {
     if (n < 1) throw std::invalid_argument("coordinator: at least one replica is needed, got " + std::to_string(n));
     for (int r = 0; r < n; ++r) {
-      auto a = system.spawn<caf::detached>(replica_actor, r, spin, pause_spins, prefix + "-" + std::to_string(r),
-                                           static_cast<const void*>(this));
+      caf::actor a;
+      try {
+        a = system.spawn<caf::detached>(replica_actor, r, spin, pause_spins, prefix + "-" + std::to_string(r),
+                                        static_cast<const void*>(this));
+      } catch (const std::system_error& e) {
+        // No thread to be had (the process's thread or memory limit). CAF 0.17 counted the
+        // detached thread before it failed to start it, and ~actor_system would wait for it
+        // forever: the count is taken back. The replicas started so far are stopped, so that
+        // nothing waits for them at exit, and the caller learns why.
+        system.dec_detached_threads();
+        stop_all(std::chrono::seconds(5));
+        throw std::runtime_error("cannot start the thread of replica " + std::to_string(r) + " of " +
+                                 std::to_string(n) + ": " + e.what() +
+                                 " (the process's thread or memory limit was reached: ask for fewer replicas, or "
+                                 "raise ulimit -u / ulimit -v)");
+      }
       self->monitor(a);
       replicas.push_back(std::move(a));
     }
     state.begin_step(n);  // sizes lost_ for on_lost before the first step
+  }
+
+  // Stops every replica and waits, at most `bound`, for each to end.
+  void stop_all(std::chrono::milliseconds bound) {
+    std::size_t live = 0;
+    for (auto& a : replicas) {
+      if (a) {
+        self->send(a, stop_atom::value);
+        ++live;
+      }
+    }
+    // Every replica answers the stop with its termination; bounded in case a replica is stuck
+    // inside a user function that never returns.
+    bool timed_out = false;
+    while (live > 0 && !timed_out) {
+      self->receive(
+          [&](caf::down_msg& d) {
+            int r = index_of(d.source);
+            if (r >= 0) {
+              replicas[static_cast<std::size_t>(r)] = caf::actor{};
+              --live;
+            }
+          },
+          [&](done_atom, std::uint64_t, std::int32_t) {}, caf::after(bound) >> [&] { timed_out = true; });
+    }
   }
 
   int index_of(const caf::actor_addr& source) const {
@@ -73,30 +113,7 @@ coordinator::coordinator(caf::actor_system& system, int replicas, std::chrono::m
                          std::string thread_name_prefix)
     : impl_(std::make_unique<impl>(system, replicas, spin, thread_name_prefix)) {}
 
-coordinator::~coordinator() {
-  auto& s = *impl_;
-  std::size_t live = 0;
-  for (auto& a : s.replicas) {
-    if (a) {
-      s.self->send(a, stop_atom::value);
-      ++live;
-    }
-  }
-  // Every replica answers the stop with its termination; bounded in case a replica is stuck
-  // inside a user function that never returns.
-  bool timed_out = false;
-  while (live > 0 && !timed_out) {
-    s.self->receive(
-        [&](caf::down_msg& d) {
-          int r = s.index_of(d.source);
-          if (r >= 0) {
-            s.replicas[static_cast<std::size_t>(r)] = caf::actor{};
-            --live;
-          }
-        },
-        [&](done_atom, std::uint64_t, std::int32_t) {}, caf::after(stop_timeout) >> [&] { timed_out = true; });
-  }
-}
+coordinator::~coordinator() { impl_->stop_all(stop_timeout); }
 
 int coordinator::replicas() const noexcept { return static_cast<int>(impl_->replicas.size()); }
 

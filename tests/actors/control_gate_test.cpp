@@ -6,6 +6,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -188,5 +189,84 @@ TEST_CASE("over TLS, a stranger's failed handshake is refused with its address a
   CHECK(s.events.back().kind == cluster_event_kind::connection_refused);
   CHECK(s.events.back().address.rfind("127.0.0.1:", 0) == 0);
   CHECK(s.events.back().text.find("TLS handshake") != std::string::npos);
+  caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("over TLS, a silent connection is closed at its handshake deadline") {
+  node chief;
+  control_credentials ours("the cluster's token");
+  ours.install(*chief.system);
+  gate_limits limits;
+  limits.handshake_timeout = 500ms;
+  control_gate gate(*chief.system, true, limits);
+  auto agent = chief.system->spawn(echo);
+  auto port = gate.publish(agent, 0, "127.0.0.1");
+  REQUIRE(port);
+  const int silent = dial(*port);
+  CHECK(closed_within(silent, 3000ms));
+  for (int i = 0; i < 50 && gate.refused() == 0; ++i) std::this_thread::sleep_for(20ms);
+  CHECK(gate.refused() == 1);
+  ::close(silent);
+  caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("over TLS, a connection still in its handshake never holds the actor system's stop") {
+  // The deadline here is far beyond the test's bound: the gate closes the session as it goes.
+  control_credentials ours("the cluster's token");
+  auto chief = std::make_unique<node>();
+  ours.install(*chief->system);
+  gate_limits limits;
+  limits.handshake_timeout = 60s;
+  auto gate = std::make_unique<control_gate>(*chief->system, true, limits);
+  auto agent = chief->system->spawn(echo);
+  auto port = gate->publish(agent, 0, "127.0.0.1");
+  REQUIRE(port);
+  const int held = dial(*port);
+  std::this_thread::sleep_for(200ms);  // accepted, its handshake under way
+  caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+  agent = caf::actor{};
+  // The stop runs here (CAF's actor system is stopped on the thread that made it); a watchdog
+  // closes the connection after 5 s, so that a stop that waits for it ends too, late.
+  std::atomic<bool> stopped{false};
+  std::thread watchdog([&] {
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (!stopped && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+    ::shutdown(held, SHUT_RDWR);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  gate.reset();
+  chief.reset();
+  const auto took = std::chrono::steady_clock::now() - start;
+  stopped = true;
+  watchdog.join();
+  ::close(held);
+  CHECK(took < 3s);
+}
+
+TEST_CASE("over TLS, silent strangers beyond max_connections push out the oldest and never keep a member out") {
+  node chief, worker;
+  control_credentials ours("the cluster's token");
+  ours.install(*chief.system);
+  ours.install(*worker.system);
+  gate_limits limits;
+  limits.max_connections = 3;
+  control_gate chief_gate(*chief.system, true, limits);
+  control_gate worker_gate(*worker.system, true, gate_limits::for_cluster(2));
+  auto agent = chief.system->spawn(echo);
+  auto port = chief_gate.publish(agent, 0, "127.0.0.1");
+  REQUIRE(port);
+  std::vector<int> strangers;
+  for (int i = 0; i < 6; ++i) strangers.push_back(dial(*port));
+  std::this_thread::sleep_for(200ms);  // all accepted; the first three pushed out
+  CHECK(closed_within(strangers[0], 1000ms));
+  auto remote = worker_gate.remote_actor("127.0.0.1", *port, 5000ms);
+  REQUIRE(remote);
+  caf::scoped_actor self{*worker.system};
+  std::string answer;
+  self->request(*remote, 5s, std::string("hello")).receive([&](const std::string& s) { answer = s; },
+                                                           [&](caf::error&) {});
+  CHECK(answer == "hello!");
+  CHECK(worker_gate.refused() == 0);
+  for (int fd : strangers) ::close(fd);
   caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
 }

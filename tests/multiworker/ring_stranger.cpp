@@ -29,6 +29,7 @@
 #include <vector>
 
 #include <troupe/transport/memory_ring.hpp>
+#include <troupe/transport/tcp_ring.hpp>
 
 using namespace troupe::transport;
 
@@ -186,7 +187,7 @@ int main(int argc, char** argv) {
     std::cout << "attacking " << port << " bound to " << bound << std::endl;
   } else if (mode == "replay") {
     hello_frame_fields hello;
-    hello.version = 5;
+    hello.version = tcp_ring::protocol_version;
     hello.rank = 0;
     hello.size = 2;
     hello.nonce.resize(16);
@@ -211,7 +212,7 @@ int main(int argc, char** argv) {
     }
     for (std::size_t i = 0; i < fds.size(); ++i) {
       hello_frame_fields replayed;
-      replayed.version = 5;
+      replayed.version = tcp_ring::protocol_version;
       replayed.rank = 0;
       replayed.size = 2;
       replayed.proof = answers[1 - i].proof;

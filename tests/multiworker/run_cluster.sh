@@ -205,7 +205,7 @@ peak_rss_kb() {
 case "$scenario" in
   stranger-old-hello)
     stranger_attack old-hello
-    grep -q "it speaks protocol version 4, this worker 5" "$dir/out1" || fail "the old hello was not refused as such" ;;
+    grep -q "it speaks protocol version 4, this worker 6" "$dir/out1" || fail "the old hello was not refused as such" ;;
   stranger-replay)
     stranger_attack replay
     grep -q "^replayed" "$dir/out1" || fail "the stranger did not replay" ;;

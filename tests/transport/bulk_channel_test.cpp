@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -199,7 +200,7 @@ TEST_CASE("strangers on a data port are refused without allocating what they cla
   CHECK(got == pattern(100, 7));
 }
 
-TEST_CASE("a data port refuses connections beyond its bound at once") {
+TEST_CASE("beyond its bound a data port pushes out the oldest connection still proving itself") {
   byte_store store;
   tt::bulk_listener l("127.0.0.1", 0, good, 3000ms, "test ps", [&](tt::bulk_stream& s) { store.serve(s); }, 2);
   int a = raw_connect(l.port());
@@ -207,13 +208,41 @@ TEST_CASE("a data port refuses connections beyond its bound at once") {
   std::this_thread::sleep_for(100ms);
   int c = raw_connect(l.port());
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK(closed_by_peer(c));
-  CHECK(std::chrono::steady_clock::now() - t0 < 2s);  // at once, not after the 3 s proof bound
+  CHECK(closed_by_peer(a));  // the oldest, at once, not after the 3 s proof bound
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
   wait_refused(l, 1);
-  CHECK(l.refused() >= 1);
+  CHECK(l.refused() == 1);
   close(a);
   close(b);
   close(c);
+}
+
+TEST_CASE("64 idle strangers on a data port neither keep a worker out nor push out a proven one") {
+  byte_store store;
+  store.values["k"] = pattern(100, 7);
+  tt::bulk_listener l("127.0.0.1", 0, good, 5000ms, "test ps", [&](tt::bulk_stream& s) { store.serve(s); });
+  auto read_k = [&](tt::bulk_stream& c) {
+    tt::bulk_request r;
+    r.key = "k";
+    r.bytes = 100;
+    c.send_request(r, nullptr);
+    std::vector<char> got(100);
+    c.receive_reply(100);
+    c.receive(got.data(), got.size());
+    return got == pattern(100, 7);
+  };
+  auto proven = tt::bulk_stream::connect(at(l), good, 3000ms, "ps task 0");
+  std::vector<int> strangers;
+  for (int i = 0; i < 80; ++i) strangers.push_back(raw_connect(l.port()));
+  std::this_thread::sleep_for(100ms);
+  // A worker connecting now gets in (the oldest strangers make room), within the bound.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto late = tt::bulk_stream::connect(at(l), good, 3000ms, "ps task 0");
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  CHECK(read_k(*late));
+  // The connection proven before the flood still serves.
+  CHECK(read_k(*proven));
+  for (int fd : strangers) close(fd);
 }
 
 TEST_CASE("a reply of the wrong size, a truncated reply and a stalled peer are errors naming the peer") {
@@ -276,4 +305,90 @@ TEST_CASE("a reply of the wrong size, a truncated reply and a stalled peer are e
     }
     CHECK(std::chrono::steady_clock::now() - t0 < 1200ms);
   }
+}
+
+namespace {
+
+// A relay on loopback to `to` that flips one byte in the first large piece (a shard's bytes, not
+// the proof's hellos) the listener sends back.
+class flipping_relay {
+ public:
+  explicit flipping_relay(std::uint16_t to) : to_(to) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~flipping_relay() {
+    stop_ = true;
+    thread_.join();
+  }
+  std::uint16_t port() const { return own_.port(); }
+  bool flipped() const { return flipped_; }
+
+ private:
+  void run() {
+    int client = -1;
+    while (!stop_ && client < 0) {
+      pollfd p{own_.fd(), POLLIN, 0};
+      if (poll(&p, 1, 50) > 0) client = accept(own_.fd(), nullptr, nullptr);
+    }
+    if (client < 0) return;
+    const int server = raw_connect(to_);
+    std::vector<char> buf(1 << 20);
+    while (!stop_) {
+      pollfd fds[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
+      if (poll(fds, 2, 50) <= 0) continue;
+      bool done = false;
+      for (int i = 0; i < 2 && !done; ++i) {
+        if (fds[i].revents == 0) continue;
+        const ssize_t r = recv(fds[i].fd, buf.data(), buf.size(), 0);
+        if (r <= 0) {
+          done = true;
+          break;
+        }
+        if (i == 1 && r >= 1000 && !flipped_) {
+          buf[static_cast<std::size_t>(r) / 2] ^= 0x01;
+          flipped_ = true;
+        }
+        (void)!send(fds[1 - i].fd, buf.data(), static_cast<std::size_t>(r), MSG_NOSIGNAL);
+      }
+      if (done) break;
+    }
+    close(client);
+    close(server);
+  }
+
+  tt::listener own_{"127.0.0.1", 0};
+  std::uint16_t to_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> flipped_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("with a cluster token, a shard's bytes altered on the way fail their integrity check naming the peer") {
+  byte_store store;
+  store.values["k"] = pattern(100000, 3);
+  tt::bulk_listener l("127.0.0.1", 0, good, 3000ms, "test ps", [&](tt::bulk_stream& s) { store.serve(s); });
+  flipping_relay relay(l.port());
+  auto c = tt::bulk_stream::connect(tt::endpoint{"127.0.0.1", relay.port()}, good, 3000ms, "ps task 0");
+  tt::bulk_request r;
+  r.key = "k";
+  r.bytes = 100000;
+  c->send_request(r, nullptr);
+  std::vector<char> got(100000);
+  try {
+    c->receive_reply(100000);
+    c->receive(got.data(), got.size());
+    FAIL("an altered reply was taken");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()) == "a message from ps task 0 failed its integrity check (its tag does not match: the "
+                                   "bytes were altered, replayed or reordered on the way)");
+  }
+  CHECK(relay.flipped());
+  // A direct connection reads them whole.
+  auto d = tt::bulk_stream::connect(at(l), good, 3000ms, "ps task 0");
+  d->send_request(r, nullptr);
+  d->receive_reply(100000);
+  d->receive(got.data(), got.size());
+  CHECK(got == pattern(100000, 3));
 }

@@ -32,8 +32,9 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 // one that returns keeps its connections open until every rank is done, so that its neighbours
 // fail for their own reasons.
 std::vector<outcome> run_memory(int n, fault_hook hook, const tcp_ring_options& options,
-                                const std::function<void(int, tcp_ring&)>& body, bool shut_down_on_error = true) {
-  memory_ring net(n, std::move(hook));
+                                const std::function<void(int, tcp_ring&)>& body, bool shut_down_on_error = true,
+                                const std::string& token = {}) {
+  memory_ring net(n, std::move(hook), token);
   std::vector<std::unique_ptr<ring_link>> links;
   for (int r = 0; r < n; ++r) links.push_back(net.link(r));
   std::vector<outcome> got(static_cast<std::size_t>(n));
@@ -359,4 +360,80 @@ TEST_CASE("memory_ring refuses fewer than 2 ranks, a rank out of range and a lin
   CHECK(first->peer(ring_side::prev).name == "rank 1 (in-process)");
   CHECK_THROWS_WITH_AS(net.link(0), "memory_ring: the link of rank 0 was taken already", std::invalid_argument);
   CHECK_THROWS_AS(tcp_ring(0, 2, nullptr), std::invalid_argument);
+}
+
+TEST_CASE("with a cluster token, a ring frame with one payload byte flipped fails its integrity check naming the link") {
+  for (std::int64_t count : {std::int64_t{100}, std::int64_t{20000}}) {
+    CAPTURE(count);
+    const auto start = clock_type::now();
+    auto got = run_memory(2, on_frame(0, 1, 0, [](std::vector<unsigned char>& b) {
+                            // The frame's last data byte, just before its 16-byte tag.
+                            b[b.size() - 17] ^= 0x01;
+                            return frame_fate::deliver();
+                          }),
+                          with(5s), [&](int r, tcp_ring& ring) { sum_and_check(r, ring, count); }, true, "the token");
+    CHECK(got[1].peer == 0);
+    CHECK(contains(got[1].what, "a frame from rank 0 (in-process) failed its integrity check"));
+    CHECK(!contains(got[0].what, "wrong sum"));
+    CHECK(clock_type::now() - start < 3s);
+  }
+}
+
+TEST_CASE("with a cluster token, a ring frame replayed in place of a later one fails its integrity check") {
+  std::vector<unsigned char> first;
+  auto got = run_memory(2,
+                        [&](frame_in_flight& f) {
+                          if (f.from != 0 || f.to != 1) return frame_fate::deliver();
+                          if (f.number == 0) first = f.bytes;
+                          if (f.number == 1) f.bytes = first;  // the same bytes, tag and all, again
+                          return frame_fate::deliver();
+                        },
+                        with(5s),
+                        [&](int r, tcp_ring& ring) {
+                          for (int k = 0; k < 2; ++k) sum_and_check(r, ring, 100);
+                        },
+                        true, "the token");
+  CHECK(got[1].peer == 0);
+  CHECK(contains(got[1].what, "failed its integrity check"));
+}
+
+TEST_CASE("with a cluster token, tagged frames give the right results across 2, 3 and 4 ranks") {
+  for (int n : {2, 3, 4}) {
+    for (std::int64_t count : {std::int64_t{0}, std::int64_t{1}, std::int64_t{100}, std::int64_t{300001}}) {
+      CAPTURE(n);
+      CAPTURE(count);
+      auto got = run_memory(n, {}, with(10s, 64 * 1024), [&](int r, tcp_ring& ring) { sum_and_check(r, ring, count); },
+                            true, "the token");
+      for (const auto& o : got) CHECK(o.what == "");
+    }
+  }
+}
+
+TEST_CASE("two named all-reduces of the same shape run in swapped order fail on both ranks naming both collectives") {
+  // Rank 0 runs a then b, rank 1 b then a: the same kind, type and size, so only their names tell
+  // them apart.
+  std::vector<std::vector<float>> results(2);
+  auto got = run_memory(2, {}, with(5s), [&](int r, tcp_ring& ring) {
+    std::vector<float> a(4, 1.0f), b(4, 100.0f);
+    const std::uint64_t key_a = 11, key_b = 22;
+    auto run = [&](std::vector<float>& v, std::uint64_t key) {
+      ring.name_next_collective(key);
+      ring.all_reduce(v.data(), 4, scalar_type::f32, reduce_kind::sum);
+    };
+    if (r == 0) {
+      run(a, key_a);
+      run(b, key_b);
+    } else {
+      run(b, key_b);
+      run(a, key_a);
+    }
+    results[static_cast<std::size_t>(r)] = a;
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(got[static_cast<std::size_t>(r)].peer == 1 - r);
+    CHECK(contains(got[static_cast<std::size_t>(r)].what, "the workers run their collectives in different orders"));
+    CHECK(contains(got[static_cast<std::size_t>(r)].what, "named 11"));
+    CHECK(contains(got[static_cast<std::size_t>(r)].what, "named 22"));
+  }
 }

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -881,4 +882,109 @@ TEST_CASE("ring all-reduce reports how long it waited for its predecessor to joi
     CHECK(w.first_from_prev == w.begin);
   });
   CHECK(errors[0] == "");
+}
+
+namespace {
+
+// A TCP relay on loopback to `to`: it forwards both ways, and on its first connection holds the
+// connecting side's second write (the final proof of the ring's handshake) for `hold`, calling
+// `while_held` at once. Later connections are forwarded as they come.
+class holding_relay {
+ public:
+  holding_relay(std::uint16_t to, std::chrono::milliseconds hold, std::function<void()> while_held)
+      : own_("127.0.0.1", 0), to_(to), hold_(hold), while_held_(std::move(while_held)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~holding_relay() {
+    stop_ = true;
+    thread_.join();
+  }
+  std::uint16_t port() const { return own_.port(); }
+
+ private:
+  void run() {
+    std::vector<std::thread> pairs;
+    bool first = true;
+    while (!stop_) {
+      pollfd p{own_.fd(), POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      const int client = accept(own_.fd(), nullptr, nullptr);
+      if (client < 0) continue;
+      const int server = stranger_sends(to_, {});
+      pairs.emplace_back([this, client, server, hold = first] { forward(client, server, hold); });
+      first = false;
+    }
+    for (auto& t : pairs) t.join();
+  }
+
+  void forward(int client, int server, bool hold) {
+    int client_writes = 0;
+    char buf[65536];
+    while (!stop_) {
+      pollfd fds[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
+      if (poll(fds, 2, 50) <= 0) continue;
+      bool done = false;
+      for (int i = 0; i < 2 && !done; ++i) {
+        if (fds[i].revents == 0) continue;
+        const ssize_t r = recv(fds[i].fd, buf, sizeof buf, 0);
+        if (r <= 0) {
+          done = true;
+          break;
+        }
+        if (i == 0 && hold && ++client_writes == 2) {
+          while_held_();
+          std::this_thread::sleep_for(hold_);
+        }
+        (void)!send(fds[1 - i].fd, buf, static_cast<std::size_t>(r), MSG_NOSIGNAL);
+      }
+      if (done) break;
+    }
+    close(client);
+    close(server);
+  }
+
+  listener own_;
+  std::uint16_t to_;
+  std::chrono::milliseconds hold_;
+  std::function<void()> while_held_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("a ring peer pushed out by strangers while its final proof travels connects again and the ring forms") {
+  // Rank 0's final proof is held on its way to rank 1 while 40 silent strangers connect to rank 1:
+  // more than rank 1 lets prove themselves at once, so it pushes rank 0's connection out. Rank 0
+  // waits for rank 1's acknowledgement, sees the close instead, and connects again.
+  std::vector<std::unique_ptr<listener>> listeners;
+  for (int r = 0; r < 2; ++r) listeners.push_back(std::make_unique<listener>("127.0.0.1", 0));
+  std::vector<int> strangers;
+  holding_relay relay(listeners[1]->port(), 300ms, [&] {
+    for (int i = 0; i < 40; ++i) strangers.push_back(stranger_sends(listeners[1]->port(), {}));
+  });
+  std::vector<std::string> errors(2);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        // Rank 0 reaches rank 1 through the relay; rank 1 reaches rank 0 directly.
+        std::vector<endpoint> peers{{"127.0.0.1", listeners[0]->port()},
+                                    {"127.0.0.1", r == 0 ? relay.port() : listeners[1]->port()}};
+        tcp_ring ring(r, 2, *listeners[static_cast<std::size_t>(r)], peers, authed("secret", "inc-1", 5s));
+        float v = static_cast<float>(r + 1);
+        ring.all_reduce(&v, 1, scalar_type::f32, reduce_kind::sum);
+        if (v != 3.0f) errors[static_cast<std::size_t>(r)] = "sum " + std::to_string(v);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int fd : strangers) close(fd);
+  CHECK(strangers.size() == 40);  // the hold happened
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  CHECK(std::chrono::steady_clock::now() - start < 4s);  // well before the 5 s start timeout
 }

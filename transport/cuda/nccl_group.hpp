@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "troupe/transport/shm_group.hpp"
+#include "troupe/transport/collective.hpp"
 
 namespace troupe::transport::cuda {
 

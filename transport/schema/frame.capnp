@@ -20,7 +20,8 @@ enum Collective {
 }
 
 # The proof of a connection (version 5), three hellos: the connecting rank's (its nonce), the
-# accepting rank's (its nonce and proof), the connecting rank's again (its proof). A proof is
+# accepting rank's (its nonce and proof), the connecting rank's again (its proof); since version 6
+# a fourth, the accepting rank's acknowledgement (neither nonce nor proof). A proof is
 # HMAC-SHA256 under the cluster token over both nonces, both ranks, the ring size, the protocol
 # version, the side that proves and the cluster's incarnation (see ring_connect.hpp).
 struct Hello {
@@ -45,4 +46,5 @@ struct Chunk {
                            # of the whole block
   step @9 :UInt64;         # the training step the collective belongs to (version 5): the runtime's
                            # count of Strategy::run calls, 0 before the first
+  key @10 :UInt64;         # the collective's name, when its caller gave one (version 6; 0: none)
 }

@@ -1,7 +1,6 @@
 #include "troupe/transport/bulk_channel.hpp"
 
-#include <arpa/inet.h>
-#include <netdb.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -14,6 +13,7 @@
 #include <cstring>
 #include <list>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "proof_exchange.hpp"
@@ -60,32 +60,6 @@ void set_blocking_with_timeout(int fd, std::chrono::milliseconds timeout, const 
   }
 }
 
-std::string remote_of(int fd) {
-  sockaddr_in addr{};
-  socklen_t len = sizeof addr;
-  char text[INET_ADDRSTRLEN] = "?";
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || addr.sin_family != AF_INET) return "?";
-  inet_ntop(AF_INET, &addr.sin_addr, text, sizeof text);
-  return std::string(text) + ":" + std::to_string(ntohs(addr.sin_port));
-}
-
-// An IPv4 address for `host`: itself when it is one, else the first the resolver gives.
-std::string ipv4_of(const std::string& host) {
-  in_addr a{};
-  if (inet_pton(AF_INET, host.c_str(), &a) == 1) return host;
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) {
-    throw std::runtime_error("data port: cannot resolve \"" + host + "\" to an IPv4 address");
-  }
-  char text[INET_ADDRSTRLEN] = "";
-  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, text, sizeof text);
-  freeaddrinfo(found);
-  return text;
-}
-
 }  // namespace
 
 // --- bulk_stream ------------------------------------------------------------------------------
@@ -94,20 +68,36 @@ std::unique_ptr<bulk_stream> bulk_stream::connect(const endpoint& ep, const ring
                                                   std::chrono::milliseconds timeout, std::string name) {
   // A proof takes milliseconds: a listener that does not answer it soon is stopped or gone.
   const frames::deadline until(std::min(timeout, std::chrono::milliseconds(10000)));
-  // The port was handed out by a listener that is up: a refused connection means it is gone, so the
-  // connect is not retried for long.
-  const frames::deadline connect_until(std::min(timeout, std::chrono::milliseconds(500)));
-  const int fd = connect_socket(ep, connect_until, listening_rank, name);
-  auto stream = std::make_unique<bulk_stream>(fd, timeout, name);
-  try {
-    prove_connection(fd, proof_exchange::role::connecting, auth, bulk_protocol_version, connecting_rank,
-                     listening_rank, pair_size, name, until);
-  } catch (const std::exception& e) {
-    throw std::runtime_error("the data port of " + name + " at " + ep.to_string() + " refused this task: " +
-                             e.what() + " (is the cluster token the same on every task?)");
+  int retry_ms = 5;
+  for (;;) {
+    // The port was handed out by a listener that is up: a refused connection means it is gone, so
+    // the connect is not retried for long.
+    const frames::deadline connect_until(std::min(timeout, std::chrono::milliseconds(500)));
+    const int fd = connect_socket(ep, connect_until, listening_rank, name);
+    auto stream = std::make_unique<bulk_stream>(fd, timeout, name);
+    std::vector<std::uint8_t> key;
+    try {
+      key = prove_connection(fd, proof_exchange::role::connecting, auth, bulk_protocol_version, connecting_rank,
+                             listening_rank, pair_size, name, until);
+    } catch (const connection_refused& e) {
+      // Pushed out by connections that had not proven themselves (a flood of strangers), or the
+      // listener is stopping: tried again while the bound allows.
+      const int left = until.poll_ms();
+      if (until.passed() || (left >= 0 && left < retry_ms)) {
+        throw std::runtime_error("the data port of " + name + " at " + ep.to_string() +
+                                 " refused this task until the timeout: " + e.what());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(retry_ms));
+      retry_ms = std::min(2 * retry_ms, 200);
+      continue;
+    } catch (const std::exception& e) {
+      throw std::runtime_error("the data port of " + name + " at " + ep.to_string() + " refused this task: " +
+                               e.what());
+    }
+    set_blocking_with_timeout(fd, timeout, name);
+    if (!auth.token.empty()) stream->tag_messages(key, true);
+    return stream;
   }
-  set_blocking_with_timeout(fd, timeout, name);
-  return stream;
 }
 
 bulk_stream::bulk_stream(int fd, std::chrono::milliseconds timeout, std::string name)
@@ -119,13 +109,46 @@ bulk_stream::~bulk_stream() {
 
 void bulk_stream::shutdown() noexcept { ::shutdown(fd_, SHUT_RDWR); }
 
+void bulk_stream::tag_messages(const std::vector<std::uint8_t>& key, bool connecting) {
+  out_mac_ = std::make_shared<frames::frame_mac>(key, connecting ? 0 : 1);
+  in_mac_ = std::make_shared<frames::frame_mac>(key, connecting ? 1 : 0);
+}
+
+void bulk_stream::start_message(const void* header, std::size_t n) {
+  in_left_ = 0;
+  if (!in_mac_) return;
+  in_mac_->begin();
+  in_mac_->add(header, n);
+}
+
+void bulk_stream::add_to_message(const void* data, std::size_t n) {
+  if (in_mac_) in_mac_->add(data, n);
+}
+
+void bulk_stream::end_message_when_read() {
+  if (!in_mac_ || in_left_ > 0) return;
+  unsigned char tag[frames::frame_mac::tag_bytes];
+  read_exact(tag, sizeof tag);
+  if (!in_mac_->matches(tag)) {
+    throw std::runtime_error("a message from " + name_ +
+                             " failed its integrity check (its tag does not match: the bytes were altered, replayed "
+                             "or reordered on the way)");
+  }
+}
+
 void bulk_stream::send_all(const void* header, std::size_t header_n, const void* a, std::size_t an, const void* b,
                            std::size_t bn, const void* c, std::size_t cn) {
-  constexpr int parts = 4;
+  constexpr int parts = 5;
+  unsigned char tag[frames::frame_mac::tag_bytes];
   iovec iov[parts] = {{const_cast<void*>(header), header_n},
                       {const_cast<void*>(a), an},
                       {const_cast<void*>(b), bn},
-                      {const_cast<void*>(c), cn}};
+                      {const_cast<void*>(c), cn},
+                      {tag, 0}};
+  if (out_mac_) {
+    out_mac_->tag(iov, 4, tag);
+    iov[4].iov_len = sizeof tag;
+  }
   int first = 0;
   while (first < parts) {
     if (iov[first].iov_len == 0) {
@@ -158,6 +181,19 @@ void bulk_stream::send_all(const void* header, std::size_t header_n, const void*
 }
 
 void bulk_stream::receive(void* into, std::size_t n) {
+  if (n == 0) return;
+  read_exact(into, n);
+  if (!in_mac_) return;
+  if (n > in_left_) {
+    throw std::runtime_error("data connection with " + name_ + ": " + std::to_string(n) +
+                             " bytes asked of a message with " + std::to_string(in_left_) + " left");
+  }
+  add_to_message(into, n);
+  in_left_ -= n;
+  end_message_when_read();
+}
+
+void bulk_stream::read_exact(void* into, std::size_t n) {
   auto* at = static_cast<char*>(into);
   std::size_t got = 0;
   while (got < n) {
@@ -218,7 +254,8 @@ std::optional<bulk_request> bulk_stream::receive_request() {
       throw std::runtime_error("receiving from " + name_ + " failed: " + errno_text(errno));
     }
   }
-  receive(h + 1, sizeof h - 1);
+  read_exact(h + 1, sizeof h - 1);
+  start_message(h, sizeof h);
   bulk_request r;
   if (get<std::uint32_t>(h) != request_magic) {
     throw std::runtime_error(name_ + " sent a request that is not troupe's (magic " +
@@ -237,7 +274,10 @@ std::optional<bulk_request> bulk_stream::receive_request() {
   }
   r.bytes = get<std::uint64_t>(h + 16);
   r.key.resize(key_n);
-  receive(r.key.data(), key_n);
+  read_exact(r.key.data(), key_n);
+  add_to_message(r.key.data(), key_n);
+  in_left_ = r.kind == bulk_request::read ? 0 : r.bytes;
+  end_message_when_read();
   return r;
 }
 
@@ -260,7 +300,8 @@ void bulk_stream::send_error(const std::string& text) {
 
 void bulk_stream::receive_reply(std::uint64_t expected) {
   unsigned char h[reply_header_bytes];
-  receive(h, sizeof h);
+  read_exact(h, sizeof h);
+  start_message(h, sizeof h);
   if (get<std::uint32_t>(h) != reply_magic) {
     throw std::runtime_error(name_ + " sent a reply that is not troupe's (magic " + std::to_string(get<std::uint32_t>(h)) +
                              ")");
@@ -272,7 +313,12 @@ void bulk_stream::receive_reply(std::uint64_t expected) {
                                std::to_string(bulk_max_error) + ")");
     }
     std::string text(static_cast<std::size_t>(n), '\0');
-    receive(text.data(), text.size());
+    in_left_ = n;
+    if (text.empty()) {
+      end_message_when_read();
+    } else {
+      receive(text.data(), text.size());
+    }
     throw std::runtime_error(name_ + ": " + text);
   }
   if (h[4] != status_ok) throw std::runtime_error(name_ + " sent a reply of unknown status " + std::to_string(h[4]));
@@ -280,6 +326,8 @@ void bulk_stream::receive_reply(std::uint64_t expected) {
     throw std::runtime_error(name_ + " answered with " + std::to_string(n) + " bytes, expected " +
                              std::to_string(expected) + " (the shard's registered shape and dtype)");
   }
+  in_left_ = n;
+  end_message_when_read();
 }
 
 // --- bulk_listener ----------------------------------------------------------------------------
@@ -292,6 +340,9 @@ struct bulk_listener::impl {
   std::string owner;
   std::function<void(bulk_stream&)> serve;
   std::size_t max_connections = 64;
+  // Open connections of any kind (a thread each), proven ones included: pushed-out ones whose
+  // threads have not ended yet count until they do.
+  static constexpr std::size_t max_open_connections = 1024;
   std::atomic<bool> stopping{false};
   std::atomic<std::uint64_t> refused{0};
 
@@ -299,6 +350,8 @@ struct bulk_listener::impl {
     int fd = -1;  // until a bulk_stream owns it
     bulk_stream* stream = nullptr;
     std::thread thread;
+    bool proven = false;   // its proof checked out: never pushed out for a newer connection
+    bool evicted = false;  // pushed out while it proved itself
     bool finished = false;
   };
   std::mutex mutex;
@@ -327,20 +380,31 @@ struct bulk_listener::impl {
 
   void run_connection(connection* c, std::string remote) {
     const int fd = c->fd;
+    std::vector<std::uint8_t> key;
     try {
       const frames::deadline until(std::min(timeout, std::chrono::milliseconds(10000)));
-      prove_connection(fd, proof_exchange::role::accepting, auth, bulk_protocol_version, listening_rank,
-                       connecting_rank, pair_size, "the connection from " + remote, until);
+      key = prove_connection(fd, proof_exchange::role::accepting, auth, bulk_protocol_version, listening_rank,
+                             connecting_rank, pair_size, "the connection from " + remote, until, [this, c] {
+                         std::lock_guard<std::mutex> lock(mutex);
+                         if (c->evicted) return false;
+                         c->proven = true;
+                         return true;
+                       });
       set_blocking_with_timeout(fd, timeout, "the connection from " + remote);
     } catch (const std::exception& e) {
-      if (!stopping) refuse(remote, e.what());
       std::lock_guard<std::mutex> lock(mutex);
+      if (!stopping) {
+        refuse(remote, c->evicted ? std::string("pushed out by newer connections before it proved itself (at most ") +
+                                        std::to_string(max_connections) + " prove themselves at once)"
+                                  : std::string(e.what()));
+      }
       close(fd);
       c->fd = -1;
       c->finished = true;
       return;
     }
     bulk_stream stream(fd, timeout, "the data connection from " + remote);
+    if (!auth.token.empty()) stream.tag_messages(key, false);
     {
       std::lock_guard<std::mutex> lock(mutex);
       c->fd = -1;
@@ -373,15 +437,35 @@ struct bulk_listener::impl {
       std::string remote = remote_of(fd);
       std::lock_guard<std::mutex> lock(mutex);
       reap();
-      if (connections.size() >= max_connections) {
+      // At most max_connections prove themselves at once: beyond that the oldest one still proving
+      // itself is pushed out (a stranger that says nothing holds a place only until newer ones
+      // come; a worker pushed out tries again). Proven connections are never pushed out.
+      std::size_t unproven = 0;
+      connection* oldest = nullptr;
+      for (auto& c : connections) {
+        if (c.finished || c.proven || c.evicted) continue;
+        ++unproven;
+        if (oldest == nullptr) oldest = &c;
+      }
+      if (unproven >= max_connections && oldest != nullptr) {
+        oldest->evicted = true;
+        if (oldest->fd >= 0) ::shutdown(oldest->fd, SHUT_RDWR);
+      }
+      if (connections.size() >= max_open_connections) {
         close(fd);
-        refuse(remote, "too many data connections at once (" + std::to_string(max_connections) + ")");
+        refuse(remote, "too many data connections open at once (" + std::to_string(max_open_connections) + ")");
         continue;
       }
       connections.emplace_back();
       connection* c = &connections.back();
       c->fd = fd;
-      c->thread = std::thread([this, c, remote] { run_connection(c, remote); });
+      try {
+        c->thread = std::thread([this, c, remote] { run_connection(c, remote); });
+      } catch (const std::system_error& e) {  // no thread to be had: refused, never a crash
+        connections.pop_back();
+        close(fd);
+        refuse(remote, std::string("no thread for it: ") + e.what());
+      }
     }
   }
 };
@@ -391,7 +475,7 @@ bulk_listener::bulk_listener(const std::string& host, std::uint16_t port, ring_a
                              std::function<void(bulk_stream&)> serve, std::size_t max_connections)
     : impl_(std::make_unique<impl>()) {
   auto& s = *impl_;
-  s.socket = std::make_unique<listener>(ipv4_of(host), port);
+  s.socket = std::make_unique<listener>(ipv4_of(host, "data port"), port);
   s.port = s.socket->port();
   s.auth = std::move(auth);
   s.timeout = timeout;

@@ -1,7 +1,5 @@
 #include "troupe/transport/memory_ring.hpp"
 
-#include <capnp/message.h>
-#include <capnp/serialize.h>
 #include <kj/exception.h>
 
 #include <algorithm>
@@ -12,8 +10,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "frame.capnp.h"
+#include "ring_frames.hpp"
+#include "ring_proof.hpp"
 #include "troupe/transport/ring_index.hpp"
+#include "troupe/transport/tcp_ring.hpp"
 
 namespace troupe::transport {
 namespace {
@@ -35,29 +35,12 @@ struct stream {
   bool readable(clock::time_point now) const { return closed || (!frames.empty() && frames.front().ready_at <= now); }
 };
 
-// The length of the frame at the start of `bytes` (segment table and segments), or 0 when its
-// end has not been written yet.
-std::size_t framed_length(const std::vector<unsigned char>& bytes) {
-  if (bytes.size() < 8) return 0;
-  std::uint32_t head = 0;
-  std::memcpy(&head, bytes.data(), 4);
-  const std::size_t count = std::size_t{head} + 1;
-  const std::size_t table_bytes = (count + 2) / 2 * 8;
-  if (bytes.size() < table_bytes) return 0;
-  std::size_t total = table_bytes;
-  for (std::size_t i = 0; i < count; ++i) {
-    std::uint32_t words = 0;
-    std::memcpy(&words, bytes.data() + 4 * (i + 1), 4);
-    total += std::size_t{words} * 8;
-  }
-  return bytes.size() >= total ? total : 0;
-}
-
 }  // namespace
 
 struct memory_ring::state {
   int size = 0;
   fault_hook hook;
+  std::string token;  // frames carry tags when set
   std::mutex mutex;
   std::condition_variable changed;
   // Connection c joins rank c (its `next` side) and rank c+1 (its `prev` side); forward[c]
@@ -100,7 +83,11 @@ class memory_link final : public ring_link {
       written += iov[i].iov_len;
     }
     const int to = peer(side).rank;
-    while (const std::size_t n = framed_length(s.partial)) {
+    const std::size_t tag = state_->token.empty() ? 0 : frames::frame_mac::tag_bytes;
+    for (;;) {
+      std::size_t n = frames::frame_length(s.partial.data(), s.partial.size());
+      if (n == 0 || s.partial.size() < n + tag) break;
+      n += tag;
       std::vector<unsigned char> bytes(s.partial.begin(), s.partial.begin() + static_cast<std::ptrdiff_t>(n));
       s.partial.erase(s.partial.begin(), s.partial.begin() + static_cast<std::ptrdiff_t>(n));
       frame_in_flight f{rank_, to, s.framed++, bytes};
@@ -180,12 +167,13 @@ class memory_link final : public ring_link {
 
 }  // namespace
 
-memory_ring::memory_ring(int size, fault_hook hook) : size_(size), state_(std::make_shared<state>()) {
+memory_ring::memory_ring(int size, fault_hook hook, std::string token) : size_(size), state_(std::make_shared<state>()) {
   if (size < 2) {
     throw std::invalid_argument("memory_ring: " + std::to_string(size) + " ranks (expected at least 2)");
   }
   state_->size = size;
   state_->hook = std::move(hook);
+  state_->token = std::move(token);
   state_->forward.resize(static_cast<std::size_t>(size));
   state_->backward.resize(static_cast<std::size_t>(size));
   state_->taken.assign(static_cast<std::size_t>(size), false);
@@ -203,16 +191,37 @@ std::unique_ptr<ring_link> memory_ring::link(int rank) {
     throw std::invalid_argument("memory_ring: the link of rank " + std::to_string(rank) + " was taken already");
   }
   state_->taken[static_cast<std::size_t>(rank)] = true;
-  return std::make_unique<memory_link>(state_, rank);
+  auto link = std::make_unique<memory_link>(state_, rank);
+  if (!state_->token.empty()) {
+    // Connection c joins rank c (connecting, direction 0) and rank c+1 (accepting, direction 1).
+    auto key_of = [&](int connection) {
+      const std::vector<std::uint8_t> none;
+      return proof::make(ring_auth{state_->token, "memory_ring"}, tcp_ring::protocol_version, proof::side::frames,
+                         static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(connection),
+                         static_cast<std::uint32_t>(ring_index::next_rank(connection, size_)), none, none);
+    };
+    const auto next_key = key_of(rank);
+    const auto prev_key = key_of(ring_index::prev_rank(rank, size_));
+    link->set_frame_macs(ring_side::next, std::make_shared<frames::frame_mac>(next_key, 0),
+                         std::make_shared<frames::frame_mac>(next_key, 1));
+    link->set_frame_macs(ring_side::prev, std::make_shared<frames::frame_mac>(prev_key, 1),
+                         std::make_shared<frames::frame_mac>(prev_key, 0));
+  }
+  return link;
 }
 
+namespace {
+
+// The largest frame a test decodes, in words (a chunk of 64 MiB and its structure).
+constexpr std::size_t max_test_frame_words = (std::size_t{64} << 20) / 8 + frames::header_slack_words;
+
+}  // namespace
+
 std::optional<chunk_fields> decode_chunk_frame(const std::vector<unsigned char>& frame) {
-  if (frame.size() % 8 != 0 || frame.empty()) return std::nullopt;
-  std::vector<capnp::word> words(frame.size() / 8);
-  std::memcpy(words.data(), frame.data(), frame.size());
+  frames::frame_reader reader(ring_side::prev);
+  if (!reader.parse(frame.data(), frame.size(), max_test_frame_words)) return std::nullopt;
   try {
-    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.data(), words.size()));
-    auto c = reader.getRoot<wire::Chunk>();
+    auto c = reader.chunk();
     chunk_fields f;
     f.kind = static_cast<frame_kind>(c.getKind());
     f.step = c.getStep();
@@ -232,55 +241,30 @@ std::optional<chunk_fields> decode_chunk_frame(const std::vector<unsigned char>&
 }
 
 std::vector<unsigned char> encode_chunk_frame(const chunk_fields& f) {
-  capnp::MallocMessageBuilder msg;
-  auto c = msg.initRoot<wire::Chunk>();
-  c.setKind(static_cast<wire::Collective>(f.kind));
-  c.setStep(f.step);
-  c.setSequence(f.sequence);
-  c.setIndex(f.index);
-  c.setType(static_cast<wire::ScalarType>(f.type));
-  c.setCount(f.count);
-  c.setOffset(f.offset);
-  c.setRoot(f.root);
-  c.setTotal(f.total);
-  if (!f.data.empty()) std::memcpy(c.initData(static_cast<unsigned>(f.data.size())).begin(), f.data.data(), f.data.size());
-  auto words = capnp::messageToFlatArray(msg);
-  const auto bytes = words.asBytes();
-  return std::vector<unsigned char>(bytes.begin(), bytes.end());
+  frames::chunk_frame c;
+  c.header = {static_cast<wire::Collective>(f.kind), f.step, f.sequence, f.index, f.root, f.total};
+  c.type = static_cast<wire::ScalarType>(f.type);
+  c.offset = f.offset;
+  c.count = f.count;
+  c.bytes = f.data.size();
+  frames::frame_writer writer(ring_side::next);
+  writer.start_chunk(c, f.data.data());
+  return writer.bytes();
 }
 
 std::vector<unsigned char> encode_hello_frame(const hello_frame_fields& f) {
-  capnp::MallocMessageBuilder msg;
-  auto h = msg.initRoot<wire::Hello>();
-  h.setMagic(f.magic);
-  h.setVersion(f.version);
-  h.setRank(f.rank);
-  h.setSize(f.size);
-  if (!f.nonce.empty()) h.setNonce(capnp::Data::Reader(f.nonce.data(), f.nonce.size()));
-  if (!f.proof.empty()) h.setProof(capnp::Data::Reader(f.proof.data(), f.proof.size()));
-  auto words = capnp::messageToFlatArray(msg);
-  auto bytes = words.asBytes();
-  return std::vector<unsigned char>(bytes.begin(), bytes.end());
+  frames::frame_writer writer(ring_side::next);
+  writer.start_hello(f.version, f.rank, f.size, f.nonce, f.proof, f.magic);
+  return writer.bytes();
 }
 
 std::optional<hello_frame_fields> decode_hello_frame(const std::vector<unsigned char>& frame) {
-  if (frame.size() % 8 != 0 || frame.empty()) return std::nullopt;
-  std::vector<capnp::word> words(frame.size() / 8);
-  std::memcpy(words.data(), frame.data(), frame.size());
+  frames::frame_reader reader(ring_side::prev);
+  if (!reader.parse(frame.data(), frame.size(), max_test_frame_words)) return std::nullopt;
   try {
-    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.data(), words.size()));
-    auto h = reader.getRoot<wire::Hello>();
-    hello_frame_fields f;
-    f.magic = h.getMagic();
-    f.version = h.getVersion();
-    f.rank = h.getRank();
-    f.size = h.getSize();
-    auto n = h.getNonce();
-    auto p = h.getProof();
-    f.nonce.assign(n.begin(), n.end());
-    f.proof.assign(p.begin(), p.end());
-    return f;
-  } catch (const kj::Exception&) {
+    const frames::hello_fields h = reader.take_hello();
+    return hello_frame_fields{h.magic, h.version, h.rank, h.size, h.nonce, h.proof};
+  } catch (const std::runtime_error&) {
     return std::nullopt;
   }
 }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <climits>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -99,15 +100,37 @@ class proof_exchange {
         stage_ = 1;
       } else if (role_ == role::accepting) {
         if (!proof::matches(h.proof, make(proof::side::connecting))) throw std::runtime_error(failed_proof());
+        // Proven. Admitted (the caller may still refuse it), it is acknowledged: the connecting
+        // side counts the connection as made only once it reads the acknowledgement.
+        if (admit_ && !admit_()) throw std::runtime_error(not_admitted);
+        out_.start_hello(version_, self_, size_, {}, {});
         stage_ = 2;
-      } else {
+      } else if (stage_ == 0) {
         theirs_ = h.nonce;
         if (!proof::matches(h.proof, make(proof::side::accepting))) throw std::runtime_error(failed_proof());
         out_.start_hello(version_, self_, size_, {}, make(proof::side::connecting));
-        stage_ = 2;
+        in_.start(hello_words);
+        stage_ = 1;
+      } else {
+        stage_ = 2;  // the accepting side's acknowledgement
       }
     }
   }
+
+  /// Called on the accepting side once the peer's proof checks out, before it is acknowledged:
+  /// false refuses the connection after all (one that was pushed out while it proved itself).
+  void on_proven(std::function<bool()> admit) { admit_ = std::move(admit); }
+
+  /// The text of a refusal by on_proven.
+  static constexpr const char* not_admitted = "it was pushed out by newer connections before it proved itself";
+
+  /// The key of this connection's frame tags (frames::frame_mac), once done(): both sides derive
+  /// it from the token and the proof's nonces, and it never travels.
+  std::vector<std::uint8_t> frame_key() const { return make(proof::side::frames); }
+
+  /// Whether the last hello awaited is the acknowledgement (the connecting side has sent its
+  /// proof): a close now means the accepting side refused the connection.
+  bool awaiting_acknowledgement() const { return role_ == role::connecting && stage_ == 1; }
 
  private:
   static constexpr std::size_t hello_words = 64;
@@ -133,7 +156,7 @@ class proof_exchange {
       throw std::runtime_error("it says rank " + std::to_string(h.rank) + " of " + std::to_string(h.size) +
                                ", expected rank " + std::to_string(peer_) + " of " + std::to_string(size_));
     }
-    const bool nonce_due = role_ == role::accepting ? stage_ == 0 : true;
+    const bool nonce_due = stage_ == 0;
     if (nonce_due && h.nonce.size() != proof::nonce_bytes) {
       throw std::runtime_error("its hello has a nonce of " + std::to_string(h.nonce.size()) + " bytes, expected " +
                                std::to_string(proof::nonce_bytes));
@@ -152,14 +175,26 @@ class proof_exchange {
   frames::frame_reader in_{ring_side::prev};
   std::vector<std::uint8_t> mine_;
   std::vector<std::uint8_t> theirs_;
-  int stage_ = 0;  // 0: first hello awaited, 1: the last (accepting side), 2: done
+  std::function<bool()> admit_;
+  int stage_ = 0;  // 0: first hello awaited, 1: the last (the proof, or its acknowledgement), 2: done
+};
+
+/// The accepting side closed a connection before it acknowledged the proof: it refused it (too
+/// many connections proving themselves at once there, another protocol version, or it is
+/// stopping). Worth another try, unlike a proof that fails.
+class connection_refused : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 /// Runs a whole proof on the connected socket `fd` (blocking or not: it is made non-blocking for
 /// the exchange and given back as it was) until the deadline. A failure, or a deadline that passes
-/// first, is std::runtime_error saying what was wrong.
-inline void prove_connection(int fd, proof_exchange::role r, const ring_auth& auth, std::uint32_t version, int self,
-                             int expected_peer, int size, const std::string& name, const frames::deadline& until) {
+/// first, is std::runtime_error saying what was wrong; a close by the accepting side before its
+/// acknowledgement is connection_refused. `admit`: see proof_exchange::on_proven. Returns the key
+/// of the connection's frame tags (proof_exchange::frame_key).
+inline std::vector<std::uint8_t> prove_connection(int fd, proof_exchange::role r, const ring_auth& auth, std::uint32_t version, int self,
+                             int expected_peer, int size, const std::string& name, const frames::deadline& until,
+                             std::function<bool()> admit = {}) {
   const int flags = fcntl(fd, F_GETFL);
   if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
     throw std::runtime_error(std::string("cannot set up the connection: ") + std::strerror(errno));
@@ -169,9 +204,18 @@ inline void prove_connection(int fd, proof_exchange::role r, const ring_auth& au
     ~restore() { fcntl(fd, F_SETFL, flags); }
   } back{fd, flags};
   proof_exchange exchange(r, fd, auth, version, self, expected_peer, size, name);
+  if (admit) exchange.on_proven(std::move(admit));
   for (;;) {
-    exchange.progress();
-    if (exchange.done()) return;
+    try {
+      exchange.progress();
+    } catch (const peer_error&) {
+      if (r == proof_exchange::role::accepting) throw std::runtime_error("it closed the connection during the proof");
+      throw connection_refused(
+          "it closed the connection before acknowledging this side's proof (it refused the connection: too many "
+          "connections proving themselves there at once, another protocol version, or it is stopping; its log "
+          "says which)");
+    }
+    if (exchange.done()) return exchange.frame_key();
     pollfd p{fd, exchange.events(), 0};
     const int rc = poll(&p, 1, until.poll_ms());
     if (rc < 0 && errno != EINTR) throw std::runtime_error(std::string("poll failed: ") + std::strerror(errno));
@@ -183,5 +227,12 @@ inline void prove_connection(int fd, proof_exchange::role r, const ring_auth& au
 /// until the deadline: its descriptor, non-blocking with Nagle off, owned by the caller. A peer that
 /// cannot be reached in time is a peer_error naming `name`.
 int connect_socket(const endpoint& ep, const frames::deadline& until, int peer, const std::string& name);
+
+/// "10.0.0.2:41234": the remote end of the connection `fd`, for the log ("?" when unknown).
+std::string remote_of(int fd);
+
+/// An IPv4 address for `host`: itself when it is one, else the first the resolver gives; a name
+/// it cannot resolve is std::runtime_error naming `what` ("data port").
+std::string ipv4_of(const std::string& host, const std::string& what);
 
 }  // namespace troupe::transport

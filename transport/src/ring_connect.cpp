@@ -208,17 +208,29 @@ int connect_socket(const endpoint& ep, const frames::deadline& until, int peer, 
   return fd;
 }
 
-namespace {
-
-// "10.0.0.2:41234": the remote end of a connection, for the log.
 std::string remote_of(int fd) {
   sockaddr_in addr{};
   socklen_t len = sizeof addr;
-  char text[INET_ADDRSTRLEN] = "?";
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || addr.sin_family != AF_INET) return "?";
-  inet_ntop(AF_INET, &addr.sin_addr, text, sizeof text);
-  return std::string(text) + ":" + std::to_string(ntohs(addr.sin_port));
+  const asio::ip::address_v4 address(ntohl(addr.sin_addr.s_addr));
+  return address.to_string() + ":" + std::to_string(ntohs(addr.sin_port));
 }
+
+std::string ipv4_of(const std::string& host, const std::string& what) {
+  boost::system::error_code ec;
+  asio::ip::make_address_v4(host, ec);
+  if (!ec) return host;
+  asio::io_context io;
+  tcp::resolver resolver(io);
+  const auto results = resolver.resolve(tcp::v4(), host, "0", ec);
+  if (ec || results.empty()) {
+    throw std::runtime_error(what + ": cannot resolve \"" + host + "\" to an IPv4 address" +
+                             (ec ? " (" + ec.message() + ")" : std::string()));
+  }
+  return results.begin()->endpoint().address().to_string();
+}
+
+namespace {
 
 // A connection accepted on the listener whose proof is under way; owns its socket.
 struct pending_connection {
@@ -285,6 +297,7 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
     int flags;
   } listen_mode(listen_fd);
   std::vector<std::unique_ptr<pending_connection>> pending;
+  std::vector<std::uint8_t> prev_key;  // the frame tags' key of the connection from rank-1
   int refused = 0;
   bool have_prev = false;
   auto refuse = [&](std::size_t i, const std::string& why) {
@@ -349,6 +362,7 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
         socket.assign(tcp::v4(), pending[i]->fd, ec);
         if (ec) throw peer_error(prev, "cannot set up the connection with " + prev_name + ": " + ec.message());
         pending[i]->fd = -1;
+        prev_key = pending[i]->exchange->frame_key();
         pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
         prepare_for_frames(socket, prev, prev_name);
         s.prev_socket.emplace(std::move(socket));
@@ -360,7 +374,12 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
       try {
         to_next->progress();
       } catch (const std::exception& e) {
-        next_failure = e.what();
+        // A close before the acknowledgement is a refusal (pushed out by strangers while it proved
+        // itself, or the peer was not ready), worth another try like a failed proof.
+        next_failure = dynamic_cast<const peer_error*>(&e) != nullptr
+                           ? "it closed the connection before acknowledging this rank's proof (refused: too many "
+                             "connections proving themselves there at once, or it was not ready)"
+                           : e.what();
         std::fprintf(stderr, "troupe: ring rank %d dropped its connection to %s: %s; trying again\n", rank,
                      next_name.c_str(), next_failure.c_str());
         s.next_socket.reset();
@@ -382,6 +401,15 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
   // Whoever is still proving itself once the ring is formed is not rank-1.
   for (const auto& p : pending) {
     log_refusal(rank, p->remote, "it had not proven itself when the ring was formed");
+  }
+  if (!auth.token.empty()) {
+    // Every frame from now on carries its tag, under each connection's own key: direction 0 is
+    // the connecting rank's, 1 the accepting rank's.
+    const auto next_key = to_next->frame_key();
+    s.set_frame_macs(ring_side::next, std::make_shared<frames::frame_mac>(next_key, 0),
+                     std::make_shared<frames::frame_mac>(next_key, 1));
+    s.set_frame_macs(ring_side::prev, std::make_shared<frames::frame_mac>(prev_key, 1),
+                     std::make_shared<frames::frame_mac>(prev_key, 0));
   }
   return link;
 }

@@ -1,6 +1,8 @@
 #include "ring_frames.hpp"
 
 #include <kj/exception.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include <algorithm>
 #include <climits>
@@ -57,6 +59,90 @@ std::string describe(const frame_header& h) {
   return "a frame of unknown kind " + std::to_string(static_cast<unsigned>(h.kind)) + operation;
 }
 
+std::size_t frame_length(const unsigned char* bytes, std::size_t n) {
+  if (n < 8) return 0;
+  std::uint32_t head = 0;
+  std::memcpy(&head, bytes, 4);
+  if (head >= max_segments) return 0;
+  const std::size_t count = std::size_t{head} + 1;
+  const std::size_t table_bytes = (count + 2) / 2 * 8;
+  if (n < table_bytes) return 0;
+  std::size_t total = table_bytes;
+  for (std::size_t i = 0; i < count; ++i) {
+    std::uint32_t words = 0;
+    std::memcpy(&words, bytes + 4 * (i + 1), 4);
+    total += std::size_t{words} * 8;
+  }
+  return n >= total ? total : 0;
+}
+
+// ---- tags ----
+
+frame_mac::frame_mac(const std::vector<std::uint8_t>& key, std::uint32_t direction)
+    : ctx_(EVP_CIPHER_CTX_new()), direction_(direction) {
+  auto* ctx = static_cast<EVP_CIPHER_CTX*>(ctx_);
+  if (ctx == nullptr || key.size() != 32 ||
+      EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), nullptr, key.data(), nullptr) != 1) {
+    EVP_CIPHER_CTX_free(ctx);
+    throw std::runtime_error("tcp_ring: cannot set up the frame tags (OpenSSL AES-256-GCM)");
+  }
+}
+
+frame_mac::~frame_mac() { EVP_CIPHER_CTX_free(static_cast<EVP_CIPHER_CTX*>(ctx_)); }
+
+void frame_mac::begin() {
+  // The nonce: the direction, then the frame's number on this stream (never reused under a key).
+  unsigned char nonce[12];
+  std::memcpy(nonce, &direction_, 4);
+  std::memcpy(nonce + 4, &number_, 8);
+  ++number_;
+  if (EVP_EncryptInit_ex(static_cast<EVP_CIPHER_CTX*>(ctx_), nullptr, nullptr, nullptr, nonce) != 1) {
+    throw std::runtime_error("tcp_ring: OpenSSL failed to tag a frame");
+  }
+}
+
+void frame_mac::add(const void* data, std::size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  while (n > 0) {
+    const int k = static_cast<int>(std::min<std::size_t>(n, std::size_t{1} << 30));
+    int len = 0;
+    // Authenticated, not encrypted: the bytes go in the clear.
+    if (EVP_EncryptUpdate(static_cast<EVP_CIPHER_CTX*>(ctx_), nullptr, &len, p, k) != 1) {
+      throw std::runtime_error("tcp_ring: OpenSSL failed to tag a frame");
+    }
+    p += k;
+    n -= static_cast<std::size_t>(k);
+  }
+}
+
+void frame_mac::end(unsigned char* out) {
+  auto* ctx = static_cast<EVP_CIPHER_CTX*>(ctx_);
+  int len = 0;
+  unsigned char none[16];
+  if (EVP_EncryptFinal_ex(ctx, none, &len) != 1 ||
+      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, static_cast<int>(tag_bytes), out) != 1) {
+    throw std::runtime_error("tcp_ring: OpenSSL failed to tag a frame");
+  }
+}
+
+bool frame_mac::matches(const unsigned char* tag) {
+  unsigned char want[tag_bytes];
+  end(want);
+  return CRYPTO_memcmp(want, tag, tag_bytes) == 0;
+}
+
+void frame_mac::tag(const iovec* iov, std::size_t count, unsigned char* out) {
+  begin();
+  for (std::size_t i = 0; i < count; ++i) add(iov[i].iov_base, iov[i].iov_len);
+  end(out);
+}
+
+bool frame_mac::check(const iovec* iov, std::size_t count, const unsigned char* tag) {
+  begin();
+  for (std::size_t i = 0; i < count; ++i) add(iov[i].iov_base, iov[i].iov_len);
+  return matches(tag);
+}
+
 // ---- writer ----
 
 capnp::MallocMessageBuilder& frame_writer::fresh_builder() {
@@ -76,6 +162,7 @@ void frame_writer::start_chunk(const chunk_frame& f, const void* data) {
   chunk.setIndex(f.header.index);
   chunk.setRoot(f.header.root);
   chunk.setTotal(f.header.total);
+  chunk.setKey(f.header.key);
   chunk.setType(f.type);
   chunk.setOffset(f.offset);
   chunk.setCount(f.count);
@@ -93,9 +180,10 @@ void frame_writer::start_chunk(const chunk_frame& f, const void* data) {
 }
 
 void frame_writer::start_hello(std::uint32_t version, std::uint32_t rank, std::uint32_t size,
-                               const std::vector<std::uint8_t>& nonce, const std::vector<std::uint8_t>& proof) {
+                               const std::vector<std::uint8_t>& nonce, const std::vector<std::uint8_t>& proof,
+                               std::uint32_t magic) {
   auto h = fresh_builder().initRoot<wire::Hello>();
-  h.setMagic(hello_magic);
+  h.setMagic(magic);
   h.setVersion(version);
   h.setRank(rank);
   h.setSize(size);
@@ -112,6 +200,10 @@ void frame_writer::frame_segments() {
   iov_.clear();
   iov_.push_back({table_.data(), table_.size() * sizeof(std::uint32_t)});
   for (auto s : segments) iov_.push_back({const_cast<capnp::word*>(s.begin()), s.size() * sizeof(capnp::word)});
+  if (mac_ != nullptr) {
+    mac_->tag(iov_.data(), iov_.size(), tag_);
+    iov_.push_back({tag_, sizeof tag_});
+  }
   next_ = 0;
 }
 
@@ -134,6 +226,15 @@ void frame_writer::progress(ring_link& link) {
   }
 }
 
+std::vector<unsigned char> frame_writer::bytes() const {
+  std::vector<unsigned char> out;
+  for (std::size_t i = next_; i < iov_.size(); ++i) {
+    const auto* p = static_cast<const unsigned char*>(iov_[i].iov_base);
+    out.insert(out.end(), p, p + iov_[i].iov_len);
+  }
+  return out;
+}
+
 // ---- reader ----
 
 void frame_reader::start(std::size_t max_words) {
@@ -144,20 +245,56 @@ void frame_reader::start(std::size_t max_words) {
   table_.assign(2, 0);
 }
 
-void frame_reader::progress(ring_link& link) {
+template <typename Read>
+void frame_reader::pull(Read&& read, const ring_peer& from) {
   while (!done()) {
-    char* target = stage_ == stage::body ? reinterpret_cast<char*>(words_.data())
-                                         : reinterpret_cast<char*>(table_.data()) + (stage_ == stage::head ? 0 : 8);
-    const std::size_t r = link.read_some(side_, target + have_, need_ - have_);
+    char* target = stage_ == stage::body  ? reinterpret_cast<char*>(words_.data())
+                   : stage_ == stage::tag ? reinterpret_cast<char*>(tag_)
+                                          : reinterpret_cast<char*>(table_.data()) + (stage_ == stage::head ? 0 : 8);
+    const std::size_t r = read(target + have_, need_ - have_);
     if (r == 0) return;
     have_ += r;
     if (have_ < need_) continue;
-    advance(link);
+    advance(from);
   }
 }
 
-void frame_reader::advance(const ring_link& link) {
-  const ring_peer& from = link.peer(side_);
+void frame_reader::progress(ring_link& link) {
+  pull([&](void* into, std::size_t n) { return link.read_some(side_, into, n); }, link.peer(side_));
+}
+
+bool frame_reader::parse(const unsigned char* bytes, std::size_t n, std::size_t max_words) {
+  start(max_words);
+  std::size_t at = 0;
+  try {
+    pull(
+        [&](void* into, std::size_t want) {
+          const std::size_t take = std::min(want, n - at);
+          std::memcpy(into, bytes + at, take);
+          at += take;
+          return take;
+        },
+        ring_peer{-1, "a frame in memory"});
+  } catch (const peer_error&) {
+    return false;
+  }
+  return done() && at == n;
+}
+
+void frame_reader::advance(const ring_peer& from) {
+  if (stage_ == stage::tag) {
+    const iovec iov[2] = {{table_.data(), table_.size() * sizeof(std::uint32_t)},
+                          {words_.data(), total_words_ * 8}};
+    if (!mac_->check(iov, 2, tag_)) {
+      const std::string what = "a frame from " + from.name +
+                               " failed its integrity check (its tag does not match: the bytes were altered, "
+                               "replayed or reordered on the way; the link from rank " + std::to_string(from.rank) +
+                               " is not to be trusted)";
+      throw peer_error(from.rank, what, what);
+    }
+    finish(from);
+    return;
+  }
   if (stage_ == stage::head) {
     // Checked before anything is sized from it: the count comes from the peer.
     if (table_[0] >= max_segments) {
@@ -186,8 +323,21 @@ void frame_reader::advance(const ring_link& link) {
     stage_ = stage::body;
     have_ = 0;
     need_ = total * 8;
+    total_words_ = total;
     if (need_ > 0) return;
   }
+  if (mac_ != nullptr) {
+    stage_ = stage::tag;
+    have_ = 0;
+    need_ = sizeof tag_;
+    return;
+  }
+  finish(from);
+}
+
+void frame_reader::finish(const ring_peer&) {
+  const std::uint32_t count = table_[0] + 1;
+  const std::size_t total = total_words_;
   segments_.clear();
   std::size_t offset = 0;
   for (std::uint32_t i = 0; i < count; ++i) {
@@ -205,9 +355,18 @@ const kj::byte* frame_reader::take_chunk(const ring_link& link, const char* op, 
   const ring_peer& from = link.peer(side_);
   try {
     auto chunk = reader_->getRoot<wire::Chunk>();
-    const frame_header got{chunk.getKind(),  chunk.getStep(), chunk.getSequence(),
-                           chunk.getIndex(), chunk.getRoot(), chunk.getTotal()};
+    const frame_header got{chunk.getKind(),  chunk.getStep(),  chunk.getSequence(), chunk.getIndex(),
+                           chunk.getRoot(),  chunk.getTotal(), chunk.getKey()};
     const frame_header& h = want.header;
+    if (got.key != h.key && got.step == h.step && got.sequence == h.sequence) {
+      auto say = [&](const std::string& me) {
+        return std::string(op) + ": " + from.name + " runs the collective named " + std::to_string(got.key) +
+               " as " + describe(got) + ", " + me + " the one named " + std::to_string(h.key) +
+               " (the workers run their collectives in different orders)";
+      };
+      throw peer_error(from.rank, say("rank " + std::to_string(self) + " (this worker)"),
+                       say("rank " + std::to_string(self)));
+    }
     if (got.step != h.step || got.sequence != h.sequence) {
       // A worker that skipped, added or reordered a collective: never sum values of different
       // steps or collectives.

@@ -57,6 +57,7 @@ struct frame_header {
   std::uint32_t index = 0;  // all-reduce: the chunk; all-gather: the block's rank
   std::uint32_t root = 0;   // broadcast: the root; all-reduce block: the rank whose block it is
   std::uint64_t total = 0;  // broadcast: the buffer's bytes; all-gather, all-reduce block: the block's
+  std::uint64_t key = 0;    // the collective's name (tcp_ring::name_next_collective), 0: none
 };
 
 /// A whole chunk frame as the receiver expects it, or as the sender writes it: the header, and
@@ -82,6 +83,42 @@ struct hello_fields {
 /// For error messages: "a broadcast of 1000 bytes from root 2 (step 3, collective 7)".
 std::string describe(const frame_header& h);
 
+/// The length of the frame at the start of `bytes` (segment table and segments), or 0 when its
+/// end is not among the `n` bytes yet (or the table names more than max_segments segments).
+std::size_t frame_length(const unsigned char* bytes, std::size_t n);
+
+/// The integrity tags of one direction of one connection: AES-256-GCM used as a MAC (GMAC: the
+/// whole frame, segment table and segments, is authenticated and sent in the clear) under a key
+/// that both sides derive from the connection's proof, with the frame's number on the stream in
+/// the nonce, so that a frame altered, replayed, reordered or moved to another connection fails.
+/// Each frame is followed by its 16-byte tag.
+class frame_mac {
+ public:
+  static constexpr std::size_t tag_bytes = 16;
+  /// `key`: 32 bytes; `direction`: which way on the connection (the two ways share the key).
+  frame_mac(const std::vector<std::uint8_t>& key, std::uint32_t direction);
+  ~frame_mac();
+  frame_mac(const frame_mac&) = delete;
+  frame_mac& operator=(const frame_mac&) = delete;
+
+  /// The tag of the next frame, whose bytes are the `count` buffers at `iov`.
+  void tag(const iovec* iov, std::size_t count, unsigned char* out);
+  /// Whether `tag` is the next frame's, whose bytes are the `count` buffers at `iov`.
+  bool check(const iovec* iov, std::size_t count, const unsigned char* tag);
+
+  /// The same piece by piece: begin() the next frame, add() its bytes in order, then end() writes
+  /// its tag (or matches() compares it with a received one).
+  void begin();
+  void add(const void* data, std::size_t n);
+  void end(unsigned char* out);
+  bool matches(const unsigned char* tag);
+
+ private:
+  void* ctx_;  // EVP_CIPHER_CTX
+  std::uint32_t direction_;
+  std::uint64_t number_ = 0;  // frames tagged or checked so far
+};
+
 /// One frame going out on one side: the segment table and the message's segments, gathered as the
 /// link takes them. Data that is whole aligned words is a segment of its own that points into the
 /// caller's buffer (no copy); the builder's first segment is scratch space reused frame after
@@ -94,21 +131,28 @@ class frame_writer {
 
   /// Starts a chunk frame with `f.bytes` bytes at `data`, which must stay put until done().
   void start_chunk(const chunk_frame& f, const void* data);
-  /// Starts a hello with `nonce` and `proof` (either may be empty).
+  /// Starts a hello with `nonce` and `proof` (either may be empty); `magic` other than
+  /// hello_magic only for tests that forge one.
   void start_hello(std::uint32_t version, std::uint32_t rank, std::uint32_t size, const std::vector<std::uint8_t>& nonce,
-                   const std::vector<std::uint8_t>& proof);
+                   const std::vector<std::uint8_t>& proof, std::uint32_t magic = hello_magic);
   /// Nothing to send this time.
   void skip() { next_ = iov_.size(); }
   bool done() const { return next_ >= iov_.size(); }
   /// Writes what the link takes now.
   void progress(ring_link& link);
   ring_side side() const { return side_; }
+  /// The whole frame started last as it goes on the wire (for the in-process ring's tests).
+  std::vector<unsigned char> bytes() const;
+  /// Every frame started from now on is followed by its tag (null: none).
+  void tag_with(frame_mac* mac) { mac_ = mac; }
 
  private:
   capnp::MallocMessageBuilder& fresh_builder();
   void frame_segments();
 
   ring_side side_;
+  frame_mac* mac_ = nullptr;
+  unsigned char tag_[frame_mac::tag_bytes] = {};
   alignas(8) std::array<capnp::word, 64> scratch_{};
   std::optional<capnp::MallocMessageBuilder> builder_;
   std::vector<std::uint32_t> table_;
@@ -135,7 +179,13 @@ class frame_reader {
   bool begun() const { return stage_ != stage::head || have_ > 0; }
   /// Reads what the link has.
   void progress(ring_link& link);
+  /// Reads one whole frame of at most `max_words` words from `n` bytes: false when they are not
+  /// exactly one frame (for the in-process ring's tests).
+  bool parse(const unsigned char* bytes, std::size_t n, std::size_t max_words);
   ring_side side() const { return side_; }
+  /// Every frame received from now on must be followed by its tag (null: none); one whose tag
+  /// does not match is a peer_error naming the peer, for every worker to learn.
+  void check_with(frame_mac* mac) { mac_ = mac; }
 
   /// Checks the chunk frame just received against `want` (`op` and `self` name the collective and
   /// this rank in errors) and returns its `want.bytes` bytes, read in place: valid until the next
@@ -143,12 +193,23 @@ class frame_reader {
   const kj::byte* take_chunk(const ring_link& link, const char* op, int self, const chunk_frame& want);
   /// The hello just received, as the sender wrote it; a malformed one is std::runtime_error.
   hello_fields take_hello();
+  /// The chunk frame just received, unchecked; reading it may throw kj::Exception.
+  wire::Chunk::Reader chunk() { return reader_->getRoot<wire::Chunk>(); }
 
  private:
-  enum class stage { head, table, body, complete };
-  void advance(const ring_link& link);
+  enum class stage { head, table, body, tag, complete };
+  // Reads through `read(into, n)` (bytes read, 0: none yet) until the frame is done or nothing
+  // more comes; `from` names the peer in errors.
+  template <typename Read>
+  void pull(Read&& read, const ring_peer& from);
+  void advance(const ring_peer& from);
+
+  void finish(const ring_peer& from);
 
   ring_side side_;
+  frame_mac* mac_ = nullptr;
+  unsigned char tag_[frame_mac::tag_bytes] = {};
+  std::size_t total_words_ = 0;
   std::size_t max_words_ = 0;
   stage stage_ = stage::complete;
   std::size_t have_ = 0;
@@ -171,8 +232,15 @@ struct spin_policy {
 /// collective), and the other way round (the small all-reduce only).
 class frame_pump {
  public:
-  /// Over `link`, which outlives the pump (null for a ring of one rank, which sends nothing).
-  explicit frame_pump(ring_link* link) : link_(link) {}
+  /// Over `link`, which outlives the pump (null for a ring of one rank, which sends nothing);
+  /// frames carry the link's tags when it has them.
+  explicit frame_pump(ring_link* link) : link_(link) {
+    if (link_ == nullptr) return;
+    to_next.tag_with(link_->out_mac(ring_side::next));
+    to_prev.tag_with(link_->out_mac(ring_side::prev));
+    from_prev.check_with(link_->in_mac(ring_side::prev));
+    from_next.check_with(link_->in_mac(ring_side::next));
+  }
 
   frame_writer to_next{ring_side::next};
   frame_reader from_prev{ring_side::prev};

@@ -16,7 +16,11 @@ constexpr std::size_t proof_bytes = 32;
 
 /// Which side of a connection a proof is made by: the two sides' proofs over the same nonces
 /// differ, so that neither can be reflected back as the other.
-enum class side : std::uint8_t { accepting = 1, connecting = 2 };
+enum class side : std::uint8_t {
+  accepting = 1,
+  connecting = 2,
+  frames = 3,  ///< not a proof: the key of the connection's frame tags (ring_frames.hpp), never sent
+};
 
 /// `nonce_bytes` fresh random bytes (std::runtime_error when the system has no randomness).
 std::vector<std::uint8_t> fresh_nonce();

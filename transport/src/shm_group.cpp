@@ -56,18 +56,6 @@ std::size_t last_level_cache_bytes() {
 thread_local std::vector<const void*> tl_ins;
 thread_local std::vector<void*> tl_outs;
 
-}  // namespace
-
-const char* collective_name(collective_kind k) noexcept {
-  switch (k) {
-    case collective_kind::all_reduce: return "all_reduce";
-    case collective_kind::all_gather: return "all_gather";
-    case collective_kind::merge: return "merge_call";
-  }
-  return "?";
-}
-
-namespace {
 int checked_size(int size) {
   if (size < 1) throw std::invalid_argument("shm_group: size must be at least 1, got " + std::to_string(size));
   return size;

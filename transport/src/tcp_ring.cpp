@@ -4,6 +4,7 @@
 #include <atomic>
 #include <climits>
 #include <cstring>
+#include <utility>
 
 #include "ring_frames.hpp"
 #include "troupe/kernels/reduce_kernels.hpp"
@@ -48,6 +49,7 @@ struct tcp_ring::impl {
   std::atomic<bool> shut_down{false};  // by shutdown(), from another thread
   std::uint64_t step = 0;      // begin_step's
   std::uint64_t sequence = 0;  // collectives run in this step
+  std::uint64_t next_key = 0;  // name_next_collective's, for the next collective only
   std::vector<capnp::word> blocks;  // small all-reduce: the other ranks' buffers, word-aligned
   // The last all_reduce: when it began, and when the predecessor's first byte arrived.
   frames::clock::time_point op_begin{};
@@ -78,7 +80,7 @@ struct tcp_ring::impl {
   // The small all-reduce (see the walkthrough in the header): whole buffers both ways around the
   // ring, then every rank adds all of them in rank order.
   void small_all_reduce(int self, int size, char* data, std::int64_t count, scalar_type type, reduce_kind op,
-                        std::uint64_t seq, const deadline& until) {
+                        std::uint64_t seq, std::uint64_t key, const deadline& until) {
     const std::uint64_t at_step = step;
     const std::size_t nbytes = static_cast<std::size_t>(count) * scalar_size(type);
     const std::size_t stride_words = (nbytes + sizeof(capnp::word) - 1) / sizeof(capnp::word);
@@ -90,7 +92,7 @@ struct tcp_ring::impl {
       return reinterpret_cast<char*>(blocks.data() + static_cast<std::size_t>(owner) * stride_words);
     };
     auto frame_of = [&](int owner) {
-      return chunk_frame{frame_header{wire::Collective::ALL_REDUCE_BLOCK, at_step, seq, 0, static_cast<std::uint32_t>(owner), nbytes},
+      return chunk_frame{frame_header{wire::Collective::ALL_REDUCE_BLOCK, at_step, seq, 0, static_cast<std::uint32_t>(owner), nbytes, key},
                          frames::to_wire(type), 0, static_cast<std::uint64_t>(count), nbytes};
     };
     const std::size_t limit_words = segment_limit_words();
@@ -163,6 +165,8 @@ void tcp_ring::begin_step(std::uint64_t step) {
 
 std::uint64_t tcp_ring::step() const noexcept { return impl_->step; }
 
+void tcp_ring::name_next_collective(std::uint64_t key) { impl_->next_key = key; }
+
 void tcp_ring::set_spin(std::chrono::microseconds spin, bool yield) {
   impl_->options.spin = spin;
   impl_->options.yield_while_spinning = yield;
@@ -174,6 +178,7 @@ tcp_ring::peer_wait tcp_ring::last_all_reduce_wait() const noexcept {
 
 void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, reduce_kind op) {
   auto& s = *impl_;
+  const std::uint64_t key = std::exchange(s.next_key, 0);
   s.op_begin = frames::clock::now();
   s.first_from_prev = {};
   if (size_ == 1 || count == 0) {  // a sum or mean over one rank is the value
@@ -191,7 +196,7 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
 
   // The frame of elements [b, e) of chunk c.
   auto frame_of = [&](int c, std::int64_t b, std::int64_t e) {
-    return chunk_frame{frame_header{wire::Collective::ALL_REDUCE, s.step, seq, static_cast<std::uint32_t>(c), 0, 0}, wire_type,
+    return chunk_frame{frame_header{wire::Collective::ALL_REDUCE, s.step, seq, static_cast<std::uint32_t>(c), 0, 0, key}, wire_type,
                        static_cast<std::uint64_t>(b), static_cast<std::uint64_t>(e - b),
                        static_cast<std::size_t>(e - b) * esize};
   };
@@ -236,7 +241,7 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
     return;
   }
   if (size_ > 2 && static_cast<std::size_t>(count) * esize <= small_all_reduce_bytes) {
-    s.small_all_reduce(rank_, size_, bytes, count, type, op, seq, until);
+    s.small_all_reduce(rank_, size_, bytes, count, type, op, seq, key, until);
     return;
   }
   // Reduce-scatter: after size-1 steps rank r holds the full sum of chunk r+1.
@@ -265,6 +270,7 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
 }
 
 void tcp_ring::broadcast(void* data, std::size_t bytes, int root) {
+  const std::uint64_t key = std::exchange(impl_->next_key, 0);
   if (root < 0 || root >= size_) {
     throw std::invalid_argument("broadcast: root " + std::to_string(root) + " out of range for a ring of " +
                                 std::to_string(size_) + " ranks (expected 0.." + std::to_string(size_ - 1) + ")");
@@ -277,7 +283,7 @@ void tcp_ring::broadcast(void* data, std::size_t bytes, int root) {
   const deadline until(s.options.timeout);
   const std::size_t segment = s.options.segment_bytes;
   const frame_header segment_header{wire::Collective::BROADCAST, s.step, s.sequence++, 0, static_cast<std::uint32_t>(root),
-                                    bytes};
+                                    bytes, key};
   frame_header close_header = segment_header;
   close_header.kind = wire::Collective::BROADCAST_CLOSE;
   auto frame_of = [&](std::size_t k) {
@@ -324,6 +330,7 @@ void tcp_ring::broadcast(void* data, std::size_t bytes, int root) {
 
 void tcp_ring::all_gather(const void* mine, std::size_t my_bytes, void* out,
                           const std::vector<std::size_t>& bytes_per_rank) {
+  const std::uint64_t key = std::exchange(impl_->next_key, 0);
   if (bytes_per_rank.size() != static_cast<std::size_t>(size_)) {
     throw std::invalid_argument("all_gather: " + std::to_string(bytes_per_rank.size()) +
                                 " block sizes for a ring of " + std::to_string(size_) +
@@ -362,7 +369,7 @@ void tcp_ring::all_gather(const void* mine, std::size_t my_bytes, void* out,
   auto frame_of = [&](std::size_t block, std::size_t j) {
     const std::size_t n = segment_size(j, bytes_per_rank[block], segment);
     return chunk_frame{frame_header{wire::Collective::ALL_GATHER, s.step, seq, static_cast<std::uint32_t>(block), 0,
-                                    bytes_per_rank[block]},
+                                    bytes_per_rank[block], key},
                        wire::ScalarType::UINT8, segment_begin(j, segment), n, n};
   };
   // Step k: send block rank-k (own first, then the one received last step) while receiving

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "troupe/transport/shm_group.hpp"
+#include "troupe/base/elements.hpp"
 
 namespace troupe::detail::gpu {
 

@@ -7,7 +7,8 @@
 //   1. A ps task listens on a data port (bulk_listener) and hands out the port and a fresh random
 //      secret over the control plane, which only peers that proved the cluster token reach.
 //   2. A worker connects (bulk_stream::connect) and both sides run ring_connect's proof (three
-//      hellos, HMAC-SHA256 under the cluster token over both nonces), with the secret as the
+//      hellos, HMAC-SHA256 under the cluster token over both nonces, and the listener's
+//      acknowledgement), with the secret as the
 //      incarnation: without a token the secret alone keeps strangers out. A connection that fails
 //      the proof, or does not finish it in time, is refused and logged with its address before a
 //      request is read; nothing it claims is allocated (a hello is at most 64 words).
@@ -21,6 +22,10 @@
 //      bytes (a read), the rows asked for in the order asked (a gather), nothing (an update or a
 //      scatter), or the error's text (at most bulk_max_error bytes).
 //      A reply whose byte count is not what the requester expects is an error naming the peer.
+//   5. With a cluster token every request and every reply is followed by a 16-byte integrity tag
+//      (AES-256-GCM as a MAC, the proof's frame key, the message's number in the nonce), checked
+//      once its last byte is read: a message altered, replayed or reordered on the way fails,
+//      naming the peer, and the connection is dropped.
 // Every wait has a bound: a peer that stalls mid-frame for longer than the timeout, closes early or
 // sends a malformed header is a std::runtime_error naming it, and its connection is dropped.
 
@@ -30,6 +35,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "troupe/transport/ring_connect.hpp"
 
@@ -56,7 +62,9 @@ constexpr std::size_t bulk_max_error = 4096;
 class bulk_stream {
  public:
   /// Connects to `ep` (retrying while nobody listens yet) and proves the connection, all within
-  /// `timeout`; `name` names the peer in every error ("ps task /job:ps/replica:0/task:0").
+  /// `timeout` (at most 10 s); a listener that refuses it before acknowledging the proof (pushed
+  /// out by a flood of connections that do not prove themselves) is tried again within that bound.
+  /// `name` names the peer in every error ("ps task /job:ps/replica:0/task:0").
   static std::unique_ptr<bulk_stream> connect(const endpoint& ep, const ring_auth& auth,
                                               std::chrono::milliseconds timeout, std::string name);
   /// Takes a proven socket (the listener's side).
@@ -85,20 +93,36 @@ class bulk_stream {
   /// Wakes whatever waits on this connection; it is closed for both directions.
   void shutdown() noexcept;
 
+  /// From now on every request and every reply carries an integrity tag under `key` (the proof's
+  /// frame key; frames::frame_mac): `connecting` names this side of the connection. A message whose
+  /// tag does not match is a std::runtime_error naming the peer.
+  void tag_messages(const std::vector<std::uint8_t>& key, bool connecting);
+
  private:
   void send_all(const void* header, std::size_t header_n, const void* a, std::size_t an, const void* b,
                 std::size_t bn, const void* c, std::size_t cn);
+  void read_exact(void* into, std::size_t n);
+  // With tags: the incoming message's bytes so far join its tag; `left` bytes of it are still to
+  // come (receive()), and its tag is read and checked once none are.
+  void start_message(const void* header, std::size_t n);
+  void add_to_message(const void* data, std::size_t n);
+  void end_message_when_read();
   int fd_;
   std::chrono::milliseconds timeout_;
   std::string name_;
+  std::shared_ptr<frames::frame_mac> out_mac_;
+  std::shared_ptr<frames::frame_mac> in_mac_;
+  std::uint64_t in_left_ = 0;
 };
 
 /// Accepts data connections on host:port (port 0: a free one; a host name is resolved to its IPv4
 /// address) and proves each on a thread of its own; a proven one is handed to `serve` on that
 /// thread, which returns when the peer is gone. Connections that fail the proof are refused and
-/// logged on stderr with their address, `owner` naming the listener; beyond `max_connections` at
-/// once, new ones are refused at once. Destruction stops accepting, shuts every connection down
-/// and joins its threads.
+/// logged on stderr with their address, `owner` naming the listener. At most `max_connections`
+/// prove themselves at once: a newer one pushes out the oldest still proving itself (a stranger
+/// that says nothing keeps its place only until newer ones come; a worker pushed out tries again,
+/// see bulk_stream::connect); proven connections are never pushed out. Destruction stops
+/// accepting, shuts every connection down and joins its threads.
 class bulk_listener {
  public:
   bulk_listener(const std::string& host, std::uint16_t port, ring_auth auth, std::chrono::milliseconds timeout,
@@ -109,7 +133,7 @@ class bulk_listener {
 
   /// The port it listens on.
   std::uint16_t port() const noexcept;
-  /// Connections refused so far (failed or unfinished proofs, too many at once).
+  /// Connections refused so far (failed or unfinished proofs, pushed out, too many open at once).
   std::uint64_t refused() const noexcept;
 
   struct impl;

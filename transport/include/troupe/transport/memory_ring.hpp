@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "troupe/transport/ring_link.hpp"
@@ -44,8 +45,10 @@ using fault_hook = std::function<frame_fate(frame_in_flight&)>;
 /// that ended: its neighbours' reads and writes fail naming it.
 class memory_ring {
  public:
-  /// `size` ranks; every frame passes through `hook` (none: all are delivered).
-  explicit memory_ring(int size, fault_hook hook = {});
+  /// `size` ranks; every frame passes through `hook` (none: all are delivered). With a `token`,
+  /// every frame carries its integrity tag as over TCP with a cluster token (a key per connection
+  /// derived from it), and the hook sees the tag as the frame's last 16 bytes.
+  explicit memory_ring(int size, fault_hook hook = {}, std::string token = {});
   ~memory_ring();
   memory_ring(const memory_ring&) = delete;
   memory_ring& operator=(const memory_ring&) = delete;

@@ -52,14 +52,19 @@ class listener {
 ///     b. the accepting rank a checks the hello (version, c == a-1, size) and answers with its own
 ///        fresh nonce Na and P_a = HMAC-SHA256(token, "accepting" | version | incarnation | size |
 ///        c | a | Nc | Na);
-///     c. c checks P_a and answers with P_c, the same over "connecting"; a checks it.
+///     c. c checks P_a and answers with P_c, the same over "connecting"; a checks it;
+///     d. a acknowledges (a hello with neither nonce nor proof). c counts the connection as made
+///        only then: one that a closes first (pushed out by strangers while it proved itself) is
+///        tried again until the deadline.
 ///     Each side's nonce makes the other's proof fresh: a hello recorded from another connection
 ///     or another incarnation of the cluster fails, and the two sides' proofs differ, so neither
 ///     can be reflected back. The token itself never travels.
 /// A connection to `own` that fails the proof (a stranger, another version, a replayed hello,
 /// bytes that are no hello, a wrong rank) is refused and logged on stderr with its remote
 /// address, one line, and the ring goes on waiting for rank-1 until the deadline; one that says
-/// nothing is closed, and logged, once the ring is formed. A stranger is never named as a rank.
+/// nothing is closed, and logged, once the ring is formed. At most 32 prove themselves at once: a
+/// newer one pushes out the oldest (rank-1, if pushed out, connects again). A stranger is never
+/// named as a rank.
 /// When the listener at peers[rank+1] fails the proof, the connection is logged, dropped and tried
 /// again until the deadline.
 /// Both sockets come back non-blocking with Nagle off (a ring step's last segment must not wait

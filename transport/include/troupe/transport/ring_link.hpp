@@ -4,11 +4,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 namespace troupe::transport {
+
+namespace frames {
+class frame_mac;  // ring_frames.hpp: one direction's integrity tags
+}
 
 /// A peer's data-plane address.
 struct endpoint {
@@ -81,6 +86,21 @@ class ring_link {
   /// The neighbour on `side`.
   const ring_peer& peer(ring_side side) const noexcept { return side == ring_side::next ? next_ : prev_; }
 
+  /// The tags of the frames sent (`out`) and received (`in`) on `side`: set by whoever proved the
+  /// connection with a cluster token (connect_ring, memory_ring with a token); null when frames
+  /// carry no tag.
+  void set_frame_macs(ring_side side, std::shared_ptr<frames::frame_mac> out, std::shared_ptr<frames::frame_mac> in) {
+    auto& m = side == ring_side::next ? next_macs_ : prev_macs_;
+    m[0] = std::move(out);
+    m[1] = std::move(in);
+  }
+  frames::frame_mac* out_mac(ring_side side) const noexcept {
+    return (side == ring_side::next ? next_macs_ : prev_macs_)[0].get();
+  }
+  frames::frame_mac* in_mac(ring_side side) const noexcept {
+    return (side == ring_side::next ? next_macs_ : prev_macs_)[1].get();
+  }
+
   /// The peer_error for a neighbour whose process ended or failed (end of stream, a reset, a
   /// broken pipe: whichever side noticed first, they all say the same to the user).
   [[noreturn]] void throw_gone(ring_side side) const {
@@ -90,6 +110,8 @@ class ring_link {
  private:
   ring_peer next_;
   ring_peer prev_;
+  std::shared_ptr<frames::frame_mac> next_macs_[2];
+  std::shared_ptr<frames::frame_mac> prev_macs_[2];
 };
 
 }  // namespace troupe::transport

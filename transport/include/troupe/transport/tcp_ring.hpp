@@ -11,7 +11,7 @@
 
 #include "troupe/transport/ring_connect.hpp"
 #include "troupe/transport/ring_link.hpp"
-#include "troupe/transport/shm_group.hpp"
+#include "troupe/transport/collective.hpp"
 
 namespace troupe::transport {
 
@@ -146,6 +146,13 @@ class tcp_ring {
   /// The step begun last (0 before any).
   std::uint64_t step() const noexcept;
 
+  /// Names the next collective (all_reduce, broadcast or all_gather) `key`: its frames carry it,
+  /// and a rank whose frames name another collective in the same place fails naming both (the
+  /// ranks run their collectives in different orders). Without names (0), collectives are told
+  /// apart by their step, number, kind, root, element type and sizes only: two of the same kind,
+  /// type and size swapped within a step are summed together unnoticed.
+  void name_next_collective(std::uint64_t key);
+
   /// Shuts both connections down: a collective in progress, here or on the neighbours, fails at
   /// once. Safe to call from another thread; the ring is unusable afterwards.
   void shutdown();
@@ -180,11 +187,15 @@ class tcp_ring {
   /// ways around the ring (ceil((size-1)/2) steps); larger ones run the reduce-scatter ring.
   static constexpr std::size_t small_all_reduce_bytes = 64 * 1024;
 
+  /// Version 6: the accepting side acknowledges a proven connection (a fourth hello), and the
+  /// connecting side tries again when it is closed before that; with a cluster token every frame
+  /// carries an integrity tag (AES-256-GCM as a MAC, ring_frames.hpp); frames carry the
+  /// collective's name.
   /// Version 5: every connection proves the cluster token both ways (three hellos with nonces and
   /// HMAC proofs, ring_connect.hpp); every frame carries its step and its number within the step.
   /// Version 4: small all-reduce blocks (allReduceBlock frames, also sent to the predecessor).
   /// Version 3: broadcast and all-gather frames (a collective kind, root and total per frame).
-  static constexpr std::uint32_t protocol_version = 5;
+  static constexpr std::uint32_t protocol_version = 6;
 
  private:
   struct impl;
