@@ -25,6 +25,9 @@ class Strategy;
 namespace troupe::nn {
 
 class BackupAndRestore;
+namespace detail {
+class FitLoop;
+}  // namespace detail
 
 /// How Model::fit reports, resumes and is steered.
 struct FitOptions {
@@ -156,6 +159,7 @@ class Model {
   distribute::Strategy& strategy() const noexcept { return *strategy_; }
 
  private:
+  friend class detail::FitLoop;  // fit's loop runs step_and_update
   void check_compiled(const char* op) const;
   // One training step on this replica (train_step's, also fit's): forward, loss, backward with
   // the gradients all-reduced (in buckets while backward runs, where the strategy uses them),
