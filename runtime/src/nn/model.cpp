@@ -373,4 +373,59 @@ std::map<std::string, Variable> Model::variables() const {
   return out;
 }
 
+
+namespace {
+
+// 50890 -> "50,890", as Keras prints counts.
+std::string with_thousands(std::int64_t n) {
+  std::string digits = std::to_string(n);
+  for (std::size_t at = digits.size(); at > 3; at -= 3) digits.insert(at - 3, ",");
+  return digits;
+}
+
+}  // namespace
+
+void Model::summary() const { summary(std::cout); }
+
+// Keras's layout: 65 columns, the fields at columns 1, 29 and 55.
+void Model::summary(std::ostream& out) const {
+  constexpr std::size_t line_length = 65;
+  constexpr std::array<std::size_t, 3> ends = {29, 55, 65};
+  const auto row = [&](std::array<std::string, 3> left) {
+    // A field too long for its column goes on in the same column of the next lines.
+    while (!left[0].empty() || !left[1].empty() || !left[2].empty()) {
+      std::string line;
+      for (std::size_t col = 0; col < left.size(); ++col) {
+        const std::size_t start = col > 0 ? ends[col - 1] : 0;
+        const std::size_t gap = col + 1 < left.size() ? 2 : 0;  // two spaces before the next column
+        const std::size_t room = ends[col] - start - gap - (col == 0 ? 1 : 0);
+        if (col == 0) line += ' ';
+        line += left[col].substr(0, room);
+        left[col] = left[col].size() > room ? left[col].substr(room) : std::string();
+        line.resize(ends[col], ' ');
+      }
+      line.erase(line.find_last_not_of(' ') + 1);
+      out << line << "\n";
+    }
+  };
+  out << "Model: \"sequential\"\n" << std::string(line_length, '_') << "\n";
+  row({"Layer (type)", "Output Shape", "Param #"});
+  out << std::string(line_length, '=') << "\n";
+  std::int64_t total = 0;
+  const std::vector<Dense>& dense = layers_.layers();
+  for (std::size_t i = 0; i < dense.size(); ++i) {
+    const std::int64_t params = static_cast<std::int64_t>(dense[i].input_dim() + 1) * dense[i].units();
+    total += params;
+    row({layers_.layer_names()[i] + " (Dense)", "(None, " + std::to_string(dense[i].units()) + ")",
+         std::to_string(params)});
+    out << "\n";
+  }
+  out << std::string(line_length, '=') << "\n";
+  // Every variable of a Dense layer is trained.
+  out << "Total params: " << with_thousands(total) << "\n"
+      << "Trainable params: " << with_thousands(total) << "\n"
+      << "Non-trainable params: 0\n"
+      << std::string(line_length, '_') << "\n";
+}
+
 }  // namespace troupe::nn
