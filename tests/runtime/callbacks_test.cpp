@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <csignal>
 #include <filesystem>
 #include <iomanip>
 #include <limits>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -401,6 +403,119 @@ TEST_CASE("fit computes accuracy and validation metrics into the logs and Histor
   CHECK(h.history.at("val_accuracy").back() == after.accuracy);
 }
 
+namespace {
+
+// The pieces a terminal shows of `text`: each line, and in it each redraw (after a '\r'), without
+// the erase-to-end sequences. `last` receives each line's final piece.
+std::vector<std::string> redraws(const std::string& text, std::vector<std::string>* last = nullptr) {
+  std::vector<std::string> out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    std::string clean;
+    for (std::size_t at = 0; at < line.size();) {
+      if (line.compare(at, 3, "\x1b[K") == 0) {
+        at += 3;
+      } else {
+        clean += line[at++];
+      }
+    }
+    std::vector<std::string> pieces;
+    std::istringstream parts(clean);
+    for (std::string piece; std::getline(parts, piece, '\r');) {
+      if (!piece.empty()) pieces.push_back(piece);
+    }
+    if (pieces.empty()) continue;
+    if (last != nullptr) last->push_back(pieces.back());
+    out.insert(out.end(), pieces.begin(), pieces.end() - 1);
+  }
+  return out;
+}
+
+// Restores COLUMNS when it goes.
+struct ColumnsGuard {
+  std::optional<std::string> before;
+  ColumnsGuard() {
+    if (const char* c = std::getenv("COLUMNS")) before = c;
+  }
+  ~ColumnsGuard() {
+    if (before) {
+      setenv("COLUMNS", before->c_str(), 1);
+    } else {
+      unsetenv("COLUMNS");
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the progress bar fits the width it is given and ends an epoch in the format it ran in") {
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(2));
+  auto scope = s.scope();
+  const nn::ClassificationData d = blobs(160);
+  nn::Model model(small_mlp(23));
+  model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
+  const data::Dataset batches = data::Dataset::from_tensor_slices({d.features, d.labels}).batch(16);  // 10 steps
+  const std::regex end_line("^10/10 \\[=+\\] - [0-9]+s [0-9.]+ms/step - loss: [0-9.]+ - accuracy: [0-9.]+$");
+  ColumnsGuard columns;
+  unsetenv("COLUMNS");
+  for (int width : {200, 60, 40, 24}) {
+    CAPTURE(width);
+    std::ostringstream tty;
+    nn::ProgbarOptions bar;
+    bar.out = &tty;
+    bar.terminal = true;
+    bar.width = width;
+    nn::FitOptions o;
+    o.verbose = 0;
+    o.callbacks = {std::make_shared<nn::ProgbarLogger>(bar)};
+    model.fit(batches, 2, 10, o);
+    std::vector<std::string> ends;
+    const std::vector<std::string> drawn = redraws(tty.str(), &ends);
+    REQUIRE(!drawn.empty());
+    for (const std::string& piece : drawn) {
+      CAPTURE(piece);
+      CHECK(piece.size() <= static_cast<std::size_t>(width - 1));  // never reaches the last column
+      CHECK(std::regex_search(piece, std::regex("^ ?[0-9]+/10 \\[[=>.]+\\] - ETA: ")));
+    }
+    // Each epoch: its header, then its bar ended where it stood, every value kept.
+    REQUIRE(ends.size() == 4);
+    CHECK(ends[0] == "Epoch 1/2");
+    CHECK(ends[2] == "Epoch 2/2");
+    for (const std::string& end : {ends[1], ends[3]}) {
+      CAPTURE(end);
+      CHECK(end.rfind("10/10 ", 0) == 0);
+      CHECK(contains(end, "ms/step - loss: "));
+      CHECK(contains(end, " - accuracy: "));
+      if (width == 200) CHECK(std::regex_search(end, end_line));
+    }
+    if (width == 200) CHECK(contains(drawn.back(), "[==============================] - ETA: 0s - "));
+    if (width == 60) CHECK(std::regex_search(drawn.back(), std::regex("^10/10 \\[={10,29}\\] - ETA: ")));
+    if (width <= 40) CHECK(!contains(drawn.back(), "accuracy"));  // the last values go first
+  }
+
+  // Asked: COLUMNS, else 80 (an ostringstream is no terminal to ask).
+  for (const char* value : {"50", "abc", ""}) {
+    CAPTURE(value);
+    if (*value != '\0') {
+      setenv("COLUMNS", value, 1);
+    } else {
+      unsetenv("COLUMNS");
+    }
+    const int expected = std::string(value) == "50" ? 50 : 80;
+    CHECK(nn::ProgbarLogger::terminal_columns(false) == expected);
+    std::ostringstream tty;
+    nn::FitOptions o;
+    o.out = &tty;
+    o.terminal = true;
+    model.fit(batches, 1, 10, o);
+    for (const std::string& piece : redraws(tty.str())) CHECK(piece.size() <= static_cast<std::size_t>(expected - 1));
+  }
+  nn::ProgbarOptions bad;
+  bad.width = -3;
+  CHECK(contains(message_of([&] { nn::ProgbarLogger logger(bad); }), "ProgbarLogger: width -3"));
+}
+
 TEST_CASE("the progress bar is redrawn on a terminal, one line per epoch otherwise") {
   Runtime rt;
   MirroredStrategy s(rt, cpus(2));
@@ -409,22 +524,28 @@ TEST_CASE("the progress bar is redrawn on a terminal, one line per epoch otherwi
   nn::Model model(small_mlp(17));
   model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
   const data::Dataset batches = data::Dataset::from_tensor_slices({d.features, d.labels}).batch(16);  // 10 steps
+  ColumnsGuard columns;
+  setenv("COLUMNS", "200", 1);  // room for the whole bar
   std::ostringstream tty;
   nn::FitOptions o;
   o.out = &tty;
   o.terminal = true;
   model.fit(batches, 2, 10, o);
   const std::string t = tty.str();
-  CHECK(contains(t, "\rEpoch 1/2 10/10 [==============================] - ETA: 0s - "));
+  CHECK(t.rfind("Epoch 1/2\n", 0) == 0);
+  CHECK(contains(t, "\r10/10 [==============================] - ETA: 0s - "));
   CHECK(contains(t, "ms/step - loss: "));
   CHECK(contains(t, " - accuracy: "));
-  CHECK(contains(t, "\r\x1b[KEpoch 2/2: 10 steps, loss "));
-  CHECK(std::count(t.begin(), t.end(), '\n') == 2);
-  // Without steps_per_epoch the length of an epoch is unknown.
+  // The epoch ends as it ran: the bar, its time and ms/step, the epoch's values.
+  CHECK(std::regex_search(t, std::regex("Epoch 2/2\n[\\s\\S]*\r10/10 \\[={30}\\] - [0-9]+s [0-9.]+ms/step - loss: "
+                                        "[0-9.]+ - accuracy: [0-9.]+\x1b\\[K\n$")));
+  CHECK(std::count(t.begin(), t.end(), '\n') == 4);
+  // Without steps_per_epoch the length of an epoch is unknown until it ends.
   std::ostringstream unknown;
   o.out = &unknown;
   model.fit(batches, 1, -1, o);
-  CHECK(contains(unknown.str(), "\rEpoch 1/1 1/Unknown - "));
+  CHECK(contains(unknown.str(), "\r1/Unknown - "));
+  CHECK(contains(unknown.str(), "\r10/10 [==============================] - "));
 
   std::ostringstream file;
   o.out = &file;

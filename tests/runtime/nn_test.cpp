@@ -764,3 +764,33 @@ TEST_CASE("Sequential::add chains layers, names them, and refuses a width or nam
   CHECK(s.layers().size() == 2);
   CHECK(named.layers().size() == 1);
 }
+
+TEST_CASE("Model::summary prints the layers, output shapes and parameter counts as Keras does") {
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(2));
+  auto scope = s.scope();
+  nn::Model model(nn::Sequential({nn::Dense(784, 64, nn::Activation::relu, 1),
+                                  nn::Dense(64, 10, nn::Activation::none, 2, "logits_with_a_name_too_long_for_its_column")}));
+  std::ostringstream out;
+  model.summary(out);
+  const std::string rule(65, '_');
+  const std::string expected = "Model: \"sequential\"\n" + rule + "\n" +
+                               " Layer (type)                Output Shape              Param #\n" +
+                               std::string(65, '=') + "\n" +
+                               " dense_0 (Dense)             (None, 64)                50240\n"
+                               "\n"
+                               // A name too long for its column goes on in the next line.
+                               " logits_with_a_name_too_lon  (None, 10)                650\n"
+                               " g_for_its_column (Dense)\n"
+                               "\n" +
+                               std::string(65, '=') + "\n" +
+                               "Total params: 50,890\n"
+                               "Trainable params: 50,890\n"
+                               "Non-trainable params: 0\n" +
+                               rule + "\n";
+  CHECK(out.str() == expected);
+  // The counts are the variables' sizes.
+  std::int64_t elements = 0;
+  for (const Variable& v : model.trainable_variables()) elements += v.value().num_elements();
+  CHECK(elements == 50890);
+}

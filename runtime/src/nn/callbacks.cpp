@@ -1,12 +1,15 @@
 #include "troupe/nn/callbacks.hpp"
 
 #include <signal.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -15,6 +18,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "troupe/base/parse_number.hpp"
 #include "troupe/checkpoint.hpp"
 #include "troupe/nn/model.hpp"
 
@@ -373,6 +377,213 @@ void StopOnSignal::restore() {
   if (!saved_->installed) return;
   for (std::size_t i = 0; i < signals_.size(); ++i) sigaction(signals_[i], &saved_->previous[i], nullptr);
   saved_->installed = false;
+}
+
+namespace {
+
+std::string format_ms(double ms) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(ms >= 10 ? 0 : ms >= 1 ? 1 : 3) << ms << "ms";
+  return s.str();
+}
+
+std::string format_seconds(double seconds) {
+  std::ostringstream s;
+  if (seconds >= 3600) {
+    s << static_cast<long long>(seconds) / 3600 << ":" << std::setw(2) << std::setfill('0')
+      << (static_cast<long long>(seconds) / 60) % 60 << ":" << std::setw(2) << static_cast<long long>(seconds) % 60;
+  } else if (seconds >= 60) {
+    s << static_cast<long long>(seconds) / 60 << ":" << std::setw(2) << std::setfill('0')
+      << static_cast<long long>(seconds) % 60;
+  } else {
+    s << static_cast<long long>(seconds + 0.5) << "s";
+  }
+  return s.str();
+}
+
+std::string format_mean(const std::string& name, double value) {
+  std::ostringstream s;
+  s << " - " << name << ": " << std::setprecision(4) << std::fixed << value;
+  return s.str();
+}
+
+constexpr int default_columns = 80;
+constexpr int widest_bar = 30;  // Keras's
+constexpr int narrowest_bar = 10;
+
+}  // namespace
+
+int ProgbarLogger::terminal_columns(bool standard_output) {
+  if (standard_output && isatty(STDOUT_FILENO) == 1) {
+    winsize size{};
+    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
+  }
+  if (const char* columns = std::getenv("COLUMNS")) {
+    const std::optional<long long> n = base::parse_int(columns);
+    if (n && *n > 0 && *n <= 100000) return static_cast<int>(*n);
+  }
+  return default_columns;
+}
+
+ProgbarLogger::ProgbarLogger(ProgbarOptions options)
+    : out_(options.out != nullptr ? options.out : &std::cout),
+      terminal_(options.verbose == 1 &&
+                (options.terminal ? *options.terminal : options.out == nullptr && isatty(STDOUT_FILENO) == 1)),
+      standard_output_(options.out == nullptr),
+      fixed_width_(options.width) {
+  if (options.width < 0) {
+    throw std::invalid_argument("ProgbarLogger: width " + std::to_string(options.width) +
+                                " (expected the terminal's columns, or 0 to ask the terminal)");
+  }
+}
+
+void ProgbarLogger::on_epoch_begin(int epoch, Logs&) {
+  epoch_ = epoch;
+  steps_ = 0;
+  position_ = 0;
+  sums_.clear();
+  start_ = last_draw_ = std::chrono::steady_clock::now();
+  drawn_ = false;
+  // Asked at every epoch: a terminal may have been resized.
+  width_ = fixed_width_ > 0 ? fixed_width_ : terminal_columns(standard_output_);
+  if (terminal_) *out_ << "Epoch " << epoch + 1 << "/" << params().epochs << "\n" << std::flush;
+}
+
+// On a terminal: the line redrawn in place, at most every 50 ms.
+void ProgbarLogger::on_train_batch_end(std::int64_t batch, Logs& logs) {
+  ++steps_;
+  position_ = batch + 1;  // a resumed epoch starts inside
+  for (const std::string& name : params().metrics) {
+    auto it = logs.find(name);
+    if (it != logs.end()) sums_[name] += it->second;
+  }
+  if (!terminal_) return;
+  const auto now = std::chrono::steady_clock::now();
+  const bool last = params().steps > 0 && position_ >= params().steps;
+  if (!last && now - last_draw_ < std::chrono::milliseconds(50) && drawn_) return;
+  last_draw_ = now;
+  drawn_ = true;
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const double per_step = elapsed / static_cast<double>(steps_);
+  std::vector<std::string> items;
+  if (params().steps > 0) {
+    items.push_back(" - ETA: " + format_seconds(per_step * static_cast<double>(std::max<std::int64_t>(0, params().steps - position_))));
+  } else {
+    items.push_back(" - " + format_seconds(elapsed));
+  }
+  items.push_back(" - " + format_ms(per_step * 1e3) + "/step");
+  for (const std::string& name : params().metrics) {
+    auto it = sums_.find(name);
+    if (it != sums_.end()) items.push_back(format_mean(name, it->second / static_cast<double>(steps_)));
+  }
+  *out_ << "\r" << bar_line(position_, params().steps, std::move(items), false) << "\x1b[K" << std::flush;
+}
+
+void ProgbarLogger::on_epoch_end(int epoch, Logs& logs) {
+  if (terminal_) {
+    finish_bar(logs);
+  } else {
+    epoch_line(epoch, logs);
+  }
+}
+
+void ProgbarLogger::on_train_end(Logs&) {
+  if (terminal_ && drawn_) *out_ << "\n" << std::flush;
+  drawn_ = false;
+}
+
+// "12/32 [=========>....................] - ETA: 3s - 12ms/step - loss: 0.1234", in at most
+// width_ - 1 columns (a line that reaches the last column wraps on some terminals, and a wrapped
+// line is not redrawn in place): the bar narrows from 30 columns to 10, then the last values go,
+// then the bar; the end of an epoch (`keep_all`) keeps every value and may wrap.
+std::string ProgbarLogger::bar_line(std::int64_t done, std::int64_t total, std::vector<std::string> items,
+                                    bool keep_all) const {
+  const std::size_t room = static_cast<std::size_t>(std::max(width_ - 1, 1));
+  std::string head;
+  if (total > 0) {
+    const std::string count = std::to_string(total);
+    std::string done_text = std::to_string(done);
+    if (done_text.size() < count.size()) done_text.insert(0, count.size() - done_text.size(), ' ');
+    head = done_text + "/" + count + " ";
+  } else {
+    head = std::to_string(done) + "/Unknown";
+  }
+  const auto length = [&] {
+    std::size_t n = head.size();
+    for (const std::string& item : items) n += item.size();
+    return n;
+  };
+  int bar = 0;
+  if (total > 0) {
+    for (;;) {
+      const std::size_t used = length() + 2;  // the brackets
+      bar = used < room ? static_cast<int>(std::min<std::size_t>(widest_bar, room - used)) : 0;
+      if (bar >= narrowest_bar || keep_all || items.size() <= 1) break;
+      items.pop_back();
+    }
+  } else {
+    while (!keep_all && items.size() > 1 && length() > room) items.pop_back();
+  }
+  std::string line = head;
+  if (bar > 0) {
+    const int filled = static_cast<int>(bar * std::min<std::int64_t>(done, total) / total);
+    line += '[';
+    for (int i = 0; i < bar; ++i) line += i < filled ? '=' : i == filled ? '>' : '.';
+    line += ']';
+  } else if (total > 0) {
+    line.pop_back();  // no room for a bar: no space before the values either
+  }
+  for (const std::string& item : items) line += item;
+  if (!keep_all && line.size() > room) line.resize(room);
+  return line;
+}
+
+// The end of an epoch on a terminal: the bar, full (or where a stop left it), with the epoch's
+// time, its time per step and every value of its logs, in the format it ran in.
+void ProgbarLogger::finish_bar(const Logs& logs) {
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  std::vector<std::string> items;
+  items.push_back(" - " + format_seconds(seconds) +
+                  (steps_ > 0 ? " " + format_ms(seconds * 1e3 / static_cast<double>(steps_)) + "/step" : std::string()));
+  // Keras's order: the loss and metrics, then the same with "val_".
+  for (const char* prefix : {"", "val_"}) {
+    for (const std::string& metric : params().metrics) {
+      const auto it = logs.find(prefix + metric);
+      if (it != logs.end()) items.push_back(format_mean(prefix + metric, it->second));
+    }
+  }
+  const std::int64_t total = params().steps > 0 ? params().steps : position_;
+  *out_ << "\r" << bar_line(position_, total, std::move(items), true) << "\x1b[K\n" << std::flush;
+  drawn_ = false;
+}
+
+// The epoch's line where nothing is redrawn (verbose 2, or not a terminal).
+void ProgbarLogger::epoch_line(int epoch, const Logs& logs) {
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  std::ostringstream line;
+  line << "Epoch " << epoch + 1 << "/" << params().epochs << ": " << steps_ << (steps_ == 1 ? " step" : " steps");
+  const auto loss = logs.find("loss");
+  if (loss != logs.end()) line << ", loss " << std::setprecision(6) << loss->second;
+  // Keras's order: the loss and metrics, then the same with "val_".
+  for (const char* prefix : {"", "val_"}) {
+    for (const std::string& metric : params().metrics) {
+      const std::string name = prefix + metric;
+      const auto it = logs.find(name);
+      if (name == "loss" || it == logs.end()) continue;
+      line << ", " << name << " " << std::setprecision(4) << std::fixed << it->second << std::defaultfloat;
+    }
+  }
+  const auto rate = logs.find("samples_per_second");
+  if (rate != logs.end()) line << ", " << std::fixed << std::setprecision(0) << rate->second << " samples/s";
+  line << ", ";
+  // Epochs of a small set take microseconds: three significant digits in ms, not "0.000 s".
+  if (seconds >= 0.1) {
+    line << std::fixed << std::setprecision(3) << seconds << " s";
+  } else {
+    line << std::defaultfloat << std::setprecision(3) << seconds * 1e3 << " ms";
+  }
+  if (steps_ > 0) line << ", " << format_ms(seconds * 1e3 / static_cast<double>(steps_)) << "/step";
+  *out_ << line.str() << "\n" << std::flush;
 }
 
 }  // namespace troupe::nn

@@ -5,21 +5,19 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <iomanip>
 #include <iostream>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
 #include <utility>
-
-#include <unistd.h>
 
 #include "cpu/intra_op.hpp"
 #include "distribute/collectives/collectives.hpp"
+#include "distribute/collectives/worker_group.hpp"
 #include "distribute/strategies/context_state.hpp"
 #include "distribute/strategies/step_profile.hpp"
-#include "distribute/collectives/worker_group.hpp"
+#include "nn/element_checks.hpp"
+#include "nn/fit_loop.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/nn/backup_and_restore.hpp"
@@ -28,6 +26,9 @@
 namespace troupe::nn {
 
 using distribute::ReduceOp;
+using detail::as_double;
+using detail::check_element;
+using detail::rows_of;
 
 namespace {
 
@@ -46,17 +47,6 @@ Tensor model_input(const Tensor& x, const char* op) {
   }
   return out.dtype() == DType::f32 ? out : out.cast(DType::f32);
 }
-
-double as_double(const Tensor& scalar) { return scalar.cast(DType::f64).item<double>(); }
-
-void check_element(const data::Element& e, const char* op) {
-  if (e.size() < 2) {
-    throw std::invalid_argument(std::string(op) + ": a dataset element has " + std::to_string(e.size()) +
-                                " component(s) (expected {features, targets})");
-  }
-}
-
-std::int64_t rows_of(const data::Element& e) { return e[0].rank() > 0 ? e[0].shape()[0] : 0; }
 
 // Cross-replica context of the model's strategy, for the methods that run outside run().
 distribute::Scope cross_replica_scope(distribute::Strategy& strategy, const char* op) {
@@ -328,567 +318,11 @@ Tensor Model::train_step(const data::Element& inputs, std::int64_t global_batch_
   return step_and_update(inputs, global_batch_size, nullptr, "train_step");
 }
 
-namespace {
-
-bool finite(double x) { return std::isfinite(x); }
-
-// What every worker agreed to do at a step boundary.
-struct Agreed {
-  bool stop = false;
-  std::string stop_reason;
-  std::uint32_t stop_code = 0;  // TrainingControl::reason_code of the stopper's reason
-  bool checkpoint = false;
-  std::optional<bool> pause;
-  std::optional<double> learning_rate;
-};
-
-// A worker's requests as the five numbers of its row in the agreement table; under
-// MultiWorkerMirroredStrategy the step's row also carries the worker's step-time parts of the
-// step before (input, compute, all-reduce, whole step, in ms): worker_fields in all.
-constexpr std::size_t request_fields = 5;
-constexpr std::size_t part_fields = 4;
-constexpr std::size_t worker_fields = request_fields + part_fields;
-constexpr const char* part_names[part_fields] = {"input_ms", "compute_ms", "all_reduce_ms", "step_ms"};
-
-void encode(const TrainingControl::Requests& r, double* row) {
-  // A stop carries its reason's code (< 2^31, exact in a double), so that every worker can tell
-  // why the cluster stopped.
-  row[0] = r.stop ? 1.0 + static_cast<double>(TrainingControl::reason_code(r.stop_reason)) : 0.0;
-  row[1] = r.checkpoint ? 1.0 : 0.0;
-  row[2] = r.pause ? (*r.pause ? 1.0 : 2.0) : 0.0;
-  row[3] = r.learning_rate ? 1.0 : 0.0;
-  row[4] = r.learning_rate.value_or(0.0);
-}
-
-// The decision every worker reads from the same table of rows, one per worker in order: a
-// request anywhere counts everywhere; for the pause state and the learning rate the first row
-// that asked wins. `mine` gives this worker's own stop reason; rows are `stride` numbers apart.
-Agreed decide(const double* table, int workers, const TrainingControl::Requests& mine, std::size_t stride) {
-  Agreed out;
-  int stopper = -1;
-  for (int w = 0; w < workers; ++w) {
-    const double* r = table + static_cast<std::size_t>(w) * stride;
-    if (r[0] != 0 && stopper < 0) {
-      stopper = w;
-      out.stop_code = static_cast<std::uint32_t>(r[0] - 1.0);
-    }
-    if (r[1] != 0) out.checkpoint = true;
-    if (r[2] != 0 && !out.pause) out.pause = r[2] == 1.0;
-    if (r[3] != 0 && !out.learning_rate) out.learning_rate = r[4];
-  }
-  if (stopper >= 0) {
-    out.stop = true;
-    out.stop_reason = mine.stop ? mine.stop_reason : "stop requested by worker " + std::to_string(stopper);
-  }
-  return out;
-}
-
-Agreed local(TrainingControl::Requests mine) {
-  Agreed out;
-  out.stop = mine.stop;
-  out.stop_reason = std::move(mine.stop_reason);
-  out.stop_code = TrainingControl::reason_code(out.stop_reason);
-  out.checkpoint = mine.checkpoint;
-  out.pause = mine.pause;
-  out.learning_rate = mine.learning_rate;
-  return out;
-}
-
-// Takes this worker's pending requests and agrees on them with every other worker in a
-// collective of its own (while training is paused no step carries them): one row per worker,
-// concatenated in rank order. One worker needs no collective.
-Agreed agree(TrainingControl& control, distribute::detail::WorkerGroup& group) {
-  TrainingControl::Requests mine = control.take();
-  if (group.size() == 1) return local(std::move(mine));
-  std::vector<double> row(request_fields);
-  encode(mine, row.data());
-  const Tensor table = group.concat(Tensor::from_vector(row, {1, static_cast<std::int64_t>(request_fields)}), 0);
-  return decide(table.to_vector<double>().data(), group.size(), mine, request_fields);
-}
-
-std::string format_ms(double ms) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(ms >= 10 ? 0 : ms >= 1 ? 1 : 3) << ms << "ms";
-  return s.str();
-}
-
-std::string format_seconds(double seconds) {
-  std::ostringstream s;
-  if (seconds >= 3600) {
-    s << static_cast<long long>(seconds) / 3600 << ":" << std::setw(2) << std::setfill('0')
-      << (static_cast<long long>(seconds) / 60) % 60 << ":" << std::setw(2) << static_cast<long long>(seconds) % 60;
-  } else if (seconds >= 60) {
-    s << static_cast<long long>(seconds) / 60 << ":" << std::setw(2) << std::setfill('0')
-      << static_cast<long long>(seconds) % 60;
-  } else {
-    s << static_cast<long long>(seconds + 0.5) << "s";
-  }
-  return s.str();
-}
-
-// Keras's progress bar: on a terminal one line redrawn in place at most every 50 ms with the
-// step, a bar, the ETA, ms/step and the running means of the loss and metrics; at the end of an
-// epoch (and elsewhere, as the only output) the epoch's line.
-class ProgbarLogger : public Callback {
- public:
-  ProgbarLogger(std::ostream& out, bool terminal, int verbose)
-      : out_(out), terminal_(terminal && verbose == 1) {}
-
-  void on_epoch_begin(int epoch, Logs&) override {
-    epoch_ = epoch;
-    steps_ = 0;
-    sums_.clear();
-    start_ = last_draw_ = std::chrono::steady_clock::now();
-    drawn_ = false;
-  }
-
-  void on_train_batch_end(std::int64_t, Logs& logs) override {
-    ++steps_;
-    for (const std::string& name : params().metrics) {
-      auto it = logs.find(name);
-      if (it != logs.end()) sums_[name] += it->second;
-    }
-    if (!terminal_) return;
-    const auto now = std::chrono::steady_clock::now();
-    const bool last = params().steps > 0 && steps_ >= params().steps;
-    if (!last && now - last_draw_ < std::chrono::milliseconds(50) && drawn_) return;
-    last_draw_ = now;
-    drawn_ = true;
-    const double elapsed = std::chrono::duration<double>(now - start_).count();
-    const double per_step = elapsed / static_cast<double>(steps_);
-    std::ostringstream line;
-    line << "\rEpoch " << epoch_ + 1 << "/" << params().epochs << " ";
-    if (params().steps > 0) {
-      const int width = 30;
-      const std::int64_t total = params().steps;
-      const int filled = static_cast<int>(width * std::min<std::int64_t>(steps_, total) / total);
-      line << std::setw(static_cast<int>(std::to_string(total).size())) << steps_ << "/" << total << " [";
-      for (int i = 0; i < width; ++i) line << (i < filled ? '=' : i == filled ? '>' : '.');
-      line << "] - ETA: " << format_seconds(per_step * static_cast<double>(std::max<std::int64_t>(0, total - steps_)));
-    } else {
-      line << steps_ << "/Unknown - " << format_seconds(elapsed);
-    }
-    line << " - " << format_ms(per_step * 1e3) << "/step";
-    for (const std::string& name : params().metrics) {
-      auto it = sums_.find(name);
-      if (it == sums_.end()) continue;
-      line << " - " << name << ": " << std::setprecision(4) << std::fixed << it->second / static_cast<double>(steps_);
-    }
-    line << "\x1b[K";
-    out_ << line.str() << std::flush;
-  }
-
-  void on_epoch_end(int epoch, Logs& logs) override { finish(epoch, logs); }
-
-  // An epoch cut short by a stop before its end (on_epoch_end is not called after a non-finite
-  // loss) still ends its line on a terminal.
-  void on_train_end(Logs&) override {
-    if (terminal_ && drawn_) out_ << "\n" << std::flush;
-    drawn_ = false;
-  }
-
- private:
-  void finish(int epoch, const Logs& logs) {
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    std::ostringstream line;
-    if (terminal_) line << "\r\x1b[K";
-    line << "Epoch " << epoch + 1 << "/" << params().epochs << ": " << steps_ << (steps_ == 1 ? " step" : " steps");
-    const auto loss = logs.find("loss");
-    if (loss != logs.end()) line << ", loss " << std::setprecision(6) << loss->second;
-    // Keras's order: the loss and metrics, then the same with "val_".
-    for (const char* prefix : {"", "val_"}) {
-      for (const std::string& metric : params().metrics) {
-        const std::string name = prefix + metric;
-        const auto it = logs.find(name);
-        if (name == "loss" || it == logs.end()) continue;
-        line << ", " << name << " " << std::setprecision(4) << std::fixed << it->second << std::defaultfloat;
-      }
-    }
-    const auto rate = logs.find("samples_per_second");
-    if (rate != logs.end()) line << ", " << std::fixed << std::setprecision(0) << rate->second << " samples/s";
-    line << ", ";
-    // Epochs of a small set take microseconds: three significant digits in ms, not "0.000 s".
-    if (seconds >= 0.1) {
-      line << std::fixed << std::setprecision(3) << seconds << " s";
-    } else {
-      line << std::defaultfloat << std::setprecision(3) << seconds * 1e3 << " ms";
-    }
-    if (steps_ > 0) line << ", " << format_ms(seconds * 1e3 / static_cast<double>(steps_)) << "/step";
-    out_ << line.str() << "\n" << std::flush;
-    drawn_ = false;
-  }
-
-  std::ostream& out_;
-  bool terminal_;
-  int epoch_ = 0;
-  std::int64_t steps_ = 0;
-  std::map<std::string, double> sums_;
-  std::chrono::steady_clock::time_point start_, last_draw_;
-  bool drawn_ = false;
-};
-
-double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-}  // namespace
-
 History Model::fit(const distribute::DistributedDataset& dataset, int epochs, std::int64_t steps_per_epoch,
                    const FitOptions& options) {
-  check_compiled("fit");
-  if (epochs < 0) throw std::invalid_argument("Model::fit: epochs is " + std::to_string(epochs) + " (expected >= 0)");
-  if (steps_per_epoch == 0 || steps_per_epoch < -1) {
-    throw std::invalid_argument("Model::fit: steps_per_epoch is " + std::to_string(steps_per_epoch) +
-                                " (expected a positive number, or -1 for one pass per epoch)");
-  }
-  if (options.initial_step < 0 || (options.initial_step > 0 && steps_per_epoch < 0)) {
-    throw std::invalid_argument("Model::fit: initial_step " + std::to_string(options.initial_step) +
-                                " needs steps_per_epoch and must be >= 0");
-  }
-  for (std::size_t i = 0; i < options.callbacks.size(); ++i) {
-    if (!options.callbacks[i]) throw std::invalid_argument("Model::fit: callback " + std::to_string(i) + " is null");
-  }
+  detail::FitLoop loop(*this, dataset, epochs, steps_per_epoch, options);  // checks the arguments
   auto scope = cross_replica_scope(*strategy_, "fit");
-  distribute::Strategy& strategy = *strategy_;
-  distribute::detail::WorkerGroup& group = strategy.backend().workers();
-  std::ostream& out = options.out != nullptr ? *options.out : std::cout;
-  const std::int64_t workers = group.size();
-  const auto all_reduce_before = optimizer_->all_reduce_time();
-  TrainingControl& control = *control_;
-  control.reset();
-
-  FitParams params;
-  params.epochs = epochs;
-  params.steps = steps_per_epoch;
-  params.verbose = options.verbose;
-  params.worker = group.rank();
-  params.workers = group.size();
-  params.metrics.push_back("loss");
-  for (const std::string& m : metrics_) params.metrics.push_back(m);
-
-  std::vector<std::shared_ptr<Callback>> callbacks = options.callbacks;
-  const bool printing = options.verbose > 0 && (group.rank() == 0 || options.print_on_all_workers);
-  if (printing) {
-    const bool terminal = options.terminal ? *options.terminal : (options.out == nullptr && isatty(STDOUT_FILENO) == 1);
-    callbacks.push_back(std::make_shared<ProgbarLogger>(out, terminal, options.verbose));
-  }
-  for (const auto& c : callbacks) c->set_model(*this, params);
-
-  History history;
-  Logs train_logs;
-  for (const auto& c : callbacks) c->on_train_begin(train_logs);
-  std::optional<distribute::DistributedIterator> iterator;
-  std::int64_t taken = 0;  // elements taken from the current iterator
-  TrainingPosition at;     // where this call starts
-  if (steps_per_epoch > 0) {
-    at.step = options.initial_step;
-    at.epoch = options.initial_step / steps_per_epoch;
-    at.step_in_epoch = options.initial_step % steps_per_epoch;
-  }
-  BackupAndRestore* backup = options.backup_and_restore;
-  if (backup != nullptr) {
-    backup->track(variables());
-    at = backup->restore();
-  }
-  std::int64_t step = at.step;
-  const int first_epoch = static_cast<int>(at.epoch);
-  control.set_position(step, first_epoch);
-  // Resumed at or past the end of the epochs asked for: nothing to train, and the backup stays
-  // (a run asked for more epochs takes it up).
-  const bool nothing_to_do = first_epoch >= epochs && epochs > 0;
-  if (nothing_to_do && printing) {
-    out << "Nothing left to train: the run stands at step " << step
-        << (at.step_in_epoch > 0 ? ", in epoch " + std::to_string(first_epoch + 1)
-                                 : ", after epoch " + std::to_string(first_epoch))
-        << ", and " << epochs << (epochs == 1 ? " epoch was" : " epochs were") << " asked for"
-        << (backup != nullptr ? "; the backup in " + backup->backup_dir() + " is kept" : std::string()) << "\n"
-        << std::flush;
-  }
-  BackupAndRestore::replay_passes(dataset, at.input_passes);
-  std::int64_t passes = at.input_passes;  // iterators made, the current one included
-  bool stopped_mid_epoch = false;          // at a step boundary (a signal, a request): the backup stays
-  const bool with_metrics = !metrics_.empty();
-  const int local_replicas = static_cast<int>(strategy.extended().worker_devices().size());
-  bool stopped = false;
-  Logs last_batch_logs;
-  std::array<double, part_fields> previous_parts{};  // this worker's step-time parts of the step before
-  // The names of the per-replica and per-worker logs, made once rather than every step.
-  std::vector<std::string> replica_loss_keys;
-  for (int g = 0; g < static_cast<int>(workers) * local_replicas; ++g) {
-    replica_loss_keys.push_back("loss/replica_" + std::to_string(g));
-  }
-  std::vector<std::array<std::string, part_fields>> worker_part_keys(static_cast<std::size_t>(workers));
-  for (std::size_t w = 0; w < worker_part_keys.size(); ++w) {
-    for (std::size_t p = 0; p < part_fields; ++p) {
-      worker_part_keys[w][p] = "worker_" + std::to_string(w) + "/time/" + part_names[p];
-    }
-  }
-
-  // Applies, at this step boundary, what every worker agreed on (carried by the step's own
-  // reduction under MultiWorkerMirroredStrategy, this worker's requests otherwise) and a
-  // callback's stop_training; holds training while paused.
-  auto boundary = [&](Logs& logs, std::optional<Agreed> carried) {
-    Agreed agreed = carried ? std::move(*carried) : local(control.take());
-    if (auto reason = control.take_immediate_stop()) {
-      if (!agreed.stop) {
-        agreed.stop_reason = *reason;
-        agreed.stop_code = TrainingControl::reason_code(*reason);
-      }
-      agreed.stop = true;
-    }
-    if (agreed.stop) stopped_mid_epoch = true;
-    for (bool first = true;; first = false) {
-      if (agreed.learning_rate) {
-        optimizer_->set_learning_rate(static_cast<float>(*agreed.learning_rate));
-        for (const auto& c : callbacks) c->on_learning_rate(step, optimizer_->learning_rate());
-      }
-      if (agreed.checkpoint && history.non_finite_step == 0) {
-        for (const auto& c : callbacks) c->on_checkpoint(step, logs);
-      }
-      if (agreed.stop) {
-        if (!stopped) {
-          stopped = true;
-          history.stop_reason = agreed.stop_reason;
-          history.stopped_at_step = step;
-          control.set_stopped_for(agreed.stop_code);
-        }
-        break;
-      }
-      if (first && agreed.pause && *agreed.pause) {
-        control.set_paused(true);
-        for (const auto& c : callbacks) c->on_pause(step);
-      } else if (!first && agreed.pause && !*agreed.pause) {
-        break;
-      }
-      if (!control.paused()) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      agreed = agree(control, group);
-    }
-    if (control.paused()) {
-      control.set_paused(false);
-      if (!stopped) {
-        for (const auto& c : callbacks) c->on_resume(step);
-      }
-    }
-  };
-
-  for (int epoch = first_epoch; epoch < epochs && !stopped; ++epoch) {
-    control.set_position(step, epoch);
-    if (steps_per_epoch < 0 || !iterator) {
-      iterator.emplace(dataset.make_iterator());
-      ++passes;
-      taken = epoch == first_epoch ? BackupAndRestore::skip(*iterator, at.iterator_position) : 0;
-    }
-    Logs epoch_logs;
-    for (const auto& c : callbacks) c->on_epoch_begin(epoch, epoch_logs);
-    const auto start = std::chrono::steady_clock::now();
-    double loss_sum = 0.0;
-    double hits_sum = 0.0;
-    std::int64_t steps = 0;
-    std::int64_t samples = 0;
-    const std::int64_t first_k = epoch == first_epoch ? at.step_in_epoch : 0;
-    std::int64_t k = first_k;
-    for (; (steps_per_epoch < 0 || k < steps_per_epoch) && !stopped; ++k) {
-      Logs logs;
-      for (const auto& c : callbacks) c->on_train_batch_begin(k, logs);
-      const auto t0 = std::chrono::steady_clock::now();
-      const auto all_reduce_at_start = optimizer_->all_reduce_time();
-      auto batch = iterator->get_next_as_optional();
-      if (!batch) {
-        if (steps_per_epoch < 0) break;
-        iterator.emplace(dataset.make_iterator());  // a finite dataset with steps_per_epoch: start again
-        ++passes;
-        taken = 0;
-        batch = iterator->get_next_as_optional();
-        if (!batch) throw std::invalid_argument("Model::fit: the dataset has no elements");
-      }
-      ++taken;
-      std::vector<std::int64_t> replica_rows;
-      std::int64_t rows = 0;
-      for (const data::Element& e : batch->values()) {
-        check_element(e, "fit");
-        replica_rows.push_back(rows_of(e));
-        rows += rows_of(e);
-      }
-      // Input whose end is agreed across workers knows the step's rows over every worker (one
-      // worker may have fewer, or none); elsewhere every worker's replicas get batches of one
-      // size except at the very end of the data.
-      const std::int64_t global_batch = iterator->last_global_rows().value_or(rows * workers);
-      if (global_batch == 0) continue;
-      const auto t1 = std::chrono::steady_clock::now();
-      // With metrics or several workers each replica returns float64 {its share of the loss, its
-      // correct predictions, then one row per worker, then {mean loss, 1} per replica}: the first
-      // replica of each worker fills its worker's row with the requests pending now and the
-      // worker's step-time parts of the step before, and every replica its own loss, so the
-      // step's one reduction also agrees on the requests and shows every worker's timings and
-      // every replica's loss on every worker (no collective of its own).
-      const bool wide = with_metrics || workers > 1;
-      TrainingControl::Requests carried;
-      std::vector<double> carried_row(worker_fields);
-      if (workers > 1) {
-        carried = control.take();
-        encode(carried, carried_row.data());
-        std::copy(previous_parts.begin(), previous_parts.end(), carried_row.begin() + request_fields);
-      }
-      const int worker_count = static_cast<int>(workers);
-      auto results = strategy.run(
-          [this, global_batch, with_metrics, wide, worker_count, local_replicas, &carried_row](const data::Element& e) {
-            if (!wide) return train_step(e, global_batch);
-            // The same step as train_step (gradient buckets included), keeping the outputs.
-            Tensor outputs;
-            const Tensor step_loss = step_and_update(e, global_batch, &outputs, "fit");
-            const std::size_t rows_at = 2 + worker_fields * static_cast<std::size_t>(worker_count);
-            const std::size_t replicas_in_sync = static_cast<std::size_t>(worker_count * local_replicas);
-            std::vector<double> v(worker_count > 1 ? rows_at + 2 * replicas_in_sync : 2, 0.0);
-            v[0] = as_double(step_loss);
-            if (with_metrics && rows_of(e) > 0) v[1] = nn::accuracy(outputs, e[1]) * static_cast<double>(rows_of(e));
-            const int id = distribute::get_replica_context()->replica_id_in_sync_group();
-            if (worker_count > 1) {
-              if (id % local_replicas == 0) {
-                const std::size_t at = 2 + worker_fields * static_cast<std::size_t>(id / local_replicas);
-                std::copy(carried_row.begin(), carried_row.end(), v.begin() + static_cast<std::ptrdiff_t>(at));
-              }
-              if (rows_of(e) > 0) {
-                const std::size_t at = rows_at + 2 * static_cast<std::size_t>(id);
-                v[at] = v[0] * static_cast<double>(global_batch) / static_cast<double>(rows_of(e));
-                v[at + 1] = 1.0;
-              }
-            }
-            // On the replica's device, where the strategy's cross-device op expects its values.
-            return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(step_loss.device());
-          },
-          *batch);
-      const Tensor reduced = strategy.reduce(ReduceOp::sum, results, std::nullopt);
-      const auto t2 = std::chrono::steady_clock::now();
-      double loss = 0.0;
-      double hits = 0.0;
-      std::optional<Agreed> agreed;
-      std::vector<double> v;  // the reduced table, under MultiWorkerMirroredStrategy
-      if (wide) {
-        v = reduced.to_vector<double>();
-        loss = v[0];
-        hits = v[1];
-        if (workers > 1) agreed = decide(v.data() + 2, worker_count, carried, worker_fields);
-      } else {
-        loss = as_double(reduced);
-      }
-      loss_sum += loss;
-      hits_sum += hits;
-      ++steps;
-      samples += global_batch;
-      ++step;
-      control.set_position(step, epoch);
-      if (!finite(loss) && history.non_finite_step == 0) history.non_finite_step = step;
-
-      const double all_reduce_s =
-          std::chrono::duration<double>(optimizer_->all_reduce_time() - all_reduce_at_start).count();
-      const double step_s = seconds_between(t0, t2);
-      logs["loss"] = loss;
-      for (const std::string& m : metrics_) logs[m] = hits / static_cast<double>(global_batch);
-      logs["learning_rate"] = optimizer_->learning_rate();
-      logs["samples_per_second"] = step_s > 0 ? static_cast<double>(global_batch) / step_s : 0.0;
-      logs["time/input_ms"] = seconds_between(t0, t1) * 1e3;
-      logs["time/all_reduce_ms"] = all_reduce_s * 1e3;
-      logs["time/compute_ms"] = std::max(0.0, seconds_between(t1, t2) - all_reduce_s) * 1e3;
-      logs["time/step_ms"] = step_s * 1e3;
-      if (workers > 1) {
-        // Every replica's loss of this step and every worker's parts of the step before, as the
-        // reduction carried them.
-        const std::size_t rows_at = 2 + worker_fields * static_cast<std::size_t>(worker_count);
-        for (int g = 0; g < worker_count * local_replicas; ++g) {
-          const std::size_t at = rows_at + 2 * static_cast<std::size_t>(g);
-          if (v[at + 1] != 0) logs[replica_loss_keys[static_cast<std::size_t>(g)]] = v[at];
-        }
-        for (int w = 0; w < worker_count; ++w) {
-          const double* parts = v.data() + 2 + worker_fields * static_cast<std::size_t>(w) + request_fields;
-          if (parts[part_fields - 1] <= 0) continue;  // the first step: no step before
-          for (std::size_t p = 0; p < part_fields; ++p) {
-            logs[worker_part_keys[static_cast<std::size_t>(w)][p]] = parts[p];
-          }
-        }
-        previous_parts = {logs["time/input_ms"], logs["time/compute_ms"], logs["time/all_reduce_ms"], step_s * 1e3};
-      } else {
-        const auto locals = strategy.experimental_local_results(results);
-        for (std::size_t r = 0; r < locals.size() && r < replica_rows.size(); ++r) {
-          if (replica_rows[r] == 0) continue;
-          const double share = wide ? locals[r].to_vector<double>()[0] : as_double(locals[r]);
-          logs[replica_loss_keys[static_cast<std::size_t>(group.rank() * local_replicas) + r]] =
-              share * static_cast<double>(global_batch) / static_cast<double>(replica_rows[r]);
-        }
-      }
-      if (backup != nullptr && history.non_finite_step == 0) {  // first: on_step_end may save through it
-        // The last step of an epoch of known length stands at the start of the next one.
-        const bool epoch_done = steps_per_epoch > 0 && k + 1 == steps_per_epoch;
-        backup->on_step_end(epoch_done ? TrainingPosition{step, epoch + 1, 0, taken, passes - 1}
-                                       : TrainingPosition{step, epoch, k + 1, taken, passes - 1});
-      }
-      if (options.on_step_end) options.on_step_end(step, loss);
-      for (const auto& c : callbacks) c->on_train_batch_end(k, logs);
-      boundary(logs, std::move(agreed));
-      last_batch_logs = std::move(logs);
-    }
-    // A stop at a step boundary before the epoch's last step cuts the epoch: the run stands
-    // inside it, where the next run takes it up (a pass of unknown length may have had no batch
-    // left: the next run finds that out and goes on with the next epoch).
-    const bool stopped_at_step = stopped;
-    const bool cut = stopped_at_step && (steps_per_epoch < 0 || k < steps_per_epoch);
-    // The epoch's time excludes its backup (after the line below). A stop at a step boundary is
-    // backed up at that step, whatever save_freq says, so that the next run resumes after it.
-    const auto end_of_epoch = [&] {
-      if (backup == nullptr || history.non_finite_step != 0) return;  // never a backup of non-finite weights
-      const TrainingPosition at_end = cut                  ? TrainingPosition{step, epoch, k, taken, passes - 1}
-                                      : steps_per_epoch > 0 ? TrainingPosition{step, epoch + 1, 0, taken, passes - 1}
-                                                            : TrainingPosition{step, epoch + 1, 0, 0, passes};
-      if (stopped_at_step) {
-        backup->save(at_end);
-      } else {
-        backup->on_epoch_end(at_end);
-      }
-    };
-    if (steps == 0 && first_k > 0) {  // resumed after the last batch of this epoch
-      end_of_epoch();
-      continue;
-    }
-    if (steps == 0) {
-      throw std::invalid_argument("Model::fit: epoch " + std::to_string(epoch + 1) + " got no batch from the dataset");
-    }
-    const double seconds = seconds_between(start, std::chrono::steady_clock::now());
-    const double epoch_loss = loss_sum / static_cast<double>(steps);
-    const double rate = seconds > 0 ? static_cast<double>(samples) / seconds : 0.0;
-    history.loss.push_back(epoch_loss);
-    history.seconds.push_back(seconds);
-    history.samples_per_second.push_back(rate);
-    history.steps += steps;
-    history.samples += samples;
-    epoch_logs["loss"] = epoch_loss;
-    for (const std::string& m : metrics_) epoch_logs[m] = hits_sum / static_cast<double>(samples);
-    const bool poisoned = history.non_finite_step != 0 && stopped;
-    if (options.validation_data && !poisoned) {
-      const EvaluateResult v = evaluate(*options.validation_data);
-      epoch_logs["val_loss"] = v.loss;
-      for (const std::string& m : metrics_) epoch_logs["val_" + m] = v.accuracy;
-    }
-    for (const auto& [name, value] : epoch_logs) history.history[name].push_back(value);
-    epoch_logs["learning_rate"] = optimizer_->learning_rate();
-    epoch_logs["samples_per_second"] = rate;
-    if (!poisoned) {
-      for (const auto& c : callbacks) c->on_epoch_end(epoch, epoch_logs);
-      // Only a callback's own stop_training acts here: requests wait for the next step.
-      if (auto reason = control.take_immediate_stop(); reason && !stopped) {
-        stopped = true;
-        history.stop_reason = *reason;
-        history.stopped_at_step = step;
-      }
-    }
-    end_of_epoch();
-  }
-  for (const auto& c : callbacks) c->on_train_end(last_batch_logs);
-  history.all_reduce_seconds = std::chrono::duration<double>(optimizer_->all_reduce_time() - all_reduce_before).count();
-  // A run that ended, or that a callback stopped at an epoch's end (EarlyStopping), has no more
-  // use for its backup; one stopped at a step boundary (a signal, a request, the dashboard)
-  // resumes from it.
-  if (backup != nullptr && !stopped_mid_epoch && !nothing_to_do) backup->on_train_end();
-  return history;
+  return loop.run();
 }
 
 History Model::fit(const data::Dataset& dataset, int epochs, std::int64_t steps_per_epoch,
@@ -937,6 +371,61 @@ std::map<std::string, Variable> Model::variables() const {
     for (auto& [name, variable] : optimizer_->variables()) out.emplace(name, variable);
   }
   return out;
+}
+
+
+namespace {
+
+// 50890 -> "50,890", as Keras prints counts.
+std::string with_thousands(std::int64_t n) {
+  std::string digits = std::to_string(n);
+  for (std::size_t at = digits.size(); at > 3; at -= 3) digits.insert(at - 3, ",");
+  return digits;
+}
+
+}  // namespace
+
+void Model::summary() const { summary(std::cout); }
+
+// Keras's layout: 65 columns, the fields at columns 1, 29 and 55.
+void Model::summary(std::ostream& out) const {
+  constexpr std::size_t line_length = 65;
+  constexpr std::array<std::size_t, 3> ends = {29, 55, 65};
+  const auto row = [&](std::array<std::string, 3> left) {
+    // A field too long for its column goes on in the same column of the next lines.
+    while (!left[0].empty() || !left[1].empty() || !left[2].empty()) {
+      std::string line;
+      for (std::size_t col = 0; col < left.size(); ++col) {
+        const std::size_t start = col > 0 ? ends[col - 1] : 0;
+        const std::size_t gap = col + 1 < left.size() ? 2 : 0;  // two spaces before the next column
+        const std::size_t room = ends[col] - start - gap - (col == 0 ? 1 : 0);
+        if (col == 0) line += ' ';
+        line += left[col].substr(0, room);
+        left[col] = left[col].size() > room ? left[col].substr(room) : std::string();
+        line.resize(ends[col], ' ');
+      }
+      line.erase(line.find_last_not_of(' ') + 1);
+      out << line << "\n";
+    }
+  };
+  out << "Model: \"sequential\"\n" << std::string(line_length, '_') << "\n";
+  row({"Layer (type)", "Output Shape", "Param #"});
+  out << std::string(line_length, '=') << "\n";
+  std::int64_t total = 0;
+  const std::vector<Dense>& dense = layers_.layers();
+  for (std::size_t i = 0; i < dense.size(); ++i) {
+    const std::int64_t params = static_cast<std::int64_t>(dense[i].input_dim() + 1) * dense[i].units();
+    total += params;
+    row({layers_.layer_names()[i] + " (Dense)", "(None, " + std::to_string(dense[i].units()) + ")",
+         std::to_string(params)});
+    out << "\n";
+  }
+  out << std::string(line_length, '=') << "\n";
+  // Every variable of a Dense layer is trained.
+  out << "Total params: " << with_thousands(total) << "\n"
+      << "Trainable params: " << with_thousands(total) << "\n"
+      << "Non-trainable params: 0\n"
+      << std::string(line_length, '_') << "\n";
 }
 
 }  // namespace troupe::nn

@@ -1,7 +1,10 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -179,6 +182,61 @@ class TensorBoard : public Callback {
   std::string log_dir_;
   std::int64_t update_freq_;
   std::unique_ptr<Writers> writers_;
+};
+
+/// How a ProgbarLogger prints.
+struct ProgbarOptions {
+  /// 1: on a terminal Keras's bar, redrawn in place (the step, the bar, the ETA, ms/step and the
+  /// running means of the loss and metrics) and ended as it ran, and elsewhere one line per
+  /// epoch; 2: one line per epoch ("Epoch 2/5: 40 steps, loss 0.1234, accuracy 0.9500, 51234
+  /// samples/s, 0.52 s, 13ms/step").
+  int verbose = 1;
+  /// Where it prints; nullptr: std::cout.
+  std::ostream* out = nullptr;
+  /// Whether `out` is a terminal (the bar is redrawn in place); unset: std::cout on a terminal.
+  std::optional<bool> terminal;
+  /// The terminal's columns, which a redrawn line never reaches; 0: asked at every epoch (the
+  /// terminal's own width for std::cout on a terminal, else COLUMNS, else 80). < 0 is
+  /// std::invalid_argument.
+  int width = 0;
+};
+
+/// Keras's progress bar (tf.keras.callbacks.ProgbarLogger). Model::fit adds one, on the worker
+/// that prints, when FitOptions::verbose > 0. On a terminal each epoch prints "Epoch 2/5", then
+/// one line redrawn in place, "12/32 [=========>....................] - ETA: 3s - 12ms/step -
+/// loss: 0.1234", which fits the width (the bar narrows from 30 columns to 10, then the last
+/// values are left out), and ends the epoch in the same format: the bar where the epoch ended,
+/// its time, ms/step, the epoch's loss and metrics and their "val_" values.
+class ProgbarLogger : public Callback {
+ public:
+  explicit ProgbarLogger(ProgbarOptions options = {});
+
+  void on_epoch_begin(int epoch, Logs& logs) override;
+  void on_train_batch_end(std::int64_t batch, Logs& logs) override;
+  void on_epoch_end(int epoch, Logs& logs) override;
+  /// An epoch cut short by a non-finite loss (no on_epoch_end) still ends its line on a terminal.
+  void on_train_end(Logs& logs) override;
+
+  /// The columns of the terminal: for std::cout on a terminal (`standard_output`) its own width
+  /// (ioctl TIOCGWINSZ), else COLUMNS when it holds a positive number, else 80.
+  static int terminal_columns(bool standard_output);
+
+ private:
+  std::string bar_line(std::int64_t done, std::int64_t total, std::vector<std::string> items, bool keep_all) const;
+  void finish_bar(const Logs& logs);
+  void epoch_line(int epoch, const Logs& logs);
+
+  std::ostream* out_;
+  bool terminal_;
+  bool standard_output_;
+  int fixed_width_;
+  int width_ = 80;
+  int epoch_ = 0;
+  std::int64_t steps_ = 0;     // steps of this epoch run by this fit
+  std::int64_t position_ = 0;  // the epoch's steps done (a resumed epoch starts inside)
+  std::map<std::string, double> sums_;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+  bool drawn_ = false;
 };
 
 }  // namespace troupe::nn

@@ -25,6 +25,9 @@ class Strategy;
 namespace troupe::nn {
 
 class BackupAndRestore;
+namespace detail {
+class FitLoop;
+}  // namespace detail
 
 /// How Model::fit reports, resumes and is steered.
 struct FitOptions {
@@ -155,7 +158,25 @@ class Model {
   /// The strategy the model belongs to.
   distribute::Strategy& strategy() const noexcept { return *strategy_; }
 
+  /// Prints the layers, their output shapes and parameter counts, and the totals, as Keras's
+  /// Model.summary() does:
+  ///
+  ///     Model: "sequential"
+  ///     _________________________________________________________________
+  ///      Layer (type)                Output Shape              Param #
+  ///     =================================================================
+  ///      dense_0 (Dense)             (None, 64)                50240
+  ///     ...
+  ///     Total params: 50,890
+  ///     Trainable params: 50,890
+  ///     Non-trainable params: 0
+  ///     _________________________________________________________________
+  void summary(std::ostream& out) const;
+  /// The same on std::cout.
+  void summary() const;
+
  private:
+  friend class detail::FitLoop;  // fit's loop runs step_and_update
   void check_compiled(const char* op) const;
   // One training step on this replica (train_step's, also fit's): forward, loss, backward with
   // the gradients all-reduced (in buckets while backward runs, where the strategy uses them),
