@@ -200,29 +200,40 @@ void frame_writer::frame_segments() {
   iov_.clear();
   iov_.push_back({table_.data(), table_.size() * sizeof(std::uint32_t)});
   for (auto s : segments) iov_.push_back({const_cast<capnp::word*>(s.begin()), s.size() * sizeof(capnp::word)});
+  next_ = 0;
+  body_iovs_ = iov_.size();
+  tagged_ = false;
   if (mac_ != nullptr) {
-    mac_->tag(iov_.data(), iov_.size(), tag_);
+    // Tagged as it goes out (progress()), so that the first bytes leave at once; the tag follows.
+    mac_->begin();
     iov_.push_back({tag_, sizeof tag_});
   }
-  next_ = 0;
 }
 
 void frame_writer::progress(ring_link& link) {
   while (!done()) {
-    const std::size_t n = std::min<std::size_t>(iov_.size() - next_, IOV_MAX);
+    // With a tag, the frame's body goes first, tagged as it is written; the tag once it is all out.
+    const bool body = mac_ != nullptr && next_ < body_iovs_;
+    if (mac_ != nullptr && next_ == body_iovs_ && !tagged_) {
+      mac_->end(tag_);
+      tagged_ = true;
+    }
+    const std::size_t n = std::min<std::size_t>((body ? body_iovs_ : iov_.size()) - next_, IOV_MAX);
     std::size_t left = link.write_some(side_, &iov_[next_], n);
     if (left == 0) return;
     while (left > 0 && !done()) {
       if (left >= iov_[next_].iov_len) {
+        if (body) mac_->add(iov_[next_].iov_base, iov_[next_].iov_len);
         left -= iov_[next_].iov_len;
         ++next_;
       } else {
+        if (body) mac_->add(iov_[next_].iov_base, left);
         iov_[next_].iov_base = static_cast<char*>(iov_[next_].iov_base) + left;
         iov_[next_].iov_len -= left;
         left = 0;
       }
     }
-    while (!done() && iov_[next_].iov_len == 0) ++next_;
+    while (!done() && iov_[next_].iov_len == 0 && next_ != body_iovs_) ++next_;
   }
 }
 
@@ -243,6 +254,7 @@ void frame_reader::start(std::size_t max_words) {
   have_ = 0;
   need_ = 8;
   table_.assign(2, 0);
+  if (mac_ != nullptr) mac_->begin();  // the frame's bytes join its tag as they arrive
 }
 
 template <typename Read>
@@ -253,6 +265,7 @@ void frame_reader::pull(Read&& read, const ring_peer& from) {
                                           : reinterpret_cast<char*>(table_.data()) + (stage_ == stage::head ? 0 : 8);
     const std::size_t r = read(target + have_, need_ - have_);
     if (r == 0) return;
+    if (mac_ != nullptr && stage_ != stage::tag) mac_->add(target + have_, r);
     have_ += r;
     if (have_ < need_) continue;
     advance(from);
@@ -283,9 +296,7 @@ bool frame_reader::parse(const unsigned char* bytes, std::size_t n, std::size_t 
 
 void frame_reader::advance(const ring_peer& from) {
   if (stage_ == stage::tag) {
-    const iovec iov[2] = {{table_.data(), table_.size() * sizeof(std::uint32_t)},
-                          {words_.data(), total_words_ * 8}};
-    if (!mac_->check(iov, 2, tag_)) {
+    if (!mac_->matches(tag_)) {
       const std::string what = "a frame from " + from.name +
                                " failed its integrity check (its tag does not match: the bytes were altered, "
                                "replayed or reordered on the way; the link from rank " + std::to_string(from.rank) +

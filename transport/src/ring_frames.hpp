@@ -153,6 +153,8 @@ class frame_writer {
   ring_side side_;
   frame_mac* mac_ = nullptr;
   unsigned char tag_[frame_mac::tag_bytes] = {};
+  std::size_t body_iovs_ = 0;  // the frame's own buffers; with a tag, one more follows
+  bool tagged_ = false;        // the tag is computed
   alignas(8) std::array<capnp::word, 64> scratch_{};
   std::optional<capnp::MallocMessageBuilder> builder_;
   std::vector<std::uint32_t> table_;
