@@ -32,6 +32,7 @@ printf '\xff\xff\xff\xff' | dd of="$work/good/ckpt-20.ckpt" bs=1 seek=100000 con
 mkdir "$work/empty"
 "$expect" 1 --match "troupe-ckpt: .*empty: no checkpoint files \(expected ckpt-<step>\.ckpt" -- "$ckpt" "$work/empty"
 "$expect" 0 --match "usage: troupe-ckpt \[--stats\] PATH" --match "--stats" -- "$ckpt" --help
-"$expect" 2 --match "troupe-ckpt: paths is required" -- "$ckpt"
+"$expect" 2 --match "troupe-ckpt: no PATH given" --match "--help" -- "$ckpt"
+"$expect" 2 --match "troupe-ckpt: The following argument was not expected: --frobnicate" -- "$ckpt" --frobnicate
 "$expect" 2 --match "troupe-ckpt: The following argument was not expected: --frobnicate" -- "$ckpt" --frobnicate x
 echo "troupe-ckpt: every check passed"
