@@ -17,7 +17,7 @@ trap 'rm -rf "$work"' EXIT
 
 # A run that diverges (SGD at 1e30) and is told to go on (TerminateOnNaN would stop it) writes
 # NaN with valid checksums: only --stats tells.
-"$expect" 0 --match "loss -?nan" -- "$mlp" --epochs 1 --samples 2048 --optimizer sgd --lr 1e30 \
+"$expect" 0 --match "^result: .* loss=-?nan$" -- "$mlp" --epochs 1 --samples 2048 --optimizer sgd --lr 1e30 \
   --checkpoint-dir "$work/nan" --quiet --no-terminate-on-nan >/dev/null
 "$expect" 0 --match "intact" -- "$ckpt" "$work/nan"
 "$expect" 1 --match "dense_0/kernel .*NON-FINITE: 4096 NaN, 0 Inf" \
