@@ -110,8 +110,10 @@ void add_options(CLI::App& app, Flags& f) {
   app.add_option("--labels", f.labels, "the label column holds numbers, names, or either (auto)")
       ->check(CLI::IsMember({"auto", "numbers", "names"}))
       ->needs(csv);
+  // transform, not check: CLI11 keeps a check's changes to the text to itself, and "tab" must
+  // arrive as '\t'.
   app.add_option("--delimiter", f.delimiter, "the CSV's field separator: one character, or \"tab\"")
-      ->check(CLI::Validator(
+      ->transform(CLI::Validator(
           [](std::string& d) -> std::string {
             if (d == "tab" || d == "\\t") d = "\t";
             return d.size() == 1 ? std::string() : "expected one character or \"tab\", got \"" + d + "\"";
