@@ -10,7 +10,8 @@
 //     batch (forward: x·W for 3 layers; backward: xᵀ·g for 3 layers, g·Wᵀ for the upper 2), the
 //     shapes mlp_classifier runs (batch 64 per replica at 4 replicas of 256, 256 at 1).
 //
-// The path is printed at startup ("troupe: CPU kernels: ...") and kept in the JSON context.
+// The path is kept in the JSON context (and logged at startup with TROUPE_LOG_LEVEL=info:
+// "troupe: info: CPU kernels: ...").
 
 #include <benchmark/benchmark.h>
 

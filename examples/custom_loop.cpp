@@ -28,6 +28,8 @@
 
 #include "example_cli.hpp"
 
+using troupe::examples::in_range;
+
 using namespace troupe;
 using namespace troupe::distribute;
 
@@ -45,11 +47,13 @@ int main(int argc, char** argv) {
   int replicas = 4;
   long long num_steps = 100;
   std::uint64_t seed = 1;
+  bool quiet = false;
   CLI::App app{"The seed's custom training loop: run, all_reduce(MEAN) of the gradients, apply.", "custom_loop"};
   troupe::examples::show_defaults(app);
-  app.add_option("--replicas", replicas, "CPU replicas")->check(CLI::Range(1, 1024));
-  app.add_option("--steps", num_steps, "training steps")->check(CLI::Range(1LL, 1000000000LL));
+  app.add_option("--replicas", replicas, "CPU replicas")->check(in_range(1, 1024));
+  app.add_option("--steps", num_steps, "training steps")->check(in_range(1LL, 1000000000LL));
   app.add_option("--seed", seed, "random seed");
+  app.add_flag("--quiet", quiet, "print the result line only");
   return troupe::examples::run_main(app, argc, argv, [&] {
     Runtime rt;
     MirroredStrategy strategy(rt, cpus(replicas));
@@ -93,7 +97,7 @@ int main(int argc, char** argv) {
       const float loss = train_step(iterator);
       if (step == 1) first = loss;
       last = loss;
-      if (step == 1 || step % 10 == 0 || step == num_steps) std::cout << "step " << step << ": loss " << loss << "\n";
+      if (!quiet && (step == 1 || step % 10 == 0 || step == num_steps)) std::cout << "step " << step << ": loss " << loss << "\n";
     }
 
     // Every replica applied the same update to its own component: they are bit-identical.

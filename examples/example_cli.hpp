@@ -5,15 +5,66 @@
 
 #include <exception>
 #include <iostream>
+#include <optional>
+#include <sstream>
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <troupe/base/parse_number.hpp>
 #include <troupe/monitor.hpp>
 
 namespace troupe::examples {
 
 /// An application whose --help shows every option's default.
 inline void show_defaults(CLI::App& app) { app.option_defaults()->always_capture_default(); }
+
+namespace detail {
+
+// A number as a person writes it: "0.9", "1e+30", never std::to_string's "0.900000" or DBL_MAX's
+// 309 digits.
+template <class T>
+std::string readable(T value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+// The option's value as CLI11 converts it (the same conversion it then stores), or nullopt.
+template <class T>
+std::optional<T> converted(const std::string& text) {
+  T value{};
+  if (!CLI::detail::lexical_cast(text, value)) return std::nullopt;
+  return value;
+}
+
+}  // namespace detail
+
+/// A check that the number is in min..max, both included; a value outside reads
+/// "--epochs: 0 is not in 1..1000000".
+template <class T>
+CLI::Validator in_range(T min, T max) {
+  const std::string range = detail::readable(min) + ".." + detail::readable(max);
+  return CLI::Validator(
+      [min, max, range](std::string& text) -> std::string {
+        const std::optional<T> value = detail::converted<T>(text);
+        if (!value) return text + " is not a number";
+        if (!(*value >= min && *value <= max)) return text + " is not in " + range;
+        return {};
+      },
+      range);
+}
+
+/// A check that the number is above zero; otherwise "--lr: -1 is not > 0".
+inline CLI::Validator positive() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const std::optional<double> value = detail::converted<double>(text);
+        if (!value) return text + " is not a number";
+        if (!(*value > 0)) return text + " is not > 0";
+        return {};
+      },
+      "POSITIVE");
+}
 
 /// The dashboard and trace flags every trainer takes.
 struct MonitorFlags {
@@ -32,9 +83,10 @@ struct MonitorFlags {
     o.dashboard_address = dashboard_address;
     o.dashboard_token = dashboard_token;
     o.trace_file = trace;
+    // --trace-steps was checked when parsed (add_monitor_options).
     const auto colon = trace_steps.find(':');
-    o.trace_first_step = std::stoll(trace_steps.substr(0, colon));
-    o.trace_last_step = std::stoll(trace_steps.substr(colon + 1));
+    o.trace_first_step = base::parse_int(std::string_view(trace_steps).substr(0, colon)).value_or(1);
+    o.trace_last_step = base::parse_int(std::string_view(trace_steps).substr(colon + 1)).value_or(1);
     o.global_batch_size = global_batch_size;
     return o;
   }
@@ -43,7 +95,7 @@ struct MonitorFlags {
 inline void add_monitor_options(CLI::App& app, MonitorFlags& f) {
   app.add_option("--dashboard-port", f.dashboard_port,
                  "serve the live dashboard on PORT (0: any free port; the URL is printed; -1: none)")
-      ->check(CLI::Range(-1, 65535));
+      ->check(in_range(-1, 65535));
   app.add_option("--dashboard-address", f.dashboard_address,
                  "the address the dashboard binds (anything but loopback needs --dashboard-token)");
   app.add_option("--dashboard-token", f.dashboard_token,
@@ -54,25 +106,25 @@ inline void add_monitor_options(CLI::App& app, MonitorFlags& f) {
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
             const auto colon = v.find(':');
-            const auto digits = [](const std::string& d) {
-              return !d.empty() && d.size() < 16 && d.find_first_not_of("0123456789") == std::string::npos;
+            const auto step = [](std::string_view d) -> std::optional<long long> {
+              if (d.empty() || d.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+              return base::parse_int(d);  // digits only: no sign; too many for the type is refused
             };
-            if (colon == std::string::npos || !digits(v.substr(0, colon)) || !digits(v.substr(colon + 1))) {
-              return "expected A:B, e.g. 10:110, got \"" + v + "\"";
-            }
-            const long long a = std::stoll(v.substr(0, colon)), b = std::stoll(v.substr(colon + 1));
-            if (a < 1 || b < a) return "expected 1 <= A <= B, got " + v;
+            const std::optional<long long> a =
+                colon == std::string::npos ? std::nullopt : step(std::string_view(v).substr(0, colon));
+            const std::optional<long long> b =
+                colon == std::string::npos ? std::nullopt : step(std::string_view(v).substr(colon + 1));
+            if (!a || !b) return "expected A:B, e.g. 10:110, got \"" + v + "\"";
+            if (*a < 1 || *b < *a) return "expected 1 <= A <= B, got " + v;
             return {};
           },
           "A:B"));
 }
 
-/// Parses the command line with `app`, then returns body(). Exit status: body's; 0 for --help;
-/// 2 for a bad command line (CLI11's message names the option and the value); 1 for an error
-/// that reaches here (a malformed TROUPE_* variable, a file that cannot be read, ...), with the
-/// program's name and the error's message on stderr.
-template <class Body>
-int run_main(CLI::App& app, int argc, char** argv, Body&& body) {
+/// Parses the command line with `app`: nullopt to go on, else the exit status: 0 after --help,
+/// 2 for a bad command line (CLI11's message names the option and the value, then the hint).
+/// Never CLI11's own exit codes (105 for a value out of range, 109 for an unknown flag, ...).
+inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -80,6 +132,16 @@ int run_main(CLI::App& app, int argc, char** argv, Body&& body) {
     std::cerr << app.get_name() << ": " << e.what() << "\nRun with --help for more information.\n";
     return 2;
   }
+  return std::nullopt;
+}
+
+/// Parses the command line with `app`, then returns body(). Exit status: body's; 0 for --help;
+/// 2 for a bad command line (parse_command_line); 1 for an error that reaches here (a malformed
+/// TROUPE_* variable, a file that cannot be read, ...), with the program's name and the error's
+/// message on stderr.
+template <class Body>
+int run_main(CLI::App& app, int argc, char** argv, Body&& body) {
+  if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
   try {
     return body();
   } catch (const std::exception& e) {

@@ -42,6 +42,9 @@
 
 #include "example_cli.hpp"
 
+using troupe::examples::in_range;
+using troupe::examples::positive;
+
 using namespace troupe;
 using namespace troupe::distribute;
 
@@ -89,26 +92,28 @@ struct Flags {
 // The command line, with the defaults of Flags.
 void add_options(CLI::App& app, Flags& f) {
   troupe::examples::show_defaults(app);
-  app.add_option("--replicas", f.replicas, "CPU replicas")->check(CLI::Range(1, 1024));
-  app.add_option("--epochs", f.epochs, "epochs")->check(CLI::Range(1, 1000000));
+  app.add_option("--replicas", f.replicas, "CPU replicas")->check(in_range(1, 1024));
+  app.add_option("--epochs", f.epochs, "epochs")->check(in_range(1, 1000000));
   app.add_option("--batch", f.batch, "global batch, split over the replicas")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
-  app.add_option("--hidden", f.hidden, "units of each hidden layer")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--lr", f.learning_rate, "learning rate")->check(CLI::PositiveNumber);
+      ->check(in_range(std::int64_t{1}, std::int64_t{1} << 30));
+  app.add_option("--hidden", f.hidden, "units of each hidden layer")->check(in_range(1, 1 << 20));
+  app.add_option("--lr", f.learning_rate, "learning rate")->check(positive());
   app.add_option("--optimizer", f.optimizer, "optimizer")->check(CLI::IsMember({"adam", "sgd", "momentum"}));
   app.add_option("--seed", f.seed, "random seed");
   app.add_option("--samples", f.samples, "generated set: examples")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
-  app.add_option("--features", f.features, "generated set: features")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--classes", f.classes, "generated set: classes")->check(CLI::Range(2, 1 << 20));
+      ->check(in_range(std::int64_t{1}, std::int64_t{1} << 30));
+  app.add_option("--features", f.features, "generated set: features")->check(in_range(1, 1 << 20));
+  app.add_option("--classes", f.classes, "generated set: classes")->check(in_range(2, 1 << 20));
   auto* csv = app.add_option("--csv", f.csv, "a CSV file with a header row");
   app.add_option("--label-column", f.label_column, "the CSV's label column: class ids, or names mapped to ids")
       ->needs(csv);
   app.add_option("--labels", f.labels, "the label column holds numbers, names, or either (auto)")
       ->check(CLI::IsMember({"auto", "numbers", "names"}))
       ->needs(csv);
+  // transform, not check: CLI11 keeps a check's changes to the text to itself, and "tab" must
+  // arrive as '\t'.
   app.add_option("--delimiter", f.delimiter, "the CSV's field separator: one character, or \"tab\"")
-      ->check(CLI::Validator(
+      ->transform(CLI::Validator(
           [](std::string& d) -> std::string {
             if (d == "tab" || d == "\\t") d = "\t";
             return d.size() == 1 ? std::string() : "expected one character or \"tab\", got \"" + d + "\"";
@@ -120,30 +125,30 @@ void add_options(CLI::App& app, Flags& f) {
       ->needs(csv);
   app.add_option("--max-classes", f.max_classes,
                  "the most classes the labels may make (a label of 1000000 would make a million)")
-      ->check(CLI::Range(2, 1 << 24));
+      ->check(in_range(2, 1 << 24));
   auto* images = app.add_option("--idx-images", f.idx_images, "an IDX file of images (e.g. MNIST's)");
   auto* labels = app.add_option("--idx-labels", f.idx_labels, "the IDX file of their labels");
   images->needs(labels)->excludes(csv);
   labels->needs(images);
   auto* dir = app.add_option("--checkpoint-dir", f.checkpoint_dir, "write checkpoints into DIR");
   app.add_option("--checkpoint-every", f.checkpoint_every, "steps between checkpoints")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
-  app.add_option("--keep", f.keep, "checkpoints kept")->check(CLI::Range(1, 1000000));
+      ->check(in_range(std::int64_t{1}, std::int64_t{1} << 40));
+  app.add_option("--keep", f.keep, "checkpoints kept")->check(in_range(1, 1000000));
   app.add_flag("--resume", f.resume, "continue from the newest intact checkpoint")->needs(dir);
   app.add_option("--min-accuracy", f.min_accuracy, "exit 1 when the training accuracy ends below A")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(in_range(0.0, 1.0));
   app.add_flag("--quiet", f.quiet, "print the result line only");
   app.add_option("--tensorboard-dir", f.tensorboard_dir, "write TensorBoard event files into DIR (train/, validation/)");
   app.add_option("--tensorboard-freq", f.tensorboard_freq, "steps between the per-step TensorBoard scalars")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+      ->check(in_range(std::int64_t{1}, std::int64_t{1} << 40));
   app.add_option("--validation-split", f.validation_split,
                  "hold out this fraction of the examples (the last ones) as validation_data")
-      ->check(CLI::Range(0.0, 0.9));
+      ->check(in_range(0.0, 0.9));
   app.add_flag("--no-terminate-on-nan", f.no_terminate_on_nan,
                "keep training (and checkpointing) when the loss is NaN or infinite, and exit 0");
   app.add_option("--early-stopping-patience", f.early_stopping_patience,
                  "stop when val_loss (loss without a validation split) has not improved for N epochs (0: never)")
-      ->check(CLI::Range(0, 1000000));
+      ->check(in_range(0, 1000000));
   app.add_flag("--cached-batches", f.cached_batches,
                "keep the first epoch's global batches in memory and repeat them (tf.data's cache()): the "
                "per-step input cost drops to splitting a batch, for measuring training alone");
@@ -336,9 +341,9 @@ int run(const Flags& f) {
       if (auto step = manager->restore_or_initialize()) {
         initial_step = *step;
         // CheckpointManager names its files ckpt-<step>.ckpt; the newest may have been skipped as damaged.
-        std::cout << "resumed from " << f.checkpoint_dir << "/ckpt-" << initial_step << ".ckpt at step " << initial_step
+        if (!f.quiet) std::cout << "resumed from " << f.checkpoint_dir << "/ckpt-" << initial_step << ".ckpt at step " << initial_step
                   << "\n";
-      } else {
+      } else if (!f.quiet) {
         std::cout << "no checkpoint in " << f.checkpoint_dir << ": starting from scratch\n";
       }
     }
@@ -439,11 +444,14 @@ int run(const Flags& f) {
   const double peer_wait =
       std::chrono::duration<double>(model.optimizer()->exposed_peer_wait_time() - peer_wait_before).count();
   const double peer_wait_share = seconds > 0 ? peer_wait / seconds : 0.0;
-  std::cout << std::fixed << std::setprecision(2) << "training accuracy " << 100 * train.accuracy << "% (" << train.samples
-            << " examples), loss " << std::setprecision(6) << train.loss << "\n";
-  std::cout << std::setprecision(0) << "throughput " << throughput << " samples/s (median over epochs), all-reduce "
-            << std::setprecision(1) << 100 * share << "% of training time (exposed " << 100 * exposed_share << "%, of it waiting for another worker "
-            << 100 * peer_wait_share << "%)\n";
+  std::cout << std::fixed;
+  if (!f.quiet) {
+    std::cout << std::setprecision(2) << "training accuracy " << 100 * train.accuracy << "% (" << train.samples
+              << " examples), loss " << std::setprecision(6) << train.loss << "\n";
+    std::cout << std::setprecision(0) << "throughput " << throughput << " samples/s (median over epochs), all-reduce "
+              << std::setprecision(1) << 100 * share << "% of training time (exposed " << 100 * exposed_share
+              << "%, of it waiting for another worker " << 100 * peer_wait_share << "%)\n";
+  }
   std::cout << std::setprecision(4) << "result: replicas=" << strategy.num_replicas_in_sync() << " batch=" << f.batch
             << " input=" << (f.cached_batches ? "cached" : "pipeline")
             << " steps=" << history.steps << " samples_per_s=" << std::setprecision(0) << throughput

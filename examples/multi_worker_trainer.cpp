@@ -47,6 +47,9 @@
 
 #include "example_cli.hpp"
 
+using troupe::examples::in_range;
+using troupe::examples::positive;
+
 using namespace troupe;
 using namespace troupe::distribute;
 
@@ -85,30 +88,32 @@ int main(int argc, char** argv) {
   bool no_terminate_on_nan = false;
   float learning_rate = 0.003f;
   int step_delay_ms = 0;
+  bool quiet = false;
   CLI::App app{"The MLP classifier under MultiWorkerMirroredStrategy (TF_CONFIG says who is who).",
                "multi_worker_trainer"};
   troupe::examples::show_defaults(app);
-  app.add_option("--epochs", epochs, "epochs")->check(CLI::Range(1, 1000000));
+  app.add_option("--epochs", epochs, "epochs")->check(in_range(1, 1000000));
   app.add_option("--batch", batch, "global batch, split over every replica of every worker")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{8192}));  // the generated set has 8192 examples
+      ->check(in_range(std::int64_t{1}, std::int64_t{8192}));  // the generated set has 8192 examples
   app.add_option("--compression", compression,
                  "how gradients cross workers: none (float32), fp16 or bf16 (CommunicationOptions::compression; "
                  "every worker must pass the same)")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
-  app.add_option("--lr", learning_rate, "Adam's learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--lr", learning_rate, "Adam's learning rate")->check(positive());
   app.add_option("--checkpoint-dir", checkpoint_dir,
                  "back the run up in DIR and resume from it (every worker must see the same directory)")
       ->type_name("DIR");
   app.add_option("--checkpoint-every", checkpoint_every,
                  "with --checkpoint-dir: save every STEPS steps (0: at the end of every epoch)")
       ->type_name("STEPS")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+      ->check(in_range(std::int64_t{0}, std::int64_t{1} << 40));
   app.add_option("--step-delay-ms", step_delay_ms, "sleep this long after every step (to watch or interrupt a run)")
-      ->check(CLI::Range(0, 60000));
+      ->check(in_range(0, 60000));
   app.add_option("--tensorboard-dir", tensorboard_dir,
                  "write TensorBoard event files into DIR (the chief's; worker i's under DIR/worker_i)");
   app.add_flag("--no-terminate-on-nan", no_terminate_on_nan, "keep training (and backing up) when the loss is NaN or infinite, and exit 0");
   troupe::examples::add_monitor_options(app, monitor_flags);
+  app.add_flag("--quiet", quiet, "print the result line only");
   return troupe::examples::run_main(app, argc, argv, [&] {
     if (checkpoint_every > 0 && checkpoint_dir.empty()) {
       throw std::invalid_argument("--checkpoint-every " + std::to_string(checkpoint_every) +
@@ -140,15 +145,19 @@ int main(int argc, char** argv) {
                                     nn::Dense(64, 64, nn::Activation::relu, 2),
                                     nn::Dense(64, blobs.classes, nn::Activation::none, 3)}));
     model.compile(std::make_shared<nn::Adam>(learning_rate), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
-    std::cout << strategy.cluster_resolver()->task_type() << " " << strategy.cluster_resolver()->task_id() << " of "
-              << workers << " workers (pid " << ::getpid() << "), " << strategy.num_replicas_in_sync() << " replicas, global batch " << batch
-              << ", compression " << compression << std::endl;  // flushed: a supervisor reads the pid
+    if (!quiet) {
+      std::cout << strategy.cluster_resolver()->task_type() << " " << strategy.cluster_resolver()->task_id() << " of "
+                << workers << " workers (pid " << ::getpid() << "), " << strategy.num_replicas_in_sync()
+                << " replicas, global batch " << batch << ", compression " << compression
+                << std::endl;  // flushed: a supervisor reads the pid
+    }
     auto batches = data::Dataset::from_tensor_slices({d.features, d.labels}).shuffle(blobs.samples, 7).repeat().batch(
         batch, true);
     nn::FitOptions options;
+    options.verbose = quiet ? 0 : 1;
     if (backup) {
       options.backup_and_restore = backup.get();
-      if (auto latest = backup->latest_backup()) {
+      if (auto latest = backup->latest_backup(); latest && !quiet) {
         std::cout << "resuming from " << std::filesystem::path(*latest).filename().string() << "\n";
       }
     }

@@ -25,6 +25,9 @@
 
 #include "example_cli.hpp"
 
+using troupe::examples::in_range;
+using troupe::examples::positive;
+
 using namespace troupe;
 using namespace troupe::distribute;
 
@@ -40,6 +43,7 @@ struct Flags {
   int classes = 4;
   int shards = 2;
   int step_delay_ms = 0;
+  bool quiet = false;
 };
 
 const char* const layers[] = {"dense/kernel", "dense/bias", "dense_1/kernel", "dense_1/bias", "dense_2/kernel",
@@ -88,26 +92,25 @@ double mean(const std::vector<float>& v, std::size_t from, std::size_t to) {
 
 int main(int argc, char** argv) {
   Flags f;
-  CLI::App app{"ps_trainer: an MLP trained with ParameterServerStrategy (one binary for every role)"};
+  CLI::App app{"An MLP trained with ParameterServerStrategy (one binary for every role).", "ps_trainer"};
   troupe::examples::show_defaults(app);
-  app.add_option("--closures", f.closures, "training closures the chief schedules")->check(CLI::Range(1, 1 << 24));
-  app.add_option("--batch", f.batch, "batch of each closure")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  app.add_option("--hidden", f.hidden, "units of each hidden layer")->check(CLI::Range(1, 1 << 16));
-  app.add_option("--lr", f.learning_rate, "SGD learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--samples", f.samples, "generated set: examples")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 26));
-  app.add_option("--features", f.features, "generated set: features")->check(CLI::Range(1, 1 << 16));
-  app.add_option("--classes", f.classes, "generated set: classes")->check(CLI::Range(2, 1 << 16));
-  app.add_option("--shards", f.shards, "shards of each kernel (FixedShardsPartitioner)")->check(CLI::Range(1, 1024));
+  app.add_option("--closures", f.closures, "training closures the chief schedules")->check(in_range(1, 1 << 24));
+  app.add_option("--batch", f.batch, "batch of each closure")->check(in_range(std::int64_t{1}, std::int64_t{1} << 20));
+  app.add_option("--hidden", f.hidden, "units of each hidden layer")->check(in_range(1, 1 << 16));
+  app.add_option("--lr", f.learning_rate, "SGD learning rate")->check(positive());
+  app.add_option("--samples", f.samples, "generated set: examples")->check(in_range(std::int64_t{1}, std::int64_t{1} << 26));
+  app.add_option("--features", f.features, "generated set: features")->check(in_range(1, 1 << 16));
+  app.add_option("--classes", f.classes, "generated set: classes")->check(in_range(2, 1 << 16));
+  app.add_option("--shards", f.shards, "shards of each kernel (FixedShardsPartitioner)")->check(in_range(1, 1024));
   app.add_option("--step-delay-ms", f.step_delay_ms, "a pause in each closure, as a heavier model would take")
-      ->check(CLI::Range(0, 60000));
-  CLI11_PARSE(app, argc, argv);
-
-  try {
+      ->check(in_range(0, 60000));
+  app.add_flag("--quiet", f.quiet, "print the result line only");
+  return troupe::examples::run_main(app, argc, argv, [&] {
     Runtime runtime;
     auto resolver = std::make_shared<TFConfigClusterResolver>();
     if (serve_if_worker_or_ps(runtime, *resolver, make_functions(f))) return 0;
     if (resolver->task_type() != "chief") {
-      throw std::invalid_argument("ps_trainer: task type " + resolver->task_type() +
+      throw std::invalid_argument("task type " + resolver->task_type() +
                                   " has no part here (expected chief, worker or ps)");
     }
 
@@ -125,15 +128,17 @@ int main(int argc, char** argv) {
       }
     }
     auto iterator = coordinator.create_per_worker_dataset("blobs").make_iterator();
-    std::cout << "ps_trainer: " << strategy.num_workers() << " workers, " << strategy.num_ps() << " ps task(s), "
-              << f.closures << " closures of batch " << f.batch << std::endl;
+    if (!f.quiet) {
+      std::cout << "ps_trainer: " << strategy.num_workers() << " workers, " << strategy.num_ps() << " ps task(s), "
+                << f.closures << " closures of batch " << f.batch << std::endl;
+    }
 
     std::vector<RemoteValue> losses;
     for (int i = 0; i < f.closures; ++i) losses.push_back(coordinator.schedule("train_step", iterator, f.learning_rate));
     std::vector<float> loss(static_cast<std::size_t>(f.closures));
     for (int i = 0; i < f.closures; ++i) {
       loss[static_cast<std::size_t>(i)] = coordinator.fetch(losses[static_cast<std::size_t>(i)]).at(0).item<float>();
-      if ((i + 1) % 10 == 0 || i + 1 == f.closures) {
+      if (!f.quiet && ((i + 1) % 10 == 0 || i + 1 == f.closures)) {
         std::cout << "closures " << coordinator.closures_done() << "/" << f.closures << " done, loss "
                   << std::setprecision(4) << mean(loss, static_cast<std::size_t>(std::max(0, i - 9)),
                                                   static_cast<std::size_t>(i + 1))
@@ -146,9 +151,6 @@ int main(int argc, char** argv) {
               << " retried=" << coordinator.closures_retried() << " workers_lost=" << coordinator.workers_lost()
               << std::setprecision(5) << " loss_first=" << mean(loss, 0, k) << " loss_last=" << mean(loss, n - k, n)
               << std::endl;
-  } catch (const std::exception& e) {
-    std::cerr << "ps_trainer: " << e.what() << std::endl;
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }

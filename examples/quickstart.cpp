@@ -24,6 +24,8 @@
 
 #include "example_cli.hpp"
 
+using troupe::examples::in_range;
+
 using namespace troupe;
 using namespace troupe::distribute;
 
@@ -41,16 +43,18 @@ int main(int argc, char** argv) {
   int replicas = 4, epochs = 5;
   long long steps = 20;
   std::uint64_t seed = 1;
+  bool quiet = false;
   CLI::App app{"The seed's Keras quickstart: Dense(2), SGD(0.1), fit, over CPU replicas.", "quickstart"};
   troupe::examples::show_defaults(app);
-  app.add_option("--replicas", replicas, "CPU replicas")->check(CLI::Range(1, 1024));
-  app.add_option("--epochs", epochs, "epochs")->check(CLI::Range(1, 1000000));
-  app.add_option("--steps", steps, "steps per epoch")->check(CLI::Range(1LL, 1000000000LL));
+  app.add_option("--replicas", replicas, "CPU replicas")->check(in_range(1, 1024));
+  app.add_option("--epochs", epochs, "epochs")->check(in_range(1, 1000000));
+  app.add_option("--steps", steps, "steps per epoch")->check(in_range(1LL, 1000000000LL));
   app.add_option("--seed", seed, "random seed");
+  app.add_flag("--quiet", quiet, "print the result line only");
   return troupe::examples::run_main(app, argc, argv, [&] {
     Runtime rt;
     MirroredStrategy strategy(rt, cpus(replicas));
-    std::cout << "MirroredStrategy over " << strategy.num_replicas_in_sync() << " CPU replicas\n";
+    if (!quiet) std::cout << "MirroredStrategy over " << strategy.num_replicas_in_sync() << " CPU replicas\n";
     auto scope = strategy.scope();
     nn::Model model(nn::Sequential({nn::Dense(5, 2, nn::Activation::none, seed)}));
     model.compile(std::make_shared<nn::SGD>(0.1f), nn::Loss::sparse_categorical_crossentropy());
@@ -70,7 +74,9 @@ int main(int argc, char** argv) {
           .repeat()
           .batch(ctx.get_per_replica_batch_size(global_batch), true);
     });
-    const nn::History history = model.fit(dist_dataset, epochs, steps);
+    nn::FitOptions options;
+    options.verbose = quiet ? 0 : 1;
+    const nn::History history = model.fit(dist_dataset, epochs, steps, options);
 
     const bool fell = history.loss.back() < history.loss.front();
     std::cout << "loss " << history.loss.front() << " -> " << history.loss.back() << (fell ? " (falls)" : " (did not fall)")

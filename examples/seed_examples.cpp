@@ -10,6 +10,8 @@
 
 #include "example_cli.hpp"
 
+using troupe::examples::in_range;
+
 using namespace troupe;
 using namespace troupe::distribute;
 
@@ -122,7 +124,7 @@ int main(int argc, char** argv) {
   CLI::App app{"The examples of tf.distribute's documentation on MirroredStrategy over CPU replicas.",
                "seed_examples"};
   troupe::examples::show_defaults(app);
-  app.add_option("replicas", replicas, "CPU replicas for examples 5-8")->check(CLI::Range(1, 1024));
+  app.add_option("replicas", replicas, "CPU replicas for examples 5-8")->check(in_range(1, 1024));
   app.add_option("--strategy", strategy, "the strategy every example runs under")
       ->check(CLI::IsMember({"mirrored", "central_storage"}));
   return troupe::examples::run_main(app, argc, argv, [&] {

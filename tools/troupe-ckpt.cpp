@@ -11,11 +11,14 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "command_line.hpp"
 
 #include "troupe/checkpoint.hpp"
 
@@ -144,13 +147,14 @@ int main(int argc, char** argv) {
                "tensor against its checksum; a directory lists its checkpoints (ckpt-<step>.ckpt). Exits 1\n"
                "when a file is damaged or unreadable, or with --stats holds NaN or Inf.\n",
                "troupe-ckpt"};
-  app.add_option("paths", paths, "checkpoint files or directories")->required()->type_name("PATH");
+  // Not ->required(): CLI11 checks requirements before unknown flags, and "--stast" deserves its own
+  // message rather than "paths is required".
+  app.add_option("paths", paths, "checkpoint files or directories")->type_name("PATH");
   app.add_flag("--stats", stats, "per tensor: min, max and mean, and NaN/Inf flagged");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);
-    std::cerr << "troupe-ckpt: " << e.what() << "\nRun with --help for more information.\n";
+  if (const std::optional<int> status = troupe::tools::parse_command_line(app, argc, argv)) return *status;
+  if (paths.empty()) {
+    std::cerr << "troupe-ckpt: no PATH given (a checkpoint file or a directory of them)\n"
+                 "Run with --help for more information.\n";
     return 2;
   }
   bool intact = true;

@@ -146,6 +146,22 @@ std::optional<std::int64_t> step_of(const std::string& filename) {
   return step;
 }
 
+// The N in "<name>-<N>.ckpt", or nullopt for any other name.
+std::optional<std::int64_t> number_of(const std::string& filename) {
+  constexpr std::string_view suffix = ".ckpt";
+  if (filename.size() <= suffix.size()) return std::nullopt;
+  if (filename.compare(filename.size() - suffix.size(), suffix.size(), suffix) != 0) return std::nullopt;
+  const std::size_t dash = filename.rfind('-', filename.size() - suffix.size());
+  if (dash == std::string::npos || dash == 0) return std::nullopt;
+  const char* begin = filename.data() + dash + 1;
+  const char* end = filename.data() + filename.size() - suffix.size();
+  if (begin == end || !std::all_of(begin, end, [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
+  std::int64_t n = 0;
+  auto [ptr, ec] = std::from_chars(begin, end, n);
+  if (ec != std::errc() || ptr != end) return std::nullopt;
+  return n;
+}
+
 // (step, path) of every checkpoint in `directory`, oldest first.
 std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::string& directory) {
   std::vector<std::pair<std::int64_t, std::string>> out;
@@ -254,6 +270,42 @@ void check_directory_usable(const std::string& directory) {
   ::unlink(probe.c_str());
 }
 
+// The files "<file_prefix>-<N>.ckpt" beside `file_prefix`, as (N, path).
+std::vector<std::pair<std::int64_t, std::string>> numbered_files(const std::string& file_prefix) {
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  const fs::path prefix(file_prefix);
+  const std::string stem = prefix.filename().string() + "-";
+  const fs::path parent = prefix.parent_path().empty() ? fs::path(".") : prefix.parent_path();
+  std::error_code ec;
+  fs::directory_iterator it(parent, ec);
+  if (ec) return out;
+  for (const fs::directory_entry& entry : it) {
+    const std::string name = entry.path().filename().string();
+    if (name.compare(0, stem.size(), stem) != 0) continue;
+    // The number starts right after the stem: "model-1.ckpt" is model's, "model-a-1.ckpt" is not.
+    if (const auto n = number_of(name); n && name.rfind('-') == stem.size() - 1) {
+      out.emplace_back(*n, (prefix.parent_path() / name).string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// What restore reads for `save_path`: the file itself, or "<save_path>.ckpt" (TensorFlow's form
+// of the path save returned). Neither there: a CheckpointError that names what save wrote when
+// `save_path` is a prefix given to save.
+std::string resolve_save_path(const std::string& save_path) {
+  std::error_code ec;
+  if (fs::is_regular_file(save_path, ec)) return save_path;
+  const std::string with_suffix = save_path + ".ckpt";
+  if (fs::is_regular_file(with_suffix, ec)) return with_suffix;
+  const auto numbered = numbered_files(save_path);
+  if (numbered.empty()) return save_path;  // load names the missing file
+  throw CheckpointError("checkpoint " + save_path + ": no such file; save(\"" + save_path +
+                        "\") numbers its files, the highest being " + numbered.back().second +
+                        " (restore the path save returned, or latest_checkpoint(directory))");
+}
+
 void create_parent_directory(const std::string& path) {
   const fs::path parent = fs::path(path).parent_path();
   if (parent.empty()) return;
@@ -282,8 +334,19 @@ void Checkpoint::add(const std::map<std::string, Variable>& variables) {
   for (const auto& [name, variable] : variables) variables_.emplace(name, variable);
 }
 
-std::string Checkpoint::save(const std::string& path_prefix) {
+std::string Checkpoint::save(const std::string& file_prefix) {
   require_cross_replica("Checkpoint::save");
+  if (file_prefix.empty()) throw std::invalid_argument("Checkpoint::save: empty file prefix");
+  // Past every number already on disk for this prefix: a new run never overwrites an old file.
+  std::int64_t last = save_counter_;
+  for (const auto& [n, path] : numbered_files(file_prefix)) last = std::max(last, n);
+  const std::string written = write(file_prefix + "-" + std::to_string(last + 1));
+  save_counter_ = last + 1;
+  return written;
+}
+
+std::string Checkpoint::write(const std::string& path_prefix) {
+  require_cross_replica("Checkpoint::write");
   // Under multi-worker every worker takes part (on_read values are aggregated over all of them)
   // and writes the same file, but only the chief writes the real path: the others write a
   // temporary one next to it and remove it, as TensorFlow's workers do.
@@ -312,9 +375,9 @@ std::string Checkpoint::save(const std::string& path_prefix) {
   return path;
 }
 
-void Checkpoint::restore(const std::string& path) {
+void Checkpoint::restore(const std::string& save_path) {
   require_cross_replica("Checkpoint::restore");
-  restore_from(load(path), *this);
+  restore_from(load(resolve_save_path(save_path)), *this);
 }
 
 CheckpointManager::CheckpointManager(Checkpoint checkpoint, std::string directory, int max_to_keep)
@@ -333,7 +396,7 @@ std::string CheckpointManager::save(std::int64_t step) {
     throw std::invalid_argument("CheckpointManager::save: step " + std::to_string(step) + " (expected >= 0)");
   }
   checkpoint_.set_step(step);
-  const std::string written = checkpoint_.save((fs::path(directory_) / ("ckpt-" + std::to_string(step))).string());
+  const std::string written = checkpoint_.write((fs::path(directory_) / ("ckpt-" + std::to_string(step))).string());
   if (saving_strategy(checkpoint_.variables()).backend().workers().rank() != 0) return written;  // the chief keeps the directory
   auto all = list_checkpoints(directory_);
   std::size_t excess = all.size() > static_cast<std::size_t>(max_to_keep_) ? all.size() - max_to_keep_ : 0;
@@ -356,6 +419,29 @@ std::optional<std::string> CheckpointManager::latest_checkpoint() const {
 }
 
 std::vector<std::string> CheckpointManager::checkpoints() const { return checkpoint_files(directory_); }
+
+std::optional<std::string> latest_checkpoint(const std::string& directory) {
+  std::optional<std::string> latest;
+  fs::file_time_type latest_time;
+  std::int64_t latest_number = -1;
+  std::error_code ec;
+  fs::directory_iterator it(directory, ec);
+  if (ec) return std::nullopt;
+  for (const fs::directory_entry& entry : it) {
+    std::error_code entry_ec;
+    if (!entry.is_regular_file(entry_ec)) continue;
+    const auto n = number_of(entry.path().filename().string());
+    if (!n) continue;
+    const fs::file_time_type time = entry.last_write_time(entry_ec);
+    if (entry_ec) continue;
+    if (!latest || time > latest_time || (time == latest_time && *n > latest_number)) {
+      latest = entry.path().string();
+      latest_time = time;
+      latest_number = *n;
+    }
+  }
+  return latest;
+}
 
 std::vector<std::string> checkpoint_files(const std::string& directory) {
   std::vector<std::string> out;

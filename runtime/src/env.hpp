@@ -27,7 +27,8 @@ void check_runtime_options(const RuntimeOptions& options);
 void check_multi_worker_options(const distribute::CommunicationOptions& options,
                                 const distribute::MultiWorkerOptions& settings);
 
-/// TROUPE_FORCE_CPU=1: GPUs are hidden from troupe.
+/// TROUPE_FORCE_CPU=1: GPUs are hidden from troupe (0 or unset: they are not). Any other value
+/// throws std::invalid_argument naming the variable.
 bool force_cpu_from_environment();
 
 /// TROUPE_CPU as set (nullptr when unset): the CPU kernel path to force (cpu/dispatch.cpp checks it).

@@ -1,11 +1,12 @@
 // Every TROUPE_* environment variable troupe reads, read here and nowhere else.
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "env.hpp"
+#include "troupe/base/parse_number.hpp"
 #include "troupe/base/quote.hpp"
 #include "troupe/distribute/multi_worker_strategy.hpp"
 #include "troupe/log.hpp"
@@ -17,13 +18,12 @@ namespace detail {
 int env_int(const char* name, int fallback, int min, int max) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  errno = 0;
-  long x = std::strtol(v, &end, 10);
+  const std::optional<long long> parsed = base::parse_int(v);
   const std::string range = std::to_string(min) + ".." + std::to_string(max);
-  if (errno != 0 || end == v || *end != '\0') {
+  if (!parsed) {
     throw std::invalid_argument(std::string(name) + "=" + base::quoted(v) + " is not a number in " + range);
   }
+  const long long x = *parsed;
   if (x < min || x > max) {
     throw std::invalid_argument(std::string(name) + "=" + std::to_string(x) + " is outside " + range +
                                 (x < 0 ? " (a negative value is never valid)" : ""));
@@ -82,10 +82,21 @@ void check_multi_worker_options(const distribute::CommunicationOptions& options,
   }
 }
 
-bool force_cpu_from_environment() {
-  const char* force_cpu = std::getenv("TROUPE_FORCE_CPU");
-  return force_cpu != nullptr && std::strcmp(force_cpu, "1") == 0;
+namespace {
+
+// A switch: unset or empty is `fallback`, "1" on, "0" off; anything else ("yes", "true") is
+// refused, naming the variable, rather than read as off.
+bool env_switch(const char* name, bool fallback, const char* meaning) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  if (std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") == 0) return false;
+  throw std::invalid_argument(std::string(name) + "=\"" + v + "\" is not 0 or 1 (1 " + meaning + ")");
 }
+
+}  // namespace
+
+bool force_cpu_from_environment() { return env_switch("TROUPE_FORCE_CPU", false, "hides GPUs from troupe"); }
 
 const char* cpu_path_from_environment() { return std::getenv("TROUPE_CPU"); }
 
@@ -119,6 +130,9 @@ RuntimeOptions RuntimeOptions::from_environment() {
                                   "\" is not a log level (expected debug, info, warning, error or off)");
     }
   }
+  // Read where GPUs are counted; checked here too, so that a program on CPU devices does not
+  // pass over a malformed value.
+  (void)detail::force_cpu_from_environment();
   return o;
 }
 
@@ -133,12 +147,8 @@ MultiWorkerOptions MultiWorkerOptions::from_environment() {
   o.devices_per_worker = troupe::detail::env_int("TROUPE_DEVICES_PER_WORKER", 0, 1, 1024);
   o.restart_count = troupe::detail::env_int("TROUPE_RESTART_COUNT", 0, 0, 1'000'000);
   if (const char* token = std::getenv("TROUPE_CLUSTER_TOKEN")) o.cluster_token = token;
-  if (const char* insecure = std::getenv("TROUPE_INSECURE"); insecure != nullptr && *insecure != '\0') {
-    if (std::strcmp(insecure, "1") != 0 && std::strcmp(insecure, "0") != 0) {
-      throw std::invalid_argument(std::string("TROUPE_INSECURE=\"") + insecure + "\" is not 0 or 1");
-    }
-    o.insecure = std::strcmp(insecure, "1") == 0;
-  }
+  o.insecure = troupe::detail::env_switch("TROUPE_INSECURE", o.insecure,
+                                         "lets a cluster beyond loopback start without a token");
   return o;
 }
 

@@ -42,9 +42,16 @@ sed 's/virginica/zebra/' "$work/iris.csv" > "$work/iris_other.csv"
 "$expect" 1 --match "mlp_classifier: --resume: .*ck/labels\.txt maps the classes differently from .*iris_other\.csv" -- \
   "$mlp" --csv "$work/iris_other.csv" --label-column species --batch 15 --checkpoint-dir "$work/ck" --resume
 
-# A NaN cell: refused with file, line and column; or the row dropped with a warning.
+# Excel's "CSV UTF-8" starts with a byte-order mark: read as if it were not there.
+printf '\xEF\xBB\xBF' | cat - "$work/iris.csv" > "$work/iris_bom.csv"
+"$expect" 0 --match "\(15 examples, 4 features, 3 classes\)" --match "classes: 0=setosa 1=versicolor 2=virginica" -- \
+  "$mlp" --csv "$work/iris_bom.csv" --label-column species --epochs 1 --batch 15 --replicas 1
+
+# A NaN cell: refused with file, line and column and the flag that drops such rows; or the row
+# dropped with a warning.
 sed '4s/^4\.7,3\.2/4.7,nan/' "$work/iris.csv" > "$work/iris_nan.csv"
-"$expect" 1 --match "mlp_classifier: .*iris_nan\.csv:4: column 1 \(\"sepal_width\"\): \"nan\" is not a finite number" -- \
+"$expect" 1 --match "mlp_classifier: .*iris_nan\.csv:4: column 1 \(\"sepal_width\"\): \"nan\" is not a finite number" \
+  --match "drop such rows: --non-finite=drop" --no-match "NonFinite::" -- \
   "$mlp" --csv "$work/iris_nan.csv" --label-column species --epochs 1
 "$expect" 0 --match "mlp_classifier: warning: .*iris_nan\.csv:4: column 1 \(\"sepal_width\"\): \"nan\" is not a finite number: row dropped" \
   --match "\(14 examples, 4 features, 3 classes\)" -- \
@@ -62,6 +69,14 @@ printf 'x,label\n1,0\n2,2000\n' > "$work/wide.csv"
 printf 'a;b;"kind; long"\n1;2;"x; ""one"""\n3;4;y\n1.5;2.5;"x; ""one"""\n3.5;4.5;y\n' > "$work/semi.csv"
 "$expect" 0 --match "classes: 0=x; \"one\" 1=y" --match "\(4 examples, 2 features, 2 classes\)" -- \
   "$mlp" --csv "$work/semi.csv" --label-column "kind; long" --delimiter ";" --epochs 1 --batch 4 --replicas 2
+# Without --delimiter, the error says to pass it.
+"$expect" 1 --match "mlp_classifier: .*semi\.csv.*the file looks semicolon-separated; pass --delimiter ';'" -- \
+  "$mlp" --csv "$work/semi.csv" --label-column "kind; long" --epochs 1
+tr ',' '\t' < "$work/iris.csv" > "$work/iris.tsv"
+"$expect" 1 --match "the file looks tab-separated; pass --delimiter tab" -- \
+  "$mlp" --csv "$work/iris.tsv" --label-column species --epochs 1
+"$expect" 0 --match "\(15 examples, 4 features, 3 classes\)" -- \
+  "$mlp" --csv "$work/iris.tsv" --label-column species --delimiter tab --epochs 1 --batch 15 --replicas 1
 "$expect" 2 --match "--delimiter: expected one character or \"tab\", got \"ab\"" -- \
   "$mlp" --csv "$work/semi.csv" --delimiter ab
 printf '1,"2\n' >> "$work/iris_open.csv"

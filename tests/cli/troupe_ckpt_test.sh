@@ -17,7 +17,7 @@ trap 'rm -rf "$work"' EXIT
 
 # A run that diverges (SGD at 1e30) and is told to go on (TerminateOnNaN would stop it) writes
 # NaN with valid checksums: only --stats tells.
-"$expect" 0 --match "loss -?nan" -- "$mlp" --epochs 1 --samples 2048 --optimizer sgd --lr 1e30 \
+"$expect" 0 --match "^result: .* loss=-?nan$" -- "$mlp" --epochs 1 --samples 2048 --optimizer sgd --lr 1e30 \
   --checkpoint-dir "$work/nan" --quiet --no-terminate-on-nan >/dev/null
 "$expect" 0 --match "intact" -- "$ckpt" "$work/nan"
 "$expect" 1 --match "dense_0/kernel .*NON-FINITE: 4096 NaN, 0 Inf" \
@@ -32,6 +32,7 @@ printf '\xff\xff\xff\xff' | dd of="$work/good/ckpt-20.ckpt" bs=1 seek=100000 con
 mkdir "$work/empty"
 "$expect" 1 --match "troupe-ckpt: .*empty: no checkpoint files \(expected ckpt-<step>\.ckpt" -- "$ckpt" "$work/empty"
 "$expect" 0 --match "usage: troupe-ckpt \[--stats\] PATH" --match "--stats" -- "$ckpt" --help
-"$expect" 2 --match "troupe-ckpt: paths is required" -- "$ckpt"
+"$expect" 2 --match "troupe-ckpt: no PATH given" --match "--help" -- "$ckpt"
+"$expect" 2 --match "troupe-ckpt: The following argument was not expected: --frobnicate" -- "$ckpt" --frobnicate
 "$expect" 2 --match "troupe-ckpt: The following argument was not expected: --frobnicate" -- "$ckpt" --frobnicate x
 echo "troupe-ckpt: every check passed"

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Runs a program and checks both its exit status and its output (stdout and stderr together):
-#   expect.sh STATUS [--match REGEX]... [--no-match REGEX]... -- COMMAND [ARGS...]
+#   expect.sh STATUS [--match REGEX]... [--no-match REGEX]... [--every-line REGEX] -- COMMAND [ARGS...]
 # Each REGEX is an extended regular expression (grep -E) that must (--match) or must not
-# (--no-match) occur in the output. The command runs under `timeout 120`. On a mismatch the
+# (--no-match) occur in the output, or that every line of it must match (--every-line; the output
+# must then have a line). The command runs under `timeout 120`. On a mismatch the
 # output is printed and the exit status is 1.
 set -uo pipefail
 want="$1"
 shift
 matches=()
 no_matches=()
+every_line=""
 while [[ $# -gt 0 && "$1" != "--" ]]; do
   case "$1" in
     --match) matches+=("$2"); shift 2 ;;
     --no-match) no_matches+=("$2"); shift 2 ;;
+    --every-line) every_line="$2"; shift 2 ;;
     *) echo "expect.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -36,6 +39,15 @@ for re in "${no_matches[@]}"; do
     fail=1
   fi
 done
+if [[ -n "$every_line" ]]; then
+  if [[ -z "$out" ]]; then
+    echo "expect.sh: no output, expected lines matching: $every_line" >&2
+    fail=1
+  elif grep -Evq -- "$every_line" <<<"$out"; then
+    echo "expect.sh: a line does not match $every_line: $(grep -Ev -- "$every_line" <<<"$out" | head -1)" >&2
+    fail=1
+  fi
+fi
 if [[ $fail -ne 0 ]]; then
   echo "--- command: $*" >&2
   echo "--- output:" >&2

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -137,7 +138,7 @@ TEST_CASE("save and restore round-trip variables of every dtype, mirrored over C
     auto scope = m.strategy.scope();
     path = ckpt.save(dir.file("model"));
   }
-  CHECK(path == dir.file("model.ckpt"));
+  CHECK(path == dir.file("model-1.ckpt"));
   CHECK(fs::exists(path));
   m.scramble();
   ckpt.set_step(0);
@@ -164,7 +165,65 @@ TEST_CASE("save and restore work outside the strategy's scope too, with the same
     Checkpoint(m.variables).save(dir.file("inside"));
   }
   Checkpoint(m.variables).save(dir.file("outside2"));
-  CHECK(read_bytes(dir.file("inside.ckpt")) == read_bytes(dir.file("outside2.ckpt")));
+  CHECK(read_bytes(dir.file("inside-1.ckpt")) == read_bytes(dir.file("outside2-1.ckpt")));
+}
+
+TEST_CASE("save numbers its files as TensorFlow does, restore takes what save returned and latest_checkpoint finds it") {
+  temp_dir dir;
+  model m;
+  Checkpoint ckpt(m.variables);
+  CHECK(ckpt.save_counter() == 0);
+  ckpt.set_step(1);
+  const std::string first = ckpt.save(dir.file("run/model"));  // the directory is created
+  CHECK(first == dir.file("run/model-1.ckpt"));
+  CHECK(ckpt.save_counter() == 1);
+  CHECK(latest_checkpoint(dir.file("run")) == first);
+  ckpt.set_step(2);
+  const std::string second = ckpt.save(dir.file("run/model"));
+  CHECK(second == dir.file("run/model-2.ckpt"));
+  CHECK(ckpt.save_counter() == 2);
+  CHECK(latest_checkpoint(dir.file("run")) == second);
+
+  // restore(the path save returned), and TensorFlow's form of it without ".ckpt".
+  m.scramble();
+  Checkpoint restored(m.variables);
+  restored.restore(second);
+  CHECK(restored.step() == 2);
+  m.check_restored();
+  m.scramble();
+  restored.restore(dir.file("run/model-1"));
+  CHECK(restored.step() == 1);
+  m.check_restored();
+
+  // The prefix itself names no file: the error names the file save wrote.
+  const std::string msg = checkpoint_error_of([&] { restored.restore(dir.file("run/model")); });
+  CHECK(contains(msg, "checkpoint " + dir.file("run/model") + ": no such file"));
+  CHECK(contains(msg, "the highest being " + second));
+
+  // A new Checkpoint (a later run) goes on after the numbers on disk, never over them.
+  Checkpoint later(m.variables);
+  CHECK(later.save(dir.file("run/model")) == dir.file("run/model-3.ckpt"));
+  CHECK(later.save_counter() == 3);
+  CHECK(latest_checkpoint(dir.file("run")) == dir.file("run/model-3.ckpt"));
+  // Another prefix's numbers are its own ("model-a" is not "model"), and the file written last is
+  // the latest, whatever its number (model-3's time is set back: both may share a clock tick).
+  CHECK(Checkpoint(m.variables).save(dir.file("run/model-a")) == dir.file("run/model-a-1.ckpt"));
+  fs::last_write_time(dir.file("run/model-3.ckpt"),
+                      fs::last_write_time(dir.file("run/model-a-1.ckpt")) - std::chrono::seconds(10));
+  CHECK(latest_checkpoint(dir.file("run")) == dir.file("run/model-a-1.ckpt"));
+
+  // write: the prefix itself, no number, the counter unchanged.
+  CHECK(later.write(dir.file("run/final")) == dir.file("run/final.ckpt"));
+  CHECK(later.save_counter() == 3);
+  CHECK(latest_checkpoint(dir.file("run")) == dir.file("run/model-a-1.ckpt"));  // "final" has no number
+
+  // CheckpointManager's files are found too; nothing in a missing or empty directory.
+  CheckpointManager manager(Checkpoint(m.variables), dir.file("managed"), 2);
+  const std::string managed = manager.save(40);
+  CHECK(latest_checkpoint(dir.file("managed")) == managed);
+  CHECK_FALSE(latest_checkpoint(dir.file("nothing-here")).has_value());
+  fs::create_directories(dir.file("empty"));
+  CHECK_FALSE(latest_checkpoint(dir.file("empty")).has_value());
 }
 
 TEST_CASE("damaged files are CheckpointErrors naming the file, and the variables are unchanged") {
@@ -269,7 +328,8 @@ TEST_CASE("Checkpoint refuses duplicate names and saving inside a replica functi
   MirroredStrategy s(rt, {"CPU:0", "CPU:1"});
   std::string msg = message_of([&] { s.run([&] { ckpt.save(dir.file("x")); }); });
   CHECK(contains(msg, "Checkpoint::save: call it in cross-replica context"));
-  CHECK_FALSE(fs::exists(dir.file("x.ckpt")));
+  CHECK_FALSE(fs::exists(dir.file("x-1.ckpt")));
+  CHECK(ckpt.save_counter() == 0);
 }
 
 TEST_CASE("CheckpointManager keeps the last K checkpoints, ordered by step") {

@@ -113,6 +113,24 @@ std::vector<std::string> default_devices(Runtime& rt) {
 
 }  // namespace
 
+TEST_CASE("TROUPE_FORCE_CPU other than 0 or 1 is refused naming the variable, by gpu_count and by a Runtime") {
+  for (const char* value : {"yes", "true", "on", "2"}) {
+    CAPTURE(value);
+    troupe::testing::scoped_env env("TROUPE_FORCE_CPU", value);
+    const std::string expected = std::string("TROUPE_FORCE_CPU=\"") + value + "\" is not 0 or 1 (1 hides GPUs from troupe)";
+    CHECK_THROWS_WITH_AS(Runtime::gpu_count(), expected.c_str(), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(RuntimeOptions::from_environment(), expected.c_str(), std::invalid_argument);
+    CHECK_THROWS_WITH_AS([] { Runtime rt; }(), expected.c_str(), std::invalid_argument);
+  }
+  {
+    troupe::testing::scoped_env unset_env("TROUPE_FORCE_CPU", std::nullopt);
+    const int unforced = Runtime::gpu_count();
+    troupe::testing::scoped_env zero("TROUPE_FORCE_CPU", "0");
+    CHECK(Runtime::gpu_count() == unforced);  // 0 is "not forced", the same as unset
+    CHECK_NOTHROW(RuntimeOptions::from_environment());
+  }
+}
+
 TEST_CASE("gpu_count is the machine's GPUs, none under TROUPE_FORCE_CPU=1, and the default devices follow it") {
   Runtime rt;
   {

@@ -1,39 +1,36 @@
 #include "launch/launch_options.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <climits>
 #include <cmath>
-#include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
+
+#include "troupe/base/parse_number.hpp"
 
 namespace troupe::launch {
 namespace {
 
 int parse_int(const std::string& option, const std::string& value, long min, long max,
               const char* expected) {
-  errno = 0;
-  char* end = nullptr;
-  long parsed = value.empty() ? 0 : std::strtol(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0' || errno == ERANGE || parsed < min || parsed > max)
+  const std::optional<long long> parsed = base::parse_int(value);
+  if (!parsed || *parsed < min || *parsed > max)
     throw usage_error(option + ": expected " + expected + ", got '" + value + "'");
-  return static_cast<int>(parsed);
+  return static_cast<int>(*parsed);
 }
 
 double parse_seconds(const std::string& option, const std::string& value, bool zero_allowed) {
-  char* end = nullptr;
-  double parsed = value.empty() ? 0 : std::strtod(value.c_str(), &end);
+  const std::optional<double> parsed = base::parse_double(value);
   // A bound of more than a year is a typo; it would also overflow the clock arithmetic.
-  bool ok = !value.empty() && *end == '\0' && std::isfinite(parsed) && parsed <= 366.0 * 86400 &&
-            (zero_allowed ? parsed >= 0 : parsed > 0);
+  bool ok = parsed && std::isfinite(*parsed) && *parsed <= 366.0 * 86400 && (zero_allowed ? *parsed >= 0 : *parsed > 0);
   if (!ok)
     throw usage_error(option + ": expected " +
                       (zero_allowed ? "a number of seconds >= 0" : "a number of seconds > 0") +
                       ", got '" + value + "'");
-  return parsed;
+  return *parsed;
 }
 
 }  // namespace

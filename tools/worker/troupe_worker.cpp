@@ -16,19 +16,45 @@
 #include <cstdlib>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
+#include "command_line.hpp"
+#include "troupe/base/parse_number.hpp"
 #include "troupe/troupe.hpp"
 
 namespace td = troupe::distribute;
 
+namespace {
+
+// The INDEX of "TYPE:INDEX", when it is a number in 0..1000000.
+std::optional<int> task_index(const std::string& task) {
+  const auto colon = task.find(':');
+  if (colon == std::string::npos) return std::nullopt;
+  const std::optional<long long> index = troupe::base::parse_int(std::string_view(task).substr(colon + 1));
+  if (!index || *index < 0 || *index > 1'000'000) return std::nullopt;
+  return static_cast<int>(*index);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  CLI::App app{"troupe-worker: serves one task (worker or ps) of a troupe cluster"};
+  CLI::App app{"Serves one task (worker or ps) of a troupe cluster.", "troupe-worker"};
   std::string task;
   std::string cluster;
   std::vector<std::string> modules;
-  app.add_option("--task", task, "TYPE:INDEX, e.g. worker:0 or ps:1 (default: TF_CONFIG's task)");
+  app.add_option("--task", task, "TYPE:INDEX, e.g. worker:0 or ps:1 (default: TF_CONFIG's task)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            const auto colon = v.find(':');
+            if (colon == 0 || colon == std::string::npos || !task_index(v)) {
+              return "\"" + v + "\" is not TYPE:INDEX (e.g. worker:0, an index in 0..1000000)";
+            }
+            return {};
+          },
+          "TYPE:INDEX"));
   app.add_option("--cluster", cluster,
                  "the cluster as TF_CONFIG's \"cluster\" value (default: TF_CONFIG's cluster)");
   app.add_option("--module", modules, "a shared library whose TROUPE_MODULE registers functions (repeatable)");
@@ -36,7 +62,7 @@ int main(int argc, char** argv) {
   app.add_option("--data-port", data_port,
                  "ps tasks: the port for the variables' bytes (default: TROUPE_PS_DATA_PORT, else a free one)")
       ->check(CLI::Range(0, 65535));
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> status = troupe::tools::parse_command_line(app, argc, argv)) return *status;
 
   // Every thread started from here on (the actor system's) leaves SIGTERM and SIGINT to the one
   // thread that waits for them.
@@ -62,16 +88,9 @@ int main(int argc, char** argv) {
         if (env == nullptr || *env == '\0') throw std::invalid_argument("--task needs --cluster or TF_CONFIG");
         cluster_json = td::TFConfigClusterResolver(env).cluster_spec().as_json();
       }
-      const auto colon = task.find(':');
-      if (task.empty() || colon == std::string::npos) {
-        throw std::invalid_argument("--task " + task + " is not TYPE:INDEX (e.g. worker:0)");
-      }
-      type = task.substr(0, colon);
-      try {
-        index = std::stoi(task.substr(colon + 1));
-      } catch (const std::exception&) {
-        throw std::invalid_argument("--task " + task + ": the index is not a number");
-      }
+      if (task.empty()) throw std::invalid_argument("--cluster needs --task TYPE:INDEX (e.g. worker:0)");
+      type = task.substr(0, task.find(':'));  // --task was checked when parsed
+      index = *task_index(task);
       // The resolver checks the cluster and the task as TF_CONFIG would.
       td::TFConfigClusterResolver r("{\"cluster\": " + cluster_json + ", \"task\": {\"type\": \"" + type +
                                     "\", \"index\": " + std::to_string(index) + "}}");

@@ -46,17 +46,30 @@ class Checkpoint {
   std::int64_t step() const noexcept { return step_; }
   void set_step(std::int64_t step) noexcept { step_ = step; }
 
-  /// Writes `path_prefix` + ".ckpt" atomically and returns the file written.
-  std::string save(const std::string& path_prefix);
-  /// Restores every variable from `path`; the file must hold each of them with the same dtype
-  /// and shape. A problem throws CheckpointError naming the file, and no variable is changed.
-  void restore(const std::string& path);
+  /// Saves a numbered checkpoint, as tf.train.Checkpoint.save does: writes
+  /// `file_prefix` + "-N.ckpt" atomically, N counting this object's saves from 1 (continuing past
+  /// the highest N already on disk for that prefix, so a later run never overwrites an earlier
+  /// one's file), and returns the file written, e.g. save("/tmp/run/model") is
+  /// "/tmp/run/model-1.ckpt", then "/tmp/run/model-2.ckpt". restore takes that path back, and
+  /// latest_checkpoint("/tmp/run") finds it.
+  std::string save(const std::string& file_prefix);
+  /// Writes `file_prefix` + ".ckpt" atomically, without a number (tf.train.Checkpoint.write), and
+  /// returns the file written.
+  std::string write(const std::string& file_prefix);
+  /// Restores every variable from `save_path`: a file save or write returned, or the same path
+  /// without ".ckpt" (TensorFlow's form, "/tmp/run/model-1"). The file must hold each variable
+  /// with the same dtype and shape. A problem throws CheckpointError naming the file (for a
+  /// prefix given to save, it names the file save wrote), and no variable is changed.
+  void restore(const std::string& save_path);
+  /// The number of the last save (0 before the first).
+  std::int64_t save_counter() const noexcept { return save_counter_; }
 
   const std::map<std::string, Variable>& variables() const noexcept { return variables_; }
 
  private:
   std::map<std::string, Variable> variables_;
   std::int64_t step_ = 0;
+  std::int64_t save_counter_ = 0;
 };
 
 /// Keeps the last `max_to_keep` checkpoints of a Checkpoint in `directory` (ckpt-<step>.ckpt),
@@ -119,5 +132,11 @@ CheckpointInfo inspect_checkpoint(const std::string& path, bool read_values = fa
 /// The checkpoint files CheckpointManager keeps in `directory` (ckpt-<step>.ckpt), oldest first;
 /// empty when there are none or the directory does not exist.
 std::vector<std::string> checkpoint_files(const std::string& directory);
+
+/// The checkpoint last written in `directory` (tf.train.latest_checkpoint): of the files named
+/// <prefix>-<N>.ckpt there (what Checkpoint::save and CheckpointManager write), the one written
+/// last (by modification time; of two written within the same tick, the higher N). nullopt when
+/// there is none or the directory does not exist.
+std::optional<std::string> latest_checkpoint(const std::string& directory);
 
 }  // namespace troupe

@@ -70,13 +70,15 @@ class Runtime {
   caf::actor_system& system();
   const RuntimeOptions& options() const;
 
-  /// Number of GPUs the CUDA runtime reports; 0 when troupe was built without CUDA or no driver
-  /// or device is present.
+  /// Number of GPUs the CUDA runtime reports; 0 when troupe was built without CUDA, no driver
+  /// or device is present, or TROUPE_FORCE_CPU=1. A TROUPE_FORCE_CPU other than 0 or 1 throws
+  /// std::invalid_argument naming it.
   static int gpu_count();
 
   /// The instruction-set path the CPU kernels (matrix products, layers, optimizer updates) run on
   /// in this process: "baseline" (x86-64), "avx2" (AVX2 + FMA) or "avx512". TROUPE_CPU picks one;
-  /// unset, it is the widest this CPU runs. A Runtime names it on stderr when first constructed.
+  /// unset, it is the widest this CPU runs. A Runtime names it in troupe's log (LogLevel::info,
+  /// troupe/log.hpp) when first constructed.
   /// A TROUPE_CPU that names no path, or one this CPU lacks, throws std::invalid_argument (from
   /// here and from the Runtime constructor).
   static std::string cpu_kernel_path();

@@ -2,11 +2,11 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
 #include <mutex>
 #include <stdexcept>
 
 #include "env.hpp"
+#include "troupe/log.hpp"
 
 namespace troupe::detail::cpu {
 namespace {
@@ -139,9 +139,9 @@ void announce() {
   static std::once_flag once;
   std::call_once(once, [&] {
     const choice& c = chosen();
-    std::cerr << "troupe: CPU kernels: " << isa_name(k.path) << " ("
-              << (c.setting.empty() ? "the widest this CPU runs" : "TROUPE_CPU=" + c.setting) << "; this CPU runs "
-              << list(runnable(c.features)) << ")\n";
+    troupe::log(LogLevel::info, std::string("CPU kernels: ") + isa_name(k.path) + " (" +
+                                    (c.setting.empty() ? "the widest this CPU runs" : "TROUPE_CPU=" + c.setting) +
+                                    "; this CPU runs " + list(runnable(c.features)) + ")");
   });
 }
 

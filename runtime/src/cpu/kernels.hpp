@@ -94,7 +94,7 @@ const typed_kernels<T>& kernels_for() {
   }
 }
 
-/// Prints the startup line naming the path ("troupe: CPU kernels: avx2 (...)") once per process,
+/// Logs the line naming the path ("CPU kernels: avx2 (...)", LogLevel::info) once per process,
 /// after choosing it (which may throw).
 void announce();
 

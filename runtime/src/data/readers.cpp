@@ -327,9 +327,52 @@ std::uint64_t saturating_mul(std::uint64_t a, std::uint64_t b) {
 
 }  // namespace
 
+namespace {
+
+// When the first line holds no `delimiter` but a semicolon or a tab, the file was most likely
+// written with that separator (a spreadsheet in a locale whose decimal mark is a comma, a TSV
+// export): what to pass instead, appended to whatever error reading it raised.
+std::string delimiter_hint(const std::vector<CsvLine>& lines, char delimiter) {
+  if (lines.empty() || lines[0].text.find(delimiter) != std::string_view::npos) return {};
+  struct candidate {
+    char c;
+    const char* looks;
+    const char* flag;
+    const char* option;
+  };
+  for (const candidate& k : {candidate{';', "semicolon", "--delimiter ';'", "';'"},
+                             candidate{'\t', "tab", "--delimiter tab", "'\\t'"}}) {
+    if (k.c != delimiter && lines[0].text.find(k.c) != std::string_view::npos) {
+      return std::string(" (the first line holds no ") + in_quotes(std::string(1, delimiter)) + " but " + k.looks +
+             "s: the file looks " + k.looks + "-separated; pass " + k.flag + ", or set CsvOptions::delimiter = " +
+             k.option + ")";
+    }
+  }
+  return {};
+}
+
+CsvData read_csv_lines(const std::string& path, const std::vector<CsvLine>& lines, const CsvOptions& options);
+
+}  // namespace
+
 CsvData read_csv(const std::string& path, const CsvOptions& options) {
   const std::string text = read_whole_file(path, "read_csv");
-  const std::vector<CsvLine> lines = split_lines(text);
+  std::string_view body(text);
+  constexpr std::string_view utf8_bom = "\xEF\xBB\xBF";  // what Excel's "CSV UTF-8" writes first
+  if (body.substr(0, utf8_bom.size()) == utf8_bom) body.remove_prefix(utf8_bom.size());
+  const std::vector<CsvLine> lines = split_lines(body);
+  try {
+    return read_csv_lines(path, lines, options);
+  } catch (const std::invalid_argument& e) {
+    const std::string hint = delimiter_hint(lines, options.delimiter);
+    if (hint.empty()) throw;
+    throw std::invalid_argument(e.what() + hint);
+  }
+}
+
+namespace {
+
+CsvData read_csv_lines(const std::string& path, const std::vector<CsvLine>& lines, const CsvOptions& options) {
 
   std::vector<std::string> names;
   std::size_t first_row = 0;
@@ -360,7 +403,8 @@ CsvData read_csv(const std::string& path, const CsvOptions& options) {
   auto non_finite = [&](const FieldSite& site, const std::string& value) {
     if (options.non_finite == NonFinite::refuse) {
       bad_value(site, value,
-                "is not a finite number (NaN or Inf); fix the row, or drop such rows (NonFinite::drop_row)");
+                "is not a finite number (NaN or Inf); fix the row, or drop such rows: --non-finite=drop, or "
+                "CsvOptions::non_finite in the API");
     }
     return site.path + ":" + std::to_string(site.line) + ": column " + std::to_string(site.column) + " (" +
            in_quotes(site.column_name) + "): " + in_quotes(value) + " is not a finite number: row dropped";
@@ -437,6 +481,8 @@ CsvData read_csv(const std::string& path, const CsvOptions& options) {
   }
   return out;
 }
+
+}  // namespace
 
 Dataset csv_dataset(const std::string& path, const CsvOptions& options) {
   CsvData data = read_csv(path, options);

@@ -249,7 +249,7 @@ void ModelCheckpoint::save(int epoch, std::int64_t batch, const Logs& logs, bool
   if (!parent.empty()) std::filesystem::create_directories(parent);
   Checkpoint checkpoint(save_weights_only_ ? model().layers().variables() : model().variables());
   checkpoint.set_step(step);
-  const std::string file = checkpoint.save(prefix);
+  const std::string file = checkpoint.write(prefix);  // the formatted path itself, as Keras saves it
   saved_.push_back(file);
   last_step_ = step;
   last_prefix_ = prefix;

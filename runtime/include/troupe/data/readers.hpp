@@ -69,8 +69,10 @@ struct CsvData {
 };
 
 /// Reads a CSV file of numbers (and class names in the label column). Handles "\n" and "\r\n" line endings and a missing final
-/// newline; empty lines are skipped (line numbers in errors count them). Integer dtypes accept
-/// integral values written as "3" or "3.0".
+/// newline; empty lines are skipped (line numbers in errors count them); a UTF-8 byte-order mark
+/// at the start (Excel's "CSV UTF-8") is skipped. Integer dtypes accept integral values written as
+/// "3" or "3.0". When the file fails to read and its first line holds no delimiter but a
+/// semicolon or a tab, the error says which delimiter to set.
 CsvData read_csv(const std::string& path, const CsvOptions& options = {});
 
 /// One element per row of a CSV file: {features row} or, with a label column, {features row,
