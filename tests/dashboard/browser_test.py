@@ -248,10 +248,6 @@ def main():
             title = dt.eval("document.getElementById('%s').title" % button) or ""
             if not dt.eval("document.getElementById('%s').disabled" % button) or "checkpoint directory" not in title:
                 fail("#%s is not disabled with a reason (title %r)" % (button, title))
-        # The step rate, for sizing part 2's run.
-        t0, s0 = time.monotonic(), step()
-        time.sleep(1.0)
-        rate = (step() - s0) / (time.monotonic() - t0)
 
         # 2. Pause: the step counter stops.
         dt.click("pause")
@@ -307,9 +303,13 @@ def main():
         wait_for("the header to say stopped", lambda: dt.eval("document.getElementById('status').textContent") == "stopped", 10)
         print("stopped cleanly (%s)" % re.search(r"stopped after step \d+", out).group(0), flush=True)
 
-        # Part 2: a run of about 10 s (sized by part 1's rate, 32 steps an epoch) with a validation
-        # split, watched to its end.
-        epochs = max(3, min(2000, int(rate * 10 / 32)))
+        # Part 2: a run of about 10 s (sized by part 1's epoch times) with a validation split,
+        # watched to its end.
+        # An epoch's time, as the trainer printed it ("Epoch 12/100000: ..., 0.193 s, ..."): the median.
+        seconds = sorted(float(x) for x in re.findall(r"^Epoch \d+/\d+: .*?, ([0-9.]+) s,", out, re.M))
+        if not seconds:
+            fail("the trainer printed no epoch times:\n" + out[-2000:])
+        epochs = max(3, min(2000, int(10 / max(seconds[len(seconds) // 2], 1e-3))))
         train, trainer_log = start_trainer(trainer, work, "finished",
                                            ["--epochs", str(epochs), "--validation-split", "0.1"])
         procs.append(train)
@@ -339,6 +339,7 @@ def main():
             fail("the learning-rate axis %s does not show the rate %s at its scale" % (axis, rate_now))
         if dt.eval("document.getElementById('epoch').textContent") != "%d / %d" % (epochs, epochs):
             fail("the header shows epoch %r, expected %d / %d" % (dt.eval("document.getElementById('epoch').textContent"), epochs, epochs))
+        print("header: %s" % dt.eval("document.querySelector('header').innerText.replace(/\\s+/g, ' ')"), flush=True)
         print("finished after %d epochs: accuracy chart %d points, %d val_accuracy; learning-rate axis %s holds %s"
               % (epochs, accuracy, val, axis, rate_now), flush=True)
         save_screenshot(dt, screenshot)

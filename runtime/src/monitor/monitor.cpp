@@ -187,7 +187,11 @@ void Monitor::Impl::end(const std::string& status, const std::string& reason) {
   if (!server) return;
   // Open pages learn it from their event stream (the state poll may come too late: the process
   // may exit right after); the message is written before the server closes.
-  server->push(nlohmann::json{{"end", {{"status", status}, {"reason", reason}, {"step", last_step()}}}}.dump());
+  // With the whole state (every epoch's logs and mark it keeps): the page's last poll may find the
+  // process gone.
+  nlohmann::json message = {{"end", {{"status", status}, {"reason", reason}, {"step", last_step()}}}};
+  message["state"] = nlohmann::json::parse(state_json(detail::HttpRequest{}));
+  server->push(message.dump());
 }
 
 // Fresh scalars for the next step's event; its vectors keep their storage.

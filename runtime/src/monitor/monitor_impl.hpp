@@ -180,7 +180,7 @@ struct Monitor::Impl {
   detail::HttpResponse post(const detail::HttpRequest& r);
   std::string state_json(const detail::HttpRequest& r);
   nlohmann::ordered_json progress_json() const;  // under mutex
-  detail::ProcessUsage process_usage;  // HTTP thread only
+  detail::ProcessUsage process_usage;  // under mutex
 };
 
 }  // namespace troupe

@@ -43,8 +43,8 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
   // The page asks only for the epochs and marks it has not seen yet.
   const auto epochs_after = base::parse_int(detail::query_value(r.query, "epochs_after")).value_or(0);
   const auto marks_after = base::parse_int(detail::query_value(r.query, "marks_after")).value_or(0);
-  const detail::ProcessUsage::Sample usage = process_usage.sample();
   std::lock_guard<std::mutex> lock(mutex);
+  const detail::ProcessUsage::Sample usage = process_usage.sample();
   const std::int64_t now = profile_now_ns();
   const auto steady_now = actors::cluster_health::clock::now();
   actors::cluster_snapshot cluster;
