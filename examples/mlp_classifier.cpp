@@ -402,7 +402,9 @@ int run(const Flags& f) {
   std::unique_ptr<Monitor> monitor;
   if (f.monitor.enabled()) {
     // Its controls go through model.control(); a checkpoint is saved by `saver` above.
-    monitor = std::make_unique<Monitor>(strategy, model.optimizer().get(), f.monitor.options(f.batch));
+    MonitorOptions monitor_options = f.monitor.options(f.batch);
+    monitor_options.checkpoints = manager != nullptr;  // without --checkpoint-dir, `saver` saves nothing
+    monitor = std::make_unique<Monitor>(strategy, model.optimizer().get(), monitor_options);
     options.callbacks.push_back(monitor->callback());
   }
   const std::int64_t total_steps = f.epochs * steps_per_epoch;

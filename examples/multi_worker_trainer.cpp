@@ -180,6 +180,7 @@ int main(int argc, char** argv) {
     if (monitor_flags.enabled()) {
       MonitorOptions monitor_options = monitor_flags.options(batch);
       monitor_options.log = &std::cout;  // every worker says when it paused, resumed, stopped
+      monitor_options.checkpoints = backup != nullptr;  // without --checkpoint-dir, `saver` saves nothing
       monitor = std::make_unique<Monitor>(strategy, model.optimizer().get(), monitor_options);
       options.callbacks.push_back(monitor->callback());
     }

@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <cmath>
 #include <map>
 
 #include <pthread.h>
+
+#include <nlohmann/json.hpp>
 
 #include "caf/all.hpp"
 
@@ -43,30 +44,44 @@ struct subscription {
   listening_ptr listening;  // null: always
 };
 
+using json = nlohmann::ordered_json;
+
 // A number as JSON: non-finite values (a diverging loss) become null, which JSON can carry.
-// printf's "%.9g", written by to_chars: several times faster than snprintf, which a stream of
-// sub-millisecond steps feels.
-void put(std::string& out, double v) {
-  if (!std::isfinite(v)) {
-    out += "null";
-    return;
+json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+json event_json(const step_event& e) {
+  json replica_loss = json::array();
+  for (double l : e.replica_loss) replica_loss.push_back(number(l));
+  json workers = json::array();
+  for (const worker_metrics& w : e.workers) {
+    workers.push_back({{"worker", w.worker},
+                       {"step", w.step},
+                       {"input_ms", number(w.input_ms)},
+                       {"compute_ms", number(w.compute_ms)},
+                       {"all_reduce_ms", number(w.all_reduce_ms)},
+                       {"other_ms", number(w.other_ms)},
+                       {"all_reduce_bytes", w.all_reduce_bytes},
+                       {"collectives", w.collectives},
+                       {"samples_per_s", number(w.samples_per_s)},
+                       {"heartbeat_age_ms", number(w.heartbeat_age_ms)},
+                       {"paused", w.paused}});
   }
-  char buf[32];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::general, 9);
-  out.append(buf, r.ptr);
-}
-
-void put(std::string& out, std::int64_t v) {
-  char buf[24];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  out.append(buf, r.ptr);
-}
-
-void put_field(std::string& out, const char* name, double v) {
-  out += '"';
-  out += name;
-  out += "\":";
-  put(out, v);
+  json out = {{"step", e.step},
+              {"time_s", number(e.time_s)},
+              {"loss", number(e.loss)},
+              {"learning_rate", number(e.learning_rate)},
+              {"samples_per_s", number(e.samples_per_s)},
+              {"paused", e.paused},
+              {"replica_loss", std::move(replica_loss)},
+              {"workers", std::move(workers)}};
+  if (e.metric_names && !e.metrics.empty()) {
+    json metrics = json::object();
+    for (std::size_t i = 0; i < e.metrics.size() && i < e.metric_names->size(); ++i) {
+      metrics[(*e.metric_names)[i]] = number(e.metrics[i]);
+    }
+    out["metrics"] = std::move(metrics);
+  }
+  return out;
 }
 
 struct stream_state {
@@ -124,18 +139,15 @@ struct stream_state {
       pending_offered = 0;
       return;
     }
-    std::string json = "[";
-    for (std::size_t i = 0; i < pending.size(); ++i) {
-      if (i) json += ',';
-      json += to_json(pending[i].get());
-    }
-    json += ']';
+    json events = json::array();
+    for (const event_ref& ref : pending) events.push_back(event_json(ref.get()));
+    const std::string text = events.dump();
     pending.clear();
     pending_stride = 1;
     pending_offered = 0;
     for (auto& [id, sub] : subscribers) {
       try {
-        if (!sub.listening || (*sub.listening)()) (*sub.push)(json);
+        if (!sub.listening || (*sub.listening)()) (*sub.push)(text);
       } catch (...) {
         // A subscriber's failure is its own; the stream and the other subscribers go on.
       }
@@ -187,54 +199,7 @@ caf::behavior stream_actor(caf::stateful_actor<stream_state>* self, std::size_t 
 
 }  // namespace
 
-std::string to_json(const step_event& e) {
-  std::string out;
-  out.reserve(256 + 24 * e.replica_loss.size() + 200 * e.workers.size());
-  out += "{\"step\":";
-  put(out, e.step);
-  out += ',';
-  put_field(out, "time_s", e.time_s);
-  out += ',';
-  put_field(out, "loss", e.loss);
-  out += ',';
-  put_field(out, "learning_rate", e.learning_rate);
-  out += ',';
-  put_field(out, "samples_per_s", e.samples_per_s);
-  out += e.paused ? ",\"paused\":true" : ",\"paused\":false";
-  out += ",\"replica_loss\":[";
-  for (std::size_t i = 0; i < e.replica_loss.size(); ++i) {
-    if (i) out += ',';
-    put(out, e.replica_loss[i]);
-  }
-  out += "],\"workers\":[";
-  for (std::size_t i = 0; i < e.workers.size(); ++i) {
-    const worker_metrics& w = e.workers[i];
-    if (i) out += ',';
-    out += "{\"worker\":";
-    put(out, std::int64_t{w.worker});
-    out += ",\"step\":";
-    put(out, w.step);
-    out += ',';
-    put_field(out, "input_ms", w.input_ms);
-    out += ',';
-    put_field(out, "compute_ms", w.compute_ms);
-    out += ',';
-    put_field(out, "all_reduce_ms", w.all_reduce_ms);
-    out += ',';
-    put_field(out, "other_ms", w.other_ms);
-    out += ",\"all_reduce_bytes\":";
-    put(out, static_cast<std::int64_t>(w.all_reduce_bytes));
-    out += ",\"collectives\":";
-    put(out, std::int64_t{w.collectives});
-    out += ',';
-    put_field(out, "samples_per_s", w.samples_per_s);
-    out += ',';
-    put_field(out, "heartbeat_age_ms", w.heartbeat_age_ms);
-    out += w.paused ? ",\"paused\":true}" : ",\"paused\":false}";
-  }
-  out += "]}";
-  return out;
-}
+std::string to_json(const step_event& e) { return event_json(e).dump(); }
 
 metrics_history::metrics_history(std::size_t capacity) : capacity_(capacity < 2 ? 2 : capacity) {}
 
@@ -265,15 +230,9 @@ void metrics_history::add(const step_event& e) {
 }
 
 std::string metrics_history::to_json() const {
-  std::string out = "{\"stride\":" + std::to_string(stride_) + ",\"events\":[";
-  bool first = true;
-  for (const step_event& e : events_) {
-    if (!first) out += ',';
-    first = false;
-    out += actors::to_json(e);
-  }
-  out += "]}";
-  return out;
+  json events = json::array();
+  for (const step_event& e : events_) events.push_back(event_json(e));
+  return json{{"stride", stride_}, {"events", std::move(events)}}.dump();
 }
 
 step_ring::step_ring(std::size_t slots, std::size_t replicas, std::size_t workers) {
@@ -283,6 +242,7 @@ step_ring::step_ring(std::size_t slots, std::size_t replicas, std::size_t worker
   for (step_event& e : slots_) {
     e.replica_loss.resize(replicas);
     e.workers.resize(workers);
+    e.metrics.reserve(step_event::reserved_metrics);
   }
   mask_ = n - 1;
 }

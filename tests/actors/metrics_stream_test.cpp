@@ -73,6 +73,15 @@ TEST_CASE("a step event's JSON carries every field, and null for a non-finite lo
   CHECK(count(json, "{") == count(json, "}"));
 }
 
+TEST_CASE("a step event's JSON names its compiled metrics, and has none without them") {
+  step_event e = event(3);
+  CHECK(troupe::actors::to_json(e).find("\"metrics\"") == std::string::npos);
+  e.metric_names = std::make_shared<const std::vector<std::string>>(std::vector<std::string>{"accuracy", "top_k"});
+  e.metrics = {0.75, std::nan("")};
+  const std::string json = troupe::actors::to_json(e);
+  CHECK(json.find("\"metrics\":{\"accuracy\":0.75,\"top_k\":null}") != std::string::npos);
+}
+
 TEST_CASE("the metrics stream pushes new steps to a subscriber, and stops after unsubscribe") {
   caf::actor_system_config cfg;
   caf::actor_system sys{cfg};

@@ -2,12 +2,17 @@
 """The dashboard in a real browser: headless Chromium (Debian's `chromium`) driven over the
 DevTools protocol, against a running mlp_classifier.
 
-1. it loads the page and sees points arrive on the loss chart;
+1. it loads the page and sees points arrive on the loss chart (and, without a checkpoint
+   directory, "Save checkpoint" and "Stop (with checkpoint)" disabled, saying why);
 2. it clicks Pause and sees the step counter stop;
 3. it clicks Resume and sees it move;
-4. it types a learning rate, clicks Set, and sees the new value in the steps that follow;
-5. it clicks Stop, and the trainer exits 0 saying it stopped.
-A screenshot of the page is kept at SCREENSHOT.
+4. it types a learning rate, clicks Set, and sees the new value in the steps that follow, and the
+   pause, resume and learning rate marked on the charts;
+5. it clicks Stop (no checkpoint): the trainer exits 0 saying it stopped, the header says stopped;
+6. a second run of about 10 s (sized by the first one's step rate) with a validation split, watched
+   to its end: the header says "finished", the accuracy chart has points and val_accuracy points,
+   the learning-rate axis holds the rate at its scale. A screenshot of the page after the end
+   is kept at SCREENSHOT.
 
 With --cluster, against multi_worker_trainer on 2 workers (troupe-launch, TROUPE_LAUNCH):
 1. the cluster table shows both workers' heartbeat ages, and they tick between the state polls;
@@ -31,7 +36,7 @@ import tempfile
 import time
 import urllib.request
 
-DEADLINE = time.monotonic() + 100  # the whole test; every wait below is bounded by it too
+DEADLINE = time.monotonic() + 150  # the whole test; every wait below is bounded by it too
 
 
 def fail(why):
@@ -173,8 +178,8 @@ def main_cluster(launch, trainer, screenshot):
         time.sleep(0.3)
         save_screenshot(dt, screenshot)
 
-        # 3. Stop ends both workers.
-        dt.click("stop")
+        # 3. Stop (no checkpoint: the trainers have no checkpoint directory) ends both workers.
+        dt.click("stop-now")
         try:
             rc = cluster.proc.wait(timeout=max(1, DEADLINE - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -196,6 +201,21 @@ def main_cluster(launch, trainer, screenshot):
         shutil.rmtree(work, ignore_errors=True)
 
 
+def start_trainer(trainer, work, name, args):
+    """mlp_classifier with a dashboard on any free port, niced (the browser must keep up on 2 cores)."""
+    log_path = os.path.join(work, name + ".log")
+    log = open(log_path, "w")
+    proc = subprocess.Popen([trainer, "--replicas", "2", "--samples", "4096", "--batch", "128", "--optimizer", "sgd",
+                             "--lr", "0.01", "--dashboard-port", "0"] + args,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=lambda: os.nice(10))
+
+    def read_log():
+        with open(log_path) as f:
+            return f.read()
+    return proc, read_log
+
+
 def main():
     if sys.argv[1] == "--cluster":
         return main_cluster(sys.argv[2], sys.argv[3], sys.argv[4])
@@ -203,18 +223,9 @@ def main():
     work = tempfile.mkdtemp(prefix="troupe-browser-")
     procs = []
     try:
-        log_path = os.path.join(work, "trainer.log")
-        log = open(log_path, "w")
-        train = subprocess.Popen([trainer, "--epochs", "100000", "--replicas", "2", "--samples", "4096",
-                                  "--batch", "128", "--optimizer", "sgd", "--lr", "0.01", "--dashboard-port", "0"],
-                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                 preexec_fn=lambda: os.nice(10))  # the browser must keep up on 2 cores
+        # Part 1: a long run steered from the page (no checkpoint directory).
+        train, trainer_log = start_trainer(trainer, work, "steered", ["--epochs", "100000"])
         procs.append(train)
-
-        def trainer_log():
-            with open(log_path) as f:
-                return f.read()
-
         url = wait_for("the trainer's dashboard URL",
                        lambda: (re.search(r"dashboard: (http://\S+)", trainer_log()) or [None, None])[1], 30)
         dt = open_page(work, url, procs)
@@ -225,11 +236,18 @@ def main():
         wait_for("points on the loss chart", lambda: points() > 0, 20)
         first = newest()
         wait_for("newer points on the loss chart (pushed, not only loaded)", lambda: newest() > first + 20, 20)
-        replicas = dt.eval("window.troupe.lossChart.data.datasets.length")
-        if replicas != 3:
-            fail("the loss chart has %s lines, expected the mean and 2 replicas" % replicas)
+        replicas = dt.eval("window.troupe.lossChart.data.datasets.filter(d => d.replica !== undefined).length")
+        if replicas != 2:
+            fail("the loss chart has %s replica lines, expected 2" % replicas)
         step = lambda: int(dt.eval("document.getElementById('step').textContent") or 0)
         print("loss chart: %d points, step %d" % (points(), step()), flush=True)
+
+        # Without a checkpoint directory the controls that would save nothing are disabled, saying why.
+        wait_for("Save checkpoint disabled", lambda: dt.eval("document.getElementById('checkpoint').disabled"), 10)
+        for button in ("checkpoint", "stop"):
+            title = dt.eval("document.getElementById('%s').title" % button) or ""
+            if not dt.eval("document.getElementById('%s').disabled" % button) or "checkpoint directory" not in title:
+                fail("#%s is not disabled with a reason (title %r)" % (button, title))
 
         # 2. Pause: the step counter stops.
         dt.click("pause")
@@ -268,12 +286,13 @@ def main():
         header = dt.eval("document.getElementById('lr').textContent")
         if header != "0.01230":
             fail("the header shows learning rate %r, expected 0.01230" % header)
-        print("learning rate 0.0123 in %d later steps" % len(lr_points()), flush=True)
+        # The pause, the resume and the learning rate are marked on the charts at that step.
+        kinds = lambda: sorted(set(dt.eval("window.troupe.marks.filter(m => m.step === %d).map(m => m.kind)" % paused_at) or []))
+        wait_for("marks of the pause, the resume and the learning rate", lambda: kinds() == ["learning_rate", "pause", "resume"], 10)
+        print("learning rate 0.0123 in %d later steps; marks %s at step %d" % (len(lr_points()), kinds(), paused_at), flush=True)
 
-        save_screenshot(dt, screenshot)
-
-        # 5. Stop: the trainer ends cleanly.
-        dt.click("stop")
+        # 5. Stop (no checkpoint): the trainer ends cleanly, and the page says stopped.
+        dt.click("stop-now")
         try:
             rc = train.wait(timeout=max(1, DEADLINE - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -281,7 +300,50 @@ def main():
         out = trainer_log()
         if rc != 0 or "training stopped from the dashboard after step" not in out:
             fail("the trainer exited %d after Stop:\n%s" % (rc, out[-2000:]))
-        print("PASSED: stopped cleanly (%s)" % re.search(r"stopped after step \d+", out).group(0), flush=True)
+        wait_for("the header to say stopped", lambda: dt.eval("document.getElementById('status').textContent") == "stopped", 10)
+        print("stopped cleanly (%s)" % re.search(r"stopped after step \d+", out).group(0), flush=True)
+
+        # Part 2: a run of about 10 s (sized by part 1's epoch times) with a validation split,
+        # watched to its end.
+        # An epoch's time, as the trainer printed it ("Epoch 12/100000: ..., 0.193 s, ..."): the median.
+        seconds = sorted(float(x) for x in re.findall(r"^Epoch \d+/\d+: .*?, ([0-9.]+) s,", out, re.M))
+        if not seconds:
+            fail("the trainer printed no epoch times:\n" + out[-2000:])
+        epochs = max(3, min(2000, int(10 / max(seconds[len(seconds) // 2], 1e-3))))
+        train, trainer_log = start_trainer(trainer, work, "finished",
+                                           ["--epochs", str(epochs), "--validation-split", "0.1"])
+        procs.append(train)
+        url = wait_for("the second trainer's dashboard URL",
+                       lambda: (re.search(r"dashboard: (http://\S+)", trainer_log()) or [None, None])[1], 30)
+        dt.call("Page.navigate", url=url)
+        wait_for("the header to say finished",
+                 lambda: dt.eval("window.troupe && window.troupe.status") == "finished", max(30, DEADLINE - time.monotonic()))
+        if dt.eval("document.getElementById('status').textContent") != "finished":
+            fail("the header does not say finished")
+        try:
+            rc = train.wait(timeout=max(1, DEADLINE - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            fail("the trainer did not exit after its last epoch")
+        if rc != 0:
+            fail("the trainer exited %d:\n%s" % (rc, trainer_log()[-2000:]))
+        time.sleep(1.5)  # the page after the trainer is gone: the history stays readable
+        accuracy = dt.eval("window.troupe.metricCharts.accuracy ? window.troupe.metricCharts.accuracy.data.datasets[0].data.length : 0") or 0
+        if accuracy < 10:
+            fail("the accuracy chart has %d points after %d epochs" % (accuracy, epochs))
+        val = dt.eval("(window.troupe.metricCharts.accuracy.data.datasets.find(d => d.label === 'val_accuracy') || {data: []}).data.length") or 0
+        if val < 1:
+            fail("the accuracy chart has no val_accuracy points")
+        rate_now = dt.eval("window.troupe.lrChart.data.datasets[0].data.at(-1).y")
+        axis = dt.eval("[window.troupe.lrChart.scales.y.min, window.troupe.lrChart.scales.y.max]")
+        if not axis or not (axis[0] <= rate_now <= axis[1]) or axis[1] - axis[0] > 10 * rate_now:
+            fail("the learning-rate axis %s does not show the rate %s at its scale" % (axis, rate_now))
+        if dt.eval("document.getElementById('epoch').textContent") != "%d / %d" % (epochs, epochs):
+            fail("the header shows epoch %r, expected %d / %d" % (dt.eval("document.getElementById('epoch').textContent"), epochs, epochs))
+        print("header: %s" % dt.eval("document.querySelector('header').innerText.replace(/\\s+/g, ' ')"), flush=True)
+        print("finished after %d epochs: accuracy chart %d points, %d val_accuracy; learning-rate axis %s holds %s"
+              % (epochs, accuracy, val, axis, rate_now), flush=True)
+        save_screenshot(dt, screenshot)
+        print("PASSED", flush=True)
         return 0
     finally:
         for p in procs:

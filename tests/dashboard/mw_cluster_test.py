@@ -8,7 +8,8 @@ workers (troupe-launch, a known cluster token, heartbeats every second), the chi
   token shows up in "failures" as a refused connection with its own address, and training goes on;
 - a SIGSTOPped worker turns "late" (or "lost"), with a "worker_late" event, while the chief stays
   alive; after SIGCONT it is "alive" again, with a "worker_back" event, and training goes on;
-- the failures list is newest first; POST /api/stop ends both workers with status 0.
+- the failures list is newest first; POST /api/stop is 409 (no checkpoint directory);
+  POST /api/stop?checkpoint=0 ends both workers with status 0.
 
 Usage: mw_cluster_test.py TROUPE_LAUNCH MULTI_WORKER_TRAINER
 """
@@ -151,7 +152,11 @@ def main():
         wait_for("steps after worker 1 came back", lambda: state()["step"] > step + 3, 20)
         print("worker 1 back: %s" % events[0]["text"], flush=True)
 
-        request(base, "/api/stop", "POST")
+        # No --checkpoint-dir: a stop with a checkpoint is refused, a stop without one acts.
+        status, body = request(base, "/api/stop", "POST")
+        if status != 409 or "checkpoint=0" not in body.get("error", ""):
+            fail("POST /api/stop without a checkpoint directory answered %d %s, expected 409" % (status, body))
+        request(base, "/api/stop?checkpoint=0", "POST")
         try:
             rc = cluster.proc.wait(timeout=max(1, DEADLINE - time.monotonic()))
         except subprocess.TimeoutExpired:

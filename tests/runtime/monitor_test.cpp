@@ -7,11 +7,14 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
@@ -45,6 +48,13 @@ std::string http(int port, const std::string& method, const std::string& target,
   }
   close(fd);
   return out;
+}
+
+// The body of an HTTP response, parsed.
+nlohmann::json body_of(const std::string& response) {
+  const auto at = response.find("\r\n\r\n");
+  REQUIRE(at != std::string::npos);
+  return nlohmann::json::parse(response.substr(at + 4));
 }
 
 Tensor one_step(MirroredStrategy& s) {
@@ -234,5 +244,155 @@ TEST_CASE("monitor: as a fit callback, the dashboard's controls reach fit throug
   CHECK(losses.find(',') != std::string::npos);  // two replicas
   CHECK(!contains(losses, "null"));
   CHECK(std::isdigit(static_cast<unsigned char>(losses[0])));
+  CHECK(contains(http(port, "POST", "/api/pause"), "409 Conflict"));
+}
+
+TEST_CASE("monitor: a command asked for with GET is 405 with Allow: POST, a page posted to is 405 with Allow: GET") {
+  Runtime rt;
+  MirroredStrategy s(rt, {"CPU:0"});
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  std::ostringstream log;
+  o.log = &log;
+  Monitor m(s, nullptr, o);
+  const int port = m.dashboard_port();
+  for (const char* command : {"/api/pause", "/api/resume", "/api/checkpoint", "/api/stop", "/api/learning_rate"}) {
+    const std::string r = http(port, "GET", command);
+    CHECK_MESSAGE(contains(r, "405 Method Not Allowed"), command);
+    CHECK_MESSAGE(contains(r, "Allow: POST\r\n"), command);
+  }
+  const std::string page = http(port, "POST", "/api/state");
+  CHECK(contains(page, "405 Method Not Allowed"));
+  CHECK(contains(page, "Allow: GET\r\n"));
+  CHECK(contains(http(port, "PUT", "/api/trace"), "Allow: GET, POST\r\n"));
+  CHECK(contains(http(port, "GET", "/api/nothing"), "404 Not Found"));
+  const std::string icon = http(port, "GET", "/favicon.ico");
+  CHECK(contains(icon, "200 OK"));
+  CHECK(contains(icon, "image/svg+xml"));
+  CHECK(contains(http(port, "GET", "/"), "rel=\"icon\""));
+  // Nothing was queued by the refused requests.
+  CHECK(body_of(http(port, "GET", "/api/state"))["pending_commands"] == 0);
+}
+
+TEST_CASE("monitor: without checkpoints, Save checkpoint and Stop (with checkpoint) are refused with 409, a stop without one stops") {
+  Runtime rt;
+  MirroredStrategy s(rt, {"CPU:0"});
+  auto scope = s.scope();
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  o.checkpoints = false;
+  std::ostringstream log;
+  o.log = &log;
+  Monitor m(s, nullptr, o);
+  std::vector<std::int64_t> saved;
+  m.set_checkpoint_function([&](std::int64_t step) { saved.push_back(step); });
+  const int port = m.dashboard_port();
+  CHECK(body_of(http(port, "GET", "/api/state"))["can_checkpoint"] == false);
+  const std::string checkpoint = http(port, "POST", "/api/checkpoint");
+  CHECK(contains(checkpoint, "409 Conflict"));
+  CHECK(contains(body_of(checkpoint)["error"].get<std::string>(), "saves no checkpoints"));
+  const std::string stop = http(port, "POST", "/api/stop");
+  CHECK(contains(stop, "409 Conflict"));
+  CHECK(contains(body_of(stop)["error"].get<std::string>(), "checkpoint=0"));
+  CHECK(contains(http(port, "POST", "/api/stop?checkpoint=0"), "200 OK"));
+  one_step(s);
+  CHECK(m.on_step_end(1, 0.5) == StepDecision::stop);
+  CHECK(saved.empty());
+  CHECK(m.stopped());
+
+  // With checkpoints (the default) but no function to save them, a custom loop refuses too.
+  MonitorOptions with = o;
+  with.checkpoints = true;
+  Monitor bare(s, nullptr, with);
+  CHECK(contains(http(bare.dashboard_port(), "POST", "/api/checkpoint"), "409 Conflict"));
+  bare.set_checkpoint_function([](std::int64_t) {});
+  CHECK(contains(http(bare.dashboard_port(), "POST", "/api/checkpoint"), "200 OK"));
+}
+
+TEST_CASE("monitor: as a fit callback, the state has the compiled metrics, each epoch's val_* logs, marks, the epoch and an ETA, then finished") {
+  Runtime rt;
+  MirroredStrategy s(rt, {"CPU:0", "CPU:1"});
+  auto scope = s.scope();
+  nn::BlobOptions blobs;
+  blobs.samples = 256;
+  const nn::ClassificationData d = nn::make_blobs(blobs);
+  nn::Model model(nn::Sequential({nn::Dense(blobs.features, 8, nn::Activation::relu, 1),
+                                  nn::Dense(8, blobs.classes, nn::Activation::none, 2)}));
+  auto sgd = std::make_shared<nn::SGD>(0.05f);
+  model.compile(sgd, nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  std::ostringstream log;
+  o.log = &log;
+  Monitor m(s, sgd.get(), o);
+  const int port = m.dashboard_port();
+  nlohmann::json during;
+  std::thread resumer;
+  auto probe = std::make_shared<nn::LambdaCallback>();
+  probe->batch_end = [&](std::int64_t, nn::Logs&) {
+    const std::int64_t step = model.control().step();
+    if (step == 6) {
+      CHECK(contains(http(port, "POST", "/api/learning_rate?value=0.02"), "200 OK"));
+      CHECK(contains(http(port, "POST", "/api/pause"), "200 OK"));
+      resumer = std::thread([&] {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!model.control().paused() && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        http(port, "POST", "/api/resume");
+      });
+    }
+    if (step == 10) during = body_of(http(port, "GET", "/api/state"));
+  };
+  nn::FitOptions fit;
+  fit.verbose = 0;
+  fit.callbacks = {m.callback(), probe};
+  fit.validation_data = data::Dataset::from_tensor_slices({d.features, d.labels}).batch(64);
+  model.fit(data::Dataset::from_tensor_slices({d.features, d.labels}).repeat().batch(32, true), 3, 4, fit);
+  if (resumer.joinable()) resumer.join();
+
+  // During the run: the epoch of 3, the steps in all, an ETA, the step's accuracy.
+  REQUIRE(during.is_object());
+  CHECK(during["status"] == "running");
+  CHECK(during["progress"]["epoch"] == 3);
+  CHECK(during["progress"]["epochs"] == 3);
+  CHECK(during["progress"]["total_steps"] == 12);
+  CHECK(during["progress"]["eta_s"].is_number());
+  CHECK(during["progress"]["eta_s"].get<double>() >= 0);
+  CHECK(during["metric_names"] == nlohmann::json::array({"accuracy"}));
+  // The single process's row: its task and a heartbeat age.
+  CHECK(during["workers"][0]["task"] == "/job:localhost/replica:0/task:0");
+  CHECK(during["workers"][0]["heartbeat_age_ms"].is_number());
+  CHECK(during["workers"][0]["rss_bytes"].get<double>() > 1e6);
+
+  const nlohmann::json after = body_of(http(port, "GET", "/api/state?epochs_after=1&marks_after=0"));
+  CHECK(after["status"] == "finished");
+  CHECK(after["progress"]["eta_s"].is_null());
+  // Epochs 2 and 3 (1 was asked to be left out), each with its val_ logs.
+  REQUIRE(after["epochs"].size() == 2);
+  CHECK(after["epochs"][0]["epoch"] == 2);
+  CHECK(after["epochs"][0]["step"] == 8);
+  CHECK(after["epochs"][1]["logs"]["val_accuracy"].is_number());
+  CHECK(after["epochs"][1]["logs"]["val_loss"].is_number());
+  CHECK(after["epochs"][1]["logs"]["accuracy"].is_number());
+  CHECK(!after["epochs"][1]["logs"].contains("time/step_ms"));
+  // The learning rate, the pause and the resume, each at step 6.
+  std::vector<std::string> kinds;
+  for (const auto& mark : after["marks"]) {
+    kinds.push_back(mark["kind"]);
+    CHECK(mark["step"] == 6);
+  }
+  std::sort(kinds.begin(), kinds.end());
+  CHECK(kinds == std::vector<std::string>{"learning_rate", "pause", "resume"});
+  CHECK(body_of(http(port, "GET", "/api/state?marks_after=3"))["marks"].empty());
+  // The history's steps carry the accuracy by name.
+  const nlohmann::json history = body_of(http(port, "GET", "/api/history"));
+  REQUIRE(history["events"].size() == 12);
+  CHECK(history["events"][11]["metrics"]["accuracy"].is_number());
+  // The monitor's own lines, on demand.
+  const nlohmann::json lines = body_of(http(port, "GET", "/api/logs?worker=0"));
+  CHECK(contains(lines["lines"].dump(), "paused after step 6"));
+  CHECK(contains(http(port, "GET", "/api/logs?worker=5"), "400 Bad Request"));
+  // Commands after the end are refused.
   CHECK(contains(http(port, "POST", "/api/pause"), "409 Conflict"));
 }

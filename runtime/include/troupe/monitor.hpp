@@ -66,6 +66,11 @@ struct MonitorOptions {
   std::size_t history_capacity = 4096;
   /// How often new steps are pushed to open dashboards.
   std::chrono::milliseconds push_interval{100};
+  /// Whether this trainer saves checkpoints: with Model::fit, a callback saves in on_checkpoint;
+  /// with on_step_end, set_checkpoint_function was given one. False: the dashboard's "Save
+  /// checkpoint" and "Stop (with checkpoint)" answer 409 (and the page disables them), since they
+  /// would save nothing; "Stop (no checkpoint)" still stops.
+  bool checkpoints = true;
   /// Where the monitor says what it did ("dashboard: http://...", "paused after step 40"); nullptr:
   /// std::cout on the chief, nothing elsewhere.
   std::ostream* log = nullptr;

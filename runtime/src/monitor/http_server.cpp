@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstddef>
 #include <deque>
+#include <future>
 #include <list>
 #include <mutex>
 #include <stdexcept>
@@ -229,6 +230,7 @@ struct HttpServer::impl : std::enable_shared_from_this<HttpServer::impl> {
     c->response.set(http::field::server, "troupe");
     c->response.set(http::field::content_type, out.content_type);
     c->response.set(http::field::cache_control, "no-store");
+    if (!out.allow.empty()) c->response.set(http::field::allow, out.allow);
     c->response.keep_alive(false);
     c->response.body() = std::move(out.body);
     c->response.prepare_payload();
@@ -319,6 +321,22 @@ void HttpServer::push(std::string data) {
     state->streams.remove_if([](const std::shared_ptr<event_stream>& s) { return s->closed; });
     state->open_streams = state->streams.size();
   });
+}
+
+void HttpServer::drain(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto state = impl_;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto idle = std::make_shared<std::promise<bool>>();
+    std::future<bool> answer = idle->get_future();
+    asio::post(state->io, [state, idle] {
+      bool all_written = true;
+      for (auto& s : state->streams) all_written = all_written && (s->closed || s->queue.empty());
+      idle->set_value(all_written);
+    });
+    if (answer.wait_until(deadline) != std::future_status::ready || answer.get()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 bool HttpServer::has_listeners() const noexcept { return impl_->open_streams.load(std::memory_order_relaxed) > 0; }

@@ -4,6 +4,7 @@
 // must carry the token when one is set (query `token=` or `Authorization: Bearer`); requests are
 // bounded (8 KiB of headers, 4 KiB of body, 10 s to arrive), and one connection serves one request.
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -17,9 +18,13 @@ struct HttpRequest {
 };
 
 struct HttpResponse {
+  HttpResponse() = default;
+  HttpResponse(int status_code, std::string type, std::string text, std::string allowed = {})
+      : status(status_code), content_type(std::move(type)), body(std::move(text)), allow(std::move(allowed)) {}
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
+  std::string allow;  ///< the Allow header of a 405 ("POST"); "" for none
 };
 
 /// The value of `name` in a query string ("a=1&b=2"), percent-decoded; "" when absent.
@@ -41,6 +46,8 @@ class HttpServer {
   int port() const noexcept;
   /// Sends `data` as one event to every open /api/events stream (from any thread).
   void push(std::string data);
+  /// Waits (at most `timeout`) until every event pushed so far is written to its open streams.
+  void drain(std::chrono::milliseconds timeout);
   /// Whether an /api/events stream is open (from any thread; a stream that just closed may
   /// count until the next push).
   bool has_listeners() const noexcept;

@@ -55,9 +55,15 @@ struct step_event {
   bool paused = false;
   std::vector<double> replica_loss;      ///< every replica of every worker, by global replica id
   std::vector<worker_metrics> workers;   ///< by worker index
+  /// The compiled metrics of the step ("accuracy", ...), in the order of *metric_names; the names
+  /// are shared by every step of a run (copying an event copies the pointer, not the names).
+  std::vector<double> metrics;
+  std::shared_ptr<const std::vector<std::string>> metric_names;
+  /// Metric values a ring slot holds without allocating.
+  static constexpr std::size_t reserved_metrics = 8;
 };
 
-/// The event as one JSON object.
+/// The event as one JSON object ("metrics": {name: value} only when it has metrics).
 std::string to_json(const step_event& e);
 
 /// The bounded history (what the actor holds; a plain class so it is tested alone).

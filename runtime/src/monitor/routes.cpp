@@ -1,0 +1,325 @@
+// The dashboard's routes: the page and its assets, /api/state, /api/history, /api/trace, and the
+// commands, which go to the training thread (or, with the fit callback, to fit's TrainingControl).
+#include <cmath>
+#include <fstream>
+#include <iterator>
+
+#include <nlohmann/json.hpp>
+
+#include "monitor/assets.hpp"
+#include "monitor/monitor_impl.hpp"
+#include "troupe/base/parse_number.hpp"
+#include "troupe/distribute/strategy.hpp"
+#include "troupe/nn/callback.hpp"
+
+namespace troupe {
+namespace {
+
+using json = nlohmann::ordered_json;
+using distribute::detail::profile_now_ns;
+using detail::HttpResponse;
+
+// A number, or null when not finite (a diverging loss): JSON has no NaN.
+json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+std::int64_t unix_ms(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+double ms_between(actors::cluster_health::clock::time_point from, actors::cluster_health::clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+HttpResponse answer(int status, const json& body) { return {status, "application/json", body.dump()}; }
+
+HttpResponse error(int status, const std::string& message) { return answer(status, json{{"error", message}}); }
+
+}  // namespace
+
+// What /api/state says: the last step, and about the cluster per worker its heartbeat as the
+// chief's control plane saw it, and the failures (the control plane's events and the monitor's
+// own), newest first.
+std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
+  // The page asks only for the epochs and marks it has not seen yet.
+  const auto epochs_after = base::parse_int(detail::query_value(r.query, "epochs_after")).value_or(0);
+  const auto marks_after = base::parse_int(detail::query_value(r.query, "marks_after")).value_or(0);
+  std::lock_guard<std::mutex> lock(mutex);
+  const detail::ProcessUsage::Sample usage = process_usage.sample();
+  const std::int64_t now = profile_now_ns();
+  const auto steady_now = actors::cluster_health::clock::now();
+  actors::cluster_snapshot cluster;
+  if (health) cluster = health->snapshot(steady_now);
+  json out = {{"step", last.step},
+              {"paused", paused.load()},
+              {"stopped", stopped.load()},
+              {"learning_rate", number(last.learning_rate)},
+              {"loss", number(last.loss)},
+              {"samples_per_s", number(last.samples_per_s)},
+              {"time_s", number(last.time_s)},
+              {"pending_commands", commands.size()},
+              {"replicas_in_sync", replicas_in_sync},
+              {"status", !end_status.empty() ? end_status : stopped ? "stopped" : paused ? "paused" : "running"},
+              {"end_reason", end_reason},
+              {"can_checkpoint", can_checkpoint_locked()}};
+  out["progress"] = progress_json();
+  out["metric_names"] = metric_names ? json(*metric_names) : json::array();
+  json rows = json::array();
+  for (int w = 0; w < workers; ++w) {
+    json row = {{"worker", w}};
+    json replicas = json::array(), devices = json::array();
+    for (int r = 0; r < local_replicas; ++r) {
+      replicas.push_back(w * local_replicas + r);
+      devices.push_back(backend.devices()[static_cast<std::size_t>(r)].to_string());
+    }
+    row["replicas"] = std::move(replicas);
+    row["devices"] = std::move(devices);
+    if (static_cast<std::size_t>(w) < last.workers.size()) {
+      row["step"] = last.workers[static_cast<std::size_t>(w)].step;
+      row["paused"] = last.workers[static_cast<std::size_t>(w)].paused;
+    }
+    row["report_age_ms"] = number(static_cast<double>(now - heard_ns[static_cast<std::size_t>(w)]) / 1e6);
+    if (w == worker) {
+      row["cpu_percent"] = usage.cpu_percent >= 0 ? json(usage.cpu_percent) : json(nullptr);
+      row["rss_bytes"] = usage.rss_bytes >= 0 ? json(usage.rss_bytes) : json(nullptr);
+    }
+    if (cluster.watching && static_cast<std::size_t>(w) < cluster.workers.size()) {
+      const auto& h = cluster.workers[static_cast<std::size_t>(w)];
+      row["task"] = h.task;
+      row["state"] = actors::to_string(h.state);
+      row["heartbeat_age_ms"] = number(ms_between(h.last_beat, steady_now));
+      row["heard"] = h.heard;
+    } else if (health) {
+      row["state"] = "starting";
+      row["heartbeat_age_ms"] = nullptr;
+    } else {
+      // One process: its task is the local one, and its heartbeat is its training thread's last
+      // report (a step boundary, or a poll while paused).
+      row["task"] = "/job:localhost/replica:0/task:0";
+      row["state"] = "alive";
+      row["heartbeat_age_ms"] = row["report_age_ms"];
+    }
+    rows.push_back(std::move(row));
+  }
+  out["workers"] = std::move(rows);
+  json losses = json::array();
+  for (double l : last.replica_loss) losses.push_back(number(l));
+  out["replica_loss"] = std::move(losses);
+  out["cluster"] = {{"watching", cluster.watching},
+                    {"heartbeat_interval_ms", cluster.interval.count()},
+                    {"late_after_ms", cluster.interval.count() * cluster.late_after_intervals},
+                    {"incarnation", cluster.incarnation},
+                    {"restart_count", cluster.restart_count},
+                    {"events_total", cluster.events_total}};
+  // Both lists are newest first: merged by wall time.
+  json merged = json::array();
+  std::size_t a = 0;
+  auto b = failures.rbegin();
+  while (a < cluster.events.size() || b != failures.rend()) {
+    if (b == failures.rend() || (a < cluster.events.size() && cluster.events[a].wall >= b->wall)) {
+      const actors::cluster_event& e = cluster.events[a++];
+      merged.push_back({{"sequence", e.sequence},
+                        {"kind", actors::to_string(e.kind)},
+                        {"time_unix_ms", unix_ms(e.wall)},
+                        {"age_ms", number(ms_between(e.at, steady_now))},
+                        {"worker", e.rank >= 0 ? json(e.rank) : json(nullptr)},
+                        {"address", e.address.empty() ? json(nullptr) : json(e.address)},
+                        {"text", e.text}});
+    } else {
+      merged.push_back({{"kind", "monitor"},
+                        {"time_unix_ms", unix_ms(b->wall)},
+                        {"age_ms", number(static_cast<double>(now - b->at_ns) / 1e6)},
+                        {"worker", worker},
+                        {"address", nullptr},
+                        {"text", b->text}});
+      ++b;
+    }
+  }
+  out["failures"] = std::move(merged);
+  out["trace"] = {{"status", trace_status}, {"file", trace_written}};
+  json marks_out = json::array();
+  for (const Mark& m : marks) {
+    if (m.sequence <= static_cast<std::uint64_t>(std::max<long long>(0, marks_after))) continue;
+    marks_out.push_back({{"sequence", m.sequence}, {"step", m.step}, {"time_s", m.time_s}, {"kind", m.kind},
+                         {"text", m.text}});
+  }
+  out["marks"] = std::move(marks_out);
+  json epochs_out = json::array();
+  for (const EpochRecord& e : epoch_records) {
+    if (e.epoch <= epochs_after) continue;
+    json logs = json::object();
+    for (const auto& [name, value] : e.logs) logs[name] = number(value);
+    epochs_out.push_back({{"epoch", e.epoch}, {"step", e.step}, {"time_s", e.time_s}, {"logs", std::move(logs)}});
+  }
+  out["epochs"] = std::move(epochs_out);
+  return out.dump();
+}
+
+// Where the run is (under mutex): epoch, elapsed, ETA, and the wall clock it started at.
+nlohmann::ordered_json Monitor::Impl::progress_json() const {
+  const std::int64_t now = profile_now_ns();
+  json p = {{"epoch", epoch >= 0 ? json(epoch + 1) : json(nullptr)},
+            {"epochs", epochs > 0 ? json(epochs) : json(nullptr)},
+            {"steps_per_epoch", steps_per_epoch > 0 ? json(steps_per_epoch) : json(nullptr)},
+            {"start_unix_ms", unix_ms(start_wall)},
+            {"elapsed_s", static_cast<double>(now - t0_ns) / 1e9}};
+  const std::int64_t total = epochs > 0 && steps_per_epoch > 0 ? epochs * steps_per_epoch : -1;
+  p["total_steps"] = total > 0 ? json(total) : json(nullptr);
+  const std::int64_t done = last.step - first_step;
+  const double running_s = static_cast<double>(now - begin_ns) / 1e9;
+  if (total > 0 && done > 0 && begin_ns > 0 && end_status.empty()) {
+    p["eta_s"] = std::max<double>(0.0, static_cast<double>(total - last.step) * running_s / static_cast<double>(done));
+  } else {
+    p["eta_s"] = nullptr;
+  }
+  return p;
+}
+
+// A dashboard command as a request to fit (under mutex): fit agrees on it at a step boundary.
+void Monitor::Impl::forward_locked(int command, double value) {
+  switch (command) {
+    case detail::pause: control->pause(); break;
+    case detail::resume: control->resume(); break;
+    case detail::set_learning_rate: control->set_learning_rate(value); break;
+    case detail::checkpoint: control->request_checkpoint(); break;
+    case detail::stop:
+      control->request_checkpoint();
+      control->request_stop(Monitor::dashboard_stop_reason);
+      break;
+    case detail::stop_without_checkpoint: control->request_stop(Monitor::dashboard_stop_reason); break;
+    default: break;
+  }
+}
+
+HttpResponse Monitor::Impl::enqueue(int command, double value) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (stopped) return error(409, "the training has stopped");
+  if (!end_status.empty()) return error(409, "the training has ended (" + end_status + ")");
+  if (callback_mode && command == detail::trace) {
+    trace_request = static_cast<std::int64_t>(value);
+  } else if (control != nullptr) {
+    forward_locked(command, value);
+  } else if (commands.size() >= max_queued_commands) {
+    return error(503, "too many commands waiting for the next step boundary");
+  } else {
+    commands.emplace_back(command, value);
+  }
+  command_ready.notify_all();
+  return answer(200, json{{"ok", true},
+                          {"command", detail::command_name(command)},
+                          {"applies", "at the next step boundary, on every worker"}});
+}
+
+// The tab's icon: troupe's "t" on the header's colour.
+constexpr const char* favicon_svg =
+    "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 32 32\"><rect width=\"32\" height=\"32\" rx=\"6\" "
+    "fill=\"#1f2937\"/><path d=\"M11 7v15a4 4 0 0 0 4 4h5M7 13h12\" stroke=\"#34d399\" stroke-width=\"4\" "
+    "fill=\"none\" stroke-linecap=\"round\"/></svg>";
+
+// The methods each path answers; a path not here is 404.
+const char* allowed_methods(const std::string& path) {
+  static const char* const get_only[] = {"/",           "/index.html", "/chart.js",    "/favicon.svg",
+                                         "/favicon.ico", "/api/state",  "/api/history", "/api/events",
+                                         "/api/logs"};
+  static const char* const post_only[] = {"/api/pause", "/api/resume", "/api/checkpoint", "/api/stop",
+                                          "/api/learning_rate"};
+  for (const char* p : get_only) {
+    if (path == p) return "GET";
+  }
+  for (const char* p : post_only) {
+    if (path == p) return "POST";
+  }
+  if (path == "/api/trace") return "GET, POST";
+  return nullptr;
+}
+
+HttpResponse Monitor::Impl::handle(const detail::HttpRequest& r) {
+  const char* allowed = allowed_methods(r.path);
+  if (allowed == nullptr) return error(404, "no such page: " + r.path.substr(0, 64));
+  if ((", " + std::string(allowed) + ",").find(" " + r.method + ",") == std::string::npos) {
+    HttpResponse out = error(405, r.method.substr(0, 16) + " " + r.path + ": method not allowed (use " + allowed + ")");
+    out.allow = allowed;
+    return out;
+  }
+  if (r.method == "GET") return get(r);
+  return post(r);
+}
+
+HttpResponse Monitor::Impl::get(const detail::HttpRequest& r) {
+  if (r.path == "/" || r.path == "/index.html") {
+    return {200, "text/html; charset=utf-8", std::string(detail::dashboard_html())};
+  }
+  if (r.path == "/chart.js") return {200, "application/javascript", std::string(detail::chart_js())};
+  if (r.path == "/favicon.svg" || r.path == "/favicon.ico") return {200, "image/svg+xml", favicon_svg};
+  if (r.path == "/api/state") return {200, "application/json", state_json(r)};
+  if (r.path == "/api/history") {
+    std::string h = stream->history_json(std::chrono::seconds(5));
+    if (h.empty()) return error(503, "the metrics stream did not answer");
+    return {200, "application/json", std::move(h)};
+  }
+  if (r.path == "/api/logs") {
+    const std::string text = detail::query_value(r.query, "worker");
+    const auto w = text.empty() ? std::optional<long long>(worker) : base::parse_int(text);
+    if (!w || *w < 0 || *w >= workers) {
+      return error(400, "logs: worker \"" + text.substr(0, 64) + "\" is not a worker of this run (0.." +
+                            std::to_string(workers - 1) + ")");
+    }
+    if (*w != worker) {
+      return error(404, "logs: worker " + std::to_string(*w) +
+                            "'s lines are in its own output (troupe-launch shows them with [rank " +
+                            std::to_string(*w) + "]); this page has the chief's");
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    return answer(200, json{{"worker", worker}, {"lines", json(std::vector<std::string>(log_lines.begin(), log_lines.end()))}});
+  }
+  // GET /api/trace: the last trace written.
+  std::string path;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    path = trace_written;
+  }
+  if (path.empty()) return error(404, "no trace written yet: POST /api/trace?steps=N records the next N steps");
+  std::ifstream in(path, std::ios::binary);
+  std::string body((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return {200, "application/json", std::move(body)};
+}
+
+HttpResponse Monitor::Impl::post(const detail::HttpRequest& r) {
+  if (r.path == "/api/pause") return enqueue(detail::pause, 0);
+  if (r.path == "/api/resume") return enqueue(detail::resume, 0);
+  if (r.path == "/api/checkpoint" || r.path == "/api/stop") {
+    const bool stop = r.path == "/api/stop";
+    const std::string with = detail::query_value(r.query, "checkpoint");
+    if (stop && (with == "0" || with == "false")) return enqueue(detail::stop_without_checkpoint, 0);
+    bool can = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      can = can_checkpoint_locked();
+    }
+    if (!can) {
+      return error(409, std::string(stop ? "stop with a checkpoint" : "checkpoint") +
+                            ": this trainer saves no checkpoints (start it with a checkpoint directory)" +
+                            (stop ? "; POST /api/stop?checkpoint=0 stops without one" : ""));
+    }
+    return enqueue(stop ? detail::stop : detail::checkpoint, 0);
+  }
+  if (r.path == "/api/learning_rate") {
+    const std::string text = detail::query_value(r.query, "value");
+    const auto v = base::parse_double(text);
+    if (!v || !std::isfinite(*v) || *v <= 0 || *v > 1e6) {
+      return error(400, "learning_rate: value \"" + text.substr(0, 64) +
+                            "\" is not a positive number (e.g. /api/learning_rate?value=0.001)");
+    }
+    if (!optimizer) return error(409, "this trainer has no optimizer to steer");
+    return enqueue(detail::set_learning_rate, *v);
+  }
+  // POST /api/trace
+  const std::string text = detail::query_value(r.query, "steps");
+  const auto n = text.empty() ? std::optional<long long>(100) : base::parse_int(text);
+  if (!n || *n < 1 || *n > max_trace_steps) {
+    return error(400, "trace: steps \"" + text.substr(0, 64) + "\" is not a number in 1.." +
+                          std::to_string(max_trace_steps));
+  }
+  return enqueue(detail::trace, static_cast<double>(*n));
+}
+
+}  // namespace troupe
