@@ -8,6 +8,7 @@
 #include <exception>
 #include <sstream>
 
+#include "distribute/cluster/cluster_net.hpp"
 #include "distribute/collectives/worker_group.hpp"
 #include "distribute/strategies/step_profile.hpp"
 #include "monitor/assets.hpp"
@@ -27,10 +28,6 @@ using distribute::detail::profile_now_ns;
 using detail::Taken;
 
 const std::chrono::milliseconds paused_poll{100};
-
-bool is_loopback(const std::string& address) {
-  return address.rfind("127.", 0) == 0 || address == "::1" || address == "localhost";
-}
 
 }  // namespace
 
@@ -221,7 +218,7 @@ Monitor::Monitor(distribute::Strategy& strategy, nn::Optimizer* optimizer, Monit
     throw std::invalid_argument("Monitor: dashboard_port " + std::to_string(o.dashboard_port) +
                                 " is out of range (expected -1 for none, 0 for any free port, or 1..65535)");
   }
-  if (o.dashboard_port >= 0 && !is_loopback(o.dashboard_address) && o.dashboard_token.empty()) {
+  if (o.dashboard_port >= 0 && !distribute::detail::is_loopback(o.dashboard_address) && o.dashboard_token.empty()) {
     throw std::invalid_argument("Monitor: the dashboard would listen on " + o.dashboard_address +
                                 " without a token; set a dashboard token (anyone who reaches the port could steer "
                                 "the training), or bind 127.0.0.1");
