@@ -188,20 +188,24 @@ TEST_CASE("a coordinator schedules onto in-process servers, shards variables ove
 }
 
 TEST_CASE("a ps shard applies updates in place and refuses one that does not fit") {
+  using op = troupe::actors::update_op;
   std::string shard = wire::encode_tensor(Tensor::from_vector<float>({1, 2, 3, 4}, {2, 2}));
-  CHECK_FALSE(wire::update_in_place(shard, 1, wire::encode_tensor(Tensor::from_vector<float>({1, 1, 1, 1}, {2, 2}))));
-  CHECK_FALSE(wire::update_in_place(shard, 2, wire::encode_tensor(Tensor::from_vector<float>({0, 0, 0, 0.5f}, {2, 2}))));
+  CHECK_FALSE(wire::update_in_place(shard, op::add, wire::encode_tensor(Tensor::from_vector<float>({1, 1, 1, 1}, {2, 2}))));
+  CHECK_FALSE(wire::update_in_place(shard, op::subtract, wire::encode_tensor(Tensor::from_vector<float>({0, 0, 0, 0.5f}, {2, 2}))));
   CHECK(wire::decode_tensor(shard).to_vector<float>() == std::vector<float>{2, 3, 4, 4.5f});
-  auto bad = wire::update_in_place(shard, 1, wire::encode_tensor(Tensor::from_vector<float>({1, 1}, {2})));
+  auto bad = wire::update_in_place(shard, op::add, wire::encode_tensor(Tensor::from_vector<float>({1, 1}, {2})));
   REQUIRE(bad);
   CHECK(contains(*bad, "shapes and dtypes must match"));
-  CHECK(wire::update_in_place(shard, 7, shard)->find("operation 7 is unknown") != std::string::npos);
+  // An operation byte from the network that names none is refused before it reaches the shard.
+  CHECK_FALSE(troupe::actors::update_op_of(7).has_value());
+  CHECK(troupe::actors::update_op_of(2) == op::subtract);
+  CHECK(troupe::actors::unknown_update_op(7) == "update operation 7 is unknown (expected 0 assign, 1 add or 2 subtract)");
   std::string ints = wire::encode_tensor(Tensor::from_vector<std::int64_t>({5, -5}, {2}));
-  CHECK_FALSE(wire::update_in_place(ints, 2, wire::encode_tensor(Tensor::from_vector<std::int64_t>({7, 7}, {2}))));
+  CHECK_FALSE(wire::update_in_place(ints, op::subtract, wire::encode_tensor(Tensor::from_vector<std::int64_t>({7, 7}, {2}))));
   CHECK(wire::decode_tensor(ints).to_vector<std::int64_t>() == std::vector<std::int64_t>{-2, -12});
-  CHECK_FALSE(wire::update_in_place(ints, 0, wire::encode_tensor(Tensor::from_vector<std::int64_t>({9, 9}, {2}))));
+  CHECK_FALSE(wire::update_in_place(ints, op::assign, wire::encode_tensor(Tensor::from_vector<std::int64_t>({9, 9}, {2}))));
   CHECK(wire::decode_tensor(ints).to_vector<std::int64_t>() == std::vector<std::int64_t>{9, 9});
-  CHECK_THROWS_AS(wire::update_in_place(ints, 1, "junk"), std::invalid_argument);
+  CHECK_THROWS_AS(wire::update_in_place(ints, op::add, "junk"), std::invalid_argument);
 }
 
 TEST_CASE("embedding lookups and scatters move only the rows named, over two ps tasks") {
