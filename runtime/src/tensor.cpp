@@ -3,8 +3,11 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <sstream>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include "axis.hpp"
 #include "elements.hpp"
@@ -216,6 +219,16 @@ Tensor binary_scalar(binop op, const Tensor& a, const Scalar& s, bool scalar_fir
   return out;
 }
 
+// An allocation that failed, as a std::bad_alloc that says which tensor and how many bytes.
+class tensor_alloc_failed : public std::bad_alloc {
+ public:
+  explicit tensor_alloc_failed(std::string what) : what_(std::move(what)) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  std::string what_;
+};
+
 }  // namespace
 
 namespace detail {
@@ -252,7 +265,16 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
     throw std::invalid_argument("Tensor on " + device.to_string() +
                                 ": this build of troupe has no GPU support (it was built without CUDA)");
   }
-  return Tensor(detail::allocate_storage(nbytes, device), std::move(shape), dtype, std::move(device));
+  std::shared_ptr<detail::Storage> storage;
+  try {
+    storage = detail::allocate_storage(nbytes, device);
+  } catch (const std::bad_alloc&) {
+    // Still a std::bad_alloc, but one that names the tensor and its size.
+    throw tensor_alloc_failed("Tensor of shape " + shape_to_string(shape) + " and dtype " +
+                              std::string(dtype_name(dtype)) + " on " + device.to_string() + ": cannot allocate " +
+                              std::to_string(nbytes) + " bytes (out of memory; a smaller model or batch needs less)");
+  }
+  return Tensor(std::move(storage), std::move(shape), dtype, std::move(device));
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {

@@ -33,6 +33,8 @@
 #                  whole assigns, while strangers hit a ps task's data port (junk, a segment table
 #                  claiming 16 GiB, silence): refused and logged, the ps task stays small; ps task 1
 #                  serves its data on the fixed port --data-port gives it
+#   ps-idle-flood  the bulk checks, with a token, while 80 idle connections are held on a ps task's
+#                  data port: the oldest unproven ones make room, the workers' own get in
 set -uo pipefail
 scenario="$1"
 build="$2"
@@ -527,6 +529,35 @@ PY
     hwm=$(awk '/VmHWM/ {print $2}' "/proc/$ps_pid/status")
     [[ "$hwm" -lt 400000 ]] || fail "the ps task's peak memory is $hwm kB (a stranger's claim was allocated?)"
     echo "ps task peak memory ${hwm} kB; $(grep -h '^PASS' "$dir/chief.log" | tr '\n' ' ')"
+    ;;
+  ps-idle-flood)
+    # 80 plain TCP connections held idle on a ps task's data port (more than the 64 it lets prove
+    # themselves at once), with a token: the workers' own data connections still get in and every
+    # read and update of the bulk checks passes.
+    good=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    nps=2
+    token_w0="$good" token_w1="$good" token_ps="$good" token_ps1="$good"
+    start_daemons w0 w1 ps ps1
+    wait_for "$dir/ps.log" "variables' data port 127.0.0.1:[0-9]+" 20
+    data_port=$(grep -Eo "variables' data port 127.0.0.1:[0-9]+" "$dir/ps.log" | head -n 1 | cut -d: -f2)
+    timeout 60 python3 - "$data_port" >"$dir/flood.log" 2>&1 <<'PY' &
+import socket, sys, time
+port = int(sys.argv[1])
+held = [socket.create_connection(("127.0.0.1", port)) for _ in range(80)]
+print("holding", len(held), flush=True)
+time.sleep(40)
+PY
+    flood=$!
+    pids+=($flood)
+    wait_for "$dir/flood.log" '^holding 80' 20
+    TROUPE_CLUSTER_TOKEN="$good" TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode bulk \
+      >"$dir/chief.log" 2>&1
+    st=$?
+    kill "$flood" 2>/dev/null
+    [[ $st == 0 ]] || fail "the chief exited $st while 80 idle connections were held on the ps task's data port"
+    [[ "$(grep -c '^PASS' "$dir/chief.log")" == 2 ]] || fail "not every check of the chief passed"
+    grep -q "pushed out by newer connections before it proved itself" "$dir/ps.log" ||
+      fail "the ps task did not log the idle connections it pushed out"
     ;;
   silent-ps)
     # A "ps task" that accepts connections and never says a word: the chief gives up within its

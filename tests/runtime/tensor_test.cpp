@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -228,4 +229,15 @@ TEST_CASE("a tensor on a GPU the machine does not have is a clear error") {
   }
   CHECK(contains(message_of([&] { (void)Tensor::from_vector<float>({1.0f}).to(gpu); }), name));
   CHECK_FALSE(Tensor::from_vector<float>({1.0f}).is_gpu());
+}
+
+TEST_CASE("a tensor too large for memory is a std::bad_alloc naming its shape, dtype and bytes") {
+  try {
+    troupe::Tensor t = troupe::Tensor::empty(troupe::Shape{1 << 20, 1 << 20}, troupe::DType::f32);
+    FAIL("a 4 TiB tensor was allocated");
+  } catch (const std::bad_alloc& e) {
+    const std::string what = e.what();
+    CHECK(what.find("Tensor of shape [1048576, 1048576] and dtype float32") == 0);
+    CHECK(what.find("cannot allocate 4398046511104 bytes (out of memory") != std::string::npos);
+  }
 }
