@@ -87,8 +87,9 @@ class DevTools:
         return r.get("result", {}).get("value")
 
     def click(self, element_id):
-        """A real mouse click in the middle of the element."""
-        box = self.eval("(() => { const r = document.getElementById(%s).getBoundingClientRect();"
+        """A real mouse click in the middle of the element (scrolled into view first)."""
+        box = self.eval("(() => { const e = document.getElementById(%s); e.scrollIntoView({block: 'center'});"
+                        " const r = e.getBoundingClientRect();"
                         " return [r.x + r.width / 2, r.y + r.height / 2]; })()" % json.dumps(element_id))
         if not box:
             fail("no element #" + element_id + " on the page")
@@ -133,7 +134,9 @@ def main_cluster(launch, trainer, screenshot):
     procs = []
     cluster = None
     try:
-        cluster = cluster_run.Cluster(launch, trainer, work)
+        # Steps of at least 5 ms: two trainers at full speed leave a browser on 2 cores too little
+        # time to tick the ages it is checked on.
+        cluster = cluster_run.Cluster(launch, trainer, work, ["--step-delay-ms", "5"])
         url = wait_for("the chief's dashboard URL",
                        lambda: (re.search(r"\[rank 0\] dashboard: (http://\S+)", cluster.out()) or [None, None])[1],
                        30)

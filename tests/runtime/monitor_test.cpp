@@ -12,6 +12,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <stdexcept>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -395,4 +396,48 @@ TEST_CASE("monitor: as a fit callback, the state has the compiled metrics, each 
   CHECK(contains(http(port, "GET", "/api/logs?worker=5"), "400 Bad Request"));
   // Commands after the end are refused.
   CHECK(contains(http(port, "POST", "/api/pause"), "409 Conflict"));
+}
+
+TEST_CASE("monitor: destroyed by an exception, it tells an open page the run failed before its server closes") {
+  Runtime rt;
+  MirroredStrategy s(rt, {"CPU:0"});
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  std::ostringstream log;
+  o.log = &log;
+  std::string received;
+  std::thread reader;
+  try {
+    Monitor m(s, nullptr, o);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(m.dashboard_port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    const std::string req =
+        "GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(m.dashboard_port()) + "\r\n\r\n";
+    REQUIRE(write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+    // The stream's header arrives once the server holds the stream.
+    char buf[4096];
+    while (!contains(received, ": troupe metrics")) {
+      const ssize_t n = read(fd, buf, sizeof buf);
+      REQUIRE(n > 0);
+      received.append(buf, static_cast<std::size_t>(n));
+    }
+    reader = std::thread([fd, &received] {
+      char more[4096];
+      ssize_t n;
+      while ((n = read(fd, more, sizeof more)) > 0) received.append(more, static_cast<std::size_t>(n));
+      close(fd);
+    });
+    throw std::runtime_error("a step failed");
+  } catch (const std::runtime_error&) {
+  }
+  reader.join();
+  CHECK(contains(received, "\"end\":{"));
+  CHECK(contains(received, "\"status\":\"failed\""));
+  CHECK(contains(received, "the trainer ended with an error"));
 }
