@@ -342,16 +342,7 @@ class gate_policy {
       return st;
     }
     if (st == rw_state::success && result > 0) {
-      if (session_ && !proven_ && counted_) {
-        // The handshake is done: the peer holds the token, and no longer takes a stranger's slot.
-        counted_ = false;
-        --shared_->open;
-      }
-      if (unproven_) {
-        shared_->forget(unproven_);
-        unproven_.reset();
-      }
-      proven_ = true;
+      proven();
       if (!scan(static_cast<const unsigned char*>(buf), result)) {
         result = 0;
         failed_ = true;
@@ -367,6 +358,9 @@ class gate_policy {
     const rw_state st = session_ ? session_->write_some(result, fd, buf, len)
                                  : caf::policy::tcp::write_some(result, fd, buf, len);
     if (st == rw_state::failure) closed();
+    // Application bytes written over TLS mean that the handshake is done, as bytes read do: a
+    // connection that only sends (a worker's heartbeats) is proven too, never expired.
+    if (st == rw_state::success && result > 0 && session_) proven();
     return st;
   }
 
@@ -378,6 +372,20 @@ class gate_policy {
   }
 
  private:
+  // Bytes moved: the handshake (if any) is done, the peer holds the token and no longer takes a
+  // stranger's slot, and no deadline applies.
+  void proven() {
+    if (session_ && !proven_ && counted_) {
+      counted_ = false;
+      --shared_->open;
+    }
+    if (unproven_) {
+      shared_->forget(unproven_);
+      unproven_.reset();
+    }
+    proven_ = true;
+  }
+
   // Follows the stream: false (logged) when a header declares more than the limit.
   bool scan(const unsigned char* p, std::size_t n) {
     while (n > 0) {
