@@ -12,8 +12,8 @@ using impl_ptr = std::shared_ptr<dispatcher::impl>;
 
 // Why a task counts as silent, for the log and the coordinator's error.
 std::string silence(const dispatch_actor_state& st) {
-  return "it missed " + std::to_string(st.missed_heartbeats) + " heartbeats of " +
-         std::to_string(st.heartbeat_interval.count()) + " ms (stopped or hung?)";
+  return "it missed " + std::to_string(st.liveness.missed) + " heartbeats of " +
+         std::to_string(st.liveness.interval.count()) + " ms (stopped or hung?)";
 }
 
 // Each closure of `ids` still known reaches on_done once, cancelled.
@@ -87,8 +87,8 @@ void beat_worker(dispatch_self* self, const impl_ptr& d, std::size_t w) {
   auto pulse = self->state.worker_pulses[w];
   if (!pulse) return;
   self->request(pulse, self->state.worker_beats->limit(), beat_atom::value,
-                static_cast<std::int64_t>(self->state.heartbeat_interval.count()),
-                static_cast<std::int32_t>(self->state.missed_heartbeats))
+                static_cast<std::int64_t>(self->state.liveness.interval.count()),
+                static_cast<std::int32_t>(self->state.liveness.missed))
       .then(
           [self, d, w, pulse](bool) {
             auto& st = self->state;
@@ -168,15 +168,14 @@ void on_cancel(dispatch_self* self, const impl_ptr& d) {
 // New heartbeat settings: every peer watched so far starts a fresh limit under them.
 void on_heartbeat_settings(dispatch_self* self, std::int64_t interval_ms, std::int32_t missed) {
   auto& st = self->state;
-  st.heartbeat_interval = std::chrono::milliseconds(interval_ms);
-  st.missed_heartbeats = missed;
+  st.liveness = liveness_policy{std::chrono::milliseconds(interval_ms), missed};
   const auto now = heartbeat_state::clock::now();
   auto renew = [&](std::optional<heartbeat_state>& beats) {
     const int peers = static_cast<int>(beats->peers());
     std::vector<bool> watched;
     // An overdue peer is watched again too, so that it is taken back when it answers.
     for (int p = 0; p < peers; ++p) watched.push_back(beats->watched(p));
-    beats.emplace(peers, st.heartbeat_interval, missed);
+    beats.emplace(peers, st.liveness);
     for (int p = 0; p < peers; ++p) {
       if (watched[static_cast<std::size_t>(p)]) beats->watch(p, now);
     }
@@ -190,8 +189,8 @@ void on_heartbeat_settings(dispatch_self* self, std::int64_t interval_ms, std::i
 void on_tick(dispatch_self* self, const impl_ptr& d) {
   auto& st = self->state;
   if (st.leaving) return;
-  const auto interval = static_cast<std::int64_t>(st.heartbeat_interval.count());
-  const auto missed = static_cast<std::int32_t>(st.missed_heartbeats);
+  const auto interval = static_cast<std::int64_t>(st.liveness.interval.count());
+  const auto missed = static_cast<std::int32_t>(st.liveness.missed);
   const auto wait = st.worker_beats->limit();
   for (std::size_t w = 0; w < st.worker_pulses.size(); ++w) beat_worker(self, d, w);
   for (std::size_t p = 0; p < d->ps_pulse.size(); ++p) {
@@ -212,7 +211,7 @@ void on_tick(dispatch_self* self, const impl_ptr& d) {
     d->on_ps_lost(task, silence(st));
   }
   pump(self, *d);
-  self->delayed_send(self, st.heartbeat_interval, tick_atom::value);
+  self->delayed_send(self, st.liveness.interval, tick_atom::value);
 }
 
 }  // namespace
@@ -221,11 +220,9 @@ caf::behavior dispatch_actor(dispatch_self* self, std::shared_ptr<dispatcher::im
   const int n = static_cast<int>(d->options.workers.size());
   auto& st = self->state;
   st.rules.emplace(n, d->options.window);
-  st.heartbeat_interval = d->options.heartbeat_interval;
-  st.missed_heartbeats = d->options.missed_heartbeats;
-  st.worker_beats.emplace(n, d->options.heartbeat_interval, d->options.missed_heartbeats);
-  st.ps_beats.emplace(static_cast<int>(d->options.ps.size()), d->options.heartbeat_interval,
-                      d->options.missed_heartbeats);
+  st.liveness = d->options.liveness;
+  st.worker_beats.emplace(n, st.liveness);
+  st.ps_beats.emplace(static_cast<int>(d->options.ps.size()), st.liveness);
   st.workers.assign(static_cast<std::size_t>(n), caf::actor{});
   st.worker_pulses.assign(static_cast<std::size_t>(n), caf::actor{});
   self->set_down_handler([self, d](caf::down_msg& m) { on_down(self, *d, m); });

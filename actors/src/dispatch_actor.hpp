@@ -22,6 +22,7 @@
 #include "troupe/actors/dispatch_state.hpp"
 #include "troupe/actors/dispatcher.hpp"
 #include "troupe/actors/heartbeat_state.hpp"
+#include "troupe/actors/liveness_policy.hpp"
 
 namespace troupe::actors {
 
@@ -72,8 +73,7 @@ struct dispatch_actor_state {
   // coordinator raises it, everything queued is cancelled and closures in flight finish.
   bool failed = false;
   bool cancelling = false;
-  std::chrono::milliseconds heartbeat_interval{500};
-  int missed_heartbeats = 6;
+  liveness_policy liveness;  // the settings the tasks hear with every beat
 };
 
 using dispatch_self = caf::stateful_actor<dispatch_actor_state>;

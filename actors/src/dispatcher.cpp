@@ -112,11 +112,7 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
   auto& d = *impl_;
   d.system = &system;
   d.options = std::move(options);
-  if (d.options.heartbeat_interval.count() < 1 || d.options.missed_heartbeats < 1) {
-    throw std::invalid_argument("ParameterServerStrategy: heartbeat_interval " +
-                                std::to_string(d.options.heartbeat_interval.count()) + " ms and missed_heartbeats " +
-                                std::to_string(d.options.missed_heartbeats) + " (expected both >= 1)");
-  }
+  d.options.liveness.check("ParameterServerStrategy");
   d.on_done = std::move(on_done);
   d.on_ps_lost = std::move(on_ps_lost);
   d.log = std::move(log);
@@ -185,13 +181,10 @@ void dispatcher::configure(int window, std::chrono::milliseconds connect_retry) 
   caf::anon_send(impl_->actor, window_atom::value, static_cast<std::int32_t>(window));
 }
 
-void dispatcher::set_heartbeat(std::chrono::milliseconds interval, int missed) {
-  if (interval.count() < 1 || missed < 1) {
-    throw std::invalid_argument("dispatcher: heartbeat_interval " + std::to_string(interval.count()) +
-                                " ms and missed_heartbeats " + std::to_string(missed) + " (expected both >= 1)");
-  }
-  caf::anon_send(impl_->actor, hbset_atom::value, static_cast<std::int64_t>(interval.count()),
-                 static_cast<std::int32_t>(missed));
+void dispatcher::set_heartbeat(liveness_policy liveness) {
+  liveness.check("dispatcher");
+  caf::anon_send(impl_->actor, hbset_atom::value, static_cast<std::int64_t>(liveness.interval.count()),
+                 static_cast<std::int32_t>(liveness.missed));
 }
 
 void dispatcher::cancel_queued() {

@@ -5,17 +5,13 @@
 
 namespace troupe::actors {
 
-heartbeat_state::heartbeat_state(int peers, std::chrono::milliseconds interval, int missed)
-    : interval_(interval),
-      missed_(missed),
+heartbeat_state::heartbeat_state(int peers, liveness_policy policy)
+    : policy_(policy),
       watched_(static_cast<std::size_t>(peers < 0 ? 0 : peers), false),
       overdue_(watched_.size(), false),
       last_(watched_.size()) {
-  if (peers < 0 || interval.count() < 1 || missed < 1) {
-    throw std::invalid_argument("heartbeat_state: " + std::to_string(peers) + " peers, heartbeat_interval " +
-                                std::to_string(interval.count()) + " ms, missed_heartbeats " + std::to_string(missed) +
-                                " (expected peers >= 0, heartbeat_interval >= 1 ms, missed_heartbeats >= 1)");
-  }
+  if (peers < 0) throw std::invalid_argument("heartbeat_state: " + std::to_string(peers) + " peers (expected >= 0)");
+  policy_.check("heartbeat_state");
 }
 
 void heartbeat_state::watch(int p, clock::time_point now) {
@@ -44,7 +40,7 @@ bool heartbeat_state::beat(int p, clock::time_point now) {
 std::vector<int> heartbeat_state::overdue(clock::time_point now) {
   std::vector<int> out;
   // Expected every interval: a gap of two is this process not running, not its peers' silence.
-  const bool paused = checked_ && now - *checked_ > 2 * interval_;
+  const bool paused = checked_ && policy_.paused(*checked_, now);
   if (!checked_ || now > *checked_) checked_ = now;
   if (paused) {
     for (std::size_t i = 0; i < watched_.size(); ++i) {
@@ -54,7 +50,7 @@ std::vector<int> heartbeat_state::overdue(clock::time_point now) {
   }
   for (std::size_t i = 0; i < watched_.size(); ++i) {
     if (!watched_[i] || overdue_[i]) continue;
-    if (now - last_[i] > limit()) {
+    if (policy_.silent_too_long(last_[i], now)) {
       overdue_[i] = true;
       out.push_back(static_cast<int>(i));
     }

@@ -16,6 +16,7 @@
 #include "control_tls.hpp"
 #include "protocol.hpp"
 #include "troupe/actors/cluster_health.hpp"
+#include "troupe/actors/liveness_policy.hpp"
 #include "troupe/actors/rendezvous_state.hpp"
 
 namespace troupe::actors {
@@ -201,7 +202,8 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
           std::vector<std::string> tasks;
           for (const auto& m : s.rules->table()) tasks.push_back(m.task);
           // Late after 2 intervals without a beat: a beat on time is never older than 1.
-          s.health->start(std::move(tasks), interval, 2, s.rules->table().at(0).incarnation,
+          s.health->start(std::move(tasks), interval, liveness_policy::late_after_intervals,
+                          s.rules->table().at(0).incarnation,
                           rendezvous_state::clock::now());
         }
         for (const auto& [rank, early] : s.early) {
@@ -260,19 +262,22 @@ std::string describe(caf::actor_system& system, const caf::error& e) {
   return "rendezvous failed: " + system.render(e);
 }
 
-struct heartbeat_state {
+struct chief_watch_state {
   bool reported = false;
-  std::chrono::steady_clock::time_point heard;  // the chief's last sign of life
+  std::chrono::steady_clock::time_point heard;   // the chief's last sign of life
+  std::chrono::steady_clock::time_point ticked;  // the previous check (liveness_policy::paused)
   bool chief_left = false;                       // its agent shut down on purpose: no more beats
 };
 
 // A worker's side of the watch: beats to the chief's agent, reports the verdicts, and watches the
 // chief as the chief watches it: an agent silent for more than `missed` intervals (a stopped or
-// hung chief keeps its connections open, so no down message would ever come) is declared gone.
-caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor agent, std::int32_t rank,
+// hung chief keeps its connections open, so no down message would ever come) is declared gone,
+// unless this worker was itself not running meanwhile (liveness_policy::paused).
+caf::behavior heartbeat(caf::stateful_actor<chief_watch_state>* self, caf::actor agent, std::int32_t rank,
                         std::chrono::milliseconds interval, int missed, std::string chief,
                         std::function<void(int, const std::string&)> on_failure) {
   self->state.heard = std::chrono::steady_clock::now();
+  self->state.ticked = self->state.heard;
   auto report = [=](int r, const std::string& reason) {
     if (self->state.reported) return;
     self->state.reported = true;
@@ -296,9 +301,12 @@ caf::behavior heartbeat(caf::stateful_actor<heartbeat_state>* self, caf::actor a
       [=](tick_atom, std::chrono::milliseconds every) {
         self->send(agent, beat_atom::value, rank, caf::actor_cast<caf::actor>(self));
         self->delayed_send(self, every, tick_atom::value, every);
-        const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
-                                                                                  self->state.heard);
-        if (!self->state.chief_left && silent > missed * every) {
+        const auto now = std::chrono::steady_clock::now();
+        const liveness_policy policy{every, missed};
+        if (policy.paused(self->state.ticked, now)) self->state.heard = now;  // we were stopped, not the chief
+        self->state.ticked = now;
+        const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - self->state.heard);
+        if (!self->state.chief_left && policy.silent_too_long(self->state.heard, now)) {
           report(0, chief + " (the chief) sent no heartbeat for " + std::to_string(silent.count()) +
                         " ms (hung, stopped or unreachable)");
         }

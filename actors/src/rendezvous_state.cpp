@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "troupe/actors/liveness_policy.hpp"
 #include "troupe/base/quote.hpp"
 
 namespace troupe::actors {
@@ -146,6 +147,7 @@ std::string rendezvous_state::missing() const {
 
 void rendezvous_state::start_watch(std::chrono::milliseconds interval, clock::time_point now) {
   interval_ = interval;
+  checked_ = now;
   last_beat_.assign(members_.size(), now);
   has_watcher_.assign(members_.size(), false);
   settled_.assign(members_.size(), false);
@@ -190,9 +192,18 @@ std::optional<verdict> rendezvous_state::on_connection_closed(int rank) {
 
 std::vector<verdict> rendezvous_state::check(clock::time_point now) {
   std::vector<verdict> out;
+  const liveness_policy policy{interval_, options_.missed_heartbeats};
+  const bool paused = policy.paused(checked_, now);
+  if (now > checked_) checked_ = now;
+  if (paused) {
+    for (std::size_t r = 1; r < last_beat_.size(); ++r) {
+      if (!settled_[r] && now > last_beat_[r]) last_beat_[r] = now;
+    }
+    return out;
+  }
   for (std::size_t r = 1; r < last_beat_.size(); ++r) {
     const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_beat_[r]);
-    if (!settled_[r] && silent > options_.missed_heartbeats * interval_) {
+    if (!settled_[r] && policy.silent_too_long(last_beat_[r], now)) {
       out.push_back(declare_gone(static_cast<int>(r), options_.tasks[r] + " sent no heartbeat for " +
                                                           std::to_string(silent.count()) +
                                                           " ms (hung, stopped or unreachable)"));
@@ -283,8 +294,9 @@ void check_options(const rendezvous_options& o) {
   }
   if (o.rank != 0 && o.chief_port == 0) bad("chief_port is 0 (expected 1..65535: the chief's port in TF_CONFIG)");
   if (o.timeout.count() < 1) bad("timeout is " + std::to_string(o.timeout.count()) + " ms (expected at least 1)");
-  if (o.missed_heartbeats < 1) {
-    bad("missed_heartbeats is " + std::to_string(o.missed_heartbeats) + " (expected at least 1)");
+  if (o.missed_heartbeats < liveness_policy::min_missed || o.missed_heartbeats > liveness_policy::max_missed) {
+    bad("missed_heartbeats is " + std::to_string(o.missed_heartbeats) + " (expected " +
+        std::to_string(liveness_policy::min_missed) + ".." + std::to_string(liveness_policy::max_missed) + ")");
   }
   if (o.connect_retry.count() < 1) {
     bad("connect_retry is " + std::to_string(o.connect_retry.count()) + " ms (expected at least 1)");

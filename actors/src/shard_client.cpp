@@ -232,12 +232,13 @@ struct data_request {
   std::size_t reply_bytes = 0;
 };
 
-data_request request_of(int ps, std::uint8_t kind, std::uint8_t op, std::uint8_t dtype, const std::string& key,
+// Reads and gathers carry no operation: their op byte is assign's (0), as ever.
+data_request request_of(int ps, std::uint8_t kind, update_op op, std::uint8_t dtype, const std::string& key,
                         std::uint64_t bytes) {
   data_request r;
   r.ps = ps;
   r.header.kind = kind;
-  r.header.op = op;
+  r.header.op = static_cast<std::uint8_t>(op);
   r.header.dtype = dtype;
   r.header.key = key;
   r.header.bytes = bytes;
@@ -300,7 +301,7 @@ void shard_client::read_into(const std::vector<shard_read>& shards) {
   // Each shard's elements are read straight into their place.
   std::vector<data_request> batch;
   for (const auto& s : shards) {
-    batch.push_back(request_of(s.ps, transport::bulk_request::read, 0, s.dtype, s.key, s.nbytes));
+    batch.push_back(request_of(s.ps, transport::bulk_request::read, update_op::assign, s.dtype, s.key, s.nbytes));
     batch.back().into = s.into;
     batch.back().reply_bytes = s.nbytes;
   }
@@ -310,8 +311,7 @@ void shard_client::read_into(const std::vector<shard_read>& shards) {
 void shard_client::update_from(const std::vector<shard_write>& updates) {
   std::vector<data_request> batch;
   for (const auto& u : updates) {
-    batch.push_back(
-        request_of(u.ps, transport::bulk_request::update, static_cast<std::uint8_t>(u.op), u.dtype, u.key, u.nbytes));
+    batch.push_back(request_of(u.ps, transport::bulk_request::update, u.op, u.dtype, u.key, u.nbytes));
     batch.back().data = u.from;
   }
   data_batch(*impl_, batch, "updating");
@@ -320,8 +320,8 @@ void shard_client::update_from(const std::vector<shard_write>& updates) {
 void shard_client::gather_into(const std::vector<shard_gather>& gathers) {
   std::vector<data_request> batch;
   for (const auto& g : gathers) {
-    batch.push_back(
-        request_of(g.ps, transport::bulk_request::gather, 0, g.dtype, g.key, g.count * sizeof(std::uint64_t)));
+    batch.push_back(request_of(g.ps, transport::bulk_request::gather, update_op::assign, g.dtype, g.key,
+                               g.count * sizeof(std::uint64_t)));
     batch.back().data = g.rows;
     batch.back().into = g.into;
     batch.back().reply_bytes = g.count * g.row_bytes;
@@ -332,7 +332,7 @@ void shard_client::gather_into(const std::vector<shard_gather>& gathers) {
 void shard_client::scatter_from(const std::vector<shard_scatter>& scatters) {
   std::vector<data_request> batch;
   for (const auto& u : scatters) {
-    batch.push_back(request_of(u.ps, transport::bulk_request::scatter, static_cast<std::uint8_t>(u.op), u.dtype, u.key,
+    batch.push_back(request_of(u.ps, transport::bulk_request::scatter, u.op, u.dtype, u.key,
                                u.count * (sizeof(std::uint64_t) + u.row_bytes)));
     batch.back().data = u.rows;  // the indices, then the rows from where they lie
     batch.back().more = u.from;

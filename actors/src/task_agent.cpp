@@ -5,7 +5,6 @@
 
 #include "protocol.hpp"
 #include "task_common.hpp"
-#include "troupe/actors/dispatcher.hpp"
 
 namespace troupe::actors {
 
@@ -14,10 +13,11 @@ caf::behavior pulse_actor(caf::stateful_actor<pulse_state>* self, std::shared_pt
       [=](beat_atom, std::int64_t interval_ms, std::int32_t missed) -> bool {
         auto& st = self->state;
         const auto now = heartbeat_state::clock::now();
-        if (interval_ms < 1 || interval_ms > 3600000 || missed < 1 || missed > 1000) return false;
-        if (!st.chief || !st.chief->watched(0) || st.chief->interval().count() != interval_ms ||
-            st.chief->missed() != missed) {
-          st.chief.emplace(1, std::chrono::milliseconds(interval_ms), missed);
+        // Settings from the network: out of the policy's ranges, refused (the chief checked its own).
+        const liveness_policy said{std::chrono::milliseconds(interval_ms), missed};
+        if (said.problem("the chief")) return false;
+        if (!st.chief || !st.chief->watched(0) || st.chief->policy() != said) {
+          st.chief.emplace(1, said);
           st.chief->watch(0, now);
         } else {
           st.chief->beat(0, now);
@@ -49,10 +49,7 @@ caf::behavior pulse_actor(caf::stateful_actor<pulse_state>* self, std::shared_pt
         // it said (the defaults before its first beat), so that a chief stopped before its first
         // beat is noticed too.
         auto& st = self->state;
-        if (!st.chief) {
-          const dispatcher_options defaults;
-          st.chief.emplace(1, defaults.heartbeat_interval, defaults.missed_heartbeats);
-        }
+        if (!st.chief) st.chief.emplace(1, liveness_policy{});
         st.chief->watch(0, heartbeat_state::clock::now());
         if (!st.ticking) {
           st.ticking = true;

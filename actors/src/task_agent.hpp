@@ -23,7 +23,7 @@
 namespace troupe::actors {
 
 // Answers the chief's heartbeats apart from the agent (whose thread may be running a function for
-// minutes) and watches them: a chief silent for more than its missed_heartbeats intervals (stopped,
+// minutes) and watches them: a chief silent for longer than its liveness policy allows (stopped,
 // hung) is gone, as if its connection had closed. The chief says its settings in every beat.
 struct pulse_state {
   std::optional<heartbeat_state> chief;

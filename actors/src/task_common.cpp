@@ -45,15 +45,6 @@ std::optional<update_op> update_op_of(std::uint8_t byte) noexcept {
   }
 }
 
-const char* update_op_name(update_op op) noexcept {
-  switch (op) {
-    case update_op::assign: return "assign";
-    case update_op::add: return "add";
-    case update_op::subtract: return "subtract";
-  }
-  return "unknown";
-}
-
 std::string unknown_update_op(std::uint8_t byte) {
   return "update operation " + std::to_string(byte) + " is unknown (expected 0 assign, 1 add or 2 subtract)";
 }

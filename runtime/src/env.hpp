@@ -8,6 +8,7 @@
 namespace troupe {
 struct RuntimeOptions;
 namespace distribute {
+struct ClusterCoordinatorOptions;
 struct CommunicationOptions;
 struct MultiWorkerOptions;
 }  // namespace distribute
@@ -26,6 +27,9 @@ void check_runtime_options(const RuntimeOptions& options);
 /// The same for the settings of a multi-worker strategy.
 void check_multi_worker_options(const distribute::CommunicationOptions& options,
                                 const distribute::MultiWorkerOptions& settings);
+
+/// The same for a ClusterCoordinator's settings (the heartbeat's ranges are MultiWorkerOptions').
+void check_coordinator_options(const distribute::ClusterCoordinatorOptions& options);
 
 /// TROUPE_FORCE_CPU=1: GPUs are hidden from troupe (0 or unset: they are not). Any other value
 /// throws std::invalid_argument naming the variable.

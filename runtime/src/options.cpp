@@ -6,9 +6,12 @@
 #include <string>
 
 #include "env.hpp"
+#include "troupe/actors/liveness_policy.hpp"
 #include "troupe/base/parse_number.hpp"
 #include "troupe/base/quote.hpp"
 #include "troupe/distribute/multi_worker_strategy.hpp"
+#include "troupe/distribute/parameter_server_strategy.hpp"
+#include "troupe/distribute/server.hpp"
 #include "troupe/log.hpp"
 #include "troupe/runtime.hpp"
 
@@ -32,6 +35,19 @@ int env_int(const char* name, int fallback, int min, int max) {
 }
 
 namespace {
+
+// The public options' heartbeat defaults are the liveness policy's (a public header names no
+// actors type, so they are spelled there too, and checked to agree here).
+static_assert(distribute::MultiWorkerOptions::default_heartbeat_interval == actors::liveness_policy::default_interval);
+static_assert(distribute::MultiWorkerOptions::default_missed_heartbeats == actors::liveness_policy::default_missed);
+
+// TROUPE_HEARTBEAT_MS, for both cluster stacks, in the liveness policy's range.
+std::chrono::milliseconds heartbeat_interval_from_environment() {
+  using policy = actors::liveness_policy;
+  return std::chrono::milliseconds(env_int("TROUPE_HEARTBEAT_MS", static_cast<int>(policy::default_interval.count()),
+                                           static_cast<int>(policy::min_interval.count()),
+                                           static_cast<int>(policy::max_interval.count())));
+}
 
 [[noreturn]] void bad_setting(const std::string& owner, const std::string& field, long long value,
                               const std::string& unit, const std::string& expected) {
@@ -70,16 +86,18 @@ void check_multi_worker_options(const distribute::CommunicationOptions& options,
   if (settings.start_timeout.count() < 1 || settings.start_timeout.count() > 86'400'000) {
     bad_setting("MultiWorkerOptions", "start_timeout", settings.start_timeout.count(), " ms", "1..86400000");
   }
-  if (settings.heartbeat_interval.count() < 10 || settings.heartbeat_interval.count() > 600'000) {
-    bad_setting("MultiWorkerOptions", "heartbeat_interval", settings.heartbeat_interval.count(), " ms", "10..600000");
-  }
-  if (settings.missed_heartbeats < 1 || settings.missed_heartbeats > 1000) {
-    bad_setting("MultiWorkerOptions", "missed_heartbeats", settings.missed_heartbeats, "", "1..1000");
-  }
+  actors::liveness_policy{settings.heartbeat_interval, settings.missed_heartbeats}.check("MultiWorkerOptions");
   if (settings.devices_per_worker < 0 || settings.devices_per_worker > 1024) {
     bad_setting("MultiWorkerOptions", "devices_per_worker", settings.devices_per_worker, "",
                 "0 for the default, or 1..1024");
   }
+}
+
+void check_coordinator_options(const distribute::ClusterCoordinatorOptions& options) {
+  if (options.closures_per_worker < 1) {
+    bad_setting("ClusterCoordinatorOptions", "closures_per_worker", options.closures_per_worker, "", "1 or more");
+  }
+  actors::liveness_policy{options.heartbeat_interval, options.missed_heartbeats}.check("ClusterCoordinatorOptions");
 }
 
 namespace {
@@ -142,13 +160,28 @@ MultiWorkerOptions MultiWorkerOptions::from_environment() {
   MultiWorkerOptions o;
   o.start_timeout = std::chrono::milliseconds(
       troupe::detail::env_int("TROUPE_START_TIMEOUT_MS", static_cast<int>(default_start_timeout.count()), 1, 86'400'000));
-  o.heartbeat_interval = std::chrono::milliseconds(
-      troupe::detail::env_int("TROUPE_HEARTBEAT_MS", static_cast<int>(default_heartbeat_interval.count()), 10, 600'000));
+  o.heartbeat_interval = troupe::detail::heartbeat_interval_from_environment();
   o.devices_per_worker = troupe::detail::env_int("TROUPE_DEVICES_PER_WORKER", 0, 1, 1024);
   o.restart_count = troupe::detail::env_int("TROUPE_RESTART_COUNT", 0, 0, 1'000'000);
   if (const char* token = std::getenv("TROUPE_CLUSTER_TOKEN")) o.cluster_token = token;
   o.insecure = troupe::detail::env_switch("TROUPE_INSECURE", o.insecure,
                                          "lets a cluster beyond loopback start without a token");
+  return o;
+}
+
+ServerOptions ServerOptions::from_environment() {
+  const auto mw = MultiWorkerOptions::from_environment();
+  ServerOptions o;
+  o.cluster_token = mw.cluster_token;
+  o.insecure = mw.insecure;
+  o.peer_timeout = mw.start_timeout;
+  o.data_port = static_cast<std::uint16_t>(troupe::detail::env_int("TROUPE_PS_DATA_PORT", 0, 0, 65535));
+  return o;
+}
+
+ClusterCoordinatorOptions ClusterCoordinatorOptions::from_environment() {
+  ClusterCoordinatorOptions o;
+  o.heartbeat_interval = troupe::detail::heartbeat_interval_from_environment();
   return o;
 }
 

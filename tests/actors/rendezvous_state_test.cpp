@@ -74,6 +74,17 @@ std::string options_error(const rendezvous_options& o) {
 
 const auto t0 = rendezvous_state::clock::time_point{} + 1h;
 
+// The chief's check every `step` from `from` (exclusive) to `to` (inclusive), as its actor makes
+// it every interval: every verdict in order.
+std::vector<verdict> checks(rendezvous_state& s, rendezvous_state::clock::time_point from,
+                            rendezvous_state::clock::time_point to, std::chrono::milliseconds step = 100ms) {
+  std::vector<verdict> out;
+  for (auto at = from + step; at <= to; at += step) {
+    for (auto& v : s.check(at)) out.push_back(std::move(v));
+  }
+  return out;
+}
+
 // A complete cluster of 3 watched from t0 every 100 ms, with every rank's watcher registered.
 rendezvous_state watched_cluster(rendezvous_options o = options_for(3)) {
   rendezvous_state s(o);
@@ -325,7 +336,7 @@ TEST_CASE("heartbeats before the watch starts, or from ranks outside the cluster
 
 TEST_CASE("a worker silent for more than missed_heartbeats intervals is declared gone once, and every watcher told") {
   auto s = watched_cluster();
-  CHECK(s.check(t0 + 600ms).empty());  // 6 intervals exactly: not yet
+  CHECK(checks(s, t0, t0 + 600ms).empty());  // 6 intervals exactly: not yet
   s.on_beat(1, t0 + 500ms);
   auto verdicts = s.check(t0 + 601ms);
   REQUIRE(verdicts.size() == 1);
@@ -333,10 +344,10 @@ TEST_CASE("a worker silent for more than missed_heartbeats intervals is declared
   CHECK(verdicts[0].reason == task(2) + " sent no heartbeat for 601 ms (hung, stopped or unreachable)");
   CHECK(verdicts[0].tell == std::vector<int>{0, 1, 2});
   CHECK(s.settled(2));
-  auto later = s.check(t0 + 2000ms);
-  REQUIRE(later.size() == 1);  // rank 1 now; rank 2 is not declared twice
+  auto later = checks(s, t0 + 600ms, t0 + 2000ms);
+  REQUIRE(later.size() == 1);  // rank 1 now (at t0 + 1200 ms); rank 2 is not declared twice
   CHECK(later[0].rank == 1);
-  CHECK(later[0].reason == task(1) + " sent no heartbeat for 1500 ms (hung, stopped or unreachable)");
+  CHECK(later[0].reason == task(1) + " sent no heartbeat for 700 ms (hung, stopped or unreachable)");
 }
 
 TEST_CASE("the chief is never declared gone by its own heartbeat check") {
@@ -345,6 +356,24 @@ TEST_CASE("the chief is never declared gone by its own heartbeat check") {
   s.on_beat(2, t0 + 10s);
   CHECK(s.check(t0 + 10s).empty());
   CHECK_FALSE(s.settled(0));
+}
+
+TEST_CASE("the chief blames nobody for a gap in its own checks (its process was stopped or starved)") {
+  auto s = watched_cluster();
+  CHECK(checks(s, t0, t0 + 300ms).empty());
+  // Its next check comes 10 s late: nobody's silence meanwhile counts...
+  CHECK(s.check(t0 + 10300ms).empty());
+  // ...and every worker has a fresh limit from then: 6 intervals more, then declared gone.
+  CHECK(checks(s, t0 + 10300ms, t0 + 10900ms).empty());
+  auto verdicts = s.check(t0 + 10901ms);
+  REQUIRE(verdicts.size() == 2);
+  CHECK(verdicts[0].reason == task(1) + " sent no heartbeat for 601 ms (hung, stopped or unreachable)");
+  // A check two intervals late exactly is only a late timer: silence counts across it.
+  auto o = options_for(3);
+  o.missed_heartbeats = 2;
+  auto late = watched_cluster(o);
+  CHECK(late.check(t0 + 200ms).empty());
+  CHECK(late.check(t0 + 201ms).size() == 2);
 }
 
 TEST_CASE("missed_heartbeats sets how many intervals of silence declare a worker gone") {
@@ -377,6 +406,7 @@ TEST_CASE("heartbeats and goodbyes count only from the peer that joined as the r
   CHECK(s.on_beat(1, t + 50ms, "node-1"));
   CHECK_FALSE(s.on_beat(2, t + 650ms, "stranger"));
   CHECK_FALSE(s.on_beat(0, t + 650ms, "stranger"));
+  CHECK(checks(s, t, t + 600ms).empty());
   auto verdicts = s.check(t + 700ms);
   REQUIRE(verdicts.size() == 2);
   CHECK(verdicts[0].rank == 1);
@@ -388,7 +418,7 @@ TEST_CASE("a worker that said goodbye is never declared gone") {
   auto s = watched_cluster();
   s.on_bye(1);
   CHECK(s.settled(1));
-  auto verdicts = s.check(t0 + 1h);
+  auto verdicts = checks(s, t0, t0 + 2s);
   REQUIRE(verdicts.size() == 1);
   CHECK(verdicts[0].rank == 2);
   CHECK_FALSE(s.on_connection_closed(1));
@@ -406,7 +436,7 @@ TEST_CASE("a closed connection declares its worker gone and tells every other wa
   auto w = s.on_connection_closed(2);
   REQUIRE(w);
   CHECK(w->tell == std::vector<int>{0});
-  CHECK(s.check(t0 + 1h).empty());  // both settled: no second verdict for either
+  CHECK(checks(s, t0, t0 + 2s).empty());  // both settled: no second verdict for either
 }
 
 TEST_CASE("a watcher that beats again after its connection closed is registered again") {
@@ -559,7 +589,7 @@ TEST_CASE("check_options accepts a worker's options and names each value out of 
   CHECK(options_error(o) == "rendezvous: " + task(1) + ": timeout is 0 ms (expected at least 1)");
   o = options_for(3, 1);
   o.missed_heartbeats = 0;
-  CHECK(options_error(o) == "rendezvous: " + task(1) + ": missed_heartbeats is 0 (expected at least 1)");
+  CHECK(options_error(o) == "rendezvous: " + task(1) + ": missed_heartbeats is 0 (expected 1..1000)");
   o = options_for(3, 1);
   o.connect_retry = 0ms;
   CHECK(options_error(o) == "rendezvous: " + task(1) + ": connect_retry is 0 ms (expected at least 1)");

@@ -223,7 +223,8 @@ int main(int argc, char** argv) {
         } catch (const std::invalid_argument& x) {
           what = x.what();
         }
-        const std::string named = interval_ms == 0 ? "heartbeat_interval 0 ms" : "missed_heartbeats " + std::to_string(beats);
+        const std::string named =
+            interval_ms == 0 ? "heartbeat_interval is 0 ms" : "missed_heartbeats is " + std::to_string(beats);
         expect(contains(what, named), "heartbeat settings " + std::to_string(interval_ms) + " ms x " +
                                           std::to_string(beats) + " refused naming them: " + what);
       }

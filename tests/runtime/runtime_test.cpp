@@ -47,6 +47,46 @@ TEST_CASE("the restart count comes from TROUPE_RESTART_COUNT, which troupe-launc
   unsetenv("TROUPE_RESTART_COUNT");
 }
 
+TEST_CASE("TROUPE_HEARTBEAT_MS sets the heartbeat of both cluster stacks, in one range") {
+  using namespace std::chrono_literals;
+  unsetenv("TROUPE_HEARTBEAT_MS");
+  CHECK(MultiWorkerOptions::from_environment().heartbeat_interval == 500ms);
+  CHECK(ClusterCoordinatorOptions::from_environment().heartbeat_interval == 500ms);
+  CHECK(MultiWorkerOptions{}.missed_heartbeats == 6);
+  CHECK(ClusterCoordinatorOptions{}.missed_heartbeats == 6);
+  for (const auto& [text, expected] : {std::pair{"10", 10ms}, std::pair{"200", 200ms}, std::pair{"600000", 600000ms}}) {
+    setenv("TROUPE_HEARTBEAT_MS", text, 1);
+    CHECK(MultiWorkerOptions::from_environment().heartbeat_interval == expected);
+    CHECK(ClusterCoordinatorOptions::from_environment().heartbeat_interval == expected);
+  }
+  const std::pair<const char*, const char*> refused[] = {
+      {"9", "TROUPE_HEARTBEAT_MS=9 is outside 10..600000"},
+      {"600001", "TROUPE_HEARTBEAT_MS=600001 is outside 10..600000"},
+      {"-5", "TROUPE_HEARTBEAT_MS=-5 is outside 10..600000 (a negative value is never valid)"},
+      {"fast", "TROUPE_HEARTBEAT_MS='fast' is not a number in 10..600000"},
+      {"200ms", "TROUPE_HEARTBEAT_MS='200ms' is not a number in 10..600000"},
+      {" 200", "TROUPE_HEARTBEAT_MS=' 200' is not a number in 10..600000"},
+  };
+  for (const auto& [value, message] : refused) {
+    setenv("TROUPE_HEARTBEAT_MS", value, 1);
+    CHECK(message_of([] { MultiWorkerOptions::from_environment(); }) == message);
+    CHECK(message_of([] { ClusterCoordinatorOptions::from_environment(); }) == message);
+  }
+  unsetenv("TROUPE_HEARTBEAT_MS");
+}
+
+TEST_CASE("TROUPE_PS_DATA_PORT sets a ps task's data port, 0..65535") {
+  unsetenv("TROUPE_PS_DATA_PORT");
+  CHECK(ServerOptions::from_environment().data_port == 0);
+  setenv("TROUPE_PS_DATA_PORT", "7070", 1);
+  CHECK(ServerOptions::from_environment().data_port == 7070);
+  setenv("TROUPE_PS_DATA_PORT", "65536", 1);
+  CHECK(message_of([] { ServerOptions::from_environment(); }) == "TROUPE_PS_DATA_PORT=65536 is outside 0..65535");
+  setenv("TROUPE_PS_DATA_PORT", "0x10", 1);
+  CHECK(message_of([] { ServerOptions::from_environment(); }) == "TROUPE_PS_DATA_PORT='0x10' is not a number in 0..65535");
+  unsetenv("TROUPE_PS_DATA_PORT");
+}
+
 TEST_CASE("a runtime embeds into an application's own actor system") {
   caf::actor_system_config cfg;
   caf::actor_system system{cfg};

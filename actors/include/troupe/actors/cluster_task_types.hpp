@@ -52,8 +52,6 @@ enum class update_op : std::uint8_t { assign = 0, add = 1, subtract = 2 };
 
 /// The operation a byte from the network names, or nothing for a byte that names none.
 std::optional<update_op> update_op_of(std::uint8_t byte) noexcept;
-/// "assign", "add" or "subtract".
-const char* update_op_name(update_op op) noexcept;
 /// What a task says of an update byte that names no operation: the byte and the ones it knows.
 std::string unknown_update_op(std::uint8_t byte);
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "troupe/actors/cluster_task_types.hpp"
+#include "troupe/actors/liveness_policy.hpp"
 
 namespace troupe::actors {
 
@@ -31,12 +32,11 @@ struct dispatcher_options {
   int window = 16;                                   ///< closures in flight per worker
   std::chrono::milliseconds connect_retry{200};      ///< how often a worker that is down is tried
   std::chrono::milliseconds ps_timeout{60000};       ///< how long the ps tasks may take to answer at start
-  /// How often the chief beats every task (the same defaults as MultiWorkerOptions): a worker
-  /// silent for more than missed_heartbeats intervals is lost (its closures go to other workers,
-  /// and it is taken back when it answers again), a silent ps task fails the coordinator, and a
-  /// task whose chief is silent that long is told its chief is gone.
-  std::chrono::milliseconds heartbeat_interval{500};
-  int missed_heartbeats = 6;
+  /// How often the chief beats every task and how many beats a task may miss: a worker silent
+  /// longer is lost (its closures go to other workers, and it is taken back when it answers
+  /// again), a silent ps task fails the coordinator, and a task whose chief is silent that long is
+  /// told its chief is gone.
+  liveness_policy liveness;
 };
 
 /// The chief's side: connects to the workers and ps tasks, schedules closures onto the workers
@@ -56,9 +56,9 @@ class dispatcher {
 
   /// Closures in flight per worker from now on, and how often a worker that is down is tried.
   void configure(int window, std::chrono::milliseconds connect_retry);
-  /// Heartbeat settings from now on (as dispatcher_options; std::invalid_argument below 1): every
-  /// task watched starts a fresh limit, and each task hears them with its next beat.
-  void set_heartbeat(std::chrono::milliseconds interval, int missed);
+  /// Heartbeat settings from now on (as dispatcher_options; std::invalid_argument out of their
+  /// ranges): every task watched starts a fresh limit, and each task hears them with its next beat.
+  void set_heartbeat(liveness_policy liveness);
   /// Queues a closure.
   void schedule(std::uint64_t id, std::string function, std::string args);
   /// TensorFlow's rules after a closure failed: from a failure on, a closure whose worker is lost

@@ -94,8 +94,10 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
 /// and tells every worker. The watch runs both ways: the chief's agent beats to every worker's
 /// heartbeat actor every `interval` too, and a worker declares the chief gone when the agent has
 /// been silent for more than options.missed_heartbeats intervals (a stopped chief keeps its
-/// connections open) or its connection to the chief closed. A worker that finds the workers out
-/// of step (report_fault) has the chief tell every other worker.
+/// connections open) or its connection to the chief closed. Either side checks every interval and
+/// blames nobody for a gap in its own checks (liveness_policy::paused: it was itself stopped or
+/// starved). A worker that finds the workers out of step (report_fault) has the chief tell every
+/// other worker.
 /// on_failure(rank, reason) runs once per worker process, on an actor thread. A worker that
 /// leaves cleanly says goodbye first, so it is not declared gone. Destroying the watch stops the
 /// actors.

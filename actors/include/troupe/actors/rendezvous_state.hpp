@@ -121,8 +121,10 @@ class rendezvous_state {
   void on_bye(int rank, const std::string& peer = {});
   /// The connection to `rank`'s watcher closed: a verdict unless that rank is settled already.
   std::optional<verdict> on_connection_closed(int rank);
-  /// The periodic check: a verdict for each worker silent for more than
-  /// options.missed_heartbeats intervals.
+  /// The periodic check (every interval): a verdict for each worker silent for more than
+  /// options.missed_heartbeats intervals, unless the previous check is more than two intervals
+  /// before `now` (liveness_policy::paused: the chief itself was stopped or starved), when nobody
+  /// is blamed and every worker not settled starts a fresh limit from `now`.
   std::vector<verdict> check(clock::time_point now);
   /// Whether `rank` was declared gone or said goodbye.
   bool settled(int rank) const;
@@ -148,6 +150,7 @@ class rendezvous_state {
   bool complete_ = false;
   std::chrono::milliseconds interval_{0};
   std::vector<clock::time_point> last_beat_;  // sized by start_watch
+  clock::time_point checked_;                 // the previous check (the watch's start before one)
   std::vector<bool> has_watcher_;
   std::vector<bool> settled_;
 };

@@ -58,13 +58,16 @@ struct CommunicationOptions {
 struct MultiWorkerOptions {
   static constexpr std::chrono::milliseconds default_start_timeout{60000};
   static constexpr std::chrono::milliseconds default_heartbeat_interval{500};
+  static constexpr int default_missed_heartbeats = 6;
 
   /// TROUPE_START_TIMEOUT_MS: how long the rendezvous and the ring's set-up may take (1..86400000).
   std::chrono::milliseconds start_timeout = default_start_timeout;
   /// TROUPE_HEARTBEAT_MS: how often every worker tells the chief it lives (10..600000).
   std::chrono::milliseconds heartbeat_interval = default_heartbeat_interval;
-  /// Heartbeat intervals a worker may stay silent before the chief declares it gone.
-  int missed_heartbeats = 6;
+  /// Heartbeat intervals a worker may stay silent before the chief declares it gone (1..1000). A
+  /// check that comes more than two intervals late (this process was stopped or starved) blames
+  /// nobody, on the chief and on the workers alike.
+  int missed_heartbeats = default_missed_heartbeats;
   /// TROUPE_DEVICES_PER_WORKER: local replicas (1..1024); 0 means every GPU under NCCL, else one
   /// CPU replica.
   int devices_per_worker = 0;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "troupe/distribute/cluster_resolver.hpp"
+#include "troupe/distribute/multi_worker_strategy.hpp"
 #include "troupe/distribute/remote_function.hpp"
 #include "troupe/distribute/server.hpp"
 #include "troupe/distribute/strategy.hpp"
@@ -172,7 +173,8 @@ struct ScheduleArgument {
   PerWorkerIterator iterator;
 };
 
-/// Settings of a ClusterCoordinator.
+/// Settings of a ClusterCoordinator. from_environment() reads TROUPE_HEARTBEAT_MS as
+/// MultiWorkerOptions does: both cluster stacks beat at the same interval, with the same ranges.
 struct ClusterCoordinatorOptions {
   /// Functions in flight on each worker (queued there): more hides the network's latency.
   int closures_per_worker = 16;
@@ -180,12 +182,16 @@ struct ClusterCoordinatorOptions {
   std::chrono::milliseconds reconnect_interval{200};
   /// join() fails when no worker has been reachable for this long while functions wait.
   std::chrono::milliseconds no_worker_timeout{60000};
-  /// How often the chief beats every worker and ps task (10 ms to 1 h)...
-  std::chrono::milliseconds heartbeat_interval{500};
-  /// ...and how many beats in a row a task may miss (1 to 1000) before it is lost: a worker's
+  /// TROUPE_HEARTBEAT_MS: how often the chief beats every worker and ps task (10..600000 ms)...
+  std::chrono::milliseconds heartbeat_interval = MultiWorkerOptions::default_heartbeat_interval;
+  /// ...and how many beats in a row a task may miss (1..1000) before it is lost: a worker's
   /// functions go to the others (it is taken back when it answers again), a ps task fails join().
-  /// The tasks hear both with each beat and watch the chief with the same limit.
-  int missed_heartbeats = 6;
+  /// The tasks hear both with each beat and watch the chief with the same limit. A check that
+  /// comes more than two intervals late (that process was stopped or starved) blames nobody.
+  int missed_heartbeats = MultiWorkerOptions::default_missed_heartbeats;
+
+  /// The defaults with the TROUPE_* environment applied (malformed: std::invalid_argument).
+  static ClusterCoordinatorOptions from_environment();
 };
 
 /// Schedules functions onto the workers of a ParameterServerStrategy and survives losing them
@@ -203,7 +209,8 @@ class ClusterCoordinator {
  public:
   /// One per strategy (a second one shares the first's queue and counters). The strategy must
   /// outlive it; destroying the strategy tells every worker and ps task that the chief leaves.
-  explicit ClusterCoordinator(ParameterServerStrategy& strategy, ClusterCoordinatorOptions options = {});
+  explicit ClusterCoordinator(ParameterServerStrategy& strategy,
+                              ClusterCoordinatorOptions options = ClusterCoordinatorOptions::from_environment());
   ~ClusterCoordinator();
   ClusterCoordinator(const ClusterCoordinator&) = delete;
   ClusterCoordinator& operator=(const ClusterCoordinator&) = delete;

@@ -11,12 +11,13 @@
 #include <unordered_map>
 
 #include "caf/actor_system.hpp"
-#include "distribute/cluster/remote_wire.hpp"
 #include "distribute/cluster/cluster_net.hpp"
+#include "distribute/cluster/remote_wire.hpp"
 #include "distribute/collectives/collectives.hpp"
 #include "distribute/collectives/worker_group.hpp"
 #include "distribute/strategies/context_state.hpp"
 #include "distribute/strategies/one_replica_backend.hpp"
+#include "env.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/actors/cluster_tasks.hpp"
 #include "troupe/base/quote.hpp"
@@ -487,22 +488,10 @@ PerWorkerIterator PerWorkerDataset::make_iterator() {
 
 ClusterCoordinator::ClusterCoordinator(ParameterServerStrategy& strategy, ClusterCoordinatorOptions options)
     : state_(strategy.state_->coordinator) {
-  if (options.closures_per_worker < 1) {
-    throw std::invalid_argument("ClusterCoordinatorOptions: closures_per_worker " +
-                                std::to_string(options.closures_per_worker) + " (expected 1 or more)");
-  }
-  if (options.heartbeat_interval < std::chrono::milliseconds(10) || options.heartbeat_interval > std::chrono::hours(1)) {
-    throw std::invalid_argument("ClusterCoordinatorOptions: heartbeat_interval " +
-                                std::to_string(options.heartbeat_interval.count()) +
-                                " ms (expected 10 ms to 3600000 ms)");
-  }
-  if (options.missed_heartbeats < 1 || options.missed_heartbeats > 1000) {
-    throw std::invalid_argument("ClusterCoordinatorOptions: missed_heartbeats " +
-                                std::to_string(options.missed_heartbeats) + " (expected 1 to 1000)");
-  }
+  troupe::detail::check_coordinator_options(options);
   state_->options = options;
   state_->dispatcher->configure(options.closures_per_worker, options.reconnect_interval);
-  state_->dispatcher->set_heartbeat(options.heartbeat_interval, options.missed_heartbeats);
+  state_->dispatcher->set_heartbeat(actors::liveness_policy{options.heartbeat_interval, options.missed_heartbeats});
 }
 
 ClusterCoordinator::~ClusterCoordinator() = default;

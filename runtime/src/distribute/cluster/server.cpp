@@ -368,17 +368,7 @@ data::Iterator& WorkerServices::iterator(std::uint64_t id, const std::string& da
 
 }  // namespace detail
 
-// --- ServerOptions, Server --------------------------------------------------------------------
-
-ServerOptions ServerOptions::from_environment() {
-  const auto mw = MultiWorkerOptions::from_environment();
-  ServerOptions o;
-  o.cluster_token = mw.cluster_token;
-  o.insecure = mw.insecure;
-  o.peer_timeout = mw.start_timeout;
-  o.data_port = static_cast<std::uint16_t>(troupe::detail::env_int("TROUPE_PS_DATA_PORT", 0, 0, 65535));
-  return o;
-}
+// --- Server ---------------------------------------------------------------------------------------
 
 
 struct Server::Impl {
