@@ -101,6 +101,60 @@ void finish(agent_state& st) {
   st.waiting.clear();
 }
 
+// A member's report of a fault: recorded, then relayed to every other watcher. Answered once every
+// other worker has it (or after fault_ack_wait): the reporter breaks its ring, and the chief may
+// exit, only after that, so the report is not lost with the process that was to send it.
+caf::result<bool> relay_fault(caf::stateful_actor<agent_state>* self, std::int32_t rank, const std::string& what) {
+  auto& s = self->state;
+  // Only a member's word counts, and only that rank's own peer may speak for it.
+  const auto peer = peer_of(self);
+  if (!s.rules->is_member(rank, peer)) {
+    log_refusal(self, "refused a fault report for rank " + std::to_string(rank) + " from " + peer +
+                       ", which did not join as that rank");
+    return false;
+  }
+  const std::string reason = what.size() > max_fault_bytes ? what.substr(0, max_fault_bytes) + "..." : what;
+  if (s.health) s.health->fault(rank, reason, cluster_health::clock::now());
+  auto promise = self->make_response_promise<bool>();
+  auto pending = std::make_shared<int>(1);
+  auto done = [promise, pending]() mutable {
+    if (--*pending == 0) promise.deliver(true);
+  };
+  for (std::size_t r = 0; r < s.watchers.size(); ++r) {
+    if (s.watchers[r] && static_cast<std::int32_t>(r) != rank) {
+      ++*pending;
+      self->request(s.watchers[r], fault_ack_wait, gone_atom::value, rank, reason)
+          .then([done]() mutable { done(); }, [done](caf::error&) mutable { done(); });
+    }
+  }
+  done();
+  return promise;
+}
+
+// The rendezvous is complete: the watch starts, with the beats that came before it.
+void start_watch(caf::stateful_actor<agent_state>* self, std::chrono::milliseconds interval) {
+  auto& s = self->state;
+  s.rules->start_watch(interval, rendezvous_state::clock::now());
+  s.watchers.assign(s.rules->table().size(), caf::actor{});
+  if (s.health) {
+    std::vector<std::string> tasks;
+    for (const auto& m : s.rules->table()) tasks.push_back(m.task);
+    // Late after 2 intervals without a beat: a beat on time is never older than 1.
+    s.health->start(std::move(tasks), interval, liveness_policy::late_after_intervals,
+                    s.rules->table().at(0).incarnation,
+                    rendezvous_state::clock::now());
+  }
+  for (const auto& [rank, early] : s.early) {
+    if (s.health) s.health->beat(rank, rendezvous_state::clock::now());
+    if (s.rules->on_beat(rank, rendezvous_state::clock::now(), early.second)) {
+      s.watchers[static_cast<std::size_t>(rank)] = early.first;
+      self->monitor(early.first);
+    }
+  }
+  s.early.clear();
+  self->delayed_send(self, interval, check_atom::value, interval);
+}
+
 caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_options options) {
   self->state.rules.emplace(options);
   self->state.health = options.health;
@@ -155,33 +209,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
         if (self->state.health) self->state.health->left(rank);
       },
       [=](fault_atom, std::int32_t rank, const std::string& what) -> caf::result<bool> {
-        auto& s = self->state;
-        // Only a member's word counts, and only that rank's own peer may speak for it.
-        const auto peer = peer_of(self);
-        if (!s.rules->is_member(rank, peer)) {
-          log_refusal(self, "refused a fault report for rank " + std::to_string(rank) + " from " + peer +
-                             ", which did not join as that rank");
-          return false;
-        }
-        const std::string reason = what.size() > max_fault_bytes ? what.substr(0, max_fault_bytes) + "..." : what;
-        if (s.health) s.health->fault(rank, reason, cluster_health::clock::now());
-        // Answered once every other worker has the report (or after fault_ack_wait): the reporter
-        // breaks its ring, and the chief may exit, only after that, so the report is not lost
-        // with the process that was to send it.
-        auto promise = self->make_response_promise<bool>();
-        auto pending = std::make_shared<int>(1);
-        auto done = [promise, pending]() mutable {
-          if (--*pending == 0) promise.deliver(true);
-        };
-        for (std::size_t r = 0; r < s.watchers.size(); ++r) {
-          if (s.watchers[r] && static_cast<std::int32_t>(r) != rank) {
-            ++*pending;
-            self->request(s.watchers[r], fault_ack_wait, gone_atom::value, rank, reason)
-                .then([done]() mutable { done(); }, [done](caf::error&) mutable { done(); });
-          }
-        }
-        done();
-        return promise;
+        return relay_fault(self, rank, what);
       },
       [=](check_atom, std::chrono::milliseconds interval) {
         const auto now = rendezvous_state::clock::now();
@@ -193,29 +221,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
         }
         self->delayed_send(self, interval, check_atom::value, interval);
       },
-      [=](tick_atom, std::chrono::milliseconds interval) {
-        // The rendezvous is complete: start keeping watch.
-        auto& s = self->state;
-        s.rules->start_watch(interval, rendezvous_state::clock::now());
-        s.watchers.assign(s.rules->table().size(), caf::actor{});
-        if (s.health) {
-          std::vector<std::string> tasks;
-          for (const auto& m : s.rules->table()) tasks.push_back(m.task);
-          // Late after 2 intervals without a beat: a beat on time is never older than 1.
-          s.health->start(std::move(tasks), interval, liveness_policy::late_after_intervals,
-                          s.rules->table().at(0).incarnation,
-                          rendezvous_state::clock::now());
-        }
-        for (const auto& [rank, early] : s.early) {
-          if (s.health) s.health->beat(rank, rendezvous_state::clock::now());
-          if (s.rules->on_beat(rank, rendezvous_state::clock::now(), early.second)) {
-            s.watchers[static_cast<std::size_t>(rank)] = early.first;
-            self->monitor(early.first);
-          }
-        }
-        s.early.clear();
-        self->delayed_send(self, interval, check_atom::value, interval);
-      },
+      [=](tick_atom, std::chrono::milliseconds interval) { start_watch(self, interval); },
       [=](nonce_atom) -> caf::result<std::string> {
         auto nonce = random_nonce();
         if (nonce.empty()) return caf::make_error(caf::sec::runtime_error, "the chief has no randomness for a nonce");

@@ -253,6 +253,47 @@ void log_refusal(int rank, const std::string& remote, const std::string& why) {
   std::fprintf(stderr, "troupe: ring rank %d refused a connection from %s: %s\n", rank, remote.c_str(), why.c_str());
 }
 
+// Non-blocking while the ring forms: it accepts whatever waits, then goes back to poll(). The
+// listener's own mode comes back afterwards.
+struct non_blocking_while {
+  explicit non_blocking_while(int f) : fd(f), flags(fcntl(f, F_GETFL)) {
+    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+      throw std::runtime_error("tcp_ring: cannot set up the listening socket: " + errno_text());
+    }
+  }
+  ~non_blocking_while() { fcntl(fd, F_SETFL, flags); }
+  non_blocking_while(const non_blocking_while&) = delete;
+  non_blocking_while& operator=(const non_blocking_while&) = delete;
+  int fd;
+  int flags;
+};
+
+// Accepts every connection waiting on the non-blocking listener and starts its proof; when too
+// many are proving themselves at once, the oldest makes room (`refuse(0, why)`).
+template <class Refuse, class StartProof>
+void accept_waiting(int listen_fd, std::vector<std::unique_ptr<pending_connection>>& pending, Refuse&& refuse,
+                    StartProof&& start_proof) {
+  for (;;) {
+    const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      // EAGAIN: none left. Out of descriptors or memory: the listener stays readable, so pause
+      // before the next poll rather than spin.
+      if (errno != EAGAIN && errno != EWOULDBLOCK) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return;
+    }
+    std::string remote = remote_of(fd);
+    if (pending.size() >= max_pending_connections) refuse(0, "too many connections at once proving themselves");
+    try {
+      auto exchange = start_proof(fd, remote);
+      pending.push_back(std::make_unique<pending_connection>(fd, std::move(remote), std::move(exchange)));
+    } catch (...) {
+      close(fd);
+      throw;
+    }
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const std::vector<endpoint>& peers,
@@ -284,18 +325,7 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
   // The predecessor: every connection to the listener runs its proof at once, so that a stranger
   // (silent, slow or lying) never holds up rank-1's.
   const int listen_fd = own.fd();
-  // Non-blocking while the ring forms: it accepts whatever waits, then goes back to poll(). The
-  // listener's own mode comes back afterwards.
-  struct non_blocking_while {
-    explicit non_blocking_while(int f) : fd(f), flags(fcntl(f, F_GETFL)) {
-      if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
-        throw std::runtime_error("tcp_ring: cannot set up the listening socket: " + errno_text());
-      }
-    }
-    ~non_blocking_while() { fcntl(fd, F_SETFL, flags); }
-    int fd;
-    int flags;
-  } listen_mode(listen_fd);
+  const non_blocking_while listen_mode(listen_fd);
   std::vector<std::unique_ptr<pending_connection>> pending;
   std::vector<std::uint8_t> prev_key;  // the frame tags' key of the connection from rank-1
   int refused = 0;
@@ -324,27 +354,10 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
                                  (next_failure.empty() ? "" : " (last attempt: " + next_failure + ")"));
     }
     if (!have_prev) {
-      // New connections: accept all that wait.
-      for (;;) {
-        const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-          if (errno == EINTR || errno == ECONNABORTED) continue;
-          // EAGAIN: none left. Out of descriptors or memory: the listener stays readable, so pause
-          // before the next poll rather than spin.
-          if (errno != EAGAIN && errno != EWOULDBLOCK) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-          break;
-        }
-        std::string remote = remote_of(fd);
-        if (pending.size() >= max_pending_connections) refuse(0, "too many connections at once proving themselves");
-        try {
-          auto exchange = std::make_unique<proof_exchange>(proof_exchange::role::accepting, fd, auth, version, rank,
-                                                           prev, size, "the connection from " + remote);
-          pending.push_back(std::make_unique<pending_connection>(fd, std::move(remote), std::move(exchange)));
-        } catch (...) {
-          close(fd);
-          throw;
-        }
-      }
+      accept_waiting(listen_fd, pending, refuse, [&](int fd, const std::string& remote) {
+        return std::make_unique<proof_exchange>(proof_exchange::role::accepting, fd, auth, version, rank, prev, size,
+                                                "the connection from " + remote);
+      });
       for (std::size_t i = 0; i < pending.size() && !have_prev;) {
         try {
           pending[i]->exchange->progress();
