@@ -1,7 +1,6 @@
 #include "troupe/actors/rendezvous.hpp"
 
 #include <openssl/evp.h>
-#include <openssl/rand.h>
 
 #include <iostream>
 #include <map>
@@ -18,21 +17,18 @@
 #include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/liveness_policy.hpp"
 #include "troupe/actors/rendezvous_state.hpp"
+#include "troupe/transport/random.hpp"
 
 namespace troupe::actors {
 namespace {
 
 // Empty when the system has no randomness to give.
 std::string random_nonce() {
-  unsigned char bytes[16];
-  if (RAND_bytes(bytes, sizeof bytes) != 1) return {};
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char b : bytes) {
-    out += hex[b >> 4];
-    out += hex[b & 15];
+  try {
+    return transport::random_hex(16, "rendezvous: a nonce");
+  } catch (const std::runtime_error&) {
+    return {};
   }
-  return out;
 }
 
 // A fault report travels to every worker; a longer one is cut.
@@ -371,11 +367,7 @@ void add_rendezvous_types(caf::actor_system_config& config) {
   });
 }
 
-std::string new_incarnation() {
-  std::string out = random_nonce();
-  if (out.empty()) throw std::runtime_error("rendezvous: the chief has no randomness for the cluster's incarnation");
-  return out;
-}
+std::string new_incarnation() { return transport::random_hex(16, "rendezvous: the cluster's incarnation"); }
 
 std::string hmac_sha256_hex(const std::string& key, const std::string& message) {
   unsigned char out[EVP_MAX_MD_SIZE];

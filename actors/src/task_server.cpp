@@ -7,10 +7,10 @@
 #include "caf/io/all.hpp"
 #include "control_gate.hpp"
 #include "control_tls.hpp"
-#include "openssl/rand.h"
 #include "ps_shards.hpp"
 #include "task_agent.hpp"
 #include "task_common.hpp"
+#include "troupe/transport/random.hpp"
 
 namespace troupe::actors {
 
@@ -65,10 +65,8 @@ task_server::task_server(caf::actor_system& system, std::string task, std::strin
   if (holds_variables) {
     // The data port's secret: handed out over the control plane only, so that without a token
     // too only peers that reached the agent can prove themselves there.
-    secret.resize(32);
-    if (RAND_bytes(reinterpret_cast<unsigned char*>(secret.data()), static_cast<int>(secret.size())) != 1) {
-      throw std::runtime_error("Server: " + task + ": no randomness for the data port's secret");
-    }
+    const auto bytes = transport::random_bytes(32, "Server: " + task + ": the data port's secret");
+    secret.assign(bytes.begin(), bytes.end());
   }
   s.handlers = shared;
   if (shared->call) s.runner = std::make_shared<function_runner>();

@@ -1,8 +1,9 @@
 #include "ring_proof.hpp"
 
+#include "troupe/transport/random.hpp"
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/rand.h>
 
 #include <stdexcept>
 #include <string>
@@ -16,13 +17,7 @@ void put_u32(std::vector<std::uint8_t>& out, std::uint32_t v) {
 
 }  // namespace
 
-std::vector<std::uint8_t> fresh_nonce() {
-  std::vector<std::uint8_t> n(nonce_bytes);
-  if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1) {
-    throw std::runtime_error("tcp_ring: the system has no randomness for a nonce");
-  }
-  return n;
-}
+std::vector<std::uint8_t> fresh_nonce() { return random_bytes(nonce_bytes, "tcp_ring: a nonce"); }
 
 std::vector<std::uint8_t> make(const ring_auth& auth, std::uint32_t version, side by, std::uint32_t size,
                                std::uint32_t connecting_rank, std::uint32_t accepting_rank,
