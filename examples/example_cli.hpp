@@ -3,11 +3,13 @@
 // --flag=value, numbers checked) and errors turned into a message and an exit status, never a
 // terminate.
 
+#include <cmath>
 #include <exception>
 #include <iostream>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #include <CLI/CLI.hpp>
 #include <troupe/base/parse_number.hpp>
@@ -29,12 +31,31 @@ std::string readable(T value) {
   return out.str();
 }
 
-// The option's value as CLI11 converts it (the same conversion it then stores), or nullopt.
+// The widest type of T's kind: a value beyond T is then still a number, refused by its range.
 template <class T>
-std::optional<T> converted(const std::string& text) {
-  T value{};
-  if (!CLI::detail::lexical_cast(text, value)) return std::nullopt;
-  return value;
+using wide_t = std::conditional_t<std::is_floating_point_v<T>, double,
+                                  std::conditional_t<std::is_unsigned_v<T>, unsigned long long, long long>>;
+
+// The option's value read as a person writes a number: decimal only, the whole text and finite
+// (troupe's one reader of numbers; CLI11's own conversion would take "0x10" as 16 and "inf"), or
+// nullopt.
+template <class T>
+std::optional<wide_t<T>> converted(const std::string& text) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const std::optional<double> v = base::parse_double(text);
+    if (!v || !std::isfinite(*v)) return std::nullopt;
+    return v;
+  } else if constexpr (std::is_unsigned_v<T>) {
+    return base::parse_uint(text);
+  } else {
+    return base::parse_int(text);
+  }
+}
+
+// What a text that converted() refused is not.
+template <class T>
+std::string not_a_number(const std::string& text) {
+  return text + (std::is_floating_point_v<T> ? " is not a finite decimal number" : " is not a decimal integer");
 }
 
 }  // namespace detail
@@ -46,9 +67,11 @@ CLI::Validator in_range(T min, T max) {
   const std::string range = detail::readable(min) + ".." + detail::readable(max);
   return CLI::Validator(
       [min, max, range](std::string& text) -> std::string {
-        const std::optional<T> value = detail::converted<T>(text);
-        if (!value) return text + " is not a number";
-        if (!(*value >= min && *value <= max)) return text + " is not in " + range;
+        const auto value = detail::converted<T>(text);
+        if (!value) return detail::not_a_number<T>(text);
+        if (!(*value >= static_cast<detail::wide_t<T>>(min) && *value <= static_cast<detail::wide_t<T>>(max))) {
+          return text + " is not in " + range;
+        }
         return {};
       },
       range);
@@ -59,7 +82,7 @@ inline CLI::Validator positive() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
         const std::optional<double> value = detail::converted<double>(text);
-        if (!value) return text + " is not a number";
+        if (!value) return detail::not_a_number<double>(text);
         if (!(*value > 0)) return text + " is not > 0";
         return {};
       },
