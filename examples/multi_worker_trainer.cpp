@@ -200,8 +200,7 @@ int main(int argc, char** argv) {
     const bool dashboard_stop = monitor && monitor->stopped();
     // A stop requested by another worker (its signal) stops this one at the same step too.
     if (dashboard_stop || stop_on_signal->received() != 0 || !history.stop_reason.empty()) {
-      // Every worker stopped after the same step; with a backup, every worker saves it.
-      if (backup) backup->save_now();
+      // Every worker stopped after the same step, and fit has backed that step up already.
       const std::string saved =
           backup ? "backed up in " + checkpoint_dir + "/ckpt-" + std::to_string(history.stopped_at_step) +
                        ".ckpt (run again to continue)"
