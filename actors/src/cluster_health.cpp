@@ -64,6 +64,21 @@ void cluster_health::beat(int rank, clock::time_point now) {
   }
 }
 
+std::optional<std::string> cluster_health::report(int rank, const worker_report& r) {
+  if (auto bad = check_worker_report(r)) return bad;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!watching_ || !known(rank)) return std::nullopt;
+  worker_health& w = workers_[static_cast<std::size_t>(rank)];
+  w.reported = true;
+  w.report.cpu_percent = r.cpu_percent;
+  w.report.rss_bytes = r.rss_bytes;
+  if (!r.lines.empty()) {
+    w.report.lines = r.lines;
+    w.report.lines_total = r.lines_total;
+  }
+  return std::nullopt;
+}
+
 void cluster_health::lost(int rank, const std::string& reason, clock::time_point now) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (known(rank)) workers_[static_cast<std::size_t>(rank)].state = worker_state::lost;
@@ -134,6 +149,7 @@ void cluster_health::record(cluster_event_kind kind, int rank, std::string addre
            std::chrono::duration_cast<std::chrono::system_clock::duration>(clock::now() - now);
   e.kind = kind;
   e.rank = rank;
+  e.step = step_.load(std::memory_order_relaxed);
   e.address = std::move(address);
   e.text = text.size() > max_text_bytes ? text.substr(0, max_text_bytes) + "..." : text;
   if (events_.size() == capacity_) events_.pop_front();

@@ -47,7 +47,8 @@ void spin_on_mailbox(caf::blocking_actor* self, std::chrono::microseconds spin, 
 // The rendezvous and the cluster watch (rendezvous.hpp has the walkthrough):
 //   worker -> chief's agent: (nonce) -> string; (join, version, rank, nonce, proof, devices,
 //     data host, data port) -> vector<member> or a caf::error of category "rendezvous";
-//     (beat, rank, watcher); (bye, rank); (fault, rank, what) -> bool: a member found the workers
+//     (beat, rank, watcher, cpu percent, rss bytes, lines total, lines): the beat and the
+//     worker_report beside it, flat as the join is; (bye, rank); (fault, rank, what) -> bool: a member found the workers
 //     out of step, and the agent tells every other watcher (gone, rank, what)
 //   chief -> its own agent: (await) -> vector<member> or the error; (tick, interval); (check);
 //     (expire)

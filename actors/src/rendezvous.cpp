@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <cmath>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -17,6 +18,8 @@
 #include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/liveness_policy.hpp"
 #include "troupe/actors/rendezvous_state.hpp"
+#include "troupe/actors/worker_report.hpp"
+#include "troupe/base/process_usage.hpp"
 #include "troupe/transport/random.hpp"
 
 namespace troupe::actors {
@@ -43,7 +46,14 @@ struct agent_state {
   std::optional<rendezvous_state> rules;
   std::vector<table_promise> waiting;  // joined workers and the chief, until the table or a failure
   std::vector<caf::actor> watchers;    // by rank, once watching
-  std::map<std::int32_t, std::pair<caf::actor, std::string>> early;  // beats before the watch began
+  // A member's beat before the watch began: its watcher, its peer, and its last report (which
+  // may carry lines that will not travel again).
+  struct early_beat {
+    caf::actor watcher;
+    std::string peer;
+    std::optional<worker_report> report;
+  };
+  std::map<std::int32_t, early_beat> early;
   std::uint64_t refused = 0;           // messages refused, for the log's bound
   std::shared_ptr<cluster_health> health;  // may be null
 };
@@ -141,10 +151,13 @@ void start_watch(caf::stateful_actor<agent_state>* self, std::chrono::millisecon
                     rendezvous_state::clock::now());
   }
   for (const auto& [rank, early] : s.early) {
-    if (s.health) s.health->beat(rank, rendezvous_state::clock::now());
-    if (s.rules->on_beat(rank, rendezvous_state::clock::now(), early.second)) {
-      s.watchers[static_cast<std::size_t>(rank)] = early.first;
-      self->monitor(early.first);
+    if (s.health) {
+      s.health->beat(rank, rendezvous_state::clock::now());
+      if (early.report) s.health->report(rank, *early.report);  // checked when it came
+    }
+    if (s.rules->on_beat(rank, rendezvous_state::clock::now(), early.peer)) {
+      s.watchers[static_cast<std::size_t>(rank)] = early.watcher;
+      self->monitor(early.watcher);
     }
   }
   s.early.clear();
@@ -174,7 +187,8 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
     }
   });
   return {
-      [=](beat_atom, std::int32_t rank, const caf::actor& watcher) {
+      [=](beat_atom, std::int32_t rank, const caf::actor& watcher, double cpu_percent, std::int64_t rss_bytes,
+          std::uint64_t lines_total, std::vector<std::string>& lines) {
         auto& s = self->state;
         // A beat counts only from the peer that joined as that rank, naming a watcher there.
         const auto peer = peer_of(self);
@@ -183,15 +197,34 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
                              ", which did not join as that rank");
           return;
         }
+        // The report beside it is the network's word too: checked, and refused alone.
+        std::optional<worker_report> report = worker_report{cpu_percent, rss_bytes, lines_total, std::move(lines)};
+        if (auto bad = check_worker_report(*report)) {
+          log_refusal(self, "refused the report beside a heartbeat of rank " + std::to_string(rank) + " from " + peer +
+                                ": " + *bad);
+          report.reset();
+        }
         const auto now = rendezvous_state::clock::now();
-        if (s.health) s.health->beat(rank, now);
+        if (s.health) {
+          s.health->beat(rank, now);
+          if (report) s.health->report(rank, *report);
+        }
         if (s.rules->on_beat(rank, now, peer)) {
           s.watchers[static_cast<std::size_t>(rank)] = watcher;
           self->monitor(watcher);
         } else if (s.watchers.empty()) {
           // A worker's first beat can come before this agent starts its watch: its watcher is
-          // kept for then (one per member), so that a report made early still reaches it.
-          s.early[rank] = {watcher, peer};
+          // kept for then (one per member), so that a report made early still reaches it, and so
+          // is the newest worker report with lines in it (they travel once).
+          auto& e = s.early[rank];
+          e.watcher = watcher;
+          e.peer = peer;
+          if (report && (!report->lines.empty() || !e.report)) {
+            e.report = std::move(report);
+          } else if (report) {
+            e.report->cpu_percent = report->cpu_percent;
+            e.report->rss_bytes = report->rss_bytes;
+          }
         }
       },
       [=](bye_atom, std::int32_t rank) {
@@ -266,6 +299,8 @@ std::string describe(caf::actor_system& system, const caf::error& e) {
 
 struct chief_watch_state {
   bool reported = false;
+  base::process_usage usage;    // this process's, for the report beside every beat
+  std::uint64_t lines_sent = 0;  // the log tail's total as of the last report
   std::chrono::steady_clock::time_point heard;   // the chief's last sign of life
   std::chrono::steady_clock::time_point ticked;  // the previous check (liveness_policy::paused)
   bool chief_left = false;                       // its agent shut down on purpose: no more beats
@@ -277,7 +312,7 @@ struct chief_watch_state {
 // unless this worker was itself not running meanwhile (liveness_policy::paused).
 caf::behavior heartbeat(caf::stateful_actor<chief_watch_state>* self, caf::actor agent, std::int32_t rank,
                         std::chrono::milliseconds interval, int missed, std::string chief,
-                        std::function<void(int, const std::string&)> on_failure) {
+                        std::shared_ptr<log_tail> log, std::function<void(int, const std::string&)> on_failure) {
   self->state.heard = std::chrono::steady_clock::now();
   self->state.ticked = self->state.heard;
   auto report = [=](int r, const std::string& reason) {
@@ -297,11 +332,26 @@ caf::behavior heartbeat(caf::stateful_actor<chief_watch_state>* self, caf::actor
     }
     report(0, "the chief " + chief + " is gone: " + self->system().render(d.reason));
   });
-  self->send(agent, beat_atom::value, rank, caf::actor_cast<caf::actor>(self));
+  // Every beat carries this process's CPU and memory, and the log tail's lines when it has new
+  // ones.
+  auto beat = [=] {
+    auto& st = self->state;
+    const base::usage_sample usage = st.usage.sample();
+    worker_report r;
+    // Finite or unknown: CAF 0.17 packs a double by halving it until it is below 2, which never
+    // ends for an infinity.
+    r.cpu_percent = std::isfinite(usage.cpu_percent) ? usage.cpu_percent : -1;
+    r.rss_bytes = usage.rss_bytes;
+    if (log) log->fill(r, st.lines_sent);
+    st.lines_sent = r.lines_total;
+    self->send(agent, beat_atom::value, rank, caf::actor_cast<caf::actor>(self), r.cpu_percent, r.rss_bytes,
+               r.lines_total, std::move(r.lines));
+  };
+  beat();
   self->delayed_send(self, interval, tick_atom::value, interval);
   return {
       [=](tick_atom, std::chrono::milliseconds every) {
-        self->send(agent, beat_atom::value, rank, caf::actor_cast<caf::actor>(self));
+        beat();
         self->delayed_send(self, every, tick_atom::value, every);
         const auto now = std::chrono::steady_clock::now();
         const liveness_policy policy{every, missed};
@@ -523,7 +573,7 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
   w->rank = options.rank;
   if (w->chief) caf::anon_send(agent, tick_atom::value, heartbeat_interval);
   w->beat = system.spawn(heartbeat, agent, static_cast<std::int32_t>(options.rank), heartbeat_interval,
-                         options.missed_heartbeats, options.tasks[0], std::move(on_failure));
+                         options.missed_heartbeats, options.tasks[0], options.log, std::move(on_failure));
   watch = std::make_unique<cluster_watch>(std::move(w));
   return members;
 }

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <vector>
 
 using troupe::actors::cluster_event_kind;
 using troupe::actors::cluster_health;
@@ -118,4 +119,60 @@ TEST_CASE("cluster health: memory stays bounded: the last N events, each text cu
   CHECK(s.events[7].address == "10.0.0.1:992");
   CHECK(s.events[0].sequence == 1000);
   CHECK(s.events[0].text.size() == cluster_health::max_text_bytes + 3);
+}
+
+TEST_CASE("cluster health: a worker's report is recorded, its lines kept until new ones come, a bad one changing nothing") {
+  cluster_health h;
+  troupe::actors::worker_report r;
+  r.cpu_percent = 50;
+  r.rss_bytes = 1 << 20;
+  CHECK_FALSE(h.report(1, r));  // before the watch: ignored
+  CHECK(h.snapshot(at(0ms)).workers.empty());
+  start(h);
+  CHECK_FALSE(h.snapshot(at(0ms)).workers[1].reported);
+  r.lines_total = 2;
+  r.lines = {"paused after step 4", "resumed after step 4"};
+  CHECK_FALSE(h.report(1, r));
+  auto s = h.snapshot(at(10ms));
+  CHECK(s.workers[1].reported);
+  CHECK(s.workers[1].report.cpu_percent == 50);
+  CHECK(s.workers[1].report.rss_bytes == 1 << 20);
+  CHECK(s.workers[1].report.lines_total == 2);
+  CHECK(s.workers[1].report.lines.size() == 2);
+  CHECK_FALSE(s.workers[0].reported);
+  // A later beat without lines updates the usage and keeps the lines.
+  troupe::actors::worker_report later;
+  later.cpu_percent = 75;
+  later.rss_bytes = 2 << 20;
+  later.lines_total = 2;
+  CHECK_FALSE(h.report(1, later));
+  s = h.snapshot(at(20ms));
+  CHECK(s.workers[1].report.cpu_percent == 75);
+  CHECK(s.workers[1].report.lines == std::vector<std::string>{"paused after step 4", "resumed after step 4"});
+  // A report that breaks a bound is refused whole, with the reason.
+  troupe::actors::worker_report bad = later;
+  bad.cpu_percent = 1;
+  bad.lines_total = 3;
+  bad.lines = {"ok", "\xFF"};
+  const auto why = h.report(1, bad);
+  REQUIRE(why);
+  CHECK(why->find("line 1 ") == 0);
+  s = h.snapshot(at(30ms));
+  CHECK(s.workers[1].report.cpu_percent == 75);
+  CHECK(s.workers[1].report.lines_total == 2);
+  CHECK(h.report(7, later) == std::nullopt);  // a rank outside the cluster: ignored
+}
+
+TEST_CASE("cluster health: every event carries the step the chief was at when it was recorded") {
+  cluster_health h;
+  start(h);
+  h.fault(1, "before the first step", at(1ms));
+  h.set_step(41);
+  h.lost(1, "/job:worker/task:1's connection to the chief closed", at(2ms));
+  h.set_step(42);
+  const auto s = h.snapshot(at(3ms));
+  REQUIRE(s.events.size() == 2);
+  CHECK(s.events[0].kind == cluster_event_kind::worker_lost);
+  CHECK(s.events[0].step == 41);
+  CHECK(s.events[1].step == -1);
 }

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cctype>
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,6 +21,7 @@
 #include "caf/openssl/manager.hpp"
 #include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/rendezvous.hpp"
+#include "troupe/actors/worker_report.hpp"
 
 using namespace troupe::actors;
 using troupe::testing::free_port;
@@ -389,4 +391,140 @@ TEST_CASE("the chief's cluster health hears every worker's heartbeats, a fault r
   CHECK(s.workers[1].state == worker_state::left);
   for (const auto& e : s.events) CHECK(e.kind != cluster_event_kind::worker_lost);
   watches[0].reset();
+}
+
+TEST_CASE("every heartbeat carries its worker's CPU, memory and new log lines to the chief's cluster health") {
+  auto options = cluster(2);
+  auto health = std::make_shared<cluster_health>();
+  options[0].health = health;
+  auto tail = std::make_shared<log_tail>();
+  options[1].log = tail;
+  tail->add("paused after step 7");
+  node chief, worker;
+  std::vector<std::unique_ptr<cluster_watch>> watches(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        rendezvous(*(i == 0 ? chief : worker).system, options[static_cast<std::size_t>(i)], 50ms,
+                   [](int, const std::string&) {}, watches[static_cast<std::size_t>(i)]);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(i)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  REQUIRE(errors[0] == "");
+  REQUIRE(errors[1] == "");
+  auto worker1 = [&] { return health->snapshot(cluster_health::clock::now()).workers.at(1); };
+  auto wait = [&](auto done) {
+    for (int i = 0; i < 300 && !done(); ++i) std::this_thread::sleep_for(10ms);
+    return done();
+  };
+  REQUIRE(wait([&] { return health->snapshot(cluster_health::clock::now()).watching && worker1().reported; }));
+  // The line said before the first beat arrives, though that beat came before the watch began.
+  CHECK(worker1().report.lines == std::vector<std::string>{"paused after step 7"});
+  CHECK(worker1().report.rss_bytes > 1 << 20);  // a process holds more than a MiB
+  // From the second sample on (200 ms apart at least), the CPU is known.
+  REQUIRE(wait([&] { return worker1().report.cpu_percent >= 0; }));
+  // A line said later comes with a later beat, the earlier ones kept beside it.
+  tail->add("resumed after step 7");
+  REQUIRE(wait([&] { return worker1().report.lines_total == 2; }));
+  CHECK(worker1().report.lines == std::vector<std::string>{"paused after step 7", "resumed after step 7"});
+  watches[1].reset();
+  watches[0].reset();
+}
+
+TEST_CASE("the chief refuses a member's heartbeat report that breaks a bound, logs it, and keeps the last good one") {
+  // Worker 1 is played by hand, speaking the protocol as a member's process does, so that it can
+  // send what no troupe worker sends. Without a token: plain BASP on loopback.
+  using nonce_atom = caf::atom_constant<caf::atom("nonce")>;
+  using join_atom = caf::atom_constant<caf::atom("join")>;
+  using beat_atom = caf::atom_constant<caf::atom("beat")>;
+  auto options = cluster(2);
+  for (auto& o : options) o.token.clear();
+  auto health = std::make_shared<cluster_health>();
+  options[0].health = health;
+  node chief, worker;
+  std::unique_ptr<cluster_watch> watch;
+  std::string error;
+  std::thread chief_thread([&] {
+    try {
+      rendezvous(*chief.system, options[0], 50ms, [](int, const std::string&) {}, watch);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  caf::scoped_actor self{*worker.system};
+  caf::actor agent;
+  for (int i = 0; i < 200 && !agent; ++i) {
+    if (auto a = worker.system->middleman().remote_actor(options[0].chief_host, options[0].chief_port)) {
+      agent = *a;
+    } else {
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  REQUIRE(agent);
+  std::string nonce;
+  self->request(agent, 5s, nonce_atom::value).receive([&](std::string& n) { nonce = n; }, [](caf::error&) {});
+  REQUIRE_FALSE(nonce.empty());
+  std::size_t table = 0;
+  self->request(agent, 10s, join_atom::value, options[1].version, std::int32_t{1}, nonce, hmac_sha256_hex("", nonce),
+                std::int32_t{1}, options[1].data_host, options[1].data_port)
+      .receive([&](std::vector<member>& t) { table = t.size(); }, [](caf::error&) {});
+  chief_thread.join();
+  REQUIRE(error == "");
+  REQUIRE(table == 2);
+  const auto watcher = caf::actor_cast<caf::actor>(self);
+  auto beat = [&](double cpu, std::int64_t rss, std::uint64_t total, std::vector<std::string> lines) {
+    self->send(agent, beat_atom::value, std::int32_t{1}, watcher, cpu, rss, total, std::move(lines));
+  };
+  auto worker1 = [&] { return health->snapshot(cluster_health::clock::now()).workers.at(1); };
+  auto wait = [&](auto done) {
+    for (int i = 0; i < 300 && !done(); ++i) std::this_thread::sleep_for(10ms);
+    return done();
+  };
+  REQUIRE(wait([&] { return health->snapshot(cluster_health::clock::now()).watching; }));
+  beat(12.5, 64 << 20, 1, {"epoch 1 done"});
+  REQUIRE(wait([&] { return worker1().reported; }));
+  CHECK(worker1().report.cpu_percent == 12.5);
+  CHECK(worker1().report.lines == std::vector<std::string>{"epoch 1 done"});
+  // Each bad report carries a line that would show if it were taken; a good beat after it (the
+  // messages of one sender arrive in order) says when the chief has handled it. (A NaN or an
+  // infinity cannot be sent: CAF 0.17 packs doubles by hand, and loops forever on an infinity.)
+  const std::vector<std::pair<std::string, worker_report>> bad = {
+      {"a negative CPU", worker_report{-0.5, 1, 2, {"taken"}}},
+      {"a CPU beyond any machine", worker_report{1e12, 1, 2, {"taken"}}},
+      {"memory below -1", worker_report{1, -7, 2, {"taken"}}},
+      {"six lines", worker_report{1, 1, 9, std::vector<std::string>(6, "taken")}},
+      {"more lines than the total", worker_report{1, 1, 1, {"taken", "taken"}}},
+      {"a line of 257 bytes", worker_report{1, 1, 2, {std::string(257, 't')}}},
+      {"a line that is not UTF-8", worker_report{1, 1, 2, {"taken \xFF"}}},
+      {"a line with a newline", worker_report{1, 1, 2, {"taken\n<b>"}}},
+  };
+  double marker = 1;
+  for (const auto& [what, report] : bad) {
+    CAPTURE(what);
+    beat(report.cpu_percent, report.rss_bytes, report.lines_total, report.lines);
+    marker += 1;
+    beat(marker, 64 << 20, 1, {});
+    REQUIRE(wait([&] { return worker1().report.cpu_percent == marker; }));
+    CHECK(worker1().report.lines == std::vector<std::string>{"epoch 1 done"});
+    CHECK(worker1().report.lines_total == 1);
+    CHECK(worker1().state == worker_state::alive);  // the beat itself still counts
+  }
+  // The refusals are in the chief's record, each naming what broke the bound (at powers of two of
+  // the agent's refusals: at least the 1st, 2nd and 4th of these 7).
+  const auto s = health->snapshot(cluster_health::clock::now());
+  int refused = 0;
+  for (const auto& e : s.events) {
+    if (e.kind == cluster_event_kind::connection_refused &&
+        e.text.find("refused the report beside a heartbeat of rank 1") != std::string::npos) {
+      CHECK(e.text.find(" (expected ") != std::string::npos);
+      ++refused;
+    }
+  }
+  CHECK(refused >= 3);
+  watch.reset();
 }

@@ -16,6 +16,9 @@ DevTools protocol, against a running mlp_classifier.
 
 With --cluster, against multi_worker_trainer on 2 workers (troupe-launch, TROUPE_LAUNCH):
 1. the cluster table shows both workers' heartbeat ages, and they tick between the state polls;
+   both rows show their process's CPU and memory (worker 1's from its heartbeat); after Pause and
+   Resume, worker 1's "last lines" button shows its own "paused after step N" and "resumed after
+   step N", which its heartbeat carried;
 2. a stranger with the wrong token knocks on the chief's control port, and the failures list
    shows a "refused" row with its address;
 3. the screenshot is kept, and Stop ends both workers with status 0.
@@ -161,6 +164,31 @@ def main_cluster(launch, trainer, screenshot):
         if max(values) >= 2 * cluster_run.HEARTBEAT_MS + 600:  # a poll's age, plus the time since the poll
             fail("the page shows heartbeat ages up to %d ms for a healthy cluster" % max(values))
         print("heartbeat ages on the page: %s, then %d more readings" % (shown, len(seen) - 1), flush=True)
+
+        # CPU and memory on both rows, worker 1's as its heartbeat carried them.
+        usage = lambda: dt.eval("Array.from(document.querySelectorAll('#workers tr')).map(tr => "
+                                "[tr.querySelector('td.cpu').textContent, tr.querySelector('td.memory').textContent,"
+                                " tr.querySelector('td.cpu').title])") or []
+        cells = wait_for("CPU and memory on both rows of the cluster table",
+                         lambda: (lambda u: u if len(u) == 2 and all(re.fullmatch(r"\d+ %", c) and
+                                                                     re.fullmatch(r"[\d.]+ MiB", m) for c, m, _ in u)
+                                  else None)(usage()), 15)
+        if "heartbeat" not in cells[1][2] or "serving" not in cells[0][2]:
+            fail("the usage cells say where they come from as %r and %r" % (cells[0][2], cells[1][2]))
+        dt.click("pause")
+        paused = wait_for("worker 1 to pause", lambda: re.search(r"\[rank 1\] paused after step (\d+)", cluster.out()), 15)
+        dt.click("resume")
+        said = ["paused after step " + paused[1], "resumed after step " + paused[1]]
+
+        def worker1_lines():
+            dt.eval("document.querySelector('#workers tr[data-worker=\"1\"] button.logs').click()")
+            time.sleep(0.2)
+            text = dt.eval("document.getElementById('logs').textContent") or ""
+            return text if text.startswith("worker 1, last lines (") and text.split("\n")[-2:] == said else None
+        shown_logs = wait_for("worker 1's own lines %s under its last lines" % said, worker1_lines, 10)
+        if "from its heartbeat" not in shown_logs:
+            fail("worker 1's last lines read %r" % shown_logs)
+        print("usage on the page: %s; worker 1's lines: %r" % ([c[:2] for c in cells], shown_logs), flush=True)
 
         # 2. A stranger with the wrong token: a refused row with its address.
         row_text = None

@@ -3,8 +3,11 @@
 (troupe-launch), the chief serving the dashboard, each worker tracing its steps.
 
 - GET /api/state answers the documented fields, with both workers;
+- every worker's row has its process's CPU and resident memory: the chief's measured by itself,
+  worker 1's as its heartbeat carried them (its pid's /proc agrees on the memory);
 - POST /api/pause on the chief pauses both workers after the same step: each reports it, the
-  state shows both paused at that step, and the step does not move for a second;
+  state shows both paused at that step, and the step does not move for a second; worker 1's line
+  "paused after step N" reaches the chief's GET /api/logs?worker=1 on its heartbeat;
 - POST /api/learning_rate while paused: both workers take the same value from the same step;
 - POST /api/resume: both go on; POST /api/stop: both stop after the same step, save a checkpoint,
   exit 0 and hold the same weights;
@@ -53,6 +56,27 @@ def request(base, path, method="GET"):
         return e.code, json.loads(e.read() or b"{}")
 
 
+def worker_rss(launcher, index):
+    """The resident bytes of the worker of task `index` among `launcher`'s children, or None."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) != launcher:
+                    continue
+            with open("/proc/%s/environ" % entry, "rb") as f:
+                env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+            if json.loads(env.get(b"TF_CONFIG", b"{}")).get("task", {}).get("index") != index:
+                continue
+            with open("/proc/%s/status" % entry) as f:
+                kib = re.search(r"VmRSS:\s+(\d+) kB", f.read())
+            return int(kib.group(1)) * 1024 if kib else None
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
 def main():
     launch, trainer = sys.argv[1], sys.argv[2]
     work = tempfile.mkdtemp(prefix="troupe-mw-api-")
@@ -88,6 +112,32 @@ def main():
             fail("GET /api/state shows %d workers and %s replicas, expected 2 and 2"
                  % (len(state["workers"]), state["replicas_in_sync"]))
 
+        # CPU and memory on both rows: the chief's its own, worker 1's from its heartbeat (every
+        # 500 ms; its CPU is known from its second beat on).
+        def usage_of(s, w):
+            row = s["workers"][w]
+            return row if isinstance(row.get("cpu_percent"), (int, float)) and isinstance(row.get("rss_bytes"), int) \
+                else None
+        row1 = wait_for("worker 1's CPU and memory on the chief's state",
+                        lambda: usage_of(request(base, "/api/state")[1], 1), 10, out)
+        row0 = usage_of(request(base, "/api/state")[1], 0)
+        if not row0 or row0["usage_from"] != "self" or row1["usage_from"] != "heartbeat":
+            fail("the rows' usage: chief %s, worker 1 %s (expected the chief's own, worker 1's from its heartbeat)"
+                 % (row0, row1))
+        # The numbers are worker 1's own: its process (troupe-launch's child with task index 1)
+        # holds about as much as its heartbeat said.
+        rss1 = worker_rss(proc.pid, 1)
+        if rss1 is None:
+            fail("cannot find worker 1's process among troupe-launch's children")
+        if not (10 << 20) < row1["rss_bytes"] < (64 << 30) or not rss1 / 2 < row1["rss_bytes"] < rss1 * 2:
+            fail("worker 1's resident memory on the chief's state is %r bytes, its /proc says %d"
+                 % (row1["rss_bytes"], rss1))
+        if not 0 <= row1["cpu_percent"] <= 100 * os.cpu_count() + 50:
+            fail("worker 1's CPU on the chief's state is %r %%" % row1["cpu_percent"])
+        print("usage: chief %.0f %% %.0f MiB, worker 1 %.0f %% %.0f MiB (from its heartbeat)"
+              % (row0["cpu_percent"], row0["rss_bytes"] / 2**20, row1["cpu_percent"], row1["rss_bytes"] / 2**20),
+              flush=True)
+
         # Bad requests: a clear 400 naming the value.
         status, body = request(base, "/api/learning_rate?value=-1", "POST")
         if status != 400 or "-1" not in body.get("error", ""):
@@ -114,6 +164,22 @@ def main():
         time.sleep(1.0)
         if request(base, "/api/state")[1]["step"] != paused_at:
             fail("the step moved while paused")
+
+        # Worker 1's own line reaches the chief's page on its heartbeat.
+        said = "paused after step %d" % paused_at
+        logs1 = wait_for("worker 1's line %r on the chief's /api/logs?worker=1" % said,
+                         lambda: (lambda r: r[1] if r[0] == 200 and r[1]["lines"] and r[1]["lines"][-1] == said
+                                  else None)(request(base, "/api/logs?worker=1")), 5, out)
+        if logs1["worker"] != 1 or logs1["from"] != "heartbeat" or logs1["lines_total"] < len(logs1["lines"]):
+            fail("GET /api/logs?worker=1 answered %s" % logs1)
+        logs0 = request(base, "/api/logs?worker=0")[1]
+        if logs0.get("from") != "self" or said not in logs0["lines"]:
+            fail("GET /api/logs?worker=0 answered %s, expected the chief's own lines with %r" % (logs0, said))
+        status, body = request(base, "/api/logs?worker=2")
+        if status != 400 or "0..1" not in body.get("error", ""):
+            fail("GET /api/logs?worker=2 answered %d %s, expected 400 naming 0..1" % (status, body))
+        print("worker 1's last line on the chief: %r (%d lines said)" % (logs1["lines"][-1], logs1["lines_total"]),
+              flush=True)
 
         # A learning rate while paused: both workers, the same step.
         request(base, "/api/learning_rate?value=0.0007", "POST")

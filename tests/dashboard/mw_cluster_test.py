@@ -6,7 +6,8 @@ workers (troupe-launch, a known cluster token, heartbeats every second), the chi
   received the beats, below 2 beat intervals, and the state "alive";
 - a stranger that connects to the chief's control port over TLS with a certificate of another
   token shows up in "failures" as a refused connection with its own address, and training goes on;
-- a SIGSTOPped worker turns "late" (or "lost"), with a "worker_late" event, while the chief stays
+- a SIGSTOPped worker turns "late" (or "lost"), with a "worker_late" event at the step the chief
+  was at (between the step before the stop and the step it waits at), while the chief stays
   alive; after SIGCONT it is "alive" again, with a "worker_back" event, and training goes on;
 - the failures list is newest first; POST /api/stop is 409 (no checkpoint directory);
   POST /api/stop?checkpoint=0 ends both workers with status 0.
@@ -119,6 +120,7 @@ def main():
         pid = cluster.worker_pid(1)
         if not pid:
             fail("cannot find worker 1's process")
+        before_stop = state()["step"]
         os.kill(pid, signal.SIGSTOP)
         try:
             late = wait_for("worker 1 to show late or lost",
@@ -134,6 +136,12 @@ def main():
             kinds = [(f["kind"], f["worker"]) for f in late["failures"]]
             if ("worker_late", 1) not in kinds:
                 fail("no worker_late event for worker 1 in %s" % late["failures"])
+            # The event carries the step the chief was at when it learnt of it (where the page
+            # marks it): the chief waits for worker 1 at that step.
+            event = next(f for f in late["failures"] if (f["kind"], f["worker"]) == ("worker_late", 1))
+            if not isinstance(event.get("step"), int) or not before_stop <= event["step"] <= late["step"]:
+                fail("worker 1's worker_late event is at step %r; the chief was at %d before the stop and at %d "
+                     "while it waited" % (event.get("step"), before_stop, late["step"]))
             print("stopped worker 1: %s, heartbeat age %.0f ms" % (w1["state"], w1["heartbeat_age_ms"]), flush=True)
         finally:
             os.kill(pid, signal.SIGCONT)

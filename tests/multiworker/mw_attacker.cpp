@@ -16,6 +16,7 @@
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "troupe/actors/rendezvous.hpp"  // the protocol version it speaks
 #include "caf/all.hpp"
@@ -59,7 +60,9 @@ int main(int argc, char** argv) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(argc > 5 ? std::atoi(argv[5]) : 10);
     while (std::chrono::steady_clock::now() < until) {
       self->send(chief, bye_atom::value, rank);
-      self->send(chief, beat_atom::value, rank, caf::actor_cast<caf::actor>(self));
+      // A beat as a member's heartbeat sends it, with the report beside it.
+      self->send(chief, beat_atom::value, rank, caf::actor_cast<caf::actor>(self), 12.5, std::int64_t{1} << 20,
+                 std::uint64_t{1}, std::vector<std::string>{"forged line"});
       ++n;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

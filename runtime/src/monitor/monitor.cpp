@@ -138,7 +138,9 @@ void Monitor::Impl::apply(const Taken& command, std::int64_t step) {
 // The step boundary's hand-over: a copy into /api/state's `last` (its vectors keep their
 // storage) and into the stream's ring, which the stream drains on its own timer. No message, no
 // allocation and no wakeup per step; `now` (a pause, a stop) asks the stream to push at once.
+// The cluster's record learns the step too, so that a worker lost is marked where it happened.
 void Monitor::Impl::publish(const actors::step_event& e, bool now) {
+  if (health) health->set_step(e.step);
   {
     std::lock_guard<std::mutex> lock(mutex);
     last = e;
@@ -233,6 +235,7 @@ Monitor::Monitor(distribute::Strategy& strategy, nn::Optimizer* optimizer, Monit
   m.replicas_in_sync = m.backend.num_replicas_in_sync();
   m.heard_ns.assign(static_cast<std::size_t>(m.workers), profile_now_ns());
   m.health = m.backend.workers().health();
+  m.tail = m.backend.workers().log_tail();
   if (m.workers > 1) m.exchanger = std::make_unique<detail::StepExchange>(m.backend, m.profile);
   m.shares.assign(static_cast<std::size_t>(m.local_replicas), 0.0);
   m.log = o.log ? o.log : (m.worker == 0 ? &std::cout : nullptr);

@@ -25,11 +25,12 @@
 #include "distribute/strategies/step_profile.hpp"
 #include "monitor/commands.hpp"
 #include "monitor/http_server.hpp"
-#include "monitor/process_usage.hpp"
 #include "monitor/step_exchange.hpp"
 #include "monitor/trace_writer.hpp"
 #include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/metrics_stream.hpp"
+#include "troupe/actors/worker_report.hpp"
+#include "troupe/base/process_usage.hpp"
 #include "troupe/monitor.hpp"
 
 namespace troupe {
@@ -97,6 +98,8 @@ struct Monitor::Impl {
   std::deque<OwnFailure> failures;     // the newest max_own_failures
   // The cluster's health as the chief's control plane records it; null for one process.
   actors::cluster_health* health = nullptr;
+  // This worker's log tail, which its heartbeat carries to the chief; null for one process.
+  actors::log_tail* tail = nullptr;
   std::string trace_status = "idle";
   std::string trace_written;
 
@@ -135,15 +138,19 @@ struct Monitor::Impl {
   static constexpr std::size_t max_marks = 512;
   std::deque<Mark> marks;
   std::uint64_t marks_total = 0;
-  // What the monitor said (its log lines), the newest max_log_lines, for the cluster panel.
+  // What the monitor said (its log lines), the newest max_log_lines, for the cluster panel; the
+  // last few ride on this worker's heartbeat to the chief too (`tail`).
   static constexpr std::size_t max_log_lines = 200;
   std::deque<std::string> log_lines;
+  std::uint64_t log_lines_total = 0;  // said so far, those pushed out included
 
   void say(const std::string& line) {
     if (log) *log << line << std::endl;
+    if (tail) tail->add(line);
     std::lock_guard<std::mutex> lock(mutex);
     if (log_lines.size() == max_log_lines) log_lines.pop_front();
     log_lines.push_back(line);
+    ++log_lines_total;
   }
 
   // The run's record for the page (monitor.cpp): a mark at `step`, an epoch's logs, the end.
@@ -180,7 +187,7 @@ struct Monitor::Impl {
   detail::HttpResponse post(const detail::HttpRequest& r);
   std::string state_json(const detail::HttpRequest& r);
   nlohmann::ordered_json progress_json() const;  // under mutex
-  detail::ProcessUsage process_usage;  // under mutex
+  base::process_usage process_usage;  // under mutex
 };
 
 }  // namespace troupe

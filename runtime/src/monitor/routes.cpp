@@ -30,7 +30,16 @@ double ms_between(actors::cluster_health::clock::time_point from, actors::cluste
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
-HttpResponse answer(int status, const json& body) { return {status, "application/json", body.dump()}; }
+// Text from the network (a fault report, a worker's lines) is checked where it arrives; a text cut
+// inside a UTF-8 character still must not make a page unreadable, so an invalid byte shows as
+// U+FFFD instead of throwing.
+std::string dump(const json& body) { return body.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+HttpResponse answer(int status, const json& body) { return {status, "application/json", dump(body)}; }
+
+// A number, or null when unknown (negative).
+json known(double v) { return v >= 0 && std::isfinite(v) ? json(v) : json(nullptr); }
+json known(std::int64_t v) { return v >= 0 ? json(v) : json(nullptr); }
 
 HttpResponse error(int status, const std::string& message) { return answer(status, json{{"error", message}}); }
 
@@ -44,7 +53,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
   const auto epochs_after = base::parse_int(detail::query_value(r.query, "epochs_after")).value_or(0);
   const auto marks_after = base::parse_int(detail::query_value(r.query, "marks_after")).value_or(0);
   std::lock_guard<std::mutex> lock(mutex);
-  const detail::ProcessUsage::Sample usage = process_usage.sample();
+  const base::usage_sample usage = process_usage.sample();
   const std::int64_t now = profile_now_ns();
   const auto steady_now = actors::cluster_health::clock::now();
   actors::cluster_snapshot cluster;
@@ -78,11 +87,24 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
       row["paused"] = last.workers[static_cast<std::size_t>(w)].paused;
     }
     row["report_age_ms"] = number(static_cast<double>(now - heard_ns[static_cast<std::size_t>(w)]) / 1e6);
+    // CPU and memory: the serving process measures itself; every other worker's come with its
+    // heartbeat (null until its first report).
+    const bool from_cluster = cluster.watching && static_cast<std::size_t>(w) < cluster.workers.size();
     if (w == worker) {
-      row["cpu_percent"] = usage.cpu_percent >= 0 ? json(usage.cpu_percent) : json(nullptr);
-      row["rss_bytes"] = usage.rss_bytes >= 0 ? json(usage.rss_bytes) : json(nullptr);
+      row["cpu_percent"] = known(usage.cpu_percent);
+      row["rss_bytes"] = known(usage.rss_bytes);
+      row["usage_from"] = "self";
+    } else if (from_cluster && cluster.workers[static_cast<std::size_t>(w)].reported) {
+      const actors::worker_report& report = cluster.workers[static_cast<std::size_t>(w)].report;
+      row["cpu_percent"] = known(report.cpu_percent);
+      row["rss_bytes"] = known(report.rss_bytes);
+      row["usage_from"] = "heartbeat";
+    } else {
+      row["cpu_percent"] = nullptr;
+      row["rss_bytes"] = nullptr;
+      row["usage_from"] = nullptr;
     }
-    if (cluster.watching && static_cast<std::size_t>(w) < cluster.workers.size()) {
+    if (from_cluster) {
       const auto& h = cluster.workers[static_cast<std::size_t>(w)];
       row["task"] = h.task;
       row["state"] = actors::to_string(h.state);
@@ -122,6 +144,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
                         {"time_unix_ms", unix_ms(e.wall)},
                         {"age_ms", number(ms_between(e.at, steady_now))},
                         {"worker", e.rank >= 0 ? json(e.rank) : json(nullptr)},
+                        {"step", e.step >= 0 ? json(e.step) : json(nullptr)},
                         {"address", e.address.empty() ? json(nullptr) : json(e.address)},
                         {"text", e.text}});
     } else {
@@ -129,6 +152,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
                         {"time_unix_ms", unix_ms(b->wall)},
                         {"age_ms", number(static_cast<double>(now - b->at_ns) / 1e6)},
                         {"worker", worker},
+                        {"step", nullptr},
                         {"address", nullptr},
                         {"text", b->text}});
       ++b;
@@ -151,7 +175,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
     epochs_out.push_back({{"epoch", e.epoch}, {"step", e.step}, {"time_s", e.time_s}, {"logs", std::move(logs)}});
   }
   out["epochs"] = std::move(epochs_out);
-  return out.dump();
+  return dump(out);
 }
 
 // Where the run is (under mutex): epoch, elapsed, ETA, and the wall clock it started at.
@@ -264,12 +288,23 @@ HttpResponse Monitor::Impl::get(const detail::HttpRequest& r) {
                             std::to_string(workers - 1) + ")");
     }
     if (*w != worker) {
-      return error(404, "logs: worker " + std::to_string(*w) +
-                            "'s lines are in its own output (troupe-launch shows them with [rank " +
-                            std::to_string(*w) + "]); this page has the chief's");
+      // Another worker's: the last lines its heartbeat carried (checked where they arrived).
+      const actors::cluster_snapshot cluster =
+          health ? health->snapshot(actors::cluster_health::clock::now()) : actors::cluster_snapshot{};
+      if (!cluster.watching || static_cast<std::size_t>(*w) >= cluster.workers.size()) {
+        return error(404, "logs: worker " + std::to_string(*w) + " has sent no report yet");
+      }
+      const actors::worker_report& report = cluster.workers[static_cast<std::size_t>(*w)].report;
+      return answer(200, json{{"worker", *w},
+                              {"lines", json(report.lines)},
+                              {"lines_total", report.lines_total},
+                              {"from", "heartbeat"}});
     }
     std::lock_guard<std::mutex> lock(mutex);
-    return answer(200, json{{"worker", worker}, {"lines", json(std::vector<std::string>(log_lines.begin(), log_lines.end()))}});
+    return answer(200, json{{"worker", worker},
+                            {"lines", json(std::vector<std::string>(log_lines.begin(), log_lines.end()))},
+                            {"lines_total", log_lines_total},
+                            {"from", "self"}});
   }
   // GET /api/trace: the last trace written.
   std::string path;

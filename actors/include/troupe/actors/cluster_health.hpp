@@ -1,20 +1,26 @@
 #pragma once
 
 // What the chief's control plane knows about the health of its cluster, for the dashboard: every
-// worker's last heartbeat as the chief's agent received it, its state, and the last events (a
-// worker late, back, lost; a fault reported; a connection refused; a collective that failed).
+// worker's last heartbeat as the chief's agent received it, its state, the report its heartbeat
+// carried (its CPU, memory and last log lines), and the last events (a worker late, back, lost; a
+// fault reported; a connection refused; a collective that failed), each with the step the chief's
+// training was at.
 // The cluster agent, the control gate and the worker group write into it from their own threads;
 // the dashboard reads snapshots. A plain class without CAF: time is passed in, so tests decide it.
-// Memory is bounded: one entry per worker, and a ring of the last `capacity` events, each text cut
-// at max_text_bytes.
+// Memory is bounded: one entry per worker (its report within worker_report_limits), and a ring of
+// the last `capacity` events, each text cut at max_text_bytes.
 
 #include <chrono>
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "troupe/actors/worker_report.hpp"
 
 namespace troupe::actors {
 
@@ -52,6 +58,9 @@ struct cluster_event {
   int rank = -1;        ///< the worker it concerns, or -1 (a refused stranger, a collective)
   std::string address;  ///< a refused peer's address ("127.0.0.1:40312"), else empty
   std::string text;     ///< what happened, at most max_text_bytes
+  /// The step the chief's training was at when the chief recorded it (cluster_health::set_step:
+  /// its monitor's last step boundary), or -1 before the first.
+  std::int64_t step = -1;
 };
 
 /// One worker, as the chief sees it.
@@ -62,6 +71,10 @@ struct worker_health {
   bool heard = false;  ///< a heartbeat arrived since the watch began
   /// The last heartbeat (the watch's start until one arrives).
   std::chrono::steady_clock::time_point last_beat{};
+  /// What its heartbeats reported: CPU and memory as of the last one (-1 unknown, and before the
+  /// first), and the last lines it sent with their running total.
+  worker_report report;
+  bool reported = false;  ///< a report was taken since the watch began
 };
 
 /// Everything at one moment.
@@ -95,6 +108,13 @@ class cluster_health {
   /// A heartbeat from `rank`: alive again (a late or lost worker's comeback is an event).
   /// Ignored before start() and for a rank outside the cluster.
   void beat(int rank, clock::time_point now);
+  /// The report beside a heartbeat of `rank`: recorded (its lines only when it has some) unless
+  /// check_worker_report refuses it, when nothing changes and the reason is returned. Ignored
+  /// before start() and for a rank outside the cluster.
+  std::optional<std::string> report(int rank, const worker_report& report);
+  /// The step the chief's training is at now (its monitor's step boundary): every event recorded
+  /// from now on carries it. Lock-free: called at every step.
+  void set_step(std::int64_t step) noexcept { step_.store(step, std::memory_order_relaxed); }
   /// `rank` was declared gone, for `reason`.
   void lost(int rank, const std::string& reason, clock::time_point now);
   /// `rank` said goodbye.
@@ -125,6 +145,7 @@ class cluster_health {
   std::vector<worker_health> workers_;
   std::deque<cluster_event> events_;  // oldest first
   std::uint64_t total_ = 0;
+  std::atomic<std::int64_t> step_{-1};
 };
 
 }  // namespace troupe::actors

@@ -15,6 +15,7 @@ class actor_system_config;
 namespace troupe::actors {
 
 class cluster_health;
+class log_tail;
 
 /// One worker of a cluster, as the rendezvous tells every worker.
 struct member {
@@ -43,7 +44,9 @@ struct rendezvous_options {
   /// from the same user only on loopback. Either way behind the gate that bounds every header.
   std::string token;
   std::chrono::milliseconds timeout{60000};  ///< the start deadline: every worker joined by then
-  std::uint32_t version = 5;          ///< protocol version; every worker must agree (4: incarnation; 5: the chief beats to the workers)
+  /// Protocol version; every worker must agree (4: incarnation; 5: the chief beats to the
+  /// workers; 6: every heartbeat carries a worker_report).
+  std::uint32_t version = 6;
   /// The chief's only: an id every worker needs to join its GPU collectives (the ncclUniqueId, as
   /// hex), handed to all of them with the peer table. Hex digits only.
   std::string collective_id;
@@ -61,6 +64,9 @@ struct rendezvous_options {
   /// worker's heartbeats as the chief's agent receives them, workers late, back and lost, fault
   /// reports and refused connections. May be null (nothing recorded).
   std::shared_ptr<cluster_health> health;
+  /// This worker's last log lines, which its heartbeat carries to the chief with its CPU and
+  /// memory (worker_report.hpp). May be null (no lines).
+  std::shared_ptr<log_tail> log;
 };
 
 /// Announces the rendezvous messages (member, the peer table, its errors) to an actor system's
@@ -89,7 +95,10 @@ void add_rendezvous_types(caf::actor_system_config& config);
 std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options);
 
 /// Liveness after the rendezvous: every worker's heartbeat actor beats to the chief's agent every
-/// `interval`; the chief declares a worker gone when it has been silent for more than
+/// `interval`, each beat with a worker_report (its process's CPU and resident memory, and its
+/// log_tail's lines when it has new ones), which the agent checks (check_worker_report) and
+/// records in options.health: a report it refuses is logged and dropped, the beat still counts.
+/// The chief declares a worker gone when it has been silent for more than
 /// options.missed_heartbeats intervals (hung, stopped, or unreachable) or its connection closed,
 /// and tells every worker. The watch runs both ways: the chief's agent beats to every worker's
 /// heartbeat actor every `interval` too, and a worker declares the chief gone when the agent has

@@ -61,13 +61,15 @@ Tensor host_copy(const Tensor& t) {
 RingWorkerGroup::RingWorkerGroup(int rank, std::vector<actors::member> members,
                                  std::unique_ptr<transport::listener> listener, std::unique_ptr<transport::tcp_ring> ring,
                                  std::shared_ptr<WorkerFailures> failures, std::unique_ptr<actors::cluster_watch> watch,
-                                 std::shared_ptr<actors::cluster_health> health)
+                                 std::shared_ptr<actors::cluster_health> health,
+                                 std::shared_ptr<actors::log_tail> log)
     : rank_(rank),
       members_(std::move(members)),
       listener_(std::move(listener)),
       ring_(std::move(ring)),
       failures_(failures ? std::move(failures) : std::make_shared<WorkerFailures>()),
       health_(health ? std::move(health) : std::make_shared<actors::cluster_health>()),
+      log_(log ? std::move(log) : std::make_shared<actors::log_tail>()),
       watch_(std::move(watch)) {
   failures_->attach(ring_.get());
 }

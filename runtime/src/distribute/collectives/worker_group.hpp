@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "troupe/actors/cluster_health.hpp"
+#include "troupe/actors/worker_report.hpp"
 #include "troupe/actors/rendezvous.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
 #include "troupe/distribute/multi_worker_strategy.hpp"
@@ -44,6 +45,9 @@ class WorkerGroup {
   /// The cluster's health as the chief's control plane records it (heartbeats, workers late and
   /// lost, faults, refused connections, failed collectives); nullptr for one process.
   virtual actors::cluster_health* health() { return nullptr; }
+  /// This worker's last log lines, which its heartbeat carries to the chief (the monitor adds
+  /// what it says); nullptr for one process.
+  virtual actors::log_tail* log_tail() { return nullptr; }
 };
 
 /// One process: every operation returns this worker's value.
@@ -93,11 +97,13 @@ class RingWorkerGroup final : public WorkerGroup {
   /// `members` in rank order (from the rendezvous); `listener` is the data plane's listening
   /// socket the ring was accepted on (kept open for the group's life; may be null); `watch` may be
   /// null (no liveness watch); `health` is what the watch records into (null: a record of its own,
-  /// which only failed collectives fill).
+  /// which only failed collectives fill); `log` is the tail the watch's heartbeat reads (null: one
+  /// of its own, which nobody reads).
   RingWorkerGroup(int rank, std::vector<actors::member> members, std::unique_ptr<transport::listener> listener,
                   std::unique_ptr<transport::tcp_ring> ring, std::shared_ptr<WorkerFailures> failures,
                   std::unique_ptr<actors::cluster_watch> watch,
-                  std::shared_ptr<actors::cluster_health> health = nullptr);
+                  std::shared_ptr<actors::cluster_health> health = nullptr,
+                  std::shared_ptr<actors::log_tail> log = nullptr);
   ~RingWorkerGroup() override;
   RingWorkerGroup(const RingWorkerGroup&) = delete;
   RingWorkerGroup& operator=(const RingWorkerGroup&) = delete;
@@ -109,6 +115,7 @@ class RingWorkerGroup final : public WorkerGroup {
   Tensor broadcast_from_chief(const Tensor& value) override;
   Tensor concat(const Tensor& local, int axis) override;
   actors::cluster_health* health() override { return health_.get(); }
+  actors::log_tail* log_tail() override { return log_.get(); }
 
   /// A training step begins (Strategy::run, on every worker): the ring's frames carry its number
   /// from now on, so that a worker that skipped, added or reordered a collective fails on every
@@ -141,6 +148,7 @@ class RingWorkerGroup final : public WorkerGroup {
   std::unique_ptr<transport::tcp_ring> ring_;
   std::shared_ptr<WorkerFailures> failures_;
   std::shared_ptr<actors::cluster_health> health_;
+  std::shared_ptr<actors::log_tail> log_;
   std::uint64_t steps_ = 0;  // Strategy::run calls so far
   std::vector<std::uint16_t> wire_;  // compressed values, kept between calls (no page faults)
   std::unique_ptr<actors::cluster_watch> watch_;  // declared last: destroyed first

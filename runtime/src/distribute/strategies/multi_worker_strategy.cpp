@@ -203,6 +203,9 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   auto health = std::make_shared<actors::cluster_health>();
   health->set_restart_count(settings.restart_count);
   ro.health = health;
+  // What this worker says (its monitor's lines) rides on its heartbeats to the chief's dashboard.
+  auto log = std::make_shared<actors::log_tail>();
+  ro.log = log;
   auto failures = std::make_shared<detail::WorkerFailures>();
   std::unique_ptr<actors::cluster_watch> watch;
   std::vector<actors::member> members = actors::rendezvous(
@@ -244,7 +247,8 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
     world.join_timeout = ro.timeout;
   }
   auto group = std::make_unique<detail::RingWorkerGroup>(rank, std::move(members), std::move(listener), std::move(ring),
-                                                         std::move(failures), std::move(watch), std::move(health));
+                                                         std::move(failures), std::move(watch), std::move(health),
+                                                         std::move(log));
   return std::make_unique<MultiWorkerBackend>(runtime, std::move(devices), std::move(group), options.bytes_per_pack,
                                               options.compression,
                                               std::move(world));

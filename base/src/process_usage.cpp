@@ -1,4 +1,4 @@
-#include "monitor/process_usage.hpp"
+#include "troupe/base/process_usage.hpp"
 
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 
 #include "troupe/base/parse_number.hpp"
 
-namespace troupe::detail {
+namespace troupe::base {
 namespace {
 
 std::string read_file(const char* path) {
@@ -26,8 +26,8 @@ std::vector<std::string> fields(const std::string& text) {
 
 }  // namespace
 
-ProcessUsage::Sample ProcessUsage::sample() {
-  Sample out;
+usage_sample process_usage::sample() {
+  usage_sample out;
   // statm: size resident shared ... (in pages).
   const std::vector<std::string> statm = fields(read_file("/proc/self/statm"));
   if (statm.size() >= 2) {
@@ -62,4 +62,4 @@ ProcessUsage::Sample ProcessUsage::sample() {
   return out;
 }
 
-}  // namespace troupe::detail
+}  // namespace troupe::base
