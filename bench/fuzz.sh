@@ -12,7 +12,7 @@ shift || true
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${TROUPE_FUZZ_BUILD:-$root/build-fuzz}"
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(ring_frame checkpoint tf_config rendezvous)
+[[ ${#targets[@]} -eq 0 ]] && targets=(ring_frame checkpoint tf_config rendezvous worker_report)
 
 if ! command -v clang++ >/dev/null; then
   echo "fuzz.sh: clang++ not found (tools/install-deps.sh --fuzz installs it)" >&2
