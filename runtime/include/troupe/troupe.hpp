@@ -30,6 +30,7 @@
 #include "troupe/nn/callbacks.hpp"
 #include "troupe/nn/datasets.hpp"
 #include "troupe/nn/dense.hpp"
+#include "troupe/nn/layer.hpp"
 #include "troupe/nn/losses.hpp"
 #include "troupe/nn/backup_and_restore.hpp"
 #include "troupe/nn/model.hpp"

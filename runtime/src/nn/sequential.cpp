@@ -4,38 +4,97 @@
 #include <stdexcept>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
+#include "nn/layer_checks.hpp"
+
 namespace troupe::nn {
+
+namespace {
+
+// Whether a layer that takes `expected` (-1: any size) can take `given` (-1: unknown).
+bool fits(const Shape& given, const Shape& expected) {
+  if (given.size() != expected.size()) return false;
+  for (std::size_t d = 0; d < given.size(); ++d) {
+    if (given[d] >= 0 && expected[d] >= 0 && given[d] != expected[d]) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 Sequential::Sequential(std::vector<Dense> layers) {
   for (Dense& layer : layers) add(std::move(layer));
 }
 
-void Sequential::add(Dense layer) {
-  if (!layers_.empty() && layers_.back().units() != layer.input_dim()) {
-    throw std::invalid_argument("Sequential::add: layer " + std::to_string(layers_.size()) + " takes inputs of width " +
-                                std::to_string(layer.input_dim()) + ", the previous layer ('" + names_.back() +
-                                "') outputs " + std::to_string(layers_.back().units()));
+void Sequential::add_layer(std::shared_ptr<Layer> layer) {
+  const std::string index = std::to_string(layers_.size());
+  std::string name = layer->name();
+  if (name.empty()) {
+    const auto same_kind = std::count_if(layers_.begin(), layers_.end(), [&](const auto& l) {
+      return std::string(l->class_name()) == layer->class_name();
+    });
+    name = std::string(layer->default_name()) + "_" + std::to_string(same_kind);
   }
-  std::string name = layer.name().empty() ? "dense_" + std::to_string(layers_.size()) : layer.name();
   if (std::find(names_.begin(), names_.end(), name) != names_.end()) {
     throw std::invalid_argument("Sequential::add: a layer named '" + name + "' is already in the model (names must be "
                                 "unique: they name the variables in checkpoints)");
   }
+  const Shape expected = layer->input_shape();
+  const Shape given = layers_.empty() ? expected : shapes_.back();
+  if (!layers_.empty() && !given.empty() && !expected.empty() && !fits(given, expected)) {
+    if (given.size() == 2 && expected.size() == 2) {
+      throw std::invalid_argument("Sequential::add: layer " + index + " takes inputs of width " +
+                                  std::to_string(expected[1]) + ", the previous layer ('" + names_.back() +
+                                  "') outputs " + std::to_string(given[1]));
+    }
+    throw std::invalid_argument("Sequential::add: layer " + index + " ('" + name + "', " + layer->class_name() +
+                                ") takes inputs of shape " + detail::keras_shape(expected) + ", the previous layer ('" +
+                                names_.back() + "') outputs " + detail::keras_shape(given));
+  }
+  layer->name_ = name;  // the model's copy carries the model's name, for its messages
+  Shape out;
+  if (!given.empty()) {
+    try {
+      out = layer->output_shape(given);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("Sequential::add: layer " + index + ": " + e.what() +
+                                  (layers_.empty() ? std::string()
+                                                   : ", the output of the previous layer ('" + names_.back() + "')"));
+    }
+  }
+  offsets_.push_back(variable_count_);
+  variable_count_ += layer->weights().size();
   names_.push_back(std::move(name));
+  shapes_.push_back(std::move(out));
   layers_.push_back(std::move(layer));
 }
 
 Tensor Sequential::forward(const Tensor& x) const {
   Tensor h = x;
-  for (const Dense& layer : layers_) h = layer.forward(h);
+  CallContext ctx;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    ctx.layer = static_cast<std::int64_t>(i);
+    h = layers_[i]->forward(h, ctx);
+  }
   return h;
 }
 
 Tensor Sequential::forward(const Tensor& x, std::vector<Tensor>& activations) const {
+  CallContext ctx;
+  ctx.training = true;
+  return forward(x, activations, ctx);
+}
+
+Tensor Sequential::forward(const Tensor& x, std::vector<Tensor>& activations, const CallContext& ctx) const {
   activations.clear();
   activations.reserve(layers_.size() + 1);
   activations.push_back(x);
-  for (const Dense& layer : layers_) activations.push_back(layer.forward(activations.back()));
+  CallContext at = ctx;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    at.layer = static_cast<std::int64_t>(i);
+    activations.push_back(layers_[i]->forward(activations.back(), at));
+  }
   return activations.back();
 }
 
@@ -46,21 +105,30 @@ std::vector<Tensor> Sequential::backward(const std::vector<Tensor>& activations,
 std::vector<Tensor> Sequential::backward(
     const std::vector<Tensor>& activations, const Tensor& grad_output,
     const std::function<void(std::size_t index, const Tensor& gradient)>& on_gradient) const {
+  CallContext ctx;
+  ctx.training = true;
+  return backward(activations, grad_output, on_gradient, ctx);
+}
+
+std::vector<Tensor> Sequential::backward(
+    const std::vector<Tensor>& activations, const Tensor& grad_output,
+    const std::function<void(std::size_t index, const Tensor& gradient)>& on_gradient, const CallContext& ctx) const {
   if (activations.size() != layers_.size() + 1) {
     throw std::invalid_argument("Sequential::backward: " + std::to_string(activations.size()) +
                                 " activations for " + std::to_string(layers_.size()) +
                                 " layers (expected the input and every layer's output, as forward fills them)");
   }
-  std::vector<Tensor> grads(2 * layers_.size());
+  std::vector<Tensor> grads(variable_count_);
   Tensor g = grad_output;
+  CallContext at = ctx;
   for (std::size_t i = layers_.size(); i-- > 0;) {
-    // The first layer's input gradient would go nowhere: skip its matrix product.
-    DenseGradients d = layers_[i].backward(activations[i], activations[i + 1], g, i > 0);
-    grads[2 * i] = std::move(d.kernel);
-    grads[2 * i + 1] = std::move(d.bias);
-    if (on_gradient) {
-      on_gradient(2 * i + 1, grads[2 * i + 1]);
-      on_gradient(2 * i, grads[2 * i]);
+    at.layer = static_cast<std::int64_t>(i);
+    // The first layer's input gradient would go nowhere: skip its computation.
+    LayerGradients d = layers_[i]->backward(activations[i], activations[i + 1], g, at, i > 0);
+    const std::size_t first = offsets_[i];
+    for (std::size_t k = d.variables.size(); k-- > 0;) {
+      grads[first + k] = std::move(d.variables[k]);
+      if (on_gradient) on_gradient(first + k, grads[first + k]);
     }
     g = std::move(d.input);
   }
@@ -69,20 +137,18 @@ std::vector<Tensor> Sequential::backward(
 
 std::vector<Variable> Sequential::trainable_variables() const {
   std::vector<Variable> out;
-  out.reserve(2 * layers_.size());
-  for (const Dense& layer : layers_) {
-    out.push_back(layer.kernel());
-    out.push_back(layer.bias());
+  out.reserve(variable_count_);
+  for (const auto& layer : layers_) {
+    for (auto& [name, variable] : layer->weights()) out.push_back(variable);
   }
   return out;
 }
 
 std::vector<std::pair<std::string, Variable>> Sequential::named_trainable_variables() const {
   std::vector<std::pair<std::string, Variable>> out;
-  out.reserve(2 * layers_.size());
+  out.reserve(variable_count_);
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    out.emplace_back(names_[i] + "/kernel", layers_[i].kernel());
-    out.emplace_back(names_[i] + "/bias", layers_[i].bias());
+    for (auto& [name, variable] : layers_[i]->weights()) out.emplace_back(names_[i] + "/" + name, variable);
   }
   return out;
 }
@@ -91,6 +157,17 @@ std::map<std::string, Variable> Sequential::variables() const {
   std::map<std::string, Variable> out;
   for (auto& [name, variable] : named_trainable_variables()) out.emplace(name, variable);
   return out;
+}
+
+bool Sequential::uses_random_stream() const {
+  return std::any_of(layers_.begin(), layers_.end(), [](const auto& l) { return l->uses_random_stream(); });
+}
+
+std::string Sequential::config() const {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& layer : layers_) layers.push_back(nlohmann::json::parse(layer->config()));
+  return nlohmann::json{{"class_name", "Sequential"}, {"config", {{"name", "sequential"}, {"layers", std::move(layers)}}}}
+      .dump();
 }
 
 }  // namespace troupe::nn
