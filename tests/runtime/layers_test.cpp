@@ -583,3 +583,123 @@ TEST_CASE("LayerNormalization normalises each row over its last axis, and its gr
                  "Sequential::add: layer 1: LayerNormalization 'layer_normalization_0': input of shape [-1, 3] (expected "
                  "[batch, ..., 4]), the output of the previous layer ('dense_0')"));
 }
+
+TEST_CASE("GradientTape follows a CNN through every layer: its gradients are Sequential::backward's") {
+  const Tensor x = pseudo_random({2, 4, 4, 2}, 3);
+  nn::Sequential stack;
+  stack.add(nn::Conv2D(2, 3, 3, 1, nn::Padding::same, nn::Activation::relu, 1, "", DType::f64));
+  stack.add(nn::AveragePooling2D(2));
+  stack.add(nn::LayerNormalization(3, 1e-3, "", DType::f64));
+  stack.add(nn::MaxPooling2D(2, nn::Size2{1, 1}));
+  stack.add(nn::Flatten());
+  stack.add(nn::Dropout(0.3, 4));
+  const Tensor w = pseudo_random({2, 3}, 9);
+  std::vector<Tensor> by_tape;
+  {
+    GradientTape tape;
+    const Tensor out = stack.forward(x);  // inference: Dropout passes the input
+    REQUIRE(out.shape() == Shape{2, 3});
+    const Tensor loss = nn::compute_average_loss(nn::mean_squared_error_per_example(out, w), 2);
+    by_tape = tape.gradient(loss, stack.trainable_variables());
+  }
+  // By hand: the same loss's gradient through backward at inference.
+  std::vector<Tensor> activations;
+  nn::CallContext inference;
+  const Tensor out = stack.forward(x, activations, inference);
+  const nn::LossAndGradient lg = nn::mean_squared_error(out, w, 2);
+  const std::vector<Tensor> by_hand = stack.backward(activations, lg.gradient, nullptr, inference);
+  REQUIRE(by_tape.size() == by_hand.size());
+  REQUIRE(by_tape.size() == 4);  // conv kernel, bias; gamma, beta
+  for (std::size_t i = 0; i < by_tape.size(); ++i) {
+    CAPTURE(i);
+    CHECK(max_abs_diff(by_tape[i], by_hand[i]) < 1e-12);
+    CHECK(max_abs_diff(by_tape[i], Tensor::zeros(by_tape[i].shape(), DType::f64)) > 0);
+  }
+  // An Embedding's table gets its gradient too; the ids get none.
+  nn::Embedding embedding(4, 2, 1, "", DType::f64);
+  const Tensor ids = Tensor::from_vector<std::int32_t>({3, 1, 3}, {3});
+  GradientTape tape;
+  const Tensor e = embedding.forward(ids);
+  const Tensor table_grad = tape.gradient(nn::compute_average_loss(nn::mean_squared_error_per_example(e, Tensor::zeros({3, 2}, DType::f64)), 3),
+                                          embedding.embeddings());
+  const auto g = table_grad.to_vector<double>();
+  const auto t = embedding.embeddings().value().to_vector<double>();
+  CHECK(g[0] == 0.0);
+  CHECK(g[6] == doctest::Approx(2.0 * 2.0 * t[6] / 2.0 / 3.0));  // id 3 twice: 2 · (2·t / 2 columns) / 3 rows
+}
+
+TEST_CASE("Sequential::build fixes the input shape: every output shape is known, checked and in the summary") {
+  nn::Sequential model = small_cnn(1);
+  model.build({-1, 8, 8, 1});
+  CHECK(model.input_shape() == Shape{-1, 8, 8, 1});
+  CHECK(model.output_shapes() == std::vector<Shape>{{-1, 6, 6, 8}, {-1, 3, 3, 8}, {-1, 72}, {-1, 4}});
+  // An image too small for the layers, or of a size the Dense after Flatten does not take.
+  CHECK(contains(message_of([&] { model.build({-1, 2, 2, 1}); }),
+                 "Sequential::build: layer 0: Conv2D 'conv2d_0': input of shape [-1, 2, 2, 1] is smaller than the 3x3 kernel"));
+  CHECK(message_of([&] { model.build({-1, 10, 10, 1}); }) ==
+        "Sequential::build: layer 3 takes inputs of width 72, the previous layer ('flatten_0') outputs 128");
+  CHECK(model.input_shape() == Shape{-1, 8, 8, 1});  // unchanged by a failed build
+  // Layers added after build are checked against the known shape.
+  nn::Sequential grown;
+  grown.build({-1, 8, 8, 1});
+  grown.add(nn::Conv2D(1, 4, 3));
+  grown.add(nn::Flatten());
+  CHECK(message_of([&] { grown.add(nn::Dense(100, 2)); }) ==
+        "Sequential::add: layer 2 takes inputs of width 100, the previous layer ('flatten_0') outputs 144");
+  CHECK(contains(message_of([] {
+                   nn::Sequential m;
+                   m.build({-1, 5});
+                   m.add(nn::Dense(4, 2));
+                 }),
+                 "Sequential::add: layer 0 takes inputs of width 4, the input outputs 5"));
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(1));
+  auto scope = s.scope();
+  nn::Sequential built = small_cnn(1);
+  built.build({-1, 8, 8, 1});
+  nn::Model m(built);
+  std::ostringstream out;
+  m.summary(out);
+  CHECK(contains(out.str(), " conv2d_0 (Conv2D)           (None, 6, 6, 8)           80\n"));
+  CHECK(contains(out.str(), " flatten_0 (Flatten)         (None, 72)                0\n"));
+}
+
+TEST_CASE("softmax cross-entropy with one-hot targets: hand value, finite differences, and fit with accuracy") {
+  const Tensor logits = Tensor::from_vector<double>({1, 2, 3, 0, 0, 0}, {2, 3});
+  const Tensor targets = Tensor::from_vector<double>({0, 0, 1, 0.5, 0.5, 0}, {2, 3});
+  const double lse0 = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0));
+  const auto per = nn::softmax_cross_entropy_per_example(logits, targets).to_vector<double>();
+  CHECK(per[0] == doctest::Approx(lse0 - 3));
+  CHECK(per[1] == doctest::Approx(std::log(3.0)));
+  // The same as the sparse loss for one-hot rows.
+  const Tensor one_hot = Tensor::from_vector<double>({0, 1, 0, 1, 0, 0}, {2, 3});
+  CHECK(nn::softmax_cross_entropy(logits, one_hot).loss.item<double>() ==
+        doctest::Approx(nn::sparse_softmax_cross_entropy(logits, Tensor::from_vector<std::int32_t>({1, 0})).loss.item<double>()));
+  const Tensor z = pseudo_random({4, 5}, 1);
+  const Tensor t = (pseudo_random({4, 5}, 2) * 0.5 + 0.5);  // any nonnegative targets
+  const nn::LossAndGradient lg = nn::softmax_cross_entropy(z, t, 8);
+  const Tensor num = numeric_gradient([&](const Tensor& v) { return nn::softmax_cross_entropy(v, t, 8).loss.item<double>(); },
+                                      z, 1e-6);
+  CHECK(max_abs_diff(lg.gradient, num) < 1e-8);
+  CHECK(contains(message_of([&] { nn::softmax_cross_entropy(z, Tensor::from_vector<std::int32_t>({1, 2, 3, 4})); }),
+                 "softmax_cross_entropy: targets are int32 [4] for logits [4, 5] (expected float one-hot rows"));
+  CHECK(nn::accuracy(logits, Tensor::from_vector<float>({0, 0, 1, 0, 1, 0}, {2, 3})) == 0.5);
+
+  // The bar images with one-hot labels, categorical_crossentropy and the accuracy metric.
+  const Images train = bar_images(256, 5);
+  std::vector<float> hot(256 * 4, 0.0f);
+  const auto labels = train.labels.to_vector<std::int32_t>();
+  for (std::size_t i = 0; i < labels.size(); ++i) hot[i * 4 + static_cast<std::size_t>(labels[i])] = 1.0f;
+  const Tensor y = Tensor::from_vector(hot, {256, 4});
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(2));
+  auto scope = s.scope();
+  nn::Model model(small_cnn(3));
+  model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::categorical_crossentropy(), {"accuracy"});
+  nn::History h = model.fit(data::Dataset::from_tensor_slices({train.features, y}).shuffle(256, 1).repeat().batch(32), 10,
+                            8, quiet());
+  CHECK(h.history.at("accuracy").back() >= 0.9);
+  const auto result = model.evaluate(train.features, y);
+  CHECK(result.accuracy >= 0.9);
+  CHECK(result.loss < h.loss.front());
+}

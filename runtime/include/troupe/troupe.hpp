@@ -38,6 +38,7 @@
 #include "troupe/nn/losses.hpp"
 #include "troupe/nn/backup_and_restore.hpp"
 #include "troupe/nn/model.hpp"
+#include "troupe/nn/normalization.hpp"
 #include "troupe/nn/ops.hpp"
 #include "troupe/nn/optimizers.hpp"
 #include "troupe/nn/pooling.hpp"

@@ -2,9 +2,36 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tape.hpp"
+
 namespace troupe::nn {
 
 Layer::~Layer() = default;
+
+Tensor Layer::forward(const Tensor& x, const CallContext& ctx) const {
+  namespace tape = troupe::detail;
+  if (!tape::tape_active() || records_itself()) return call(x, ctx);
+  // The input and the variables' values as read now (watched reads while a tape records).
+  std::vector<Tensor> inputs{x};
+  for (auto& [name, variable] : weights()) inputs.push_back(variable.value());
+  if (!tape::recording(inputs)) return call(x, ctx);
+  Tensor out;
+  {
+    // The layer is one node: what call() does inside is not recorded.
+    tape::PauseRecording pause;
+    out = call(tape::untaped(x), ctx);
+  }
+  tape::record(out, inputs,
+               [this, px = tape::untaped(x), po = tape::untaped(out), ctx](const Tensor& g) -> std::vector<Tensor> {
+                 LayerGradients d = gradients(px, po, g, ctx, true);
+                 std::vector<Tensor> grads;
+                 grads.reserve(d.variables.size() + 1);
+                 grads.push_back(std::move(d.input));  // empty for ids: no gradient
+                 for (Tensor& v : d.variables) grads.push_back(std::move(v));
+                 return grads;
+               });
+  return out;
+}
 
 std::vector<Variable> Layer::trainable_variables() const {
   std::vector<Variable> out;

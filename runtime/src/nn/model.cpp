@@ -59,7 +59,7 @@ Tensor model_input(const Sequential& layers, const Tensor& x, const char* op) {
   for (const auto& layer : layers.layers()) {
     const auto weights = layer->weights();
     if (!weights.empty()) {
-      dtype = weights.front().second.value().dtype();
+      dtype = weights.front().second.dtype();
       break;
     }
   }
@@ -391,8 +391,10 @@ EvaluateResult Model::evaluate(const data::Dataset& batches) const {
     if (rows == 0) continue;
     const Tensor outputs = layers_.forward(model_input(layers_, e[0], "evaluate"));
     loss_sum += as_double(loss_.fn(outputs, e[1], rows).loss) * static_cast<double>(rows);
-    const bool integer_labels = e[1].dtype() == DType::i32 || e[1].dtype() == DType::i64;
-    if (integer_labels) hits += nn::accuracy(outputs, e[1]) * static_cast<double>(rows);
+    // Integer labels, or one-hot rows for categorical_crossentropy: accuracy has a meaning.
+    const bool class_labels = e[1].dtype() == DType::i32 || e[1].dtype() == DType::i64 ||
+                              loss_.name == "categorical_crossentropy";
+    if (class_labels) hits += nn::accuracy(outputs, e[1]) * static_cast<double>(rows);
     result.samples += rows;
   }
   if (result.samples > 0) {

@@ -28,7 +28,6 @@ Sequential::Sequential(std::vector<Dense> layers) {
 }
 
 void Sequential::add_layer(std::shared_ptr<Layer> layer) {
-  const std::string index = std::to_string(layers_.size());
   std::string name = layer->name();
   if (name.empty()) {
     const auto same_kind = std::count_if(layers_.begin(), layers_.end(), [&](const auto& l) {
@@ -40,34 +39,53 @@ void Sequential::add_layer(std::shared_ptr<Layer> layer) {
     throw std::invalid_argument("Sequential::add: a layer named '" + name + "' is already in the model (names must be "
                                 "unique: they name the variables in checkpoints)");
   }
-  const Shape expected = layer->input_shape();
-  const Shape given = layers_.empty() ? expected : shapes_.back();
-  if (!layers_.empty() && !given.empty() && !expected.empty() && !fits(given, expected)) {
-    if (given.size() == 2 && expected.size() == 2) {
-      throw std::invalid_argument("Sequential::add: layer " + index + " takes inputs of width " +
-                                  std::to_string(expected[1]) + ", the previous layer ('" + names_.back() +
-                                  "') outputs " + std::to_string(given[1]));
-    }
-    throw std::invalid_argument("Sequential::add: layer " + index + " ('" + name + "', " + layer->class_name() +
-                                ") takes inputs of shape " + detail::keras_shape(expected) + ", the previous layer ('" +
-                                names_.back() + "') outputs " + detail::keras_shape(given));
-  }
   layer->name_ = name;  // the model's copy carries the model's name, for its messages
-  Shape out;
-  if (!given.empty()) {
-    try {
-      out = layer->output_shape(given);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument("Sequential::add: layer " + index + ": " + e.what() +
-                                  (layers_.empty() ? std::string()
-                                                   : ", the output of the previous layer ('" + names_.back() + "')"));
-    }
-  }
+  Shape out = next_shape("Sequential::add", layers_.size(), *layer, name, layers_.empty() ? input_shape_ : shapes_.back());
+  if (layers_.empty() && input_shape_.empty()) input_shape_ = layer->input_shape();
   offsets_.push_back(variable_count_);
   variable_count_ += layer->weights().size();
   names_.push_back(std::move(name));
   shapes_.push_back(std::move(out));
   layers_.push_back(std::move(layer));
+}
+
+Shape Sequential::next_shape(const char* op, std::size_t index_in, const Layer& layer, const std::string& name,
+                             const Shape& previous) const {
+  const std::string index = std::to_string(index_in);
+  const Shape expected = layer.input_shape();
+  const bool first = index_in == 0;
+  const std::string before = first ? std::string("the input") : "the previous layer ('" + names_[index_in - 1] + "')";
+  const Shape given = first && previous.empty() ? expected : previous;
+  if (!previous.empty() && !expected.empty() && !fits(given, expected)) {
+    if (given.size() == 2 && expected.size() == 2) {
+      throw std::invalid_argument(std::string(op) + ": layer " + index + " takes inputs of width " +
+                                  std::to_string(expected[1]) + ", " + before + " outputs " + std::to_string(given[1]));
+    }
+    throw std::invalid_argument(std::string(op) + ": layer " + index + " ('" + name + "', " + layer.class_name() +
+                                ") takes inputs of shape " + detail::keras_shape(expected) + ", " + before +
+                                (first ? " is " : " outputs ") + detail::keras_shape(given));
+  }
+  if (given.empty()) return {};
+  try {
+    return layer.output_shape(given);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string(op) + ": layer " + index + ": " + e.what() +
+                                (first && previous.empty() ? std::string() : ", the output of " + before));
+  }
+}
+
+void Sequential::build(Shape input_shape) {
+  if (input_shape.empty()) {
+    throw std::invalid_argument("Sequential::build: input shape [] (expected a batch: [batch, ...], -1 for any size)");
+  }
+  std::vector<Shape> shapes;
+  Shape given = input_shape;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    given = next_shape("Sequential::build", i, *layers_[i], names_[i], given);
+    shapes.push_back(given);
+  }
+  input_shape_ = std::move(input_shape);
+  shapes_ = std::move(shapes);
 }
 
 Tensor Sequential::forward(const Tensor& x) const {

@@ -59,6 +59,7 @@ class Dense : public Layer {
   LayerGradients gradients(const Tensor& x, const Tensor& output, const Tensor& grad_output, const CallContext& ctx,
                            bool need_input) const override;
   std::string config_json() const override;
+  bool records_itself() const override { return true; }
 
  private:
   int input_dim_;

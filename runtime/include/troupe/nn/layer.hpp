@@ -47,6 +47,11 @@ struct LayerGradients {
 ///
 /// forward and backward are safe to call from every replica at once inside Strategy::run: each
 /// reads its own component of the variables and writes nothing shared.
+///
+/// Under a GradientTape that follows the input or reads the variables, forward records one node
+/// whose gradient is backward's (Dense records its own operations): tape.gradient(loss,
+/// model.trainable_variables()) works through any stack of layers. The node refers to the
+/// layer, which must live until the tape's gradient call (a model's layers do).
 class Layer {
  public:
   virtual ~Layer();
@@ -62,7 +67,7 @@ class Layer {
   /// The output at inference (training off).
   Tensor forward(const Tensor& x) const { return forward(x, CallContext{}); }
   /// The output for `ctx` (training on for a training step).
-  Tensor forward(const Tensor& x, const CallContext& ctx) const { return call(x, ctx); }
+  Tensor forward(const Tensor& x, const CallContext& ctx) const;
   /// The gradients for grad_output (the output's shape), given the x and output of forward with
   /// the same `ctx`. The input gradient is computed only when need_input.
   LayerGradients backward(const Tensor& x, const Tensor& output, const Tensor& grad_output, const CallContext& ctx,
@@ -105,6 +110,9 @@ class Layer {
                                    const CallContext& ctx, bool need_input) const = 0;
   /// The parameters of config() other than the name, as a JSON object's text.
   virtual std::string config_json() const = 0;
+  /// True when call() records its own operations on a GradientTape (Dense's dense_forward), so
+  /// that forward does not record the layer as one node.
+  virtual bool records_itself() const { return false; }
 
   /// "Conv2D 'conv2d_0'" (or "Conv2D" when unnamed): how messages start.
   std::string who() const;

@@ -32,6 +32,15 @@ LossAndGradient sparse_softmax_cross_entropy(const Tensor& logits, const Tensor&
 LossAndGradient sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
                                              std::int64_t global_batch_size);
 
+/// Per-example softmax cross-entropy of logits [batch, classes] (float32 or float64) against
+/// targets of the same shape (one-hot rows or probabilities, converted to the logits' dtype),
+/// -Σ targets · log_softmax(logits), computed stably. Returns [batch].
+Tensor softmax_cross_entropy_per_example(const Tensor& logits, const Tensor& targets);
+/// Mean over the batch (tf.keras.losses.CategoricalCrossentropy(from_logits=True)).
+LossAndGradient softmax_cross_entropy(const Tensor& logits, const Tensor& targets);
+/// Sum over the batch divided by global_batch_size (> 0).
+LossAndGradient softmax_cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t global_batch_size);
+
 /// Per-example mean over the last axis of (predictions - targets)^2; targets must have the
 /// predictions' shape (or their element count, e.g. [batch] for [batch, 1]) and are converted to
 /// their dtype. Returns [batch].
@@ -52,6 +61,9 @@ struct Loss {
 
   /// Softmax cross-entropy from logits with integer labels.
   static Loss sparse_categorical_crossentropy();
+  /// Softmax cross-entropy from logits with one-hot (or probability) targets
+  /// (Keras's categorical_crossentropy with from_logits=True).
+  static Loss categorical_crossentropy();
   /// Mean squared error.
   static Loss mean_squared_error();
 };

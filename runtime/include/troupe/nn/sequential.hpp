@@ -36,6 +36,13 @@ class Sequential {
     add_layer(std::make_shared<std::decay_t<L>>(std::move(layer)));
   }
 
+  /// Sets the input shape (Keras's build(input_shape), the batch -1 or any size), so that every
+  /// layer's output shape is known and checked from the start: [-1, 28, 28, 1] for images.
+  /// A layer that cannot take its input is std::invalid_argument naming it; nothing changes then.
+  void build(Shape input_shape);
+  /// The input shape given to build(), or the one the first layer declares.
+  const Shape& input_shape() const noexcept { return input_shape_; }
+
   /// The output for x at inference (training off).
   Tensor forward(const Tensor& x) const;
   /// The output for a training step (CallContext{true}), keeping in `activations` what backward
@@ -94,10 +101,14 @@ class Sequential {
 
  private:
   void add_layer(std::shared_ptr<Layer> layer);
+  // The output shape of `layer` (the index-th) for `given`, the previous output shape ({}:
+  // unknown); std::invalid_argument naming the layers when it does not fit.
+  Shape next_shape(const char* op, std::size_t index, const Layer& layer, const std::string& name, const Shape& given) const;
 
   std::vector<std::shared_ptr<const Layer>> layers_;
   std::vector<std::string> names_;
   std::vector<Shape> shapes_;
+  Shape input_shape_;
   std::vector<std::size_t> offsets_;
   std::size_t variable_count_ = 0;
 };
