@@ -32,7 +32,9 @@ Tensor images(std::int64_t batch, std::int64_t in) {
 }
 
 nn::Conv2D layer(std::int64_t in, std::int64_t filters) {
-  return nn::Conv2D(static_cast<int>(in), static_cast<int>(filters), 3, 1, nn::Padding::same, nn::Activation::relu, 1);
+  nn::Conv2D conv(static_cast<int>(filters), 3, 1, nn::Padding::same, nn::Activation::relu, 1);
+  conv.build({-1, side, side, in});
+  return conv;
 }
 
 // relu(conv(x, kernel) + bias), same padding, by definition.

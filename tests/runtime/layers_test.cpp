@@ -159,7 +159,7 @@ Images bar_images(std::int64_t n, std::uint64_t seed) {
 
 nn::Sequential small_cnn(std::uint64_t seed, double dropout = 0.0) {
   nn::Sequential model;
-  model.add(nn::Conv2D(1, 8, 3, {1, 1}, nn::Padding::valid, nn::Activation::relu, seed));
+  model.add(nn::Conv2D(8, 3, {1, 1}, nn::Padding::valid, nn::Activation::relu, seed));
   model.add(nn::MaxPooling2D(2));
   model.add(nn::Flatten());
   if (dropout > 0) model.add(nn::Dropout(dropout, seed + 1));
@@ -187,7 +187,10 @@ TEST_CASE("Conv2D's gradients match finite differences for valid and same paddin
   for (std::size_t i = 0; i < cases.size(); ++i) {
     CAPTURE(i);
     const Case& c = cases[i];
-    nn::Conv2D layer(c.in, c.filters, c.kernel, c.strides, c.padding, c.activation, 10 + i, "conv", DType::f64);
+    nn::Conv2D layer(c.filters, c.kernel, c.strides, c.padding, c.activation, 10 + i, "conv", DType::f64);
+    CHECK(!layer.built());
+    layer.build(c.input);
+    CHECK(layer.input_channels() == c.in);
     // A nonzero bias, so that the bias's gradient is checked away from 0 too.
     Variable(layer.bias()).assign(pseudo_random({c.filters}, 3 + i));
     check_gradients(layer, pseudo_random(c.input, 20 + i), nn::CallContext{true});
@@ -196,42 +199,53 @@ TEST_CASE("Conv2D's gradients match finite differences for valid and same paddin
 
 TEST_CASE("Conv2D computes the hand-computed sums, with TensorFlow's output sizes and padding split") {
   // A 2x2 kernel of ones on a 3x3 image 1..9: valid sums of each 2x2 window.
-  nn::Conv2D ones(1, 1, 2, {1, 1}, nn::Padding::valid, nn::Activation::none, 0, "", DType::f64);
+  nn::Conv2D ones(1, 2, {1, 1}, nn::Padding::valid, nn::Activation::none, 0, "", DType::f64);
+  ones.build({-1, 3, 3, 1});
   Variable(ones.kernel()).assign(Tensor::full({2, 2, 1, 1}, 1.0, DType::f64));
   const Tensor image = Tensor::from_vector<double>({1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 3, 3, 1});
   CHECK(ones.forward(image).to_vector<double>() == std::vector<double>{12, 16, 24, 28});
   // same with stride 2: ceil(3/2) = 2 outputs per axis, padding (1·2 + 2 - 3) = 1 after (none before).
-  nn::Conv2D strided(1, 1, 2, {2, 2}, nn::Padding::same, nn::Activation::none, 0, "", DType::f64);
+  nn::Conv2D strided(1, 2, {2, 2}, "same", nn::Activation::none, 0, "", DType::f64);
+  strided.build({-1, 3, 3, 1});
   Variable(strided.kernel()).assign(Tensor::full({2, 2, 1, 1}, 1.0, DType::f64));
   const Tensor s = strided.forward(image);
   CHECK(s.shape() == Shape{1, 2, 2, 1});
   CHECK(s.to_vector<double>() == std::vector<double>{12, 9, 15, 9});
   // Two channels in, two filters out: the kernel picks channel 0 for filter 0 and 2·channel 1 for filter 1.
-  nn::Conv2D mix(2, 2, 1, {1, 1}, nn::Padding::valid, nn::Activation::relu, 0, "", DType::f64);
+  nn::Conv2D mix(2, 1, {1, 1}, nn::Padding::valid, nn::Activation::relu, 0, "", DType::f64);
+  mix.build({-1, 1, 2, 2});
   Variable(mix.kernel()).assign(Tensor::from_vector<double>({1, 0, 0, 2}, {1, 1, 2, 2}));
   Variable(mix.bias()).assign(Tensor::from_vector<double>({0, -1}));
   CHECK(mix.forward(Tensor::from_vector<double>({3, -4, 5, 6}, {1, 1, 2, 2})).to_vector<double>() ==
         std::vector<double>{3, 0, 5, 11});
   // Output shapes: valid floor((in - k) / s) + 1, same ceil(in / s).
-  nn::Conv2D shapes(3, 4, 3, {2, 2}, nn::Padding::valid);
+  nn::Conv2D shapes(4, 3, {2, 2}, nn::Padding::valid);
   CHECK(shapes.output_shape({-1, 7, 9, 3}) == Shape{-1, 3, 4, 4});
-  nn::Conv2D same(3, 4, 3, {2, 2}, nn::Padding::same);
+  nn::Conv2D same(4, 3, {2, 2}, nn::Padding::same);
   CHECK(same.output_shape({5, 7, 9, 3}) == Shape{5, 4, 5, 4});
+  CHECK(same.count_params() == 0);  // built by its first input, as in Keras
+  CHECK(contains(message_of([&] { same.kernel(); }), "Conv2D.kernel: the layer is not built yet"));
+  CHECK(same.forward(Tensor::zeros({1, 7, 9, 3})).shape() == Shape{1, 4, 5, 4});
   CHECK(same.output_shape({-1, -1, -1, 3}) == Shape{-1, -1, -1, 4});
   CHECK(same.kernel().value().shape() == Shape{3, 3, 3, 4});
   CHECK(same.count_params() == 3 * 3 * 3 * 4 + 4);
 }
 
 TEST_CASE("Conv2D's kernel is Glorot-uniform from its seed and its float32 output agrees with float64") {
-  nn::Conv2D a(3, 4, 3, {1, 1}, nn::Padding::same, nn::Activation::relu, 5);
-  nn::Conv2D b(3, 4, 3, {1, 1}, nn::Padding::same, nn::Activation::relu, 5);
-  nn::Conv2D c(3, 4, 3, {1, 1}, nn::Padding::same, nn::Activation::relu, 6);
+  nn::Conv2D a(4, 3, {1, 1}, nn::Padding::same, nn::Activation::relu, 5);
+  nn::Conv2D b(4, 3, {1, 1}, nn::Padding::same, nn::Activation::relu, 5);
+  nn::Conv2D c(4, 3, {1, 1}, nn::Padding::same, nn::Activation::relu, 6);
+  for (const nn::Conv2D* l : {&a, &b, &c}) l->build({-1, 5, 5, 3});
+  // Copies share what is built.
+  nn::Conv2D copy = a;
+  CHECK(copy.kernel().value().equals(a.kernel().value()));
   CHECK(a.kernel().value().equals(b.kernel().value()));
   CHECK(!a.kernel().value().equals(c.kernel().value()));
   const double limit = std::sqrt(6.0 / (27.0 + 36.0));
   for (float v : a.kernel().value().to_vector<float>()) CHECK(std::abs(v) <= limit);
   CHECK(a.bias().value().to_vector<float>() == std::vector<float>(4, 0.0f));
-  nn::Conv2D wide(3, 4, 3, {1, 1}, nn::Padding::same, nn::Activation::relu, 5, "", DType::f64);
+  nn::Conv2D wide(4, 3, {1, 1}, nn::Padding::same, nn::Activation::relu, 5, "", DType::f64);
+  wide.build({-1, 5, 5, 3});
   Variable(wide.kernel()).assign(a.kernel().value().cast(DType::f64));
   const Tensor x = pseudo_random({2, 5, 5, 3}, 8);
   CHECK(max_abs_diff(a.forward(x.cast(DType::f32)), wide.forward(x)) < 1e-5);
@@ -337,12 +351,14 @@ TEST_CASE("Dropout: the identity at inference, and at training a mask from (seed
 }
 
 TEST_CASE("layers refuse bad arguments and inputs with messages naming the layer, the shape and what was expected") {
-  CHECK(message_of([] { nn::Conv2D(0, 4, 3); }) == "Conv2D: input_channels is 0 (expected a positive number)");
-  CHECK(message_of([] { nn::Conv2D(1, 4, {3, 0}); }) == "Conv2D: kernel_size is 3x0 (expected positive sizes)");
-  CHECK(message_of([] { nn::Conv2D(1, 4, 3, {0, 1}); }) == "Conv2D: strides is 0x1 (expected positive sizes)");
-  CHECK(message_of([] { nn::Conv2D(1, 4, 3, 1, nn::Padding::valid, nn::Activation::none, 0, "", DType::i32); }) ==
+  CHECK(message_of([] { nn::Conv2D(0, 3); }) == "Conv2D: filters is 0 (expected a positive number)");
+  CHECK(message_of([] { nn::Conv2D(4, {3, 0}); }) == "Conv2D: kernel_size is 3x0 (expected positive sizes)");
+  CHECK(message_of([] { nn::Conv2D(4, 3, {0, 1}); }) == "Conv2D: strides is 0x1 (expected positive sizes)");
+  CHECK(message_of([] { nn::Conv2D(4, 3, 1, "full"); }) == "Conv2D: padding \"full\" (expected \"valid\" or \"same\")");
+  CHECK(message_of([] { nn::Conv2D(4, 3, 1, nn::Padding::valid, nn::Activation::none, 0, "", DType::i32); }) ==
         "Conv2D: dtype int32 (expected float32 or float64)");
-  nn::Conv2D conv(3, 4, 3, 1, nn::Padding::valid, nn::Activation::none, 0, "conv");
+  nn::Conv2D conv(4, 3, 1, nn::Padding::valid, nn::Activation::none, 0, "conv");
+  conv.build({-1, -1, -1, 3});
   CHECK(message_of([&] { conv.forward(Tensor::zeros({2, 5, 5, 2})); }) ==
         "Conv2D 'conv': input of shape [2, 5, 5, 2] (expected [batch, height, width, 3])");
   CHECK(message_of([&] { conv.forward(Tensor::zeros({2, 5, 3})); }) ==
@@ -386,6 +402,8 @@ TEST_CASE("Sequential names layers by kind, checks shapes as it adds them, and d
         std::vector<std::string>{"conv2d_0", "max_pooling2d_0", "flatten_0", "dropout_0", "dense_0"});
   CHECK(model.layers()[0]->name() == "conv2d_0");
   CHECK(model.output_shapes() == std::vector<Shape>{{-1, -1, -1, 8}, {-1, -1, -1, 8}, {-1, -1}, {-1, -1}, {-1, 4}});
+  CHECK(model.trainable_variables().size() == 2);  // the convolution takes its channels from the data
+  model.build({-1, 8, 8, 1});
   std::vector<std::string> names;
   for (const auto& [name, v] : model.named_trainable_variables()) names.push_back(name);
   CHECK(names == std::vector<std::string>{"conv2d_0/kernel", "conv2d_0/bias", "dense_0/kernel", "dense_0/bias"});
@@ -396,16 +414,34 @@ TEST_CASE("Sequential names layers by kind, checks shapes as it adds them, and d
 
   // A second layer of a kind counts from the first; a named layer keeps its name.
   nn::Sequential two;
-  two.add(nn::Conv2D(1, 4, 3, 1, nn::Padding::same));
-  two.add(nn::Conv2D(4, 4, 3, 1, nn::Padding::same, nn::Activation::relu, 0, "features"));
-  two.add(nn::Conv2D(4, 2, 3));
-  CHECK(two.layer_names() == std::vector<std::string>{"conv2d_0", "features", "conv2d_2"});
-  CHECK(message_of([&] { two.add(nn::Conv2D(3, 2, 1)); }) ==
-        "Sequential::add: layer 3 ('conv2d_3', Conv2D) takes inputs of shape (None, None, None, 3), the previous layer "
-        "('conv2d_2') outputs (None, None, None, 2)");
-  CHECK(contains(message_of([&] { two.add(nn::Dense(2, 2)); }), "Sequential::add: layer 3 ('dense_0', Dense) takes "
+  two.build({-1, 9, 9, 1});
+  two.add(nn::Conv2D(4, 3, 1, nn::Padding::same));
+  two.add(nn::Conv2D(4, 3, 1, "same", nn::Activation::relu, 0, "features"));
+  two.add(nn::Conv2D(2, 3));
+  two.add(nn::LayerNormalization());
+  CHECK(two.layer_names() == std::vector<std::string>{"conv2d_0", "features", "conv2d_2", "layer_normalization_0"});
+  // Built as they were added: the channels were known.
+  CHECK(two.built());
+  CHECK(two.layer<nn::Conv2D>(1).input_channels() == 4);
+  CHECK(two.layer<nn::LayerNormalization>(3).units() == 2);
+  CHECK(two.output_shapes().back() == Shape{-1, 7, 7, 2});
+  nn::Conv2D picky(2, 1);
+  picky.build({-1, 1, 1, 3});
+  CHECK(message_of([&] { two.add(picky); }) ==
+        "Sequential::add: layer 4 ('conv2d_3', Conv2D) takes inputs of shape (None, None, None, 3), the previous layer "
+        "('layer_normalization_0') outputs (None, 7, 7, 2)");
+  CHECK(contains(message_of([&] { two.add(nn::Dense(2, 2)); }), "Sequential::add: layer 4 ('dense_0', Dense) takes "
                                                                "inputs of shape (None, 2)"));
-  CHECK(two.layers().size() == 3);
+  CHECK(two.layers().size() == 4);
+  // A braced list of layers of different kinds, Keras's argument order, built from the data.
+  nn::Sequential listed({nn::Conv2D(4, 3, 1, "same", nn::Activation::relu), nn::MaxPooling2D(2), nn::Flatten(),
+                         nn::Dropout(0.1f), nn::Dense(36, 3)});
+  CHECK(!listed.built());
+  CHECK(listed.trainable_variables().size() == 2);  // Dense's; the convolution's come with the data
+  CHECK(listed.forward(Tensor::zeros({2, 6, 6, 1})).shape() == Shape{2, 3});
+  CHECK(listed.built());
+  CHECK(listed.first_variable(4) == 2);
+  CHECK(listed.trainable_variables().size() == 4);
 
   // With the image size known (a Dense-only stack, or a first layer that fixes it) widths are checked.
   nn::Sequential mlp({nn::Dense(4, 3)});
@@ -438,10 +474,17 @@ TEST_CASE("Model::summary lists a CNN's layers with Keras's names, output shapes
   nn::Model model(small_cnn(1));
   std::ostringstream out;
   model.summary(out);
-  CHECK(contains(out.str(), " conv2d_0 (Conv2D)           (None, None, None, 8)     80\n"));
+  // Before its first batch the convolution has no variables yet, as Keras shows it.
+  CHECK(contains(out.str(), " conv2d_0 (Conv2D)           (None, None, None, 8)     0 (unbuilt)\n"));
   CHECK(contains(out.str(), " max_pooling2d_0 (MaxPoolin  (None, None, None, 8)     0\n g2D)\n"));
   CHECK(contains(out.str(), " dense_0 (Dense)             (None, 4)                 292\n"));
-  CHECK(contains(out.str(), "Total params: 372\n"));
+  CHECK(contains(out.str(), "Total params: 292\n"));
+  model.predict(Tensor::zeros({1, 8, 8, 1}));  // builds it, in the model's scope
+  std::ostringstream built;
+  model.summary(built);
+  CHECK(contains(built.str(), " conv2d_0 (Conv2D)           (None, 6, 6, 8)           80\n"));
+  CHECK(contains(built.str(), "Total params: 372\n"));
+  CHECK(s.experimental_local_results(model.layers().layer<nn::Conv2D>(0).kernel()).size() == 1);
 }
 
 TEST_CASE("a small CNN trained by fit under MirroredStrategy on 2 replicas learns the bar images, the same bits twice") {
@@ -487,12 +530,14 @@ TEST_CASE("Dropout in a CNN: a fit interrupted and resumed by BackupAndRestore e
   MirroredStrategy s(rt, cpus(2));
   auto scope = s.scope();
   nn::Model reference(small_cnn(7, 0.3));
+  reference.build({-1, 8, 8, 1});
   reference.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
   reference.fit(training_set(), 3, 8, quiet());
   const auto expected = bits(reference.variables());
 
   // Without dropout's mask the weights differ: the mask matters to the result.
   nn::Model no_dropout(small_cnn(7));
+  no_dropout.build({-1, 8, 8, 1});
   no_dropout.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
   no_dropout.fit(training_set(), 3, 8, quiet());
   CHECK(bits(no_dropout.variables()).at("dense_0/kernel") != expected.at("dense_0/kernel"));
@@ -506,6 +551,13 @@ TEST_CASE("Dropout in a CNN: a fit interrupted and resumed by BackupAndRestore e
     nn::Model model(small_cnn(7, 0.3));
     model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
     nn::BackupAndRestore backup(dir.path.string(), every_3);
+    nn::FitOptions unbuilt = quiet();
+    unbuilt.backup_and_restore = &backup;
+    // The backup restores variables before the first batch could build the convolution.
+    CHECK(contains(message_of([&] { model.fit(training_set(), 3, 8, unbuilt); }),
+                   "Model::fit: BackupAndRestore restores the model's variables before training, but layers that take a "
+                   "size from the data are not built yet: call model.build(input_shape) first"));
+    model.build({-1, 8, 8, 1});
     nn::FitOptions options = quiet();
     options.backup_and_restore = &backup;
     if (attempt == 0) {
@@ -550,7 +602,7 @@ TEST_CASE("an Embedding model learns from int32 id sequences [batch, 4] fed by f
 }
 
 TEST_CASE("LayerNormalization normalises each row over its last axis, and its gradients match finite differences") {
-  nn::LayerNormalization norm(4, 1e-3, "", DType::f64);
+  nn::LayerNormalization norm(1e-3, "", DType::f64);
   const Tensor x = Tensor::from_vector<double>({1, 2, 3, 6, -1, -1, -1, -1}, {2, 4});
   const auto y = norm.forward(x).to_vector<double>();
   // Row 0: mean 3, variance (4 + 1 + 0 + 9) / 4 = 3.5; row 1 is constant: all zeros.
@@ -566,30 +618,30 @@ TEST_CASE("LayerNormalization normalises each row over its last axis, and its gr
   CHECK(norm.output_shape({-1, 7, 4}) == Shape{-1, 7, 4});
   CHECK(message_of([&] { norm.forward(Tensor::zeros({2, 5}, DType::f64)); }) ==
         "LayerNormalization: input of shape [2, 5] (expected [batch, ..., 4])");
-  CHECK(message_of([] { nn::LayerNormalization(0); }) == "LayerNormalization: units is 0 (expected a positive number)");
-  CHECK(message_of([] { nn::LayerNormalization(3, 0.0); }) ==
+  CHECK(message_of([] { nn::LayerNormalization(0.0); }) ==
         "LayerNormalization: epsilon is 0.000000 (expected a positive number)");
   // In a model after an Embedding: [batch, sequence, units].
   nn::Sequential model;
   model.add(nn::Embedding(6, 4, 1));
-  model.add(nn::LayerNormalization(4));
+  model.add(nn::LayerNormalization());
   CHECK(model.layer_names() == std::vector<std::string>{"embedding_0", "layer_normalization_0"});
   CHECK(model.forward(Tensor::from_vector<std::int32_t>({1, 2, 3, 4, 5, 0}, {2, 3})).shape() == Shape{2, 3, 4});
-  CHECK(contains(message_of([] {
-                   nn::Sequential m;
-                   m.add(nn::Dense(2, 3));
-                   m.add(nn::LayerNormalization(4));
-                 }),
-                 "Sequential::add: layer 1: LayerNormalization 'layer_normalization_0': input of shape [-1, 3] (expected "
-                 "[batch, ..., 4]), the output of the previous layer ('dense_0')"));
+  // Built when added after a layer of known width; the next layer is checked against it.
+  nn::Sequential m;
+  m.add(nn::Dense(2, 3));
+  m.add(nn::LayerNormalization());
+  CHECK(m.layer<nn::LayerNormalization>(1).units() == 3);
+  CHECK(m.variables().count("layer_normalization_0/gamma") == 1);
+  CHECK(message_of([&] { m.add(nn::Dense(4, 2)); }) ==
+        "Sequential::add: layer 2 takes inputs of width 4, the previous layer ('layer_normalization_0') outputs 3");
 }
 
 TEST_CASE("GradientTape follows a CNN through every layer: its gradients are Sequential::backward's") {
   const Tensor x = pseudo_random({2, 4, 4, 2}, 3);
   nn::Sequential stack;
-  stack.add(nn::Conv2D(2, 3, 3, 1, nn::Padding::same, nn::Activation::relu, 1, "", DType::f64));
+  stack.add(nn::Conv2D(3, 3, 1, nn::Padding::same, nn::Activation::relu, 1, "", DType::f64));
   stack.add(nn::AveragePooling2D(2));
-  stack.add(nn::LayerNormalization(3, 1e-3, "", DType::f64));
+  stack.add(nn::LayerNormalization(1e-3, "", DType::f64));
   stack.add(nn::MaxPooling2D(2, nn::Size2{1, 1}));
   stack.add(nn::Flatten());
   stack.add(nn::Dropout(0.3, 4));
@@ -642,7 +694,7 @@ TEST_CASE("Sequential::build fixes the input shape: every output shape is known,
   // Layers added after build are checked against the known shape.
   nn::Sequential grown;
   grown.build({-1, 8, 8, 1});
-  grown.add(nn::Conv2D(1, 4, 3));
+  grown.add(nn::Conv2D(4, 3));
   grown.add(nn::Flatten());
   CHECK(message_of([&] { grown.add(nn::Dense(100, 2)); }) ==
         "Sequential::add: layer 2 takes inputs of width 100, the previous layer ('flatten_0') outputs 144");
@@ -702,4 +754,21 @@ TEST_CASE("softmax cross-entropy with one-hot targets: hand value, finite differ
   const auto result = model.evaluate(train.features, y);
   CHECK(result.accuracy >= 0.9);
   CHECK(result.loss < h.loss.front());
+}
+
+TEST_CASE("categorical_crossentropy on probabilities: Keras's clipped value and its gradient") {
+  const nn::Loss loss = nn::Loss::categorical_crossentropy(false);
+  const Tensor p = Tensor::from_vector<double>({0.2, 0.5, 0.3, 0.0, 1.0, 0.0}, {2, 3});
+  const Tensor t = Tensor::from_vector<double>({0, 1, 0, 1, 0, 0}, {2, 3});
+  const nn::LossAndGradient lg = loss.fn(p, t, 2);
+  // Row 0: -log 0.5; row 1: -log(1e-7) (clipped); over a global batch of 2.
+  CHECK(lg.loss.item<double>() == doctest::Approx((-std::log(0.5) - std::log(1e-7)) / 2));
+  const auto g = lg.gradient.to_vector<double>();
+  CHECK(g[1] == doctest::Approx(-1.0 / 0.5 / 2));
+  CHECK(g[3] == 0.0);  // clipped: no gradient
+  CHECK(g[0] == 0.0);
+  const Tensor q = pseudo_random({3, 4}, 1) * 0.4 + 0.5;
+  const Tensor w = pseudo_random({3, 4}, 2) * 0.5 + 0.5;
+  const Tensor num = numeric_gradient([&](const Tensor& v) { return loss.fn(v, w, 3).loss.item<double>(); }, q, 1e-6);
+  CHECK(max_abs_diff(loss.fn(q, w, 3).gradient, num) < 1e-7);
 }

@@ -1,6 +1,8 @@
 #include "troupe/nn/conv.hpp"
 
 #include <algorithm>
+#include <mutex>
+#include <optional>
 #include <cmath>
 #include <random>
 #include <cstring>
@@ -16,7 +18,7 @@ namespace troupe::nn {
 
 namespace {
 
-int positive(int value, const char* what) {
+[[maybe_unused]] int positive(int value, const char* what) {
   if (value <= 0) {
     throw std::invalid_argument(std::string("Conv2D: ") + what + " is " + std::to_string(value) +
                                 " (expected a positive number)");
@@ -135,10 +137,16 @@ Tensor patches(const Tensor& x, const Geometry& g) {
 
 }  // namespace
 
-Conv2D::Conv2D(int input_channels, int filters, Size2 kernel_size, Size2 strides, Padding padding,
-               Activation activation, std::uint64_t seed, std::string name, DType dtype)
+struct Conv2D::State {
+  mutable std::mutex mutex;
+  int channels = -1;
+  std::optional<Variable> kernel;
+  std::optional<Variable> bias;
+};
+
+Conv2D::Conv2D(int filters, Size2 kernel_size, Size2 strides, Padding padding, Activation activation,
+               std::uint64_t seed, std::string name, DType dtype)
     : Layer(std::move(name)),
-      input_channels_(positive(input_channels, "input_channels")),
       filters_(positive(filters, "filters")),
       kernel_size_(positive(kernel_size, "kernel_size")),
       strides_(positive(strides, "strides")),
@@ -146,12 +154,58 @@ Conv2D::Conv2D(int input_channels, int filters, Size2 kernel_size, Size2 strides
       activation_(activation),
       seed_(seed),
       dtype_(float_dtype(dtype)),
-      kernel_(glorot_kernel(kernel_size, input_channels, filters, seed, dtype), variable_name(this->name(), "kernel")),
-      bias_(Tensor::zeros({filters}, dtype), variable_name(this->name(), "bias")) {}
+      state_(std::make_shared<State>()) {}
+
+Conv2D::Conv2D(int filters, Size2 kernel_size, Size2 strides, const std::string& padding, Activation activation,
+               std::uint64_t seed, std::string name, DType dtype)
+    : Conv2D(filters, kernel_size, strides, padding_from_name(padding, "Conv2D"), activation, seed, std::move(name),
+             dtype) {}
+
+void Conv2D::build(const Shape& input_shape) const {
+  if (input_shape.size() != 4 || input_shape[3] <= 0) {
+    throw std::invalid_argument(who() + ": input of shape " + shape_to_string(input_shape) +
+                                " (expected [batch, height, width, channels] with the channels known)");
+  }
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (state_->kernel) return;
+  const int channels = static_cast<int>(input_shape[3]);
+  state_->kernel.emplace(glorot_kernel(kernel_size_, channels, filters_, seed_, dtype_), variable_name(name(), "kernel"));
+  state_->bias.emplace(Tensor::zeros({filters_}, dtype_), variable_name(name(), "bias"));
+  state_->channels = channels;
+}
+
+bool Conv2D::built() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->kernel.has_value();
+}
+
+int Conv2D::input_channels() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->channels;
+}
+
+const Variable& Conv2D::kernel() const {
+  if (!built()) throw std::logic_error(who() + ".kernel: the layer is not built yet (its input channels come from its first input, or build())");
+  return *state_->kernel;
+}
+
+const Variable& Conv2D::bias() const {
+  if (!built()) throw std::logic_error(who() + ".bias: the layer is not built yet (its input channels come from its first input, or build())");
+  return *state_->bias;
+}
+
+std::vector<std::pair<std::string, Variable>> Conv2D::weights() const {
+  if (!built()) return {};
+  return {{"kernel", *state_->kernel}, {"bias", *state_->bias}};
+}
+
+Shape Conv2D::input_shape() const { return {-1, -1, -1, input_channels()}; }
 
 Shape Conv2D::output_shape(const Shape& input_shape) const {
-  detail::check_input_shape(who(), input_shape, {-1, -1, -1, input_channels_},
-                            "[batch, height, width, " + std::to_string(input_channels_) + "]");
+  const int channels = input_channels();
+  detail::check_input_shape(who(), input_shape, {-1, -1, -1, channels},
+                            channels < 0 ? std::string("[batch, height, width, channels]")
+                                         : "[batch, height, width, " + std::to_string(channels) + "]");
   const detail::Window rows = detail::window(input_shape[1], kernel_size_.height, strides_.height, padding_);
   const detail::Window cols = detail::window(input_shape[2], kernel_size_.width, strides_.width, padding_);
   if (rows.out == 0 || cols.out == 0) {
@@ -175,8 +229,8 @@ Tensor Conv2D::call(const Tensor& x_in, const CallContext&) const {
                    strides_.height, strides_.width,
                    detail::window(x.shape()[1], kernel_size_.height, strides_.height, padding_),
                    detail::window(x.shape()[2], kernel_size_.width, strides_.width, padding_)};
-  const Tensor kernel = detail::on_host(kernel_.value()).reshape({g.patch(), filters_});
-  const Tensor out = dense_forward(patches(x, g), kernel, detail::on_host(bias_.value()), activation_);
+  const Tensor kernel = detail::on_host(this->kernel().value()).reshape({g.patch(), filters_});
+  const Tensor out = dense_forward(patches(x, g), kernel, detail::on_host(bias().value()), activation_);
   return detail::like_device(out.reshape(out_shape), x_in);
 }
 
@@ -194,7 +248,7 @@ LayerGradients Conv2D::gradients(const Tensor& x_in, const Tensor& output, const
                    strides_.height, strides_.width,
                    detail::window(x.shape()[1], kernel_size_.height, strides_.height, padding_),
                    detail::window(x.shape()[2], kernel_size_.width, strides_.width, padding_)};
-  const Tensor kernel_value = detail::on_host(kernel_.value());
+  const Tensor kernel_value = detail::on_host(kernel().value());
   const Tensor kernel = kernel_value.reshape({g.patch(), filters_});
   DenseGradients d = dense_backward(patches(x, g), kernel, detail::on_host(output).reshape({g.positions(), filters_}),
                                     detail::on_host(grad_output).reshape({g.positions(), filters_}), activation_,
@@ -218,8 +272,7 @@ LayerGradients Conv2D::gradients(const Tensor& x_in, const Tensor& output, const
 }
 
 std::string Conv2D::config_json() const {
-  return nlohmann::json{{"input_channels", input_channels_},
-                        {"filters", filters_},
+  return nlohmann::json{{"filters", filters_},
                         {"kernel_size", {kernel_size_.height, kernel_size_.width}},
                         {"strides", {strides_.height, strides_.width}},
                         {"padding", padding_name(padding_)},

@@ -1,5 +1,7 @@
 #include "troupe/nn/layer.hpp"
 
+#include <stdexcept>
+
 #include <nlohmann/json.hpp>
 
 #include "tape.hpp"
@@ -10,6 +12,7 @@ Layer::~Layer() = default;
 
 Tensor Layer::forward(const Tensor& x, const CallContext& ctx) const {
   namespace tape = troupe::detail;
+  if (!built()) build(x.shape());
   if (!tape::tape_active() || records_itself()) return call(x, ctx);
   // The input and the variables' values as read now (watched reads while a tape records).
   std::vector<Tensor> inputs{x};
@@ -53,6 +56,12 @@ std::string Layer::config() const {
 
 std::string Layer::who() const {
   return name_.empty() ? std::string(class_name()) : std::string(class_name()) + " '" + name_ + "'";
+}
+
+Padding padding_from_name(const std::string& name, const char* who) {
+  if (name == "valid") return Padding::valid;
+  if (name == "same") return Padding::same;
+  throw std::invalid_argument(std::string(who) + ": padding \"" + name + "\" (expected \"valid\" or \"same\")");
 }
 
 const char* padding_name(Padding padding) {

@@ -1,5 +1,6 @@
 #include "troupe/nn/losses.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -130,6 +131,41 @@ double dense_softmax_cross_entropy(const Tensor& logits, const Tensor& targets_i
       g = e.colwise() * factor - t * static_cast<T>(scale);
     }
   });
+  return total * scale;
+}
+
+// -Σ t · log(clip(p)) of every row, for probabilities p; the gradient -t / p where p is inside the
+// clip range, 0 where clipped (Keras's epsilon, 1e-7).
+double probability_cross_entropy(const Tensor& probs_in, const Tensor& targets_in, double scale, Tensor* grad,
+                                 const char* op) {
+  const Tensor probs = probs_in.to(Device());
+  const Tensor targets_host = targets_in.to(Device());
+  check_float(probs, op);
+  check_rank(probs, 2, op, "predictions");
+  if (targets_host.shape() != probs.shape() || (targets_host.dtype() != DType::f32 && targets_host.dtype() != DType::f64)) {
+    throw std::invalid_argument(std::string(op) + ": targets are " + std::string(dtype_name(targets_host.dtype())) + " " +
+                                shape_to_string(targets_host.shape()) + " for predictions " +
+                                shape_to_string(probs.shape()) + " (expected float one-hot rows of the predictions' shape)");
+  }
+  const Tensor targets = targets_host.dtype() == probs.dtype() ? targets_host : targets_host.cast(probs.dtype());
+  if (grad) *grad = Tensor::empty(probs.shape(), probs.dtype());
+  constexpr double eps = 1e-7;
+  double total = 0.0;
+  dispatch_float(probs.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = probs.data<T>();
+    const T* t = targets.data<T>();
+    for (std::int64_t i = 0; i < probs.num_elements(); ++i) {
+      const double v = static_cast<double>(p[i]);
+      const double clipped = std::min(std::max(v, eps), 1.0 - eps);
+      total -= static_cast<double>(t[i]) * std::log(clipped);
+      if (grad) {
+        grad->mutable_data<T>()[i] =
+            v == clipped ? static_cast<T>(-scale * static_cast<double>(t[i]) / v) : T(0);
+      }
+    }
+  });
+  if (grad) *grad = grad->to(probs_in.device());
   return total * scale;
 }
 
@@ -324,9 +360,20 @@ Loss Loss::sparse_categorical_crossentropy() {
               }};
 }
 
-Loss Loss::categorical_crossentropy() {
-  return Loss{"categorical_crossentropy", [](const Tensor& logits, const Tensor& targets, std::int64_t global_batch_size) {
-                return softmax_cross_entropy(logits, targets, global_batch_size);
+Loss Loss::categorical_crossentropy(bool from_logits) {
+  if (from_logits) {
+    return Loss{"categorical_crossentropy",
+                [](const Tensor& logits, const Tensor& targets, std::int64_t global_batch_size) {
+                  return softmax_cross_entropy(logits, targets, global_batch_size);
+                }};
+  }
+  return Loss{"categorical_crossentropy", [](const Tensor& probs, const Tensor& targets, std::int64_t global_batch_size) {
+                const char* op = "categorical_crossentropy";
+                const double scale = 1.0 / static_cast<double>(checked_global_batch(global_batch_size, op));
+                LossAndGradient out;
+                const double loss = probability_cross_entropy(probs, targets, scale, &out.gradient, op);
+                out.loss = scalar_of(probs.dtype(), loss);
+                return out;
               }};
 }
 

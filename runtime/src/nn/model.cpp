@@ -282,6 +282,9 @@ Tensor Model::step_and_update(const data::Element& inputs, std::int64_t global_b
                               const char* op) {
   check_compiled(op);
   check_element(inputs, op);
+  // Layers that take a size from the data are built from the first batch (through merge_call
+  // inside run), before their variables are listed below.
+  layers_.build_from(model_input(layers_, inputs[0], op).shape());
   // Inside strategy.run with several replicas: the gradients are all-reduced in buckets while
   // the backward pass goes on (RuntimeOptions::gradient_bucket_bytes), the same bits as one
   // all-reduce after it.
@@ -335,6 +338,14 @@ void Model::compile(std::shared_ptr<Optimizer> optimizer, Loss loss, std::vector
   }
   compile(std::move(optimizer), std::move(loss));
   metrics_ = std::move(metrics);
+}
+
+void Model::build(Shape input_shape) {
+  auto scope = cross_replica_scope(*strategy_, "build");
+  layers_.build(std::move(input_shape));
+  // A compiled model's optimizer gets the new variables' slots now, so that a checkpoint or a
+  // backup restored before the first step finds them.
+  if (optimizer_) optimizer_->build(layers_.named_trainable_variables());
 }
 
 void Model::check_compiled(const char* op) const {
@@ -437,11 +448,13 @@ void Model::summary(std::ostream& out) const {
       for (std::size_t col = 0; col < left.size(); ++col) {
         const std::size_t start = col > 0 ? ends[col - 1] : 0;
         const std::size_t gap = col + 1 < left.size() ? 2 : 0;  // two spaces before the next column
-        const std::size_t room = ends[col] - start - gap - (col == 0 ? 1 : 0);
+        // The last column (the counts) runs on rather than wrap ("0 (unbuilt)").
+        const std::size_t room =
+            col + 1 < left.size() ? ends[col] - start - gap - (col == 0 ? 1 : 0) : std::string::npos;
         if (col == 0) line += ' ';
         line += left[col].substr(0, room);
         left[col] = left[col].size() > room ? left[col].substr(room) : std::string();
-        line.resize(ends[col], ' ');
+        line.resize(std::max(line.size(), ends[col]), ' ');
       }
       line.erase(line.find_last_not_of(' ') + 1);
       out << line << "\n";
@@ -456,7 +469,7 @@ void Model::summary(std::ostream& out) const {
     const std::int64_t params = layers[i]->count_params();
     total += params;
     row({layers_.layer_names()[i] + " (" + layers[i]->class_name() + ")", detail::keras_shape(layers_.output_shapes()[i]),
-         std::to_string(params)});
+         std::to_string(params) + (layers[i]->built() ? "" : " (unbuilt)")});
     out << "\n";
   }
   out << std::string(line_length, '=') << "\n";

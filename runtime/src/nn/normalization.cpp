@@ -1,6 +1,9 @@
 #include "troupe/nn/normalization.hpp"
 
 #include <cmath>
+#include <limits>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -12,13 +15,6 @@
 namespace troupe::nn {
 
 namespace {
-
-int positive_units(int units) {
-  if (units <= 0) {
-    throw std::invalid_argument("LayerNormalization: units is " + std::to_string(units) + " (expected a positive number)");
-  }
-  return units;
-}
 
 DType float_dtype(DType dtype, double epsilon) {
   if (dtype != DType::f32 && dtype != DType::f64) {
@@ -56,18 +52,59 @@ void row_statistics(const T* x, std::int64_t rows, std::int64_t units, double ep
 
 }  // namespace
 
-LayerNormalization::LayerNormalization(int units, double epsilon, std::string name, DType dtype)
-    : Layer(std::move(name)),
-      units_(positive_units(units)),
-      epsilon_(epsilon),
-      dtype_(float_dtype(dtype, epsilon)),
-      gamma_(Tensor::full({units}, 1.0, dtype), variable_name(this->name(), "gamma")),
-      beta_(Tensor::zeros({units}, dtype), variable_name(this->name(), "beta")) {}
+struct LayerNormalization::State {
+  mutable std::mutex mutex;
+  int units = -1;
+  std::optional<Variable> gamma;
+  std::optional<Variable> beta;
+};
+
+LayerNormalization::LayerNormalization(double epsilon, std::string name, DType dtype)
+    : Layer(std::move(name)), epsilon_(epsilon), dtype_(float_dtype(dtype, epsilon)), state_(std::make_shared<State>()) {}
+
+void LayerNormalization::build(const Shape& input_shape) const {
+  if (input_shape.size() < 2 || input_shape.back() <= 0 || input_shape.back() > std::numeric_limits<int>::max()) {
+    throw std::invalid_argument(who() + ": input of shape " + shape_to_string(input_shape) +
+                                " (expected [batch, ..., units] with the units known)");
+  }
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (state_->gamma) return;
+  const int units = static_cast<int>(input_shape.back());
+  state_->gamma.emplace(Tensor::full({units}, 1.0, dtype_), variable_name(name(), "gamma"));
+  state_->beta.emplace(Tensor::zeros({units}, dtype_), variable_name(name(), "beta"));
+  state_->units = units;
+}
+
+bool LayerNormalization::built() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->gamma.has_value();
+}
+
+int LayerNormalization::units() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->units;
+}
+
+const Variable& LayerNormalization::gamma() const {
+  if (!built()) throw std::logic_error(who() + ".gamma: the layer is not built yet (its width comes from its first input, or build())");
+  return *state_->gamma;
+}
+
+const Variable& LayerNormalization::beta() const {
+  if (!built()) throw std::logic_error(who() + ".beta: the layer is not built yet (its width comes from its first input, or build())");
+  return *state_->beta;
+}
+
+std::vector<std::pair<std::string, Variable>> LayerNormalization::weights() const {
+  if (!built()) return {};
+  return {{"gamma", *state_->gamma}, {"beta", *state_->beta}};
+}
 
 Shape LayerNormalization::output_shape(const Shape& input_shape) const {
-  if (input_shape.size() < 2 || (input_shape.back() >= 0 && input_shape.back() != units_)) {
+  const int units = this->units();
+  if (input_shape.size() < 2 || (units >= 0 && input_shape.back() >= 0 && input_shape.back() != units)) {
     throw std::invalid_argument(who() + ": input of shape " + shape_to_string(input_shape) + " (expected [batch, ..., " +
-                                std::to_string(units_) + "])");
+                                (units >= 0 ? std::to_string(units) : std::string("units")) + "])");
   }
   return input_shape;
 }
@@ -79,15 +116,16 @@ void LayerNormalization::check_input(const Tensor& x) const {
 
 Tensor LayerNormalization::call(const Tensor& x_in, const CallContext&) const {
   check_input(x_in);
+  const std::int64_t units = this->units();
   const Tensor x = detail::on_host(x_in);
-  const Tensor gamma = detail::on_host(gamma_.value());
-  const Tensor beta = detail::on_host(beta_.value());
+  const Tensor gamma = detail::on_host(this->gamma().value());
+  const Tensor beta = detail::on_host(this->beta().value());
   Tensor out = Tensor::empty(x.shape(), x.dtype());
-  const std::int64_t rows = x.num_elements() / units_;
+  const std::int64_t rows = x.num_elements() / units;
   eigen::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     std::vector<double> mean, inv_std;
-    row_statistics(x.data<T>(), rows, units_, epsilon_, mean, inv_std);
+    row_statistics(x.data<T>(), rows, units, epsilon_, mean, inv_std);
     const T* in = x.data<T>();
     const T* g = gamma.data<T>();
     const T* b = beta.data<T>();
@@ -95,7 +133,7 @@ Tensor LayerNormalization::call(const Tensor& x_in, const CallContext&) const {
     for (std::int64_t r = 0; r < rows; ++r) {
       const auto m = static_cast<T>(mean[static_cast<std::size_t>(r)]);
       const auto s = static_cast<T>(inv_std[static_cast<std::size_t>(r)]);
-      for (std::int64_t k = 0; k < units_; ++k) o[r * units_ + k] = g[k] * ((in[r * units_ + k] - m) * s) + b[k];
+      for (std::int64_t k = 0; k < units; ++k) o[r * units + k] = g[k] * ((in[r * units + k] - m) * s) + b[k];
     }
   });
   return detail::like_device(out, x_in);
@@ -109,30 +147,31 @@ LayerGradients LayerNormalization::gradients(const Tensor& x_in, const Tensor& o
     throw std::invalid_argument(who() + ": output of shape " + shape_to_string(output.shape()) + " for input " +
                                 shape_to_string(x_in.shape()) + " (expected the input's shape)");
   }
+  const std::int64_t units = this->units();
   const Tensor x = detail::on_host(x_in);
   const Tensor gy = detail::on_host(grad_output);
-  const Tensor gamma = detail::on_host(gamma_.value());
-  const std::int64_t rows = x.num_elements() / units_;
-  Tensor dgamma = Tensor::empty({units_}, x.dtype());
-  Tensor dbeta = Tensor::empty({units_}, x.dtype());
+  const Tensor gamma = detail::on_host(this->gamma().value());
+  const std::int64_t rows = x.num_elements() / units;
+  Tensor dgamma = Tensor::empty({units}, x.dtype());
+  Tensor dbeta = Tensor::empty({units}, x.dtype());
   Tensor dx = need_input ? Tensor::empty(x.shape(), x.dtype()) : Tensor();
   eigen::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     std::vector<double> mean, inv_std;
-    row_statistics(x.data<T>(), rows, units_, epsilon_, mean, inv_std);
+    row_statistics(x.data<T>(), rows, units, epsilon_, mean, inv_std);
     const T* in = x.data<T>();
     const T* g = gy.data<T>();
     const T* gam = gamma.data<T>();
-    std::vector<double> sum_gamma(static_cast<std::size_t>(units_), 0.0), sum_beta(static_cast<std::size_t>(units_), 0.0);
-    std::vector<double> xhat(static_cast<std::size_t>(units_)), dxhat(static_cast<std::size_t>(units_));
-    const double n = static_cast<double>(units_);
+    std::vector<double> sum_gamma(static_cast<std::size_t>(units), 0.0), sum_beta(static_cast<std::size_t>(units), 0.0);
+    std::vector<double> xhat(static_cast<std::size_t>(units)), dxhat(static_cast<std::size_t>(units));
+    const double n = static_cast<double>(units);
     for (std::int64_t r = 0; r < rows; ++r) {
       const double m = mean[static_cast<std::size_t>(r)], s = inv_std[static_cast<std::size_t>(r)];
       double sum_dxhat = 0, sum_dxhat_xhat = 0;
-      for (std::int64_t k = 0; k < units_; ++k) {
+      for (std::int64_t k = 0; k < units; ++k) {
         const auto kk = static_cast<std::size_t>(k);
-        const double gk = static_cast<double>(g[r * units_ + k]);
-        xhat[kk] = (static_cast<double>(in[r * units_ + k]) - m) * s;
+        const double gk = static_cast<double>(g[r * units + k]);
+        xhat[kk] = (static_cast<double>(in[r * units + k]) - m) * s;
         sum_gamma[kk] += gk * xhat[kk];
         sum_beta[kk] += gk;
         dxhat[kk] = gk * static_cast<double>(gam[k]);
@@ -141,13 +180,13 @@ LayerGradients LayerNormalization::gradients(const Tensor& x_in, const Tensor& o
       }
       if (!need_input) continue;
       // dx = (1 / std) · (dxhat - mean(dxhat) - xhat · mean(dxhat · xhat))
-      T* d = dx.mutable_data<T>() + r * units_;
-      for (std::int64_t k = 0; k < units_; ++k) {
+      T* d = dx.mutable_data<T>() + r * units;
+      for (std::int64_t k = 0; k < units; ++k) {
         const auto kk = static_cast<std::size_t>(k);
         d[k] = static_cast<T>(s * (dxhat[kk] - sum_dxhat / n - xhat[kk] * sum_dxhat_xhat / n));
       }
     }
-    for (std::int64_t k = 0; k < units_; ++k) {
+    for (std::int64_t k = 0; k < units; ++k) {
       dgamma.mutable_data<T>()[k] = static_cast<T>(sum_gamma[static_cast<std::size_t>(k)]);
       dbeta.mutable_data<T>()[k] = static_cast<T>(sum_beta[static_cast<std::size_t>(k)]);
     }
@@ -160,7 +199,7 @@ LayerGradients LayerNormalization::gradients(const Tensor& x_in, const Tensor& o
 }
 
 std::string LayerNormalization::config_json() const {
-  return nlohmann::json{{"units", units_}, {"epsilon", epsilon_}, {"axis", -1}, {"dtype", std::string(dtype_name(dtype_))}}
+  return nlohmann::json{ {"epsilon", epsilon_}, {"axis", -1}, {"dtype", std::string(dtype_name(dtype_))}}
       .dump();
 }
 

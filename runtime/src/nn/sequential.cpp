@@ -6,7 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "distribute/strategies/context_state.hpp"
 #include "nn/layer_checks.hpp"
+#include "troupe/distribute/context.hpp"
 
 namespace troupe::nn {
 
@@ -27,6 +29,11 @@ Sequential::Sequential(std::vector<Dense> layers) {
   for (Dense& layer : layers) add(std::move(layer));
 }
 
+Sequential::Sequential(std::initializer_list<AnyLayer> layers) {
+  // Each element holds its own copy of the layer, made for this list: the model takes it.
+  for (const AnyLayer& layer : layers) add_layer(layer.layer_);
+}
+
 void Sequential::add_layer(std::shared_ptr<Layer> layer) {
   std::string name = layer->name();
   if (name.empty()) {
@@ -42,8 +49,6 @@ void Sequential::add_layer(std::shared_ptr<Layer> layer) {
   layer->name_ = name;  // the model's copy carries the model's name, for its messages
   Shape out = next_shape("Sequential::add", layers_.size(), *layer, name, layers_.empty() ? input_shape_ : shapes_.back());
   if (layers_.empty() && input_shape_.empty()) input_shape_ = layer->input_shape();
-  offsets_.push_back(variable_count_);
-  variable_count_ += layer->weights().size();
   names_.push_back(std::move(name));
   shapes_.push_back(std::move(out));
   layers_.push_back(std::move(layer));
@@ -67,6 +72,8 @@ Shape Sequential::next_shape(const char* op, std::size_t index_in, const Layer& 
   }
   if (given.empty()) return {};
   try {
+    // A layer that takes a size from its input is built as soon as that size is known.
+    if (!layer.built() && given.back() > 0) layer.build(given);
     return layer.output_shape(given);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string(op) + ": layer " + index + ": " + e.what() +
@@ -74,7 +81,9 @@ Shape Sequential::next_shape(const char* op, std::size_t index_in, const Layer& 
   }
 }
 
-void Sequential::build(Shape input_shape) {
+void Sequential::build(Shape input_shape) { build_shapes(std::move(input_shape)); }
+
+void Sequential::build_shapes(Shape input_shape) const {
   if (input_shape.empty()) {
     throw std::invalid_argument("Sequential::build: input shape [] (expected a batch: [batch, ...], -1 for any size)");
   }
@@ -88,7 +97,38 @@ void Sequential::build(Shape input_shape) {
   shapes_ = std::move(shapes);
 }
 
+bool Sequential::built() const {
+  return std::all_of(layers_.begin(), layers_.end(), [](const auto& l) { return l->built(); });
+}
+
+void Sequential::build_from(const Shape& batch_shape) const {
+  // Every replica reads built() before the merge below changes it (merge_call starts once all
+  // have arrived), so all take the same branch.
+  if (built()) return;
+  Shape shape = batch_shape;
+  if (!shape.empty()) shape[0] = -1;
+  distribute::ReplicaContext* ctx = distribute::detail::installed_replica_context();
+  if (ctx != nullptr && ctx->num_replicas_in_sync() > 1) {
+    ctx->merge_call(
+        [&](distribute::Strategy&, const distribute::PerReplica<int>&) {
+          build_shapes(shape);
+          return 0;
+        },
+        0);
+  } else {
+    build_shapes(shape);
+  }
+}
+
+std::size_t Sequential::first_variable(std::size_t i) const {
+  std::size_t n = 0;
+  for (std::size_t k = 0; k < i && k < layers_.size(); ++k) n += layers_[k]->weights().size();
+  if (i >= layers_.size()) throw std::out_of_range("Sequential::first_variable: layer " + std::to_string(i) + " of " + std::to_string(layers_.size()));
+  return n;
+}
+
 Tensor Sequential::forward(const Tensor& x) const {
+  build_from(x.shape());
   Tensor h = x;
   CallContext ctx;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
@@ -105,6 +145,7 @@ Tensor Sequential::forward(const Tensor& x, std::vector<Tensor>& activations) co
 }
 
 Tensor Sequential::forward(const Tensor& x, std::vector<Tensor>& activations, const CallContext& ctx) const {
+  build_from(x.shape());
   activations.clear();
   activations.reserve(layers_.size() + 1);
   activations.push_back(x);
@@ -136,14 +177,14 @@ std::vector<Tensor> Sequential::backward(
                                 " activations for " + std::to_string(layers_.size()) +
                                 " layers (expected the input and every layer's output, as forward fills them)");
   }
-  std::vector<Tensor> grads(variable_count_);
+  std::vector<Tensor> grads(trainable_variables().size());
   Tensor g = grad_output;
   CallContext at = ctx;
   for (std::size_t i = layers_.size(); i-- > 0;) {
     at.layer = static_cast<std::int64_t>(i);
     // The first layer's input gradient would go nowhere: skip its computation.
     LayerGradients d = layers_[i]->backward(activations[i], activations[i + 1], g, at, i > 0);
-    const std::size_t first = offsets_[i];
+    const std::size_t first = first_variable(i);
     for (std::size_t k = d.variables.size(); k-- > 0;) {
       grads[first + k] = std::move(d.variables[k]);
       if (on_gradient) on_gradient(first + k, grads[first + k]);
@@ -155,7 +196,6 @@ std::vector<Tensor> Sequential::backward(
 
 std::vector<Variable> Sequential::trainable_variables() const {
   std::vector<Variable> out;
-  out.reserve(variable_count_);
   for (const auto& layer : layers_) {
     for (auto& [name, variable] : layer->weights()) out.push_back(variable);
   }
@@ -164,7 +204,6 @@ std::vector<Variable> Sequential::trainable_variables() const {
 
 std::vector<std::pair<std::string, Variable>> Sequential::named_trainable_variables() const {
   std::vector<std::pair<std::string, Variable>> out;
-  out.reserve(variable_count_);
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     for (auto& [name, variable] : layers_[i]->weights()) out.emplace_back(names_[i] + "/" + name, variable);
   }

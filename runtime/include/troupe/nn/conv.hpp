@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,37 +15,48 @@
 namespace troupe::nn {
 
 /// A 2-D convolution over images in channels_last layout, Keras's default
-/// (tf.keras.layers.Conv2D): inputs [batch, height, width, input_channels], outputs
-/// [batch, out_height, out_width, filters] = activation(conv(x, kernel) + bias). The kernel
-/// [kernel_height, kernel_width, input_channels, filters] is Glorot-uniform from `seed` (fan_in
-/// kh·kw·in, fan_out kh·kw·filters, as Keras), the bias [filters] zeros, both of `dtype` (float32
-/// or float64).
+/// (tf.keras.layers.Conv2D): inputs [batch, height, width, channels], outputs
+/// [batch, out_height, out_width, filters] = activation(conv(x, kernel) + bias). As in Keras the
+/// input channels come from the data: the kernel [kernel_height, kernel_width, channels, filters]
+/// (Glorot-uniform from `seed`, fan_in kh·kw·channels, fan_out kh·kw·filters) and the bias
+/// [filters] (zeros), of `dtype` (float32 or float64), are created by build() when the channels
+/// are first known (see Layer::build).
 ///
 /// Computed on the host as im2col followed by the Dense layer's matrix kernels (one product of
-/// [batch·positions, kh·kw·in] by [kh·kw·in, filters]); GPU tensors are copied to the host and the
-/// output back to their GPU.
+/// [batch·positions, kh·kw·channels] by [kh·kw·channels, filters]); GPU tensors are copied to the
+/// host and the output back to their GPU.
 class Conv2D : public Layer {
  public:
-  /// input_channels, filters, the kernel's and the strides' sizes must be positive
-  /// (std::invalid_argument naming the argument). Unlike Keras, the input channels are given, so
-  /// the variables exist as soon as the layer does (as Dense's input_dim).
-  Conv2D(int input_channels, int filters, Size2 kernel_size, Size2 strides = {1, 1}, Padding padding = Padding::valid,
+  /// filters, the kernel's and the strides' sizes must be positive (std::invalid_argument
+  /// naming the argument).
+  explicit Conv2D(int filters, Size2 kernel_size, Size2 strides = {1, 1}, Padding padding = Padding::valid,
+                  Activation activation = Activation::none, std::uint64_t seed = 0, std::string name = "",
+                  DType dtype = DType::f32);
+  /// The same with Keras's padding names, "valid" or "same".
+  Conv2D(int filters, Size2 kernel_size, Size2 strides, const std::string& padding,
          Activation activation = Activation::none, std::uint64_t seed = 0, std::string name = "",
          DType dtype = DType::f32);
 
   const char* class_name() const override { return "Conv2D"; }
   const char* default_name() const override { return "conv2d"; }
-  std::vector<std::pair<std::string, Variable>> weights() const override { return {{"kernel", kernel_}, {"bias", bias_}}; }
-  /// [-1, -1, -1, input_channels].
-  Shape input_shape() const override { return {-1, -1, -1, input_channels_}; }
+  /// {"kernel", kernel}, {"bias", bias} once built; nothing before.
+  std::vector<std::pair<std::string, Variable>> weights() const override;
+  /// [-1, -1, -1, channels] (channels -1 until built).
+  Shape input_shape() const override;
   Shape output_shape(const Shape& input_shape) const override;
+  /// Creates the kernel and the bias for input_shape's channels (its last size, which must be
+  /// known and positive).
+  void build(const Shape& input_shape) const override;
+  bool built() const override;
 
   /// The number of filters (output channels).
   int filters() const noexcept { return filters_; }
-  /// The kernel variable, [kh, kw, input_channels, filters].
-  const Variable& kernel() const noexcept { return kernel_; }
-  /// The bias variable, [filters].
-  const Variable& bias() const noexcept { return bias_; }
+  /// The input channels; -1 until built.
+  int input_channels() const;
+  /// The kernel variable, [kh, kw, channels, filters] (std::logic_error until built).
+  const Variable& kernel() const;
+  /// The bias variable, [filters] (std::logic_error until built).
+  const Variable& bias() const;
 
  protected:
   Tensor call(const Tensor& x, const CallContext& ctx) const override;
@@ -53,9 +65,9 @@ class Conv2D : public Layer {
   std::string config_json() const override;
 
  private:
+  struct State;  // what build() makes, shared by copies
   void check_input(const Tensor& x) const;
 
-  int input_channels_;
   int filters_;
   Size2 kernel_size_;
   Size2 strides_;
@@ -63,8 +75,7 @@ class Conv2D : public Layer {
   Activation activation_;
   std::uint64_t seed_;
   DType dtype_;
-  Variable kernel_;
-  Variable bias_;
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace troupe::nn

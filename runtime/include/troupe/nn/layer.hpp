@@ -98,6 +98,16 @@ class Layer {
   /// True when forward at training depends on CallContext::step and replica (Dropout).
   virtual bool uses_random_stream() const { return false; }
 
+  /// Creates the variables for inputs of `input_shape` (Keras's build), for a layer that takes
+  /// a size from its input (Conv2D's channels, LayerNormalization's width); nothing for the
+  /// others, or once built. forward builds an unbuilt layer from its first input; Sequential
+  /// builds its layers as soon as their input shape is known (at add, build, or the first batch,
+  /// inside the model's strategy scope so that the variables are mirrored). Copies share what
+  /// is built. A shape the layer cannot take is std::invalid_argument.
+  virtual void build(const Shape& input_shape) const { (void)input_shape; }
+  /// False until build() has created the variables; weights() is empty until then.
+  virtual bool built() const { return true; }
+
  protected:
   explicit Layer(std::string name) : name_(std::move(name)) {}
   Layer(const Layer&) = default;
@@ -139,5 +149,8 @@ enum class Padding { valid, same };
 
 /// "valid" or "same".
 const char* padding_name(Padding padding);
+/// Padding::valid for "valid", Padding::same for "same" (Keras's spellings); anything else is
+/// std::invalid_argument naming `who` and the text.
+Padding padding_from_name(const std::string& name, const char* who);
 
 }  // namespace troupe::nn

@@ -61,9 +61,11 @@ struct Loss {
 
   /// Softmax cross-entropy from logits with integer labels.
   static Loss sparse_categorical_crossentropy();
-  /// Softmax cross-entropy from logits with one-hot (or probability) targets
-  /// (Keras's categorical_crossentropy with from_logits=True).
-  static Loss categorical_crossentropy();
+  /// Cross-entropy with one-hot (or probability) targets (Keras's categorical_crossentropy):
+  /// from_logits, softmax cross-entropy of the outputs (computed stably); otherwise the outputs
+  /// are probabilities (a softmax's), -Σ targets · log(p) with p clipped to [1e-7, 1 - 1e-7] as
+  /// Keras clips it (no gradient where clipped).
+  static Loss categorical_crossentropy(bool from_logits = true);
   /// Mean squared error.
   static Loss mean_squared_error();
 };

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,27 +15,34 @@ namespace troupe::nn {
 
 /// Normalises each example over its last axis (tf.keras.layers.LayerNormalization with
 /// axis=-1): y = gamma · (x - mean) / sqrt(variance + epsilon) + beta, the mean and (biased)
-/// variance taken over the last axis of each row. gamma [units] starts at ones and beta [units]
-/// at zeros, of `dtype` (float32 or float64). Inputs of any rank >= 2 whose last axis is `units`.
-/// The statistics are per example, so replicas need no exchange. Computed on the host (GPU
-/// tensors are copied there and the output back).
+/// variance taken over the last axis of each row. gamma [units] (ones) and beta [units] (zeros),
+/// of `dtype` (float32 or float64), are created by build() when the last axis's size is first
+/// known (see Layer::build). Inputs of any rank >= 2. The statistics are per example, so
+/// replicas need no exchange. Computed on the host (GPU tensors are copied there and the output
+/// back).
 class LayerNormalization : public Layer {
  public:
-  /// units must be positive and epsilon positive (std::invalid_argument).
-  explicit LayerNormalization(int units, double epsilon = 1e-3, std::string name = "", DType dtype = DType::f32);
+  /// epsilon must be positive (std::invalid_argument).
+  explicit LayerNormalization(double epsilon = 1e-3, std::string name = "", DType dtype = DType::f32);
 
   const char* class_name() const override { return "LayerNormalization"; }
   const char* default_name() const override { return "layer_normalization"; }
-  std::vector<std::pair<std::string, Variable>> weights() const override { return {{"gamma", gamma_}, {"beta", beta_}}; }
-  /// Any rank >= 2 (output_shape checks the last axis).
+  /// {"gamma", gamma}, {"beta", beta} once built; nothing before.
+  std::vector<std::pair<std::string, Variable>> weights() const override;
+  /// Any rank >= 2 (output_shape checks the last axis once built).
   Shape input_shape() const override { return {}; }
-  /// The input's shape, whose last axis must be units.
+  /// The input's shape.
   Shape output_shape(const Shape& input_shape) const override;
+  /// Creates gamma and beta for input_shape's last size (which must be known and positive).
+  void build(const Shape& input_shape) const override;
+  bool built() const override;
 
-  /// The scale, [units].
-  const Variable& gamma() const noexcept { return gamma_; }
-  /// The offset, [units].
-  const Variable& beta() const noexcept { return beta_; }
+  /// The width normalised; -1 until built.
+  int units() const;
+  /// The scale, [units] (std::logic_error until built).
+  const Variable& gamma() const;
+  /// The offset, [units] (std::logic_error until built).
+  const Variable& beta() const;
 
  protected:
   Tensor call(const Tensor& x, const CallContext& ctx) const override;
@@ -43,13 +51,12 @@ class LayerNormalization : public Layer {
   std::string config_json() const override;
 
  private:
+  struct State;  // what build() makes, shared by copies
   void check_input(const Tensor& x) const;
 
-  int units_;
   double epsilon_;
   DType dtype_;
-  Variable gamma_;
-  Variable beta_;
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace troupe::nn

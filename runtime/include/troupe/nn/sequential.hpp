@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -17,6 +18,20 @@
 
 namespace troupe::nn {
 
+/// Any layer, as an element of a braced list of layers of different kinds (a copy sharing the
+/// layer's variables).
+class AnyLayer {
+ public:
+  /// Holds a copy of `layer`.
+  template <class L, class = std::enable_if_t<std::is_base_of_v<Layer, std::decay_t<L>>>>
+  AnyLayer(L layer)  // NOLINT(google-explicit-constructor): {Conv2D(...), Flatten(), Dense(...)}
+      : layer_(std::make_shared<std::decay_t<L>>(std::move(layer))) {}
+
+ private:
+  friend class Sequential;
+  std::shared_ptr<Layer> layer_;
+};
+
 /// A stack of layers, each feeding the next (tf.keras.Sequential). Copies share the layers'
 /// variables.
 class Sequential {
@@ -25,6 +40,9 @@ class Sequential {
   Sequential() = default;
   /// Adds the layers in order; see add().
   explicit Sequential(std::vector<Dense> layers);
+  /// Adds the layers in order, of any kinds:
+  /// Sequential({Conv2D(16, 3, 1, "same", Activation::relu), MaxPooling2D(2), Flatten(), Dense(...)}).
+  Sequential(std::initializer_list<AnyLayer> layers);
 
   /// Appends (a copy of) a layer, which shares the layer's variables. An unnamed layer is named
   /// by its kind and the count of that kind before it (dense_0, dense_1, conv2d_0,
@@ -37,9 +55,17 @@ class Sequential {
   }
 
   /// Sets the input shape (Keras's build(input_shape), the batch -1 or any size), so that every
-  /// layer's output shape is known and checked from the start: [-1, 28, 28, 1] for images.
-  /// A layer that cannot take its input is std::invalid_argument naming it; nothing changes then.
+  /// layer's output shape is known and checked from the start ([-1, 28, 28, 1] for images), and
+  /// builds the layers that take a size from their input (their variables are created in the
+  /// current strategy scope). A layer that cannot take its input is std::invalid_argument naming
+  /// it; the shapes are then unchanged (layers before it stay built).
   void build(Shape input_shape);
+  /// True when every layer is built (has its variables).
+  bool built() const;
+  /// Builds the unbuilt layers from the shape of a batch: directly, or inside a replica function
+  /// of several replicas through merge_call, so that each variable is created once, mirrored
+  /// (every replica must call it, as every replica runs the step). forward calls it.
+  void build_from(const Shape& batch_shape) const;
   /// The input shape given to build(), or the one the first layer declares.
   const Shape& input_shape() const noexcept { return input_shape_; }
 
@@ -84,7 +110,7 @@ class Sequential {
   /// sizes that depend on an input the first layers do not fix).
   const std::vector<Shape>& output_shapes() const noexcept { return shapes_; }
   /// Index of layer i's first variable in trainable_variables().
-  std::size_t first_variable(std::size_t i) const { return offsets_.at(i); }
+  std::size_t first_variable(std::size_t i) const;
   /// Every layer's variables, in order: kernel_0, bias_0, kernel_1, bias_1, ...
   std::vector<Variable> trainable_variables() const;
   /// The same variables with their checkpoint names: "dense_0/kernel", "dense_0/bias", ...
@@ -101,16 +127,16 @@ class Sequential {
 
  private:
   void add_layer(std::shared_ptr<Layer> layer);
+  void build_shapes(Shape input_shape) const;
   // The output shape of `layer` (the index-th) for `given`, the previous output shape ({}:
   // unknown); std::invalid_argument naming the layers when it does not fit.
   Shape next_shape(const char* op, std::size_t index, const Layer& layer, const std::string& name, const Shape& given) const;
 
   std::vector<std::shared_ptr<const Layer>> layers_;
   std::vector<std::string> names_;
-  std::vector<Shape> shapes_;
-  Shape input_shape_;
-  std::vector<std::size_t> offsets_;
-  std::size_t variable_count_ = 0;
+  // Known shapes; a build from the first batch (const, in one thread: merge_call's) fills them in.
+  mutable std::vector<Shape> shapes_;
+  mutable Shape input_shape_;
 };
 
 }  // namespace troupe::nn
