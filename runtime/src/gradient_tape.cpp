@@ -53,6 +53,19 @@ bool recording(std::initializer_list<const Tensor*> inputs) {
   return false;
 }
 
+bool recording(const std::vector<Tensor>& inputs) {
+  if (current == nullptr) return false;
+  for (const Tensor& t : inputs) {
+    if (followed(&t)) return true;
+  }
+  return false;
+}
+
+bool tape_active() { return current != nullptr; }
+
+PauseRecording::PauseRecording() : saved_(current) { current = nullptr; }
+PauseRecording::~PauseRecording() { current = static_cast<TapeRecorder*>(saved_); }
+
 void record(Tensor& out, std::vector<Tensor> inputs, backward_fn backward) {
   if (current == nullptr) return;
   auto node = std::make_shared<TapeNode>();

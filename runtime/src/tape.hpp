@@ -33,6 +33,23 @@ struct TapeAccess {
 
 /// True when a tape records on this thread and follows one of `inputs`.
 bool recording(std::initializer_list<const Tensor*> inputs);
+/// The same for a list of tensors.
+bool recording(const std::vector<Tensor>& inputs);
+/// True when a tape records on this thread (whatever it follows).
+bool tape_active();
+
+/// Nothing is recorded on this thread while one lives: an operation made of recorded operations
+/// (a layer) records itself as one node instead.
+class PauseRecording {
+ public:
+  PauseRecording();
+  ~PauseRecording();
+  PauseRecording(const PauseRecording&) = delete;
+  PauseRecording& operator=(const PauseRecording&) = delete;
+
+ private:
+  void* saved_;
+};
 
 /// Attaches a node for the operation that made `out` from `inputs`.
 void record(Tensor& out, std::vector<Tensor> inputs, backward_fn backward);

@@ -466,7 +466,7 @@ TEST_CASE("the quickstart: Dense(2) on width-5 inputs, SGD(0.1), batch 1 per rep
   CHECK(contains(out.str(), "Epoch 1/3: 10 steps, loss "));
   CHECK(contains(out.str(), "samples/s, "));
   CHECK(contains(out.str(), "Epoch 3/3"));
-  CHECK(bit_identical(s.experimental_local_results(model.layers().layers()[0].kernel())));
+  CHECK(bit_identical(s.experimental_local_results(model.layers().layer<nn::Dense>(0).kernel())));
 
   // One step an epoch, in well under a millisecond: "1 step", and a time that is not 0.000 s.
   std::ostringstream short_out;
@@ -527,7 +527,7 @@ TEST_CASE("fit under the default strategy trains a regression with mean squared 
   auto ds = data::Dataset::from_tensor_slices({Tensor::from_vector(xs, {64, 2}), Tensor::from_vector(ys, {64, 1})}).batch(16);
   nn::History h = model.fit(ds, 30, -1, quiet());
   CHECK(h.loss.back() < 1e-4);
-  const auto k = model.layers().layers()[0].kernel().value().to_vector<float>();
+  const auto k = model.layers().layer<nn::Dense>(0).kernel().value().to_vector<float>();
   CHECK(k[0] == doctest::Approx(2.0f).epsilon(1e-2));
   CHECK(k[1] == doctest::Approx(-1.0f).epsilon(1e-2));
   CHECK(contains(message_of([&] { model.fit(ds.repeat(), 1); }), "the dataset is infinite (repeat()); give steps_per_epoch"));

@@ -20,8 +20,9 @@ namespace troupe {
 ///   std::vector<Tensor> grads = tape.gradient(loss, model.trainable_variables());
 ///
 /// Recorded: Tensor's + - * / (tensor-tensor and with a scalar), unary -, reshape and
-/// reduce_sum; nn::matmul, relu, dense_forward (so Dense and Sequential), the per-example losses
-/// sparse_softmax_cross_entropy_per_example and mean_squared_error_per_example, and
+/// reduce_sum; nn::matmul, relu, dense_forward, every nn::Layer's forward (so Sequential), the
+/// per-example losses sparse_softmax_cross_entropy_per_example,
+/// softmax_cross_entropy_per_example and mean_squared_error_per_example, and
 /// compute_average_loss. Every read of a Variable (value(), read_value()) while the tape records
 /// is watched, as TensorFlow watches trainable variables. Other operations give results the tape
 /// does not follow: their gradients are zero. Tapes nest; the innermost records.

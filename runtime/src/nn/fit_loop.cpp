@@ -124,6 +124,11 @@ void FitLoop::begin() {
     at_.step_in_epoch = options_.initial_step % steps_per_epoch_;
   }
   backup_ = options_.backup_and_restore;
+  if (backup_ != nullptr && !model_.layers().built()) {
+    throw std::invalid_argument(
+        "Model::fit: BackupAndRestore restores the model's variables before training, but layers that take a size "
+        "from the data are not built yet: call model.build(input_shape) first (e.g. {-1, 28, 28, 1})");
+  }
   if (backup_ != nullptr) {
     backup_->track(model_.variables());
     at_ = backup_->restore();

@@ -1,5 +1,6 @@
 #include "troupe/nn/losses.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -82,6 +83,89 @@ double softmax_cross_entropy(const Tensor& logits, const Tensor& labels, double 
       for (std::int64_t i = 0; i < rows; ++i) g(i, label[i]) -= static_cast<T>(scale);
     }
   });
+  return total * scale;
+}
+
+// Softmax cross-entropy of every row against a target distribution of the logits' shape:
+// Σ_k t_k · (lse(z) - z_k), whose gradient is softmax(z) · Σ_k t_k - t; as softmax_cross_entropy.
+double dense_softmax_cross_entropy(const Tensor& logits, const Tensor& targets_in, double scale, Tensor* per_example,
+                                   Tensor* grad, const char* op) {
+  if (logits.is_gpu() || targets_in.is_gpu()) {
+    return on_host(logits, targets_in, per_example, grad, [&](const Tensor& l, const Tensor& t) {
+      return dense_softmax_cross_entropy(l, t, scale, per_example, grad, op);
+    });
+  }
+  check_float(logits, op);
+  check_rank(logits, 2, op, "logits");
+  if (targets_in.shape() != logits.shape() || (targets_in.dtype() != DType::f32 && targets_in.dtype() != DType::f64)) {
+    throw std::invalid_argument(std::string(op) + ": targets are " + std::string(dtype_name(targets_in.dtype())) + " " +
+                                shape_to_string(targets_in.shape()) + " for logits " + shape_to_string(logits.shape()) +
+                                " (expected float one-hot rows of the logits' shape; integer labels take "
+                                "sparse_categorical_crossentropy)");
+  }
+  const Tensor targets = targets_in.dtype() == logits.dtype() ? targets_in : targets_in.cast(logits.dtype());
+  const std::int64_t rows = logits.shape()[0];
+  if (per_example) *per_example = Tensor::empty({rows}, logits.dtype());
+  if (grad) *grad = Tensor::empty(logits.shape(), logits.dtype());
+  double total = 0.0;
+  if (rows == 0) return total;
+  dispatch_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using Column = Eigen::Array<T, Eigen::Dynamic, 1>;
+    auto z = matrix<T>(logits).array();
+    auto t = matrix<T>(targets).array();
+    const Column max = z.rowwise().maxCoeff();
+    const Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> e = (z.colwise() - max).exp();
+    const Column sum = e.rowwise().sum();
+    const Column lse = sum.log() + max;
+    const Column t_sum = t.rowwise().sum();
+    const Column tz = (t * z).rowwise().sum();
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const T loss = lse(i) * t_sum(i) - tz(i);
+      if (per_example) per_example->mutable_data<T>()[i] = loss;
+      total += static_cast<double>(loss);
+    }
+    if (grad) {
+      auto g = matrix<T>(*grad).array();
+      const Column factor = static_cast<T>(scale) * t_sum / sum;
+      g = e.colwise() * factor - t * static_cast<T>(scale);
+    }
+  });
+  return total * scale;
+}
+
+// -Σ t · log(clip(p)) of every row, for probabilities p; the gradient -t / p where p is inside the
+// clip range, 0 where clipped (Keras's epsilon, 1e-7).
+double probability_cross_entropy(const Tensor& probs_in, const Tensor& targets_in, double scale, Tensor* grad,
+                                 const char* op) {
+  const Tensor probs = probs_in.to(Device());
+  const Tensor targets_host = targets_in.to(Device());
+  check_float(probs, op);
+  check_rank(probs, 2, op, "predictions");
+  if (targets_host.shape() != probs.shape() || (targets_host.dtype() != DType::f32 && targets_host.dtype() != DType::f64)) {
+    throw std::invalid_argument(std::string(op) + ": targets are " + std::string(dtype_name(targets_host.dtype())) + " " +
+                                shape_to_string(targets_host.shape()) + " for predictions " +
+                                shape_to_string(probs.shape()) + " (expected float one-hot rows of the predictions' shape)");
+  }
+  const Tensor targets = targets_host.dtype() == probs.dtype() ? targets_host : targets_host.cast(probs.dtype());
+  if (grad) *grad = Tensor::empty(probs.shape(), probs.dtype());
+  constexpr double eps = 1e-7;
+  double total = 0.0;
+  dispatch_float(probs.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = probs.data<T>();
+    const T* t = targets.data<T>();
+    for (std::int64_t i = 0; i < probs.num_elements(); ++i) {
+      const double v = static_cast<double>(p[i]);
+      const double clipped = std::min(std::max(v, eps), 1.0 - eps);
+      total -= static_cast<double>(t[i]) * std::log(clipped);
+      if (grad) {
+        grad->mutable_data<T>()[i] =
+            v == clipped ? static_cast<T>(-scale * static_cast<double>(t[i]) / v) : T(0);
+      }
+    }
+  });
+  if (grad) *grad = grad->to(probs_in.device());
   return total * scale;
 }
 
@@ -181,6 +265,39 @@ LossAndGradient sparse_softmax_cross_entropy(const Tensor& logits, const Tensor&
   return out;
 }
 
+Tensor softmax_cross_entropy_per_example(const Tensor& logits, const Tensor& targets) {
+  Tensor per_example;
+  dense_softmax_cross_entropy(logits, targets, 1.0, &per_example, nullptr, "softmax_cross_entropy");
+  if (troupe::detail::recording({&logits})) {
+    troupe::detail::record(per_example, {logits, targets},
+                           [pl = troupe::detail::untaped(logits),
+                            pt = troupe::detail::untaped(targets)](const Tensor& g) -> std::vector<Tensor> {
+                             Tensor d;
+                             dense_softmax_cross_entropy(pl, pt, 1.0, nullptr, &d, "softmax_cross_entropy");
+                             return {scale_rows(d, g), Tensor()};
+                           });
+  }
+  return per_example;
+}
+
+LossAndGradient softmax_cross_entropy(const Tensor& logits, const Tensor& targets) {
+  const std::int64_t rows = logits.rank() > 0 ? logits.shape()[0] : 0;
+  const double scale = rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0;
+  LossAndGradient out;
+  const double loss = dense_softmax_cross_entropy(logits, targets, scale, nullptr, &out.gradient, "softmax_cross_entropy");
+  out.loss = scalar_of(logits.dtype(), loss);
+  return out;
+}
+
+LossAndGradient softmax_cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t global_batch_size) {
+  const char* op = "softmax_cross_entropy";
+  const double scale = 1.0 / static_cast<double>(checked_global_batch(global_batch_size, op));
+  LossAndGradient out;
+  const double loss = dense_softmax_cross_entropy(logits, targets, scale, nullptr, &out.gradient, op);
+  out.loss = scalar_of(logits.dtype(), loss);
+  return out;
+}
+
 Tensor mean_squared_error_per_example(const Tensor& predictions, const Tensor& targets) {
   Tensor per_example;
   squared_error(predictions, targets, 1.0, &per_example, nullptr, "mean_squared_error");
@@ -240,6 +357,23 @@ Loss Loss::sparse_categorical_crossentropy() {
   return Loss{"sparse_categorical_crossentropy",
               [](const Tensor& logits, const Tensor& labels, std::int64_t global_batch_size) {
                 return sparse_softmax_cross_entropy(logits, labels, global_batch_size);
+              }};
+}
+
+Loss Loss::categorical_crossentropy(bool from_logits) {
+  if (from_logits) {
+    return Loss{"categorical_crossentropy",
+                [](const Tensor& logits, const Tensor& targets, std::int64_t global_batch_size) {
+                  return softmax_cross_entropy(logits, targets, global_batch_size);
+                }};
+  }
+  return Loss{"categorical_crossentropy", [](const Tensor& probs, const Tensor& targets, std::int64_t global_batch_size) {
+                const char* op = "categorical_crossentropy";
+                const double scale = 1.0 / static_cast<double>(checked_global_batch(global_batch_size, op));
+                LossAndGradient out;
+                const double loss = probability_cross_entropy(probs, targets, scale, &out.gradient, op);
+                out.loss = scalar_of(probs.dtype(), loss);
+                return out;
               }};
 }
 

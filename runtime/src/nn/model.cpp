@@ -18,6 +18,7 @@
 #include "distribute/strategies/step_profile.hpp"
 #include "nn/element_checks.hpp"
 #include "nn/fit_loop.hpp"
+#include "nn/layer_checks.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/nn/backup_and_restore.hpp"
@@ -32,20 +33,50 @@ using detail::rows_of;
 
 namespace {
 
-// The model's input: float32 [batch, features]. Wider ranks are flattened, as a Keras Flatten
-// layer would (IDX images [batch, 28, 28]); other dtypes are converted.
-Tensor model_input(const Tensor& x, const char* op) {
-  if (x.rank() < 2) {
+// The model's input as its first layer takes it. Integer ids for an Embedding go as they are.
+// Otherwise the features are converted to the dtype of the model's variables (float32 unless
+// the layers were made otherwise), and for a first Dense layer features of a wider rank are
+// flattened, as a Keras Flatten layer would (IDX images [batch, 28, 28]).
+Tensor model_input(const Sequential& layers, const Tensor& x, const char* op) {
+  if (x.rank() < 1) {
+    throw std::invalid_argument(std::string(op) + ": features of shape " + shape_to_string(x.shape()) +
+                                " (expected a batch: [batch, ...])");
+  }
+  const Layer& first = *layers.layers().front();
+  if (std::string(first.class_name()) == "Embedding") return x;
+  const bool dense = dynamic_cast<const Dense*>(&first) != nullptr;
+  if (dense && x.rank() < 2) {
     throw std::invalid_argument(std::string(op) + ": features of shape " + shape_to_string(x.shape()) +
                                 " (expected [batch, features])");
   }
   Tensor out = x;
-  if (x.rank() > 2) {
+  if (dense && x.rank() > 2) {
     std::int64_t cols = 1;
     for (std::size_t d = 1; d < x.shape().size(); ++d) cols *= x.shape()[d];
     out = x.reshape({x.shape()[0], cols});
   }
-  return out.dtype() == DType::f32 ? out : out.cast(DType::f32);
+  DType dtype = DType::f32;
+  for (const auto& layer : layers.layers()) {
+    const auto weights = layer->weights();
+    if (!weights.empty()) {
+      dtype = weights.front().second.dtype();
+      break;
+    }
+  }
+  return out.dtype() == dtype ? out : out.cast(dtype);
+}
+
+// The context of a training step: the optimizer's iterations as the step (read only when a
+// layer draws from the random stream) and the replica's id.
+CallContext training_context(const Sequential& layers, const Optimizer* optimizer) {
+  CallContext ctx;
+  ctx.training = true;
+  if (!layers.uses_random_stream()) return ctx;
+  if (optimizer != nullptr) ctx.step = optimizer->iterations().value().to(Device()).item<std::int64_t>();
+  if (distribute::ReplicaContext* replica = distribute::detail::installed_replica_context()) {
+    ctx.replica = replica->replica_id_in_sync_group();
+  }
+  return ctx;
 }
 
 // Cross-replica context of the model's strategy, for the methods that run outside run().
@@ -145,17 +176,19 @@ Tensor columns(const Tensor& x, std::int64_t begin, std::int64_t end) {
 LossAndGradients bucketed_gradients(const Sequential& layers, const Loss& loss, Optimizer& optimizer,
                                     distribute::ReplicaContext& ctx, std::size_t bucket_bytes, const Tensor& features,
                                     const Tensor& targets, std::int64_t global_batch_size, Tensor* outputs_out,
-                                    const char* op) {
+                                    const CallContext& call, const char* op) {
   const std::vector<Variable> variables = layers.trainable_variables();
   // Row blocks only where the replica's products run on its own thread (they are then the same
   // bits as the whole product; an intra-op split is sized by the whole).
-  const bool may_split = troupe::detail::cpu::intra_op_threads() <= 1 && !features.is_gpu();
+  // Only a first Dense layer's kernel is cut into row blocks.
+  const bool may_split = troupe::detail::cpu::intra_op_threads() <= 1 && !features.is_gpu() &&
+                         dynamic_cast<const Dense*>(layers.layers().front().get()) != nullptr;
   const BucketPlan plan = plan_buckets(variables, bucket_bytes, may_split);
   distribute::detail::ReplicaCollectives& collectives = distribute::detail::collectives_of(ctx);
   const int local = ctx.local_replica_index();
 
   std::vector<Tensor> activations;
-  const Tensor outputs = layers.forward(model_input(features, op), activations);
+  const Tensor outputs = layers.forward(model_input(layers, features, op), activations, call);
   LossAndGradient lg = loss.fn(outputs, targets, global_batch_size);
   std::vector<Tensor> unit_values(plan.units.size());
   std::vector<std::size_t> ready(plan.members.size(), 0);
@@ -170,25 +203,27 @@ LossAndGradients bucketed_gradients(const Sequential& layers, const Loss& loss, 
     handles[b] = collectives.start_all_reduce(local, ReduceOp::sum, std::move(values));
   };
   // Sequential::backward's passes, each gradient handed on as soon as it exists.
-  const std::vector<Dense>& dense = layers.layers();
   Tensor g = lg.gradient;
-  for (std::size_t i = dense.size(); i-- > 0;) {
+  for (std::size_t i = layers.layers().size(); i-- > 0;) {
     if (i == 0 && plan.first_kernel_part_rows > 0) {
-      const Tensor kernel = dense[0].kernel().value();
+      const Dense& dense = layers.layer<Dense>(0);
+      const Tensor kernel = dense.kernel().value();
       const std::size_t first = plan.unit_of[0];
       for (std::size_t u = first; u < plan.units.size() && plan.units[u].variable == 0; ++u) {
         const GradientUnit& part = plan.units[u];
         DenseGradients d = dense_backward(columns(activations[0], part.row_begin, part.row_end),
                                           kernel.slice(part.row_begin, part.row_end), activations[1], g,
-                                          dense[0].activation(), false);
+                                          dense.activation(), false);
         if (u == first) produced(plan.unit_of[1], std::move(d.bias));
         produced(u, std::move(d.kernel));
       }
       break;
     }
-    DenseGradients d = dense[i].backward(activations[i], activations[i + 1], g, i > 0);
-    produced(plan.unit_of[2 * i + 1], std::move(d.bias));
-    produced(plan.unit_of[2 * i], std::move(d.kernel));
+    CallContext at = call;
+    at.layer = static_cast<std::int64_t>(i);
+    LayerGradients d = layers.layers()[i]->backward(activations[i], activations[i + 1], g, at, i > 0);
+    const std::size_t offset = layers.first_variable(i);
+    for (std::size_t k = d.variables.size(); k-- > 0;) produced(plan.unit_of[offset + k], std::move(d.variables[k]));
     g = std::move(d.input);
   }
 
@@ -247,6 +282,9 @@ Tensor Model::step_and_update(const data::Element& inputs, std::int64_t global_b
                               const char* op) {
   check_compiled(op);
   check_element(inputs, op);
+  // Layers that take a size from the data are built from the first batch (through merge_call
+  // inside run), before their variables are listed below.
+  layers_.build_from(model_input(layers_, inputs[0], op).shape());
   // Inside strategy.run with several replicas: the gradients are all-reduced in buckets while
   // the backward pass goes on (RuntimeOptions::gradient_bucket_bytes), the same bits as one
   // all-reduce after it.
@@ -254,14 +292,15 @@ Tensor Model::step_and_update(const data::Element& inputs, std::int64_t global_b
   const std::size_t bucket_bytes = step_bucket_bytes(ctx);
   if (bucket_bytes > 0) {
     LossAndGradients r = bucketed_gradients(layers_, loss_, *optimizer_, *ctx, bucket_bytes, inputs[0], inputs[1],
-                                            global_batch_size, outputs, op);
+                                            global_batch_size, outputs, training_context(layers_, optimizer_.get()), op);
     optimizer_->apply_gradients(zip(r.gradients, trainable_variables()), std::nullopt);
     return r.loss;
   }
+  const CallContext call = training_context(layers_, optimizer_.get());
   std::vector<Tensor> activations;
-  const Tensor out = layers_.forward(model_input(inputs[0], op), activations);
+  const Tensor out = layers_.forward(model_input(layers_, inputs[0], op), activations, call);
   LossAndGradient lg = loss_.fn(out, inputs[1], global_batch_size);
-  optimizer_->apply_gradients(zip(layers_.backward(activations, lg.gradient), trainable_variables()));
+  optimizer_->apply_gradients(zip(layers_.backward(activations, lg.gradient, nullptr, call), trainable_variables()));
   if (outputs != nullptr) *outputs = out;
   return lg.loss;
 }
@@ -301,6 +340,14 @@ void Model::compile(std::shared_ptr<Optimizer> optimizer, Loss loss, std::vector
   metrics_ = std::move(metrics);
 }
 
+void Model::build(Shape input_shape) {
+  auto scope = cross_replica_scope(*strategy_, "build");
+  layers_.build(std::move(input_shape));
+  // A compiled model's optimizer gets the new variables' slots now, so that a checkpoint or a
+  // backup restored before the first step finds them.
+  if (optimizer_) optimizer_->build(layers_.named_trainable_variables());
+}
+
 void Model::check_compiled(const char* op) const {
   if (!optimizer_) throw std::logic_error(std::string("Model::") + op + ": compile the model first");
 }
@@ -308,10 +355,11 @@ void Model::check_compiled(const char* op) const {
 LossAndGradients Model::compute_gradients(const Tensor& features, const Tensor& targets,
                                           std::int64_t global_batch_size) const {
   check_compiled("compute_gradients");
+  const CallContext call = training_context(layers_, optimizer_.get());
   std::vector<Tensor> activations;
-  const Tensor outputs = layers_.forward(model_input(features, "compute_gradients"), activations);
+  const Tensor outputs = layers_.forward(model_input(layers_, features, "compute_gradients"), activations, call);
   LossAndGradient lg = loss_.fn(outputs, targets, global_batch_size);
-  return {std::move(lg.loss), layers_.backward(activations, lg.gradient)};
+  return {std::move(lg.loss), layers_.backward(activations, lg.gradient, nullptr, call)};
 }
 
 Tensor Model::train_step(const data::Element& inputs, std::int64_t global_batch_size) {
@@ -335,7 +383,7 @@ History Model::fit(const data::Dataset& dataset, int epochs, std::int64_t steps_
 
 Tensor Model::predict(const Tensor& x) const {
   auto scope = cross_replica_scope(*strategy_, "predict");
-  return layers_.forward(model_input(x, "predict"));
+  return layers_.forward(model_input(layers_, x, "predict"));
 }
 
 EvaluateResult Model::evaluate(const Tensor& features, const Tensor& labels) const {
@@ -352,10 +400,12 @@ EvaluateResult Model::evaluate(const data::Dataset& batches) const {
     check_element(e, "evaluate");
     const std::int64_t rows = rows_of(e);
     if (rows == 0) continue;
-    const Tensor outputs = layers_.forward(model_input(e[0], "evaluate"));
+    const Tensor outputs = layers_.forward(model_input(layers_, e[0], "evaluate"));
     loss_sum += as_double(loss_.fn(outputs, e[1], rows).loss) * static_cast<double>(rows);
-    const bool integer_labels = e[1].dtype() == DType::i32 || e[1].dtype() == DType::i64;
-    if (integer_labels) hits += nn::accuracy(outputs, e[1]) * static_cast<double>(rows);
+    // Integer labels, or one-hot rows for categorical_crossentropy: accuracy has a meaning.
+    const bool class_labels = e[1].dtype() == DType::i32 || e[1].dtype() == DType::i64 ||
+                              loss_.name == "categorical_crossentropy";
+    if (class_labels) hits += nn::accuracy(outputs, e[1]) * static_cast<double>(rows);
     result.samples += rows;
   }
   if (result.samples > 0) {
@@ -398,11 +448,13 @@ void Model::summary(std::ostream& out) const {
       for (std::size_t col = 0; col < left.size(); ++col) {
         const std::size_t start = col > 0 ? ends[col - 1] : 0;
         const std::size_t gap = col + 1 < left.size() ? 2 : 0;  // two spaces before the next column
-        const std::size_t room = ends[col] - start - gap - (col == 0 ? 1 : 0);
+        // The last column (the counts) runs on rather than wrap ("0 (unbuilt)").
+        const std::size_t room =
+            col + 1 < left.size() ? ends[col] - start - gap - (col == 0 ? 1 : 0) : std::string::npos;
         if (col == 0) line += ' ';
         line += left[col].substr(0, room);
         left[col] = left[col].size() > room ? left[col].substr(room) : std::string();
-        line.resize(ends[col], ' ');
+        line.resize(std::max(line.size(), ends[col]), ' ');
       }
       line.erase(line.find_last_not_of(' ') + 1);
       out << line << "\n";
@@ -412,16 +464,16 @@ void Model::summary(std::ostream& out) const {
   row({"Layer (type)", "Output Shape", "Param #"});
   out << std::string(line_length, '=') << "\n";
   std::int64_t total = 0;
-  const std::vector<Dense>& dense = layers_.layers();
-  for (std::size_t i = 0; i < dense.size(); ++i) {
-    const std::int64_t params = static_cast<std::int64_t>(dense[i].input_dim() + 1) * dense[i].units();
+  const auto& layers = layers_.layers();
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const std::int64_t params = layers[i]->count_params();
     total += params;
-    row({layers_.layer_names()[i] + " (Dense)", "(None, " + std::to_string(dense[i].units()) + ")",
-         std::to_string(params)});
+    row({layers_.layer_names()[i] + " (" + layers[i]->class_name() + ")", detail::keras_shape(layers_.output_shapes()[i]),
+         std::to_string(params) + (layers[i]->built() ? "" : " (unbuilt)")});
     out << "\n";
   }
   out << std::string(line_length, '=') << "\n";
-  // Every variable of a Dense layer is trained.
+  // Every variable of the layers is trained.
   out << "Total params: " << with_thousands(total) << "\n"
       << "Trainable params: " << with_thousands(total) << "\n"
       << "Non-trainable params: 0\n"

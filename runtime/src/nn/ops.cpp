@@ -363,7 +363,9 @@ Tensor glorot_uniform(std::int64_t fan_in, std::int64_t fan_out, std::uint64_t s
 double accuracy(const Tensor& logits, const Tensor& labels) {
   Tensor predicted = argmax(logits).to(Device());
   const std::int64_t rows = predicted.num_elements();
-  Tensor l = labels_as_i64(labels.to(Device()), rows, "accuracy");
+  const bool one_hot = (labels.dtype() == DType::f32 || labels.dtype() == DType::f64) && labels.rank() == 2 &&
+                       labels.shape() == logits.shape();
+  Tensor l = one_hot ? argmax(labels).to(Device()) : labels_as_i64(labels.to(Device()), rows, "accuracy");
   if (rows == 0) return 0.0;
   const std::int64_t* p = predicted.data<std::int64_t>();
   const std::int64_t* y = l.data<std::int64_t>();

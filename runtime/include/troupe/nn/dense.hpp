@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/nn/layer.hpp"
 #include "troupe/nn/ops.hpp"
 #include "troupe/tensor.hpp"
 #include "troupe/variable.hpp"
@@ -16,16 +17,16 @@ namespace troupe::nn {
 /// per replica. Copies share the variables.
 ///
 /// forward and backward are safe to call from every replica at once inside Strategy::run: each
-/// reads its own component of the variables and nothing else is written.
-class Dense {
+/// reads its own component of the variables and nothing else is written. GPU tensors are computed
+/// on their GPU.
+class Dense : public Layer {
  public:
   /// input_dim and units must be positive (std::invalid_argument). `name` prefixes the variables'
   /// names ("<name>/kernel"); Sequential names unnamed layers dense_0, dense_1...
   Dense(int input_dim, int units, Activation activation = Activation::none, std::uint64_t seed = 0,
         std::string name = "");
 
-  /// activation(x · kernel + bias) for x [batch, input_dim].
-  Tensor forward(const Tensor& x) const;
+  using Layer::backward;
   /// Gradients for grad_output [batch, units], given the x and output of the forward call.
   DenseGradients backward(const Tensor& x, const Tensor& output, const Tensor& grad_output,
                           bool need_input = true) const;
@@ -36,8 +37,6 @@ class Dense {
   int units() const noexcept { return units_; }
   /// The activation after the affine map.
   Activation activation() const noexcept { return activation_; }
-  /// The name given to the constructor ("" when none).
-  const std::string& name() const noexcept { return name_; }
   /// The kernel variable, [input_dim, units].
   const Variable& kernel() const noexcept { return kernel_; }
   /// The bias variable, [units].
@@ -45,11 +44,28 @@ class Dense {
   /// {kernel, bias}, the order of backward's gradients.
   std::vector<Variable> trainable_variables() const { return {kernel_, bias_}; }
 
+  const char* class_name() const override { return "Dense"; }
+  const char* default_name() const override { return "dense"; }
+  /// {"kernel", kernel}, {"bias", bias}.
+  std::vector<std::pair<std::string, Variable>> weights() const override;
+  /// [-1, input_dim].
+  Shape input_shape() const override { return {-1, input_dim_}; }
+  /// [..., units] for [..., input_dim].
+  Shape output_shape(const Shape& input_shape) const override;
+
+ protected:
+  /// activation(x · kernel + bias) for x [batch, input_dim].
+  Tensor call(const Tensor& x, const CallContext& ctx) const override;
+  LayerGradients gradients(const Tensor& x, const Tensor& output, const Tensor& grad_output, const CallContext& ctx,
+                           bool need_input) const override;
+  std::string config_json() const override;
+  bool records_itself() const override { return true; }
+
  private:
   int input_dim_;
   int units_;
   Activation activation_;
-  std::string name_;
+  std::uint64_t seed_;
   Variable kernel_;
   Variable bias_;
 };

@@ -32,6 +32,15 @@ LossAndGradient sparse_softmax_cross_entropy(const Tensor& logits, const Tensor&
 LossAndGradient sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
                                              std::int64_t global_batch_size);
 
+/// Per-example softmax cross-entropy of logits [batch, classes] (float32 or float64) against
+/// targets of the same shape (one-hot rows or probabilities, converted to the logits' dtype),
+/// -Σ targets · log_softmax(logits), computed stably. Returns [batch].
+Tensor softmax_cross_entropy_per_example(const Tensor& logits, const Tensor& targets);
+/// Mean over the batch (tf.keras.losses.CategoricalCrossentropy(from_logits=True)).
+LossAndGradient softmax_cross_entropy(const Tensor& logits, const Tensor& targets);
+/// Sum over the batch divided by global_batch_size (> 0).
+LossAndGradient softmax_cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t global_batch_size);
+
 /// Per-example mean over the last axis of (predictions - targets)^2; targets must have the
 /// predictions' shape (or their element count, e.g. [batch] for [batch, 1]) and are converted to
 /// their dtype. Returns [batch].
@@ -52,6 +61,11 @@ struct Loss {
 
   /// Softmax cross-entropy from logits with integer labels.
   static Loss sparse_categorical_crossentropy();
+  /// Cross-entropy with one-hot (or probability) targets (Keras's categorical_crossentropy):
+  /// from_logits, softmax cross-entropy of the outputs (computed stably); otherwise the outputs
+  /// are probabilities (a softmax's), -Σ targets · log(p) with p clipped to [1e-7, 1 - 1e-7] as
+  /// Keras clips it (no gradient where clipped).
+  static Loss categorical_crossentropy(bool from_logits = true);
   /// Mean squared error.
   static Loss mean_squared_error();
 };

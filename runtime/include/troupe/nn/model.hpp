@@ -105,6 +105,10 @@ class Model {
   /// strategy (std::invalid_argument otherwise: create the layers in the same scope).
   explicit Model(Sequential layers);
 
+  /// Builds the layers for inputs of `input_shape` (Keras's Model.build; see Sequential::build)
+  /// in the model's strategy scope. Layers that take a size from the data are otherwise built
+  /// from the first batch; a fit with BackupAndRestore needs them built before it starts.
+  void build(Shape input_shape);
   /// Sets the optimizer and the loss, and builds the optimizer's slots in the model's scope.
   void compile(std::shared_ptr<Optimizer> optimizer, Loss loss);
   /// The same, with metrics computed during fit and evaluate: "accuracy" or

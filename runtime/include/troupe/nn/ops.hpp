@@ -52,7 +52,8 @@ DenseGradients dense_backward(const Tensor& x, const Tensor& kernel, const Tenso
 Tensor glorot_uniform(std::int64_t fan_in, std::int64_t fan_out, std::uint64_t seed, DType dtype = DType::f32);
 
 /// Fraction of rows whose largest logit is at the label; labels int32 or int64, [batch] or
-/// [batch, 1]. An empty batch gives 0.
+/// [batch, 1], or one-hot float rows of the logits' shape (the label is the row's largest). An
+/// empty batch gives 0.
 double accuracy(const Tensor& logits, const Tensor& labels);
 
 }  // namespace troupe::nn
