@@ -8,6 +8,7 @@
 #include "troupe/log.hpp"
 #include "troupe/monitor.hpp"
 #include "troupe/gradient_tape.hpp"
+#include "troupe/half.hpp"
 #include "troupe/runtime.hpp"
 #include "troupe/tensor.hpp"
 #include "troupe/variable.hpp"
