@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/nn/mixed_precision.hpp"
 #include "troupe/nn/ops.hpp"
 #include "troupe/tensor.hpp"
 #include "troupe/variable.hpp"
@@ -17,6 +18,14 @@ namespace troupe::nn {
 ///
 /// forward and backward are safe to call from every replica at once inside Strategy::run: each
 /// reads its own component of the variables and nothing else is written.
+///
+/// The layer takes the global mixed-precision policy current when it is constructed
+/// (mixed_precision::global_policy()). Under "mixed_float16" or "mixed_bfloat16" its variables
+/// stay float32 and it computes in the 16-bit type, as Keras's Dense does: the input, the kernel
+/// and the bias are rounded to that type, the product is accumulated in float32 (on the CPU) and
+/// the output rounded to it; the gradients of the variables come back float32 (the 16-bit
+/// gradient through the cast). A float input of another dtype is cast to the compute dtype, so a
+/// float32 layer after mixed ones computes in float32.
 class Dense {
  public:
   /// input_dim and units must be positive (std::invalid_argument). `name` prefixes the variables'
@@ -34,6 +43,10 @@ class Dense {
   int input_dim() const noexcept { return input_dim_; }
   /// Width of the outputs.
   int units() const noexcept { return units_; }
+  /// The policy the layer was made under (its dtype_policy in Keras).
+  const mixed_precision::Policy& dtype_policy() const noexcept { return policy_; }
+  /// The dtype of its outputs and of its computation: float32, float16 or bfloat16.
+  DType compute_dtype() const noexcept { return policy_.compute_dtype(); }
   /// The activation after the affine map.
   Activation activation() const noexcept { return activation_; }
   /// The name given to the constructor ("" when none).
@@ -50,6 +63,7 @@ class Dense {
   int units_;
   Activation activation_;
   std::string name_;
+  mixed_precision::Policy policy_;
   Variable kernel_;
   Variable bias_;
 };
