@@ -57,6 +57,7 @@ struct Flags {
   int hidden = 128;
   float learning_rate = 0.003f;
   std::string optimizer = "adam";
+  std::string mixed_precision = "float32";
   std::uint64_t seed = 1;
   // Generated set.
   std::int64_t samples = 16384;
@@ -90,6 +91,13 @@ struct Flags {
 };
 
 // The command line, with the defaults of Flags.
+// " (loss scaling from 2^15)" when compile wrapped the optimizer in a LossScaleOptimizer.
+std::string loss_scaling(const nn::Model& model) {
+  const auto* lso = dynamic_cast<const nn::LossScaleOptimizer*>(model.optimizer().get());
+  if (lso == nullptr) return "";
+  return " (loss scaling from 2^" + std::to_string(static_cast<int>(std::log2(lso->initial_scale()))) + ")";
+}
+
 void add_options(CLI::App& app, Flags& f) {
   troupe::examples::show_defaults(app);
   app.add_option("--replicas", f.replicas, "CPU replicas")->check(in_range(1, 1024));
@@ -99,6 +107,9 @@ void add_options(CLI::App& app, Flags& f) {
   app.add_option("--hidden", f.hidden, "units of each hidden layer")->check(in_range(1, 1 << 20));
   app.add_option("--lr", f.learning_rate, "learning rate")->check(positive());
   app.add_option("--optimizer", f.optimizer, "optimizer")->check(CLI::IsMember({"adam", "sgd", "momentum"}));
+  app.add_option("--mixed-precision", f.mixed_precision,
+                 "the layers' dtype policy, Keras's names: compute in float16 or bfloat16, variables in float32")
+      ->check(CLI::IsMember({"float32", "mixed_float16", "mixed_bfloat16"}));
   app.add_option("--seed", f.seed, "random seed");
   app.add_option("--samples", f.samples, "generated set: examples")
       ->check(in_range(std::int64_t{1}, std::int64_t{1} << 30));
@@ -322,13 +333,18 @@ int run(const Flags& f) {
   }
   Strategy& strategy = *owned_strategy;
   auto scope = strategy.scope();
+  // The layers take the policy current when they are made (mixed_float16 adds loss scaling).
+  nn::mixed_precision::set_global_policy(f.mixed_precision);
   nn::Model model(nn::Sequential({nn::Dense(inputs, f.hidden, nn::Activation::relu, f.seed),
                                   nn::Dense(f.hidden, f.hidden, nn::Activation::relu, f.seed + 1),
                                   nn::Dense(f.hidden, loaded.classes, nn::Activation::none, f.seed + 2)}));
+  nn::mixed_precision::set_global_policy("float32");
   model.compile(make_optimizer(f), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
   if (!f.quiet) {
     std::cout << "model: " << inputs << " -> " << f.hidden << " relu -> " << f.hidden << " relu -> " << loaded.classes
-              << ", " << f.optimizer << " lr " << f.learning_rate << "; " << strategy.num_replicas_in_sync()
+              << ", " << f.optimizer << " lr " << f.learning_rate
+              << (f.mixed_precision == "float32" ? std::string() : ", " + f.mixed_precision) << loss_scaling(model)
+              << "; " << strategy.num_replicas_in_sync()
               << " CPU replicas, global batch " << f.batch << ", " << steps_per_epoch
               << (steps_per_epoch == 1 ? " step" : " steps") << " per epoch\n";
   }

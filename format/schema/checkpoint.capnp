@@ -5,7 +5,7 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("troupe::wire::ckpt");
 
-enum ElementType { float32 @0; float64 @1; int32 @2; int64 @3; }
+enum ElementType { float32 @0; float64 @1; int32 @2; int64 @3; float16 @4; bfloat16 @5; }
 
 struct Tensor {
   name @0 :Text;

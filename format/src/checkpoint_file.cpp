@@ -173,8 +173,8 @@ wire::ElementType to_wire(scalar_type t) {
     case scalar_type::f64: return wire::ElementType::FLOAT64;
     case scalar_type::i32: return wire::ElementType::INT32;
     case scalar_type::i64: return wire::ElementType::INT64;
-    case scalar_type::f16:   // wire formats of the ring only: no tensor holds them
-    case scalar_type::bf16: break;
+    case scalar_type::f16: return wire::ElementType::FLOAT16;
+    case scalar_type::bf16: return wire::ElementType::BFLOAT16;
   }
   throw std::invalid_argument("write_checkpoint_file: unknown element type " +
                               std::to_string(static_cast<int>(t)));
@@ -186,6 +186,8 @@ bool from_wire(wire::ElementType t, scalar_type& out) {
     case wire::ElementType::FLOAT64: out = scalar_type::f64; return true;
     case wire::ElementType::INT32: out = scalar_type::i32; return true;
     case wire::ElementType::INT64: out = scalar_type::i64; return true;
+    case wire::ElementType::FLOAT16: out = scalar_type::f16; return true;
+    case wire::ElementType::BFLOAT16: out = scalar_type::bf16; return true;
   }
   return false;
 }

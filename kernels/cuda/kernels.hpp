@@ -98,4 +98,21 @@ int launch_softmax(const void* x, void* out, std::int64_t rows, std::int64_t col
 int launch_argmax(const void* x, std::int64_t* out, std::int64_t rows, std::int64_t cols, scalar_type type,
                   void* stream);
 
+// float16 and bfloat16 (base::scalar_type::f16, bf16).
+
+/// True for f16 and bf16.
+bool is_16bit(scalar_type type);
+
+/// launch_cast where `from` or `to` (or both) is f16 or bf16: the bits of the CPU's Tensor::cast
+/// (kernels/half_kernels.hpp, in integer arithmetic): into 16 bits rounded once to nearest even
+/// (float64 and integers through float32 rounded to odd), out of them exact into float32, then
+/// C++'s conversion. launch_cast sends these pairs here.
+int launch_cast_16(const void* in, scalar_type from, void* out, scalar_type to, std::int64_t count, void* stream);
+
+/// launch_reduce_n for f16 or bf16: each element summed in float32 in input order 0..n-1,
+/// divided by n in float32 for mean, rounded once: the bits of the CPU's kernels::reduce_range.
+/// launch_reduce_n sends these types here.
+int launch_reduce_n_16(const void* const* ins, int n, void* out, std::int64_t count, scalar_type type,
+                       reduce_kind op, void* stream);
+
 }  // namespace troupe::kernels::cuda

@@ -33,6 +33,8 @@ tp::scalar_type to_scalar(DType d) {
     case DType::f64: return tp::scalar_type::f64;
     case DType::i32: return tp::scalar_type::i32;
     case DType::i64: return tp::scalar_type::i64;
+    case DType::f16: return tp::scalar_type::f16;
+    case DType::bf16: return tp::scalar_type::bf16;
   }
   throw std::invalid_argument("checkpoint: unknown dtype " + std::to_string(static_cast<int>(d)));
 }
@@ -43,8 +45,8 @@ DType from_scalar(tp::scalar_type t) {
     case tp::scalar_type::f64: return DType::f64;
     case tp::scalar_type::i32: return DType::i32;
     case tp::scalar_type::i64: return DType::i64;
-    case tp::scalar_type::f16:   // wire formats of the ring only, never in a checkpoint
-    case tp::scalar_type::bf16: break;
+    case tp::scalar_type::f16: return DType::f16;
+    case tp::scalar_type::bf16: return DType::bf16;
   }
   throw std::invalid_argument("checkpoint: unknown element type " + std::to_string(static_cast<int>(t)));
 }

@@ -17,7 +17,9 @@ constexpr base::scalar_type to_scalar_type(DType dtype) noexcept {
   static_assert(static_cast<int>(DType::f32) == static_cast<int>(base::scalar_type::f32) &&
                 static_cast<int>(DType::f64) == static_cast<int>(base::scalar_type::f64) &&
                 static_cast<int>(DType::i32) == static_cast<int>(base::scalar_type::i32) &&
-                static_cast<int>(DType::i64) == static_cast<int>(base::scalar_type::i64));
+                static_cast<int>(DType::i64) == static_cast<int>(base::scalar_type::i64) &&
+                static_cast<int>(DType::f16) == static_cast<int>(base::scalar_type::f16) &&
+                static_cast<int>(DType::bf16) == static_cast<int>(base::scalar_type::bf16));
   return static_cast<base::scalar_type>(dtype);
 }
 

@@ -18,7 +18,7 @@
 
 namespace troupe {
 namespace {
-bool is_float(DType d) { return d == DType::f32 || d == DType::f64; }
+bool is_float(DType d) { return dtype_is_floating(d); }
 }  // namespace
 
 namespace detail {
@@ -122,7 +122,7 @@ std::vector<Tensor> GradientTape::gradient(const Tensor& target, const std::vect
   }
   if (!is_float(target.dtype())) {
     throw std::invalid_argument("GradientTape::gradient: the target is " + std::string(dtype_name(target.dtype())) +
-                                " (expected float32 or float64)");
+                                " (expected float32 or float64, or float16 or bfloat16)");
   }
   impl_->used = true;
   // Nothing the backward functions compute is recorded.

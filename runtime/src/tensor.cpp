@@ -10,16 +10,29 @@
 #include <utility>
 
 #include "axis.hpp"
+#include "troupe/base/quote.hpp"
 #include "elements.hpp"
 #include "gpu/gpu.hpp"
 #include "storage.hpp"
 #include "tape.hpp"
+#include "troupe/kernels/half_kernels.hpp"
 
 namespace troupe {
 
 std::string_view dtype_name(DType dtype) { return base::scalar_name(detail::to_scalar_type(dtype)); }
 
 std::size_t dtype_size(DType dtype) { return base::scalar_size(detail::to_scalar_type(dtype)); }
+
+DType dtype_from_name(std::string_view name) {
+  constexpr DType all[] = {DType::f32, DType::f64, DType::i32, DType::i64, DType::f16, DType::bf16};
+  std::string names;
+  for (DType d : all) {
+    if (dtype_name(d) == name) return d;
+    names += (names.empty() ? "\"" : ", \"") + std::string(dtype_name(d)) + "\"";
+  }
+  throw std::invalid_argument("dtype_from_name: unknown dtype " + base::quoted(name) + " (expected one of " + names +
+                              ")");
+}
 
 std::string shape_to_string(const Shape& shape) { return base::shape_string(shape); }
 
@@ -43,7 +56,10 @@ std::int64_t shape_num_elements(const Shape& shape) {
 
 namespace {
 
-// Calls f(T{}) with T the C++ type of `dtype`.
+bool is_16bit(DType dtype) { return dtype == DType::f16 || dtype == DType::bf16; }
+
+// Calls f(T{}) with T the C++ type of `dtype`, for the types with C++ arithmetic; the 16-bit
+// types compute in float32 and never get here (their callers convert first).
 template <class F>
 decltype(auto) dispatch(DType dtype, F&& f) {
   switch (dtype) {
@@ -51,13 +67,44 @@ decltype(auto) dispatch(DType dtype, F&& f) {
     case DType::f64: return f(double{});
     case DType::i32: return f(std::int32_t{});
     case DType::i64: return f(std::int64_t{});
+    case DType::f16:
+    case DType::bf16: break;
   }
-  throw std::logic_error("unknown dtype");
+  throw std::logic_error(std::string("tensor kernel: no arithmetic on ") + std::string(dtype_name(dtype)) +
+                         " elements here (they are computed in float32)");
+}
+
+// As dispatch, over every element type (for conversions and printing).
+template <class F>
+decltype(auto) dispatch_all(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f16: return f(float16_t{});
+    case DType::bf16: return f(bfloat16_t{});
+    default: return dispatch(dtype, std::forward<F>(f));
+  }
+}
+
+template <class T>
+constexpr bool is_half_v = std::is_same_v<T, float16_t> || std::is_same_v<T, bfloat16_t>;
+
+// One element converted as Tensor::cast converts: C++'s conversions, and the 16-bit types
+// through float32 (exact) on the way out and rounded once to nearest even on the way in.
+template <class To, class From>
+To convert(From v) {
+  if constexpr (is_half_v<From>) {
+    return convert<To>(static_cast<float>(v));
+  } else if constexpr (is_half_v<To>) {
+    return To(v);
+  } else {
+    return static_cast<To>(v);
+  }
 }
 
 template <class T>
 void append_value(std::string& out, T v) {
-  if constexpr (std::is_floating_point_v<T>) {
+  if constexpr (is_half_v<T>) {
+    append_value(out, static_cast<float>(v));
+  } else if constexpr (std::is_floating_point_v<T>) {
     if (std::isnan(v)) {
       out += "nan";
       return;
@@ -146,6 +193,7 @@ Tensor binary(binop op, const Tensor& a, const Tensor& b) {
                                 shape_to_string(b.shape()) + " (elementwise operations need one shape and dtype)");
   }
   check_same_memory(binop_name(op), a.device(), b.device());
+  if (is_16bit(a.dtype())) return binary(op, a.cast(DType::f32), b.cast(DType::f32)).cast(a.dtype());
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   if (a.is_gpu()) {
     detail::gpu::binary(a.device().index(), op, a.raw_data(), b.raw_data(), out.raw_mutable_data(), a.num_elements(),
@@ -182,6 +230,7 @@ T scalar_as(const Scalar& s, const char* op) {
 }
 
 Tensor binary_scalar(binop op, const Tensor& a, const Scalar& s, bool scalar_first) {
+  if (is_16bit(a.dtype())) return binary_scalar(op, a.cast(DType::f32), s, scalar_first).cast(a.dtype());
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   if (a.is_gpu()) {
     dispatch(a.dtype(), [&](auto tag) {
@@ -288,6 +337,19 @@ Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
 }
 
 Tensor Tensor::full(Shape shape, Scalar value, DType dtype, Device device) {
+  if (is_16bit(dtype)) {
+    // The value rounded once to the format, from the double or integer it was given.
+    Tensor t = empty(std::move(shape), dtype);
+    std::uint16_t bits = 0;
+    if (dtype == DType::f16) {
+      bits = (value.is_floating ? float16_t(value.f) : float16_t(value.i)).bits;
+    } else {
+      bits = (value.is_floating ? bfloat16_t(value.f) : bfloat16_t(value.i)).bits;
+    }
+    auto* p = static_cast<std::uint16_t*>(t.raw_mutable_data());
+    for (std::int64_t i = 0; i < t.num_elements(); ++i) p[i] = bits;
+    return device.is_gpu() ? t.to(device) : t;
+  }
   if (device.is_gpu()) {
     // A fill kernel takes its value as a double: exact for every float and int32, and for int64
     // up to 2^53; beyond that the tensor is made on the host and copied.
@@ -318,10 +380,10 @@ Tensor Tensor::full(Shape shape, Scalar value, DType dtype, Device device) {
 Tensor Tensor::range(std::int64_t n, DType dtype) {
   if (n < 0) throw std::invalid_argument("range: n must be >= 0, got " + std::to_string(n));
   Tensor t = empty(Shape{n}, dtype);
-  dispatch(dtype, [&](auto tag) {
+  dispatch_all(dtype, [&](auto tag) {
     using T = decltype(tag);
     T* p = t.mutable_data<T>();
-    for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(i);
+    for (std::int64_t i = 0; i < n; ++i) p[i] = convert<T>(i);
   });
   return t;
 }
@@ -398,19 +460,39 @@ Tensor Tensor::with_device(Device device) const {
 }
 
 Tensor Tensor::cast(DType dtype) const {
+  Tensor out = cast_elements(dtype);
+  // A cast between floating types passes gradients back, cast to the source's dtype (as
+  // TensorFlow's Cast does: a float16 computation's gradient reaches a float32 variable).
+  if (dtype_is_floating(dtype) && dtype_is_floating(dtype_) && detail::recording({this})) {
+    detail::record(out, {*this}, [from = dtype_](const Tensor& g) -> std::vector<Tensor> { return {g.cast(from)}; });
+  }
+  return out;
+}
+
+Tensor Tensor::cast_elements(DType dtype) const {
   Tensor out = empty(shape_, dtype, device_);
   if (is_gpu()) {
     detail::gpu::cast(device_.index(), raw_data(), detail::to_scalar_type(dtype_), out.raw_mutable_data(),
                       detail::to_scalar_type(dtype), num_elements_);
     return out;
   }
-  dispatch(dtype_, [&](auto from_tag) {
+  if (dtype_ == DType::f32 && is_16bit(dtype)) {  // the common case, eight at a time
+    kernels::compress_range(data<float>(), static_cast<std::uint16_t*>(out.raw_mutable_data()), num_elements_,
+                            detail::to_scalar_type(dtype));
+    return out;
+  }
+  if (is_16bit(dtype_) && dtype == DType::f32) {
+    kernels::decompress_range(static_cast<const std::uint16_t*>(raw_data()), out.mutable_data<float>(), num_elements_,
+                              detail::to_scalar_type(dtype_));
+    return out;
+  }
+  dispatch_all(dtype_, [&](auto from_tag) {
     using From = decltype(from_tag);
-    dispatch(dtype, [&](auto to_tag) {
+    dispatch_all(dtype, [&](auto to_tag) {
       using To = decltype(to_tag);
       const From* in = data<From>();
       To* o = out.mutable_data<To>();
-      for (std::int64_t i = 0; i < num_elements_; ++i) o[i] = static_cast<To>(in[i]);
+      for (std::int64_t i = 0; i < num_elements_; ++i) o[i] = convert<To>(in[i]);
     });
   });
   return out;
@@ -457,7 +539,7 @@ void Tensor::check_single_element(const char* op) const {
 std::string Tensor::to_string() const {
   if (is_gpu()) return to(Device()).to_string();
   std::string out;
-  dispatch(dtype_, [&](auto tag) {
+  dispatch_all(dtype_, [&](auto tag) {
     using T = decltype(tag);
     std::int64_t pos = 0;
     append_nested(out, static_cast<const T*>(raw_data()), shape_, 0, pos);
@@ -617,6 +699,8 @@ Tensor reduce_sum(const Tensor& t, int axis) {
 
 namespace {
 Tensor reduce_sum_untaped(const Tensor& t, int axis) {
+  // 16-bit elements are summed in float32 and rounded once.
+  if (is_16bit(t.dtype())) return reduce_sum_untaped(t.cast(DType::f32), axis).cast(t.dtype());
   const int ax = detail::checked_axis("reduce_sum", axis, t.rank());
   Shape shape = t.shape();
   const std::int64_t along = shape[static_cast<std::size_t>(ax)];

@@ -94,7 +94,10 @@ class Tensor {
   Tensor to(const Device& device) const { return with_device(device); }
   /// True when the elements live in a GPU's memory.
   bool is_gpu() const noexcept { return device_.is_gpu(); }
-  /// A copy converted to `dtype`.
+  /// A copy converted to `dtype` (tf.cast): C++'s conversions (float to integer truncates toward
+  /// zero); into float16 and bfloat16 rounded once to nearest, ties to even, NaN and infinities
+  /// kept, a magnitude past the format's largest finite value becomes infinite. A GradientTape
+  /// passes gradients back through a cast between floating dtypes.
   Tensor cast(DType dtype) const;
 
   const Shape& shape() const noexcept { return shape_; }
@@ -156,6 +159,7 @@ class Tensor {
  private:
   Tensor(std::shared_ptr<detail::Storage> storage, Shape shape, DType dtype, Device device,
          std::size_t offset = 0);
+  Tensor cast_elements(DType dtype) const;
   void check_dtype(DType expected, const char* op) const;
   void check_single_element(const char* op) const;
   void check_host(const char* op) const;

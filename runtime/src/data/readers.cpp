@@ -189,6 +189,8 @@ class ValueBuffer {
       case DType::f64: return put_finite(parse_value<double>(text, site));
       case DType::i32: put(parse_value<std::int32_t>(text, site)); return true;
       case DType::i64: put(parse_value<std::int64_t>(text, site)); return true;
+      case DType::f16: return put_half<float16_t>(parse_value<double>(text, site), text, site);
+      case DType::bf16: return put_half<bfloat16_t>(parse_value<double>(text, site), text, site);
     }
     return true;
   }
@@ -199,6 +201,8 @@ class ValueBuffer {
       case DType::f64: return put(static_cast<double>(id));
       case DType::i32: return put(static_cast<std::int32_t>(id));
       case DType::i64: return put(id);
+      case DType::f16: return put(float16_t(id));
+      case DType::bf16: return put(bfloat16_t(id));
     }
   }
   std::size_t size_bytes() const { return bytes_.size(); }
@@ -206,6 +210,16 @@ class ValueBuffer {
   Tensor to_tensor(Shape shape) const { return Tensor::from_bytes(bytes_.data(), bytes_.size(), dtype_, std::move(shape)); }
 
  private:
+  // A value rounded to nearest even; false for NaN or Inf, as put_finite; a finite value
+  // beyond the format's range is an error rather than an infinity.
+  template <class H>
+  bool put_half(double v, std::string_view text, const FieldSite& site) {
+    if (!std::isfinite(v)) return false;
+    const H h(v);
+    if (!std::isfinite(static_cast<float>(h))) bad_value(site, text, "is out of range for " + std::string(dtype_name(dtype_v<H>)));
+    put(h);
+    return true;
+  }
   template <class T>
   bool put_finite(T v) {
     if (!std::isfinite(v)) return false;
@@ -546,6 +560,13 @@ Tensor read_idx(const std::string& path, std::optional<DType> as) {
     case DType::f64: decode_idx(src, n, code, out.mutable_data<double>(), path); break;
     case DType::i32: decode_idx(src, n, code, out.mutable_data<std::int32_t>(), path); break;
     case DType::i64: decode_idx(src, n, code, out.mutable_data<std::int64_t>(), path); break;
+    case DType::f16:
+    case DType::bf16: {
+      // Decoded to float32, then rounded to nearest even (every IDX element type fits float32's range).
+      Tensor wide = Tensor::empty(shape, DType::f32);
+      decode_idx(src, n, code, wide.mutable_data<float>(), path);
+      return wide.cast(dtype);
+    }
   }
   return out;
 }

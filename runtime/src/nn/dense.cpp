@@ -23,6 +23,17 @@ std::string variable_name(const std::string& layer, const char* what) {
   return layer.empty() ? std::string(what) : layer + "/" + what;
 }
 
+bool is_16bit(DType d) { return d == DType::f16 || d == DType::bf16; }
+
+Tensor as(const Tensor& t, DType d) { return t.dtype() == d ? t : t.cast(d); }
+
+// `t` as the layer computes with it: rounded to the compute dtype, then held in float32 for the
+// products (which accumulate in float32). A float32 layer takes 16-bit inputs in float32.
+Tensor computed(const Tensor& t, DType compute) {
+  if (compute == DType::f32) return is_16bit(t.dtype()) ? t.cast(DType::f32) : t;
+  return as(as(t, compute), DType::f32);
+}
+
 }  // namespace
 
 Dense::Dense(int input_dim, int units, Activation activation, std::uint64_t seed, std::string name)
@@ -31,6 +42,7 @@ Dense::Dense(int input_dim, int units, Activation activation, std::uint64_t seed
       units_(checked_dim(units, "units")),
       activation_(activation),
       seed_(seed),
+      policy_(mixed_precision::global_policy()),
       kernel_(glorot_uniform(input_dim, units, seed), variable_name(this->name(), "kernel")),
       bias_(Tensor::zeros({units}), variable_name(this->name(), "bias")) {}
 
@@ -39,12 +51,28 @@ Tensor Dense::call(const Tensor& x, const CallContext&) const {
     throw std::invalid_argument(who() + ": input of shape " + shape_to_string(x.shape()) + " (expected [batch, " +
                                 std::to_string(input_dim_) + "])");
   }
-  return dense_forward(x, kernel_.value(), bias_.value(), activation_);
+  const DType c = compute_dtype();
+  if (c == DType::f32 && !is_16bit(x.dtype())) return dense_forward(x, kernel_.value(), bias_.value(), activation_);
+  const Tensor out = dense_forward(computed(x, c), computed(kernel_.value(), c), computed(bias_.value(), c), activation_);
+  return as(out, c);
 }
 
 DenseGradients Dense::backward(const Tensor& x, const Tensor& output, const Tensor& grad_output,
                                bool need_input) const {
-  return dense_backward(x, kernel_.value(), output, grad_output, activation_, need_input);
+  const DType c = compute_dtype();
+  if (c == DType::f32 && !is_16bit(x.dtype()) && !is_16bit(grad_output.dtype())) {
+    return dense_backward(x, kernel_.value(), output, grad_output, activation_, need_input);
+  }
+  // The forward's operands again, and the gradient arriving at the 16-bit output, 16-bit too.
+  DenseGradients d = dense_backward(computed(x, c), computed(kernel_.value(), c), as(output, DType::f32),
+                                    computed(grad_output, c), activation_, need_input);
+  if (c != DType::f32) {
+    // The gradients of the 16-bit copies of the variables, passed back through the casts.
+    d.kernel = computed(d.kernel, c);
+    d.bias = computed(d.bias, c);
+  }
+  if (need_input) d.input = as(as(d.input, c), x.dtype());
+  return d;
 }
 
 LayerGradients Dense::gradients(const Tensor& x, const Tensor& output, const Tensor& grad_output, const CallContext&,

@@ -353,10 +353,18 @@ Tensor compute_average_loss(const Tensor& per_example_loss, std::int64_t global_
   return out;
 }
 
+namespace {
+// A compiled loss runs in float32: a mixed-precision model's 16-bit outputs are cast first (what
+// Keras advises with a float32 last layer), and the gradient returned is float32.
+Tensor for_loss(const Tensor& outputs) {
+  return outputs.dtype() == DType::f16 || outputs.dtype() == DType::bf16 ? outputs.cast(DType::f32) : outputs;
+}
+}  // namespace
+
 Loss Loss::sparse_categorical_crossentropy() {
   return Loss{"sparse_categorical_crossentropy",
               [](const Tensor& logits, const Tensor& labels, std::int64_t global_batch_size) {
-                return sparse_softmax_cross_entropy(logits, labels, global_batch_size);
+                return sparse_softmax_cross_entropy(for_loss(logits), labels, global_batch_size);
               }};
 }
 
@@ -379,7 +387,7 @@ Loss Loss::categorical_crossentropy(bool from_logits) {
 
 Loss Loss::mean_squared_error() {
   return Loss{"mean_squared_error", [](const Tensor& predictions, const Tensor& targets, std::int64_t global_batch_size) {
-                return nn::mean_squared_error(predictions, targets, global_batch_size);
+                return nn::mean_squared_error(for_loss(predictions), targets, global_batch_size);
               }};
 }
 

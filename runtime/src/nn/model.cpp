@@ -22,6 +22,7 @@
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/nn/backup_and_restore.hpp"
+#include "troupe/nn/loss_scale_optimizer.hpp"
 #include "troupe/nn/ops.hpp"
 
 namespace troupe::nn {
@@ -77,6 +78,18 @@ CallContext training_context(const Sequential& layers, const Optimizer* optimize
     ctx.replica = replica->replica_id_in_sync_group();
   }
   return ctx;
+}
+
+// Under a LossScaleOptimizer a step differentiates the scaled loss (whose gradient is the loss's
+// gradient times the scale) and unscales the gradients before the update, as Keras's
+// LossScaleOptimizer.minimize does.
+Tensor scaled_loss_gradient(const Optimizer& optimizer, const Tensor& gradient) {
+  const auto* lso = dynamic_cast<const LossScaleOptimizer*>(&optimizer);
+  return lso != nullptr ? lso->get_scaled_loss(gradient) : gradient;
+}
+std::vector<Tensor> unscaled(const Optimizer& optimizer, std::vector<Tensor> gradients) {
+  const auto* lso = dynamic_cast<const LossScaleOptimizer*>(&optimizer);
+  return lso != nullptr ? lso->get_unscaled_gradients(gradients) : gradients;
 }
 
 // Cross-replica context of the model's strategy, for the methods that run outside run().
@@ -180,9 +193,11 @@ LossAndGradients bucketed_gradients(const Sequential& layers, const Loss& loss, 
   const std::vector<Variable> variables = layers.trainable_variables();
   // Row blocks only where the replica's products run on its own thread (they are then the same
   // bits as the whole product; an intra-op split is sized by the whole).
-  // Only a first Dense layer's kernel is cut into row blocks.
+  // Only a first Dense layer's kernel is cut into row blocks (the blocks call dense_backward, so
+  // only for a layer computing in float32).
+  const auto* first_dense = dynamic_cast<const Dense*>(layers.layers().front().get());
   const bool may_split = troupe::detail::cpu::intra_op_threads() <= 1 && !features.is_gpu() &&
-                         dynamic_cast<const Dense*>(layers.layers().front().get()) != nullptr;
+                         first_dense != nullptr && first_dense->compute_dtype() == DType::f32;
   const BucketPlan plan = plan_buckets(variables, bucket_bytes, may_split);
   distribute::detail::ReplicaCollectives& collectives = distribute::detail::collectives_of(ctx);
   const int local = ctx.local_replica_index();
@@ -203,7 +218,7 @@ LossAndGradients bucketed_gradients(const Sequential& layers, const Loss& loss, 
     handles[b] = collectives.start_all_reduce(local, ReduceOp::sum, std::move(values));
   };
   // Sequential::backward's passes, each gradient handed on as soon as it exists.
-  Tensor g = lg.gradient;
+  Tensor g = scaled_loss_gradient(optimizer, lg.gradient);
   for (std::size_t i = layers.layers().size(); i-- > 0;) {
     if (i == 0 && plan.first_kernel_part_rows > 0) {
       const Dense& dense = layers.layer<Dense>(0);
@@ -293,14 +308,16 @@ Tensor Model::step_and_update(const data::Element& inputs, std::int64_t global_b
   if (bucket_bytes > 0) {
     LossAndGradients r = bucketed_gradients(layers_, loss_, *optimizer_, *ctx, bucket_bytes, inputs[0], inputs[1],
                                             global_batch_size, outputs, training_context(layers_, optimizer_.get()), op);
-    optimizer_->apply_gradients(zip(r.gradients, trainable_variables()), std::nullopt);
+    optimizer_->apply_gradients(zip(unscaled(*optimizer_, std::move(r.gradients)), trainable_variables()), std::nullopt);
     return r.loss;
   }
   const CallContext call = training_context(layers_, optimizer_.get());
   std::vector<Tensor> activations;
   const Tensor out = layers_.forward(model_input(layers_, inputs[0], op), activations, call);
   LossAndGradient lg = loss_.fn(out, inputs[1], global_batch_size);
-  optimizer_->apply_gradients(zip(layers_.backward(activations, lg.gradient, nullptr, call), trainable_variables()));
+  optimizer_->apply_gradients(
+      zip(unscaled(*optimizer_, layers_.backward(activations, scaled_loss_gradient(*optimizer_, lg.gradient), nullptr, call)),
+          trainable_variables()));
   if (outputs != nullptr) *outputs = out;
   return lg.loss;
 }
@@ -323,6 +340,13 @@ void Model::compile(std::shared_ptr<Optimizer> optimizer, Loss loss) {
   if (!optimizer) throw std::invalid_argument("Model::compile: the optimizer is null");
   if (!loss.fn) throw std::invalid_argument("Model::compile: the loss '" + loss.name + "' has no function");
   auto scope = cross_replica_scope(*strategy_, "compile");
+  // A model computing in float16 trains through dynamic loss scaling, as Keras's compile wraps
+  // the optimizer under "mixed_float16".
+  const bool float16 = std::any_of(layers_.layers().begin(), layers_.layers().end(),
+                                   [](const Dense& d) { return d.compute_dtype() == DType::f16; });
+  if (float16 && dynamic_cast<LossScaleOptimizer*>(optimizer.get()) == nullptr) {
+    optimizer = std::make_shared<LossScaleOptimizer>(std::move(optimizer));
+  }
   optimizer->build(layers_.named_trainable_variables());
   optimizer_ = std::move(optimizer);
   loss_ = std::move(loss);
@@ -383,7 +407,9 @@ History Model::fit(const data::Dataset& dataset, int epochs, std::int64_t steps_
 
 Tensor Model::predict(const Tensor& x) const {
   auto scope = cross_replica_scope(*strategy_, "predict");
-  return layers_.forward(model_input(layers_, x, "predict"));
+  const Tensor out = layers_.forward(model_input(layers_, x, "predict"));
+  // A mixed-precision model's 16-bit outputs come back float32, as its loss sees them.
+  return out.dtype() == DType::f16 || out.dtype() == DType::bf16 ? out.cast(DType::f32) : out;
 }
 
 EvaluateResult Model::evaluate(const Tensor& features, const Tensor& labels) const {

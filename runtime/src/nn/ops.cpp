@@ -202,6 +202,8 @@ Tensor softmax(const Tensor& logits) {
 }
 
 Tensor argmax(const Tensor& x) {
+  // 16-bit values widen exactly to float32: the same order, the same first maximum.
+  if (x.dtype() == DType::f16 || x.dtype() == DType::bf16) return argmax(x.cast(DType::f32));
   check_float(x, "argmax");
   check_rank(x, 2, "argmax", "x");
   const std::int64_t rows = x.shape()[0];

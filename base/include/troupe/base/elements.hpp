@@ -13,9 +13,9 @@
 
 namespace troupe::base {
 
-/// Element types (the same order as troupe::DType for the first four). f16 (IEEE binary16) and
-/// bf16 (bfloat16) are wire formats only: the cross-worker ring carries compressed float32
-/// gradients in them (CommunicationOptions::compression); no tensor holds them.
+/// Element types, in troupe::DType's order. f16 (IEEE binary16) and bf16 (bfloat16) are tensors'
+/// element types (mixed precision) and also the wire formats of compressed float32 gradients on
+/// the cross-worker ring (CommunicationOptions::compression).
 enum class scalar_type : std::uint8_t { f32, f64, i32, i64, f16, bf16 };
 /// Reductions of a collective.
 enum class reduce_kind : std::uint8_t { sum, mean };

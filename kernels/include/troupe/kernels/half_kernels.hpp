@@ -86,6 +86,51 @@ inline float f16_to_float(std::uint16_t h) noexcept {
   return detail::float_of(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+/// `d` as a float32 rounded to odd: truncated toward zero, with the lowest mantissa bit set when
+/// anything was cut off (NaN and infinities kept, a magnitude beyond float32's largest becomes the
+/// largest). Rounding that float32 to f16 or bf16 (nearest even) then gives the correctly rounded
+/// 16-bit value of `d` (float32 keeps more than two bits beyond either format, which is what
+/// rounding to odd needs): a direct float64 -> float32 -> 16-bit cast could round twice.
+inline float float_round_to_odd(double d) noexcept {
+  std::uint64_t u;
+  std::memcpy(&u, &d, sizeof u);
+  const auto sign = static_cast<std::uint32_t>(u >> 32) & 0x80000000u;
+  const std::uint64_t mant = u & 0x000fffffffffffffull;
+  const int exp = static_cast<int>((u >> 52) & 0x7ffu);
+  if (exp == 0x7ff) {  // infinity, or NaN (quiet, its top payload bits kept)
+    return detail::float_of(sign | 0x7f800000u | (mant != 0 ? 0x00400000u | static_cast<std::uint32_t>(mant >> 29) : 0u));
+  }
+  if (exp == 0 && mant == 0) return detail::float_of(sign);  // +-0
+  const int e = exp == 0 ? -1022 : exp - 1023;                 // unbiased exponent
+  const std::uint64_t sig = exp == 0 ? mant : (mant | (1ull << 52));  // value = sig * 2^(e - 52)
+  if (e > 127) return detail::float_of(sign | 0x7f7fffffu);     // beyond float32: its largest (odd)
+  if (e >= -126) {  // a float32 normal: keep 23 of the 52 mantissa bits
+    const std::uint32_t sticky = (sig & ((1ull << 29) - 1)) != 0 ? 1u : 0u;
+    return detail::float_of(sign | (static_cast<std::uint32_t>(e + 127) << 23) |
+                            static_cast<std::uint32_t>((sig >> 29) & 0x007fffffu) | sticky);
+  }
+  // A float32 denormal, m * 2^-149: sig * 2^(e - 52) = (sig >> shift) * 2^-149.
+  const int shift = 29 + (-126 - e);
+  if (shift >= 64) return detail::float_of(sign | 1u);  // nonzero, below the smallest denormal
+  const std::uint32_t sticky = (sig & ((1ull << shift) - 1)) != 0 ? 1u : 0u;
+  return detail::float_of(sign | static_cast<std::uint32_t>(sig >> shift) | sticky);
+}
+
+/// `v` as a float32 rounded to odd (exact below 2^24), for the same use.
+inline float float_round_to_odd(std::uint64_t v, bool negative = false) noexcept {
+  const std::uint32_t sign = negative ? 0x80000000u : 0u;
+  if (v < (1ull << 24)) return detail::float_of(sign | detail::bits_of(static_cast<float>(v)));
+  const int top = 63 - __builtin_clzll(v);  // 24..63
+  const int shift = top - 23;
+  const std::uint32_t sticky = (v & ((1ull << shift) - 1)) != 0 ? 1u : 0u;
+  return detail::float_of(sign | (static_cast<std::uint32_t>(top + 127) << 23) |
+                          (static_cast<std::uint32_t>(v >> shift) & 0x007fffffu) | sticky);
+}
+inline float float_round_to_odd(std::int64_t v) noexcept {
+  const std::uint64_t mag = v < 0 ? 0 - static_cast<std::uint64_t>(v) : static_cast<std::uint64_t>(v);
+  return float_round_to_odd(mag, v < 0);
+}
+
 /// Rounds `count` float32 values to `type` (f16 or bf16) bits; std::invalid_argument otherwise.
 /// Eight at a time with F16C (f16) or AVX2 (bf16) where the CPU has them, else SSE2 or the scalar
 /// code: the same bits on every path.

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "troupe/nn/layer.hpp"
+#include "troupe/nn/mixed_precision.hpp"
 #include "troupe/nn/ops.hpp"
 #include "troupe/tensor.hpp"
 #include "troupe/variable.hpp"
@@ -19,6 +20,14 @@ namespace troupe::nn {
 /// forward and backward are safe to call from every replica at once inside Strategy::run: each
 /// reads its own component of the variables and nothing else is written. GPU tensors are computed
 /// on their GPU.
+///
+/// The layer takes the global mixed-precision policy current when it is constructed
+/// (mixed_precision::global_policy()). Under "mixed_float16" or "mixed_bfloat16" its variables
+/// stay float32 and it computes in the 16-bit type, as Keras's Dense does: the input, the kernel
+/// and the bias are rounded to that type, the product is accumulated in float32 (on the CPU) and
+/// the output rounded to it; the gradients of the variables come back float32 (the 16-bit
+/// gradient through the cast). A float input of another dtype is cast to the compute dtype, so a
+/// float32 layer after mixed ones computes in float32.
 class Dense : public Layer {
  public:
   /// input_dim and units must be positive (std::invalid_argument). `name` prefixes the variables'
@@ -35,6 +44,10 @@ class Dense : public Layer {
   int input_dim() const noexcept { return input_dim_; }
   /// Width of the outputs.
   int units() const noexcept { return units_; }
+  /// The policy the layer was made under (its dtype_policy in Keras).
+  const mixed_precision::Policy& dtype_policy() const noexcept { return policy_; }
+  /// The dtype of its outputs and of its computation: float32, float16 or bfloat16.
+  DType compute_dtype() const noexcept { return policy_.compute_dtype(); }
   /// The activation after the affine map.
   Activation activation() const noexcept { return activation_; }
   /// The kernel variable, [input_dim, units].
@@ -66,6 +79,7 @@ class Dense : public Layer {
   int units_;
   Activation activation_;
   std::uint64_t seed_;
+  mixed_precision::Policy policy_;
   Variable kernel_;
   Variable bias_;
 };

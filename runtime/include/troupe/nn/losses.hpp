@@ -54,7 +54,9 @@ LossAndGradient mean_squared_error(const Tensor& predictions, const Tensor& targ
 Tensor compute_average_loss(const Tensor& per_example_loss, std::int64_t global_batch_size);
 
 /// A loss for Model::compile: its name and fn(predictions, targets, global_batch_size), the
-/// sum-over-global-batch reduction above.
+/// sum-over-global-batch reduction above. The compiled losses compute in float32: float16 and
+/// bfloat16 predictions (a mixed-precision model's) are cast to float32 first, and the gradient
+/// is float32.
 struct Loss {
   std::string name;
   std::function<LossAndGradient(const Tensor&, const Tensor&, std::int64_t)> fn;

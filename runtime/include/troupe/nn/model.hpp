@@ -109,7 +109,9 @@ class Model {
   /// in the model's strategy scope. Layers that take a size from the data are otherwise built
   /// from the first batch; a fit with BackupAndRestore needs them built before it starts.
   void build(Shape input_shape);
-  /// Sets the optimizer and the loss, and builds the optimizer's slots in the model's scope.
+  /// Sets the optimizer and the loss, and builds the optimizer's slots in the model's scope. A
+  /// model with a layer computing in float16 (made under "mixed_float16") gets the optimizer
+  /// wrapped in a LossScaleOptimizer, as Keras does (optimizer() then returns the wrapper).
   void compile(std::shared_ptr<Optimizer> optimizer, Loss loss);
   /// The same, with metrics computed during fit and evaluate: "accuracy" or
   /// "sparse_categorical_accuracy" (the argmax of the outputs against integer labels; anything
@@ -138,7 +140,8 @@ class Model {
 
   /// The outputs for x [batch, input_dim] (the replica's own weights inside strategy.run).
   Tensor operator()(const Tensor& x) const { return layers_.forward(x); }
-  /// The outputs, in cross-replica context (the primary component of the weights).
+  /// The outputs, in cross-replica context (the primary component of the weights); float32 for a
+  /// mixed-precision model.
   Tensor predict(const Tensor& x) const;
   /// Mean loss and accuracy over a dataset of batches {features, labels}, in cross-replica context.
   EvaluateResult evaluate(const data::Dataset& batches) const;

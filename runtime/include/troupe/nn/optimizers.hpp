@@ -47,18 +47,19 @@ class Optimizer {
 
   /// Creates the iteration count and the slots of these variables (named for checkpoints), in
   /// the current scope; variables already built are skipped.
-  void build(const std::vector<std::pair<std::string, Variable>>& named_variables);
+  /// (Virtual, like the methods below, so that a LossScaleOptimizer can wrap another optimizer.)
+  virtual void build(const std::vector<std::pair<std::string, Variable>>& named_variables);
 
   /// Applies one update; see the class comment. Every gradient must have its variable's shape
   /// and dtype (float32 or float64), else std::invalid_argument naming the variable.
-  void apply_gradients(const std::vector<GradientAndVariable>& grads_and_vars,
-                       std::optional<distribute::ReduceOp> aggregation = distribute::ReduceOp::sum);
+  virtual void apply_gradients(const std::vector<GradientAndVariable>& grads_and_vars,
+                               std::optional<distribute::ReduceOp> aggregation = distribute::ReduceOp::sum);
 
   /// Updates applied so far (an int64 scalar variable, "<name>/iterations").
-  const Variable& iterations() const;
+  virtual const Variable& iterations() const;
   /// The slots and the iteration count by checkpoint name: "adam/m/dense_0/kernel",
   /// "adam/iterations"... Empty before build.
-  std::map<std::string, Variable> variables() const;
+  virtual std::map<std::string, Variable> variables() const;
 
   /// "sgd" or "adam".
   const std::string& name() const noexcept { return name_; }
@@ -66,7 +67,7 @@ class Optimizer {
   float learning_rate() const noexcept { return learning_rate_; }
   /// Changes the step size for the following updates (> 0, else std::invalid_argument); call it
   /// between steps, not while replicas are applying gradients.
-  void set_learning_rate(float learning_rate);
+  virtual void set_learning_rate(float learning_rate);
 
   /// Time replica 0 spent in the gradient all-reduce (its share of waiting for the others
   /// included), for benchmarks.

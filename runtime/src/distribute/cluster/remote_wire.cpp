@@ -4,6 +4,7 @@
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <type_traits>
 
 namespace troupe::distribute::detail {
 namespace {
@@ -70,7 +71,7 @@ class reader {
   }
   DType dtype() {
     auto d = get<std::uint8_t>();
-    if (d > static_cast<std::uint8_t>(DType::i64)) bad("dtype " + std::to_string(d) + " is unknown");
+    if (d > static_cast<std::uint8_t>(DType::bf16)) bad("dtype " + std::to_string(d) + " is unknown");
     return static_cast<DType>(d);
   }
   Shape shape() {
@@ -224,7 +225,14 @@ void combine(char* value, const char* delta, std::size_t n, int sign) {
     T a, b;
     std::memcpy(&a, value + i * sizeof(T), sizeof(T));
     std::memcpy(&b, delta + i * sizeof(T), sizeof(T));
-    a = sign > 0 ? static_cast<T>(a + b) : static_cast<T>(a - b);
+    if constexpr (std::is_same_v<T, float16_t> || std::is_same_v<T, bfloat16_t>) {
+      // 16-bit elements: the sum in float32, rounded once to the format.
+      const float x = static_cast<float>(a);
+      const float y = static_cast<float>(b);
+      a = T(sign > 0 ? x + y : x - y);
+    } else {
+      a = sign > 0 ? static_cast<T>(a + b) : static_cast<T>(a - b);
+    }
     std::memcpy(value + i * sizeof(T), &a, sizeof(T));
   }
 }
@@ -259,6 +267,8 @@ std::optional<std::string> update_in_place(std::string& value, actors::update_op
     case DType::f64: combine<double>(out, in, n, sign); break;
     case DType::i32: combine<std::int32_t>(out, in, n, sign); break;
     case DType::i64: combine<std::int64_t>(out, in, n, sign); break;
+    case DType::f16: combine<float16_t>(out, in, n, sign); break;
+    case DType::bf16: combine<bfloat16_t>(out, in, n, sign); break;
   }
   return std::nullopt;
 }

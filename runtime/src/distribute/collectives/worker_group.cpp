@@ -113,6 +113,14 @@ void RingWorkerGroup::all_reduce_in_place(Tensor& t, Compression compression) {
       kernels::decompress_range(wire_.data(), values, n, wire);
       return;
     }
+    if (t.dtype() == DType::f16 || t.dtype() == DType::bf16) {
+      // Summed in float32 and rounded once: a 16-bit partial sum per hop would lose bits.
+      Tensor wide = t.cast(DType::f32);
+      ring_->all_reduce(wide.raw_mutable_data(), wide.num_elements(), base::scalar_type::f32, base::reduce_kind::sum);
+      kernels::compress_range(wide.data<float>(), static_cast<std::uint16_t*>(t.raw_mutable_data()), t.num_elements(),
+                              troupe::detail::to_scalar_type(t.dtype()));
+      return;
+    }
     ring_->all_reduce(t.raw_mutable_data(), t.num_elements(), troupe::detail::to_scalar_type(t.dtype()), base::reduce_kind::sum);
   } catch (const transport::peer_error& e) {
     fail(e);

@@ -125,7 +125,9 @@ class RingWorkerGroup final : public WorkerGroup {
   /// `compression`, a float32 tensor crosses as f16 or bf16: each worker rounds its values to the
   /// format (nearest even), the ring sums them in float32 in its fixed order and rounds every
   /// partial sum to the format again, and the final 16-bit sum, the same bits on every worker, is
-  /// widened back into `t`. Other dtypes ignore it.
+  /// widened back into `t`. Other dtypes ignore it. A float16 or bfloat16 tensor is summed in
+  /// float32 (twice its bytes on the ring) and rounded once at the end, the same bits on every
+  /// worker.
   void all_reduce_in_place(Tensor& t, Compression compression = Compression::none);
   /// Where the last all_reduce_in_place waited for another worker (tcp_ring::peer_wait).
   transport::tcp_ring::peer_wait last_all_reduce_wait() const { return ring_->last_all_reduce_wait(); }
