@@ -343,7 +343,10 @@ void Model::compile(std::shared_ptr<Optimizer> optimizer, Loss loss) {
   // A model computing in float16 trains through dynamic loss scaling, as Keras's compile wraps
   // the optimizer under "mixed_float16".
   const bool float16 = std::any_of(layers_.layers().begin(), layers_.layers().end(),
-                                   [](const Dense& d) { return d.compute_dtype() == DType::f16; });
+                                   [](const std::shared_ptr<const Layer>& layer) {
+                                     const auto* dense = dynamic_cast<const Dense*>(layer.get());
+                                     return dense != nullptr && dense->compute_dtype() == DType::f16;
+                                   });
   if (float16 && dynamic_cast<LossScaleOptimizer*>(optimizer.get()) == nullptr) {
     optimizer = std::make_shared<LossScaleOptimizer>(std::move(optimizer));
   }
