@@ -48,7 +48,8 @@ void spin_on_mailbox(caf::blocking_actor* self, std::chrono::microseconds spin, 
 //   worker -> chief's agent: (nonce) -> string; (join, version, rank, nonce, proof, devices,
 //     data host, data port) -> vector<member> or a caf::error of category "rendezvous";
 //     (beat, rank, watcher); (bye, rank); (fault, rank, what) -> bool: a member found the workers
-//     out of step, and the agent tells every other watcher (gone, rank, what)
+//     out of step or a ring link tampered with, and the agent tells every other watcher (gone,
+//     rank, what)
 //   chief -> its own agent: (await) -> vector<member> or the error; (tick, interval); (check);
 //     (expire)
 //   agent -> every watcher: (gone, rank, reason); (alive) every interval, the chief's heartbeat
