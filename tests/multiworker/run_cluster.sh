@@ -450,6 +450,32 @@ case "$scenario" in
       grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: its TLS handshake failed" \
         "$dir/out0" || fail "the chief did not log the failed handshake with the stranger's address"
     fi ;;
+  stranger-idle-rendezvous)
+    # With a token, 28 connections that never begin their TLS handshake are opened on the chief's
+    # control port between its start and the others' and held for 30 s. The cluster forms and
+    # computes without waiting for them (every handshake has its deadline, and none holds up
+    # another), the chief refuses each one at its deadline, and no worker, whose token is right,
+    # is told that its own handshake failed.
+    for i in 0 1 2; do declare "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$"; done
+    hold_idle() {
+      "$(dirname "$0")/attacker.py" idle 127.0.0.1 "${ports[0]}" 28 30 > "$dir/attacker" 2>&1 &
+      attacker=$!
+      for _ in $(seq 1 300); do grep -q "attacker: holding" "$dir/attacker" 2>/dev/null && break; sleep 0.02; done
+      held_at=$(now_ms)
+    }
+    AFTER_CHIEF=hold_idle start_cluster 3 collectives
+    pids+=("$attacker")
+    wait_all 3
+    took=$(( $(now_ms) - held_at ))
+    grep -q "attacker: holding 28 idle connections" "$dir/attacker" ||
+      fail "the attacker did not hold its connections: $(cat "$dir/attacker")"
+    expect_cluster 3 3
+    echo "the cluster formed and computed $took ms after the 28 idle connections were opened"
+    # The deadline is 5 s; a start that waited for the idle connections would end after 30 s.
+    [ "$took" -lt 20000 ] || fail "the cluster took $took ms beside 28 idle connections"
+    grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: its TLS handshake did not finish within 5000 ms" \
+      "$dir/out0" || fail "the chief did not refuse the idle connections at their deadline"
+    if grep -q "TLS handshake" "$dir/out1" "$dir/out2"; then fail "a worker with the right token was told of a failed handshake"; fi ;;
   stranger-other-user)
     # Without a token, on loopback: a stranger running as another user (nobody) is refused by
     # the chief's gate before one BASP byte, and logged with its address and user; the cluster
