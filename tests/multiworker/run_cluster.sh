@@ -258,6 +258,24 @@ case "$scenario" in
     grep -q "$relayed" "$dir/out3" || fail "worker 3 did not name both sides and both numbers"
     grep -q "rank 1 (127.0.0.1:[0-9]*) is at step 3, collective 0 .*rank [02] at step 2, collective 1\|rank [02] (127.0.0.1:[0-9]*) is at step 2, collective 1 .*rank 1 at step 3, collective 0" \
       "$dir/out3" || fail "worker 3 did not name worker 1 and a worker of step 2" ;;
+  tampered-frame-4x1)
+    # With a token, worker 0 runs with tamper_shim preloaded ($3): one bit of the first float32
+    # 12345 it sends is flipped on its way to the socket, as a relay on the link would. Every
+    # worker fails (exit 3) and none returns the altered sum: the worker that received the frame
+    # names its integrity check and rank 0, and the others learn it through the watch as the ring
+    # link from rank 0 tampered with, never as workers out of step.
+    for i in 0 1 2 3; do declare -g "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$"; done
+    W0_ENV="$W0_ENV LD_PRELOAD=$stranger"
+    start_cluster 4 tamper; wait_all 4
+    grep -q "^tamper: flipped a bit" "$dir/out0" || fail "the shim altered no frame of worker 0"
+    own="a frame from rank 0 (127.0.0.1:[0-9]*) failed its integrity check"
+    relayed="cluster watch: /job:worker/replica:0/task:[13] (rank [13]) found the ring link from /job:worker/replica:0/task:0 (rank 0) tampered with: $own"
+    for i in 0 1 2 3; do
+      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+      if grep -q "wrong sum\|found the workers out of step" "$dir/out$i"; then fail "worker $i saw a wrong sum or blamed the workers' order"; fi
+    done
+    grep -q "ERROR.*$own" "$dir/out1" "$dir/out3" || fail "no neighbour of worker 0 named the frame's integrity check"
+    for i in 0 2; do grep -q "$relayed" "$dir/out$i" || fail "worker $i did not learn of the link tampered with"; done ;;
   token-required)
     # A cluster beyond loopback (192.0.2.1 is TEST-NET-1) without a token refuses to start,
     # naming both ways out; told insecure it starts (and finds the other task missing).
