@@ -110,8 +110,9 @@ class cluster_watch {
   cluster_watch& operator=(const cluster_watch&) = delete;
 
   /// Tells every other worker, through the chief's agent, a fault this worker found that is the
-  /// cluster's (workers out of step, a ring link tampered with): their on_failure runs with (this rank, `what`). The agent
-  /// acts only on a report from the peer that joined as this rank, and cuts `what` at 4 KiB.
+  /// cluster's (workers out of step, a ring link tampered with): their on_failure runs with (this
+  /// rank, `what`). The agent acts only on a report from the peer that joined as this rank, and
+  /// cuts `what` at 4 KiB.
   /// Returns once the agent has passed it on, or after `wait`.
   void report_fault(const std::string& what, std::chrono::milliseconds wait);
 

@@ -137,9 +137,9 @@ class RingWorkerGroup final : public WorkerGroup {
  private:
   void all_gather(const void* mine, std::size_t my_bytes, void* out, const std::vector<std::size_t>& bytes);
   /// The CollectiveAborted for `e`. A fault of the cluster's (workers out of step, a link
-  /// tampered with: describe_fault_report) is told to
-  /// every worker first, through the watch; otherwise the watch's verdict, when one is on its
-  /// way, is awaited briefly, so that a worker whose ring broke under it learns why.
+  /// tampered with: describe_fault_report) is told to every worker first, through the watch;
+  /// otherwise the watch's verdict, when one is on its way, is awaited briefly, so that a worker
+  /// whose ring broke under it learns why.
   [[noreturn]] void fail(const transport::peer_error& e);
 
   int rank_;
