@@ -9,6 +9,8 @@
 // buffer to 16 bits, all-reduce those, widen the result back; SIZE and algbw count float32 bytes.
 //
 // With --token every frame carries its integrity tag (as in a cluster with TROUPE_CLUSTER_TOKEN).
+// cpu_us is the CPU time per operation of all ranks together (user and system, the kernel's
+// loopback copies included): what an operation costs where the ranks share the cores.
 //
 // Usage: tcp_allreduce_bench [-n RANKS] [--floor] [--reps R] [--target-ms T]
 //                            [--compression none,fp16,bf16] [--token TEXT] [SIZE...]
@@ -25,6 +27,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,15 +58,28 @@ void all_reduce_as(tcp_ring& ring, std::vector<float>& buf, std::vector<std::uin
   troupe::kernels::decompress_range(packed.data(), buf.data(), count, wire);
 }
 
-// Runs `iters` all-reduces of `bytes` (of float32) and returns seconds per op; all ranks start
+// This process's CPU time (user and system, all threads), in seconds.
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+
+struct op_time {
+  double wall = 0;  // seconds per op
+  double cpu = 0;   // this rank's CPU seconds per op
+};
+
+// Runs `iters` all-reduces of `bytes` (of float32) and returns the time per op; all ranks start
 // together because each all-reduce is itself a synchronisation.
-double time_ring(tcp_ring& ring, std::vector<float>& buf, std::vector<std::uint16_t>& packed, std::size_t bytes,
-                 int iters, scalar_type wire) {
+op_time time_ring(tcp_ring& ring, std::vector<float>& buf, std::vector<std::uint16_t>& packed, std::size_t bytes,
+                  int iters, scalar_type wire) {
   const auto count = static_cast<std::int64_t>(bytes / 4);
   all_reduce_as(ring, buf, packed, count, wire);  // line up
+  const double cpu = cpu_seconds();
   const auto start = clock_type::now();
   for (int i = 0; i < iters; ++i) all_reduce_as(ring, buf, packed, count, wire);
-  return seconds_since(start) / iters;
+  return {seconds_since(start) / iters, (cpu_seconds() - cpu) / iters};
 }
 
 const char* wire_name(scalar_type wire) {
@@ -93,31 +110,38 @@ int run_rank(int rank, int n, std::vector<listener*>& listeners, const std::vect
       std::vector<float> iters_f(1, 0.0f);
       // Ones stay exact in every format only while n is small: refill before each format.
       std::fill(buf.begin(), buf.end(), 1.0f);
-      double t1 = time_ring(ring, buf, packed, bytes, 3, wires[w]);
+      double t1 = time_ring(ring, buf, packed, bytes, 3, wires[w]).wall;
       if (rank == 0) iters_f[0] = float(std::clamp(target_ms / 1e3 / t1, 3.0, 20000.0));
       ring.all_reduce(iters_f.data(), 1, scalar_type::f32, reduce_kind::sum);
       iters[w] = static_cast<int>(iters_f[0]);
     }
-    std::vector<std::vector<double>> times(wires.size());
+    std::vector<std::vector<double>> times(wires.size()), cpus(wires.size());
     for (int r = 0; r < reps; ++r) {
       for (std::size_t w = 0; w < wires.size(); ++w) {  // interleaved: the machine's noise hits every format
         std::fill(buf.begin(), buf.end(), 1.0f);
-        std::vector<float> t(static_cast<std::size_t>(n), 0.0f);
-        t[static_cast<std::size_t>(rank)] = float(time_ring(ring, buf, packed, bytes, iters[w], wires[w]));
-        ring.all_reduce(t.data(), n, scalar_type::f32, reduce_kind::sum);
-        times[w].push_back(*std::max_element(t.begin(), t.end()));
+        // Each rank's wall and CPU time per op: the slowest rank's wall time, all ranks' CPU.
+        std::vector<float> t(2 * static_cast<std::size_t>(n), 0.0f);
+        const op_time mine = time_ring(ring, buf, packed, bytes, iters[w], wires[w]);
+        t[static_cast<std::size_t>(rank)] = float(mine.wall);
+        t[static_cast<std::size_t>(n + rank)] = float(mine.cpu);
+        ring.all_reduce(t.data(), 2 * n, scalar_type::f32, reduce_kind::sum);
+        times[w].push_back(*std::max_element(t.begin(), t.begin() + n));
+        cpus[w].push_back(std::accumulate(t.begin() + n, t.end(), 0.0));
       }
     }
     double first_med = 0;
     for (std::size_t w = 0; w < wires.size(); ++w) {
       std::sort(times[w].begin(), times[w].end());
+      std::sort(cpus[w].begin(), cpus[w].end());
       const double med = times[w][times[w].size() / 2];
+      const double cpu_med = cpus[w][cpus[w].size() / 2];
       if (w == 0) first_med = med;
       if (rank == 0) {
         const double algbw = double(bytes) / med / 1e9;
         std::printf("tcp_allreduce bytes=%zu ranks=%d iters=%d median_us=%.2f algbw_GBps=%.3f busbw_GBps=%.3f "
-                    "compression=%s",
-                    bytes, n, iters[w], med * 1e6, algbw, algbw * 2.0 * (n - 1) / n, wire_name(wires[w]));
+                    "cpu_us=%.2f compression=%s",
+                    bytes, n, iters[w], med * 1e6, algbw, algbw * 2.0 * (n - 1) / n, cpu_med * 1e6,
+                    wire_name(wires[w]));
         if (wires.size() > 1) std::printf(" speedup_vs_%s=%.2f", wire_name(wires[0]), first_med / med);
         std::printf("\n");
         std::fflush(stdout);

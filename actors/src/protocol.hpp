@@ -48,8 +48,9 @@ void spin_on_mailbox(caf::blocking_actor* self, std::chrono::microseconds spin, 
 //   worker -> chief's agent: (nonce) -> string; (join, version, rank, nonce, proof, devices,
 //     data host, data port) -> vector<member> or a caf::error of category "rendezvous";
 //     (beat, rank, watcher, cpu percent, rss bytes, lines total, lines): the beat and the
-//     worker_report beside it, flat as the join is; (bye, rank); (fault, rank, what) -> bool: a member found the workers
-//     out of step, and the agent tells every other watcher (gone, rank, what)
+//     worker_report beside it, flat as the join is; (bye, rank); (fault, rank, what) -> bool: a
+//     member found the workers out of step or a ring link tampered with, and the agent tells
+//     every other watcher (gone, rank, what)
 //   chief -> its own agent: (await) -> vector<member> or the error; (tick, interval); (check);
 //     (expire)
 //   agent -> every watcher: (gone, rank, reason); (alive) every interval, the chief's heartbeat

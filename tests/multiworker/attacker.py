@@ -8,7 +8,10 @@ Usage: attacker.py basp-header HOST PORT HOLD_S
 Usage: attacker.py bad-token HOST PORT
   Three times: connects and sends a TLS record header and random bytes, failing the handshake as
   a worker with another token (or none) would.
-Prints what it did; exits 0 once it sent its bytes.
+Usage: attacker.py idle HOST PORT COUNT HOLD_S
+  Opens COUNT connections to HOST:PORT and sends nothing on them (a TLS handshake that never
+  starts); holds them for HOLD_S seconds.
+Prints what it did; exits 0 once it sent its bytes (or held its connections).
 """
 import os
 import socket
@@ -46,6 +49,12 @@ def main():
             time.sleep(0.2)
             s.close()
         print("attacker: sent 3 bad handshakes", flush=True)
+    elif mode == "idle":
+        held = [s] + [connect(host, port) for _ in range(int(sys.argv[4]) - 1)]
+        print(f"attacker: holding {len(held)} idle connections", flush=True)
+        time.sleep(float(sys.argv[5]))
+        for c in held:
+            c.close()
     else:
         sys.exit(f"attacker: unknown mode {mode}")
     s.close()

@@ -831,6 +831,20 @@ int main(int argc, char** argv) {
       }
       std::cout << "FAIL every step returned although worker 1 skipped a collective\n";
       rc = 1;
+    } else if (mode == "tamper") {
+      // Every worker all-reduces 12345 in every element, five times. run_cluster.sh preloads
+      // tamper_shim into worker 0, which flips a bit of the first 12345 it sends: no worker may
+      // finish with the altered sum.
+      for (int k = 0; k < 5; ++k) {
+        s.run([&] {
+          const Tensor sum = get_replica_context()->all_reduce(ReduceOp::sum, Tensor::full({100}, 12345, DType::f32));
+          if (sum.to_vector<float>() != std::vector<float>(100, 12345.0f * float(n))) {
+            throw std::runtime_error("tamper: the all_reduce returned a wrong sum");
+          }
+        });
+      }
+      std::cout << "FAIL every all_reduce returned although a frame was altered\n";
+      rc = 1;
     } else if (mode == "bucket-skip") {
       // Every worker's local replica 0 starts a gradient bucket that local replica 1 never starts;
       // both then all-reduce, whose merge waits for the started buckets first. The merge must

@@ -258,6 +258,24 @@ case "$scenario" in
     grep -q "$relayed" "$dir/out3" || fail "worker 3 did not name both sides and both numbers"
     grep -q "rank 1 (127.0.0.1:[0-9]*) is at step 3, collective 0 .*rank [02] at step 2, collective 1\|rank [02] (127.0.0.1:[0-9]*) is at step 2, collective 1 .*rank 1 at step 3, collective 0" \
       "$dir/out3" || fail "worker 3 did not name worker 1 and a worker of step 2" ;;
+  tampered-frame-4x1)
+    # With a token, worker 0 runs with tamper_shim preloaded ($3): one bit of the first float32
+    # 12345 it sends is flipped on its way to the socket, as a relay on the link would. Every
+    # worker fails (exit 3) and none returns the altered sum: the worker that received the frame
+    # names its integrity check and rank 0, and the others learn it through the watch as the ring
+    # link from rank 0 tampered with, never as workers out of step.
+    for i in 0 1 2 3; do declare -g "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$"; done
+    W0_ENV="$W0_ENV LD_PRELOAD=$stranger"
+    start_cluster 4 tamper; wait_all 4
+    grep -q "^tamper: flipped a bit" "$dir/out0" || fail "the shim altered no frame of worker 0"
+    own="a frame from rank 0 (127.0.0.1:[0-9]*) failed its integrity check"
+    relayed="cluster watch: /job:worker/replica:0/task:[13] (rank [13]) found the ring link from /job:worker/replica:0/task:0 (rank 0) tampered with: $own"
+    for i in 0 1 2 3; do
+      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+      if grep -q "wrong sum\|found the workers out of step" "$dir/out$i"; then fail "worker $i saw a wrong sum or blamed the workers' order"; fi
+    done
+    grep -q "ERROR.*$own" "$dir/out1" "$dir/out3" || fail "no neighbour of worker 0 named the frame's integrity check"
+    for i in 0 2; do grep -q "$relayed" "$dir/out$i" || fail "worker $i did not learn of the link tampered with"; done ;;
   token-required)
     # A cluster beyond loopback (192.0.2.1 is TEST-NET-1) without a token refuses to start,
     # naming both ways out; told insecure it starts (and finds the other task missing).
@@ -450,6 +468,32 @@ case "$scenario" in
       grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: its TLS handshake failed" \
         "$dir/out0" || fail "the chief did not log the failed handshake with the stranger's address"
     fi ;;
+  stranger-idle-rendezvous)
+    # With a token, 28 connections that never begin their TLS handshake are opened on the chief's
+    # control port between its start and the others' and held for 30 s. The cluster forms and
+    # computes without waiting for them (every handshake has its deadline, and none holds up
+    # another), the chief refuses each one at its deadline, and no worker, whose token is right,
+    # is told that its own handshake failed.
+    for i in 0 1 2; do declare "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$"; done
+    hold_idle() {
+      "$(dirname "$0")/attacker.py" idle 127.0.0.1 "${ports[0]}" 28 30 > "$dir/attacker" 2>&1 &
+      attacker=$!
+      for _ in $(seq 1 300); do grep -q "attacker: holding" "$dir/attacker" 2>/dev/null && break; sleep 0.02; done
+      held_at=$(now_ms)
+    }
+    AFTER_CHIEF=hold_idle start_cluster 3 collectives
+    pids+=("$attacker")
+    wait_all 3
+    took=$(( $(now_ms) - held_at ))
+    grep -q "attacker: holding 28 idle connections" "$dir/attacker" ||
+      fail "the attacker did not hold its connections: $(cat "$dir/attacker")"
+    expect_cluster 3 3
+    echo "the cluster formed and computed $took ms after the 28 idle connections were opened"
+    # The deadline is 5 s; a start that waited for the idle connections would end after 30 s.
+    [ "$took" -lt 20000 ] || fail "the cluster took $took ms beside 28 idle connections"
+    grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: its TLS handshake did not finish within 5000 ms" \
+      "$dir/out0" || fail "the chief did not refuse the idle connections at their deadline"
+    if grep -q "TLS handshake" "$dir/out1" "$dir/out2"; then fail "a worker with the right token was told of a failed handshake"; fi ;;
   stranger-other-user)
     # Without a token, on loopback: a stranger running as another user (nobody) is refused by
     # the chief's gate before one BASP byte, and logged with its address and user; the cluster

@@ -133,6 +133,26 @@ TEST_CASE("a failure the watch reports breaks the ring, and the collective's err
   });
 }
 
+TEST_CASE("a fault report names the workers out of step, or the ring link tampered with from end to end") {
+  std::vector<actors::member> members(3);
+  for (int r = 0; r < 3; ++r) {
+    members[static_cast<std::size_t>(r)].rank = r;
+    members[static_cast<std::size_t>(r)].task = task(r);
+  }
+  const std::string step = "all_reduce: rank 0 (127.0.0.1:5000) is at step 3, collective 0";
+  CHECK(wg::describe_fault_report(transport::peer_error(0, step + " (this worker)", step), members, 1) ==
+        task(1) + " (rank 1) found the workers out of step: " + step);
+  const std::string tag = "a frame from rank 2 (127.0.0.1:5002) failed its integrity check (its tag does not match)";
+  const transport::peer_error altered(2, tag, tag, transport::peer_error::fault::altered);
+  CHECK(altered.kind() == transport::peer_error::fault::altered);
+  CHECK(wg::describe_fault_report(altered, members, 0) ==
+        task(0) + " (rank 0) found the ring link from " + task(2) + " (rank 2) tampered with: " + tag);
+  // A peer outside the table is still named by its rank.
+  CHECK(wg::describe_fault_report(transport::peer_error(7, tag, tag, transport::peer_error::fault::altered), members,
+                                  0) == task(0) + " (rank 0) found the ring link from rank 7 tampered with: " + tag);
+  CHECK(transport::peer_error(0, "gone").kind() == transport::peer_error::fault::link);
+}
+
 TEST_CASE("a ring worker group carries float32 as fp16 or bf16: rounded sums, the same bits on every worker") {
   using troupe::distribute::Compression;
   for (const Compression c : {Compression::fp16, Compression::bf16}) {

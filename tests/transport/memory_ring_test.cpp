@@ -23,6 +23,8 @@ namespace {
 struct outcome {
   int peer = -1;
   std::string what;
+  peer_error::fault kind = peer_error::fault::link;
+  std::string for_everyone;
 };
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
@@ -48,9 +50,9 @@ std::vector<outcome> run_memory(int n, fault_hook hook, const tcp_ring_options& 
         ring = std::make_unique<tcp_ring>(r, n, std::move(links[static_cast<std::size_t>(r)]), options);
         body(r, *ring);
       } catch (const peer_error& e) {
-        o = {e.peer(), e.what()};
+        o = {e.peer(), e.what(), e.kind(), e.for_everyone()};
       } catch (const std::exception& e) {
-        o = {-2, e.what()};
+        o = {-2, e.what(), peer_error::fault::link, {}};
       }
       if (!o.what.empty() && shut_down_on_error && ring) ring->shutdown();
       ++done;
@@ -374,6 +376,9 @@ TEST_CASE("with a cluster token, a ring frame with one payload byte flipped fail
                           with(5s), [&](int r, tcp_ring& ring) { sum_and_check(r, ring, count); }, true, "the token");
     CHECK(got[1].peer == 0);
     CHECK(contains(got[1].what, "a frame from rank 0 (in-process) failed its integrity check"));
+    // The other workers learn it as a link tampered with, not as workers out of step.
+    CHECK(got[1].kind == peer_error::fault::altered);
+    CHECK(got[1].for_everyone == got[1].what);
     CHECK(!contains(got[0].what, "wrong sum"));
     CHECK(clock_type::now() - start < 3s);
   }

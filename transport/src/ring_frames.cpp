@@ -301,7 +301,7 @@ void frame_reader::advance(const ring_peer& from) {
                                " failed its integrity check (its tag does not match: the bytes were altered, "
                                "replayed or reordered on the way; the link from rank " + std::to_string(from.rank) +
                                " is not to be trusted)";
-      throw peer_error(from.rank, what, what);
+      throw peer_error(from.rank, what, what, peer_error::fault::altered);
     }
     finish(from);
     return;

@@ -63,7 +63,8 @@ struct tcp_ring::impl {
       pump.exchange(until, options.timeout, spin(), both, &first_from_prev);
     } catch (const peer_error& e) {
       if (!shut_down.load()) throw;
-      throw peer_error(e.peer(), "the ring was shut down here (the cluster watch declared a worker gone or out of step) while talking to " +
+      throw peer_error(e.peer(), "the ring was shut down here (the cluster watch declared a worker gone, the workers out "
+                                 "of step or a link tampered with) while talking to " +
                                      link->peer(e.peer() == link->peer(ring_side::prev).rank ? ring_side::prev
                                                                                              : ring_side::next)
                                          .name);

@@ -105,8 +105,8 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
 /// been silent for more than options.missed_heartbeats intervals (a stopped chief keeps its
 /// connections open) or its connection to the chief closed. Either side checks every interval and
 /// blames nobody for a gap in its own checks (liveness_policy::paused: it was itself stopped or
-/// starved). A worker that finds the workers out of step (report_fault) has the chief tell every
-/// other worker.
+/// starved). A worker that finds the workers out of step or a ring link tampered with
+/// (report_fault) has the chief tell every other worker.
 /// on_failure(rank, reason) runs once per worker process, on an actor thread. A worker that
 /// leaves cleanly says goodbye first, so it is not declared gone. Destroying the watch stops the
 /// actors.
@@ -119,8 +119,9 @@ class cluster_watch {
   cluster_watch& operator=(const cluster_watch&) = delete;
 
   /// Tells every other worker, through the chief's agent, a fault this worker found that is the
-  /// cluster's (workers out of step): their on_failure runs with (this rank, `what`). The agent
-  /// acts only on a report from the peer that joined as this rank, and cuts `what` at 4 KiB.
+  /// cluster's (workers out of step, a ring link tampered with): their on_failure runs with (this
+  /// rank, `what`). The agent acts only on a report from the peer that joined as this rank, and
+  /// cuts `what` at 4 KiB.
   /// Returns once the agent has passed it on, or after `wait`.
   void report_fault(const std::string& what, std::chrono::milliseconds wait);
 

@@ -145,15 +145,24 @@ constexpr std::chrono::milliseconds verdict_wait{500};
 
 void RingWorkerGroup::fail(const transport::peer_error& e) {
   if (!e.for_everyone().empty() && watch_) {
-    watch_->report_fault(members_[static_cast<std::size_t>(rank_)].task + " (rank " + std::to_string(rank_) +
-                             ") found the workers out of step: " + e.for_everyone(),
-                         fault_report_wait);
+    watch_->report_fault(describe_fault_report(e, members_, rank_), fault_report_wait);
   } else if (watch_) {
     failures_->await_reason(verdict_wait);
   }
   std::string message = describe_collective_failure(e, members_, *failures_);
   health_->collective_error(message, actors::cluster_health::clock::now());
   throw CollectiveAborted(std::move(message));
+}
+
+std::string describe_fault_report(const transport::peer_error& e, const std::vector<actors::member>& members, int rank) {
+  auto name = [&](int r) {
+    if (r < 0 || static_cast<std::size_t>(r) >= members.size()) return "rank " + std::to_string(r);
+    return members[static_cast<std::size_t>(r)].task + " (rank " + std::to_string(r) + ")";
+  };
+  if (e.kind() == transport::peer_error::fault::altered) {
+    return name(rank) + " found the ring link from " + name(e.peer()) + " tampered with: " + e.for_everyone();
+  }
+  return name(rank) + " found the workers out of step: " + e.for_everyone();
 }
 
 std::string describe_collective_failure(const transport::peer_error& e, const std::vector<actors::member>& members,

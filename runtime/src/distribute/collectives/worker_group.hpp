@@ -89,6 +89,12 @@ class WorkerFailures {
 std::string describe_collective_failure(const transport::peer_error& e, const std::vector<actors::member>& members,
                                         const WorkerFailures& failures);
 
+/// What worker `rank` tells every other worker, through the watch, of a fault of the cluster's
+/// (`e.for_everyone()` set): "TASK (rank R) found the workers out of step: ..." when the workers
+/// disagree on the collective, "TASK (rank R) found the ring link from TASK (rank P) tampered with:
+/// ..." when a frame failed its integrity check. Workers are named from `members` (rank order).
+std::string describe_fault_report(const transport::peer_error& e, const std::vector<actors::member>& members, int rank);
+
 /// Several processes joined by a TCP ring among the workers' leaders, watched by the cluster
 /// watch. A collective that fails throws CollectiveAborted naming the peer (its task and data
 /// endpoint) and, when the watch learnt something, what it learnt.
@@ -139,9 +145,10 @@ class RingWorkerGroup final : public WorkerGroup {
 
  private:
   void all_gather(const void* mine, std::size_t my_bytes, void* out, const std::vector<std::size_t>& bytes);
-  /// The CollectiveAborted for `e`. A fault of the cluster's (workers out of step) is told to
-  /// every worker first, through the watch; otherwise the watch's verdict, when one is on its
-  /// way, is awaited briefly, so that a worker whose ring broke under it learns why.
+  /// The CollectiveAborted for `e`. A fault of the cluster's (workers out of step, a link
+  /// tampered with: describe_fault_report) is told to every worker first, through the watch;
+  /// otherwise the watch's verdict, when one is on its way, is awaited briefly, so that a worker
+  /// whose ring broke under it learns why.
   [[noreturn]] void fail(const transport::peer_error& e);
 
   int rank_;

@@ -26,20 +26,30 @@ struct endpoint {
 /// truncated or oversized frame, spoke another protocol version, or did not answer in time.
 class peer_error : public std::runtime_error {
  public:
+  /// Whose fault it is, for what the other workers learn.
+  enum class fault {
+    link,         ///< this link's only (a peer gone, silent or malformed): nothing to tell the others
+    out_of_step,  ///< the workers disagree on the collective (skipped, added, reordered, named apart)
+    altered,      ///< a frame failed its integrity check: the link between two workers was tampered with
+  };
   peer_error(int peer, std::string message) : std::runtime_error(std::move(message)), peer_(peer) {}
-  /// `for_everyone`: what every other worker must learn too (see for_everyone()).
-  peer_error(int peer, std::string message, std::string for_everyone)
-      : std::runtime_error(std::move(message)), peer_(peer), for_everyone_(std::move(for_everyone)) {}
+  /// `for_everyone`: what every other worker must learn too (see for_everyone()); `kind` is not
+  /// fault::link.
+  peer_error(int peer, std::string message, std::string for_everyone, fault kind = fault::out_of_step)
+      : std::runtime_error(std::move(message)), peer_(peer), for_everyone_(std::move(for_everyone)), kind_(kind) {}
   int peer() const noexcept { return peer_; }
   /// Not empty when the error is the cluster's and not only this link's (workers that disagree
-  /// on the collective): the same facts worded for any worker, both sides named by rank. The
-  /// runtime tells every worker through the control plane, since workers that are not this
-  /// one's neighbours see only the ring break.
+  /// on the collective, or a frame altered on its way): the same facts worded for any worker,
+  /// both sides named by rank. The runtime tells every worker through the control plane, since
+  /// workers that are not this one's neighbours see only the ring break.
   const std::string& for_everyone() const noexcept { return for_everyone_; }
+  /// fault::link unless for_everyone() is set.
+  fault kind() const noexcept { return for_everyone_.empty() ? fault::link : kind_; }
 
  private:
   int peer_;
   std::string for_everyone_;
+  fault kind_ = fault::link;
 };
 
 /// Which of a rank's two connections: the one to its successor (rank + 1) or the one to its
