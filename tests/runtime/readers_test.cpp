@@ -426,7 +426,7 @@ TEST_CASE("read_csv and read_idx read float16 and bfloat16, rounded to nearest e
   CHECK(d.labels->dtype() == DType::bf16);
   CHECK(d.labels->cast(DType::f32).to_vector<float>() == std::vector<float>{1, 3});
   CHECK(contains(message_of([&] { read_csv(dir.write("big.csv", "a,y\n70000,1\n"), opts); }),
-                 "'70000' is out of range for float16"));
+                 "column 0 (\"a\"): \"70000\" is out of range for float16"));
   const std::string path = dir.write("images", idx_header(0x08, {3}) + std::string("\x00\x7f\xff", 3));
   CHECK(read_idx(path, DType::bf16).cast(DType::f32).to_vector<float>() == std::vector<float>{0, 127, 255});
   CHECK(read_idx(path, DType::f16).dtype() == DType::f16);
