@@ -476,6 +476,10 @@ Tensor Tensor::cast_elements(DType dtype) const {
                       detail::to_scalar_type(dtype), num_elements_);
     return out;
   }
+  if (dtype == dtype_) {  // a copy: the bits as they are (a 16-bit NaN keeps its payload)
+    if (nbytes() > 0) std::memcpy(out.raw_mutable_data(), raw_data(), nbytes());
+    return out;
+  }
   if (dtype_ == DType::f32 && is_16bit(dtype)) {  // the common case, eight at a time
     kernels::compress_range(data<float>(), static_cast<std::uint16_t*>(out.raw_mutable_data()), num_elements_,
                             detail::to_scalar_type(dtype));

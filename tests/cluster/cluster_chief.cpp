@@ -348,6 +348,8 @@ int main(int argc, char** argv) {
           case troupe::DType::f64: return Tensor::from_vector<double>(gen_f64(n), v.shape);
           case troupe::DType::i32: return Tensor::from_vector<std::int32_t>(gen_i32(n), v.shape);
           case troupe::DType::i64: return Tensor::from_vector<std::int64_t>(gen_i64(n), v.shape);
+          case troupe::DType::f16:
+          case troupe::DType::bf16: break;  // not among vars
         }
         fail("dtype");
       };
@@ -370,6 +372,8 @@ int main(int argc, char** argv) {
           case troupe::DType::f64: return same_bits(a, b.to_vector<double>());
           case troupe::DType::i32: return same_bits(a, b.to_vector<std::int32_t>());
           case troupe::DType::i64: return same_bits(a, b.to_vector<std::int64_t>());
+          case troupe::DType::f16:
+          case troupe::DType::bf16: return a.equals(b);
         }
         return false;
       };

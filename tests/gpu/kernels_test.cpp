@@ -25,6 +25,7 @@
 #include "gpu_check.hpp"
 #include "kernels.hpp"
 #include "nccl_group.hpp"
+#include "troupe/kernels/half_kernels.hpp"
 #include "troupe/kernels/reduce_kernels.hpp"
 
 namespace {
@@ -835,6 +836,67 @@ void test_float_type(suite& t) {
 
 }  // namespace
 
+// float16 and bfloat16: launch_reduce_n sums them in float32 and rounds once (the bits of the
+// host's reduce_range), and launch_cast widens every bit pattern as half_kernels does.
+void test_16bit(suite& t) {
+  for (scalar_type type : {scalar_type::f16, scalar_type::bf16}) {
+    const char* name = type == scalar_type::f16 ? "float16" : "bfloat16";
+    const auto narrow = type == scalar_type::f16 ? troupe::kernels::float_to_f16 : troupe::kernels::float_to_bf16;
+    const auto widen = type == scalar_type::f16 ? troupe::kernels::f16_to_float : troupe::kernels::bf16_to_float;
+    for (int n : {1, 2, 3, 8, 64}) {
+      for (std::int64_t count : {std::int64_t{0}, std::int64_t{1}, std::int64_t{1001}, std::int64_t{65536}}) {
+        std::vector<std::vector<std::uint16_t>> ins;
+        std::vector<std::unique_ptr<device_buffer>> dins;
+        std::vector<const void*> host_ptrs;
+        std::vector<const void*> dev_ptrs;
+        for (int r = 0; r < n; ++r) {
+          std::vector<std::uint16_t> bits;
+          for (float v : t.random<float>(count, -100, 100)) bits.push_back(narrow(v));
+          ins.push_back(std::move(bits));
+          dins.push_back(t.upload(ins.back()));
+          host_ptrs.push_back(ins.back().data());
+          dev_ptrs.push_back(dins.back()->get());
+        }
+        for (reduce_kind op : {reduce_kind::sum, reduce_kind::mean}) {
+          const std::string what = cat({"reduce_n ", op == reduce_kind::sum ? "sum " : "mean ", name,
+                                        " n=", std::to_string(n), " count=", std::to_string(count)});
+          std::vector<std::uint16_t> want(static_cast<std::size_t>(count));
+          void* want_out = want.data();
+          troupe::kernels::reduce_range(host_ptrs.data(), n, &want_out, 1, 0, count, type, op);
+          auto out = t.garbage<std::uint16_t>(count);
+          if (t.launched(kernels::launch_reduce_n(dev_ptrs.data(), n, out->get(), count, type, op, t.s()), what)) {
+            t.expect_equal(t.download<std::uint16_t>(*out, count), want, what);
+          }
+        }
+      }
+    }
+    std::vector<std::uint16_t> all(65536);
+    for (std::uint32_t b = 0; b < 65536; ++b) all[b] = static_cast<std::uint16_t>(b);
+    std::vector<std::uint32_t> want(65536);
+    for (std::uint32_t b = 0; b < 65536; ++b) {
+      const float f = widen(static_cast<std::uint16_t>(b));
+      std::memcpy(&want[b], &f, sizeof f);
+    }
+    auto din = t.upload(all);
+    auto out = t.garbage<std::uint32_t>(65536);
+    const std::string what = cat({"cast ", name, " -> float32, every bit pattern"});
+    if (t.launched(kernels::launch_cast(din->get(), type, out->get(), scalar_type::f32, 65536, t.s()), what)) {
+      t.expect_equal(t.download<std::uint32_t>(*out, 65536), want, what);
+    }
+    std::vector<std::uint16_t> back(65536);
+    for (std::uint32_t b = 0; b < 65536; ++b) {
+      float f;
+      std::memcpy(&f, &want[b], sizeof f);
+      back[b] = narrow(f);
+    }
+    auto again = t.garbage<std::uint16_t>(65536);
+    const std::string what2 = cat({"cast float32 -> ", name, ", every widened pattern"});
+    if (t.launched(kernels::launch_cast(out->get(), scalar_type::f32, again->get(), type, 65536, t.s()), what2)) {
+      t.expect_equal(t.download<std::uint16_t>(*again, 65536), back, what2);
+    }
+  }
+}
+
 int main() {
   const auto gpus = troupe::testing::check_gpus("CUDA kernel tests");
   if (!gpus.run()) return gpus.exit_code;
@@ -852,6 +914,7 @@ int main() {
     test_refused_types<std::int32_t>(*t);
     test_refused_types<std::int64_t>(*t);
     test_refused_arguments(*t);
+    test_16bit(*t);
   } catch (const std::exception& ex) {
     std::printf("FAIL %s (the remaining checks did not run)\n", ex.what());
     aborted = 1;

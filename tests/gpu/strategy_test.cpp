@@ -8,6 +8,9 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <limits>
+#include <cstring>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -66,6 +69,8 @@ Tensor random_tensor(DType dtype, Shape shape, std::uint32_t seed) {
       for (auto& x : v) x = d(rng) * (d(rng) % 2 ? 1 : -1);
       return Tensor::from_vector(v, shape);
     }
+    case DType::f16:
+    case DType::bf16: return random_tensor(DType::f32, std::move(shape), seed).cast(dtype);
   }
   return Tensor();
 }
@@ -489,6 +494,141 @@ TEST_CASE("MultiWorkerMirroredStrategy with NCCL: the chief's id joins a communi
     CHECK(t.is_gpu());
     CHECK(t.to_vector<float>() == std::vector<float>{1.0f - 0.5f * n, 2.0f - 0.5f * n});
   }
+}
+
+namespace {
+
+// Every bit pattern of a 16-bit format, as a tensor of that dtype.
+Tensor all_16bit_patterns(DType dtype) {
+  std::vector<std::uint16_t> bits(65536);
+  for (std::uint32_t b = 0; b < 65536; ++b) bits[b] = static_cast<std::uint16_t>(b);
+  return Tensor::from_bytes(bits.data(), bits.size() * 2, dtype, {65536});
+}
+
+// Equal bits, except that a float64 NaN may differ in its payload (the GPU widens NaN to its
+// canonical NaN): there both must be NaN.
+bool same_cast(const Tensor& gpu_result, const Tensor& cpu_result) {
+  const Tensor g = gpu_result.to(Device());
+  if (g.dtype() != DType::f64) return g.equals(cpu_result);
+  const std::vector<double> a = g.to_vector<double>();
+  const std::vector<double> b = cpu_result.to_vector<double>();
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (std::memcmp(&a[i], &b[i], sizeof(double)) != 0) return false;
+  }
+  return true;
+}
+
+// Random bit patterns of T (every float class: NaN payloads, infinities, denormals, huge).
+template <class T, class Bits>
+Tensor random_bits(std::size_t n, std::uint32_t seed, std::vector<T> extra) {
+  std::mt19937_64 rng(seed);
+  std::vector<T> v = std::move(extra);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto b = static_cast<Bits>(rng());
+    T x;
+    std::memcpy(&x, &b, sizeof x);
+    v.push_back(x);
+  }
+  return Tensor::from_vector(v);
+}
+
+}  // namespace
+
+TEST_CASE("GPU tensors: casts into and out of float16 and bfloat16 give the CPU's bits") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<Tensor> sources = {
+      random_bits<float, std::uint32_t>(1 << 16, 1, {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 65519.0f, 65520.0f,
+                                                      0x1p-25f, 3 * 0x1p-26f, inf, -inf, 1.0f + 0x1p-8f}),
+      random_bits<double, std::uint64_t>(1 << 16, 2, {1.0 + 0x1p-11 + 0x1p-40, 1e300, -1e-300, 65520.0}),
+      random_bits<std::int32_t, std::uint32_t>(1 << 16, 3, {2049, 2051, 65520, -70000}),
+      random_bits<std::int64_t, std::uint64_t>(1 << 16, 4, {(std::int64_t{1} << 30) + (std::int64_t{1} << 22) + 1,
+                                                             std::numeric_limits<std::int64_t>::min()}),
+      all_16bit_patterns(DType::f16).cast(DType::f32),
+      all_16bit_patterns(DType::bf16).cast(DType::f32)};
+  for (const Tensor& s : sources) {
+    CAPTURE(dtype_name(s.dtype()));
+    const Tensor on_gpu = s.to(gpu0);
+    for (DType to : {DType::f16, DType::bf16}) {
+      CAPTURE(dtype_name(to));
+      CHECK(same_cast(on_gpu.cast(to), s.cast(to)));
+    }
+  }
+  for (DType from : {DType::f16, DType::bf16}) {
+    CAPTURE(dtype_name(from));
+    const Tensor all = all_16bit_patterns(from);
+    const Tensor on_gpu = all.to(gpu0);
+    for (DType to : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+      CAPTURE(dtype_name(to));
+      CHECK(same_cast(on_gpu.cast(to), all.cast(to)));
+    }
+    // Into integers only the values that fit (a NaN or an overflow has no C++ result to match).
+    std::vector<float> fit;
+    for (float v : all.cast(DType::f32).to_vector<float>()) {
+      if (std::isfinite(v) && std::fabs(v) < 2e9f) fit.push_back(v);
+    }
+    const Tensor fitting = Tensor::from_vector(fit).cast(from);
+    for (DType to : {DType::i32, DType::i64}) {
+      CAPTURE(dtype_name(to));
+      CHECK(same_cast(fitting.to(gpu0).cast(to), fitting.cast(to)));
+    }
+  }
+}
+
+TEST_CASE("GPU tensors: 16-bit arithmetic and sums give the CPU's bits") {
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    const Tensor a = random_tensor(DType::f32, {33, 17}, 5).cast(dtype);
+    const Tensor b = random_tensor(DType::f32, {33, 17}, 6).cast(dtype);
+    const Tensor ga = a.to(gpu0);
+    const Tensor gb = b.to(gpu0);
+    CHECK((ga + gb).equals(a + b));
+    CHECK((ga * gb).equals(a * b));
+    CHECK((ga / 3).equals(a / 3));
+    CHECK(reduce_sum(ga, 0).equals(reduce_sum(a, 0)));
+    CHECK(Tensor::full({4}, 0.1, dtype, gpu0).equals(Tensor::full({4}, 0.1, dtype)));
+  }
+}
+
+namespace {
+
+// make_blobs' default problem on GPU:0 under `policy`; returns the training accuracy.
+double fit_blobs_on_gpu(const char* policy, std::shared_ptr<nn::Optimizer> optimizer,
+                        std::shared_ptr<nn::Optimizer>* compiled) {
+  Runtime rt;
+  MirroredStrategy strategy(rt, gpus(1));
+  auto scope = strategy.scope();
+  nn::BlobOptions blobs;
+  blobs.samples = 4096;
+  const nn::ClassificationData set = nn::make_blobs(blobs);
+  nn::mixed_precision::set_global_policy(policy);
+  nn::Model model(nn::Sequential({nn::Dense(32, 64, nn::Activation::relu, 1), nn::Dense(64, 64, nn::Activation::relu, 2),
+                                  nn::Dense(64, 4, nn::Activation::none, 3)}));
+  nn::mixed_precision::set_global_policy("float32");
+  model.compile(std::move(optimizer), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
+  nn::FitOptions options;
+  options.verbose = 0;
+  const data::Dataset examples = data::Dataset::from_tensor_slices({set.features, set.labels});
+  model.fit(examples.shuffle(4096, 1).batch(64), 3, -1, options);
+  *compiled = model.optimizer();
+  return model.evaluate(examples.batch(512)).accuracy;
+}
+
+}  // namespace
+
+TEST_CASE("GPU replicas: Model::fit converges on blobs under mixed_bfloat16 and mixed_float16, and loss scaling "
+          "skips the steps that overflow and recovers") {
+  std::shared_ptr<nn::Optimizer> compiled;
+  CHECK(fit_blobs_on_gpu("mixed_bfloat16", std::make_shared<nn::Adam>(0.005f), &compiled) > 0.9);
+  // 2^40 times the gradients overflows float16: the first steps are skipped and halve the scale.
+  CHECK(fit_blobs_on_gpu("mixed_float16",
+                         std::make_shared<nn::LossScaleOptimizer>(std::make_shared<nn::Adam>(0.005f), true, 0x1p40),
+                         &compiled) > 0.9);
+  const auto* lso = dynamic_cast<const nn::LossScaleOptimizer*>(compiled.get());
+  REQUIRE(lso != nullptr);
+  CHECK(lso->loss_scale() < 0x1p40);
+  CHECK(lso->dynamic_counter() >= 96);
 }
 
 int main(int argc, char** argv) {

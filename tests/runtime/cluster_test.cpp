@@ -196,6 +196,14 @@ TEST_CASE("a ps shard applies updates in place and refuses one that does not fit
   auto bad = wire::update_in_place(shard, op::add, wire::encode_tensor(Tensor::from_vector<float>({1, 1}, {2})));
   REQUIRE(bad);
   CHECK(contains(*bad, "shapes and dtypes must match"));
+  // 16-bit shards: the sum in float32, rounded once to the format.
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    std::string half = wire::encode_tensor(Tensor::from_vector<float>({1, 2, -3}).cast(dtype));
+    CHECK(wire::decode_tensor(half).dtype() == dtype);
+    CHECK_FALSE(wire::update_in_place(half, op::add, wire::encode_tensor(Tensor::from_vector<float>({0.5f, 0.25f, 1}).cast(dtype))));
+    CHECK_FALSE(wire::update_in_place(half, op::subtract, wire::encode_tensor(Tensor::from_vector<float>({1, 0, 0}).cast(dtype))));
+    CHECK(wire::decode_tensor(half).cast(DType::f32).to_vector<float>() == std::vector<float>{0.5f, 2.25f, -2});
+  }
   // An operation byte from the network that names none is refused before it reaches the shard.
   CHECK_FALSE(troupe::actors::update_op_of(7).has_value());
   CHECK(troupe::actors::update_op_of(2) == op::subtract);

@@ -128,6 +128,7 @@ TEST_CASE("casts out of 16 bits are exact, and every float16 survives a round tr
       FAIL_CHECK("float16 bits " << b << " came back as " << back[b] << " / " << back64[b]);
     }
   }
+  CHECK(bits_of(h.cast(DType::f16)) == bits_of(h));  // a cast to its own dtype copies the bits, NaN payloads too
   CHECK(wide[0x3c00] == 1.0f);
   CHECK(wide[0x7bff] == 65504.0f);
   CHECK(wide[0x0001] == 0x1p-24f);

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "../common/temp_dir.hpp"
 #include "test_util.hpp"
 
 using namespace troupe;
@@ -261,4 +262,38 @@ TEST_CASE("Model::fit under mixed_float16 recovers from a loss scale that overfl
   CHECK(lso->dynamic_counter() >= 96);
   CHECK(lso->iterations().value().item<std::int64_t>() == 192);  // skipped steps count, as in Keras
   CHECK(f16.accuracy > 0.9);
+}
+
+TEST_CASE("a checkpoint of a mixed_float16 model saves and restores the loss scale and its count") {
+  policy_guard guard;
+  troupe::testing::temp_dir dir;
+  const auto make = [] {
+    mp::set_global_policy("mixed_float16");
+    nn::Model model(nn::Sequential({nn::Dense(3, 2, nn::Activation::none, 1)}));
+    mp::set_global_policy("float32");
+    model.compile(std::make_shared<nn::SGD>(0.1f), nn::Loss::mean_squared_error());
+    return model;
+  };
+  nn::Model model = make();
+  auto* lso = dynamic_cast<nn::LossScaleOptimizer*>(model.optimizer().get());
+  REQUIRE(lso != nullptr);
+  const std::vector<Variable> vars = model.trainable_variables();
+  const auto grads = [&](float v) {
+    return std::vector<Tensor>{Tensor::full({3, 2}, v), Tensor::full({2}, v)};
+  };
+  lso->apply_gradients(nn::zip(grads(kInf), vars));  // skipped: 2^14
+  lso->apply_gradients(nn::zip(grads(0.5f), vars));   // applied: count 1
+  CHECK(lso->loss_scale() == 16384.0);
+  CHECK(lso->dynamic_counter() == 1);
+  const std::string file = Checkpoint(model.variables()).write(dir.file("model"));
+
+  nn::Model fresh = make();
+  const auto* restored = dynamic_cast<const nn::LossScaleOptimizer*>(fresh.optimizer().get());
+  REQUIRE(restored != nullptr);
+  CHECK(restored->loss_scale() == 32768.0);
+  Checkpoint(fresh.variables()).restore(file);
+  CHECK(restored->loss_scale() == 16384.0);
+  CHECK(restored->dynamic_counter() == 1);
+  CHECK(restored->iterations().value().item<std::int64_t>() == 2);
+  CHECK(fresh.trainable_variables()[0].value().equals(vars[0].value()));
 }

@@ -411,3 +411,23 @@ TEST_CASE("idx_dataset pairs images with labels and checks that their counts agr
   CHECK(contains(msg, two_labels));
   CHECK_THROWS_AS(idx_dataset(images, two_labels), std::invalid_argument);
 }
+
+TEST_CASE("read_csv and read_idx read float16 and bfloat16, rounded to nearest even, and refuse a value beyond float16") {
+  temp_dir dir;
+  CsvOptions opts;
+  opts.label_column = "y";
+  opts.dtype = DType::f16;
+  opts.label_dtype = DType::bf16;
+  CsvData d = read_csv(dir.write("h.csv", "a,b,y\n0.1,65504,1\n-2.5,1.00048828125,3\n"), opts);
+  CHECK(d.features.dtype() == DType::f16);
+  CHECK(d.features.equals(Tensor::from_vector<double>({0.1, 65504, -2.5, 1.00048828125}, {2, 2}).cast(DType::f16)));
+  CHECK(d.features.cast(DType::f32).to_vector<float>()[3] == 1.0f);  // 1 + 2^-11 ties to 1
+  REQUIRE(d.labels.has_value());
+  CHECK(d.labels->dtype() == DType::bf16);
+  CHECK(d.labels->cast(DType::f32).to_vector<float>() == std::vector<float>{1, 3});
+  CHECK(contains(message_of([&] { read_csv(dir.write("big.csv", "a,y\n70000,1\n"), opts); }),
+                 "column 0 (\"a\"): \"70000\" is out of range for float16"));
+  const std::string path = dir.write("images", idx_header(0x08, {3}) + std::string("\x00\x7f\xff", 3));
+  CHECK(read_idx(path, DType::bf16).cast(DType::f32).to_vector<float>() == std::vector<float>{0, 127, 255});
+  CHECK(read_idx(path, DType::f16).dtype() == DType::f16);
+}

@@ -192,3 +192,25 @@ TEST_CASE("a ring worker group carries float32 as fp16 or bf16: rounded sums, th
     }
   }
 }
+
+TEST_CASE("a ring worker group sums float16 and bfloat16 tensors in float32 and rounds once, over 3 workers") {
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    // b + 1 + 1 where the format's spacing at b is 2 (float16: 2048, bfloat16: 256): 16-bit
+    // partial sums would stay at b (b + 1 ties to even), the float32 sum b + 2 is exact.
+    const float base = dtype == DType::f16 ? 2048.0f : 256.0f;
+    for (const std::int64_t count : {std::int64_t{5}, std::int64_t{100000}}) {
+      std::vector<Tensor> results(3);
+      with_ring_groups(3, [&](int r, wg::RingWorkerGroup& group, wg::WorkerFailures&) {
+        Tensor t = Tensor::full({count}, r == 0 ? base : 1.0f, DType::f32).cast(dtype);
+        group.all_reduce_in_place(t);
+        results[static_cast<std::size_t>(r)] = t;
+      });
+      const Tensor want = Tensor::full({count}, base + 2.0f, DType::f32).cast(dtype);
+      for (const Tensor& got : results) {
+        CHECK(got.dtype() == dtype);
+        CHECK(got.equals(want));
+      }
+    }
+  }
+}

@@ -15,7 +15,12 @@
 
 namespace troupe::distribute::detail {
 
-/// The collectives behind ReplicaContext, for the replicas of one strategy.
+/// The collectives behind ReplicaContext, for the replicas of one strategy. float16 and bfloat16
+/// tensors are summed in float32 and rounded once, in the one fixed order, on the host (the
+/// shared-memory group and the gradient buckets, kernels::reduce_range), across workers (the ring
+/// carries them widened to float32) and in the GPU reduce kernel; NCCL reduces them itself
+/// (ncclFloat16, ncclBfloat16: 16-bit partial sums), so GPU replicas' 16-bit sums round per step
+/// of its ring.
 class ReplicaCollectives {
  public:
   virtual ~ReplicaCollectives() = default;

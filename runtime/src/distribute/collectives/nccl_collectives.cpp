@@ -22,7 +22,7 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::f64: return ncclFloat64;
     case DType::i32: return ncclInt32;
     case DType::i64: return ncclInt64;
-    case DType::f16: return ncclFloat16;   // NCCL's own 16-bit sums (see collectives.hpp)
+    case DType::f16: return ncclFloat16;  // NCCL's own 16-bit sums (collectives.hpp)
     case DType::bf16: return ncclBfloat16;
   }
   return ncclFloat32;
