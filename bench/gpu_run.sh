@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs troupe's GPU suite on a GPU machine: every GPU test program (troupe_gpu_*), then the NCCL
-# all-reduce benchmark (allreduce_nccl_bench), from a folder made by tools/pack-gpu.sh or from a
-# build tree.
+# Runs troupe's GPU suite on a GPU machine: every GPU test program (troupe_gpu_*), the NCCL
+# all-reduce benchmark (allreduce_nccl_bench), then Model::fit beside PyTorch on the same GPU
+# (gpu_training_bench.sh with mlp_classifier), from a folder made by tools/pack-gpu.sh or from a
+# build tree. NCCL and cuBLAS are looked for in PyTorch's nvidia-* Python packages as well (their
+# lib/ folders go after LD_LIBRARY_PATH), which is where the GPU machines lent here have them.
 #
 #   gpu_run.sh [DIR] [OUT]
 #
@@ -12,6 +14,7 @@
 #   OUT/system.txt              nvidia-smi -L, nvidia-smi, nvidia-smi topo -m, the NCCL loaded
 #   OUT/<test>.log              each test's output
 #   OUT/allreduce_nccl_bench.log, .json   the benchmark's table and its JSON
+#   OUT/training/training.txt   the training table (troupe vs PyTorch), runs in OUT/training/runs/
 #   OUT/summary.txt             the final summary line
 #
 # A test passes with exit status 0, is skipped with 77 (no GPU), fails otherwise (124: timed out).
@@ -19,7 +22,8 @@
 # an error, e.g. a wrong sum), else 0.
 #
 # Environment: BENCH_ARGS (extra benchmark flags, e.g. "--benchmark_filter=/1/iterations" for one GPU),
-# SKIP_BENCH=1 (tests only), TEST_TIMEOUT (seconds per test, default 600), BENCH_TIMEOUT
+# SKIP_BENCH=1 (tests only), SKIP_TRAINING=1 (no training comparison), TRAINING_ENV (e.g.
+# "ROUNDS=1 EPOCHS=3" for gpu_training_bench.sh), TEST_TIMEOUT (seconds per test, default 600), BENCH_TIMEOUT
 # (seconds, default 0: none). LD_LIBRARY_PATH is kept after DIR/lib, so a NCCL installed outside
 # the default library path can be named there.
 set -uo pipefail
@@ -45,16 +49,27 @@ if [[ -d $dir/bin ]]; then
   layout=packed
   test_dir=$dir/bin
   bench=$dir/bin/allreduce_nccl_bench
+  trainer=$dir/bin/mlp_classifier
+  training_bench=$dir/bench/gpu_training_bench.sh
   export LD_LIBRARY_PATH=$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 elif [[ -d $dir/tests || -d $dir/bench ]]; then
   layout="build tree"
   test_dir=$dir/tests
   bench=$dir/bench/allreduce_nccl_bench
+  trainer=$dir/examples/mlp_classifier
+  training_bench=$here/gpu_training_bench.sh
   export LD_LIBRARY_PATH=$dir/runtime${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 else
   echo "gpu_run.sh: $dir is neither a packed folder (bin/, lib/) nor a build tree (tests/, bench/)" >&2
   exit 2
 fi
+
+# NCCL, cuBLAS and cuDNN from PyTorch's nvidia-* packages, after what LD_LIBRARY_PATH names.
+for package in nccl cublas cudnn; do
+  lib=$(python3 -c "import nvidia.$package, os; print(os.path.join(list(nvidia.$package.__path__)[0], 'lib'))" \
+        2>/dev/null) || continue
+  [[ -d $lib ]] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$lib
+done
 
 TEST_TIMEOUT=${TEST_TIMEOUT:-600}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-0}
@@ -151,9 +166,30 @@ else
   fi
 fi
 
+training_status="not run"
+training_failed=0
+if [[ ${SKIP_TRAINING:-0} == 1 ]]; then
+  training_status="skipped (SKIP_TRAINING=1)"
+elif [[ ! -x $trainer || ! -f $training_bench ]]; then
+  training_status="not found ($trainer, $training_bench)"
+elif [[ ! -e /dev/nvidiactl && ! -e /dev/nvidia0 ]]; then
+  training_status="nothing measured (no GPU)"
+else
+  echo "---- gpu_training_bench"
+  # shellcheck disable=SC2086  # TRAINING_ENV is a list of settings
+  env ${TRAINING_ENV:-} bash "$training_bench" "$trainer" "$out/training"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then
+    training_status="FAIL (exit status $rc)"
+    training_failed=1
+  else
+    training_status="measured ($out/training/training.txt)"
+  fi
+fi
+
 summary="gpu_run: tests: $ntests run, $passed passed, $failed failed, $skipped skipped"
 [[ $failed -gt 0 ]] && summary+=" (failed: ${failed_names[*]})"
-summary+="; bench: $bench_status; logs in $out"
+summary+="; bench: $bench_status; training: $training_status; logs in $out"
 echo "$summary" >"$out/summary.txt"
 echo "$summary"
-[[ $failed -eq 0 && $bench_failed -eq 0 ]]
+[[ $failed -eq 0 && $bench_failed -eq 0 && $training_failed -eq 0 ]]

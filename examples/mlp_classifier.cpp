@@ -1,4 +1,4 @@
-// A classifier with two hidden layers, trained data-parallel with MirroredStrategy over CPU
+// A classifier with two hidden layers, trained data-parallel with MirroredStrategy over GPU or CPU
 // replicas through Model::fit, with checkpoints every N steps and --resume.
 //
 // Data: a CSV file (--csv, label column --label-column, features standardised per column), an
@@ -6,7 +6,8 @@
 // given, a generated set of Gaussian clusters (nn::make_blobs: several clusters per class, so a
 // linear model is not enough).
 //
-//   mlp_classifier                                       # generated set, 4 replicas
+//   mlp_classifier                                       # generated set: every GPU, else 4 CPU replicas
+//   mlp_classifier --devices GPU:0,GPU:1                 # (or --gpus 2, or --replicas 8 for CPU replicas)
 //   mlp_classifier --csv iris.csv --label-column species --epochs 50 --batch 16   # names -> class ids
 //   mlp_classifier --idx-images train-images-idx3-ubyte --idx-labels train-labels-idx1-ubyte
 //   mlp_classifier --checkpoint-dir /tmp/mlp --checkpoint-every 50   # then again with --resume
@@ -22,7 +23,7 @@
 //
 // The last line is for scripts (bench/training_bench.sh):
 //   result: replicas=4 batch=256 input=pipeline steps=640 samples_per_s=... allreduce_share=... exposed_share=...
-//           exposed_peer_wait_share=... accuracy=... loss=...
+//           exposed_peer_wait_share=... accuracy=... loss=... [peak_gpu_mib=..., on GPU replicas]
 
 #include <algorithm>
 #include <chrono>
@@ -52,6 +53,10 @@ namespace {
 
 struct Flags {
   int replicas = 4;
+  std::vector<std::string> devices;  // --devices GPU:0,GPU:1 (empty: --gpus, --replicas or every GPU)
+  int gpus = 0;
+  bool replicas_given = false;  // --replicas was on the command line
+  std::string tf32 = "on";
   int epochs = 10;
   std::int64_t batch = 256;
   int hidden = 128;
@@ -100,7 +105,21 @@ std::string loss_scaling(const nn::Model& model) {
 
 void add_options(CLI::App& app, Flags& f) {
   troupe::examples::show_defaults(app);
-  app.add_option("--replicas", f.replicas, "CPU replicas")->check(in_range(1, 1024));
+  auto* replicas = app.add_option("--replicas", f.replicas, "CPU replicas (the default on a machine without GPUs)")
+                       ->check(in_range(1, 1024));
+  auto* devices = app.add_option("--devices", f.devices,
+                                 "the replicas' devices, comma-separated: GPU:0,GPU:1 or CPU:0,CPU:1 (default: every "
+                                 "GPU, as MirroredStrategy() takes them, else --replicas CPU replicas)")
+                      ->delimiter(',')
+                      ->excludes(replicas);
+  app.add_option("--tf32", f.tf32,
+                 "TensorFloat-32 products on GPUs (config::enable_tensor_float_32_execution; on by default, as in "
+                 "TensorFlow)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--gpus", f.gpus, "one replica on each of the first N GPUs")
+      ->check(in_range(1, 1024))
+      ->excludes(replicas)
+      ->excludes(devices);
   app.add_option("--epochs", f.epochs, "epochs")->check(in_range(1, 1000000));
   app.add_option("--batch", f.batch, "global batch, split over the replicas")
       ->check(in_range(std::int64_t{1}, std::int64_t{1} << 30));
@@ -169,10 +188,19 @@ void add_options(CLI::App& app, Flags& f) {
                "TROUPE_DEVICES_PER_WORKER how many replicas each worker runs; --replicas is ignored)");
 }
 
-std::vector<std::string> cpus(int n) {
+std::vector<std::string> numbered(const char* kind, int n) {
   std::vector<std::string> devices;
-  for (int i = 0; i < n; ++i) devices.push_back("CPU:" + std::to_string(i));
+  for (int i = 0; i < n; ++i) devices.push_back(kind + std::to_string(i));
   return devices;
+}
+
+// The replicas' devices: --devices, --gpus, --replicas CPU replicas, or (none of them given) every
+// GPU when the machine has one, as MirroredStrategy() does in TensorFlow.
+std::vector<std::string> replica_devices(const Flags& f) {
+  if (!f.devices.empty()) return f.devices;
+  if (f.gpus > 0) return numbered("GPU:", f.gpus);
+  const int gpus = f.replicas_given ? 0 : Runtime::gpu_count();
+  return gpus > 0 ? numbered("GPU:", gpus) : numbered("CPU:", f.replicas);
 }
 
 // Each column to mean 0 and standard deviation 1 (a constant column to 0).
@@ -323,13 +351,14 @@ int run(const Flags& f) {
   }
   if (!f.checkpoint_dir.empty() && !loaded.label_names.empty()) save_label_names(f, loaded.label_names);
 
+  config::enable_tensor_float_32_execution(f.tf32 == "on");
   Runtime rt;
   // One process, or one worker of several (TF_CONFIG, TROUPE_DEVICES_PER_WORKER replicas each).
   std::unique_ptr<Strategy> owned_strategy;
   if (f.multi_worker) {
     owned_strategy = std::make_unique<MultiWorkerMirroredStrategy>(rt);
   } else {
-    owned_strategy = std::make_unique<MirroredStrategy>(rt, cpus(f.replicas));
+    owned_strategy = std::make_unique<MirroredStrategy>(rt, replica_devices(f));
   }
   Strategy& strategy = *owned_strategy;
   auto scope = strategy.scope();
@@ -345,7 +374,8 @@ int run(const Flags& f) {
               << ", " << f.optimizer << " lr " << f.learning_rate
               << (f.mixed_precision == "float32" ? std::string() : ", " + f.mixed_precision) << loss_scaling(model)
               << "; " << strategy.num_replicas_in_sync()
-              << " CPU replicas, global batch " << f.batch << ", " << steps_per_epoch
+              << (strategy.extended().worker_devices().front().is_gpu() ? " GPU" : " CPU")
+              << " replicas, global batch " << f.batch << ", " << steps_per_epoch
               << (steps_per_epoch == 1 ? " step" : " steps") << " per epoch\n";
   }
 
@@ -476,7 +506,14 @@ int run(const Flags& f) {
             << " allreduce_share=" << std::setprecision(4) << share << " exposed_share=" << exposed_share
             << " exposed_peer_wait_share=" << peer_wait_share
             << " accuracy=" << train.accuracy
-            << " loss=" << train.loss << "\n";
+            << " loss=" << train.loss;
+  // The most GPU memory tensors held at once on the first replica's GPU.
+  const Device& first = strategy.extended().worker_devices().front();
+  if (first.is_gpu()) {
+    std::cout << " peak_gpu_mib=" << std::setprecision(1)
+              << static_cast<double>(config::experimental::get_memory_info(first.to_string()).peak) / (1 << 20);
+  }
+  std::cout << "\n";
   if (train.accuracy < f.min_accuracy) {
     std::cerr << "mlp_classifier: training accuracy " << train.accuracy << " is below --min-accuracy "
               << f.min_accuracy << "\n";
@@ -491,5 +528,8 @@ int main(int argc, char** argv) {
   Flags flags;
   CLI::App app{"An MLP classifier on a CSV/IDX or generated set, trained with MirroredStrategy.", "mlp_classifier"};
   add_options(app, flags);
-  return troupe::examples::run_main(app, argc, argv, [&] { return run(flags); });
+  return troupe::examples::run_main(app, argc, argv, [&] {
+    flags.replicas_given = app.count("--replicas") > 0;
+    return run(flags);
+  });
 }

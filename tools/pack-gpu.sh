@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Packs the GPU test programs (BUILD_DIR/tests/troupe_gpu_*) and the NCCL all-reduce benchmark
-# (BUILD_DIR/bench/allreduce_nccl_bench) into a folder that runs on a GPU machine without
-# troupe's build dependencies (CAF, Cap'n Proto, Boost, Google Benchmark):
+# Packs the GPU test programs (BUILD_DIR/tests/troupe_gpu_*), the NCCL all-reduce benchmark
+# (BUILD_DIR/bench/allreduce_nccl_bench) and the training comparison (BUILD_DIR/examples/
+# mlp_classifier with bench/gpu_training_bench.sh and its PyTorch twin bench/torch_mlp.py) into a
+# folder that runs on a GPU machine without troupe's build dependencies (CAF, Cap'n Proto, Boost,
+# Google Benchmark):
 #
 #   OUTDIR/bin/         the programs, stripped
+#   OUTDIR/bench/       gpu_training_bench.sh and torch_mlp.py
 #   OUTDIR/lib/         every shared library they load that is not part of the base system
 #                       (libtroupe, libcaf_*, libcapnp, libkj, libboost_*, libbenchmark, ...), stripped
 #   OUTDIR/gpu_run.sh   runs the tests and the benchmark there (bench/gpu_run.sh)
@@ -12,9 +15,11 @@
 #
 # Left out on purpose, the GPU machine provides them: the C and C++ runtimes (libc, libm,
 # libstdc++, libgcc_s, the dynamic loader and the rest of glibc), libz, the CUDA driver
-# (libcuda, libnvidia-*) and NCCL (libnccl.so.2). The CUDA runtime is linked statically.
+# (libcuda, libnvidia-*), NCCL (libnccl.so.2) and cuBLASLt (libcublasLt.so.13, loaded when the
+# first GPU product runs; gpu_run.sh finds NCCL and cuBLAS in PyTorch's nvidia-* packages there).
+# The CUDA runtime is linked statically.
 # Builds nothing: build the targets first (cmake --build BUILD_DIR --target allreduce_nccl_bench
-# troupe_gpu_tests troupe_gpu_kernel_tests troupe_gpu_strategy_tests).
+# troupe_gpu_tests troupe_gpu_kernel_tests troupe_gpu_strategy_tests mlp_classifier).
 set -euo pipefail
 
 usage() { echo "usage: tools/pack-gpu.sh OUTDIR [BUILD_DIR]" >&2; exit 2; }
@@ -28,7 +33,7 @@ build=${2:-${TROUPE_BUILD_DIR:-$root/build}}
 command -v ldd >/dev/null || { echo "pack-gpu.sh: ldd not found" >&2; exit 1; }
 
 programs=()
-for f in "$build"/tests/troupe_gpu_* "$build"/bench/allreduce_nccl_bench; do
+for f in "$build"/tests/troupe_gpu_* "$build"/bench/allreduce_nccl_bench "$build"/examples/mlp_classifier; do
   [[ -f $f && -x $f ]] && programs+=("$f")
 done
 if [[ ${#programs[@]} -eq 0 ]]; then
@@ -45,7 +50,7 @@ is_system_lib() {
     linux-vdso.so* | linux-gate.so* | ld-linux*.so* | ld64.so*) return 0 ;;
     libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | libutil.so* | libresolv.so*) return 0 ;;
     libstdc++.so* | libgcc_s.so* | libz.so*) return 0 ;;
-    libcuda.so* | libnvidia-*.so* | libnccl.so*) return 0 ;;
+    libcuda.so* | libnvidia-*.so* | libnccl.so* | libcublas*.so* | libcudnn*.so*) return 0 ;;
   esac
   return 1
 }
@@ -87,13 +92,17 @@ fi
 
 cp "$root/bench/gpu_run.sh" "$out/gpu_run.sh"
 chmod +x "$out/gpu_run.sh"
+mkdir -p "$out/bench"
+cp "$root/bench/gpu_training_bench.sh" "$root/bench/torch_mlp.py" "$out/bench/"
+chmod +x "$out/bench/gpu_training_bench.sh"
 {
   echo "troupe GPU pack"
   echo "source: $(git -C "$root" describe --always --dirty 2>/dev/null || echo unknown)"
   echo "built on: $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME") ($(uname -m))"
   echo "build folder: $(cd "$build" && pwd)"
   echo "packed: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "needs on the GPU machine: the NVIDIA driver (libcuda.so.1), NCCL (libnccl.so.2), glibc and libstdc++"
+  echo "needs on the GPU machine: the NVIDIA driver (libcuda.so.1), NCCL (libnccl.so.2), cuBLASLt (libcublasLt.so.13), glibc and libstdc++"
+  echo "compares with: PyTorch with CUDA (python3), when the machine has it"
 } >"$out/PACK-INFO.txt"
 
 echo "pack-gpu.sh: $out: ${#programs[@]} programs, ${#packed[@]} libraries, $(du -sh "$out" | cut -f1)"

@@ -268,55 +268,6 @@ struct relu_grad_fn {
   __device__ void operator()(std::int64_t i) const { out[i] = output[i] > T(0) ? grad[i] : T(0); }
 };
 
-// c = op(a) · op(b) in 16x16 output tiles. Each thread owns one c[i, j] and adds the products in
-// order p = 0..k-1, so the result is the plain triple loop's, bit for bit. The tiles are loaded
-// along whichever index is contiguous in memory, so both layouts of a and b load coalesced.
-constexpr int tile = 16;
-
-template <class T>
-__global__ void matmul_kernel(const T* a, const T* b, T* c, std::int64_t m, std::int64_t n, std::int64_t k,
-                              bool transpose_a, bool transpose_b) {
-  __shared__ T sa[tile][tile + 1];  // sa[r][q] = op(a)[row0 + r, p0 + q]; +1 avoids bank conflicts
-  __shared__ T sb[tile][tile + 1];  // sb[q][s] = op(b)[p0 + q, col0 + s]
-  const int tx = static_cast<int>(threadIdx.x) % tile;
-  const int ty = static_cast<int>(threadIdx.x) / tile;
-  const std::int64_t tiles_n = (n + tile - 1) / tile;
-  const std::int64_t tiles = ((m + tile - 1) / tile) * tiles_n;
-  for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const std::int64_t row0 = (t / tiles_n) * tile;
-    const std::int64_t col0 = (t % tiles_n) * tile;
-    T acc = T(0);
-    for (std::int64_t p0 = 0; p0 < k; p0 += tile) {
-      {
-        const int r = transpose_a ? tx : ty;
-        const int q = transpose_a ? ty : tx;
-        const std::int64_t gi = row0 + r;
-        const std::int64_t gp = p0 + q;
-        T value = T(0);
-        if (gi < m && gp < k) value = transpose_a ? a[gp * m + gi] : a[gi * k + gp];
-        sa[r][q] = value;
-      }
-      {
-        const int q = transpose_b ? tx : ty;
-        const int s = transpose_b ? ty : tx;
-        const std::int64_t gp = p0 + q;
-        const std::int64_t gj = col0 + s;
-        T value = T(0);
-        if (gp < k && gj < n) value = transpose_b ? b[gj * k + gp] : b[gp * n + gj];
-        sb[q][s] = value;
-      }
-      __syncthreads();
-      // Only the real products: adding the padding's zeros could turn -0 into +0 (or inf into nan).
-      const int len = k - p0 < tile ? static_cast<int>(k - p0) : tile;
-      for (int q = 0; q < len; ++q) acc += sa[ty][q] * sb[q][tx];
-      __syncthreads();
-    }
-    const std::int64_t i = row0 + ty;
-    const std::int64_t j = col0 + tx;
-    if (i < m && j < n) c[i * n + j] = acc;
-  }
-}
-
 // Block-wide reductions over threads_per_block values in shared memory; every thread gets the
 // result. The trailing barrier lets the caller reuse `part` right away.
 template <class T>
@@ -405,6 +356,125 @@ __global__ void argmax_kernel(const T* x, std::int64_t* out, std::int64_t rows, 
     if (tid == 0) out[r] = best_index[0];
     __syncthreads();
   }
+}
+
+// Losses: one block per row, as softmax; then one block adds the per-example losses in row order.
+
+__device__ float log_of(float x) { return logf(x); }
+__device__ double log_of(double x) { return log(x); }
+
+template <class T, class L>
+__global__ void sparse_xent_kernel(const T* logits, const L* labels, T* per_example, T* grad, std::int64_t rows,
+                                   std::int64_t cols, T scale, unsigned long long* bad_row) {
+  __shared__ T part[threads_per_block];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* z = logits + r * cols;
+    const std::int64_t label = static_cast<std::int64_t>(labels[r]);
+    const bool valid = label >= 0 && label < cols;
+    T local_max = z[0];
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      if (z[j] > local_max) local_max = z[j];
+    }
+    const T row_max = block_max(local_max, part);
+    T local_sum = T(0);
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) local_sum += exp_of(z[j] - row_max);
+    const T sum = block_sum(local_sum, part);
+    if (threadIdx.x == 0) {
+      if (valid) {
+        per_example[r] = log_of(sum) + row_max - z[label];  // log-sum-exp(z) - z[label]
+      } else {
+        per_example[r] = static_cast<T>(NAN);
+        if (bad_row != nullptr) atomicMin(bad_row, static_cast<unsigned long long>(r));
+      }
+    }
+    if (grad != nullptr) {
+      T* g = grad + r * cols;
+      const T factor = scale / sum;
+      for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+        const T value = exp_of(z[j] - row_max) * factor;  // scale * softmax
+        g[j] = valid && j == label ? value - scale : value;
+      }
+    }
+  }
+}
+
+template <class T>
+__global__ void squared_error_kernel(const T* p, const T* t, T* per_example, T* grad, std::int64_t rows,
+                                     std::int64_t cols, T grad_factor) {
+  __shared__ T part[threads_per_block];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    T local = T(0);
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      const T d = p[r * cols + j] - t[r * cols + j];
+      local += d * d;
+      if (grad != nullptr) grad[r * cols + j] = d * grad_factor;
+    }
+    const T sum = block_sum(local, part);
+    if (threadIdx.x == 0) per_example[r] = sum / static_cast<T>(cols);
+  }
+}
+
+// total = T(scale * the sum of values[0..n-1]), the sum in double: each thread adds a strided share
+// in order, then the shares are added pairwise in a fixed tree. The same bits on every run.
+template <class T>
+__global__ void scaled_total_kernel(const T* values, std::int64_t n, double scale, T* total) {
+  __shared__ double part[threads_per_block];
+  double local = 0.0;
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) local += static_cast<double>(values[i]);
+  part[threadIdx.x] = local;
+  __syncthreads();
+  for (int stride = threads_per_block / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride) part[threadIdx.x] += part[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *total = static_cast<T>(part[0] * scale);
+}
+
+
+// Several tensors in one launch: the functors of up to multi_group tensors travel in the kernel's
+// parameters; element i of the concatenation belongs to the first tensor whose end exceeds i.
+constexpr int multi_group = 24;
+
+template <class F>
+struct multi_args {
+  F fn[multi_group];
+  std::int64_t end[multi_group];
+  int n;
+};
+
+template <class F>
+__global__ void multi_kernel(multi_args<F> a) {
+  const std::int64_t total = a.end[a.n - 1];
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(blockDim.x) * gridDim.x) {
+    int t = 0;
+    while (i >= a.end[t]) ++t;
+    a.fn[t](t == 0 ? i : i - a.end[t - 1]);
+  }
+}
+
+template <class F, class Make>
+int launch_multi(const update_tensor* tensors, int n, Make&& make, void* stream) {
+  multi_args<F> args{};
+  std::int64_t total = 0;
+  auto flush = [&]() -> int {
+    if (args.n == 0) return 0;
+    multi_kernel<<<blocks_for(total), threads_per_block, 0, static_cast<cudaStream_t>(stream)>>>(args);
+    const int rc = launched();
+    args = multi_args<F>{};
+    total = 0;
+    return rc;
+  };
+  for (int k = 0; k < n; ++k) {
+    if (tensors[k].count <= 0) continue;
+    args.fn[args.n] = make(tensors[k]);
+    total += tensors[k].count;
+    args.end[args.n] = total;
+    if (++args.n == multi_group) {
+      if (const int rc = flush(); rc != 0) return rc;
+    }
+  }
+  return flush();
 }
 
 }  // namespace
@@ -555,17 +625,45 @@ int launch_adam(const void* w, const void* g, const void* m, const void* v, void
   });
 }
 
-int launch_matmul(const void* a, const void* b, void* c, std::int64_t m, std::int64_t n, std::int64_t k,
-                  bool transpose_a, bool transpose_b, scalar_type type, void* stream) {
-  if (m <= 0 || n <= 0) return 0;
-  if (k < 0) return invalid();
-  const std::int64_t tiles = ((m + tile - 1) / tile) * ((n + tile - 1) / tile);
-  const int blocks = static_cast<int>(tiles > 4096 ? 4096 : tiles);
+int launch_multi_update(update_kind kind, const update_tensor* tensors, int n, scalar_type type,
+                        const update_coefficients& c, void* stream) {
+  if (n < 0 || (n > 0 && tensors == nullptr)) return invalid();
   return with_float_type(type, [&](auto value) {
     using T = decltype(value);
-    matmul_kernel<<<blocks, tile * tile, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(c), m, n, k, transpose_a, transpose_b);
-    return launched();
+    switch (kind) {
+      case update_kind::sgd:
+        return launch_multi<sgd_fn<T>>(
+            tensors, n,
+            [&](const update_tensor& u) {
+              return sgd_fn<T>{static_cast<const T*>(u.w), static_cast<const T*>(u.g), static_cast<T*>(u.out_w),
+                               static_cast<T>(c.lr)};
+            },
+            stream);
+      case update_kind::momentum:
+        return launch_multi<sgd_momentum_fn<T>>(
+            tensors, n,
+            [&](const update_tensor& u) {
+              return sgd_momentum_fn<T>{static_cast<const T*>(u.w),  static_cast<const T*>(u.g),
+                                        static_cast<const T*>(u.m),  static_cast<T*>(u.out_w),
+                                        static_cast<T*>(u.out_m),    static_cast<T>(c.lr),
+                                        static_cast<T>(c.momentum), c.nesterov};
+            },
+            stream);
+      case update_kind::adam:
+        return launch_multi<adam_fn<T>>(
+            tensors, n,
+            [&](const update_tensor& u) {
+              return adam_fn<T>{static_cast<const T*>(u.w),        static_cast<const T*>(u.g),
+                                static_cast<const T*>(u.m),        static_cast<const T*>(u.v),
+                                static_cast<T*>(u.out_w),          static_cast<T*>(u.out_m),
+                                static_cast<T*>(u.out_v),          static_cast<T>(c.lr),
+                                static_cast<T>(c.b1),              static_cast<T>(c.one_minus_b1),
+                                static_cast<T>(c.b2),              static_cast<T>(c.one_minus_b2),
+                                static_cast<T>(c.eps)};
+            },
+            stream);
+    }
+    return invalid();
   });
 }
 
@@ -621,6 +719,55 @@ int launch_argmax(const void* x, std::int64_t* out, std::int64_t rows, std::int6
   });
 }
 
+int launch_sparse_softmax_xent(const void* logits, const void* labels, scalar_type label_type, void* per_example,
+                               void* grad, void* total, std::int64_t rows, std::int64_t cols, double scale,
+                               scalar_type type, unsigned long long* bad_row, void* stream) {
+  if (per_example == nullptr || rows < 0 || cols <= 0) return invalid();
+  if (label_type != scalar_type::i32 && label_type != scalar_type::i64) return invalid();
+  auto st = static_cast<cudaStream_t>(stream);
+  return with_float_type(type, [&](auto value) {
+    using T = decltype(value);
+    if (rows > 0) {
+      if (label_type == scalar_type::i32) {
+        sparse_xent_kernel<<<blocks_for_rows(rows), threads_per_block, 0, st>>>(
+            static_cast<const T*>(logits), static_cast<const std::int32_t*>(labels), static_cast<T*>(per_example),
+            static_cast<T*>(grad), rows, cols, static_cast<T>(scale), bad_row);
+      } else {
+        sparse_xent_kernel<<<blocks_for_rows(rows), threads_per_block, 0, st>>>(
+            static_cast<const T*>(logits), static_cast<const std::int64_t*>(labels), static_cast<T*>(per_example),
+            static_cast<T*>(grad), rows, cols, static_cast<T>(scale), bad_row);
+      }
+      const int rc = launched();
+      if (rc != 0) return rc;
+    }
+    if (total != nullptr) {
+      scaled_total_kernel<<<1, threads_per_block, 0, st>>>(static_cast<const T*>(per_example), rows, scale,
+                                                           static_cast<T*>(total));
+    }
+    return launched();
+  });
+}
+
+int launch_squared_error(const void* predictions, const void* targets, void* per_example, void* grad, void* total,
+                         std::int64_t rows, std::int64_t cols, double scale, scalar_type type, void* stream) {
+  if (per_example == nullptr || rows < 0 || cols <= 0) return invalid();
+  auto st = static_cast<cudaStream_t>(stream);
+  return with_float_type(type, [&](auto value) {
+    using T = decltype(value);
+    if (rows > 0) {
+      squared_error_kernel<<<blocks_for_rows(rows), threads_per_block, 0, st>>>(
+          static_cast<const T*>(predictions), static_cast<const T*>(targets), static_cast<T*>(per_example),
+          static_cast<T*>(grad), rows, cols, static_cast<T>(2.0 * scale / static_cast<double>(cols)));
+      const int rc = launched();
+      if (rc != 0) return rc;
+    }
+    if (total != nullptr) {
+      scaled_total_kernel<<<1, threads_per_block, 0, st>>>(static_cast<const T*>(per_example), rows, scale,
+                                                           static_cast<T*>(total));
+    }
+    return launched();
+  });
+}
 
 // ---- float16 and bfloat16 ----------------------------------------------------------------------
 // The conversions of kernels/half_kernels.hpp, bit for bit, in integer arithmetic (no device

@@ -73,12 +73,35 @@ int launch_adam(const void* w, const void* g, const void* m, const void* v, void
                 std::int64_t count, scalar_type type, double lr_t, double b1, double one_minus_b1, double b2,
                 double one_minus_b2, double eps, void* stream);
 
-// The kernels behind troupe::nn on GPU tensors (float32 or float64, row-major).
+/// One tensor of a multi-tensor optimizer update: its elements and pointers (m is the momentum
+/// velocity for update_kind::momentum; pointers a kind does not use are ignored).
+struct update_tensor {
+  std::int64_t count;
+  const void* w;
+  const void* g;
+  const void* m;
+  const void* v;
+  void* out_w;
+  void* out_m;
+  void* out_v;
+};
+/// The optimizer of a multi-tensor update.
+enum class update_kind : int { sgd = 0, momentum = 1, adam = 2 };
+/// The coefficients of launch_sgd, launch_sgd_momentum and launch_adam (each kind reads its own).
+struct update_coefficients {
+  double lr;  ///< lr for sgd and momentum, lr_t for adam
+  double momentum;
+  bool nesterov;
+  double b1, one_minus_b1, b2, one_minus_b2, eps;
+};
+/// Updates n tensors of one type with one launch per group of up to 24 tensors, each element by
+/// the same formula as launch_sgd / launch_sgd_momentum / launch_adam (the same bits). `tensors`
+/// is a HOST array; tensors of 0 elements are skipped.
+int launch_multi_update(update_kind kind, const update_tensor* tensors, int n, scalar_type type,
+                        const update_coefficients& c, void* stream);
 
-/// c[m, n] = op(a) · op(b), where op(a) is [m, k] (a stored as [k, m] when transpose_a) and op(b)
-/// is [k, n] (b stored as [n, k] when transpose_b). Each c[i, j] sums over p = 0..k-1 in order.
-int launch_matmul(const void* a, const void* b, void* c, std::int64_t m, std::int64_t n, std::int64_t k,
-                  bool transpose_a, bool transpose_b, scalar_type type, void* stream);
+// The kernels behind troupe::nn on GPU tensors (float32 or float64, row-major). Matrix products
+// are cuBLASLt's (runtime/src/gpu/gpu_blas.cpp).
 
 /// out[r, j] = x[r, j] + bias[j] for a [rows, cols] x, then max(., 0) when relu.
 int launch_bias_activation(const void* x, const void* bias, void* out, std::int64_t rows, std::int64_t cols, bool relu,
@@ -97,6 +120,22 @@ int launch_softmax(const void* x, void* out, std::int64_t rows, std::int64_t col
 /// out[r] (int64) = the first index of the largest value of row r of [rows, cols].
 int launch_argmax(const void* x, std::int64_t* out, std::int64_t rows, std::int64_t cols, scalar_type type,
                   void* stream);
+
+/// Sparse softmax cross-entropy of logits [rows, cols] against labels [rows] (int32 or int64):
+/// per_example[r] = log-sum-exp(z_r) - z_r[label_r] (the row's maximum subtracted first); when
+/// `grad` is given, grad[r, j] = scale * (softmax(z_r)[j] - (j == label_r)); when `total` (one
+/// element on the device) is given, *total = scale * the sum of per_example over the rows, added
+/// in double in a fixed order. A label outside 0..cols-1 makes its row's loss NaN (its gradient
+/// the scaled softmax) and, when `bad_row` is given (a device word the caller set to all ones),
+/// leaves the smallest such row there. rows may be 0 (the total is then 0).
+int launch_sparse_softmax_xent(const void* logits, const void* labels, scalar_type label_type, void* per_example,
+                               void* grad, void* total, std::int64_t rows, std::int64_t cols, double scale,
+                               scalar_type type, unsigned long long* bad_row, void* stream);
+
+/// Squared error: per_example[r] = the mean over the row's cols of (p - t)^2; grad (optional) =
+/// (p - t) * 2 * scale / cols; *total (optional) = scale * the sum of per_example, as above.
+int launch_squared_error(const void* predictions, const void* targets, void* per_example, void* grad, void* total,
+                         std::int64_t rows, std::int64_t cols, double scale, scalar_type type, void* stream);
 
 // float16 and bfloat16 (base::scalar_type::f16, bf16).
 

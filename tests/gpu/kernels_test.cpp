@@ -605,46 +605,6 @@ void test_adam(suite& t) {
 }
 
 template <class T>
-void test_matmul(suite& t) {
-  struct shape {
-    std::int64_t m, n, k;
-  };
-  const shape shapes[] = {{1, 1, 1},  {3, 5, 7},  {64, 33, 17}, {17, 64, 33}, {70, 40, 100},
-                          {8, 8, 1000}, {2, 3, 0}, {0, 3, 4},    {5, 0, 2}};
-  for (const shape& sh : shapes) {
-    const std::vector<T> a = t.random<T>(sh.m * sh.k, -1, 1);
-    const std::vector<T> b = t.random<T>(sh.k * sh.n, -1, 1);
-    auto da = t.upload(a);
-    auto db = t.upload(b);
-    for (bool ta : {false, true}) {
-      for (bool tb : {false, true}) {
-        const std::string what = cat({"matmul ", type_name<T>(), " m=", std::to_string(sh.m), " n=",
-                                      std::to_string(sh.n), " k=", std::to_string(sh.k), ta ? " a^T" : "",
-                                      tb ? " b^T" : ""});
-        std::vector<T> want(static_cast<std::size_t>(sh.m * sh.n));
-        for (std::int64_t i = 0; i < sh.m; ++i) {
-          for (std::int64_t j = 0; j < sh.n; ++j) {
-            T acc = T(0);
-            for (std::int64_t p = 0; p < sh.k; ++p) {
-              const T x = a[static_cast<std::size_t>(ta ? p * sh.m + i : i * sh.k + p)];
-              const T y = b[static_cast<std::size_t>(tb ? j * sh.k + p : p * sh.n + j)];
-              acc = acc + rounded(x * y);
-            }
-            want[static_cast<std::size_t>(i * sh.n + j)] = acc;
-          }
-        }
-        auto out = t.garbage<T>(sh.m * sh.n);
-        if (t.launched(kernels::launch_matmul(da->get(), db->get(), out->get(), sh.m, sh.n, sh.k, ta, tb, type_of<T>(),
-                                              t.s()),
-                       what)) {
-          t.expect_equal(t.download<T>(*out, sh.m * sh.n), want, what);
-        }
-      }
-    }
-  }
-}
-
-template <class T>
 void test_bias_activation(suite& t) {
   struct shape {
     std::int64_t rows, cols;
@@ -786,7 +746,6 @@ void test_refused_types(suite& t) {
               "sgd_momentum" + suffix);
   t.expect_rc(kernels::launch_adam(p, p, p, p, p, p, p, 8, type, 0.1, 0.9, 0.1, 0.999, 0.001, 1e-7, t.s()), invalid,
               "adam" + suffix);
-  t.expect_rc(kernels::launch_matmul(p, p, p, 2, 2, 2, false, false, type, t.s()), invalid, "matmul" + suffix);
   t.expect_rc(kernels::launch_bias_activation(p, p, p, 2, 4, true, type, t.s()), invalid, "bias_activation" + suffix);
   t.expect_rc(kernels::launch_relu(p, p, 8, type, t.s()), invalid, "relu" + suffix);
   t.expect_rc(kernels::launch_relu_grad(p, p, p, 8, type, t.s()), invalid, "relu_grad" + suffix);
@@ -827,7 +786,6 @@ template <class T>
 void test_float_type(suite& t) {
   test_sgd<T>(t);
   test_adam<T>(t);
-  test_matmul<T>(t);
   test_bias_activation<T>(t);
   test_relu<T>(t);
   test_softmax<T>(t);

@@ -387,15 +387,23 @@ TEST_CASE("an MLP trained with fit on GPU replicas follows the CPU's loss curve 
   Runtime rt;
   MirroredStrategy g(rt, gpus(n));
   MirroredStrategy c(rt, cpus(n));
+  const bool tf32 = config::tensor_float_32_execution_enabled();
+  config::enable_tensor_float_32_execution(false);  // exact float32 products, to follow the CPU closely
   const auto on_gpu = curve(g);
+  config::enable_tensor_float_32_execution(true);
+  const auto on_gpu_tf32 = curve(g);
+  config::enable_tensor_float_32_execution(tf32);
   const auto on_cpu = curve(c);
   REQUIRE(on_gpu.first.size() == on_cpu.first.size());
+  REQUIRE(on_gpu_tf32.first.size() == on_cpu.first.size());
   REQUIRE(on_gpu.first.size() == 48);
   for (std::size_t i = 0; i < on_gpu.first.size(); ++i) {
     CHECK(on_gpu.first[i] == doctest::Approx(on_cpu.first[i]).epsilon(1e-3));
+    CHECK(on_gpu_tf32.first[i] == doctest::Approx(on_cpu.first[i]).epsilon(3e-2));
   }
   CHECK(on_gpu.first.back() < 0.5 * on_gpu.first.front());
   CHECK(on_gpu.second >= 0.9);
+  CHECK(on_gpu_tf32.second >= 0.9);
 }
 
 TEST_CASE("a failing GPU replica fails the step with its cause, and the next step works") {
@@ -437,17 +445,20 @@ TEST_CASE("a GPU replica whose work outlasts TROUPE_COLLECTIVE_TIMEOUT_MS fails 
   Runtime rt;
   MirroredStrategy g(rt, gpus(1));
   unsetenv("TROUPE_COLLECTIVE_TIMEOUT_MS");
-  const Tensor a = Tensor::full({4096, 4096}, 1.0f, DType::f32, gpu0);
+  const bool tf32 = config::tensor_float_32_execution_enabled();
+  config::enable_tensor_float_32_execution(false);  // exact float32: about 1 s of products on an H200
+  const Tensor a = Tensor::full({8192, 8192}, 1.0f, DType::f32, gpu0);
   const auto start = std::chrono::steady_clock::now();
   std::string msg = message_of([&] {
     g.run([&] {
       Tensor x = a;
-      for (int i = 0; i < 16; ++i) x = nn::matmul(x, a) * 0.0f;  // seconds of work on one GPU
+      for (int i = 0; i < 48; ++i) x = nn::matmul(x, a) * 0.0f;
       return get_replica_context()->all_reduce(ReduceOp::sum, x);
     });
   });
   CHECK(contains(msg, "did not complete within 30 ms; the communicators were aborted"));
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+  config::enable_tensor_float_32_execution(tf32);
   // The next step runs on new communicators, after the queued work.
   auto ok = g.run([] { return get_replica_context()->all_reduce(ReduceOp::sum, Tensor::scalar<int>(5)); });
   CHECK(g.experimental_local_results(ok)[0].item<int>() == 5);

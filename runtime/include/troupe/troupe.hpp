@@ -2,6 +2,7 @@
 
 /// The umbrella header: everything public in troupe.
 #include "troupe/checkpoint.hpp"
+#include "troupe/config.hpp"
 #include "troupe/device.hpp"
 #include "troupe/dtype.hpp"
 #include "troupe/errors.hpp"

@@ -30,6 +30,16 @@ bool built_with_cuda() noexcept;
 /// to 2 GiB per GPU in each place) and allocated again without a CUDA call: a replica's in its own
 /// cache, since its stream may still use them; any other thread's in a pool every thread draws from.
 void* allocate(int device, std::size_t bytes, std::size_t* capacity);
+/// Bytes that allocate() has handed out and release() not yet taken back on one GPU, now and at
+/// most (config::experimental::get_memory_info).
+struct memory_held {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+};
+memory_held memory(int device);
+/// Starts the peak again from the current bytes.
+void reset_peak(int device);
+
 /// Returns memory from allocate(), ordered after the calling thread's work on that GPU.
 void release(int device, void* data, std::size_t capacity) noexcept;
 
@@ -64,8 +74,30 @@ void sgd_momentum(int device, const void* w, const void* g, const void* vel, voi
 void adam(int device, const void* w, const void* g, const void* m, const void* v, void* out_w, void* out_m,
           void* out_v, std::int64_t count, base::scalar_type type, double lr_t, double b1, double one_minus_b1,
           double b2, double one_minus_b2, double eps);
-void matmul(int device, const void* a, const void* b, void* c, std::int64_t m, std::int64_t n, std::int64_t k,
-            bool transpose_a, bool transpose_b, base::scalar_type type);
+/// One tensor of multi_update (kernels.hpp's update_tensor).
+struct update_tensor {
+  std::int64_t count;
+  const void* w;
+  const void* g;
+  const void* m;
+  const void* v;
+  void* out_w;
+  void* out_m;
+  void* out_v;
+};
+/// The optimizer of multi_update.
+enum class update_kind : int { sgd = 0, momentum = 1, adam = 2 };
+/// Updates every tensor of one type on `device` with one launch per 24 tensors (a multi-tensor
+/// apply): sgd/sgd_momentum/adam's formulas and bits; lr is adam's lr_t for adam.
+void multi_update(int device, update_kind kind, const std::vector<update_tensor>& tensors, base::scalar_type type,
+                  double lr, double momentum, bool nesterov, double b1, double b2, double eps);
+/// c[m, n] = op(a) · op(b) through cuBLASLt (gpu_blas.cpp), then, when `bias` is given, + bias[n]
+/// per row, then max(., 0) when relu: one launch. `tf32` lets float32 products round their inputs
+/// to TensorFloat-32 on the tensor cores (config::enable_tensor_float_32_execution); without it
+/// they are exact float32 products. float32 or float64. The same product gives the same bits on
+/// every replica of one GPU model.
+void gemm(int device, const void* a, const void* b, void* c, std::int64_t m, std::int64_t n, std::int64_t k,
+          bool transpose_a, bool transpose_b, base::scalar_type type, const void* bias, bool relu, bool tf32);
 void bias_activation(int device, const void* x, const void* bias, void* out, std::int64_t rows, std::int64_t cols,
                      bool relu, base::scalar_type type);
 void relu(int device, const void* x, void* out, std::int64_t count, base::scalar_type type);
@@ -74,6 +106,19 @@ void relu_grad(int device, const void* grad, const void* output, void* out, std:
 void softmax(int device, const void* x, void* out, std::int64_t rows, std::int64_t cols, base::scalar_type type);
 void argmax(int device, const void* x, std::int64_t* out, std::int64_t rows, std::int64_t cols,
             base::scalar_type type);
+/// Sparse softmax cross-entropy (kernels.hpp): per_example [rows], grad (optional, [rows, cols])
+/// and total (optional, one element) on the device; labels int64 [rows]. Returns -1, or the first
+/// row whose label is outside 0..cols-1 (found by reading one word back, which waits for the kernel).
+std::int64_t sparse_softmax_xent(int device, const void* logits, const std::int64_t* labels, void* per_example,
+                                 void* grad, void* total, std::int64_t rows, std::int64_t cols, double scale,
+                                 base::scalar_type type);
+/// Squared error (kernels.hpp), as above; targets of the predictions' type and shape.
+void squared_error(int device, const void* predictions, const void* targets, void* per_example, void* grad,
+                   void* total, std::int64_t rows, std::int64_t cols, double scale, base::scalar_type type);
+
+/// After an operation enqueued on the calling thread's stream: a replica leaves it queued, any
+/// other thread waits for it (errors name `what`).
+void finish_work(int device, const char* what);
 
 /// The calling thread's CUDA stream for `device` (a cudaStream_t), created on first use.
 void* stream(int device);

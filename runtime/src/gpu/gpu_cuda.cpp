@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -65,6 +66,7 @@ struct thread_state {
   void* staging[2] = {nullptr, nullptr};
   cudaEvent_t staged[2] = {nullptr, nullptr};
   int* div_flag[max_devices] = {};
+  unsigned long long* row_flag[max_devices] = {};  // the first bad label's row, for losses
   bool replica = false;
   // Blocks this thread released, by size, for it to allocate again without a CUDA call. A block
   // is released here only when this thread's stream holds the last work on it (gpu.hpp), so
@@ -87,6 +89,7 @@ struct thread_state {
         drop_cache(d);
         cudaStreamSynchronize(streams[d]);
         if (div_flag[d] != nullptr) cudaFree(div_flag[d]);
+        if (row_flag[d] != nullptr) cudaFree(row_flag[d]);
         cudaStreamDestroy(streams[d]);
       }
     }
@@ -183,11 +186,42 @@ idle_pool& idle(int device) {
   return pools[device];
 }
 
+// Bytes handed to tensors per GPU, for memory().
+struct held_bytes {
+  std::atomic<std::int64_t> current{0};
+  std::atomic<std::int64_t> peak{0};
+
+  void add(std::size_t bytes) {
+    const std::int64_t now = current.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
+    std::int64_t seen = peak.load();
+    while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+    }
+  }
+  void remove(std::size_t bytes) { current.fetch_sub(static_cast<std::int64_t>(bytes)); }
+};
+
+held_bytes& held(int device) {
+  static auto* counts = new held_bytes[max_devices];  // never destroyed, as the pools
+  return counts[device];
+}
+
 }  // namespace
 
 bool built_with_cuda() noexcept { return true; }
 
+memory_held memory(int device) {
+  check_device(device);
+  return {held(device).current.load(), held(device).peak.load()};
+}
+
+void reset_peak(int device) {
+  check_device(device);
+  held(device).peak.store(held(device).current.load());
+}
+
 void* stream(int device) { return state().stream_for(device); }
+
+void finish_work(int device, const char* what) { finish(device, what); }
 
 void synchronize(int device) { check(cudaStreamSynchronize(state().stream_for(device)), "cudaStreamSynchronize"); }
 
@@ -203,10 +237,12 @@ void* allocate(int device, std::size_t bytes, std::size_t* capacity) {
     it->second.pop_back();
     st.cached_bytes[device] -= size;
     *capacity = size;
+    held(device).add(size);
     return p;
   }
   if (void* p = idle(device).take(size)) {
     *capacity = size;
+    held(device).add(size);
     return p;
   }
   void* p = nullptr;
@@ -228,11 +264,13 @@ void* allocate(int device, std::size_t bytes, std::size_t* capacity) {
                              std::to_string(total >> 20) + " MiB free)");
   }
   *capacity = size;
+  held(device).add(size);
   return p;
 }
 
 void release(int device, void* data, std::size_t capacity) noexcept {
   if (data == nullptr) return;
+  if (device >= 0 && device < max_devices) held(device).remove(capacity);
   try {
     thread_state& st = state();
     cudaStream_t s = st.stream_for(device);
@@ -460,13 +498,6 @@ void adam(int device, const void* w, const void* g, const void* m, const void* v
   finish(device, "Adam kernel");
 }
 
-void matmul(int device, const void* a, const void* b, void* c, std::int64_t m, std::int64_t n, std::int64_t k,
-            bool transpose_a, bool transpose_b, base::scalar_type type) {
-  cudaStream_t st = state().stream_for(device);
-  check_launch(kernels::launch_matmul(a, b, c, m, n, k, transpose_a, transpose_b, type, st), "matmul kernel");
-  finish(device, "matmul kernel");
-}
-
 void bias_activation(int device, const void* x, const void* bias, void* out, std::int64_t rows, std::int64_t cols,
                      bool relu, base::scalar_type type) {
   cudaStream_t st = state().stream_for(device);
@@ -499,6 +530,48 @@ void argmax(int device, const void* x, std::int64_t* out, std::int64_t rows, std
   cudaStream_t st = state().stream_for(device);
   check_launch(kernels::launch_argmax(x, out, rows, cols, type, st), "argmax kernel");
   finish(device, "argmax kernel");
+}
+
+void multi_update(int device, update_kind kind, const std::vector<update_tensor>& tensors, base::scalar_type type,
+                  double lr, double momentum, bool nesterov, double b1, double b2, double eps) {
+  cudaStream_t st = state().stream_for(device);
+  std::vector<kernels::update_tensor> list;
+  list.reserve(tensors.size());
+  for (const update_tensor& u : tensors) list.push_back({u.count, u.w, u.g, u.m, u.v, u.out_w, u.out_m, u.out_v});
+  const kernels::update_coefficients c{lr, momentum, nesterov, b1, 1.0 - b1, b2, 1.0 - b2, eps};
+  check_launch(kernels::launch_multi_update(static_cast<kernels::update_kind>(static_cast<int>(kind)), list.data(),
+                                            static_cast<int>(list.size()), type, c, st),
+               "optimizer kernel");
+  finish(device, "optimizer kernel");
+}
+
+std::int64_t sparse_softmax_xent(int device, const void* logits, const std::int64_t* labels, void* per_example,
+                                 void* grad, void* total, std::int64_t rows, std::int64_t cols, double scale,
+                                 base::scalar_type type) {
+  thread_state& s = state();
+  cudaStream_t st = s.stream_for(device);
+  if (s.row_flag[device] == nullptr) {
+    void* p = nullptr;
+    check(cudaMalloc(&p, sizeof(unsigned long long)), "cudaMalloc");
+    s.row_flag[device] = static_cast<unsigned long long*>(p);
+  }
+  unsigned long long* flag = s.row_flag[device];
+  check(cudaMemsetAsync(flag, 0xff, sizeof(unsigned long long), st), "cudaMemsetAsync");
+  check_launch(kernels::launch_sparse_softmax_xent(logits, labels, base::scalar_type::i64, per_example, grad, total,
+                                                   rows, cols, scale, type, flag, st),
+               "softmax cross-entropy kernel");
+  unsigned long long bad = 0;
+  check(cudaMemcpyAsync(&bad, flag, sizeof(bad), cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(st), "softmax cross-entropy kernel");
+  return bad == ~0ULL ? -1 : static_cast<std::int64_t>(bad);
+}
+
+void squared_error(int device, const void* predictions, const void* targets, void* per_example, void* grad,
+                   void* total, std::int64_t rows, std::int64_t cols, double scale, base::scalar_type type) {
+  cudaStream_t st = state().stream_for(device);
+  check_launch(kernels::launch_squared_error(predictions, targets, per_example, grad, total, rows, cols, scale, type, st),
+               "squared error kernel");
+  finish(device, "squared error kernel");
 }
 
 replica_scope::replica_scope(int device) : device_(device), previous_(state().replica) {

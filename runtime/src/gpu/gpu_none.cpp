@@ -23,6 +23,8 @@ void* allocate(int, std::size_t bytes, std::size_t* capacity) {
   unsupported();
 }
 void release(int, void*, std::size_t) noexcept {}
+memory_held memory(int) { unsupported(); }
+void reset_peak(int) { unsupported(); }
 void copy(void*, int, const void*, int, std::size_t) { unsupported(); }
 void copy_rows(int, void*, std::size_t, const void*, std::size_t, std::size_t, std::size_t) { unsupported(); }
 void zero(int, void*, std::size_t) { unsupported(); }
@@ -49,8 +51,8 @@ void adam(int, const void*, const void*, const void*, const void*, void*, void*,
           base::scalar_type, double, double, double, double, double, double) {
   unsupported();
 }
-void matmul(int, const void*, const void*, void*, std::int64_t, std::int64_t, std::int64_t, bool, bool,
-            base::scalar_type) {
+void gemm(int, const void*, const void*, void*, std::int64_t, std::int64_t, std::int64_t, bool, bool,
+          base::scalar_type, const void*, bool, bool) {
   unsupported();
 }
 void bias_activation(int, const void*, const void*, void*, std::int64_t, std::int64_t, bool,
@@ -61,8 +63,21 @@ void relu(int, const void*, void*, std::int64_t, base::scalar_type) { unsupporte
 void relu_grad(int, const void*, const void*, void*, std::int64_t, base::scalar_type) { unsupported(); }
 void softmax(int, const void*, void*, std::int64_t, std::int64_t, base::scalar_type) { unsupported(); }
 void argmax(int, const void*, std::int64_t*, std::int64_t, std::int64_t, base::scalar_type) { unsupported(); }
+std::int64_t sparse_softmax_xent(int, const void*, const std::int64_t*, void*, void*, void*, std::int64_t,
+                                 std::int64_t, double, base::scalar_type) {
+  unsupported();
+}
+void squared_error(int, const void*, const void*, void*, void*, void*, std::int64_t, std::int64_t, double,
+                   base::scalar_type) {
+  unsupported();
+}
+void multi_update(int, update_kind, const std::vector<update_tensor>&, base::scalar_type, double, double, bool, double,
+                  double, double) {
+  unsupported();
+}
 void* stream(int) { unsupported(); }
 void synchronize(int) { unsupported(); }
+void finish_work(int, const char*) { unsupported(); }
 
 replica_scope::replica_scope(int device) : device_(device), previous_(false) { unsupported(); }
 replica_scope::~replica_scope() = default;

@@ -5,12 +5,15 @@
 #include <stdexcept>
 #include <string>
 
+#include "elements.hpp"
+#include "gpu/gpu.hpp"
 #include "tape.hpp"
 #include "eigen_maps.hpp"
 
 namespace troupe::nn {
 
 using namespace troupe::nn::eigen;
+namespace gpu = troupe::detail::gpu;
 
 namespace {
 
@@ -27,24 +30,44 @@ Tensor scalar_of(DType dtype, double value) {
 }
 
 // Softmax cross-entropy of every row. Fills per_example (when not null) and, when grad is not
-// null, the gradient of sum(per_example) * scale. Returns that scaled sum, accumulated in double.
-// Losses of GPU tensors are computed on host copies; what they return goes back to the GPU.
-template <class Host>
-double on_host(const Tensor& a, const Tensor& b, Tensor* per_example, Tensor* grad, Host&& host) {
-  const Device where = a.is_gpu() ? a.device() : b.device();
-  const double loss = host(a.to(Device()), b.to(Device()));
-  if (per_example != nullptr) *per_example = per_example->to(where);
-  if (grad != nullptr) *grad = grad->to(where);
-  return loss;
+// null, the gradient of sum(per_example) * scale. Returns that scaled sum as a scalar of the
+// logits' dtype, on their device: GPU operands are computed there by one kernel (gpu.hpp), and
+// only a bad label is read back.
+Tensor device_softmax_cross_entropy(const Tensor& logits_in, const Tensor& labels_in, double scale,
+                                    Tensor* per_example, Tensor* grad, const char* op) {
+  const Device where = logits_in.is_gpu() ? logits_in.device() : labels_in.device();
+  const Tensor logits = logits_in.to(where);
+  check_float(logits, op);
+  check_rank(logits, 2, op, "logits");
+  const std::int64_t rows = logits.shape()[0];
+  const std::int64_t classes = logits.shape()[1];
+  const Tensor labels = labels_as_i64(labels_in.to(where), rows, op);
+  Tensor pe = Tensor::empty({rows}, logits.dtype(), where);
+  Tensor g = grad != nullptr ? Tensor::empty(logits.shape(), logits.dtype(), where) : Tensor();
+  Tensor total = Tensor::zeros({}, logits.dtype(), where);
+  if (rows > 0) {
+    if (classes == 0) {
+      throw std::invalid_argument(std::string(op) + ": label in row 0 is out of range for 0 classes");
+    }
+    const std::int64_t bad = gpu::sparse_softmax_xent(
+        where.index(), logits.raw_data(), static_cast<const std::int64_t*>(labels.raw_data()), pe.raw_mutable_data(),
+        grad != nullptr ? g.raw_mutable_data() : nullptr, total.raw_mutable_data(), rows, classes, scale,
+        troupe::detail::to_scalar_type(logits.dtype()));
+    if (bad >= 0) {
+      const std::int64_t label = labels.to(Device()).data<std::int64_t>()[bad];
+      throw std::invalid_argument(std::string(op) + ": label " + std::to_string(label) + " in row " +
+                                  std::to_string(bad) + " is out of range for " + std::to_string(classes) +
+                                  " classes (expected 0.." + std::to_string(classes - 1) + ")");
+    }
+  }
+  if (per_example != nullptr) *per_example = pe;
+  if (grad != nullptr) *grad = g;
+  return total;
 }
 
-double softmax_cross_entropy(const Tensor& logits, const Tensor& labels, double scale, Tensor* per_example,
+Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels, double scale, Tensor* per_example,
                              Tensor* grad, const char* op) {
-  if (logits.is_gpu() || labels.is_gpu()) {
-    return on_host(logits, labels, per_example, grad, [&](const Tensor& l, const Tensor& y) {
-      return softmax_cross_entropy(l, y, scale, per_example, grad, op);
-    });
-  }
+  if (logits.is_gpu() || labels.is_gpu()) return device_softmax_cross_entropy(logits, labels, scale, per_example, grad, op);
   check_float(logits, op);
   check_rank(logits, 2, op, "logits");
   const std::int64_t rows = logits.shape()[0];
@@ -61,7 +84,7 @@ double softmax_cross_entropy(const Tensor& logits, const Tensor& labels, double 
   if (per_example) *per_example = Tensor::empty({rows}, logits.dtype());
   if (grad) *grad = Tensor::empty(logits.shape(), logits.dtype());
   double total = 0.0;
-  if (rows == 0) return total;
+  if (rows == 0) return scalar_of(logits.dtype(), total);
   dispatch_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using Column = Eigen::Array<T, Eigen::Dynamic, 1>;
@@ -83,7 +106,7 @@ double softmax_cross_entropy(const Tensor& logits, const Tensor& labels, double 
       for (std::int64_t i = 0; i < rows; ++i) g(i, label[i]) -= static_cast<T>(scale);
     }
   });
-  return total * scale;
+  return scalar_of(logits.dtype(), total * scale);
 }
 
 // Softmax cross-entropy of every row against a target distribution of the logits' shape:
@@ -170,13 +193,11 @@ double probability_cross_entropy(const Tensor& probs_in, const Tensor& targets_i
 }
 
 // Squared error of every row, averaged over its columns; as softmax_cross_entropy.
-double squared_error(const Tensor& predictions, const Tensor& targets_in, double scale, Tensor* per_example,
+Tensor squared_error(const Tensor& predictions_in, const Tensor& targets_in, double scale, Tensor* per_example,
                      Tensor* grad, const char* op) {
-  if (predictions.is_gpu() || targets_in.is_gpu()) {
-    return on_host(predictions, targets_in, per_example, grad, [&](const Tensor& p, const Tensor& t) {
-      return squared_error(p, t, scale, per_example, grad, op);
-    });
-  }
+  const bool on_gpu = predictions_in.is_gpu() || targets_in.is_gpu();
+  const Device where = predictions_in.is_gpu() ? predictions_in.device() : targets_in.device();
+  const Tensor predictions = on_gpu ? predictions_in.to(where) : predictions_in;
   check_float(predictions, op);
   if (predictions.rank() < 1) {
     throw std::invalid_argument(std::string(op) + ": predictions are a scalar (expected [batch] or [batch, n])");
@@ -189,11 +210,26 @@ double squared_error(const Tensor& predictions, const Tensor& targets_in, double
   }
   const std::int64_t rows = predictions.shape()[0];
   const std::int64_t cols = rows == 0 ? 1 : predictions.num_elements() / rows;
-  Tensor targets = targets_in.dtype() == predictions.dtype() ? targets_in : targets_in.cast(predictions.dtype());
+  const Tensor placed = on_gpu ? targets_in.to(where) : targets_in;
+  Tensor targets = placed.dtype() == predictions.dtype() ? placed : placed.cast(predictions.dtype());
+  if (on_gpu) {
+    // One kernel on the device: the per-example means, the gradient and the scaled total.
+    Tensor pe = Tensor::empty({rows}, predictions.dtype(), where);
+    Tensor g = grad != nullptr ? Tensor::empty(predictions.shape(), predictions.dtype(), where) : Tensor();
+    Tensor total = Tensor::zeros({}, predictions.dtype(), where);
+    if (rows > 0) {
+      gpu::squared_error(where.index(), predictions.raw_data(), targets.raw_data(), pe.raw_mutable_data(),
+                         grad != nullptr ? g.raw_mutable_data() : nullptr, total.raw_mutable_data(), rows, cols, scale,
+                         troupe::detail::to_scalar_type(predictions.dtype()));
+    }
+    if (per_example != nullptr) *per_example = pe;
+    if (grad != nullptr) *grad = g;
+    return total;
+  }
   if (per_example) *per_example = Tensor::empty({rows}, predictions.dtype());
   if (grad) *grad = Tensor::empty(predictions.shape(), predictions.dtype());
   double total = 0.0;
-  if (rows == 0) return total;
+  if (rows == 0) return scalar_of(predictions.dtype(), total);
   dispatch_float(predictions.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using Rows = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
@@ -207,7 +243,7 @@ double squared_error(const Tensor& predictions, const Tensor& targets_in, double
     }
     if (grad) array<T>(*grad) = (array<T>(predictions) - array<T>(targets)) * static_cast<T>(2.0 * scale / cols);
   });
-  return total * scale;
+  return scalar_of(predictions.dtype(), total * scale);
 }
 
 // Row i of d [batch, ...] times g[i]: the gradient through a per-example value whose own
@@ -250,8 +286,7 @@ LossAndGradient sparse_softmax_cross_entropy(const Tensor& logits, const Tensor&
   const std::int64_t rows = logits.rank() > 0 ? logits.shape()[0] : 0;
   const double scale = rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0;
   LossAndGradient out;
-  const double loss = softmax_cross_entropy(logits, labels, scale, nullptr, &out.gradient, "sparse_softmax_cross_entropy");
-  out.loss = scalar_of(logits.dtype(), loss);
+  out.loss = softmax_cross_entropy(logits, labels, scale, nullptr, &out.gradient, "sparse_softmax_cross_entropy");
   return out;
 }
 
@@ -260,8 +295,7 @@ LossAndGradient sparse_softmax_cross_entropy(const Tensor& logits, const Tensor&
   const char* op = "sparse_softmax_cross_entropy";
   const double scale = 1.0 / static_cast<double>(checked_global_batch(global_batch_size, op));
   LossAndGradient out;
-  const double loss = softmax_cross_entropy(logits, labels, scale, nullptr, &out.gradient, op);
-  out.loss = scalar_of(logits.dtype(), loss);
+  out.loss = softmax_cross_entropy(logits, labels, scale, nullptr, &out.gradient, op);
   return out;
 }
 
@@ -318,8 +352,7 @@ LossAndGradient mean_squared_error(const Tensor& predictions, const Tensor& targ
   const std::int64_t rows = predictions.rank() > 0 ? predictions.shape()[0] : 0;
   const double scale = rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0;
   LossAndGradient out;
-  const double loss = squared_error(predictions, targets, scale, nullptr, &out.gradient, "mean_squared_error");
-  out.loss = scalar_of(predictions.dtype(), loss);
+  out.loss = squared_error(predictions, targets, scale, nullptr, &out.gradient, "mean_squared_error");
   return out;
 }
 
@@ -327,8 +360,7 @@ LossAndGradient mean_squared_error(const Tensor& predictions, const Tensor& targ
   const char* op = "mean_squared_error";
   const double scale = 1.0 / static_cast<double>(checked_global_batch(global_batch_size, op));
   LossAndGradient out;
-  const double loss = squared_error(predictions, targets, scale, nullptr, &out.gradient, op);
-  out.loss = scalar_of(predictions.dtype(), loss);
+  out.loss = squared_error(predictions, targets, scale, nullptr, &out.gradient, op);
   return out;
 }
 

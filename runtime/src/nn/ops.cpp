@@ -7,6 +7,8 @@
 #include <string>
 #include <type_traits>
 
+#include "troupe/config.hpp"
+
 #include "elements.hpp"
 #include "cpu/intra_op.hpp"
 #include "cpu/kernels.hpp"
@@ -103,8 +105,8 @@ Tensor matmul_untaped(const Tensor& a, const Tensor& b, bool transpose_a, bool t
     const Tensor ga = a.to(where);
     const Tensor gb = b.to(where);
     Tensor out = Tensor::empty({m, n}, a.dtype(), where);
-    gpu::matmul(where.index(), ga.raw_data(), gb.raw_data(), out.raw_mutable_data(), m, n, ka, transpose_a,
-                transpose_b, troupe::detail::to_scalar_type(a.dtype()));
+    gpu::gemm(where.index(), ga.raw_data(), gb.raw_data(), out.raw_mutable_data(), m, n, ka, transpose_a, transpose_b,
+              troupe::detail::to_scalar_type(a.dtype()), nullptr, false, config::tensor_float_32_execution_enabled());
     return out;
   }
   Tensor out = Tensor::empty({m, n}, a.dtype());
@@ -246,11 +248,14 @@ Tensor dense_forward_untaped(const Tensor& x, const Tensor& kernel, const Tensor
   }
   if (x.is_gpu() || kernel.is_gpu() || bias.is_gpu()) {
     const Device where = gpu_of("dense_forward", {&x, &kernel, &bias});
-    Tensor product = matmul(x.to(where), kernel.to(where));
-    const Tensor b = bias.to(where);
-    Tensor out = Tensor::empty(product.shape(), x.dtype(), where);
-    gpu::bias_activation(where.index(), product.raw_data(), b.raw_data(), out.raw_mutable_data(), product.shape()[0],
-                         product.shape()[1], activation == Activation::relu, troupe::detail::to_scalar_type(x.dtype()));
+    // One cuBLASLt launch: the product, the bias and the activation.
+    const Tensor gx = x.to(where);
+    const Tensor gk = kernel.to(where);
+    const Tensor gb = bias.to(where);
+    Tensor out = Tensor::empty({x.shape()[0], kernel.shape()[1]}, x.dtype(), where);
+    gpu::gemm(where.index(), gx.raw_data(), gk.raw_data(), out.raw_mutable_data(), x.shape()[0], kernel.shape()[1],
+              x.shape()[1], false, false, troupe::detail::to_scalar_type(x.dtype()), gb.raw_data(),
+              activation == Activation::relu, config::tensor_float_32_execution_enabled());
     return out;
   }
   Tensor out = Tensor::empty({x.shape()[0], kernel.shape()[1]}, x.dtype());

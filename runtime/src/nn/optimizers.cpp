@@ -1,6 +1,7 @@
 #include "troupe/nn/optimizers.hpp"
 
 #include <cmath>
+#include <map>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -163,10 +164,15 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
   }
 
   const std::int64_t iteration = iterations_->value().item<std::int64_t>() + 1;
-  for (std::size_t i = 0; i < grads_and_vars.size(); ++i) {
-    Variable variable = grads_and_vars[i].second;
-    update(gradients[i], variable, find(variable)->slots, iteration);
+  std::vector<Variable> variables;
+  variables.reserve(grads_and_vars.size());
+  for (const auto& gv : grads_and_vars) variables.push_back(gv.second);
+  std::vector<Update> updates;
+  updates.reserve(variables.size());
+  for (std::size_t i = 0; i < variables.size(); ++i) {
+    updates.push_back(Update{&gradients[i], &variables[i], &find(variables[i])->slots});
   }
+  update_all(updates, iteration);
   iterations_->assign_local(Tensor::scalar<std::int64_t>(iteration));
 }
 
@@ -187,6 +193,68 @@ std::map<std::string, Variable> Optimizer::variables() const {
   }
   return out;
 }
+
+void Optimizer::update_all(const std::vector<Update>& updates, std::int64_t iteration) {
+  for (const Update& u : updates) update(*u.gradient, *u.variable, *u.slots, iteration);
+}
+
+namespace {
+
+// The GPU variables of a step's updates, one launch per GPU and dtype (gpu::multi_update): the
+// new value and slots are written with assign_local as update() writes them. Returns the updates
+// left for update(): the CPU variables.
+std::vector<Optimizer::Update> update_on_gpus(const std::vector<Optimizer::Update>& updates,
+                                              troupe::detail::gpu::update_kind kind, std::size_t slot_count,
+                                              double lr, double momentum, bool nesterov, double b1, double b2,
+                                              double eps) {
+  namespace gpu = troupe::detail::gpu;
+  std::vector<Optimizer::Update> rest;
+  // Per update: the tensors the kernel reads (kept alive until it is enqueued) and writes.
+  struct work {
+    const Optimizer::Update* update;
+    Tensor w, g, m, v, out_w, out_m, out_v;
+  };
+  std::map<std::pair<int, DType>, std::vector<work>> groups;
+  for (const Optimizer::Update& u : updates) {
+    const Tensor w = u.variable->value();
+    if (!w.is_gpu()) {
+      rest.push_back(u);
+      continue;
+    }
+    work x{&u, w, beside(*u.gradient, w), {}, {}, {}, {}, {}};
+    x.out_w = Tensor::empty(w.shape(), w.dtype(), w.device());
+    if (slot_count >= 1) {
+      x.m = (*u.slots)[0].value().to(w.device());
+      x.out_m = Tensor::empty(w.shape(), w.dtype(), w.device());
+    }
+    if (slot_count >= 2) {
+      x.v = (*u.slots)[1].value().to(w.device());
+      x.out_v = Tensor::empty(w.shape(), w.dtype(), w.device());
+    }
+    groups[{w.device().index(), w.dtype()}].push_back(std::move(x));
+  }
+  for (auto& [key, list] : groups) {
+    std::vector<gpu::update_tensor> tensors;
+    tensors.reserve(list.size());
+    for (work& x : list) {
+      auto data = [](const Tensor& t) { return t.num_elements() > 0 ? t.raw_data() : nullptr; };
+      auto out = [](Tensor& t) -> void* { return t.num_elements() > 0 ? t.raw_mutable_data() : nullptr; };
+      tensors.push_back({x.w.num_elements(), data(x.w), data(x.g), slot_count >= 1 ? data(x.m) : nullptr,
+                         slot_count >= 2 ? data(x.v) : nullptr, out(x.out_w), slot_count >= 1 ? out(x.out_m) : nullptr,
+                         slot_count >= 2 ? out(x.out_v) : nullptr});
+    }
+    gpu::multi_update(key.first, kind, tensors, troupe::detail::to_scalar_type(key.second), lr, momentum, nesterov, b1,
+                      b2, eps);
+    for (work& x : list) {
+      if (slot_count >= 1) (*x.update->slots)[0].assign_local(x.out_m);
+      if (slot_count >= 2) (*x.update->slots)[1].assign_local(x.out_v);
+      x.update->variable->assign_local(x.out_w);
+    }
+  }
+  return rest;
+}
+
+}  // namespace
 
 SGD::SGD(float learning_rate, float momentum, bool nesterov)
     : Optimizer("sgd", learning_rate),
@@ -237,6 +305,14 @@ void SGD::update(const Tensor& gradient, Variable& variable, std::vector<Variabl
   variable.assign_local(next);
 }
 
+void SGD::update_all(const std::vector<Update>& updates, std::int64_t iteration) {
+  const bool plain = momentum_ == 0.0f;
+  const std::vector<Update> rest =
+      update_on_gpus(updates, plain ? troupe::detail::gpu::update_kind::sgd : troupe::detail::gpu::update_kind::momentum,
+                     plain ? 0 : 1, learning_rate(), momentum_, nesterov_, 0.0, 0.0, 0.0);
+  Optimizer::update_all(rest, iteration);
+}
+
 Adam::Adam(float learning_rate, float beta_1, float beta_2, float epsilon)
     : Optimizer("adam", learning_rate),
       beta_1_(checked("adam", "beta_1", beta_1, 0.0f, 1.0f, false)),
@@ -249,9 +325,6 @@ void Adam::update(const Tensor& gradient, Variable& variable, std::vector<Variab
   const Tensor w = variable.value();
   const Tensor m = slots[0].value();
   const Tensor v = slots[1].value();
-  Tensor next = Tensor::empty(w.shape(), w.dtype());
-  Tensor next_m = Tensor::empty(w.shape(), w.dtype());
-  Tensor next_v = Tensor::empty(w.shape(), w.dtype());
   // The bias corrections in double: beta^t for large t is far below float's resolution of 1 - x.
   const double t = static_cast<double>(iteration);
   const double b1 = beta_1_;
@@ -273,6 +346,9 @@ void Adam::update(const Tensor& gradient, Variable& variable, std::vector<Variab
     variable.assign_local(next_w);
     return;
   }
+  Tensor next = Tensor::empty(w.shape(), w.dtype());
+  Tensor next_m = Tensor::empty(w.shape(), w.dtype());
+  Tensor next_v = Tensor::empty(w.shape(), w.dtype());
   dispatch_float(w.dtype(), [&](auto tag) {
     using T = decltype(tag);
     // The same formulas as the GPU's kernel, with a correctly rounded sqrt: the same bits.
@@ -287,6 +363,17 @@ void Adam::update(const Tensor& gradient, Variable& variable, std::vector<Variab
   slots[0].assign_local(next_m);
   slots[1].assign_local(next_v);
   variable.assign_local(next);
+}
+
+void Adam::update_all(const std::vector<Update>& updates, std::int64_t iteration) {
+  // The bias-corrected step size of this iteration, as update() computes it.
+  const double t = static_cast<double>(iteration);
+  const double b1 = beta_1_;
+  const double b2 = beta_2_;
+  const double lr_t = learning_rate() * std::sqrt(1.0 - std::pow(b2, t)) / (1.0 - std::pow(b1, t));
+  const std::vector<Update> rest =
+      update_on_gpus(updates, troupe::detail::gpu::update_kind::adam, 2, lr_t, 0.0, false, b1, b2, epsilon_);
+  Optimizer::update_all(rest, iteration);
 }
 
 }  // namespace troupe::nn

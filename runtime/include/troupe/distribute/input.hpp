@@ -35,6 +35,11 @@ struct InputOptions {
   /// Steps of input the input pipeline keeps ready ahead of the consumer; 0 prepares each only
   /// when it is asked for.
   std::int64_t experimental_prefetch_to_device = 2;
+  /// Whether a GPU replica's input is copied to its GPU by the input pipeline, ahead of the step
+  /// that takes it (while earlier steps compute; through the pipeline thread's own stream and
+  /// pinned staging buffers), as TensorFlow's default does. false leaves every replica's input in
+  /// host memory. CPU replicas are unaffected.
+  bool experimental_fetch_to_device = true;
   InputReplicationMode experimental_replication_mode = InputReplicationMode::per_worker;
   AutoShardPolicy auto_shard_policy = AutoShardPolicy::automatic;
 };

@@ -106,6 +106,19 @@ class Optimizer {
   virtual void update(const Tensor& gradient, Variable& variable, std::vector<Variable>& slots,
                       std::int64_t iteration) = 0;
 
+ public:
+  /// One variable's update within a step, for update_all.
+  struct Update {
+    const Tensor* gradient;
+    Variable* variable;
+    std::vector<Variable>* slots;
+  };
+
+ protected:
+  /// Applies one step's updates: update() for each, by default. SGD and Adam update the variables
+  /// of each GPU and dtype with one launch (a multi-tensor apply), by update()'s formulas.
+  virtual void update_all(const std::vector<Update>& updates, std::int64_t iteration);
+
  private:
   // A built variable: its identity (the address of its shared state's name), its checkpoint
   // name, and its slots in slot_names() order.
@@ -141,6 +154,7 @@ class SGD : public Optimizer {
   std::vector<std::string> slot_names() const override;
   void update(const Tensor& gradient, Variable& variable, std::vector<Variable>& slots,
               std::int64_t iteration) override;
+  void update_all(const std::vector<Update>& updates, std::int64_t iteration) override;
 
  private:
   float momentum_;
@@ -159,6 +173,7 @@ class Adam : public Optimizer {
   std::vector<std::string> slot_names() const override;
   void update(const Tensor& gradient, Variable& variable, std::vector<Variable>& slots,
               std::int64_t iteration) override;
+  void update_all(const std::vector<Update>& updates, std::int64_t iteration) override;
 
  private:
   float beta_1_;

@@ -84,6 +84,14 @@ Batch split_global_batch(const data::Element& e, std::int64_t global_batch, int 
   return Batch(std::move(parts));
 }
 
+// Where each replica's input goes: its device, or the host when fetch_to_device is off.
+std::vector<Device> input_devices(std::vector<Device> devices, const InputOptions& options) {
+  if (!options.experimental_fetch_to_device) {
+    for (Device& d : devices) d = Device();
+  }
+  return devices;
+}
+
 // Places each replica's tensors on its device.
 void place(Batch& batch, const std::vector<Device>& devices) {
   for (int r = 0; r < batch.num_replicas(); ++r) {
@@ -423,7 +431,7 @@ DistributedDataset Strategy::experimental_distribute_dataset(data::Dataset datas
   const int workers = backend_->workers().size();
   const AutoShardPolicy policy = effective_policy(options.auto_shard_policy, dataset, workers);
   const int local = num_local_replicas();
-  const std::vector<Device> devices = backend_->devices();
+  const std::vector<Device> devices = detail::input_devices(backend_->devices(), options);
   if (policy == AutoShardPolicy::file && workers > 1) {
     // Each worker reads only its own files (w, w + W, ...) and splits each global batch it reads
     // into the replicas' shares as DATA does, its own replicas' shares first and then the other
@@ -488,7 +496,7 @@ DistributedDataset Strategy::experimental_distribute_dataset(data::Dataset datas
 DistributedDataset Strategy::distribute_datasets_from_function(
     std::function<data::Dataset(const InputContext&)> dataset_fn, InputOptions options) {
   const int replicas = num_local_replicas();
-  const std::vector<Device> devices = backend_->devices();
+  const std::vector<Device> devices = detail::input_devices(backend_->devices(), options);
   const int workers = backend_->workers().size();
   const int worker = backend_->workers().rank();
   // Each worker's dataset_fn may give it more or fewer steps than the others: the end is agreed.
