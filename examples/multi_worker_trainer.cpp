@@ -4,6 +4,7 @@
 //   troupe-launch -n 2 -- multi_worker_trainer            # 2 workers, 1 CPU replica each
 //   troupe-launch -n 2 --devices-per-worker 2 -- multi_worker_trainer --epochs 3
 //   troupe-launch -n 2 -- multi_worker_trainer --compression bf16   # gradients cross in 16 bits
+//   troupe-launch -n 2 -- multi_worker_trainer --communication nccl   # GPU replicas, NCCL between them
 //   troupe-launch -n 2 -- multi_worker_trainer --epochs 1000 --dashboard-port 8080 --checkpoint-dir /tmp/mw
 //     # the chief serves the dashboard of both workers; pause, stop... act on both at the same step
 //   troupe-launch -n 2 --max-restarts 3 -- multi_worker_trainer --checkpoint-dir /tmp/run --tensorboard-dir logs
@@ -89,6 +90,7 @@ int main(int argc, char** argv) {
   float learning_rate = 0.003f;
   int step_delay_ms = 0;
   bool quiet = false;
+  std::string implementation = "auto";
   CLI::App app{"The MLP classifier under MultiWorkerMirroredStrategy (TF_CONFIG says who is who).",
                "multi_worker_trainer"};
   troupe::examples::show_defaults(app);
@@ -99,6 +101,10 @@ int main(int argc, char** argv) {
                  "how gradients cross workers: none (float32), fp16 or bf16 (CommunicationOptions::compression; "
                  "every worker must pass the same)")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
+  app.add_option("--communication", implementation,
+                 "how replicas meet across workers (CommunicationOptions::implementation): auto or ring (CPU "
+                 "replicas and troupe's TCP ring), or nccl (a replica on each GPU, NCCL across them and the workers)")
+      ->check(CLI::IsMember({"auto", "ring", "nccl"}));
   app.add_option("--lr", learning_rate, "Adam's learning rate")->check(positive());
   app.add_option("--checkpoint-dir", checkpoint_dir,
                  "back the run up in DIR and resume from it (every worker must see the same directory)")
@@ -132,6 +138,9 @@ int main(int argc, char** argv) {
     communication.compression = compression == "fp16"   ? Compression::fp16
                                 : compression == "bf16" ? Compression::bf16
                                                         : Compression::none;
+    communication.implementation = implementation == "nccl"   ? CommunicationImplementation::nccl
+                                   : implementation == "ring" ? CommunicationImplementation::ring
+                                                              : CommunicationImplementation::automatic;
     MultiWorkerMirroredStrategy strategy(rt, communication);
     const int workers = strategy.num_replicas_in_sync() / strategy.num_local_replicas();
     nn::BlobOptions blobs;
