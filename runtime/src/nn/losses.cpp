@@ -114,9 +114,13 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels, double 
 double dense_softmax_cross_entropy(const Tensor& logits, const Tensor& targets_in, double scale, Tensor* per_example,
                                    Tensor* grad, const char* op) {
   if (logits.is_gpu() || targets_in.is_gpu()) {
-    return on_host(logits, targets_in, per_example, grad, [&](const Tensor& l, const Tensor& t) {
-      return dense_softmax_cross_entropy(l, t, scale, per_example, grad, op);
-    });
+    // Computed on host copies (no kernel yet); what it gives goes back to the GPU.
+    const Device where = logits.is_gpu() ? logits.device() : targets_in.device();
+    const double loss =
+        dense_softmax_cross_entropy(logits.to(Device()), targets_in.to(Device()), scale, per_example, grad, op);
+    if (per_example != nullptr) *per_example = per_example->to(where);
+    if (grad != nullptr) *grad = grad->to(where);
+    return loss;
   }
   check_float(logits, op);
   check_rank(logits, 2, op, "logits");
