@@ -284,7 +284,7 @@ Tensor Model::step_and_update(const data::Element& inputs, std::int64_t global_b
   check_element(inputs, op);
   // Layers that take a size from the data are built from the first batch (through merge_call
   // inside run), before their variables are listed below.
-  layers_.build_from(model_input(layers_, inputs[0], op).shape());
+  if (!layers_.built()) layers_.build_from(model_input(layers_, inputs[0], op).shape());
   // Inside strategy.run with several replicas: the gradients are all-reduced in buckets while
   // the backward pass goes on (RuntimeOptions::gradient_bucket_bytes), the same bits as one
   // all-reduce after it.
