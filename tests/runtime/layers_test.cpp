@@ -794,3 +794,24 @@ TEST_CASE("a CNN with Dropout trained with gradient buckets ends with the bits o
   CHECK(run(64) == whole);    // a bucket per gradient, nearly
   CHECK(run(1024) == whole);  // the convolution's gradients together
 }
+
+TEST_CASE("a CNN built from its first batch trains under one replica and the default strategy too") {
+  const Images train = bar_images(64, 7);
+  const auto ds = data::Dataset::from_tensor_slices({train.features, train.labels}).repeat().batch(16);
+  {
+    Runtime rt;
+    MirroredStrategy s(rt, cpus(1));
+    auto scope = s.scope();
+    nn::Model model(small_cnn(9));
+    model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+    const nn::History h = model.fit(ds, 2, 4, quiet());
+    CHECK(h.steps == 8);
+    CHECK(s.experimental_local_results(model.layers().layer<nn::Conv2D>(0).kernel()).size() == 1);
+    CHECK(model.optimizer()->variables().size() == 1 + 2 * 4);  // iterations; m and v of 4 variables
+  }
+  nn::Model model(small_cnn(9));
+  model.compile(std::make_shared<nn::SGD>(0.05f), nn::Loss::sparse_categorical_crossentropy());
+  const nn::History h = model.fit(ds, 2, 4, quiet());
+  CHECK(h.loss.back() < h.loss.front());
+  CHECK(model.layers().built());
+}
