@@ -772,3 +772,46 @@ TEST_CASE("categorical_crossentropy on probabilities: Keras's clipped value and 
   const Tensor num = numeric_gradient([&](const Tensor& v) { return loss.fn(v, w, 3).loss.item<double>(); }, q, 1e-6);
   CHECK(max_abs_diff(loss.fn(q, w, 3).gradient, num) < 1e-7);
 }
+
+TEST_CASE("a CNN with Dropout trained with gradient buckets ends with the bits of one all-reduce after backward") {
+  // The bucketed backward walks any layers, each handing on its gradients as they exist; the
+  // convolution is built from the first batch inside run (merge_call) in both runs.
+  const Images train = bar_images(128, 6);
+  const auto run = [&](int bucket_bytes) {
+    RuntimeOptions options;
+    options.gradient_bucket_bytes = bucket_bytes;
+    Runtime rt(options);
+    MirroredStrategy s(rt, cpus(2));
+    auto scope = s.scope();
+    nn::Model model(small_cnn(8, 0.2));
+    model.compile(std::make_shared<nn::SGD>(0.05f, 0.9f), nn::Loss::sparse_categorical_crossentropy());
+    model.fit(data::Dataset::from_tensor_slices({train.features, train.labels}).repeat().batch(16), 2, 4, quiet());
+    CHECK(model.layers().built());
+    return bits(model.variables());
+  };
+  const auto whole = run(0);
+  REQUIRE(whole.count("conv2d_0/kernel") == 1);
+  CHECK(run(64) == whole);    // a bucket per gradient, nearly
+  CHECK(run(1024) == whole);  // the convolution's gradients together
+}
+
+TEST_CASE("a CNN built from its first batch trains under one replica and the default strategy too") {
+  const Images train = bar_images(64, 7);
+  const auto ds = data::Dataset::from_tensor_slices({train.features, train.labels}).repeat().batch(16);
+  {
+    Runtime rt;
+    MirroredStrategy s(rt, cpus(1));
+    auto scope = s.scope();
+    nn::Model model(small_cnn(9));
+    model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+    const nn::History h = model.fit(ds, 2, 4, quiet());
+    CHECK(h.steps == 8);
+    CHECK(s.experimental_local_results(model.layers().layer<nn::Conv2D>(0).kernel()).size() == 1);
+    CHECK(model.optimizer()->variables().size() == 1 + 2 * 4);  // iterations; m and v of 4 variables
+  }
+  nn::Model model(small_cnn(9));
+  model.compile(std::make_shared<nn::SGD>(0.05f), nn::Loss::sparse_categorical_crossentropy());
+  const nn::History h = model.fit(ds, 2, 4, quiet());
+  CHECK(h.loss.back() < h.loss.front());
+  CHECK(model.layers().built());
+}

@@ -3,6 +3,7 @@
 // Private to runtime/src/nn: what the layers check of their inputs, how they reach the host, and
 // the window arithmetic the convolution and pooling layers share.
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>

@@ -298,13 +298,18 @@ Tensor Model::step_and_update(const data::Element& inputs, std::int64_t global_b
   check_compiled(op);
   check_element(inputs, op);
   // Layers that take a size from the data are built from the first batch (through merge_call
-  // inside run), before their variables are listed below.
-  layers_.build_from(model_input(layers_, inputs[0], op).shape());
+  // inside run), before their variables are listed below. Every replica reads built() before
+  // the merge changes it, so all take the same branch.
+  const bool building = !layers_.built();
+  if (building) layers_.build_from(model_input(layers_, inputs[0], op).shape());
   // Inside strategy.run with several replicas: the gradients are all-reduced in buckets while
   // the backward pass goes on (RuntimeOptions::gradient_bucket_bytes), the same bits as one
   // all-reduce after it.
+  // The step that builds the layers (and, in apply_gradients, their optimizer slots, another
+  // merge_call) all-reduces after backward: a replica still leaving a merge_call while another
+  // starts a bucket would be taken for one that skipped the bucket. The same bits either way.
   distribute::ReplicaContext* ctx = nullptr;
-  const std::size_t bucket_bytes = step_bucket_bytes(ctx);
+  const std::size_t bucket_bytes = building ? 0 : step_bucket_bytes(ctx);
   if (bucket_bytes > 0) {
     LossAndGradients r = bucketed_gradients(layers_, loss_, *optimizer_, *ctx, bucket_bytes, inputs[0], inputs[1],
                                             global_batch_size, outputs, training_context(layers_, optimizer_.get()), op);

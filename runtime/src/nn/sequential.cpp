@@ -108,7 +108,7 @@ void Sequential::build_from(const Shape& batch_shape) const {
   Shape shape = batch_shape;
   if (!shape.empty()) shape[0] = -1;
   distribute::ReplicaContext* ctx = distribute::detail::installed_replica_context();
-  if (ctx != nullptr && ctx->num_replicas_in_sync() > 1) {
+  if (ctx != nullptr) {  // inside a replica function: variables are made in cross-replica context
     ctx->merge_call(
         [&](distribute::Strategy&, const distribute::PerReplica<int>&) {
           build_shapes(shape);

@@ -63,7 +63,7 @@ class Sequential {
   /// True when every layer is built (has its variables).
   bool built() const;
   /// Builds the unbuilt layers from the shape of a batch: directly, or inside a replica function
-  /// of several replicas through merge_call, so that each variable is created once, mirrored
+  /// through merge_call, so that each variable is created once, mirrored
   /// (every replica must call it, as every replica runs the step). forward calls it.
   void build_from(const Shape& batch_shape) const;
   /// The input shape given to build(), or the one the first layer declares.
