@@ -126,7 +126,11 @@ FlightRecorder::~FlightRecorder() {
   process_.compare_exchange_strong(self, nullptr);
   if (signal_) {
     signal_pipe.store(-1);
-    ::sigaction(SIGUSR1, &signal_->previous, nullptr);
+    // The handler before ours comes back, unless the application installed another since.
+    struct sigaction current {};
+    if (::sigaction(SIGUSR1, nullptr, &current) == 0 && current.sa_handler == on_sigusr1) {
+      ::sigaction(SIGUSR1, &signal_->previous, nullptr);
+    }
     const char quit = 'q';
     (void)!::write(signal_->pipe[1], &quit, 1);
     if (signal_->thread.joinable()) signal_->thread.join();
