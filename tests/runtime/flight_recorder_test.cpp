@@ -279,6 +279,7 @@ TEST_CASE("flight recorder: a collective that fails writes the dump, which shows
   });
   CHECK(contains(message, "replica 1 gives up"));
   const auto file = dir.path / ("flight_recorder.pid" + std::to_string(::getpid()) + ".json");
+  CHECK(contains(message, "(flight recorder: " + file.string() + ")"));
   REQUIRE(std::filesystem::exists(file));
   const auto dump = read_json(file);
   CHECK(contains(dump["reason"].get<std::string>(), "step 2 failed in a collective"));

@@ -140,21 +140,25 @@ class MirroredBackend : public StrategyBackend {
     // A collective that failed in this step (a replica released from a barrier, a timeout): the
     // recorder is written for the post-mortem (a cross-worker failure was written already, with
     // the step still running: the file is replaced by this one, the step failed).
+    std::string note;  // the dump's file, for the error (a cross-worker failure's names it already)
     if (recorder && recorder->failures() > failures_before + 1) {
       std::string why = "step " + std::to_string(steps_) + " failed in a collective";
+      bool named = false;
       for (const std::exception_ptr& e : errors) {
         if (!e) continue;
         try {
           std::rethrow_exception(e);
         } catch (const std::exception& first) {
           why += ": " + std::string(first.what());
+          named = std::string(first.what()).find("(flight recorder: ") != std::string::npos;
         } catch (...) {
         }
         break;
       }
-      recorder->dump_on_failure(why);
+      const std::string path = recorder->dump_on_failure(why);
+      if (!path.empty() && !named) note = " (flight recorder: " + path + ")";
     }
-    rethrow_step_failure(errors, devices_);
+    rethrow_step_failure(errors, devices_, note);
   }
 
  protected:
