@@ -691,6 +691,27 @@ steps = [e for e in d["entries"] if e["op"] == "step"]
 assert [(e["step"], e["state"]) for e in steps] == [(1, "done"), (2, "failed")], steps
 PY
     ;;
+  flight-recorder-timeout)
+    # A worker stops (SIGSTOP) after step 1: the other's all-reduce of step 2 times out, and its
+    # dump, named in the error, ends in that collective, failed, waiting on worker 1.
+    for i in 0 1; do declare "W${i}_ENV=MW_TIMEOUT_MS=1500 TROUPE_FLIGHT_RECORDER_DIR=$dir/fr"; done
+    start_cluster 2 hang
+    wait "${pids[0]}"; echo $? > "$dir/rc0"
+    kill -9 "${pids[1]}" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
+    [ "$(cat "$dir/rc0")" = "3" ] || fail "worker 0 exited $(cat "$dir/rc0"), expected 3"
+    grep -q "timed out after 1500 ms.*(flight recorder: $dir/fr/flight_recorder.rank0.json)" "$dir/out0" ||
+      fail "worker 0's timeout does not name its dump"
+    python3 - "$dir/fr/flight_recorder.rank0.json" <<'PY' || fail "worker 0's dump is not what it should be"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["rank"] == 0 and d["world"] == 2, d
+assert "timed out after 1500 ms" in d["reason"], d["reason"]
+ring = [e for e in d["entries"] if e["group"] == "workers"]
+assert [(e["step"], e["collective"], e["state"]) for e in ring] == [(1, 0, "done"), (2, 0, "failed")], ring
+assert ring[1]["peer"] == 1, ring[1]
+assert ring[1]["end_ns"] - ring[1]["start_ns"] >= 1_400_000_000, ring[1]  # it waited the timeout
+PY
+    ;;
   flight-recorder-skipped)
     # Worker 1 skips a collective: each worker's dump ends in the failed collective, with the
     # (step, collective) each was in, which is what a tool reading every dump compares.
