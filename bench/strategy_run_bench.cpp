@@ -55,6 +55,27 @@ void BM_StrategyRun(benchmark::State& state) {
 
 BENCHMARK(BM_StrategyRun)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
+// BM_StrategyRunAllReduce/<replicas>: a step whose replicas all-reduce one float32 scalar: the
+// smallest step that records collectives, so the flight recorder's cost is the largest share of
+// it (bench/flight_recorder_overhead.sh runs it with TROUPE_FLIGHT_RECORDER_ENTRIES=0 and unset).
+void BM_StrategyRunAllReduce(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  td::MirroredStrategy& strategy = strategy_for(n);
+  const troupe::Tensor one = troupe::Tensor::scalar<float>(1.0f);
+  auto fn = [&one] { return td::get_replica_context()->all_reduce(td::ReduceOp::sum, one); };
+  const td::PerReplica<troupe::Tensor> check = strategy.run(fn);
+  if (check[0].item<float>() != static_cast<float>(n)) {
+    state.SkipWithError("the all-reduce returned a wrong sum");
+    return;
+  }
+  for (auto _ : state) {
+    td::PerReplica<troupe::Tensor> out = strategy.run(fn);
+    benchmark::DoNotOptimize(out);
+  }
+}
+
+BENCHMARK(BM_StrategyRunAllReduce)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
 }  // namespace
 
 int main(int argc, char** argv) {

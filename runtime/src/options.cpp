@@ -75,6 +75,15 @@ void check_runtime_options(const RuntimeOptions& o) {
                 "-1 for TROUPE_GRADIENT_BUCKET_BYTES, -2 for automatic, 0 for one all-reduce after the backward pass, "
                 "or 1..1073741824");
   }
+  if (o.flight_recorder_entries != -1 && o.flight_recorder_entries != 0 &&
+      (o.flight_recorder_entries < 16 || o.flight_recorder_entries > 10'000'000)) {
+    bad_setting("RuntimeOptions", "flight_recorder_entries", o.flight_recorder_entries, " entries",
+                "-1 for TROUPE_FLIGHT_RECORDER_ENTRIES, 0 for off, or 16..10000000");
+  }
+  if (o.flight_recorder_dump_at_exit < -1 || o.flight_recorder_dump_at_exit > 1) {
+    bad_setting("RuntimeOptions", "flight_recorder_dump_at_exit", o.flight_recorder_dump_at_exit, "",
+                "-1 for TROUPE_FLIGHT_RECORDER_DUMP_AT_EXIT, 0 or 1");
+  }
 }
 
 void check_multi_worker_options(const distribute::CommunicationOptions& options,
@@ -140,6 +149,15 @@ RuntimeOptions RuntimeOptions::from_environment() {
       detail::env_int("TROUPE_COLLECTIVE_TIMEOUT_MS", default_collective_timeout_ms, 0, 86'400'000);
   o.gradient_bucket_bytes =
       detail::env_int("TROUPE_GRADIENT_BUCKET_BYTES", automatic_gradient_bucket_bytes, 0, 1 << 30);
+  o.flight_recorder_entries = detail::env_int("TROUPE_FLIGHT_RECORDER_ENTRIES", default_flight_recorder_entries, 0,
+                                             10'000'000);
+  if (o.flight_recorder_entries > 0 && o.flight_recorder_entries < 16) {
+    throw std::invalid_argument("TROUPE_FLIGHT_RECORDER_ENTRIES=" + std::to_string(o.flight_recorder_entries) +
+                                " is too small a ring (expected 0 for off, or 16..10000000)");
+  }
+  if (const char* dir = std::getenv("TROUPE_FLIGHT_RECORDER_DIR")) o.flight_recorder_dir = dir;
+  o.flight_recorder_dump_at_exit =
+      detail::env_switch("TROUPE_FLIGHT_RECORDER_DUMP_AT_EXIT", false, "writes a flight recorder dump at exit") ? 1 : 0;
   if (const char* level = std::getenv("TROUPE_LOG_LEVEL"); level != nullptr && *level != '\0') {
     try {
       parse_log_level(level);

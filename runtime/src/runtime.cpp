@@ -4,10 +4,12 @@
 #include "caf/io/all.hpp"
 #include "cpu/kernels.hpp"
 #include "env.hpp"
+#include "flight_recorder.hpp"
 #include "caf/openssl/manager.hpp"
 #include "gpu/gpu_probe.hpp"
 #include "middleman.hpp"
 #include "troupe/actors/rendezvous.hpp"
+#include "troupe/log.hpp"
 
 namespace troupe {
 namespace detail {
@@ -29,8 +31,30 @@ struct Runtime::Impl {
     configure(config);
     owned = std::make_unique<caf::actor_system>(config);
     system = owned.get();
+    start_recorder();
   }
-  Impl(caf::actor_system& sys) : options(RuntimeOptions::from_environment()), system(&sys) { detail::cpu::announce(); }
+  Impl(caf::actor_system& sys) : options(RuntimeOptions::from_environment()), system(&sys) {
+    detail::cpu::announce();
+    start_recorder();
+  }
+  ~Impl() {
+    if (!recorder || options.flight_recorder_dump_at_exit != 1) return;
+    if (recorder.use_count() > 1) return;  // another Runtime of the process still records
+    try {
+      const std::string path = recorder->write("exit");
+      log(LogLevel::info, "flight recorder written to " + path + " (at exit)");
+    } catch (const std::exception& e) {
+      log(LogLevel::warning, std::string("flight recorder: at exit: ") + e.what());
+    }
+  }
+
+  // The process's flight recorder: created by the first Runtime, shared by the later ones.
+  void start_recorder() {
+    if (options.flight_recorder_entries > 0) {
+      recorder = detail::FlightRecorder::acquire(static_cast<std::size_t>(options.flight_recorder_entries),
+                                                 options.flight_recorder_dir);
+    }
+  }
 
   static RuntimeOptions resolve(RuntimeOptions o) {
     detail::check_runtime_options(o);
@@ -39,6 +63,9 @@ struct Runtime::Impl {
     if (o.spin_us < 0) o.spin_us = env.spin_us;
     if (o.collective_timeout_ms < 0) o.collective_timeout_ms = env.collective_timeout_ms;
     if (o.gradient_bucket_bytes == -1) o.gradient_bucket_bytes = env.gradient_bucket_bytes;
+    if (o.flight_recorder_entries < 0) o.flight_recorder_entries = env.flight_recorder_entries;
+    if (o.flight_recorder_dir.empty()) o.flight_recorder_dir = env.flight_recorder_dir;
+    if (o.flight_recorder_dump_at_exit < 0) o.flight_recorder_dump_at_exit = env.flight_recorder_dump_at_exit;
     return o;
   }
 
@@ -46,6 +73,7 @@ struct Runtime::Impl {
   caf::actor_system_config config;
   std::unique_ptr<caf::actor_system> owned;
   caf::actor_system* system = nullptr;
+  std::shared_ptr<detail::FlightRecorder> recorder;  // null when off
 };
 
 Runtime::Runtime() : Runtime(RuntimeOptions{}) {}

@@ -711,6 +711,74 @@ case "$scenario" in
     # Worker 1 receives worker 0's float16 frames where it expects float32, and says so.
     grep -q "it sent float16, this worker expected float32: every worker must all-reduce the same dtype with the same CommunicationOptions::compression" "$dir/out1" ||
       fail "worker 1 did not name the element types" ;;
+  flight-recorder-dies)
+    # A worker killed mid-step: the survivor's failure names its flight recorder dump, which holds
+    # its last collectives with the failed one last: step 2's all-reduce, waiting on worker 1.
+    for i in 0 1; do declare "W${i}_ENV=TROUPE_FLIGHT_RECORDER_DIR=$dir/fr"; done
+    start_cluster 2 die; wait_all 2
+    [ "$(cat "$dir/rc1")" = "137" ] || fail "worker 1 was not killed"
+    [ "$(cat "$dir/rc0")" = "3" ] || fail "worker 0 exited $(cat "$dir/rc0"), expected 3"
+    grep -q "cross-worker collective failed.*(flight recorder: $dir/fr/flight_recorder.rank0.json)" "$dir/out0" ||
+      fail "worker 0's error does not name its dump"
+    python3 - "$dir/fr/flight_recorder.rank0.json" <<'PY' || fail "worker 0's dump is not what it should be"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["format"] == "troupe-flight-recorder" and d["version"] == 1, d
+assert d["rank"] == 0 and d["world"] == 2 and d["task"], d
+assert "cross-worker collective failed" in d["reason"], d["reason"]
+ring = [e for e in d["entries"] if e["group"] == "workers"]
+assert [(e["step"], e["collective"], e["op"]) for e in ring] == [(1, 0, "all_reduce"), (2, 0, "all_reduce")], ring
+assert ring[0]["state"] == "done" and ring[0]["dtype"] == "float32" and ring[0]["bytes"] == 400, ring[0]
+assert ring[1]["state"] == "failed" and ring[1]["peer"] == 1, ring[1]
+assert ring[1]["end_ns"] >= ring[1]["start_ns"] >= ring[1]["enqueue_ns"], ring[1]
+steps = [e for e in d["entries"] if e["op"] == "step"]
+assert [(e["step"], e["state"]) for e in steps] == [(1, "done"), (2, "failed")], steps
+PY
+    ;;
+  flight-recorder-timeout)
+    # A worker stops (SIGSTOP) after step 1: the other's all-reduce of step 2 times out, and its
+    # dump, named in the error, ends in that collective, failed, waiting on worker 1.
+    for i in 0 1; do declare "W${i}_ENV=MW_TIMEOUT_MS=1500 TROUPE_FLIGHT_RECORDER_DIR=$dir/fr"; done
+    start_cluster 2 hang
+    wait "${pids[0]}"; echo $? > "$dir/rc0"
+    kill -9 "${pids[1]}" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
+    [ "$(cat "$dir/rc0")" = "3" ] || fail "worker 0 exited $(cat "$dir/rc0"), expected 3"
+    grep -q "timed out after 1500 ms.*(flight recorder: $dir/fr/flight_recorder.rank0.json)" "$dir/out0" ||
+      fail "worker 0's timeout does not name its dump"
+    python3 - "$dir/fr/flight_recorder.rank0.json" <<'PY' || fail "worker 0's dump is not what it should be"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["rank"] == 0 and d["world"] == 2, d
+assert "timed out after 1500 ms" in d["reason"], d["reason"]
+ring = [e for e in d["entries"] if e["group"] == "workers"]
+assert [(e["step"], e["collective"], e["state"]) for e in ring] == [(1, 0, "done"), (2, 0, "failed")], ring
+assert ring[1]["peer"] == 1, ring[1]
+assert ring[1]["end_ns"] - ring[1]["start_ns"] >= 1_400_000_000, ring[1]  # it waited the timeout
+PY
+    ;;
+  flight-recorder-skipped)
+    # Worker 1 skips a collective: each worker's dump ends in the failed collective, with the
+    # (step, collective) each was in, which is what a tool reading every dump compares.
+    for i in 0 1; do declare "W${i}_ENV=TROUPE_FLIGHT_RECORDER_DIR=$dir/fr"; done
+    start_cluster 2 skip; wait_all 2
+    for i in 0 1; do
+      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+      grep -q "(flight recorder: $dir/fr/flight_recorder.rank$i.json)" "$dir/out$i" ||
+        fail "worker $i's error does not name its dump"
+    done
+    python3 - "$dir/fr" <<'PY' || fail "the dumps do not show where each worker was"
+import json, sys
+last = {}
+for rank in (0, 1):
+    d = json.load(open(f"{sys.argv[1]}/flight_recorder.rank{rank}.json"))
+    assert d["rank"] == rank and d["world"] == 2, d
+    failed = [e for e in d["entries"] if e["group"] == "workers" and e["state"] == "failed"]
+    assert len(failed) == 1, failed
+    assert failed[0]["peer"] == 1 - rank, failed[0]
+    last[rank] = (failed[0]["step"], failed[0]["collective"])
+assert last == {0: (2, 1), 1: (3, 0)}, last
+PY
+    ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 [ -n "${MW_SHOW:-}" ] && for f in "$dir"/out*; do echo "--- $f"; cat "$f"; done

@@ -441,3 +441,23 @@ TEST_CASE("monitor: destroyed by an exception, it tells an open page the run fai
   CHECK(contains(received, "\"status\":\"failed\""));
   CHECK(contains(received, "the trainer ended with an error"));
 }
+
+TEST_CASE("monitor: /api/flight_recorder answers with this process's last collectives") {
+  Runtime rt;
+  MirroredStrategy s(rt, troupe::testing::cpus(2));
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  Monitor m(s, nullptr, o);
+  REQUIRE(m.dashboard_port() > 0);
+  one_step(s);
+  one_step(s);
+  const std::string response = http(m.dashboard_port(), "GET", "/api/flight_recorder");
+  CHECK(contains(response, "200 OK"));
+  const nlohmann::json dump = body_of(response);
+  CHECK(dump["format"] == "troupe-flight-recorder");
+  CHECK(dump["reason"] == "/api/flight_recorder");
+  int reduces = 0;
+  for (const auto& e : dump["entries"]) reduces += e["op"] == "all_reduce" ? 1 : 0;
+  CHECK(reduces == 4);
+  CHECK(contains(http(m.dashboard_port(), "POST", "/api/flight_recorder"), "405"));
+}

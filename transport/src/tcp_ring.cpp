@@ -166,6 +166,8 @@ void tcp_ring::begin_step(std::uint64_t step) {
 
 std::uint64_t tcp_ring::step() const noexcept { return impl_->step; }
 
+std::uint64_t tcp_ring::next_collective() const noexcept { return impl_->sequence; }
+
 void tcp_ring::name_next_collective(std::uint64_t key) { impl_->next_key = key; }
 
 void tcp_ring::set_spin(std::chrono::microseconds spin, bool yield) {

@@ -16,13 +16,16 @@ namespace troupe {
 /// TROUPE_COLLECTIVE_TIMEOUT_MS (the longest a GPU replica waits for its NCCL collectives, and a
 /// cross-worker collective for its peers, unless CommunicationOptions::timeout says; default 0,
 /// no bound), TROUPE_GRADIENT_BUCKET_BYTES (the size of Model::train_step's gradient buckets,
-/// unset: 0, one all-reduce after the backward pass).
+/// unset: 0, one all-reduce after the backward pass), TROUPE_FLIGHT_RECORDER_ENTRIES,
+/// TROUPE_FLIGHT_RECORDER_DIR and TROUPE_FLIGHT_RECORDER_DUMP_AT_EXIT (the flight recorder,
+/// docs/diagnosis.md).
 struct RuntimeOptions {
   static constexpr int default_scheduler_threads = 2;
   static constexpr int default_spin_us = 50;
   static constexpr int default_collective_timeout_ms = 0;
   static constexpr int default_gradient_bucket_bytes = 256 * 1024;
   static constexpr int automatic_gradient_bucket_bytes = -2;
+  static constexpr int default_flight_recorder_entries = 2000;
 
   int scheduler_threads = 0;       ///< 0: TROUPE_SCHEDULER_THREADS, else default_scheduler_threads
   int spin_us = -1;                ///< -1: TROUPE_SPIN_US, else default_spin_us
@@ -42,6 +45,22 @@ struct RuntimeOptions {
   /// cost more than the little they hide). default_gradient_bucket_bytes is the size to start
   /// from where the backward pass is long enough to hide them.
   int gradient_bucket_bytes = -1;
+
+  /// The flight recorder keeps the process's last this many collectives and steps (op, dtype,
+  /// bytes, step and collective number, times, state, the peer waited on, the call site label),
+  /// with no lock and no allocation on the step's path, and dumps them as JSON on a collective's
+  /// failure (into flight_recorder_dir), on SIGUSR1, at the dashboard's /api/flight_recorder and
+  /// at exit when asked (docs/diagnosis.md). The first Runtime of a process creates it with its
+  /// settings; later ones share it. 0: off (no SIGUSR1 handler either); 16..10000000 entries.
+  /// -1: TROUPE_FLIGHT_RECORDER_ENTRIES, else default_flight_recorder_entries.
+  int flight_recorder_entries = -1;
+  /// Where dumps are written, one file per worker (flight_recorder.rankR.json; in one process
+  /// flight_recorder.pidP.json). Empty: TROUPE_FLIGHT_RECORDER_DIR; when that is unset too, a
+  /// failure writes no dump and SIGUSR1 or the exit dump writes into the temporary directory.
+  std::string flight_recorder_dir = {};
+  /// 1: the last Runtime of the process writes a dump when it ends. -1:
+  /// TROUPE_FLIGHT_RECORDER_DUMP_AT_EXIT (0 or 1), else 0.
+  int flight_recorder_dump_at_exit = -1;
 
   /// The defaults, with the TROUPE_* environment applied; a malformed value throws
   /// std::invalid_argument naming the variable.

@@ -6,6 +6,7 @@
 #include "troupe/device.hpp"
 #include "troupe/dtype.hpp"
 #include "troupe/errors.hpp"
+#include "troupe/flight_recorder.hpp"
 #include "troupe/log.hpp"
 #include "troupe/monitor.hpp"
 #include "troupe/gradient_tape.hpp"

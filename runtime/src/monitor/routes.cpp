@@ -1,4 +1,5 @@
-// The dashboard's routes: the page and its assets, /api/state, /api/history, /api/trace, and the
+// The dashboard's routes: the page and its assets, /api/state, /api/history, /api/trace,
+// /api/flight_recorder, and the
 // commands, which go to the training thread (or, with the fit callback, to fit's TrainingControl).
 #include <cmath>
 #include <fstream>
@@ -6,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "flight_recorder.hpp"
 #include "monitor/assets.hpp"
 #include "monitor/monitor_impl.hpp"
 #include "troupe/base/parse_number.hpp"
@@ -243,7 +245,7 @@ constexpr const char* favicon_svg =
 const char* allowed_methods(const std::string& path) {
   static const char* const get_only[] = {"/",           "/index.html", "/chart.js",    "/favicon.svg",
                                          "/favicon.ico", "/api/state",  "/api/history", "/api/events",
-                                         "/api/logs"};
+                                         "/api/logs",   "/api/flight_recorder"};
   static const char* const post_only[] = {"/api/pause", "/api/resume", "/api/checkpoint", "/api/stop",
                                           "/api/learning_rate"};
   for (const char* p : get_only) {
@@ -275,6 +277,15 @@ HttpResponse Monitor::Impl::get(const detail::HttpRequest& r) {
   if (r.path == "/chart.js") return {200, "application/javascript", std::string(detail::chart_js())};
   if (r.path == "/favicon.svg" || r.path == "/favicon.ico") return {200, "image/svg+xml", favicon_svg};
   if (r.path == "/api/state") return {200, "application/json", state_json(r)};
+  if (r.path == "/api/flight_recorder") {
+    // This process's last collectives and steps (docs/diagnosis.md has the format).
+    const troupe::detail::FlightRecorder* recorder = troupe::detail::FlightRecorder::process();
+    if (recorder == nullptr) {
+      return error(404, "the flight recorder is off in this process (RuntimeOptions::flight_recorder_entries or "
+                        "TROUPE_FLIGHT_RECORDER_ENTRIES is 0)");
+    }
+    return {200, "application/json", recorder->json("/api/flight_recorder")};
+  }
   if (r.path == "/api/history") {
     std::string h = stream->history_json(std::chrono::seconds(5));
     if (h.empty()) return error(503, "the metrics stream did not answer");

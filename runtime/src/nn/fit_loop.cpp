@@ -13,6 +13,7 @@
 #include "nn/element_checks.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
+#include "troupe/flight_recorder.hpp"
 #include "troupe/nn/callbacks.hpp"
 #include "troupe/nn/ops.hpp"
 
@@ -177,14 +178,28 @@ void FitLoop::run_epoch(int epoch) {
     for (const auto& c : callbacks_) c->on_train_batch_begin(k, logs);
     const auto t0 = Clock::now();
     const auto all_reduce_at_start = model_.optimizer()->all_reduce_time();
-    std::optional<Batch> batch = next_batch();
+    // The flight recorder labels the step's steps and collectives with fit's phase.
+    std::optional<Batch> batch;
+    {
+      const CallSiteLabel phase("fit:input");
+      batch = next_batch();
+    }
     if (!batch) break;
     if (batch->global_rows == 0) continue;
     const auto t1 = Clock::now();
     StepRequests carried;
     const std::vector<double> row = carried_row(carried);
-    const distribute::PerReplica<Tensor> results = run_step(*batch, row);
-    const Tensor reduced = strategy_.reduce(ReduceOp::sum, results, std::nullopt);
+    std::optional<distribute::PerReplica<Tensor>> step_results;
+    Tensor reduced;
+    {
+      const CallSiteLabel phase("fit:train_step");
+      step_results.emplace(run_step(*batch, row));
+    }
+    const distribute::PerReplica<Tensor>& results = *step_results;
+    {
+      const CallSiteLabel phase("fit:step_reduction");
+      reduced = strategy_.reduce(ReduceOp::sum, results, std::nullopt);
+    }
     const auto t2 = Clock::now();
     std::vector<double> table;
     StepResult result = read_table(reduced, carried, table);
@@ -384,6 +399,7 @@ void FitLoop::boundary(Logs& logs, std::optional<StepAgreement> carried) {
     }
     if (!control_.paused()) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const CallSiteLabel phase("fit:agreement");
     agreed = distribute::detail::agree_now(step_requests(control_.take()), group_);
   }
   if (control_.paused()) {

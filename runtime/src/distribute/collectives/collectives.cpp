@@ -8,6 +8,7 @@
 
 #include "axis.hpp"
 #include "elements.hpp"
+#include "flight_recorder.hpp"
 #include "troupe/errors.hpp"
 
 namespace troupe::distribute::detail {
@@ -22,6 +23,12 @@ void describe(transport::buffer& b, const Tensor& t) {
   b.shape.assign(t.shape().begin(), t.shape().end());
   b.keepalive = t.storage_handle();
 }
+
+using troupe::detail::flight_collective;
+using troupe::detail::flight_group;
+using troupe::detail::flight_op;
+using troupe::detail::flight_scope;
+using troupe::detail::FlightRecorder;
 
 // Per replica thread, so that a step's collectives allocate nothing but their outputs.
 thread_local std::vector<transport::buffer> tl_buffers;
@@ -64,6 +71,16 @@ void ShmCollectives::run_all_reduce(int replica, ReduceOp op, const Tensor* valu
     }
   }
   if (shared && replica == 0) published_[parity].assign(outputs, outputs + count);
+  flight_collective what;
+  what.step = step_;
+  what.collective = static_cast<std::int64_t>(next_number(replica));
+  what.op = flight_op::all_reduce;
+  what.participants = group_.size();
+  what.replica = replica;
+  what.bytes = total_bytes;
+  what.has_dtype = count > 0;
+  if (count > 0) what.dtype = troupe::detail::to_scalar_type(values[0].dtype());
+  flight_scope recorded(FlightRecorder::process(), what);
   const in_collective inside(buckets_, replica);
   try {
     group_.all_reduce(replica, tl_buffers.data(), count,
@@ -71,6 +88,7 @@ void ShmCollectives::run_all_reduce(int replica, ReduceOp op, const Tensor* valu
   } catch (const transport::aborted_error& e) {
     throw CollectiveAborted(e.what());
   }
+  recorded.done();
   if (shared && replica != 0) {
     const std::vector<Tensor>& sums = published_[parity];
     for (std::size_t i = 0; i < count; ++i) outputs[i] = sums[i].with_device(device);
@@ -97,6 +115,16 @@ Tensor ShmCollectives::all_gather(int replica, const Tensor& value, int axis) {
   transport::buffer in;
   describe(in, host);
   Tensor out;
+  flight_collective what;
+  what.step = step_;
+  what.collective = static_cast<std::int64_t>(next_number(replica));
+  what.op = flight_op::all_gather;
+  what.participants = group_.size();
+  what.replica = replica;
+  what.bytes = host.nbytes();
+  what.has_dtype = true;
+  what.dtype = troupe::detail::to_scalar_type(value.dtype());
+  flight_scope recorded(FlightRecorder::process(), what);
   const in_collective inside(buckets_, replica);
   try {
     group_.all_gather(
@@ -108,25 +136,73 @@ Tensor ShmCollectives::all_gather(int replica, const Tensor& value, int axis) {
   } catch (const transport::aborted_error& e) {
     throw CollectiveAborted(e.what());
   }
+  recorded.done();
   return out;
 }
 
-void ShmCollectives::reset() {
+void ShmCollectives::reset(std::uint64_t step) {
+  step_ = step;
   std::fill(rounds_.begin(), rounds_.end(), 0);
+  std::fill(numbered_.begin(), numbered_.end(), 0);
+  for (auto& tickets : bucket_tickets_) tickets.clear();  // keeps their capacity: no allocation per step
   published_[0].clear();
   published_[1].clear();
   buckets_.reset();
 }
 
+std::size_t ShmCollectives::note_bucket_started(int replica, const std::vector<Tensor>& values) {
+  auto& tickets = bucket_tickets_[static_cast<std::size_t>(replica)];
+  const std::size_t bucket = tickets.size();
+  FlightRecorder* recorder = FlightRecorder::process();
+  if (recorder == nullptr) {
+    tickets.push_back(~std::uint64_t{0});
+    return bucket;
+  }
+  flight_collective what;
+  what.step = step_;
+  what.collective = static_cast<std::int64_t>(next_number(replica));
+  what.op = flight_op::bucket_all_reduce;
+  what.participants = group_.size();
+  what.replica = replica;
+  for (const Tensor& v : values) what.bytes += v.nbytes();
+  what.has_dtype = !values.empty();
+  if (!values.empty()) what.dtype = troupe::detail::to_scalar_type(values[0].dtype());
+  tickets.push_back(recorder->enqueue(what));
+  return bucket;
+}
+
+void ShmCollectives::note_bucket_waited(int replica, std::size_t bucket, bool ok) {
+  FlightRecorder* recorder = FlightRecorder::process();
+  const auto& tickets = bucket_tickets_[static_cast<std::size_t>(replica)];
+  if (recorder == nullptr || bucket >= tickets.size() || tickets[bucket] == ~std::uint64_t{0}) return;
+  recorder->end(tickets[bucket], ok);
+}
+
 std::size_t ShmCollectives::start_all_reduce(int replica, ReduceOp op, std::vector<Tensor> values) {
   if (group_.size() == 1) return ReplicaCollectives::start_all_reduce(replica, op, std::move(values));
-  return buckets_.start(replica, op, std::move(values), device(replica));
+  const std::size_t next = note_bucket_started(replica, values);
+  try {
+    return buckets_.start(replica, op, std::move(values), device(replica));
+  } catch (...) {
+    note_bucket_waited(replica, next, false);
+    throw;
+  }
 }
 
 std::vector<Tensor> ShmCollectives::wait_all_reduce(int replica, std::size_t bucket,
                                                     std::chrono::steady_clock::time_point& all_started) {
   if (group_.size() == 1) return ReplicaCollectives::wait_all_reduce(replica, bucket, all_started);
-  return buckets_.wait(replica, bucket, device(replica), all_started);
+  bool ok = false;
+  struct ending {
+    ShmCollectives& self;
+    int replica;
+    std::size_t bucket;
+    bool& ok;
+    ~ending() { self.note_bucket_waited(replica, bucket, ok); }
+  } end_entry{*this, replica, bucket, ok};
+  std::vector<Tensor> out = buckets_.wait(replica, bucket, device(replica), all_started);
+  ok = true;
+  return out;
 }
 
 namespace {
@@ -157,12 +233,20 @@ std::vector<Tensor> ReplicaCollectives::wait_all_reduce(int, std::size_t bucket,
 
 void ShmCollectives::merge(int replica, const void* mine,
                            const std::function<void(const std::vector<const void*>&)>& on_first) {
+  flight_collective what;
+  what.step = step_;
+  what.collective = static_cast<std::int64_t>(next_number(replica));
+  what.op = flight_op::merge_call;
+  what.participants = group_.size();
+  what.replica = replica;
+  flight_scope recorded(FlightRecorder::process(), what);
   const in_collective inside(buckets_, replica);
   try {
     group_.merge(replica, mine, on_first);
   } catch (const transport::aborted_error& e) {
     throw CollectiveAborted(e.what());
   }
+  recorded.done();
 }
 
 void IdentityCollectives::merge(int, const void* mine,

@@ -65,8 +65,8 @@ class ShmCollectives final : public ReplicaCollectives {
  public:
   ShmCollectives(transport::shm_group& group, std::vector<Device> devices,
                  std::chrono::microseconds spin = std::chrono::microseconds(50))
-      : group_(group), devices_(std::move(devices)), rounds_(devices_.size(), 0),
-        buckets_(static_cast<int>(devices_.size()), spin) {}
+      : group_(group), devices_(std::move(devices)), rounds_(devices_.size(), 0), numbered_(devices_.size(), 0),
+        bucket_tickets_(devices_.size()), buckets_(static_cast<int>(devices_.size()), spin) {}
   std::vector<Tensor> all_reduce(int replica, ReduceOp op, const std::vector<Tensor>& values) override;
   Tensor all_reduce(int replica, ReduceOp op, const Tensor& value) override;
   Tensor all_gather(int replica, const Tensor& value, int axis) override;
@@ -78,8 +78,14 @@ class ShmCollectives final : public ReplicaCollectives {
                                       std::chrono::steady_clock::time_point& all_started) override;
   void end_step(int replica) override { buckets_.finish(replica); }
   void abort_buckets(const std::string& why) override { buckets_.abort(why); }
-  /// Between steps (no replica inside a collective): forgets the last step's shared results.
-  void reset();
+  /// Between steps (no replica inside a collective): forgets the last step's shared results;
+  /// the flight recorder numbers the collectives of `step` from 0.
+  void reset(std::uint64_t step = 0);
+  /// The flight recorder's view of a bucket started (its entry stays queued until the replica
+  /// takes the result) and of its result taken (`ok`) or its failure.
+  /// note_bucket_started returns the bucket's number in this step (its order among the replica's).
+  std::size_t note_bucket_started(int replica, const std::vector<Tensor>& values);
+  void note_bucket_waited(int replica, std::size_t bucket, bool ok);
   /// The buckets of start_all_reduce, for a stage that follows the local sums.
   GradientBuckets& buckets() { return buckets_; }
   const GradientBuckets& buckets() const { return buckets_; }
@@ -94,7 +100,13 @@ class ShmCollectives final : public ReplicaCollectives {
   // returns (tensors are immutable: sharing the storage is safe). Replica 0 publishes them before
   // the collective, the others take them after it; double-buffered by the parity of the replica's
   // all-reduce count, since replica 0 may publish the next one while a slow replica still reads.
+  // The flight recorder's entry of a collective of `replica`, numbered within the step.
+  std::uint64_t next_number(int replica) { return numbered_[static_cast<std::size_t>(replica)]++; }
+
   std::vector<std::uint64_t> rounds_;  // per replica: all-reduces begun this step
+  std::uint64_t step_ = 0;                // the step running, for the flight recorder
+  std::vector<std::uint64_t> numbered_;  // per replica: collectives begun this step
+  std::vector<std::vector<std::uint64_t>> bucket_tickets_;  // per replica: its buckets' entries
   std::vector<Tensor> published_[2];
   GradientBuckets buckets_;
 };

@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "axis.hpp"
+#include "flight_recorder.hpp"
 
 namespace troupe::distribute::detail {
 
@@ -65,6 +66,7 @@ thread_local std::vector<ReduceOp> tl_bucket_ops;
 }  // namespace
 
 void HierarchicalCollectives::ring_stage() {
+  troupe::detail::set_call_site("gradient_buckets");  // this thread's entries in the flight recorder
   GradientBuckets& buckets = local_.buckets();
   std::uint64_t generation = buckets.generation();
   std::size_t next = 0;
@@ -101,7 +103,18 @@ std::size_t HierarchicalCollectives::start_all_reduce(int replica, ReduceOp op, 
     local_.buckets().set_after_local(true);
     ring_thread_ = std::thread([this] { ring_stage(); });
   });
-  const std::size_t bucket = local_.buckets().start(replica, ReduceOp::sum, std::move(values), local_.device(replica));
+  // The flight recorder keeps the bucket queued until its result is taken; the ring stage's
+  // all-reduce of it has an entry of its own.
+  std::size_t bucket = 0;
+  {
+    const std::size_t next = local_.note_bucket_started(replica, values);
+    try {
+      bucket = local_.buckets().start(replica, ReduceOp::sum, std::move(values), local_.device(replica));
+    } catch (...) {
+      local_.note_bucket_waited(replica, next, false);
+      throw;
+    }
+  }
   if (bucket == 0) tl_bucket_ops.clear();
   tl_bucket_ops.resize(bucket + 1, op);
   tl_bucket_ops[bucket] = op;
@@ -110,7 +123,14 @@ std::size_t HierarchicalCollectives::start_all_reduce(int replica, ReduceOp op, 
 
 std::vector<Tensor> HierarchicalCollectives::wait_all_reduce(int replica, std::size_t bucket,
                                                              std::chrono::steady_clock::time_point& all_started) {
-  std::vector<Tensor> outs = local_.buckets().wait(replica, bucket, local_.device(replica), all_started);
+  std::vector<Tensor> outs;
+  try {
+    outs = local_.buckets().wait(replica, bucket, local_.device(replica), all_started);
+  } catch (...) {
+    local_.note_bucket_waited(replica, bucket, false);
+    throw;
+  }
+  local_.note_bucket_waited(replica, bucket, true);
   if (bucket < tl_bucket_ops.size() && tl_bucket_ops[bucket] == ReduceOp::mean) {
     for (Tensor& t : outs) t = t / Scalar(static_cast<std::int64_t>(global_replicas_));
   }

@@ -9,6 +9,7 @@
 
 #include "axis.hpp"
 #include "elements.hpp"
+#include "flight_recorder.hpp"
 #include "gpu/gpu.hpp"
 #include "nccl_group.hpp"
 #include "troupe/errors.hpp"
@@ -67,6 +68,36 @@ struct NcclCollectives::impl {
   std::mutex mutex;  // guards comms between a failing replica and prepare()
   std::unique_ptr<transport::cuda::nccl_group> comms;
   std::atomic<bool> failed{false};
+  // The flight recorder's view: the step, and per replica its collectives' numbers and the
+  // entries enqueued and not yet drained (capacity kept between steps: no allocation per step).
+  std::uint64_t step = 0;
+  std::vector<std::uint64_t> numbered;
+  std::vector<std::vector<std::uint64_t>> tickets;
+
+  void record(int replica, troupe::detail::flight_op op, const std::vector<Tensor>& values) {
+    troupe::detail::FlightRecorder* recorder = troupe::detail::FlightRecorder::process();
+    if (recorder == nullptr) return;
+    const auto r = static_cast<std::size_t>(replica);
+    troupe::detail::flight_collective what;
+    what.step = step;
+    what.collective = static_cast<std::int64_t>(numbered[r]++);
+    what.op = op;
+    what.group = troupe::detail::flight_group::nccl;
+    what.participants = nranks();
+    what.replica = replica;
+    for (const Tensor& v : values) what.bytes += v.nbytes();
+    what.has_dtype = !values.empty();
+    if (!values.empty()) what.dtype = troupe::detail::to_scalar_type(values[0].dtype());
+    tickets[r].push_back(recorder->begin(what));
+  }
+  void finish(int replica, bool ok) noexcept {
+    troupe::detail::FlightRecorder* recorder = troupe::detail::FlightRecorder::process();
+    auto& mine = tickets[static_cast<std::size_t>(replica)];
+    if (recorder != nullptr) {
+      for (const std::uint64_t t : mine) recorder->end(t, ok);
+    }
+    mine.clear();
+  }
 
   std::vector<int> indices() const {
     std::vector<int> out;
@@ -114,14 +145,18 @@ struct NcclCollectives::impl {
 
 NcclCollectives::NcclCollectives(transport::shm_group& group, std::vector<Device> devices,
                                  std::chrono::milliseconds timeout, World world)
-    : impl_(new impl{group, std::move(devices), timeout, std::move(world), {}, nullptr, {}}) {
+    : impl_(new impl{group, std::move(devices), timeout, std::move(world), {}, nullptr, {}, 0, {}, {}}) {
   impl_->comms = impl_->make_comms();
 }
 
 NcclCollectives::~NcclCollectives() = default;
 
-void NcclCollectives::prepare() {
+void NcclCollectives::prepare(std::uint64_t step) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->step = step;
+  impl_->numbered.assign(impl_->devices.size(), 0);
+  impl_->tickets.resize(impl_->devices.size());
+  for (auto& t : impl_->tickets) t.clear();
   if (impl_->comms && !impl_->comms->aborted() && !impl_->failed.load()) return;
   if (impl_->world.nranks > 0) {
     throw CollectiveAborted(
@@ -140,6 +175,16 @@ void NcclCollectives::fail() noexcept {
 }
 
 void NcclCollectives::drain(int replica) {
+  try {
+    drain_stream(replica);
+  } catch (...) {
+    impl_->finish(replica, false);
+    throw;
+  }
+  impl_->finish(replica, true);
+}
+
+void NcclCollectives::drain_stream(int replica) {
   const int device = impl_->devices[static_cast<std::size_t>(replica)].index();
   auto stream = static_cast<cudaStream_t>(troupe::detail::gpu::stream(device));
   if (impl_->timeout.count() == 0) {
@@ -198,6 +243,7 @@ std::vector<Tensor> NcclCollectives::all_reduce(int replica, ReduceOp op, const 
   std::vector<Tensor> outputs;
   outputs.reserve(inputs.size());
   for (const Tensor& v : inputs) outputs.push_back(Tensor::empty(v.shape(), v.dtype(), device));
+  impl_->record(replica, troupe::detail::flight_op::all_reduce, inputs);
   ncclComm_t comm = impl_->comm(replica);
   auto enqueue = [&](std::size_t i) {
     return ncclAllReduce(inputs[i].raw_data(), outputs[i].raw_mutable_data(),
@@ -241,6 +287,7 @@ Tensor NcclCollectives::all_gather(int replica, const Tensor& value, int axis) {
   // rank learns every rank's length along it (an NCCL all-gather of one number each), and each
   // rank's tensor is broadcast from it to all, in one NCCL group, and the parts are joined.
   impl_->check_agreement(replica, signature{"all_gather", &mine, ax}, *this);
+  impl_->record(replica, troupe::detail::flight_op::all_gather, mine);
   const Device& device = impl_->devices[static_cast<std::size_t>(replica)];
   auto stream = static_cast<cudaStream_t>(troupe::detail::gpu::stream(device.index()));
   ncclComm_t comm = impl_->comm(replica);

@@ -46,9 +46,11 @@ class NcclCollectives final : public ReplicaCollectives {
   void merge(int replica, const void* mine,
              const std::function<void(const std::vector<const void*>&)>& on_first) override;
 
-  /// Before a step: new communicators if the last step aborted them (in one process; across
-  /// processes the cluster has to start again, and this throws CollectiveAborted saying so).
-  void prepare();
+  /// Before step `step`: new communicators if the last step aborted them (in one process; across
+  /// processes the cluster has to start again, and this throws CollectiveAborted saying so). The
+  /// flight recorder numbers the step's collectives from 0; each is recorded when enqueued and
+  /// ended by drain() (done, or failed when the step fails or the wait runs out).
+  void prepare(std::uint64_t step = 0);
   /// A replica failed: releases every replica waiting inside NCCL.
   void fail() noexcept;
   /// Waits, bounded, for everything replica `replica` enqueued; throws CollectiveAborted when the
@@ -56,6 +58,7 @@ class NcclCollectives final : public ReplicaCollectives {
   void drain(int replica);
 
  private:
+  void drain_stream(int replica);
   struct impl;
   std::unique_ptr<impl> impl_;
 };

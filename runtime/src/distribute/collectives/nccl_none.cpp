@@ -25,7 +25,7 @@ Tensor NcclCollectives::all_gather(int, const Tensor&, int) { unsupported(); }
 void NcclCollectives::merge(int, const void*, const std::function<void(const std::vector<const void*>&)>&) {
   unsupported();
 }
-void NcclCollectives::prepare() {}
+void NcclCollectives::prepare(std::uint64_t) {}
 void NcclCollectives::fail() noexcept {}
 void NcclCollectives::drain(int) {}
 

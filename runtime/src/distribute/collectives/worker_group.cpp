@@ -7,6 +7,7 @@
 #include "axis.hpp"
 #include "elements.hpp"
 #include "distribute/collectives/collectives.hpp"
+#include "flight_recorder.hpp"
 #include "troupe/errors.hpp"
 #include "troupe/kernels/half_kernels.hpp"
 
@@ -46,6 +47,24 @@ void WorkerFailures::attach(transport::tcp_ring* ring) {
 }
 
 namespace {
+
+using troupe::detail::flight_collective;
+using troupe::detail::flight_group;
+using troupe::detail::flight_op;
+using troupe::detail::flight_scope;
+using troupe::detail::FlightRecorder;
+
+// A cross-worker collective as the flight recorder keeps it: numbered as the ring's frames are.
+flight_collective ring_entry(const transport::tcp_ring& ring, flight_op op, std::uint64_t bytes, int workers) {
+  flight_collective c;
+  c.step = ring.step();
+  c.collective = static_cast<std::int64_t>(ring.next_collective());
+  c.op = op;
+  c.group = flight_group::workers;
+  c.participants = workers;
+  c.bytes = bytes;
+  return c;
+}
 
 // A fresh host tensor holding `t`'s elements, for the ring to work on in place (tensors that are
 // shared must not change): a GPU tensor's copy to the host is fresh already.
@@ -93,47 +112,65 @@ Tensor RingWorkerGroup::sum(const Tensor& t) {
 
 Tensor RingWorkerGroup::broadcast_from_chief(const Tensor& t) {
   Tensor out = host_copy(t);
+  flight_collective what = ring_entry(*ring_, flight_op::broadcast, out.nbytes(), size());
+  what.has_dtype = true;
+  what.dtype = troupe::detail::to_scalar_type(t.dtype());
+  flight_scope recorded(FlightRecorder::process(), what);
   try {
     ring_->broadcast(out.raw_mutable_data(), out.nbytes(), 0);
   } catch (const transport::peer_error& e) {
+    recorded.fail(e.peer());
     fail(e);
   }
+  recorded.done();
   return out.to(t.device());
 }
 
 void RingWorkerGroup::all_reduce_in_place(Tensor& t, Compression compression) {
+  const bool compressed = compression != Compression::none && t.dtype() == DType::f32;
+  const auto wire = compression == Compression::fp16 ? base::scalar_type::f16 : base::scalar_type::bf16;
+  flight_collective what = ring_entry(*ring_, flight_op::all_reduce, 0, size());
+  what.has_dtype = true;
+  what.dtype = compressed ? wire : troupe::detail::to_scalar_type(t.dtype());
+  what.bytes = static_cast<std::uint64_t>(t.num_elements()) * base::scalar_size(what.dtype);  // on the wire
+  flight_scope recorded(FlightRecorder::process(), what);
   try {
-    if (compression != Compression::none && t.dtype() == DType::f32) {
-      const auto wire = compression == Compression::fp16 ? base::scalar_type::f16 : base::scalar_type::bf16;
+    if (compressed) {
       const std::int64_t n = t.num_elements();
       wire_.resize(static_cast<std::size_t>(n));
       auto* values = static_cast<float*>(t.raw_mutable_data());
       kernels::compress_range(values, wire_.data(), n, wire);
       ring_->all_reduce(wire_.data(), n, wire, base::reduce_kind::sum);
       kernels::decompress_range(wire_.data(), values, n, wire);
-      return;
-    }
-    if (t.dtype() == DType::f16 || t.dtype() == DType::bf16) {
+    } else if (t.dtype() == DType::f16 || t.dtype() == DType::bf16) {
       // Summed in float32 and rounded once: a 16-bit partial sum per hop would lose bits.
       Tensor wide = t.cast(DType::f32);
       ring_->all_reduce(wide.raw_mutable_data(), wide.num_elements(), base::scalar_type::f32, base::reduce_kind::sum);
       kernels::compress_range(wide.data<float>(), static_cast<std::uint16_t*>(t.raw_mutable_data()), t.num_elements(),
                               troupe::detail::to_scalar_type(t.dtype()));
-      return;
+    } else {
+      ring_->all_reduce(t.raw_mutable_data(), t.num_elements(), troupe::detail::to_scalar_type(t.dtype()),
+                        base::reduce_kind::sum);
     }
-    ring_->all_reduce(t.raw_mutable_data(), t.num_elements(), troupe::detail::to_scalar_type(t.dtype()), base::reduce_kind::sum);
   } catch (const transport::peer_error& e) {
+    recorded.fail(e.peer());
     fail(e);
   }
+  recorded.done();
 }
 
 void RingWorkerGroup::all_gather(const void* mine, std::size_t my_bytes, void* out,
                                  const std::vector<std::size_t>& bytes) {
+  std::uint64_t total = 0;
+  for (std::size_t b : bytes) total += b;
+  flight_scope recorded(FlightRecorder::process(), ring_entry(*ring_, flight_op::all_gather, total, size()));
   try {
     ring_->all_gather(mine, my_bytes, out, bytes);
   } catch (const transport::peer_error& e) {
+    recorded.fail(e.peer());
     fail(e);
   }
+  recorded.done();
 }
 
 namespace {
@@ -150,6 +187,11 @@ void RingWorkerGroup::fail(const transport::peer_error& e) {
     failures_->await_reason(verdict_wait);
   }
   std::string message = describe_collective_failure(e, members_, *failures_);
+  // The last collectives and steps of this worker, for the cluster's post-mortem (docs/diagnosis.md).
+  if (FlightRecorder* recorder = FlightRecorder::process()) {
+    const std::string path = recorder->dump_on_failure(message);
+    if (!path.empty()) message += " (flight recorder: " + path + ")";
+  }
   health_->collective_error(message, actors::cluster_health::clock::now());
   throw CollectiveAborted(std::move(message));
 }

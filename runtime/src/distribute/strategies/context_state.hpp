@@ -1,5 +1,7 @@
 #pragma once
 
+#include <string>
+
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
 
@@ -34,6 +36,7 @@ namespace troupe::distribute::detail {
 /// Throws ReplicaError for the first original failure among `errors` (one per replica, null where
 /// the replica succeeded); failures that only say a collective was abandoned rank after it.
 /// Returns normally when every entry is null.
-void rethrow_step_failure(const std::vector<std::exception_ptr>& errors, const std::vector<Device>& devices);
+void rethrow_step_failure(const std::vector<std::exception_ptr>& errors, const std::vector<Device>& devices,
+                          const std::string& note = {});
 
 }  // namespace troupe::distribute::detail

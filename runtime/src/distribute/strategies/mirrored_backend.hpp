@@ -15,6 +15,7 @@
 #include "distribute/collectives/worker_group.hpp"
 #include "gpu/gpu.hpp"
 #include "distribute/collectives/nccl_collectives.hpp"
+#include "flight_recorder.hpp"
 #include "troupe/actors/coordinator.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/errors.hpp"
@@ -64,11 +65,26 @@ class MirroredBackend : public StrategyBackend {
                              "the thread that owns the strategy");
     }
     std::lock_guard<std::mutex> lock(mutex_);
+    ++steps_;
     group_.reset();  // no replica is inside a collective between steps
-    collectives_.reset();
-    if (nccl_) nccl_->prepare();
+    collectives_.reset(steps_);
+    if (nccl_) nccl_->prepare(steps_);
     StepProfile* profile = step_profile();
+    // The step in the flight recorder, with its caller's label, which the replicas' collectives
+    // carry too.
+    troupe::detail::FlightRecorder* recorder = troupe::detail::FlightRecorder::process();
+    const char* call_site = troupe::detail::current_call_site();
+    troupe::detail::flight_collective step_entry;
+    step_entry.op = troupe::detail::flight_op::step;
+    step_entry.step = steps_;
+    step_entry.participants = static_cast<int>(devices_.size());
+    troupe::detail::flight_scope recorded(recorder, step_entry);
+    const std::uint64_t failures_before = recorder ? recorder->failures() : 0;
     auto per_replica = [&](int r) {
+      struct label_scope {
+        explicit label_scope(const char* label) { troupe::detail::set_call_site(label); }
+        ~label_scope() { troupe::detail::set_call_site(nullptr); }
+      } label(call_site);
       const Device& device = devices_[static_cast<std::size_t>(r)];
       // A GPU replica enqueues its kernels on its own stream and waits for them once, at the end.
       std::optional<troupe::detail::gpu::replica_scope> gpu;
@@ -115,7 +131,34 @@ class MirroredBackend : public StrategyBackend {
       group_.abort(r, why);
       replica_collectives().abort_buckets(why);
     });
-    rethrow_step_failure(errors, devices_);
+    const bool failed = std::any_of(errors.begin(), errors.end(), [](const std::exception_ptr& e) { return e != nullptr; });
+    if (!failed) {
+      recorded.done();
+      return;
+    }
+    recorded.fail(-1);
+    // A collective that failed in this step (a replica released from a barrier, a timeout): the
+    // recorder is written for the post-mortem (a cross-worker failure was written already, with
+    // the step still running: the file is replaced by this one, the step failed).
+    std::string note;  // the dump's file, for the error (a cross-worker failure's names it already)
+    if (recorder && recorder->failures() > failures_before + 1) {
+      std::string why = "step " + std::to_string(steps_) + " failed in a collective";
+      bool named = false;
+      for (const std::exception_ptr& e : errors) {
+        if (!e) continue;
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& first) {
+          why += ": " + std::string(first.what());
+          named = std::string(first.what()).find("(flight recorder: ") != std::string::npos;
+        } catch (...) {
+        }
+        break;
+      }
+      const std::string path = recorder->dump_on_failure(why);
+      if (!path.empty() && !named) note = " (flight recorder: " + path + ")";
+    }
+    rethrow_step_failure(errors, devices_, note);
   }
 
  protected:
@@ -151,6 +194,7 @@ class MirroredBackend : public StrategyBackend {
   int intra_op_threads_;  // threads a replica's CPU kernels may use
   std::unique_ptr<NcclCollectives> nccl_;  // GPU replicas only
   std::mutex mutex_;
+  std::uint64_t steps_ = 0;  // execute calls so far: the flight recorder's step numbers
   mutable LocalWorkerGroup local_workers_;
 };
 

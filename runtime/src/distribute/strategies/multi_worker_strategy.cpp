@@ -15,6 +15,7 @@
 
 #include "distribute/cluster/cluster_net.hpp"
 #include "env.hpp"
+#include "flight_recorder.hpp"
 #include "distribute/collectives/hierarchical_collectives.hpp"
 #include "middleman.hpp"
 #include "distribute/collectives/worker_group.hpp"
@@ -245,6 +246,10 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
     world.nranks = workers * devices_per_worker;
     world.first_rank = rank * devices_per_worker;
     world.join_timeout = ro.timeout;
+  }
+  // The flight recorder's dump names this worker (docs/diagnosis.md).
+  if (auto* recorder = troupe::detail::FlightRecorder::process()) {
+    recorder->set_identity(rank, workers, members[static_cast<std::size_t>(rank)].task);
   }
   auto group = std::make_unique<detail::RingWorkerGroup>(rank, std::move(members), std::move(listener), std::move(ring),
                                                          std::move(failures), std::move(watch), std::move(health),

@@ -47,7 +47,8 @@ Strategy& default_strategy() {
   return *s;
 }
 
-void rethrow_step_failure(const std::vector<std::exception_ptr>& errors, const std::vector<Device>& devices) {
+void rethrow_step_failure(const std::vector<std::exception_ptr>& errors, const std::vector<Device>& devices,
+                          const std::string& note) {
   int first = -1;
   for (std::size_t r = 0; r < errors.size(); ++r) {
     if (!errors[r]) continue;
@@ -61,7 +62,7 @@ void rethrow_step_failure(const std::vector<std::exception_ptr>& errors, const s
   const std::size_t f = static_cast<std::size_t>(first);
   std::string where = "replica " + std::to_string(first);
   if (f < devices.size()) where += " (" + devices[f].to_string() + ")";
-  throw ReplicaError(first, "run: " + where + " failed: " + message_of(errors[f]), errors[f]);
+  throw ReplicaError(first, "run: " + where + " failed: " + message_of(errors[f]) + note, errors[f]);
 }
 
 }  // namespace detail

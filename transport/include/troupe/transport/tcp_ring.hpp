@@ -145,6 +145,9 @@ class tcp_ring {
   void begin_step(std::uint64_t step);
   /// The step begun last (0 before any).
   std::uint64_t step() const noexcept;
+  /// The number the next collective of this step gets (the one its frames carry; from 0 at each
+  /// begin_step).
+  std::uint64_t next_collective() const noexcept;
 
   /// Names the next collective (all_reduce, broadcast or all_gather) `key`: its frames carry it,
   /// and a rank whose frames name another collective in the same place fails naming both (the
