@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -30,6 +31,8 @@
 
 namespace troupe::detail::gpu {
 namespace {
+
+namespace gpu = troupe::detail::gpu;
 
 constexpr int max_devices = 64;
 // cuBLASLt's advice for Hopper is 32 MiB; one workspace per thread and GPU (each thread has its
@@ -170,6 +173,7 @@ struct blas_thread {
   cublasLtHandle_t handle[max_devices] = {};
   void* workspace[max_devices] = {};
   std::map<product_key, plan> plans[max_devices];
+  std::set<product_key> unfused[max_devices];  // products whose epilogue found no algorithm
 
   ~blas_thread() {
     for (int d = 0; d < max_devices; ++d) {
@@ -305,10 +309,20 @@ void gemm(int device, const void* a, const void* b, void* c, std::int64_t m, std
     return;
   }
   if (type != base::scalar_type::f32) tf32 = false;
-  if (bias != nullptr && alignment(bias) < 16) {
-    // The bias epilogue reads the bias in vectors: an unaligned one is added by its own kernel.
+  auto unfused = [&] {
+    // The product, then the bias and activation by their own kernel.
     gemm(device, a, b, c, m, n, k, transpose_a, transpose_b, type, nullptr, false, tf32);
-    bias_activation(device, c, bias, c, m, n, relu, type);
+    if (bias != nullptr) {
+      bias_activation(device, c, bias, c, m, n, relu, type);
+    } else if (relu) {
+      gpu::relu(device, c, c, m * n, type);
+    }
+  };
+  // The epilogue is fused for float32 with an aligned bias (it reads the bias in vectors); float64
+  // products, used for gradient checks, add it separately.
+  if ((bias != nullptr || relu) &&
+      (bias == nullptr || type != base::scalar_type::f32 || alignment(bias) < 16)) {
+    unfused();
     return;
   }
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
@@ -320,14 +334,22 @@ void gemm(int device, const void* a, const void* b, void* c, std::int64_t m, std
                         alignment(c)};
   blas_thread& t = blas();
   t.ready(device);
+  if (t.unfused[device].count(key) != 0) {
+    unfused();
+    return;
+  }
   auto found = t.plans[device].find(key);
   if (found == t.plans[device].end()) {
     found = t.plans[device].try_emplace(key).first;
     try {
       make_plan(found->second, key, t.handle[device], device);
-    } catch (...) {
+    } catch (const std::runtime_error&) {
       t.plans[device].erase(found);
-      throw;
+      if (epilogue == CUBLASLT_EPILOGUE_DEFAULT) throw;
+      // No algorithm with this epilogue for this shape: the product alone, from now on.
+      t.unfused[device].insert(key);
+      unfused();
+      return;
     }
   }
   plan& p = found->second;
