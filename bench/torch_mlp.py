@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The PyTorch twin of mlp_classifier on a GPU, for bench/gpu_training_bench.sh: the same MLP
+"""The PyTorch twin of mlp_classifier, on a GPU for bench/gpu_training_bench.sh and on the CPU
+(--device cpu --threads N) for bench/host_scaling.sh: the same MLP
 (FEATURES -> HIDDEN relu -> HIDDEN relu -> CLASSES, Glorot-uniform kernels, zero biases), plain
 SGD, sparse softmax cross-entropy from logits, global batch BATCH, eager mode, and cached input
 (BATCHES batches made once on the GPU and repeated, as mlp_classifier --cached-batches does). The
@@ -33,12 +34,18 @@ def main():
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--math", choices=["fp32", "tf32", "bf16"], default="fp32")
-    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--device", default="cuda:0", help="cuda:N or cpu")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (torch.set_num_threads; 0: PyTorch's default)")
     a = p.parse_args()
 
-    if not torch.cuda.is_available():
-        raise SystemExit("torch_mlp.py: no CUDA device (torch.cuda.is_available() is False)")
     dev = torch.device(a.device)
+    gpu = dev.type == "cuda"
+    if gpu and not torch.cuda.is_available():
+        raise SystemExit("torch_mlp.py: no CUDA device (torch.cuda.is_available() is False)")
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    if not gpu and a.math != "fp32":
+        raise SystemExit("torch_mlp.py: --math tf32 and bf16 are GPU modes")
     torch.backends.cuda.matmul.allow_tf32 = a.math == "tf32"
     torch.backends.cudnn.allow_tf32 = a.math == "tf32"
     torch.manual_seed(1)
@@ -69,21 +76,24 @@ def main():
         opt.step()
         return loss.item()
 
-    torch.cuda.reset_peak_memory_stats(dev)
+    if gpu:
+        torch.cuda.reset_peak_memory_stats(dev)
     rates = []
     loss = float("nan")
     steps = 0
     for epoch in range(a.epochs):
-        torch.cuda.synchronize(dev)
+        if gpu:
+            torch.cuda.synchronize(dev)
         start = time.perf_counter()
         for x, y in zip(xs, ys):
             loss = step(x, y)
             steps += 1
-        torch.cuda.synchronize(dev)
+        if gpu:
+            torch.cuda.synchronize(dev)
         elapsed = time.perf_counter() - start
         if epoch > 0:
             rates.append(a.batch * a.batches / elapsed)
-    peak = torch.cuda.max_memory_allocated(dev) / (1 << 20)
+    peak = torch.cuda.max_memory_allocated(dev) / (1 << 20) if gpu else 0.0
     print(f"result: replicas=1 batch={a.batch} input=cached steps={steps} "
           f"samples_per_s={statistics.median(rates):.1f} loss={loss:.4f} peak_mib={peak:.1f}", flush=True)
 

@@ -6,7 +6,8 @@
 #      (each passes, or skips with 77 where there is no GPU) and ends with its summary line;
 #   2. gpu_training_bench.sh, given a stand-in trainer that prints a known result line and a
 #      Python without PyTorch, tabulates the trainer's figures, says PyTorch is missing, and skips
-#      bf16 where the trainer has no --mixed-precision.
+#      bf16 where the trainer has no --mixed-precision;
+#   3. host_scaling.sh runs from the pack and tabulates troupe's ring and fit.
 #
 #   pack_gpu_check.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
@@ -17,8 +18,9 @@ trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAILED: $*" >&2; exit 1; }
 
 "$src/tools/pack-gpu.sh" "$tmp/pack" "$build" >"$tmp/pack.log" 2>&1 || { cat "$tmp/pack.log"; fail "pack-gpu.sh"; }
-for f in bin/troupe_gpu_strategy_tests bin/troupe_gpu_kernel_tests bin/mlp_classifier gpu_run.sh \
-         bench/gpu_training_bench.sh bench/torch_mlp.py PACK-INFO.txt; do
+for f in bin/troupe_gpu_strategy_tests bin/troupe_gpu_kernel_tests bin/mlp_classifier bin/tcp_allreduce_bench \
+         gpu_run.sh bench/gpu_training_bench.sh bench/torch_mlp.py bench/host_scaling.sh \
+         bench/torch_gloo_allreduce.py PACK-INFO.txt; do
   [[ -e $tmp/pack/$f ]] || fail "the pack has no $f"
 done
 if ls "$tmp/pack/lib" | grep -E "^lib(cublas|cudnn|nccl|cuda\.)" >/dev/null; then
@@ -55,4 +57,11 @@ grep -q "bf16: not measured" "$table" || fail "bf16 not said to be skipped"
 grep -Eq "^784-256-256-10 +256 +fp32 +2560 +- +- +42.5" "$table" || { cat "$table"; fail "no fp32 row for 784-256-256-10"; }
 grep -Eq "^784-4096-4096-10 +1024 +tf32 +10240 " "$table" || { cat "$table"; fail "no tf32 row for 784-4096-4096-10"; }
 [[ $(ls "$tmp/training/runs" | wc -l) -eq 12 ]] || fail "expected 12 runs (3 rounds x 2 cases x 2 modes)"
+# The host-scaling comparison runs from the pack alone (troupe's side; PyTorch named missing here).
+NPROCS=2 SIZES=4096 REPS=1 ROUNDS=1 EPOCHS=1 REPLICAS="1 2" CASES="8-16-3:64" PYTHON=false \
+  "$tmp/pack/bench/host_scaling.sh" "$tmp/pack/bin" "$tmp/host" >"$tmp/host.log" 2>&1 ||
+  { tail -20 "$tmp/host.log"; fail "host_scaling.sh exited non-zero"; }
+grep -Eq "^2 +4096 +[0-9.]+ +- +-" "$tmp/host/host_scaling.txt" || { cat "$tmp/host/host_scaling.txt"; fail "no ring row"; }
+grep -Eq "^8-16-16-3 +64 +2 +[0-9]+ +[0-9.]+x" "$tmp/host/host_scaling.txt" ||
+  { cat "$tmp/host/host_scaling.txt"; fail "no fit row for 2 replicas"; }
 echo "pack_gpu_check: ok"
