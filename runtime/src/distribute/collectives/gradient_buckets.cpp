@@ -28,7 +28,8 @@ GradientBuckets::GradientBuckets(int replicas, std::chrono::microseconds spin)
       spin_(spin),
       next_(static_cast<std::size_t>(replicas), 0),
       finished_(static_cast<std::size_t>(replicas), false),
-      in_collective_(static_cast<std::size_t>(replicas), false) {}
+      in_collective_(static_cast<std::size_t>(replicas), false),
+      entered_(static_cast<std::size_t>(replicas), 0) {}
 
 GradientBuckets::bucket& GradientBuckets::at(std::size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -74,6 +75,7 @@ std::size_t GradientBuckets::start(int replica, ReduceOp op, std::vector<Tensor>
     if (index == buckets_.size()) {
       auto fresh = std::make_unique<bucket>();
       fresh->op = op;
+      fresh->collectives_before = entered_[static_cast<std::size_t>(replica)];
       fresh->inputs.resize(static_cast<std::size_t>(replicas_));
       fresh->outputs.reserve(values.size());
       for (const Tensor& v : values) fresh->outputs.push_back(Tensor::empty(v.shape(), v.dtype(), device));
@@ -219,7 +221,8 @@ void GradientBuckets::check_missing(std::unique_lock<std::mutex>& lock, const bu
   if (b.state.load(std::memory_order_acquire) != collecting) return;
   for (int r = 0; r < replicas_; ++r) {
     const auto k = static_cast<std::size_t>(r);
-    if ((finished_[k] || in_collective_[k]) && next_[k] <= index) {
+    const bool moved_on = in_collective_[k] && entered_[k] > b.collectives_before;
+    if ((finished_[k] || moved_on) && next_[k] <= index) {
       const bool returned = finished_[k];
       lock.unlock();
       const std::string why = "gradient all-reduce: replica " + std::to_string(r) +
@@ -308,6 +311,7 @@ void GradientBuckets::set_in_collective(int replica, bool inside) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     in_collective_[static_cast<std::size_t>(replica)] = inside;
+    if (inside) ++entered_[static_cast<std::size_t>(replica)];
   }
   if (inside && count_.load(std::memory_order_acquire) > 0) changed_.notify_all();  // waiters re-check
 }
@@ -316,6 +320,7 @@ void GradientBuckets::reset() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     std::fill(in_collective_.begin(), in_collective_.end(), false);
+    std::fill(entered_.begin(), entered_.end(), 0);
     peer_waits_.clear();
     buckets_.clear();
     count_.store(0);

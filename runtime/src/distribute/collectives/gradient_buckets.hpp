@@ -98,6 +98,10 @@ class GradientBuckets {
     std::atomic<std::size_t> chunks_done{0};
     // 0: collecting inputs, 1: reducing, 2: local sums done (handed on), 3: complete, 4: failed
     std::atomic<int> state{0};
+    // The collectives its first replica had entered this step when it opened the bucket: a
+    // replica in a collective past that many has moved on without starting it; one still
+    // leaving the collective before has not.
+    std::uint64_t collectives_before = 0;
     std::chrono::steady_clock::time_point all_started;
     std::exception_ptr error;
   };
@@ -123,6 +127,7 @@ class GradientBuckets {
   std::vector<std::size_t> next_;                // per replica: its next bucket's number
   std::vector<bool> finished_;
   std::vector<bool> in_collective_;  // per replica: waiting in another collective (a merge, ...)
+  std::vector<std::uint64_t> entered_;  // per replica: the collectives it entered this step
   std::atomic<bool> aborted_{false};
   bool stopping_ = false;
   std::string reason_;
