@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "troupe/base/elements.hpp"
+#include "troupe/kernels/multi_update.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -73,20 +74,8 @@ int launch_adam(const void* w, const void* g, const void* m, const void* v, void
                 std::int64_t count, scalar_type type, double lr_t, double b1, double one_minus_b1, double b2,
                 double one_minus_b2, double eps, void* stream);
 
-/// One tensor of a multi-tensor optimizer update: its elements and pointers (m is the momentum
-/// velocity for update_kind::momentum; pointers a kind does not use are ignored).
-struct update_tensor {
-  std::int64_t count;
-  const void* w;
-  const void* g;
-  const void* m;
-  const void* v;
-  void* out_w;
-  void* out_m;
-  void* out_v;
-};
-/// The optimizer of a multi-tensor update.
-enum class update_kind : int { sgd = 0, momentum = 1, adam = 2 };
+using kernels::update_kind;
+using kernels::update_tensor;
 /// The coefficients of launch_sgd, launch_sgd_momentum and launch_adam (each kind reads its own).
 struct update_coefficients {
   double lr;  ///< lr for sgd and momentum, lr_t for adam

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "troupe/base/elements.hpp"
+#include "troupe/kernels/multi_update.hpp"
 
 namespace troupe::detail::gpu {
 
@@ -74,19 +75,9 @@ void sgd_momentum(int device, const void* w, const void* g, const void* vel, voi
 void adam(int device, const void* w, const void* g, const void* m, const void* v, void* out_w, void* out_m,
           void* out_v, std::int64_t count, base::scalar_type type, double lr_t, double b1, double one_minus_b1,
           double b2, double one_minus_b2, double eps);
-/// One tensor of multi_update (kernels.hpp's update_tensor).
-struct update_tensor {
-  std::int64_t count;
-  const void* w;
-  const void* g;
-  const void* m;
-  const void* v;
-  void* out_w;
-  void* out_m;
-  void* out_v;
-};
-/// The optimizer of multi_update.
-enum class update_kind : int { sgd = 0, momentum = 1, adam = 2 };
+/// One tensor of multi_update, and its optimizer (kernels/multi_update.hpp).
+using troupe::kernels::update_kind;
+using troupe::kernels::update_tensor;
 /// Updates every tensor of one type on `device` with one launch per 24 tensors (a multi-tensor
 /// apply): sgd/sgd_momentum/adam's formulas and bits; lr is adam's lr_t for adam.
 void multi_update(int device, update_kind kind, const std::vector<update_tensor>& tensors, base::scalar_type type,

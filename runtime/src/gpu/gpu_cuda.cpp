@@ -535,12 +535,8 @@ void argmax(int device, const void* x, std::int64_t* out, std::int64_t rows, std
 void multi_update(int device, update_kind kind, const std::vector<update_tensor>& tensors, base::scalar_type type,
                   double lr, double momentum, bool nesterov, double b1, double b2, double eps) {
   cudaStream_t st = state().stream_for(device);
-  std::vector<kernels::update_tensor> list;
-  list.reserve(tensors.size());
-  for (const update_tensor& u : tensors) list.push_back({u.count, u.w, u.g, u.m, u.v, u.out_w, u.out_m, u.out_v});
   const kernels::update_coefficients c{lr, momentum, nesterov, b1, 1.0 - b1, b2, 1.0 - b2, eps};
-  check_launch(kernels::launch_multi_update(static_cast<kernels::update_kind>(static_cast<int>(kind)), list.data(),
-                                            static_cast<int>(list.size()), type, c, st),
+  check_launch(kernels::launch_multi_update(kind, tensors.data(), static_cast<int>(tensors.size()), type, c, st),
                "optimizer kernel");
   finish(device, "optimizer kernel");
 }
