@@ -118,6 +118,14 @@ Variable::Variable(Tensor initial_value, std::string name, VariableSynchronizati
     s.devices = {Device{}};
   }
   if (s.synchronization == VariableSynchronization::none) s.devices.resize(1);
+  // An integer scalar (an optimizer's iterations, a step counter) stays in host memory beside GPU
+  // replicas, as TensorFlow keeps such values in host memory: reading it each step never waits
+  // for a GPU stream. Each replica still has its own component.
+  if (!dtype_is_floating(initial_value.dtype()) && initial_value.shape().empty()) {
+    for (Device& d : s.devices) {
+      if (d.is_gpu()) d = Device{};
+    }
+  }
   // Every worker starts from the chief's value (a broadcast on the ring when there are several),
   // so an initialiser that differs between processes cannot make the replicas diverge.
   initial_value = s.strategy->backend().workers().broadcast_from_chief(initial_value);

@@ -343,6 +343,15 @@ TEST_CASE("optimizers on GPU variables compute the CPU's bits, and checkpoints b
     MirroredStrategy c(rt, cpus(n));
     auto on_gpu = train(g, which);
     auto on_cpu = train(c, which);
+    {
+      // The optimizer's iterations stay in host memory beside GPU replicas (read every step).
+      auto scope = g.scope();
+      nn::SGD probe(0.1f);
+      Variable v(Tensor::from_vector<float>({1.0f}), "v");
+      probe.build({{"v", v}});
+      for (const Tensor& t : g.experimental_local_results(probe.iterations())) CHECK_FALSE(t.is_gpu());
+      for (const Tensor& t : g.experimental_local_results(v)) CHECK(t.is_gpu());
+    }
     for (int r = 0; r < n; ++r) {
       CHECK(on_gpu[r].is_gpu());
       if (n <= 2) {

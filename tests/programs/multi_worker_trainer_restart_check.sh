@@ -41,12 +41,18 @@ expected=$(field 0 weights_digest "$dir/reference.out")
   --checkpoint-dir "$dir/backup" --checkpoint-every 4 --step-delay-ms 25 > "$dir/run.out" 2>&1 &
 launcher_pid=$!
 
+# has_backup: the chief's backup file is there (ckpt-<step>.ckpt; a non-chief worker's
+# ckpt-<step>.worker-<rank>.tmp.ckpt comes and goes and is no backup).
+has_backup() {
+  ls "$dir/backup" 2>/dev/null | grep -Eq '^ckpt-[0-9]+\.ckpt$'
+}
+
 # Wait (bounded) for the first backup, then interrupt rank 1 of the first run.
 for _ in $(seq 1 600); do
-  ls "$dir"/backup/ckpt-*.ckpt > /dev/null 2>&1 && break
+  has_backup && break
   sleep 0.05
 done
-ls "$dir"/backup/ckpt-*.ckpt > /dev/null 2>&1 || fail "no backup appeared within 30 s"
+has_backup || fail "no backup appeared within 30 s"
 pid=$(sed -n 's/^\[rank 1\] worker 1 of 2 workers (pid \([0-9]*\)).*/\1/p' "$dir/run.out" | head -1)
 [ -n "$pid" ] || fail "rank 1 did not print its pid"
 if [ "$mode" = kill ]; then kill -KILL "$pid"; else kill -TERM "$pid"; fi

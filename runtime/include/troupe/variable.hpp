@@ -32,7 +32,9 @@ struct VariableState;
 /// A variable: a handle to shared state. Created inside strategy.scope() it is mirrored: one
 /// component per replica device, all initialised to `initial_value` (under multi-worker, the
 /// chief's `initial_value`: creating a variable is then a collective every worker makes). Created
-/// outside any scope it has one component.
+/// outside any scope it has one component. An integer scalar (an optimizer's iterations) keeps
+/// its components in host memory even beside GPU replicas, as TensorFlow keeps int32/int64
+/// scalars in host memory: reading it never waits for a GPU stream.
 ///
 /// Writes in replica context (inside Strategy::run) are collectives for on_write variables:
 /// every replica must make them, and the aggregation decides the value (sum or mean of the
