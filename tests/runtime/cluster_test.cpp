@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../common/free_port.hpp"
+#include "../common/temp_dir.hpp"
 #include "distribute/cluster/remote_wire.hpp"
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
@@ -271,4 +272,50 @@ TEST_CASE("embedding lookups and scatters move only the rows named, over two ps 
   CHECK(contains(message_of([&] { coordinator.fetch(coordinator.schedule("bad_rows")); }),
                  "with shape [1, the variable's other dims] (one row per id)"));
   CHECK(strategy.read_variable("emb").to_vector<float>() == expected);  // the refused ones changed nothing
+}
+
+TEST_CASE("a checkpoint of ps variables restores onto another number of ps tasks (resharded)") {
+  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
+  troupe::testing::temp_dir dir("ps-ckpt");
+  std::vector<float> init(21);
+  for (std::size_t i = 0; i < init.size(); ++i) init[i] = static_cast<float>(i) * 0.5f;
+  std::string saved;
+  {
+    ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}, {"ps", {port(), port()}}});
+    ServerOptions o;
+    Runtime worker_rt, ps0_rt, ps1_rt, chief_rt;
+    Server worker(worker_rt, spec, "worker", 0, FunctionRegistry{}, o);
+    Server ps0(ps0_rt, spec, "ps", 0, {}, o);
+    Server ps1(ps1_rt, spec, "ps", 1, {}, o);
+    auto resolver = std::make_shared<SimpleClusterResolver>(spec, "chief", 0);
+    ParameterServerStrategy strategy(chief_rt, resolver, std::make_shared<FixedShardsPartitioner>(2), o);
+    auto scope = strategy.scope();
+    Variable emb(Tensor::from_vector<float>(init, {7, 3}), "emb");
+    Variable bias(Tensor::from_vector<float>({1, 2}), "bias");
+    REQUIRE(strategy.variables().at(0).shards.size() == 2);
+    Checkpoint ckpt({{"emb", emb}, {"bias", bias}});
+    saved = ckpt.save((dir.path / "ps").string());
+  }
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}, {"ps", {port(), port(), port()}}});
+  ServerOptions o;
+  Runtime worker_rt, ps0_rt, ps1_rt, ps2_rt, chief_rt;
+  Server worker(worker_rt, spec, "worker", 0, FunctionRegistry{}, o);
+  Server ps0(ps0_rt, spec, "ps", 0, {}, o);
+  Server ps1(ps1_rt, spec, "ps", 1, {}, o);
+  Server ps2(ps2_rt, spec, "ps", 2, {}, o);
+  auto resolver = std::make_shared<SimpleClusterResolver>(spec, "chief", 0);
+  ParameterServerStrategy strategy(chief_rt, resolver, std::make_shared<FixedShardsPartitioner>(3), o);
+  auto scope = strategy.scope();
+  Variable emb(Tensor::zeros({7, 3}), "emb");
+  Variable bias(Tensor::zeros({2}), "bias");
+  REQUIRE(strategy.variables().at(0).shards.size() == 3);
+  Checkpoint ckpt({{"emb", emb}, {"bias", bias}});
+  ckpt.restore(saved);
+  CHECK(strategy.read_variable("emb").to_vector<float>() == init);
+  CHECK(strategy.read_variable("bias").to_vector<float>() == std::vector<float>{1, 2});
+  // A shape that does not match is refused naming the variable, and changes nothing.
+  Variable other(Tensor::zeros({3, 3}), "other");
+  Checkpoint wrong({{"emb", other}});
+  CHECK(contains(message_of([&] { wrong.restore(saved); }), "emb"));
+  CHECK(strategy.read_variable("other").to_vector<float>() == std::vector<float>(9, 0.0f));
 }
