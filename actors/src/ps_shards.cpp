@@ -161,6 +161,111 @@ bool serve_rows(transport::bulk_stream& s, const transport::bulk_request& r, con
   return true;
 }
 
+// An optimizer update of one shard (5a of the walkthrough): the optimizer's parameters, then a
+// gradient for the whole shard (apply) or row indices and their gradients (apply_rows). Sizes are
+// checked before a byte is read or allocated, the parameters and every row index before anything
+// is applied; the shard's slots are made (zeros) by its first optimizer update, and a later update
+// of another kind is refused. False: the connection ends.
+bool serve_apply(transport::bulk_stream& s, const transport::bulk_request& r, const std::shared_ptr<shard_cell>& cell,
+                 std::string bad, std::vector<char>& buffer, const task_handlers& h, const std::string& task) {
+  const bool rows = r.kind == transport::bulk_request::apply_rows;
+  const std::string what = "variable shard '" + r.key.substr(0, 64) + "' on " + task;
+  shard_layout layout;
+  if (bad.empty()) {
+    std::shared_lock<std::shared_mutex> lock(cell->mutex);
+    layout = cell->layout;
+  }
+  if (bad.empty() && !h.apply) bad = task + " applies no optimizer updates";
+  const std::size_t row_bytes = layout.rows == 0 ? 0 : layout.nbytes / layout.rows;
+  if (bad.empty() && (layout.dtype != r.dtype || row_bytes == 0)) {
+    bad = what + " holds elements of type " + std::to_string(layout.dtype) + " in " + std::to_string(layout.rows) +
+          " rows, the request says type " + std::to_string(r.dtype);
+  }
+  const std::uint64_t body = r.bytes < apply_params_bytes ? 0 : r.bytes - apply_params_bytes;
+  if (bad.empty() && r.bytes < apply_params_bytes) {
+    bad = what + ": an optimizer update of " + std::to_string(r.bytes) + " bytes is shorter than its " +
+          std::to_string(apply_params_bytes) + " bytes of parameters";
+  }
+  if (bad.empty() && !rows && body != layout.nbytes) {
+    bad = what + " holds " + std::to_string(layout.nbytes) + " bytes, the optimizer update's gradient has " +
+          std::to_string(body) + " (the variable was created again with another shape?)";
+  }
+  if (bad.empty() && rows && (body % (8 + row_bytes) != 0 || body > (std::uint64_t{1} << 32))) {
+    bad = what + ": an optimizer update of " + std::to_string(body) + " bytes of rows is not a whole number of " +
+          "row indices and rows of " + std::to_string(row_bytes) + " bytes (at most 4 GiB)";
+  }
+  if (!bad.empty()) {
+    const bool drained = drain(s, r.bytes);
+    s.send_error(bad);
+    return drained;
+  }
+  const auto n = static_cast<std::size_t>(r.bytes);
+  if (buffer.size() < n) buffer.resize(n);
+  s.receive(buffer.data(), n);
+  std::string error;
+  const auto params = decode_apply_params(reinterpret_cast<const unsigned char*>(buffer.data()), &error);
+  if (!params) {
+    s.send_error(what + ": " + error);
+    return true;
+  }
+  if (r.op != static_cast<std::uint8_t>(params->kind)) {
+    s.send_error(what + ": the request's optimizer " + std::to_string(r.op) + " is not its parameters' " +
+                 std::to_string(static_cast<int>(params->kind)));
+    return true;
+  }
+  const char* grads = buffer.data() + apply_params_bytes;
+  const std::size_t count = rows ? static_cast<std::size_t>(body / (8 + row_bytes)) : 0;
+  const auto row = [&](std::size_t i) {
+    std::uint64_t v;
+    std::memcpy(&v, grads + i * 8, 8);
+    return v;
+  };
+  for (std::size_t i = 0; i < count; ++i) {
+    if (row(i) >= layout.rows) {
+      s.send_error(what + " has " + std::to_string(layout.rows) + " rows; the optimizer update names row " +
+                   std::to_string(row(i)) + " (index " + std::to_string(i) + ")");
+      return true;
+    }
+  }
+  std::optional<std::string> failed;
+  {
+    std::unique_lock<std::shared_mutex> lock(cell->mutex);
+    const int nslots = slot_count(params->kind);
+    if (!same_rows(cell->layout, layout)) {
+      failed = what + " was created again with another shape meanwhile";
+    } else if (cell->slot_kind && *cell->slot_kind != params->kind) {
+      failed = what + " keeps the slots of " + shard_optimizer_name(*cell->slot_kind) + "; an update by " +
+               shard_optimizer_name(params->kind) + " cannot use them (one optimizer per variable)";
+    } else {
+      if (!cell->slot_kind) {
+        cell->slots.assign(static_cast<std::size_t>(nslots), std::string(layout.nbytes, '\0'));
+        cell->slot_kind = params->kind;
+      }
+      const std::int64_t step = ++cell->applied;
+      char* base = cell->writable().data() + layout.offset;
+      char* slots[2] = {nullptr, nullptr};
+      for (int k = 0; k < nslots; ++k) slots[k] = cell->slots[static_cast<std::size_t>(k)].data();
+      if (!rows) {
+        failed = h.apply(base, slots, grads, layout.nbytes, r.dtype, *params, step);
+      } else {
+        const char* from = grads + count * 8;
+        for (std::size_t i = 0; i < count && !failed; ++i) {
+          const std::size_t at = row(i) * row_bytes;
+          char* row_slots[2] = {slots[0] != nullptr ? slots[0] + at : nullptr,
+                                slots[1] != nullptr ? slots[1] + at : nullptr};
+          failed = h.apply(base + at, row_slots, from + i * row_bytes, row_bytes, r.dtype, *params, step);
+        }
+      }
+    }
+  }
+  if (failed) {
+    s.send_error(*failed);
+  } else {
+    s.send_reply(nullptr, 0);
+  }
+  return true;
+}
+
 }  // namespace
 
 void serve_shards(transport::bulk_stream& s, shard_store& store, const task_handlers& h, const std::string& task) {
@@ -178,6 +283,10 @@ void serve_shards(transport::bulk_stream& s, shard_store& store, const task_hand
     if (!cell) bad = "no variable shard '" + r->key.substr(0, 64) + "' on " + task;
     if (r->kind == transport::bulk_request::gather || r->kind == transport::bulk_request::scatter) {
       if (!serve_rows(s, *r, cell, std::move(bad), buffer, reply, h, task)) return;
+      continue;
+    }
+    if (r->kind == transport::bulk_request::apply || r->kind == transport::bulk_request::apply_rows) {
+      if (!serve_apply(s, *r, cell, std::move(bad), buffer, h, task)) return;
       continue;
     }
     if (r->kind == transport::bulk_request::read) {

@@ -7,8 +7,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
+#include <vector>
 
 #include "caf/all.hpp"
 #include "troupe/actors/task_server.hpp"
@@ -26,6 +28,12 @@ struct shard_cell {
   std::shared_mutex mutex;
   std::shared_ptr<std::string> value = std::make_shared<std::string>();
   shard_layout layout;
+  // An optimizer's slots (each the size of the elements), made as zeros by the shard's first
+  // optimizer update, the kind that made them (another kind later is refused) and the updates
+  // applied so far. Changed under the exclusive lock only.
+  std::vector<std::string> slots;
+  std::optional<shard_optimizer> slot_kind;
+  std::int64_t applied = 0;
 
   // The bytes to change, with the exclusive lock held: no new reference can be taken meanwhile,
   // so a count of one means no read holds them.

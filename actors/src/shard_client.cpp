@@ -1,6 +1,7 @@
 #include "troupe/actors/shard_client.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -339,6 +340,26 @@ void shard_client::scatter_from(const std::vector<shard_scatter>& scatters) {
     batch.back().more_n = u.count * u.row_bytes;
   }
   data_batch(*impl_, batch, "scattering rows into");
+}
+
+void shard_client::apply_from(const std::vector<shard_apply>& applies) {
+  // The parameters and row indices go first as one small block, the gradients from where they lie.
+  std::vector<std::vector<char>> heads(applies.size());
+  std::vector<data_request> batch;
+  for (std::size_t i = 0; i < applies.size(); ++i) {
+    const auto& a = applies[i];
+    auto& head = heads[i];
+    head.resize(apply_params_bytes + a.count * sizeof(std::uint64_t));
+    std::memcpy(head.data(), a.params, apply_params_bytes);
+    if (a.count > 0) std::memcpy(head.data() + apply_params_bytes, a.rows, a.count * sizeof(std::uint64_t));
+    const auto kind = a.count > 0 ? transport::bulk_request::apply_rows : transport::bulk_request::apply;
+    batch.push_back(request_of(a.ps, kind, update_op::assign, a.dtype, a.key, head.size() + a.nbytes));
+    batch.back().header.op = static_cast<std::uint8_t>(a.kind);
+    batch.back().data = head.data();
+    batch.back().more = a.from;
+    batch.back().more_n = a.nbytes;
+  }
+  data_batch(*impl_, batch, "applying an optimizer update to");
 }
 
 }  // namespace troupe::actors

@@ -1,5 +1,8 @@
 #include "task_common.hpp"
 
+#include <cmath>
+#include <cstring>
+
 #include "control_tls.hpp"
 
 namespace troupe::actors {
@@ -47,6 +50,71 @@ std::optional<update_op> update_op_of(std::uint8_t byte) noexcept {
 
 std::string unknown_update_op(std::uint8_t byte) {
   return "update operation " + std::to_string(byte) + " is unknown (expected 0 assign, 1 add or 2 subtract)";
+}
+
+void encode_apply_params(const apply_params& p, unsigned char* out) noexcept {
+  std::memset(out, 0, apply_params_bytes);
+  out[0] = static_cast<unsigned char>(p.kind);
+  out[1] = p.nesterov ? 1 : 0;
+  const double values[6] = {p.learning_rate, p.momentum, p.beta_1, p.beta_2, p.epsilon, p.weight_decay};
+  std::memcpy(out + 8, values, sizeof values);
+}
+
+std::optional<apply_params> decode_apply_params(const unsigned char* in, std::string* error) {
+  auto fail = [&](std::string why) -> std::optional<apply_params> {
+    if (error != nullptr) *error = "optimizer update: " + why;
+    return std::nullopt;
+  };
+  if (in[0] > static_cast<unsigned char>(shard_optimizer::adamw)) {
+    return fail("optimizer " + std::to_string(in[0]) + " is unknown (expected 0 sgd, 1 momentum, 2 adam or 3 adamw)");
+  }
+  if (in[1] > 1) return fail("nesterov byte " + std::to_string(in[1]) + " (expected 0 or 1)");
+  for (int i = 2; i < 8; ++i) {
+    if (in[i] != 0) return fail("reserved byte " + std::to_string(i) + " is " + std::to_string(in[i]) + " (expected 0)");
+  }
+  double values[6];
+  std::memcpy(values, in + 8, sizeof values);
+  apply_params p;
+  p.kind = static_cast<shard_optimizer>(in[0]);
+  p.nesterov = in[1] == 1;
+  p.learning_rate = values[0];
+  p.momentum = values[1];
+  p.beta_1 = values[2];
+  p.beta_2 = values[3];
+  p.epsilon = values[4];
+  p.weight_decay = values[5];
+  const char* names[6] = {"learning_rate", "momentum", "beta_1", "beta_2", "epsilon", "weight_decay"};
+  for (int i = 0; i < 6; ++i) {
+    if (!std::isfinite(values[i]) || values[i] < 0) {
+      return fail(std::string(names[i]) + " is " + std::to_string(values[i]) + " (expected a finite number >= 0)");
+    }
+  }
+  if (p.momentum >= 1) return fail("momentum is " + std::to_string(p.momentum) + " (expected [0, 1))");
+  if (p.beta_1 >= 1 || p.beta_2 >= 1) {
+    return fail("beta_1 " + std::to_string(p.beta_1) + " and beta_2 " + std::to_string(p.beta_2) +
+                " (expected each in [0, 1))");
+  }
+  return p;
+}
+
+int slot_count(shard_optimizer kind) noexcept {
+  switch (kind) {
+    case shard_optimizer::sgd: return 0;
+    case shard_optimizer::momentum: return 1;
+    case shard_optimizer::adam:
+    case shard_optimizer::adamw: return 2;
+  }
+  return 0;
+}
+
+const char* shard_optimizer_name(shard_optimizer kind) noexcept {
+  switch (kind) {
+    case shard_optimizer::sgd: return "sgd";
+    case shard_optimizer::momentum: return "momentum";
+    case shard_optimizer::adam: return "adam";
+    case shard_optimizer::adamw: return "adamw";
+  }
+  return "?";
 }
 
 }  // namespace troupe::actors

@@ -8,13 +8,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "../../actors/src/protocol.hpp"
 #include "caf/all.hpp"
@@ -285,6 +288,9 @@ TEST_CASE("gathers and scatters on a data connection: rows by index, every size 
   // before anything is applied).
   refused(tt::bulk_request::update, 0, 24, "update operation 7 is unknown (expected 0 assign, 1 add or 2 subtract)", 7);
   refused(tt::bulk_request::scatter, 0, 12, "update operation 255 is unknown", 255);
+  // Optimizer updates: this task has no apply handler; and the sizes and parameters of one are
+  // checked before anything is read into the shard (below, on a task that applies them).
+  refused(tt::bulk_request::apply, 0, apply_params_bytes + 24, "applies no optimizer updates");
   // Still in step: a good gather on the same connection.
   tt::bulk_request good;
   good.kind = tt::bulk_request::gather;
@@ -304,4 +310,106 @@ TEST_CASE("gathers and scatters on a data connection: rows by index, every size 
   all.assign(24, '\0');
   client.read_into({shard_client::shard_read{0, "e", all.data(), 24, 0}});
   CHECK(all == "00003333222233334444zzzz");
+}
+
+TEST_CASE("optimizer updates on a data connection: parameters, sizes, rows and the slots' kind checked first") {
+  node ps_node;
+  const std::string task = "/job:ps/replica:0/task:0";
+  auto h = byte_shards();
+  h.layout = [](const std::string& v) { return std::optional<shard_layout>(shard_layout{0, v.size(), 0, v.size() / 4}); };
+  // Records what reaches the handler: the kind, the step and whether the slots are zeros at first.
+  std::vector<std::string> seen;
+  std::mutex seen_mutex;
+  h.apply = [&](char* value, char* const* slots, const char* grad, std::size_t n, std::uint8_t, const apply_params& p,
+                std::int64_t step) {
+    std::lock_guard<std::mutex> lock(seen_mutex);
+    std::string line = std::string(shard_optimizer_name(p.kind)) + " step " + std::to_string(step) + " bytes " +
+                       std::to_string(n);
+    for (int k = 0; k < slot_count(p.kind); ++k) {
+      line += std::string(" slot") + (std::all_of(slots[k], slots[k] + n, [](char c) { return c == 0; }) ? "=0" : "!=0");
+      slots[k][n - 1] = 1;  // seen by a later update of that row
+    }
+    for (std::size_t i = 0; i < n; ++i) value[i] = grad[i];
+    seen.push_back(line);
+    return std::optional<std::string>();
+  };
+  task_server ps(*ps_node.system, task, "127.0.0.1", 0, nullptr, h);
+  node worker_node;
+  auto agent = worker_node.system->middleman().remote_actor("127.0.0.1", ps.port());
+  REQUIRE(agent);
+  caf::scoped_actor self{*worker_node.system};
+  bool created = false;
+  self->request(*agent, 10s, vnew_atom::value, std::string("e"), std::string(16, '0'))
+      .receive([&](bool ok) { created = ok; }, [](caf::error&) {});
+  REQUIRE(created);
+  shard_client client(*worker_node.system, "/job:worker/replica:0/task:0", {task_endpoint{task, "127.0.0.1", ps.port()}},
+                      nullptr, 10000ms);
+  apply_params adam;
+  adam.kind = shard_optimizer::adam;
+  adam.learning_rate = 0.01;
+  unsigned char params[apply_params_bytes];
+  encode_apply_params(adam, params);
+  client.apply_from({shard_client::shard_apply{0, "e", shard_optimizer::adam, params, nullptr, 0, "abcdefghijklmnop", 16, 0}});
+  const std::vector<std::uint64_t> rows{3, 1};
+  client.apply_from({shard_client::shard_apply{0, "e", shard_optimizer::adam, params, rows.data(), 2, "WXYZwxyz", 8, 0}});
+  std::string all(16, '\0');
+  client.read_into({shard_client::shard_read{0, "e", all.data(), 16, 0}});
+  CHECK(all == "abcdwxyzijklWXYZ");
+  REQUIRE(seen.size() == 3);
+  CHECK(seen[0] == "adam step 1 bytes 16 slot=0 slot=0");  // the slots made as zeros by the first update
+  CHECK(seen[1] == "adam step 2 bytes 4 slot!=0 slot!=0");  // then kept: row 3 (byte 15 was set)...
+  CHECK(seen[2] == "adam step 2 bytes 4 slot=0 slot=0");    // ...row 1, one update (step 2) for both rows
+
+  // Another kind on the same shard is refused, naming both; the shard is unchanged.
+  apply_params sgd;
+  sgd.learning_rate = 0.1;
+  unsigned char sgd_params[apply_params_bytes];
+  encode_apply_params(sgd, sgd_params);
+  CHECK_THROWS_WITH_AS(client.apply_from({shard_client::shard_apply{0, "e", shard_optimizer::sgd, sgd_params, nullptr, 0,
+                                                                     "0123456789abcdef", 16, 0}}),
+                       doctest::Contains("keeps the slots of adam; an update by sgd cannot use them"), std::runtime_error);
+  client.read_into({shard_client::shard_read{0, "e", all.data(), 16, 0}});
+  CHECK(all == "abcdwxyzijklWXYZ");
+
+  // Hostile requests on a proven connection of their own: refused, the connection kept in step.
+  std::string answer;
+  self->request(*agent, 10s, data_atom::value).receive([&](std::string& a) { answer = a; }, [](caf::error&) {});
+  REQUIRE(answer.size() == 2 + 32);
+  const auto port = static_cast<std::uint16_t>(static_cast<unsigned char>(answer[0]) |
+                                               static_cast<unsigned char>(answer[1]) << 8);
+  auto raw = tt::bulk_stream::connect(tt::endpoint{"127.0.0.1", port}, tt::ring_auth{"", answer.substr(2)}, 10000ms,
+                                      "ps task 0");
+  auto refused = [&](std::uint8_t kind, std::uint8_t op, std::string payload, const std::string& why) {
+    tt::bulk_request r;
+    r.kind = kind;
+    r.op = op;
+    r.key = "e";
+    r.bytes = payload.size();
+    raw->send_request(r, payload.data());
+    CHECK_THROWS_WITH_AS(raw->receive_reply(0), doctest::Contains(why.c_str()), std::runtime_error);
+  };
+  const std::string good(reinterpret_cast<const char*>(params), apply_params_bytes);
+  refused(tt::bulk_request::apply, 2, "short", "is shorter than its 56 bytes of parameters");
+  refused(tt::bulk_request::apply, 2, good + std::string(15, 'x'), "holds 16 bytes, the optimizer update's gradient has 15");
+  refused(tt::bulk_request::apply_rows, 2, good + std::string(13, 'x'), "is not a whole number of row indices and rows of 4");
+  std::string unknown = good;
+  unknown[0] = 9;
+  refused(tt::bulk_request::apply, 9, unknown + std::string(16, 'x'), "optimizer 9 is unknown");
+  std::string nan = good;
+  const double not_a_number = std::numeric_limits<double>::quiet_NaN();
+  std::memcpy(nan.data() + 8, &not_a_number, 8);
+  refused(tt::bulk_request::apply, 2, nan + std::string(16, 'x'), "learning_rate is nan");
+  std::string beta = good;
+  const double one = 1.0;
+  std::memcpy(beta.data() + 24, &one, 8);
+  refused(tt::bulk_request::apply, 2, beta + std::string(16, 'x'), "expected each in [0, 1)");
+  refused(tt::bulk_request::apply, 0, good + std::string(16, 'x'), "the request's optimizer 0 is not its parameters' 2");
+  std::string far_row = good;
+  const std::uint64_t four = 4;
+  far_row.append(reinterpret_cast<const char*>(&four), 8);
+  far_row += "xxxx";
+  refused(tt::bulk_request::apply_rows, 2, far_row, "has 4 rows; the optimizer update names row 4 (index 0)");
+  client.read_into({shard_client::shard_read{0, "e", all.data(), 16, 0}});
+  CHECK(all == "abcdwxyzijklWXYZ");  // nothing refused reached the shard
+  CHECK(seen.size() == 3);
 }

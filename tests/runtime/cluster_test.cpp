@@ -319,3 +319,101 @@ TEST_CASE("a checkpoint of ps variables restores onto another number of ps tasks
   CHECK(contains(message_of([&] { wrong.restore(saved); }), "emb"));
   CHECK(strategy.read_variable("other").to_vector<float>() == std::vector<float>(9, 0.0f));
 }
+
+TEST_CASE("ps tasks apply SGD, momentum, Adam and AdamW with their own slots, dense and to rows, with nn's bits") {
+  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}, {"ps", {port(), port()}}});
+  const auto optimizer_of = [](int which) {
+    switch (which) {
+      case 0: return ShardOptimizer::sgd(0.1f);
+      case 1: return ShardOptimizer::sgd(0.05f, 0.9f, true);
+      case 2: return ShardOptimizer::adam(0.01f);
+      default: return ShardOptimizer::adamw(0.01f, 0.0f);  // no decay: Adam's bits
+    }
+  };
+  FunctionRegistry functions;
+  // arg 0: the optimizer; arg 1: the variable's gradient.
+  functions.add("apply", [&](FunctionContext& ctx) {
+    const int which = ctx.arg(0).item<std::int32_t>();
+    ctx.apply_gradients(optimizer_of(which), {"w" + std::to_string(which)}, {ctx.arg(1)});
+    return std::vector<Tensor>{};
+  });
+  // Rows 1, 4 and 1 again of "emb" by Adam: row 1 gets the sum of its two gradients.
+  functions.add("rows", [](FunctionContext& ctx) {
+    ctx.apply_gradients(ShardOptimizer::adam(0.01f), "emb", {1, 4, 1},
+                        Tensor::from_vector<float>({0.5f, -1, 2, 3, 3, 3, 0.25f, 1, -4}, {3, 3}));
+    return std::vector<Tensor>{};
+  });
+  functions.add("other_kind", [](FunctionContext& ctx) {
+    ctx.apply_gradients(ShardOptimizer::sgd(0.1f), "emb", {0}, Tensor::zeros({1, 3}));
+    return std::vector<Tensor>{};
+  });
+  functions.add("integers", [](FunctionContext& ctx) {
+    ctx.apply_gradients(ShardOptimizer::sgd(0.1f), {"count"}, {Tensor::zeros({2}, DType::i64)});
+    return std::vector<Tensor>{};
+  });
+  ServerOptions o;
+  Runtime worker_rt, ps0_rt, ps1_rt, chief_rt;
+  Server worker(worker_rt, spec, "worker", 0, functions, o);
+  Server ps0(ps0_rt, spec, "ps", 0, {}, o);
+  Server ps1(ps1_rt, spec, "ps", 1, {}, o);
+  auto resolver = std::make_shared<SimpleClusterResolver>(spec, "chief", 0);
+  ParameterServerStrategy strategy(chief_rt, resolver, std::make_shared<FixedShardsPartitioner>(2), o);
+  ClusterCoordinator coordinator(strategy);
+
+  const Tensor init = Tensor::from_vector<float>({0.5f, -1.25f, 2, 0.75f, -0.5f, 1.5f, 3, -2, 0.125f}, {3, 3});
+  std::vector<Tensor> grads;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> g(9);
+    for (int i = 0; i < 9; ++i) g[static_cast<std::size_t>(i)] = 0.1f * static_cast<float>((i * 7 + step * 3) % 11) - 0.4f;
+    grads.push_back(Tensor::from_vector<float>(g, {3, 3}));
+  }
+  for (int which = 0; which < 4; ++which) {
+    CAPTURE(which);
+    auto v = strategy.create_variable("w" + std::to_string(which), init);
+    REQUIRE(v.shards.size() == 2);
+    for (const Tensor& g : grads) coordinator.fetch(coordinator.schedule("apply", which, g));
+    // The same three steps by nn's optimizer in this process.
+    Variable local(init);
+    std::shared_ptr<nn::Optimizer> opt;
+    if (which == 0) opt = std::make_shared<nn::SGD>(0.1f);
+    if (which == 1) opt = std::make_shared<nn::SGD>(0.05f, 0.9f, true);
+    if (which >= 2) opt = std::make_shared<nn::Adam>(0.01f);
+    for (const Tensor& g : grads) opt->apply_gradients({{g, local}});
+    CHECK(strategy.read_variable("w" + std::to_string(which)).equals(local.value()));
+  }
+
+  std::vector<float> rows(18);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = 0.25f * static_cast<float>(i);
+  strategy.create_variable("emb", Tensor::from_vector<float>(rows, {6, 3}));
+  coordinator.fetch(coordinator.schedule("rows"));
+  const auto after = strategy.read_variable("emb").to_vector<float>();
+  for (int r : {0, 2, 3, 5}) {  // rows no id named keep their values
+    for (int c = 0; c < 3; ++c) CHECK(after[static_cast<std::size_t>(r * 3 + c)] == rows[static_cast<std::size_t>(r * 3 + c)]);
+  }
+  const auto one_row = [&](int r, std::vector<float> g) {
+    Variable local(Tensor::from_vector<float>({rows[static_cast<std::size_t>(r * 3)], rows[static_cast<std::size_t>(r * 3 + 1)],
+                                               rows[static_cast<std::size_t>(r * 3 + 2)]}));
+    nn::Adam adam(0.01f);
+    adam.apply_gradients({{Tensor::from_vector<float>(g), local}});
+    return local.value().to_vector<float>();
+  };
+  const auto row1 = one_row(1, {0.5f + 0.25f, -1.0f + 1.0f, 2.0f + -4.0f});
+  const auto row4 = one_row(4, {3, 3, 3});
+  for (int c = 0; c < 3; ++c) {
+    CHECK(after[static_cast<std::size_t>(3 + c)] == row1[static_cast<std::size_t>(c)]);
+    CHECK(after[static_cast<std::size_t>(12 + c)] == row4[static_cast<std::size_t>(c)]);
+  }
+
+  // Another optimizer on a variable with Adam's slots, and an integer variable: refused, named.
+  CHECK(contains(message_of([&] { coordinator.fetch(coordinator.schedule("other_kind")); }),
+                 "keeps the slots of adam; an update by sgd cannot use them"));
+  CHECK(contains(message_of([&] { coordinator.join(); }), "keeps the slots of adam"));  // raised once more, as TensorFlow does
+  strategy.create_variable("count", Tensor::zeros({2}, DType::i64));
+  const std::string integers = message_of([&] { coordinator.fetch(coordinator.schedule("integers")); });
+  CAPTURE(integers);
+  CHECK(contains(integers, "optimizers update float32 and float64 variables"));
+  CHECK(contains(message_of([&] { coordinator.join(); }), "optimizers update float32 and float64 variables"));
+  CHECK(strategy.read_variable("emb").to_vector<float>() == after);  // the refused update changed nothing
+  CHECK_THROWS_AS(ShardOptimizer::adam(0.01f, 1.5f), std::invalid_argument);
+}

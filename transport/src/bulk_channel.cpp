@@ -264,7 +264,7 @@ std::optional<bulk_request> bulk_stream::receive_request() {
   r.kind = h[4];
   r.op = h[5];
   r.dtype = h[6];
-  if (r.kind < bulk_request::read || r.kind > bulk_request::scatter) {
+  if (r.kind < bulk_request::read || r.kind > bulk_request::apply_rows) {
     throw std::runtime_error(name_ + " sent a request of unknown kind " + std::to_string(r.kind));
   }
   const auto key_n = get<std::uint32_t>(h + 8);

@@ -55,4 +55,32 @@ std::optional<update_op> update_op_of(std::uint8_t byte) noexcept;
 /// What a task says of an update byte that names no operation: the byte and the ones it knows.
 std::string unknown_update_op(std::uint8_t byte);
 
+/// The optimizers a ps task applies to its shards itself (the worker sends gradients, the shard's
+/// slots stay beside it). The byte values travel in the data connections' request headers.
+enum class shard_optimizer : std::uint8_t { sgd = 0, momentum = 1, adam = 2, adamw = 3 };
+
+/// The hyperparameters of an optimizer update as they travel before the gradient's bytes: a fixed
+/// block of apply_params_bytes (the kind and nesterov in the header's op byte and here).
+struct apply_params {
+  shard_optimizer kind = shard_optimizer::sgd;
+  bool nesterov = false;
+  double learning_rate = 0.0;
+  double momentum = 0.0;  ///< momentum's
+  double beta_1 = 0.9;    ///< adam's and adamw's
+  double beta_2 = 0.999;
+  double epsilon = 1e-7;
+  double weight_decay = 0.0;  ///< adamw's (decoupled: w -= learning_rate * weight_decay * w)
+};
+/// The size of an encoded apply_params.
+constexpr std::size_t apply_params_bytes = 56;
+/// Writes `p` to `out` (apply_params_bytes bytes, the host's byte order as every field here).
+void encode_apply_params(const apply_params& p, unsigned char* out) noexcept;
+/// Reads apply_params_bytes from `in`, or says what is wrong with them (an unknown kind, a
+/// hyperparameter that is not finite or outside its range).
+std::optional<apply_params> decode_apply_params(const unsigned char* in, std::string* error);
+/// How many slots (zeros of the shard's size, kept beside it) a kind keeps: 0, 1 or 2.
+int slot_count(shard_optimizer kind) noexcept;
+/// Keras's name of a kind: "sgd", "momentum", "adam", "adamw".
+const char* shard_optimizer_name(shard_optimizer kind) noexcept;
+
 }  // namespace troupe::actors

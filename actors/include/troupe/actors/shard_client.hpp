@@ -95,6 +95,25 @@ class shard_client {
   /// the first that failed, naming its ps task.
   void scatter_from(const std::vector<shard_scatter>& scatters);
 
+  /// One shard of apply_from: an optimizer update that the shard's ps task applies with its own
+  /// slots. `params` points at apply_params_bytes of encoded parameters (encode_apply_params);
+  /// then either `nbytes` of gradient for the whole shard (count 0), or gradients of `count` rows
+  /// (`rows`, local row indices) of `row_bytes` each, `nbytes` = count * row_bytes.
+  struct shard_apply {
+    int ps = 0;
+    std::string key;
+    shard_optimizer kind = shard_optimizer::sgd;
+    const unsigned char* params = nullptr;
+    const std::uint64_t* rows = nullptr;
+    std::size_t count = 0;
+    const void* from = nullptr;
+    std::size_t nbytes = 0;
+    std::uint8_t dtype = 0;
+  };
+  /// Sends optimizer updates over the data connections, every one in flight at once; waits for
+  /// every one, then throws for the first that failed, naming its ps task.
+  void apply_from(const std::vector<shard_apply>& applies);
+
   /// Ends every wait of this client now and from now on (its task stops): what waits, and what
   /// asks later, throws std::runtime_error with `why`. Thread-safe.
   void cancel(const std::string& why);

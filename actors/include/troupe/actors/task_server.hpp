@@ -33,6 +33,14 @@ struct task_handlers {
   std::function<std::optional<std::string>(char* value, const char* delta, std::size_t nbytes, std::uint8_t dtype,
                                            update_op op)>
       combine;
+  /// Applies an optimizer update to `nbytes` of elements of `dtype` at `value` (a whole shard, or
+  /// one row of it), with the gradient's elements at `grad` and the shard's slots at slots[0..
+  /// slot_count(p.kind)) (the same size, zeros before the first update); `step` numbers the
+  /// optimizer updates of this shard from 1 (Adam's bias correction). The caller checked dtype
+  /// and size against the shard's layout. An error message, or nothing (ps tasks).
+  std::function<std::optional<std::string>(char* value, char* const* slots, const char* grad, std::size_t nbytes,
+                                           std::uint8_t dtype, const apply_params& p, std::int64_t step)>
+      apply;
   /// One line per event: a peer connected, left or was lost.
   std::function<void(const std::string& line)> event;
   /// A chief connected.

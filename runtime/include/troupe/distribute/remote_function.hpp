@@ -16,6 +16,35 @@ namespace detail {
 struct WorkerServices;
 }
 
+/// An optimizer that the ps tasks apply themselves (Keras's optimizers, their names and defaults):
+/// a worker sends only gradients, one message per shard, and each shard's ps task updates it with
+/// the optimizer's slots kept beside it (made as zeros by the shard's first update). Adam's bias
+/// correction counts the updates that shard has had (its step t), as the variable's own updates
+/// when functions run asynchronously. The arithmetic is nn::SGD's and nn::Adam's, element for
+/// element: one worker applying gradients gives the bits that optimizer gives in one process.
+/// A variable takes updates of one optimizer: another kind later is an error naming both.
+struct ShardOptimizer {
+  enum class Kind { sgd, momentum, adam, adamw };
+  /// tf.keras.optimizers.SGD: w -= lr·g, or with momentum > 0 the velocity v = momentum·v - lr·g
+  /// and w += v (nesterov: w += momentum·v - lr·g). Ranges as nn::SGD's (std::invalid_argument).
+  static ShardOptimizer sgd(float learning_rate = 0.01f, float momentum = 0.0f, bool nesterov = false);
+  /// tf.keras.optimizers.Adam.
+  static ShardOptimizer adam(float learning_rate = 0.001f, float beta_1 = 0.9f, float beta_2 = 0.999f,
+                             float epsilon = 1e-7f);
+  /// tf.keras.optimizers.AdamW: Adam after the decoupled decay w -= w·weight_decay·learning_rate.
+  static ShardOptimizer adamw(float learning_rate = 0.001f, float weight_decay = 0.004f, float beta_1 = 0.9f,
+                              float beta_2 = 0.999f, float epsilon = 1e-7f);
+
+  Kind kind = Kind::sgd;
+  float learning_rate = 0.01f;
+  float momentum = 0.0f;
+  bool nesterov = false;
+  float beta_1 = 0.9f;
+  float beta_2 = 0.999f;
+  float epsilon = 1e-7f;
+  float weight_decay = 0.0f;
+};
+
 /// What a function scheduled by a ClusterCoordinator sees on the worker that runs it: its
 /// arguments (tensors and per-worker iterators, in the order given to schedule) and the
 /// variables of the ParameterServerStrategy, which live on the ps tasks.
@@ -55,6 +84,19 @@ class FunctionContext {
   void scatter_sub(const std::string& name, const std::vector<std::int64_t>& ids, const Tensor& updates);
   /// Sets them (tf.Variable.scatter_update); of a row named twice the last wins.
   void scatter_update(const std::string& name, const std::vector<std::int64_t>& ids, const Tensor& updates);
+
+  /// Applies gradients[i] (variable names[i]'s shape and dtype, float32 or float64) to every
+  /// variable with `optimizer`, on the ps tasks: one message per shard, all in flight at once;
+  /// waits until every ps task applied them (Optimizer.apply_gradients for variables that live on
+  /// ps tasks). Updates from different workers are applied as they arrive, not ordered.
+  void apply_gradients(const ShardOptimizer& optimizer, const std::vector<std::string>& names,
+                       const std::vector<Tensor>& gradients);
+  /// The sparse form, for an embedding: gradient rows `gradients` (shape [ids.size(), the
+  /// variable's other dimensions]) for rows `ids`. Only those rows and their slots change (a row
+  /// named twice gets the sum of its gradients, in the order given, as one update), each shard's
+  /// rows in one message.
+  void apply_gradients(const ShardOptimizer& optimizer, const std::string& name, const std::vector<std::int64_t>& ids,
+                       const Tensor& gradients);
 
   /// The task running the function: "/job:worker/replica:0/task:1".
   const std::string& task() const noexcept;

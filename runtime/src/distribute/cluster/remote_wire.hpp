@@ -41,6 +41,12 @@ std::uint8_t wire_dtype(DType t);
 std::optional<std::string> combine_raw(char* value, const char* delta, std::size_t nbytes, std::uint8_t dtype,
                                        actors::update_op op);
 
+/// An optimizer update of raw elements in place, on a ps task (task_handlers::apply): float32
+/// and float64 shards (another dtype is an error message), nn::SGD's and nn::Adam's arithmetic
+/// element by element (shard_optimizer.cpp).
+std::optional<std::string> apply_raw(char* value, char* const* slots, const char* grad, std::size_t nbytes,
+                                     std::uint8_t dtype, const actors::apply_params& p, std::int64_t step);
+
 /// What a worker needs to reach the variables: the ps tasks and every variable's shards.
 struct VariableTable {
   struct Ps {

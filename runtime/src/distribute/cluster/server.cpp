@@ -460,6 +460,7 @@ Server::Server(Runtime& runtime, const ClusterSpec& cluster, const std::string& 
     h.update = detail::update_in_place;
     h.layout = detail::shard_layout_of;
     h.combine = detail::combine_raw;
+    h.apply = detail::apply_raw;
   }
   h.event = [self](const std::string& line) { self->log(line); };
   h.chief_came = [self] {

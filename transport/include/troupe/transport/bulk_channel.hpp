@@ -43,9 +43,11 @@ namespace troupe::transport {
 
 /// One request on a data connection. A read asks for the whole shard and an update sends it
 /// whole; a gather asks for some rows (its bytes: that many 8-byte row indices) and a scatter
-/// changes some (its bytes: the row indices, then the rows, in the same order).
+/// changes some (its bytes: the row indices, then the rows, in the same order). An apply sends an
+/// optimizer's parameters then a gradient for the whole shard, and an apply to rows the parameters,
+/// the row indices, then the rows' gradients: the receiver updates the shard with its own slots.
 struct bulk_request {
-  enum : std::uint8_t { read = 1, update = 2, gather = 3, scatter = 4 };
+  enum : std::uint8_t { read = 1, update = 2, gather = 3, scatter = 4, apply = 5, apply_rows = 6 };
   std::uint8_t kind = read;
   std::uint8_t op = 0;     ///< an update's operation (its meaning is the receiver's)
   std::uint8_t dtype = 0;  ///< the element type the sender expects (checked by the receiver)
