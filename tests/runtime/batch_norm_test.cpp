@@ -426,6 +426,29 @@ TEST_CASE("a checkpoint saves and restores BatchNormalization's moving statistic
   CHECK(other.predict(x).equals(want));
 }
 
+TEST_CASE("EarlyStopping's restore_best_weights restores BatchNormalization's moving statistics too") {
+  const Tensor x = pseudo_random({32, 4}, 51, 0.5, DType::f32);
+  std::vector<std::int32_t> labels(32);
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i % 2);
+  const Tensor y = Tensor::from_vector(labels, {32});
+  nn::Model model(nn::Sequential({nn::Dense(4, 3, nn::Activation::none, 1), nn::BatchNormalization(0.5),
+                                  nn::Dense(3, 2, nn::Activation::none, 2)}));
+  model.compile(std::make_shared<nn::SGD>(0.05f), nn::Loss::sparse_categorical_crossentropy());
+  const auto& bn = model.layers().layer<nn::BatchNormalization>(1);
+  std::vector<Tensor> moving_at_epoch_end;
+  auto snapshot = std::make_shared<nn::LambdaCallback>();
+  snapshot->epoch_end = [&](int epoch, nn::Logs& logs) {
+    moving_at_epoch_end.push_back(bn.moving_mean().value());
+    logs["val_score"] = std::vector<double>{1.0, 0.5, 0.6, 0.7, 0.8}.at(static_cast<std::size_t>(epoch));
+  };
+  nn::FitOptions o = quiet();
+  o.callbacks = {snapshot, std::make_shared<nn::EarlyStopping>("val_score", 0.0, 2, 0, "min", std::nullopt, true)};
+  model.fit(data::Dataset::from_tensor_slices({x, y}).batch(8), 5, -1, o);
+  REQUIRE(moving_at_epoch_end.size() == 4);
+  CHECK_FALSE(moving_at_epoch_end[1].equals(moving_at_epoch_end[3]));
+  CHECK(bn.moving_mean().value().equals(moving_at_epoch_end[1]));
+}
+
 TEST_CASE("AdamW decays the weights before Adam's step, as Keras 3 computes it, for three steps") {
   const float lr = 0.1f, wd = 0.05f, b1 = 0.9f, b2 = 0.999f, eps = 1e-7f;
   Variable w(Tensor::from_vector<float>({1.0f, -2.0f, 0.5f}, {3}), "w");
