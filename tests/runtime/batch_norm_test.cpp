@@ -426,6 +426,35 @@ TEST_CASE("a checkpoint saves and restores BatchNormalization's moving statistic
   CHECK(other.predict(x).equals(want));
 }
 
+TEST_CASE("GradientTape follows a training pass through BatchNormalization: its gradients are Sequential::backward's") {
+  const Tensor x = pseudo_random({3, 4, 4, 2}, 61, 0.2);
+  nn::Sequential stack;
+  stack.add(nn::Conv2D(3, 3, 1, nn::Padding::same, nn::Activation::relu, 1, "", DType::f64));
+  stack.add(nn::BatchNormalization(0.99, 1e-3, true, true, "", DType::f64));
+  stack.add(nn::Flatten());
+  const Tensor target = pseudo_random({3, 48}, 62);
+  nn::CallContext train = training();
+  std::vector<Tensor> by_tape;
+  {
+    GradientTape tape;
+    std::vector<Tensor> activations;
+    const Tensor out = stack.forward(x, activations, train);
+    const Tensor loss = nn::compute_average_loss(nn::mean_squared_error_per_example(out, target), 3);
+    by_tape = tape.gradient(loss, stack.trainable_variables());
+  }
+  std::vector<Tensor> activations;
+  const Tensor out = stack.forward(x, activations, train);
+  const nn::LossAndGradient lg = nn::mean_squared_error(out, target, 3);
+  const std::vector<Tensor> by_hand = stack.backward(activations, lg.gradient, nullptr, train);
+  REQUIRE(by_tape.size() == 4);  // conv kernel, bias; gamma, beta (no moving statistics)
+  REQUIRE(by_hand.size() == 4);
+  for (std::size_t i = 0; i < by_tape.size(); ++i) {
+    CAPTURE(i);
+    CHECK(max_abs_diff(by_tape[i], by_hand[i]) < 1e-12);
+    CHECK(max_abs_diff(by_tape[i], Tensor::zeros(by_tape[i].shape(), DType::f64)) > 0);
+  }
+}
+
 TEST_CASE("EarlyStopping's restore_best_weights restores BatchNormalization's moving statistics too") {
   const Tensor x = pseudo_random({32, 4}, 51, 0.5, DType::f32);
   std::vector<std::int32_t> labels(32);
