@@ -234,6 +234,7 @@ Tensor BatchNormalization::call(const Tensor& x_in, const CallContext& ctx) cons
   const Tensor moving_mean = detail::on_host(this->moving_mean().value());
   const Tensor moving_variance = detail::on_host(this->moving_variance().value());
   Tensor out = Tensor::empty(x.shape(), x.dtype());
+  const auto u = static_cast<std::size_t>(units);
   const std::int64_t rows = x.num_elements() / units;
   distribute::ReplicaContext* replicas = ctx.training ? spanning_context() : nullptr;
   Tensor next_mean, next_variance;
@@ -243,13 +244,18 @@ Tensor BatchNormalization::call(const Tensor& x_in, const CallContext& ctx) cons
     const Statistics s = ctx.training ? batch_statistics(in, rows, units, epsilon_, synchronized_, replicas)
                                       : moving_statistics<T>(moving_mean, moving_variance, epsilon_);
     T* o = out.mutable_data<T>();
-    for (std::int64_t k = 0; k < units; ++k) {
-      const auto kk = static_cast<std::size_t>(k);
-      const auto m = static_cast<T>(s.mean[kk]);
-      const auto inv = static_cast<T>(s.inv_std[kk]);
-      const T g = scale_ ? gamma.data<T>()[k] : T(1);
-      const T b = center_ ? beta.data<T>()[k] : T(0);
-      for (std::int64_t r = 0; r < rows; ++r) o[r * units + k] = g * ((in[r * units + k] - m) * inv) + b;
+    // Per channel, then row by row in memory order (channels last).
+    std::vector<T> m(u), inv(u), g(u), b(u);
+    for (std::size_t k = 0; k < u; ++k) {
+      m[k] = static_cast<T>(s.mean[k]);
+      inv[k] = static_cast<T>(s.inv_std[k]);
+      g[k] = scale_ ? gamma.data<T>()[k] : T(1);
+      b[k] = center_ ? beta.data<T>()[k] : T(0);
+    }
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* row = in + r * units;
+      T* y = o + r * units;
+      for (std::size_t k = 0; k < u; ++k) y[k] = g[k] * ((row[k] - m[k]) * inv[k]) + b[k];
     }
     if (!ctx.training) return;
     // Keras's update: moving * momentum + batch * (1 - momentum). A batch of no rows (a
@@ -315,11 +321,10 @@ LayerGradients BatchNormalization::gradients(const Tensor& x_in, const Tensor& o
     double* sum_dy = sums.mutable_data<double>();
     double* sum_dy_xhat = sum_dy + units;
     for (std::int64_t r = 0; r < rows; ++r) {
-      for (std::int64_t k = 0; k < units; ++k) {
-        const auto kk = static_cast<std::size_t>(k);
-        const double dy = static_cast<double>(g[r * units + k]);
+      for (std::size_t k = 0; k < u; ++k) {
+        const double dy = static_cast<double>(g[r * units + static_cast<std::int64_t>(k)]);
         sum_dy[k] += dy;
-        sum_dy_xhat[k] += dy * (static_cast<double>(in[r * units + k]) - s.mean[kk]) * s.inv_std[kk];
+        sum_dy_xhat[k] += dy * (static_cast<double>(in[r * units + static_cast<std::int64_t>(k)]) - s.mean[k]) * s.inv_std[k];
       }
     }
     for (std::int64_t k = 0; k < units; ++k) {
@@ -328,11 +333,15 @@ LayerGradients BatchNormalization::gradients(const Tensor& x_in, const Tensor& o
     }
     if (!need_input) return;
     T* d = dx.mutable_data<T>();
+    std::vector<double> scale(u);
+    for (std::size_t k = 0; k < u; ++k) scale[k] = (scale_ ? static_cast<double>(gamma.data<T>()[k]) : 1.0) * s.inv_std[k];
     if (!ctx.training) {
       // The moving statistics are constants: dx = gamma / std · dy.
-      for (std::int64_t k = 0; k < units; ++k) {
-        const double scale = (scale_ ? static_cast<double>(gamma.data<T>()[k]) : 1.0) * s.inv_std[static_cast<std::size_t>(k)];
-        for (std::int64_t r = 0; r < rows; ++r) d[r * units + k] = static_cast<T>(scale * static_cast<double>(g[r * units + k]));
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::size_t k = 0; k < u; ++k) {
+          const std::int64_t at = r * units + static_cast<std::int64_t>(k);
+          d[at] = static_cast<T>(scale[k] * static_cast<double>(g[at]));
+        }
       }
       return;
     }
@@ -346,13 +355,11 @@ LayerGradients BatchNormalization::gradients(const Tensor& x_in, const Tensor& o
       mean_dy[k] = s.count > 0 ? gsum_dy[k] / s.count : 0.0;
       mean_dy_xhat[k] = s.count > 0 ? gsum_dy_xhat[k] / s.count : 0.0;
     }
-    for (std::int64_t k = 0; k < units; ++k) {
-      const auto kk = static_cast<std::size_t>(k);
-      const double scale = (scale_ ? static_cast<double>(gamma.data<T>()[k]) : 1.0) * s.inv_std[kk];
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const double xhat = (static_cast<double>(in[r * units + k]) - s.mean[kk]) * s.inv_std[kk];
-        d[r * units + k] =
-            static_cast<T>(scale * (static_cast<double>(g[r * units + k]) - mean_dy[kk] - xhat * mean_dy_xhat[kk]));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::size_t k = 0; k < u; ++k) {
+        const std::int64_t at = r * units + static_cast<std::int64_t>(k);
+        const double xhat = (static_cast<double>(in[at]) - s.mean[k]) * s.inv_std[k];
+        d[at] = static_cast<T>(scale[k] * (static_cast<double>(g[at]) - mean_dy[k] - xhat * mean_dy_xhat[k]));
       }
     }
   });
