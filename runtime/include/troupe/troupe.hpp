@@ -42,6 +42,7 @@
 #include "troupe/nn/losses.hpp"
 #include "troupe/nn/mixed_precision.hpp"
 #include "troupe/nn/backup_and_restore.hpp"
+#include "troupe/nn/batch_normalization.hpp"
 #include "troupe/nn/model.hpp"
 #include "troupe/nn/normalization.hpp"
 #include "troupe/nn/ops.hpp"

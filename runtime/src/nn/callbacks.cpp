@@ -146,7 +146,9 @@ void EarlyStopping::on_epoch_end(int epoch, Logs& logs) {
   }
   if (epoch < start_from_epoch_) return;
   const double current = it->second;
+  // Keras's get_weights: the non-trainable variables too (BatchNormalization's moving statistics).
   std::vector<Variable> variables = model().trainable_variables();
+  for (const Variable& v : model().layers().non_trainable_variables()) variables.push_back(v);
   if (restore_best_weights_ && best_weights_.empty()) {
     for (const Variable& v : variables) best_weights_.push_back(v.value());
   }

@@ -45,6 +45,7 @@ std::vector<Variable> Layer::trainable_variables() const {
 std::int64_t Layer::count_params() const {
   std::int64_t n = 0;
   for (auto& [name, variable] : weights()) n += variable.value().num_elements();
+  for (auto& [name, variable] : non_trainable_weights()) n += variable.value().num_elements();
   return n;
 }
 

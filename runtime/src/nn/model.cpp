@@ -332,7 +332,7 @@ Model::Model(Sequential layers) : layers_(std::move(layers)), strategy_(&distrib
   const std::size_t replicas = strategy_->extended().worker_devices().size();
   // A strategy that keeps its variables on one device (CentralStorageStrategy) gives each one.
   const std::size_t components = strategy_->backend().variable_device() != nullptr ? 1 : replicas;
-  for (const auto& [name, variable] : layers_.named_trainable_variables()) {
+  for (const auto& [name, variable] : layers_.variables()) {
     if (variable.components().size() != components) {
       throw std::invalid_argument("Model: variable '" + name + "' has " + std::to_string(variable.components().size()) +
                                   " component(s) but the current strategy has " + std::to_string(replicas) +
@@ -498,19 +498,22 @@ void Model::summary(std::ostream& out) const {
   row({"Layer (type)", "Output Shape", "Param #"});
   out << std::string(line_length, '=') << "\n";
   std::int64_t total = 0;
+  std::int64_t non_trainable = 0;
   const auto& layers = layers_.layers();
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const std::int64_t params = layers[i]->count_params();
     total += params;
+    for (const auto& [name, variable] : layers[i]->non_trainable_weights()) {
+      non_trainable += variable.value().num_elements();
+    }
     row({layers_.layer_names()[i] + " (" + layers[i]->class_name() + ")", detail::keras_shape(layers_.output_shapes()[i]),
          std::to_string(params) + (layers[i]->built() ? "" : " (unbuilt)")});
     out << "\n";
   }
   out << std::string(line_length, '=') << "\n";
-  // Every variable of the layers is trained.
   out << "Total params: " << with_thousands(total) << "\n"
-      << "Trainable params: " << with_thousands(total) << "\n"
-      << "Non-trainable params: 0\n"
+      << "Trainable params: " << with_thousands(total - non_trainable) << "\n"
+      << "Non-trainable params: " << with_thousands(non_trainable) << "\n"
       << std::string(line_length, '_') << "\n";
 }
 

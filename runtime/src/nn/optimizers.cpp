@@ -314,10 +314,13 @@ void SGD::update_all(const std::vector<Update>& updates, std::int64_t iteration)
 }
 
 Adam::Adam(float learning_rate, float beta_1, float beta_2, float epsilon)
-    : Optimizer("adam", learning_rate),
-      beta_1_(checked("adam", "beta_1", beta_1, 0.0f, 1.0f, false)),
-      beta_2_(checked("adam", "beta_2", beta_2, 0.0f, 1.0f, false)),
-      epsilon_(checked("adam", "epsilon", epsilon, 0.0f, kInf, true)) {}
+    : Adam("adam", learning_rate, beta_1, beta_2, epsilon) {}
+
+Adam::Adam(std::string name, float learning_rate, float beta_1, float beta_2, float epsilon)
+    : Optimizer(name, learning_rate),
+      beta_1_(checked(name.c_str(), "beta_1", beta_1, 0.0f, 1.0f, false)),
+      beta_2_(checked(name.c_str(), "beta_2", beta_2, 0.0f, 1.0f, false)),
+      epsilon_(checked(name.c_str(), "epsilon", epsilon, 0.0f, kInf, true)) {}
 
 std::vector<std::string> Adam::slot_names() const { return {"m", "v"}; }
 
@@ -374,6 +377,25 @@ void Adam::update_all(const std::vector<Update>& updates, std::int64_t iteration
   const std::vector<Update> rest =
       update_on_gpus(updates, troupe::detail::gpu::update_kind::adam, 2, lr_t, 0.0, false, b1, b2, epsilon_);
   Optimizer::update_all(rest, iteration);
+}
+
+AdamW::AdamW(float learning_rate, float weight_decay, float beta_1, float beta_2, float epsilon)
+    : Adam("adamw", learning_rate, beta_1, beta_2, epsilon),
+      weight_decay_(checked("adamw", "weight_decay", weight_decay, 0.0f, kInf, false)) {}
+
+void AdamW::decay(Variable& variable) const {
+  if (weight_decay_ == 0.0f) return;
+  // Keras: variable - variable * wd * lr, each operation rounded in the variable's dtype (on
+  // its device: a GPU variable decays through the GPU's elementwise kernels).
+  const Tensor w = variable.value();
+  variable.assign_local(w - (w * static_cast<double>(weight_decay_)) * static_cast<double>(learning_rate()));
+}
+
+void AdamW::update_all(const std::vector<Update>& updates, std::int64_t iteration) {
+  // Every variable decays first, then takes Adam's step (the multi-tensor apply on GPUs,
+  // Adam::update on the host). Optimizer::apply_gradients always comes here, never to update().
+  for (const Update& u : updates) decay(*u.variable);
+  Adam::update_all(updates, iteration);
 }
 
 }  // namespace troupe::nn

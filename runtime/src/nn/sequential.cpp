@@ -210,9 +210,26 @@ std::vector<std::pair<std::string, Variable>> Sequential::named_trainable_variab
   return out;
 }
 
+std::vector<Variable> Sequential::non_trainable_variables() const {
+  std::vector<Variable> out;
+  for (const auto& layer : layers_) {
+    for (auto& [name, variable] : layer->non_trainable_weights()) out.push_back(variable);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Variable>> Sequential::named_non_trainable_variables() const {
+  std::vector<std::pair<std::string, Variable>> out;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    for (auto& [name, variable] : layers_[i]->non_trainable_weights()) out.emplace_back(names_[i] + "/" + name, variable);
+  }
+  return out;
+}
+
 std::map<std::string, Variable> Sequential::variables() const {
   std::map<std::string, Variable> out;
   for (auto& [name, variable] : named_trainable_variables()) out.emplace(name, variable);
+  for (auto& [name, variable] : named_non_trainable_variables()) out.emplace(name, variable);
   return out;
 }
 

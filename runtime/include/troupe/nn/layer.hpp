@@ -75,12 +75,18 @@ class Layer {
     return gradients(x, output, grad_output, ctx, need_input);
   }
 
-  /// The variables with their names inside the layer ("kernel", "bias"...): a model's checkpoint
-  /// names them "<layer name>/<name>" ("conv2d_0/kernel").
+  /// The trainable variables with their names inside the layer ("kernel", "bias"...), in the
+  /// order of backward's gradients (Keras's trainable_weights): a model's checkpoint names them
+  /// "<layer name>/<name>" ("conv2d_0/kernel") and its optimizer updates them.
   virtual std::vector<std::pair<std::string, Variable>> weights() const { return {}; }
-  /// The variables alone, in the order of weights() and of backward's gradients.
+  /// The variables the layer keeps but does not train (Keras's non_trainable_weights: a
+  /// BatchNormalization's moving_mean and moving_variance), named the same way: checkpoints
+  /// save them ("batch_normalization_0/moving_mean"); backward gives no gradient for them and
+  /// optimizers never see them. The layer writes them itself (in a training call).
+  virtual std::vector<std::pair<std::string, Variable>> non_trainable_weights() const { return {}; }
+  /// The variables of weights() alone, in that order and that of backward's gradients.
   std::vector<Variable> trainable_variables() const;
-  /// The number of elements of the variables.
+  /// The number of elements of every variable, trainable or not (Keras's count_params).
   std::int64_t count_params() const;
 
   /// The shape of the inputs the layer takes, -1 where any size does; empty when any rank does.

@@ -61,7 +61,7 @@ class Optimizer {
   /// "adam/iterations"... Empty before build.
   virtual std::map<std::string, Variable> variables() const;
 
-  /// "sgd" or "adam".
+  /// "sgd", "adam" or "adamw".
   const std::string& name() const noexcept { return name_; }
   /// The step size.
   float learning_rate() const noexcept { return learning_rate_; }
@@ -170,6 +170,9 @@ class Adam : public Optimizer {
   explicit Adam(float learning_rate = 0.001f, float beta_1 = 0.9f, float beta_2 = 0.999f, float epsilon = 1e-7f);
 
  protected:
+  /// For AdamW: Adam's update under another name (the prefix of its checkpoint names).
+  Adam(std::string name, float learning_rate, float beta_1, float beta_2, float epsilon);
+
   std::vector<std::string> slot_names() const override;
   void update(const Tensor& gradient, Variable& variable, std::vector<Variable>& slots,
               std::int64_t iteration) override;
@@ -179,6 +182,31 @@ class Adam : public Optimizer {
   float beta_1_;
   float beta_2_;
   float epsilon_;
+};
+
+/// Adam with decoupled weight decay (Keras 3's keras.optimizers.AdamW, Loshchilov and Hutter):
+/// before each Adam step every variable decays by the learning rate times weight_decay,
+///   variable = variable - variable * weight_decay * lr
+/// (in the variable's dtype, in that order, as Keras computes it), then Adam's update above runs
+/// on the decayed variable. The decay never enters m or v. Checkpoint names start with "adamw/".
+/// GPU variables decay through the GPU's elementwise kernels, then take Adam's multi-tensor
+/// update.
+class AdamW : public Adam {
+ public:
+  /// weight_decay >= 0, and Adam's ranges (std::invalid_argument otherwise).
+  explicit AdamW(float learning_rate = 0.001f, float weight_decay = 0.004f, float beta_1 = 0.9f, float beta_2 = 0.999f,
+                 float epsilon = 1e-7f);
+  /// The decay rate (Keras's weight_decay).
+  float weight_decay() const noexcept { return weight_decay_; }
+
+ protected:
+  void update_all(const std::vector<Update>& updates, std::int64_t iteration) override;
+
+ private:
+  // Writes variable - variable * weight_decay * lr to the replica's component.
+  void decay(Variable& variable) const;
+
+  float weight_decay_;
 };
 
 }  // namespace troupe::nn

@@ -115,7 +115,12 @@ class Sequential {
   std::vector<Variable> trainable_variables() const;
   /// The same variables with their checkpoint names: "dense_0/kernel", "dense_0/bias", ...
   std::vector<std::pair<std::string, Variable>> named_trainable_variables() const;
-  /// named_trainable_variables() as a map, for troupe::Checkpoint.
+  /// Every layer's non-trainable variables (Layer::non_trainable_weights: BatchNormalization's
+  /// moving statistics), in layer order.
+  std::vector<Variable> non_trainable_variables() const;
+  /// The same with their checkpoint names: "batch_normalization_0/moving_mean", ...
+  std::vector<std::pair<std::string, Variable>> named_non_trainable_variables() const;
+  /// Every variable by checkpoint name, trainable or not, for troupe::Checkpoint.
   std::map<std::string, Variable> variables() const;
   /// True when a layer draws from CallContext's random stream (Dropout).
   bool uses_random_stream() const;
