@@ -14,7 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/temp_dir.hpp"
 #include "test_util.hpp"
+#include "troupe/checkpoint.hpp"
 #include "troupe/nn/activation.hpp"
 #include "troupe/nn/attention.hpp"
 #include "troupe/nn/normalization.hpp"
@@ -450,14 +452,18 @@ TEST_CASE("a tiny character transformer trained by fit on 2 replicas predicts a 
   MirroredStrategy s(rt, cpus(2));
   auto scope = s.scope();
   const int d = 32;
-  nn::Sequential layers;
-  layers.add(nn::TokenAndPositionEmbedding(v, static_cast<int>(length), d, 1));
-  layers.add(nn::Residual({nn::LayerNormalization(), nn::MultiHeadAttention(2, 16, true, 2)}, "block_0"));
-  layers.add(nn::Residual({nn::LayerNormalization(), nn::Dense(d, 64, nn::Activation::none, 3), nn::ActivationLayer("gelu"),
-                           nn::Dense(64, d, nn::Activation::none, 4)},
-                          "block_1"));
-  layers.add(nn::LayerNormalization());
-  layers.add(nn::Dense(d, v, nn::Activation::none, 5));
+  const auto transformer = [&](std::uint64_t seed) {
+    nn::Sequential layers;
+    layers.add(nn::TokenAndPositionEmbedding(v, static_cast<int>(length), d, seed));
+    layers.add(nn::Residual({nn::LayerNormalization(), nn::MultiHeadAttention(2, 16, true, seed + 1)}, "block_0"));
+    layers.add(nn::Residual({nn::LayerNormalization(), nn::Dense(d, 64, nn::Activation::none, seed + 2),
+                             nn::ActivationLayer("gelu"), nn::Dense(64, d, nn::Activation::none, seed + 3)},
+                            "block_1"));
+    layers.add(nn::LayerNormalization());
+    layers.add(nn::Dense(d, v, nn::Activation::none, seed + 4));
+    return layers;
+  };
+  nn::Sequential layers = transformer(1);
   CHECK(layers.output_shapes().back() == Shape{-1, -1, v});
   nn::Model model(layers);
   model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
@@ -477,4 +483,13 @@ TEST_CASE("a tiny character transformer trained by fit on 2 replicas predicts a 
   const Variable& kernel = model.variables().at("block_0/multi_head_attention_0/query/kernel");
   REQUIRE(kernel.components().size() == 2);
   CHECK(kernel.components()[0].to_vector<float>() == kernel.components()[1].to_vector<float>());
+  // A checkpoint by the nested names restores into a model made with other seeds: the same outputs.
+  troupe::testing::temp_dir dir("transformer");
+  const std::string file = Checkpoint(model.variables()).save(dir.file("model"));
+  nn::Sequential other = transformer(100);
+  other.build({-1, length});
+  const Tensor probe = Tensor::from_vector(std::vector<std::int32_t>(xs.begin(), xs.begin() + 4 * length), {4, length});
+  CHECK(other.forward(probe).to_vector<float>() != layers.forward(probe).to_vector<float>());
+  Checkpoint(other.variables()).restore(file);
+  CHECK(other.forward(probe).to_vector<float>() == layers.forward(probe).to_vector<float>());
 }
