@@ -493,3 +493,64 @@ TEST_CASE("a tiny character transformer trained by fit on 2 replicas predicts a 
   Checkpoint(other.variables()).restore(file);
   CHECK(other.forward(probe).to_vector<float>() == layers.forward(probe).to_vector<float>());
 }
+
+TEST_CASE("a Residual transformer trained by a custom loop: GradientTape in strategy.run on 2 replicas, mean all-reduce") {
+  std::string text;
+  for (int i = 0; i < 8; ++i) text += "pack my box with five dozen liquor jugs. ";
+  std::string vocab = text;
+  std::sort(vocab.begin(), vocab.end());
+  vocab.erase(std::unique(vocab.begin(), vocab.end()), vocab.end());
+  const int v = static_cast<int>(vocab.size());
+  const std::int64_t length = 12;
+  const std::int64_t windows = static_cast<std::int64_t>(text.size()) - length - 1;
+  std::vector<std::int32_t> xs, ys;
+  for (std::int64_t w = 0; w < windows; ++w) {
+    for (std::int64_t t = 0; t < length; ++t) {
+      xs.push_back(static_cast<std::int32_t>(vocab.find(text[static_cast<std::size_t>(w + t)])));
+      ys.push_back(static_cast<std::int32_t>(vocab.find(text[static_cast<std::size_t>(w + t + 1)])));
+    }
+  }
+  const Tensor x = Tensor::from_vector(xs, {windows, length});
+  const Tensor y = Tensor::from_vector(ys, {windows, length});
+
+  Runtime rt;
+  MirroredStrategy strategy(rt, cpus(2));
+  auto scope = strategy.scope();
+  nn::Sequential model;
+  model.add(nn::TokenAndPositionEmbedding(v, static_cast<int>(length), 16, 1));
+  model.add(nn::Residual({nn::LayerNormalization(), nn::MultiHeadAttention(2, 8, true, 2)}));
+  model.add(nn::Residual({nn::LayerNormalization(), nn::Dense(16, 32, nn::Activation::none, 3), nn::ActivationLayer("gelu"),
+                          nn::Dense(32, 16, nn::Activation::none, 4)}));
+  model.add(nn::Dense(16, v, nn::Activation::none, 5));
+  nn::Adam optimizer(0.02f);
+  const std::int64_t global_batch = 16;
+  auto batches = strategy.distribute_datasets_from_function([&](const InputContext& ctx) {
+    return data::Dataset::from_tensor_slices({x, y}).shuffle(windows, 3).repeat().batch(
+        ctx.get_per_replica_batch_size(global_batch), true);
+  });
+  DistributedIterator it = batches.make_iterator();
+  const auto step_fn = [&](const data::Element& e) {
+    GradientTape tape;
+    const Tensor logits = model.forward(e[0]);  // [batch, length, v]
+    const std::int64_t rows = e[0].num_elements();
+    const Tensor per_position = nn::sparse_softmax_cross_entropy_per_example(logits.reshape({rows, v}), e[1].reshape({rows}));
+    const Tensor loss = nn::compute_average_loss(per_position, rows);
+    std::vector<Tensor> grads = tape.gradient(loss, model.trainable_variables());
+    grads = get_replica_context()->all_reduce(ReduceOp::mean, grads);
+    optimizer.apply_gradients(nn::zip(grads, model.trainable_variables()), std::nullopt);
+    return loss;
+  };
+  std::vector<float> losses;
+  for (int step = 0; step < 150; ++step) {
+    losses.push_back(strategy.reduce(ReduceOp::mean, strategy.run(step_fn, it.get_next()), std::nullopt).item<float>());
+  }
+  CAPTURE(losses.front());
+  CAPTURE(losses.back());
+  CHECK(losses.front() > 0.8f * std::log(static_cast<float>(v)));
+  CHECK(losses.back() < 0.25f * losses.front());
+  for (const Variable& var : model.trainable_variables()) {
+    const std::vector<Tensor> parts = strategy.experimental_local_results(var);
+    REQUIRE(parts.size() == 2);
+    CHECK(parts[1].equals(parts[0]));
+  }
+}
