@@ -1,4 +1,5 @@
-// The convolution layer's cost on this CPU, against the direct loop it replaces.
+// The convolution layer's cost on this CPU, against the direct loop it replaces, and the
+// attention layer's.
 //
 //   BM_Conv2D_Forward/<batch>/<in>/<filters>: nn::Conv2D's forward (im2col, then one product on
 //     Dense's matrix kernels) on [batch, 28, 28, in] images, a 3x3 kernel, same padding, relu.
@@ -10,6 +11,13 @@
 // FLOP/s counts 2·kh·kw·in·filters per output position (forward), twice that for backward (the
 // kernel's and the input's products); samples/s counts images. The forward's result is checked
 // against the direct loop once, outside the timed loop.
+//
+//   BM_MultiHeadAttention_Forward/<batch>/<sequence>/<dim>/<heads>: nn::MultiHeadAttention's
+//     causal self-attention on [batch, sequence, dim], key_dim dim / heads.
+//   BM_MultiHeadAttention_Backward/...: its backward (which recomputes the attention first).
+// FLOP/s counts the four projections (2·dim·dim per position each) and the two products of each
+// head (2·sequence·key_dim per position each, the masked half included) for forward; backward
+// counts twice forward's work plus the forward it recomputes.
 
 #include <benchmark/benchmark.h>
 
@@ -118,8 +126,55 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->Args({32, 1, 32})->Args({32, 32, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
+double attention_flop(benchmark::State& state) {
+  const double length = static_cast<double>(state.range(1)), dim = static_cast<double>(state.range(2));
+  return length * (4 * 2 * dim * dim + 2 * 2 * length * dim);  // per sequence
+}
+
+void attention_counters(benchmark::State& state, double flop_per_sequence) {
+  const double n = static_cast<double>(state.iterations()) * static_cast<double>(state.range(0));
+  state.counters["sequences/s"] = benchmark::Counter(n, benchmark::Counter::kIsRate);
+  state.counters["FLOP/s"] = benchmark::Counter(n * flop_per_sequence, benchmark::Counter::kIsRate);
+}
+
+nn::MultiHeadAttention attention(benchmark::State& state) {
+  const auto dim = state.range(2), heads = state.range(3);
+  nn::MultiHeadAttention mha(static_cast<int>(heads), static_cast<int>(dim / heads), true, 1);
+  mha.build({-1, state.range(1), dim});
+  return mha;
+}
+
+Tensor sequences(benchmark::State& state) {
+  const auto n = state.range(0) * state.range(1) * state.range(2);
+  return nn::glorot_uniform(n, 1, 5).reshape({state.range(0), state.range(1), state.range(2)}) *
+         static_cast<float>(std::sqrt(static_cast<double>(n)));
+}
+
+void BM_MultiHeadAttention_Forward(benchmark::State& state) {
+  const nn::MultiHeadAttention mha = attention(state);
+  const Tensor x = sequences(state);
+  for (auto _ : state) benchmark::DoNotOptimize(mha.forward(x));
+  attention_counters(state, attention_flop(state));
+}
+
+void BM_MultiHeadAttention_Backward(benchmark::State& state) {
+  const nn::MultiHeadAttention mha = attention(state);
+  const Tensor x = sequences(state);
+  const Tensor out = mha.forward(x);
+  const Tensor grad = nn::glorot_uniform(out.num_elements(), 1, 3).reshape(out.shape());
+  for (auto _ : state) benchmark::DoNotOptimize(mha.backward(x, out, grad, nn::CallContext{true}));
+  attention_counters(state, 3.0 * attention_flop(state));
+}
+
+// A small character model's layer: batch 16 per replica of 64 characters, 128 wide, 4 heads.
+void attention_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({16, 64, 128, 4})->Args({16, 128, 128, 4})->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
 }  // namespace
 
+BENCHMARK(BM_MultiHeadAttention_Forward)->Apply(attention_shapes);
+BENCHMARK(BM_MultiHeadAttention_Backward)->Apply(attention_shapes);
 BENCHMARK(BM_Conv2D_Forward)->Apply(shapes);
 BENCHMARK(BM_Conv2D_Backward)->Apply(shapes);
 BENCHMARK(BM_Conv2D_Direct)->Apply(shapes);

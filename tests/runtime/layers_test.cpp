@@ -430,8 +430,9 @@ TEST_CASE("Sequential names layers by kind, checks shapes as it adds them, and d
   CHECK(message_of([&] { two.add(picky); }) ==
         "Sequential::add: layer 4 ('conv2d_3', Conv2D) takes inputs of shape (None, None, None, 3), the previous layer "
         "('layer_normalization_0') outputs (None, 7, 7, 2)");
-  CHECK(contains(message_of([&] { two.add(nn::Dense(2, 2)); }), "Sequential::add: layer 4 ('dense_0', Dense) takes "
-                                                               "inputs of shape (None, 2)"));
+  // Dense maps the last axis (Keras's Dense on [batch, ..., units]): the width must agree.
+  CHECK(contains(message_of([&] { two.add(nn::Dense(3, 2)); }), "Sequential::add: layer 4 ('dense_0', Dense) takes "
+                                                               "inputs of shape (None, 3)"));
   CHECK(two.layers().size() == 4);
   // A braced list of layers of different kinds, Keras's argument order, built from the data.
   nn::Sequential listed({nn::Conv2D(4, 3, 1, "same", nn::Activation::relu), nn::MaxPooling2D(2), nn::Flatten(),

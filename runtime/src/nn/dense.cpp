@@ -46,7 +46,14 @@ Dense::Dense(int input_dim, int units, Activation activation, std::uint64_t seed
       kernel_(glorot_uniform(input_dim, units, seed), variable_name(this->name(), "kernel")),
       bias_(Tensor::zeros({units}), variable_name(this->name(), "bias")) {}
 
-Tensor Dense::call(const Tensor& x, const CallContext&) const {
+Tensor Dense::call(const Tensor& x, const CallContext& ctx) const {
+  if (x.rank() > 2) {
+    // Keras's Dense on [batch, ..., input_dim]: the last axis, every leading position alike.
+    output_shape(x.shape());
+    Shape out_shape = x.shape();
+    out_shape.back() = units_;
+    return call(x.reshape({-1, input_dim_}), ctx).reshape(out_shape);
+  }
   if (x.rank() != 2 || x.shape()[1] != input_dim_) {
     throw std::invalid_argument(who() + ": input of shape " + shape_to_string(x.shape()) + " (expected [batch, " +
                                 std::to_string(input_dim_) + "])");
@@ -77,9 +84,12 @@ DenseGradients Dense::backward(const Tensor& x, const Tensor& output, const Tens
 
 LayerGradients Dense::gradients(const Tensor& x, const Tensor& output, const Tensor& grad_output, const CallContext&,
                                 bool need_input) const {
-  DenseGradients d = backward(x, output, grad_output, need_input);
+  const bool leading = x.rank() > 2;  // [batch, ..., input_dim]: as rows of [-1, input_dim]
+  if (leading) output_shape(x.shape());
+  const auto rows = [&](const Tensor& t, std::int64_t width) { return leading ? t.reshape({-1, width}) : t; };
+  DenseGradients d = backward(rows(x, input_dim_), rows(output, units_), rows(grad_output, units_), need_input);
   LayerGradients out;
-  out.input = std::move(d.input);
+  out.input = leading && need_input ? d.input.reshape(x.shape()) : std::move(d.input);
   out.variables.push_back(std::move(d.kernel));
   out.variables.push_back(std::move(d.bias));
   return out;
@@ -88,6 +98,15 @@ LayerGradients Dense::gradients(const Tensor& x, const Tensor& output, const Ten
 std::vector<std::pair<std::string, Variable>> Dense::weights() const { return {{"kernel", kernel_}, {"bias", bias_}}; }
 
 Shape Dense::output_shape(const Shape& input_shape) const {
+  if (input_shape.size() > 2) {
+    if (input_shape.back() >= 0 && input_shape.back() != input_dim_) {
+      throw std::invalid_argument(who() + ": input of shape " + shape_to_string(input_shape) + " (expected [batch, ..., " +
+                                  std::to_string(input_dim_) + "])");
+    }
+    Shape out = input_shape;
+    out.back() = units_;
+    return out;
+  }
   detail::check_input_shape(who(), input_shape, {-1, input_dim_}, "[batch, " + std::to_string(input_dim_) + "]");
   return {input_shape[0], units_};
 }

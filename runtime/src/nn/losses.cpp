@@ -286,20 +286,57 @@ Tensor sparse_softmax_cross_entropy_per_example(const Tensor& logits, const Tens
   return per_example;
 }
 
+namespace {
+
+// Logits [batch, ..., classes] with labels [batch, ...] (or [batch, ..., 1]) as rows [positions,
+// classes] and labels [positions], and the number of positions of one example; logits of rank 2
+// as they are.
+struct PositionRows {
+  Tensor logits;
+  Tensor labels;
+  std::int64_t per_example = 1;
+};
+
+PositionRows position_rows(const Tensor& logits, const Tensor& labels, const char* op) {
+  if (logits.rank() <= 2) return {logits, labels, 1};
+  Shape positions(logits.shape().begin(), logits.shape().end() - 1);
+  Shape with_one = positions;
+  with_one.push_back(1);
+  if ((labels.shape() != positions && labels.shape() != with_one) ||
+      (labels.dtype() != DType::i32 && labels.dtype() != DType::i64)) {
+    throw std::invalid_argument(std::string(op) + ": labels are " + std::string(dtype_name(labels.dtype())) + " " +
+                                shape_to_string(labels.shape()) + " for logits " + shape_to_string(logits.shape()) +
+                                " (expected int32 or int64 " + shape_to_string(positions) +
+                                ": a label for each position)");
+  }
+  const std::int64_t classes = logits.shape().back();
+  const std::int64_t batch = logits.shape()[0];
+  const std::int64_t rows = labels.num_elements();
+  return {logits.reshape({rows, classes}), labels.reshape({rows}), batch > 0 ? rows / batch : 1};
+}
+
+}  // namespace
+
 LossAndGradient sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels) {
-  const std::int64_t rows = logits.rank() > 0 ? logits.shape()[0] : 0;
+  const char* op = "sparse_softmax_cross_entropy";
+  const PositionRows r = position_rows(logits, labels, op);
+  const std::int64_t rows = r.logits.rank() > 0 ? r.logits.shape()[0] : 0;
   const double scale = rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0;
   LossAndGradient out;
-  out.loss = softmax_cross_entropy(logits, labels, scale, nullptr, &out.gradient, "sparse_softmax_cross_entropy");
+  out.loss = softmax_cross_entropy(r.logits, r.labels, scale, nullptr, &out.gradient, op);
+  if (r.logits.shape() != logits.shape()) out.gradient = out.gradient.reshape(logits.shape());
   return out;
 }
 
 LossAndGradient sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
                                              std::int64_t global_batch_size) {
   const char* op = "sparse_softmax_cross_entropy";
-  const double scale = 1.0 / static_cast<double>(checked_global_batch(global_batch_size, op));
+  const PositionRows r = position_rows(logits, labels, op);
+  const double scale = 1.0 / (static_cast<double>(checked_global_batch(global_batch_size, op)) *
+                              static_cast<double>(r.per_example));
   LossAndGradient out;
-  out.loss = softmax_cross_entropy(logits, labels, scale, nullptr, &out.gradient, op);
+  out.loss = softmax_cross_entropy(r.logits, r.labels, scale, nullptr, &out.gradient, op);
+  if (r.logits.shape() != logits.shape()) out.gradient = out.gradient.reshape(logits.shape());
   return out;
 }
 

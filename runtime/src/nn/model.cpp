@@ -34,7 +34,8 @@ using detail::rows_of;
 
 namespace {
 
-// The model's input as its first layer takes it. Integer ids for an Embedding go as they are.
+// The model's input as its first layer takes it. Integer ids for an Embedding (or a
+// TokenAndPositionEmbedding) go as they are.
 // Otherwise the features are converted to the dtype of the model's variables (float32 unless
 // the layers were made otherwise), and for a first Dense layer features of a wider rank are
 // flattened, as a Keras Flatten layer would (IDX images [batch, 28, 28]).
@@ -44,7 +45,8 @@ Tensor model_input(const Sequential& layers, const Tensor& x, const char* op) {
                                 " (expected a batch: [batch, ...])");
   }
   const Layer& first = *layers.layers().front();
-  if (std::string(first.class_name()) == "Embedding") return x;
+  const std::string first_kind = first.class_name();
+  if (first_kind == "Embedding" || first_kind == "TokenAndPositionEmbedding") return x;
   const bool dense = dynamic_cast<const Dense*>(&first) != nullptr;
   if (dense && x.rank() < 2) {
     throw std::invalid_argument(std::string(op) + ": features of shape " + shape_to_string(x.shape()) +

@@ -368,6 +368,11 @@ Tensor glorot_uniform(std::int64_t fan_in, std::int64_t fan_out, std::uint64_t s
 }
 
 double accuracy(const Tensor& logits, const Tensor& labels) {
+  if (logits.rank() > 2 && (labels.dtype() == DType::i32 || labels.dtype() == DType::i64) &&
+      labels.num_elements() * logits.shape().back() == logits.num_elements()) {
+    // A sequence model's logits [batch, ..., classes] with a label per position: over positions.
+    return accuracy(logits.reshape({-1, logits.shape().back()}), labels.reshape({labels.num_elements()}));
+  }
   Tensor predicted = argmax(logits).to(Device());
   const std::int64_t rows = predicted.num_elements();
   const bool one_hot = (labels.dtype() == DType::f32 || labels.dtype() == DType::f64) && labels.rank() == 2 &&

@@ -14,8 +14,10 @@ namespace troupe::nn {
 
 namespace {
 
-// Whether a layer that takes `expected` (-1: any size) can take `given` (-1: unknown).
+// Whether a layer that takes `expected` (-1: any size) can take `given` (-1: unknown). A layer
+// that takes [batch, n] takes [batch, ..., n] too: Dense, as Keras's, maps the last axis.
 bool fits(const Shape& given, const Shape& expected) {
+  if (expected.size() == 2 && given.size() > 2) return fits({given.front(), given.back()}, expected);
   if (given.size() != expected.size()) return false;
   for (std::size_t d = 0; d < given.size(); ++d) {
     if (given[d] >= 0 && expected[d] >= 0 && given[d] != expected[d]) return false;

@@ -15,7 +15,8 @@ namespace troupe::nn {
 /// A fully connected layer, activation(x · kernel + bias) (tf.keras.layers.Dense). Its kernel
 /// [input_dim, units] (Glorot-uniform from `seed`) and bias [units] (zeros) are float32 Variables
 /// created by the constructor: inside strategy.scope() they are mirrored, one identical component
-/// per replica. Copies share the variables.
+/// per replica. Copies share the variables. An input of higher rank, [batch, ..., input_dim], is
+/// mapped on its last axis, every leading position alike, as Keras's Dense maps it.
 ///
 /// forward and backward are safe to call from every replica at once inside Strategy::run: each
 /// reads its own component of the variables and nothing else is written. GPU tensors are computed

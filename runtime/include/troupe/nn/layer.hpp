@@ -10,6 +10,7 @@
 
 namespace troupe::nn {
 
+class Residual;
 class Sequential;
 
 /// How a layer is called (Keras's `training` argument, and what a random layer draws from).
@@ -135,6 +136,7 @@ class Layer {
 
  private:
   friend class Sequential;  // names the layers it holds
+  friend class Residual;    // names the layers of its block
   std::string name_;
 };
 

@@ -27,8 +27,11 @@ struct LossAndGradient {
 /// A label out of range throws std::invalid_argument naming its row.
 Tensor sparse_softmax_cross_entropy_per_example(const Tensor& logits, const Tensor& labels);
 /// Mean over the batch (tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)).
+/// Logits [batch, ..., classes] with labels [batch, ...] (a sequence model's: a label per
+/// position) give the mean over every position, as Keras's loss does.
 LossAndGradient sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels);
-/// Sum over the batch divided by global_batch_size (> 0).
+/// Sum over the batch divided by global_batch_size (> 0); for logits [batch, ..., classes], the
+/// sum over every position divided by global_batch_size times the positions of one example.
 LossAndGradient sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
                                              std::int64_t global_batch_size);
 

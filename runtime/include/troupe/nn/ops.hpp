@@ -53,7 +53,8 @@ Tensor glorot_uniform(std::int64_t fan_in, std::int64_t fan_out, std::uint64_t s
 
 /// Fraction of rows whose largest logit is at the label; labels int32 or int64, [batch] or
 /// [batch, 1], or one-hot float rows of the logits' shape (the label is the row's largest). An
-/// empty batch gives 0.
+/// empty batch gives 0. Logits [batch, ..., classes] with integer labels [batch, ...] (a label per
+/// position of a sequence) give the fraction of positions.
 double accuracy(const Tensor& logits, const Tensor& labels);
 
 }  // namespace troupe::nn

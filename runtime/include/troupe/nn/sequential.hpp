@@ -29,6 +29,7 @@ class AnyLayer {
 
  private:
   friend class Sequential;
+  friend class Residual;
   std::shared_ptr<Layer> layer_;
 };
 
