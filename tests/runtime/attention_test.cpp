@@ -19,6 +19,7 @@
 #include "troupe/checkpoint.hpp"
 #include "troupe/nn/activation.hpp"
 #include "troupe/nn/attention.hpp"
+#include "troupe/nn/batch_normalization.hpp"
 #include "troupe/nn/normalization.hpp"
 #include "troupe/nn/position_embedding.hpp"
 #include "troupe/nn/residual.hpp"
@@ -552,5 +553,36 @@ TEST_CASE("a Residual transformer trained by a custom loop: GradientTape in stra
     const std::vector<Tensor> parts = strategy.experimental_local_results(var);
     REQUIRE(parts.size() == 2);
     CHECK(parts[1].equals(parts[0]));
+  }
+}
+
+TEST_CASE("Residual with a BatchNormalization: its moving statistics are named, saved and updated once per training call") {
+  nn::Residual block({nn::Dense(3, 3, nn::Activation::none, 7, "", DType::f64),
+                      nn::BatchNormalization(0.9, 1e-3, true, true, "", DType::f64)}, "block");
+  nn::Sequential model;
+  model.add(block);
+  const Tensor x = pseudo_random({8, 3}, 5);
+  std::vector<Tensor> activations;
+  nn::CallContext training;
+  training.training = true;
+  const Tensor y = model.forward(x, activations, training);
+  const auto named = model.named_non_trainable_variables();
+  REQUIRE(named.size() == 2);
+  CHECK(named[0].first == "block/batch_normalization_0/moving_mean");
+  CHECK(named[1].first == "block/batch_normalization_0/moving_variance");
+  const Tensor after_forward = named[0].second.value();
+  const Tensor variance_after_forward = named[1].second.value();
+  // The backward pass recomputes the block's activations without updating the statistics again.
+  model.backward(activations, Tensor::full(y.shape(), 1.0, DType::f64), [](std::size_t, const Tensor&) {}, training);
+  CHECK(named[0].second.value().equals(after_forward));
+  CHECK(named[1].second.value().equals(variance_after_forward));
+  // One update from zeros: 0.1 x the batch mean of the Dense's output.
+  const Tensor h = block.layers()[0]->forward(x);
+  const auto hv = h.to_vector<double>();
+  for (int k = 0; k < 3; ++k) {
+    double mean = 0;
+    for (int r = 0; r < 8; ++r) mean += hv[static_cast<std::size_t>(r * 3 + k)];
+    mean /= 8;
+    CHECK(after_forward.to_vector<double>()[static_cast<std::size_t>(k)] == doctest::Approx(0.1 * mean).epsilon(1e-12));
   }
 }

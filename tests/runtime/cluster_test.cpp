@@ -328,7 +328,7 @@ TEST_CASE("ps tasks apply SGD, momentum, Adam and AdamW with their own slots, de
       case 0: return ShardOptimizer::sgd(0.1f);
       case 1: return ShardOptimizer::sgd(0.05f, 0.9f, true);
       case 2: return ShardOptimizer::adam(0.01f);
-      default: return ShardOptimizer::adamw(0.01f, 0.0f);  // no decay: Adam's bits
+      default: return ShardOptimizer::adamw(0.01f, 0.05f);
     }
   };
   FunctionRegistry functions;
@@ -378,7 +378,8 @@ TEST_CASE("ps tasks apply SGD, momentum, Adam and AdamW with their own slots, de
     std::shared_ptr<nn::Optimizer> opt;
     if (which == 0) opt = std::make_shared<nn::SGD>(0.1f);
     if (which == 1) opt = std::make_shared<nn::SGD>(0.05f, 0.9f, true);
-    if (which >= 2) opt = std::make_shared<nn::Adam>(0.01f);
+    if (which == 2) opt = std::make_shared<nn::Adam>(0.01f);
+    if (which == 3) opt = std::make_shared<nn::AdamW>(0.01f, 0.05f);
     for (const Tensor& g : grads) opt->apply_gradients({{g, local}});
     CHECK(strategy.read_variable("w" + std::to_string(which)).equals(local.value()));
   }

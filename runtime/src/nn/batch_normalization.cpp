@@ -257,7 +257,7 @@ Tensor BatchNormalization::call(const Tensor& x_in, const CallContext& ctx) cons
       T* y = o + r * units;
       for (std::size_t k = 0; k < u; ++k) y[k] = g[k] * ((row[k] - m[k]) * inv[k]) + b[k];
     }
-    if (!ctx.training) return;
+    if (!ctx.training || !ctx.update_state) return;
     // Keras's update: moving * momentum + batch * (1 - momentum). A batch of no rows (a
     // replica's share of a short last batch) leaves its replica's moving statistics as they are.
     next_mean = Tensor::empty({units}, x.dtype());
@@ -273,7 +273,7 @@ Tensor BatchNormalization::call(const Tensor& x_in, const CallContext& ctx) cons
       next_variance.mutable_data<T>()[k] = empty ? mv : mv * keep + static_cast<T>(s.variance[kk]) * take;
     }
   });
-  if (ctx.training) {
+  if (ctx.training && ctx.update_state) {
     // BatchNormalization: each replica's update from its own batch, averaged over the replicas
     // (the variables' MEAN aggregation) in one all-reduce. SyncBatchNormalization's replicas all
     // computed the same global statistics, so the same bits: each writes its own.

@@ -61,6 +61,14 @@ std::vector<std::pair<std::string, Variable>> Residual::weights() const {
   return out;
 }
 
+std::vector<std::pair<std::string, Variable>> Residual::non_trainable_weights() const {
+  std::vector<std::pair<std::string, Variable>> out;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    for (auto& [name, variable] : layers_[i]->non_trainable_weights()) out.emplace_back(names_[i] + "/" + name, variable);
+  }
+  return out;
+}
+
 Shape Residual::input_shape() const { return layers_.front()->input_shape(); }
 
 Shape Residual::chain(const Shape& input_shape, bool build) const {
@@ -114,11 +122,14 @@ Tensor Residual::call(const Tensor& x, const CallContext& ctx) const {
 LayerGradients Residual::gradients(const Tensor& x, const Tensor& output, const Tensor& grad_output,
                                    const CallContext& ctx, bool need_input) const {
   detail::check_grad_output(who(), grad_output, output);
-  // The layers' activations again, from the block's input (not recorded on any tape).
+  // The layers' activations again, from the block's input (not recorded on any tape, and
+  // changing no layer's state: the forward pass did).
   troupe::detail::PauseRecording pause;
   std::vector<Tensor> activations{x};
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    activations.push_back(layers_[i]->forward(activations.back(), inner(ctx, i)));
+    CallContext again = inner(ctx, i);
+    again.update_state = false;
+    activations.push_back(layers_[i]->forward(activations.back(), again));
   }
   if (activations.back().shape() != output.shape()) {
     throw std::invalid_argument(who() + ": output of shape " + shape_to_string(output.shape()) + " for input " +

@@ -26,6 +26,10 @@ struct CallContext {
   std::int64_t replica = 0;
   /// The layer's position in its model (set by Sequential): two layers with one seed differ.
   std::int64_t layer = 0;
+  /// False when a layer's forward runs again only to recompute its activations (a Residual
+  /// block's backward): a layer with state keeps it as it is (BatchNormalization's moving
+  /// statistics are updated once per training call, not twice).
+  bool update_state = true;
 };
 
 /// What a layer's backward pass gives.

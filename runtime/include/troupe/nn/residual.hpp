@@ -44,6 +44,8 @@ class Residual : public Layer {
   const char* default_name() const override { return "residual"; }
   /// Every layer's variables, as "<layer name>/<variable name>", in layer order.
   std::vector<std::pair<std::string, Variable>> weights() const override;
+  /// The layers' non-trainable variables (BatchNormalization's moving statistics), named likewise.
+  std::vector<std::pair<std::string, Variable>> non_trainable_weights() const override;
   /// The first layer's input shape.
   Shape input_shape() const override;
   /// The input's shape, once the layers are checked to map it to itself.
