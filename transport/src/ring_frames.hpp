@@ -7,6 +7,7 @@
 #include <capnp/serialize.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -138,6 +139,8 @@ class frame_writer {
   /// Nothing to send this time.
   void skip() { next_ = iov_.size(); }
   bool done() const { return next_ >= iov_.size(); }
+  /// Changes whenever bytes went out (for the ring's progress watch).
+  std::uint64_t mark() const { return done() ? ~std::uint64_t{0} : (std::uint64_t{next_} << 40) ^ iov_[next_].iov_len; }
   /// Writes what the link takes now.
   void progress(ring_link& link);
   ring_side side() const { return side_; }
@@ -179,6 +182,8 @@ class frame_reader {
   bool done() const { return stage_ == stage::complete; }
   /// Whether any byte of the frame started last has arrived.
   bool begun() const { return stage_ != stage::head || have_ > 0; }
+  /// Changes whenever bytes came in (for the ring's progress watch).
+  std::uint64_t mark() const { return (static_cast<std::uint64_t>(stage_) << 56) ^ have_; }
   /// Reads what the link has.
   void progress(ring_link& link);
   /// Reads one whole frame of at most `max_words` words from `n` bytes: false when they are not
@@ -256,6 +261,11 @@ class frame_pump {
   /// byte from the predecessor was seen.
   void exchange(const deadline& until, std::chrono::milliseconds timeout, const spin_policy& spin, bool both = false,
                 clock::time_point* first_from_prev = nullptr);
+
+  /// The progress watch, read from any thread: the rank an exchange waits on (-1: none waits),
+  /// and when the pump last moved a byte (steady clock ticks; 0: never).
+  std::atomic<int> waiting_on{-1};
+  std::atomic<clock::rep> last_progress{0};
 
  private:
   ring_link* link_;
