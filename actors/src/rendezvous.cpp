@@ -216,7 +216,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
       [=](beat_atom, std::int32_t rank, const caf::actor& watcher, double cpu_percent, std::int64_t rss_bytes,
           std::uint64_t lines_total, std::vector<std::string>& lines, std::int32_t phase, std::uint64_t step,
           std::int64_t collective, std::int32_t op, std::int32_t dtype, std::uint64_t bytes, std::int64_t phase_ms,
-          std::int32_t ring_peer, std::int64_t ring_idle_ms) {
+          std::int32_t ring_peer, std::int64_t ring_idle_ms, std::uint64_t ring_sent, std::uint64_t ring_received) {
         auto& s = self->state;
         // A beat counts only from the peer that joined as that rank, naming a watcher there.
         const auto peer = peer_of(self);
@@ -253,6 +253,8 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
           p.phase_ms = phase_ms;
           p.ring_peer = ring_peer;
           p.ring_idle_ms = ring_idle_ms;
+          p.ring_sent = ring_sent;
+          p.ring_received = ring_received;
           auto bad = codes ? check_worker_position(p, static_cast<int>(s.rules->table().size()))
                            : std::optional<std::string>("phase " + std::to_string(phase) + " or op " +
                                                         std::to_string(op) + " (expected 0..3 each)");
@@ -403,7 +405,8 @@ caf::behavior heartbeat(caf::stateful_actor<chief_watch_state>* self, caf::actor
     const worker_position p = position ? position->read(std::chrono::steady_clock::now()) : worker_position{};
     self->send(agent, beat_atom::value, rank, caf::actor_cast<caf::actor>(self), r.cpu_percent, r.rss_bytes,
                r.lines_total, std::move(r.lines), static_cast<std::int32_t>(p.phase), p.step, p.collective,
-               static_cast<std::int32_t>(p.op), p.dtype, p.bytes, p.phase_ms, p.ring_peer, p.ring_idle_ms);
+               static_cast<std::int32_t>(p.op), p.dtype, p.bytes, p.phase_ms, p.ring_peer, p.ring_idle_ms,
+               p.ring_sent, p.ring_received);
   };
   beat();
   self->delayed_send(self, interval, tick_atom::value, interval);

@@ -80,6 +80,10 @@ std::optional<std::string> check_worker_position(const worker_position& p, int w
   if (p.ring_idle_ms < -1 || p.ring_idle_ms > L::max_ms) {
     return "ring_idle_ms " + std::to_string(p.ring_idle_ms) + " (expected -1..2^40)";
   }
+  if (p.ring_sent > L::max_step || p.ring_received > L::max_step) {
+    return "ring_sent " + std::to_string(p.ring_sent) + " or ring_received " + std::to_string(p.ring_received) +
+           " (expected at most 2^62)";
+  }
   return std::nullopt;
 }
 
@@ -136,6 +140,8 @@ worker_position position_board::read(clock::time_point now) const {
     if (probe_) {
       const ring_progress r = probe_();
       p.ring_peer = r.peer;
+      p.ring_sent = r.sent;
+      p.ring_received = r.received;
       if (r.last != clock::time_point{}) {
         // Progress before this collective began counts from its start.
         const auto last = std::max(r.last, since);
@@ -213,7 +219,21 @@ std::string stall_inspector::describe(clock::time_point now, std::chrono::millis
     line += " (last heartbeat " + tenths(since_beat(s)) + " ago)";
   }
   if (others.empty()) {
-    // Every worker waits in the same collective: a link that moves nothing.
+    // Every worker waits in the same collective: a link that moves nothing. One whose sender sent
+    // bytes its receiver never got lost them on the way.
+    const int world = static_cast<int>(workers_.size());
+    for (int r : waiting) {
+      const seen& receiver = workers_[static_cast<std::size_t>(r)];
+      const seen& sender = workers_[static_cast<std::size_t>((r + world - 1) % world)];
+      if (world < 2 || receiver.p.ring_idle_ms < 0 || sender.p.ring_idle_ms < 0) continue;
+      if (sender.p.ring_sent > receiver.p.ring_received) {
+        line += "; every worker waits in it: the ring link from worker " + std::to_string((r + world - 1) % world) +
+                " to worker " + std::to_string(r) + " lost " + std::to_string(sender.p.ring_sent - receiver.p.ring_received) +
+                " bytes (sent, never received) and moved no byte for " +
+                whole_seconds(ms(receiver.p.ring_idle_ms) + since_beat(receiver));
+        return line;
+      }
+    }
     int to = -1;
     milliseconds idle{-1};
     for (int r : waiting) {

@@ -479,14 +479,14 @@ TEST_CASE("the chief refuses a member's heartbeat report that breaks a bound, lo
   REQUIRE(table == 2);
   const auto watcher = caf::actor_cast<caf::actor>(self);
   // The position beside the beat: phase, step, collective, op, dtype, bytes, phase ms, ring peer,
-  // ring idle ms (the fields of worker_position, flat).
+  // ring idle ms, ring sent, ring received (the fields of worker_position, flat).
   using position = std::tuple<std::int32_t, std::uint64_t, std::int64_t, std::int32_t, std::int32_t, std::uint64_t,
-                              std::int64_t, std::int32_t, std::int64_t>;
+                              std::int64_t, std::int32_t, std::int64_t, std::uint64_t, std::uint64_t>;
   auto beat = [&](double cpu, std::int64_t rss, std::uint64_t total, std::vector<std::string> lines,
-                  position p = position{2, 3, -1, 0, -1, 0, 10, -1, -1}) {
+                  position p = position{2, 3, -1, 0, -1, 0, 10, -1, -1, 0, 0}) {
     self->send(agent, beat_atom::value, std::int32_t{1}, watcher, cpu, rss, total, std::move(lines), std::get<0>(p),
                std::get<1>(p), std::get<2>(p), std::get<3>(p), std::get<4>(p), std::get<5>(p), std::get<6>(p),
-               std::get<7>(p), std::get<8>(p));
+               std::get<7>(p), std::get<8>(p), std::get<9>(p), std::get<10>(p));
   };
   auto worker1 = [&] { return health->snapshot(cluster_health::clock::now()).workers.at(1); };
   auto wait = [&](auto done) {
@@ -536,11 +536,11 @@ TEST_CASE("the chief refuses a member's heartbeat report that breaks a bound, lo
   CHECK(refused >= 3);
   // A position beyond its bounds is refused alone and logged: the beat and its report still count.
   const std::vector<std::pair<std::string, position>> bad_positions = {
-      {"a phase beyond collective", position{9, 3, -1, 0, -1, 0, 10, -1, -1}},
-      {"an op beyond all_gather", position{3, 3, 0, 7, 0, 16, 10, -1, -1}},
-      {"a dtype code beyond bfloat16", position{3, 3, 0, 1, 6, 16, 10, -1, -1}},
-      {"a ring peer outside the cluster", position{3, 3, 0, 1, 0, 16, 10, 2, 5}},
-      {"a negative wait", position{3, 3, 0, 1, 0, 16, -10, -1, -1}},
+      {"a phase beyond collective", position{9, 3, -1, 0, -1, 0, 10, -1, -1, 0, 0}},
+      {"an op beyond all_gather", position{3, 3, 0, 7, 0, 16, 10, -1, -1, 0, 0}},
+      {"a dtype code beyond bfloat16", position{3, 3, 0, 1, 6, 16, 10, -1, -1, 0, 0}},
+      {"a ring peer outside the cluster", position{3, 3, 0, 1, 0, 16, 10, 2, 5, 0, 0}},
+      {"a negative wait", position{3, 3, 0, 1, 0, 16, -10, -1, -1, 0, 0}},
   };
   for (int round = 0; round < 2; ++round) {
     for (const auto& [what, p] : bad_positions) {

@@ -119,6 +119,22 @@ TEST_CASE("when every worker waits in the collective, the ring link that moves n
                   "it: the ring link from worker 1 to worker 0 moved no byte for 4 s");
 }
 
+TEST_CASE("a ring link whose sender sent bytes its receiver never got is named, whoever idled longest") {
+  const auto t0 = clock_type::now();
+  stall_inspector s(3, warn_after(2s));
+  // Worker 1 sent 5000 bytes to worker 2, which has 3000 of them; the ring has moved nothing since.
+  worker_position p0 = waiting(4, 0, 5000), p1 = waiting(4, 0, 5000), p2 = waiting(4, 0, 5000);
+  p0.ring_peer = 2, p0.ring_idle_ms = 4900, p0.ring_sent = 7000, p0.ring_received = 7000;
+  p1.ring_peer = 0, p1.ring_idle_ms = 4000, p1.ring_sent = 5000, p1.ring_received = 7000;
+  p2.ring_peer = 1, p2.ring_idle_ms = 4500, p2.ring_sent = 7000, p2.ring_received = 3000;
+  s.position(0, p0, t0);
+  s.position(1, p1, t0);
+  s.position(2, p2, t0);
+  CHECK(s.check(t0).line == "stall: step 4 all_reduce #0 (float32, 1.0 MiB): workers 0, 1, 2 waiting 5 s; every worker "
+                            "waits in it: the ring link from worker 1 to worker 2 lost 2000 bytes (sent, never "
+                            "received) and moved no byte for 4 s");
+}
+
 TEST_CASE("past the shutdown bound the verdict ends the cluster, once") {
   const auto t0 = clock_type::now();
   stall_inspector s(2, warn_after(2s, 5s));
@@ -178,7 +194,7 @@ TEST_CASE("the position board follows the steps and collectives, and the ring's 
   CHECK(p.phase == worker_phase::compute);
   CHECK(p.step == 3);
   CHECK(p.collective == -1);
-  board.set_ring_probe([] { return ring_progress{1, clock_type::now() - 10s}; });
+  board.set_ring_probe([] { return ring_progress{1, clock_type::now() - 10s, 640, 512}; });
   board.begin_collective(3, 2, position_op::broadcast, 1, 64);
   std::this_thread::sleep_for(20ms);
   p = board.read(clock_type::now());
@@ -191,6 +207,8 @@ TEST_CASE("the position board follows the steps and collectives, and the ring's 
   CHECK(p.ring_peer == 1);
   CHECK(p.ring_idle_ms >= 20);  // progress before the collective counts from its start
   CHECK(p.ring_idle_ms < 5000);
+  CHECK(p.ring_sent == 640);
+  CHECK(p.ring_received == 512);
   board.end_collective();
   CHECK(board.read(clock_type::now()).phase == worker_phase::compute);
   board.end_step();

@@ -854,6 +854,16 @@ int main(int argc, char** argv) {
         });
       }
       std::cout << "trained 6 steps" << std::endl;
+    } else if (mode == "silent-link") {
+      // Five steps of one 1 MiB all-reduce; step 3's values are 777, which silent_link_shim
+      // (preloaded into worker 0 by run_cluster.sh) takes as the moment its link stops forwarding.
+      for (int step = 1; step <= 5; ++step) {
+        s.run([&] {
+          get_replica_context()->all_reduce(ReduceOp::sum, Tensor::full({262144}, step == 3 ? 777.0f : 1.0f));
+        });
+      }
+      std::cout << "FAIL every step returned although a ring link stopped forwarding\n";
+      rc = 1;
     } else if (mode == "mismatch") {
       // Every step all-reduces twice; in step 2 worker 1's second all-reduce has another dtype
       // (MW_MISMATCH=dtype: float64) or size (MW_MISMATCH=size: 8 elements instead of 4).

@@ -821,6 +821,19 @@ PY
     grep -q "troupe: the chief ended the cluster: a worker waited longer than the stall shutdown bound (3 s, TROUPE_STALL_SHUTDOWN_S): $line" "$dir/out0" ||
       fail "the chief did not say why it ended the cluster"
     expect_all 2 3 "^ERROR .*$line" ;;
+  silent-link)
+    # Worker 0's ring link to worker 1 stops forwarding in step 3 (silent_link_shim, $3), while
+    # both workers keep beating. The chief's stall line names the link (from worker 0 to worker 1),
+    # and with TROUPE_STALL_SHUTDOWN_S=3 every worker fails with that line instead of waiting.
+    for i in 0 1; do
+      declare -g "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$ TROUPE_STALL_WARNING_S=1 TROUPE_STALL_SHUTDOWN_S=3"
+    done
+    W0_ENV="$W0_ENV LD_PRELOAD=$stranger"
+    start_cluster 2 silent-link; wait_all 2
+    grep -q "^silent link: swallowing" "$dir/out0" || fail "the shim silenced no link of worker 0"
+    line="stall: step 3 all_reduce #0 (float32, 1.0 MiB): workers 0, 1 waiting [0-9]* s; every worker waits in it: the ring link from worker 0 to worker 1 lost [0-9]* bytes (sent, never received) and moved no byte for [0-9]* s"
+    grep -q "^troupe: $line" "$dir/out0" || fail "the chief's stall line did not name the link from worker 0 to worker 1"
+    expect_all 2 3 "^ERROR .*the chief ended the cluster: .*$line" ;;
   skip-doctor|mismatch-dtype|mismatch-size)
     # A worker skips a collective, or all-reduces another dtype or size in one: every worker
     # fails and writes its dump; troupe-doctor (the third argument) names the worker and the

@@ -221,6 +221,7 @@ void frame_writer::progress(ring_link& link) {
     const std::size_t n = std::min<std::size_t>((body ? body_iovs_ : iov_.size()) - next_, IOV_MAX);
     std::size_t left = link.write_some(side_, &iov_[next_], n);
     if (left == 0) return;
+    moved_ += left;
     while (left > 0 && !done()) {
       if (left >= iov_[next_].iov_len) {
         if (body) mac_->add(iov_[next_].iov_base, iov_[next_].iov_len);
@@ -265,6 +266,7 @@ void frame_reader::pull(Read&& read, const ring_peer& from) {
                                           : reinterpret_cast<char*>(table_.data()) + (stage_ == stage::head ? 0 : 8);
     const std::size_t r = read(target + have_, need_ - have_);
     if (r == 0) return;
+    moved_ += r;
     if (mac_ != nullptr && stage_ != stage::tag) mac_->add(target + have_, r);
     have_ += r;
     if (have_ < need_) continue;
@@ -480,6 +482,8 @@ void frame_pump::exchange(const deadline& until, std::chrono::milliseconds timeo
     if (const std::uint64_t now_marks = marks(); now_marks != seen) {
       seen = now_marks;
       last_progress.store(clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+      sent_next.store(to_next.moved(), std::memory_order_relaxed);
+      received_prev.store(from_prev.moved(), std::memory_order_relaxed);
     }
     if (clock::now() < spin_until_time) {
       if (spin.yield) {
@@ -503,6 +507,8 @@ void frame_pump::exchange(const deadline& until, std::chrono::milliseconds timeo
     if (!to_next.done()) throw peer_error(next.rank, after + next.name + " to receive");
     throw peer_error(prev.rank, after + prev.name + " to receive");
   }
+  sent_next.store(to_next.moved(), std::memory_order_relaxed);
+  received_prev.store(from_prev.moved(), std::memory_order_relaxed);
 }
 
 }  // namespace troupe::transport::frames

@@ -179,6 +179,8 @@ tcp_ring::progress_view tcp_ring::progress() const noexcept {
   progress_view v;
   v.peer = impl_->pump.waiting_on.load(std::memory_order_relaxed);
   v.last = frames::clock::time_point(frames::clock::duration(impl_->pump.last_progress.load(std::memory_order_relaxed)));
+  v.sent_next = impl_->pump.sent_next.load(std::memory_order_relaxed);
+  v.received_prev = impl_->pump.received_prev.load(std::memory_order_relaxed);
   return v;
 }
 

@@ -10,8 +10,9 @@
 //   stall: step 812 all_reduce #3 (float32, 1.0 MiB): workers 0, 2, 3 waiting 61 s; worker 1 is in
 //   step 811 compute since 63 s (last heartbeat 0.4 s ago)
 //
-// and when every worker waits in the same collective, the ring link that made no progress
-// (a relay that stopped forwarding). The line is repeated at a back-off (the warning bound, then
+// and when every worker waits in the same collective, the ring link that made no progress (a
+// relay that stopped forwarding): the one whose sender counts more bytes sent than its receiver
+// received, else the one idle longest. The line is repeated at a back-off (the warning bound, then
 // twice as long each time, at most 10 minutes apart), cleared once no worker waits too long, and,
 // past the shutdown bound (off unless set), handed to the agent to end the cluster with.
 // Plain classes without CAF: time is passed in, so tests decide it.
@@ -60,6 +61,11 @@ struct worker_position {
   std::int64_t phase_ms = 0;      ///< how long it had been in this phase when the beat left
   std::int32_t ring_peer = -1;    ///< in a collective: the ring neighbour whose bytes it waits for
   std::int64_t ring_idle_ms = -1; ///< in a collective: how long the ring moved no byte (-1 unknown)
+  /// Bytes this worker sent to its successor in the ring, and received from its predecessor, since
+  /// the ring began (both ends of a link count the same stream: a sender ahead of its receiver
+  /// while nothing moves lost bytes on the way).
+  std::uint64_t ring_sent = 0;
+  std::uint64_t ring_received = 0;
 };
 
 /// Why a position from the network is refused (the field, its value, what was expected), or
@@ -70,6 +76,8 @@ std::optional<std::string> check_worker_position(const worker_position& p, int w
 struct ring_progress {
   int peer = -1;
   std::chrono::steady_clock::time_point last{};  ///< epoch: unknown
+  std::uint64_t sent = 0;      ///< to the successor, since the ring began
+  std::uint64_t received = 0;  ///< from the predecessor, since the ring began
 };
 
 /// A worker's own position, written by its training thread at every step and cross-worker

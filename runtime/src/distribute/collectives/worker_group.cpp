@@ -114,7 +114,7 @@ RingWorkerGroup::RingWorkerGroup(int rank, std::vector<actors::member> members,
   transport::tcp_ring* ring_ptr = ring_.get();
   position_->set_ring_probe([ring_ptr] {
     const auto v = ring_ptr->progress();
-    return actors::ring_progress{v.peer, v.last};
+    return actors::ring_progress{v.peer, v.last, v.sent_next, v.received_prev};
   });
 }
 

@@ -180,6 +180,10 @@ class tcp_ring {
   struct progress_view {
     int peer = -1;
     std::chrono::steady_clock::time_point last{};
+    /// Bytes sent to the successor and received from the predecessor since the ring began: a
+    /// link whose sender counts more than its receiver, while nothing moves, lost them on the way.
+    std::uint64_t sent_next = 0;
+    std::uint64_t received_prev = 0;
   };
   progress_view progress() const noexcept;
 
