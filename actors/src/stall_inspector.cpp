@@ -203,20 +203,23 @@ std::string stall_inspector::describe(clock::time_point now, std::chrono::millis
       line += " sent no position yet";
       continue;
     }
+    std::string where;
     switch (s.p.phase) {
-      case worker_phase::none: line += " had begun no step"; break;
-      case worker_phase::input:
-        line += " is in input after step " + std::to_string(s.p.step) + " since " + whole_seconds(in_phase(s));
-        break;
-      case worker_phase::compute:
-        line += " is in step " + std::to_string(s.p.step) + " compute since " + whole_seconds(in_phase(s));
-        break;
+      case worker_phase::none: where = "before its first step"; break;
+      case worker_phase::input: where = "in input after step " + std::to_string(s.p.step); break;
+      case worker_phase::compute: where = "in step " + std::to_string(s.p.step) + " compute"; break;
       case worker_phase::collective:
-        line += " waits in step " + std::to_string(s.p.step) + " " + to_string(s.p.op) + " #" +
-                std::to_string(s.p.collective) + " since " + whole_seconds(in_phase(s));
+        where = "waiting in step " + std::to_string(s.p.step) + " " + to_string(s.p.op) + " #" +
+                std::to_string(s.p.collective);
         break;
     }
-    line += " (last heartbeat " + tenths(since_beat(s)) + " ago)";
+    if (since_beat(s) > options_.late_after) {
+      // Its heartbeats stopped: where it was is all that is known.
+      line += " is silent: its last heartbeat, " + tenths(since_beat(s)) + " ago, had it " + where;
+    } else {
+      line += " is " + where + (s.p.phase == worker_phase::none ? "" : " since " + whole_seconds(in_phase(s))) +
+              " (last heartbeat " + tenths(since_beat(s)) + " ago)";
+    }
   }
   if (others.empty()) {
     // Every worker waits in the same collective: a link that moves nothing. One whose sender sent

@@ -99,8 +99,8 @@ TEST_CASE("a worker whose heartbeats stopped is named with its last heartbeat's 
   s.position(1, computing(9, 100), t0 - 2400ms);  // stopped 2.4 s ago
   s.position(2, waiting(9, 0, 2400), t0);
   const stall_verdict v = s.check(t0);
-  CHECK(v.line == "stall: step 9 all_reduce #0 (float32, 1.0 MiB): workers 0, 2 waiting 2 s; worker 1 is in step 9 "
-                  "compute since 2 s (last heartbeat 2.4 s ago)");
+  CHECK(v.line == "stall: step 9 all_reduce #0 (float32, 1.0 MiB): workers 0, 2 waiting 2 s; worker 1 is silent: "
+                  "its last heartbeat, 2.4 s ago, had it in step 9 compute");
 }
 
 TEST_CASE("when every worker waits in the collective, the ring link that moves nothing is named") {
@@ -158,9 +158,9 @@ TEST_CASE("a worker in another collective, between steps or without a position i
   input.phase_ms = 2000;
   s.position(2, input, t0);
   const stall_verdict v = s.check(t0);
-  CHECK(v.line == "stall: step 7 all_reduce #2 (float32, 1.0 MiB): worker 0 waiting 3 s; worker 1 waits in step 7 "
-                  "all_reduce #1 since 2 s (last heartbeat 0.0 s ago); worker 2 is in input after step 6 since 2 s "
-                  "(last heartbeat 0.0 s ago); worker 3 sent no position yet");
+  CHECK(v.line == "stall: step 7 all_reduce #2 (float32, 1.0 MiB): worker 0 waiting 3 s; worker 1 is waiting in "
+                  "step 7 all_reduce #1 since 2 s (last heartbeat 0.0 s ago); worker 2 is in input after step 6 since "
+                  "2 s (last heartbeat 0.0 s ago); worker 3 sent no position yet");
 }
 
 TEST_CASE("a position from the network is checked field by field") {

@@ -275,10 +275,15 @@ diagnosis diagnose(const std::vector<dump>& dumps_in, std::size_t table_steps) {
       std::string what, sides;
       std::set<std::string> ops, dtypes;
       std::set<std::uint64_t> sizes;
+      std::vector<std::vector<std::int64_t>> by_side;  // each side's ranks, the side of rank 0 first
       for (const auto& [kind, ranks] : kinds) {
         ops.insert(std::get<0>(kind));
         dtypes.insert(std::get<1>(kind));
         sizes.insert(std::get<2>(kind));
+        by_side.push_back(ranks);
+      }
+      std::sort(by_side.begin(), by_side.end());
+      for (const auto& ranks : by_side) {
         const entry& e = *ring[static_cast<std::size_t>(ranks.front())].at(k);
         sides += (sides.empty() ? "" : "; ") + shape_of(e) + " on " + list_ranks(ranks);
       }

@@ -10,7 +10,9 @@
 //   stall: step 812 all_reduce #3 (float32, 1.0 MiB): workers 0, 2, 3 waiting 61 s; worker 1 is in
 //   step 811 compute since 63 s (last heartbeat 0.4 s ago)
 //
-// and when every worker waits in the same collective, the ring link that made no progress (a
+// A worker whose heartbeats stopped is named with where its last one had it and how old that is
+// ("worker 1 is silent: its last heartbeat, 2.6 s ago, had it in step 43 compute"); and when every
+// worker waits in the same collective, the ring link that made no progress (a
 // relay that stopped forwarding): the one whose sender counts more bytes sent than its receiver
 // received, else the one idle longest. The line is repeated at a back-off (the warning bound, then
 // twice as long each time, at most 10 minutes apart), cleared once no worker waits too long, and,
