@@ -172,12 +172,20 @@ std::string stall_inspector::describe(clock::time_point now, std::chrono::millis
   using std::chrono::milliseconds;
   auto since_beat = [&](const seen& s) { return std::max(milliseconds(0), duration_cast<milliseconds>(now - s.at)); };
   auto in_phase = [&](const seen& s) { return ms(s.p.phase_ms) + since_beat(s); };
-  // The collective: the one its longest waiter waits in.
+  // The collective: the one its longest waiter waits in, among the workers that still beat (a
+  // silent worker's last position is only where it was); the silent ones when none beats.
+  auto fresh = [&](const seen& s) { return since_beat(s) <= options_.late_after; };
   int key = -1;
+  bool key_fresh = false;
   for (std::size_t r = 0; r < workers_.size(); ++r) {
     const seen& s = workers_[r];
     if (!s.known || s.p.phase != worker_phase::collective) continue;
-    if (key < 0 || in_phase(s) > in_phase(workers_[static_cast<std::size_t>(key)])) key = static_cast<int>(r);
+    const bool f = fresh(s);
+    if (key < 0 || (f && !key_fresh) ||
+        (f == key_fresh && in_phase(s) > in_phase(workers_[static_cast<std::size_t>(key)]))) {
+      key = static_cast<int>(r);
+      key_fresh = f;
+    }
   }
   if (key < 0) return {};
   const seen& k = workers_[static_cast<std::size_t>(key)];
@@ -188,7 +196,7 @@ std::string stall_inspector::describe(clock::time_point now, std::chrono::millis
   for (std::size_t r = 0; r < workers_.size(); ++r) {
     const seen& s = workers_[r];
     const bool same = s.known && s.p.phase == worker_phase::collective && s.p.step == kp.step &&
-                      s.p.collective == kp.collective;
+                      s.p.collective == kp.collective && (fresh(s) || !key_fresh);
     (same ? waiting : others).push_back(static_cast<int>(r));
   }
   std::string line = "stall: step " + std::to_string(kp.step) + " " + to_string(kp.op) + " #" +

@@ -135,6 +135,15 @@ TEST_CASE("a ring link whose sender sent bytes its receiver never got is named, 
                             "received) and moved no byte for 4 s");
 }
 
+TEST_CASE("a silent worker's old position in a collective is not taken for the stalled collective") {
+  const auto t0 = clock_type::now();
+  stall_inspector s(2, warn_after(2s));
+  s.position(0, waiting(1357, 1, 1500), t0 - 1s);   // beats: waiting for 2.5 s now
+  s.position(1, waiting(1161, 0, 10), t0 - 3s);     // silent for 3 s, last seen in an older collective
+  CHECK(s.check(t0).line == "stall: step 1357 all_reduce #1 (float32, 1.0 MiB): worker 0 waiting 2 s; worker 1 is "
+                            "silent: its last heartbeat, 3.0 s ago, had it waiting in step 1161 all_reduce #0");
+}
+
 TEST_CASE("past the shutdown bound the verdict ends the cluster, once") {
   const auto t0 = clock_type::now();
   stall_inspector s(2, warn_after(2s, 5s));
