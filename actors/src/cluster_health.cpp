@@ -22,6 +22,8 @@ const char* to_string(cluster_event_kind k) noexcept {
     case cluster_event_kind::fault_reported: return "fault_reported";
     case cluster_event_kind::connection_refused: return "connection_refused";
     case cluster_event_kind::collective_error: return "collective_error";
+    case cluster_event_kind::stall: return "stall";
+    case cluster_event_kind::stall_cleared: return "stall_cleared";
   }
   return "unknown";
 }
@@ -105,6 +107,13 @@ void cluster_health::collective_error(const std::string& what, clock::time_point
   record(cluster_event_kind::collective_error, -1, {}, what, now);
 }
 
+void cluster_health::stall(const std::string& line, bool event, clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const bool cleared = line.rfind("stall cleared", 0) == 0;
+  stall_ = cleared ? std::string() : line.substr(0, max_text_bytes);
+  if (event) record(cleared ? cluster_event_kind::stall_cleared : cluster_event_kind::stall, -1, {}, line, now);
+}
+
 void cluster_health::observe(clock::time_point now) {
   std::lock_guard<std::mutex> lock(mutex_);
   observe_locked(now);
@@ -136,6 +145,7 @@ cluster_snapshot cluster_health::snapshot(clock::time_point now) {
   s.workers = workers_;
   s.events.assign(events_.rbegin(), events_.rend());
   s.events_total = total_;
+  s.stall = stall_;
   return s;
 }
 

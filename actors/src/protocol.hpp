@@ -47,8 +47,10 @@ void spin_on_mailbox(caf::blocking_actor* self, std::chrono::microseconds spin, 
 // The rendezvous and the cluster watch (rendezvous.hpp has the walkthrough):
 //   worker -> chief's agent: (nonce) -> string; (join, version, rank, nonce, proof, devices,
 //     data host, data port) -> vector<member> or a caf::error of category "rendezvous";
-//     (beat, rank, watcher, cpu percent, rss bytes, lines total, lines): the beat and the
-//     worker_report beside it, flat as the join is; (bye, rank); (fault, rank, what) -> bool: a
+//     (beat, rank, watcher, cpu percent, rss bytes, lines total, lines, phase, step, collective,
+//     op, dtype, bytes, phase ms, ring peer, ring idle ms, ring sent, ring received): the beat,
+//     the worker_report and the
+//     worker_position beside it, flat as the join is; (bye, rank); (fault, rank, what) -> bool: a
 //     member found the workers out of step or a ring link tampered with, and the agent tells
 //     every other watcher (gone, rank, what)
 //   chief -> its own agent: (await) -> vector<member> or the error; (tick, interval); (check);

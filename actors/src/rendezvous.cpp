@@ -18,6 +18,7 @@
 #include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/liveness_policy.hpp"
 #include "troupe/actors/rendezvous_state.hpp"
+#include "troupe/actors/stall_inspector.hpp"
 #include "troupe/actors/worker_report.hpp"
 #include "troupe/base/process_usage.hpp"
 #include "troupe/transport/random.hpp"
@@ -56,6 +57,8 @@ struct agent_state {
   std::map<std::int32_t, early_beat> early;
   std::uint64_t refused = 0;           // messages refused, for the log's bound
   std::shared_ptr<cluster_health> health;  // may be null
+  stall_options stall;                     // the inspector's bounds
+  std::optional<stall_inspector> stalls;   // once the watch began
 };
 
 // Who sent the message being handled: its node, or a name no member has when it came without a
@@ -142,6 +145,9 @@ void start_watch(caf::stateful_actor<agent_state>* self, std::chrono::millisecon
   auto& s = self->state;
   s.rules->start_watch(interval, rendezvous_state::clock::now());
   s.watchers.assign(s.rules->table().size(), caf::actor{});
+  stall_options stall = s.stall;
+  stall.late_after = interval * liveness_policy::late_after_intervals;
+  s.stalls.emplace(static_cast<int>(s.rules->table().size()), stall);
   if (s.health) {
     std::vector<std::string> tasks;
     for (const auto& m : s.rules->table()) tasks.push_back(m.task);
@@ -164,9 +170,29 @@ void start_watch(caf::stateful_actor<agent_state>* self, std::chrono::millisecon
   self->delayed_send(self, interval, check_atom::value, interval);
 }
 
+// The stall inspector's check: its line goes to the chief's log (at its back-off) and to the
+// dashboard; past the shutdown bound every worker is told, with the line as the reason.
+void inspect_stalls(caf::stateful_actor<agent_state>* self, rendezvous_state::clock::time_point now) {
+  auto& s = self->state;
+  const stall_verdict v = s.stalls->check(now);
+  if (v.print || v.cleared) std::cerr << "troupe: " << v.line << std::endl;
+  if (s.health && (v.stalled || v.cleared)) s.health->stall(v.line, v.print || v.cleared, now);
+  if (v.shutdown) {
+    const std::string reason = "the chief ended the cluster: a worker waited longer than the stall shutdown bound (" +
+                               std::to_string(s.stall.shutdown.count() / 1000) + " s, TROUPE_STALL_SHUTDOWN_S): " +
+                               v.line;
+    std::cerr << "troupe: " << reason << std::endl;
+    if (s.health) s.health->fault(0, reason, now);
+    for (const auto& w : s.watchers) {
+      if (w) self->send(w, gone_atom::value, std::int32_t{-1}, reason);
+    }
+  }
+}
+
 caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_options options) {
   self->state.rules.emplace(options);
   self->state.health = options.health;
+  self->state.stall = options.stall;
   self->state.rules->set_chief_peer(caf::to_string(self->node()));
   self->delayed_send(self, options.timeout, expire_atom::value);
   auto fan_out = [=](const verdict& v) {
@@ -188,7 +214,9 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
   });
   return {
       [=](beat_atom, std::int32_t rank, const caf::actor& watcher, double cpu_percent, std::int64_t rss_bytes,
-          std::uint64_t lines_total, std::vector<std::string>& lines) {
+          std::uint64_t lines_total, std::vector<std::string>& lines, std::int32_t phase, std::uint64_t step,
+          std::int64_t collective, std::int32_t op, std::int32_t dtype, std::uint64_t bytes, std::int64_t phase_ms,
+          std::int32_t ring_peer, std::int64_t ring_idle_ms, std::uint64_t ring_sent, std::uint64_t ring_received) {
         auto& s = self->state;
         // A beat counts only from the peer that joined as that rank, naming a watcher there.
         const auto peer = peer_of(self);
@@ -208,6 +236,34 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
         if (s.health) {
           s.health->beat(rank, now);
           if (report) s.health->report(rank, *report);
+        }
+        // So is the position: its codes are range-checked before they become enums.
+        if (s.stalls) {
+          worker_position p;
+          const bool codes = phase >= 0 && phase <= static_cast<std::int32_t>(worker_phase::collective) && op >= 0 &&
+                             op <= static_cast<std::int32_t>(position_op::all_gather);
+          if (codes) {
+            p.phase = static_cast<worker_phase>(phase);
+            p.op = static_cast<position_op>(op);
+          }
+          p.step = step;
+          p.collective = collective;
+          p.dtype = dtype;
+          p.bytes = bytes;
+          p.phase_ms = phase_ms;
+          p.ring_peer = ring_peer;
+          p.ring_idle_ms = ring_idle_ms;
+          p.ring_sent = ring_sent;
+          p.ring_received = ring_received;
+          auto bad = codes ? check_worker_position(p, static_cast<int>(s.rules->table().size()))
+                           : std::optional<std::string>("phase " + std::to_string(phase) + " or op " +
+                                                        std::to_string(op) + " (expected 0..3 each)");
+          if (bad) {
+            log_refusal(self, "refused the position beside a heartbeat of rank " + std::to_string(rank) + " from " +
+                                  peer + ": " + *bad);
+          } else {
+            s.stalls->position(rank, p, now);
+          }
         }
         if (s.rules->on_beat(rank, now, peer)) {
           s.watchers[static_cast<std::size_t>(rank)] = watcher;
@@ -244,6 +300,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
         const auto now = rendezvous_state::clock::now();
         for (const auto& v : self->state.rules->check(now)) fan_out(v);
         if (self->state.health) self->state.health->observe(now);
+        if (self->state.stalls) inspect_stalls(self, now);
         // The chief's heartbeat to every watcher, which declares it gone when these stop.
         for (const auto& w : self->state.watchers) {
           if (w) self->send(w, alive_atom::value);
@@ -312,7 +369,8 @@ struct chief_watch_state {
 // unless this worker was itself not running meanwhile (liveness_policy::paused).
 caf::behavior heartbeat(caf::stateful_actor<chief_watch_state>* self, caf::actor agent, std::int32_t rank,
                         std::chrono::milliseconds interval, int missed, std::string chief,
-                        std::shared_ptr<log_tail> log, std::function<void(int, const std::string&)> on_failure) {
+                        std::shared_ptr<log_tail> log, std::shared_ptr<position_board> position,
+                        std::function<void(int, const std::string&)> on_failure) {
   self->state.heard = std::chrono::steady_clock::now();
   self->state.ticked = self->state.heard;
   auto report = [=](int r, const std::string& reason) {
@@ -344,8 +402,11 @@ caf::behavior heartbeat(caf::stateful_actor<chief_watch_state>* self, caf::actor
     r.rss_bytes = usage.rss_bytes;
     if (log) log->fill(r, st.lines_sent);
     st.lines_sent = r.lines_total;
+    const worker_position p = position ? position->read(std::chrono::steady_clock::now()) : worker_position{};
     self->send(agent, beat_atom::value, rank, caf::actor_cast<caf::actor>(self), r.cpu_percent, r.rss_bytes,
-               r.lines_total, std::move(r.lines));
+               r.lines_total, std::move(r.lines), static_cast<std::int32_t>(p.phase), p.step, p.collective,
+               static_cast<std::int32_t>(p.op), p.dtype, p.bytes, p.phase_ms, p.ring_peer, p.ring_idle_ms,
+               p.ring_sent, p.ring_received);
   };
   beat();
   self->delayed_send(self, interval, tick_atom::value, interval);
@@ -573,7 +634,8 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
   w->rank = options.rank;
   if (w->chief) caf::anon_send(agent, tick_atom::value, heartbeat_interval);
   w->beat = system.spawn(heartbeat, agent, static_cast<std::int32_t>(options.rank), heartbeat_interval,
-                         options.missed_heartbeats, options.tasks[0], options.log, std::move(on_failure));
+                         options.missed_heartbeats, options.tasks[0], options.log, options.position,
+                         std::move(on_failure));
   watch = std::make_unique<cluster_watch>(std::move(w));
   return members;
 }

@@ -305,6 +305,13 @@ void check_options(const rendezvous_options& o) {
     bad("answer_margin and failure_linger are " + std::to_string(o.answer_margin.count()) + " and " +
         std::to_string(o.failure_linger.count()) + " ms (expected 0 or more)");
   }
+  if (o.stall.warning < std::chrono::seconds(1) || o.stall.warning > std::chrono::hours(24 * 7)) {
+    bad("stall.warning is " + std::to_string(o.stall.warning.count()) + " ms (expected 1 s..7 days)");
+  }
+  if (o.stall.shutdown.count() != 0 &&
+      (o.stall.shutdown < std::chrono::seconds(1) || o.stall.shutdown > std::chrono::hours(24 * 7))) {
+    bad("stall.shutdown is " + std::to_string(o.stall.shutdown.count()) + " ms (expected 0 for never, or 1 s..7 days)");
+  }
   if (o.collective_id.size() > rendezvous_limits::max_collective_id_chars) {
     bad("collective_id has " + std::to_string(o.collective_id.size()) + " characters (expected at most " +
         std::to_string(rendezvous_limits::max_collective_id_chars) + " hex digits)");

@@ -96,6 +96,14 @@ void check_multi_worker_options(const distribute::CommunicationOptions& options,
     bad_setting("MultiWorkerOptions", "start_timeout", settings.start_timeout.count(), " ms", "1..86400000");
   }
   actors::liveness_policy{settings.heartbeat_interval, settings.missed_heartbeats}.check("MultiWorkerOptions");
+  if (settings.stall_warning < std::chrono::seconds(1) || settings.stall_warning > std::chrono::hours(24 * 7)) {
+    bad_setting("MultiWorkerOptions", "stall_warning", settings.stall_warning.count(), " ms", "1000..604800000");
+  }
+  if (settings.stall_shutdown.count() != 0 &&
+      (settings.stall_shutdown < std::chrono::seconds(1) || settings.stall_shutdown > std::chrono::hours(24 * 7))) {
+    bad_setting("MultiWorkerOptions", "stall_shutdown", settings.stall_shutdown.count(), " ms",
+                "0 for never, or 1000..604800000");
+  }
   if (settings.devices_per_worker < 0 || settings.devices_per_worker > 1024) {
     bad_setting("MultiWorkerOptions", "devices_per_worker", settings.devices_per_worker, "",
                 "0 for the default, or 1..1024");
@@ -180,6 +188,12 @@ MultiWorkerOptions MultiWorkerOptions::from_environment() {
       troupe::detail::env_int("TROUPE_START_TIMEOUT_MS", static_cast<int>(default_start_timeout.count()), 1, 86'400'000));
   o.heartbeat_interval = troupe::detail::heartbeat_interval_from_environment();
   o.devices_per_worker = troupe::detail::env_int("TROUPE_DEVICES_PER_WORKER", 0, 1, 1024);
+  o.missed_heartbeats = troupe::detail::env_int("TROUPE_MISSED_HEARTBEATS", default_missed_heartbeats,
+                                                actors::liveness_policy::min_missed,
+                                                actors::liveness_policy::max_missed);
+  o.stall_warning = std::chrono::seconds(
+      troupe::detail::env_int("TROUPE_STALL_WARNING_S", static_cast<int>(default_stall_warning.count()), 1, 604'800));
+  o.stall_shutdown = std::chrono::seconds(troupe::detail::env_int("TROUPE_STALL_SHUTDOWN_S", 0, 0, 604'800));
   o.restart_count = troupe::detail::env_int("TROUPE_RESTART_COUNT", 0, 0, 1'000'000);
   if (const char* token = std::getenv("TROUPE_CLUSTER_TOKEN")) o.cluster_token = token;
   o.insecure = troupe::detail::env_switch("TROUPE_INSECURE", o.insecure,

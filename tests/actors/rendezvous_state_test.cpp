@@ -143,10 +143,10 @@ TEST_CASE("rendezvous_state completes the table once every worker joined, in any
 TEST_CASE("a join in another protocol version fails the rendezvous, naming both versions") {
   rendezvous_state s(options_for(3));
   auto j = join_of(s, 1);
-  j.version = 5;  // the version before heartbeats carried a worker report
+  j.version = 6;  // the version before heartbeats carried a worker's position
   j.proof = "wrong too";  // the version is checked first
   check_refused(s.join(j), rendezvous_errc::protocol_mismatch,
-                "rendezvous failed: " + task(1) + " speaks rendezvous protocol version 5, the chief 6: run the same "
+                "rendezvous failed: " + task(1) + " speaks rendezvous protocol version 6, the chief 7: run the same "
                                                   "troupe build everywhere");
 }
 

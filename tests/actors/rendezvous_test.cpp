@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "../common/free_port.hpp"
@@ -477,8 +478,15 @@ TEST_CASE("the chief refuses a member's heartbeat report that breaks a bound, lo
   REQUIRE(error == "");
   REQUIRE(table == 2);
   const auto watcher = caf::actor_cast<caf::actor>(self);
-  auto beat = [&](double cpu, std::int64_t rss, std::uint64_t total, std::vector<std::string> lines) {
-    self->send(agent, beat_atom::value, std::int32_t{1}, watcher, cpu, rss, total, std::move(lines));
+  // The position beside the beat: phase, step, collective, op, dtype, bytes, phase ms, ring peer,
+  // ring idle ms, ring sent, ring received (the fields of worker_position, flat).
+  using position = std::tuple<std::int32_t, std::uint64_t, std::int64_t, std::int32_t, std::int32_t, std::uint64_t,
+                              std::int64_t, std::int32_t, std::int64_t, std::uint64_t, std::uint64_t>;
+  auto beat = [&](double cpu, std::int64_t rss, std::uint64_t total, std::vector<std::string> lines,
+                  position p = position{2, 3, -1, 0, -1, 0, 10, -1, -1, 0, 0}) {
+    self->send(agent, beat_atom::value, std::int32_t{1}, watcher, cpu, rss, total, std::move(lines), std::get<0>(p),
+               std::get<1>(p), std::get<2>(p), std::get<3>(p), std::get<4>(p), std::get<5>(p), std::get<6>(p),
+               std::get<7>(p), std::get<8>(p), std::get<9>(p), std::get<10>(p));
   };
   auto worker1 = [&] { return health->snapshot(cluster_health::clock::now()).workers.at(1); };
   auto wait = [&](auto done) {
@@ -526,5 +534,36 @@ TEST_CASE("the chief refuses a member's heartbeat report that breaks a bound, lo
     }
   }
   CHECK(refused >= 3);
+  // A position beyond its bounds is refused alone and logged: the beat and its report still count.
+  const std::vector<std::pair<std::string, position>> bad_positions = {
+      {"a phase beyond collective", position{9, 3, -1, 0, -1, 0, 10, -1, -1, 0, 0}},
+      {"an op beyond all_gather", position{3, 3, 0, 7, 0, 16, 10, -1, -1, 0, 0}},
+      {"a dtype code beyond bfloat16", position{3, 3, 0, 1, 6, 16, 10, -1, -1, 0, 0}},
+      {"a ring peer outside the cluster", position{3, 3, 0, 1, 0, 16, 10, 2, 5, 0, 0}},
+      {"a negative wait", position{3, 3, 0, 1, 0, 16, -10, -1, -1, 0, 0}},
+  };
+  for (int round = 0; round < 2; ++round) {
+    for (const auto& [what, p] : bad_positions) {
+      CAPTURE(what);
+      marker += 1;
+      beat(marker, 64 << 20, 1, {}, p);
+      REQUIRE(wait([&] { return worker1().report.cpu_percent == marker; }));
+      CHECK(worker1().state == worker_state::alive);
+    }
+  }
+  // Logged at powers of two of all the agent's refusals (the 16th is one of these), once the
+  // middleman named the sender's address.
+  auto refused_positions = [&] {
+    int n = 0;
+    for (const auto& e : health->snapshot(cluster_health::clock::now()).events) {
+      if (e.kind == cluster_event_kind::connection_refused &&
+          e.text.find("refused the position beside a heartbeat of rank 1 from ") != std::string::npos &&
+          e.text.find(" (expected ") != std::string::npos) {
+        ++n;
+      }
+    }
+    return n;
+  };
+  CHECK(wait([&] { return refused_positions() >= 1; }));
   watch.reset();
 }

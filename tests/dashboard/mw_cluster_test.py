@@ -60,6 +60,7 @@ def main():
     global cluster
     launch, trainer = sys.argv[1], sys.argv[2]
     work = tempfile.mkdtemp(prefix="troupe-mw-cluster-")
+    os.environ["TROUPE_STALL_WARNING_S"] = "1"  # the stopped worker below is a stall after 1 s
     try:
         cluster = cluster_run.Cluster(launch, trainer, work)
         base = wait_for("the chief's dashboard URL",
@@ -72,6 +73,8 @@ def main():
         s = state()
         if not s["cluster"]["watching"] or s["cluster"]["heartbeat_interval_ms"] != INTERVAL:
             fail("the state's cluster section is %s, expected watching with interval %d" % (s["cluster"], INTERVAL))
+        if s["cluster"]["stall"] != "":
+            fail("the cluster reports a stall while healthy: %r" % s["cluster"]["stall"])
         if s["cluster"]["restart_count"] != 0:
             fail("the cluster's restart count is %r in its first start" % s["cluster"]["restart_count"])
         if len(s["cluster"]["incarnation"]) != 32:
@@ -143,11 +146,17 @@ def main():
                 fail("worker 1's worker_late event is at step %r; the chief was at %d before the stop and at %d "
                      "while it waited" % (event.get("step"), before_stop, late["step"]))
             print("stopped worker 1: %s, heartbeat age %.0f ms" % (w1["state"], w1["heartbeat_age_ms"]), flush=True)
+            # The chief waits for it in a collective: the stall inspector's line names it.
+            stalled = wait_for("the stall line naming worker 1",
+                               lambda: (lambda c: c if re.match(r"stall: step \d+ .*; worker 1 is silent: its last "
+                                                                r"heartbeat, [0-9.]+ s ago, had it ", c) else None)(
+                                   state()["cluster"]["stall"]), 10)
+            print("stall line: %s" % stalled, flush=True)
         finally:
             os.kill(pid, signal.SIGCONT)
         back = wait_for("worker 1 to be alive again",
                         lambda: (lambda s: s if s["workers"][1]["state"] == "alive" else None)(state()), 10)
-        events = back["failures"]
+        events = [f for f in back["failures"] if f["kind"] not in ("stall", "stall_cleared")]
         if not events or (events[0]["kind"], events[0]["worker"]) != ("worker_back", 1):
             fail("the newest failure is not worker 1 coming back: %s" % events[:3])
         sequences = [f["sequence"] for f in events if "sequence" in f]
@@ -158,6 +167,10 @@ def main():
             fail("the failures' times are not newest first: %s" % times)
         step = back["step"]
         wait_for("steps after worker 1 came back", lambda: state()["step"] > step + 3, 20)
+        cleared = wait_for("the stall to clear", lambda: (lambda s: s if s["cluster"]["stall"] == "" else None)(state()), 10)
+        if not any(f["kind"] == "stall" for f in cleared["failures"]) or \
+                not any(f["kind"] == "stall_cleared" for f in cleared["failures"]):
+            fail("no stall and stall_cleared events in %s" % cleared["failures"][:6])
         print("worker 1 back: %s" % events[0]["text"], flush=True)
 
         # No --checkpoint-dir: a stop with a checkpoint is refused, a stop without one acts.

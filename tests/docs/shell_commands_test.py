@@ -24,7 +24,8 @@ REPO, BUILD = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 RUN_SECONDS = 6
 
 # Installed names (PREFIX/bin, PREFIX/libexec/troupe/examples) and where the build has them.
-INSTALLED = {name: f"tools/{name}" for name in ("troupe-launch", "troupe-worker", "troupe-ckpt")}
+INSTALLED = {name: f"tools/{name}" for name in ("troupe-launch", "troupe-worker", "troupe-ckpt",
+                                                "troupe-doctor")}
 INSTALLED.update({name: f"examples/{name}" for name in
                   ("seed_examples", "quickstart", "custom_loop", "mlp_classifier", "multi_worker_trainer",
                    "ps_trainer")})

@@ -60,9 +60,12 @@ int main(int argc, char** argv) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(argc > 5 ? std::atoi(argv[5]) : 10);
     while (std::chrono::steady_clock::now() < until) {
       self->send(chief, bye_atom::value, rank);
-      // A beat as a member's heartbeat sends it, with the report beside it.
+      // A beat as a member's heartbeat sends it, with the report and the position beside it (a
+      // position that would name rank 0 as stalled in a collective for an hour).
       self->send(chief, beat_atom::value, rank, caf::actor_cast<caf::actor>(self), 12.5, std::int64_t{1} << 20,
-                 std::uint64_t{1}, std::vector<std::string>{"forged line"});
+                 std::uint64_t{1}, std::vector<std::string>{"forged line"}, std::int32_t{3}, std::uint64_t{1},
+                 std::int64_t{0}, std::int32_t{1}, std::int32_t{0}, std::uint64_t{16}, std::int64_t{3600000},
+                 std::int32_t{-1}, std::int64_t{-1}, std::uint64_t{0}, std::uint64_t{0});
       ++n;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

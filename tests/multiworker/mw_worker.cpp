@@ -831,6 +831,58 @@ int main(int argc, char** argv) {
       }
       std::cout << "FAIL every step returned although worker 1 skipped a collective\n";
       rc = 1;
+    } else if (mode == "stall") {
+      // Six steps of one 1 MiB all-reduce; at step MW_STALL_STEP (3 unless set) worker 1 stops
+      // itself (SIGSTOP) in compute (after 1.2 s of it), before the step's all-reduce, as a hung
+      // process would: the chief's stall inspector must name it while the others wait;
+      // run_cluster.sh continues it.
+      const char* at_env = std::getenv("MW_STALL_STEP");
+      const int at = at_env != nullptr ? std::atoi(at_env) : 3;
+      const int task = s.cluster_resolver()->task_id();
+      for (int step = 1; step <= 6; ++step) {
+        s.run([&] {
+          if (task == 1 && step == at) {
+            // Some compute first, so that a heartbeat tells the chief where it is.
+            std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+            std::cout << "stopping in step " << step << std::endl;
+            raise(SIGSTOP);
+          }
+          // The steps after the stall take a while, so that the chief sees it end.
+          if (step > at) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          const Tensor sum = get_replica_context()->all_reduce(ReduceOp::sum, Tensor::full({262144}, 1.0f));
+          if (sum.to_vector<float>()[0] != static_cast<float>(n)) throw std::runtime_error("stall: a wrong sum");
+        });
+      }
+      std::cout << "trained 6 steps" << std::endl;
+    } else if (mode == "silent-link") {
+      // Five steps of one 1 MiB all-reduce; step 3's values are 777, which silent_link_shim
+      // (preloaded into worker 0 by run_cluster.sh) takes as the moment its link stops forwarding.
+      for (int step = 1; step <= 5; ++step) {
+        s.run([&] {
+          get_replica_context()->all_reduce(ReduceOp::sum, Tensor::full({262144}, step == 3 ? 777.0f : 1.0f));
+        });
+      }
+      std::cout << "FAIL every step returned although a ring link stopped forwarding\n";
+      rc = 1;
+    } else if (mode == "mismatch") {
+      // Every step all-reduces twice; in step 2 worker 1's second all-reduce has another dtype
+      // (MW_MISMATCH=dtype: float64) or size (MW_MISMATCH=size: 8 elements instead of 4).
+      const char* what_env = std::getenv("MW_MISMATCH");
+      const std::string what = what_env != nullptr ? what_env : "dtype";
+      const int task = s.cluster_resolver()->task_id();
+      for (int step = 1; step <= 4; ++step) {
+        s.run([&] {
+          auto* ctx = get_replica_context();
+          ctx->all_reduce(ReduceOp::sum, Tensor::full({4}, step, DType::f32));
+          if (task == 1 && step == 2) {
+            ctx->all_reduce(ReduceOp::sum, what == "size" ? Tensor::full({8}, 20, DType::f32) : Tensor::full({4}, 20, DType::f64));
+          } else {
+            ctx->all_reduce(ReduceOp::sum, Tensor::full({4}, 10 * step, DType::f32));
+          }
+        });
+      }
+      std::cout << "FAIL every step returned although worker 1's tensor differed\n";
+      rc = 1;
     } else if (mode == "tamper") {
       // Every worker all-reduces 12345 in every element, five times. run_cluster.sh preloads
       // tamper_shim into worker 0, which flips a bit of the first 12345 it sends: no worker may

@@ -88,6 +88,16 @@ wait_all() {
   done
 }
 
+# wait_for_line FILE PATTERN SECONDS: true once FILE has a line matching PATTERN (grep), false
+# after SECONDS.
+wait_for_line() {
+  local deadline=$(( $(date +%s%N) + $3 * 1000000000 ))
+  until grep -q -- "$2" "$1" 2>/dev/null; do
+    [ "$(date +%s%N)" -lt "$deadline" ] || return 1
+    sleep 0.05
+  done
+}
+
 fail() {
   echo "FAILED: $*"
   for f in "$dir"/out*; do echo "--- $f"; cat "$f"; done
@@ -309,7 +319,9 @@ case "$scenario" in
     done
     kill -9 "${pids[1]}" "$attacker" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
     grep -q "refused a goodbye for rank 1" "$dir/out0" || fail "the chief did not log the forged goodbye"
-    grep -q "refused a heartbeat for rank 1" "$dir/out0" || fail "the chief did not log the forged heartbeat" ;;
+    grep -q "refused a heartbeat for rank 1" "$dir/out0" || fail "the chief did not log the forged heartbeat"
+    # The forged beats' position (an hour in a collective) never reached the stall inspector.
+    if grep -q "troupe: stall" "$dir/out0"; then fail "a forged position made the chief report a stall"; fi ;;
   forged-fault)
     # A cluster without a token (loopback): a stranger of the same user reaches the chief and
     # forges fault reports (workers out of step) for task 1 while the cluster forms and computes.
@@ -779,6 +791,70 @@ for rank in (0, 1):
 assert last == {0: (2, 1), 1: (3, 0)}, last
 PY
     ;;
+  stall-warning)
+    # Worker 1 stops itself (SIGSTOP) in step 3's compute; worker 0 waits in that step's
+    # all-reduce. With TROUPE_STALL_WARNING_S=2 the chief's stall line names worker 1 within 3 s
+    # (warning + 1 s) of the stop; once worker 1 is continued the chief says the stall is over
+    # and both finish. Heartbeats may be missed for 30 s, so the stop is a stall, not a death.
+    for i in 0 1; do declare "W${i}_ENV=TROUPE_STALL_WARNING_S=2 TROUPE_MISSED_HEARTBEATS=60"; done
+    start_cluster 2 stall
+    wait_for_line "$dir/out1" "stopping in step 3" 30 || fail "worker 1 did not stop"
+    stopped_at=$(date +%s%N)
+    line="troupe: stall: step 3 all_reduce #0 (float32, 1.0 MiB): worker 0 waiting [0-9]* s; worker 1 is silent: its last heartbeat, [0-9.]* s ago, had it in step 3 compute"
+    wait_for_line "$dir/out0" "$line" 10 || fail "the chief printed no stall line naming worker 1"
+    named_ms=$(( ($(date +%s%N) - stopped_at) / 1000000 ))
+    [ "$named_ms" -le 3000 ] || fail "the stall line came $named_ms ms after the stop (expected within 3000 ms)"
+    kill -CONT -- "-${pids[1]}"
+    wait_all 2
+    expect_all 2 0 "trained 6 steps"
+    grep -q "troupe: stall cleared: step 3 all_reduce #0 completed; every worker moved on" "$dir/out0" ||
+      fail "the chief did not say the stall was over"
+    echo "stall named after $named_ms ms" ;;
+  stall-shutdown)
+    # The same stop with TROUPE_STALL_SHUTDOWN_S=3: the chief ends the cluster, and every worker
+    # fails with the stall line as its error (worker 1 once it is continued).
+    for i in 0 1; do declare "W${i}_ENV=TROUPE_STALL_WARNING_S=1 TROUPE_STALL_SHUTDOWN_S=3 TROUPE_MISSED_HEARTBEATS=60"; done
+    start_cluster 2 stall
+    wait_for_line "$dir/out1" "stopping in step 3" 30 || fail "worker 1 did not stop"
+    wait "${pids[0]}"; echo $? > "$dir/rc0"
+    kill -CONT -- "-${pids[1]}"
+    wait "${pids[1]}"; echo $? > "$dir/rc1"
+    line="stall: step 3 all_reduce #0 (float32, 1.0 MiB): worker 0 waiting [0-9]* s; worker 1 is silent: its last heartbeat, [0-9.]* s ago, had it in step 3 compute"
+    grep -q "troupe: the chief ended the cluster: a worker waited longer than the stall shutdown bound (3 s, TROUPE_STALL_SHUTDOWN_S): $line" "$dir/out0" ||
+      fail "the chief did not say why it ended the cluster"
+    expect_all 2 3 "^ERROR .*$line" ;;
+  silent-link)
+    # Worker 0's ring link to worker 1 stops forwarding in step 3 (silent_link_shim, $3), while
+    # both workers keep beating. The chief's stall line names the link (from worker 0 to worker 1),
+    # and with TROUPE_STALL_SHUTDOWN_S=3 every worker fails with that line instead of waiting.
+    for i in 0 1; do
+      declare -g "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$ TROUPE_STALL_WARNING_S=1 TROUPE_STALL_SHUTDOWN_S=3"
+    done
+    W0_ENV="$W0_ENV LD_PRELOAD=$stranger"
+    start_cluster 2 silent-link; wait_all 2
+    grep -q "^silent link: swallowing" "$dir/out0" || fail "the shim silenced no link of worker 0"
+    line="stall: step 3 all_reduce #0 (float32, 1.0 MiB): workers 0, 1 waiting [0-9]* s; every worker waits in it: the ring link from worker 0 to worker 1 lost [0-9]* bytes (sent, never received) and moved no byte for [0-9]* s"
+    grep -q "^troupe: $line" "$dir/out0" || fail "the chief's stall line did not name the link from worker 0 to worker 1"
+    expect_all 2 3 "^ERROR .*the chief ended the cluster: .*$line" ;;
+  skip-doctor|mismatch-dtype|mismatch-size)
+    # A worker skips a collective, or all-reduces another dtype or size in one: every worker
+    # fails and writes its dump; troupe-doctor (the third argument) names the worker and the
+    # collective, and exits 1.
+    for i in 0 1; do declare "W${i}_ENV=TROUPE_FLIGHT_RECORDER_DIR=$dir/fr MW_MISMATCH=${scenario#mismatch-}"; done
+    start_cluster 2 "$([ "$scenario" = skip-doctor ] && echo skip || echo mismatch)"; wait_all 2
+    for i in 0 1; do
+      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
+      [ -s "$dir/fr/flight_recorder.rank$i.json" ] || fail "worker $i wrote no dump"
+    done
+    "$stranger" "$dir/fr" > "$dir/doctor" 2>&1; echo $? > "$dir/rc_doctor"
+    cat "$dir/doctor"
+    [ "$(cat "$dir/rc_doctor")" = "1" ] || fail "troupe-doctor exited $(cat "$dir/rc_doctor"), expected 1"
+    case "$scenario" in
+      skip-doctor) want="fault: rank 1 never entered step 2 all_reduce #1 (all_reduce float32 16 B), in which rank 0 waits; it went on to step 3 all_reduce #0 (failed): the order of collectives differs" ;;
+      mismatch-dtype) want="fault: the workers disagree in step 2 collective #1 (dtype, bytes): all_reduce float32 16 B on rank 0; all_reduce float64 32 B on rank 1" ;;
+      mismatch-size) want="fault: the workers disagree in step 2 collective #1 (bytes): all_reduce float32 16 B on rank 0; all_reduce float32 32 B on rank 1" ;;
+    esac
+    grep -qxF "$want" "$dir/doctor" || fail "troupe-doctor did not say: $want" ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 [ -n "${MW_SHOW:-}" ] && for f in "$dir"/out*; do echo "--- $f"; cat "$f"; done

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "flight_recorder.hpp"
+#include "troupe/base/process_usage.hpp"
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
 
@@ -119,6 +120,32 @@ TEST_CASE("flight recorder: the ring keeps the last entries, oldest first, after
   CHECK(dump["entries"][0]["state"] == "done");
   CHECK(dump["entries"][1]["end_ns"].is_null());
   CHECK(dump["entries"][1]["peer"].is_null());
+}
+
+TEST_CASE("flight recorder: 2000 entries wrap over 100k steps without growing the resident memory") {
+  FlightRecorder fr(2000, "");
+  base::process_usage usage;
+  auto step = [&](std::uint64_t i) {
+    flight_collective s;
+    s.step = i;
+    s.op = flight_op::step;
+    const auto t = fr.begin(s);
+    const auto c = fr.begin(numbered(i, 0));
+    fr.end(c, true);
+    fr.end(t, true);
+  };
+  for (std::uint64_t i = 0; i < 4000; ++i) step(i);  // every slot written once: its pages are in
+  const std::int64_t before = usage.sample().rss_bytes;
+  REQUIRE(before > 0);
+  for (std::uint64_t i = 4000; i < 104'000; ++i) step(i);
+  const std::int64_t after = usage.sample().rss_bytes;
+  CHECK(fr.recorded() == 208'000);
+  const auto kept = fr.entries();
+  REQUIRE(kept.size() == 2000);
+  CHECK(kept.front().id == 206'000);
+  CHECK(kept.back().step == 103'999);
+  // The recorder allocates nothing after its slots; 64 KiB allows for the allocator's noise.
+  CHECK(after - before <= 64 * 1024);
 }
 
 TEST_CASE("flight recorder: a queued entry starts, then fails naming its peer") {

@@ -47,6 +47,36 @@ TEST_CASE("the restart count comes from TROUPE_RESTART_COUNT, which troupe-launc
   unsetenv("TROUPE_RESTART_COUNT");
 }
 
+TEST_CASE("the stall inspector's bounds and the missed heartbeats come from the environment, each in its range") {
+  using namespace std::chrono_literals;
+  for (const char* name : {"TROUPE_STALL_WARNING_S", "TROUPE_STALL_SHUTDOWN_S", "TROUPE_MISSED_HEARTBEATS"}) {
+    unsetenv(name);
+  }
+  auto o = MultiWorkerOptions::from_environment();
+  CHECK(o.stall_warning == 60s);
+  CHECK(o.stall_shutdown == 0s);
+  CHECK(o.missed_heartbeats == 6);
+  setenv("TROUPE_STALL_WARNING_S", "1", 1);
+  setenv("TROUPE_STALL_SHUTDOWN_S", "30", 1);
+  setenv("TROUPE_MISSED_HEARTBEATS", "40", 1);
+  o = MultiWorkerOptions::from_environment();
+  CHECK(o.stall_warning == 1s);
+  CHECK(o.stall_shutdown == 30s);
+  CHECK(o.missed_heartbeats == 40);
+  setenv("TROUPE_STALL_WARNING_S", "0", 1);
+  CHECK(message_of([] { MultiWorkerOptions::from_environment(); }) == "TROUPE_STALL_WARNING_S=0 is outside 1..604800");
+  setenv("TROUPE_STALL_WARNING_S", "1", 1);
+  setenv("TROUPE_STALL_SHUTDOWN_S", "soon", 1);
+  CHECK(message_of([] { MultiWorkerOptions::from_environment(); }) ==
+        "TROUPE_STALL_SHUTDOWN_S='soon' is not a number in 0..604800");
+  setenv("TROUPE_STALL_SHUTDOWN_S", "0", 1);
+  setenv("TROUPE_MISSED_HEARTBEATS", "1001", 1);
+  CHECK(message_of([] { MultiWorkerOptions::from_environment(); }) == "TROUPE_MISSED_HEARTBEATS=1001 is outside 1..1000");
+  for (const char* name : {"TROUPE_STALL_WARNING_S", "TROUPE_STALL_SHUTDOWN_S", "TROUPE_MISSED_HEARTBEATS"}) {
+    unsetenv(name);
+  }
+}
+
 TEST_CASE("TROUPE_HEARTBEAT_MS sets the heartbeat of both cluster stacks, in one range") {
   using namespace std::chrono_literals;
   unsetenv("TROUPE_HEARTBEAT_MS");

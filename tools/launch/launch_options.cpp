@@ -101,7 +101,10 @@ void add_options(CLI::App& app, raw_options& raw) {
   app.add_option("--rsh", raw.rsh, "how to run a command on a host: CMD HOST COMMAND")
       ->type_name("CMD")
       ->capture_default_str();
-  app.add_option("--log-dir", raw.log_dir, "write every rank's output to DIR/rank-<i>.log")->type_name("DIR");
+  app.add_option("--log-dir", raw.log_dir,
+                 "write every rank's output to DIR/rank-<i>.log, and its flight recorder dump beside it (after a "
+                 "failed run, troupe-doctor's verdict on the dumps is printed)")
+      ->type_name("DIR");
   app.add_option("--ranks", raw.ranks, "show only these ranks' output on the terminal: 0 or 0,2")->type_name("LIST");
   app.prefix_command();  // the program and its arguments are not ours
   app.footer(R"(The program follows the options, after "--" or as the first argument that is not an option.

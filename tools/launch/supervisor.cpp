@@ -23,6 +23,7 @@
 #include <system_error>
 #include <utility>
 
+#include "doctor/doctor.hpp"
 #include "launch/cluster.hpp"
 #include "launch/line_prefixer.hpp"
 
@@ -165,6 +166,7 @@ class supervisor {
       restart_count_ = restarts;
       const int status = run_once();
       if (status == 0) return 0;
+      print_verdict();
       // A signal to the launcher, the timeout, or a program that does not start: restarting
       // would not help, or was not wanted.
       if (signal_received_ || timed_out_ || start_failed_ || options_.max_restarts == 0) return status;
@@ -195,6 +197,9 @@ class supervisor {
   // One start of every worker, until every one has exited; the status as described in
   // supervisor.hpp.
   int run_once() {
+    run_started_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
     exit_code_.reset();
     stopping_ = false;
     kill_at_.reset();
@@ -348,6 +353,13 @@ class supervisor {
     if (options_.devices_per_worker)
       env.push_back("TROUPE_DEVICES_PER_WORKER=" + std::to_string(*options_.devices_per_worker));
     if (!token) env.push_back("TROUPE_CLUSTER_TOKEN=" + random_token());
+    // With --log-dir, every worker's flight recorder dump goes beside its log, unless the caller
+    // chose a directory; either way the verdict after a failed run reads it.
+    if (const char* dir = std::getenv("TROUPE_FLIGHT_RECORDER_DIR"); dir != nullptr && *dir != '\0') {
+      // the caller's, passed on above
+    } else if (options_.log_dir) {
+      env.push_back("TROUPE_FLIGHT_RECORDER_DIR=" + *options_.log_dir);
+    }
     env.push_back("TROUPE_RESTART_COUNT=" + std::to_string(restart_count_));
     return env;
   }
@@ -622,6 +634,40 @@ class supervisor {
     if (!write_all(target, bytes.data(), bytes.size())) broken_[target] = true;
   }
 
+  // After a failed run: troupe-doctor's verdict on the dumps this run's workers wrote (into
+  // TROUPE_FLIGHT_RECORDER_DIR, or --log-dir), when there are some.
+  void print_verdict() {
+    std::string dir;
+    if (const char* d = std::getenv("TROUPE_FLIGHT_RECORDER_DIR"); d != nullptr && *d != '\0') {
+      dir = d;
+    } else if (options_.log_dir) {
+      dir = *options_.log_dir;
+    } else {
+      return;
+    }
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec)) return;
+    try {
+      std::vector<doctor::dump> dumps;
+      bool any = false;
+      for (const auto& item : std::filesystem::directory_iterator(dir, ec)) {
+        const std::string name = item.path().filename().string();
+        any = any || (name.rfind("flight_recorder.", 0) == 0 && name.size() > 5 && name.substr(name.size() - 5) == ".json");
+      }
+      if (!any) return;
+      for (auto& d : doctor::read_dumps(dir)) {
+        if (d.dumped_at_ns >= run_started_ns_) dumps.push_back(std::move(d));  // this run's only
+      }
+      if (dumps.empty()) return;
+      const doctor::diagnosis found = doctor::diagnose(dumps);
+      say("the flight recorders' verdict (troupe-doctor " + dir + "):");
+      std::istringstream lines(found.text);
+      for (std::string line; std::getline(lines, line);) emit(STDERR_FILENO, "troupe-launch:   " + line + "\n");
+    } catch (const doctor::dump_error& e) {
+      say(std::string("troupe-doctor: ") + e.what());
+    }
+  }
+
   void say(const std::string& message) {
     emit(STDERR_FILENO, "troupe-launch: " + message + "\n");
   }
@@ -657,6 +703,7 @@ class supervisor {
   bool timed_out_ = false;
   bool start_failed_ = false;
   std::string last_failure_;  // the worker that failed first in the last run, and how
+  std::int64_t run_started_ns_ = 0;  // when the current run began (wall clock): its dumps are newer
   int restart_count_ = 0;     // restarts so far: TROUPE_RESTART_COUNT of the workers
   std::optional<clock::time_point> timeout_at_;
   std::optional<clock::time_point> kill_at_;

@@ -221,6 +221,7 @@ void frame_writer::progress(ring_link& link) {
     const std::size_t n = std::min<std::size_t>((body ? body_iovs_ : iov_.size()) - next_, IOV_MAX);
     std::size_t left = link.write_some(side_, &iov_[next_], n);
     if (left == 0) return;
+    moved_ += left;
     while (left > 0 && !done()) {
       if (left >= iov_[next_].iov_len) {
         if (body) mac_->add(iov_[next_].iov_base, iov_[next_].iov_len);
@@ -265,6 +266,7 @@ void frame_reader::pull(Read&& read, const ring_peer& from) {
                                           : reinterpret_cast<char*>(table_.data()) + (stage_ == stage::head ? 0 : 8);
     const std::size_t r = read(target + have_, need_ - have_);
     if (r == 0) return;
+    moved_ += r;
     if (mac_ != nullptr && stage_ != stage::tag) mac_->add(target + have_, r);
     have_ += r;
     if (have_ < need_) continue;
@@ -451,9 +453,23 @@ void frame_pump::exchange(const deadline& until, std::chrono::milliseconds timeo
     return to_next.done() && from_prev.done() && (!both || (to_prev.done() && from_next.done()));
   };
   if (first_from_prev != nullptr && *first_from_prev != clock::time_point{}) first_from_prev = nullptr;
+  // The progress watch: which neighbour this waits on, and when a byte last moved.
+  auto marks = [&] {
+    return to_next.mark() ^ (from_prev.mark() * 3) ^ (both ? (to_prev.mark() * 5) ^ (from_next.mark() * 7) : 0);
+  };
+  std::uint64_t seen = marks();
+  last_progress.store(clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  struct idle_again {
+    std::atomic<int>& w;
+    ~idle_again() { w.store(-1, std::memory_order_relaxed); }
+  } idle{waiting_on};
   while (!finished()) {
     if (!to_next.done()) to_next.progress(link);
     if (!from_prev.done()) from_prev.progress(link);
+    waiting_on.store(!from_prev.done() ? link.peer(ring_side::prev).rank
+                     : (both && !from_next.done()) || !to_next.done() ? link.peer(ring_side::next).rank
+                                                                      : link.peer(ring_side::prev).rank,
+                     std::memory_order_relaxed);
     if (first_from_prev != nullptr && from_prev.begun()) {
       *first_from_prev = clock::now();
       first_from_prev = nullptr;
@@ -463,6 +479,12 @@ void frame_pump::exchange(const deadline& until, std::chrono::milliseconds timeo
       if (!from_next.done()) from_next.progress(link);
     }
     if (finished()) break;
+    if (const std::uint64_t now_marks = marks(); now_marks != seen) {
+      seen = now_marks;
+      last_progress.store(clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+      sent_next.store(to_next.moved(), std::memory_order_relaxed);
+      received_prev.store(from_prev.moved(), std::memory_order_relaxed);
+    }
     if (clock::now() < spin_until_time) {
       if (spin.yield) {
         yield_cpu();  // more ranks than cores here: let the one we wait for run
@@ -485,6 +507,8 @@ void frame_pump::exchange(const deadline& until, std::chrono::milliseconds timeo
     if (!to_next.done()) throw peer_error(next.rank, after + next.name + " to receive");
     throw peer_error(prev.rank, after + prev.name + " to receive");
   }
+  sent_next.store(to_next.moved(), std::memory_order_relaxed);
+  received_prev.store(from_prev.moved(), std::memory_order_relaxed);
 }
 
 }  // namespace troupe::transport::frames

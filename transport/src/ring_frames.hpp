@@ -7,6 +7,7 @@
 #include <capnp/serialize.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -138,6 +139,10 @@ class frame_writer {
   /// Nothing to send this time.
   void skip() { next_ = iov_.size(); }
   bool done() const { return next_ >= iov_.size(); }
+  /// Bytes written since this writer was made (for the ring's progress watch).
+  std::uint64_t moved() const { return moved_; }
+  /// Changes whenever bytes went out (for the ring's progress watch).
+  std::uint64_t mark() const { return done() ? ~std::uint64_t{0} : (std::uint64_t{next_} << 40) ^ iov_[next_].iov_len; }
   /// Writes what the link takes now.
   void progress(ring_link& link);
   ring_side side() const { return side_; }
@@ -160,6 +165,7 @@ class frame_writer {
   std::vector<std::uint32_t> table_;
   std::vector<iovec> iov_;
   std::size_t next_ = 0;
+  std::uint64_t moved_ = 0;
 };
 
 /// One frame coming in on one side: the segment table, checked against the limit, then the
@@ -179,6 +185,10 @@ class frame_reader {
   bool done() const { return stage_ == stage::complete; }
   /// Whether any byte of the frame started last has arrived.
   bool begun() const { return stage_ != stage::head || have_ > 0; }
+  /// Bytes read since this reader was made (for the ring's progress watch).
+  std::uint64_t moved() const { return moved_; }
+  /// Changes whenever bytes came in (for the ring's progress watch).
+  std::uint64_t mark() const { return (static_cast<std::uint64_t>(stage_) << 56) ^ have_; }
   /// Reads what the link has.
   void progress(ring_link& link);
   /// Reads one whole frame of at most `max_words` words from `n` bytes: false when they are not
@@ -220,6 +230,7 @@ class frame_reader {
   std::vector<std::uint64_t> words_;  // the body, as words (capnp::word is not movable under clang)
   std::vector<kj::ArrayPtr<const capnp::word>> segments_;
   std::optional<capnp::SegmentArrayMessageReader> reader_;
+  std::uint64_t moved_ = 0;
 };
 
 /// How a wait spends its first moments: busy-polling (a loopback round trip is a few microseconds;
@@ -256,6 +267,15 @@ class frame_pump {
   /// byte from the predecessor was seen.
   void exchange(const deadline& until, std::chrono::milliseconds timeout, const spin_policy& spin, bool both = false,
                 clock::time_point* first_from_prev = nullptr);
+
+  /// The progress watch, read from any thread: the rank an exchange waits on (-1: none waits),
+  /// and when the pump last moved a byte (steady clock ticks; 0: never).
+  std::atomic<int> waiting_on{-1};
+  std::atomic<clock::rep> last_progress{0};
+  /// Bytes sent to the successor and received from the predecessor since the ring began, as of the
+  /// last progress: the two ends of one link count the same stream.
+  std::atomic<std::uint64_t> sent_next{0};
+  std::atomic<std::uint64_t> received_prev{0};
 
  private:
   ring_link* link_;

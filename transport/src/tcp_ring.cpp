@@ -175,6 +175,15 @@ void tcp_ring::set_spin(std::chrono::microseconds spin, bool yield) {
   impl_->options.yield_while_spinning = yield;
 }
 
+tcp_ring::progress_view tcp_ring::progress() const noexcept {
+  progress_view v;
+  v.peer = impl_->pump.waiting_on.load(std::memory_order_relaxed);
+  v.last = frames::clock::time_point(frames::clock::duration(impl_->pump.last_progress.load(std::memory_order_relaxed)));
+  v.sent_next = impl_->pump.sent_next.load(std::memory_order_relaxed);
+  v.received_prev = impl_->pump.received_prev.load(std::memory_order_relaxed);
+  return v;
+}
+
 tcp_ring::peer_wait tcp_ring::last_all_reduce_wait() const noexcept {
   return {impl_->op_begin, std::max(impl_->op_begin, impl_->first_from_prev)};
 }

@@ -133,7 +133,8 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
                     {"late_after_ms", cluster.interval.count() * cluster.late_after_intervals},
                     {"incarnation", cluster.incarnation},
                     {"restart_count", cluster.restart_count},
-                    {"events_total", cluster.events_total}};
+                    {"events_total", cluster.events_total},
+                    {"stall", cluster.stall}};
   // Both lists are newest first: merged by wall time.
   json merged = json::array();
   std::size_t a = 0;

@@ -43,10 +43,12 @@ enum class cluster_event_kind : std::uint8_t {
   fault_reported,      ///< a worker reported a fault of the cluster's (text: the report)
   connection_refused,  ///< the control plane refused a peer (address, text: why)
   collective_error,    ///< a cross-worker collective failed on the chief (text: the error)
+  stall,               ///< the stall inspector's line (text), printed on the chief's log too
+  stall_cleared,       ///< the stall it named is over (text: which collective)
 };
 
 /// "worker_late", "worker_back", "worker_lost", "fault_reported", "connection_refused",
-/// "collective_error".
+/// "collective_error", "stall", "stall_cleared".
 const char* to_string(cluster_event_kind k) noexcept;
 
 /// One event of the cluster.
@@ -87,6 +89,7 @@ struct cluster_snapshot {
   std::vector<worker_health> workers;   ///< by rank
   std::vector<cluster_event> events;    ///< newest first, at most the capacity
   std::uint64_t events_total = 0;       ///< recorded since the start, the dropped ones included
+  std::string stall;                    ///< the stall inspector's line while a stall lasts, else empty
 };
 
 /// The chief's record of its cluster's health. Every member function is thread-safe.
@@ -125,6 +128,9 @@ class cluster_health {
   void refused(const std::string& address, const std::string& reason, clock::time_point now);
   /// A cross-worker collective failed with `what`.
   void collective_error(const std::string& what, clock::time_point now);
+  /// The stall inspector's line, now (empty: no stall); `event` also records it as an event
+  /// (a stall line printed, or a clearing when `line` starts with "stall cleared").
+  void stall(const std::string& line, bool event, clock::time_point now);
   /// Marks the workers silent for too long late (an event each), as of `now`.
   void observe(clock::time_point now);
   /// observe(now), then everything, events newest first.
@@ -145,6 +151,7 @@ class cluster_health {
   std::vector<worker_health> workers_;
   std::deque<cluster_event> events_;  // oldest first
   std::uint64_t total_ = 0;
+  std::string stall_;
   std::atomic<std::int64_t> step_{-1};
 };
 

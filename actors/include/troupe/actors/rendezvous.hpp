@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "troupe/actors/stall_inspector.hpp"
+
 namespace caf {
 class actor_system;
 class actor_system_config;
@@ -16,6 +18,7 @@ namespace troupe::actors {
 
 class cluster_health;
 class log_tail;
+class position_board;
 
 /// One worker of a cluster, as the rendezvous tells every worker.
 struct member {
@@ -45,8 +48,9 @@ struct rendezvous_options {
   std::string token;
   std::chrono::milliseconds timeout{60000};  ///< the start deadline: every worker joined by then
   /// Protocol version; every worker must agree (4: incarnation; 5: the chief beats to the
-  /// workers; 6: every heartbeat carries a worker_report).
-  std::uint32_t version = 6;
+  /// workers; 6: every heartbeat carries a worker_report; 7: and the worker's position, for the
+  /// stall inspector).
+  std::uint32_t version = 7;
   /// The chief's only: an id every worker needs to join its GPU collectives (the ncclUniqueId, as
   /// hex), handed to all of them with the peer table. Hex digits only.
   std::string collective_id;
@@ -67,6 +71,12 @@ struct rendezvous_options {
   /// This worker's last log lines, which its heartbeat carries to the chief with its CPU and
   /// memory (worker_report.hpp). May be null (no lines).
   std::shared_ptr<log_tail> log;
+  /// This worker's position (step, phase, the collective it waits in), which its heartbeat
+  /// carries to the chief's stall inspector (stall_inspector.hpp). May be null (no position).
+  std::shared_ptr<position_board> position;
+  /// The chief's stall inspector's bounds: past `warning` it prints the stall line (and records
+  /// it in `health`), past `shutdown` (when set) it ends the cluster with that line.
+  stall_options stall;
 };
 
 /// Announces the rendezvous messages (member, the peer table, its errors) to an actor system's

@@ -59,15 +59,24 @@ struct MultiWorkerOptions {
   static constexpr std::chrono::milliseconds default_start_timeout{60000};
   static constexpr std::chrono::milliseconds default_heartbeat_interval{500};
   static constexpr int default_missed_heartbeats = 6;
+  static constexpr std::chrono::seconds default_stall_warning{60};
 
   /// TROUPE_START_TIMEOUT_MS: how long the rendezvous and the ring's set-up may take (1..86400000).
   std::chrono::milliseconds start_timeout = default_start_timeout;
   /// TROUPE_HEARTBEAT_MS: how often every worker tells the chief it lives (10..600000).
   std::chrono::milliseconds heartbeat_interval = default_heartbeat_interval;
-  /// Heartbeat intervals a worker may stay silent before the chief declares it gone (1..1000). A
-  /// check that comes more than two intervals late (this process was stopped or starved) blames
-  /// nobody, on the chief and on the workers alike.
+  /// TROUPE_MISSED_HEARTBEATS: heartbeat intervals a worker may stay silent before the chief
+  /// declares it gone (1..1000). A check that comes more than two intervals late (this process was
+  /// stopped or starved) blames nobody, on the chief and on the workers alike.
   int missed_heartbeats = default_missed_heartbeats;
+  /// TROUPE_STALL_WARNING_S: when a worker has waited in a cross-worker collective longer than
+  /// this, the chief prints one line naming the collective, the workers waiting and where every
+  /// other worker is (its stall inspector, docs/when_training_stalls.md), repeated at a back-off,
+  /// and shows it on the dashboard (1 s..7 days; the variable in whole seconds, 1..604800).
+  std::chrono::milliseconds stall_warning = default_stall_warning;
+  /// TROUPE_STALL_SHUTDOWN_S: past this wait the chief ends the cluster, every worker failing with
+  /// the stall line as the error (0: never, the default; else 1 s..7 days).
+  std::chrono::milliseconds stall_shutdown{0};
   /// TROUPE_DEVICES_PER_WORKER: local replicas (1..1024); 0 means every GPU under NCCL, else one
   /// CPU replica.
   int devices_per_worker = 0;

@@ -66,6 +66,23 @@ flight_collective ring_entry(const transport::tcp_ring& ring, flight_op op, std:
   return c;
 }
 
+// The position a heartbeat carries: this worker waits in the collective `c` while it lives.
+class in_collective {
+ public:
+  in_collective(actors::position_board& board, const flight_collective& c) noexcept : board_(board) {
+    const auto op = c.op == flight_op::broadcast    ? actors::position_op::broadcast
+                    : c.op == flight_op::all_gather ? actors::position_op::all_gather
+                                                    : actors::position_op::all_reduce;
+    board_.begin_collective(c.step, c.collective, op, c.has_dtype ? static_cast<int>(c.dtype) : -1, c.bytes);
+  }
+  ~in_collective() { board_.end_collective(); }
+  in_collective(const in_collective&) = delete;
+  in_collective& operator=(const in_collective&) = delete;
+
+ private:
+  actors::position_board& board_;
+};
+
 // A fresh host tensor holding `t`'s elements, for the ring to work on in place (tensors that are
 // shared must not change): a GPU tensor's copy to the host is fresh already.
 Tensor host_copy(const Tensor& t) {
@@ -81,7 +98,8 @@ RingWorkerGroup::RingWorkerGroup(int rank, std::vector<actors::member> members,
                                  std::unique_ptr<transport::listener> listener, std::unique_ptr<transport::tcp_ring> ring,
                                  std::shared_ptr<WorkerFailures> failures, std::unique_ptr<actors::cluster_watch> watch,
                                  std::shared_ptr<actors::cluster_health> health,
-                                 std::shared_ptr<actors::log_tail> log)
+                                 std::shared_ptr<actors::log_tail> log,
+                                 std::shared_ptr<actors::position_board> position)
     : rank_(rank),
       members_(std::move(members)),
       listener_(std::move(listener)),
@@ -89,12 +107,20 @@ RingWorkerGroup::RingWorkerGroup(int rank, std::vector<actors::member> members,
       failures_(failures ? std::move(failures) : std::make_shared<WorkerFailures>()),
       health_(health ? std::move(health) : std::make_shared<actors::cluster_health>()),
       log_(log ? std::move(log) : std::make_shared<actors::log_tail>()),
+      position_(position ? std::move(position) : std::make_shared<actors::position_board>()),
       watch_(std::move(watch)) {
   failures_->attach(ring_.get());
+  // The heartbeat reads where the ring waits; the ring outlives the watch (destroyed first).
+  transport::tcp_ring* ring_ptr = ring_.get();
+  position_->set_ring_probe([ring_ptr] {
+    const auto v = ring_ptr->progress();
+    return actors::ring_progress{v.peer, v.last, v.sent_next, v.received_prev};
+  });
 }
 
 RingWorkerGroup::~RingWorkerGroup() {
   watch_.reset();  // no more verdicts
+  position_->set_ring_probe(nullptr);
   failures_->attach(nullptr);
 }
 
@@ -116,6 +142,7 @@ Tensor RingWorkerGroup::broadcast_from_chief(const Tensor& t) {
   what.has_dtype = true;
   what.dtype = troupe::detail::to_scalar_type(t.dtype());
   flight_scope recorded(FlightRecorder::process(), what);
+  const in_collective waiting(*position_, what);
   try {
     ring_->broadcast(out.raw_mutable_data(), out.nbytes(), 0);
   } catch (const transport::peer_error& e) {
@@ -134,6 +161,7 @@ void RingWorkerGroup::all_reduce_in_place(Tensor& t, Compression compression) {
   what.dtype = compressed ? wire : troupe::detail::to_scalar_type(t.dtype());
   what.bytes = static_cast<std::uint64_t>(t.num_elements()) * base::scalar_size(what.dtype);  // on the wire
   flight_scope recorded(FlightRecorder::process(), what);
+  const in_collective waiting(*position_, what);
   try {
     if (compressed) {
       const std::int64_t n = t.num_elements();
@@ -163,7 +191,9 @@ void RingWorkerGroup::all_gather(const void* mine, std::size_t my_bytes, void* o
                                  const std::vector<std::size_t>& bytes) {
   std::uint64_t total = 0;
   for (std::size_t b : bytes) total += b;
-  flight_scope recorded(FlightRecorder::process(), ring_entry(*ring_, flight_op::all_gather, total, size()));
+  const flight_collective what = ring_entry(*ring_, flight_op::all_gather, total, size());
+  flight_scope recorded(FlightRecorder::process(), what);
+  const in_collective waiting(*position_, what);
   try {
     ring_->all_gather(mine, my_bytes, out, bytes);
   } catch (const transport::peer_error& e) {

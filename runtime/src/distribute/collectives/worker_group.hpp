@@ -15,6 +15,7 @@
 #include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/worker_report.hpp"
 #include "troupe/actors/rendezvous.hpp"
+#include "troupe/actors/stall_inspector.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
 #include "troupe/distribute/multi_worker_strategy.hpp"
 #include "troupe/distribute/reduce_op.hpp"
@@ -104,12 +105,14 @@ class RingWorkerGroup final : public WorkerGroup {
   /// socket the ring was accepted on (kept open for the group's life; may be null); `watch` may be
   /// null (no liveness watch); `health` is what the watch records into (null: a record of its own,
   /// which only failed collectives fill); `log` is the tail the watch's heartbeat reads (null: one
-  /// of its own, which nobody reads).
+  /// of its own, which nobody reads); `position` is where this worker's step, phase and collective
+  /// are kept for its heartbeat to carry to the chief's stall inspector (null: one of its own).
   RingWorkerGroup(int rank, std::vector<actors::member> members, std::unique_ptr<transport::listener> listener,
                   std::unique_ptr<transport::tcp_ring> ring, std::shared_ptr<WorkerFailures> failures,
                   std::unique_ptr<actors::cluster_watch> watch,
                   std::shared_ptr<actors::cluster_health> health = nullptr,
-                  std::shared_ptr<actors::log_tail> log = nullptr);
+                  std::shared_ptr<actors::log_tail> log = nullptr,
+                  std::shared_ptr<actors::position_board> position = nullptr);
   ~RingWorkerGroup() override;
   RingWorkerGroup(const RingWorkerGroup&) = delete;
   RingWorkerGroup& operator=(const RingWorkerGroup&) = delete;
@@ -126,7 +129,12 @@ class RingWorkerGroup final : public WorkerGroup {
   /// A training step begins (Strategy::run, on every worker): the ring's frames carry its number
   /// from now on, so that a worker that skipped, added or reordered a collective fails on every
   /// worker instead of adding values of different steps.
-  void begin_step() { ring_->begin_step(++steps_); }
+  void begin_step() {
+    ring_->begin_step(++steps_);
+    position_->begin_step(steps_);
+  }
+  /// The step ended (returned or failed): the loop's own work until the next.
+  void end_step() noexcept { position_->end_step(); }
   /// Sums a host tensor over the workers in place (the tensor must not be shared). With
   /// `compression`, a float32 tensor crosses as f16 or bf16: each worker rounds its values to the
   /// format (nearest even), the ring sums them in float32 in its fixed order and rounds every
@@ -158,6 +166,7 @@ class RingWorkerGroup final : public WorkerGroup {
   std::shared_ptr<WorkerFailures> failures_;
   std::shared_ptr<actors::cluster_health> health_;
   std::shared_ptr<actors::log_tail> log_;
+  std::shared_ptr<actors::position_board> position_;
   std::uint64_t steps_ = 0;  // Strategy::run calls so far
   std::vector<std::uint16_t> wire_;  // compressed values, kept between calls (no page faults)
   std::unique_ptr<actors::cluster_watch> watch_;  // declared last: destroyed first

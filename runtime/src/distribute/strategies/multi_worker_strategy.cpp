@@ -110,6 +110,10 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
   // One step per run on every worker: its number travels in every frame of the ring.
   void execute(Strategy& strategy, const std::function<void(int)>& fn) override {
     workers_->begin_step();
+    struct ended {
+      detail::RingWorkerGroup& w;
+      ~ended() { w.end_step(); }
+    } end{*workers_};
     MirroredBackend::execute(strategy, fn);
   }
 
@@ -198,6 +202,8 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   ro.token = settings.cluster_token;
   ro.timeout = settings.start_timeout;
   ro.missed_heartbeats = settings.missed_heartbeats;
+  ro.stall.warning = settings.stall_warning;
+  ro.stall.shutdown = settings.stall_shutdown;
   // The chief makes the NCCL id every worker joins its communicators with.
   if (nccl && rank == 0) ro.collective_id = detail::nccl_unique_id();
   // The chief's control plane records its cluster's health here, for the dashboard.
@@ -207,6 +213,9 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   // What this worker says (its monitor's lines) rides on its heartbeats to the chief's dashboard.
   auto log = std::make_shared<actors::log_tail>();
   ro.log = log;
+  // Where this worker is (step, phase, collective) rides on them too, for the stall inspector.
+  auto position = std::make_shared<actors::position_board>();
+  ro.position = position;
   auto failures = std::make_shared<detail::WorkerFailures>();
   std::unique_ptr<actors::cluster_watch> watch;
   std::vector<actors::member> members = actors::rendezvous(
@@ -253,7 +262,7 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   }
   auto group = std::make_unique<detail::RingWorkerGroup>(rank, std::move(members), std::move(listener), std::move(ring),
                                                          std::move(failures), std::move(watch), std::move(health),
-                                                         std::move(log));
+                                                         std::move(log), std::move(position));
   return std::make_unique<MultiWorkerBackend>(runtime, std::move(devices), std::move(group), options.bytes_per_pack,
                                               options.compression,
                                               std::move(world));

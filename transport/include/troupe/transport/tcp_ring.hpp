@@ -174,6 +174,19 @@ class tcp_ring {
   /// The last all_reduce's peer_wait (on the thread that ran it, or after it).
   peer_wait last_all_reduce_wait() const noexcept;
 
+  /// What a collective in progress waits on, safe to read from any thread (the stall inspector
+  /// reads it beside the heartbeat): the neighbour's rank (-1: no collective waits now), and when
+  /// the ring last moved a byte (the epoch: never).
+  struct progress_view {
+    int peer = -1;
+    std::chrono::steady_clock::time_point last{};
+    /// Bytes sent to the successor and received from the predecessor since the ring began: a
+    /// link whose sender counts more than its receiver, while nothing moves, lost them on the way.
+    std::uint64_t sent_next = 0;
+    std::uint64_t received_prev = 0;
+  };
+  progress_view progress() const noexcept;
+
   /// Copies root's `bytes` bytes at `data` into `data` on every other rank. Every rank passes the
   /// same `bytes` and `root`; 0 bytes returns at once on every rank. A `root` outside
   /// [0, size) is std::invalid_argument.
