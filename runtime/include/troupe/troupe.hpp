@@ -47,4 +47,5 @@
 #include "troupe/nn/ops.hpp"
 #include "troupe/nn/optimizers.hpp"
 #include "troupe/nn/pooling.hpp"
+#include "troupe/nn/saving.hpp"
 #include "troupe/nn/sequential.hpp"

@@ -148,6 +148,16 @@ class Model {
   /// The same for one batch.
   EvaluateResult evaluate(const Tensor& features, const Tensor& labels) const;
 
+  /// Saves the model into the directory `dir` (Keras's model.save; load it with nn::load_model,
+  /// troupe/nn/saving.hpp): the architecture and the compiled loss, optimizer and metrics as JSON
+  /// (dir/model.json), the weights and the optimizer's state in the checkpoint format
+  /// (dir/variables.ckpt). The directory is replaced atomically: written beside it under a
+  /// temporary name and swapped in, so a crash leaves the previous save whole. An existing `dir`
+  /// must be empty or a saved model (SavedModelError otherwise, naming it). The layers must be
+  /// built. In cross-replica context; under MultiWorkerMirroredStrategy on every worker (the
+  /// chief writes `dir`).
+  void save(const std::string& dir) const;
+
   /// The layers.
   const Sequential& layers() const noexcept { return layers_; }
   /// The layers' variables, in the order of compute_gradients' gradients.
