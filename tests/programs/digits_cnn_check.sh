@@ -7,7 +7,8 @@
 #   exit 0, both report the same accuracy and loss, at least 0.97, over the whole test set once
 #   each (Model::evaluate gives every worker the same result), and the same predictions
 #   (Model::predict: their digest), whose accuracy is evaluate's;
-# - --save writes the model (model.json and variables.ckpt).
+# - --save writes the model (model.json and variables.ckpt), under 2 workers too (the chief
+#   writes, nothing is left beside it).
 # Usage: digits_cnn_check.sh TROUPE_LAUNCH DIGITS_CNN EPOCHS
 set -u
 launch="$1"
@@ -39,7 +40,8 @@ at_least "$acc" 0.97 || fail "MirroredStrategy: test accuracy $acc < 0.97"
 [ "$(field predict_accuracy "$line")" = "$acc" ] || fail "MirroredStrategy: predict's accuracy $(field predict_accuracy "$line") is not evaluate's $acc"
 [ -f "$dir/model/model.json" ] && [ -f "$dir/model/variables.ckpt" ] || fail "--save wrote no model"
 
-"$launch" -n 2 --timeout 120 -- "$cnn" --multi-worker --epochs "$epochs" --min-accuracy 0.97 --quiet > "$dir/workers.out" 2>&1
+"$launch" -n 2 --timeout 120 -- "$cnn" --multi-worker --epochs "$epochs" --min-accuracy 0.97 --quiet \
+  --save "$dir/saves/model" > "$dir/workers.out" 2>&1
 rc=$?
 [ "$rc" = 0 ] || fail "the 2-worker run exited $rc"
 for r in 0 1; do
@@ -54,4 +56,6 @@ at_least "$acc0" 0.97 || fail "2 workers: test accuracy $acc0 < 0.97"
   fail "the workers evaluated $samples0 and $samples1 images, not the $test_samples held out once each"
 [ "$pacc0" = "$acc0" ] && [ "$pacc1" = "$acc1" ] || fail "2 workers: predict's accuracy $pacc0/$pacc1 is not evaluate's $acc0"
 [ -n "$digest0" ] && [ "$digest0" = "$digest1" ] || fail "the workers' predictions differ: digests $digest0 and $digest1"
+[ -f "$dir/saves/model/model.json" ] && [ -f "$dir/saves/model/variables.ckpt" ] || fail "2 workers: --save wrote no model"
+[ "$(ls "$dir/saves")" = model ] || fail "2 workers: --save left $(ls "$dir/saves" | tr '\n' ' ')beside the model"
 echo "PASSED MirroredStrategy: test accuracy $acc; 2 workers: $acc0 on both ranks ($test_samples test images)"
