@@ -56,14 +56,20 @@ TEST_CASE("Model::predict and evaluate split over 4 replicas give the one-replic
   MirroredStrategy four(rt, cpus(4));
   const Outcome a = run(one);
   const Outcome b = run(four);
-  // Each row's output depends on that row and the weights only: the same bits however rows are split.
-  CHECK(b.predictions == a.predictions);
-  CHECK(b.few == a.few);
+  // Each row's output depends on that row and the weights only, in its order: the products of a
+  // share of the rows may round differently (another blocking) than those of the whole batch, in
+  // the last bits only.
+  REQUIRE(b.predictions.size() == a.predictions.size());
+  for (std::size_t i = 0; i < a.predictions.size(); ++i) {
+    CAPTURE(i);
+    CHECK(b.predictions[i] == doctest::Approx(a.predictions[i]).epsilon(1e-5));
+  }
+  CHECK(b.few == a.few);  // fewer rows than replicas: computed whole, as one replica does
   CHECK(b.evaluated.samples == 37);
   CHECK(b.one_batch.samples == 37);
   CHECK(b.evaluated.accuracy == a.evaluated.accuracy);
-  CHECK(b.evaluated.loss == doctest::Approx(a.evaluated.loss).epsilon(1e-12));
-  CHECK(b.one_batch.loss == doctest::Approx(a.one_batch.loss).epsilon(1e-12));
+  CHECK(b.evaluated.loss == doctest::Approx(a.evaluated.loss).epsilon(1e-6));
+  CHECK(b.one_batch.loss == doctest::Approx(a.one_batch.loss).epsilon(1e-6));
   CHECK(b.one_batch.accuracy == a.one_batch.accuracy);
   // The accuracy evaluate reports is that of predict's outputs.
   int hits = 0;
