@@ -47,6 +47,29 @@ install_tensorboard() {
   "$venv/bin/pip" install -q tensorboard
 }
 
+# scikit-learn's bundled 8x8 handwritten digits (1,797 images; examples/digits_cnn's default data),
+# at $TROUPE_DATA_DIR/digits.csv, default /opt/troupe-data: pip downloads the scikit-learn wheel
+# alone (--no-deps, about 9 MiB, a few seconds) into a scratch folder, and only
+# sklearn/datasets/data/digits.csv.gz is taken out of it and unpacked (265 KB); nothing is installed.
+install_digits() {
+  local dir=${TROUPE_DATA_DIR:-/opt/troupe-data}
+  [[ -s "$dir/digits.csv" ]] && return 0
+  local venv=${TROUPE_TENSORBOARD_VENV:-/opt/troupe-tensorboard} scratch
+  echo "troupe: fetching scikit-learn's digits into $dir" >&2
+  scratch=$(mktemp -d)
+  "$venv/bin/pip" download -q --no-deps --only-binary=:all: -d "$scratch" "scikit-learn>=1.0"
+  mkdir -p "$dir"
+  "$venv/bin/python" - "$scratch" "$dir/digits.csv" <<'PY'
+import glob, gzip, os, sys, zipfile
+wheel = glob.glob(os.path.join(sys.argv[1], "scikit_learn-*.whl"))[0]
+text = gzip.decompress(zipfile.ZipFile(wheel).read("sklearn/datasets/data/digits.csv.gz"))
+with open(sys.argv[2] + ".tmp", "wb") as out:
+    out.write(text)
+os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+PY
+  rm -rf "$scratch"
+}
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -55,6 +78,7 @@ for p in "${packages[@]}"; do
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
   install_tensorboard
+  install_digits
   if [[ $bench == 1 ]]; then install_tensorflow; fi
   exit 0
 fi
@@ -67,3 +91,4 @@ export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 if [[ $bench == 1 ]]; then install_tensorflow; fi
 install_tensorboard
+install_digits

@@ -28,7 +28,7 @@ INSTALLED = {name: f"tools/{name}" for name in ("troupe-launch", "troupe-worker"
                                                 "troupe-doctor")}
 INSTALLED.update({name: f"examples/{name}" for name in
                   ("seed_examples", "quickstart", "custom_loop", "mlp_classifier", "multi_worker_trainer",
-                   "ps_trainer")})
+                   "ps_trainer", "digits_cnn")})
 
 failures = []
 checked = {"commands": 0, "programs": 0, "runs": 0}

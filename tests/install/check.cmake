@@ -28,7 +28,7 @@ endif()
 message(STATUS "PREFIX/bin/troupe-doctor starts from the scratch prefix")
 if(HAVE_EXAMPLES)
   set(examples "${prefix}/libexec/troupe/examples")
-  foreach(program seed_examples quickstart custom_loop mlp_classifier multi_worker_trainer)
+  foreach(program seed_examples quickstart custom_loop mlp_classifier multi_worker_trainer digits_cnn)
     execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH "${examples}/${program}" --help
                     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
     if(NOT rc EQUAL 0 OR NOT out MATCHES "Usage: ${program}")

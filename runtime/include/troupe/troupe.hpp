@@ -52,4 +52,5 @@
 #include "troupe/nn/pooling.hpp"
 #include "troupe/nn/position_embedding.hpp"
 #include "troupe/nn/residual.hpp"
+#include "troupe/nn/saving.hpp"
 #include "troupe/nn/sequential.hpp"

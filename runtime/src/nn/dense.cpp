@@ -115,7 +115,8 @@ std::string Dense::config_json() const {
   return nlohmann::json{{"input_dim", input_dim_},
                         {"units", units_},
                         {"activation", activation_name(activation_)},
-                        {"seed", seed_}}
+                        {"seed", seed_},
+                        {"dtype", policy_.name()}}
       .dump();
 }
 

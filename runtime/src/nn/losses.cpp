@@ -455,7 +455,8 @@ Loss Loss::categorical_crossentropy(bool from_logits) {
                 const double loss = probability_cross_entropy(probs, targets, scale, &out.gradient, op);
                 out.loss = scalar_of(probs.dtype(), loss);
                 return out;
-              }};
+              },
+              false};
 }
 
 Loss Loss::mean_squared_error() {

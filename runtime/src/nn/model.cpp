@@ -415,11 +415,39 @@ History Model::fit(const data::Dataset& dataset, int epochs, std::int64_t steps_
   return fit(strategy_->experimental_distribute_dataset(dataset), epochs, steps_per_epoch, options);
 }
 
+namespace {
+
+// Replica r's rows of a batch of `rows` split over `replicas`: contiguous shares in replica order
+// whose sizes differ by one at most, so that gathered in replica order they are the batch again.
+std::pair<std::int64_t, std::int64_t> share_of(std::int64_t rows, int replicas, int r) {
+  return {rows * r / replicas, rows * (r + 1) / replicas};
+}
+
+// A 16-bit output (a mixed-precision model's) as float32, as its loss sees it.
+Tensor as_output(const Tensor& out) {
+  return out.dtype() == DType::f16 || out.dtype() == DType::bf16 ? out.cast(DType::f32) : out;
+}
+
+}  // namespace
+
+// predict and evaluate split every batch over the strategy's replicas (over all workers), each
+// replica computing its own rows with its own component of the weights, then gather (predict) or
+// sum (evaluate) the results in one collective: every worker gets the same bits, each row
+// counted once. A batch with fewer rows than replicas is computed whole by every worker.
 Tensor Model::predict(const Tensor& x) const {
   auto scope = cross_replica_scope(*strategy_, "predict");
-  const Tensor out = layers_.forward(model_input(layers_, x, "predict"));
-  // A mixed-precision model's 16-bit outputs come back float32, as its loss sees them.
-  return out.dtype() == DType::f16 || out.dtype() == DType::bf16 ? out.cast(DType::f32) : out;
+  const Tensor input = model_input(layers_, x, "predict");
+  const int replicas = strategy_->num_replicas_in_sync();
+  const std::int64_t rows = input.shape()[0];
+  if (replicas == 1 || rows < replicas) return as_output(layers_.forward(input));
+  layers_.build_from(input.shape());  // here, so that no replica function creates variables
+  const auto gathered = strategy_->run([&] {
+    distribute::ReplicaContext* ctx = distribute::get_replica_context();
+    const auto [begin, end] = share_of(rows, replicas, ctx->replica_id_in_sync_group());
+    const Tensor mine = input.slice(begin, end).with_device(ctx->device());
+    return ctx->all_gather(as_output(layers_.forward(mine)), 0);
+  });
+  return strategy_->experimental_local_results(gathered).front().to(Device());
 }
 
 EvaluateResult Model::evaluate(const Tensor& features, const Tensor& labels) const {
@@ -429,6 +457,7 @@ EvaluateResult Model::evaluate(const Tensor& features, const Tensor& labels) con
 EvaluateResult Model::evaluate(const data::Dataset& batches) const {
   check_compiled("evaluate");
   auto scope = cross_replica_scope(*strategy_, "evaluate");
+  const int replicas = strategy_->num_replicas_in_sync();
   double loss_sum = 0.0;
   double hits = 0.0;
   EvaluateResult result;
@@ -436,12 +465,36 @@ EvaluateResult Model::evaluate(const data::Dataset& batches) const {
     check_element(e, "evaluate");
     const std::int64_t rows = rows_of(e);
     if (rows == 0) continue;
-    const Tensor outputs = layers_.forward(model_input(layers_, e[0], "evaluate"));
-    loss_sum += as_double(loss_.fn(outputs, e[1], rows).loss) * static_cast<double>(rows);
+    const Tensor input = model_input(layers_, e[0], "evaluate");
     // Integer labels, or one-hot rows for categorical_crossentropy: accuracy has a meaning.
     const bool class_labels = e[1].dtype() == DType::i32 || e[1].dtype() == DType::i64 ||
                               loss_.name == "categorical_crossentropy";
-    if (class_labels) hits += nn::accuracy(outputs, e[1]) * static_cast<double>(rows);
+    // The summed loss and hits of rows [begin, end), and the rows.
+    const auto sums = [&](std::int64_t begin, std::int64_t end, const Device& device) {
+      std::vector<double> out{0.0, 0.0};
+      if (end == begin) return out;
+      const Tensor outputs = as_output(layers_.forward(input.slice(begin, end).with_device(device)));
+      const Tensor labels = e[1].rank() > 0 ? e[1].slice(begin, end).with_device(device) : e[1];
+      const auto n = static_cast<double>(end - begin);
+      out[0] = as_double(loss_.fn(outputs, labels, end - begin).loss) * n;
+      if (class_labels) out[1] = nn::accuracy(outputs, labels) * n;
+      return out;
+    };
+    std::vector<double> total;
+    if (replicas == 1 || rows < replicas) {
+      total = sums(0, rows, Device());
+    } else {
+      layers_.build_from(input.shape());
+      const auto reduced = strategy_->run([&] {
+        distribute::ReplicaContext* ctx = distribute::get_replica_context();
+        const auto [begin, end] = share_of(rows, replicas, ctx->replica_id_in_sync_group());
+        const std::vector<double> mine = sums(begin, end, ctx->device());
+        return ctx->all_reduce(ReduceOp::sum, Tensor::from_vector(mine, {2}).with_device(ctx->device()));
+      });
+      total = strategy_->experimental_local_results(reduced).front().to(Device()).to_vector<double>();
+    }
+    loss_sum += total[0];
+    hits += total[1];
     result.samples += rows;
   }
   if (result.samples > 0) {

@@ -63,6 +63,9 @@ Tensor compute_average_loss(const Tensor& per_example_loss, std::int64_t global_
 struct Loss {
   std::string name;
   std::function<LossAndGradient(const Tensor&, const Tensor&, std::int64_t)> fn;
+  /// Whether the outputs are logits (false only for categorical_crossentropy(false)): what
+  /// Model::save records with the name.
+  bool from_logits = true;
 
   /// Softmax cross-entropy from logits with integer labels.
   static Loss sparse_categorical_crossentropy();

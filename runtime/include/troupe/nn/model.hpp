@@ -140,13 +140,30 @@ class Model {
 
   /// The outputs for x [batch, input_dim] (the replica's own weights inside strategy.run).
   Tensor operator()(const Tensor& x) const { return layers_.forward(x); }
-  /// The outputs, in cross-replica context (the primary component of the weights); float32 for a
-  /// mixed-precision model.
+  /// The outputs, in cross-replica context; float32 for a mixed-precision model. Distributed as
+  /// TensorFlow's predict is: the rows are split over every replica of every worker (contiguous
+  /// shares in replica order), each computes its share with its own weights, and the outputs are
+  /// gathered, so every worker returns all of them. Under MultiWorkerMirroredStrategy it is a
+  /// collective: every worker calls it with the same x. Fewer rows than replicas are computed
+  /// whole by every worker.
   Tensor predict(const Tensor& x) const;
   /// Mean loss and accuracy over a dataset of batches {features, labels}, in cross-replica context.
+  /// Each batch is split over the replicas as predict's rows are, and the sums of the loss and the
+  /// hits are all-reduced: every example counted once, the same result on every worker (a
+  /// collective under MultiWorkerMirroredStrategy: every worker passes the same batches).
   EvaluateResult evaluate(const data::Dataset& batches) const;
   /// The same for one batch.
   EvaluateResult evaluate(const Tensor& features, const Tensor& labels) const;
+
+  /// Saves the model into the directory `dir` (Keras's model.save; load it with nn::load_model,
+  /// troupe/nn/saving.hpp): the architecture and the compiled loss, optimizer and metrics as JSON
+  /// (dir/model.json), the weights and the optimizer's state in the checkpoint format
+  /// (dir/variables.ckpt). The directory is replaced atomically: written beside it under a
+  /// temporary name and swapped in, so a crash leaves the previous save whole. An existing `dir`
+  /// must be empty or a saved model (SavedModelError otherwise, naming it). The layers must be
+  /// built. In cross-replica context; under MultiWorkerMirroredStrategy on every worker (the
+  /// chief writes `dir`).
+  void save(const std::string& dir) const;
 
   /// The layers.
   const Sequential& layers() const noexcept { return layers_; }

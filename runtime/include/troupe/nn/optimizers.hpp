@@ -149,6 +149,8 @@ class SGD : public Optimizer {
   explicit SGD(float learning_rate = 0.01f, float momentum = 0.0f, bool nesterov = false);
   /// The momentum factor (0: plain gradient descent, no slot).
   float momentum() const noexcept { return momentum_; }
+  /// Whether the update uses Nesterov momentum.
+  bool nesterov() const noexcept { return nesterov_; }
 
  protected:
   std::vector<std::string> slot_names() const override;
@@ -168,6 +170,12 @@ class Adam : public Optimizer {
  public:
   /// learning_rate > 0, 0 <= beta < 1, epsilon > 0 (std::invalid_argument otherwise).
   explicit Adam(float learning_rate = 0.001f, float beta_1 = 0.9f, float beta_2 = 0.999f, float epsilon = 1e-7f);
+  /// The decay of the first moment.
+  float beta_1() const noexcept { return beta_1_; }
+  /// The decay of the second moment.
+  float beta_2() const noexcept { return beta_2_; }
+  /// The term added to sqrt(v).
+  float epsilon() const noexcept { return epsilon_; }
 
  protected:
   /// For AdamW: Adam's update under another name (the prefix of its checkpoint names).

@@ -54,6 +54,9 @@ class Sequential {
   void add(L layer) {
     add_layer(std::make_shared<std::decay_t<L>>(std::move(layer)));
   }
+  /// Appends a layer the model then holds (load_model's layers, made by their factories), as
+  /// add() does.
+  void add(std::shared_ptr<Layer> layer) { add_layer(std::move(layer)); }
 
   /// Sets the input shape (Keras's build(input_shape), the batch -1 or any size), so that every
   /// layer's output shape is known and checked from the start ([-1, 28, 28, 1] for images), and

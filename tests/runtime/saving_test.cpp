@@ -1,0 +1,194 @@
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "../common/temp_dir.hpp"
+#include "test_util.hpp"
+#include "troupe/nn/conv.hpp"
+#include "troupe/nn/dropout.hpp"
+#include "troupe/nn/flatten.hpp"
+#include "troupe/nn/model.hpp"
+#include "troupe/nn/normalization.hpp"
+#include "troupe/nn/pooling.hpp"
+#include "troupe/nn/saving.hpp"
+
+using namespace troupe;
+using troupe::testing::contains;
+using troupe::testing::message_of;
+namespace fs = std::filesystem;
+
+namespace {
+
+nn::Model saved_cnn(const std::string& dir) {
+  nn::Sequential layers;
+  layers.add(nn::Conv2D(4, 3, 1, nn::Padding::same, nn::Activation::relu, 1));
+  layers.add(nn::AveragePooling2D(2));
+  layers.add(nn::MaxPooling2D({2, 2}, nn::Size2(1, 1), nn::Padding::same));
+  layers.add(nn::LayerNormalization(1e-3));
+  layers.add(nn::Flatten());
+  layers.add(nn::Dropout(0.5, 2));
+  layers.add(nn::Dense(4 * 4 * 4, 3, nn::Activation::none, 3));
+  nn::Model model(std::move(layers));
+  model.build({-1, 8, 8, 1});
+  model.compile(std::make_shared<nn::SGD>(0.05f, 0.9f, true), nn::Loss::sparse_categorical_crossentropy(),
+                {"accuracy"});
+  const Tensor x = nn::glorot_uniform(8 * 64, 1, 4).reshape({8, 8, 8, 1});
+  const Tensor y = Tensor::from_vector<std::int32_t>({0, 1, 2, 0, 1, 2, 0, 1}, {8});
+  nn::FitOptions quiet;
+  quiet.verbose = 0;
+  model.fit(data::Dataset::from_tensor_slices({x, y}).batch(4), 1, -1, quiet);
+  model.save(dir);
+  return model;
+}
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void spill(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary | std::ios::trunc) << text; }
+
+// Edits model.json's JSON with `edit` and returns load_model's message.
+template <class Edit>
+std::string load_edited(const fs::path& dir, Edit edit) {
+  nlohmann::json doc = nlohmann::json::parse(slurp(dir / "model.json"));
+  edit(doc);
+  spill(dir / "model.json", doc.dump());
+  return message_of([&] { nn::load_model(dir.string()); });
+}
+
+}  // namespace
+
+TEST_CASE("load_model rebuilds every layer kind, the compiled loss, optimizer and metrics, and the same predictions") {
+  testing::temp_dir tmp("saving");
+  const fs::path dir = tmp.path / "cnn";
+  const nn::Model saved = saved_cnn(dir.string());
+  const nn::Model loaded = nn::load_model(dir.string());
+  CHECK(loaded.layers().config() == saved.layers().config());
+  CHECK(loaded.layers().layer_names() == saved.layers().layer_names());
+  CHECK(loaded.loss().name == "sparse_categorical_crossentropy");
+  CHECK(loaded.metrics() == std::vector<std::string>{"accuracy"});
+  REQUIRE(loaded.optimizer() != nullptr);
+  const auto* sgd = dynamic_cast<const nn::SGD*>(loaded.optimizer().get());
+  REQUIRE(sgd != nullptr);
+  CHECK(sgd->momentum() == 0.9f);
+  CHECK(sgd->nesterov());
+  CHECK(loaded.optimizer()->iterations().value().item<std::int64_t>() == 2);
+  const Tensor x = nn::glorot_uniform(5 * 64, 1, 9).reshape({5, 8, 8, 1});
+  CHECK(loaded.predict(x).to_vector<float>() == saved.predict(x).to_vector<float>());
+  for (const auto& [name, variable] : saved.variables()) {
+    CAPTURE(name);
+    REQUIRE(loaded.variables().count(name) == 1);
+    const Tensor mine = loaded.variables().at(name).value(), theirs = variable.value();
+    REQUIRE(mine.nbytes() == theirs.nbytes());
+    CHECK(std::memcmp(mine.raw_data(), theirs.raw_data(), mine.nbytes()) == 0);
+  }
+  CHECK(nn::known_layer_classes() == std::vector<std::string>{"AveragePooling2D", "Conv2D", "Dense", "Dropout", "Embedding",
+                                                              "Flatten", "LayerNormalization", "MaxPooling2D"});
+  // Without compile: the layers and their weights only.
+  nn::LoadOptions layers_only;
+  layers_only.compile = false;
+  const nn::Model bare = nn::load_model(dir.string(), layers_only);
+  CHECK(bare.optimizer() == nullptr);
+  CHECK(bare.predict(x).to_vector<float>() == saved.predict(x).to_vector<float>());
+}
+
+TEST_CASE("Model::save replaces an earlier save whole, refuses a directory that is not a saved model, and needs a built model") {
+  testing::temp_dir tmp("saving");
+  const fs::path dir = tmp.path / "cnn";
+  saved_cnn(dir.string());
+  const std::string first = slurp(dir / "variables.ckpt");
+  // A save killed mid-way leaves only its temporary directory beside the real one.
+  fs::create_directory(tmp.path / "cnn.tmp-999999999-0");
+  spill(tmp.path / "cnn.tmp-999999999-0" / "model.json", "{\"trunc");
+  CHECK_NOTHROW(nn::load_model(dir.string()));
+  saved_cnn(dir.string());  // trains again from the same start: the same bits, written anew
+  CHECK(slurp(dir / "variables.ckpt") == first);
+  std::vector<std::string> beside;
+  for (const auto& e : fs::directory_iterator(tmp.path)) beside.push_back(e.path().filename().string());
+  CHECK(beside == std::vector<std::string>{"cnn"});  // no temporary left, the dead one removed
+
+  fs::create_directory(tmp.path / "notes");
+  spill(tmp.path / "notes" / "todo.txt", "keep me");
+  nn::Model model(nn::Sequential({nn::Dense(2, 2)}));
+  CHECK(contains(message_of([&] { model.save((tmp.path / "notes").string()); }), "is not a saved model (no model.json)"));
+  CHECK(slurp(tmp.path / "notes" / "todo.txt") == "keep me");
+  nn::Model unbuilt(nn::Sequential({nn::Conv2D(2, 3), nn::Flatten()}));
+  CHECK(contains(message_of([&] { unbuilt.save((tmp.path / "u").string()); }), "Model::save: the model is not built"));
+}
+
+TEST_CASE("a malformed saved model is a SavedModelError naming the file and the field") {
+  testing::temp_dir tmp("saving");
+  const fs::path dir = tmp.path / "cnn";
+  saved_cnn(dir.string());
+  const std::string good = slurp(dir / "model.json");
+  const std::string file = (dir / "model.json").string();
+  const auto restore = [&] { spill(dir / "model.json", good); };
+
+  SUBCASE("truncated") {
+    spill(dir / "model.json", good.substr(0, good.size() / 2));
+    const std::string m = message_of([&] { nn::load_model(dir.string()); });
+    CHECK(contains(m, "load_model: " + file + " is not valid JSON (truncated or corrupted?)"));
+    CHECK_THROWS_AS(nn::load_model(dir.string()), nn::SavedModelError);
+  }
+  SUBCASE("an unknown class_name") {
+    const std::string m = load_edited(dir, [](nlohmann::json& d) { d["model_config"]["config"]["layers"][1]["class_name"] = "Conv3D"; });
+    CHECK(contains(m, file + ": field \"model_config.config.layers[1].class_name\" \"Conv3D\" is no layer troupe knows"));
+    CHECK(contains(m, "LoadOptions::custom_objects"));
+  }
+  SUBCASE("a missing field") {
+    const std::string m = load_edited(dir, [](nlohmann::json& d) { d["model_config"]["config"]["layers"][0]["config"].erase("filters"); });
+    CHECK(contains(m, file + ": model_config.config.layers[0].config (Conv2D): field \"filters\" is missing"));
+  }
+  SUBCASE("an ill-typed field") {
+    std::string m = load_edited(dir, [](nlohmann::json& d) { d["model_config"]["config"]["layers"][0]["config"]["filters"] = "4"; });
+    CHECK(contains(m, "(Conv2D): field \"filters\" is \"4\" (expected an integer)"));
+    restore();
+    m = load_edited(dir, [](nlohmann::json& d) { d["model_config"]["config"]["layers"][0]["config"]["kernel_size"] = {3, 0}; });
+    CHECK(contains(m, "(Conv2D): field \"kernel_size\" is [3,0] (expected [height, width], positive integers)"));
+    restore();
+    m = load_edited(dir, [](nlohmann::json& d) { d["compile_config"]["optimizer"]["config"]["momentum"] = true; });
+    CHECK(contains(m, file + ": field \"compile_config.optimizer.config.momentum\" is true (expected a number)"));
+    restore();
+    m = load_edited(dir, [](nlohmann::json& d) { d["model_config"]["config"]["layers"][5]["config"]["rate"] = 1.5; });
+    CHECK(contains(m, "(Dropout): Dropout: rate is 1.5"));
+    restore();
+    m = load_edited(dir, [](nlohmann::json& d) { d["format_version"] = 7; });
+    CHECK(contains(m, file + ": field \"format_version\" is 7 (this troupe reads 1)"));
+  }
+  SUBCASE("weights missing or of another shape") {
+    fs::rename(dir / "variables.ckpt", tmp.path / "kept.ckpt");
+    CHECK(contains(message_of([&] { nn::load_model(dir.string()); }),
+                   "load_model: " + (dir / "variables.ckpt").string() + " is missing"));
+    fs::rename(tmp.path / "kept.ckpt", dir / "variables.ckpt");
+    const std::string m = load_edited(dir, [](nlohmann::json& d) { d["model_config"]["config"]["layers"][6]["config"]["units"] = 5; });
+    CHECK(contains(m, "load_model: the weights do not fit the model of " + file));
+    CHECK(contains(m, "variable 'dense_0/bias' is float32 [5], the file holds it as float32 [3]"));
+  }
+  SUBCASE("not a directory") {
+    CHECK(contains(message_of([&] { nn::load_model((tmp.path / "nothing").string()); }), "is not a directory"));
+  }
+}
+
+TEST_CASE("load_model takes an application's own layers through LoadOptions::custom_objects") {
+  testing::temp_dir tmp("saving");
+  const fs::path dir = tmp.path / "cnn";
+  const nn::Model saved = saved_cnn(dir.string());
+  nn::LoadOptions options;
+  int made = 0;
+  options.custom_objects["Flatten"] = [&](const nn::LayerConfig& config) -> std::shared_ptr<nn::Layer> {
+    ++made;
+    return std::make_shared<nn::Flatten>(config.name());
+  };
+  const nn::Model loaded = nn::load_model(dir.string(), options);
+  CHECK(made == 1);
+  const Tensor x = nn::glorot_uniform(64, 1, 9).reshape({1, 8, 8, 1});
+  CHECK(loaded.predict(x).to_vector<float>() == saved.predict(x).to_vector<float>());
+}
