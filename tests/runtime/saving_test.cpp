@@ -11,12 +11,16 @@
 
 #include "../common/temp_dir.hpp"
 #include "test_util.hpp"
+#include "troupe/nn/activation.hpp"
+#include "troupe/nn/attention.hpp"
+#include "troupe/nn/batch_normalization.hpp"
 #include "troupe/nn/conv.hpp"
 #include "troupe/nn/dropout.hpp"
 #include "troupe/nn/flatten.hpp"
 #include "troupe/nn/model.hpp"
 #include "troupe/nn/normalization.hpp"
 #include "troupe/nn/pooling.hpp"
+#include "troupe/nn/position_embedding.hpp"
 #include "troupe/nn/saving.hpp"
 
 using namespace troupe;
@@ -90,8 +94,10 @@ TEST_CASE("load_model rebuilds every layer kind, the compiled loss, optimizer an
     REQUIRE(mine.nbytes() == theirs.nbytes());
     CHECK(std::memcmp(mine.raw_data(), theirs.raw_data(), mine.nbytes()) == 0);
   }
-  CHECK(nn::known_layer_classes() == std::vector<std::string>{"AveragePooling2D", "Conv2D", "Dense", "Dropout", "Embedding",
-                                                              "Flatten", "LayerNormalization", "MaxPooling2D"});
+  CHECK(nn::known_layer_classes() ==
+        std::vector<std::string>{"Activation", "AveragePooling2D", "BatchNormalization", "Conv2D", "Dense", "Dropout",
+                                 "Embedding", "Flatten", "LayerNormalization", "MaxPooling2D", "MultiHeadAttention",
+                                 "SyncBatchNormalization", "TokenAndPositionEmbedding"});
   // Without compile: the layers and their weights only.
   nn::LoadOptions layers_only;
   layers_only.compile = false;
@@ -191,4 +197,58 @@ TEST_CASE("load_model takes an application's own layers through LoadOptions::cus
   CHECK(made == 1);
   const Tensor x = nn::glorot_uniform(64, 1, 9).reshape({1, 8, 8, 1});
   CHECK(loaded.predict(x).to_vector<float>() == saved.predict(x).to_vector<float>());
+}
+
+TEST_CASE("load_model rebuilds batch normalization (moving statistics included), GELU, attention and AdamW") {
+  testing::temp_dir tmp("saving-more");
+  const auto same_bits = [](const Tensor& a, const Tensor& b) {
+    return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+  };
+  {
+    nn::Sequential layers;
+    layers.add(nn::Dense(6, 8, nn::Activation::none, 1));
+    layers.add(nn::BatchNormalization(0.9));
+    layers.add(nn::ActivationLayer("gelu"));
+    layers.add(nn::SyncBatchNormalization());
+    layers.add(nn::Dense(8, 3, nn::Activation::none, 2));
+    nn::Model model(std::move(layers));
+    model.build({-1, 6});
+    model.compile(std::make_shared<nn::AdamW>(0.01f, 0.02f), nn::Loss::sparse_categorical_crossentropy());
+    const Tensor x = nn::glorot_uniform(16 * 6, 1, 4).reshape({16, 6});
+    const Tensor y = Tensor::from_vector<std::int32_t>({0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0}, {16});
+    nn::FitOptions quiet;
+    quiet.verbose = 0;
+    model.fit(data::Dataset::from_tensor_slices({x, y}).batch(8), 2, -1, quiet);
+    const fs::path dir = tmp.path / "bn";
+    model.save(dir.string());
+    const nn::Model loaded = nn::load_model(dir.string());
+    CHECK(loaded.layers().config() == model.layers().config());
+    const auto* adamw = dynamic_cast<const nn::AdamW*>(loaded.optimizer().get());
+    REQUIRE(adamw != nullptr);
+    CHECK(adamw->weight_decay() == 0.02f);
+    CHECK(same_bits(loaded.predict(x), model.predict(x)));
+    const auto moving = model.layers().named_non_trainable_variables();
+    REQUIRE(moving.size() == 4);
+    for (const auto& [name, variable] : moving) {
+      CAPTURE(name);
+      REQUIRE(loaded.variables().count(name) == 1);
+      CHECK(same_bits(loaded.variables().at(name).value(), variable.value()));
+      CHECK_FALSE(variable.value().equals(name.find("mean") != std::string::npos ? Tensor::zeros({8}) : Tensor::full({8}, 1.0)));
+    }
+  }
+  {
+    nn::Sequential layers;
+    layers.add(nn::TokenAndPositionEmbedding(11, 5, 8, 3));
+    layers.add(nn::MultiHeadAttention(2, 4, true, 4));
+    layers.add(nn::Dense(8, 11, nn::Activation::none, 5));
+    nn::Model model(std::move(layers));
+    model.build({-1, 5});
+    const Tensor ids = Tensor::from_vector<std::int32_t>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {2, 5});
+    const fs::path dir = tmp.path / "attention";
+    model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+    model.save(dir.string());
+    const nn::Model loaded = nn::load_model(dir.string());
+    CHECK(loaded.layers().config() == model.layers().config());
+    CHECK(same_bits(loaded.predict(ids), model.predict(ids)));
+  }
 }

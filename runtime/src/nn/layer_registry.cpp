@@ -4,6 +4,9 @@
 #include <optional>
 #include <string>
 
+#include "troupe/nn/activation.hpp"
+#include "troupe/nn/attention.hpp"
+#include "troupe/nn/batch_normalization.hpp"
 #include "troupe/nn/conv.hpp"
 #include "troupe/nn/dense.hpp"
 #include "troupe/nn/dropout.hpp"
@@ -12,6 +15,7 @@
 #include "troupe/nn/mixed_precision.hpp"
 #include "troupe/nn/normalization.hpp"
 #include "troupe/nn/pooling.hpp"
+#include "troupe/nn/position_embedding.hpp"
 
 // How a layer class registers for load_model: a function that makes the layer from a LayerConfig
 // (the fields its config_json() writes, read with LayerConfig's getters, which name the file and
@@ -100,11 +104,48 @@ std::shared_ptr<Layer> layer_normalization_from_config(const LayerConfig& config
   return std::make_shared<LayerNormalization>(config.get_double("epsilon"), config.name(), config.get_dtype("dtype"));
 }
 
+// BatchNormalization and SyncBatchNormalization: the same fields ("synchronized" tells them apart
+// in the config; the class name decides).
+template <class Norm>
+std::shared_ptr<Layer> batch_normalization_from_config(const LayerConfig& config) {
+  if (config.has("axis") && config.get_int("axis") != -1) {
+    throw config.error("axis", std::to_string(config.get_int("axis")) + " (expected -1: the last axis)");
+  }
+  return std::make_shared<Norm>(config.get_double("momentum"), config.get_double("epsilon"), config.get_bool("center"),
+                                config.get_bool("scale"), config.name(), config.get_dtype("dtype"));
+}
+
+std::shared_ptr<Layer> activation_from_config(const LayerConfig& config) {
+  try {
+    return std::make_shared<ActivationLayer>(config.get_string("activation"), config.name());
+  } catch (const std::invalid_argument& e) {
+    throw config.error("activation", e.what());
+  }
+}
+
+std::shared_ptr<Layer> multi_head_attention_from_config(const LayerConfig& config) {
+  if (config.has("dropout") && config.get_double("dropout") != 0.0) {
+    throw config.error("dropout", std::to_string(config.get_double("dropout")) + " (expected 0: no attention dropout)");
+  }
+  if (config.has("use_bias") && !config.get_bool("use_bias")) throw config.error("use_bias", "false (expected true)");
+  return std::make_shared<MultiHeadAttention>(config.get_int("num_heads"), config.get_int("key_dim"),
+                                              config.get_bool("use_causal_mask"), config.get_uint64("seed"),
+                                              config.name(), config.get_int("value_dim"), config.get_dtype("dtype"));
+}
+
+std::shared_ptr<Layer> token_and_position_embedding_from_config(const LayerConfig& config) {
+  return std::make_shared<TokenAndPositionEmbedding>(config.get_int("vocabulary_size"), config.get_int("sequence_length"),
+                                                     config.get_int("embedding_dim"), config.get_uint64("seed"),
+                                                     config.name(), config.get_dtype("dtype"));
+}
+
 }  // namespace
 
 const std::map<std::string, LayerFactory>& layer_factories() {
   static const std::map<std::string, LayerFactory> table{
+      {"Activation", activation_from_config},
       {"AveragePooling2D", average_pooling2d_from_config},
+      {"BatchNormalization", batch_normalization_from_config<BatchNormalization>},
       {"Conv2D", conv2d_from_config},
       {"Dense", dense_from_config},
       {"Dropout", dropout_from_config},
@@ -112,6 +153,9 @@ const std::map<std::string, LayerFactory>& layer_factories() {
       {"Flatten", flatten_from_config},
       {"LayerNormalization", layer_normalization_from_config},
       {"MaxPooling2D", max_pooling2d_from_config},
+      {"MultiHeadAttention", multi_head_attention_from_config},
+      {"SyncBatchNormalization", batch_normalization_from_config<SyncBatchNormalization>},
+      {"TokenAndPositionEmbedding", token_and_position_embedding_from_config},
   };
   return table;
 }

@@ -140,8 +140,19 @@ json optimizer_config(const Optimizer& optimizer) {
                   {"beta_2", adam.beta_2()},
                   {"epsilon", adam.epsilon()}}}};
   }
+  if (typeid(optimizer) == typeid(AdamW)) {
+    const auto& adamw = static_cast<const AdamW&>(optimizer);
+    return json{{"class_name", "AdamW"},
+                {"config",
+                 {{"name", adamw.name()},
+                  {"learning_rate", adamw.learning_rate()},
+                  {"weight_decay", adamw.weight_decay()},
+                  {"beta_1", adamw.beta_1()},
+                  {"beta_2", adamw.beta_2()},
+                  {"epsilon", adamw.epsilon()}}}};
+  }
   throw SavedModelError("Model::save: the optimizer '" + optimizer.name() +
-                        "' has no saved form (troupe saves SGD, Adam and a LossScaleOptimizer over them)");
+                        "' has no saved form (troupe saves SGD, Adam, AdamW and a LossScaleOptimizer over them)");
 }
 
 float as_float(const Reader& r, const std::string& field) { return static_cast<float>(r.number(field)); }
@@ -158,6 +169,10 @@ std::shared_ptr<Optimizer> optimizer_from_config(const Reader& spec) {
       return std::make_shared<Adam>(as_float(config, "learning_rate"), as_float(config, "beta_1"),
                                     as_float(config, "beta_2"), as_float(config, "epsilon"));
     }
+    if (class_name == "AdamW") {
+      return std::make_shared<AdamW>(as_float(config, "learning_rate"), as_float(config, "weight_decay"),
+                                     as_float(config, "beta_1"), as_float(config, "beta_2"), as_float(config, "epsilon"));
+    }
     if (class_name == "LossScaleOptimizer") {
       return std::make_shared<LossScaleOptimizer>(optimizer_from_config(config.object("inner_optimizer")),
                                                   config.boolean("dynamic"), config.number("initial_scale"),
@@ -166,7 +181,7 @@ std::shared_ptr<Optimizer> optimizer_from_config(const Reader& spec) {
   } catch (const std::invalid_argument& e) {
     throw config.error("", std::string("is not a valid ") + class_name + ": " + e.what());
   }
-  throw spec.error("class_name", "\"" + class_name + "\" is no optimizer troupe knows (expected SGD, Adam or LossScaleOptimizer)");
+  throw spec.error("class_name", "\"" + class_name + "\" is no optimizer troupe knows (expected SGD, Adam, AdamW or LossScaleOptimizer)");
 }
 
 json loss_config(const Loss& loss) { return json{{"name", loss.name}, {"from_logits", loss.from_logits}}; }
