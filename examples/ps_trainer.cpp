@@ -1,7 +1,8 @@
 // The MLP of mlp_classifier trained asynchronously with ParameterServerStrategy: the variables,
 // made in the strategy's scope, live on the ps tasks, the chief schedules training closures onto
 // the workers, and each worker reads the variables, computes the gradients of one batch of its
-// own dataset and sends the updates (plain SGD, applied on the ps tasks as they arrive). One
+// own dataset and sends the gradients; the ps tasks apply --optimizer (SGD by default; momentum,
+// Adam, AdamW) to their shards as they arrive, each with its own slots. One
 // binary for every role, chosen by TF_CONFIG: "chief" coordinates, "worker" and "ps" serve until
 // the chief leaves.
 //
@@ -43,8 +44,17 @@ struct Flags {
   int classes = 4;
   int shards = 2;
   int step_delay_ms = 0;
+  std::string optimizer = "sgd";
   bool quiet = false;
 };
+
+// The optimizer the ps tasks apply to their shards (--optimizer, with --lr).
+ShardOptimizer shard_optimizer(const std::string& name, float learning_rate) {
+  if (name == "sgd") return ShardOptimizer::sgd(learning_rate);
+  if (name == "momentum") return ShardOptimizer::sgd(learning_rate, 0.9f);
+  if (name == "adam") return ShardOptimizer::adam(learning_rate);
+  return ShardOptimizer::adamw(learning_rate);
+}
 
 const char* const layers[] = {"dense/kernel", "dense/bias", "dense_1/kernel", "dense_1/bias", "dense_2/kernel",
                               "dense_2/bias"};
@@ -61,7 +71,8 @@ FunctionRegistry make_functions(const Flags& f) {
     auto d = nn::make_blobs(options);
     return data::Dataset::from_tensor_slices({d.features, d.labels}).shuffle(f.samples, 7).repeat().batch(f.batch, true);
   });
-  // One SGD step on the next batch of the worker's iterator (arg 0) with learning rate arg 1;
+  // One step on the next batch of the worker's iterator (arg 0) with learning rate arg 1: the
+  // gradients go to the ps tasks, which apply --optimizer with the slots beside each shard;
   // returns the batch's loss.
   functions.add("train_step", [f](FunctionContext& ctx) {
     const data::Element batch = ctx.next(0);
@@ -75,7 +86,8 @@ FunctionRegistry make_functions(const Flags& f) {
     const auto g3 = nn::dense_backward(h2, w[4], logits, loss.gradient, nn::Activation::none);
     const auto g2 = nn::dense_backward(h1, w[2], h2, g3.input, nn::Activation::relu);
     const auto g1 = nn::dense_backward(batch[0], w[0], h1, g2.input, nn::Activation::relu, false);
-    ctx.assign_sub(names, {g1.kernel * lr, g1.bias * lr, g2.kernel * lr, g2.bias * lr, g3.kernel * lr, g3.bias * lr});
+    ctx.apply_gradients(shard_optimizer(f.optimizer, lr), names,
+                        {g1.kernel, g1.bias, g2.kernel, g2.bias, g3.kernel, g3.bias});
     if (f.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.step_delay_ms));
     return std::vector<Tensor>{loss.loss};
   });
@@ -97,7 +109,9 @@ int main(int argc, char** argv) {
   app.add_option("--closures", f.closures, "training closures the chief schedules")->check(in_range(1, 1 << 24));
   app.add_option("--batch", f.batch, "batch of each closure")->check(in_range(std::int64_t{1}, std::int64_t{1} << 20));
   app.add_option("--hidden", f.hidden, "units of each hidden layer")->check(in_range(1, 1 << 16));
-  app.add_option("--lr", f.learning_rate, "SGD learning rate")->check(positive());
+  app.add_option("--lr", f.learning_rate, "the optimizer's learning rate")->check(positive());
+  app.add_option("--optimizer", f.optimizer, "what the ps tasks apply to their shards (momentum: 0.9)")
+      ->check(CLI::IsMember({"sgd", "momentum", "adam", "adamw"}));
   app.add_option("--samples", f.samples, "generated set: examples")->check(in_range(std::int64_t{1}, std::int64_t{1} << 26));
   app.add_option("--features", f.features, "generated set: features")->check(in_range(1, 1 << 16));
   app.add_option("--classes", f.classes, "generated set: classes")->check(in_range(2, 1 << 16));
