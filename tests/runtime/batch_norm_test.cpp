@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/temp_dir.hpp"
+#include "gradient_check.hpp"
 #include "test_util.hpp"
 #include "troupe/nn/batch_normalization.hpp"
 
@@ -23,75 +24,13 @@ using troupe::testing::contains;
 using troupe::testing::cpus;
 using troupe::testing::message_of;
 
+using troupe::testing::check_gradients;
+using troupe::testing::max_abs_diff;
+using troupe::testing::numeric_gradient;
+using troupe::testing::pseudo_random;
+using troupe::testing::weighted_sum;
+
 namespace {
-
-// Deterministic values in [-1, 1), shifted by `offset` (so that the batch mean is not 0).
-Tensor pseudo_random(Shape shape, std::uint64_t seed, double offset = 0.0, DType dtype = DType::f64) {
-  Tensor t = nn::glorot_uniform(shape_num_elements(shape), 1, seed, DType::f64);
-  const double scale = std::sqrt((static_cast<double>(shape_num_elements(shape)) + 1.0) / 6.0);
-  t = (t * scale + offset).reshape(shape);
-  return dtype == DType::f64 ? t : t.cast(dtype);
-}
-
-double weighted_sum(const Tensor& output, const Tensor& weights) {
-  const auto o = output.cast(DType::f64).to_vector<double>();
-  const auto w = weights.cast(DType::f64).to_vector<double>();
-  REQUIRE(o.size() == w.size());
-  double s = 0;
-  for (std::size_t i = 0; i < o.size(); ++i) s += o[i] * w[i];
-  return s;
-}
-
-Tensor numeric_gradient(const std::function<double(const Tensor&)>& f, const Tensor& x, double eps) {
-  std::vector<double> values = x.to_vector<double>();
-  std::vector<double> grad(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const double keep = values[i];
-    values[i] = keep + eps;
-    const double plus = f(Tensor::from_vector(values, x.shape()));
-    values[i] = keep - eps;
-    const double minus = f(Tensor::from_vector(values, x.shape()));
-    values[i] = keep;
-    grad[i] = (plus - minus) / (2 * eps);
-  }
-  return Tensor::from_vector(grad, x.shape());
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  const auto av = a.cast(DType::f64).to_vector<double>();
-  const auto bv = b.cast(DType::f64).to_vector<double>();
-  double worst = 0;
-  for (std::size_t i = 0; i < av.size(); ++i) worst = std::max(worst, std::abs(av[i] - bv[i]));
-  return worst;
-}
-
-// backward against central differences of sum(forward(x) * w), for the input and every
-// trainable variable (float64 layers).
-void check_gradients(const nn::Layer& layer, const Tensor& x, const nn::CallContext& ctx) {
-  const Tensor out = layer.forward(x, ctx);
-  const Tensor w = pseudo_random(out.shape(), 77);
-  const nn::LayerGradients g = layer.backward(x, out, w, ctx, true);
-  const double eps = 1e-6;
-  const Tensor num = numeric_gradient([&](const Tensor& v) { return weighted_sum(layer.forward(v, ctx), w); }, x, eps);
-  REQUIRE(g.input.shape() == x.shape());
-  CHECK(max_abs_diff(g.input, num) < 1e-7);
-  const auto weights = layer.weights();
-  REQUIRE(g.variables.size() == weights.size());
-  for (std::size_t k = 0; k < weights.size(); ++k) {
-    CAPTURE(weights[k].first);
-    Variable variable = weights[k].second;
-    const Tensor keep = variable.value();
-    const Tensor numeric = numeric_gradient(
-        [&](const Tensor& v) {
-          variable.assign(v);
-          return weighted_sum(layer.forward(x, ctx), w);
-        },
-        keep, eps);
-    variable.assign(keep);
-    CHECK(max_abs_diff(g.variables[k], numeric) < 1e-7);
-  }
-}
 
 // Writes a layer's variable (the accessors give const handles).
 void set(Variable variable, const Tensor& value) { variable.assign(value); }
@@ -139,7 +78,7 @@ nn::FitOptions quiet() {
 
 TEST_CASE("BatchNormalization's gradients match finite differences in training and at inference, rank 2 and rank 4") {
   nn::BatchNormalization dense_bn(0.99, 1e-3, true, true, "", DType::f64);
-  const Tensor x2 = pseudo_random({6, 3}, 1, 0.5);
+  const Tensor x2 = pseudo_random({6, 3}, 1, DType::f64, 0.5);
   dense_bn.build(x2.shape());
   set(dense_bn.gamma(), Tensor::from_vector<double>({1.5, -0.5, 2.0}, {3}));
   set(dense_bn.beta(), Tensor::from_vector<double>({0.1, 0.2, -0.3}, {3}));
@@ -151,7 +90,7 @@ TEST_CASE("BatchNormalization's gradients match finite differences in training a
 
   // NHWC after a convolution: the statistics span batch, height and width.
   nn::BatchNormalization conv_bn(0.9, 1e-2, true, true, "", DType::f64);
-  const Tensor x4 = pseudo_random({2, 3, 3, 2}, 5, -0.25);
+  const Tensor x4 = pseudo_random({2, 3, 3, 2}, 5, DType::f64, -0.25);
   conv_bn.build(x4.shape());
   set(conv_bn.gamma(), Tensor::from_vector<double>({0.7, 1.3}, {2}));
   check_gradients(conv_bn, x4, training());
@@ -271,8 +210,8 @@ TEST_CASE("BatchNormalization's variables, config, summary and bad arguments") {
 
 TEST_CASE("SyncBatchNormalization across 2 replicas equals BatchNormalization on the whole global batch") {
   const Shape global_shape{8, 2, 2, 3};
-  const Tensor x = pseudo_random(global_shape, 11, 0.3, DType::f32);
-  const Tensor dy = pseudo_random(global_shape, 12, 0.0, DType::f32);
+  const Tensor x = pseudo_random(global_shape, 11, DType::f32, 0.3);
+  const Tensor dy = pseudo_random(global_shape, 12, DType::f32, 0.0);
   // Uneven shares, so that the counts matter: replica 0 gets 3 examples, replica 1 gets 5.
   const Tensor x0 = x.slice(0, 3), x1 = x.slice(3, 8);
   const Tensor dy0 = dy.slice(0, 3), dy1 = dy.slice(3, 8);
@@ -353,7 +292,7 @@ TEST_CASE("SyncBatchNormalization across 2 replicas equals BatchNormalization on
 TEST_CASE("a CNN with SyncBatchNormalization and BatchNormalization trains by fit on 2 replicas, with or without buckets") {
   // 8x8 images of two classes: a bright top half or a bright bottom half, with noise.
   const std::int64_t n = 256;
-  const auto noise = pseudo_random({n, 8, 8, 1}, 21, 0.0, DType::f32).to_vector<float>();
+  const auto noise = pseudo_random({n, 8, 8, 1}, 21, DType::f32, 0.0).to_vector<float>();
   std::vector<float> pixels(noise.size());
   std::vector<std::int32_t> labels(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) {
@@ -400,7 +339,7 @@ TEST_CASE("a CNN with SyncBatchNormalization and BatchNormalization trains by fi
 
 TEST_CASE("a checkpoint saves and restores BatchNormalization's moving statistics") {
   troupe::testing::temp_dir dir;
-  const Tensor x = pseudo_random({16, 4}, 31, 0.5, DType::f32);
+  const Tensor x = pseudo_random({16, 4}, 31, DType::f32, 0.5);
   const Tensor y = Tensor::from_vector<std::int32_t>(std::vector<std::int32_t>(16, 1), {16});
   std::string path;
   Tensor want;
@@ -427,7 +366,7 @@ TEST_CASE("a checkpoint saves and restores BatchNormalization's moving statistic
 }
 
 TEST_CASE("GradientTape follows a training pass through BatchNormalization: its gradients are Sequential::backward's") {
-  const Tensor x = pseudo_random({3, 4, 4, 2}, 61, 0.2);
+  const Tensor x = pseudo_random({3, 4, 4, 2}, 61, DType::f64, 0.2);
   nn::Sequential stack;
   stack.add(nn::Conv2D(3, 3, 1, nn::Padding::same, nn::Activation::relu, 1, "", DType::f64));
   stack.add(nn::BatchNormalization(0.99, 1e-3, true, true, "", DType::f64));
@@ -456,7 +395,7 @@ TEST_CASE("GradientTape follows a training pass through BatchNormalization: its 
 }
 
 TEST_CASE("EarlyStopping's restore_best_weights restores BatchNormalization's moving statistics too") {
-  const Tensor x = pseudo_random({32, 4}, 51, 0.5, DType::f32);
+  const Tensor x = pseudo_random({32, 4}, 51, DType::f32, 0.5);
   std::vector<std::int32_t> labels(32);
   for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i % 2);
   const Tensor y = Tensor::from_vector(labels, {32});

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/temp_dir.hpp"
+#include "gradient_check.hpp"
 #include "test_util.hpp"
 #include "troupe/nn/backup_and_restore.hpp"
 #include "troupe/nn/normalization.hpp"
@@ -23,79 +24,13 @@ using troupe::testing::contains;
 using troupe::testing::cpus;
 using troupe::testing::message_of;
 
+using troupe::testing::check_gradients;
+using troupe::testing::max_abs_diff;
+using troupe::testing::numeric_gradient;
+using troupe::testing::pseudo_random;
+using troupe::testing::weighted_sum;
+
 namespace {
-
-// Deterministic values in [-1, 1).
-Tensor pseudo_random(Shape shape, std::uint64_t seed, DType dtype = DType::f64) {
-  Tensor t = nn::glorot_uniform(shape_num_elements(shape), 1, seed, DType::f64);
-  const double scale = std::sqrt((static_cast<double>(shape_num_elements(shape)) + 1.0) / 6.0);
-  t = (t * scale).reshape(shape);
-  return dtype == DType::f64 ? t : t.cast(dtype);
-}
-
-// sum(output * weights): a scalar whose gradient with respect to the output is `weights`.
-double weighted_sum(const Tensor& output, const Tensor& weights) {
-  const auto o = output.cast(DType::f64).to_vector<double>();
-  const auto w = weights.cast(DType::f64).to_vector<double>();
-  REQUIRE(o.size() == w.size());
-  double s = 0;
-  for (std::size_t i = 0; i < o.size(); ++i) s += o[i] * w[i];
-  return s;
-}
-
-// Central finite differences of f at x, element by element.
-Tensor numeric_gradient(const std::function<double(const Tensor&)>& f, const Tensor& x, double eps) {
-  std::vector<double> values = x.to_vector<double>();
-  std::vector<double> grad(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const double keep = values[i];
-    values[i] = keep + eps;
-    const double plus = f(Tensor::from_vector(values, x.shape()));
-    values[i] = keep - eps;
-    const double minus = f(Tensor::from_vector(values, x.shape()));
-    values[i] = keep;
-    grad[i] = (plus - minus) / (2 * eps);
-  }
-  return Tensor::from_vector(grad, x.shape());
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  const auto av = a.cast(DType::f64).to_vector<double>();
-  const auto bv = b.cast(DType::f64).to_vector<double>();
-  double worst = 0;
-  for (std::size_t i = 0; i < av.size(); ++i) worst = std::max(worst, std::abs(av[i] - bv[i]));
-  return worst;
-}
-
-// Checks a float64 layer's backward against central differences of sum(forward(x) * w), for
-// the input (unless it is ids) and every variable.
-void check_gradients(const nn::Layer& layer, const Tensor& x, const nn::CallContext& ctx, bool input_has_gradient = true) {
-  const Tensor out = layer.forward(x, ctx);
-  const Tensor w = pseudo_random(out.shape(), 77);
-  const nn::LayerGradients g = layer.backward(x, out, w, ctx, true);
-  const double eps = 1e-6;
-  if (input_has_gradient) {
-    const Tensor num = numeric_gradient([&](const Tensor& v) { return weighted_sum(layer.forward(v, ctx), w); }, x, eps);
-    REQUIRE(g.input.shape() == x.shape());
-    CHECK(max_abs_diff(g.input, num) < 1e-7);
-  }
-  const auto weights = layer.weights();
-  REQUIRE(g.variables.size() == weights.size());
-  for (std::size_t k = 0; k < weights.size(); ++k) {
-    CAPTURE(weights[k].first);
-    Variable variable = weights[k].second;
-    const Tensor keep = variable.value();
-    const Tensor num = numeric_gradient(
-        [&](const Tensor& v) {
-          variable.assign(v);
-          return weighted_sum(layer.forward(x, ctx), w);
-        },
-        keep, eps);
-    variable.assign(keep);
-    CHECK(max_abs_diff(g.variables[k], num) < 1e-7);
-  }
-}
 
 nn::FitOptions quiet() {
   nn::FitOptions o;
