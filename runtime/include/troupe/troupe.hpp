@@ -45,6 +45,7 @@
 #include "troupe/nn/mixed_precision.hpp"
 #include "troupe/nn/backup_and_restore.hpp"
 #include "troupe/nn/batch_normalization.hpp"
+#include "troupe/nn/dataset_creator.hpp"
 #include "troupe/nn/model.hpp"
 #include "troupe/nn/normalization.hpp"
 #include "troupe/nn/ops.hpp"

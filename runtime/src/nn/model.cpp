@@ -19,7 +19,9 @@
 #include "nn/element_checks.hpp"
 #include "nn/fit_loop.hpp"
 #include "nn/layer_checks.hpp"
+#include "nn/ps_fit.hpp"
 #include "troupe/distribute/context.hpp"
+#include "troupe/distribute/parameter_server_strategy.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/nn/backup_and_restore.hpp"
 #include "troupe/nn/loss_scale_optimizer.hpp"
@@ -357,7 +359,10 @@ void Model::compile(std::shared_ptr<Optimizer> optimizer, Loss loss) {
   if (float16 && dynamic_cast<LossScaleOptimizer*>(optimizer.get()) == nullptr) {
     optimizer = std::make_shared<LossScaleOptimizer>(std::move(optimizer));
   }
-  optimizer->build(layers_.named_trainable_variables());
+  // Under ParameterServerStrategy the ps tasks keep the slots beside each shard (fit has them
+  // apply the optimizer there): only the iteration count is made, on the ps tasks.
+  const bool on_ps = dynamic_cast<distribute::ParameterServerStrategy*>(strategy_) != nullptr;
+  optimizer->build(on_ps ? std::vector<std::pair<std::string, Variable>>{} : layers_.named_trainable_variables());
   optimizer_ = std::move(optimizer);
   loss_ = std::move(loss);
   metrics_.clear();
@@ -379,7 +384,9 @@ void Model::build(Shape input_shape) {
   layers_.build(std::move(input_shape));
   // A compiled model's optimizer gets the new variables' slots now, so that a checkpoint or a
   // backup restored before the first step finds them.
-  if (optimizer_) optimizer_->build(layers_.named_trainable_variables());
+  if (optimizer_ && dynamic_cast<distribute::ParameterServerStrategy*>(strategy_) == nullptr) {
+    optimizer_->build(layers_.named_trainable_variables());
+  }
 }
 
 void Model::check_compiled(const char* op) const {
@@ -396,12 +403,59 @@ LossAndGradients Model::compute_gradients(const Tensor& features, const Tensor& 
   return {std::move(lg.loss), layers_.backward(activations, lg.gradient, nullptr, call)};
 }
 
+namespace detail {
+
+LossAndGradients batch_gradients(const Model& model, const data::Element& batch, std::int64_t step, Tensor* outputs) {
+  if (!model.optimizer()) throw std::logic_error("Model::fit: compile the model first");
+  check_element(batch, "fit");
+  CallContext call;
+  call.training = true;
+  call.step = step;
+  std::vector<Tensor> activations;
+  const Sequential& layers = model.layers();
+  const Tensor out = layers.forward(model_input(layers, batch[0], "fit"), activations, call);
+  LossAndGradient lg = model.loss().fn(out, batch[1], rows_of(batch));
+  if (outputs != nullptr) *outputs = out;
+  return {std::move(lg.loss), layers.backward(activations, lg.gradient, nullptr, call)};
+}
+
+}  // namespace detail
+
 Tensor Model::train_step(const data::Element& inputs, std::int64_t global_batch_size) {
   return step_and_update(inputs, global_batch_size, nullptr, "train_step");
 }
 
+namespace {
+
+// fit of a dataset that lives on the chief cannot run under ParameterServerStrategy.
+void refuse_parameter_servers(const distribute::Strategy& strategy) {
+  if (dynamic_cast<const distribute::ParameterServerStrategy*>(&strategy) != nullptr) {
+    throw std::invalid_argument(
+        "Model::fit: under ParameterServerStrategy each worker makes its own dataset: pass an "
+        "nn::DatasetCreator naming a dataset function the workers registered (FunctionRegistry::add_dataset), "
+        "with steps_per_epoch");
+  }
+}
+
+}  // namespace
+
+History Model::fit(const DatasetCreator& creator, int epochs, std::int64_t steps_per_epoch,
+                   const FitOptions& options) {
+  auto* strategy = dynamic_cast<distribute::ParameterServerStrategy*>(strategy_);
+  if (strategy == nullptr) {
+    throw std::invalid_argument("Model::fit: a DatasetCreator (dataset function " +
+                                std::string("'") + creator.dataset_function +
+                                "') trains under ParameterServerStrategy only: the model belongs to another strategy "
+                                "(pass a Dataset or a DistributedDataset)");
+  }
+  detail::PsFitLoop loop(*this, *strategy, creator, epochs, steps_per_epoch, options);  // checks the arguments
+  auto scope = cross_replica_scope(*strategy_, "fit");
+  return loop.run();
+}
+
 History Model::fit(const distribute::DistributedDataset& dataset, int epochs, std::int64_t steps_per_epoch,
                    const FitOptions& options) {
+  refuse_parameter_servers(*strategy_);
   detail::FitLoop loop(*this, dataset, epochs, steps_per_epoch, options);  // checks the arguments
   auto scope = cross_replica_scope(*strategy_, "fit");
   return loop.run();
@@ -409,6 +463,7 @@ History Model::fit(const distribute::DistributedDataset& dataset, int epochs, st
 
 History Model::fit(const data::Dataset& dataset, int epochs, std::int64_t steps_per_epoch,
                    const FitOptions& options) {
+  refuse_parameter_servers(*strategy_);
   if (dataset.cardinality() == data::infinite_cardinality && steps_per_epoch < 0) {
     throw std::invalid_argument("Model::fit: the dataset is infinite (repeat()); give steps_per_epoch");
   }

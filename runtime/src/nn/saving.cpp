@@ -21,6 +21,7 @@
 
 #include "distribute/collectives/worker_group.hpp"
 #include "nn/layer_registry.hpp"
+#include "nn/model_config.hpp"
 #include "troupe/checkpoint.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
@@ -382,6 +383,112 @@ std::vector<std::string> known_layer_classes() {
   return out;
 }
 
+namespace {
+
+// The layers of a model_config object (Sequential's config with its build_input_shape), built:
+// load_model's model, and the model a worker rebuilds for fit under ParameterServerStrategy.
+Model model_from_config(const Reader& model, const LoadOptions& options) {
+  if (model.string("class_name") != "Sequential") {
+    throw model.error("class_name", "is \"" + model.string("class_name") + "\" (expected \"Sequential\")");
+  }
+  const Reader config = model.object("config");
+  const json& layer_list = config.array("layers");
+
+  Sequential layers;
+  for (std::size_t i = 0; i < layer_list.size(); ++i) {
+    const Reader spec(layer_list[i], model.file(), config.path() + ".layers[" + std::to_string(i) + "]");
+    const std::string class_name = spec.string("class_name");
+    const Reader layer_config = spec.object("config");
+    LayerFactory factory;
+    if (auto it = options.custom_objects.find(class_name); it != options.custom_objects.end()) {
+      factory = it->second;
+    } else if (auto known = detail::layer_factories().find(class_name); known != detail::layer_factories().end()) {
+      factory = known->second;
+    }
+    if (!factory) {
+      std::string names;
+      for (const std::string& name : known_layer_classes()) names += (names.empty() ? "" : ", ") + name;
+      throw spec.error("class_name", "\"" + class_name + "\" is no layer troupe knows (known: " + names +
+                                         "; give an application's own layers in LoadOptions::custom_objects)");
+    }
+    const LayerConfig view(layer_config.value().dump(), "load_model: " + model.file() + ": " + layer_config.path() + " (" + class_name + ")");
+    std::shared_ptr<Layer> layer;
+    try {
+      layer = factory(view);
+    } catch (const SavedModelError&) {
+      throw;
+    } catch (const std::invalid_argument& e) {
+      throw SavedModelError(view.where() + ": " + e.what());
+    }
+    if (!layer) throw SavedModelError(view.where() + ": its factory made no layer");
+    try {
+      layers.add(std::move(layer));
+    } catch (const std::invalid_argument& e) {
+      throw SavedModelError(view.where() + ": " + e.what());
+    }
+  }
+  if (layers.layers().empty()) throw config.error("layers", "is empty (expected the model's layers)");
+
+  Model out(std::move(layers));
+  if (config.has("build_input_shape")) {
+    Shape shape;
+    const json& dims = config.array("build_input_shape");
+    for (const json& d : dims) {
+      if (!d.is_number_integer()) throw config.error("build_input_shape", "holds " + shown(d) + " (expected integers)");
+      shape.push_back(d.get<std::int64_t>());
+    }
+    try {
+      out.build(shape);
+    } catch (const std::invalid_argument& e) {
+      throw config.error("build_input_shape", std::string("does not fit the layers: ") + e.what());
+    }
+  }
+  if (!out.layers().built()) {
+    throw config.error("build_input_shape", "is missing and the layers take sizes from their input (expected the shape "
+                                            "the model was built for)");
+  }
+  return out;
+}
+
+// model_config as Model::save writes it: the Sequential's config and the shape it was built for.
+json model_config(const Sequential& layers) {
+  json model = json::parse(layers.config());
+  model["config"]["build_input_shape"] = layers.input_shape().empty() ? json(nullptr) : json(layers.input_shape());
+  return model;
+}
+
+}  // namespace
+
+namespace detail {
+
+std::string training_config(const Model& model) {
+  return json{{"model_config", model_config(model.layers())},
+              {"loss", loss_config(model.loss())},
+              {"metrics", model.metrics()}}
+      .dump();
+}
+
+Model model_from_training_config(const std::string& text, std::shared_ptr<Optimizer> optimizer,
+                                 const std::string& where) {
+  json document;
+  try {
+    document = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw SavedModelError("load_model: " + where + " is not valid JSON: " + e.what());
+  }
+  const Reader top(document, where, "");
+  Model out = model_from_config(top.object("model_config"), LoadOptions{});
+  std::vector<std::string> metrics;
+  for (const json& m : top.array("metrics")) {
+    if (!m.is_string()) throw top.error("metrics", "holds " + shown(m) + " (expected names)");
+    metrics.push_back(m.get<std::string>());
+  }
+  out.compile(std::move(optimizer), loss_from_config(top.object("loss")), std::move(metrics));
+  return out;
+}
+
+}  // namespace detail
+
 // ----- Model::save -----
 
 void Model::save(const std::string& dir) const {
@@ -406,8 +513,7 @@ void Model::save(const std::string& dir) const {
     }
   }
 
-  json model = json::parse(layers_.config());
-  model["config"]["build_input_shape"] = layers_.input_shape().empty() ? json(nullptr) : json(layers_.input_shape());
+  json model = model_config(layers_);
   json compile = nullptr;
   if (optimizer_) {
     compile = json{{"loss", loss_config(loss_)}, {"optimizer", optimizer_config(*optimizer_)}, {"metrics", metrics_}};
@@ -471,66 +577,7 @@ Model load_model(const std::string& dir, const LoadOptions& options) {
     throw top.error("format_version", "is " + std::to_string(top.integer("format_version")) + " (this troupe reads " +
                                           std::to_string(format_version) + ")");
   }
-  const Reader model = top.object("model_config");
-  if (model.string("class_name") != "Sequential") {
-    throw model.error("class_name", "is \"" + model.string("class_name") + "\" (expected \"Sequential\")");
-  }
-  const Reader config = model.object("config");
-  const json& layer_list = config.array("layers");
-
-  Sequential layers;
-  for (std::size_t i = 0; i < layer_list.size(); ++i) {
-    const Reader spec(layer_list[i], file, config.path() + ".layers[" + std::to_string(i) + "]");
-    const std::string class_name = spec.string("class_name");
-    const Reader layer_config = spec.object("config");
-    LayerFactory factory;
-    if (auto it = options.custom_objects.find(class_name); it != options.custom_objects.end()) {
-      factory = it->second;
-    } else if (auto known = detail::layer_factories().find(class_name); known != detail::layer_factories().end()) {
-      factory = known->second;
-    }
-    if (!factory) {
-      std::string names;
-      for (const std::string& name : known_layer_classes()) names += (names.empty() ? "" : ", ") + name;
-      throw spec.error("class_name", "\"" + class_name + "\" is no layer troupe knows (known: " + names +
-                                         "; give an application's own layers in LoadOptions::custom_objects)");
-    }
-    const LayerConfig view(layer_config.value().dump(), "load_model: " + file + ": " + layer_config.path() + " (" + class_name + ")");
-    std::shared_ptr<Layer> layer;
-    try {
-      layer = factory(view);
-    } catch (const SavedModelError&) {
-      throw;
-    } catch (const std::invalid_argument& e) {
-      throw SavedModelError(view.where() + ": " + e.what());
-    }
-    if (!layer) throw SavedModelError(view.where() + ": its factory made no layer");
-    try {
-      layers.add(std::move(layer));
-    } catch (const std::invalid_argument& e) {
-      throw SavedModelError(view.where() + ": " + e.what());
-    }
-  }
-  if (layers.layers().empty()) throw config.error("layers", "is empty (expected the model's layers)");
-
-  Model out(std::move(layers));
-  if (config.has("build_input_shape")) {
-    Shape shape;
-    const json& dims = config.array("build_input_shape");
-    for (const json& d : dims) {
-      if (!d.is_number_integer()) throw config.error("build_input_shape", "holds " + shown(d) + " (expected integers)");
-      shape.push_back(d.get<std::int64_t>());
-    }
-    try {
-      out.build(shape);
-    } catch (const std::invalid_argument& e) {
-      throw config.error("build_input_shape", std::string("does not fit the layers: ") + e.what());
-    }
-  }
-  if (!out.layers().built()) {
-    throw config.error("build_input_shape", "is missing and the layers take sizes from their input (expected the shape "
-                                            "the model was built for)");
-  }
+  Model out = model_from_config(top.object("model_config"), options);
   if (options.compile && top.has("compile_config")) {
     const Reader compile = top.object("compile_config");
     std::vector<std::string> metrics;

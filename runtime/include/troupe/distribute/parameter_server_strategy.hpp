@@ -16,6 +16,10 @@
 #include "troupe/runtime.hpp"
 #include "troupe/tensor.hpp"
 
+namespace troupe::nn::detail {
+class PsFitLoop;
+}  // namespace troupe::nn::detail
+
 namespace troupe::distribute {
 
 /// How a variable is split into shards along axis 0 (tf.distribute.experimental.partitioners).
@@ -85,8 +89,11 @@ struct RemoteValueState;
 /// A troupe::Variable created in its scope() lives on the ps tasks, as TensorFlow's
 /// ShardedVariable: its shards are placed round-robin, reading it (value()) from the chief reads
 /// every shard, and assign/assign_add/assign_sub write them; the workers' functions reach it by
-/// its name (FunctionContext). A variable given no name is named "Variable", "Variable_1"...;
-/// a name already taken is std::invalid_argument. A scalar is kept as one row of shape {1}.
+/// its name (FunctionContext), which name() returns. A variable given no name is named
+/// "Variable", "Variable_1"...; a name already taken gets the first free suffix ("kernel_1", as
+/// TensorFlow makes names unique), so that layers made in the scope (each unnamed Dense makes a
+/// "kernel") live side by side. A scalar is kept as one row of shape {1}. A Model made in the
+/// scope trains with Model::fit(DatasetCreator, ...) (troupe/nn/model.hpp).
 /// As in TensorFlow, the chief has one replica (CPU:0): run() on the chief runs the function
 /// there, once, after a warning that functions meant for the workers go through
 /// ClusterCoordinator::schedule.
@@ -241,6 +248,11 @@ class ClusterCoordinator {
   std::uint64_t workers_lost() const;
 
  private:
+  friend class troupe::nn::detail::PsFitLoop;
+  explicit ClusterCoordinator(std::shared_ptr<detail::CoordinatorState> state) : state_(std::move(state)) {}
+  // The strategy's coordinator as one made earlier configured it (from the environment when none
+  // was made): what Model::fit schedules through.
+  static std::unique_ptr<ClusterCoordinator> attach(ParameterServerStrategy& strategy);
   std::shared_ptr<detail::CoordinatorState> state_;
 };
 

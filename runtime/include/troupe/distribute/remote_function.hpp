@@ -12,8 +12,10 @@
 
 namespace troupe::distribute {
 
+class FunctionRegistry;
 namespace detail {
 struct WorkerServices;
+void add_builtin_functions(FunctionRegistry& registry);
 }
 
 /// An optimizer that the ps tasks apply themselves (Keras's optimizers, their names and defaults):
@@ -122,10 +124,13 @@ using DatasetFunction = std::function<data::Dataset()>;
 
 /// The functions a process can run for a ClusterCoordinator, by name. A value: a Server holds the
 /// one it was given; nothing is global. The same name must mean the same function in every
-/// process (they link the same code, or load the same module).
+/// process (they link the same code, or load the same module). Names beginning with "troupe."
+/// are troupe's own: a worker's Server adds its built-in functions ("troupe.fit.train_step", what
+/// Model::fit schedules under ParameterServerStrategy) to the registry it was given.
 class FunctionRegistry {
  public:
-  /// Adds a function; an empty or already registered name is std::invalid_argument.
+  /// Adds a function; an empty or already registered name, or one beginning with "troupe.", is
+  /// std::invalid_argument.
   void add(const std::string& name, RemoteFunction fn);
   /// Adds a dataset function, under the same rules (one name space with functions).
   void add_dataset(const std::string& name, DatasetFunction fn);
@@ -142,6 +147,8 @@ class FunctionRegistry {
   void load_module(const std::string& path);
 
  private:
+  friend void detail::add_builtin_functions(FunctionRegistry& registry);
+  void add_builtin(const std::string& name, RemoteFunction fn);
   std::map<std::string, RemoteFunction> functions_;
   std::map<std::string, DatasetFunction> datasets_;
 };

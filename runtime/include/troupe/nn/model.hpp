@@ -12,6 +12,7 @@
 #include "troupe/data/dataset.hpp"
 #include "troupe/distribute/input.hpp"
 #include "troupe/nn/callback.hpp"
+#include "troupe/nn/dataset_creator.hpp"
 #include "troupe/nn/losses.hpp"
 #include "troupe/nn/optimizers.hpp"
 #include "troupe/nn/sequential.hpp"
@@ -27,6 +28,7 @@ namespace troupe::nn {
 class BackupAndRestore;
 namespace detail {
 class FitLoop;
+class PsFitLoop;
 }  // namespace detail
 
 /// How Model::fit reports, resumes and is steered.
@@ -61,6 +63,10 @@ struct FitOptions {
   /// epoch left trains nothing, says so on `out` and keeps the backup.
   /// See troupe/nn/backup_and_restore.hpp.
   BackupAndRestore* backup_and_restore = nullptr;
+  /// Under ParameterServerStrategy: the steps each scheduled closure runs on its worker (Keras's
+  /// compile(steps_per_execution=...)); >= 1. The callbacks' batch hooks then run once per
+  /// closure, with the index of its last step; controls apply between closures. Elsewhere 1.
+  int steps_per_execution = 1;
 };
 
 /// What Model::fit measured.
@@ -128,6 +134,18 @@ class Model {
   /// An infinite dataset needs steps_per_epoch (std::invalid_argument).
   History fit(const data::Dataset& dataset, int epochs = 1, std::int64_t steps_per_epoch = -1,
               const FitOptions& options = {});
+  /// Trains under ParameterServerStrategy as Keras does (docs/clusters.md): the model, built and
+  /// compiled in the strategy's scope, has its variables on the ps tasks; the chief schedules
+  /// closures of FitOptions::steps_per_execution steps onto the workers, each of which rebuilds the
+  /// model from its architecture, reads the variables, computes the gradients of its next batches
+  /// from `creator`'s dataset and has the ps tasks apply the model's optimizer (SGD with or
+  /// without momentum or nesterov, Adam, AdamW) to their shards, asynchronously. steps_per_epoch
+  /// is required (the workers' datasets have no common end); the callbacks and the controls run
+  /// on the chief at closure boundaries. Mistakes are std::invalid_argument naming them (another
+  /// strategy, no steps_per_epoch, an optimizer the ps tasks cannot apply, layers not built); a
+  /// closure that fails on its worker (an unknown dataset function) is troupe::Error naming the
+  /// worker and the cause.
+  History fit(const DatasetCreator& creator, int epochs, std::int64_t steps_per_epoch, const FitOptions& options = {});
 
   /// One training step on this replica's batch {features, targets} (the seed's step_fn), for
   /// strategy.run: forward, the compiled loss scaled by global_batch_size (the rows of all
@@ -200,7 +218,8 @@ class Model {
   void summary() const;
 
  private:
-  friend class detail::FitLoop;  // fit's loop runs step_and_update
+  friend class detail::FitLoop;    // fit's loop runs step_and_update
+  friend class detail::PsFitLoop;  // fit's loop under ParameterServerStrategy
   void check_compiled(const char* op) const;
   // One training step on this replica (train_step's, also fit's): forward, loss, backward with
   // the gradients all-reduced (in buckets while backward runs, where the strategy uses them),

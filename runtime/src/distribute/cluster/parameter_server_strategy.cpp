@@ -102,6 +102,7 @@ struct RemoteValueState {
 
 struct CoordinatorState {
   ClusterCoordinatorOptions options;
+  bool configured = false;  // a ClusterCoordinator set the options
   std::vector<std::string> workers;  // task names
   std::mutex mutex;
   std::condition_variable cv;
@@ -340,12 +341,11 @@ class PsBackend final : public OneReplicaBackend {
     auto s = state.lock();
     if (!s) throw std::logic_error("ParameterServerStrategy: variable created while the strategy is destroyed");
     std::lock_guard<std::mutex> lock(s->mutex);
-    std::string n = name;
-    if (n.empty()) {
-      // TensorFlow's default name, made unique: the workers reach variables by name.
-      n = "Variable";
-      for (int k = 1; taken(*s, n); ++k) n = "Variable_" + std::to_string(k);
-    }
+    // TensorFlow's default name, and any name made unique (the workers reach variables by name;
+    // each unnamed Dense layer made in the scope asks for "kernel").
+    const std::string base = name.empty() ? "Variable" : name;
+    std::string n = base;
+    for (int k = 1; taken(*s, n); ++k) n = base + "_" + std::to_string(k);
     const Tensor rows = initial_value.rank() == 0 ? initial_value.reshape({1}) : initial_value;
     auto sharded = create_sharded(*s, n, rows, "Variable in ParameterServerStrategy's scope");
     return std::make_shared<PsVariable>(s, std::move(sharded), initial_value.shape());
@@ -490,11 +490,17 @@ ClusterCoordinator::ClusterCoordinator(ParameterServerStrategy& strategy, Cluste
     : state_(strategy.state_->coordinator) {
   troupe::detail::check_coordinator_options(options);
   state_->options = options;
+  state_->configured = true;
   state_->dispatcher->configure(options.closures_per_worker, options.reconnect_interval);
   state_->dispatcher->set_heartbeat(actors::liveness_policy{options.heartbeat_interval, options.missed_heartbeats});
 }
 
 ClusterCoordinator::~ClusterCoordinator() = default;
+
+std::unique_ptr<ClusterCoordinator> ClusterCoordinator::attach(ParameterServerStrategy& strategy) {
+  if (!strategy.state_->coordinator->configured) return std::make_unique<ClusterCoordinator>(strategy);
+  return std::unique_ptr<ClusterCoordinator>(new ClusterCoordinator(strategy.state_->coordinator));
+}
 
 namespace {
 

@@ -15,6 +15,7 @@
 #include "distribute/cluster/remote_wire.hpp"
 #include "distribute/cluster/worker_services.hpp"
 #include "distribute/cluster/cluster_net.hpp"
+#include "nn/ps_fit.hpp"
 #include "env.hpp"
 #include "troupe/actors/cluster_tasks.hpp"
 #include "troupe/base/quote.hpp"
@@ -30,6 +31,10 @@ namespace {
 void check_new_name(const std::map<std::string, RemoteFunction>& f, const std::map<std::string, DatasetFunction>& d,
                     const std::string& name, const char* what) {
   if (name.empty()) throw std::invalid_argument(std::string("FunctionRegistry: ") + what + " with an empty name");
+  if (name.rfind("troupe.", 0) == 0) {
+    throw std::invalid_argument("FunctionRegistry: " + base::quoted(name) +
+                                " begins with \"troupe.\", which names troupe's own functions (choose another name)");
+  }
   if (f.count(name) != 0 || d.count(name) != 0) {
     throw std::invalid_argument("FunctionRegistry: " + base::quoted(name) +
                                 " is registered already (every name means one function)");
@@ -58,6 +63,10 @@ void FunctionRegistry::add_dataset(const std::string& name, DatasetFunction fn) 
   check_new_name(functions_, datasets_, name, "a dataset function");
   if (!fn) throw std::invalid_argument("FunctionRegistry: dataset function " + base::quoted(name) + " is empty");
   datasets_.emplace(name, std::move(fn));
+}
+
+void FunctionRegistry::add_builtin(const std::string& name, RemoteFunction fn) {
+  functions_.insert_or_assign(name, std::move(fn));
 }
 
 const RemoteFunction* FunctionRegistry::find(const std::string& name) const {
@@ -423,6 +432,7 @@ Server::Server(Runtime& runtime, const ClusterSpec& cluster, const std::string& 
   std::tie(s.host, port) = detail::split_host_port(address, "Server");
   s.options = std::move(options);
   s.functions = std::move(functions);
+  if (task_type == "worker") detail::add_builtin_functions(s.functions);
   s.credentials = actors::make_credentials(runtime.system(), s.options.cluster_token);
   s.services.system = &runtime.system();
   s.services.task = s.task;
