@@ -1,23 +1,30 @@
-// The MLP of mlp_classifier trained asynchronously with ParameterServerStrategy: the variables,
-// made in the strategy's scope, live on the ps tasks, the chief schedules training closures onto
-// the workers, and each worker reads the variables, computes the gradients of one batch of its
-// own dataset and sends the gradients; the ps tasks apply --optimizer (SGD by default; momentum,
-// Adam, AdamW) to their shards as they arrive, each with its own slots. One
-// binary for every role, chosen by TF_CONFIG: "chief" coordinates, "worker" and "ps" serve until
-// the chief leaves.
+// The MLP of mlp_classifier trained asynchronously with ParameterServerStrategy, as Keras's
+// model.fit does it: the model, made in the strategy's scope, has its variables on the ps tasks;
+// Model::fit on the chief schedules train-step closures (--steps-per-execution batches each) onto
+// the workers, each of which reads the variables, computes the gradients of its own batches and
+// sends them; the ps tasks apply --optimizer (Adam by default; SGD, momentum, AdamW) to their
+// shards as they arrive, each with its own slots. One binary for every role, chosen by TF_CONFIG:
+// "chief" coordinates, "worker" and "ps" serve until the chief leaves.
 //
 //   troupe-launch --ps 1 -n 2 --chief -- ps_trainer --closures 200
 //
+// --mode closures schedules hand-written closures instead (forward and backward written out,
+// one batch each); --mode local trains the same model on the same data in this one process
+// (no cluster), the synchronous run the asynchronous one is compared with.
+//
 // The chief prints a progress line every 10 completed closures and ends with one line for scripts:
-//   result: closures=N done=D retried=R workers_lost=W loss_first=X loss_last=Y
+//   result: closures=N done=D retried=R workers_lost=W ps_restarts=0 loss_first=X loss_last=Y
+//           start_step=0 step=S
 // (done counts closures that completed, each once; loss_first and loss_last are the mean losses
-// of the first and the last 10 closures).
+// of the first and the last 10 closures; step counts the training steps done; ps_restarts and
+// start_step are always 0: a ps task lost ends the run, which does not resume).
 
 #include <algorithm>
 #include <chrono>
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,7 +34,6 @@
 #include "example_cli.hpp"
 
 using troupe::examples::in_range;
-using troupe::examples::positive;
 
 using namespace troupe;
 using namespace troupe::distribute;
@@ -35,20 +41,28 @@ using namespace troupe::distribute;
 namespace {
 
 struct Flags {
+  std::string mode = "fit";
   int closures = 200;
+  int epochs = 1;
+  int steps_per_execution = 1;
   std::int64_t batch = 64;
   int hidden = 64;
-  float learning_rate = 0.05f;
+  float learning_rate = 0;  // 0: the optimizer's default below
   std::int64_t samples = 4096;
   int features = 32;
   int classes = 4;
   int shards = 2;
   int step_delay_ms = 0;
-  std::string optimizer = "sgd";
+  std::string optimizer = "adam";
   bool quiet = false;
+
+  float lr() const {
+    if (learning_rate > 0) return learning_rate;
+    return optimizer == "sgd" || optimizer == "momentum" ? 0.05f : 0.01f;
+  }
 };
 
-// The optimizer the ps tasks apply to their shards (--optimizer, with --lr).
+// The optimizer the ps tasks apply to their shards (--optimizer, with --lr), for the closures.
 ShardOptimizer shard_optimizer(const std::string& name, float learning_rate) {
   if (name == "sgd") return ShardOptimizer::sgd(learning_rate);
   if (name == "momentum") return ShardOptimizer::sgd(learning_rate, 0.9f);
@@ -56,21 +70,49 @@ ShardOptimizer shard_optimizer(const std::string& name, float learning_rate) {
   return ShardOptimizer::adamw(learning_rate);
 }
 
+// The same as Keras's optimizer, for fit (the ps tasks apply it in its place).
+std::shared_ptr<nn::Optimizer> model_optimizer(const std::string& name, float learning_rate) {
+  if (name == "sgd") return std::make_shared<nn::SGD>(learning_rate);
+  if (name == "momentum") return std::make_shared<nn::SGD>(learning_rate, 0.9f);
+  if (name == "adam") return std::make_shared<nn::Adam>(learning_rate);
+  return std::make_shared<nn::AdamW>(learning_rate);
+}
+
 const char* const layers[] = {"dense/kernel", "dense/bias", "dense_1/kernel", "dense_1/bias", "dense_2/kernel",
                               "dense_2/bias"};
 
-// The functions every worker runs; the chief never calls them, but the same binary registers them
-// in every role.
+// Every worker's dataset: the generated set, shuffled, repeated, in batches (with --step-delay-ms
+// a pause per batch, as a heavier model would take).
+data::Dataset blobs(const Flags& f) {
+  nn::BlobOptions options;
+  options.samples = f.samples;
+  options.features = f.features;
+  options.classes = f.classes;
+  auto d = nn::make_blobs(options);
+  auto batches =
+      data::Dataset::from_tensor_slices({d.features, d.labels}).shuffle(f.samples, 7).repeat().batch(f.batch, true);
+  if (f.step_delay_ms <= 0) return batches;
+  return batches.map([ms = f.step_delay_ms](const data::Element& e) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return e;
+  });
+}
+
+// The MLP as a Keras model, made in the current scope (the strategy's: its variables on the ps
+// tasks), with the hand-written closures' initial weights.
+nn::Model make_model(const Flags& f) {
+  nn::Model model(nn::Sequential({nn::Dense(f.features, f.hidden, nn::Activation::relu, 100, "dense"),
+                                  nn::Dense(f.hidden, f.hidden, nn::Activation::relu, 101, "dense_1"),
+                                  nn::Dense(f.hidden, f.classes, nn::Activation::none, 102, "dense_2")}));
+  model.compile(model_optimizer(f.optimizer, f.lr()), nn::Loss::sparse_categorical_crossentropy());
+  return model;
+}
+
+// The functions every worker runs for --mode closures (fit's are troupe's own); the chief never
+// calls them, but the same binary registers them in every role.
 FunctionRegistry make_functions(const Flags& f) {
   FunctionRegistry functions;
-  functions.add_dataset("blobs", [f] {
-    nn::BlobOptions options;
-    options.samples = f.samples;
-    options.features = f.features;
-    options.classes = f.classes;
-    auto d = nn::make_blobs(options);
-    return data::Dataset::from_tensor_slices({d.features, d.labels}).shuffle(f.samples, 7).repeat().batch(f.batch, true);
-  });
+  functions.add_dataset("blobs", [f] { return blobs(f); });
   // One step on the next batch of the worker's iterator (arg 0) with learning rate arg 1: the
   // gradients go to the ps tasks, which apply --optimizer with the slots beside each shard;
   // returns the batch's loss.
@@ -88,7 +130,6 @@ FunctionRegistry make_functions(const Flags& f) {
     const auto g1 = nn::dense_backward(batch[0], w[0], h1, g2.input, nn::Activation::relu, false);
     ctx.apply_gradients(shard_optimizer(f.optimizer, lr), names,
                         {g1.kernel, g1.bias, g2.kernel, g2.bias, g3.kernel, g3.bias});
-    if (f.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.step_delay_ms));
     return std::vector<Tensor>{loss.loss};
   });
   return functions;
@@ -100,26 +141,80 @@ double mean(const std::vector<float>& v, std::size_t from, std::size_t to) {
   return to > from ? s / static_cast<double>(to - from) : 0.0;
 }
 
+// The last line, for scripts.
+void print_result(int closures, std::uint64_t done, std::uint64_t retried, std::uint64_t lost,
+                  const std::vector<float>& loss, std::int64_t steps) {
+  const std::size_t n = loss.size(), k = std::min<std::size_t>(10, n);
+  std::cout << "result: closures=" << closures << " done=" << done << " retried=" << retried
+            << " workers_lost=" << lost << " ps_restarts=0" << std::setprecision(5)
+            << " loss_first=" << mean(loss, 0, k) << " loss_last=" << mean(loss, n - k, n) << " start_step=0"
+            << " step=" << steps << std::endl;
+}
+
+// A progress line every 10 closures.
+void progress(const Flags& f, std::uint64_t done, const std::vector<float>& loss, std::uint64_t retried) {
+  const std::size_t i = loss.size();
+  if (f.quiet || (i % 10 != 0 && i != static_cast<std::size_t>(f.closures))) return;
+  std::cout << "closures " << done << "/" << f.closures << " done, loss " << std::setprecision(4)
+            << mean(loss, i >= 10 ? i - 10 : 0, i) << ", retried " << retried << std::endl;
+}
+
+// --mode local: the same model on the same data, trained by fit in this process; a "closure" is
+// --steps-per-execution steps, as in fit on the cluster.
+int train_locally(const Flags& f) {
+  nn::Model model = make_model(f);
+  std::vector<float> loss;
+  double sum = 0;
+  int in_closure = 0;
+  nn::FitOptions options;
+  options.verbose = 0;
+  options.on_step_end = [&](std::int64_t, double step_loss) {
+    sum += step_loss;
+    if (++in_closure < f.steps_per_execution) return;
+    loss.push_back(static_cast<float>(sum / in_closure));
+    sum = 0;
+    in_closure = 0;
+    progress(f, loss.size(), loss, 0);
+  };
+  const std::int64_t steps = static_cast<std::int64_t>(f.closures) * f.steps_per_execution;
+  const nn::History h = model.fit(blobs(f), f.epochs, steps / f.epochs, options);
+  print_result(f.closures, loss.size(), 0, 0, loss, h.steps);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"An MLP trained with ParameterServerStrategy (one binary for every role).", "ps_trainer"};
   troupe::examples::show_defaults(app);
+  app.add_option("--mode", f.mode,
+                 "fit: Model::fit on the cluster; closures: hand-written closures; local: fit in this one process")
+      ->check(CLI::IsMember({"fit", "closures", "local"}));
   app.add_option("--closures", f.closures, "training closures the chief schedules")->check(in_range(1, 1 << 24));
-  app.add_option("--batch", f.batch, "batch of each closure")->check(in_range(std::int64_t{1}, std::int64_t{1} << 20));
+  app.add_option("--epochs", f.epochs, "fit: epochs, which share the closures (a divisor of --closures)")
+      ->check(in_range(1, 1 << 20));
+  app.add_option("--steps-per-execution", f.steps_per_execution, "fit: batches per closure")->check(in_range(1, 1 << 16));
+  app.add_option("--batch", f.batch, "batch of each step")->check(in_range(std::int64_t{1}, std::int64_t{1} << 20));
   app.add_option("--hidden", f.hidden, "units of each hidden layer")->check(in_range(1, 1 << 16));
-  app.add_option("--lr", f.learning_rate, "the optimizer's learning rate")->check(positive());
+  app.add_option("--lr", f.learning_rate, "the optimizer's learning rate (0: 0.05 for sgd and momentum, 0.01 for adam "
+                                          "and adamw)")
+      ->check(in_range(0.0f, 1e6f));
   app.add_option("--optimizer", f.optimizer, "what the ps tasks apply to their shards (momentum: 0.9)")
       ->check(CLI::IsMember({"sgd", "momentum", "adam", "adamw"}));
   app.add_option("--samples", f.samples, "generated set: examples")->check(in_range(std::int64_t{1}, std::int64_t{1} << 26));
   app.add_option("--features", f.features, "generated set: features")->check(in_range(1, 1 << 16));
   app.add_option("--classes", f.classes, "generated set: classes")->check(in_range(2, 1 << 16));
   app.add_option("--shards", f.shards, "shards of each kernel (FixedShardsPartitioner)")->check(in_range(1, 1024));
-  app.add_option("--step-delay-ms", f.step_delay_ms, "a pause in each closure, as a heavier model would take")
+  app.add_option("--step-delay-ms", f.step_delay_ms, "a pause per batch, as a heavier model would take")
       ->check(in_range(0, 60000));
   app.add_flag("--quiet", f.quiet, "print the result line only");
   return troupe::examples::run_main(app, argc, argv, [&] {
+    if (f.closures % f.epochs != 0) {
+      throw std::invalid_argument("--closures " + std::to_string(f.closures) + " is not a multiple of --epochs " +
+                                  std::to_string(f.epochs) + " (every epoch runs as many closures)");
+    }
+    if (f.mode == "local") return train_locally(f);
     Runtime runtime;
     auto resolver = std::make_shared<TFConfigClusterResolver>();
     if (serve_if_worker_or_ps(runtime, *resolver, make_functions(f))) return 0;
@@ -130,8 +225,39 @@ int main(int argc, char** argv) {
 
     ParameterServerStrategy strategy(runtime, resolver, std::make_shared<FixedShardsPartitioner>(f.shards));
     ClusterCoordinator coordinator(strategy);
-    // As in TensorFlow, variables made in the strategy's scope live on the ps tasks, sharded by
-    // the partitioner; the workers' train_step reaches them by name.
+    if (!f.quiet) {
+      std::cout << "ps_trainer: " << strategy.num_workers() << " workers, " << strategy.num_ps() << " ps task(s), "
+                << f.closures << " closures of " << (f.mode == "fit" ? f.steps_per_execution : 1) << " batch(es) of "
+                << f.batch << ", " << f.optimizer << " (" << f.mode << ")" << std::endl;
+    }
+    std::vector<float> loss;
+
+    if (f.mode == "fit") {
+      // As in Keras: the model made in the strategy's scope has its variables on the ps tasks,
+      // sharded by the partitioner; fit schedules the train steps onto the workers.
+      std::optional<nn::Model> model;
+      {
+        auto scope = strategy.scope();
+        model.emplace(make_model(f));
+      }
+      auto record = std::make_shared<nn::LambdaCallback>();
+      record->batch_end = [&](std::int64_t, nn::Logs& logs) {
+        loss.push_back(static_cast<float>(logs.at("loss")));
+        progress(f, coordinator.closures_done(), loss, coordinator.closures_retried());
+      };
+      nn::FitOptions options;
+      options.verbose = 0;
+      options.steps_per_execution = f.steps_per_execution;
+      options.callbacks = {record};
+      const std::int64_t steps_per_epoch = static_cast<std::int64_t>(f.closures / f.epochs) * f.steps_per_execution;
+      const nn::History h = model->fit(nn::DatasetCreator("blobs"), f.epochs, steps_per_epoch, options);
+      coordinator.join();
+      print_result(f.closures, coordinator.closures_done(), coordinator.closures_retried(), coordinator.workers_lost(),
+                   loss, h.steps);
+      return 0;
+    }
+
+    // --mode closures: hand-written closures over variables made in the strategy's scope.
     const std::int64_t sizes[] = {f.features, f.hidden, f.hidden, f.classes};
     std::vector<Variable> weights;
     {
@@ -142,29 +268,15 @@ int main(int argc, char** argv) {
       }
     }
     auto iterator = coordinator.create_per_worker_dataset("blobs").make_iterator();
-    if (!f.quiet) {
-      std::cout << "ps_trainer: " << strategy.num_workers() << " workers, " << strategy.num_ps() << " ps task(s), "
-                << f.closures << " closures of batch " << f.batch << std::endl;
-    }
-
     std::vector<RemoteValue> losses;
-    for (int i = 0; i < f.closures; ++i) losses.push_back(coordinator.schedule("train_step", iterator, f.learning_rate));
-    std::vector<float> loss(static_cast<std::size_t>(f.closures));
+    for (int i = 0; i < f.closures; ++i) losses.push_back(coordinator.schedule("train_step", iterator, f.lr()));
     for (int i = 0; i < f.closures; ++i) {
-      loss[static_cast<std::size_t>(i)] = coordinator.fetch(losses[static_cast<std::size_t>(i)]).at(0).item<float>();
-      if (!f.quiet && ((i + 1) % 10 == 0 || i + 1 == f.closures)) {
-        std::cout << "closures " << coordinator.closures_done() << "/" << f.closures << " done, loss "
-                  << std::setprecision(4) << mean(loss, static_cast<std::size_t>(std::max(0, i - 9)),
-                                                  static_cast<std::size_t>(i + 1))
-                  << ", retried " << coordinator.closures_retried() << std::endl;
-      }
+      loss.push_back(coordinator.fetch(losses[static_cast<std::size_t>(i)]).at(0).item<float>());
+      progress(f, coordinator.closures_done(), loss, coordinator.closures_retried());
     }
     coordinator.join();
-    const std::size_t n = loss.size(), k = std::min<std::size_t>(10, n);
-    std::cout << "result: closures=" << f.closures << " done=" << coordinator.closures_done()
-              << " retried=" << coordinator.closures_retried() << " workers_lost=" << coordinator.workers_lost()
-              << std::setprecision(5) << " loss_first=" << mean(loss, 0, k) << " loss_last=" << mean(loss, n - k, n)
-              << std::endl;
+    print_result(f.closures, coordinator.closures_done(), coordinator.closures_retried(), coordinator.workers_lost(),
+                 loss, f.closures);
     return 0;
   });
 }

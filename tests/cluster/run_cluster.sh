@@ -3,8 +3,10 @@
 # ClusterCoordinator, workers and a ps task, each bounded in time and killed on exit.
 #   run_cluster.sh SCENARIO BUILD_DIR
 # Scenarios:
-#   train          ps_trainer, 1 chief + 2 workers + 1 ps: every closure done, the loss falls, all exit 0
-#   worker-killed  the same with worker 1 killed by SIGKILL mid-run: every closure done, workers_lost=1
+#   train          ps_trainer's hand-written closures (--mode closures), 1 chief + 2 workers + 1 ps:
+#                  every closure done, the loss falls, all exit 0
+#   worker-killed  ps_trainer's Model::fit (its default) with worker 1 killed by SIGKILL mid-run:
+#                  every closure done, workers_lost=1
 #   ps-killed      the ps task killed mid-run: the chief fails within 2 s naming it; the workers end
 #   worker-stopped worker 1 SIGSTOPped mid-run (its connection stays open): its heartbeats stop, it
 #                  is lost, every closure is done, workers_lost=1; SIGCONT then lets it end
@@ -229,7 +231,7 @@ stop_daemons() {
 case "$scenario" in
   train)
     start_tasks --closures 200
-    start chief chief 0 "$trainer" --closures 200
+    start chief chief 0 "$trainer" --closures 200 --mode closures --optimizer sgd
     status_of "$pid_chief"; [[ $st == 0 ]] || fail "the chief did not exit 0"
     check_training "$dir/chief.log" 200 0
     for n in w0 w1 ps; do
