@@ -250,8 +250,14 @@ int main(int argc, char** argv) {
       options.steps_per_execution = f.steps_per_execution;
       options.callbacks = {record};
       const std::int64_t steps_per_epoch = static_cast<std::int64_t>(f.closures / f.epochs) * f.steps_per_execution;
+      const auto t0 = std::chrono::steady_clock::now();
       const nn::History h = model->fit(nn::DatasetCreator("blobs"), f.epochs, steps_per_epoch, options);
       coordinator.join();
+      if (!f.quiet) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::cout << "ps_trainer: " << h.steps << " steps of batch " << f.batch << " in " << std::setprecision(4) << s
+                  << " s: " << std::setprecision(6) << static_cast<double>(h.samples) / s << " samples/s" << std::endl;
+      }
       print_result(f.closures, coordinator.closures_done(), coordinator.closures_retried(), coordinator.workers_lost(),
                    loss, h.steps);
       return 0;

@@ -55,6 +55,17 @@ struct Cluster {
     spec.emplace(jobs);
     FunctionRegistry functions;
     functions.add_dataset("blobs", [] { return batches(); });
+    // Three ids per example, all below 10, and a label of them.
+    functions.add_dataset("ids", [] {
+      std::vector<std::int64_t> ids(256 * 3), labels(256);
+      for (std::size_t i = 0; i < labels.size(); ++i) {
+        for (std::size_t j = 0; j < 3; ++j) ids[i * 3 + j] = static_cast<std::int64_t>((i * 7 + j * 3) % 10);
+        labels[i] = (ids[i * 3] + ids[i * 3 + 1]) % 2;
+      }
+      return data::Dataset::from_tensor_slices({Tensor::from_vector(ids, {256, 3}), Tensor::from_vector(labels)})
+          .batch(32, true)
+          .repeat();
+    });
     functions.add_dataset("three_batches", [] {
       const auto d = blobs();
       return data::Dataset::from_tensor_slices({d.features, d.labels}).batch(32, true).take(3);
@@ -137,6 +148,26 @@ TEST_CASE("fit under ParameterServerStrategy with two workers trains asynchronou
   std::vector<std::string> names;
   for (const auto& v : cluster.strategy->variables()) names.push_back(v.name);
   CHECK(names == std::vector<std::string>{"kernel", "bias", "kernel_1", "bias_1", "adam/iterations"});
+}
+
+TEST_CASE("fit under ParameterServerStrategy updates an Embedding's table only in the rows its batches looked up") {
+  // AdamW decays every row it updates, gradient or not: a dense update would move rows 10..19.
+  Cluster cluster;
+  std::optional<nn::Model> model;
+  {
+    auto scope = cluster.strategy->scope();
+    model.emplace(nn::Sequential({nn::Embedding(20, 4, 1), nn::Flatten(), nn::Dense(12, 2, nn::Activation::none, 2)}));
+    model->compile(std::make_shared<nn::AdamW>(0.01f, 0.1f), nn::Loss::sparse_categorical_crossentropy());
+  }
+  const std::vector<float> before = model->trainable_variables()[0].value().to_vector<float>();
+  const nn::History h = model->fit(nn::DatasetCreator("ids"), 1, 8, quiet());
+  CHECK(h.steps == 8);
+  const std::vector<float> after = model->trainable_variables()[0].value().to_vector<float>();
+  REQUIRE(after.size() == 80);
+  for (std::size_t i = 40; i < 80; ++i) CHECK(after[i] == before[i]);  // rows 10..19: never looked up
+  int moved = 0;
+  for (std::size_t i = 0; i < 40; ++i) moved += after[i] != before[i] ? 1 : 0;
+  CHECK(moved == 40);
 }
 
 TEST_CASE("fit under ParameterServerStrategy names each mistake") {
