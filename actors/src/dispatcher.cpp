@@ -113,6 +113,7 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
   d.system = &system;
   d.options = std::move(options);
   d.options.liveness.check("ParameterServerStrategy");
+  closure_watch({}, d.options.stall);  // its bounds, checked before the actor takes them
   d.on_done = std::move(on_done);
   d.on_ps_lost = std::move(on_ps_lost);
   d.log = std::move(log);
@@ -185,6 +186,12 @@ void dispatcher::set_heartbeat(liveness_policy liveness) {
   liveness.check("dispatcher");
   caf::anon_send(impl_->actor, hbset_atom::value, static_cast<std::int64_t>(liveness.interval.count()),
                  static_cast<std::int32_t>(liveness.missed));
+}
+
+void dispatcher::set_stall(closure_watch_options stall) {
+  closure_watch({}, stall);  // checks the bounds here, where the caller hears it
+  caf::anon_send(impl_->actor, stallset_atom::value, static_cast<std::int64_t>(stall.warning.count()),
+                 static_cast<std::int64_t>(stall.shutdown.count()));
 }
 
 void dispatcher::cancel_queued() {

@@ -78,7 +78,8 @@ using fault_atom = caf::atom_constant<caf::atom("fault")>;
 //   anyone -> ps agent: (vnew, key, bytes) -> bool; (vread, key) -> bytes; (vupdate, key, op, bytes)
 //     -> bool; (data) -> (port, secret) of its data connections (bulk_channel.hpp)
 //   inside the chief, to its dispatch actor: (sched, id, function, args); (wup, worker, agent);
-//     (table, blob); (leave) -> bool; (cancel) -> bool; (resume); (hbset, interval ms, missed)
+//     (table, blob); (leave) -> bool; (cancel) -> bool; (resume); (hbset, interval ms, missed);
+//     (stallset, warning ms, shutdown ms)
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
 using call_atom = caf::atom_constant<caf::atom("call")>;
 using result_atom = caf::atom_constant<caf::atom("result")>;
@@ -94,6 +95,7 @@ using watch_ps_atom = caf::atom_constant<caf::atom("watchps")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
 using hbset_atom = caf::atom_constant<caf::atom("hbset")>;
+using stallset_atom = caf::atom_constant<caf::atom("stallset")>;
 using data_atom = caf::atom_constant<caf::atom("data")>;
 using reach_atom = caf::atom_constant<caf::atom("reach")>;
 

@@ -33,6 +33,9 @@
 #                  whole assigns, while strangers hit a ps task's data port (junk, a segment table
 #                  claiming 16 GiB, silence): refused and logged, the ps task stays small; ps task 1
 #                  serves its data on the fixed port --data-port gives it
+#   stall          the chief's stall bounds set to 1 s and 3 s: a 2 s closure is reported and
+#                  cleared; a closure stuck on one worker is given up past 3 s and runs on the
+#                  other; one that hangs on both fails join(), naming both
 #   ps-idle-flood  the bulk checks, with a token, while 80 idle connections are held on a ps task's
 #                  data port: the oldest unproven ones make room, the workers' own get in
 set -uo pipefail
@@ -413,6 +416,26 @@ case "$scenario" in
     [[ $st == 0 ]] || fail "the chief exited $st"
     [[ "$(grep -c '^PASS' "$dir/chief.log")" == 4 ]] || fail "not every check of the chief passed"
     grep '^PASS' "$dir/chief.log"
+    stop_daemons
+    ;;
+  stall)
+    export TROUPE_TEST_STALL_ONCE="$dir/stalled"
+    start_daemons
+    TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode stall >"$dir/chief.log" 2>"$dir/chief-stderr.log"
+    st=$?
+    [[ $st == 0 ]] || fail "the chief exited $st"
+    [[ "$(grep -c '^PASS' "$dir/chief.log")" == 3 ]] || fail "not every check of the chief passed"
+    grep '^PASS' "$dir/chief.log"
+    err="$dir/chief-stderr.log"
+    grep -Eq 'stall: closure 1 \(function "slow"\) has run on /job:worker/replica:0/task:[01] for 1 s$' "$err" ||
+      fail "no stall line for the 2 s closure"
+    grep -Eq 'stall cleared: closure 1 \(function "slow"\) finished on /job:worker/replica:0/task:[01] after 2 s$' "$err" ||
+      fail "the stall of the 2 s closure was not cleared"
+    grep -Eq 'stall: closure 2 \(function "stall_once"\) has run on /job:worker/replica:0/task:[01] for 3 s, past the stall shutdown bound \(3 s, TROUPE_STALL_SHUTDOWN_S\); /job:worker/replica:0/task:[01] is set aside until it returns: [0-9]+ closure\(s\) in flight go to other workers' "$err" ||
+      fail "the stuck closure was not given up"
+    grep -Eq 'returned from closure 2, given up on past the stall shutdown bound; it takes closures again' "$err" ||
+      fail "the worker stuck in closure 2 was not taken back"
+    grep -E 'stall|returned' "$err"
     stop_daemons
     ;;
   heartbeat)

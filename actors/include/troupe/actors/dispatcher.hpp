@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/actors/closure_watch.hpp"
 #include "troupe/actors/cluster_task_types.hpp"
 #include "troupe/actors/liveness_policy.hpp"
 
@@ -37,6 +38,11 @@ struct dispatcher_options {
   /// again), a silent ps task fails the coordinator, and a task whose chief is silent that long is
   /// told its chief is gone.
   liveness_policy liveness;
+  /// A closure running on a worker longer than stall.warning is reported (one line, repeated at
+  /// a back-off, cleared when it finishes); past stall.shutdown (0: never) it is given up on that
+  /// worker: it runs elsewhere, as a lost worker's closures do, and the worker takes no closure
+  /// until it returns. A closure given up a second time fails with that as its error.
+  closure_watch_options stall;
 };
 
 /// The chief's side: connects to the workers and ps tasks, schedules closures onto the workers
@@ -59,6 +65,8 @@ class dispatcher {
   /// Heartbeat settings from now on (as dispatcher_options; std::invalid_argument out of their
   /// ranges): every task watched starts a fresh limit, and each task hears them with its next beat.
   void set_heartbeat(liveness_policy liveness);
+  /// Stall bounds from now on (as dispatcher_options; std::invalid_argument out of their ranges).
+  void set_stall(closure_watch_options stall);
   /// Queues a closure.
   void schedule(std::uint64_t id, std::string function, std::string args);
   /// TensorFlow's rules after a closure failed: from a failure on, a closure whose worker is lost

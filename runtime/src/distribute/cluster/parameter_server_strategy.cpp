@@ -492,6 +492,7 @@ ClusterCoordinator::ClusterCoordinator(ParameterServerStrategy& strategy, Cluste
   state_->options = options;
   state_->dispatcher->configure(options.closures_per_worker, options.reconnect_interval);
   state_->dispatcher->set_heartbeat(actors::liveness_policy{options.heartbeat_interval, options.missed_heartbeats});
+  state_->dispatcher->set_stall(actors::closure_watch_options{options.stall_warning, options.stall_shutdown});
 }
 
 ClusterCoordinator::~ClusterCoordinator() = default;
