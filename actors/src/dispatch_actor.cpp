@@ -314,6 +314,27 @@ caf::behavior dispatch_actor(dispatch_self* self, std::shared_ptr<dispatcher::im
       [self](hbset_atom, std::int64_t interval_ms, std::int32_t missed) {
         on_heartbeat_settings(self, interval_ms, missed);
       },
+      // A sharded checkpoint's requests go from this actor, the one the ps tasks know as their
+      // chief (it said hello): they refuse them from anyone else.
+      [self, d](ckptsave_atom, std::int32_t p, std::string& directory, std::string& file, std::int64_t step,
+                std::int64_t timeout_ms) -> caf::result<std::uint64_t, std::uint64_t> {
+        if (p < 0 || static_cast<std::size_t>(p) >= d->ps.size()) return runtime_error("no ps task " + std::to_string(p));
+        auto rp = self->make_response_promise<std::uint64_t, std::uint64_t>();
+        self->request(d->ps[static_cast<std::size_t>(p)], std::chrono::milliseconds(timeout_ms), ckptsave_atom::value,
+                      std::move(directory), std::move(file), step)
+            .then([rp](std::uint64_t bytes, std::uint64_t hash) mutable { rp.deliver(bytes, hash); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      [self, d](ckptload_atom, std::int32_t p, std::string& key, std::string& elements, std::string& slots,
+                std::int64_t applied, std::uint8_t optimizer, std::int64_t timeout_ms) -> caf::result<bool> {
+        if (p < 0 || static_cast<std::size_t>(p) >= d->ps.size()) return runtime_error("no ps task " + std::to_string(p));
+        auto rp = self->make_response_promise<bool>();
+        self->request(d->ps[static_cast<std::size_t>(p)], std::chrono::milliseconds(timeout_ms), ckptload_atom::value,
+                      std::move(key), std::move(elements), std::move(slots), applied, optimizer)
+            .then([rp](bool ok) mutable { rp.deliver(ok); }, [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
       [self](stallset_atom, std::int64_t warning_ms, std::int64_t shutdown_ms) {
         self->state.watch->set_options(
             closure_watch_options{std::chrono::milliseconds(warning_ms), std::chrono::milliseconds(shutdown_ms)});

@@ -275,6 +275,61 @@ void dispatcher::update_shards(std::vector<shard_op> updates, std::chrono::milli
       [](std::size_t, bool) {});
 }
 
+std::vector<dispatcher::saved_file> dispatcher::save_shards(const std::string& directory, std::int64_t step,
+                                                            std::chrono::milliseconds timeout) {
+  auto& d = *impl_;
+  const std::size_t n = d.options.ps.size();
+  caf::scoped_actor self{*d.system};
+  std::vector<saved_file> out(n);
+  std::vector<std::string> failed(n);
+  using handle = decltype(self->request(d.actor, timeout, ckptsave_atom::value, std::int32_t{0}, std::string(),
+                                        std::string(), std::int64_t{0}, std::int64_t{0}));
+  std::vector<handle> pending;
+  for (std::size_t p = 0; p < n; ++p) {
+    pending.push_back(self->request(d.actor, timeout + std::chrono::seconds(5), ckptsave_atom::value,
+                                    static_cast<std::int32_t>(p), directory,
+                                    shard_file_name(static_cast<int>(p), static_cast<int>(n)), step,
+                                    static_cast<std::int64_t>(timeout.count())));
+  }
+  for (std::size_t p = 0; p < n; ++p) {
+    pending[p].receive([&](std::uint64_t bytes, std::uint64_t hash) { out[p] = saved_file{bytes, hash}; },
+                       [&](caf::error& e) { failed[p] = error_text(*d.system, e); });
+  }
+  for (std::size_t p = 0; p < n; ++p) {
+    if (!failed[p].empty()) {
+      throw std::runtime_error("ps task " + d.options.ps[p].task + " did not save its shards: " + failed[p]);
+    }
+  }
+  return out;
+}
+
+void dispatcher::restore_shards(std::vector<shard_restore> shards, std::chrono::milliseconds timeout) {
+  auto& d = *impl_;
+  for (const auto& s : shards) d.options.ps.at(static_cast<std::size_t>(s.ps));
+  caf::scoped_actor self{*d.system};
+  using handle = decltype(self->request(d.actor, timeout, ckptload_atom::value, std::int32_t{0}, std::string(),
+                                        std::string(), std::string(), std::int64_t{0}, std::uint8_t{0},
+                                        std::int64_t{0}));
+  std::vector<handle> pending;
+  for (auto& s : shards) {
+    pending.push_back(self->request(d.actor, timeout + std::chrono::seconds(5), ckptload_atom::value,
+                                    static_cast<std::int32_t>(s.ps), s.key, std::move(s.elements), std::move(s.slots),
+                                    s.applied, s.optimizer, static_cast<std::int64_t>(timeout.count())));
+  }
+  std::string first;
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    pending[i].receive([](bool) {},
+                       [&](caf::error& e) {
+                         if (first.empty()) {
+                           first = "variable shard '" + shards[i].key + "' on ps task " +
+                                   d.options.ps[static_cast<std::size_t>(shards[i].ps)].task +
+                                   " was not restored: " + error_text(*d.system, e);
+                         }
+                       });
+  }
+  if (!first.empty()) throw std::runtime_error(first);
+}
+
 std::uint64_t dispatcher::retried() const { return impl_->retried; }
 std::uint64_t dispatcher::workers_lost() const { return impl_->lost; }
 int dispatcher::workers_up() const { return impl_->up; }

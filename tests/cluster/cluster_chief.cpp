@@ -77,6 +77,8 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-ms", heartbeat_ms, "ClusterCoordinatorOptions::heartbeat_interval (0: the default)");
   app.add_option("--missed", missed, "ClusterCoordinatorOptions::missed_heartbeats (0: the default)");
   app.add_option("--wait-file", wait_file, "leave-early: leaves once this file exists (at most 30 s)");
+  std::string ckpt_dir;
+  app.add_option("--dir", ckpt_dir, "ckpt-save, ckpt-check: the sharded checkpoints' directory");
   app.add_option("--closures", closures);
   app.add_option("--slow-ms", slow_ms);
   CLI11_PARSE(app, argc, argv);
@@ -473,6 +475,32 @@ int main(int argc, char** argv) {
       expect(error_of([&] { hang.fetch(); }) != "", "the hung closure's value did not fail");
       std::cout << "PASS hanging everywhere fails: " << error << std::endl;
       std::this_thread::sleep_for(std::chrono::seconds(2));  // the stuck calls return before the daemons stop
+    } else if (mode == "ckpt-save" || mode == "ckpt-check") {
+      // ckpt-save: saves "big" (32 MiB over both ps tasks) and "small" holding k everywhere as
+      // checkpoint k, for k = 1, 2, ... until the script SIGKILLs it mid-save (at most 60 saves).
+      // ckpt-check: restores the newest intact checkpoint into zeros and checks that every
+      // element holds its step.
+      auto scope = strategy.scope();
+      troupe::Variable big(Tensor::zeros({2048, 4096}), "big");
+      troupe::Variable small(Tensor::zeros({5, 3}), "small");
+      td::ShardedCheckpointManager manager(strategy, ckpt_dir, 3);
+      if (mode == "ckpt-check") {
+        const auto step = manager.restore_or_initialize();
+        expect(step.has_value() && *step >= 1, "no checkpoint restored");
+        const float want = static_cast<float>(*step);
+        for (float v : big.value().to_vector<float>()) expect(v == want, "big holds " + std::to_string(v));
+        for (float v : small.value().to_vector<float>()) expect(v == want, "small holds " + std::to_string(v));
+        std::cout << "PASS restored checkpoint " << *step << ": every element holds " << want << std::endl;
+      } else {
+        for (int k = 1; k <= 60; ++k) {
+          big.assign(Tensor::full({2048, 4096}, static_cast<float>(k)));
+          small.assign(Tensor::full({5, 3}, static_cast<float>(k)));
+          std::cout << "saving " << k << std::endl;
+          manager.save(k);
+          std::cout << "saved " << k << std::endl;
+        }
+        fail("60 saves and never killed");
+      }
     } else if (mode == "leave-early") {
       // The chief leaves while the script has started a worker it has not reached yet.
       std::cout << "waiting for " << wait_file << std::endl;

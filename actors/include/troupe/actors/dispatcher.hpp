@@ -94,6 +94,28 @@ class dispatcher {
   /// Applies updates to shards, every request in flight at once; throws as create_shards.
   void update_shards(std::vector<shard_op> updates, std::chrono::milliseconds timeout);
 
+  /// What one ps task's part of a sharded checkpoint is: its file's size and XXH64.
+  struct saved_file {
+    std::uint64_t bytes = 0;
+    std::uint64_t hash = 0;
+  };
+  /// Asks every ps task at once to write its shards into `directory` (a save in progress,
+  /// check_shard_checkpoint_target's rules), ps task i to shard_file_name(i, n), each bounded by
+  /// `timeout`; once all answered, throws std::runtime_error naming the first ps task that failed.
+  std::vector<saved_file> save_shards(const std::string& directory, std::int64_t step,
+                                      std::chrono::milliseconds timeout);
+  /// One shard's restored state: its elements, slots (optimizer 255: none), and step.
+  struct shard_restore {
+    int ps = 0;
+    std::string key;
+    std::string elements;
+    std::string slots;
+    std::int64_t applied = 0;
+    std::uint8_t optimizer = 0xff;
+  };
+  /// Restores shards, every request in flight at once; throws as save_shards.
+  void restore_shards(std::vector<shard_restore> shards, std::chrono::milliseconds timeout);
+
   /// Closures put back after their worker was lost, and workers lost, so far.
   std::uint64_t retried() const;
   std::uint64_t workers_lost() const;

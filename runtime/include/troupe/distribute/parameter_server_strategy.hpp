@@ -73,6 +73,7 @@ struct ShardedVariable {
 
 namespace detail {
 struct PsState;
+struct PsAccess;
 struct CoordinatorState;
 struct RemoteValueState;
 }  // namespace detail
@@ -119,6 +120,7 @@ class ParameterServerStrategy : public Strategy {
 
  private:
   friend class ClusterCoordinator;
+  friend struct detail::PsAccess;
   std::shared_ptr<ClusterResolver> resolver_;
   std::shared_ptr<detail::PsState> state_;
 };

@@ -12,6 +12,7 @@
 
 #include "caf/actor_system.hpp"
 #include "distribute/cluster/cluster_net.hpp"
+#include "distribute/cluster/ps_access.hpp"
 #include "distribute/cluster/remote_wire.hpp"
 #include "distribute/collectives/collectives.hpp"
 #include "distribute/collectives/worker_group.hpp"
@@ -425,6 +426,10 @@ ParameterServerStrategy::ParameterServerStrategy(Runtime& runtime, std::shared_p
 ParameterServerStrategy::~ParameterServerStrategy() {
   if (state_->coordinator) state_->coordinator->dispatcher.reset();  // tells every task the chief leaves
 }
+
+actors::dispatcher& detail::PsAccess::dispatcher(ParameterServerStrategy& s) { return *s.state_->coordinator->dispatcher; }
+
+std::chrono::milliseconds detail::PsAccess::timeout(ParameterServerStrategy& s) { return s.state_->options.peer_timeout; }
 
 int ParameterServerStrategy::num_workers() const { return state_->spec.num_tasks("worker"); }
 int ParameterServerStrategy::num_ps() const { return state_->spec.num_tasks("ps"); }
