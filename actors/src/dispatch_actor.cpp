@@ -28,6 +28,7 @@ std::string lose_worker(dispatch_self* self, dispatcher::impl& d, int w) {
   auto& st = self->state;
   const bool requeue = !st.failed && !st.cancelling;
   auto back = st.rules->on_worker_lost(w, requeue);
+  st.watch->worker_lost(w);
   if (requeue) {
     d.retried += back.size();
   } else {
@@ -43,10 +44,12 @@ std::string lose_worker(dispatch_self* self, dispatcher::impl& d, int w) {
 void pump(dispatch_self* self, dispatcher::impl& d) {
   auto& st = self->state;
   if (st.cancelling) cancel_closures(self, d, st.rules->cancel_queued());
+  const auto now = heartbeat_state::clock::now();
   for (auto [w, id] : st.rules->assign()) {
     auto it = st.closures.find(id);
     if (it == st.closures.end()) continue;
     self->send(st.workers[static_cast<std::size_t>(w)], call_atom::value, id, it->second.function, it->second.args);
+    st.watch->sent(w, id, it->second.function, now);
   }
 }
 
@@ -121,7 +124,16 @@ void on_worker_reached(dispatch_self* self, const impl_ptr& d, std::int32_t w, c
 void on_result(dispatch_self* self, dispatcher::impl& d, std::uint64_t id, bool ok, std::string& payload) {
   auto& st = self->state;
   const int w = worker_of(st, caf::actor_cast<caf::actor_addr>(self->current_sender()));
-  if (w < 0 || !st.rules->on_finished(w, id)) return;
+  if (w < 0) return;
+  if (st.watch->finished(w, id, heartbeat_state::clock::now())) {
+    // The closure it was given up in returned (it ran elsewhere meanwhile: this answer is stale).
+    st.rules->on_worker_up(w);
+    d.up = st.rules->workers_up();
+    d.say(d.options.workers[static_cast<std::size_t>(w)].task + " returned from closure " + std::to_string(id) +
+          ", given up on past the stall shutdown bound; it takes closures again");
+    pump(self, d);
+  }
+  if (!st.rules->on_finished(w, id)) return;
   auto it = st.closures.find(id);
   if (it == st.closures.end()) return;
   st.closures.erase(it);
@@ -138,7 +150,10 @@ void take_dropped(dispatch_self* self, dispatcher::impl& d, std::size_t w, const
     std::uint64_t id = 0;
     for (int b = 0; b < 8; ++b) id |= std::uint64_t{static_cast<unsigned char>(ids[at + b])} << (8 * b);
     // Only what that worker holds: a stale or made-up id changes nothing.
-    if (st.rules->on_finished(static_cast<int>(w), id)) dropped.push_back(id);
+    if (st.rules->on_finished(static_cast<int>(w), id)) {
+      st.watch->finished(static_cast<int>(w), id, heartbeat_state::clock::now());
+      dropped.push_back(id);
+    }
   }
   cancel_closures(self, d, dropped);
   pump(self, d);
@@ -184,6 +199,40 @@ void on_heartbeat_settings(dispatch_self* self, std::int64_t interval_ms, std::i
   renew(st.ps_beats);
 }
 
+// A closure past the stall shutdown bound on worker `o.worker`: it runs elsewhere (or, given up once
+// already, fails), the worker drops the calls it has not started and takes no closure until the
+// stuck one returns.
+void give_up(dispatch_self* self, const impl_ptr& d, const closure_overdue& o) {
+  auto& st = self->state;
+  const auto w = static_cast<std::size_t>(o.worker);
+  const auto& name = d->options.workers[w].task;
+  const std::string bound = std::to_string(st.watch->options().shutdown.count() / 1000) + " s";
+  std::string line = "stall: closure " + std::to_string(o.id) + " (function \"" + o.function + "\") has run on " +
+                     name + " for " + std::to_string(o.running.count() / 1000) +
+                     " s, past the stall shutdown bound (" + bound + ", TROUPE_STALL_SHUTDOWN_S)";
+  auto it = st.closures.find(o.id);
+  if (it != st.closures.end() && !it->second.given_up_on.empty()) {
+    // Stuck on a second worker: the function itself hangs; running it again would take every worker.
+    const std::string why = "it ran longer than the stall shutdown bound (" + bound + ", TROUPE_STALL_SHUTDOWN_S) on " +
+                            it->second.given_up_on + " and again on " + name;
+    st.rules->on_finished(o.worker, o.id);
+    st.closures.erase(it);
+    st.failed = true;
+    d->on_done(closure_outcome{o.id, false, why, name});
+    line += "; it was given up on another worker before: it fails";
+  } else if (it != st.closures.end()) {
+    it->second.given_up_on = name;
+  }
+  line += "; " + name + " is set aside until it returns: " + lose_worker(self, *d, o.worker);
+  st.watch->set_aside(o.worker, o.id);
+  d->say(line);
+  // Its calls not started yet ran elsewhere: it drops them (their ids are no longer its own).
+  if (auto worker = st.workers[w]) {
+    self->request(worker, std::chrono::seconds(10), cancel_atom::value)
+        .then([](const std::string&) {}, [](caf::error&) {});
+  }
+}
+
 // Beats every task, then names those silent too long: a worker is lost (its closures go to the
 // others) until it answers again; a ps task fails the coordinator.
 void on_tick(dispatch_self* self, const impl_ptr& d) {
@@ -210,6 +259,9 @@ void on_tick(dispatch_self* self, const impl_ptr& d) {
     self->send(d->router, gone_atom::value, static_cast<std::int32_t>(p), silence(st));
     d->on_ps_lost(task, silence(st));
   }
+  auto stalls = st.watch->check(now);
+  for (const auto& line : stalls.lines) d->say(line);
+  for (const auto& o : stalls.give_up) give_up(self, d, o);
   pump(self, *d);
   self->delayed_send(self, st.liveness.interval, tick_atom::value);
 }
@@ -223,12 +275,15 @@ caf::behavior dispatch_actor(dispatch_self* self, std::shared_ptr<dispatcher::im
   st.liveness = d->options.liveness;
   st.worker_beats.emplace(n, st.liveness);
   st.ps_beats.emplace(static_cast<int>(d->options.ps.size()), st.liveness);
+  std::vector<std::string> names;
+  for (const auto& w : d->options.workers) names.push_back(w.task);
+  st.watch.emplace(std::move(names), d->options.stall);
   st.workers.assign(static_cast<std::size_t>(n), caf::actor{});
   st.worker_pulses.assign(static_cast<std::size_t>(n), caf::actor{});
   self->set_down_handler([self, d](caf::down_msg& m) { on_down(self, *d, m); });
   return {
       [self, d](sched_atom, std::uint64_t id, std::string& function, std::string& args) {
-        self->state.closures.emplace(id, closure_record{std::move(function), std::move(args)});
+        self->state.closures.emplace(id, closure_record{std::move(function), std::move(args), {}});
         self->state.rules->enqueue(id);
         pump(self, *d);
       },
@@ -258,6 +313,31 @@ caf::behavior dispatch_actor(dispatch_self* self, std::shared_ptr<dispatcher::im
       },
       [self](hbset_atom, std::int64_t interval_ms, std::int32_t missed) {
         on_heartbeat_settings(self, interval_ms, missed);
+      },
+      // A sharded checkpoint's requests go from this actor, the one the ps tasks know as their
+      // chief (it said hello): they refuse them from anyone else.
+      [self, d](ckptsave_atom, std::int32_t p, std::string& directory, std::string& file, std::int64_t step,
+                std::int64_t timeout_ms) -> caf::result<std::uint64_t, std::uint64_t> {
+        if (p < 0 || static_cast<std::size_t>(p) >= d->ps.size()) return runtime_error("no ps task " + std::to_string(p));
+        auto rp = self->make_response_promise<std::uint64_t, std::uint64_t>();
+        self->request(d->ps[static_cast<std::size_t>(p)], std::chrono::milliseconds(timeout_ms), ckptsave_atom::value,
+                      std::move(directory), std::move(file), step)
+            .then([rp](std::uint64_t bytes, std::uint64_t hash) mutable { rp.deliver(bytes, hash); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      [self, d](ckptload_atom, std::int32_t p, std::string& key, std::string& elements, std::string& slots,
+                std::int64_t applied, std::uint8_t optimizer, std::int64_t timeout_ms) -> caf::result<bool> {
+        if (p < 0 || static_cast<std::size_t>(p) >= d->ps.size()) return runtime_error("no ps task " + std::to_string(p));
+        auto rp = self->make_response_promise<bool>();
+        self->request(d->ps[static_cast<std::size_t>(p)], std::chrono::milliseconds(timeout_ms), ckptload_atom::value,
+                      std::move(key), std::move(elements), std::move(slots), applied, optimizer)
+            .then([rp](bool ok) mutable { rp.deliver(ok); }, [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      [self](stallset_atom, std::int64_t warning_ms, std::int64_t shutdown_ms) {
+        self->state.watch->set_options(
+            closure_watch_options{std::chrono::milliseconds(warning_ms), std::chrono::milliseconds(shutdown_ms)});
       },
       [self, d](watch_ps_atom) -> bool {
         for (const auto& p : d->ps) self->monitor(p);

@@ -19,6 +19,7 @@
 
 #include "caf/all.hpp"
 #include "control_gate.hpp"
+#include "troupe/actors/closure_watch.hpp"
 #include "troupe/actors/dispatch_state.hpp"
 #include "troupe/actors/dispatcher.hpp"
 #include "troupe/actors/heartbeat_state.hpp"
@@ -56,12 +57,14 @@ struct dispatcher::impl {
 struct closure_record {
   std::string function;
   std::string args;
+  std::string given_up_on;  // the worker it ran past the stall shutdown bound on, if any
 };
 
 struct dispatch_actor_state {
   std::optional<dispatch_state> rules;
   std::optional<heartbeat_state> worker_beats;
   std::optional<heartbeat_state> ps_beats;
+  std::optional<closure_watch> watch;  // closures running past the stall bounds
   std::vector<caf::actor> workers;
   std::vector<caf::actor> worker_pulses;
   std::unordered_map<std::uint64_t, closure_record> closures;

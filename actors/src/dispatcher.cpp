@@ -113,6 +113,7 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
   d.system = &system;
   d.options = std::move(options);
   d.options.liveness.check("ParameterServerStrategy");
+  closure_watch({}, d.options.stall);  // its bounds, checked before the actor takes them
   d.on_done = std::move(on_done);
   d.on_ps_lost = std::move(on_ps_lost);
   d.log = std::move(log);
@@ -185,6 +186,12 @@ void dispatcher::set_heartbeat(liveness_policy liveness) {
   liveness.check("dispatcher");
   caf::anon_send(impl_->actor, hbset_atom::value, static_cast<std::int64_t>(liveness.interval.count()),
                  static_cast<std::int32_t>(liveness.missed));
+}
+
+void dispatcher::set_stall(closure_watch_options stall) {
+  closure_watch({}, stall);  // checks the bounds here, where the caller hears it
+  caf::anon_send(impl_->actor, stallset_atom::value, static_cast<std::int64_t>(stall.warning.count()),
+                 static_cast<std::int64_t>(stall.shutdown.count()));
 }
 
 void dispatcher::cancel_queued() {
@@ -266,6 +273,61 @@ void dispatcher::update_shards(std::vector<shard_op> updates, std::chrono::milli
                                  static_cast<std::uint8_t>(updates[i].op), std::move(updates[i].bytes));
       },
       [](std::size_t, bool) {});
+}
+
+std::vector<dispatcher::saved_file> dispatcher::save_shards(const std::string& directory, std::int64_t step,
+                                                            std::chrono::milliseconds timeout) {
+  auto& d = *impl_;
+  const std::size_t n = d.options.ps.size();
+  caf::scoped_actor self{*d.system};
+  std::vector<saved_file> out(n);
+  std::vector<std::string> failed(n);
+  using handle = decltype(self->request(d.actor, timeout, ckptsave_atom::value, std::int32_t{0}, std::string(),
+                                        std::string(), std::int64_t{0}, std::int64_t{0}));
+  std::vector<handle> pending;
+  for (std::size_t p = 0; p < n; ++p) {
+    pending.push_back(self->request(d.actor, timeout + std::chrono::seconds(5), ckptsave_atom::value,
+                                    static_cast<std::int32_t>(p), directory,
+                                    shard_file_name(static_cast<int>(p), static_cast<int>(n)), step,
+                                    static_cast<std::int64_t>(timeout.count())));
+  }
+  for (std::size_t p = 0; p < n; ++p) {
+    pending[p].receive([&](std::uint64_t bytes, std::uint64_t hash) { out[p] = saved_file{bytes, hash}; },
+                       [&](caf::error& e) { failed[p] = error_text(*d.system, e); });
+  }
+  for (std::size_t p = 0; p < n; ++p) {
+    if (!failed[p].empty()) {
+      throw std::runtime_error("ps task " + d.options.ps[p].task + " did not save its shards: " + failed[p]);
+    }
+  }
+  return out;
+}
+
+void dispatcher::restore_shards(std::vector<shard_restore> shards, std::chrono::milliseconds timeout) {
+  auto& d = *impl_;
+  for (const auto& s : shards) d.options.ps.at(static_cast<std::size_t>(s.ps));
+  caf::scoped_actor self{*d.system};
+  using handle = decltype(self->request(d.actor, timeout, ckptload_atom::value, std::int32_t{0}, std::string(),
+                                        std::string(), std::string(), std::int64_t{0}, std::uint8_t{0},
+                                        std::int64_t{0}));
+  std::vector<handle> pending;
+  for (auto& s : shards) {
+    pending.push_back(self->request(d.actor, timeout + std::chrono::seconds(5), ckptload_atom::value,
+                                    static_cast<std::int32_t>(s.ps), s.key, std::move(s.elements), std::move(s.slots),
+                                    s.applied, s.optimizer, static_cast<std::int64_t>(timeout.count())));
+  }
+  std::string first;
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    pending[i].receive([](bool) {},
+                       [&](caf::error& e) {
+                         if (first.empty()) {
+                           first = "variable shard '" + shards[i].key + "' on ps task " +
+                                   d.options.ps[static_cast<std::size_t>(shards[i].ps)].task +
+                                   " was not restored: " + error_text(*d.system, e);
+                         }
+                       });
+  }
+  if (!first.empty()) throw std::runtime_error(first);
 }
 
 std::uint64_t dispatcher::retried() const { return impl_->retried; }

@@ -77,8 +77,12 @@ using fault_atom = caf::atom_constant<caf::atom("fault")>;
 //   task agent -> dispatcher: (result, id, ok, payload)
 //   anyone -> ps agent: (vnew, key, bytes) -> bool; (vread, key) -> bytes; (vupdate, key, op, bytes)
 //     -> bool; (data) -> (port, secret) of its data connections (bulk_channel.hpp)
+//   chief's dispatch actor -> ps agent (refused from anyone else): (ckptsave, directory, file, step)
+//     -> (file bytes, XXH64); (ckptload, key, elements, slots, applied, optimizer or 255) -> bool
 //   inside the chief, to its dispatch actor: (sched, id, function, args); (wup, worker, agent);
-//     (table, blob); (leave) -> bool; (cancel) -> bool; (resume); (hbset, interval ms, missed)
+//     (table, blob); (leave) -> bool; (cancel) -> bool; (resume); (hbset, interval ms, missed);
+//     (stallset, warning ms, shutdown ms); (ckptsave, ps, directory, file, step, timeout ms);
+//     (ckptload, ps, key, elements, slots, applied, optimizer, timeout ms): relayed to the ps agent
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
 using call_atom = caf::atom_constant<caf::atom("call")>;
 using result_atom = caf::atom_constant<caf::atom("result")>;
@@ -94,6 +98,9 @@ using watch_ps_atom = caf::atom_constant<caf::atom("watchps")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
 using hbset_atom = caf::atom_constant<caf::atom("hbset")>;
+using stallset_atom = caf::atom_constant<caf::atom("stallset")>;
+using ckptsave_atom = caf::atom_constant<caf::atom("ckptsave")>;
+using ckptload_atom = caf::atom_constant<caf::atom("ckptload")>;
 using data_atom = caf::atom_constant<caf::atom("data")>;
 using reach_atom = caf::atom_constant<caf::atom("reach")>;
 

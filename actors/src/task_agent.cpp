@@ -1,6 +1,9 @@
 #include "task_agent.hpp"
 
+#include <cstring>
 #include <exception>
+#include <mutex>
+#include <shared_mutex>
 #include <utility>
 
 #include "protocol.hpp"
@@ -220,6 +223,72 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         if (auto old = shard_of(key)) self->send_exit(old, caf::exit_reason::user_shutdown);
         st.store->put(key, cell);
         st.shards[key] = self->spawn(shard_actor, std::move(cell), st.handlers);
+        return true;
+      },
+      [=](ckptsave_atom, const std::string& directory, const std::string& file,
+          std::int64_t step) -> caf::result<std::uint64_t, std::uint64_t> {
+        // A sharded checkpoint's part: only from the chief that said hello over the gated
+        // control plane, and only a shard file inside a save in progress.
+        auto& st = self->state;
+        if (!st.chief || caf::actor_cast<caf::actor_addr>(self->current_sender()) != st.chief) {
+          return runtime_error(st.task + " saves checkpoints for its chief only");
+        }
+        if (!st.handlers->save) return runtime_error(st.task + " holds no variables to save (it is not a ps task)");
+        if (auto bad = check_shard_checkpoint_target(directory, file)) return runtime_error(st.task + ": " + *bad);
+        std::vector<shard_snapshot> shards;
+        {
+          std::lock_guard<std::mutex> lock(st.store->mutex);
+          for (const auto& [key, cell] : st.store->cells) {
+            shard_snapshot snap;
+            snap.key = key;
+            std::shared_lock<std::shared_mutex> cell_lock(cell->mutex);
+            snap.layout = cell->layout;
+            snap.value = cell->value;  // shared: an update after this copies (copy on write)
+            snap.slots = cell->slots;
+            snap.kind = cell->slot_kind;
+            snap.applied = cell->applied;
+            shards.push_back(std::move(snap));
+          }
+        }
+        std::uint64_t bytes = 0, hash = 0;
+        if (auto failed = st.handlers->save(directory + "/" + file, step, shards, bytes, hash)) {
+          return runtime_error(st.task + ": " + *failed);
+        }
+        event(st, "saved " + std::to_string(shards.size()) + " variable shard(s) to " + directory + "/" + file);
+        return {bytes, hash};
+      },
+      [=](ckptload_atom, const std::string& key, const std::string& elements, const std::string& slots,
+          std::int64_t applied, std::uint8_t kind) -> caf::result<bool> {
+        // A restored shard: its elements, its optimizer's slots and step, each length checked
+        // against the shard as it was created.
+        auto& st = self->state;
+        if (!st.chief || caf::actor_cast<caf::actor_addr>(self->current_sender()) != st.chief) {
+          return runtime_error(st.task + " restores checkpoints for its chief only");
+        }
+        const std::string what = "variable shard '" + key.substr(0, 64) + "' on " + st.task;
+        auto cell = st.store->find(key);
+        if (!cell) return runtime_error("no " + what);
+        std::optional<shard_optimizer> k;
+        if (kind != 0xff) {
+          if (kind > static_cast<std::uint8_t>(shard_optimizer::adamw)) {
+            return runtime_error(what + ": optimizer " + std::to_string(kind) + " is unknown (expected 0..3, or 255)");
+          }
+          k = static_cast<shard_optimizer>(kind);
+        }
+        std::unique_lock<std::shared_mutex> lock(cell->mutex);
+        const std::size_t n = cell->layout.nbytes;
+        const std::size_t nslots = k ? static_cast<std::size_t>(slot_count(*k)) : 0;
+        if (elements.size() != n || slots.size() != nslots * n || applied < 0 || (!k && applied != 0)) {
+          return runtime_error(what + " holds " + std::to_string(n) + " bytes; the restore brings " +
+                               std::to_string(elements.size()) + " bytes of elements, " + std::to_string(slots.size()) +
+                               " of slots (expected " + std::to_string(nslots) + " x " + std::to_string(n) +
+                               ") and step " + std::to_string(applied));
+        }
+        std::memcpy(cell->writable().data() + cell->layout.offset, elements.data(), n);
+        cell->slots.clear();
+        for (std::size_t i = 0; i < nslots; ++i) cell->slots.push_back(slots.substr(i * n, n));
+        cell->slot_kind = k;
+        cell->applied = applied;
         return true;
       },
       [=](data_atom) -> caf::result<std::string> {

@@ -1,5 +1,6 @@
 #include "task_common.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -115,6 +116,65 @@ const char* shard_optimizer_name(shard_optimizer kind) noexcept {
     case shard_optimizer::adamw: return "adamw";
   }
   return "?";
+}
+
+namespace {
+
+bool digits(const std::string& s, std::size_t from, std::size_t to) {
+  if (from >= to || to > s.size() || to - from > 19) return false;
+  for (std::size_t i = from; i < to; ++i) {
+    if (s[i] < '0' || s[i] > '9') return false;
+  }
+  return true;
+}
+
+// "<prefix><digits><mid><digits><suffix>" exactly, each number 1..19 digits.
+bool two_numbers(const std::string& s, const std::string& prefix, const std::string& mid, const std::string& suffix) {
+  if (s.size() < prefix.size() + mid.size() + suffix.size() + 2 || s.compare(0, prefix.size(), prefix) != 0 ||
+      s.compare(s.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return false;
+  }
+  const std::size_t end = s.size() - suffix.size();
+  const std::size_t at = s.find(mid, prefix.size());
+  return at != std::string::npos && at + mid.size() <= end && digits(s, prefix.size(), at) &&
+         digits(s, at + mid.size(), end);
+}
+
+}  // namespace
+
+std::string shard_file_name(int ps, int num_ps) {
+  return "shard-" + std::to_string(ps) + "-of-" + std::to_string(num_ps) + ".ckpt";
+}
+
+std::optional<std::string> check_shard_checkpoint_target(const std::string& directory, const std::string& file) {
+  const std::string shown = directory.substr(0, 200);
+  if (directory.empty() || directory.size() > max_checkpoint_path_bytes || directory[0] != '/') {
+    return "the checkpoint directory '" + shown + "' is not an absolute path of 1.." +
+           std::to_string(max_checkpoint_path_bytes) + " bytes";
+  }
+  for (char c : directory) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return "the checkpoint directory '" + shown + "' holds a NUL or control character";
+    }
+  }
+  std::string last;
+  for (std::size_t at = 1; at <= directory.size();) {
+    const std::size_t slash = std::min(directory.find('/', at), directory.size());
+    const std::string part = directory.substr(at, slash - at);
+    if (part == "." || part == "..") return "the checkpoint directory '" + shown + "' has a '" + part + "' component";
+    if (!part.empty()) last = part;
+    at = slash + 1;
+  }
+  const std::size_t tmp = last.find(".tmp-");
+  if (tmp == std::string::npos || last.compare(0, 5, "ckpt-") != 0 || !digits(last, 5, tmp) ||
+      !two_numbers(last.substr(tmp), ".tmp-", "-", "")) {
+    return "the checkpoint directory '" + shown + "' is not a save in progress (its last component must be " +
+           "ckpt-<step>.tmp-<pid>-<n>)";
+  }
+  if (file.size() > 64 || !two_numbers(file, "shard-", "-of-", ".ckpt")) {
+    return "the shard file '" + file.substr(0, 64) + "' is not named shard-<i>-of-<n>.ckpt";
+  }
+  return std::nullopt;
 }
 
 }  // namespace troupe::actors

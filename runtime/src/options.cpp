@@ -115,6 +115,14 @@ void check_coordinator_options(const distribute::ClusterCoordinatorOptions& opti
     bad_setting("ClusterCoordinatorOptions", "closures_per_worker", options.closures_per_worker, "", "1 or more");
   }
   actors::liveness_policy{options.heartbeat_interval, options.missed_heartbeats}.check("ClusterCoordinatorOptions");
+  if (options.stall_warning < std::chrono::seconds(1) || options.stall_warning > std::chrono::hours(24 * 7)) {
+    bad_setting("ClusterCoordinatorOptions", "stall_warning", options.stall_warning.count(), " ms", "1000..604800000");
+  }
+  if (options.stall_shutdown.count() != 0 &&
+      (options.stall_shutdown < std::chrono::seconds(1) || options.stall_shutdown > std::chrono::hours(24 * 7))) {
+    bad_setting("ClusterCoordinatorOptions", "stall_shutdown", options.stall_shutdown.count(), " ms",
+                "0 for never, or 1000..604800000");
+  }
 }
 
 namespace {
@@ -214,6 +222,9 @@ ServerOptions ServerOptions::from_environment() {
 ClusterCoordinatorOptions ClusterCoordinatorOptions::from_environment() {
   ClusterCoordinatorOptions o;
   o.heartbeat_interval = troupe::detail::heartbeat_interval_from_environment();
+  o.stall_warning = std::chrono::seconds(troupe::detail::env_int(
+      "TROUPE_STALL_WARNING_S", static_cast<int>(MultiWorkerOptions::default_stall_warning.count()), 1, 604'800));
+  o.stall_shutdown = std::chrono::seconds(troupe::detail::env_int("TROUPE_STALL_SHUTDOWN_S", 0, 0, 604'800));
   return o;
 }
 

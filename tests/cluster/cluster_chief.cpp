@@ -73,10 +73,12 @@ int main(int argc, char** argv) {
   std::string wait_file;
   int heartbeat_ms = 0;
   int missed = 0;
-  app.add_option("--mode", mode, "basic, cancel, retry, rate or leave-early");
+  app.add_option("--mode", mode, "basic, cancel, retry, rate, stall or leave-early");
   app.add_option("--heartbeat-ms", heartbeat_ms, "ClusterCoordinatorOptions::heartbeat_interval (0: the default)");
   app.add_option("--missed", missed, "ClusterCoordinatorOptions::missed_heartbeats (0: the default)");
   app.add_option("--wait-file", wait_file, "leave-early: leaves once this file exists (at most 30 s)");
+  std::string ckpt_dir;
+  app.add_option("--dir", ckpt_dir, "ckpt-save, ckpt-check: the sharded checkpoints' directory");
   app.add_option("--closures", closures);
   app.add_option("--slow-ms", slow_ms);
   CLI11_PARSE(app, argc, argv);
@@ -91,6 +93,12 @@ int main(int argc, char** argv) {
     if (mode == "cancel") options.closures_per_worker = 1;
     if (heartbeat_ms > 0) options.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
     if (missed > 0) options.missed_heartbeats = missed;
+    // stall: a closure running longer than 1 s is reported, longer than 3 s given up on its worker.
+    if (mode == "stall") {
+      options.stall_warning = std::chrono::seconds(1);
+      options.stall_shutdown = std::chrono::seconds(3);
+      options.closures_per_worker = 2;
+    }
     td::ClusterCoordinator coordinator(strategy, options);
     if (mode == "basic") {
       // Results come back in order of scheduling, from both workers.
@@ -436,6 +444,64 @@ int main(int argc, char** argv) {
       expect(torn == 0, std::to_string(torn) + " reads saw a torn shard");
       expect(seen > 2 * 3, "the reads did not overlap the updates (" + std::to_string(seen) + " values seen)");
       std::cout << "PASS no torn shard: 600 reads during 600 whole assigns, " << seen << " values seen" << std::endl;
+    } else if (mode == "stall") {
+      // 1. A closure of 2 s: reported past 1 s, cleared when it finishes (the script reads the log).
+      auto slow = coordinator.schedule("slow", 2000, 11);
+      coordinator.join();
+      expect(slow.fetch().at(0).item<int>() == 11, "slow returned " + std::to_string(slow.fetch().at(0).item<int>()));
+      std::cout << "PASS slow closure done" << std::endl;
+      // 2. A closure stuck for 6 s on the first worker that runs it: given up there past 3 s, it
+      // runs again on the other worker (at once), with the closures queued behind it.
+      auto once = coordinator.schedule("stall_once", 6000, 7.0f);
+      std::vector<td::RemoteValue> adds;
+      for (int i = 0; i < 10; ++i) adds.push_back(coordinator.schedule("add", float(i), 0.5f));
+      const auto began = std::chrono::steady_clock::now();
+      coordinator.join();
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+      expect(once.fetch().at(0).item<float>() == 7.0f, "stall_once's result");
+      for (int i = 0; i < 10; ++i) {
+        expect(adds[static_cast<std::size_t>(i)].fetch().at(0).item<float>() == float(i) + 0.5f, "add " + std::to_string(i));
+      }
+      expect(coordinator.closures_retried() >= 1, "no closure ran again");
+      expect(took < 5.5, "join took " + std::to_string(took) + " s: the stuck closure was not run elsewhere");
+      std::cout << "PASS given up and run elsewhere in " << took << " s, retried=" << coordinator.closures_retried()
+                << std::endl;
+      // 3. A closure that hangs on every worker: given up on one, then on the other, it fails.
+      auto hang = coordinator.schedule("slow", 4000, 3);
+      const std::string error = error_of([&] { coordinator.join(); });
+      expect(contains(error, "ran longer than the stall shutdown bound (3 s, TROUPE_STALL_SHUTDOWN_S) on "
+                             "/job:worker/replica:0/task:") &&
+                 contains(error, " and again on /job:worker/replica:0/task:"),
+             "join's error: " + error);
+      expect(error_of([&] { hang.fetch(); }) != "", "the hung closure's value did not fail");
+      std::cout << "PASS hanging everywhere fails: " << error << std::endl;
+      std::this_thread::sleep_for(std::chrono::seconds(2));  // the stuck calls return before the daemons stop
+    } else if (mode == "ckpt-save" || mode == "ckpt-check") {
+      // ckpt-save: saves "big" (32 MiB over both ps tasks) and "small" holding k everywhere as
+      // checkpoint k, for k = 1, 2, ... until the script SIGKILLs it mid-save (at most 60 saves).
+      // ckpt-check: restores the newest intact checkpoint into zeros and checks that every
+      // element holds its step.
+      auto scope = strategy.scope();
+      troupe::Variable big(Tensor::zeros({2048, 4096}), "big");
+      troupe::Variable small(Tensor::zeros({5, 3}), "small");
+      td::ShardedCheckpointManager manager(strategy, ckpt_dir, 3);
+      if (mode == "ckpt-check") {
+        const auto step = manager.restore_or_initialize();
+        expect(step.has_value() && *step >= 1, "no checkpoint restored");
+        const float want = static_cast<float>(*step);
+        for (float v : big.value().to_vector<float>()) expect(v == want, "big holds " + std::to_string(v));
+        for (float v : small.value().to_vector<float>()) expect(v == want, "small holds " + std::to_string(v));
+        std::cout << "PASS restored checkpoint " << *step << ": every element holds " << want << std::endl;
+      } else {
+        for (int k = 1; k <= 60; ++k) {
+          big.assign(Tensor::full({2048, 4096}, static_cast<float>(k)));
+          small.assign(Tensor::full({5, 3}, static_cast<float>(k)));
+          std::cout << "saving " << k << std::endl;
+          manager.save(k);
+          std::cout << "saved " << k << std::endl;
+        }
+        fail("60 saves and never killed");
+      }
     } else if (mode == "leave-early") {
       // The chief leaves while the script has started a worker it has not reached yet.
       std::cout << "waiting for " << wait_file << std::endl;

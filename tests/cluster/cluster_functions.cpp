@@ -1,5 +1,7 @@
 // The functions troupe's cluster tests run on their workers, as a module troupe-worker loads.
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -24,6 +26,18 @@ TROUPE_MODULE(registry) {
   // caught by a worker's death.
   registry.add("slow", [](FunctionContext& ctx) {
     std::this_thread::sleep_for(std::chrono::milliseconds(ctx.arg(0).item<std::int32_t>()));
+    return std::vector<Tensor>{ctx.arg(1)};
+  });
+  // The first call in the whole cluster sleeps arg0 milliseconds (it creates the file that
+  // TROUPE_TEST_STALL_ONCE names, shared by the workers); every later one returns at once. Both
+  // return arg1: a closure that stalls on one worker and runs quickly on another.
+  registry.add("stall_once", [](FunctionContext& ctx) {
+    const char* flag = std::getenv("TROUPE_TEST_STALL_ONCE");
+    if (flag == nullptr) throw std::runtime_error("stall_once: TROUPE_TEST_STALL_ONCE is not set");
+    if (std::FILE* f = std::fopen(flag, "wx")) {  // exclusive: one caller creates it
+      std::fclose(f);
+      std::this_thread::sleep_for(std::chrono::milliseconds(ctx.arg(0).item<std::int32_t>()));
+    }
     return std::vector<Tensor>{ctx.arg(1)};
   });
   // Adds arg0 to variable "v" and returns the value it read before.

@@ -35,6 +35,14 @@
 #                  whole assigns, while strangers hit a ps task's data port (junk, a segment table
 #                  claiming 16 GiB, silence): refused and logged, the ps task stays small; ps task 1
 #                  serves its data on the fixed port --data-port gives it
+#   stall          the chief's stall bounds set to 1 s and 3 s: a 2 s closure is reported and
+#                  cleared; a closure stuck on one worker is given up past 3 s and runs on the
+#                  other; one that hangs on both fails join(), naming both
+#   ps-checkpoint  daemons with 2 ps tasks: the chief saves sharded checkpoints of 32 MiB over and
+#                  over and is SIGKILLed the moment one of them has begun; the interrupted save
+#                  left no manifest, troupe-ckpt lists the whole ones as intact, and a new chief
+#                  (on fresh daemons) restores the newest with every element intact and removes
+#                  the interrupted one; troupe-ckpt names a damaged and a missing shard file
 #   ps-idle-flood  the bulk checks, with a token, while 80 idle connections are held on a ps task's
 #                  data port: the oldest unproven ones make room, the workers' own get in
 set -uo pipefail
@@ -416,6 +424,89 @@ case "$scenario" in
     [[ "$(grep -c '^PASS' "$dir/chief.log")" == 4 ]] || fail "not every check of the chief passed"
     grep '^PASS' "$dir/chief.log"
     stop_daemons
+    ;;
+  stall)
+    export TROUPE_TEST_STALL_ONCE="$dir/stalled"
+    start_daemons
+    TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode stall >"$dir/chief.log" 2>"$dir/chief-stderr.log"
+    st=$?
+    [[ $st == 0 ]] || fail "the chief exited $st"
+    [[ "$(grep -c '^PASS' "$dir/chief.log")" == 3 ]] || fail "not every check of the chief passed"
+    grep '^PASS' "$dir/chief.log"
+    err="$dir/chief-stderr.log"
+    grep -Eq 'stall: closure 1 \(function "slow"\) has run on /job:worker/replica:0/task:[01] for 1 s$' "$err" ||
+      fail "no stall line for the 2 s closure"
+    grep -Eq 'stall cleared: closure 1 \(function "slow"\) finished on /job:worker/replica:0/task:[01] after 2 s$' "$err" ||
+      fail "the stall of the 2 s closure was not cleared"
+    grep -Eq 'stall: closure 2 \(function "stall_once"\) has run on /job:worker/replica:0/task:[01] for 3 s, past the stall shutdown bound \(3 s, TROUPE_STALL_SHUTDOWN_S\); /job:worker/replica:0/task:[01] is set aside until it returns: [0-9]+ closure\(s\) in flight go to other workers' "$err" ||
+      fail "the stuck closure was not given up"
+    grep -Eq 'returned from closure 2, given up on past the stall shutdown bound; it takes closures again' "$err" ||
+      fail "the worker stuck in closure 2 was not taken back"
+    grep -E 'stall|returned' "$err"
+    stop_daemons
+    ;;
+  ps-checkpoint)
+    nps=2
+    ckpt="$build/tools/troupe-ckpt"
+    ckdir="$dir/ckpt"
+    start_daemons w0 w1 ps ps1
+    TF_CONFIG="$(tf_config chief 0)" timeout -k 5 120 "$chief_bin" --mode ckpt-save --dir "$ckdir" \
+      >"$dir/chief.log" 2>"$dir/chief-stderr.log" &
+    pids+=($!)
+    pid_chief=$!
+    wait_for "$dir/chief.log" "^saved 1$" 60
+    chief_proc=$(pgrep -P "$pid_chief")
+    [[ -n "$chief_proc" ]] || fail "no chief process to kill"
+    # SIGKILL the chief the moment a later save has begun (its temporary directory exists).
+    timeout 60 python3 - "$ckdir" "$chief_proc" <<'PY' || fail "no save in progress to kill within 60 s"
+import os, re, signal, sys, time
+d, pid = sys.argv[1], int(sys.argv[2])
+pattern = re.compile(r"ckpt-([2-9]|[1-9][0-9]+)\.tmp-[0-9]+-[0-9]+")
+while not any(pattern.fullmatch(n) for n in os.listdir(d)):
+    time.sleep(0.0005)
+os.kill(pid, signal.SIGKILL)
+PY
+    status_of "$pid_chief"
+    [[ $st == 137 ]] || fail "the chief exited $st, not killed by SIGKILL"
+    saved=$(grep -c '^saved ' "$dir/chief.log")
+    echo "the chief was killed during save $((saved + 1)) after $saved whole ones"
+    interrupted=$(find "$ckdir" -maxdepth 1 -type d -name 'ckpt-*.tmp-*')
+    [[ -n "$interrupted" ]] || fail "no interrupted save left in $ckdir"
+    for t in $interrupted; do [[ ! -e "$t/manifest.json" ]] || fail "the interrupted save $t has a manifest"; done
+    "$ckpt" "$ckdir" >"$dir/ckpt.out" 2>"$dir/ckpt.err" || fail "troupe-ckpt exited $? on the whole checkpoints: $(cat "$dir/ckpt.err")"
+    grep -Eq "sharded checkpoints?, oldest first" "$dir/ckpt.out" || fail "troupe-ckpt listed no sharded checkpoint"
+    grep -Eq "^  ckpt-$saved/ +step $saved, 2 variables, 2 shard files, intact$" "$dir/ckpt.out" ||
+      fail "troupe-ckpt did not list ckpt-$saved as intact: $(cat "$dir/ckpt.out")"
+    ! grep -q "ckpt-[0-9]*\.tmp-" "$dir/ckpt.out" || fail "troupe-ckpt listed the interrupted save"
+    cat "$dir/ckpt.out"
+    # Fresh daemons and a new chief: the newest whole checkpoint comes back.
+    for n in w0 w1 ps ps1; do eval "p=\$pid_$n"; kill -9 -- "-$p" 2>/dev/null || kill -9 "$p"; wait "$p" 2>/dev/null; done
+    start_daemons w0 w1 ps ps1
+    TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode ckpt-check --dir "$ckdir" \
+      >"$dir/check.log" 2>"$dir/check-stderr.log"
+    st=$?
+    [[ $st == 0 ]] || fail "the restoring chief exited $st: $(cat "$dir/check.log")"
+    grep -q "^PASS restored checkpoint $saved: every element holds $saved$" "$dir/check.log" ||
+      fail "checkpoint $saved was not restored: $(cat "$dir/check.log")"
+    [[ -z "$(find "$ckdir" -maxdepth 1 -type d -name 'ckpt-*.tmp-*')" ]] || fail "the interrupted save was not removed"
+    grep '^PASS' "$dir/check.log"
+    # A damaged and a missing shard file: troupe-ckpt exits 1 naming each.
+    printf '\xff\xff\xff\xff' | dd of="$ckdir/ckpt-$saved/shard-1-of-2.ckpt" bs=1 seek=100000 conv=notrunc status=none
+    "$ckpt" "$ckdir" >"$dir/ckpt.out" 2>"$dir/ckpt.err"
+    st=$?
+    [[ $st == 1 ]] || fail "troupe-ckpt exited $st on a damaged shard file"
+    grep -q "ckpt-$saved/shard-1-of-2.ckpt has [0-9]* bytes with XXH64 [0-9a-f]*, the manifest says" "$dir/ckpt.err" ||
+      fail "troupe-ckpt did not name the damaged file: $(cat "$dir/ckpt.err")"
+    grep -Eq "^  ckpt-$saved/ +step $saved, 2 variables, 2 shard files, 1 of 2 shard files damaged or missing$" "$dir/ckpt.out" ||
+      fail "troupe-ckpt did not list ckpt-$saved as damaged: $(cat "$dir/ckpt.out")"
+    cat "$dir/ckpt.out" "$dir/ckpt.err"
+    rm "$ckdir/ckpt-$saved/shard-0-of-2.ckpt"
+    "$ckpt" "$ckdir/ckpt-$saved" >"$dir/ckpt.out" 2>"$dir/ckpt.err"
+    st=$?
+    [[ $st == 1 ]] || fail "troupe-ckpt exited $st on a missing shard file"
+    grep -q "ckpt-$saved/shard-0-of-2.ckpt is missing or unreadable" "$dir/ckpt.err" ||
+      fail "troupe-ckpt did not name the missing file: $(cat "$dir/ckpt.err")"
+    cat "$dir/ckpt.err"
     ;;
   heartbeat)
     start_daemons

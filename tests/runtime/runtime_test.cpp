@@ -105,6 +105,23 @@ TEST_CASE("TROUPE_HEARTBEAT_MS sets the heartbeat of both cluster stacks, in one
   unsetenv("TROUPE_HEARTBEAT_MS");
 }
 
+TEST_CASE("TROUPE_STALL_WARNING_S and TROUPE_STALL_SHUTDOWN_S set a ClusterCoordinator's stall bounds") {
+  using namespace std::chrono_literals;
+  unsetenv("TROUPE_STALL_WARNING_S");
+  unsetenv("TROUPE_STALL_SHUTDOWN_S");
+  CHECK(ClusterCoordinatorOptions::from_environment().stall_warning == 60000ms);
+  CHECK(ClusterCoordinatorOptions::from_environment().stall_shutdown == 0ms);
+  setenv("TROUPE_STALL_WARNING_S", "2", 1);
+  setenv("TROUPE_STALL_SHUTDOWN_S", "30", 1);
+  CHECK(ClusterCoordinatorOptions::from_environment().stall_warning == 2000ms);
+  CHECK(ClusterCoordinatorOptions::from_environment().stall_shutdown == 30000ms);
+  setenv("TROUPE_STALL_WARNING_S", "0", 1);
+  CHECK(message_of([] { ClusterCoordinatorOptions::from_environment(); }) ==
+        "TROUPE_STALL_WARNING_S=0 is outside 1..604800");
+  unsetenv("TROUPE_STALL_WARNING_S");
+  unsetenv("TROUPE_STALL_SHUTDOWN_S");
+}
+
 TEST_CASE("TROUPE_PS_DATA_PORT sets a ps task's data port, 0..65535") {
   unsetenv("TROUPE_PS_DATA_PORT");
   CHECK(ServerOptions::from_environment().data_port == 0);

@@ -28,6 +28,7 @@
 #include "troupe/distribute/reduce_op.hpp"
 #include "troupe/distribute/remote_function.hpp"
 #include "troupe/distribute/server.hpp"
+#include "troupe/distribute/sharded_checkpoint.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/nn/activation.hpp"
 #include "troupe/nn/attention.hpp"

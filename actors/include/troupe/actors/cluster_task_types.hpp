@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace caf {
 class actor_system;
@@ -82,5 +83,27 @@ std::optional<apply_params> decode_apply_params(const unsigned char* in, std::st
 int slot_count(shard_optimizer kind) noexcept;
 /// Keras's name of a kind: "sgd", "momentum", "adam", "adamw".
 const char* shard_optimizer_name(shard_optimizer kind) noexcept;
+
+/// A shard as a sharded checkpoint saves it (its ps task takes it under the shard's lock, so an
+/// update is in it whole or not at all): its elements, its optimizer's slots and how many
+/// optimizer updates it has had (Adam's step t).
+struct shard_snapshot {
+  std::string key;
+  shard_layout layout;
+  std::shared_ptr<const std::string> value;  ///< the runtime's encoding; elements at layout.offset
+  std::vector<std::string> slots;            ///< slot_count(*kind) of layout.nbytes each
+  std::optional<shard_optimizer> kind;       ///< none before the first optimizer update
+  std::int64_t applied = 0;
+};
+
+/// The longest directory path a save or restore request may name.
+constexpr std::size_t max_checkpoint_path_bytes = 4096;
+/// The file ps task `ps` of `num_ps` writes its shards to: "shard-<ps>-of-<num_ps>.ckpt".
+std::string shard_file_name(int ps, int num_ps);
+/// Why a save request's target is refused, or nothing: the directory must be an absolute path of
+/// at most max_checkpoint_path_bytes without NUL or control characters, "." or ".." components,
+/// whose last component is a save in progress ("ckpt-<step>.tmp-<pid>-<n>"), and the file a name
+/// shard_file_name gives. A ps task writes nothing else, wherever a request points.
+std::optional<std::string> check_shard_checkpoint_target(const std::string& directory, const std::string& file);
 
 }  // namespace troupe::actors

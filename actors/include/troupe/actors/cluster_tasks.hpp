@@ -44,12 +44,17 @@
 //      still running has every wait on the ps tasks ended (shard_client::cancel). A worker it never reached (down at every try, up since) is told
 //      (leave, its task name, the worker's) once, so that it does not wait for a chief until its
 //      start timeout; an agent serving a chief, or named otherwise, ignores that.
+//   7. Stalls: at each heartbeat check the dispatcher asks its closure_watch which worker has run
+//      one closure longer than the stall warning bound and logs it; past the shutdown bound the
+//      closure is put back as in 4 with that worker's others, the worker is asked (cancel) to drop
+//      the calls it has not started, and it takes no closure until the stuck one returns.
 //
 // The parts, one header each: task_server.hpp (a task: its agent, ps shards and data port),
 // dispatcher.hpp (the chief), shard_client.hpp (a worker's requests to the ps tasks); their rules
-// as plain classes, dispatch_state.hpp and heartbeat_state.hpp; the shared vocabulary in
+// as plain classes, dispatch_state.hpp, heartbeat_state.hpp and closure_watch.hpp; the shared vocabulary in
 // cluster_task_types.hpp.
 
+#include "troupe/actors/closure_watch.hpp"
 #include "troupe/actors/cluster_task_types.hpp"
 #include "troupe/actors/dispatch_state.hpp"
 #include "troupe/actors/dispatcher.hpp"

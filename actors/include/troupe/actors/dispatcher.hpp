@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/actors/closure_watch.hpp"
 #include "troupe/actors/cluster_task_types.hpp"
 #include "troupe/actors/liveness_policy.hpp"
 
@@ -37,6 +38,11 @@ struct dispatcher_options {
   /// again), a silent ps task fails the coordinator, and a task whose chief is silent that long is
   /// told its chief is gone.
   liveness_policy liveness;
+  /// A closure running on a worker longer than stall.warning is reported (one line, repeated at
+  /// a back-off, cleared when it finishes); past stall.shutdown (0: never) it is given up on that
+  /// worker: it runs elsewhere, as a lost worker's closures do, and the worker takes no closure
+  /// until it returns. A closure given up a second time fails with that as its error.
+  closure_watch_options stall;
 };
 
 /// The chief's side: connects to the workers and ps tasks, schedules closures onto the workers
@@ -59,6 +65,8 @@ class dispatcher {
   /// Heartbeat settings from now on (as dispatcher_options; std::invalid_argument out of their
   /// ranges): every task watched starts a fresh limit, and each task hears them with its next beat.
   void set_heartbeat(liveness_policy liveness);
+  /// Stall bounds from now on (as dispatcher_options; std::invalid_argument out of their ranges).
+  void set_stall(closure_watch_options stall);
   /// Queues a closure.
   void schedule(std::uint64_t id, std::string function, std::string args);
   /// TensorFlow's rules after a closure failed: from a failure on, a closure whose worker is lost
@@ -85,6 +93,28 @@ class dispatcher {
   std::vector<std::string> read_shards(const std::vector<shard_op>& shards, std::chrono::milliseconds timeout);
   /// Applies updates to shards, every request in flight at once; throws as create_shards.
   void update_shards(std::vector<shard_op> updates, std::chrono::milliseconds timeout);
+
+  /// What one ps task's part of a sharded checkpoint is: its file's size and XXH64.
+  struct saved_file {
+    std::uint64_t bytes = 0;
+    std::uint64_t hash = 0;
+  };
+  /// Asks every ps task at once to write its shards into `directory` (a save in progress,
+  /// check_shard_checkpoint_target's rules), ps task i to shard_file_name(i, n), each bounded by
+  /// `timeout`; once all answered, throws std::runtime_error naming the first ps task that failed.
+  std::vector<saved_file> save_shards(const std::string& directory, std::int64_t step,
+                                      std::chrono::milliseconds timeout);
+  /// One shard's restored state: its elements, slots (optimizer 255: none), and step.
+  struct shard_restore {
+    int ps = 0;
+    std::string key;
+    std::string elements;
+    std::string slots;
+    std::int64_t applied = 0;
+    std::uint8_t optimizer = 0xff;
+  };
+  /// Restores shards, every request in flight at once; throws as save_shards.
+  void restore_shards(std::vector<shard_restore> shards, std::chrono::milliseconds timeout);
 
   /// Closures put back after their worker was lost, and workers lost, so far.
   std::uint64_t retried() const;

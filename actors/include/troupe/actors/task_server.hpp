@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "troupe/actors/cluster_task_types.hpp"
 
@@ -41,6 +42,13 @@ struct task_handlers {
   std::function<std::optional<std::string>(char* value, char* const* slots, const char* grad, std::size_t nbytes,
                                            std::uint8_t dtype, const apply_params& p, std::int64_t step)>
       apply;
+  /// Writes `shards` and `step` to the file `path` of a sharded checkpoint (ps tasks; the agent
+  /// checked the path with check_shard_checkpoint_target); sets the file's size and its XXH64.
+  /// An error message, or nothing.
+  std::function<std::optional<std::string>(const std::string& path, std::int64_t step,
+                                           const std::vector<shard_snapshot>& shards, std::uint64_t& file_bytes,
+                                           std::uint64_t& file_hash)>
+      save;
   /// One line per event: a peer connected, left or was lost.
   std::function<void(const std::string& line)> event;
   /// A chief connected.

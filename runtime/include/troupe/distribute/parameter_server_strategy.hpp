@@ -77,6 +77,7 @@ struct ShardedVariable {
 
 namespace detail {
 struct PsState;
+struct PsAccess;
 struct CoordinatorState;
 struct RemoteValueState;
 }  // namespace detail
@@ -126,6 +127,7 @@ class ParameterServerStrategy : public Strategy {
 
  private:
   friend class ClusterCoordinator;
+  friend struct detail::PsAccess;
   std::shared_ptr<ClusterResolver> resolver_;
   std::shared_ptr<detail::PsState> state_;
 };
@@ -180,8 +182,9 @@ struct ScheduleArgument {
   PerWorkerIterator iterator;
 };
 
-/// Settings of a ClusterCoordinator. from_environment() reads TROUPE_HEARTBEAT_MS as
-/// MultiWorkerOptions does: both cluster stacks beat at the same interval, with the same ranges.
+/// Settings of a ClusterCoordinator. from_environment() reads TROUPE_HEARTBEAT_MS,
+/// TROUPE_STALL_WARNING_S and TROUPE_STALL_SHUTDOWN_S as MultiWorkerOptions does: both cluster
+/// stacks beat at the same interval and watch stalls with the same bounds and ranges.
 struct ClusterCoordinatorOptions {
   /// Functions in flight on each worker (queued there): more hides the network's latency.
   int closures_per_worker = 16;
@@ -196,6 +199,15 @@ struct ClusterCoordinatorOptions {
   /// The tasks hear both with each beat and watch the chief with the same limit. A check that
   /// comes more than two intervals late (that process was stopped or starved) blames nobody.
   int missed_heartbeats = MultiWorkerOptions::default_missed_heartbeats;
+  /// TROUPE_STALL_WARNING_S: a function that has run on a worker longer than this is reported by
+  /// the chief in one line naming the worker, the function and how long it has run, repeated at
+  /// a back-off and cleared when it finishes (1 s..7 days; docs/when_training_stalls.md).
+  std::chrono::milliseconds stall_warning = MultiWorkerOptions::default_stall_warning;
+  /// TROUPE_STALL_SHUTDOWN_S: past this (0: never, the default; else 1 s..7 days) the function is
+  /// given up on that worker, as if the worker were lost: it runs again on another worker, and
+  /// that worker takes no function until the stuck one returns. A function given up a second
+  /// time (on another worker) fails, naming both, and join() raises it.
+  std::chrono::milliseconds stall_shutdown{0};
 
   /// The defaults with the TROUPE_* environment applied (malformed: std::invalid_argument).
   static ClusterCoordinatorOptions from_environment();

@@ -12,6 +12,7 @@
 
 #include "caf/actor_system.hpp"
 #include "distribute/cluster/cluster_net.hpp"
+#include "distribute/cluster/ps_access.hpp"
 #include "distribute/cluster/remote_wire.hpp"
 #include "distribute/collectives/collectives.hpp"
 #include "distribute/collectives/worker_group.hpp"
@@ -426,6 +427,10 @@ ParameterServerStrategy::~ParameterServerStrategy() {
   if (state_->coordinator) state_->coordinator->dispatcher.reset();  // tells every task the chief leaves
 }
 
+actors::dispatcher& detail::PsAccess::dispatcher(ParameterServerStrategy& s) { return *s.state_->coordinator->dispatcher; }
+
+std::chrono::milliseconds detail::PsAccess::timeout(ParameterServerStrategy& s) { return s.state_->options.peer_timeout; }
+
 int ParameterServerStrategy::num_workers() const { return state_->spec.num_tasks("worker"); }
 int ParameterServerStrategy::num_ps() const { return state_->spec.num_tasks("ps"); }
 
@@ -493,6 +498,7 @@ ClusterCoordinator::ClusterCoordinator(ParameterServerStrategy& strategy, Cluste
   state_->configured = true;
   state_->dispatcher->configure(options.closures_per_worker, options.reconnect_interval);
   state_->dispatcher->set_heartbeat(actors::liveness_policy{options.heartbeat_interval, options.missed_heartbeats});
+  state_->dispatcher->set_stall(actors::closure_watch_options{options.stall_warning, options.stall_shutdown});
 }
 
 ClusterCoordinator::~ClusterCoordinator() = default;

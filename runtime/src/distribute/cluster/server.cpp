@@ -13,6 +13,7 @@
 
 #include "caf/actor_system.hpp"
 #include "distribute/cluster/remote_wire.hpp"
+#include "distribute/cluster/shard_checkpoint.hpp"
 #include "distribute/cluster/worker_services.hpp"
 #include "distribute/cluster/cluster_net.hpp"
 #include "nn/ps_fit.hpp"
@@ -471,6 +472,7 @@ Server::Server(Runtime& runtime, const ClusterSpec& cluster, const std::string& 
     h.layout = detail::shard_layout_of;
     h.combine = detail::combine_raw;
     h.apply = detail::apply_raw;
+    h.save = detail::save_shard_file;
   }
   h.event = [self](const std::string& line) { self->log(line); };
   h.chief_came = [self] {
