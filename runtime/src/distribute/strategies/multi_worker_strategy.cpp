@@ -143,6 +143,11 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
                                 " is not a Compression (expected none, fp16 or bf16)");
   }
   const bool nccl = options.implementation == CommunicationImplementation::nccl;
+  if (nccl && settings.elastic) {
+    throw std::invalid_argument(
+        "MultiWorkerMirroredStrategy: elastic membership (MultiWorkerOptions::elastic) re-forms troupe's TCP ring, "
+        "and CommunicationImplementation::NCCL was asked for; use AUTO or RING");
+  }
   const int gpus = Runtime::gpu_count();
   if (nccl && gpus == 0) {
     throw std::invalid_argument(
@@ -164,6 +169,7 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   const int rank = spec.id_in_cluster(task_type, resolver.task_id());
   const std::vector<std::string> tasks = training_tasks(spec);
   const int workers = static_cast<int>(tasks.size());
+  troupe::detail::check_elastic_size(settings, workers);
 
   // With NCCL every worker runs a replica on each of its GPUs (or the first devices_per_worker);
   // otherwise CPU replicas joined by the TCP ring.
