@@ -92,9 +92,11 @@ struct MultiWorkerOptions {
   /// (0..1000000; troupe-launch --max-restarts sets it). The chief's dashboard shows it, with the
   /// cluster's incarnation.
   int restart_count = 0;
-  /// TROUPE_ELASTIC=1: elastic membership (opt-in; CPU replicas over the TCP ring). The strategy
-  /// checks min_workers and max_workers against the cluster it forms; a worker lost still ends
-  /// the cluster.
+  /// TROUPE_ELASTIC=1: elastic membership (opt-in; CPU replicas over the TCP ring). Under
+  /// Model::fit a worker lost (its process died, or it went silent) is dropped: the others roll
+  /// back to their last in-memory commit, re-form the ring without it and go on, the global batch
+  /// the same (docs/multi-worker.md, "Elastic membership"). The chief lost, or fewer than
+  /// min_workers left, ends the cluster as without elasticity, naming why.
   bool elastic = false;
   /// TROUPE_MIN_WORKERS: the fewest workers an elastic cluster trains with (1..65536); below it
   /// the cluster ends, as a non-elastic one does. At most the cluster's size at start.
@@ -132,6 +134,9 @@ class MultiWorkerMirroredStrategy : public Strategy {
                               MultiWorkerOptions settings);
   ~MultiWorkerMirroredStrategy() override;
   ClusterResolver* cluster_resolver() override { return resolver_.get(); }
+  /// Under MultiWorkerOptions::elastic: the changes of membership the cluster went through (a
+  /// lost worker dropped, the survivors going on); 0 otherwise.
+  int membership_changes();
 
  private:
   std::shared_ptr<ClusterResolver> resolver_;
