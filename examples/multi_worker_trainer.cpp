@@ -8,6 +8,7 @@
 //   troupe-launch -n 2 -- multi_worker_trainer --epochs 1000 --dashboard-port 8080 --checkpoint-dir /tmp/mw
 //     # the chief serves the dashboard of both workers; pause, stop... act on both at the same step
 //   troupe-launch -n 2 --max-restarts 3 -- multi_worker_trainer --checkpoint-dir /tmp/run --tensorboard-dir logs
+//   troupe-launch -n 3 --elastic --min 2 -- multi_worker_trainer --elastic   # a lost worker is dropped
 //
 // Only the chief prints the progress. A NaN or infinite loss stops every worker at the same step
 // (exit 1, no backup after it). With --checkpoint-dir, the run is backed up (BackupAndRestore) at
@@ -23,6 +24,8 @@
 // workers; gradients are all-reduced hierarchically (shared memory, then a TCP ring between the
 // workers). Every worker prints the same losses, and the last line:
 //   result: workers=2 replicas=2 loss=... accuracy=... weights_digest=HEX
+// (with --elastic, membership_changes=N before weights_digest: the workers lost on the way, and
+// workers= counts those that finished)
 // where weights_digest hashes the bytes of every variable (the model's and the optimizer's), the
 // same on every worker of a synchronised run. A run started again after a stop resumes at the
 // step after it; one started with fewer --epochs than the backup has begun trains nothing, says
@@ -91,6 +94,7 @@ int main(int argc, char** argv) {
   int step_delay_ms = 0;
   bool quiet = false;
   std::string implementation = "auto";
+  bool elastic = false;
   CLI::App app{"The MLP classifier under MultiWorkerMirroredStrategy (TF_CONFIG says who is who).",
                "multi_worker_trainer"};
   troupe::examples::show_defaults(app);
@@ -119,6 +123,10 @@ int main(int argc, char** argv) {
                  "write TensorBoard event files into DIR (the chief's; worker i's under DIR/worker_i)");
   app.add_flag("--no-terminate-on-nan", no_terminate_on_nan, "keep training (and backing up) when the loss is NaN or infinite, and exit 0");
   troupe::examples::add_monitor_options(app, monitor_flags);
+  app.add_flag("--elastic", elastic,
+               "elastic membership (MultiWorkerOptions::elastic; TROUPE_MIN_WORKERS and TROUPE_COMMIT_EVERY_STEPS "
+               "apply): a lost worker is dropped and the others go on from their last in-memory commit; the result "
+               "line gains membership_changes=N");
   app.add_flag("--quiet", quiet, "print the result line only");
   return troupe::examples::run_main(app, argc, argv, [&] {
     if (checkpoint_every > 0 && checkpoint_dir.empty()) {
@@ -141,7 +149,9 @@ int main(int argc, char** argv) {
     communication.implementation = implementation == "nccl"   ? CommunicationImplementation::nccl
                                    : implementation == "ring" ? CommunicationImplementation::ring
                                                               : CommunicationImplementation::automatic;
-    MultiWorkerMirroredStrategy strategy(rt, communication);
+    MultiWorkerOptions settings = MultiWorkerOptions::from_environment();
+    settings.elastic = settings.elastic || elastic;
+    MultiWorkerMirroredStrategy strategy(rt, communication, nullptr, settings);
     const int workers = strategy.num_replicas_in_sync() / strategy.num_local_replicas();
     nn::BlobOptions blobs;
     blobs.samples = 8192;
@@ -226,10 +236,14 @@ int main(int argc, char** argv) {
     }
     const nn::EvaluateResult eval = model.evaluate(d.features, d.labels);
     // A run resumed after its last epoch trained no step here (fit said so): no loss to report.
-    std::cout << std::setprecision(9) << "result: workers=" << workers
+    // Under --elastic the workers and replicas are those that finished (a lost worker was dropped).
+    std::cout << std::setprecision(9) << "result: workers="
+              << strategy.num_replicas_in_sync() / strategy.num_local_replicas()
               << " replicas=" << strategy.num_replicas_in_sync() << " steps=" << model.control().step();
     if (!history.loss.empty()) std::cout << " loss=" << history.loss.back();
-    std::cout << " accuracy=" << eval.accuracy << " weights_digest=" << weights_digest(model.variables()) << "\n";
+    std::cout << " accuracy=" << eval.accuracy;
+    if (settings.elastic) std::cout << " membership_changes=" << strategy.membership_changes();
+    std::cout << " weights_digest=" << weights_digest(model.variables()) << "\n";
     return 0;
   });
 }

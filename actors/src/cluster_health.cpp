@@ -24,6 +24,7 @@ const char* to_string(cluster_event_kind k) noexcept {
     case cluster_event_kind::collective_error: return "collective_error";
     case cluster_event_kind::stall: return "stall";
     case cluster_event_kind::stall_cleared: return "stall_cleared";
+    case cluster_event_kind::membership_changed: return "membership_changed";
   }
   return "unknown";
 }
@@ -105,6 +106,11 @@ void cluster_health::refused(const std::string& address, const std::string& reas
 void cluster_health::collective_error(const std::string& what, clock::time_point now) {
   std::lock_guard<std::mutex> lock(mutex_);
   record(cluster_event_kind::collective_error, -1, {}, what, now);
+}
+
+void cluster_health::membership_changed(const std::string& what, clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  record(cluster_event_kind::membership_changed, -1, {}, what, now);
 }
 
 void cluster_health::stall(const std::string& line, bool event, clock::time_point now) {

@@ -28,6 +28,13 @@ void check_runtime_options(const RuntimeOptions& options);
 void check_multi_worker_options(const distribute::CommunicationOptions& options,
                                 const distribute::MultiWorkerOptions& settings);
 
+/// The elastic settings alone (min_workers, max_workers, commit_every_steps), each in its range.
+void check_elastic_options(const distribute::MultiWorkerOptions& settings);
+
+/// Under MultiWorkerOptions::elastic, refuses a min_workers above the cluster's `workers` at
+/// start, or a max_workers (when set) below it, with std::invalid_argument naming both.
+void check_elastic_size(const distribute::MultiWorkerOptions& settings, int workers);
+
 /// The same for a ClusterCoordinator's settings (the heartbeat's ranges are MultiWorkerOptions').
 void check_coordinator_options(const distribute::ClusterCoordinatorOptions& options);
 

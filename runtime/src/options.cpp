@@ -108,6 +108,36 @@ void check_multi_worker_options(const distribute::CommunicationOptions& options,
     bad_setting("MultiWorkerOptions", "devices_per_worker", settings.devices_per_worker, "",
                 "0 for the default, or 1..1024");
   }
+  check_elastic_options(settings);
+}
+
+void check_elastic_options(const distribute::MultiWorkerOptions& settings) {
+  if (settings.min_workers < 1 || settings.min_workers > 65536) {
+    bad_setting("MultiWorkerOptions", "min_workers", settings.min_workers, "", "1..65536");
+  }
+  if (settings.max_workers != 0 && (settings.max_workers < settings.min_workers || settings.max_workers > 65536)) {
+    bad_setting("MultiWorkerOptions", "max_workers", settings.max_workers, "",
+                "0 for the cluster's size at start, or min_workers (" + std::to_string(settings.min_workers) +
+                ")..65536");
+  }
+  if (settings.commit_every_steps < 1 || settings.commit_every_steps > 1'000'000) {
+    bad_setting("MultiWorkerOptions", "commit_every_steps", settings.commit_every_steps, " steps", "1..1000000");
+  }
+}
+
+void check_elastic_size(const distribute::MultiWorkerOptions& settings, int workers) {
+  if (!settings.elastic) return;
+  if (settings.min_workers > workers) {
+    throw std::invalid_argument("MultiWorkerMirroredStrategy: MultiWorkerOptions::min_workers (TROUPE_MIN_WORKERS) is " +
+                                std::to_string(settings.min_workers) + " but the cluster has " +
+                                std::to_string(workers) + " worker(s) (expected 1.." + std::to_string(workers) + ")");
+  }
+  if (settings.max_workers != 0 && settings.max_workers < workers) {
+    throw std::invalid_argument("MultiWorkerMirroredStrategy: MultiWorkerOptions::max_workers (TROUPE_MAX_WORKERS) is " +
+                                std::to_string(settings.max_workers) + " but the cluster has " +
+                                std::to_string(workers) + " worker(s) at start (expected 0, or " +
+                                std::to_string(workers) + "..65536)");
+  }
 }
 
 void check_coordinator_options(const distribute::ClusterCoordinatorOptions& options) {
@@ -206,6 +236,15 @@ MultiWorkerOptions MultiWorkerOptions::from_environment() {
   if (const char* token = std::getenv("TROUPE_CLUSTER_TOKEN")) o.cluster_token = token;
   o.insecure = troupe::detail::env_switch("TROUPE_INSECURE", o.insecure,
                                          "lets a cluster beyond loopback start without a token");
+  o.elastic = troupe::detail::env_switch("TROUPE_ELASTIC", o.elastic, "turns on elastic membership");
+  o.min_workers = troupe::detail::env_int("TROUPE_MIN_WORKERS", o.min_workers, 1, 65536);
+  o.max_workers = troupe::detail::env_int("TROUPE_MAX_WORKERS", o.max_workers, 0, 65536);
+  o.commit_every_steps = troupe::detail::env_int("TROUPE_COMMIT_EVERY_STEPS", o.commit_every_steps, 1, 1'000'000);
+  if (o.max_workers != 0 && o.max_workers < o.min_workers) {
+    throw std::invalid_argument("TROUPE_MAX_WORKERS=" + std::to_string(o.max_workers) + " is below TROUPE_MIN_WORKERS=" +
+                                std::to_string(o.min_workers) + " (expected 0, or " + std::to_string(o.min_workers) +
+                                "..65536)");
+  }
   return o;
 }
 

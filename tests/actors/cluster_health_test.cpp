@@ -92,6 +92,22 @@ TEST_CASE("cluster health: lost, left, faults, refusals and collective errors ar
   CHECK(std::string(troupe::actors::to_string(worker_state::lost)) == "lost");
 }
 
+TEST_CASE("cluster health: an elastic cluster's change of membership is an event with who left, the step and the pause") {
+  cluster_health h;
+  start(h);
+  h.lost(1, "/job:worker/task:1's connection to the chief closed", at(700ms));
+  h.beat(0, at(850ms));  // the chief goes on beating
+  const std::string what = "/job:worker/task:1 left at step 12; 2 workers continue as generation 1 (paused 640 ms)";
+  h.membership_changed(what, at(900ms));
+  const auto s = h.snapshot(at(900ms));
+  REQUIRE(s.events.size() == 2);
+  CHECK(s.events[0].kind == cluster_event_kind::membership_changed);
+  CHECK(s.events[1].kind == cluster_event_kind::worker_lost);
+  CHECK(s.events[0].rank == -1);
+  CHECK(s.events[0].text == what);
+  CHECK(std::string(troupe::actors::to_string(s.events[0].kind)) == "membership_changed");
+}
+
 TEST_CASE("cluster health: a lost worker that beats again is back") {
   cluster_health h;
   start(h);

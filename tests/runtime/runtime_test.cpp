@@ -77,6 +77,72 @@ TEST_CASE("the stall inspector's bounds and the missed heartbeats come from the 
   }
 }
 
+TEST_CASE("the elastic settings come from TROUPE_ELASTIC, TROUPE_MIN_WORKERS, TROUPE_MAX_WORKERS and TROUPE_COMMIT_EVERY_STEPS") {
+  const char* names[] = {"TROUPE_ELASTIC", "TROUPE_MIN_WORKERS", "TROUPE_MAX_WORKERS", "TROUPE_COMMIT_EVERY_STEPS"};
+  for (const char* name : names) unsetenv(name);
+  auto o = MultiWorkerOptions::from_environment();
+  CHECK_FALSE(o.elastic);
+  CHECK(o.min_workers == 1);
+  CHECK(o.max_workers == 0);
+  CHECK(o.commit_every_steps == 1);
+  setenv("TROUPE_ELASTIC", "1", 1);
+  setenv("TROUPE_MIN_WORKERS", "2", 1);
+  setenv("TROUPE_MAX_WORKERS", "8", 1);
+  setenv("TROUPE_COMMIT_EVERY_STEPS", "10", 1);
+  o = MultiWorkerOptions::from_environment();
+  CHECK(o.elastic);
+  CHECK(o.min_workers == 2);
+  CHECK(o.max_workers == 8);
+  CHECK(o.commit_every_steps == 10);
+  setenv("TROUPE_ELASTIC", "yes", 1);
+  CHECK(message_of([] { MultiWorkerOptions::from_environment(); }) ==
+        "TROUPE_ELASTIC=\"yes\" is not 0 or 1 (1 turns on elastic membership)");
+  setenv("TROUPE_ELASTIC", "1", 1);
+  setenv("TROUPE_MIN_WORKERS", "0", 1);
+  CHECK(message_of([] { MultiWorkerOptions::from_environment(); }) == "TROUPE_MIN_WORKERS=0 is outside 1..65536");
+  setenv("TROUPE_MIN_WORKERS", "3", 1);
+  setenv("TROUPE_MAX_WORKERS", "2", 1);
+  CHECK(message_of([] { MultiWorkerOptions::from_environment(); }) ==
+        "TROUPE_MAX_WORKERS=2 is below TROUPE_MIN_WORKERS=3 (expected 0, or 3..65536)");
+  setenv("TROUPE_MAX_WORKERS", "0", 1);
+  setenv("TROUPE_COMMIT_EVERY_STEPS", "0", 1);
+  CHECK(message_of([] { MultiWorkerOptions::from_environment(); }) ==
+        "TROUPE_COMMIT_EVERY_STEPS=0 is outside 1..1000000");
+  setenv("TROUPE_COMMIT_EVERY_STEPS", "many", 1);
+  CHECK(message_of([] { MultiWorkerOptions::from_environment(); }) ==
+        "TROUPE_COMMIT_EVERY_STEPS='many' is not a number in 1..1000000");
+  for (const char* name : names) unsetenv(name);
+}
+
+TEST_CASE("elastic settings outside their range, or that the cluster cannot meet, are refused naming the setting") {
+  Runtime rt(RuntimeOptions{1, 0});
+  const std::string address = "127.0.0.1:" + std::to_string(troupe::testing::free_port());
+  auto resolver =
+      std::make_shared<SimpleClusterResolver>(ClusterSpec(ClusterSpec::JobMap{{"worker", {address}}}), "worker", 0);
+  MultiWorkerOptions settings;
+  settings.elastic = true;
+  settings.min_workers = 0;
+  CHECK(message_of([&] { MultiWorkerMirroredStrategy s(rt, {}, resolver, settings); }) ==
+        "MultiWorkerOptions: min_workers is 0 (expected 1..65536)");
+  settings.min_workers = 2;
+  settings.max_workers = 1;
+  CHECK(message_of([&] { MultiWorkerMirroredStrategy s(rt, {}, resolver, settings); }) ==
+        "MultiWorkerOptions: max_workers is 1 (expected 0 for the cluster's size at start, or min_workers (2)..65536)");
+  settings.max_workers = 0;
+  settings.commit_every_steps = 0;
+  CHECK(message_of([&] { MultiWorkerMirroredStrategy s(rt, {}, resolver, settings); }) ==
+        "MultiWorkerOptions: commit_every_steps is 0 steps (expected 1..1000000)");
+  settings.commit_every_steps = 1;
+  // A one-worker cluster cannot keep two.
+  CHECK(message_of([&] { MultiWorkerMirroredStrategy s(rt, {}, resolver, settings); }) ==
+        "MultiWorkerMirroredStrategy: MultiWorkerOptions::min_workers (TROUPE_MIN_WORKERS) is 2 but the cluster has 1 "
+        "worker(s) (expected 1..1)");
+  settings.min_workers = 1;
+  settings.max_workers = 4;
+  MultiWorkerMirroredStrategy s(rt, {}, resolver, settings);
+  CHECK(s.num_replicas_in_sync() == 1);
+}
+
 TEST_CASE("TROUPE_HEARTBEAT_MS sets the heartbeat of both cluster stacks, in one range") {
   using namespace std::chrono_literals;
   unsetenv("TROUPE_HEARTBEAT_MS");

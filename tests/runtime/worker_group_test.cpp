@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "distribute/collectives/worker_group.hpp"
+#include "troupe/actors/membership_state.hpp"
 #include "troupe/kernels/half_kernels.hpp"
 #include "test_util.hpp"
 
@@ -130,6 +131,43 @@ TEST_CASE("a failure the watch reports breaks the ring, and the collective's err
       CHECK(failures.reason() == task(0) + " sent no heartbeat");
       CHECK(contains(error, "; cluster watch: " + task(0) + " sent no heartbeat"));
     }
+  });
+}
+
+TEST_CASE("elastic membership: the survivors of a lost worker re-form the ring as a new generation and sum again") {
+  const std::string incarnation = "0123456789abcdef0123456789abcdef";
+  with_ring_groups(3, [&](int r, wg::RingWorkerGroup& group, wg::WorkerFailures& failures) {
+    CHECK(group.sum(Tensor::scalar<float>(1.0f)).item<float>() == 3.0f);
+    if (r == 2) return;  // worker 2 is lost: its group closes its sockets
+    group.begin_step();
+    CHECK(contains(message_of([&] { group.sum(Tensor::scalar<float>(1.0f)); }), "[peer " + task(2) + " (127.0.0.1:"));
+    failures.report(task(2) + " sent no heartbeat");  // what the watch says on a real cluster
+    const std::vector<actors::member> survivors{group.members()[0], group.members()[1]};
+    CHECK(contains(message_of([&] { group.reform(r, survivors, 0, {}, std::chrono::milliseconds(5000)); }),
+                   "generation 0 is not after the ring's 0"));
+    group.reform(r, survivors, 1, {"", actors::generation_incarnation(incarnation, 1)},
+                 std::chrono::milliseconds(5000));
+    CHECK(group.size() == 2);
+    CHECK(group.rank() == r);
+    CHECK(group.generation() == 1);
+    CHECK(failures.reason().empty());
+    CHECK(group.sum(Tensor::scalar<float>(static_cast<float>(r + 1))).item<float>() == 3.0f);
+    CHECK(group.broadcast_from_chief(Tensor::scalar<int>(r == 0 ? 42 : -1)).item<int>() == 42);
+  });
+}
+
+TEST_CASE("elastic membership: a survivor proving another generation's incarnation is refused, named, within the bound") {
+  const std::string incarnation = "0123456789abcdef0123456789abcdef";
+  with_ring_groups(2, [&](int r, wg::RingWorkerGroup& group, wg::WorkerFailures&) {
+    const std::vector<actors::member> members = group.members();
+    // Worker 1 still proves generation 1's incarnation when the other re-forms generation 2.
+    const std::string error = message_of([&] {
+      group.reform(r, members, r == 0 ? 2 : 1, {"", actors::generation_incarnation(incarnation, r == 0 ? 2 : 1)},
+                   std::chrono::milliseconds(1500));
+    });
+    CHECK(contains(error, "elastic membership: the ring of generation " + std::to_string(r == 0 ? 2 : 1) +
+                              " did not form: cross-worker collective failed: "));
+    CHECK(contains(error, "[peer " + task(1 - r)));
   });
 }
 

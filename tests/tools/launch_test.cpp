@@ -523,6 +523,33 @@ exit 0)",
                                             R"(\(preempted: it saved a checkpoint to restart from\)\n)")));
 }
 
+TEST_CASE("troupe-launch --elastic leaves the others running when a worker dies while --min of them run") {
+  scratch dir;
+  // Rank 1 kills itself once all have started; the others see the elastic settings and finish.
+  const std::string script = R"(record
+if [ "$i" = 1 ]; then await 0 2; kill -9 $$; fi
+await 1; sleep 0.3
+echo "elastic=$TROUPE_ELASTIC min=$TROUPE_MIN_WORKERS max=$TROUPE_MAX_WORKERS"
+exit 0)";
+  auto r = run(workers(3, script, dir, {"--elastic", "--min", "2", "--max", "4"}), dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  CHECK(lines_of_rank(r.out, 0) == std::vector<std::string>{"elastic=1 min=2 max=4"});
+  CHECK(lines_of_rank(r.out, 2) == std::vector<std::string>{"elastic=1 min=2 max=4"});
+  CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: worker 1 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) was killed )"
+                                            R"(by signal 9 \(SIGKILL\); --elastic: the 2 others go on without it\n)")));
+  CHECK(r.err.find("stopping the others") == std::string::npos);
+  // Below --min the others are stopped, as without --elastic.
+  scratch below;
+  auto b = run(workers(3, R"(record
+if [ "$i" = 1 ]; then await 0 2; kill -9 $$; fi
+sleep 60 & wait)", below, {"--elastic", "--min", "3"}), below);
+  REQUIRE(b.finished);
+  CHECK(b.exit_code == 137);
+  CHECK(std::regex_search(b.err, std::regex(R"(troupe-launch: worker 1 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) was killed )"
+                                            R"(by signal 9 \(SIGKILL\); stopping the others\n)")));
+}
+
 TEST_CASE("troupe-launch --max-restarts gives up with the last failure's status") {
   scratch dir;
   auto r = run(workers(2, R"(echo x >> "$D/starts.$i"; n=$((TROUPE_RESTART_COUNT + 1))
@@ -570,6 +597,11 @@ TEST_CASE("troupe-launch rejects bad usage with exit status 2 and says what is w
        "--restart-backoff: expected a number of seconds >= 0, got 'later'"},
       {{"-n", "2", "--port-base", "65535", "--", "/bin/true"},
        "--port-base 65535: ports up to 65536 for 2 workers (expected at most 65535)"},
+      {{"-n", "3", "--min", "2", "--", "/bin/true"}, "--min needs --elastic"},
+      {{"-n", "3", "--elastic", "--min", "4", "--", "/bin/true"},
+       "--min: expected a number of workers (1..3), got '4'"},
+      {{"-n", "3", "--elastic", "--max", "2", "--", "/bin/true"},
+       "--max: expected a number of workers (3..65536, at least -n), got '2'"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.message);

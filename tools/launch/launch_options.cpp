@@ -45,6 +45,8 @@ struct raw_options {
   std::string grace = "5";
   std::string max_restarts = "0", restart_backoff = "1";
   std::string hosts, hostfile, rsh = "ssh", log_dir, ranks;
+  bool elastic = false;
+  std::string min_workers, max_workers;
 };
 
 std::string trimmed(const std::string& s) {
@@ -94,6 +96,15 @@ void add_options(CLI::App& app, raw_options& raw) {
                  "wait before the first restart; doubled for each further one, at most 30 s")
       ->type_name("SECONDS")
       ->capture_default_str();
+  app.add_flag("--elastic", raw.elastic,
+               "elastic membership: when a worker dies the others go on without it (TROUPE_ELASTIC=1 for every "
+               "worker; the program must opt in, e.g. multi_worker_trainer --elastic)");
+  app.add_option("--min", raw.min_workers,
+                 "with --elastic: the fewest workers that go on (TROUPE_MIN_WORKERS; default 1); below it the run "
+                 "fails, and --max-restarts restarts it")
+      ->type_name("N");
+  app.add_option("--max", raw.max_workers, "with --elastic: the most workers (TROUPE_MAX_WORKERS; default -n)")
+      ->type_name("M");
   app.add_option("--hosts", raw.hosts, "workers on other hosts, started through --rsh: h1:2,h2:2 (2 each)")
       ->type_name("LIST");
   app.add_option("--hostfile", raw.hostfile, "the hosts, one a line: \"host\", \"host:N\" or \"host slots=N\"")
@@ -125,7 +136,12 @@ again, every worker with fresh ports, after a wait that doubles each time (--res
 launcher says why on stderr; workers find the restarts so far in TROUPE_RESTART_COUNT. It gives up after N restarts with the last failure's status. A
 signal to the launcher, --timeout, or a program that cannot be executed ends it at once.
 
-Exit status: 0 when every worker succeeds; the status of the first worker to fail (128+signal when
+With --elastic, a worker killed by a signal is not a failure of the run while at least --min
+workers still run: the launcher says so and leaves the others running (an elastic program drops the
+lost worker and goes on); it is not started again. Below --min, or when a worker exits non-zero
+itself, the others are stopped as without --elastic.
+
+Exit status: 0 when every worker succeeds (with --elastic: every worker not lost on the way); the status of the first worker to fail (128+signal when
 a signal killed it); 124 on --timeout; 128+signal when the launcher got SIGINT or SIGTERM;
 127 when the program cannot be executed; 2 for bad usage; 1 when the launcher itself fails.)");
 }
@@ -223,6 +239,19 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
   options.max_restarts = parse_int("--max-restarts", raw.max_restarts, 0, max_restarts_limit,
                                    ("a number of restarts (0.." + std::to_string(max_restarts_limit) + ")").c_str());
   options.restart_backoff_s = parse_seconds("--restart-backoff", raw.restart_backoff, true);
+  options.elastic = raw.elastic;
+  if (!options.elastic && (app.count("--min") > 0 || app.count("--max") > 0)) {
+    throw usage_error(std::string(app.count("--min") > 0 ? "--min" : "--max") + " needs --elastic");
+  }
+  if (app.count("--min") > 0) {
+    options.min_workers = parse_int("--min", raw.min_workers, 1, options.num_workers,
+                                    ("a number of workers (1.." + std::to_string(options.num_workers) + ")").c_str());
+  }
+  if (app.count("--max") > 0) {
+    options.max_workers =
+        parse_int("--max", raw.max_workers, std::max(options.num_workers, options.min_workers.value_or(1)), 65536,
+                  ("a number of workers (" + std::to_string(options.num_workers) + "..65536, at least -n)").c_str());
+  }
 
   if (options.program.empty()) throw usage_error("no program to run (expected: -- program args...)");
   int per_host = options.num_workers;  // the most workers on one host, each with its own port

@@ -47,6 +47,9 @@ struct launch_options {
   std::vector<int> ranks;                 ///< --ranks 0,2: only their output on the terminal (empty: all)
   int max_restarts = 0;                   ///< --max-restarts N: restart every worker after a failure, N times
   double restart_backoff_s = default_restart_backoff_s;  ///< --restart-backoff SECONDS: the first wait
+  bool elastic = false;                   ///< --elastic: a worker lost is dropped, the others go on
+  std::optional<int> min_workers;         ///< --min N (with --elastic): TROUPE_MIN_WORKERS, below it the run fails
+  std::optional<int> max_workers;         ///< --max M (with --elastic): TROUPE_MAX_WORKERS
   bool help = false;                      ///< -h / --help
   std::vector<std::string> program;       ///< the program and its arguments
 };

@@ -361,6 +361,11 @@ class supervisor {
       env.push_back("TROUPE_FLIGHT_RECORDER_DIR=" + *options_.log_dir);
     }
     env.push_back("TROUPE_RESTART_COUNT=" + std::to_string(restart_count_));
+    if (options_.elastic) {
+      env.push_back("TROUPE_ELASTIC=1");
+      if (options_.min_workers) env.push_back("TROUPE_MIN_WORKERS=" + std::to_string(*options_.min_workers));
+      if (options_.max_workers) env.push_back("TROUPE_MAX_WORKERS=" + std::to_string(*options_.max_workers));
+    }
     return env;
   }
 
@@ -551,16 +556,27 @@ class supervisor {
       return;
     }
     std::string how;
+    int code = 0;
     if (WIFEXITED(status)) {
-      exit_code_ = WEXITSTATUS(status);
+      code = WEXITSTATUS(status);
       how = "exited with status " + std::to_string(WEXITSTATUS(status));
       if (WEXITSTATUS(status) == preemption_exit_code) how += " (preempted: it saved a checkpoint to restart from)";
     } else {
       int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-      exit_code_ = 128 + sig;
+      code = 128 + sig;
       how = "was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")";
     }
     bool others = running_count() > 0;
+    // Elastic: a worker that died (a signal: killed, crashed) is dropped by the others, which go
+    // on while at least --min of them run (no new member is started in its place). One that
+    // exited with a status said itself that it failed: the run fails, as without --elastic.
+    if (options_.elastic && WIFSIGNALED(status) && running_count() >= options_.min_workers.value_or(1)) {
+      const int n = running_count();
+      say(w.describe() + " " + how + "; --elastic: the " + std::to_string(n) + (n == 1 ? " other goes" : " others go") +
+          " on without it");
+      return;
+    }
+    exit_code_ = code;
     last_failure_ = w.describe() + " " + how;
     say(last_failure_ + (others ? "; stopping the others" : ""));
     begin_stop(SIGTERM);

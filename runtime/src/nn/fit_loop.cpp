@@ -10,7 +10,11 @@
 #include <utility>
 
 #include "distribute/collectives/worker_group.hpp"
+#include "distribute/strategies/elastic_membership.hpp"
 #include "nn/element_checks.hpp"
+#include "troupe/actors/membership_state.hpp"
+#include "troupe/errors.hpp"
+#include "troupe/log.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/flight_recorder.hpp"
@@ -60,6 +64,21 @@ void check_arguments(int epochs, std::int64_t steps_per_epoch, const FitOptions&
   }
 }
 
+// Whether a failed step failed in a collective (directly, or in a replica's function): what a lost
+// worker does to a step. Any other failure (a replica's own exception) is the program's.
+bool failed_in_collective(const troupe::Error& e) {
+  if (dynamic_cast<const CollectiveAborted*>(&e) != nullptr) return true;
+  const auto* replica = dynamic_cast<const ReplicaError*>(&e);
+  if (replica == nullptr || !replica->cause()) return false;
+  try {
+    std::rethrow_exception(replica->cause());
+  } catch (const CollectiveAborted&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 distribute::Strategy& checked_strategy(Model& model, int epochs, std::int64_t steps_per_epoch,
                                        const FitOptions& options) {
   if (!model.optimizer()) throw std::logic_error("Model::fit: compile the model first");
@@ -85,7 +104,10 @@ FitLoop::FitLoop(Model& model, const distribute::DistributedDataset& dataset, in
       with_metrics_(!model.metrics().empty()),
       wide_(with_metrics_ || workers_ > 1),
       table_{workers_, local_replicas_},
-      printing_(options.verbose > 0 && (group_.rank() == 0 || options.print_on_all_workers)) {}
+      printing_(options.verbose > 0 && (group_.rank() == 0 || options.print_on_all_workers)) {
+  elastic_ = dynamic_cast<distribute::detail::ElasticMembership*>(&strategy_.backend());
+  if (elastic_ != nullptr && elastic_->commit_every_steps() <= 0) elastic_ = nullptr;
+}
 
 History FitLoop::run() {
   begin();
@@ -151,13 +173,101 @@ void FitLoop::begin() {
   BackupAndRestore::replay_passes(dataset_, at_.input_passes);
   passes_ = at_.input_passes;
 
+  size_step_table();
+  if (elastic_ != nullptr) {
+    if (!model_.layers().built()) {
+      throw std::invalid_argument(
+          "Model::fit: elastic membership commits the model's variables from the first step, but layers that take a "
+          "size from the data are not built yet: call model.build(input_shape) first (e.g. {-1, 28, 28, 1})");
+    }
+    committed_.track(model_.variables());
+    committed_.commit({step_, first_epoch_, at_.step_in_epoch, at_.iterator_position, at_.input_passes});
+    committed_sums_.assign(1, {step_, EpochSums{}});
+  }
+}
+
+// The names and the layout of the step's table for the workers there are now.
+void FitLoop::size_step_table() {
+  wide_ = with_metrics_ || workers_ > 1;
+  table_ = distribute::detail::StepTable{workers_, local_replicas_};
+  replica_loss_keys_.clear();
   for (int g = 0; g < workers_ * local_replicas_; ++g) replica_loss_keys_.push_back("loss/replica_" + std::to_string(g));
-  worker_part_keys_.resize(static_cast<std::size_t>(workers_));
+  worker_part_keys_.assign(static_cast<std::size_t>(workers_), {});
   for (std::size_t w = 0; w < worker_part_keys_.size(); ++w) {
     for (std::size_t p = 0; p < part_fields; ++p) {
       worker_part_keys_[w][p] = "worker_" + std::to_string(w) + "/time/" + part_names[p];
     }
   }
+  previous_parts_ = {};
+}
+
+// Elastic membership: the state after step `k` of `epoch`, with the epoch's sums so far (the
+// position as the backup records it: the last step of an epoch stands at the start of the next).
+void FitLoop::commit(int epoch, std::int64_t k, const EpochSums& sums) {
+  const bool epoch_done = steps_per_epoch_ > 0 && k + 1 == steps_per_epoch_;
+  committed_.commit({step_, epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : k + 1, taken_, passes_ - 1});
+  const EpochSums kept = epoch_done ? EpochSums{} : sums;
+  bool replaced = false;
+  for (auto& entry : committed_sums_) {
+    if (entry.first == step_) {
+      entry.second = kept;
+      replaced = true;
+    }
+  }
+  if (!replaced) committed_sums_.emplace_back(step_, kept);
+  // Only the sums of the commits held.
+  std::vector<std::pair<std::int64_t, EpochSums>> held;
+  for (const auto& entry : committed_sums_) {
+    if (committed_.holds(entry.first)) held.push_back(entry);
+  }
+  committed_sums_ = std::move(held);
+}
+
+// Elastic membership, after a step failed: the cluster without the lost worker, the newest
+// commit every worker that continues holds, restored, and the input taken up there.
+distribute::detail::CommitPosition FitLoop::recover(const std::string& failure, EpochSums& sums) {
+  const auto started = Clock::now();
+  const distribute::detail::MembershipChange change = elastic_->change(failure);
+  std::vector<std::int64_t> mine = committed_.steps();
+  mine.resize(2, -1);
+  const std::vector<std::int64_t> all =
+      group_.concat(Tensor::from_vector(mine, {2}), 0).to_vector<std::int64_t>();
+  std::vector<std::vector<std::int64_t>> held(all.size() / 2);
+  std::string listed;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i] >= 0) held[i / 2].push_back(all[i]);
+    if (i % 2 == 0) listed += (i == 0 ? "worker 0: " : "; worker " + std::to_string(i / 2) + ": ");
+    listed += (i % 2 == 1 ? ", " : "") + std::to_string(all[i]);
+  }
+  const std::optional<std::int64_t> step = actors::common_commit(held);
+  if (!step) {
+    throw CollectiveAborted("elastic membership falls back to the restart path: the workers that continue hold no "
+                            "common commit (" + listed + ")");
+  }
+  const distribute::detail::CommitPosition at = committed_.restore(*step);
+  sums = EpochSums{};
+  for (const auto& entry : committed_sums_) {
+    if (entry.first == *step) sums = entry.second;
+  }
+  step_ = at.step;
+  workers_ = group_.size();
+  size_step_table();
+  // A new iterator, split over the workers that continue, where the commit stood.
+  BackupAndRestore::replay_passes(dataset_, at.input_passes);
+  iterator_.emplace(dataset_.make_iterator());
+  passes_ = at.input_passes + 1;
+  taken_ = BackupAndRestore::skip(*iterator_, at.iterator_position);
+  control_.set_position(step_, static_cast<int>(at.epoch));
+  std::string left;
+  for (const std::string& t : change.left) left += (left.empty() ? "" : ", ") + t;
+  const auto paused = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+  const std::string what = left + " left; " + std::to_string(change.workers) + " worker" +
+                           (change.workers == 1 ? "" : "s") + " continue from step " + std::to_string(step_) +
+                           " as ring generation " + std::to_string(change.generation) + " (paused " +
+                           std::to_string(paused.count()) + " ms)";
+  troupe::log(LogLevel::warning, "elastic membership: " + what);
+  if (auto* health = group_.health()) health->membership_changed(what, actors::cluster_health::clock::now());
+  return at;
 }
 
 void FitLoop::run_epoch(int epoch) {
@@ -180,26 +290,40 @@ void FitLoop::run_epoch(int epoch) {
     const auto all_reduce_at_start = model_.optimizer()->all_reduce_time();
     // The flight recorder labels the step's steps and collectives with fit's phase.
     std::optional<Batch> batch;
-    {
-      const CallSiteLabel phase("fit:input");
-      batch = next_batch();
-    }
-    if (!batch) break;
-    if (batch->global_rows == 0) continue;
-    const auto t1 = Clock::now();
+    Clock::time_point t1;
     StepRequests carried;
-    const std::vector<double> row = carried_row(carried);
     std::optional<distribute::PerReplica<Tensor>> step_results;
     Tensor reduced;
-    {
-      const CallSiteLabel phase("fit:train_step");
-      step_results.emplace(run_step(*batch, row));
+    try {
+      {
+        const CallSiteLabel phase("fit:input");
+        batch = next_batch();
+      }
+      if (!batch) break;
+      if (batch->global_rows == 0) continue;
+      t1 = Clock::now();
+      const std::vector<double> row = carried_row(carried);
+      {
+        const CallSiteLabel phase("fit:train_step");
+        step_results.emplace(run_step(*batch, row));
+      }
+      {
+        const CallSiteLabel phase("fit:step_reduction");
+        reduced = strategy_.reduce(ReduceOp::sum, *step_results, std::nullopt);
+      }
+    } catch (const troupe::Error& e) {
+      // A lost worker, under elastic membership: the survivors go on from their last common commit.
+      if (elastic_ == nullptr || !failed_in_collective(e)) throw;
+      const distribute::detail::CommitPosition at = recover(e.what(), sums);
+      if (at.epoch != epoch) {
+        throw CollectiveAborted("elastic membership falls back to the restart path: the commit the workers that "
+                                "continue hold is of epoch " + std::to_string(at.epoch + 1) + ", and this worker has "
+                                "ended it (a step of epoch " + std::to_string(epoch + 1) + " failed)");
+      }
+      k = at.step_in_epoch - 1;  // the loop's ++k takes up the step after the commit
+      continue;
     }
     const distribute::PerReplica<Tensor>& results = *step_results;
-    {
-      const CallSiteLabel phase("fit:step_reduction");
-      reduced = strategy_.reduce(ReduceOp::sum, results, std::nullopt);
-    }
     const auto t2 = Clock::now();
     std::vector<double> table;
     StepResult result = read_table(reduced, carried, table);
@@ -214,6 +338,7 @@ void FitLoop::run_epoch(int epoch) {
     end_step(epoch, k, logs);
     boundary(logs, std::move(result.agreed));
     last_batch_logs_ = std::move(logs);
+    if (elastic_ != nullptr && !stopped_ && step_ % elastic_->commit_every_steps() == 0) commit(epoch, k, sums);
   }
   end_epoch(epoch, k, first_k, sums, epoch_logs, start);
 }

@@ -15,6 +15,14 @@
 //
 // An epoch ends with its means, validation, on_epoch_end and the backup; a stop at a step
 // boundary cuts the epoch, and the backup records the step inside it where the next run resumes.
+//
+// Under elastic membership (MultiWorkerOptions::elastic) the loop also commits its state in
+// memory at every commit_every_steps-th step boundary (and at its start): the variables, the
+// position and the epoch's running sums. When phases 1 to 3 of a step fail because a worker was
+// lost, the strategy turns the cluster into its survivors (ElasticMembership::change), every
+// survivor restores the newest commit all of them hold, makes a new input iterator at that
+// position (split over the workers that continue, the global batch the same) and the epoch goes
+// on from there: the steps after the commit are run again, and their callbacks called again.
 
 #include <array>
 #include <chrono>
@@ -25,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "distribute/strategies/elastic_commit.hpp"
 #include "distribute/strategies/step_agreement.hpp"
 #include "troupe/distribute/input.hpp"
 #include "troupe/nn/backup_and_restore.hpp"
@@ -36,6 +45,7 @@ class Strategy;
 
 namespace troupe::distribute::detail {
 class WorkerGroup;
+class ElasticMembership;
 }  // namespace troupe::distribute::detail
 
 namespace troupe::nn::detail {
@@ -94,6 +104,10 @@ class FitLoop {
   void end_epoch(int epoch, std::int64_t k, std::int64_t first_k, const EpochSums& sums, Logs& epoch_logs,
                  Clock::time_point start);
   void finish();
+  // elastic membership
+  void size_step_table();
+  void commit(int epoch, std::int64_t k_done, const EpochSums& sums);
+  distribute::detail::CommitPosition recover(const std::string& failure, EpochSums& sums);
 
   Model& model_;
   const distribute::DistributedDataset& dataset_;
@@ -104,10 +118,10 @@ class FitLoop {
   distribute::detail::WorkerGroup& group_;
   TrainingControl& control_;
   std::ostream& out_;
-  const int workers_;
+  int workers_;  // changes only with an elastic cluster's membership
   const int local_replicas_;
   const bool with_metrics_;
-  const bool wide_;  // each replica returns the step's table (metrics, or several workers)
+  bool wide_;  // each replica returns the step's table (metrics, or several workers)
   distribute::detail::StepTable table_;
   const bool printing_;
   std::chrono::nanoseconds all_reduce_before_{};
@@ -129,6 +143,10 @@ class FitLoop {
   // The names of the per-replica and per-worker logs, made once rather than every step.
   std::vector<std::string> replica_loss_keys_;
   std::vector<std::array<std::string, distribute::detail::part_fields>> worker_part_keys_;
+  // Elastic membership: null when the strategy has none.
+  distribute::detail::ElasticMembership* elastic_ = nullptr;
+  distribute::detail::CommittedState committed_;
+  std::vector<std::pair<std::int64_t, EpochSums>> committed_sums_;  // by committed step, the last two
 };
 
 }  // namespace troupe::nn::detail

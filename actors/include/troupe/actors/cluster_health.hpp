@@ -45,10 +45,11 @@ enum class cluster_event_kind : std::uint8_t {
   collective_error,    ///< a cross-worker collective failed on the chief (text: the error)
   stall,               ///< the stall inspector's line (text), printed on the chief's log too
   stall_cleared,       ///< the stall it named is over (text: which collective)
+  membership_changed,  ///< an elastic cluster continued without a lost worker (text: who left, the step, the pause)
 };
 
 /// "worker_late", "worker_back", "worker_lost", "fault_reported", "connection_refused",
-/// "collective_error", "stall", "stall_cleared".
+/// "collective_error", "stall", "stall_cleared", "membership_changed".
 const char* to_string(cluster_event_kind k) noexcept;
 
 /// One event of the cluster.
@@ -128,6 +129,9 @@ class cluster_health {
   void refused(const std::string& address, const std::string& reason, clock::time_point now);
   /// A cross-worker collective failed with `what`.
   void collective_error(const std::string& what, clock::time_point now);
+  /// An elastic cluster changed its membership: `what` says who left, at which step, and how long
+  /// training paused.
+  void membership_changed(const std::string& what, clock::time_point now);
   /// The stall inspector's line, now (empty: no stall); `event` also records it as an event
   /// (a stall line printed, or a clearing when `line` starts with "stall cleared").
   void stall(const std::string& line, bool event, clock::time_point now);

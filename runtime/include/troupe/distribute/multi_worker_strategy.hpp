@@ -92,6 +92,23 @@ struct MultiWorkerOptions {
   /// (0..1000000; troupe-launch --max-restarts sets it). The chief's dashboard shows it, with the
   /// cluster's incarnation.
   int restart_count = 0;
+  /// TROUPE_ELASTIC=1: elastic membership (opt-in; CPU replicas over the TCP ring). Under
+  /// Model::fit a worker lost (its process died, or it went silent) is dropped: the others roll
+  /// back to their last in-memory commit, re-form the ring without it and go on, the global batch
+  /// the same (docs/multi-worker.md, "Elastic membership"). The chief lost, or fewer than
+  /// min_workers left, ends the cluster as without elasticity, naming why.
+  bool elastic = false;
+  /// TROUPE_MIN_WORKERS: the fewest workers an elastic cluster trains with (1..65536); below it
+  /// the cluster ends, as a non-elastic one does. At most the cluster's size at start.
+  int min_workers = 1;
+  /// TROUPE_MAX_WORKERS: the most workers an elastic cluster may grow to (0: its size at start;
+  /// else min_workers..65536, at least its size at start). Checked; no worker joins a running
+  /// cluster yet.
+  int max_workers = 0;
+  /// TROUPE_COMMIT_EVERY_STEPS: an elastic cluster commits its training state in memory at every
+  /// this many step boundaries (1..1000000; 1 suits small models, whose commit costs little beside
+  /// a step: bench/elastic_commit_bench.cpp).
+  int commit_every_steps = 1;
 
   /// The defaults with the TROUPE_* environment applied.
   static MultiWorkerOptions from_environment();
@@ -117,6 +134,9 @@ class MultiWorkerMirroredStrategy : public Strategy {
                               MultiWorkerOptions settings);
   ~MultiWorkerMirroredStrategy() override;
   ClusterResolver* cluster_resolver() override { return resolver_.get(); }
+  /// Under MultiWorkerOptions::elastic: the changes of membership the cluster went through (a
+  /// lost worker dropped, the survivors going on); 0 otherwise.
+  int membership_changes();
 
  private:
   std::shared_ptr<ClusterResolver> resolver_;

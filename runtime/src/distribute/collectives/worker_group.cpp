@@ -22,9 +22,12 @@ Tensor LocalWorkerGroup::concat(const Tensor& local, int axis) {
   return local;
 }
 
-void WorkerFailures::report(const std::string& why) {
+void WorkerFailures::report(const std::string& why, int rank) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (reason_.empty()) reason_ = why;
+  if (reason_.empty()) {
+    reason_ = why;
+    rank_ = rank;
+  }
   reported_.notify_all();
   if (ring_ != nullptr) ring_->shutdown();
 }
@@ -44,6 +47,17 @@ void WorkerFailures::attach(transport::tcp_ring* ring) {
   std::lock_guard<std::mutex> lock(mutex_);
   ring_ = ring;
   if (ring_ != nullptr && !reason_.empty()) ring_->shutdown();  // a verdict came first
+}
+
+int WorkerFailures::rank() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return rank_;
+}
+
+void WorkerFailures::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  reason_.clear();
+  rank_ = -1;
 }
 
 namespace {
@@ -122,6 +136,60 @@ RingWorkerGroup::~RingWorkerGroup() {
   watch_.reset();  // no more verdicts
   position_->set_ring_probe(nullptr);
   failures_->attach(nullptr);
+}
+
+void RingWorkerGroup::reform(int rank, std::vector<actors::member> members, std::uint64_t generation,
+                             const transport::ring_auth& auth, std::chrono::milliseconds timeout) {
+  const int workers = static_cast<int>(members.size());
+  if (rank < 0 || rank >= workers) {
+    throw std::invalid_argument("RingWorkerGroup::reform: rank " + std::to_string(rank) + " outside the " +
+                                std::to_string(workers) + " members (expected 0.." + std::to_string(workers - 1) + ")");
+  }
+  if (generation <= generation_) {
+    throw std::invalid_argument("RingWorkerGroup::reform: generation " + std::to_string(generation) +
+                                " is not after the ring's " + std::to_string(generation_));
+  }
+  if (!listener_) throw std::logic_error("RingWorkerGroup::reform: the group keeps no listener to re-form on");
+  // The old ring first: its sockets close, so a peer still blocked in it fails at once.
+  failures_->attach(nullptr);
+  position_->set_ring_probe(nullptr);
+  const auto segment = ring_->options().segment_bytes;
+  const auto spin = ring_->options().spin;
+  const bool yield = ring_->options().yield_while_spinning;
+  const auto collective_timeout = ring_->options().timeout;
+  ring_.reset();
+  failures_->clear();
+  members_ = std::move(members);
+  rank_ = rank;
+  generation_ = generation;
+  std::vector<transport::endpoint> peers;
+  for (const auto& m : members_) peers.push_back({m.data_host, m.data_port});
+  transport::tcp_ring_options options;
+  options.segment_bytes = segment;
+  options.spin = spin;
+  options.yield_while_spinning = yield;
+  options.timeout = timeout;
+  options.auth = auth;
+  try {
+    ring_ = std::make_unique<transport::tcp_ring>(rank_, workers, *listener_, peers, options);
+  } catch (const transport::peer_error& e) {
+    throw CollectiveAborted("elastic membership: the ring of generation " + std::to_string(generation) +
+                            " did not form: " + describe_collective_failure(e, members_, *failures_));
+  }
+  ring_->set_timeout(collective_timeout);
+  // The survivors may have run different numbers of steps (one may have finished the step the
+  // others failed in): each generation numbers its ring's steps afresh.
+  steps_ = 0;
+  ring_->begin_step(steps_);
+  failures_->attach(ring_.get());
+  transport::tcp_ring* ring_ptr = ring_.get();
+  position_->set_ring_probe([ring_ptr] {
+    const auto v = ring_ptr->progress();
+    return actors::ring_progress{v.peer, v.last, v.sent_next, v.received_prev};
+  });
+  if (auto* recorder = FlightRecorder::process()) {
+    recorder->set_identity(rank_, workers, members_[static_cast<std::size_t>(rank_)].task);
+  }
 }
 
 Tensor RingWorkerGroup::reduce(ReduceOp op, const std::vector<Tensor>& per_replica, CrossDeviceOps& local) {

@@ -67,8 +67,11 @@ class LocalWorkerGroup final : public WorkerGroup {
 /// into it; created before the ring exists, since a verdict may come during the start.
 class WorkerFailures {
  public:
-  /// Keeps the first reason, and shuts the ring down (when one is attached).
-  void report(const std::string& why);
+  /// Keeps the first reason (and the rank the watch named with it: the lost worker's for a
+  /// verdict, -1 when none), and shuts the ring down (when one is attached).
+  void report(const std::string& why, int rank = -1);
+  /// The rank named with the first reason (-1: none, or no reason yet).
+  int rank() const;
   /// The first reason reported; empty while every worker lives.
   std::string reason() const;
   /// The first reason, waiting at most `wait` for one (a broken ring is often the echo of a
@@ -77,11 +80,14 @@ class WorkerFailures {
   /// Attaches the ring to break on a verdict (nullptr detaches it); a verdict that came before
   /// breaks it at once.
   void attach(transport::tcp_ring* ring);
+  /// Forgets the reason (an elastic cluster that re-formed its ring without the worker it named).
+  void clear();
 
  private:
   mutable std::mutex mutex_;
   mutable std::condition_variable reported_;
   std::string reason_;
+  int rank_ = -1;
   transport::tcp_ring* ring_ = nullptr;
 };
 
@@ -150,6 +156,21 @@ class RingWorkerGroup final : public WorkerGroup {
   /// Breaks the ring: a collective in progress on another thread fails at once (the group is
   /// being torn down).
   void shutdown_ring() { ring_->shutdown(); }
+  /// Elastic membership: re-forms the ring among `members` (the survivors of a change, in their
+  /// new rank order, this worker at `rank`) as ring generation `generation`, on the listener the
+  /// group keeps, every connection proving `auth` (the cluster token and the generation's
+  /// incarnation, actors::generation_incarnation: a hello or frame of an earlier generation is
+  /// refused). The old ring is closed first, so nothing of its is ever read again; the watch's
+  /// reason is forgotten, and the ring's steps are numbered afresh (the survivors may have run
+  /// different numbers of them). Bounded by `timeout`; a survivor that does
+  /// not come is a CollectiveAborted naming it, and the group is then unusable (the restart path).
+  /// Not while a collective runs on another thread.
+  void reform(int rank, std::vector<actors::member> members, std::uint64_t generation,
+              const transport::ring_auth& auth, std::chrono::milliseconds timeout);
+  /// What the cluster watch learnt (shared with its actor thread).
+  WorkerFailures& failures() { return *failures_; }
+  /// The ring's generation: 0 from the start, the generation of the last reform after it.
+  std::uint64_t generation() const noexcept { return generation_; }
 
  private:
   void all_gather(const void* mine, std::size_t my_bytes, void* out, const std::vector<std::size_t>& bytes);
@@ -168,6 +189,7 @@ class RingWorkerGroup final : public WorkerGroup {
   std::shared_ptr<actors::log_tail> log_;
   std::shared_ptr<actors::position_board> position_;
   std::uint64_t steps_ = 0;  // Strategy::run calls so far
+  std::uint64_t generation_ = 0;  // of the ring (elastic membership)
   std::vector<std::uint16_t> wire_;  // compressed values, kept between calls (no page faults)
   std::unique_ptr<actors::cluster_watch> watch_;  // declared last: destroyed first
 };

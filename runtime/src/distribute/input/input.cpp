@@ -473,11 +473,13 @@ DistributedDataset Strategy::experimental_distribute_dataset(data::Dataset datas
   // (sharding by data at row granularity: the workers see the same number of steps, so the end
   // of the data is the same step everywhere). OFF: each worker splits whole global batches over
   // its local replicas instead.
+  // The split is read when an iterator is made: an elastic cluster that changed its membership
+  // makes a new one, split over the workers that continue (the global batch stays the same).
   const bool off = policy == AutoShardPolicy::off;
-  const int replicas = off ? local : num_replicas_in_sync();
-  const int first = off ? 0 : backend_->first_replica_id();
   data::Dataset sharded = dataset;
-  return DistributedDataset([this, sharded, options, replicas, first, local, devices] {
+  return DistributedDataset([this, sharded, options, off, local, devices] {
+    const int replicas = off ? local : num_replicas_in_sync();
+    const int first = off ? 0 : backend_->first_replica_id();
     auto produce = [sharded, replicas, first, local, devices, it = std::shared_ptr<data::Iterator>(),
                     global_batch = sharded.impl()->batch_size().value_or(0)]() mutable -> detail::item {
       if (!it) it = std::make_shared<data::Iterator>(sharded.make_iterator());

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -19,7 +20,9 @@
 #include "distribute/collectives/hierarchical_collectives.hpp"
 #include "middleman.hpp"
 #include "distribute/collectives/worker_group.hpp"
+#include "distribute/strategies/elastic_membership.hpp"
 #include "distribute/strategies/mirrored_backend.hpp"
+#include "troupe/actors/membership_state.hpp"
 #include "troupe/actors/rendezvous.hpp"
 #include "troupe/errors.hpp"
 #include "troupe/transport/tcp_ring.hpp"
@@ -88,16 +91,92 @@ const char* compression_name(Compression c) noexcept {
 
 namespace {
 
-class MultiWorkerBackend final : public detail::MirroredBackend {
+// What an elastic cluster needs beyond its ring: the rules, the secrets its rings prove, bounds.
+struct ElasticSettings {
+  MultiWorkerOptions options;
+  std::string incarnation;  // the start's (the chief's, from the rendezvous)
+};
+
+class MultiWorkerBackend final : public detail::MirroredBackend, public detail::ElasticMembership {
  public:
   MultiWorkerBackend(Runtime& runtime, std::vector<Device> devices, std::unique_ptr<detail::RingWorkerGroup> workers,
-                     std::size_t bytes_per_pack, Compression compression, detail::NcclWorld world)
+                     std::size_t bytes_per_pack, Compression compression, detail::NcclWorld world,
+                     std::optional<ElasticSettings> elastic)
       : MirroredBackend(runtime, devices, std::make_shared<ReductionToOneDevice>(), std::move(world)),
         gpu_(devices[0].is_gpu()),
         bytes_per_pack_(bytes_per_pack),
+        compression_(compression),
         workers_(std::move(workers)),
-        hierarchical_(shm_collectives(), *workers_, workers_->size() * static_cast<int>(devices.size()),
-                      bytes_per_pack, compression) {}
+        hierarchical_(std::make_unique<detail::HierarchicalCollectives>(
+            shm_collectives(), *workers_, workers_->size() * static_cast<int>(devices.size()), bytes_per_pack,
+            compression)),
+        elastic_(std::move(elastic)) {
+    if (elastic_) {
+      std::vector<std::string> tasks;
+      for (const auto& m : workers_->members()) tasks.push_back(m.task);
+      rules_.emplace(std::move(tasks), elastic_->options.min_workers, elastic_->options.max_workers);
+    }
+  }
+
+  int commit_every_steps() const override { return elastic_ ? elastic_->options.commit_every_steps : 0; }
+  int changes() const override { return rules_ ? rules_->changes() : 0; }
+
+  detail::MembershipChange change(const std::string& failure) override {
+    const auto started = std::chrono::steady_clock::now();
+    const auto& o = elastic_->options;
+    detail::WorkerFailures& failures = workers_->failures();
+    // The chief's verdict may still be on its way: a worker whose ring broke under it often hears
+    // of the loss a few heartbeats later. Bounded by the watch's own limit and a margin.
+    const auto wait = o.heartbeat_interval * (o.missed_heartbeats + 2) + std::chrono::milliseconds(1000);
+    const std::string reason = failures.await_reason(std::chrono::duration_cast<std::chrono::milliseconds>(wait));
+    const int lost = failures.rank();
+    const auto& members = workers_->members();
+    const std::string fallback = "elastic membership falls back to the restart path: ";
+    if (reason.empty()) {
+      throw CollectiveAborted(fallback + "the step failed (" + failure + ") and the cluster watch named no lost worker "
+                              "within " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(wait).count()) +
+                              " ms");
+    }
+    const bool loss = lost > 0 && static_cast<std::size_t>(lost) < members.size() &&
+                      actors::is_loss_verdict(members[static_cast<std::size_t>(lost)].task, reason);
+    if (lost == 0) {
+      rules_->lose(0, reason);
+      throw CollectiveAborted(rules_->fallback());
+    }
+    if (!loss) throw CollectiveAborted(fallback + "the cluster watch reported what no change of membership mends: " + reason);
+    rules_->lose(lost, reason);
+    if (!rules_->fallback().empty()) throw CollectiveAborted(rules_->fallback());
+    const auto decided = rules_->decide();
+    if (!decided) throw CollectiveAborted(fallback + "the chief decided no change (" + reason + ")");
+    const int rank = decided->new_rank(workers_->rank());
+    std::vector<actors::member> next;
+    for (int old : decided->survivors) {
+      actors::member m = members[static_cast<std::size_t>(old)];
+      m.rank = static_cast<int>(next.size());
+      next.push_back(std::move(m));
+    }
+    // The ring thread of the buckets holds the old ring: it goes first.
+    hierarchical_.reset();
+    try {
+      workers_->reform(rank, std::move(next), decided->generation,
+                       {o.cluster_token, actors::generation_incarnation(elastic_->incarnation, decided->generation)},
+                       o.start_timeout);
+    } catch (const std::exception& e) {
+      rules_->abort(e.what());
+      throw CollectiveAborted(rules_->fallback());
+    }
+    rules_->complete(decided->generation);
+    hierarchical_ = std::make_unique<detail::HierarchicalCollectives>(
+        shm_collectives(), *workers_, workers_->size() * static_cast<int>(devices().size()), bytes_per_pack_,
+        compression_);
+    detail::MembershipChange out;
+    out.generation = decided->generation;
+    out.left = decided->left;
+    out.workers = workers_->size();
+    out.rank = rank;
+    out.waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
+    return out;
+  }
 
   detail::WorkerGroup& workers() const override { return *workers_; }
   // CommunicationOptions::bytes_per_pack sizes the gradient buckets too, when it is set.
@@ -121,14 +200,17 @@ class MultiWorkerBackend final : public detail::MirroredBackend {
   // GPU replicas meet every worker's through NCCL; CPU replicas locally, then over the TCP ring.
   detail::ReplicaCollectives& replica_collectives() override {
     if (gpu_) return MirroredBackend::replica_collectives();
-    return hierarchical_;
+    return *hierarchical_;
   }
 
  private:
   bool gpu_;
   std::size_t bytes_per_pack_;
+  Compression compression_;
   std::unique_ptr<detail::RingWorkerGroup> workers_;
-  detail::HierarchicalCollectives hierarchical_;
+  std::unique_ptr<detail::HierarchicalCollectives> hierarchical_;
+  std::optional<ElasticSettings> elastic_;
+  std::optional<actors::membership_state> rules_;  // the chief's rules, applied to its verdicts
 };
 
 std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runtime, const CommunicationOptions& options,
@@ -143,6 +225,11 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
                                 " is not a Compression (expected none, fp16 or bf16)");
   }
   const bool nccl = options.implementation == CommunicationImplementation::nccl;
+  if (nccl && settings.elastic) {
+    throw std::invalid_argument(
+        "MultiWorkerMirroredStrategy: elastic membership (MultiWorkerOptions::elastic) re-forms troupe's TCP ring, "
+        "and CommunicationImplementation::NCCL was asked for; use AUTO or RING");
+  }
   const int gpus = Runtime::gpu_count();
   if (nccl && gpus == 0) {
     throw std::invalid_argument(
@@ -164,6 +251,7 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   const int rank = spec.id_in_cluster(task_type, resolver.task_id());
   const std::vector<std::string> tasks = training_tasks(spec);
   const int workers = static_cast<int>(tasks.size());
+  troupe::detail::check_elastic_size(settings, workers);
 
   // With NCCL every worker runs a replica on each of its GPUs (or the first devices_per_worker);
   // otherwise CPU replicas joined by the TCP ring.
@@ -220,7 +308,7 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   std::unique_ptr<actors::cluster_watch> watch;
   std::vector<actors::member> members = actors::rendezvous(
       runtime.system(), ro, settings.heartbeat_interval,
-      [failures](int, const std::string& why) { failures->report(why); }, watch);
+      [failures](int rank, const std::string& why) { failures->report(why, rank); }, watch);
 
   std::vector<transport::endpoint> peers;
   for (const auto& m : members) peers.push_back({m.data_host, m.data_port});
@@ -260,12 +348,13 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   if (auto* recorder = troupe::detail::FlightRecorder::process()) {
     recorder->set_identity(rank, workers, members[static_cast<std::size_t>(rank)].task);
   }
+  std::optional<ElasticSettings> elastic;
+  if (settings.elastic) elastic = ElasticSettings{settings, members[0].incarnation};
   auto group = std::make_unique<detail::RingWorkerGroup>(rank, std::move(members), std::move(listener), std::move(ring),
                                                          std::move(failures), std::move(watch), std::move(health),
                                                          std::move(log), std::move(position));
   return std::make_unique<MultiWorkerBackend>(runtime, std::move(devices), std::move(group), options.bytes_per_pack,
-                                              options.compression,
-                                              std::move(world));
+                                              options.compression, std::move(world), std::move(elastic));
 }
 
 std::shared_ptr<ClusterResolver> default_resolver(std::shared_ptr<ClusterResolver> resolver) {
@@ -287,5 +376,10 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(Runtime& runtime, Commu
       resolver_(std::move(resolver)) {}
 
 MultiWorkerMirroredStrategy::~MultiWorkerMirroredStrategy() = default;
+
+int MultiWorkerMirroredStrategy::membership_changes() {
+  auto* elastic = dynamic_cast<detail::ElasticMembership*>(&backend());
+  return elastic != nullptr ? elastic->changes() : 0;
+}
 
 }  // namespace troupe::distribute

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# multi_worker_trainer --elastic on 3 workers under troupe-launch --elastic, rank 2 killed (SIGKILL)
+# mid-run:
+#   shrink:    --min 2: the launcher leaves ranks 0 and 1 running; they drop rank 2, roll back to
+#              their last common commit and finish on 2 workers, each in the process it started
+#              in, with equal weights and membership_changes=1.
+#   below-min: TROUPE_MIN_WORKERS=3 for the workers: ranks 0 and 1 end with the fallback to the
+#              restart path, naming min_workers and the lost worker (non-zero, well before the
+#              launcher's timeout).
+# Usage: multi_worker_elastic_check.sh shrink|below-min TROUPE_LAUNCH MULTI_WORKER_TRAINER
+set -u
+mode="$1"
+launch="$2"
+trainer="$3"
+dir="$(mktemp -d)"
+launcher_pid=""
+cleanup() {
+  [ -n "$launcher_pid" ] && kill -KILL "$launcher_pid" 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAILED ($mode): $*"
+  cat "$dir/run.out"
+  exit 1
+}
+
+# field RANK KEY: the value of KEY= on RANK's result line.
+field() {
+  grep "^\[rank $1\] result:" "$dir/run.out" | tr ' ' '\n' | sed -n "s/^$2=//p"
+}
+pid_of() {
+  sed -n "s/^\[rank $1\] worker $1 of 3 workers (pid \([0-9]*\)).*/\1/p" "$dir/run.out"
+}
+
+# 42 steps an epoch, global batch 192 (64 rows a worker, then 96): about 7 s of training.
+args=(--elastic --epochs 3 --batch 192 --step-delay-ms 50)
+if [ "$mode" = shrink ]; then
+  "$launch" -n 3 --elastic --min 2 --timeout 100 -- "$trainer" "${args[@]}" > "$dir/run.out" 2>&1 &
+else
+  TROUPE_MIN_WORKERS=3 "$launch" -n 3 --elastic --timeout 100 -- "$trainer" "${args[@]}" > "$dir/run.out" 2>&1 &
+fi
+launcher_pid=$!
+
+# Every rank formed the cluster (it prints its pid then), and trains a while.
+for _ in $(seq 1 600); do
+  [ -n "$(pid_of 0)" ] && [ -n "$(pid_of 1)" ] && [ -n "$(pid_of 2)" ] && break
+  sleep 0.05
+done
+pid=$(pid_of 2)
+[ -n "$pid" ] || fail "rank 2 did not print its pid within 30 s"
+sleep 2
+kill -0 "$pid" 2>/dev/null || fail "rank 2 ended before it could be killed"
+kill -KILL "$pid"
+
+for _ in $(seq 1 1800); do
+  kill -0 "$launcher_pid" 2>/dev/null || break
+  sleep 0.05
+done
+kill -0 "$launcher_pid" 2>/dev/null && fail "the launcher did not finish within 90 s of the kill"
+wait "$launcher_pid"
+rc=$?
+launcher_pid=""
+
+grep -q "^troupe-launch: worker 2 (pid $pid, [^)]*) was killed by signal 9 (SIGKILL); --elastic: the 2 others go on without it$" \
+  "$dir/run.out" || fail "the launcher did not leave the others running after the SIGKILL of rank 2 (pid $pid)"
+grep -q "restarting" "$dir/run.out" && fail "the launcher restarted workers"
+
+if [ "$mode" = shrink ]; then
+  [ "$rc" = 0 ] || fail "the run exited $rc"
+  for r in 0 1; do
+    # One pid line each: the survivors were never started again.
+    [ "$(pid_of $r | wc -l)" = 1 ] || fail "rank $r printed $(pid_of $r | wc -l) pid lines"
+    grep -q "^\[rank $r\] troupe: warning: elastic membership: /job:worker/replica:0/task:2 left; 2 workers continue from step [0-9]* as ring generation 1 (paused [0-9]* ms)$" \
+      "$dir/run.out" || fail "rank $r does not say that task 2 left"
+    [ "$(field $r workers)" = 2 ] || fail "rank $r finished with workers=$(field $r workers) (expected 2)"
+    [ "$(field $r membership_changes)" = 1 ] || fail "rank $r has membership_changes=$(field $r membership_changes)"
+    [ "$(field $r steps)" = 126 ] || fail "rank $r finished at step $(field $r steps) (expected 126)"
+  done
+  d0=$(field 0 weights_digest)
+  d1=$(field 1 weights_digest)
+  [ -n "$d0" ] && [ "$d0" = "$d1" ] || fail "the survivors ended with different weights: '$d0' and '$d1'"
+  acc=$(field 0 accuracy)
+  awk -v a="$acc" 'BEGIN { exit !(a >= 0.9) }' || fail "accuracy $acc after the change (expected >= 0.9)"
+  echo "PASSED (shrink): task 2 dropped, ranks 0 and 1 finished in their own processes on 2 workers, weights $d0"
+else
+  [ "$rc" != 0 ] || fail "the run exited 0 with fewer workers than min_workers"
+  for r in 0 1; do
+    grep -q "^\[rank $r\] .*elastic membership falls back to the restart path: 2 worker(s) would be left, fewer than min_workers (3); lost: /job:worker/replica:0/task:2 " \
+      "$dir/run.out" || fail "rank $r does not name the fallback below min_workers"
+  done
+  grep -q "^\[rank [01]\] result:" "$dir/run.out" && fail "a rank printed a result below min_workers"
+  echo "PASSED (below-min): ranks 0 and 1 fell back to the restart path, named, exit $rc"
+fi
