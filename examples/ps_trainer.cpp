@@ -34,6 +34,7 @@
 #include "example_cli.hpp"
 
 using troupe::examples::in_range;
+using troupe::examples::positive;
 
 using namespace troupe;
 using namespace troupe::distribute;
@@ -197,9 +198,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps-per-execution", f.steps_per_execution, "fit: batches per closure")->check(in_range(1, 1 << 16));
   app.add_option("--batch", f.batch, "batch of each step")->check(in_range(std::int64_t{1}, std::int64_t{1} << 20));
   app.add_option("--hidden", f.hidden, "units of each hidden layer")->check(in_range(1, 1 << 16));
-  app.add_option("--lr", f.learning_rate, "the optimizer's learning rate (0: 0.05 for sgd and momentum, 0.01 for adam "
-                                          "and adamw)")
-      ->check(in_range(0.0f, 1e6f));
+  app.add_option("--lr", f.learning_rate, "the optimizer's learning rate (0, the default: 0.05 for sgd and momentum, "
+                                          "0.01 for adam and adamw)")
+      ->check(positive());
   app.add_option("--optimizer", f.optimizer, "what the ps tasks apply to their shards (momentum: 0.9)")
       ->check(CLI::IsMember({"sgd", "momentum", "adam", "adamw"}));
   app.add_option("--samples", f.samples, "generated set: examples")->check(in_range(std::int64_t{1}, std::int64_t{1} << 26));

@@ -11,12 +11,15 @@
 #include <cctype>
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <stdexcept>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "../common/free_port.hpp"
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
 
@@ -460,4 +463,57 @@ TEST_CASE("monitor: /api/flight_recorder answers with this process's last collec
   for (const auto& e : dump["entries"]) reduces += e["op"] == "all_reduce" ? 1 : 0;
   CHECK(reduces == 4);
   CHECK(contains(http(m.dashboard_port(), "POST", "/api/flight_recorder"), "405"));
+}
+
+TEST_CASE("monitor: as a fit callback under ParameterServerStrategy, the dashboard steers fit at closure boundaries") {
+  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}, {"ps", {port()}}});
+  FunctionRegistry functions;
+  nn::BlobOptions blobs;
+  blobs.samples = 256;
+  functions.add_dataset("blobs", [blobs] {
+    const nn::ClassificationData d = nn::make_blobs(blobs);
+    return data::Dataset::from_tensor_slices({d.features, d.labels}).repeat().batch(32, true);
+  });
+  Runtime worker_rt, ps_rt, chief_rt;
+  Server worker(worker_rt, spec, "worker", 0, functions, ServerOptions{});
+  Server ps(ps_rt, spec, "ps", 0, FunctionRegistry{}, ServerOptions{});
+  ParameterServerStrategy strategy(chief_rt, std::make_shared<SimpleClusterResolver>(spec, "chief", 0), nullptr,
+                                   ServerOptions{});
+  auto sgd = std::make_shared<nn::SGD>(0.05f);
+  std::optional<nn::Model> model;
+  {
+    auto scope = strategy.scope();
+    model.emplace(nn::Sequential({nn::Dense(blobs.features, 8, nn::Activation::relu, 1),
+                                  nn::Dense(8, blobs.classes, nn::Activation::none, 2)}));
+    model->compile(sgd, nn::Loss::sparse_categorical_crossentropy());
+  }
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  std::ostringstream log;
+  o.log = &log;
+  Monitor m(strategy, sgd.get(), o);
+  const int dashboard = m.dashboard_port();
+  std::vector<std::int64_t> saved;
+  auto probe = std::make_shared<nn::LambdaCallback>();
+  probe->batch_end = [&](std::int64_t, nn::Logs&) {
+    const std::int64_t step = model->control().step();
+    if (step == 4) CHECK(contains(http(dashboard, "POST", "/api/learning_rate?value=0.25"), "200 OK"));
+    if (step == 8) CHECK(contains(http(dashboard, "POST", "/api/stop"), "200 OK"));
+  };
+  probe->checkpoint = [&](std::int64_t step, nn::Logs&) { saved.push_back(step); };
+  nn::FitOptions fit;
+  fit.verbose = 0;
+  fit.steps_per_execution = 2;
+  fit.callbacks = {m.callback(), probe};
+  const nn::History h = model->fit(nn::DatasetCreator("blobs"), 1, 50, fit);
+  // The stop waits for the closure in flight (2 per worker): one more closure of 2 steps.
+  CHECK(h.stopped_at_step == 10);
+  CHECK(saved == std::vector<std::int64_t>{10});  // the dashboard's stop saves a checkpoint first
+  CHECK(h.stop_reason == Monitor::dashboard_stop_reason);
+  CHECK(m.stopped());
+  CHECK(sgd->learning_rate() == 0.25f);
+  CHECK(contains(log.str(), "learning rate 0.25 from step"));
+  CHECK(contains(log.str(), "stopped after step 10"));
+  CHECK(contains(http(dashboard, "GET", "/api/state"), "\"step\":10,"));
 }

@@ -204,6 +204,9 @@ TEST_CASE("fit under ParameterServerStrategy names each mistake") {
   nn::Model local(mlp());
   local.compile(std::make_shared<nn::SGD>(0.1f), nn::Loss::sparse_categorical_crossentropy());
   CHECK(contains(message_of([&] { local.fit(creator, 1, 4, quiet()); }), "trains under ParameterServerStrategy only"));
+  nn::FitOptions two = quiet();
+  two.steps_per_execution = 2;
+  CHECK(contains(message_of([&] { local.fit(batches(), 1, 4, two); }), "steps_per_execution is 2"));
   // troupe's own names are troupe's.
   FunctionRegistry r;
   CHECK(contains(message_of([&] { r.add("troupe.fit.train_step", [](FunctionContext&) { return std::vector<Tensor>{}; }); }),

@@ -62,6 +62,11 @@ void check_arguments(int epochs, std::int64_t steps_per_epoch, const FitOptions&
   for (std::size_t i = 0; i < options.callbacks.size(); ++i) {
     if (!options.callbacks[i]) throw std::invalid_argument("Model::fit: callback " + std::to_string(i) + " is null");
   }
+  if (options.steps_per_execution != 1) {
+    throw std::invalid_argument("Model::fit: steps_per_execution is " + std::to_string(options.steps_per_execution) +
+                                "; it sets the steps of a scheduled closure under ParameterServerStrategy, and every "
+                                "other strategy runs one step per execution (expected 1)");
+  }
 }
 
 // Whether a failed step failed in a collective (directly, or in a replica's function): what a lost

@@ -338,6 +338,12 @@ class PsBackend final : public OneReplicaBackend {
     OneReplicaBackend::execute(strategy, fn);
   }
 
+  // The chief's runtime: what a Monitor runs its metrics stream in.
+  Runtime* runtime() override {
+    auto s = state.lock();
+    return s ? s->runtime : nullptr;
+  }
+
   std::shared_ptr<RemoteVariable> make_remote_variable(const std::string& name, const Tensor& initial_value) override {
     auto s = state.lock();
     if (!s) throw std::logic_error("ParameterServerStrategy: variable created while the strategy is destroyed");
