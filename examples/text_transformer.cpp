@@ -8,11 +8,13 @@
 //
 //   text_transformer                                    # GPL-3 text Debian ships, 2 CPU replicas
 //   text_transformer --text book.txt --epochs 10 --replicas 4
-//   text_transformer --dashboard-port 8080              # pause, resume, learning rate from the page
+//   text_transformer --tensorboard-dir logs              # scalars, and the samples in the Text tab
+//   text_transformer --dashboard-port 8080              # the samples on the page; pause, resume,
+//                                                       # learning rate and temperature from it
 //
 // The last line is for scripts: result: replicas=... steps=... loss=... unigram=... samples_per_s=...
 // The exit status is 1 when the final loss is not below the unigram model's (the characters'
-// entropy), which the default run reaches.
+// entropy), which the default run reaches; a run stopped from the dashboard exits 0.
 
 #include <algorithm>
 #include <cmath>
@@ -54,6 +56,7 @@ struct Flags {
   int sample_length = 160;
   double temperature = 0.8;
   std::uint64_t seed = 1;
+  std::string tensorboard_dir;
   troupe::examples::MonitorFlags monitor;
 };
 
@@ -75,6 +78,8 @@ void add_options(CLI::App& app, Flags& f) {
   app.add_option("--sample-length", f.sample_length, "characters per sample")->check(in_range(1, 100000));
   app.add_option("--temperature", f.temperature, "sampling temperature")->check(positive());
   app.add_option("--seed", f.seed, "seed of the weights, the shuffle and the sampling");
+  app.add_option("--tensorboard-dir", f.tensorboard_dir,
+                 "write TensorBoard event files into DIR: the scalars of every step, and the samples as text");
   troupe::examples::add_monitor_options(app, f.monitor);
 }
 
@@ -143,15 +148,35 @@ class Sampler {
   std::mt19937_64 engine_;
 };
 
-// Prints a sample every `every` steps.
+// The sampling temperature: the dashboard's "temperature" control when there is a dashboard.
+double temperature(const Monitor* monitor, const Flags& f) {
+  return monitor != nullptr ? monitor->control("temperature") : f.temperature;
+}
+
+// Prints a sample every `every` steps, shows it on the dashboard (its "sample" text) and writes it
+// to TensorBoard's Text tab.
 class SampleText : public nn::Callback {
  public:
-  SampleText(Sampler& sampler, std::string prompt, const Flags& f) : sampler_(sampler), prompt_(std::move(prompt)), f_(f) {}
+  SampleText(Sampler& sampler, std::string prompt, const Flags& f, Monitor* monitor, nn::TensorBoard* tensorboard)
+      : sampler_(sampler), prompt_(std::move(prompt)), f_(f), monitor_(monitor), tensorboard_(tensorboard) {}
   void on_train_batch_end(std::int64_t, nn::Logs&) override {
-    ++step_;
-    if (f_.sample_every > 0 && step_ % f_.sample_every == 0) {
-      std::cout << "--- sampled at step " << step_ << " (temperature " << f_.temperature << "):\n"
-                << sampler_.sample(prompt_, f_.sample_length, f_.temperature) << "\n---" << std::endl;
+    const std::int64_t step = model().control().step();
+    if (f_.sample_every > 0 && step % f_.sample_every == 0) {
+      const double t = temperature(monitor_, f_);
+      const std::string text = sampler_.sample(prompt_, f_.sample_length, t);
+      std::cout << "--- sampled at step " << step << " (temperature " << t << "):\n" << text << "\n---" << std::endl;
+      if (monitor_ != nullptr) {
+        std::ostringstream shown;
+        shown << "temperature " << t << ":\n" << prompt_ << text;
+        monitor_->publish_text("sample", step, shown.str());
+      }
+      if (tensorboard_ != nullptr) {
+        // TensorBoard renders text as Markdown: indented four spaces, the sample is shown as it is.
+        std::ostringstream block;
+        block << "temperature " << t << ":\n\n    ";
+        for (char c : prompt_ + text) block << (c == '\n' ? std::string("\n    ") : std::string(1, c));
+        tensorboard_->add_text("sample", step, block.str());
+      }
     }
   }
 
@@ -159,7 +184,8 @@ class SampleText : public nn::Callback {
   Sampler& sampler_;
   std::string prompt_;
   const Flags& f_;
-  std::int64_t step_ = 0;
+  Monitor* monitor_;
+  nn::TensorBoard* tensorboard_;
 };
 
 int run(const Flags& f) {
@@ -219,24 +245,44 @@ int run(const Flags& f) {
   const std::string prompt = text.substr(0, static_cast<std::size_t>(f.length / 2));
   nn::FitOptions options;
   options.verbose = 2;
-  options.callbacks.push_back(std::make_shared<SampleText>(sampler, prompt, f));
   std::unique_ptr<Monitor> monitor;
   if (f.monitor.enabled()) {
     monitor = std::make_unique<Monitor>(strategy, model.optimizer().get(), f.monitor.options(f.batch));
-    options.callbacks.push_back(monitor->callback());
+    MonitorControl t;
+    t.name = "temperature";
+    t.value = f.temperature;
+    t.min = std::min(0.01, f.temperature);
+    t.max = std::max(100.0, f.temperature);
+    t.help = "the sampling temperature: lower picks likelier characters";
+    monitor->add_control(t);
   }
+  // Sampled before the monitor's callback, so that a temperature set at step N's boundary is
+  // used from step N + 1 on, as the monitor says.
+  std::shared_ptr<nn::TensorBoard> tensorboard;
+  if (!f.tensorboard_dir.empty()) {
+    tensorboard = std::make_shared<nn::TensorBoard>(f.tensorboard_dir, 1);
+    options.callbacks.push_back(tensorboard);
+  }
+  options.callbacks.push_back(std::make_shared<SampleText>(sampler, prompt, f, monitor.get(), tensorboard.get()));
+  if (monitor) options.callbacks.push_back(monitor->callback());
   const auto batches =
       data::Dataset::from_tensor_slices({x, y}).shuffle(windows, f.seed).repeat().batch(f.batch, /*drop_remainder=*/true);
   const nn::History history = model.fit(batches, f.epochs, f.steps_per_epoch, options);
   const nn::EvaluateResult result = model.evaluate(x, y);
-  std::cout << "--- sampled at the end (temperature " << f.temperature << "):\n"
-            << sampler.sample(prompt, f.sample_length, f.temperature) << "\n---\n";
+  const double t = temperature(monitor.get(), f);
+  std::cout << "--- sampled at the end (temperature " << t << "):\n" << sampler.sample(prompt, f.sample_length, t)
+            << "\n---\n";
   double seconds = 0;
   for (double s : history.seconds) seconds += s;
   std::cout << std::setprecision(4) << "result: replicas=" << strategy.num_replicas_in_sync() << " steps=" << history.steps
             << " loss=" << result.loss << " accuracy=" << result.accuracy << " unigram=" << unigram
             << " samples_per_s=" << std::setprecision(0) << std::fixed
             << (seconds > 0 ? static_cast<double>(history.samples) / seconds : 0.0) << "\n";
+  if (monitor && monitor->stopped()) {
+    std::cout << "stopped from the dashboard after step " << history.stopped_at_step
+              << ": the loss is not held to the unigram model's\n";
+    return 0;
+  }
   if (!(result.loss < unigram)) {
     std::cerr << "text_transformer: the loss " << result.loss << " is not below the unigram model's " << unigram << "\n";
     return 1;

@@ -92,6 +92,23 @@ void EventFileWriter::add_scalar(const std::string& tag, std::int64_t step, doub
   write_record(event.SerializeAsString());
 }
 
+void EventFileWriter::add_text(const std::string& tag, std::int64_t step, const std::string& text) {
+  tensorboard::Event event;
+  event.set_wall_time(now_seconds());
+  event.set_step(step);
+  tensorboard::Summary::Value* v = event.mutable_summary()->add_value();
+  v->set_tag(tag);
+  // What tf.summary.text writes: the text plugin's name (its content, TextPluginData version 0,
+  // serialises to nothing) and a scalar DT_STRING tensor.
+  v->mutable_metadata()->mutable_plugin_data()->set_plugin_name("text");
+  v->mutable_metadata()->set_data_class(tensorboard::SummaryMetadata::DATA_CLASS_TENSOR);
+  tensorboard::TensorProto* t = v->mutable_tensor();
+  t->set_dtype(tensorboard::DT_STRING);
+  t->mutable_tensor_shape();
+  t->add_string_val(text);
+  write_record(event.SerializeAsString());
+}
+
 void EventFileWriter::flush() {
   if (std::fflush(file_) != 0) throw std::runtime_error("TensorBoard: cannot write " + path_ + ": " + std::strerror(errno));
 }

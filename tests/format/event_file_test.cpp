@@ -70,3 +70,33 @@ TEST_CASE("an event file is framed records, the first holding brain.Event:2, one
   CHECK(again.path() != path);
   CHECK(std::filesystem::exists(path));
 }
+
+TEST_CASE("a text is an event with the text plugin's metadata and a scalar string tensor, as tf.summary.text writes it") {
+  troupe::testing::temp_dir dir("events-text");
+  std::string path;
+  const std::string text = std::string("line one\nline two \xc3\xa9", 21);
+  {
+    EventFileWriter writer(dir.file("run"));
+    path = writer.path();
+    writer.add_text("sample", 7, text);
+    writer.flush();
+  }
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> records;
+  for (std::size_t at = 0; at + 12 <= bytes.size();) {
+    const std::uint64_t length = le(bytes, at, 8);
+    REQUIRE(at + 12 + length + 4 <= bytes.size());
+    records.push_back(bytes.substr(at + 12, length));
+    CHECK(le(bytes, at + 12 + length, 4) == masked_crc32c(records.back()));
+    at += 12 + length + 4;
+  }
+  REQUIRE(records.size() == 2);
+  const std::string& r = records[1];
+  CHECK(r.find(std::string("\x10\x07", 2)) != std::string::npos);  // Event.step = 7 (field 2, varint)
+  CHECK(r.find(std::string("\x0a\x06sample", 8)) != std::string::npos);  // Value.tag
+  // Value.metadata (field 9) { plugin_data (1) { plugin_name (1): "text" }, data_class (4): 2 }.
+  CHECK(r.find(std::string("\x4a\x0a\x0a\x06\x0a\x04text\x20\x02", 12)) != std::string::npos);
+  // Value.tensor (field 8) { dtype (1): DT_STRING = 7, tensor_shape (2): {} (a scalar), string_val (8): the text }.
+  CHECK(r.find(std::string("\x42\x1b\x08\x07\x12\x00\x42\x15", 8) + text) != std::string::npos);
+}

@@ -20,7 +20,9 @@
 #include "troupe/checkpoint.hpp"
 #include "troupe/nn/activation.hpp"
 #include "troupe/nn/attention.hpp"
+#include "troupe/nn/backup_and_restore.hpp"
 #include "troupe/nn/batch_normalization.hpp"
+#include "troupe/nn/dropout.hpp"
 #include "troupe/nn/normalization.hpp"
 #include "troupe/nn/position_embedding.hpp"
 #include "troupe/nn/residual.hpp"
@@ -123,8 +125,10 @@ TEST_CASE("TokenAndPositionEmbedding adds each position's vector to its token's,
   CHECK(config_of(layer)["config"]["embedding_dim"] == 3);
 }
 
-// The attention of `mha` computed naively from its variables, element by element.
-std::vector<double> reference_attention(const nn::MultiHeadAttention& mha, const Tensor& x) {
+// The attention of `mha` computed naively from its variables, element by element; with `mask`
+// (over [batch, heads, length, length]) each probability is multiplied by its entry.
+std::vector<double> reference_attention(const nn::MultiHeadAttention& mha, const Tensor& x,
+                                        const std::vector<double>* mask = nullptr) {
   const auto w = mha.weights();
   std::vector<std::vector<double>> v;
   for (const auto& [name, variable] : w) v.push_back(variable.value().to_vector<double>());
@@ -156,7 +160,9 @@ std::vector<double> reference_attention(const nn::MultiHeadAttention& mha, const
         for (double& s : score) sum += (s = std::exp(s - max));
         for (std::int64_t j = 0; j < seen; ++j) {
           for (int k = 0; k < V; ++k) {
-            concat[static_cast<std::size_t>(h * V + k)] += score[static_cast<std::size_t>(j)] / sum * proj(4, b, j, h, k, V);
+            const double kept = mask ? (*mask)[static_cast<std::size_t>(((b * H + h) * L + i) * L + j)] : 1.0;
+            concat[static_cast<std::size_t>(h * V + k)] +=
+                score[static_cast<std::size_t>(j)] / sum * kept * proj(4, b, j, h, k, V);
           }
         }
       }
@@ -518,5 +524,109 @@ TEST_CASE("Residual with a BatchNormalization: its moving statistics are named, 
     for (int r = 0; r < 8; ++r) mean += hv[static_cast<std::size_t>(r * 3 + k)];
     mean /= 8;
     CHECK(after_forward.to_vector<float>()[static_cast<std::size_t>(k)] == doctest::Approx(0.1 * mean).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("MultiHeadAttention dropout: none at inference, at training Dropout's mask from (seed, step, replica, layer) on the probabilities, finite-difference gradients with the mask fixed") {
+  const Tensor x = pseudo_random({2, 4, 6}, 11);
+  for (const bool causal : {false, true}) {
+    CAPTURE(causal);
+    nn::MultiHeadAttention mha(2, 3, causal, 5, "", 4, DType::f64, 0.3);
+    nn::MultiHeadAttention plain(2, 3, causal, 5, "", 4, DType::f64);
+    CHECK(mha.uses_random_stream());
+    CHECK_FALSE(plain.uses_random_stream());
+    mha.build(x.shape());
+    plain.build(x.shape());
+    randomise(mha, 20);
+    randomise(plain, 20);
+    // Inference: exactly the attention without dropout.
+    CHECK(mha.forward(x).to_vector<double>() == plain.forward(x).to_vector<double>());
+    nn::CallContext ctx;
+    ctx.training = true;
+    ctx.step = 7;
+    ctx.replica = 1;
+    ctx.layer = 2;
+    // Training: the probabilities times Dropout(0.3, seed + 4)'s mask of this context.
+    const std::vector<double> mask = nn::Dropout(0.3, 5 + 4).mask(2 * 2 * 4 * 4, ctx).to_vector<double>();
+    const auto dropped = std::count(mask.begin(), mask.end(), 0.0);
+    CHECK(dropped > 0);
+    CHECK(dropped < static_cast<long>(mask.size()));
+    const Tensor out = mha.forward(x, ctx);
+    CHECK(max_abs_diff(out, Tensor::from_vector(reference_attention(mha, x, &mask), x.shape())) < 1e-12);
+    CHECK(max_abs_diff(out, plain.forward(x)) > 1e-3);
+    // The same context draws the same mask; another step, replica or layer another.
+    CHECK(mha.forward(x, ctx).to_vector<double>() == out.to_vector<double>());
+    for (auto other : {&nn::CallContext::step, &nn::CallContext::replica, &nn::CallContext::layer}) {
+      nn::CallContext changed = ctx;
+      changed.*other += 1;
+      CHECK(mha.forward(x, changed).to_vector<double>() != out.to_vector<double>());
+    }
+    check_gradients(mha, x, ctx);
+  }
+  CHECK(config_of(nn::MultiHeadAttention(2, 3, true, 1, "", -1, DType::f32, 0.25))["config"]["dropout"] == 0.25);
+  CHECK(message_of([] { nn::MultiHeadAttention(2, 3, true, 1, "", -1, DType::f32, 1.0); }) ==
+        "MultiHeadAttention: dropout is 1.000000 (expected 0 <= dropout < 1)");
+  CHECK_THROWS_AS(nn::MultiHeadAttention(2, 3, true, 1, "", -1, DType::f32, -0.1), std::invalid_argument);
+}
+
+TEST_CASE("a transformer with attention dropout: fit interrupted and resumed by BackupAndRestore ends bit-identical to one run on 2 replicas") {
+  const std::int64_t n = 64, length = 6;
+  std::vector<std::int32_t> ids, next;
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t t = 0; t < length; ++t) {
+      ids.push_back(static_cast<std::int32_t>((i * 5 + t * 3) % 9));
+      next.push_back(static_cast<std::int32_t>((i * 5 + (t + 1) * 3) % 9));
+    }
+  }
+  const Tensor x = Tensor::from_vector(ids, {n, length});
+  const Tensor y = Tensor::from_vector(next, {n, length});
+  const auto training_set = [&] { return data::Dataset::from_tensor_slices({x, y}).shuffle(n, 3).repeat().batch(8); };
+  const auto transformer = [](double dropout) {
+    nn::Sequential layers;
+    layers.add(nn::TokenAndPositionEmbedding(9, 6, 8, 1));
+    layers.add(nn::Residual({nn::LayerNormalization(), nn::MultiHeadAttention(2, 4, true, 2, "", -1, DType::f32, dropout)}));
+    layers.add(nn::Dense(8, 9, nn::Activation::none, 7));
+    nn::Model model(std::move(layers));
+    model.build({-1, 6});
+    model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+    return model;
+  };
+  const auto bits = [](const std::map<std::string, Variable>& vars) {  // every variable's bytes, by name
+    std::map<std::string, std::string> out;
+    for (const auto& [name, v] : vars) {
+      const Tensor t = v.value().to(Device());
+      out[name].assign(static_cast<const char*>(t.raw_data()), t.nbytes());
+    }
+    return out;
+  };
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(2));
+  auto scope = s.scope();
+  nn::Model reference = transformer(0.3);
+  reference.fit(training_set(), 3, 6, quiet());
+  const auto expected = bits(reference.variables());
+  nn::Model without = transformer(0.0);
+  without.fit(training_set(), 3, 6, quiet());
+  CHECK(bits(without.variables()).at("dense_0/kernel") != expected.at("dense_0/kernel"));  // the mask matters
+
+  struct interrupted {};
+  troupe::testing::temp_dir dir("attention-backup");
+  nn::BackupOptions every_4;
+  every_4.save_freq = 4;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    CAPTURE(attempt);
+    nn::Model model = transformer(0.3);
+    nn::BackupAndRestore backup(dir.path.string(), every_4);
+    nn::FitOptions options = quiet();
+    options.backup_and_restore = &backup;
+    if (attempt == 0) {
+      options.on_step_end = [](std::int64_t step, double) {
+        if (step == 10) throw interrupted{};
+      };
+      CHECK_THROWS_AS(model.fit(training_set(), 3, 6, options), interrupted);
+    } else {
+      model.fit(training_set(), 3, 6, options);
+      CHECK(bits(model.variables()) == expected);
+    }
   }
 }

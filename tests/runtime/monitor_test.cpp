@@ -517,3 +517,188 @@ TEST_CASE("monitor: as a fit callback under ParameterServerStrategy, the dashboa
   CHECK(contains(log.str(), "stopped after step 10"));
   CHECK(contains(http(dashboard, "GET", "/api/state"), "\"step\":10,"));
 }
+
+TEST_CASE("monitor: an application's control is set from the page within its range at the next step boundary, else refused naming the value and the range") {
+  Runtime rt;
+  MirroredStrategy s(rt, {"CPU:0", "CPU:1"});
+  auto scope = s.scope();
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  std::ostringstream log;
+  o.log = &log;
+  Monitor m(s, nullptr, o);
+  MonitorControl t;
+  t.name = "temperature";
+  t.value = 1;
+  t.min = 0.1;
+  t.max = 5;
+  t.help = "sampling\ttemperature\n";
+  m.add_control(t);
+  CHECK(m.control("temperature") == 1);
+  CHECK(contains(message_of([&] { m.add_control(t); }), "already added"));
+  MonitorControl bad = t;
+  bad.name = "tem perature";
+  CHECK(contains(message_of([&] { m.add_control(bad); }), "'tem perature' is not 1 to 32 of"));
+  bad.name = "ok";
+  bad.value = 9;
+  CHECK(contains(message_of([&] { m.add_control(bad); }), "value 9 and range 0.1..5"));
+  bad.value = 1;
+  bad.max = NAN;
+  CHECK(contains(message_of([&] { m.add_control(bad); }), "finite"));
+  CHECK_THROWS_AS(m.control("nope"), std::out_of_range);
+  CHECK(contains(message_of([&] { m.control("nope"); }), "added: temperature"));
+
+  const int port = m.dashboard_port();
+  const std::string host = "127.0.0.1:" + std::to_string(port);
+  nlohmann::json state = body_of(http(port, "GET", "/api/state"));
+  REQUIRE(state["controls"].size() == 1);
+  CHECK(state["controls"][0]["name"] == "temperature");
+  CHECK(state["controls"][0]["value"] == 1.0);
+  CHECK(state["controls"][0]["min"] == 0.1);
+  CHECK(state["controls"][0]["max"] == 5.0);
+  CHECK(state["controls"][0]["help"] == "sampling temperature\xEF\xBF\xBD");  // printable: one line
+  CHECK(state["controls"][0]["pending"].is_null());
+
+  // Hostile values: each refused with 400 naming it and the range, nothing pending.
+  for (const char* value : {"abc", "nan", "inf", "-inf", "1e400", "6", "0.05", "", "0x1", "1;2"}) {
+    const std::string r = http(port, "POST", std::string("/api/control?name=temperature&value=") + value);
+    CHECK_MESSAGE(contains(r, "400 Bad Request"), value);
+    const std::string error = body_of(r)["error"].get<std::string>();
+    CHECK_MESSAGE(contains(error, "control temperature: value \"" + std::string(value) + "\" is not a number in 0.1..5"),
+                  error);
+  }
+  // A name from the page is shown decoded and printable (a control byte as U+FFFD).
+  const std::string unknown = http(port, "POST", "/api/control?name=%3Cb%3E%01&value=1");
+  CHECK(contains(unknown, "400 Bad Request"));
+  CHECK(contains(body_of(unknown)["error"].get<std::string>(),
+                 "no control named \"<b>\xEF\xBF\xBD\" (this trainer has: temperature)"));
+  CHECK(contains(http(port, "POST", "/api/control?value=1"), "400 Bad Request"));
+  CHECK(body_of(http(port, "GET", "/api/state"))["controls"][0]["pending"].is_null());
+  // The dashboard's guards hold for it as for every command.
+  const std::string get = http(port, "GET", "/api/control?name=temperature&value=2");
+  CHECK(contains(get, "405 Method Not Allowed"));
+  CHECK(contains(get, "Allow: POST\r\n"));
+  CHECK(contains(http(port, "POST", "/api/control?name=temperature&value=2", "Origin: http://evil.example\r\n"),
+                 "403 Forbidden"));
+  CHECK(body_of(http(port, "GET", "/api/state"))["controls"][0]["pending"].is_null());
+
+  // Set from the page's origin: pending until the boundary, then in use from the next step.
+  const std::string ok =
+      http(port, "POST", "/api/control?name=temperature&value=0.5", "Origin: http://" + host + "\r\n");
+  CHECK(contains(ok, "200 OK"));
+  CHECK(body_of(ok)["value"] == 0.5);
+  CHECK(body_of(http(port, "GET", "/api/state"))["controls"][0]["pending"] == 0.5);
+  CHECK(m.control("temperature") == 1);
+  one_step(s);
+  CHECK(m.on_step_end(1, 0.5) == StepDecision::proceed);
+  CHECK(m.control("temperature") == 0.5);
+  CHECK(contains(log.str(), "temperature 0.5 from step 2"));
+  state = body_of(http(port, "GET", "/api/state"));
+  CHECK(state["controls"][0]["value"] == 0.5);
+  CHECK(state["controls"][0]["pending"].is_null());
+  bool marked = false;
+  for (const auto& mark : state["marks"]) marked |= mark["kind"] == "control" && mark["step"] == 1;
+  CHECK(marked);
+  // The last of several sets before a boundary wins; the bounds themselves are accepted.
+  CHECK(contains(http(port, "POST", "/api/control?name=temperature&value=5"), "200 OK"));
+  CHECK(contains(http(port, "POST", "/api/control?name=temperature&value=0.1"), "200 OK"));
+  one_step(s);
+  CHECK(m.on_step_end(2, 0.5) == StepDecision::proceed);
+  CHECK(m.control("temperature") == 0.1);
+
+  CHECK(contains(http(port, "POST", "/api/stop?checkpoint=0"), "200 OK"));
+  one_step(s);
+  CHECK(m.on_step_end(3, 0.5) == StepDecision::stop);
+  CHECK(contains(http(port, "POST", "/api/control?name=temperature&value=2"), "409 Conflict"));
+
+  // With a token, a set without it is refused like every other request.
+  MonitorOptions with_token = o;
+  with_token.dashboard_token = "s3cret";
+  Monitor guarded(s, nullptr, with_token);
+  guarded.add_control(t);
+  CHECK(contains(http(guarded.dashboard_port(), "POST", "/api/control?name=temperature&value=2"), "401 Unauthorized"));
+  CHECK(contains(http(guarded.dashboard_port(), "POST", "/api/control?name=temperature&value=2&token=s3cret"), "200 OK"));
+}
+
+TEST_CASE("monitor: as a fit callback, a control set after step 2 is read by the application from step 3") {
+  Runtime rt;
+  MirroredStrategy s(rt, {"CPU:0", "CPU:1"});
+  auto scope = s.scope();
+  nn::BlobOptions blobs;
+  blobs.samples = 256;
+  const nn::ClassificationData d = nn::make_blobs(blobs);
+  nn::Model model(nn::Sequential({nn::Dense(blobs.features, 8, nn::Activation::relu, 1),
+                                  nn::Dense(8, blobs.classes, nn::Activation::none, 2)}));
+  model.compile(std::make_shared<nn::SGD>(0.05f), nn::Loss::sparse_categorical_crossentropy());
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  std::ostringstream log;
+  o.log = &log;
+  Monitor m(s, model.optimizer().get(), o);
+  m.add_control({"noise", 0.25, 0, 1, ""});
+  const int port = m.dashboard_port();
+  std::vector<double> seen;  // the value the application read at each step's boundary
+  auto app = std::make_shared<nn::LambdaCallback>();
+  app->batch_end = [&](std::int64_t, nn::Logs&) {
+    seen.push_back(m.control("noise"));
+    if (model.control().step() == 2) CHECK(contains(http(port, "POST", "/api/control?name=noise&value=0.75"), "200 OK"));
+  };
+  nn::FitOptions fit;
+  fit.verbose = 0;
+  fit.callbacks = {app, m.callback()};
+  model.fit(data::Dataset::from_tensor_slices({d.features, d.labels}).repeat().batch(32, true), 1, 4, fit);
+  CHECK(seen == std::vector<double>{0.25, 0.25, 0.75, 0.75});
+  CHECK(contains(log.str(), "noise 0.75 from step 3"));
+}
+
+TEST_CASE("monitor: text summaries reach /api/state printable and bounded, the newest of each tag, after the sequence asked for") {
+  Runtime rt;
+  MirroredStrategy s(rt, {"CPU:0"});
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  std::ostringstream log;
+  o.log = &log;
+  Monitor m(s, nullptr, o);
+  const int port = m.dashboard_port();
+  CHECK(body_of(http(port, "GET", "/api/state"))["texts"].empty());
+  // Lines stay lines; a control byte, a byte that is not UTF-8 and a tab do not reach the page.
+  m.publish_text("sample", 10, "line one\nline\x01two\xff\r\n<b>three</b>\tend");
+  nlohmann::json state = body_of(http(port, "GET", "/api/state"));
+  REQUIRE(state["texts"].size() == 1);
+  CHECK(state["texts"][0]["tag"] == "sample");
+  CHECK(state["texts"][0]["step"] == 10);
+  CHECK(state["texts"][0]["sequence"] == 1);
+  CHECK(state["texts"][0]["text"] == "line one\nline\xEF\xBF\xBDtwo\xEF\xBF\xBD\n<b>three</b> end");
+  CHECK(body_of(http(port, "GET", "/api/state?texts_after=1"))["texts"].empty());
+
+  // A long text is cut, "..." at its end.
+  std::string long_text;
+  for (int i = 0; i < 5000; ++i) long_text += "line " + std::to_string(i) + "\n";
+  m.publish_text("long", 11, long_text);
+  state = body_of(http(port, "GET", "/api/state?texts_after=1"));
+  REQUIRE(state["texts"].size() == 1);
+  const std::string shown = state["texts"][0]["text"];
+  CHECK(shown.size() <= Monitor::max_text_bytes);
+  CHECK(shown.size() > Monitor::max_text_bytes - 16);
+  CHECK(shown.substr(0, 14) == "line 0\nline 1\n");
+  CHECK(shown.substr(shown.size() - 3) == "...");
+  std::string one_line(100000, 'x');
+  m.publish_text("long", 12, one_line);
+  state = body_of(http(port, "GET", "/api/state?texts_after=2"));
+  CHECK(state["texts"][0]["text"].get<std::string>().size() == Monitor::max_text_bytes);
+
+  // The newest few of a tag are kept.
+  for (int step = 20; step < 30; ++step) m.publish_text("sample", step, "at " + std::to_string(step));
+  state = body_of(http(port, "GET", "/api/state"));
+  std::vector<std::int64_t> kept;
+  for (const auto& t : state["texts"]) {
+    if (t["tag"] == "sample") kept.push_back(t["step"]);
+  }
+  CHECK(kept == std::vector<std::int64_t>{26, 27, 28, 29});
+
+  CHECK(contains(message_of([&] { m.publish_text("has space", 1, "x"); }), "tag 'has space' is not 1 to 64"));
+  CHECK(contains(message_of([&] { m.publish_text("", 1, "x"); }), "is not 1 to 64"));
+  for (std::size_t i = 2; i < Monitor::max_text_tags; ++i) m.publish_text("tag_" + std::to_string(i), 1, "x");
+  CHECK(contains(message_of([&] { m.publish_text("one_too_many", 1, "x"); }), "at most 16"));
+  m.publish_text("sample", 31, "an existing tag still takes texts");
+}

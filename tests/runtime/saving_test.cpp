@@ -21,6 +21,7 @@
 #include "troupe/nn/normalization.hpp"
 #include "troupe/nn/pooling.hpp"
 #include "troupe/nn/position_embedding.hpp"
+#include "troupe/nn/residual.hpp"
 #include "troupe/nn/saving.hpp"
 
 using namespace troupe;
@@ -96,7 +97,7 @@ TEST_CASE("load_model rebuilds every layer kind, the compiled loss, optimizer an
   }
   CHECK(nn::known_layer_classes() ==
         std::vector<std::string>{"Activation", "AveragePooling2D", "BatchNormalization", "Conv2D", "Dense", "Dropout",
-                                 "Embedding", "Flatten", "LayerNormalization", "MaxPooling2D", "MultiHeadAttention",
+                                 "Embedding", "Flatten", "LayerNormalization", "MaxPooling2D", "MultiHeadAttention", "Residual",
                                  "SyncBatchNormalization", "TokenAndPositionEmbedding"});
   // Without compile: the layers and their weights only.
   nn::LoadOptions layers_only;
@@ -250,5 +251,136 @@ TEST_CASE("load_model rebuilds batch normalization (moving statistics included),
     const nn::Model loaded = nn::load_model(dir.string());
     CHECK(loaded.layers().config() == model.layers().config());
     CHECK(same_bits(loaded.predict(ids), model.predict(ids)));
+  }
+}
+
+namespace {
+
+// A small pre-norm transformer of two Residual blocks, trained a few steps and saved into `dir`.
+nn::Model saved_transformer(const std::string& dir, const Tensor& ids, const Tensor& next) {
+  nn::Sequential layers;
+  layers.add(nn::TokenAndPositionEmbedding(11, 5, 8, 3));
+  layers.add(nn::Residual({nn::LayerNormalization(), nn::MultiHeadAttention(2, 4, true, 4, "", -1, DType::f32, 0.2)}));
+  layers.add(nn::Residual({nn::LayerNormalization(), nn::Dense(8, 16, nn::Activation::none, 8),
+                           nn::ActivationLayer("gelu"), nn::Dense(16, 8, nn::Activation::none, 9)},
+                          "feed_forward"));
+  layers.add(nn::LayerNormalization());
+  layers.add(nn::Dense(8, 11, nn::Activation::none, 5));
+  nn::Model model(std::move(layers));
+  model.build({-1, 5});
+  model.compile(std::make_shared<nn::Adam>(0.01f), nn::Loss::sparse_categorical_crossentropy());
+  nn::FitOptions quiet;
+  quiet.verbose = 0;
+  model.fit(data::Dataset::from_tensor_slices({ids, next}).batch(2), 1, -1, quiet);
+  model.save(dir);
+  return model;
+}
+
+}  // namespace
+
+TEST_CASE("load_model rebuilds Residual blocks from their nested configs, and a malformed nested config names the file and the nested field") {
+  testing::temp_dir tmp("saving-residual");
+  const fs::path dir = tmp.path / "transformer";
+  const Tensor x = Tensor::from_vector<std::int32_t>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {2, 5});
+  const Tensor y = Tensor::from_vector<std::int32_t>({2, 3, 4, 5, 6, 7, 8, 9, 10, 0}, {2, 5});
+  const nn::Model saved = saved_transformer(dir.string(), x, y);
+  const std::string file = (dir / "model.json").string();
+  const std::string good = slurp(dir / "model.json");
+  const auto restore = [&] { spill(dir / "model.json", good); };
+
+  SUBCASE("the same blocks, names, weights and predictions") {
+    const nn::Model loaded = nn::load_model(dir.string());
+    CHECK(loaded.layers().config() == saved.layers().config());
+    const Tensor a = loaded.predict(x), b = saved.predict(x);
+    CHECK(a.nbytes() == b.nbytes());
+    CHECK(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
+    CHECK(loaded.variables().count("residual_0/multi_head_attention_0/query/kernel") == 1);
+    CHECK(loaded.variables().count("feed_forward/dense_1/bias") == 1);
+    CHECK(loaded.variables().size() == saved.variables().size());
+    const auto& block = dynamic_cast<const nn::Residual&>(*loaded.layers().layers()[1]);
+    CHECK(dynamic_cast<const nn::MultiHeadAttention&>(*block.layers()[1]).dropout() == 0.2);
+  }
+  SUBCASE("an application's factory is used inside a block too") {
+    nn::LoadOptions options;
+    int made = 0;
+    options.custom_objects["LayerNormalization"] = [&](const nn::LayerConfig& config) -> std::shared_ptr<nn::Layer> {
+      ++made;
+      return std::make_shared<nn::LayerNormalization>(config.get_double("epsilon"), config.name());
+    };
+    const nn::Model loaded = nn::load_model(dir.string(), options);
+    CHECK(made == 3);  // one in each block, one after them
+    CHECK(loaded.predict(x).to_vector<float>() == saved.predict(x).to_vector<float>());
+  }
+  const std::string block = file + ": model_config.config.layers[1].config (Residual)";
+  SUBCASE("a nested layer of an unknown class") {
+    const std::string m = load_edited(dir, [](nlohmann::json& d) {
+      d["model_config"]["config"]["layers"][1]["config"]["layers"][1]["class_name"] = "Conv3D";
+    });
+    CHECK(contains(m, block + ": field \"layers[1].class_name\" \"Conv3D\" is no layer troupe knows"));
+    CHECK(contains(m, "Residual"));  // among the known
+  }
+  SUBCASE("a nested field missing or ill-typed") {
+    std::string m = load_edited(dir, [](nlohmann::json& d) {
+      d["model_config"]["config"]["layers"][1]["config"]["layers"][1]["config"].erase("num_heads");
+    });
+    CHECK(contains(m, block + ": layers[1].config (MultiHeadAttention): field \"num_heads\" is missing"));
+    restore();
+    m = load_edited(dir, [](nlohmann::json& d) {
+      d["model_config"]["config"]["layers"][2]["config"]["layers"][3]["config"]["units"] = "8";
+    });
+    CHECK(contains(m, file + ": model_config.config.layers[2].config (Residual): layers[3].config (Dense): field "
+                             "\"units\" is \"8\" (expected an integer)"));
+    restore();
+    m = load_edited(dir, [](nlohmann::json& d) {
+      d["model_config"]["config"]["layers"][1]["config"]["layers"][1]["config"]["dropout"] = 1.5;
+    });
+    CHECK(contains(m, block + ": layers[1].config (MultiHeadAttention): field \"dropout\" is 1.500000 (expected 0 <= "
+                              "dropout < 1)"));
+  }
+  SUBCASE("the block's list malformed") {
+    std::string m = load_edited(dir, [](nlohmann::json& d) { d["model_config"]["config"]["layers"][1]["config"]["layers"] = 3; });
+    CHECK(contains(m, block + ": field \"layers\" is 3 (expected an array of {\"class_name\", \"config\"})"));
+    restore();
+    m = load_edited(dir, [](nlohmann::json& d) { d["model_config"]["config"]["layers"][1]["config"].erase("layers"); });
+    CHECK(contains(m, block + ": field \"layers\" is missing"));
+    restore();
+    m = load_edited(dir, [](nlohmann::json& d) { d["model_config"]["config"]["layers"][1]["config"]["layers"][0] = "LayerNormalization"; });
+    CHECK(contains(m, block + ": field \"layers[0]\" is \"LayerNormalization\" (expected {\"class_name\", \"config\"})"));
+    restore();
+    m = load_edited(dir, [](nlohmann::json& d) { d["model_config"]["config"]["layers"][1]["config"]["layers"][0].erase("config"); });
+    CHECK(contains(m, block + ": field \"layers[0].config\" is missing"));
+    restore();
+    m = load_edited(dir, [](nlohmann::json& d) { d["model_config"]["config"]["layers"][1]["config"]["layers"][0]["class_name"] = 7; });
+    CHECK(contains(m, block + ": field \"layers[0].class_name\" is 7 (expected a string)"));
+    restore();
+    m = load_edited(dir, [](nlohmann::json& d) { d["model_config"]["config"]["layers"][1]["config"]["layers"] = nlohmann::json::array(); });
+    CHECK(contains(m, block + ": Residual: no layers"));
+    restore();
+    // Two layers of one name in a block: their variables would collide.
+    m = load_edited(dir, [](nlohmann::json& d) {
+      auto& inner = d["model_config"]["config"]["layers"][2]["config"]["layers"];
+      inner[3]["config"]["name"] = inner[1]["config"]["name"];
+    });
+    CHECK(contains(m, "(Residual): Residual: two layers named 'dense_0'"));
+    restore();
+    // The block's output no longer has its input's shape.
+    m = load_edited(dir, [](nlohmann::json& d) {
+      d["model_config"]["config"]["layers"][2]["config"]["layers"][3]["config"]["units"] = 9;
+    });
+    CHECK(contains(m, file + ": model_config.config.layers[2].config (Residual): Sequential::add: layer 2: Residual "
+                             "'feed_forward': its layers map [-1, -1, 8] to [-1, -1, 9] (expected the input's shape"));
+  }
+  SUBCASE("blocks nested beyond the bound") {
+    const std::string m = load_edited(dir, [](nlohmann::json& d) {
+      nlohmann::json inner = d["model_config"]["config"]["layers"][1];
+      for (int i = 0; i < nn::LayerConfig::max_nesting + 2; ++i) {
+        nlohmann::json outer = {{"class_name", "Residual"},
+                                {"config", {{"name", "r" + std::to_string(i)}, {"layers", nlohmann::json::array({inner})}}}};
+        inner = std::move(outer);
+      }
+      d["model_config"]["config"]["layers"][1] = inner;
+    });
+    CHECK(contains(m, "field \"layers\" nests layers 33 deep (at most 32)"));
+    CHECK(contains(m, file));
   }
 }

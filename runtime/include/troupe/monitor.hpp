@@ -20,6 +20,7 @@
 // and the chief's dashboard shows every worker. Only the chief serves the dashboard.
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -76,6 +77,21 @@ struct MonitorOptions {
   std::ostream* log = nullptr;
 };
 
+/// A number of the application's own that the dashboard sets (a sampling temperature, a noise
+/// level): the page shows it with a field to change it; the application reads it with
+/// Monitor::control at its step boundary.
+struct MonitorControl {
+  /// The name on the page and in `POST /api/control?name=`: 1 to 32 of A-Z a-z 0-9 _.
+  std::string name;
+  /// The value before the page sets one; within [min, max].
+  double value = 0;
+  /// The values the page may set, both included (finite, min <= max).
+  double min = 0;
+  double max = 1;
+  /// One line shown beside the field ("" for none).
+  std::string help;
+};
+
 /// What the training loop does after a step boundary.
 enum class StepDecision { proceed, stop };
 
@@ -125,6 +141,33 @@ class Monitor {
   /// MultiWorkerMirroredStrategy it makes one small collective of its own per call. Returns
   /// StepDecision::stop once a stop was asked for (after the checkpoint is saved).
   StepDecision on_step_end(std::int64_t step, double loss);
+
+  /// Adds a control the dashboard's page shows and sets (at most max_controls). A value set from
+  /// the page is checked there (a finite number in [min, max], else 400 naming the value and the
+  /// range) and takes effect at the next step boundary (the callback's on_train_batch_end, or
+  /// on_step_end), which says "NAME VALUE from step N+1" and marks the charts. Set in the process
+  /// that serves the dashboard (the chief): another worker's keeps `value`, so use a control for
+  /// what the chief alone decides (sampling, logging), not for what every replica computes.
+  /// std::invalid_argument for a bad name, a name already added, or a range or value that is not
+  /// finite or not ordered (min <= value <= max).
+  void add_control(const MonitorControl& control);
+  /// The control's value as of the last step boundary (thread-safe); std::out_of_range naming the
+  /// known controls for a name never added.
+  double control(const std::string& name) const;
+  /// The most controls a monitor takes.
+  static constexpr std::size_t max_controls = 16;
+
+  /// A text summary (as tf.summary.text): the page shows the newest text of every tag, with its
+  /// step, refreshed as new ones come. `text` may hold several lines; for the page each line is
+  /// made printable (base::printable_line: valid UTF-8, control characters as U+FFFD) and the
+  /// whole is cut at max_text_bytes. The last few of each tag are kept (bounded memory).
+  /// std::invalid_argument for a tag that is not 1 to 64 of A-Z a-z 0-9 _ . / -, or a new tag
+  /// beyond max_text_tags. Thread-safe.
+  void publish_text(const std::string& tag, std::int64_t step, const std::string& text);
+  /// The most bytes of one text that the page shows.
+  static constexpr std::size_t max_text_bytes = 16384;
+  /// The most tags a monitor keeps texts of.
+  static constexpr std::size_t max_text_tags = 16;
 
   /// The port the dashboard listens on; -1 when this process serves none.
   int dashboard_port() const noexcept;

@@ -133,6 +133,7 @@ class Monitor::FitCallback : public nn::Callback {
       m_.start_trace(step + 1, step + std::clamp<std::int64_t>(trace_steps, 1, Impl::max_trace_steps),
                      m_.options.trace_file.empty() ? "troupe-trace.json" : m_.options.trace_file);
     }
+    m_.apply_controls(step);
     m_.publish(e, false);
   }
 

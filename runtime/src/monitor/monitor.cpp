@@ -369,6 +369,7 @@ StepDecision Monitor::on_step_end(std::int64_t step, double loss) {
     }
     m.apply(command, step);
   }
+  m.apply_controls(step);
   e.paused = m.paused;
   e.workers[static_cast<std::size_t>(m.worker)].paused = m.paused;
   e.learning_rate = m.optimizer ? m.optimizer->learning_rate() : NAN;
@@ -396,6 +397,7 @@ StepDecision Monitor::on_step_end(std::int64_t step, double loss) {
       m.heard_ns[0] = profile_now_ns();
     }
     m.apply(c, step);
+    m.apply_controls(step);
     std::lock_guard<std::mutex> lock(m.mutex);
     if (!m.last.workers.empty()) m.last.workers[static_cast<std::size_t>(m.worker)].paused = m.paused;
   }

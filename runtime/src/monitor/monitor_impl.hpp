@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -144,6 +145,29 @@ struct Monitor::Impl {
   std::deque<std::string> log_lines;
   std::uint64_t log_lines_total = 0;  // said so far, those pushed out included
 
+  // The application's controls (add_control), under mutex: the value the application reads, and
+  // one set from the page that waits for the next step boundary (the newest wins).
+  struct AppControl {
+    MonitorControl spec;
+    double value = 0;
+    std::optional<double> pending;
+  };
+  std::vector<AppControl> app_controls;
+  std::atomic<bool> controls_pending{false};  // a step boundary without a set takes no lock
+  // Text summaries (publish_text), under mutex: the newest max_texts_per_tag of each tag, oldest
+  // first; the page asks for those after the sequence it has.
+  struct TextRecord {
+    std::uint64_t sequence = 0;
+    std::string tag;
+    std::int64_t step = 0;
+    double time_s = 0;
+    std::string text;
+  };
+  static constexpr std::size_t max_texts_per_tag = 4;
+  std::deque<TextRecord> texts;
+  std::vector<std::string> text_tags;
+  std::uint64_t texts_total = 0;
+
   void say(const std::string& line) {
     if (log) *log << line << std::endl;
     if (tail) tail->add(line);
@@ -177,6 +201,8 @@ struct Monitor::Impl {
                  actors::step_event& event);
   void apply(const detail::Taken& command, std::int64_t step);
   void publish(const actors::step_event& e, bool now);
+  // The controls set from the page take effect after `step` (said and marked).
+  void apply_controls(std::int64_t step);
   actors::step_event& next_event();
 
   // The dashboard's routes (routes.cpp).
@@ -185,6 +211,7 @@ struct Monitor::Impl {
   void forward_locked(int command, double value);
   detail::HttpResponse get(const detail::HttpRequest& r);
   detail::HttpResponse post(const detail::HttpRequest& r);
+  detail::HttpResponse set_control(const detail::HttpRequest& r);
   std::string state_json(const detail::HttpRequest& r);
   nlohmann::ordered_json progress_json() const;  // under mutex
   base::process_usage process_usage;  // under mutex

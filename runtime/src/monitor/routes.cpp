@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,7 @@
 #include "monitor/assets.hpp"
 #include "monitor/monitor_impl.hpp"
 #include "troupe/base/parse_number.hpp"
+#include "troupe/base/quote.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/nn/callback.hpp"
 
@@ -54,6 +56,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
   // The page asks only for the epochs and marks it has not seen yet.
   const auto epochs_after = base::parse_int(detail::query_value(r.query, "epochs_after")).value_or(0);
   const auto marks_after = base::parse_int(detail::query_value(r.query, "marks_after")).value_or(0);
+  const auto texts_after = base::parse_int(detail::query_value(r.query, "texts_after")).value_or(0);
   std::lock_guard<std::mutex> lock(mutex);
   const base::usage_sample usage = process_usage.sample();
   const std::int64_t now = profile_now_ns();
@@ -178,6 +181,20 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
     epochs_out.push_back({{"epoch", e.epoch}, {"step", e.step}, {"time_s", e.time_s}, {"logs", std::move(logs)}});
   }
   out["epochs"] = std::move(epochs_out);
+  // The application's controls and text summaries (app_values.cpp).
+  json controls_out = json::array();
+  for (const AppControl& c : app_controls) {
+    controls_out.push_back({{"name", c.spec.name}, {"value", c.value}, {"min", c.spec.min}, {"max", c.spec.max},
+                            {"help", c.spec.help}, {"pending", c.pending ? json(*c.pending) : json(nullptr)}});
+  }
+  out["controls"] = std::move(controls_out);
+  json texts_out = json::array();
+  for (const TextRecord& t : texts) {
+    if (t.sequence <= static_cast<std::uint64_t>(std::max<long long>(0, texts_after))) continue;
+    texts_out.push_back({{"sequence", t.sequence}, {"tag", t.tag}, {"step", t.step}, {"time_s", t.time_s},
+                         {"text", t.text}});
+  }
+  out["texts"] = std::move(texts_out);
   return dump(out);
 }
 
@@ -248,7 +265,7 @@ const char* allowed_methods(const std::string& path) {
                                          "/favicon.ico", "/api/state",  "/api/history", "/api/events",
                                          "/api/logs",   "/api/flight_recorder"};
   static const char* const post_only[] = {"/api/pause", "/api/resume", "/api/checkpoint", "/api/stop",
-                                          "/api/learning_rate"};
+                                          "/api/learning_rate", "/api/control"};
   for (const char* p : get_only) {
     if (path == p) return "GET";
   }
@@ -349,6 +366,7 @@ HttpResponse Monitor::Impl::post(const detail::HttpRequest& r) {
     }
     return enqueue(stop ? detail::stop : detail::checkpoint, 0);
   }
+  if (r.path == "/api/control") return set_control(r);
   if (r.path == "/api/learning_rate") {
     const std::string text = detail::query_value(r.query, "value");
     const auto v = base::parse_double(text);
@@ -367,6 +385,41 @@ HttpResponse Monitor::Impl::post(const detail::HttpRequest& r) {
                           std::to_string(max_trace_steps));
   }
   return enqueue(detail::trace, static_cast<double>(*n));
+}
+
+// POST /api/control?name=N&value=X: one of the application's controls, from the next step boundary.
+HttpResponse Monitor::Impl::set_control(const detail::HttpRequest& r) {
+  const std::string name = detail::query_value(r.query, "name");
+  const std::string text = detail::query_value(r.query, "value");
+  std::lock_guard<std::mutex> lock(mutex);
+  if (stopped) return error(409, "the training has stopped");
+  if (!end_status.empty()) return error(409, "the training has ended (" + end_status + ")");
+  AppControl* found = nullptr;
+  std::string known;
+  for (AppControl& c : app_controls) {
+    if (c.spec.name == name) found = &c;
+    known += (known.empty() ? "" : ", ") + c.spec.name;
+  }
+  if (found == nullptr) {
+    return error(400, "control: no control named \"" + base::printable_line(name, 64) + "\" (this trainer has: " +
+                          (known.empty() ? "none" : known) + ")");
+  }
+  const auto v = base::parse_double(text);
+  const MonitorControl& spec = found->spec;
+  if (!v || !std::isfinite(*v) || *v < spec.min || *v > spec.max) {
+    std::ostringstream range;
+    range << spec.min << ".." << spec.max;
+    return error(400, "control " + spec.name + ": value \"" + base::printable_line(text, 64) +
+                          "\" is not a number in " + range.str() + " (e.g. /api/control?name=" + spec.name +
+                          "&value=" + json(found->value).dump() + ")");
+  }
+  found->pending = *v;
+  controls_pending = true;
+  return answer(200, json{{"ok", true},
+                          {"command", "control"},
+                          {"name", spec.name},
+                          {"value", *v},
+                          {"applies", "at the next step boundary, in the process serving this page"}});
 }
 
 }  // namespace troupe

@@ -12,6 +12,7 @@
 
 #include "nn/eigen_maps.hpp"
 #include "nn/layer_checks.hpp"
+#include "troupe/nn/dropout.hpp"
 #include "troupe/nn/ops.hpp"
 
 namespace troupe::nn {
@@ -59,17 +60,19 @@ struct Dims {
 };
 
 // What the forward pass computes and backward needs again: the projections [rows, heads·key]
-// (values [rows, heads·value]), the probabilities [batch, heads, length, length] and the heads'
-// concatenated outputs [rows, heads·value].
+// (values [rows, heads·value]), the probabilities [batch, heads, length, length], with dropout
+// the probabilities dropped and scaled (`kept`, same layout), and the heads' concatenated outputs
+// [rows, heads·value].
 template <class T>
 struct Pass {
   Matrix<T> q, k, v, o;
-  std::vector<T> p;
+  std::vector<T> p, kept;
 };
 
-// w: the eight host values in weights() order.
+// w: the eight host values in weights() order; mask: the dropout mask over the probabilities
+// (1 / (1 - rate) kept, 0 dropped), or null for none.
 template <class T>
-Pass<T> attend(const Tensor& x, const std::vector<Tensor>& w, const Dims& d, bool causal) {
+Pass<T> attend(const Tensor& x, const std::vector<Tensor>& w, const Dims& d, bool causal, const double* mask) {
   const ConstMatrixMap<T> X(x.data<T>(), d.rows(), d.dim);
   const Eigen::Index hk = d.heads * d.key, hv = d.heads * d.value;
   Pass<T> s;
@@ -81,6 +84,7 @@ Pass<T> attend(const Tensor& x, const std::vector<Tensor>& w, const Dims& d, boo
   s.v.rowwise() += ConstRow<T>(w[5].data<T>(), hv);
   s.o.resize(d.rows(), hv);
   s.p.resize(static_cast<std::size_t>(d.batch * d.heads * d.length * d.length));
+  if (mask != nullptr) s.kept.resize(s.p.size());
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d.key)));
   const Eigen::Index L = d.length;
   for (Eigen::Index b = 0; b < d.batch; ++b) {
@@ -100,7 +104,17 @@ Pass<T> attend(const Tensor& x, const std::vector<Tensor>& w, const Dims& d, boo
         for (Eigen::Index j = seen; j < L; ++j) p(i, j) = 0;
       }
       Block<T> oh(s.o.data() + b * L * hv + h * d.value, L, d.value, Eigen::OuterStride<>(hv));
-      oh.noalias() = p * vh;
+      if (mask == nullptr) {
+        oh.noalias() = p * vh;
+        continue;
+      }
+      const Eigen::Index at = (b * d.heads + h) * L * L;
+      Eigen::Map<Matrix<T>> kept(s.kept.data() + at, L, L);
+      for (Eigen::Index e = 0; e < L * L; ++e) {
+        const double m = mask[at + e];
+        kept.data()[e] = m == 0.0 ? T(0) : p.data()[e] * static_cast<T>(m);
+      }
+      oh.noalias() = kept * vh;
     }
   }
   return s;
@@ -115,15 +129,26 @@ struct MultiHeadAttention::State {
 };
 
 MultiHeadAttention::MultiHeadAttention(int num_heads, int key_dim, bool use_causal_mask, std::uint64_t seed,
-                                       std::string name, int value_dim, DType dtype)
+                                       std::string name, int value_dim, DType dtype, double dropout)
     : Layer(std::move(name)),
       num_heads_(positive(num_heads, "num_heads")),
       key_dim_(positive(key_dim, "key_dim")),
       value_dim_(value_dim == -1 ? key_dim : positive(value_dim, "value_dim")),
       causal_(use_causal_mask),
+      dropout_(dropout),
       seed_(seed),
       dtype_(float_dtype(dtype)),
-      state_(std::make_shared<State>()) {}
+      state_(std::make_shared<State>()) {
+  if (!(dropout >= 0.0 && dropout < 1.0)) {
+    throw std::invalid_argument("MultiHeadAttention: dropout is " + std::to_string(dropout) +
+                                " (expected 0 <= dropout < 1)");
+  }
+}
+
+std::optional<Tensor> MultiHeadAttention::attention_mask(std::int64_t elements, const CallContext& ctx) const {
+  if (!ctx.training || dropout_ == 0.0) return std::nullopt;
+  return Dropout(dropout_, seed_ + 4).mask(elements, ctx);
+}
 
 void MultiHeadAttention::build(const Shape& input_shape) const {
   if (input_shape.size() != 3 || input_shape.back() <= 0 || input_shape.back() > std::numeric_limits<int>::max()) {
@@ -183,15 +208,16 @@ std::vector<Tensor> MultiHeadAttention::host_values() const {
   return out;
 }
 
-Tensor MultiHeadAttention::call(const Tensor& x_in, const CallContext&) const {
+Tensor MultiHeadAttention::call(const Tensor& x_in, const CallContext& ctx) const {
   check_input(x_in);
   const Tensor x = detail::on_host(x_in);
   const std::vector<Tensor> w = host_values();
   const Dims d{x.shape()[0], x.shape()[1], x.shape()[2], num_heads_, key_dim_, value_dim_};
+  const std::optional<Tensor> mask = attention_mask(d.batch * d.heads * d.length * d.length, ctx);
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   eigen::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const Pass<T> s = attend<T>(x, w, d, causal_);
+    const Pass<T> s = attend<T>(x, w, d, causal_, mask ? mask->data<double>() : nullptr);
     Eigen::Map<Matrix<T>> y(out.mutable_data<T>(), d.rows(), d.dim);
     y.noalias() = s.o * ConstMatrixMap<T>(w[6].data<T>(), d.heads * d.value, d.dim);
     y.rowwise() += ConstRow<T>(w[7].data<T>(), d.dim);
@@ -200,7 +226,7 @@ Tensor MultiHeadAttention::call(const Tensor& x_in, const CallContext&) const {
 }
 
 LayerGradients MultiHeadAttention::gradients(const Tensor& x_in, const Tensor& output, const Tensor& grad_output,
-                                             const CallContext&, bool need_input) const {
+                                             const CallContext& ctx, bool need_input) const {
   check_input(x_in);
   detail::check_grad_output(who(), grad_output, output);
   if (output.shape() != x_in.shape()) {
@@ -214,10 +240,13 @@ LayerGradients MultiHeadAttention::gradients(const Tensor& x_in, const Tensor& o
   std::vector<Tensor> grads;
   for (const Tensor& value : w) grads.push_back(Tensor::empty(value.shape(), value.dtype()));
   Tensor dx = need_input ? Tensor::empty(x.shape(), x.dtype()) : Tensor();
+  // The forward call's mask, from the same context.
+  const std::optional<Tensor> mask = attention_mask(d.batch * d.heads * d.length * d.length, ctx);
+  const double* m = mask ? mask->data<double>() : nullptr;
   eigen::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const Eigen::Index hk = d.heads * d.key, hv = d.heads * d.value, L = d.length;
-    const Pass<T> s = attend<T>(x, w, d, causal_);
+    const Pass<T> s = attend<T>(x, w, d, causal_, m);
     const ConstMatrixMap<T> X(x.data<T>(), d.rows(), d.dim);
     const ConstMatrixMap<T> dy(g.data<T>(), d.rows(), d.dim);
     const auto as_matrix = [](Tensor& t, Eigen::Index rows, Eigen::Index cols) {
@@ -239,9 +268,15 @@ LayerGradients MultiHeadAttention::gradients(const Tensor& x_in, const Tensor& o
         const ConstBlock<T> kh(s.k.data() + qk_at, L, d.key, Eigen::OuterStride<>(hk));
         const ConstBlock<T> vh(s.v.data() + v_at, L, d.value, Eigen::OuterStride<>(hv));
         const ConstBlock<T> doh(d_o.data() + v_at, L, d.value, Eigen::OuterStride<>(hv));
-        const Eigen::Map<const Matrix<T>> p(s.p.data() + (b * d.heads + h) * L * L, L, L);
-        Block<T>(dv.data() + v_at, L, d.value, Eigen::OuterStride<>(hv)).noalias() = p.transpose() * doh;
+        const Eigen::Index at = (b * d.heads + h) * L * L;
+        const Eigen::Map<const Matrix<T>> p(s.p.data() + at, L, L);
+        // V was weighed by the probabilities as dropped: dV with those, and dP through the mask.
+        const Eigen::Map<const Matrix<T>> weighed(m != nullptr ? s.kept.data() + at : s.p.data() + at, L, L);
+        Block<T>(dv.data() + v_at, L, d.value, Eigen::OuterStride<>(hv)).noalias() = weighed.transpose() * doh;
         dp.noalias() = doh * vh.transpose();
+        if (m != nullptr) {
+          for (Eigen::Index e = 0; e < L * L; ++e) dp.data()[e] = m[at + e] == 0.0 ? T(0) : dp.data()[e] * static_cast<T>(m[at + e]);
+        }
         // Softmax backward, row by row: dS = P ∘ (dP - Σ_j P·dP), times the scale. Masked
         // positions have P = 0, so they get no gradient.
         for (Eigen::Index i = 0; i < L; ++i) {
@@ -275,7 +310,7 @@ std::string MultiHeadAttention::config_json() const {
   return nlohmann::json{{"num_heads", num_heads_},
                         {"key_dim", key_dim_},
                         {"value_dim", value_dim_},
-                        {"dropout", 0.0},
+                        {"dropout", dropout_},
                         {"use_bias", true},
                         {"use_causal_mask", causal_},
                         {"seed", seed_},

@@ -16,6 +16,7 @@
 #include "troupe/nn/normalization.hpp"
 #include "troupe/nn/pooling.hpp"
 #include "troupe/nn/position_embedding.hpp"
+#include "troupe/nn/residual.hpp"
 
 // How a layer class registers for load_model: a function that makes the layer from a LayerConfig
 // (the fields its config_json() writes, read with LayerConfig's getters, which name the file and
@@ -124,19 +125,26 @@ std::shared_ptr<Layer> activation_from_config(const LayerConfig& config) {
 }
 
 std::shared_ptr<Layer> multi_head_attention_from_config(const LayerConfig& config) {
-  if (config.has("dropout") && config.get_double("dropout") != 0.0) {
-    throw config.error("dropout", std::to_string(config.get_double("dropout")) + " (expected 0: no attention dropout)");
-  }
   if (config.has("use_bias") && !config.get_bool("use_bias")) throw config.error("use_bias", "false (expected true)");
+  const double dropout = config.has("dropout") ? config.get_double("dropout") : 0.0;
+  if (!(dropout >= 0.0 && dropout < 1.0)) {
+    throw config.error("dropout", "is " + std::to_string(dropout) + " (expected 0 <= dropout < 1)");
+  }
   return std::make_shared<MultiHeadAttention>(config.get_int("num_heads"), config.get_int("key_dim"),
                                               config.get_bool("use_causal_mask"), config.get_uint64("seed"),
-                                              config.name(), config.get_int("value_dim"), config.get_dtype("dtype"));
+                                              config.name(), config.get_int("value_dim"), config.get_dtype("dtype"),
+                                              dropout);
 }
 
 std::shared_ptr<Layer> token_and_position_embedding_from_config(const LayerConfig& config) {
   return std::make_shared<TokenAndPositionEmbedding>(config.get_int("vocabulary_size"), config.get_int("sequence_length"),
                                                      config.get_int("embedding_dim"), config.get_uint64("seed"),
                                                      config.name(), config.get_dtype("dtype"));
+}
+
+// A container: its layers are configs of their own, made by the same factories.
+std::shared_ptr<Layer> residual_from_config(const LayerConfig& config) {
+  return std::make_shared<Residual>(config.get_layers("layers"), config.name());
 }
 
 }  // namespace
@@ -154,6 +162,7 @@ const std::map<std::string, LayerFactory>& layer_factories() {
       {"LayerNormalization", layer_normalization_from_config},
       {"MaxPooling2D", max_pooling2d_from_config},
       {"MultiHeadAttention", multi_head_attention_from_config},
+      {"Residual", residual_from_config},
       {"SyncBatchNormalization", batch_normalization_from_config<SyncBatchNormalization>},
       {"TokenAndPositionEmbedding", token_and_position_embedding_from_config},
   };

@@ -25,11 +25,21 @@ bool compatible(const Shape& a, const Shape& b) {
 }  // namespace
 
 Residual::Residual(std::initializer_list<AnyLayer> layers, std::string name) : Layer(std::move(name)) {
-  if (layers.size() == 0) {
+  std::vector<std::shared_ptr<Layer>> held;
+  for (const AnyLayer& any : layers) held.push_back(any.layer_);
+  add_layers(std::move(held));
+}
+
+Residual::Residual(std::vector<std::shared_ptr<Layer>> layers, std::string name) : Layer(std::move(name)) {
+  add_layers(std::move(layers));
+}
+
+void Residual::add_layers(std::vector<std::shared_ptr<Layer>> layers) {
+  if (layers.empty()) {
     throw std::invalid_argument("Residual: no layers (expected at least one: the block computes x + f(x))");
   }
-  for (const AnyLayer& any : layers) {
-    const std::shared_ptr<Layer>& layer = any.layer_;
+  for (const std::shared_ptr<Layer>& layer : layers) {
+    if (!layer) throw std::invalid_argument("Residual: a layer is null");
     std::string layer_name = layer->name();
     if (layer_name.empty()) {
       const auto same_kind = std::count_if(layers_.begin(), layers_.end(), [&](const auto& l) {

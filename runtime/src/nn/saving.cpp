@@ -282,6 +282,46 @@ std::string read_file(const fs::path& path) {
 
 struct LayerConfig::Impl {
   json value;
+  // The application's factories (LoadOptions::custom_objects) while load_model runs; null for a
+  // LayerConfig made elsewhere (troupe's factories only).
+  const std::map<std::string, LayerFactory>* custom = nullptr;
+  int depth = 0;  // container layers around this one
+};
+
+// Makes one layer from its class name and config through the factories (the application's
+// first), for load_model and for container layers (LayerConfig::get_layers). `where` names the
+// config in messages; `unknown` is the error for a class no factory knows.
+struct detail::LayerBuilder {
+  static std::shared_ptr<Layer> build(const std::string& class_name, const json& config, const std::string& where,
+                                      const std::map<std::string, LayerFactory>* custom, int depth,
+                                      const std::function<SavedModelError(const std::string&)>& unknown) {
+    LayerFactory factory;
+    if (custom != nullptr) {
+      if (auto it = custom->find(class_name); it != custom->end()) factory = it->second;
+    }
+    if (!factory) {
+      if (auto known = layer_factories().find(class_name); known != layer_factories().end()) factory = known->second;
+    }
+    if (!factory) {
+      std::string names;
+      for (const std::string& name : known_layer_classes()) names += (names.empty() ? "" : ", ") + name;
+      throw unknown("\"" + class_name + "\" is no layer troupe knows (known: " + names +
+                    "; give an application's own layers in LoadOptions::custom_objects)");
+    }
+    LayerConfig view(config.dump(), where + " (" + class_name + ")");
+    view.impl_->custom = custom;
+    view.impl_->depth = depth;
+    std::shared_ptr<Layer> layer;
+    try {
+      layer = factory(view);
+    } catch (const SavedModelError&) {
+      throw;
+    } catch (const std::invalid_argument& e) {
+      throw SavedModelError(view.where() + ": " + e.what());
+    }
+    if (!layer) throw SavedModelError(view.where() + ": its factory made no layer");
+    return layer;
+  }
 };
 
 LayerConfig::LayerConfig(const std::string& text, std::string where)
@@ -377,6 +417,31 @@ DType LayerConfig::get_dtype(const std::string& field) const {
   }
 }
 
+std::vector<std::shared_ptr<Layer>> LayerConfig::get_layers(const std::string& field) const {
+  const json& list = field_of(impl_->value, *this, field);
+  if (!list.is_array()) throw error(field, "is " + shown(list) + " (expected an array of {\"class_name\", \"config\"})");
+  if (impl_->depth >= max_nesting) {
+    throw error(field, "nests layers " + std::to_string(impl_->depth + 1) + " deep (at most " +
+                           std::to_string(max_nesting) + ")");
+  }
+  std::vector<std::shared_ptr<Layer>> out;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::string at = field + "[" + std::to_string(i) + "]";
+    const json& spec = list[i];
+    if (!spec.is_object()) throw error(at, "is " + shown(spec) + " (expected {\"class_name\", \"config\"})");
+    const auto class_name = spec.find("class_name");
+    if (class_name == spec.end()) throw error(at + ".class_name", "is missing");
+    if (!class_name->is_string()) throw error(at + ".class_name", "is " + shown(*class_name) + " (expected a string)");
+    const auto config = spec.find("config");
+    if (config == spec.end()) throw error(at + ".config", "is missing");
+    if (!config->is_object()) throw error(at + ".config", "is " + shown(*config) + " (expected an object)");
+    out.push_back(detail::LayerBuilder::build(
+        class_name->get<std::string>(), *config, where_ + ": " + at + ".config", impl_->custom, impl_->depth + 1,
+        [&](const std::string& problem) { return error(at + ".class_name", problem); }));
+  }
+  return out;
+}
+
 std::vector<std::string> known_layer_classes() {
   std::vector<std::string> out;
   for (const auto& [name, factory] : detail::layer_factories()) out.push_back(name);
@@ -399,32 +464,14 @@ Model model_from_config(const Reader& model, const LoadOptions& options) {
     const Reader spec(layer_list[i], model.file(), config.path() + ".layers[" + std::to_string(i) + "]");
     const std::string class_name = spec.string("class_name");
     const Reader layer_config = spec.object("config");
-    LayerFactory factory;
-    if (auto it = options.custom_objects.find(class_name); it != options.custom_objects.end()) {
-      factory = it->second;
-    } else if (auto known = detail::layer_factories().find(class_name); known != detail::layer_factories().end()) {
-      factory = known->second;
-    }
-    if (!factory) {
-      std::string names;
-      for (const std::string& name : known_layer_classes()) names += (names.empty() ? "" : ", ") + name;
-      throw spec.error("class_name", "\"" + class_name + "\" is no layer troupe knows (known: " + names +
-                                         "; give an application's own layers in LoadOptions::custom_objects)");
-    }
-    const LayerConfig view(layer_config.value().dump(), "load_model: " + model.file() + ": " + layer_config.path() + " (" + class_name + ")");
-    std::shared_ptr<Layer> layer;
-    try {
-      layer = factory(view);
-    } catch (const SavedModelError&) {
-      throw;
-    } catch (const std::invalid_argument& e) {
-      throw SavedModelError(view.where() + ": " + e.what());
-    }
-    if (!layer) throw SavedModelError(view.where() + ": its factory made no layer");
+    const std::string where = "load_model: " + model.file() + ": " + layer_config.path();
+    std::shared_ptr<Layer> layer = detail::LayerBuilder::build(
+        class_name, layer_config.value(), where, &options.custom_objects, 0,
+        [&](const std::string& problem) { return spec.error("class_name", problem); });
     try {
       layers.add(std::move(layer));
     } catch (const std::invalid_argument& e) {
-      throw SavedModelError(view.where() + ": " + e.what());
+      throw SavedModelError(where + " (" + class_name + "): " + e.what());
     }
   }
   if (layers.layers().empty()) throw config.error("layers", "is empty (expected the model's layers)");

@@ -59,6 +59,16 @@ void TensorBoard::on_train_end(Logs&) {
   if (writers_->validation) writers_->validation->flush();
 }
 
+void TensorBoard::add_text(const std::string& tag, std::int64_t step, const std::string& text) {
+  if (tag.empty()) throw std::invalid_argument("TensorBoard::add_text: the tag is empty");
+  if (!writers_->train) {
+    throw std::logic_error("TensorBoard::add_text(" + tag +
+                           "): fit has not begun (the event file opens in on_train_begin)");
+  }
+  writers_->train->add_text(tag, step, text);
+  writers_->train->flush();
+}
+
 std::vector<std::string> TensorBoard::files() const {
   std::vector<std::string> out;
   if (writers_->train) out.push_back(writers_->train->path());

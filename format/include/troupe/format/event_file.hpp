@@ -4,7 +4,7 @@
 //   uint64 length | uint32 masked_crc32c(length) | data[length] | uint32 masked_crc32c(data)
 // (little-endian), where data is a serialised Event protocol buffer (format/proto). The first
 // record is Event{file_version: "brain.Event:2"}; each scalar is an Event with a Summary of one
-// simple_value. The masked CRC is ((crc >> 15) | (crc << 17)) + 0xa282ead8 of the Castagnoli CRC.
+// simple_value, each text one of a string tensor with the text plugin's metadata. The masked CRC is ((crc >> 15) | (crc << 17)) + 0xa282ead8 of the Castagnoli CRC.
 
 #include <cstdint>
 #include <cstdio>
@@ -32,6 +32,9 @@ class EventFileWriter {
 
   /// One scalar at `step`, with the current wall time.
   void add_scalar(const std::string& tag, std::int64_t step, double value);
+  /// One text at `step` (tf.summary.text: a scalar string tensor for TensorBoard's text plugin,
+  /// which renders it as Markdown), with the current wall time.
+  void add_text(const std::string& tag, std::int64_t step, const std::string& text);
   /// Hands what was written to the operating system.
   void flush();
   /// The file written.

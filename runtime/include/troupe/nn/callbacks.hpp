@@ -174,6 +174,12 @@ class TensorBoard : public Callback {
   void on_epoch_end(int epoch, Logs& logs) override;
   void on_train_end(Logs& logs) override;
 
+  /// Writes a text at `step` into the train event file now (tf.summary.text: TensorBoard's Text
+  /// tab shows it, as Markdown), e.g. from another callback's on_train_batch_end. Between
+  /// on_train_begin and the end of fit; before, std::logic_error. An empty tag is
+  /// std::invalid_argument.
+  void add_text(const std::string& tag, std::int64_t step, const std::string& text);
+
   /// The event files written (train, then validation once it exists).
   std::vector<std::string> files() const;
 

@@ -39,6 +39,9 @@ class Residual : public Layer {
  public:
   /// The layers of f, in order; at least one (std::invalid_argument).
   explicit Residual(std::initializer_list<AnyLayer> layers, std::string name = "");
+  /// The same from layers already made (nn::load_model rebuilds a block so); the block holds, and
+  /// names, these very layers.
+  explicit Residual(std::vector<std::shared_ptr<Layer>> layers, std::string name = "");
 
   const char* class_name() const override { return "Residual"; }
   const char* default_name() const override { return "residual"; }
@@ -67,6 +70,7 @@ class Residual : public Layer {
   std::string config_json() const override;
 
  private:
+  void add_layers(std::vector<std::shared_ptr<Layer>> layers);
   // The context layer i is called with.
   static CallContext inner(const CallContext& ctx, std::size_t i);
   // The shape after layers 0..count-1 for `shape`, building the unbuilt ones when `build`.

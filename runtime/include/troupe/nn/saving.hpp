@@ -25,6 +25,14 @@
 namespace troupe::nn {
 
 class Model;
+class LayerConfig;
+
+/// Makes a layer from its saved config.
+using LayerFactory = std::function<std::shared_ptr<Layer>(const LayerConfig& config)>;
+
+namespace detail {
+struct LayerBuilder;
+}
 
 /// A saved model that cannot be loaded (or a model that cannot be saved): a missing or truncated
 /// file, JSON that does not parse, an unknown class_name, a field missing or of the wrong type,
@@ -64,19 +72,25 @@ class LayerConfig {
   Size2 get_size2(const std::string& field) const;
   /// A dtype by name ("float32", "float64").
   DType get_dtype(const std::string& field) const;
+  /// The layers a container layer holds (Residual's "layers"): an array of {"class_name",
+  /// "config"}, each made by the same factories as the model's own layers
+  /// (LoadOptions::custom_objects first). A malformed one is a SavedModelError naming the file and
+  /// the nested field ("...layers[3].config (Residual): layers[1].config (Dense): field \"units\"
+  /// is missing"); layers nested deeper than max_nesting are one too.
+  std::vector<std::shared_ptr<Layer>> get_layers(const std::string& field) const;
+  /// How deep container layers may nest in a saved model.
+  static constexpr int max_nesting = 32;
   /// The layer's name ("name", a string).
   std::string name() const { return get_string("name"); }
   /// A SavedModelError for `field` with `problem` ("expected ...").
   SavedModelError error(const std::string& field, const std::string& problem) const;
 
  private:
+  friend struct detail::LayerBuilder;
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::string where_;
 };
-
-/// Makes a layer from its saved config.
-using LayerFactory = std::function<std::shared_ptr<Layer>(const LayerConfig& config)>;
 
 /// The class names troupe's own factories know ("Conv2D", "Dense", ...), sorted.
 std::vector<std::string> known_layer_classes();
