@@ -401,7 +401,7 @@ case "$scenario" in
     ;;
   daemons)
     start_daemons
-    grep -q "functions: add, bump, bump_w, counting, empty, fail, fill, read_var, slow, take, update_var, watch" "$dir/w0.log" || fail "the ready line lacks the module's functions"
+    grep -q "functions: add, bump, bump_w, counting, empty, fail, fill, read_var, slow, stall_once, take, update_var, watch" "$dir/w0.log" || fail "the ready line lacks the module's functions"
     TF_CONFIG="$(tf_config chief 0)" timeout -k 5 60 "$chief_bin" --mode basic >"$dir/chief.log" 2>&1
     st=$?
     [[ $st == 0 ]] || fail "the chief exited $st"
