@@ -12,15 +12,23 @@
 // one batch each); --mode local trains the same model on the same data in this one process
 // (no cluster), the synchronous run the asynchronous one is compared with.
 //
+// With --checkpoint-dir DIR (fit), the chief saves a sharded checkpoint (every ps task writes its
+// own shards with their optimizer slots; ShardedCheckpointManager) every --checkpoint-every
+// steps and at the end, and a run started on a directory that holds one resumes from it: under
+// troupe-launch --max-restarts a lost ps task (or chief) ends the run, the launcher restarts the
+// cluster, and training goes on from the last checkpoint rather than from the start.
+//
 // The chief prints a progress line every 10 completed closures and ends with one line for scripts:
-//   result: closures=N done=D retried=R workers_lost=W ps_restarts=0 loss_first=X loss_last=Y
-//           start_step=0 step=S
-// (done counts closures that completed, each once; loss_first and loss_last are the mean losses
-// of the first and the last 10 closures; step counts the training steps done; ps_restarts and
-// start_step are always 0: a ps task lost ends the run, which does not resume).
+//   result: closures=N done=D retried=R workers_lost=W ps_restarts=P loss_first=X loss_last=Y
+//           start_step=S0 step=S
+// (done counts closures that completed in this run, each once; loss_first and loss_last are the
+// mean losses of its first and last 10 closures; ps_restarts counts the cluster's restarts under
+// troupe-launch --max-restarts, each of which restarted the ps tasks; start_step is the step this
+// run resumed from, 0 when fresh; step counts the training steps done, start_step included).
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -55,6 +63,8 @@ struct Flags {
   int shards = 2;
   int step_delay_ms = 0;
   std::string optimizer = "adam";
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;  // 0: at the end only
   bool quiet = false;
 
   float lr() const {
@@ -144,12 +154,12 @@ double mean(const std::vector<float>& v, std::size_t from, std::size_t to) {
 
 // The last line, for scripts.
 void print_result(int closures, std::uint64_t done, std::uint64_t retried, std::uint64_t lost,
-                  const std::vector<float>& loss, std::int64_t steps) {
+                  const std::vector<float>& loss, std::int64_t steps, int restarts = 0, std::int64_t start_step = 0) {
   const std::size_t n = loss.size(), k = std::min<std::size_t>(10, n);
   std::cout << "result: closures=" << closures << " done=" << done << " retried=" << retried
-            << " workers_lost=" << lost << " ps_restarts=0" << std::setprecision(5)
-            << " loss_first=" << mean(loss, 0, k) << " loss_last=" << mean(loss, n - k, n) << " start_step=0"
-            << " step=" << steps << std::endl;
+            << " workers_lost=" << lost << " ps_restarts=" << restarts << std::setprecision(5)
+            << " loss_first=" << mean(loss, 0, k) << " loss_last=" << mean(loss, n - k, n)
+            << " start_step=" << start_step << " step=" << steps << std::endl;
 }
 
 // A progress line every 10 closures.
@@ -209,8 +219,21 @@ int main(int argc, char** argv) {
   app.add_option("--shards", f.shards, "shards of each kernel (FixedShardsPartitioner)")->check(in_range(1, 1024));
   app.add_option("--step-delay-ms", f.step_delay_ms, "a pause per batch, as a heavier model would take")
       ->check(in_range(0, 60000));
+  app.add_option("--checkpoint-dir", f.checkpoint_dir,
+                 "fit: sharded checkpoints here (every ps task writes its shards; the same path on every "
+                 "host), resumed from when present");
+  app.add_option("--checkpoint-every", f.checkpoint_every, "fit: steps between checkpoints (0: at the end only)")
+      ->check(in_range(std::int64_t{0}, std::int64_t{1} << 40));
   app.add_flag("--quiet", f.quiet, "print the result line only");
   return troupe::examples::run_main(app, argc, argv, [&] {
+    if (f.mode != "fit" && (!f.checkpoint_dir.empty() || f.checkpoint_every > 0)) {
+      throw std::invalid_argument("--checkpoint-dir and --checkpoint-every need --mode fit (the mode is " + f.mode +
+                                  ")");
+    }
+    if (f.checkpoint_every > 0 && f.checkpoint_dir.empty()) {
+      throw std::invalid_argument("--checkpoint-every " + std::to_string(f.checkpoint_every) +
+                                  " needs --checkpoint-dir (where the checkpoints go)");
+    }
     if (f.closures % f.epochs != 0) {
       throw std::invalid_argument("--closures " + std::to_string(f.closures) + " is not a multiple of --epochs " +
                                   std::to_string(f.epochs) + " (every epoch runs as many closures)");
@@ -241,26 +264,47 @@ int main(int argc, char** argv) {
         auto scope = strategy.scope();
         model.emplace(make_model(f));
       }
+      // A checkpoint directory: resume from its newest intact checkpoint (the variables with the
+      // ps tasks' slots), then save every --checkpoint-every steps, with no closure in flight.
+      std::optional<ShardedCheckpointManager> checkpoints;
+      std::int64_t start_step = 0;
+      if (!f.checkpoint_dir.empty()) {
+        checkpoints.emplace(strategy, std::filesystem::absolute(f.checkpoint_dir).string(), 3);
+        start_step = checkpoints->restore_or_initialize().value_or(0);
+        if (start_step > 0 && !f.quiet) std::cout << "ps_trainer: resumed at step " << start_step << std::endl;
+      }
+      std::int64_t saved_at = start_step;
       auto record = std::make_shared<nn::LambdaCallback>();
       record->batch_end = [&](std::int64_t, nn::Logs& logs) {
         loss.push_back(static_cast<float>(logs.at("loss")));
         progress(f, coordinator.closures_done(), loss, coordinator.closures_retried());
+        if (checkpoints && f.checkpoint_every > 0 && model->control().step() - saved_at >= f.checkpoint_every) {
+          model->control().request_checkpoint();
+        }
+      };
+      record->checkpoint = [&](std::int64_t step, nn::Logs&) {
+        checkpoints->save(step);
+        saved_at = step;
       };
       nn::FitOptions options;
       options.verbose = 0;
       options.steps_per_execution = f.steps_per_execution;
+      options.initial_step = start_step;
       options.callbacks = {record};
       const std::int64_t steps_per_epoch = static_cast<std::int64_t>(f.closures / f.epochs) * f.steps_per_execution;
       const auto t0 = std::chrono::steady_clock::now();
       const nn::History h = model->fit(nn::DatasetCreator("blobs"), f.epochs, steps_per_epoch, options);
       coordinator.join();
+      const std::int64_t step = start_step + h.steps;  // h.steps: this run's
+      if (checkpoints && step > saved_at) checkpoints->save(step);
       if (!f.quiet) {
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::cout << "ps_trainer: " << h.steps << " steps of batch " << f.batch << " in " << std::setprecision(4) << s
-                  << " s: " << std::setprecision(6) << static_cast<double>(h.samples) / s << " samples/s" << std::endl;
+        std::cout << "ps_trainer: " << h.steps << " steps of batch " << f.batch << " in "
+                  << std::setprecision(4) << s << " s: " << std::setprecision(6) << static_cast<double>(h.samples) / s
+                  << " samples/s" << std::endl;
       }
       print_result(f.closures, coordinator.closures_done(), coordinator.closures_retried(), coordinator.workers_lost(),
-                   loss, h.steps);
+                   loss, step, MultiWorkerOptions::from_environment().restart_count, start_step);
       return 0;
     }
 

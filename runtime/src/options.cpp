@@ -261,6 +261,9 @@ ServerOptions ServerOptions::from_environment() {
 ClusterCoordinatorOptions ClusterCoordinatorOptions::from_environment() {
   ClusterCoordinatorOptions o;
   o.heartbeat_interval = troupe::detail::heartbeat_interval_from_environment();
+  o.missed_heartbeats = troupe::detail::env_int("TROUPE_MISSED_HEARTBEATS", o.missed_heartbeats,
+                                                actors::liveness_policy::min_missed,
+                                                actors::liveness_policy::max_missed);
   o.stall_warning = std::chrono::seconds(troupe::detail::env_int(
       "TROUPE_STALL_WARNING_S", static_cast<int>(MultiWorkerOptions::default_stall_warning.count()), 1, 604'800));
   o.stall_shutdown = std::chrono::seconds(troupe::detail::env_int("TROUPE_STALL_SHUTDOWN_S", 0, 0, 604'800));

@@ -169,6 +169,15 @@ TEST_CASE("TROUPE_HEARTBEAT_MS sets the heartbeat of both cluster stacks, in one
     CHECK(message_of([] { ClusterCoordinatorOptions::from_environment(); }) == message);
   }
   unsetenv("TROUPE_HEARTBEAT_MS");
+  // Both cluster stacks take the missed beats from the same variable, with the same range.
+  setenv("TROUPE_MISSED_HEARTBEATS", "40", 1);
+  CHECK(MultiWorkerOptions::from_environment().missed_heartbeats == 40);
+  CHECK(ClusterCoordinatorOptions::from_environment().missed_heartbeats == 40);
+  setenv("TROUPE_MISSED_HEARTBEATS", "0", 1);
+  CHECK(message_of([] { ClusterCoordinatorOptions::from_environment(); }) ==
+        "TROUPE_MISSED_HEARTBEATS=0 is outside 1..1000");
+  unsetenv("TROUPE_MISSED_HEARTBEATS");
+  CHECK(ClusterCoordinatorOptions::from_environment().missed_heartbeats == 6);
 }
 
 TEST_CASE("TROUPE_STALL_WARNING_S and TROUPE_STALL_SHUTDOWN_S set a ClusterCoordinator's stall bounds") {

@@ -182,9 +182,9 @@ struct ScheduleArgument {
   PerWorkerIterator iterator;
 };
 
-/// Settings of a ClusterCoordinator. from_environment() reads TROUPE_HEARTBEAT_MS,
-/// TROUPE_STALL_WARNING_S and TROUPE_STALL_SHUTDOWN_S as MultiWorkerOptions does: both cluster
-/// stacks beat at the same interval and watch stalls with the same bounds and ranges.
+/// Settings of a ClusterCoordinator. from_environment() reads TROUPE_HEARTBEAT_MS, TROUPE_MISSED_HEARTBEATS,
+/// TROUPE_STALL_WARNING_S and TROUPE_STALL_SHUTDOWN_S as MultiWorkerOptions does: both cluster stacks
+/// beat at the same interval, forgive as many missed beats and watch stalls with the same bounds.
 struct ClusterCoordinatorOptions {
   /// Functions in flight on each worker (queued there): more hides the network's latency.
   int closures_per_worker = 16;

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# A ps task SIGKILLed mid-fit under troupe-launch --max-restarts 1: ps_trainer (fit, Adam) saves a
+# sharded checkpoint every 20 steps; the chief fails naming the lost ps task, the launcher restarts
+# the cluster, and the new chief resumes from the last checkpoint. Checked: the launcher exits 0;
+# the second run's result line says ps_restarts=1, a start_step that is a multiple of 20 and at
+# least 20 (a checkpoint was taken before the kill), step=400 (every step of the run done, none
+# twice: 400 - start_step steps in the second run), and its first losses are below half the
+# first run's (it went on from trained weights rather than from the start).
+# Usage: ps_resume_check.sh TROUPE_LAUNCH PS_TRAINER
+set -u
+launch="$1"
+trainer="$2"
+dir="$(mktemp -d)"
+launcher=""
+cleanup() {
+  [ -n "$launcher" ] && kill -KILL "$launcher" 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() { echo "FAILED: $*"; cat "$dir/out"; exit 1; }
+field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+
+timeout 170 "$launch" --timeout 150 --max-restarts 1 --restart-backoff 0.2 --ps 1 -n 2 --chief -- "$trainer" \
+  --closures 400 --step-delay-ms 20 --checkpoint-dir "$dir/ckpt" --checkpoint-every 20 > "$dir/out" 2>&1 &
+launcher=$!
+
+# Wait for a second checkpoint (so one is whole however the kill lands), then kill the ps task.
+whole() { ls -d "$dir"/ckpt/ckpt-* 2>/dev/null | grep -cv '\.tmp-'; }
+for _ in $(seq 1 600); do
+  [ "$(whole)" -ge 2 ] && break
+  kill -0 "$launcher" 2>/dev/null || fail "the launcher ended before two checkpoints existed"
+  sleep 0.1
+done
+[ "$(whole)" -ge 2 ] || fail "not two checkpoints within 60 s: $(ls "$dir/ckpt" 2>&1)"
+# This run's tasks are the processes whose command line names its checkpoint directory.
+ps_pid=""
+for p in $(pgrep -f -- "--checkpoint-dir $dir/ckpt"); do
+  if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -q '^TF_CONFIG=.*"type": *"ps"'; then ps_pid=$p; fi
+done
+[ -n "$ps_pid" ] || fail "found no ps task of this run"
+kill -KILL "$ps_pid"
+
+wait "$launcher"; rc=$?
+launcher=""
+[ "$rc" = 0 ] || fail "the launcher exited $rc (expected 0 after one restart)"
+grep -q "/job:ps/replica:0/task:0" "$dir/out" || fail "the first chief did not name the lost ps task"
+first=$(grep "^\[rank 0\] closures 10/" "$dir/out" | head -n 1)
+line=$(grep "^\[rank 0\] result: " "$dir/out" | tail -n 1)
+[ -n "$line" ] || fail "no result line"
+echo "$line"
+restarts=$(field "$line" ps_restarts); start=$(field "$line" start_step); step=$(field "$line" step)
+[ "$restarts" = 1 ] || fail "ps_restarts=$restarts (expected 1)"
+[ "$step" = 400 ] || fail "step=$step (expected 400)"
+[ "$start" -ge 20 ] && [ $((start % 20)) = 0 ] || fail "start_step=$start (expected a checkpoint's step, >= 20)"
+grep -q "^\[rank 0\] ps_trainer: resumed at step $start" "$dir/out" || fail "the second chief did not say it resumed"
+# The first run's first 10 closures' loss (its first progress line) against the resumed run's
+# first 10: a run that started again from fresh weights would begin where the first one began.
+first_loss=$(echo "$first" | sed -n 's/.* done, loss \([0-9.e+-]*\),.*/\1/p')
+resumed_loss=$(field "$line" loss_first)
+echo "first run's first loss $first_loss; resumed run's first loss $resumed_loss"
+awk -v f="$first_loss" -v l="$resumed_loss" 'BEGIN { exit !(f > 0 && l > 0 && l < f / 2) }' ||
+  fail "the resumed run's first loss $resumed_loss is not below half the first run's $first_loss"
+echo PASSED
