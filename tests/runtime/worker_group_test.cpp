@@ -168,6 +168,10 @@ TEST_CASE("elastic membership: a survivor proving another generation's incarnati
     CHECK(contains(error, "elastic membership: the ring of generation " + std::to_string(r == 0 ? 2 : 1) +
                               " did not form: cross-worker collective failed: "));
     CHECK(contains(error, "[peer " + task(1 - r)));
+    // The group has no ring now: every collective says so instead of touching one.
+    CHECK(message_of([&] { group.sum(Tensor::scalar<float>(1.0f)); }) ==
+          "cross-worker collective: the ring of generation " + std::to_string(r == 0 ? 2 : 1) +
+              " did not form, so this worker cannot go on (the restart path)");
   });
 }
 

@@ -523,7 +523,7 @@ exit 0)",
                                             R"(\(preempted: it saved a checkpoint to restart from\)\n)")));
 }
 
-TEST_CASE("troupe-launch --elastic leaves the others running when a worker dies while --min of them run") {
+TEST_CASE("troupe-launch --elastic leaves the others running when a worker but the chief dies while --min of them run") {
   scratch dir;
   // Rank 1 kills itself once all have started; the others see the elastic settings and finish.
   const std::string script = R"(record
@@ -547,6 +547,15 @@ sleep 60 & wait)", below, {"--elastic", "--min", "3"}), below);
   REQUIRE(b.finished);
   CHECK(b.exit_code == 137);
   CHECK(std::regex_search(b.err, std::regex(R"(troupe-launch: worker 1 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) was killed )"
+                                            R"(by signal 9 \(SIGKILL\); stopping the others\n)")));
+  // Rank 0 holds the cluster's membership: its death stops the others whatever --min says.
+  scratch chief;
+  auto c = run(workers(3, R"(record
+if [ "$i" = 0 ]; then await 1 2; kill -9 $$; fi
+sleep 60 & wait)", chief, {"--elastic", "--min", "1"}), chief);
+  REQUIRE(c.finished);
+  CHECK(c.exit_code == 137);
+  CHECK(std::regex_search(c.err, std::regex(R"(troupe-launch: worker 0 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) was killed )"
                                             R"(by signal 9 \(SIGKILL\); stopping the others\n)")));
 }
 

@@ -136,10 +136,10 @@ again, every worker with fresh ports, after a wait that doubles each time (--res
 launcher says why on stderr; workers find the restarts so far in TROUPE_RESTART_COUNT. It gives up after N restarts with the last failure's status. A
 signal to the launcher, --timeout, or a program that cannot be executed ends it at once.
 
-With --elastic, a worker killed by a signal is not a failure of the run while at least --min
-workers still run: the launcher says so and leaves the others running (an elastic program drops the
-lost worker and goes on); it is not started again. Below --min, or when a worker exits non-zero
-itself, the others are stopped as without --elastic.
+With --elastic, a worker other than rank 0 killed by a signal is not a failure of the run while at
+least --min workers still run: the launcher says so and leaves the others running (an elastic
+program drops the lost worker and goes on); it is not started again. Below --min, when rank 0 (the
+chief) dies, or when a worker exits non-zero itself, the others are stopped as without --elastic.
 
 Exit status: 0 when every worker succeeds (with --elastic: every worker not lost on the way); the status of the first worker to fail (128+signal when
 a signal killed it); 124 on --timeout; 128+signal when the launcher got SIGINT or SIGTERM;

@@ -569,8 +569,10 @@ class supervisor {
     bool others = running_count() > 0;
     // Elastic: a worker that died (a signal: killed, crashed) is dropped by the others, which go
     // on while at least --min of them run (no new member is started in its place). One that
-    // exited with a status said itself that it failed: the run fails, as without --elastic.
-    if (options_.elastic && WIFSIGNALED(status) && running_count() >= options_.min_workers.value_or(1)) {
+    // exited with a status said itself that it failed, and rank 0 holds the cluster's membership:
+    // either way the run fails, as without --elastic.
+    if (options_.elastic && w.rank != 0 && WIFSIGNALED(status) &&
+        running_count() >= options_.min_workers.value_or(1)) {
       const int n = running_count();
       say(w.describe() + " " + how + "; --elastic: the " + std::to_string(n) + (n == 1 ? " other goes" : " others go") +
           " on without it");

@@ -153,10 +153,7 @@ void RingWorkerGroup::reform(int rank, std::vector<actors::member> members, std:
   // The old ring first: its sockets close, so a peer still blocked in it fails at once.
   failures_->attach(nullptr);
   position_->set_ring_probe(nullptr);
-  const auto segment = ring_->options().segment_bytes;
-  const auto spin = ring_->options().spin;
-  const bool yield = ring_->options().yield_while_spinning;
-  const auto collective_timeout = ring_->options().timeout;
+  const transport::tcp_ring_options old = ring().options();
   ring_.reset();
   failures_->clear();
   members_ = std::move(members);
@@ -165,9 +162,9 @@ void RingWorkerGroup::reform(int rank, std::vector<actors::member> members, std:
   std::vector<transport::endpoint> peers;
   for (const auto& m : members_) peers.push_back({m.data_host, m.data_port});
   transport::tcp_ring_options options;
-  options.segment_bytes = segment;
-  options.spin = spin;
-  options.yield_while_spinning = yield;
+  options.segment_bytes = old.segment_bytes;
+  options.spin = old.spin;
+  options.yield_while_spinning = old.yield_while_spinning;
   options.timeout = timeout;
   options.auth = auth;
   try {
@@ -176,7 +173,7 @@ void RingWorkerGroup::reform(int rank, std::vector<actors::member> members, std:
     throw CollectiveAborted("elastic membership: the ring of generation " + std::to_string(generation) +
                             " did not form: " + describe_collective_failure(e, members_, *failures_));
   }
-  ring_->set_timeout(collective_timeout);
+  ring_->set_timeout(old.timeout);
   // The survivors may have run different numbers of steps (one may have finished the step the
   // others failed in): each generation numbers its ring's steps afresh.
   steps_ = 0;
@@ -190,6 +187,14 @@ void RingWorkerGroup::reform(int rank, std::vector<actors::member> members, std:
   if (auto* recorder = FlightRecorder::process()) {
     recorder->set_identity(rank_, workers, members_[static_cast<std::size_t>(rank_)].task);
   }
+}
+
+transport::tcp_ring& RingWorkerGroup::ring() const {
+  if (!ring_) {
+    throw CollectiveAborted("cross-worker collective: the ring of generation " + std::to_string(generation_) +
+                            " did not form, so this worker cannot go on (the restart path)");
+  }
+  return *ring_;
 }
 
 Tensor RingWorkerGroup::reduce(ReduceOp op, const std::vector<Tensor>& per_replica, CrossDeviceOps& local) {
@@ -206,13 +211,13 @@ Tensor RingWorkerGroup::sum(const Tensor& t) {
 
 Tensor RingWorkerGroup::broadcast_from_chief(const Tensor& t) {
   Tensor out = host_copy(t);
-  flight_collective what = ring_entry(*ring_, flight_op::broadcast, out.nbytes(), size());
+  flight_collective what = ring_entry(ring(), flight_op::broadcast, out.nbytes(), size());
   what.has_dtype = true;
   what.dtype = troupe::detail::to_scalar_type(t.dtype());
   flight_scope recorded(FlightRecorder::process(), what);
   const in_collective waiting(*position_, what);
   try {
-    ring_->broadcast(out.raw_mutable_data(), out.nbytes(), 0);
+    ring().broadcast(out.raw_mutable_data(), out.nbytes(), 0);
   } catch (const transport::peer_error& e) {
     recorded.fail(e.peer());
     fail(e);
@@ -224,7 +229,7 @@ Tensor RingWorkerGroup::broadcast_from_chief(const Tensor& t) {
 void RingWorkerGroup::all_reduce_in_place(Tensor& t, Compression compression) {
   const bool compressed = compression != Compression::none && t.dtype() == DType::f32;
   const auto wire = compression == Compression::fp16 ? base::scalar_type::f16 : base::scalar_type::bf16;
-  flight_collective what = ring_entry(*ring_, flight_op::all_reduce, 0, size());
+  flight_collective what = ring_entry(ring(), flight_op::all_reduce, 0, size());
   what.has_dtype = true;
   what.dtype = compressed ? wire : troupe::detail::to_scalar_type(t.dtype());
   what.bytes = static_cast<std::uint64_t>(t.num_elements()) * base::scalar_size(what.dtype);  // on the wire
@@ -236,16 +241,16 @@ void RingWorkerGroup::all_reduce_in_place(Tensor& t, Compression compression) {
       wire_.resize(static_cast<std::size_t>(n));
       auto* values = static_cast<float*>(t.raw_mutable_data());
       kernels::compress_range(values, wire_.data(), n, wire);
-      ring_->all_reduce(wire_.data(), n, wire, base::reduce_kind::sum);
+      ring().all_reduce(wire_.data(), n, wire, base::reduce_kind::sum);
       kernels::decompress_range(wire_.data(), values, n, wire);
     } else if (t.dtype() == DType::f16 || t.dtype() == DType::bf16) {
       // Summed in float32 and rounded once: a 16-bit partial sum per hop would lose bits.
       Tensor wide = t.cast(DType::f32);
-      ring_->all_reduce(wide.raw_mutable_data(), wide.num_elements(), base::scalar_type::f32, base::reduce_kind::sum);
+      ring().all_reduce(wide.raw_mutable_data(), wide.num_elements(), base::scalar_type::f32, base::reduce_kind::sum);
       kernels::compress_range(wide.data<float>(), static_cast<std::uint16_t*>(t.raw_mutable_data()), t.num_elements(),
                               troupe::detail::to_scalar_type(t.dtype()));
     } else {
-      ring_->all_reduce(t.raw_mutable_data(), t.num_elements(), troupe::detail::to_scalar_type(t.dtype()),
+      ring().all_reduce(t.raw_mutable_data(), t.num_elements(), troupe::detail::to_scalar_type(t.dtype()),
                         base::reduce_kind::sum);
     }
   } catch (const transport::peer_error& e) {
@@ -259,11 +264,11 @@ void RingWorkerGroup::all_gather(const void* mine, std::size_t my_bytes, void* o
                                  const std::vector<std::size_t>& bytes) {
   std::uint64_t total = 0;
   for (std::size_t b : bytes) total += b;
-  const flight_collective what = ring_entry(*ring_, flight_op::all_gather, total, size());
+  const flight_collective what = ring_entry(ring(), flight_op::all_gather, total, size());
   flight_scope recorded(FlightRecorder::process(), what);
   const in_collective waiting(*position_, what);
   try {
-    ring_->all_gather(mine, my_bytes, out, bytes);
+    ring().all_gather(mine, my_bytes, out, bytes);
   } catch (const transport::peer_error& e) {
     recorded.fail(e.peer());
     fail(e);

@@ -136,7 +136,7 @@ class RingWorkerGroup final : public WorkerGroup {
   /// from now on, so that a worker that skipped, added or reordered a collective fails on every
   /// worker instead of adding values of different steps.
   void begin_step() {
-    ring_->begin_step(++steps_);
+    ring().begin_step(++steps_);
     position_->begin_step(steps_);
   }
   /// The step ended (returned or failed): the loop's own work until the next.
@@ -150,12 +150,14 @@ class RingWorkerGroup final : public WorkerGroup {
   /// worker.
   void all_reduce_in_place(Tensor& t, Compression compression = Compression::none);
   /// Where the last all_reduce_in_place waited for another worker (tcp_ring::peer_wait).
-  transport::tcp_ring::peer_wait last_all_reduce_wait() const { return ring_->last_all_reduce_wait(); }
+  transport::tcp_ring::peer_wait last_all_reduce_wait() const { return ring().last_all_reduce_wait(); }
   /// The members, in rank order.
   const std::vector<actors::member>& members() const { return members_; }
   /// Breaks the ring: a collective in progress on another thread fails at once (the group is
   /// being torn down).
-  void shutdown_ring() { ring_->shutdown(); }
+  void shutdown_ring() {
+    if (ring_) ring_->shutdown();
+  }
   /// Elastic membership: re-forms the ring among `members` (the survivors of a change, in their
   /// new rank order, this worker at `rank`) as ring generation `generation`, on the listener the
   /// group keeps, every connection proving `auth` (the cluster token and the generation's
@@ -163,7 +165,8 @@ class RingWorkerGroup final : public WorkerGroup {
   /// refused). The old ring is closed first, so nothing of its is ever read again; the watch's
   /// reason is forgotten, and the ring's steps are numbered afresh (the survivors may have run
   /// different numbers of them). Bounded by `timeout`; a survivor that does
-  /// not come is a CollectiveAborted naming it, and the group is then unusable (the restart path).
+  /// not come is a CollectiveAborted naming it; every collective after that fails the same way
+  /// (the restart path).
   /// Not while a collective runs on another thread.
   void reform(int rank, std::vector<actors::member> members, std::uint64_t generation,
               const transport::ring_auth& auth, std::chrono::milliseconds timeout);
@@ -174,6 +177,8 @@ class RingWorkerGroup final : public WorkerGroup {
 
  private:
   void all_gather(const void* mine, std::size_t my_bytes, void* out, const std::vector<std::size_t>& bytes);
+  /// The ring; CollectiveAborted when a reform left none (it did not form).
+  transport::tcp_ring& ring() const;
   /// The CollectiveAborted for `e`. A fault of the cluster's (workers out of step, a link
   /// tampered with: describe_fault_report) is told to every worker first, through the watch;
   /// otherwise the watch's verdict, when one is on its way, is awaited briefly, so that a worker

@@ -200,6 +200,10 @@ class MultiWorkerBackend final : public detail::MirroredBackend, public detail::
   // GPU replicas meet every worker's through NCCL; CPU replicas locally, then over the TCP ring.
   detail::ReplicaCollectives& replica_collectives() override {
     if (gpu_) return MirroredBackend::replica_collectives();
+    if (!hierarchical_) {
+      throw CollectiveAborted("MultiWorkerMirroredStrategy: a change of membership failed, so this worker cannot go "
+                              "on (the restart path)");
+    }
     return *hierarchical_;
   }
 
