@@ -219,21 +219,19 @@ int main(int argc, char** argv) {
   app.add_option("--shards", f.shards, "shards of each kernel (FixedShardsPartitioner)")->check(in_range(1, 1024));
   app.add_option("--step-delay-ms", f.step_delay_ms, "a pause per batch, as a heavier model would take")
       ->check(in_range(0, 60000));
-  app.add_option("--checkpoint-dir", f.checkpoint_dir,
-                 "fit: sharded checkpoints here (every ps task writes its shards; the same path on every "
-                 "host), resumed from when present");
+  CLI::Option* checkpoint_dir = app.add_option("--checkpoint-dir", f.checkpoint_dir,
+                                                "fit: sharded checkpoints here (every ps task writes its shards; "
+                                                "the same path on every host), resumed from when present");
   app.add_option("--checkpoint-every", f.checkpoint_every, "fit: steps between checkpoints (0: at the end only)")
-      ->check(in_range(std::int64_t{0}, std::int64_t{1} << 40));
+      ->check(in_range(std::int64_t{0}, std::int64_t{1} << 40))
+      ->needs(checkpoint_dir);
   app.add_flag("--quiet", f.quiet, "print the result line only");
+  app.callback([&] {
+    if (f.mode != "fit" && checkpoint_dir->count() > 0) {
+      throw CLI::ValidationError("--checkpoint-dir", "needs --mode fit (the mode is " + f.mode + ")");
+    }
+  });
   return troupe::examples::run_main(app, argc, argv, [&] {
-    if (f.mode != "fit" && (!f.checkpoint_dir.empty() || f.checkpoint_every > 0)) {
-      throw std::invalid_argument("--checkpoint-dir and --checkpoint-every need --mode fit (the mode is " + f.mode +
-                                  ")");
-    }
-    if (f.checkpoint_every > 0 && f.checkpoint_dir.empty()) {
-      throw std::invalid_argument("--checkpoint-every " + std::to_string(f.checkpoint_every) +
-                                  " needs --checkpoint-dir (where the checkpoints go)");
-    }
     if (f.closures % f.epochs != 0) {
       throw std::invalid_argument("--closures " + std::to_string(f.closures) + " is not a multiple of --epochs " +
                                   std::to_string(f.epochs) + " (every epoch runs as many closures)");
