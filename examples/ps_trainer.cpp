@@ -18,6 +18,15 @@
 // troupe-launch --max-restarts a lost ps task (or chief) ends the run, the launcher restarts the
 // cluster, and training goes on from the last checkpoint rather than from the start.
 //
+// --mode evaluator (or the "evaluator" task of TF_CONFIG) is the sidecar evaluator
+// (nn::SidecarEvaluator): in a process of its own, it watches --checkpoint-dir and evaluates each
+// new checkpoint of the training on --eval-samples held-out examples of the same generated set
+// (drawn after the training's), printing one line per checkpoint and writing eval_loss and
+// eval_accuracy to --tensorboard-dir; it stops after --max-evaluations, once it has evaluated
+// the checkpoint of --final-step, or when killed.
+//
+//   ps_trainer --mode evaluator --checkpoint-dir ckpt --tensorboard-dir logs/eval --final-step 400
+//
 // The chief prints a progress line every 10 completed closures and ends with one line for scripts:
 //   result: closures=N done=D retried=R workers_lost=W ps_restarts=P loss_first=X loss_last=Y
 //           start_step=S0 step=S
@@ -65,6 +74,10 @@ struct Flags {
   std::string optimizer = "adam";
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;  // 0: at the end only
+  std::string tensorboard_dir;
+  std::int64_t eval_samples = 1024;
+  int max_evaluations = 0;
+  std::int64_t final_step = 0;  // 0: none
   bool quiet = false;
 
   float lr() const {
@@ -193,6 +206,35 @@ int train_locally(const Flags& f) {
   return 0;
 }
 
+// --mode evaluator: the sidecar evaluator on held-out examples (the generated set's rows after
+// the training's --samples, from the same clusters).
+int evaluate_checkpoints(const Flags& f) {
+  if (f.checkpoint_dir.empty()) {
+    throw std::invalid_argument("--mode evaluator needs --checkpoint-dir (the training's checkpoint directory)");
+  }
+  nn::BlobOptions options;
+  options.samples = f.samples + f.eval_samples;
+  options.features = f.features;
+  options.classes = f.classes;
+  const auto d = nn::make_blobs(options);
+  const auto held_out = data::Dataset::from_tensor_slices(
+                            {d.features.slice(f.samples, options.samples), d.labels.slice(f.samples, options.samples)})
+                            .batch(f.batch);
+  nn::Model model = make_model(f);
+  model.compile(model_optimizer(f.optimizer, f.lr()), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
+  nn::SidecarEvaluatorOptions eval;
+  eval.tensorboard_dir = f.tensorboard_dir;
+  if (f.final_step > 0) eval.final_step = f.final_step;
+  eval.out = &std::cout;
+  eval.poll_interval = std::chrono::milliseconds(100);
+  nn::SidecarEvaluator evaluator(model, held_out, std::filesystem::absolute(f.checkpoint_dir).string(), 0,
+                                 f.max_evaluations, eval);
+  const auto done = evaluator.start();
+  std::cout << "evaluator: " << done.size() << " checkpoint(s) evaluated, the last at step " << evaluator.last_step()
+            << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,8 +242,9 @@ int main(int argc, char** argv) {
   CLI::App app{"An MLP trained with ParameterServerStrategy (one binary for every role).", "ps_trainer"};
   troupe::examples::show_defaults(app);
   app.add_option("--mode", f.mode,
-                 "fit: Model::fit on the cluster; closures: hand-written closures; local: fit in this one process")
-      ->check(CLI::IsMember({"fit", "closures", "local"}));
+                 "fit: Model::fit on the cluster; closures: hand-written closures; local: fit in this one process; "
+                 "evaluator: evaluate each checkpoint of --checkpoint-dir as it appears")
+      ->check(CLI::IsMember({"fit", "closures", "local", "evaluator"}));
   app.add_option("--closures", f.closures, "training closures the chief schedules")->check(in_range(1, 1 << 24));
   app.add_option("--epochs", f.epochs, "fit: epochs, which share the closures (a divisor of --closures)")
       ->check(in_range(1, 1 << 20));
@@ -221,17 +264,27 @@ int main(int argc, char** argv) {
       ->check(in_range(0, 60000));
   CLI::Option* checkpoint_dir = app.add_option("--checkpoint-dir", f.checkpoint_dir,
                                                 "fit: sharded checkpoints here (every ps task writes its shards; "
-                                                "the same path on every host), resumed from when present");
+                                                "the same path on every host), resumed from when present; "
+                                                "evaluator: the checkpoints it evaluates");
   app.add_option("--checkpoint-every", f.checkpoint_every, "fit: steps between checkpoints (0: at the end only)")
       ->check(in_range(std::int64_t{0}, std::int64_t{1} << 40))
       ->needs(checkpoint_dir);
+  app.add_option("--tensorboard-dir", f.tensorboard_dir, "evaluator: eval_loss and eval_accuracy scalars here");
+  app.add_option("--eval-samples", f.eval_samples, "evaluator: held-out examples, drawn after --samples")
+      ->check(in_range(std::int64_t{1}, std::int64_t{1} << 26));
+  app.add_option("--max-evaluations", f.max_evaluations, "evaluator: stop after this many (0: no limit)")
+      ->check(in_range(0, 1 << 30));
+  app.add_option("--final-step", f.final_step,
+                 "evaluator: stop once the checkpoint of this step (the training's last) is evaluated (0: none)")
+      ->check(in_range(std::int64_t{0}, std::int64_t{1} << 40));
   app.add_flag("--quiet", f.quiet, "print the result line only");
   app.callback([&] {
-    if (f.mode != "fit" && checkpoint_dir->count() > 0) {
-      throw CLI::ValidationError("--checkpoint-dir", "needs --mode fit (the mode is " + f.mode + ")");
+    if (f.mode != "fit" && f.mode != "evaluator" && checkpoint_dir->count() > 0) {
+      throw CLI::ValidationError("--checkpoint-dir", "needs --mode fit or evaluator (the mode is " + f.mode + ")");
     }
   });
   return troupe::examples::run_main(app, argc, argv, [&] {
+    if (f.mode == "evaluator") return evaluate_checkpoints(f);
     if (f.closures % f.epochs != 0) {
       throw std::invalid_argument("--closures " + std::to_string(f.closures) + " is not a multiple of --epochs " +
                                   std::to_string(f.epochs) + " (every epoch runs as many closures)");
@@ -239,6 +292,7 @@ int main(int argc, char** argv) {
     if (f.mode == "local") return train_locally(f);
     Runtime runtime;
     auto resolver = std::make_shared<TFConfigClusterResolver>();
+    if (resolver->task_type() == "evaluator") return evaluate_checkpoints(f);  // TF_CONFIG's sidecar evaluator
     if (serve_if_worker_or_ps(runtime, *resolver, make_functions(f))) return 0;
     if (resolver->task_type() != "chief") {
       throw std::invalid_argument("task type " + resolver->task_type() +

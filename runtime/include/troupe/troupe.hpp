@@ -56,3 +56,4 @@
 #include "troupe/nn/residual.hpp"
 #include "troupe/nn/saving.hpp"
 #include "troupe/nn/sequential.hpp"
+#include "troupe/nn/sidecar_evaluator.hpp"

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -99,6 +100,20 @@ struct ShardedCheckpointInfo {
 /// missing, of another size or hash, or holds a tensor failing its checksum is reported in its
 /// ShardFileInfo::problem, naming the file.
 ShardedCheckpointInfo inspect_sharded_checkpoint(const std::string& path);
+
+/// The variables of a sharded checkpoint, each whole (its shards' rows joined in the manifest's
+/// order), without the optimizer's slots: what a process outside the cluster (a SidecarEvaluator)
+/// loads into its own copy of the model.
+struct ShardedCheckpointValues {
+  std::string path;
+  std::int64_t step = 0;
+  std::map<std::string, Tensor> variables;  ///< by name, of the manifest's dtype and shape
+};
+
+/// Reads a sharded checkpoint directory's variables (every shard file checked against the
+/// manifest's size and XXH64 and its tensors against their own): a missing, damaged or malformed
+/// manifest or shard file throws CheckpointError naming it.
+ShardedCheckpointValues read_sharded_checkpoint(const std::string& path);
 
 /// The checkpoint directories (`ckpt-<step>` with a manifest.json) in `directory`, oldest first;
 /// empty when there are none or the directory does not exist.

@@ -668,6 +668,34 @@ ShardedCheckpointInfo inspect_sharded_checkpoint(const std::string& path) {
   return info;
 }
 
+ShardedCheckpointValues read_sharded_checkpoint(const std::string& path) {
+  const Manifest m = read_manifest(path);
+  const auto files = read_shard_files(path, m);
+  ShardedCheckpointValues out;
+  out.path = path;
+  out.step = m.step;
+  for (const ShardedVariable& v : m.variables) {
+    std::string elements;
+    for (const auto& s : v.shards) {
+      if (s.ps < 0 || static_cast<std::size_t>(s.ps) >= files.size()) {
+        throw CheckpointError("sharded checkpoint " + path + ": variable " + base::quoted(v.name) +
+                              " names ps task " + std::to_string(s.ps) + ", which has no shard file");
+      }
+      const SavedShard p = find_shard(files[static_cast<std::size_t>(s.ps)], v, s);
+      elements.append(static_cast<const char*>(p.value->data), p.value->nbytes);
+    }
+    std::size_t expected = dtype_size(v.dtype);
+    for (std::int64_t d : v.shape) expected *= static_cast<std::size_t>(d);
+    if (elements.size() != expected) {
+      throw CheckpointError("sharded checkpoint " + path + ": variable " + base::quoted(v.name) + "'s shards hold " +
+                            std::to_string(elements.size()) + " bytes, its shape " + shape_to_string(v.shape) +
+                            " needs " + std::to_string(expected));
+    }
+    out.variables.emplace(v.name, Tensor::from_bytes(elements.data(), elements.size(), v.dtype, v.shape));
+  }
+  return out;
+}
+
 std::vector<std::string> sharded_checkpoint_dirs(const std::string& directory) {
   std::vector<std::string> out;
   for (auto& [step, dir] : list_dirs(directory)) out.push_back(dir);
