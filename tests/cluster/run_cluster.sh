@@ -133,8 +133,16 @@ check_training() {  # LOG CLOSURES WORKERS_LOST
   [[ "$(result_field "$log" closures)" == "$2" ]] || fail "closures is not $2"
   [[ "$(result_field "$log" done)" == "$2" ]] || fail "done is not $2: not every closure completed once"
   [[ "$(result_field "$log" workers_lost)" == "$3" ]] || fail "workers_lost is not $3"
-  python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if b < 0.6 * a else 1)" \
-    "$(result_field "$log" loss_first)" "$(result_field "$log" loss_last)" || fail "the loss did not fall"
+  # The loss fell from where training started: the first 10 closures' loss, or the initial
+  # weights' loss on the first batch (ps_trainer --mode local --closures 1) when that is higher.
+  # Closures are asynchronous: a worker slow to start (a loaded machine) runs its first closures
+  # on weights the other worker already trained, so their loss alone can start low.
+  [[ -n "${initial_loss:-}" ]] ||
+    initial_loss=$("$trainer" --mode local --quiet --closures 1 | tr ' ' '\n' | sed -n 's/^loss_first=//p')
+  python3 -c "import sys; a, b, c = map(float, sys.argv[1:]); sys.exit(0 if c < 0.6 * max(a, b) else 1)" \
+    "$initial_loss" "$(result_field "$log" loss_first)" "$(result_field "$log" loss_last)" ||
+    fail "the loss did not fall (from $(result_field "$log" loss_first), or $initial_loss at the start, to" \
+         "$(result_field "$log" loss_last))"
   [[ "$(grep -c 'closures' "$log")" -ge $(($2 / 10)) ]] || fail "fewer progress lines than one per 10 closures"
 }
 
@@ -594,10 +602,17 @@ def closed(s):
         return True
     except socket.timeout:
         return False
+def send(s, data):
+    # The ps task may refuse the stranger before all of it is written: a reset while sending is
+    # that refusal, and closed() then reports the connection closed.
+    try:
+        s.sendall(data)
+    except (ConnectionResetError, BrokenPipeError):
+        pass
 junk = socket.create_connection(("127.0.0.1", port))
-junk.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"A" * 1000000)
+send(junk, b"GET / HTTP/1.0\r\n\r\n" + b"A" * 1000000)
 huge = socket.create_connection(("127.0.0.1", port))
-huge.sendall(struct.pack("<II", 0, 0x7FFFFFFF))
+send(huge, struct.pack("<II", 0, 0x7FFFFFFF))
 silent = socket.create_connection(("127.0.0.1", port))
 print("junk closed:", closed(junk), flush=True)
 print("huge closed:", closed(huge), flush=True)
