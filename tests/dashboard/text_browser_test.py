@@ -95,10 +95,14 @@ def main():
         # the trainer applied it).
         wait_for("the page to clear the refusal after a valid temperature",
                  lambda: dt.eval("document.getElementById('message').textContent") == "", 10)
-        low = []
+        # Told apart by their steps: at 0.02 sampling is nearly greedy, so two samples a few steps
+        # apart may read the same.
+        low, low_steps = [], []
         while len(low) < 3:
             s = wait_for("a sample at temperature 0.02",
-                         lambda: (lambda s: s if s and s[1] >= from_step and (not low or s[2] != low[-1]) else None)(sample()), 30)
+                         lambda: (lambda s: s if s and s[1] >= from_step and (not low_steps or s[1] > low_steps[-1])
+                                  else None)(sample()), 30)
+            low_steps.append(s[1])
             if not s[2].startswith("temperature 0.02:\n"):
                 fail("the sample at step %d, after the change at step %d, reads %r" % (s[1], from_step, s[2][:80]))
             if not re.search(r"--- sampled at step %d \(temperature 0\.02\)" % s[1], out()):
