@@ -36,7 +36,8 @@ modes=${MODES:-"fp32 tf32 bf16"}
 mkdir -p "$out/runs" || exit 2
 
 have_bf16=0
-"$mlp" --help 2>/dev/null | grep -q -- "--mixed-precision" && have_bf16=1
+# grep -q would stop reading early and, under pipefail, fail the pipeline with the SIGPIPE it causes
+[[ $("$mlp" --help 2>/dev/null) == *--mixed-precision* ]] && have_bf16=1
 have_torch=1
 "$python" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null || have_torch=0
 [[ $have_torch == 1 ]] || echo "gpu_training_bench: PyTorch with CUDA not found in $python: troupe alone"
