@@ -139,12 +139,22 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   if (troupe::detail::recording({&a, &b})) {
     const Tensor pa = troupe::detail::untaped(a);
     const Tensor pb = troupe::detail::untaped(b);
-    troupe::detail::record(out, {a, b}, [pa, pb, ta = transpose_a, tb = transpose_b](const Tensor& g) -> std::vector<Tensor> {
+    // Only the operands the tape follows get a gradient (an input batch needs none): the other
+    // product is not computed.
+    const bool need_a = troupe::detail::recording({&a});
+    const bool need_b = troupe::detail::recording({&b});
+    troupe::detail::record(out, {a, b}, [pa, pb, ta = transpose_a, tb = transpose_b, need_a, need_b](const Tensor& g) -> std::vector<Tensor> {
       // C = op(A)·op(B): dop(A) = g·op(B)ᵀ and dop(B) = op(A)ᵀ·g, transposed back where stored so.
-      if (!ta && !tb) return {matmul(g, pb, false, true), matmul(pa, g, true, false)};
-      if (ta && !tb) return {matmul(pb, g, false, true), matmul(pa, g, false, false)};
-      if (!ta && tb) return {matmul(g, pb, false, false), matmul(g, pa, true, false)};
-      return {matmul(pb, g, true, true), matmul(g, pa, true, true)};
+      std::vector<Tensor> d(2);
+      if (need_a) {
+        if (!ta) d[0] = matmul(g, pb, false, !tb);
+        else d[0] = tb ? matmul(pb, g, true, true) : matmul(pb, g, false, true);
+      }
+      if (need_b) {
+        if (!tb) d[1] = matmul(pa, g, !ta, false);
+        else d[1] = ta ? matmul(g, pa, true, true) : matmul(g, pa, true, false);
+      }
+      return d;
     });
   }
   return out;
@@ -279,10 +289,13 @@ Tensor dense_forward_untaped(const Tensor& x, const Tensor& kernel, const Tensor
 Tensor dense_forward(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation) {
   Tensor out = dense_forward_untaped(x, kernel, bias, activation);
   if (troupe::detail::recording({&x, &kernel, &bias})) {
+    // The input's gradient only when the tape follows the input: the first layer's input is a
+    // batch, and its gradient (a whole product) would be thrown away.
+    const bool need_input = troupe::detail::recording({&x});
     troupe::detail::record(out, {x, kernel, bias},
                            [px = troupe::detail::untaped(x), pk = troupe::detail::untaped(kernel),
-                            po = troupe::detail::untaped(out), activation](const Tensor& g) -> std::vector<Tensor> {
-                             DenseGradients d = dense_backward(px, pk, po, g, activation, true);
+                            po = troupe::detail::untaped(out), activation, need_input](const Tensor& g) -> std::vector<Tensor> {
+                             DenseGradients d = dense_backward(px, pk, po, g, activation, need_input);
                              return {d.input, d.kernel, d.bias};
                            });
   }
