@@ -181,7 +181,8 @@ void add_options(CLI::App& app, Flags& f) {
       ->check(in_range(0, 1000000));
   app.add_flag("--cached-batches", f.cached_batches,
                "keep the first epoch's global batches in memory and repeat them (tf.data's cache()): the "
-               "per-step input cost drops to splitting a batch, for measuring training alone");
+               "per-step input cost drops to splitting a batch, for measuring training alone (on GPU "
+               "replicas the cache is on the first replica's GPU)");
   troupe::examples::add_monitor_options(app, f.monitor);
   app.add_flag("--multi-worker", f.multi_worker,
                "train as one worker of a MultiWorkerMirroredStrategy (TF_CONFIG says who is who, "
@@ -402,7 +403,20 @@ int run(const Flags& f) {
   if (f.cached_batches) {
     auto cache = std::make_shared<std::vector<data::Element>>();
     data::Iterator it = batches.make_iterator();
-    for (std::int64_t i = 0; i < steps_per_epoch; ++i) cache->push_back(it.get_next());
+    // On GPU replicas the cache is kept on the first replica's GPU (as a GPU-side benchmark keeps
+    // its batches on the device), so that one GPU replica reads it in place instead of copying
+    // each batch from the host again.
+    const Device& first_device = strategy.extended().worker_devices().front();
+    const bool on_gpu = std::all_of(strategy.extended().worker_devices().begin(),
+                                    strategy.extended().worker_devices().end(),
+                                    [](const Device& device) { return device.is_gpu(); });
+    for (std::int64_t i = 0; i < steps_per_epoch; ++i) {
+      data::Element e = it.get_next();
+      if (on_gpu) {
+        for (Tensor& t : e) t = t.with_device(first_device);
+      }
+      cache->push_back(std::move(e));
+    }
     batches = data::Dataset::from_generator_factory(
         [cache] {
           return [cache, i = std::size_t(0)]() mutable -> std::optional<data::Element> {
