@@ -110,6 +110,14 @@ int launch_softmax(const void* x, void* out, std::int64_t rows, std::int64_t col
 int launch_argmax(const void* x, std::int64_t* out, std::int64_t rows, std::int64_t cols, scalar_type type,
                   void* stream);
 
+/// A training step's table of doubles on the device (`size` of them), completed in place:
+/// table[0] += *loss (a float32 or float64 scalar); table[loss_at] += *loss * loss_scale when
+/// loss_at >= 0; and, when `predicted` (int64 [rows], argmax's output) is given, table[1] += the
+/// number of rows whose predicted class equals their label (labels int32 or int64 [rows]).
+int launch_step_table(double* table, std::int64_t size, const void* loss, scalar_type loss_type, std::int64_t loss_at,
+                      double loss_scale, const std::int64_t* predicted, const void* labels, scalar_type label_type,
+                      std::int64_t rows, void* stream);
+
 /// Sparse softmax cross-entropy of logits [rows, cols] against labels [rows] (int32 or int64):
 /// per_example[r] = log-sum-exp(z_r) - z_r[label_r] (the row's maximum subtracted first); when
 /// `grad` is given, grad[r, j] = scale * (softmax(z_r)[j] - (j == label_r)); when `total` (one

@@ -205,6 +205,33 @@ __global__ void scaled_total_kernel(const T* values, std::int64_t n, double scal
   if (threadIdx.x == 0) *total = static_cast<T>(part[0] * scale);
 }
 
+// A training step's table (one block): table[0] += *loss; table[loss_at] += *loss * loss_scale when
+// loss_at >= 0; table[1] += the rows whose predicted class equals their label, when predicted is
+// given. The count is an integer, exact in any order.
+template <class T, class L>
+__global__ void step_table_kernel(double* table, const T* loss, std::int64_t loss_at, double loss_scale,
+                                  const std::int64_t* predicted, const L* labels, std::int64_t rows) {
+  __shared__ std::int64_t part[threads_per_block];
+  std::int64_t hits = 0;
+  if (predicted != nullptr) {
+    for (std::int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+      hits += predicted[r] == static_cast<std::int64_t>(labels[r]) ? 1 : 0;
+    }
+  }
+  part[threadIdx.x] = hits;
+  __syncthreads();
+  for (int stride = threads_per_block / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride) part[threadIdx.x] += part[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const double l = static_cast<double>(*loss);
+    table[0] += l;
+    if (loss_at >= 0) table[loss_at] += l * loss_scale;
+    if (predicted != nullptr) table[1] += static_cast<double>(part[0]);
+  }
+}
+
 }  // namespace
 
 int launch_bias_activation(const void* x, const void* bias, void* out, std::int64_t rows, std::int64_t cols, bool relu,
@@ -304,6 +331,26 @@ int launch_squared_error(const void* predictions, const void* targets, void* per
     if (total != nullptr) {
       scaled_total_kernel<<<1, threads_per_block, 0, st>>>(static_cast<const T*>(per_example), rows, scale,
                                                            static_cast<T*>(total));
+    }
+    return launched();
+  });
+}
+
+int launch_step_table(double* table, std::int64_t size, const void* loss, scalar_type loss_type, std::int64_t loss_at,
+                      double loss_scale, const std::int64_t* predicted, const void* labels, scalar_type label_type,
+                      std::int64_t rows, void* stream) {
+  if (table == nullptr || loss == nullptr || size < 1 || loss_at >= size || rows < 0) return invalid();
+  if (predicted != nullptr && (size < 2 || labels == nullptr)) return invalid();
+  if (label_type != scalar_type::i32 && label_type != scalar_type::i64) return invalid();
+  auto st = static_cast<cudaStream_t>(stream);
+  return with_float_type(loss_type, [&](auto value) {
+    using T = decltype(value);
+    if (label_type == scalar_type::i32) {
+      step_table_kernel<<<1, threads_per_block, 0, st>>>(table, static_cast<const T*>(loss), loss_at, loss_scale,
+                                                         predicted, static_cast<const std::int32_t*>(labels), rows);
+    } else {
+      step_table_kernel<<<1, threads_per_block, 0, st>>>(table, static_cast<const T*>(loss), loss_at, loss_scale,
+                                                         predicted, static_cast<const std::int64_t*>(labels), rows);
     }
     return launched();
   });

@@ -733,6 +733,60 @@ void test_argmax(suite& t) {
   }
 }
 
+// A step's table: the loss (of type T) added at 0 and, scaled, at loss_at; the rows whose prediction
+// equals their label (int32 or int64, some out of range) added at 1; the other entries kept.
+template <class T, class L>
+void test_step_table(suite& t) {
+  for (std::int64_t rows : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, std::int64_t{4096}, std::int64_t{5001}}) {
+    for (bool with_hits : {false, true}) {
+      for (std::int64_t loss_at : {std::int64_t{-1}, std::int64_t{4}}) {
+        const std::string what = cat({"step_table loss ", type_name<T>(), " labels ", type_name<L>(), " rows ",
+                                      std::to_string(rows), with_hits ? " with hits" : "", " loss_at ",
+                                      std::to_string(loss_at)});
+        std::vector<double> table = t.random<double>(6, -3, 3);
+        const std::vector<T> loss = t.random<T>(1, 0, 5);
+        std::vector<std::int64_t> predicted(static_cast<std::size_t>(rows));
+        std::vector<L> labels(static_cast<std::size_t>(rows));
+        std::int64_t hits = 0;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          predicted[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(t.rng()() % 10);
+          // Mostly classes 0..9; every 13th label is out of range and never predicted.
+          labels[static_cast<std::size_t>(r)] =
+              r % 13 == 5 ? static_cast<L>(-1) : static_cast<L>(r % 3 == 0 ? predicted[static_cast<std::size_t>(r)] : t.rng()() % 10);
+          hits += predicted[static_cast<std::size_t>(r)] == static_cast<std::int64_t>(labels[static_cast<std::size_t>(r)]) ? 1 : 0;
+        }
+        const double scale = 4096.0 / 7.0;
+        std::vector<double> want = table;
+        want[0] += static_cast<double>(loss[0]);
+        if (loss_at >= 0) want[static_cast<std::size_t>(loss_at)] += static_cast<double>(loss[0]) * scale;
+        if (with_hits) want[1] += static_cast<double>(hits);
+        auto dtable = t.upload(table);
+        auto dloss = t.upload(loss);
+        auto dpredicted = t.upload(predicted);
+        auto dlabels = t.upload(labels);
+        if (t.launched(kernels::launch_step_table(dtable->as<double>(), 6, dloss->get(), type_of<T>(), loss_at, scale,
+                                                  with_hits ? dpredicted->as<std::int64_t>() : nullptr, dlabels->get(),
+                                                  type_of<L>(), rows, t.s()),
+                       what)) {
+          t.expect_equal(t.download<double>(*dtable, 6), want, what);
+        }
+      }
+    }
+  }
+  // Refused without a launch: a loss_at past the table, hits without a place for them, float labels.
+  auto buf = t.garbage<double>(8);
+  void* p = buf->get();
+  const int invalid = static_cast<int>(cudaErrorInvalidValue);
+  t.expect_rc(kernels::launch_step_table(buf->as<double>(), 4, p, type_of<T>(), 4, 1.0, nullptr, p, type_of<L>(), 1, t.s()),
+              invalid, "step_table refuses loss_at past the table");
+  t.expect_rc(kernels::launch_step_table(buf->as<double>(), 1, p, type_of<T>(), -1, 1.0, buf->as<std::int64_t>(), p,
+                                         type_of<L>(), 1, t.s()),
+              invalid, "step_table refuses hits in a table of one");
+  t.expect_rc(kernels::launch_step_table(buf->as<double>(), 4, p, type_of<T>(), -1, 1.0, nullptr, p, scalar_type::f32, 1,
+                                         t.s()),
+              invalid, "step_table refuses float labels");
+}
+
 // The optimizer and nn kernels take f32 and f64 only; the others are refused without a launch.
 template <class T>
 void test_refused_types(suite& t) {
@@ -790,6 +844,8 @@ void test_float_type(suite& t) {
   test_relu<T>(t);
   test_softmax<T>(t);
   test_argmax<T>(t);
+  test_step_table<T, std::int32_t>(t);
+  test_step_table<T, std::int64_t>(t);
 }
 
 }  // namespace

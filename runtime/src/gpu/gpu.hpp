@@ -97,6 +97,12 @@ void relu_grad(int device, const void* grad, const void* output, void* out, std:
 void softmax(int device, const void* x, void* out, std::int64_t rows, std::int64_t cols, base::scalar_type type);
 void argmax(int device, const void* x, std::int64_t* out, std::int64_t rows, std::int64_t cols,
             base::scalar_type type);
+/// Completes a training step's table of `size` doubles on the device in place (kernels.hpp's
+/// launch_step_table): the loss added at 0 (and, scaled, at loss_at >= 0), and with `predicted`
+/// the rows predicted right added at 1. Queued on a replica's stream without waiting.
+void step_table(int device, double* table, std::int64_t size, const void* loss, base::scalar_type loss_type,
+                std::int64_t loss_at, double loss_scale, const std::int64_t* predicted, const void* labels,
+                base::scalar_type label_type, std::int64_t rows);
 /// Sparse softmax cross-entropy (kernels.hpp): per_example [rows], grad (optional, [rows, cols])
 /// and total (optional, one element) on the device; labels int64 [rows]. Returns -1, or the first
 /// row whose label is outside 0..cols-1 (found by reading one word back, which waits for the kernel).

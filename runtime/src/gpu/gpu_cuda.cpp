@@ -541,6 +541,16 @@ void multi_update(int device, update_kind kind, const std::vector<update_tensor>
   finish(device, "optimizer kernel");
 }
 
+void step_table(int device, double* table, std::int64_t size, const void* loss, base::scalar_type loss_type,
+                std::int64_t loss_at, double loss_scale, const std::int64_t* predicted, const void* labels,
+                base::scalar_type label_type, std::int64_t rows) {
+  cudaStream_t st = state().stream_for(device);
+  check_launch(kernels::launch_step_table(table, size, loss, loss_type, loss_at, loss_scale, predicted, labels,
+                                          label_type, rows, st),
+               "step table kernel");
+  finish(device, "step table kernel");
+}
+
 std::int64_t sparse_softmax_xent(int device, const void* logits, const std::int64_t* labels, void* per_example,
                                  void* grad, void* total, std::int64_t rows, std::int64_t cols, double scale,
                                  base::scalar_type type) {

@@ -63,6 +63,10 @@ void relu(int, const void*, void*, std::int64_t, base::scalar_type) { unsupporte
 void relu_grad(int, const void*, const void*, void*, std::int64_t, base::scalar_type) { unsupported(); }
 void softmax(int, const void*, void*, std::int64_t, std::int64_t, base::scalar_type) { unsupported(); }
 void argmax(int, const void*, std::int64_t*, std::int64_t, std::int64_t, base::scalar_type) { unsupported(); }
+void step_table(int, double*, std::int64_t, const void*, base::scalar_type, std::int64_t, double, const std::int64_t*,
+                const void*, base::scalar_type, std::int64_t) {
+  unsupported();
+}
 std::int64_t sparse_softmax_xent(int, const void*, const std::int64_t*, void*, void*, void*, std::int64_t,
                                  std::int64_t, double, base::scalar_type) {
   unsupported();

@@ -11,6 +11,8 @@
 
 #include "distribute/collectives/worker_group.hpp"
 #include "distribute/strategies/elastic_membership.hpp"
+#include "elements.hpp"
+#include "gpu/gpu.hpp"
 #include "nn/element_checks.hpp"
 #include "troupe/actors/membership_state.hpp"
 #include "troupe/errors.hpp"
@@ -385,6 +387,36 @@ std::vector<double> FitLoop::carried_row(StepRequests& carried) {
   return row;
 }
 
+namespace {
+
+// On a GPU replica the step's table is completed on the device (the loss, the rows predicted
+// right): the host reads it once, after the reduction, instead of waiting on the replica's stream
+// for the loss and again for the predictions and labels. Other shapes and dtypes (sequence
+// outputs, one-hot or float labels, 16-bit outputs) are read on the host.
+bool table_on_device(const Tensor& loss, const Tensor& outputs, const data::Element& e, bool hits) {
+  if (!loss.is_gpu() || (loss.dtype() != DType::f32 && loss.dtype() != DType::f64)) return false;
+  if (!hits) return true;
+  if (e.size() < 2) return false;
+  const Tensor& labels = e[1];
+  return outputs.is_gpu() && outputs.rank() == 2 && (outputs.dtype() == DType::f32 || outputs.dtype() == DType::f64) &&
+         labels.device() == outputs.device() && labels.rank() == 1 && labels.shape()[0] == outputs.shape()[0] &&
+         (labels.dtype() == DType::i32 || labels.dtype() == DType::i64) && loss.device() == outputs.device();
+}
+
+void fill_table_on_device(Tensor& table, const Tensor& loss, std::int64_t loss_at, double loss_scale,
+                          const Tensor& outputs, const data::Element& e, bool hits) {
+  const Tensor predicted = hits ? nn::argmax(outputs) : Tensor();
+  troupe::detail::gpu::step_table(table.device().index(), static_cast<double*>(table.raw_mutable_data()),
+                                  table.num_elements(), loss.raw_data(), troupe::detail::to_scalar_type(loss.dtype()),
+                                  loss_at, loss_scale,
+                                  hits ? static_cast<const std::int64_t*>(predicted.raw_data()) : nullptr,
+                                  hits ? e[1].raw_data() : nullptr,
+                                  hits ? troupe::detail::to_scalar_type(e[1].dtype()) : base::scalar_type::i64,
+                                  hits ? rows_of(e) : 0);
+}
+
+}  // namespace
+
 // Step: train_step on every replica. With metrics or several workers each replica returns the
 // step's table (step_agreement.hpp): the first replica of each worker fills its worker's row with
 // `row`, and every replica its own loss, so the step's one reduction also agrees on the requests
@@ -401,9 +433,15 @@ distribute::PerReplica<Tensor> FitLoop::run_step(const Batch& batch, const std::
         // The same step as train_step (gradient buckets included), keeping the outputs.
         Tensor outputs;
         const Tensor step_loss = model.step_and_update(e, global_batch, &outputs, "fit");
+        const bool hits = with_metrics && rows_of(e) > 0;
+        const bool on_device = table_on_device(step_loss, outputs, e, hits);
         std::vector<double> v(table.size(), 0.0);
-        v[0] = as_double(step_loss);
-        if (with_metrics && rows_of(e) > 0) v[1] = nn::accuracy(outputs, e[1]) * static_cast<double>(rows_of(e));
+        if (!on_device) {
+          v[0] = as_double(step_loss);
+          if (hits) v[1] = nn::accuracy(outputs, e[1]) * static_cast<double>(rows_of(e));
+        }
+        std::int64_t loss_at = -1;
+        double loss_scale = 0.0;
         if (table.workers > 1) {
           const int id = distribute::get_replica_context()->replica_id_in_sync_group();
           if (id % table.replicas_per_worker == 0) {
@@ -412,12 +450,16 @@ distribute::PerReplica<Tensor> FitLoop::run_step(const Batch& batch, const std::
           }
           if (rows_of(e) > 0) {
             const std::size_t at = table.replica_at(id);
-            v[at] = v[0] * static_cast<double>(global_batch) / static_cast<double>(rows_of(e));
+            loss_at = static_cast<std::int64_t>(at);
+            loss_scale = static_cast<double>(global_batch) / static_cast<double>(rows_of(e));
+            if (!on_device) v[at] = v[0] * loss_scale;
             v[at + 1] = 1.0;
           }
         }
         // On the replica's device, where the strategy's cross-device op expects its values.
-        return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(step_loss.device());
+        Tensor t = Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(step_loss.device());
+        if (on_device) fill_table_on_device(t, step_loss, loss_at, loss_scale, outputs, e, hits);
+        return t;
       },
       batch.values);
 }
