@@ -110,6 +110,42 @@ struct reduce_axis_fn {
   }
 };
 
+// reduce_axis over a long axis: one thread per output element reads its `along` values one after
+// the other, each read waiting for the last, so a [4096, 1024] bias gradient kept 1024 threads
+// waiting on memory for hundreds of microseconds. Here a block of 32 x 8 threads takes 32
+// neighbouring outputs of one `o`: all 256 threads load a tile of rows_per_tile rows of those 32
+// columns (coalesced, many loads in flight), then one warp adds each column's tile in row order.
+// Every output is still acc = 0 + x[0] + x[1] + ... in order: the CPU's bits.
+constexpr int tile_columns = 32;
+constexpr int tile_row_threads = threads_per_block / tile_columns;  // 8
+constexpr int rows_per_tile = 128;
+
+template <class T>
+__global__ void reduce_axis_tiled_kernel(const T* in, T* out, std::int64_t outer, std::int64_t along,
+                                         std::int64_t inner) {
+  __shared__ T tile[rows_per_tile][tile_columns];
+  const int tx = static_cast<int>(threadIdx.x) % tile_columns;
+  const int ty = static_cast<int>(threadIdx.x) / tile_columns;
+  const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * tile_columns + tx;
+  const bool column = k < inner;
+  for (std::int64_t o = blockIdx.y; o < outer; o += gridDim.y) {
+    const T* p = in + o * along * inner + k;
+    T acc = T(0);  // as the CPU's reduce_sum, which adds into zeros
+    for (std::int64_t a0 = 0; a0 < along; a0 += rows_per_tile) {
+      const int n = static_cast<int>(along - a0 < rows_per_tile ? along - a0 : rows_per_tile);
+      if (column) {
+        for (int r = ty; r < n; r += tile_row_threads) tile[r][tx] = p[(a0 + r) * inner];
+      }
+      __syncthreads();
+      if (ty == 0 && column) {
+        for (int r = 0; r < n; ++r) acc += tile[r][tx];
+      }
+      __syncthreads();
+    }
+    if (ty == 0 && column) out[o * inner + k] = acc;
+  }
+}
+
 }  // namespace
 
 int launch_fill(void* data, std::int64_t count, int type_code, double value, void* stream) {
@@ -211,6 +247,17 @@ int launch_reduce_axis(const void* in, void* out, std::int64_t outer, std::int64
   const std::int64_t count = outer * inner;
   return with_type(type, [&](auto value) {
     using T = decltype(value);
+    // A long axis with few outputs per row of threads: the tiled kernel (same order of additions).
+    if (along >= 64 && count < (std::int64_t{1} << 22)) {
+      const std::int64_t column_blocks = (inner + tile_columns - 1) / tile_columns;
+      if (column_blocks <= 65535) {
+        const dim3 grid(static_cast<unsigned>(column_blocks),
+                        static_cast<unsigned>(outer < 65535 ? outer : 65535));
+        reduce_axis_tiled_kernel<<<grid, threads_per_block, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<const T*>(in), static_cast<T*>(out), outer, along, inner);
+        return launched();
+      }
+    }
     return launch_elementwise(
         count, reduce_axis_fn<T>{static_cast<const T*>(in), static_cast<T*>(out), along < 0 ? 0 : along, inner},
         stream);

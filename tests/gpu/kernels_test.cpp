@@ -492,7 +492,10 @@ void test_reduce_axis(suite& t) {
     std::int64_t outer, along, inner;
   };
   const shape shapes[] = {{0, 3, 4},    {3, 4, 0},      {2, 0, 3},   {1, 1, 1},    {5, 7, 3},
-                          {3, 1001, 17}, {1000, 10, 1}, {1, 1000, 1}, {4, 4096, 64}, {2, 3, 70000}};
+                          {3, 1001, 17}, {1000, 10, 1}, {1, 1000, 1}, {4, 4096, 64}, {2, 3, 70000},
+                          // the tiled kernel of long axes: a Dense bias gradient's shapes, partial
+                          // tiles and column blocks, and more rows of outputs than a grid holds
+                          {1, 4096, 1024}, {1, 4096, 10},   {3, 129, 33}, {2, 128, 32},  {70000, 64, 1}};
   for (const shape& sh : shapes) {
     const std::string what = cat({"reduce_axis ", type_name<T>(), " [", std::to_string(sh.outer), ", ",
                                   std::to_string(sh.along), ", ", std::to_string(sh.inner), "]"});
