@@ -363,10 +363,10 @@ std::optional<FitLoop::Batch> FitLoop::next_batch() {
     batch.replica_rows.push_back(rows_of(e));
     rows += rows_of(e);
   }
-  // Input whose end is agreed across workers knows the step's rows over every worker (one worker
-  // may have fewer, or none); elsewhere every worker's replicas get batches of one size except at
-  // the very end of the data.
-  batch.global_rows = iterator_->last_global_rows().value_or(rows * workers_);
+  // Input over several workers knows the step's rows over all of them, which no worker's own rows
+  // tell (a global batch that its replicas do not split evenly, a worker whose data has ended);
+  // the input of one worker leaves them to its own.
+  batch.global_rows = iterator_->last_global_rows().value_or(rows);
   return batch;
 }
 
