@@ -8,32 +8,12 @@ closures that look up (embedding_lookup) or scatter_sub 1024 rows of 256 bytes o
     python tf_ps.py [--closures 2000] [--rounds 5]
 """
 import argparse
-import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 
+from tf_ps_cluster import with_cluster
+
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def serve(cluster, job, index):
-    import tensorflow as tf
-    server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=index,
-                                  protocol="grpc", start=True)
-    server.join()
 
 
 def make_fn(tf, op, v, b):
@@ -81,12 +61,8 @@ def mb_per_s(coordinator, fn, n, b, rounds):
     return statistics.median(mbs)
 
 
-def chief(cluster, closures, rounds):
+def chief(strategy, coordinator, closures, rounds):
     import tensorflow as tf
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(cluster), rpc_layer="grpc")
-    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
         variables = {b: tf.Variable(tf.zeros([b // 4])) for b in SIZES}
         table = tf.Variable(tf.zeros([TABLE_ROWS, TABLE_DIM]))
@@ -129,26 +105,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--closures", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--serve", nargs=3, metavar=("CLUSTER", "JOB", "INDEX"), help=argparse.SUPPRESS)
     a = p.parse_args()
-    if a.serve:
-        serve(json.loads(a.serve[0]), a.serve[1], int(a.serve[2]))
-        return
-    ports = free_ports(4)
-    cluster = {"chief": ["127.0.0.1:%d" % ports[0]],
-               "worker": ["127.0.0.1:%d" % ports[1], "127.0.0.1:%d" % ports[2]],
-               "ps": ["127.0.0.1:%d" % ports[3]]}
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    tasks = [subprocess.Popen([sys.executable, __file__, "--serve", json.dumps(cluster), job, str(i)], env=env)
-             for job, i in (("worker", 0), ("worker", 1), ("ps", 0))]
-    try:
-        os.environ.update(env)
-        chief(cluster, a.closures, a.rounds)
-    finally:
-        for t in tasks:
-            t.kill()
-            t.wait()
-    os._exit(0)  # the coordinator's threads do not stop on their own
+    with_cluster(lambda strategy, coordinator: chief(strategy, coordinator, a.closures, a.rounds))
 
 
 if __name__ == "__main__":

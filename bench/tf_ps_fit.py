@@ -16,29 +16,9 @@ closure, which traces the function, is not timed).
     python tf_ps_fit.py [--steps 400] [--optimizer sgd|adam] [--lr 0.05]
 """
 import argparse
-import json
-import os
-import socket
-import subprocess
-import sys
 import time
 
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def serve(cluster, job, index):
-    import tensorflow as tf
-    server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=index,
-                                  protocol="grpc", start=True)
-    server.join()
+from tf_ps_cluster import with_cluster
 
 
 def blobs(samples, features, classes, seed=42):
@@ -53,11 +33,8 @@ def blobs(samples, features, classes, seed=42):
     return x, labels
 
 
-def chief(cluster, a):
+def chief(strategy, coordinator, a):
     import tensorflow as tf
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec(cluster), rpc_layer="grpc")
-    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     sizes = [a.features, a.hidden, a.hidden, a.classes]
     with strategy.scope():
         init = tf.keras.initializers.GlorotUniform(seed=100)
@@ -123,26 +100,8 @@ def main():
     p.add_argument("--classes", type=int, default=4)
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--serve", nargs=3, metavar=("CLUSTER", "JOB", "INDEX"), help=argparse.SUPPRESS)
     a = p.parse_args()
-    if a.serve:
-        serve(json.loads(a.serve[0]), a.serve[1], int(a.serve[2]))
-        return
-    ports = free_ports(4)
-    cluster = {"chief": ["127.0.0.1:%d" % ports[0]],
-               "worker": ["127.0.0.1:%d" % ports[1], "127.0.0.1:%d" % ports[2]],
-               "ps": ["127.0.0.1:%d" % ports[3]]}
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    tasks = [subprocess.Popen([sys.executable, __file__, "--serve", json.dumps(cluster), job, str(i)], env=env)
-             for job, i in (("worker", 0), ("worker", 1), ("ps", 0))]
-    try:
-        os.environ.update(env)
-        chief(cluster, a)
-    finally:
-        for t in tasks:
-            t.kill()
-            t.wait()
-    os._exit(0)  # the coordinator's threads do not stop on their own
+    with_cluster(lambda strategy, coordinator: chief(strategy, coordinator, a))
 
 
 if __name__ == "__main__":

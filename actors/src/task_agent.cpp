@@ -6,8 +6,10 @@
 #include <shared_mutex>
 #include <utility>
 
+#include "caf/io/all.hpp"
 #include "protocol.hpp"
 #include "task_common.hpp"
+#include "troupe/base/quote.hpp"
 
 namespace troupe::actors {
 
@@ -101,6 +103,41 @@ namespace {
 
 void event(agent_state& st, const std::string& line) {
   if (st.handlers->event) st.handlers->event(line);
+}
+
+// A checkpoint message from anyone but the chief (the peer that said hello as /job:chief/): it
+// would write or overwrite files of the ps task's host, or its variables. Refused, with a line in
+// the task's log naming the sender as it said hello (or that it did not) and the address it
+// connected from; a flood of them is logged at powers of two only, so that the log stays bounded.
+// `what` is "save" or "restore".
+caf::error refuse_checkpoint(caf::stateful_actor<agent_state>* self, const std::string& what) {
+  auto& st = self->state;
+  const std::string why = st.task + " " + what + "s checkpoints for its chief only";
+  const auto n = ++st.refused;
+  if ((n & (n - 1)) != 0) return runtime_error(why);
+  const auto sender = self->current_sender();
+  const auto said = st.peers.find(caf::actor_cast<caf::actor_addr>(sender));
+  const std::string who = said != st.peers.end() ? base::quoted(said->second)
+                          : sender                ? std::string("an actor that did not say hello")
+                                                  : std::string("an anonymous sender");
+  const std::string line = "refused a checkpoint " + what + " from " + who + ", which is not its chief";
+  const std::string count = " (" + std::to_string(n) + " refused so far)";
+  if (!sender || sender->node() == self->node()) {
+    event(st, line + count);
+    return runtime_error(why);
+  }
+  auto handlers = st.handlers;
+  self->request(self->system().middleman().actor_handle(), std::chrono::seconds(1), caf::get_atom::value,
+                sender->node())
+      .then(
+          [=](const caf::node_id&, const std::string& host, std::uint16_t port) {
+            if (!handlers->event) return;
+            handlers->event(line + " [connected from " + host + ":" + std::to_string(port) + "]" + count);
+          },
+          [=](caf::error&) {
+            if (handlers->event) handlers->event(line + count);
+          });
+  return runtime_error(why);
 }
 
 }  // namespace
@@ -231,7 +268,7 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         // control plane, and only a shard file inside a save in progress.
         auto& st = self->state;
         if (!st.chief || caf::actor_cast<caf::actor_addr>(self->current_sender()) != st.chief) {
-          return runtime_error(st.task + " saves checkpoints for its chief only");
+          return refuse_checkpoint(self, "save");
         }
         if (!st.handlers->save) return runtime_error(st.task + " holds no variables to save (it is not a ps task)");
         if (auto bad = check_shard_checkpoint_target(directory, file)) return runtime_error(st.task + ": " + *bad);
@@ -263,7 +300,7 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         // against the shard as it was created.
         auto& st = self->state;
         if (!st.chief || caf::actor_cast<caf::actor_addr>(self->current_sender()) != st.chief) {
-          return runtime_error(st.task + " restores checkpoints for its chief only");
+          return refuse_checkpoint(self, "restore");
         }
         const std::string what = "variable shard '" + key.substr(0, 64) + "' on " + st.task;
         auto cell = st.store->find(key);

@@ -70,6 +70,7 @@ struct agent_state {
   std::map<caf::actor_addr, std::string> peers;  // who said hello, by the address they said it from
   caf::actor_addr chief;
   std::shared_ptr<function_runner> runner;  // worker tasks: where calls go
+  std::uint64_t refused = 0;  // checkpoint messages refused (from anyone but the chief)
 };
 
 /// The agent: hello, leave, table, call, cancel from the chief; vnew, vread, vupdate and data from

@@ -45,6 +45,11 @@
 #                  the interrupted one; troupe-ckpt names a damaged and a missing shard file
 #   ps-idle-flood  the bulk checks, with a token, while 80 idle connections are held on a ps task's
 #                  data port: the oldest unproven ones make room, the workers' own get in
+#   ckpt-stranger  a stranger on loopback sends the ps task the checkpoint messages only the chief
+#                  may send (no hello, a worker's hello, paths with "..", strings of 16 MiB) while
+#                  ps_trainer fit saves checkpoints: each refused and logged, nothing written
+#                  outside the checkpoint directory, the training and its checkpoints unharmed
+#   ckpt-stranger-token  the same with a cluster token: the stranger cannot connect at all
 set -uo pipefail
 scenario="$1"
 build="$2"
@@ -705,6 +710,73 @@ PY
     grep -q "cannot reach ps task /job:ps/replica:0/task:0 at 127.0.0.1:$p2 within 2000 ms" "$dir/chief.log" ||
       fail "the chief's error does not name the silent ps task"
     echo "the chief gave up on the silent ps task after about $took s"
+    ;;
+  ckpt-stranger|ckpt-stranger-token)
+    # A stranger reaches the ps task while ps_trainer's chief trains and saves sharded checkpoints,
+    # and sends it the checkpoint messages only that chief may send (ckpt_stranger.cpp lists them:
+    # with and without a hello, paths that climb out of the checkpoint directory, strings of
+    # 16 MiB). Without a token each is refused and the ps task logs it (bounded: at powers of two),
+    # with a token the stranger cannot even connect; either way no file appears outside the
+    # checkpoint directory and the chief's training and checkpoints go on unharmed.
+    ckdir="$dir/ckpt"
+    if [[ $scenario == ckpt-stranger-token ]]; then
+      TROUPE_CLUSTER_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+      export TROUPE_CLUSTER_TOKEN
+    fi
+    args=(--closures 400 --step-delay-ms 30 --checkpoint-dir "$ckdir" --checkpoint-every 100)
+    start_tasks "${args[@]}"
+    start chief chief 0 "$trainer" "${args[@]}"
+    wait_for "$dir/chief.log" "^closures [0-9]+/400 done" 30  # mid-training
+    timeout 60 "$build/tests/cluster/ckpt_stranger" 127.0.0.1 "$p2" "$ckdir" >"$dir/stranger.log" 2>&1
+    stranger_st=$?
+    chief_proc=$(pgrep -P "$pid_chief") || fail "the training ended before the stranger was done: lengthen it"
+    if [[ $scenario == ckpt-stranger ]]; then
+      [[ $stranger_st == 0 ]] || fail "the stranger exited $stranger_st (0: every message refused)"
+      grep -q "^stranger: refused 12 of 12$" "$dir/stranger.log" || fail "not every checkpoint message was refused"
+      [[ $(grep -Ec "^stranger: refused: .*/job:ps/replica:0/task:0 (save|restore)s checkpoints for its chief only" \
+           "$dir/stranger.log") == 12 ]] || fail "a refusal does not say that only the chief may send it"
+      # Refusals 1, 2, 4 and 8 are logged, with who the sender said it was and its address.
+      from="\[connected from 127\.0\.0\.1:[0-9]+\]"
+      grep -Eq "refused a checkpoint save from an actor that did not say hello, which is not its chief $from \(1 refused so far\)" \
+        "$dir/ps.log" || fail "the ps task did not log the first refused save with its address"
+      grep -Eq "refused a checkpoint restore from an actor that did not say hello, which is not its chief $from \(2 refused so far\)" \
+        "$dir/ps.log" || fail "the ps task did not log the refused restore"
+      grep -Eq "refused a checkpoint save from '/job:worker/replica:0/task:7', which is not its chief $from \(4 refused so far\)" \
+        "$dir/ps.log" || fail "the ps task did not name the worker the stranger said it was"
+      grep -Eq "refused a checkpoint (save|restore) from .* \(8 refused so far\)" "$dir/ps.log" ||
+        fail "the ps task did not log the 8th refusal"
+      [[ $(grep -c "refused a checkpoint" "$dir/ps.log") == 4 ]] || fail "the refusals were not logged at powers of two only"
+    else
+      [[ $stranger_st == 2 ]] || fail "the stranger without the token exited $stranger_st (2: it could not connect)"
+      grep -q "^stranger: unreachable: " "$dir/stranger.log" || fail "the stranger without the token reached the ps task"
+      grep -Eq "control plane: refused the connection from 127\.0\.0\.1:[0-9]+: its TLS handshake failed" "$dir/ps.log" ||
+        fail "the ps task did not log the stranger's refused connection with its address"
+      ! grep -q "refused a checkpoint" "$dir/ps.log" || fail "a checkpoint message got past the token"
+    fi
+    status_of "$pid_chief"
+    [[ $st == 0 ]] || fail "the chief exited $st"
+    check_training "$dir/chief.log" 400 0
+    for n in w0 w1 ps; do
+      eval "p=\$pid_$n"
+      status_of "$p"; [[ $st == 0 ]] || fail "$n exited $st after its chief left"
+    done
+    # Nothing written outside the checkpoint directory. The chief saved at every 100th step's
+    # closure boundary and at step 400, the stranger's attempts in between; the newest three (it
+    # keeps three) are whole.
+    escaped=$(find "$dir" /tmp -maxdepth 2 -name 'escaped*' -newer "$dir/ps.log" 2>/dev/null)
+    [[ -z "$escaped" ]] || fail "the stranger wrote $escaped"
+    [[ "$(cd "$dir" && ls -d -- * | grep -v '\.log$')" == ckpt ]] || fail "$dir holds more than the logs and ckpt: $(ls "$dir")"
+    [[ -z "$(find "$ckdir" -name 'ckpt-999*')" ]] || fail "the stranger's save in progress reached $ckdir"
+    saved=$(sed -n "s|.* saved .* to $ckdir/ckpt-\([0-9]*\)\.tmp-.*|\1|p" "$dir/ps.log")
+    [[ $(echo "$saved" | wc -w) -ge 4 && $(echo "$saved" | tail -n 1) == 400 ]] ||
+      fail "the chief's saves were at steps $(echo $saved), expected 4 ending at 400"
+    "$build/tools/troupe-ckpt" "$ckdir" >"$dir/ckpt-list.log" 2>&1 || fail "troupe-ckpt exited $? on the checkpoints"
+    grep -q ": 3 sharded checkpoints, oldest first" "$dir/ckpt-list.log" || fail "troupe-ckpt did not list 3 checkpoints"
+    for step in $(echo "$saved" | tail -n 3); do
+      grep -Eq "^  ckpt-$step/ +step $step, .*intact$" "$dir/ckpt-list.log" || fail "checkpoint $step is not listed intact"
+    done
+    cat "$dir/stranger.log"
+    grep "refused a checkpoint\|refused the connection" "$dir/ps.log" | head -n 5
     ;;
   no-chief)
     # Ends 1 s after it listens: start_listening may see it listen or see it ended.

@@ -480,6 +480,57 @@ int input(MultiWorkerMirroredStrategy& s, const std::string& which) {
     std::cout << "input steps " << steps << "\n";
     return failures == 0 ? 0 : 1;
   }
+  if (which == "fit-data") {
+    // Model::fit over experimental_distribute_dataset (AutoShardPolicy DATA) of 25 samples batched
+    // by 10, for 2 epochs: a global batch that the replicas do not split evenly (2 workers of 2
+    // replicas: 3, 3, 2, 2 rows) and a last batch of 5 rows (3, 2, 0, 0: worker 1 gets none).
+    // Every worker takes every step (one with no rows too), counts the cluster's samples, and
+    // ends with the weights of the same fit in one process with one replica.
+    const std::int64_t n = 25, batch = 10;
+    std::vector<float> x, y;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float v = static_cast<float>(i) / 10.0f;
+      x.insert(x.end(), {v, 1.0f - v, 0.5f});
+      y.push_back(2.0f * v - 1.0f);
+    }
+    const data::Dataset samples =
+        data::Dataset::from_tensor_slices({Tensor::from_vector(x, {n, 3}), Tensor::from_vector(y, {n, 1})}).batch(batch);
+    nn::FitOptions quiet;
+    quiet.verbose = 0;
+    std::vector<float> expected;
+    {
+      nn::Model alone(nn::Sequential({nn::Dense(3, 1, nn::Activation::none, 9)}));
+      alone.compile(std::make_shared<nn::SGD>(0.05f), nn::Loss::mean_squared_error());
+      alone.fit(samples, 2, -1, quiet);
+      for (const Variable& v : alone.trainable_variables()) {
+        for (float w : v.value().to_vector<float>()) expected.push_back(w);
+      }
+    }
+    auto scope = s.scope();
+    nn::Model model(nn::Sequential({nn::Dense(3, 1, nn::Activation::none, 9)}));
+    model.compile(std::make_shared<nn::SGD>(0.05f), nn::Loss::mean_squared_error());
+    InputOptions options;
+    options.auto_shard_policy = AutoShardPolicy::data;
+    const nn::History history = model.fit(s.experimental_distribute_dataset(samples, options), 2, -1, quiet);
+    expect_eq(history.steps, std::int64_t{2 * 3}, "fit took every global batch's step on every worker");
+    expect_eq(history.samples, 2 * n, "fit counted each global batch's rows once (" + std::to_string(history.samples) + ")");
+    std::vector<Tensor> weights;
+    std::vector<float> got;
+    for (const Variable& v : model.trainable_variables()) {
+      weights.push_back(s.experimental_local_results(v).front());
+      for (float w : weights.back().to_vector<float>()) got.push_back(w);
+    }
+    expect_eq(got.size(), expected.size(), "as many weights as the model in one process");
+    for (std::size_t i = 0; i < got.size() && i < expected.size(); ++i) {
+      if (std::abs(got[i] - expected[i]) > 1e-5f * (1.0f + std::abs(expected[i]))) {
+        std::cout << "FAIL weight " << i << " is " << got[i] << ", in one process " << expected[i] << "\n";
+        ++failures;
+      }
+    }
+    std::cout << "fit weights " << hash_bits(weights) << "\n";
+    std::cout << "input steps " << history.steps << "\n";
+    return failures == 0 ? 0 : 1;
+  }
   if (which == "uneven" || which == "uneven-replica") {
     // One pipeline per worker, or (uneven-replica) per replica, each with its own number of ids.
     const bool per_replica = which == "uneven-replica";

@@ -373,7 +373,7 @@ case "$scenario" in
     start_cluster 2 outside; wait_all 2; expect_cluster 2 4
     [ "$(ls "$dir/ckpt")" = "ckpt-3.ckpt" ] || fail "the checkpoint directory holds: $(ls "$dir/ckpt")" ;;
   input-*)
-    # input-<data|off|file|uneven>-<workers>x<replicas per worker>: mw_worker input checks the
+    # input-<data|off|file|uneven|fit|fit-data>-<workers>x<replicas per worker>: mw_worker input checks the
     # rows each worker got; here every worker must have run the same number of steps.
     spec="${scenario#input-}"; which="${spec%-*}"; shape="${spec##*-}"; n="${shape%x*}"; per="${shape#*x}"
     for i in $(seq 0 $((n - 1))); do
@@ -385,8 +385,8 @@ case "$scenario" in
     for i in $(seq 1 $((n - 1))); do
       [ "$(grep '^input steps' "$dir/out$i")" = "$steps0" ] || fail "worker $i ran other steps than worker 0 ($steps0)"
     done
-    # fit: every worker ends with the same weights.
-    if [ "$which" = fit ]; then
+    # fit, fit-data: every worker ends with the same weights.
+    if [ "$which" = fit ] || [ "$which" = fit-data ]; then
       weights0="$(grep '^fit weights' "$dir/out0")"
       [ -n "$weights0" ] || fail "worker 0 printed no weights"
       for i in $(seq 1 $((n - 1))); do

@@ -121,9 +121,8 @@ TEST_CASE("a Server refuses a chief task and a cluster beyond loopback without a
 }
 
 TEST_CASE("a coordinator schedules onto in-process servers, shards variables over two ps tasks and names failures") {
-  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
-  ClusterSpec spec(ClusterSpec::JobMap{
-      {"chief", {port()}}, {"worker", {port()}}, {"ps", {port(), port()}}});
+  const auto a = troupe::testing::loopback_addresses(4);
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {a[0]}}, {"worker", {a[1]}}, {"ps", {a[2], a[3]}}});
   FunctionRegistry functions;
   functions.add("scale", [](FunctionContext& ctx) {
     Tensor w = ctx.read_variable("w");
@@ -218,8 +217,8 @@ TEST_CASE("a ps shard applies updates in place and refuses one that does not fit
 }
 
 TEST_CASE("embedding lookups and scatters move only the rows named, over two ps tasks") {
-  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
-  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}, {"ps", {port(), port()}}});
+  const auto a = troupe::testing::loopback_addresses(4);
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {a[0]}}, {"worker", {a[1]}}, {"ps", {a[2], a[3]}}});
   FunctionRegistry functions;
   // Rows 5, 0, 5 and 3 (shard 1, shard 0, shard 1 again, shard 1): in the order asked.
   functions.add("lookup", [](FunctionContext& ctx) {
@@ -275,13 +274,14 @@ TEST_CASE("embedding lookups and scatters move only the rows named, over two ps 
 }
 
 TEST_CASE("a checkpoint of ps variables restores onto another number of ps tasks (resharded)") {
-  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
+  // Both clusters' addresses at once: the second's tasks start as the first's stop.
+  const auto a = troupe::testing::loopback_addresses(9);
   troupe::testing::temp_dir dir("ps-ckpt");
   std::vector<float> init(21);
   for (std::size_t i = 0; i < init.size(); ++i) init[i] = static_cast<float>(i) * 0.5f;
   std::string saved;
   {
-    ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}, {"ps", {port(), port()}}});
+    ClusterSpec spec(ClusterSpec::JobMap{{"chief", {a[0]}}, {"worker", {a[1]}}, {"ps", {a[2], a[3]}}});
     ServerOptions o;
     Runtime worker_rt, ps0_rt, ps1_rt, chief_rt;
     Server worker(worker_rt, spec, "worker", 0, FunctionRegistry{}, o);
@@ -296,7 +296,7 @@ TEST_CASE("a checkpoint of ps variables restores onto another number of ps tasks
     Checkpoint ckpt({{"emb", emb}, {"bias", bias}});
     saved = ckpt.save((dir.path / "ps").string());
   }
-  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}, {"ps", {port(), port(), port()}}});
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {a[4]}}, {"worker", {a[5]}}, {"ps", {a[6], a[7], a[8]}}});
   ServerOptions o;
   Runtime worker_rt, ps0_rt, ps1_rt, ps2_rt, chief_rt;
   Server worker(worker_rt, spec, "worker", 0, FunctionRegistry{}, o);
@@ -321,8 +321,8 @@ TEST_CASE("a checkpoint of ps variables restores onto another number of ps tasks
 }
 
 TEST_CASE("ps tasks apply SGD, momentum, Adam and AdamW with their own slots, dense and to rows, with nn's bits") {
-  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
-  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}, {"ps", {port(), port()}}});
+  const auto a = troupe::testing::loopback_addresses(4);
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {a[0]}}, {"worker", {a[1]}}, {"ps", {a[2], a[3]}}});
   const auto optimizer_of = [](int which) {
     switch (which) {
       case 0: return ShardOptimizer::sgd(0.1f);

@@ -74,6 +74,21 @@ TEST_CASE("a last partial batch splits as the seed docs show, and a replica with
   CHECK_THROWS_AS(it4.get_next(), OutOfRange);
 }
 
+TEST_CASE("experimental_distribute_dataset's iterator knows each step's rows over every replica, a partial one too") {
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(4));
+  auto it = s.experimental_distribute_dataset(Dataset::range(13).batch(6)).make_iterator();
+  CHECK_FALSE(it.last_global_rows());
+  CHECK(rows_of(it.get_next()) == Rows{{0, 1}, {2, 3}, {4}, {5}});
+  CHECK(it.last_global_rows() == std::optional<std::int64_t>(6));
+  it.get_next();
+  CHECK(it.last_global_rows() == std::optional<std::int64_t>(6));
+  CHECK(rows_of(it.get_next()) == Rows{{12}, {}, {}, {}});
+  CHECK(it.last_global_rows() == std::optional<std::int64_t>(1));
+  CHECK_FALSE(it.get_next_as_optional());
+  CHECK_FALSE(it.last_global_rows());
+}
+
 TEST_CASE("a global batch not divisible by the replicas gives the first ones a row more") {
   Runtime rt;
   MirroredStrategy s(rt, cpus(3));

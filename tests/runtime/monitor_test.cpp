@@ -466,8 +466,8 @@ TEST_CASE("monitor: /api/flight_recorder answers with this process's last collec
 }
 
 TEST_CASE("monitor: as a fit callback under ParameterServerStrategy, the dashboard steers fit at closure boundaries") {
-  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
-  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}, {"ps", {port()}}});
+  const auto a = troupe::testing::loopback_addresses(3);
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {a[0]}}, {"worker", {a[1]}}, {"ps", {a[2]}}});
   FunctionRegistry functions;
   nn::BlobOptions blobs;
   blobs.samples = 256;

@@ -19,8 +19,6 @@ using troupe::testing::message_of;
 
 namespace {
 
-std::string port() { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); }
-
 nn::ClassificationData blobs() {
   nn::BlobOptions o;
   o.samples = 512;
@@ -50,8 +48,9 @@ std::shared_ptr<nn::Optimizer> optimizer_named(const std::string& name) {
 // A chief's ParameterServerStrategy over in-process servers: `workers` workers, two ps tasks.
 struct Cluster {
   explicit Cluster(int workers = 1) {
-    ClusterSpec::JobMap jobs{{"chief", {port()}}, {"ps", {port(), port()}}};
-    for (int w = 0; w < workers; ++w) jobs["worker"].push_back(port());
+    const auto a = troupe::testing::loopback_addresses(3 + workers);
+    ClusterSpec::JobMap jobs{{"chief", {a[0]}}, {"ps", {a[1], a[2]}}};
+    for (int w = 0; w < workers; ++w) jobs["worker"].push_back(a[3 + w]);
     spec.emplace(jobs);
     FunctionRegistry functions;
     functions.add_dataset("blobs", [] { return batches(); });

@@ -20,8 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string port() { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); }
-
 // One step of training on the ps tasks: "w" by Adam with a gradient that depends on its value
 // (so that a step after restore reads what was restored), "emb" by Adam on some rows (so that its
 // shards have had different numbers of updates).
@@ -71,9 +69,9 @@ struct Cluster {
   std::unique_ptr<ClusterCoordinator> coordinator;
 
   Cluster(int ps, int shards) {
-    std::vector<std::string> ps_addresses;
-    for (int i = 0; i < ps; ++i) ps_addresses.push_back(port());
-    spec = ClusterSpec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}, {"ps", ps_addresses}});
+    const auto a = troupe::testing::loopback_addresses(2 + ps);
+    spec = ClusterSpec(ClusterSpec::JobMap{
+        {"chief", {a[0]}}, {"worker", {a[1]}}, {"ps", std::vector<std::string>(a.begin() + 2, a.end())}});
     runtimes.push_back(std::make_unique<Runtime>());
     servers.push_back(std::make_unique<Server>(*runtimes.back(), spec, "worker", 0, training_functions(), o));
     for (int i = 0; i < ps; ++i) {

@@ -7,7 +7,6 @@
 #include <iterator>
 #include <map>
 #include <memory>
-#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -27,15 +26,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// n loopback addresses, each of its own port (free_port() may hand out a port it just gave).
-std::vector<std::string> addresses(int n) {
-  std::set<std::uint16_t> ports;
-  while (static_cast<int>(ports.size()) < n) ports.insert(troupe::testing::free_port());
-  std::vector<std::string> out;
-  for (std::uint16_t p : ports) out.push_back("127.0.0.1:" + std::to_string(p));
-  return out;
-}
-
 // A cluster on loopback in this process: 1 worker, 2 ps tasks, the chief's strategy with 2 shards
 // per variable.
 struct Cluster {
@@ -47,7 +37,7 @@ struct Cluster {
   std::unique_ptr<ParameterServerStrategy> strategy;
 
   Cluster() {
-    const auto a = addresses(4);
+    const auto a = troupe::testing::loopback_addresses(4);
     spec = ClusterSpec(ClusterSpec::JobMap{{"chief", {a[0]}}, {"worker", {a[1]}}, {"ps", {a[2], a[3]}}});
     runtimes.push_back(std::make_unique<Runtime>());
     servers.push_back(std::make_unique<Server>(*runtimes.back(), spec, "worker", 0, FunctionRegistry{}, o));

@@ -36,10 +36,6 @@ namespace {
 
 constexpr const char* part_names[part_fields] = {"input_ms", "compute_ms", "all_reduce_ms", "step_ms"};
 
-double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
 StepRequests step_requests(TrainingControl::Requests r) {
   StepRequests out;
   out.stop = r.stop;
@@ -369,10 +365,10 @@ std::optional<FitLoop::Batch> FitLoop::next_batch() {
     batch.replica_rows.push_back(rows_of(e));
     rows += rows_of(e);
   }
-  // Input whose end is agreed across workers knows the step's rows over every worker (one worker
-  // may have fewer, or none); elsewhere every worker's replicas get batches of one size except at
-  // the very end of the data.
-  batch.global_rows = iterator_->last_global_rows().value_or(rows * workers_);
+  // Input over several workers knows the step's rows over all of them, which no worker's own rows
+  // tell (a global batch that its replicas do not split evenly, a worker whose data has ended);
+  // the input of one worker leaves them to its own.
+  batch.global_rows = iterator_->last_global_rows().value_or(rows);
   return batch;
 }
 
@@ -612,33 +608,8 @@ void FitLoop::end_epoch(int epoch, std::int64_t k, std::int64_t first_k, const E
     throw std::invalid_argument("Model::fit: epoch " + std::to_string(epoch + 1) + " got no batch from the dataset");
   }
   const double seconds = seconds_between(start, Clock::now());
-  const double epoch_loss = sums.loss / static_cast<double>(sums.steps);
-  const double rate = seconds > 0 ? static_cast<double>(sums.samples) / seconds : 0.0;
-  history_.loss.push_back(epoch_loss);
-  history_.seconds.push_back(seconds);
-  history_.samples_per_second.push_back(rate);
-  history_.steps += sums.steps;
-  history_.samples += sums.samples;
-  epoch_logs["loss"] = epoch_loss;
-  for (const std::string& m : model_.metrics()) epoch_logs[m] = sums.hits / static_cast<double>(sums.samples);
-  const bool poisoned = history_.non_finite_step != 0 && stopped_;
-  if (options_.validation_data && !poisoned) {
-    const EvaluateResult v = model_.evaluate(*options_.validation_data);
-    epoch_logs["val_loss"] = v.loss;
-    for (const std::string& m : model_.metrics()) epoch_logs["val_" + m] = v.accuracy;
-  }
-  for (const auto& [name, value] : epoch_logs) history_.history[name].push_back(value);
-  epoch_logs["learning_rate"] = model_.optimizer()->learning_rate();
-  epoch_logs["samples_per_second"] = rate;
-  if (!poisoned) {
-    for (const auto& c : callbacks_) c->on_epoch_end(epoch, epoch_logs);
-    // Only a callback's own stop_training acts here: requests wait for the next step.
-    if (auto reason = control_.take_immediate_stop(); reason && !stopped_) {
-      stopped_ = true;
-      history_.stop_reason = *reason;
-      history_.stopped_at_step = step_;
-    }
-  }
+  close_epoch({model_, options_, callbacks_, control_, history_, stopped_, step_}, epoch, sums, seconds,
+               epoch_logs);
   back_up();
 }
 

@@ -35,6 +35,7 @@
 
 #include "distribute/strategies/elastic_commit.hpp"
 #include "distribute/strategies/step_agreement.hpp"
+#include "nn/epoch_end.hpp"
 #include "troupe/distribute/input.hpp"
 #include "troupe/nn/backup_and_restore.hpp"
 #include "troupe/nn/model.hpp"
@@ -75,13 +76,7 @@ class FitLoop {
     double hits = 0;
     std::optional<distribute::detail::StepAgreement> agreed;  // under MultiWorkerMirroredStrategy
   };
-  // An epoch's running sums.
-  struct EpochSums {
-    double loss = 0;
-    double hits = 0;
-    std::int64_t steps = 0;
-    std::int64_t samples = 0;
-  };
+  using EpochSums = detail::EpochSums;
   using Clock = std::chrono::steady_clock;
 
   void begin();

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/epoch_end.hpp"
 #include "troupe/distribute/parameter_server_strategy.hpp"
 #include "troupe/nn/model.hpp"
 
@@ -74,12 +75,7 @@ class PsFitLoop {
     std::int64_t first_k = 0;  // its first step's index in the epoch
     std::int64_t steps = 0;
   };
-  struct EpochSums {
-    double loss = 0;
-    double hits = 0;
-    std::int64_t steps = 0;
-    std::int64_t samples = 0;
-  };
+  using EpochSums = detail::EpochSums;
 
   void begin();
   void run_epoch(int epoch);

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "nn/epoch_end.hpp"
 #include "nn/model_config.hpp"
 #include "nn/ps_fit.hpp"
 #include "troupe/base/quote.hpp"
@@ -23,10 +24,6 @@ namespace troupe::nn::detail {
 namespace {
 
 using json = nlohmann::json;
-
-double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 
 Model& checked(Model& model, int epochs, std::int64_t steps_per_epoch, const FitOptions& options) {
   if (!model.optimizer()) throw std::logic_error("Model::fit: compile the model first");
@@ -299,35 +296,11 @@ bool PsFitLoop::boundary() {
 void PsFitLoop::end_epoch(int epoch, const EpochSums& sums, Logs& epoch_logs, Clock::time_point start) {
   if (sums.steps == 0) return;  // stopped before this epoch's first closure came back
   const double seconds = seconds_between(start, Clock::now());
-  const double epoch_loss = sums.loss / static_cast<double>(sums.steps);
-  const double rate = seconds > 0 ? static_cast<double>(sums.samples) / seconds : 0.0;
-  history_.loss.push_back(epoch_loss);
-  history_.seconds.push_back(seconds);
-  history_.samples_per_second.push_back(rate);
-  history_.steps += sums.steps;
-  history_.samples += sums.samples;
-  epoch_logs["loss"] = epoch_loss;
-  for (const std::string& m : model_.metrics()) {
-    epoch_logs[m] = sums.samples > 0 ? sums.hits / static_cast<double>(sums.samples) : 0.0;
-  }
-  const bool poisoned = history_.non_finite_step != 0 && stopped_;
-  if (options_.validation_data && !poisoned) {
-    // On the chief, reading the variables from the ps tasks once the epoch's closures are done.
-    const EvaluateResult v = model_.evaluate(*options_.validation_data);
-    epoch_logs["val_loss"] = v.loss;
-    for (const std::string& m : model_.metrics()) epoch_logs["val_" + m] = v.accuracy;
-  }
-  for (const auto& [name, value] : epoch_logs) history_.history[name].push_back(value);
-  epoch_logs["learning_rate"] = model_.optimizer()->learning_rate();
-  epoch_logs["samples_per_second"] = rate;
+  // Before on_epoch_end, so that a checkpoint a callback writes holds the steps done (validation
+  // reads no iteration count).
   record_iterations();
-  if (poisoned) return;
-  for (const auto& c : callbacks_) c->on_epoch_end(epoch, epoch_logs);
-  if (auto reason = control_.take_immediate_stop(); reason && !stopped_) {
-    stopped_ = true;
-    history_.stop_reason = *reason;
-    history_.stopped_at_step = step_;
-  }
+  close_epoch({model_, options_, callbacks_, control_, history_, stopped_, step_}, epoch, sums, seconds,
+               epoch_logs);
 }
 
 // The optimizer's iteration count (on the ps tasks) as the steps done, for a checkpoint of

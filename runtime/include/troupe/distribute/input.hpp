@@ -67,9 +67,9 @@ class DistributedIterator {
   /// Time spent waiting for input in get_next, for benchmarks.
   std::chrono::nanoseconds time_waiting() const;
   /// The rows (the first dimension of the first component) of the element the last get_next
-  /// returned, summed over every replica of every worker, where the input learnt it while
-  /// agreeing on the end of the data across workers; nullopt elsewhere (every worker's replicas
-  /// then get equal shares of each global batch but the last).
+  /// returned, summed over every replica of every worker: known under experimental_distribute_dataset
+  /// (every worker read the global batch) and, over several workers, wherever the input agrees on
+  /// the end of the data across them; nullopt elsewhere (one worker's input: its replicas' rows).
   std::optional<std::int64_t> last_global_rows() const;
 
   /// Range-for support.

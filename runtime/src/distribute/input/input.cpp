@@ -160,6 +160,37 @@ class BatchSource final : public InputSource {
   Producer producer_;
 };
 
+// This worker's replicas' shares of a global batch that every worker read whole (AutoShardPolicy
+// DATA or OFF), with the step's rows over every replica of every worker, which each worker knows
+// without asking the others.
+struct SharedBatch {
+  Batch batch;
+  std::int64_t global_rows = 0;
+};
+
+// Every item is a SharedBatch.
+class SharedBatchSource final : public InputSource {
+ public:
+  SharedBatchSource(Strategy& strategy, std::function<item()> produce, std::int64_t depth)
+      : producer_(strategy, std::move(produce), depth) {}
+  std::optional<Batch> next() override {
+    item x = producer_.next();
+    if (!x) {
+      rows_.reset();
+      return std::nullopt;
+    }
+    const auto* shared = static_cast<const SharedBatch*>(x.get());
+    rows_ = shared->global_rows;
+    return shared->batch;
+  }
+  std::chrono::nanoseconds waited() const override { return producer_.waited(); }
+  std::optional<std::int64_t> global_rows() const override { return rows_; }
+
+ private:
+  Producer producer_;
+  std::optional<std::int64_t> rows_;
+};
+
 // One pipeline per replica; every item is one replica's Element.
 class PerReplicaSource final : public InputSource {
  public:
@@ -475,23 +506,29 @@ DistributedDataset Strategy::experimental_distribute_dataset(data::Dataset datas
   // its local replicas instead.
   // The split is read when an iterator is made: an elastic cluster that changed its membership
   // makes a new one, split over the workers that continue (the global batch stays the same).
+  // Either way every worker knows the step's rows over the cluster: the global batch's rows
+  // (DATA; some workers may hold more of them than others, or none), or each worker's whole
+  // global batch, the same on every worker (OFF).
   const bool off = policy == AutoShardPolicy::off;
   data::Dataset sharded = dataset;
   return DistributedDataset([this, sharded, options, off, local, devices] {
     const int replicas = off ? local : num_replicas_in_sync();
     const int first = off ? 0 : backend_->first_replica_id();
-    auto produce = [sharded, replicas, first, local, devices, it = std::shared_ptr<data::Iterator>(),
+    const std::int64_t copies = off ? backend_->workers().size() : 1;
+    auto produce = [sharded, replicas, first, local, devices, copies, it = std::shared_ptr<data::Iterator>(),
                     global_batch = sharded.impl()->batch_size().value_or(0)]() mutable -> detail::item {
       if (!it) it = std::make_shared<data::Iterator>(sharded.make_iterator());
       auto e = it->get_next_as_optional();
       if (!e) return nullptr;
       if (global_batch == 0 && !e->empty() && (*e)[0].rank() > 0) global_batch = (*e)[0].shape()[0];
-      auto batch =
-          std::make_shared<detail::Batch>(detail::split_global_batch(*e, global_batch, replicas, first, local));
-      detail::place(*batch, devices);
-      return batch;
+      auto step = std::make_shared<detail::SharedBatch>();
+      step->batch = detail::split_global_batch(*e, global_batch, replicas, first, local);
+      step->global_rows = (*e)[0].shape()[0] * copies;  // split_global_batch checked a first dimension
+      detail::place(step->batch, devices);
+      return step;
     };
-    return std::make_shared<detail::BatchSource>(*this, std::move(produce), options.experimental_prefetch_to_device);
+    return std::make_shared<detail::SharedBatchSource>(*this, std::move(produce),
+                                                       options.experimental_prefetch_to_device);
   });
 }
 
