@@ -337,22 +337,39 @@ int compressed(MultiWorkerMirroredStrategy& s, Compression compression) {
 // forward pass on a batch every worker shares (it differs between paths: their products round
 // differently), and after every step a hash of the weights (identical on every worker, whatever
 // its path: the gradients are all-reduced and the update gives the same bits everywhere).
-int train(MultiWorkerMirroredStrategy& s) {
+// With `cnn`, the same for a small CNN: Conv2D(8, 3x3, same, relu) -> MaxPooling2D(2) -> Flatten
+// -> Dense(10) on 8x8 images of 3 channels (the convolution's products take each path's kernels).
+int train(MultiWorkerMirroredStrategy& s, bool cnn) {
   const int n = s.num_replicas_in_sync();
   const int steps = 12;
-  const std::int64_t batch = 32, in = 96, hidden = 64, classes = 10;
+  const std::int64_t batch = 32, in = cnn ? 8 * 8 * 3 : 96, hidden = 64, classes = 10;
   auto scope = s.scope();
-  nn::Sequential model({nn::Dense(in, hidden, nn::Activation::relu, 1), nn::Dense(hidden, hidden, nn::Activation::relu, 2),
-                        nn::Dense(hidden, classes, nn::Activation::none, 3)});
+  nn::Sequential model;
+  if (cnn) {
+    model.add(nn::Conv2D(8, 3, 1, nn::Padding::same, nn::Activation::relu, 1));
+    model.add(nn::MaxPooling2D(2));
+    model.add(nn::Flatten());
+    model.add(nn::Dense(4 * 4 * 8, classes, nn::Activation::none, 2));
+    model.build({-1, 8, 8, 3});
+  } else {
+    model.add(nn::Dense(in, hidden, nn::Activation::relu, 1));
+    model.add(nn::Dense(hidden, hidden, nn::Activation::relu, 2));
+    model.add(nn::Dense(hidden, classes, nn::Activation::none, 3));
+  }
+  // A batch of inputs: [batch, in] rows, or the same values as [batch, 8, 8, 3] images.
+  const auto input = [&](std::uint64_t seed) {
+    const Tensor x = nn::glorot_uniform(batch, in, seed) * 4.0f;
+    return cnn ? x.reshape({batch, 8, 8, 3}) : x;
+  };
   auto optimizer = std::make_shared<nn::Adam>(0.01f);
   std::cout << "path " << Runtime::cpu_kernel_path() << "\n";
-  const Tensor probe = nn::glorot_uniform(batch, in, 99) * 4.0f;
+  const Tensor probe = input(99);
   std::cout << "probe " << hash_bits({model.forward(probe)}) << "\n";
   for (int step = 0; step < steps; ++step) {
     s.run([&] {
       auto* ctx = get_replica_context();
       const int id = ctx->replica_id_in_sync_group();
-      const Tensor x = nn::glorot_uniform(batch, in, 1000 + step * 64 + id) * 4.0f;
+      const Tensor x = input(static_cast<std::uint64_t>(1000 + step * 64 + id));
       std::vector<std::int64_t> y(batch);
       for (std::int64_t i = 0; i < batch; ++i) y[i] = (i * 7 + step + id) % classes;
       std::vector<Tensor> activations;
@@ -968,8 +985,8 @@ int main(int argc, char** argv) {
     } else if (mode == "preempt") {
       const char* dir = std::getenv("MW_CKPT_DIR");
       rc = preempt(s, dir ? dir : "/tmp/troupe-mw-preempt");
-    } else if (mode == "train") {
-      rc = train(s);
+    } else if (mode == "train" || mode == "train-cnn") {
+      rc = train(s, mode == "train-cnn");
     } else if (mode == "model" || mode == "model-fit") {
       rc = model_train(s, mode == "model-fit");
     } else if (mode == "idle") {

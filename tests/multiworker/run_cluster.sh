@@ -652,14 +652,16 @@ case "$scenario" in
     for i in 0 1; do cat "$dir"/mpi/1/rank.$i/stdout "$dir"/mpi/1/rank.$i/stderr > "$dir/out$i" 2>/dev/null; echo 0 > "$dir/rc$i"; done
     [ "$rc" = 0 ] || fail "mpirun exited $rc: $(cat "$dir/mpirun.log")"
     expect_cluster 2 2 ;;
-  isa-mix)
+  isa-mix|isa-mix-cnn)
     # Two workers on different CPU kernel paths (two local replicas each): the forward passes
     # differ in their bits, the weights after every step do not. Needs a CPU with AVX2 and FMA.
+    # isa-mix-cnn: the same for a CNN (Conv2D, MaxPooling2D, Flatten, Dense).
     if ! grep -qw avx2 /proc/cpuinfo || ! grep -qw fma /proc/cpuinfo; then
       echo "SKIPPED: this CPU lacks AVX2 and FMA, so it runs only the baseline path"; exit 77
     fi
+    mode=train; [ "$scenario" = isa-mix-cnn ] && mode=train-cnn
     W0_ENV="TROUPE_CPU=baseline TROUPE_DEVICES_PER_WORKER=2" W1_ENV="TROUPE_CPU=avx2 TROUPE_DEVICES_PER_WORKER=2"
-    start_cluster 2 train; wait_all 2; expect_cluster 2 4
+    start_cluster 2 "$mode"; wait_all 2; expect_cluster 2 4
     grep -q "^path baseline" "$dir/out0" || fail "worker 0 did not run the baseline path"
     grep -q "^path avx2" "$dir/out1" || fail "worker 1 did not run the avx2 path"
     [ "$(grep -c '^step .* weights' "$dir/out0")" = 12 ] || fail "worker 0 did not report 12 steps"
