@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs troupe's build dependencies from Debian's packages. Idempotent: quiet and fast when
 # everything is already there. Usage: tools/install-deps.sh [--bench] [--fuzz]  (--bench adds the
-# peers that bench/ compares against: Gloo, and TensorFlow 2.21 from PyPI for training_bench.sh
+# peers that bench/ compares against: Gloo, oneDNN, and TensorFlow 2.21 from PyPI for training_bench.sh
 # --side-by-side, in a virtual environment at $TROUPE_BENCH_VENV, default /opt/troupe-bench, unless
 # the python3 on PATH imports tensorflow already; GNU time and perf for the monitor's cost scripts;
 # OpenMPI, the other peer, is always installed:
@@ -21,7 +21,7 @@ packages=(
 bench=0
 for arg in "$@"; do
   case "$arg" in
-    --bench) packages+=(libgloo-dev python3-venv time linux-perf); bench=1 ;;  # time, perf: monitor_*overhead.sh
+    --bench) packages+=(libgloo-dev libdnnl-dev python3-venv time linux-perf); bench=1 ;;  # time, perf: monitor_*overhead.sh
     --fuzz) packages+=(clang libclang-rt-dev) ;;  # libclang-rt-dev: Debian's default clang's runtimes
     *) echo "install-deps.sh: unknown option $arg (expected --bench or --fuzz)" >&2; exit 2 ;;
   esac
