@@ -419,10 +419,13 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
     // Every frame from now on carries its tag, under each connection's own key: direction 0 is
     // the connecting rank's, 1 the accepting rank's.
     const auto next_key = to_next->frame_key();
-    s.set_frame_macs(ring_side::next, std::make_shared<frames::frame_mac>(next_key, 0),
-                     std::make_shared<frames::frame_mac>(next_key, 1));
-    s.set_frame_macs(ring_side::prev, std::make_shared<frames::frame_mac>(prev_key, 1),
-                     std::make_shared<frames::frame_mac>(prev_key, 0));
+    // One thread beside the rank's own hashes its large frames, both ways on both connections,
+    // where the machine has a core for it (tag_thread::spare_cores).
+    const auto helper = frames::tag_thread::spare_cores(size) ? std::make_shared<frames::tag_thread>() : nullptr;
+    s.set_frame_macs(ring_side::next, std::make_shared<frames::frame_mac>(next_key, 0, helper),
+                     std::make_shared<frames::frame_mac>(next_key, 1, helper));
+    s.set_frame_macs(ring_side::prev, std::make_shared<frames::frame_mac>(prev_key, 1, helper),
+                     std::make_shared<frames::frame_mac>(prev_key, 0, helper));
   }
   return link;
 }
