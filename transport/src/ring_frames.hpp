@@ -111,10 +111,7 @@ class tag_thread {
   static constexpr std::size_t min_frame_bytes = 64 * 1024;
 
   /// Whether this machine has a core for each of `ranks` ranks and one for each one's tag_thread
-  /// (all ranks on this machine is the worst case). Where it has not, the ranks' threads already
-  /// keep the cores busy on loopback, a tag_thread would take a core from another rank, and the
-  /// ranks hash their frames themselves. Between machines the link, not the CPU, is the bound:
-  /// a rank hashes one piece while the kernel sends the last.
+  /// (all ranks on this machine is the worst case): tag_hashing::automatic.
   static bool spare_cores(int ranks);
 
  private:
