@@ -16,7 +16,12 @@ namespace troupe::transport::frames {
 
 namespace {
 // The most a reader takes from the link at once while its frame is hashed on the tag_thread.
-constexpr std::size_t deferred_piece_bytes = 256 * 1024;
+// Small enough that little is left to hash once the last piece is in, large enough that the
+// reads stay few.
+constexpr std::size_t deferred_piece_bytes = 128 * 1024;
+// How long the tag_thread watches for the next job before it sleeps: the pieces of a frame come
+// tens of microseconds apart, and waking a sleeping thread costs about as much.
+constexpr std::chrono::microseconds tag_thread_linger{50};
 }  // namespace
 
 wire::ScalarType to_wire(base::scalar_type t) {
@@ -109,6 +114,7 @@ bool tag_thread::post(const job& j) {
     }
   }
   jobs_.push_back(j);
+  queued_.fetch_add(1, std::memory_order_release);
   const bool sleeping = idle_;
   lock.unlock();
   if (sleeping) wake_.notify_one();
@@ -116,8 +122,10 @@ bool tag_thread::post(const job& j) {
 }
 
 void tag_thread::run() {
+  std::uint64_t taken = 0;
   for (;;) {
     job j{};
+    spin_until([&] { return queued_.load(std::memory_order_acquire) != taken; }, tag_thread_linger);
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (jobs_.empty() && !stop_) {
@@ -128,6 +136,7 @@ void tag_thread::run() {
       if (jobs_.empty()) return;  // stopped, every job done
       j = jobs_.front();
       jobs_.pop_front();
+      ++taken;
     }
     try {
       switch (j.what) {

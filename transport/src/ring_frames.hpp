@@ -135,6 +135,7 @@ class tag_thread {
   std::condition_variable done_;  // a job done while someone waits (waiters_)
   std::atomic<int> waiters_{0};
   std::deque<job> jobs_;
+  std::atomic<std::uint64_t> queued_{0};  // jobs ever posted, read without the lock
   bool idle_ = false;  // the thread waits on wake_
   bool stop_ = false;
   bool failed_ = false;  // the thread could not be started
