@@ -8,12 +8,15 @@
 // median. A compressed operation is what CommunicationOptions::compression does: round the float32
 // buffer to 16 bits, all-reduce those, widen the result back; SIZE and algbw count float32 bytes.
 //
-// With --token every frame carries its integrity tag (as in a cluster with TROUPE_CLUSTER_TOKEN).
+// With --token every frame carries its integrity tag (as in a cluster with TROUPE_CLUSTER_TOKEN);
+// --tag-hashing says where a rank hashes its large frames (tcp_ring_options::hash_tags: auto,
+// beside its thread, in line on it).
 // cpu_us is the CPU time per operation of all ranks together (user and system, the kernel's
 // loopback copies included): what an operation costs where the ranks share the cores.
 //
 // Usage: tcp_allreduce_bench [-n RANKS] [--floor] [--reps R] [--target-ms T]
-//                            [--compression none,fp16,bf16] [--token TEXT] [SIZE...]
+//                            [--compression none,fp16,bf16] [--token TEXT]
+//                            [--tag-hashing auto|beside|inline] [SIZE...]
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -28,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <map>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -88,10 +92,11 @@ const char* wire_name(scalar_type wire) {
 
 int run_rank(int rank, int n, std::vector<listener*>& listeners, const std::vector<endpoint>& peers,
              const std::vector<std::size_t>& sizes, int reps, double target_ms, const std::vector<scalar_type>& wires,
-             const std::string& token) {
+             const std::string& token, tag_hashing hashing) {
   tcp_ring_options options;
   options.timeout = std::chrono::seconds(30);
   options.auth = {token, "tcp_allreduce_bench"};
+  options.hash_tags = hashing;
   tcp_ring ring(rank, n, *listeners[static_cast<std::size_t>(rank)], peers, options);
   // All ranks share this machine: spinning only pays while each has a core of its own.
   if (n > static_cast<int>(std::thread::hardware_concurrency())) ring.set_spin(std::chrono::microseconds(50), true);
@@ -213,6 +218,7 @@ int main(int argc, char** argv) {
   std::vector<std::size_t> sizes;
   std::string compression_list = "none";
   std::string token;
+  std::string hashing_name = "auto";
   CLI::App app{"All-reduce over troupe's TCP ring between processes on loopback (or, with --floor, the bare\n"
                "exchange).",
                "tcp_allreduce_bench"};
@@ -238,6 +244,10 @@ int main(int argc, char** argv) {
   app.add_option("--token", token,
                  "a cluster token: the ring's connections prove it, and every frame carries an integrity tag "
                  "(empty: no tags)");
+  app.add_option("--tag-hashing", hashing_name,
+                 "with --token, where a rank hashes its large frames' tags: auto (beside its thread where the "
+                 "machine has two cores per rank), beside (a thread of its own), inline (its own thread)")
+      ->check(CLI::IsMember({"auto", "beside", "inline"}));
   app.add_option("sizes", sizes, "bytes per all-reduce (default: a sweep)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 34));
   try {
@@ -245,6 +255,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  const tag_hashing hashing = hashing_name == "beside"   ? tag_hashing::beside
+                              : hashing_name == "inline" ? tag_hashing::in_line
+                                                         : tag_hashing::automatic;
   if (sizes.empty()) sizes = {4, 64, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
   std::sort(sizes.begin(), sizes.end());
   std::vector<scalar_type> wires;
@@ -286,10 +299,10 @@ int main(int argc, char** argv) {
   std::vector<pid_t> children;
   for (int r = 1; r < n; ++r) {
     pid_t pid = fork();
-    if (pid == 0) _exit(run_rank(r, n, listeners, peers, sizes, reps, target_ms, wires, token));
+    if (pid == 0) _exit(run_rank(r, n, listeners, peers, sizes, reps, target_ms, wires, token, hashing));
     children.push_back(pid);
   }
-  int rc = run_rank(0, n, listeners, peers, sizes, reps, target_ms, wires, token);
+  int rc = run_rank(0, n, listeners, peers, sizes, reps, target_ms, wires, token, hashing);
   for (pid_t c : children) {
     int status = 0;
     waitpid(c, &status, 0);

@@ -8,7 +8,10 @@
 #   OUTDIR/bin/         the programs, stripped
 #   OUTDIR/bench/       gpu_training_bench.sh and torch_mlp.py; host_scaling.sh (the ring and fit
 #                       on the host's cores beside PyTorch: OUTDIR/bench/host_scaling.sh OUTDIR/bin OUT)
-#                       with torch_gloo_allreduce.py, for which tcp_allreduce_bench is packed too
+#                       with torch_gloo_allreduce.py, for which tcp_allreduce_bench is packed too;
+#                       tag_cost_host.sh with tag_cost.sh (the frame tags' cost: OUTDIR/bench/
+#                       tag_cost_host.sh OUTDIR/bin [OTHER_PACK/bin] OUT), for which frame_tag_bench
+#                       is packed too
 #   OUTDIR/lib/         every shared library they load that is not part of the base system
 #                       (libtroupe, libcaf_*, libcapnp, libkj, libboost_*, libbenchmark, ...), stripped
 #   OUTDIR/gpu_run.sh   runs the tests and the benchmark there (bench/gpu_run.sh)
@@ -36,7 +39,7 @@ command -v ldd >/dev/null || { echo "pack-gpu.sh: ldd not found" >&2; exit 1; }
 
 programs=()
 for f in "$build"/tests/troupe_gpu_* "$build"/bench/allreduce_nccl_bench "$build"/examples/mlp_classifier \
-         "$build"/bench/tcp_allreduce_bench; do
+         "$build"/bench/tcp_allreduce_bench "$build"/bench/frame_tag_bench; do
   [[ -f $f && -x $f ]] && programs+=("$f")
 done
 if [[ ${#programs[@]} -eq 0 ]]; then
@@ -97,8 +100,9 @@ cp "$root/bench/gpu_run.sh" "$out/gpu_run.sh"
 chmod +x "$out/gpu_run.sh"
 mkdir -p "$out/bench"
 cp "$root/bench/gpu_training_bench.sh" "$root/bench/torch_mlp.py" "$root/bench/host_scaling.sh" \
-   "$root/bench/torch_gloo_allreduce.py" "$out/bench/"
-chmod +x "$out/bench/gpu_training_bench.sh" "$out/bench/host_scaling.sh"
+   "$root/bench/torch_gloo_allreduce.py" "$root/bench/tag_cost.sh" "$root/bench/tag_cost_host.sh" "$out/bench/"
+chmod +x "$out/bench/gpu_training_bench.sh" "$out/bench/host_scaling.sh" "$out/bench/tag_cost.sh" \
+  "$out/bench/tag_cost_host.sh"
 {
   echo "troupe GPU pack"
   echo "source: $(git -C "$root" describe --always --dirty 2>/dev/null || echo unknown)"

@@ -402,6 +402,59 @@ TEST_CASE("with a cluster token, a ring frame replayed in place of a later one f
   CHECK(contains(got[1].what, "failed its integrity check"));
 }
 
+TEST_CASE("with a cluster token, large frames (tagged beside the ring's thread) altered, replayed or reordered fail their integrity check") {
+  // 2 ranks, 300001 floats: each frame carries a chunk of 600 KB, hashed on the link's tag thread
+  // while its bytes move. Rank 0 sends rank 1 two frames per all-reduce (its chunk, then the sum).
+  const std::int64_t count = 300001;
+  auto frames_to_1 = [](std::function<void(frame_in_flight&)> change) {
+    return [change](frame_in_flight& f) {
+      if (f.from == 0 && f.to == 1) change(f);
+      return frame_fate::deliver();
+    };
+  };
+  std::vector<unsigned char> held;
+  const std::vector<std::pair<const char*, fault_hook>> attacks = {
+      {"a byte in the middle of the first frame flipped",
+       frames_to_1([](frame_in_flight& f) {
+         if (f.number == 0) f.bytes[f.bytes.size() / 2] ^= 0x10;
+       })},
+      {"a byte of the second frame flipped",
+       frames_to_1([](frame_in_flight& f) {
+         if (f.number == 1) f.bytes[f.bytes.size() / 3] ^= 0x01;
+       })},
+      {"the first frame replayed in place of the second",
+       frames_to_1([&](frame_in_flight& f) {
+         if (f.number == 0) held = f.bytes;
+         if (f.number == 1) f.bytes = held;
+       })},
+      {"the first two frames swapped",
+       [&](frame_in_flight& f) {
+         if (f.from != 0 || f.to != 1) return frame_fate::deliver();
+         if (f.number == 0) {
+           held = f.bytes;
+           return frame_fate::drop();
+         }
+         if (f.number == 1) f.bytes.insert(f.bytes.end(), held.begin(), held.end());  // 1, then 0
+         return frame_fate::deliver();
+       }},
+  };
+  for (const auto& [what, hook] : attacks) {
+    CAPTURE(what);
+    held.clear();
+    const auto start = clock_type::now();
+    auto got = run_memory(2, hook, with(5s),
+                          [&](int r, tcp_ring& ring) {
+                            for (int k = 0; k < 2; ++k) sum_and_check(r, ring, count);
+                          },
+                          true, "the token");
+    CHECK(got[1].peer == 0);
+    CHECK(contains(got[1].what, "a frame from rank 0 (in-process) failed its integrity check"));
+    CHECK(got[1].kind == peer_error::fault::altered);
+    CHECK(!contains(got[0].what, "wrong sum"));
+    CHECK(clock_type::now() - start < 3s);
+  }
+}
+
 TEST_CASE("with a cluster token, tagged frames give the right results across 2, 3 and 4 ranks") {
   for (int n : {2, 3, 4}) {
     for (std::int64_t count : {std::int64_t{0}, std::int64_t{1}, std::int64_t{100}, std::int64_t{300001}}) {

@@ -202,10 +202,13 @@ std::unique_ptr<ring_link> memory_ring::link(int rank) {
     };
     const auto next_key = key_of(rank);
     const auto prev_key = key_of(ring_index::prev_rank(rank, size_));
-    link->set_frame_macs(ring_side::next, std::make_shared<frames::frame_mac>(next_key, 0),
-                         std::make_shared<frames::frame_mac>(next_key, 1));
-    link->set_frame_macs(ring_side::prev, std::make_shared<frames::frame_mac>(prev_key, 1),
-                         std::make_shared<frames::frame_mac>(prev_key, 0));
+    // One thread beside the rank's own hashes its large frames, both ways on both connections
+    // (always here, whatever the cores, so that the tests run it).
+    const auto helper = std::make_shared<frames::tag_thread>();
+    link->set_frame_macs(ring_side::next, std::make_shared<frames::frame_mac>(next_key, 0, helper),
+                         std::make_shared<frames::frame_mac>(next_key, 1, helper));
+    link->set_frame_macs(ring_side::prev, std::make_shared<frames::frame_mac>(prev_key, 1, helper),
+                         std::make_shared<frames::frame_mac>(prev_key, 0, helper));
   }
   return link;
 }

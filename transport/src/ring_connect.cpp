@@ -298,7 +298,7 @@ void accept_waiting(int listen_fd, std::vector<std::unique_ptr<pending_connectio
 
 std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const std::vector<endpoint>& peers,
                                         std::chrono::milliseconds timeout, std::uint32_t version,
-                                        const ring_auth& auth) {
+                                        const ring_auth& auth, tag_hashing hashing) {
   if (size == 1) return nullptr;
   const int next = ring_index::next_rank(rank, size);
   const int prev = ring_index::prev_rank(rank, size);
@@ -419,10 +419,15 @@ std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const
     // Every frame from now on carries its tag, under each connection's own key: direction 0 is
     // the connecting rank's, 1 the accepting rank's.
     const auto next_key = to_next->frame_key();
-    s.set_frame_macs(ring_side::next, std::make_shared<frames::frame_mac>(next_key, 0),
-                     std::make_shared<frames::frame_mac>(next_key, 1));
-    s.set_frame_macs(ring_side::prev, std::make_shared<frames::frame_mac>(prev_key, 1),
-                     std::make_shared<frames::frame_mac>(prev_key, 0));
+    // One thread beside the rank's own hashes its large frames, both ways on both connections,
+    // where the machine has a core for it (tag_hashing).
+    const bool beside = hashing == tag_hashing::beside ||
+                        (hashing == tag_hashing::automatic && frames::tag_thread::spare_cores(size));
+    const auto helper = beside ? std::make_shared<frames::tag_thread>() : nullptr;
+    s.set_frame_macs(ring_side::next, std::make_shared<frames::frame_mac>(next_key, 0, helper),
+                     std::make_shared<frames::frame_mac>(next_key, 1, helper));
+    s.set_frame_macs(ring_side::prev, std::make_shared<frames::frame_mac>(prev_key, 1, helper),
+                     std::make_shared<frames::frame_mac>(prev_key, 0, helper));
   }
   return link;
 }

@@ -8,10 +8,21 @@
 #include <climits>
 #include <cstring>
 #include <stdexcept>
+#include <system_error>
 
 #include "troupe/transport/spin.hpp"
 
 namespace troupe::transport::frames {
+
+namespace {
+// The most a reader takes from the link at once while its frame is hashed on the tag_thread.
+// Small enough that little is left to hash once the last piece is in, large enough that the
+// reads stay few.
+constexpr std::size_t deferred_piece_bytes = 128 * 1024;
+// How long the tag_thread watches for the next job before it sleeps: the pieces of a frame come
+// tens of microseconds apart, and waking a sleeping thread costs about as much.
+constexpr std::chrono::microseconds tag_thread_linger{50};
+}  // namespace
 
 wire::ScalarType to_wire(base::scalar_type t) {
   switch (t) {
@@ -78,8 +89,83 @@ std::size_t frame_length(const unsigned char* bytes, std::size_t n) {
 
 // ---- tags ----
 
-frame_mac::frame_mac(const std::vector<std::uint8_t>& key, std::uint32_t direction)
-    : ctx_(EVP_CIPHER_CTX_new()), direction_(direction) {
+tag_thread::~tag_thread() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool tag_thread::spare_cores(int ranks) {
+  return std::thread::hardware_concurrency() >= 2 * static_cast<unsigned>(std::max(ranks, 1));
+}
+
+bool tag_thread::post(const job& j) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (failed_) return false;
+  if (!thread_.joinable()) {
+    try {
+      thread_ = std::thread([this] { run(); });
+    } catch (const std::system_error&) {
+      failed_ = true;  // no thread to be had (a thread limit): the callers hash their frames themselves
+      return false;
+    }
+  }
+  jobs_.push_back(j);
+  queued_.fetch_add(1, std::memory_order_release);
+  const bool sleeping = idle_;
+  lock.unlock();
+  if (sleeping) wake_.notify_one();
+  return true;
+}
+
+void tag_thread::run() {
+  std::uint64_t taken = 0;
+  for (;;) {
+    job j{};
+    spin_until([&] { return queued_.load(std::memory_order_acquire) != taken; }, tag_thread_linger);
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (jobs_.empty() && !stop_) {
+        idle_ = true;
+        wake_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        idle_ = false;
+      }
+      if (jobs_.empty()) return;  // stopped, every job done
+      j = jobs_.front();
+      jobs_.pop_front();
+      ++taken;
+    }
+    try {
+      switch (j.what) {
+        case job::kind::begin: j.mac->do_begin(j.number); break;
+        case job::kind::add: j.mac->do_add(j.data, j.bytes); break;
+        case job::kind::end: j.mac->do_end(); break;
+      }
+    } catch (const std::exception&) {
+      j.mac->failed_.store(true, std::memory_order_relaxed);
+    }
+    // Sequentially consistent with wait_for's: either it sees this job done, or this sees it wait.
+    j.mac->finished_.fetch_add(1);
+    if (waiters_.load() > 0) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_.notify_all();
+    }
+  }
+}
+
+void tag_thread::wait_for(const frame_mac& mac) {
+  if (spin_until([&] { return !mac.pending(); }, std::chrono::microseconds(50))) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  ++waiters_;
+  done_.wait(lock, [&] { return !mac.pending(); });
+  --waiters_;
+}
+
+frame_mac::frame_mac(const std::vector<std::uint8_t>& key, std::uint32_t direction, std::shared_ptr<tag_thread> helper)
+    : ctx_(EVP_CIPHER_CTX_new()), direction_(direction), helper_(std::move(helper)) {
   auto* ctx = static_cast<EVP_CIPHER_CTX*>(ctx_);
   if (ctx == nullptr || key.size() != 32 ||
       EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), nullptr, key.data(), nullptr) != 1) {
@@ -88,20 +174,78 @@ frame_mac::frame_mac(const std::vector<std::uint8_t>& key, std::uint32_t directi
   }
 }
 
-frame_mac::~frame_mac() { EVP_CIPHER_CTX_free(static_cast<EVP_CIPHER_CTX*>(ctx_)); }
+frame_mac::~frame_mac() {
+  drain();
+  EVP_CIPHER_CTX_free(static_cast<EVP_CIPHER_CTX*>(ctx_));
+}
+
+void frame_mac::post(tag_thread::job::kind what, const void* data, std::size_t n, std::uint64_t number) {
+  // Only when nothing is pending may the caller do a job itself; then the helper holds none of
+  // this frame_mac's, and a job it cannot take is the caller's.
+  if (helper_ != nullptr) {
+    ++posted_;
+    if (helper_->post({this, what, data, n, number})) return;
+    --posted_;
+  }
+  switch (what) {
+    case tag_thread::job::kind::begin: do_begin(number); break;
+    case tag_thread::job::kind::add: do_add(data, n); break;
+    case tag_thread::job::kind::end: do_end(); break;
+  }
+}
 
 void frame_mac::begin() {
+  const std::uint64_t number = number_++;
+  if (pending()) {
+    post(tag_thread::job::kind::begin, nullptr, 0, number);
+  } else {
+    do_begin(number);
+  }
+}
+
+void frame_mac::add(const void* data, std::size_t n, bool defer) {
+  if (n == 0) return;
+  if (pending() || (defer && helper_ != nullptr)) {
+    post(tag_thread::job::kind::add, data, n, 0);
+  } else {
+    do_add(data, n);
+  }
+}
+
+void frame_mac::finish() {
+  if (pending()) {
+    post(tag_thread::job::kind::end, nullptr, 0, 0);
+  } else {
+    do_end();
+  }
+}
+
+void frame_mac::drain() {
+  if (helper_ != nullptr && pending()) helper_->wait_for(*this);
+}
+
+void frame_mac::result(unsigned char* out) {
+  drain();
+  if (failed_.load(std::memory_order_relaxed)) throw std::runtime_error("tcp_ring: OpenSSL failed to tag a frame");
+  std::memcpy(out, result_, tag_bytes);
+}
+
+void frame_mac::end(unsigned char* out) {
+  finish();
+  result(out);
+}
+
+void frame_mac::do_begin(std::uint64_t number) {
   // The nonce: the direction, then the frame's number on this stream (never reused under a key).
   unsigned char nonce[12];
   std::memcpy(nonce, &direction_, 4);
-  std::memcpy(nonce + 4, &number_, 8);
-  ++number_;
+  std::memcpy(nonce + 4, &number, 8);
   if (EVP_EncryptInit_ex(static_cast<EVP_CIPHER_CTX*>(ctx_), nullptr, nullptr, nullptr, nonce) != 1) {
     throw std::runtime_error("tcp_ring: OpenSSL failed to tag a frame");
   }
 }
 
-void frame_mac::add(const void* data, std::size_t n) {
+void frame_mac::do_add(const void* data, std::size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
   while (n > 0) {
     const int k = static_cast<int>(std::min<std::size_t>(n, std::size_t{1} << 30));
@@ -115,12 +259,12 @@ void frame_mac::add(const void* data, std::size_t n) {
   }
 }
 
-void frame_mac::end(unsigned char* out) {
+void frame_mac::do_end() {
   auto* ctx = static_cast<EVP_CIPHER_CTX*>(ctx_);
   int len = 0;
   unsigned char none[16];
   if (EVP_EncryptFinal_ex(ctx, none, &len) != 1 ||
-      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, static_cast<int>(tag_bytes), out) != 1) {
+      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, static_cast<int>(tag_bytes), result_) != 1) {
     throw std::runtime_error("tcp_ring: OpenSSL failed to tag a frame");
   }
 }
@@ -204,18 +348,33 @@ void frame_writer::frame_segments() {
   body_iovs_ = iov_.size();
   tagged_ = false;
   if (mac_ != nullptr) {
-    // Tagged as it goes out (progress()), so that the first bytes leave at once; the tag follows.
+    // The tag follows the frame. A large frame is hashed on the link's tag_thread, all of it at
+    // once, while its bytes go out; any other as it goes out (progress()), so that its first
+    // bytes leave at once.
+    std::size_t bytes = 0;
+    for (std::size_t i = 0; i < body_iovs_; ++i) bytes += iov_[i].iov_len;
+    hashed_ahead_ = mac_->helped() && bytes >= tag_thread::min_frame_bytes;
     mac_->begin();
+    if (hashed_ahead_) {
+      for (std::size_t i = 0; i < body_iovs_; ++i) mac_->add(iov_[i].iov_base, iov_[i].iov_len, true);
+      mac_->finish();
+    }
     iov_.push_back({tag_, sizeof tag_});
   }
 }
 
 void frame_writer::progress(ring_link& link) {
   while (!done()) {
-    // With a tag, the frame's body goes first, tagged as it is written; the tag once it is all out.
+    // With a tag, the frame's body goes first, hashed as it is written unless it was hashed
+    // ahead; the tag once it is all out (and computed).
     const bool body = mac_ != nullptr && next_ < body_iovs_;
+    const bool hash = body && !hashed_ahead_;
     if (mac_ != nullptr && next_ == body_iovs_ && !tagged_) {
-      mac_->end(tag_);
+      if (hashed_ahead_) {
+        mac_->result(tag_);
+      } else {
+        mac_->end(tag_);
+      }
       tagged_ = true;
     }
     const std::size_t n = std::min<std::size_t>((body ? body_iovs_ : iov_.size()) - next_, IOV_MAX);
@@ -224,11 +383,11 @@ void frame_writer::progress(ring_link& link) {
     moved_ += left;
     while (left > 0 && !done()) {
       if (left >= iov_[next_].iov_len) {
-        if (body) mac_->add(iov_[next_].iov_base, iov_[next_].iov_len);
+        if (hash) mac_->add(iov_[next_].iov_base, iov_[next_].iov_len);
         left -= iov_[next_].iov_len;
         ++next_;
       } else {
-        if (body) mac_->add(iov_[next_].iov_base, left);
+        if (hash) mac_->add(iov_[next_].iov_base, left);
         iov_[next_].iov_base = static_cast<char*>(iov_[next_].iov_base) + left;
         iov_[next_].iov_len -= left;
         left = 0;
@@ -264,10 +423,13 @@ void frame_reader::pull(Read&& read, const ring_peer& from) {
     char* target = stage_ == stage::body  ? reinterpret_cast<char*>(words_.data())
                    : stage_ == stage::tag ? reinterpret_cast<char*>(tag_)
                                           : reinterpret_cast<char*>(table_.data()) + (stage_ == stage::head ? 0 : 8);
-    const std::size_t r = read(target + have_, need_ - have_);
+    // A large body is hashed on the link's tag_thread piece by piece as it arrives, each piece
+    // while the next is read.
+    const bool defer = mac_ != nullptr && mac_->helped() && stage_ == stage::body && need_ >= tag_thread::min_frame_bytes;
+    const std::size_t r = read(target + have_, defer ? std::min(need_ - have_, deferred_piece_bytes) : need_ - have_);
     if (r == 0) return;
     moved_ += r;
-    if (mac_ != nullptr && stage_ != stage::tag) mac_->add(target + have_, r);
+    if (mac_ != nullptr && stage_ != stage::tag) mac_->add(target + have_, r, defer);
     have_ += r;
     if (have_ < need_) continue;
     advance(from);
@@ -447,6 +609,21 @@ hello_fields frame_reader::take_hello() {
 
 void frame_pump::exchange(const deadline& until, std::chrono::milliseconds timeout, const spin_policy& spin,
                           bool both, clock::time_point* first_from_prev) {
+  try {
+    exchange_frames(until, timeout, spin, both, first_from_prev);
+  } catch (...) {
+    // The frames given up may still be hashed on the tag_thread: done before their bytes (the
+    // caller's buffers among them) go away.
+    for (ring_side side : {ring_side::next, ring_side::prev}) {
+      if (frame_mac* m = link_->out_mac(side)) m->drain();
+      if (frame_mac* m = link_->in_mac(side)) m->drain();
+    }
+    throw;
+  }
+}
+
+void frame_pump::exchange_frames(const deadline& until, std::chrono::milliseconds timeout, const spin_policy& spin,
+                                 bool both, clock::time_point* first_from_prev) {
   ring_link& link = *link_;
   const auto spin_until_time = clock::now() + spin.spin;
   auto finished = [&] {

@@ -9,6 +9,11 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -88,16 +93,70 @@ std::string describe(const frame_header& h);
 /// end is not among the `n` bytes yet (or the table names more than max_segments segments).
 std::size_t frame_length(const unsigned char* bytes, std::size_t n);
 
+class frame_mac;
+
+/// A thread that computes frame tags beside the ring's own thread, so that hashing a large frame
+/// overlaps with moving its bytes (the rank's thread sends and receives while this one hashes).
+/// The frame_macs of one link share one: their jobs run in the order they were posted. Started on
+/// first use; when no thread can be started, the tags are computed by the caller as before.
+class tag_thread {
+ public:
+  tag_thread() = default;
+  ~tag_thread();
+  tag_thread(const tag_thread&) = delete;
+  tag_thread& operator=(const tag_thread&) = delete;
+
+  /// Frames with at least this many bytes of data are hashed here; smaller ones by the caller
+  /// (handing them over would cost more than it saves).
+  static constexpr std::size_t min_frame_bytes = 64 * 1024;
+
+  /// Whether this machine has a core for each of `ranks` ranks and one for each one's tag_thread
+  /// (all ranks on this machine is the worst case): tag_hashing::automatic.
+  static bool spare_cores(int ranks);
+
+ private:
+  friend class frame_mac;
+  struct job {
+    frame_mac* mac;
+    enum class kind { begin, add, end } what;
+    const void* data;
+    std::size_t bytes;
+    std::uint64_t number;
+  };
+  // Queues `j`: false when no thread runs (it could not be started), for the caller to do it.
+  bool post(const job& j);
+  void run();
+
+  // Waits until `mac` holds no job here: a short spin, then asleep until the thread wakes it.
+  void wait_for(const frame_mac& mac);
+
+  std::mutex mutex_;
+  std::condition_variable wake_;  // a job posted, or stop
+  std::condition_variable done_;  // a job done while someone waits (waiters_)
+  std::atomic<int> waiters_{0};
+  std::deque<job> jobs_;
+  std::atomic<std::uint64_t> queued_{0};  // jobs ever posted, read without the lock
+  bool idle_ = false;  // the thread waits on wake_
+  bool stop_ = false;
+  bool failed_ = false;  // the thread could not be started
+  std::thread thread_;
+};
+
 /// The integrity tags of one direction of one connection: AES-256-GCM used as a MAC (GMAC: the
 /// whole frame, segment table and segments, is authenticated and sent in the clear) under a key
 /// that both sides derive from the connection's proof, with the frame's number on the stream in
 /// the nonce, so that a frame altered, replayed, reordered or moved to another connection fails.
 /// Each frame is followed by its 16-byte tag.
+/// With a tag_thread, the bytes of a large frame (add() with `defer`) are hashed on that thread
+/// while the caller goes on; end() and matches() wait for them. The caller keeps the bytes in
+/// place until then (or until drain()).
 class frame_mac {
  public:
   static constexpr std::size_t tag_bytes = 16;
-  /// `key`: 32 bytes; `direction`: which way on the connection (the two ways share the key).
-  frame_mac(const std::vector<std::uint8_t>& key, std::uint32_t direction);
+  /// `key`: 32 bytes; `direction`: which way on the connection (the two ways share the key);
+  /// `helper`: where large frames are hashed (null: always by the caller).
+  frame_mac(const std::vector<std::uint8_t>& key, std::uint32_t direction,
+            std::shared_ptr<tag_thread> helper = nullptr);
   ~frame_mac();
   frame_mac(const frame_mac&) = delete;
   frame_mac& operator=(const frame_mac&) = delete;
@@ -108,16 +167,37 @@ class frame_mac {
   bool check(const iovec* iov, std::size_t count, const unsigned char* tag);
 
   /// The same piece by piece: begin() the next frame, add() its bytes in order, then end() writes
-  /// its tag (or matches() compares it with a received one).
+  /// its tag (or matches() compares it with a received one). add() with `defer` hands the bytes
+  /// to the tag_thread, if any; finish() ends the frame without waiting, result() then waits for
+  /// its tag.
   void begin();
-  void add(const void* data, std::size_t n);
+  void add(const void* data, std::size_t n, bool defer = false);
   void end(unsigned char* out);
   bool matches(const unsigned char* tag);
+  void finish();
+  void result(unsigned char* out);
+  /// Waits until the tag_thread holds no job of this frame_mac (its bytes may go away then).
+  void drain();
+  /// Whether large frames are hashed on a tag_thread.
+  bool helped() const { return helper_ != nullptr; }
 
  private:
+  friend class tag_thread;
+  // Sequentially consistent: see tag_thread::wait_for.
+  bool pending() const { return finished_.load() != posted_; }
+  void post(tag_thread::job::kind what, const void* data, std::size_t n, std::uint64_t number);
+  void do_begin(std::uint64_t number);
+  void do_add(const void* data, std::size_t n);
+  void do_end();
+
   void* ctx_;  // EVP_CIPHER_CTX
   std::uint32_t direction_;
-  std::uint64_t number_ = 0;  // frames tagged or checked so far
+  std::uint64_t number_ = 0;  // frames begun so far
+  std::shared_ptr<tag_thread> helper_;
+  std::uint64_t posted_ = 0;                // jobs handed to the helper (the caller's count)
+  std::atomic<std::uint64_t> finished_{0};  // of them done (the helper's count)
+  std::atomic<bool> failed_{false};         // OpenSSL failed on the helper
+  unsigned char result_[tag_bytes] = {};    // the last frame's tag
 };
 
 /// One frame going out on one side: the segment table and the message's segments, gathered as the
@@ -160,6 +240,7 @@ class frame_writer {
   unsigned char tag_[frame_mac::tag_bytes] = {};
   std::size_t body_iovs_ = 0;  // the frame's own buffers; with a tag, one more follows
   bool tagged_ = false;        // the tag is computed
+  bool hashed_ahead_ = false;  // the frame is hashed on the tag_thread, not as it goes out
   alignas(8) std::array<capnp::word, 64> scratch_{};
   std::optional<capnp::MallocMessageBuilder> builder_;
   std::vector<std::uint32_t> table_;
@@ -278,6 +359,9 @@ class frame_pump {
   std::atomic<std::uint64_t> received_prev{0};
 
  private:
+  void exchange_frames(const deadline& until, std::chrono::milliseconds timeout, const spin_policy& spin, bool both,
+                       clock::time_point* first_from_prev);
+
   ring_link* link_;
 };
 

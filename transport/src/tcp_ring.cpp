@@ -136,7 +136,7 @@ tcp_ring::tcp_ring(int rank, int size, listener& own, const std::vector<endpoint
                                 std::to_string(peers.size()) + " peer addresses");
   }
   const tcp_ring_options o = checked(options);
-  impl_ = std::make_unique<impl>(connect_ring(rank, size, own, peers, o.timeout, protocol_version, o.auth), o);
+  impl_ = std::make_unique<impl>(connect_ring(rank, size, own, peers, o.timeout, protocol_version, o.auth, o.hash_tags), o);
 }
 
 tcp_ring::tcp_ring(int rank, int size, std::unique_ptr<ring_link> link, const tcp_ring_options& options)

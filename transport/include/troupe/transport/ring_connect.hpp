@@ -10,6 +10,14 @@
 
 namespace troupe::transport {
 
+/// Where a rank hashes the integrity tags of its large frames (64 KiB and up; with a token):
+/// `beside`: on a thread of its own beside the rank's, while the frame's bytes move; `in_line`:
+/// on the rank's thread, as the bytes go out and come in; `automatic`: beside where the machine
+/// has two cores for each rank of the ring, else in line (on loopback the ranks' threads keep
+/// the cores busy, and the hashing thread would take a core from another rank; between
+/// machines the link, not the CPU, is the bound).
+enum class tag_hashing { automatic, beside, in_line };
+
 /// What every ring connection proves, both ways, before a frame is trusted.
 struct ring_auth {
   /// The cluster token (TROUPE_CLUSTER_TOKEN); never sent. Empty: the proof still binds the
@@ -70,8 +78,9 @@ class listener {
 /// Both sockets come back non-blocking with Nagle off (a ring step's last segment must not wait
 /// for an ACK). A peer that is not there or has not proven itself in time is a peer_error naming
 /// it. With one rank there is nothing to connect: null.
+/// With a token, `hashing` says where a rank hashes its large frames' tags (tag_hashing).
 std::unique_ptr<ring_link> connect_ring(int rank, int size, listener& own, const std::vector<endpoint>& peers,
                                         std::chrono::milliseconds timeout, std::uint32_t version,
-                                        const ring_auth& auth = {});
+                                        const ring_auth& auth = {}, tag_hashing hashing = tag_hashing::automatic);
 
 }  // namespace troupe::transport

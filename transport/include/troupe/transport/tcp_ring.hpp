@@ -42,6 +42,8 @@ struct tcp_ring_options {
   bool yield_while_spinning = false;
   /// What every connection proves at setup (the cluster token and incarnation; ring_connect.hpp).
   ring_auth auth;
+  /// With a token: where a rank hashes its large frames' tags (ring_connect.hpp).
+  tag_hashing hash_tags = tag_hashing::automatic;
 };
 
 /// Ring collectives between `size` processes over TCP: rank r connects to rank r+1 and accepts

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The frame integrity tags' cost on a bigger host, in one command: bench/tag_cost.sh (the ring
+# untagged and tagged, alternated round by round) for 2 and 8 ranks, and frame_tag_bench (the tag
+# alone, and OpenSSL's alternatives, GB/s) when packed. With one pack the tagged runs hash in line
+# (on the rank's thread) and beside it (a thread of its own), side by side; with two, each pack's
+# default against the other's (a pack from before --tag-hashing, say). Prints the tables and
+# writes them to OUT/tag_cost_host.txt; exits 1 when a run fails.
+#
+#   bench/tag_cost_host.sh BIN_DIR [OTHER_BIN_DIR] [OUT]
+#     BIN_DIR: a pack's bin/ (tools/pack-gpu.sh; its ../lib is used) or a build folder
+#   env: NPROCS="2 8" ROUNDS=5 SIZES="1048576 4194304 16777216 67108864"
+#        HASHING (one pack: "inline beside"; see tag_cost.sh) BENCH_FILTER (frame_tag_bench's)
+set -uo pipefail
+
+[[ $# -ge 1 && $# -le 3 ]] || { echo "usage: bench/tag_cost_host.sh BIN_DIR [OTHER_BIN_DIR] [OUT]" >&2; exit 2; }
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+bins=("$(cd "$1" && pwd)") || exit 2
+if [[ -n ${2:-} ]]; then bins+=("$(cd "$2" && pwd)") || exit 2; fi
+out=${3:-./tag-cost-host}
+mkdir -p "$out" || exit 2
+report=$out/tag_cost_host.txt
+: >"$report"
+failed=0
+for b in "${bins[@]}"; do
+  tb=$b/frame_tag_bench
+  [[ -x $tb ]] || tb=$b/bench/frame_tag_bench
+  [[ -x $tb ]] || { echo "tag_cost_host: no frame_tag_bench in $b: the ring alone" | tee -a "$report"; continue; }
+  lib=
+  [[ -d $b/../lib ]] && lib=$(cd "$b/../lib" && pwd)
+  echo "frame_tag_bench ($b)" | tee -a "$report"
+  LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$tb" --benchmark_min_time=0.2 --benchmark_filter="${BENCH_FILTER:-.}" 2>&1 |
+    grep -E '^(BM_|Run on|Benchmark)' | tee -a "$report" || failed=1
+done
+if [[ ${#bins[@]} == 1 ]]; then export HASHING=${HASHING-inline beside}; fi
+for n in ${NPROCS:-2 8}; do
+  echo | tee -a "$report"
+  RANKS=$n "$here/tag_cost.sh" "${bins[@]}" 2>&1 | tee -a "$report"
+  [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
+done
+echo "tag_cost_host: written to $report"
+exit $failed
