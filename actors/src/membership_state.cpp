@@ -15,8 +15,13 @@ int membership_change::new_rank(int old_rank) const {
   return -1;
 }
 
-membership_state::membership_state(std::vector<std::string> tasks, int min_workers, int max_workers)
-    : tasks_(std::move(tasks)), min_workers_(min_workers), max_workers_(max_workers) {
+membership_state::membership_state(std::vector<std::string> tasks, int min_workers, int max_workers,
+                                   std::uint64_t generation, int changes)
+    : tasks_(std::move(tasks)),
+      min_workers_(min_workers),
+      max_workers_(max_workers),
+      generation_(generation),
+      changes_(changes) {
   const int n = static_cast<int>(tasks_.size());
   if (n == 0) throw std::invalid_argument("membership_state: the cluster has no workers");
   if (min_workers_ < 1 || min_workers_ > n) {
@@ -89,6 +94,38 @@ std::optional<membership_change> membership_state::decide() {
       change.tasks.push_back(tasks_[i]);
     }
   }
+  pending_ = change;
+  phase_ = phase::changing;
+  return change;
+}
+
+std::optional<std::string> membership_state::check_join(const std::string& task) const {
+  if (phase_ == phase::failed) return "the cluster fell back to the restart path (" + fallback_ + ")";
+  if (phase_ != phase::stable) return std::string("the cluster is changing its membership; ask again");
+  if (static_cast<int>(tasks_.size()) >= max_workers_) {
+    return "the cluster has " + std::to_string(tasks_.size()) + " workers, max_workers (" +
+           std::to_string(max_workers_) + ")";
+  }
+  if (std::find(tasks_.begin(), tasks_.end(), task) != tasks_.end()) return task + " is a member already";
+  return std::nullopt;
+}
+
+std::optional<membership_change> membership_state::admit(const std::vector<std::string>& joiners) {
+  if (phase_ != phase::stable || joiners.empty()) return std::nullopt;
+  if (static_cast<int>(tasks_.size() + joiners.size()) > max_workers_) return std::nullopt;
+  for (std::size_t i = 0; i < joiners.size(); ++i) {
+    if (check_join(joiners[i])) return std::nullopt;
+    if (std::find(joiners.begin(), joiners.begin() + static_cast<std::ptrdiff_t>(i), joiners[i]) !=
+        joiners.begin() + static_cast<std::ptrdiff_t>(i)) {
+      return std::nullopt;
+    }
+  }
+  membership_change change;
+  change.generation = generation_ + 1;
+  for (std::size_t i = 0; i < tasks_.size(); ++i) change.survivors.push_back(static_cast<int>(i));
+  change.tasks = tasks_;
+  for (const std::string& t : joiners) change.tasks.push_back(t);
+  change.joined = joiners;
   pending_ = change;
   phase_ = phase::changing;
   return change;

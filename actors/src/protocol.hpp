@@ -69,6 +69,15 @@ using gone_atom = caf::atom_constant<caf::atom("gone")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using alive_atom = caf::atom_constant<caf::atom("alive")>;
 using fault_atom = caf::atom_constant<caf::atom("fault")>;
+// Joining a running elastic cluster (rendezvous.hpp, join_cluster):
+//   joiner -> chief's agent: (nonce) -> string; (enlist, version, task, nonce, proof, devices,
+//     data host, data port) -> join_answer or a caf::error of category "rendezvous", answered at
+//     the cluster's next step boundary
+//   chief -> its own agent (refused from any other node): (admit, keys, table, ids, generation,
+//     incarnation, changes, max workers) -> vector<int32> (the joiners' watch ids); (refuse, key, why)
+using enlist_atom = caf::atom_constant<caf::atom("enlist")>;
+using admit_atom = caf::atom_constant<caf::atom("admit")>;
+using refuse_atom = caf::atom_constant<caf::atom("refuse")>;
 
 // The tasks of a cluster (cluster_tasks.hpp has the walkthrough):
 //   dispatcher -> task agent: (hello, task, watched actor) -> (task, pulse); (table, blob);
@@ -109,6 +118,13 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, member& x) {
   return f(caf::meta::type_name("troupe::actors::member"), x.rank, x.task, x.data_host, x.data_port, x.devices,
            x.collective_id, x.incarnation);
+}
+
+/// A join_answer travels field by field too.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, join_answer& x) {
+  return f(caf::meta::type_name("troupe::actors::join_answer"), x.table, x.watch_ids, x.generation, x.incarnation,
+           x.rank, x.changes, x.max_workers);
 }
 
 /// A rendezvous_error as it travels: its code in the "rendezvous" category, its message as the

@@ -84,13 +84,9 @@ std::optional<rendezvous_error> rendezvous_state::join(const join_request& r) {
                 who + " speaks rendezvous protocol version " + std::to_string(r.version) + ", the chief " +
                     std::to_string(options_.version) + ": run the same troupe build everywhere");
   }
-  // A nonce is good for one join by the peer it was handed to, whatever its outcome. A join that
-  // fails here is refused alone: whoever sent it proved nothing, so it cannot fail the cluster.
-  auto issued_to = nonces_.find(r.nonce);
-  const bool fresh = issued_to != nonces_.end() && issued_to->second.peer == r.peer &&
-                     r.at - issued_to->second.at <= rendezvous_limits::nonce_lifetime;
-  if (issued_to != nonces_.end() && issued_to->second.peer == r.peer) forget_nonce(r.nonce);
-  if (!fresh || hmac_sha256_hex(options_.token, r.nonce) != r.proof) {
+  // A join that fails the proof is refused alone: whoever sent it proved nothing, so it cannot
+  // fail the cluster.
+  if (!proves_token(r)) {
     return rendezvous_error{rendezvous_errc::bad_token,
                             "rendezvous: refused a join claiming to be " + who +
                                 ": it failed the cluster token check (a stranger, or a worker with another "
@@ -128,6 +124,65 @@ std::optional<rendezvous_error> rendezvous_state::join(const join_request& r) {
   peers_[rank] = r.peer;
   complete_ = missing().empty();
   return std::nullopt;
+}
+
+bool rendezvous_state::proves_token(const join_request& r) {
+  // A nonce is good for one join by the peer it was handed to, whatever its outcome.
+  auto issued_to = nonces_.find(r.nonce);
+  const bool fresh = issued_to != nonces_.end() && issued_to->second.peer == r.peer &&
+                     r.at - issued_to->second.at <= rendezvous_limits::nonce_lifetime;
+  if (issued_to != nonces_.end() && issued_to->second.peer == r.peer) forget_nonce(r.nonce);
+  return fresh && hmac_sha256_hex(options_.token, r.nonce) == r.proof;
+}
+
+std::optional<rendezvous_error> rendezvous_state::check_enlist(const join_request& r, const std::string& task) {
+  const std::string who = "a worker asking to join as " + quoted(task);
+  if (r.version != options_.version) {
+    return rendezvous_error{rendezvous_errc::protocol_mismatch,
+                            "rendezvous: refused " + who + ": it speaks rendezvous protocol version " +
+                                std::to_string(r.version) + ", the chief " + std::to_string(options_.version) +
+                                ": run the same troupe build everywhere"};
+  }
+  if (!proves_token(r)) {
+    return rendezvous_error{rendezvous_errc::bad_token,
+                            "rendezvous: refused " + who + ": it failed the cluster token check (a stranger, or a "
+                                "worker with another TROUPE_CLUSTER_TOKEN: set the cluster's)"};
+  }
+  if (!complete_ || failure_ || last_beat_.empty()) {
+    return rendezvous_error{rendezvous_errc::bad_join, "rendezvous: refused " + who + ": the cluster is not running yet "
+                                                           "(a worker of its start joins without asking)"};
+  }
+  auto bad = [&](const std::string& what) {
+    return rendezvous_error{rendezvous_errc::bad_join, "rendezvous: refused " + who + ": " + what};
+  };
+  if (task.empty() || task.size() > rendezvous_limits::max_host_chars || base::has_nul(task)) {
+    return bad("a task name of " + std::to_string(task.size()) + " characters (expected 1.." +
+               std::to_string(rendezvous_limits::max_host_chars) + ", no NUL)");
+  }
+  if (r.devices != options_.devices) {
+    return bad("it has " + std::to_string(r.devices) + " devices, " + options_.tasks[0] + " has " +
+               std::to_string(options_.devices) + " (every worker needs the same number)");
+  }
+  if (r.data_port == 0) return bad("data-plane port 0 (expected 1..65535)");
+  if (r.data_host.empty() || r.data_host.size() > rendezvous_limits::max_host_chars || base::has_nul(r.data_host)) {
+    return bad("a data-plane host of " + std::to_string(r.data_host.size()) + " characters (expected 1.." +
+               std::to_string(rendezvous_limits::max_host_chars) + ", no NUL)");
+  }
+  if (members_.size() >= rendezvous_limits::max_workers) return bad("the watch's table is full");
+  return std::nullopt;
+}
+
+int rendezvous_state::add_member(member m, std::string peer, clock::time_point now) {
+  const int id = static_cast<int>(members_.size());
+  m.rank = id;
+  options_.tasks.push_back(m.task);
+  members_.push_back(std::move(m));
+  joined_.push_back(true);
+  peers_.push_back(std::move(peer));
+  last_beat_.push_back(now);
+  has_watcher_.push_back(false);
+  settled_.push_back(false);
+  return id;
 }
 
 bool rendezvous_state::expire() {

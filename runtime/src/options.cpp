@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "distribute/strategies/elastic_membership.hpp"
 #include "env.hpp"
 #include "troupe/actors/liveness_policy.hpp"
 #include "troupe/base/parse_number.hpp"
@@ -170,6 +171,16 @@ bool env_switch(const char* name, bool fallback, const char* meaning) {
 }  // namespace
 
 bool force_cpu_from_environment() { return env_switch("TROUPE_FORCE_CPU", false, "hides GPUs from troupe"); }
+
+}  // namespace detail
+
+namespace distribute::detail {
+bool join_from_environment() {
+  return troupe::detail::env_switch("TROUPE_JOIN", false, "joins a running elastic cluster instead of starting one");
+}
+}  // namespace distribute::detail
+
+namespace detail {
 
 const char* cpu_path_from_environment() { return std::getenv("TROUPE_CPU"); }
 

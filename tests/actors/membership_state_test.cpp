@@ -191,3 +191,51 @@ TEST_CASE("membership: only the chief's verdict that a worker is lost starts a c
   CHECK_FALSE(is_loss_verdict(task(1), "the chief ended the cluster: a worker waited longer than the stall shutdown"));
   CHECK_FALSE(is_loss_verdict("", "'s connection to the chief closed"));
 }
+
+TEST_CASE("membership: a second loss after a completed change shrinks again while min_workers holds, then falls back") {
+  membership_state s(tasks(4), 2);
+  REQUIRE(s.lose(3, "its connection closed"));
+  auto first = s.decide();
+  REQUIRE(first.has_value());
+  REQUIRE(s.complete(first->generation));
+  CHECK(s.tasks() == std::vector<std::string>{task(0), task(1), task(2)});
+  // Ranks are the new generation's: task 2 is rank 2 of 3.
+  REQUIRE(s.lose(2, "its connection closed"));
+  auto second = s.decide();
+  REQUIRE(second.has_value());
+  CHECK(second->generation == 2);
+  CHECK(second->left == std::vector<std::string>{task(2)});
+  REQUIRE(s.complete(2));
+  CHECK(s.changes() == 2);
+  CHECK(s.tasks() == std::vector<std::string>{task(0), task(1)});
+  // A third loss leaves 1, fewer than min_workers.
+  REQUIRE(s.lose(1, "its connection closed"));
+  CHECK(s.current_phase() == membership_state::phase::failed);
+  CHECK(s.fallback().find("1 worker(s) would be left, fewer than min_workers (2); lost: " + task(1)) != std::string::npos);
+}
+
+TEST_CASE("membership: a joiner is admitted at a boundary after every member, refused beyond max_workers or twice") {
+  membership_state s(tasks(3), 2, 3);
+  CHECK(s.check_join(task(3)).value_or("").find("max_workers (3)") != std::string::npos);
+  REQUIRE(s.lose(2, "its connection closed"));
+  CHECK(s.check_join(task(2)).value_or("").find("changing") != std::string::npos);
+  REQUIRE(s.complete(s.decide()->generation));
+  // A replacement takes the lost worker's task again; a member's task is refused.
+  CHECK_FALSE(s.check_join(task(2)).has_value());
+  CHECK(s.check_join(task(1)).value_or("") == task(1) + " is a member already");
+  CHECK_FALSE(s.admit({}).has_value());
+  CHECK_FALSE(s.admit({task(2), task(2)}).has_value());
+  CHECK_FALSE(s.admit({task(2), task(3)}).has_value());  // 4 > max_workers
+  auto change = s.admit({task(2)});
+  REQUIRE(change.has_value());
+  CHECK(change->generation == 2);
+  CHECK(change->survivors == std::vector<int>{0, 1});
+  CHECK(change->tasks == std::vector<std::string>{task(0), task(1), task(2)});
+  CHECK(change->joined == std::vector<std::string>{task(2)});
+  CHECK(change->left.empty());
+  CHECK(s.current_phase() == membership_state::phase::changing);
+  CHECK_FALSE(s.admit({task(3)}).has_value());  // one change at a time
+  REQUIRE(s.complete(2));
+  CHECK(s.tasks().size() == 3);
+  CHECK(s.changes() == 2);
+}

@@ -616,3 +616,61 @@ TEST_CASE("rendezvous_options keep the documented defaults") {
   CHECK(o.failure_linger == 300ms);
   CHECK(o.timeout == 60000ms);
 }
+
+// --- joining a running cluster ---
+
+TEST_CASE("a request to join a running cluster is checked alone: token, version, devices, endpoint, a running watch") {
+  auto o = options_for(3);
+  rendezvous_state starting(o);
+  auto early = join_of(starting, 2, "early");
+  check_refused(starting.check_enlist(early, task(2)), rendezvous_errc::bad_join,
+                "rendezvous: refused a worker asking to join as '" + task(2) +
+                    "': the cluster is not running yet (a worker of its start joins without asking)");
+  rendezvous_state s = watched_cluster();
+  auto good = join_of(s, 2, "n-good");
+  CHECK_FALSE(s.check_enlist(good, task(2)).has_value());
+  // Its nonce is spent: the same request again fails the proof, and so does a stranger's.
+  check_refused(s.check_enlist(good, task(2)), rendezvous_errc::bad_token,
+                "rendezvous: refused a worker asking to join as '" + task(2) +
+                    "': it failed the cluster token check (a stranger, or a worker with another "
+                    "TROUPE_CLUSTER_TOKEN: set the cluster's)");
+  auto stranger = join_of(s, 2, "n-stranger");
+  stranger.proof = hmac_sha256_hex("not-the-token", "n-stranger");
+  CHECK(s.check_enlist(stranger, task(2))->code == rendezvous_errc::bad_token);
+  auto old = join_of(s, 2, "n-version");
+  old.version = o.version - 1;
+  CHECK(s.check_enlist(old, task(2))->code == rendezvous_errc::protocol_mismatch);
+  auto devices = join_of(s, 2, "n-devices");
+  devices.devices = 3;
+  CHECK(s.check_enlist(devices, task(2))->message.find("it has 3 devices, " + task(0) + " has 2") != std::string::npos);
+  auto port = join_of(s, 2, "n-port");
+  port.data_port = 0;
+  CHECK(s.check_enlist(port, task(2))->message.find("data-plane port 0") != std::string::npos);
+  // A refusal changes nothing: the cluster is as it was, and fails nobody.
+  CHECK_FALSE(s.failure().has_value());
+  CHECK(s.table().size() == 3);
+}
+
+TEST_CASE("an admitted joiner is watched under a new id: its beats count from its own peer, its silence is a verdict") {
+  rendezvous_state s = watched_cluster();
+  // Task 2 was lost; its replacement joins under id 3 (ids are never reused).
+  REQUIRE(s.on_connection_closed(2).has_value());
+  member m{-1, task(2), "10.0.0.9", 40009, 2, {}, {}};
+  const int id = s.add_member(m, "joiner-node", t0 + 200ms);
+  CHECK(id == 3);
+  CHECK(s.table().size() == 4);
+  CHECK(s.table()[3].rank == 3);
+  CHECK(s.is_member(3, "joiner-node"));
+  CHECK_FALSE(s.on_beat(3, t0 + 250ms, "someone-else"));
+  CHECK(s.on_beat(3, t0 + 250ms, "joiner-node"));  // its first: monitor its watcher
+  // Checked every interval, ranks 0 and 1 beating: the joiner, silent from 250 ms, is declared
+  // gone past missed_heartbeats (6) intervals.
+  std::vector<verdict> verdicts;
+  for (auto t = t0 + 100ms; t <= t0 + 900ms && verdicts.empty(); t += 100ms) {
+    for (int r = 0; r < 2; ++r) s.on_beat(r, t);
+    verdicts = s.check(t);
+  }
+  REQUIRE(verdicts.size() == 1);
+  CHECK(verdicts[0].rank == 3);
+  CHECK(verdicts[0].reason.rfind(task(2) + " sent no heartbeat for ", 0) == 0);
+}

@@ -155,3 +155,46 @@ TEST_CASE("the rendezvous checks its own options before anything travels") {
                        "rendezvous: /job:worker/replica:0/task:1: devices is 0 (expected at least 1)",
                        std::invalid_argument);
 }
+
+TEST_CASE("a joiner's answer travels typed, and the joiner refuses one that does not fit its request") {
+  system_with announced(true);
+  join_answer a;
+  a.table = table_for_two();
+  a.table.push_back({2, "/job:worker/replica:0/task:2", "127.0.0.1", 40002, 1, "", ""});
+  a.watch_ids = {0, 1, 3};
+  a.generation = 2;
+  a.incarnation = "00112233445566778899aabbccddeeff";
+  a.rank = 2;
+  a.changes = 1;
+  a.max_workers = 3;
+  caf::message out;
+  REQUIRE_FALSE(round_trip(*announced.system, caf::make_message(a), out));
+  REQUIRE(out.match_elements<join_answer>());
+  const join_answer& back = out.get_as<join_answer>(0);
+  CHECK(back.table.size() == 3);
+  CHECK(back.watch_ids == std::vector<std::int32_t>{0, 1, 3});
+  CHECK(back.generation == 2);
+  CHECK(back.rank == 2);
+  CHECK(back.changes == 1);
+  CHECK(back.max_workers == 3);
+
+  rendezvous_options o;
+  o.rank = 2;
+  for (int t = 0; t < 3; ++t) o.tasks.push_back("/job:worker/replica:0/task:" + std::to_string(t));
+  o.devices = 1;
+  o.data_host = "127.0.0.1";
+  o.data_port = 40002;
+  CHECK_FALSE(check_join_answer(o, back).has_value());
+  join_answer moved = back;
+  moved.table[2].data_port = 1;
+  CHECK(check_join_answer(o, moved).value_or("").find("gives this worker the entry") != std::string::npos);
+  join_answer short_ids = back;
+  short_ids.watch_ids.pop_back();
+  CHECK(check_join_answer(o, short_ids).value_or("").find("2 watch ids for 3 members") != std::string::npos);
+  join_answer chief = back;
+  chief.rank = 0;
+  CHECK(check_join_answer(o, chief).value_or("").find("gives it rank 0") != std::string::npos);
+  join_answer start = back;
+  start.generation = 0;
+  CHECK(check_join_answer(o, start).value_or("").find("generation 0") != std::string::npos);
+}

@@ -7,7 +7,10 @@
 #   below-min: TROUPE_MIN_WORKERS=3 for the workers: ranks 0 and 1 end with the fallback to the
 #              restart path, naming min_workers and the lost worker (non-zero, well before the
 #              launcher's timeout).
-# Usage: multi_worker_elastic_check.sh shrink|below-min TROUPE_LAUNCH MULTI_WORKER_TRAINER
+#   stall:     as shrink, but rank 2 is stopped (SIGSTOP) instead: the chief's heartbeat watch
+#              declares it gone, the others drop it, and the launcher kills it (SIGKILL) once it
+#              has been stopped past the heartbeat limit, instead of waiting for --timeout.
+# Usage: multi_worker_elastic_check.sh shrink|below-min|stall TROUPE_LAUNCH MULTI_WORKER_TRAINER
 set -u
 mode="$1"
 launch="$2"
@@ -36,7 +39,7 @@ pid_of() {
 
 # 42 steps an epoch, global batch 192 (64 rows a worker, then 96): about 7 s of training.
 args=(--elastic --epochs 3 --batch 192 --step-delay-ms 50)
-if [ "$mode" = shrink ]; then
+if [ "$mode" != below-min ]; then
   "$launch" -n 3 --elastic --min 2 --timeout 100 -- "$trainer" "${args[@]}" > "$dir/run.out" 2>&1 &
 else
   TROUPE_MIN_WORKERS=3 "$launch" -n 3 --elastic --timeout 100 -- "$trainer" "${args[@]}" > "$dir/run.out" 2>&1 &
@@ -52,7 +55,7 @@ pid=$(pid_of 2)
 [ -n "$pid" ] || fail "rank 2 did not print its pid within 30 s"
 sleep 2
 kill -0 "$pid" 2>/dev/null || fail "rank 2 ended before it could be killed"
-kill -KILL "$pid"
+if [ "$mode" = stall ]; then kill -STOP "$pid"; else kill -KILL "$pid"; fi
 
 for _ in $(seq 1 1800); do
   kill -0 "$launcher_pid" 2>/dev/null || break
@@ -67,7 +70,11 @@ grep -q "^troupe-launch: worker 2 (pid $pid, [^)]*) was killed by signal 9 (SIGK
   "$dir/run.out" || fail "the launcher did not leave the others running after the SIGKILL of rank 2 (pid $pid)"
 grep -q "restarting" "$dir/run.out" && fail "the launcher restarted workers"
 
-if [ "$mode" = shrink ]; then
+if [ "$mode" = stall ]; then
+  grep -q "^troupe-launch: worker 2 (pid $pid, [^)]*) has been stopped for [0-9.]* s, past the heartbeat limit (TROUPE_HEARTBEAT_MS x (TROUPE_MISSED_HEARTBEATS + 1)); --elastic: killing it (SIGKILL) as lost$" \
+    "$dir/run.out" || fail "the launcher did not kill the stopped rank 2 (pid $pid) as lost"
+fi
+if [ "$mode" != below-min ]; then
   [ "$rc" = 0 ] || fail "the run exited $rc"
   for r in 0 1; do
     # One pid line each: the survivors were never started again.
@@ -83,7 +90,7 @@ if [ "$mode" = shrink ]; then
   [ -n "$d0" ] && [ "$d0" = "$d1" ] || fail "the survivors ended with different weights: '$d0' and '$d1'"
   acc=$(field 0 accuracy)
   awk -v a="$acc" 'BEGIN { exit !(a >= 0.9) }' || fail "accuracy $acc after the change (expected >= 0.9)"
-  echo "PASSED (shrink): task 2 dropped, ranks 0 and 1 finished in their own processes on 2 workers, weights $d0"
+  echo "PASSED ($mode): task 2 dropped, ranks 0 and 1 finished in their own processes on 2 workers, weights $d0"
 else
   [ "$rc" != 0 ] || fail "the run exited 0 with fewer workers than min_workers"
   for r in 0 1; do

@@ -559,6 +559,47 @@ sleep 60 & wait)", chief, {"--elastic", "--min", "1"}), chief);
                                             R"(by signal 9 \(SIGKILL\); stopping the others\n)")));
 }
 
+TEST_CASE("troupe-launch --elastic --max-restarts starts a joiner in a lost worker's place, with the run's token") {
+  scratch dir;
+  // Rank 1 kills itself on its first start; its replacement (TROUPE_JOIN=1) says what it got.
+  const std::string script = R"(if [ -z "$TROUPE_JOIN" ]; then record; fi
+echo "$TROUPE_CLUSTER_TOKEN" > "$D/token.$i.${TROUPE_JOIN:-0}"
+if [ "$i" = 1 ] && [ -z "$TROUPE_JOIN" ]; then await 0 2; kill -9 $$; fi
+if [ "$i" = 1 ]; then echo "joined=$TROUPE_JOIN elastic=$TROUPE_ELASTIC"; exit 0; fi
+n=0; while [ ! -e "$D/token.1.1" ]; do n=$((n+1)); [ $n -gt 400 ] && exit 98; sleep 0.025; done
+exit 0)";
+  auto r = run(workers(3, script, dir, {"--elastic", "--min", "2", "--max-restarts", "1"}), dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  CHECK(lines_of_rank(r.out, 1) == std::vector<std::string>{"joined=1 elastic=1"});
+  CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: worker 1 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) was killed )"
+                                            R"(by signal 9 \(SIGKILL\); --elastic: the 2 others go on without it\n)"
+                                            R"(troupe-launch: starting a replacement for worker 1 \(1 of 1\); it joins the )"
+                                            R"(running cluster\n)")));
+  // The joiner holds the token the others were started with.
+  CHECK(read_file(dir.path() + "/token.1.1") == read_file(dir.path() + "/token.0.0"));
+  CHECK(read_file(dir.path() + "/token.1.0") == read_file(dir.path() + "/token.0.0"));
+  CHECK(r.err.find("restarting") == std::string::npos);
+}
+
+TEST_CASE("troupe-launch --elastic kills a worker stopped past the heartbeat limit as lost, not waiting for --timeout") {
+  scratch dir;
+  // Rank 2 stops itself; with a 50 ms heartbeat and 2 missed beats the limit is 150 ms.
+  const std::string script = R"(record
+if [ "$i" = 2 ]; then await 0 1; kill -STOP $$; fi
+sleep 1.5; exit 0)";
+  auto r = run(workers(3, script, dir, {"--elastic", "--min", "2", "--timeout", "20"}), dir,
+               {"TROUPE_HEARTBEAT_MS=50", "TROUPE_MISSED_HEARTBEATS=2"});
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  CHECK(r.seconds < 10);
+  CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: worker 2 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) has been )"
+                                            R"(stopped for [0-9.]+ s, past the heartbeat limit)")));
+  CHECK(std::regex_search(r.err, std::regex(R"(worker 2 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) was killed by signal 9 )"
+                                            R"(\(SIGKILL\); --elastic: the 2 others go on without it)")));
+  CHECK(r.err.find("timed out") == std::string::npos);
+}
+
 TEST_CASE("troupe-launch --max-restarts gives up with the last failure's status") {
   scratch dir;
   auto r = run(workers(2, R"(echo x >> "$D/starts.$i"; n=$((TROUPE_RESTART_COUNT + 1))

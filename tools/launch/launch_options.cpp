@@ -89,7 +89,8 @@ void add_options(CLI::App& app, raw_options& raw) {
       ->type_name("SECONDS")
       ->capture_default_str();
   app.add_option("--max-restarts", raw.max_restarts,
-                 "when a worker fails or is preempted, stop the others and start every worker again, up to N times")
+                 "when a worker fails or is preempted, stop the others and start every worker again, up to N times "
+                 "(with --elastic: start a new worker in a lost one's place, up to N times)")
       ->type_name("N")
       ->capture_default_str();
   app.add_option("--restart-backoff", raw.restart_backoff,
@@ -101,7 +102,7 @@ void add_options(CLI::App& app, raw_options& raw) {
                "worker; the program must opt in, e.g. multi_worker_trainer --elastic)");
   app.add_option("--min", raw.min_workers,
                  "with --elastic: the fewest workers that go on (TROUPE_MIN_WORKERS; default 1); below it the run "
-                 "fails, and --max-restarts restarts it")
+                 "fails")
       ->type_name("N");
   app.add_option("--max", raw.max_workers, "with --elastic: the most workers (TROUPE_MAX_WORKERS; default -n)")
       ->type_name("M");
@@ -138,8 +139,12 @@ signal to the launcher, --timeout, or a program that cannot be executed ends it 
 
 With --elastic, a worker other than rank 0 killed by a signal is not a failure of the run while at
 least --min workers still run: the launcher says so and leaves the others running (an elastic
-program drops the lost worker and goes on); it is not started again. Below --min, when rank 0 (the
-chief) dies, or when a worker exits non-zero itself, the others are stopped as without --elastic.
+program drops the lost worker and goes on). With --max-restarts N a new process takes its place, at
+most N times in all: it gets the lost worker's TF_CONFIG and TROUPE_JOIN=1 and joins the running
+cluster at its next step boundary; the whole cluster is never started again under --elastic. A
+worker stopped (SIGSTOP) longer than the heartbeat limit (TROUPE_HEARTBEAT_MS x
+(TROUPE_MISSED_HEARTBEATS + 1)) is killed as lost. Below --min, when rank 0 (the chief) dies, or
+when a worker exits non-zero itself, the others are stopped as without --elastic.
 
 Exit status: 0 when every worker succeeds (with --elastic: every worker not lost on the way); the status of the first worker to fail (128+signal when
 a signal killed it); 124 on --timeout; 128+signal when the launcher got SIGINT or SIGTERM;

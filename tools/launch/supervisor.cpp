@@ -14,6 +14,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "doctor/doctor.hpp"
 #include "launch/cluster.hpp"
 #include "launch/line_prefixer.hpp"
+#include "troupe/base/parse_number.hpp"
 
 extern char** environ;
 
@@ -118,6 +120,7 @@ struct worker {
   std::string address;
   pid_t pid = -1;  // also the id of its process group
   bool running = false;
+  std::optional<std::chrono::steady_clock::time_point> stopped_since;  // --elastic: stopped (SIGSTOP) since
   int log_fd = -1;  // --log-dir DIR: DIR/rank-<i>.log
   std::array<output_stream, 2> streams;
 
@@ -162,6 +165,13 @@ class supervisor {
     if (options_.timeout_s)
       timeout_at_ = clock::now() + std::chrono::duration_cast<clock::duration>(
                                        std::chrono::duration<double>(*options_.timeout_s));
+    // --elastic: --max-restarts counts replacements that join the running cluster (replace).
+    if (options_.elastic) {
+      restart_count_ = 0;
+      const int status = run_once();
+      if (status != 0) print_verdict();
+      return status;
+    }
     for (int restarts = 0;; ++restarts) {
       restart_count_ = restarts;
       const int status = run_once();
@@ -269,7 +279,9 @@ class supervisor {
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
     for (std::size_t i = 0; i < handled_signals.size(); ++i) {
-      action.sa_flags = handled_signals[i] == SIGCHLD ? SA_RESTART | SA_NOCLDSTOP : SA_RESTART;
+      // --elastic hears of a worker stopped (SIGSTOP) too: one stopped past the heartbeat limit is
+      // lost (check_stalls).
+      action.sa_flags = handled_signals[i] == SIGCHLD && !options_.elastic ? SA_RESTART | SA_NOCLDSTOP : SA_RESTART;
       installed_[i] = ::sigaction(handled_signals[i], &action, &previous_[i]) == 0;
     }
     // A reader of our output that goes away must not kill the launcher and orphan the workers.
@@ -352,7 +364,7 @@ class supervisor {
     }
     if (options_.devices_per_worker)
       env.push_back("TROUPE_DEVICES_PER_WORKER=" + std::to_string(*options_.devices_per_worker));
-    if (!token) env.push_back("TROUPE_CLUSTER_TOKEN=" + random_token());
+    if (!token) env.push_back("TROUPE_CLUSTER_TOKEN=" + launch_token_);
     // With --log-dir, every worker's flight recorder dump goes beside its log, unless the caller
     // chose a directory; either way the verdict after a failed run reads it.
     if (const char* dir = std::getenv("TROUPE_FLIGHT_RECORDER_DIR"); dir != nullptr && *dir != '\0') {
@@ -370,6 +382,7 @@ class supervisor {
   }
 
   void start_workers() {
+    launch_token_ = random_token();  // this run's; a replacement (--elastic) gets the same
     std::vector<std::string> env = base_environment();
     for (auto& w : workers_) {
       env.push_back("TF_CONFIG=" + tf_config_json(addresses_, w.rank, options_.chief, options_.ps));
@@ -489,6 +502,7 @@ class supervisor {
     if (!stopping_) consider(timeout_at_);
     consider(kill_at_);
     consider(drain_until_);
+    consider(next_stall_check());
     int timeout_ms = -1;
     if (next)
       timeout_ms = static_cast<int>(std::clamp<long long>(
@@ -535,25 +549,102 @@ class supervisor {
         if (errno == ECHILD) w.running = false;  // reaped elsewhere; nothing left to wait for
         continue;
       }
-      if (info.si_pid == 0) continue;
+      if (info.si_pid == 0) {
+        if (options_.elastic) note_stop(w);
+        continue;
+      }
       ::kill(-w.pid, SIGKILL);  // whatever the worker left behind in its group
       int status = 0;
       while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
       }
       w.running = false;
+      w.stopped_since.reset();
       // Its last words come before the launcher's verdict on it.
       for (auto& s : w.streams) read_stream(s, max_drain_reads);
-      on_exit(w, status);
+      if (on_exit(w, status)) replace(w);
     }
   }
 
-  void on_exit(const worker& w, int status) {
+  // --elastic with --max-restarts: a lost worker's place is taken by a new process that joins the
+  // running cluster (TROUPE_JOIN=1, the same TF_CONFIG), while replacements are left.
+  void replace(worker& w) {
+    if (replacements_ >= options_.max_restarts || stopping_) return;
+    ++replacements_;
+    for (auto& s : w.streams) close_stream(s);
+    std::vector<std::string> env = base_environment();
+    env.push_back("TROUPE_JOIN=1");
+    env.push_back("TF_CONFIG=" + tf_config_json(addresses_, w.rank, options_.chief, options_.ps));
+    say("starting a replacement for worker " + std::to_string(w.rank) + " (" + std::to_string(replacements_) + " of " +
+        std::to_string(options_.max_restarts) + "); it joins the running cluster");
+    if (!start_worker(w, env, command_for(w, env))) begin_stop(SIGTERM);
+  }
+
+  // --elastic: whether the worker is stopped (SIGSTOP, SIGTSTP...) or was continued since.
+  void note_stop(worker& w) {
+    siginfo_t info{};
+    info.si_pid = 0;
+    if (::waitid(P_PID, static_cast<id_t>(w.pid), &info, WSTOPPED | WCONTINUED | WNOHANG) != 0 || info.si_pid == 0) {
+      return;
+    }
+    if (info.si_code == CLD_STOPPED || info.si_code == CLD_TRAPPED) {
+      if (!w.stopped_since) w.stopped_since = clock::now();
+    } else if (info.si_code == CLD_CONTINUED) {
+      w.stopped_since.reset();
+    }
+  }
+
+  // --elastic: how long a worker may stay stopped before it counts as lost. The chief declares a
+  // silent worker gone after TROUPE_MISSED_HEARTBEATS intervals of TROUPE_HEARTBEAT_MS (the
+  // workers' own settings, from this environment; their defaults when unset or unreadable, which
+  // the workers refuse themselves), and the others go on without it; the launcher then ends it,
+  // so that it cannot hold the launch until --timeout, with one interval more.
+  static clock::duration stall_limit() {
+    auto setting = [](const char* name, long long fallback, long long min, long long max) {
+      const char* text = std::getenv(name);
+      if (text == nullptr || *text == '\0') return fallback;
+      const std::optional<long long> v = base::parse_int(text);
+      return v && *v >= min && *v <= max ? *v : fallback;
+    };
+    const long long interval_ms = setting("TROUPE_HEARTBEAT_MS", 500, 10, 600000);
+    const long long missed = setting("TROUPE_MISSED_HEARTBEATS", 6, 1, 1000);
+    return std::chrono::milliseconds(interval_ms * (missed + 1));
+  }
+
+  // --elastic: a worker stopped past stall_limit() is killed (SIGKILL), which makes it a lost
+  // worker like any other killed one (on_exit).
+  void check_stalls(clock::time_point now) {
+    if (!options_.elastic || stopping_) return;
+    for (auto& w : workers_) {
+      if (!w.running || !w.stopped_since || now - *w.stopped_since < stall_limit()) continue;
+      const double s = std::chrono::duration<double>(now - *w.stopped_since).count();
+      say(w.describe() + " has been stopped for " + seconds_text(s) +
+          " s, past the heartbeat limit (TROUPE_HEARTBEAT_MS x (TROUPE_MISSED_HEARTBEATS + 1)); --elastic: killing it "
+          "(SIGKILL) as lost");
+      w.stopped_since.reset();
+      ::kill(-w.pid, SIGKILL);
+    }
+  }
+
+  // The earliest time check_stalls acts.
+  std::optional<clock::time_point> next_stall_check() const {
+    std::optional<clock::time_point> next;
+    if (!options_.elastic || stopping_) return next;
+    for (const auto& w : workers_) {
+      if (!w.running || !w.stopped_since) continue;
+      const auto at = *w.stopped_since + stall_limit();
+      if (!next || at < *next) next = at;
+    }
+    return next;
+  }
+
+  // Whether the worker was dropped by an elastic cluster that goes on (its place may be taken).
+  bool on_exit(const worker& w, int status) {
     bool succeeded = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (succeeded) return;
+    if (succeeded) return false;
     if (stopping_) {  // once stopping, exits are what was asked for; a preempted one is told
       if (WIFEXITED(status) && WEXITSTATUS(status) == preemption_exit_code)
         say(w.describe() + " exited with status " + std::to_string(preemption_exit_code) + " (preempted) too");
-      return;
+      return false;
     }
     std::string how;
     int code = 0;
@@ -576,15 +667,17 @@ class supervisor {
       const int n = running_count();
       say(w.describe() + " " + how + "; --elastic: the " + std::to_string(n) + (n == 1 ? " other goes" : " others go") +
           " on without it");
-      return;
+      return true;
     }
     exit_code_ = code;
     last_failure_ = w.describe() + " " + how;
     say(last_failure_ + (others ? "; stopping the others" : ""));
     begin_stop(SIGTERM);
+    return false;
   }
 
   void check_timers(clock::time_point now) {
+    check_stalls(now);
     if (!stopping_ && timeout_at_ && now >= *timeout_at_) {
       int running = running_count();
       say("timed out after " + seconds_text(*options_.timeout_s) + " s; stopping " +
@@ -723,6 +816,8 @@ class supervisor {
   std::string last_failure_;  // the worker that failed first in the last run, and how
   std::int64_t run_started_ns_ = 0;  // when the current run began (wall clock): its dumps are newer
   int restart_count_ = 0;     // restarts so far: TROUPE_RESTART_COUNT of the workers
+  int replacements_ = 0;      // --elastic: workers started to take a lost one's place
+  std::string launch_token_;  // the run's TROUPE_CLUSTER_TOKEN when the caller set none
   std::optional<clock::time_point> timeout_at_;
   std::optional<clock::time_point> kill_at_;
   std::optional<clock::time_point> drain_until_;

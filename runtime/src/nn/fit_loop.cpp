@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <map>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -155,9 +156,31 @@ void FitLoop::begin() {
         "Model::fit: BackupAndRestore restores the model's variables before training, but layers that take a size "
         "from the data are not built yet: call model.build(input_shape) first (e.g. {-1, 28, 28, 1})");
   }
+  // Elastic membership: a worker that joined a running cluster meets the others here, before any
+  // collective of its own, and takes its state (not a backup's).
+  const bool joining = elastic_ != nullptr && elastic_->joining();
+  if (joining) {
+    if (!model_.layers().built()) {
+      throw std::invalid_argument(
+          "Model::fit: joining a running cluster takes its variables, but layers that take a size from the data are "
+          "not built yet: call model.build(input_shape) first (e.g. {-1, 28, 28, 1})");
+    }
+    const auto started = Clock::now();
+    elastic_->end_joining();
+    distribute::detail::CommitPosition at;
+    EpochSums sums;
+    const std::size_t bytes = exchange_state(at, sums, true);
+    at_ = TrainingPosition{at.step, at.epoch, at.step_in_epoch, at.iterator_position, at.input_passes};
+    joined_sums_ = sums;
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+    troupe::log(LogLevel::warning, "elastic membership: joined as worker " + std::to_string(group_.rank()) + " of " +
+                                       std::to_string(group_.size()) + " at step " + std::to_string(at.step) +
+                                       " (state " + std::to_string(bytes) + " bytes, received in " +
+                                       std::to_string(took.count()) + " ms)");
+  }
   if (backup_ != nullptr) {
     backup_->track(model_.variables());
-    at_ = backup_->restore();
+    if (!joining) at_ = backup_->restore();
   }
   step_ = at_.step;
   first_epoch_ = static_cast<int>(at_.epoch);
@@ -206,9 +229,11 @@ void FitLoop::size_step_table() {
 
 // Elastic membership: the state after step `k` of `epoch`, with the epoch's sums so far (the
 // position as the backup records it: the last step of an epoch stands at the start of the next).
-void FitLoop::commit(int epoch, std::int64_t k, const EpochSums& sums) {
+distribute::detail::CommitPosition FitLoop::commit(int epoch, std::int64_t k, const EpochSums& sums) {
   const bool epoch_done = steps_per_epoch_ > 0 && k + 1 == steps_per_epoch_;
-  committed_.commit({step_, epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : k + 1, taken_, passes_ - 1});
+  const distribute::detail::CommitPosition at{step_, epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : k + 1, taken_,
+                                              passes_ - 1};
+  committed_.commit(at);
   const EpochSums kept = epoch_done ? EpochSums{} : sums;
   bool replaced = false;
   for (auto& entry : committed_sums_) {
@@ -224,6 +249,7 @@ void FitLoop::commit(int epoch, std::int64_t k, const EpochSums& sums) {
     if (committed_.holds(entry.first)) held.push_back(entry);
   }
   committed_sums_ = std::move(held);
+  return at;
 }
 
 // Elastic membership, after a step failed: the cluster without the lost worker, the newest
@@ -252,15 +278,7 @@ distribute::detail::CommitPosition FitLoop::recover(const std::string& failure, 
   for (const auto& entry : committed_sums_) {
     if (entry.first == *step) sums = entry.second;
   }
-  step_ = at.step;
-  workers_ = group_.size();
-  size_step_table();
-  // A new iterator, split over the workers that continue, where the commit stood.
-  BackupAndRestore::replay_passes(dataset_, at.input_passes);
-  iterator_.emplace(dataset_.make_iterator());
-  passes_ = at.input_passes + 1;
-  taken_ = BackupAndRestore::skip(*iterator_, at.iterator_position);
-  control_.set_position(step_, static_cast<int>(at.epoch));
+  take_up_input(at);
   std::string left;
   for (const std::string& t : change.left) left += (left.empty() ? "" : ", ") + t;
   const auto paused = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
@@ -271,6 +289,97 @@ distribute::detail::CommitPosition FitLoop::recover(const std::string& failure, 
   troupe::log(LogLevel::warning, "elastic membership: " + what);
   if (auto* health = group_.health()) health->membership_changed(what, actors::cluster_health::clock::now());
   return at;
+}
+
+// Elastic membership: training takes up at `at` (the workers there are now, their step table,
+// a new input iterator split over them where the commit stood).
+void FitLoop::take_up_input(const distribute::detail::CommitPosition& at) {
+  step_ = at.step;
+  workers_ = group_.size();
+  size_step_table();
+  BackupAndRestore::replay_passes(dataset_, at.input_passes);
+  iterator_.emplace(dataset_.make_iterator());
+  passes_ = at.input_passes + 1;
+  taken_ = BackupAndRestore::skip(*iterator_, at.iterator_position);
+  control_.set_position(step_, static_cast<int>(at.epoch));
+}
+
+namespace {
+
+// FNV-1a over the bytes of every variable's first component, in the model's order: equal on
+// every worker whose weights (and optimizer slots) are the same bits.
+std::int64_t weights_digest(const std::map<std::string, Variable>& variables) {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (const auto& [name, v] : variables) {
+    const Tensor t = v.components().front().to(Device());
+    const auto* p = static_cast<const unsigned char*>(t.raw_data());
+    for (std::size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  }
+  return static_cast<std::int64_t>(h);
+}
+
+}  // namespace
+
+// Elastic membership: the chief's state to every worker over the ring (a joiner assigns it, the
+// members hold it already), then every worker's weights digest compared with the chief's.
+// Returns the bytes of the variables sent.
+std::size_t FitLoop::exchange_state(distribute::detail::CommitPosition& at, EpochSums& sums, bool receiving) {
+  const auto& variables = model_.variables();
+  const std::vector<std::int64_t> head{static_cast<std::int64_t>(variables.size()), at.step, at.epoch,
+                                       at.step_in_epoch, at.iterator_position, at.input_passes, sums.steps,
+                                       sums.samples};
+  const std::vector<std::int64_t> got = group_.broadcast_from_chief(Tensor::from_vector(head, {8})).to_vector<std::int64_t>();
+  const std::vector<double> sums_in =
+      group_.broadcast_from_chief(Tensor::from_vector(std::vector<double>{sums.loss, sums.hits}, {2})).to_vector<double>();
+  if (got[0] != head[0]) {
+    throw CollectiveAborted("elastic membership: the cluster's model has " + std::to_string(got[0]) +
+                            " variables and this worker's " + std::to_string(head[0]) +
+                            ": every worker must run the same program");
+  }
+  std::size_t bytes = 0;
+  for (const auto& [name, v] : variables) {
+    Variable variable = v;
+    const Tensor value = group_.broadcast_from_chief(variable.components().front().to(Device()));
+    bytes += value.nbytes();
+    if (receiving) variable.assign(value);
+  }
+  if (receiving) {
+    at = {got[1], got[2], got[3], got[4], got[5]};
+    sums = EpochSums{sums_in[0], sums_in[1], got[6], got[7]};
+  }
+  const std::vector<std::int64_t> digests =
+      group_.concat(Tensor::from_vector(std::vector<std::int64_t>{weights_digest(variables)}, {1}), 0)
+          .to_vector<std::int64_t>();
+  for (std::size_t r = 1; r < digests.size(); ++r) {
+    if (digests[r] != digests[0]) {
+      throw CollectiveAborted("elastic membership: after the change worker " + std::to_string(r) +
+                              "'s weights digest differs from the chief's (" + std::to_string(digests[r]) + " vs " +
+                              std::to_string(digests[0]) + ")");
+    }
+  }
+  return bytes;
+}
+
+// Elastic membership, at a step boundary where the chief's row asked for it: the workers waiting
+// to join are admitted, receive the state committed here, and every worker takes its input up
+// from it, split over the workers there are now.
+void FitLoop::admit(int epoch, std::int64_t k, const EpochSums& sums) {
+  const auto started = Clock::now();
+  distribute::detail::CommitPosition at = commit(epoch, k, sums);
+  EpochSums kept = steps_per_epoch_ > 0 && k + 1 == steps_per_epoch_ ? EpochSums{} : sums;
+  const distribute::detail::MembershipChange change = elastic_->admit();
+  if (change.joined.empty()) return;  // the chief refused them all
+  const std::size_t bytes = exchange_state(at, kept, false);
+  take_up_input(at);
+  std::string joined;
+  for (const std::string& t : change.joined) joined += (joined.empty() ? "" : ", ") + t;
+  const auto paused = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+  const std::string what = joined + " joined; " + std::to_string(change.workers) + " workers continue from step " +
+                           std::to_string(step_) + " as ring generation " + std::to_string(change.generation) +
+                           " (paused " + std::to_string(paused.count()) + " ms, state " + std::to_string(bytes) +
+                           " bytes)";
+  troupe::log(LogLevel::warning, "elastic membership: " + what);
+  if (auto* health = group_.health()) health->membership_changed(what, actors::cluster_health::clock::now());
 }
 
 void FitLoop::run_epoch(int epoch) {
@@ -284,6 +393,7 @@ void FitLoop::run_epoch(int epoch) {
   for (const auto& c : callbacks_) c->on_epoch_begin(epoch, epoch_logs);
   const auto start = Clock::now();
   EpochSums sums;
+  if (epoch == first_epoch_ && joined_sums_) sums = *joined_sums_;  // a joiner takes the epoch up
   const std::int64_t first_k = epoch == first_epoch_ ? at_.step_in_epoch : 0;
   std::int64_t k = first_k;
   for (; (steps_per_epoch_ < 0 || k < steps_per_epoch_) && !stopped_; ++k) {
@@ -339,9 +449,19 @@ void FitLoop::run_epoch(int epoch) {
     if (!std::isfinite(result.loss) && history_.non_finite_step == 0) history_.non_finite_step = step_;
     step_logs(logs, result, *batch, table, results, t0, t1, t2, all_reduce_at_start);
     end_step(epoch, k, logs);
+    // Elastic membership: the chief's row says whether workers wait to join (every worker reads
+    // the same table); alone, the chief asks itself.
+    // Never at an epoch's last step: the members end the epoch (validation, backup: collectives)
+    // where a joiner would start the next.
+    const bool admit_here = elastic_ != nullptr && steps_per_epoch_ > 0 && k + 1 < steps_per_epoch_ &&
+                            (workers_ > 1 ? result.agreed && result.agreed->admit : elastic_->joiners_waiting() > 0);
     boundary(logs, std::move(result.agreed));
     last_batch_logs_ = std::move(logs);
-    if (elastic_ != nullptr && !stopped_ && step_ % elastic_->commit_every_steps() == 0) commit(epoch, k, sums);
+    if (elastic_ != nullptr && !stopped_ && admit_here) {
+      admit(epoch, k, sums);
+    } else if (elastic_ != nullptr && !stopped_ && step_ % elastic_->commit_every_steps() == 0) {
+      commit(epoch, k, sums);
+    }
   }
   end_epoch(epoch, k, first_k, sums, epoch_logs, start);
 }
@@ -378,6 +498,9 @@ std::vector<double> FitLoop::carried_row(StepRequests& carried) {
   std::vector<double> row(worker_fields);
   if (workers_ == 1) return row;
   carried = step_requests(control_.take());
+  if (elastic_ != nullptr && group_.rank() == 0 && steps_per_epoch_ > 0) {
+    carried.joiners = static_cast<std::uint32_t>(elastic_->joiners_waiting());
+  }
   distribute::detail::encode_requests(carried, row.data());
   std::copy(previous_parts_.begin(), previous_parts_.end(), row.begin() + request_fields);
   return row;
@@ -614,6 +737,9 @@ void FitLoop::end_epoch(int epoch, std::int64_t k, std::int64_t first_k, const E
 }
 
 void FitLoop::finish() {
+  if (elastic_ != nullptr && group_.rank() == 0) {
+    elastic_->refuse_waiting("the cluster's Model::fit ended before a step boundary could admit it");
+  }
   for (const auto& c : callbacks_) c->on_train_end(last_batch_logs_);
   history_.all_reduce_seconds =
       std::chrono::duration<double>(model_.optimizer()->all_reduce_time() - all_reduce_before_).count();

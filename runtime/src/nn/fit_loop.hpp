@@ -23,6 +23,11 @@
 // survivor restores the newest commit all of them hold, makes a new input iterator at that
 // position (split over the workers that continue, the global batch the same) and the epoch goes
 // on from there: the steps after the commit are run again, and their callbacks called again.
+// A worker asking to join is admitted at the step boundary the chief's row of the step's table
+// names: every member commits there, the ring re-forms with the joiner, the chief's state (the
+// variables, the position and the epoch's sums) reaches it by broadcast, every worker checks that
+// its weights' digest equals the chief's, and every worker takes its input up at the commit's
+// position, split over the workers there are now. The joiner meets them at the start of its fit.
 
 #include <array>
 #include <chrono>
@@ -101,8 +106,11 @@ class FitLoop {
   void finish();
   // elastic membership
   void size_step_table();
-  void commit(int epoch, std::int64_t k_done, const EpochSums& sums);
+  distribute::detail::CommitPosition commit(int epoch, std::int64_t k_done, const EpochSums& sums);
   distribute::detail::CommitPosition recover(const std::string& failure, EpochSums& sums);
+  void admit(int epoch, std::int64_t k_done, const EpochSums& sums);
+  std::size_t exchange_state(distribute::detail::CommitPosition& at, EpochSums& sums, bool receiving);
+  void take_up_input(const distribute::detail::CommitPosition& at);
 
   Model& model_;
   const distribute::DistributedDataset& dataset_;
@@ -142,6 +150,7 @@ class FitLoop {
   distribute::detail::ElasticMembership* elastic_ = nullptr;
   distribute::detail::CommittedState committed_;
   std::vector<std::pair<std::int64_t, EpochSums>> committed_sums_;  // by committed step, the last two
+  std::optional<EpochSums> joined_sums_;  // a joiner's: the epoch's sums so far, from the chief
 };
 
 }  // namespace troupe::nn::detail

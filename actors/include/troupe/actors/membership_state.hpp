@@ -10,6 +10,9 @@
 //      hello or frame of generation g is refused by the ring of g+1.
 //   3. Every survivor rolls back to the newest commit all of them hold (common_commit), re-forms
 //      the ring and reports back; once all have, the chief completes the change.
+// A join is a change too: at a step boundary the chief admits the workers that asked
+// (admit), every member keeps its rank and the joiners take the ranks after them, and the
+// change completes once the ring of g+1 formed with them.
 // The change falls back to the restart path (the whole cluster ends, named, as without
 // elasticity) when the chief is lost (it holds the table), when fewer than min_workers would be
 // left, or when a survivor of a decided change is lost before it completed. A fallback is final:
@@ -29,6 +32,7 @@ struct membership_change {
   std::vector<int> survivors;       ///< ranks of the generation before, in their new rank order
   std::vector<std::string> tasks;   ///< the new generation's members, in rank order
   std::vector<std::string> left;    ///< who left, in the old rank order
+  std::vector<std::string> joined;  ///< who joined (ranks after the survivors'), in that order
   /// The new rank of a worker of the generation before; -1 when it left.
   int new_rank(int old_rank) const;
 };
@@ -47,7 +51,9 @@ class membership_state {
   /// Generation 0's members in rank order (tasks[0] is the chief), and the bounds.
   /// Throws std::invalid_argument for an empty table, min_workers outside 1..tasks.size(), or a
   /// max_workers (0: the table's size) below the table's size.
-  membership_state(std::vector<std::string> tasks, int min_workers, int max_workers = 0);
+  /// `generation` and `changes` start a joiner's copy where the cluster it joined stands.
+  membership_state(std::vector<std::string> tasks, int min_workers, int max_workers = 0, std::uint64_t generation = 0,
+                   int changes = 0);
 
   /// The watch declared `rank` (of the current generation) gone for `reason`. Returns whether it
   /// counts: a rank outside the table, one already lost, and anything after a fallback are
@@ -57,7 +63,14 @@ class membership_state {
   /// The chief decides the change for every loss so far (phase losing): the next generation,
   /// its members and who left. Nothing (nullopt) in any other phase.
   std::optional<membership_change> decide();
-  /// Every survivor re-formed the ring of `generation`: it becomes the current one (stable).
+  /// Whether `task` may join now: nullopt when it may, else why not (the cluster fell back, it is
+  /// changing, it has max_workers members, or `task` is one of them).
+  std::optional<std::string> check_join(const std::string& task) const;
+  /// The chief admits `joiners` at a step boundary (phase stable, each passing check_join, at most
+  /// max_workers in all): the next generation keeps every member in its rank order and adds the
+  /// joiners after them. Nothing (nullopt) when they may not join, or there are none.
+  std::optional<membership_change> admit(const std::vector<std::string>& joiners);
+  /// Every member re-formed the ring of `generation`: it becomes the current one (stable).
   /// Returns false, changing nothing, for any other generation or phase.
   bool complete(std::uint64_t generation);
   /// The re-forming failed (a survivor did not come, the survivors hold no common commit): falls

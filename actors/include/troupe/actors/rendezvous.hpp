@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,39 @@ struct member {
   /// The chief's: this start of the cluster, 32 random hex digits (a new value every start); else
   /// empty. Every data-plane connection proves it (transport::ring_auth).
   std::string incarnation;
+};
+
+/// A worker that asked the chief to join a running elastic cluster and proved the token.
+struct join_candidate {
+  std::int64_t key = 0;  ///< the chief's agent's handle on the request
+  member who;            ///< its task, data-plane endpoint and device count (rank unset)
+};
+
+/// The joins waiting for the next step boundary: the chief's agent adds each that proved the
+/// token, the training loop admits or refuses them there (cluster_watch::admit / refuse).
+/// Thread-safe.
+class join_queue {
+ public:
+  void push(join_candidate c);
+  /// The joins waiting, in the order they came.
+  std::vector<join_candidate> waiting() const;
+  std::size_t size() const;
+  void remove(std::int64_t key);
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<join_candidate> waiting_;
+};
+
+/// What an admitted joiner receives from the chief: the cluster it joins.
+struct join_answer {
+  std::vector<member> table;            ///< the new generation's members, in rank order
+  std::vector<std::int32_t> watch_ids;  ///< by rank: each member's id in the chief's watch
+  std::uint64_t generation = 0;         ///< the new generation
+  std::string incarnation;              ///< what its ring proves (generation_incarnation)
+  std::int32_t rank = 0;                ///< the joiner's rank in it
+  std::int32_t changes = 0;             ///< the changes of membership completed before this one
+  std::int32_t max_workers = 0;         ///< the chief's bound on the members
 };
 
 /// What one worker brings to the rendezvous.
@@ -77,6 +112,9 @@ struct rendezvous_options {
   /// The chief's stall inspector's bounds: past `warning` it prints the stall line (and records
   /// it in `health`), past `shutdown` (when set) it ends the cluster with that line.
   stall_options stall;
+  /// The chief's, under elastic membership: where its agent puts the joins that proved the token.
+  /// Null: the cluster takes no joiner (a request to join is refused, named).
+  std::shared_ptr<join_queue> joins;
 };
 
 /// Announces the rendezvous messages (member, the peer table, its errors) to an actor system's
@@ -117,7 +155,8 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
 /// blames nobody for a gap in its own checks (liveness_policy::paused: it was itself stopped or
 /// starved). A worker that finds the workers out of step or a ring link tampered with
 /// (report_fault) has the chief tell every other worker.
-/// on_failure(rank, reason) runs once per worker process, on an actor thread. A worker that
+/// on_failure(rank, reason) runs once per rank named, on an actor thread (an elastic cluster
+/// that went on after one loss hears of the next). A worker that
 /// leaves cleanly says goodbye first, so it is not declared gone. Destroying the watch stops the
 /// actors.
 class cluster_watch {
@@ -135,6 +174,19 @@ class cluster_watch {
   /// Returns once the agent has passed it on, or after `wait`.
   void report_fault(const std::string& what, std::chrono::milliseconds wait);
 
+  /// The chief's, at a step boundary of an elastic cluster: admits the joins `keys` (of its
+  /// join_queue, in that order) into `table` (the new generation's members in rank order, the
+  /// joiners last, after the `ids.size()` members there were, whose watch ids `ids` are). The
+  /// agent watches each joiner from now on under a new id and answers its request with the
+  /// join_answer; returns the joiners' ids, in order. Throws std::runtime_error when the agent does
+  /// not answer within `wait`.
+  std::vector<std::int32_t> admit(const std::vector<std::int64_t>& keys, const std::vector<member>& table,
+                                  const std::vector<std::int32_t>& ids, std::uint64_t generation,
+                                  const std::string& incarnation, std::int32_t changes, std::int32_t max_workers,
+                                  std::chrono::milliseconds wait);
+  /// The chief's: refuses the join `key` with `why` (its asker fails with that message).
+  void refuse(std::int64_t key, const std::string& why);
+
  private:
   std::unique_ptr<impl> impl_;
 };
@@ -144,6 +196,26 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
                                std::chrono::milliseconds heartbeat_interval,
                                std::function<void(int, const std::string&)> on_failure,
                                std::unique_ptr<cluster_watch>& watch);
+
+/// Joins a running elastic cluster (its chief at options.chief_host:chief_port) as
+/// options.tasks[options.rank], numbered as it happens:
+///   1. It reaches the chief's agent (through the same gate and, with a token, mutual TLS), asks
+///      for a nonce and sends its request: protocol version, task, HMAC-SHA256(token, nonce),
+///      device count, data-plane endpoint. One that fails the token proof is refused alone.
+///   2. The chief queues it; at the cluster's next step boundary the training loop admits it (or
+///      refuses it, named: no room under max_workers, a member's task) and the agent answers with
+///      the new generation's table (join_answer), checked here before use.
+///   3. The agent watches it from then on under the id it gave it; this worker's heartbeat actor
+///      beats under that id and on_failure hears of losses as a member's does.
+/// Bounded by options.timeout (and answer_margin); throws std::runtime_error naming why.
+join_answer join_cluster(caf::actor_system& system, const rendezvous_options& options,
+                         std::chrono::milliseconds heartbeat_interval,
+                         std::function<void(int, const std::string&)> on_failure,
+                         std::unique_ptr<cluster_watch>& watch);
+
+/// Checks the join_answer a joiner received against its request (`options`): ranks in order,
+/// its own entry as it sent it, a watch id per member, the incarnation's form. nullopt when good.
+std::optional<std::string> check_join_answer(const rendezvous_options& options, const join_answer& answer);
 
 /// HMAC-SHA256 of `message` under `key`, hex-encoded.
 std::string hmac_sha256_hex(const std::string& key, const std::string& message);

@@ -129,8 +129,22 @@ class rendezvous_state {
   /// Whether `rank` was declared gone or said goodbye.
   bool settled(int rank) const;
 
+  // --- joining a running cluster (elastic membership) ---
+
+  /// Checks a request to join the running cluster as `task` (request.rank is ignored): protocol
+  /// version, token proof (a nonce this peer got, as for a join), the cluster watched already,
+  /// the device count equal to the chief's, the data-plane endpoint in range. Every refusal is
+  /// the asker's alone: nothing of the cluster changes. Whether the membership has room for it
+  /// is membership_state's to say.
+  std::optional<rendezvous_error> check_enlist(const join_request& request, const std::string& task);
+  /// A joiner admitted: it is watched from `now` as id table().size() (returned), its heartbeats
+  /// and goodbye counted only from `peer`. Ids are never reused: a change of membership does not
+  /// renumber the watch.
+  int add_member(member m, std::string peer, clock::time_point now);
+
  private:
   rendezvous_error fail(rendezvous_errc code, const std::string& what);
+  bool proves_token(const join_request& r);  // consumes the nonce
   verdict declare_gone(int rank, std::string reason);
   bool watched(int rank) const noexcept { return rank >= 0 && static_cast<std::size_t>(rank) < last_beat_.size(); }
 

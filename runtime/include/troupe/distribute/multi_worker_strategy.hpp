@@ -96,14 +96,14 @@ struct MultiWorkerOptions {
   /// Model::fit a worker lost (its process died, or it went silent) is dropped: the others roll
   /// back to their last in-memory commit, re-form the ring without it and go on, the global batch
   /// the same (docs/multi-worker.md, "Elastic membership"). The chief lost, or fewer than
-  /// min_workers left, ends the cluster as without elasticity, naming why.
+  /// min_workers left, ends the cluster as without elasticity, naming why. A process started with
+  /// TROUPE_JOIN=1 joins the running cluster at a step boundary and receives its state.
   bool elastic = false;
   /// TROUPE_MIN_WORKERS: the fewest workers an elastic cluster trains with (1..65536); below it
   /// the cluster ends, as a non-elastic one does. At most the cluster's size at start.
   int min_workers = 1;
   /// TROUPE_MAX_WORKERS: the most workers an elastic cluster may grow to (0: its size at start;
-  /// else min_workers..65536, at least its size at start). Checked; no worker joins a running
-  /// cluster yet.
+  /// else min_workers..65536, at least its size at start): a join beyond it is refused.
   int max_workers = 0;
   /// TROUPE_COMMIT_EVERY_STEPS: an elastic cluster commits its training state in memory at every
   /// this many step boundaries (1..1000000; 1 suits small models, whose commit costs little beside
@@ -135,7 +135,7 @@ class MultiWorkerMirroredStrategy : public Strategy {
   ~MultiWorkerMirroredStrategy() override;
   ClusterResolver* cluster_resolver() override { return resolver_.get(); }
   /// Under MultiWorkerOptions::elastic: the changes of membership the cluster went through (a
-  /// lost worker dropped, the survivors going on); 0 otherwise.
+  /// lost worker dropped, a worker joined); 0 otherwise.
   int membership_changes();
 
  private:

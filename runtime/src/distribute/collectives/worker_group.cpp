@@ -1,5 +1,6 @@
 #include "distribute/collectives/worker_group.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
@@ -24,40 +25,50 @@ Tensor LocalWorkerGroup::concat(const Tensor& local, int axis) {
 
 void WorkerFailures::report(const std::string& why, int rank) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (reason_.empty()) {
-    reason_ = why;
-    rank_ = rank;
-  }
+  verdicts_.push_back({rank, why});
   reported_.notify_all();
   if (ring_ != nullptr) ring_->shutdown();
 }
 
 std::string WorkerFailures::reason() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return reason_;
+  return verdicts_.empty() ? std::string() : verdicts_.front().second;
 }
 
 std::string WorkerFailures::await_reason(std::chrono::milliseconds wait) const {
   std::unique_lock<std::mutex> lock(mutex_);
-  reported_.wait_for(lock, wait, [this] { return !reason_.empty(); });
-  return reason_;
+  reported_.wait_for(lock, wait, [this] { return !verdicts_.empty(); });
+  return verdicts_.empty() ? std::string() : verdicts_.front().second;
 }
 
 void WorkerFailures::attach(transport::tcp_ring* ring) {
   std::lock_guard<std::mutex> lock(mutex_);
   ring_ = ring;
-  if (ring_ != nullptr && !reason_.empty()) ring_->shutdown();  // a verdict came first
+  if (ring_ != nullptr && !verdicts_.empty()) ring_->shutdown();  // a verdict came first
 }
 
 int WorkerFailures::rank() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return rank_;
+  return verdicts_.empty() ? -1 : verdicts_.front().first;
+}
+
+std::vector<std::pair<int, std::string>> WorkerFailures::verdicts() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return verdicts_;
+}
+
+void WorkerFailures::forget(const std::vector<int>& ranks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::pair<int, std::string>> kept;
+  for (auto& v : verdicts_) {
+    if (std::find(ranks.begin(), ranks.end(), v.first) == ranks.end()) kept.push_back(std::move(v));
+  }
+  verdicts_ = std::move(kept);
 }
 
 void WorkerFailures::clear() {
   std::lock_guard<std::mutex> lock(mutex_);
-  reason_.clear();
-  rank_ = -1;
+  verdicts_.clear();
 }
 
 namespace {
@@ -190,6 +201,11 @@ void RingWorkerGroup::reform(int rank, std::vector<actors::member> members, std:
 }
 
 transport::tcp_ring& RingWorkerGroup::ring() const {
+  if (joining_) {
+    throw std::logic_error(
+        "cross-worker collective: this worker joins a running elastic cluster and runs no collective before Model::fit "
+        "has received the cluster's state (create the model and its optimizer, then call fit)");
+  }
   if (!ring_) {
     throw CollectiveAborted("cross-worker collective: the ring of generation " + std::to_string(generation_) +
                             " did not form, so this worker cannot go on (the restart path)");
@@ -210,6 +226,9 @@ Tensor RingWorkerGroup::sum(const Tensor& t) {
 }
 
 Tensor RingWorkerGroup::broadcast_from_chief(const Tensor& t) {
+  // A joiner's variables are created before the cluster's state reaches it (which overwrites
+  // them): their initial values stay its own.
+  if (joining_) return t;
   Tensor out = host_copy(t);
   flight_collective what = ring_entry(ring(), flight_op::broadcast, out.nbytes(), size());
   what.has_dtype = true;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "troupe/actors/cluster_health.hpp"
@@ -67,27 +68,33 @@ class LocalWorkerGroup final : public WorkerGroup {
 /// into it; created before the ring exists, since a verdict may come during the start.
 class WorkerFailures {
  public:
-  /// Keeps the first reason (and the rank the watch named with it: the lost worker's for a
-  /// verdict, -1 when none), and shuts the ring down (when one is attached).
+  /// Records a verdict (`rank`: the lost worker's id in the chief's watch, -1 when the reason
+  /// names none), and shuts the ring down (when one is attached). Every verdict is kept, in the
+  /// order they came, until forgotten: an elastic cluster may lose a second worker while it
+  /// handles the first.
   void report(const std::string& why, int rank = -1);
-  /// The rank named with the first reason (-1: none, or no reason yet).
+  /// The rank named with the first verdict kept (-1: none, or no verdict).
   int rank() const;
-  /// The first reason reported; empty while every worker lives.
+  /// The first verdict kept; empty while every worker lives.
   std::string reason() const;
-  /// The first reason, waiting at most `wait` for one (a broken ring is often the echo of a
+  /// The first verdict, waiting at most `wait` for one (a broken ring is often the echo of a
   /// verdict on its way).
   std::string await_reason(std::chrono::milliseconds wait) const;
-  /// Attaches the ring to break on a verdict (nullptr detaches it); a verdict that came before
-  /// breaks it at once.
+  /// Every verdict kept, in the order they came: (rank, reason).
+  std::vector<std::pair<int, std::string>> verdicts() const;
+  /// Attaches the ring to break on a verdict (nullptr detaches it); a verdict kept breaks it at
+  /// once.
   void attach(transport::tcp_ring* ring);
-  /// Forgets the reason (an elastic cluster that re-formed its ring without the worker it named).
+  /// Forgets the verdicts naming `ranks` (an elastic cluster that re-formed its ring without
+  /// them); a later verdict, or one naming another rank, stays.
+  void forget(const std::vector<int>& ranks);
+  /// Forgets every verdict.
   void clear();
 
  private:
   mutable std::mutex mutex_;
   mutable std::condition_variable reported_;
-  std::string reason_;
-  int rank_ = -1;
+  std::vector<std::pair<int, std::string>> verdicts_;
   transport::tcp_ring* ring_ = nullptr;
 };
 
@@ -172,8 +179,21 @@ class RingWorkerGroup final : public WorkerGroup {
               const transport::ring_auth& auth, std::chrono::milliseconds timeout);
   /// What the cluster watch learnt (shared with its actor thread).
   WorkerFailures& failures() { return *failures_; }
+  /// The cluster watch (null when there is none).
+  actors::cluster_watch* watch() { return watch_.get(); }
   /// The ring's generation: 0 from the start, the generation of the last reform after it.
   std::uint64_t generation() const noexcept { return generation_; }
+  /// Elastic membership, on a worker that joined a running cluster with a ring of `generation`:
+  /// until end_joining, broadcast_from_chief returns this worker's own value (the variables it
+  /// creates are overwritten by the cluster's state) and every other collective is a
+  /// std::logic_error (the others are not running it).
+  void begin_joining(std::uint64_t generation) {
+    generation_ = generation;
+    joining_ = true;
+  }
+  /// The joiner meets the others in Model::fit, to receive the cluster's state.
+  void end_joining() noexcept { joining_ = false; }
+  bool joining() const noexcept { return joining_; }
 
  private:
   void all_gather(const void* mine, std::size_t my_bytes, void* out, const std::vector<std::size_t>& bytes);
@@ -195,6 +215,7 @@ class RingWorkerGroup final : public WorkerGroup {
   std::shared_ptr<actors::position_board> position_;
   std::uint64_t steps_ = 0;  // Strategy::run calls so far
   std::uint64_t generation_ = 0;  // of the ring (elastic membership)
+  bool joining_ = false;          // joined a running cluster, its state not received yet
   std::vector<std::uint16_t> wire_;  // compressed values, kept between calls (no page faults)
   std::unique_ptr<actors::cluster_watch> watch_;  // declared last: destroyed first
 };

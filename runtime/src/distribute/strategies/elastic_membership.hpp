@@ -3,8 +3,9 @@
 // Elastic membership as the training loop sees it (MultiWorkerOptions::elastic): after a step
 // failed because a worker was lost, change() turns the cluster into its survivors, or throws the
 // named fallback (the restart path). The loop itself rolls back to the newest commit every
-// survivor holds (elastic_commit.hpp) and re-splits its input; docs/multi-worker.md walks through
-// it.
+// survivor holds (elastic_commit.hpp) and re-splits its input. A worker joins at a step boundary
+// (admit): the members commit there, the joiner receives that state from the chief over the new
+// ring, and every worker re-splits its input; docs/multi-worker.md walks through both.
 
 #include <chrono>
 #include <cstdint>
@@ -13,10 +14,16 @@
 
 namespace troupe::distribute::detail {
 
+/// TROUPE_JOIN=1 (with TROUPE_ELASTIC): this process joins the running elastic cluster its
+/// TF_CONFIG names (the chief's address) as its task, instead of starting one. troupe-launch
+/// --elastic sets it for a replacement. A value other than 0 or 1 throws, naming the variable.
+bool join_from_environment();
+
 /// One change of membership, as applied on this worker.
 struct MembershipChange {
   std::uint64_t generation = 0;    ///< the ring's new generation
   std::vector<std::string> left;   ///< the workers that left
+  std::vector<std::string> joined; ///< the workers that joined
   int workers = 0;                 ///< the workers that continue
   int rank = 0;                    ///< this worker's rank among them
   std::chrono::milliseconds waited{0};  ///< from the failure to the re-formed ring
@@ -36,6 +43,24 @@ class ElasticMembership {
   virtual MembershipChange change(const std::string& failure) = 0;
   /// Changes completed so far.
   virtual int changes() const = 0;
+
+  // Joining (the chief admits at a step boundary every worker agreed on):
+  /// The chief's: workers waiting to join (0 on the others).
+  virtual int joiners_waiting() const = 0;
+  /// At a step boundary every worker reached (a collective): the chief admits the workers waiting
+  /// (refusing, named, those with no room under max_workers or a member's task), every worker
+  /// learns the new table from it over the ring, and the ring re-forms with the joiners after
+  /// the members. `joined` is empty when the chief admitted nobody (nothing changed). Throws
+  /// CollectiveAborted naming why when the ring of the new generation does not form (a joiner
+  /// died on the way: the restart path).
+  virtual MembershipChange admit() = 0;
+  /// The chief's, when its Model::fit ends: refuses every worker still waiting to join with
+  /// `why`, so that none waits out its start timeout.
+  virtual void refuse_waiting(const std::string& why) = 0;
+  /// Whether this worker joined a running cluster and has not received its state yet.
+  virtual bool joining() const = 0;
+  /// This worker is about to receive the cluster's state (its collectives are real from now).
+  virtual void end_joining() = 0;
 };
 
 }  // namespace troupe::distribute::detail

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,8 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "distribute/cluster/cluster_net.hpp"
 #include "env.hpp"
@@ -95,6 +98,9 @@ namespace {
 struct ElasticSettings {
   MultiWorkerOptions options;
   std::string incarnation;  // the start's (the chief's, from the rendezvous)
+  std::shared_ptr<actors::join_queue> joins;  // the chief's: workers asking to join
+  // A joiner's: where the cluster it joined stands.
+  std::optional<actors::join_answer> joined;
 };
 
 class MultiWorkerBackend final : public detail::MirroredBackend, public detail::ElasticMembership {
@@ -114,8 +120,116 @@ class MultiWorkerBackend final : public detail::MirroredBackend, public detail::
     if (elastic_) {
       std::vector<std::string> tasks;
       for (const auto& m : workers_->members()) tasks.push_back(m.task);
-      rules_.emplace(std::move(tasks), elastic_->options.min_workers, elastic_->options.max_workers);
+      if (const auto& j = elastic_->joined) {
+        rules_.emplace(std::move(tasks), elastic_->options.min_workers, std::max<int>(j->max_workers, workers_->size()),
+                       j->generation, j->changes + 1);
+        watch_ids_ = std::vector<int>(j->watch_ids.begin(), j->watch_ids.end());
+      } else {
+        rules_.emplace(std::move(tasks), elastic_->options.min_workers, elastic_->options.max_workers);
+        for (int r = 0; r < workers_->size(); ++r) watch_ids_.push_back(r);
+      }
     }
+  }
+
+  int joiners_waiting() const override {
+    return elastic_ && elastic_->joins ? static_cast<int>(elastic_->joins->size()) : 0;
+  }
+  bool joining() const override { return workers_->joining(); }
+  void refuse_waiting(const std::string& why) override {
+    if (!elastic_ || !elastic_->joins || workers_->watch() == nullptr) return;
+    for (const actors::join_candidate& c : elastic_->joins->waiting()) {
+      workers_->watch()->refuse(c.key, "elastic membership: refused the join of " + c.who.task + ": " + why);
+    }
+  }
+  void end_joining() override { workers_->end_joining(); }
+
+  detail::MembershipChange admit() override {
+    const auto started = std::chrono::steady_clock::now();
+    const auto& o = elastic_->options;
+    const std::string fallback = "elastic membership falls back to the restart path: ";
+    const auto& members = workers_->members();
+    std::string text;  // the new generation as the chief decided it; empty: nobody admitted
+    if (workers_->rank() == 0 && elastic_->joins) {
+      std::vector<std::int64_t> keys;
+      std::vector<actors::member> table = members;
+      std::vector<std::string> tasks;
+      for (const auto& m : members) tasks.push_back(m.task);
+      for (const actors::join_candidate& c : elastic_->joins->waiting()) {
+        std::optional<std::string> why = rules_->check_join(c.who.task);
+        if (!why && std::find(tasks.begin(), tasks.end(), c.who.task) != tasks.end()) {
+          why = c.who.task + " asked to join twice";
+        }
+        if (!why && static_cast<int>(tasks.size()) >= rules_->max_workers()) {
+          why = "the cluster has max_workers (" + std::to_string(rules_->max_workers()) + ") with the joiners before it";
+        }
+        if (why) {
+          workers_->watch()->refuse(c.key, "elastic membership: refused the join of " + c.who.task + ": " + *why);
+          continue;
+        }
+        keys.push_back(c.key);
+        tasks.push_back(c.who.task);
+        actors::member m = c.who;
+        m.rank = static_cast<int>(table.size());
+        table.push_back(std::move(m));
+      }
+      if (!keys.empty()) {
+        const std::uint64_t generation = rules_->generation() + 1;
+        const std::vector<std::int32_t> known(watch_ids_.begin(), watch_ids_.end());
+        const std::vector<std::int32_t> added =
+            workers_->watch()->admit(keys, table, known, generation, elastic_->incarnation, rules_->changes(),
+                                     rules_->max_workers(), o.start_timeout);
+        nlohmann::json j;
+        j["generation"] = generation;
+        j["ids"] = known;
+        for (std::int32_t id : added) j["ids"].push_back(id);
+        for (const auto& m : table) {
+          j["members"].push_back({{"task", m.task}, {"host", m.data_host}, {"port", m.data_port}, {"devices", m.devices}});
+        }
+        text = j.dump();
+      }
+    }
+    text = broadcast_text(text);
+    detail::MembershipChange out;
+    out.generation = workers_->generation();
+    out.workers = workers_->size();
+    out.rank = workers_->rank();
+    if (text.empty()) return out;
+    std::vector<actors::member> next;
+    std::vector<int> ids;
+    std::uint64_t generation = 0;
+    std::vector<std::string> joined;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(text);
+      generation = j.at("generation").get<std::uint64_t>();
+      ids = j.at("ids").get<std::vector<int>>();
+      for (const auto& e : j.at("members")) {
+        actors::member m;
+        m.rank = static_cast<int>(next.size());
+        m.task = e.at("task").get<std::string>();
+        m.data_host = e.at("host").get<std::string>();
+        m.data_port = e.at("port").get<std::uint16_t>();
+        m.devices = e.at("devices").get<int>();
+        if (next.size() < members.size()) m = members[next.size()];  // a member's entry stays its own
+        if (next.size() >= members.size()) joined.push_back(m.task);
+        next.push_back(std::move(m));
+      }
+    } catch (const std::exception& e) {
+      rules_->abort(std::string("the chief's table of the new generation is unreadable: ") + e.what());
+      throw CollectiveAborted(rules_->fallback());
+    }
+    const auto decided = rules_->admit(joined);
+    if (!decided || decided->generation != generation || ids.size() != next.size()) {
+      throw CollectiveAborted(fallback + "this worker cannot apply the chief's admission of generation " +
+                              std::to_string(generation) + " (at generation " + std::to_string(rules_->generation()) +
+                              ")");
+    }
+    watch_ids_ = std::move(ids);
+    reform_to(workers_->rank(), std::move(next), generation);
+    out.generation = generation;
+    out.joined = joined;
+    out.workers = workers_->size();
+    out.waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
+    return out;
   }
 
   int commit_every_steps() const override { return elastic_ ? elastic_->options.commit_every_steps : 0; }
@@ -129,7 +243,6 @@ class MultiWorkerBackend final : public detail::MirroredBackend, public detail::
     // of the loss a few heartbeats later. Bounded by the watch's own limit and a margin.
     const auto wait = o.heartbeat_interval * (o.missed_heartbeats + 2) + std::chrono::milliseconds(1000);
     const std::string reason = failures.await_reason(std::chrono::duration_cast<std::chrono::milliseconds>(wait));
-    const int lost = failures.rank();
     const auto& members = workers_->members();
     const std::string fallback = "elastic membership falls back to the restart path: ";
     if (reason.empty()) {
@@ -137,17 +250,31 @@ class MultiWorkerBackend final : public detail::MirroredBackend, public detail::
                               "within " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(wait).count()) +
                               " ms");
     }
-    const bool loss = lost > 0 && static_cast<std::size_t>(lost) < members.size() &&
-                      actors::is_loss_verdict(members[static_cast<std::size_t>(lost)].task, reason);
-    if (lost == 0) {
-      rules_->lose(0, reason);
-      throw CollectiveAborted(rules_->fallback());
+    // Every verdict so far counts (two workers lost at once leave in one change). The watch names
+    // a worker by its id in the chief's table, which a change does not renumber: watch_ids_ maps
+    // the ring's ranks to them.
+    bool counted = false;
+    for (const auto& [id, why] : failures.verdicts()) {
+      if (id == 0) {
+        rules_->lose(0, why);
+        throw CollectiveAborted(rules_->fallback());
+      }
+      const auto at = std::find(watch_ids_.begin(), watch_ids_.end(), id);
+      if (at == watch_ids_.end()) continue;  // a worker that left in an earlier change
+      const auto r = static_cast<std::size_t>(at - watch_ids_.begin());
+      if (!actors::is_loss_verdict(members[r].task, why)) {
+        throw CollectiveAborted(fallback + "the cluster watch reported what no change of membership mends: " + why);
+      }
+      rules_->lose(static_cast<int>(r), why);
+      if (!rules_->fallback().empty()) throw CollectiveAborted(rules_->fallback());
+      counted = true;
     }
-    if (!loss) throw CollectiveAborted(fallback + "the cluster watch reported what no change of membership mends: " + reason);
-    rules_->lose(lost, reason);
-    if (!rules_->fallback().empty()) throw CollectiveAborted(rules_->fallback());
+    if (!counted) throw CollectiveAborted(fallback + "the cluster watch reported what no change of membership mends: " + reason);
     const auto decided = rules_->decide();
     if (!decided) throw CollectiveAborted(fallback + "the chief decided no change (" + reason + ")");
+    std::vector<int> ids;
+    for (int old : decided->survivors) ids.push_back(watch_ids_[static_cast<std::size_t>(old)]);
+    watch_ids_ = std::move(ids);
     const int rank = decided->new_rank(workers_->rank());
     std::vector<actors::member> next;
     for (int old : decided->survivors) {
@@ -155,26 +282,48 @@ class MultiWorkerBackend final : public detail::MirroredBackend, public detail::
       m.rank = static_cast<int>(next.size());
       next.push_back(std::move(m));
     }
-    // The ring thread of the buckets holds the old ring: it goes first.
-    hierarchical_.reset();
-    try {
-      workers_->reform(rank, std::move(next), decided->generation,
-                       {o.cluster_token, actors::generation_incarnation(elastic_->incarnation, decided->generation)},
-                       o.start_timeout);
-    } catch (const std::exception& e) {
-      rules_->abort(e.what());
-      throw CollectiveAborted(rules_->fallback());
-    }
-    rules_->complete(decided->generation);
-    hierarchical_ = std::make_unique<detail::HierarchicalCollectives>(
-        shm_collectives(), *workers_, workers_->size() * static_cast<int>(devices().size()), bytes_per_pack_,
-        compression_);
+    reform_to(rank, std::move(next), decided->generation);
     detail::MembershipChange out;
     out.generation = decided->generation;
     out.left = decided->left;
     out.workers = workers_->size();
     out.rank = rank;
     out.waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
+    return out;
+  }
+
+  // The ring of `generation` among `next` (this worker at `rank`), and the change complete.
+  void reform_to(int rank, std::vector<actors::member> next, std::uint64_t generation) {
+    const auto& o = elastic_->options;
+    // The ring thread of the buckets holds the old ring: it goes first.
+    hierarchical_.reset();
+    try {
+      workers_->reform(rank, std::move(next), generation,
+                       {o.cluster_token, actors::generation_incarnation(elastic_->incarnation, generation)},
+                       o.start_timeout);
+    } catch (const std::exception& e) {
+      rules_->abort(e.what());
+      throw CollectiveAborted(rules_->fallback());
+    }
+    rules_->complete(generation);
+    hierarchical_ = std::make_unique<detail::HierarchicalCollectives>(
+        shm_collectives(), *workers_, workers_->size() * static_cast<int>(devices().size()), bytes_per_pack_,
+        compression_);
+  }
+
+  // The chief's `text` on every worker (two broadcasts: its length, then its bytes).
+  std::string broadcast_text(const std::string& text) {
+    const bool chief = workers_->rank() == 0;
+    const std::vector<std::int64_t> size{chief ? static_cast<std::int64_t>(text.size()) : 0};
+    const std::int64_t n = workers_->broadcast_from_chief(Tensor::from_vector(size, {1})).to_vector<std::int64_t>()[0];
+    if (n <= 0) return {};
+    std::vector<std::int64_t> bytes(static_cast<std::size_t>(n), 0);
+    if (chief) {
+      for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
+    }
+    const std::vector<std::int64_t> got = workers_->broadcast_from_chief(Tensor::from_vector(bytes, {n})).to_vector<std::int64_t>();
+    std::string out(got.size(), '\0');
+    for (std::size_t i = 0; i < got.size(); ++i) out[i] = static_cast<char>(got[i]);
     return out;
   }
 
@@ -215,6 +364,7 @@ class MultiWorkerBackend final : public detail::MirroredBackend, public detail::
   std::unique_ptr<detail::HierarchicalCollectives> hierarchical_;
   std::optional<ElasticSettings> elastic_;
   std::optional<actors::membership_state> rules_;  // the chief's rules, applied to its verdicts
+  std::vector<int> watch_ids_;  // by ring rank: the member's id in the chief's watch
 };
 
 std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runtime, const CommunicationOptions& options,
@@ -252,10 +402,9 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
                                 "ParameterServerStrategy");
   }
   require_token(spec, resolver.coordinator_address(), settings);
-  const int rank = spec.id_in_cluster(task_type, resolver.task_id());
+  const int start_rank = spec.id_in_cluster(task_type, resolver.task_id());
   const std::vector<std::string> tasks = training_tasks(spec);
-  const int workers = static_cast<int>(tasks.size());
-  troupe::detail::check_elastic_size(settings, workers);
+  troupe::detail::check_elastic_size(settings, static_cast<int>(tasks.size()));
 
   // With NCCL every worker runs a replica on each of its GPUs (or the first devices_per_worker);
   // otherwise CPU replicas joined by the TCP ring.
@@ -273,7 +422,7 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   for (int i = 0; i < devices_per_worker; ++i) devices.emplace_back(nccl ? Device::Type::gpu : Device::Type::cpu, i);
 
   actors::rendezvous_options ro;
-  ro.rank = rank;
+  ro.rank = start_rank;
   ro.tasks = tasks;
   std::tie(ro.chief_host, ro.chief_port) = split_address(resolver.coordinator_address(), "the chief's");
   ro.devices = devices_per_worker;
@@ -297,7 +446,7 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   ro.stall.warning = settings.stall_warning;
   ro.stall.shutdown = settings.stall_shutdown;
   // The chief makes the NCCL id every worker joins its communicators with.
-  if (nccl && rank == 0) ro.collective_id = detail::nccl_unique_id();
+  if (nccl && start_rank == 0) ro.collective_id = detail::nccl_unique_id();
   // The chief's control plane records its cluster's health here, for the dashboard.
   auto health = std::make_shared<actors::cluster_health>();
   health->set_restart_count(settings.restart_count);
@@ -310,17 +459,36 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
   ro.position = position;
   auto failures = std::make_shared<detail::WorkerFailures>();
   std::unique_ptr<actors::cluster_watch> watch;
-  std::vector<actors::member> members = actors::rendezvous(
-      runtime.system(), ro, settings.heartbeat_interval,
-      [failures](int rank, const std::string& why) { failures->report(why, rank); }, watch);
+  // Elastic membership: the chief takes joiners; a process started with TROUPE_JOIN=1 joins the
+  // running cluster instead of starting one.
+  const bool joiner = detail::join_from_environment();
+  if (joiner && !settings.elastic) {
+    throw std::invalid_argument("MultiWorkerMirroredStrategy: TROUPE_JOIN=1 joins a running elastic cluster, and this "
+                                "worker is not elastic (set TROUPE_ELASTIC=1, or MultiWorkerOptions::elastic)");
+  }
+  if (settings.elastic && start_rank == 0 && !joiner) ro.joins = std::make_shared<actors::join_queue>();
+  auto on_failure = [failures](int id, const std::string& why) { failures->report(why, id); };
+  std::optional<actors::join_answer> joined;
+  std::vector<actors::member> members;
+  if (joiner) {
+    joined = actors::join_cluster(runtime.system(), ro, settings.heartbeat_interval, on_failure, watch);
+    members = joined->table;
+  } else {
+    members = actors::rendezvous(runtime.system(), ro, settings.heartbeat_interval, on_failure, watch);
+  }
+  const int rank = joined ? static_cast<int>(joined->rank) : start_rank;
+  const int workers = static_cast<int>(members.size());
 
   std::vector<transport::endpoint> peers;
   for (const auto& m : members) peers.push_back({m.data_host, m.data_port});
   std::unique_ptr<transport::tcp_ring> ring;
   transport::tcp_ring_options ring_options;
   ring_options.timeout = ro.timeout;
-  // Every ring connection proves the cluster token and this start's incarnation, both ways.
-  ring_options.auth = {settings.cluster_token, members[0].incarnation};
+  // Every ring connection proves the cluster token and this start's incarnation, both ways (a
+  // joiner's, the incarnation of the generation it joins).
+  ring_options.auth = {settings.cluster_token,
+                       joined ? actors::generation_incarnation(joined->incarnation, joined->generation)
+                              : members[0].incarnation};
   try {
     ring = std::make_unique<transport::tcp_ring>(rank, workers, *listener, peers, ring_options);
   } catch (const transport::peer_error& e) {
@@ -353,10 +521,13 @@ std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runt
     recorder->set_identity(rank, workers, members[static_cast<std::size_t>(rank)].task);
   }
   std::optional<ElasticSettings> elastic;
-  if (settings.elastic) elastic = ElasticSettings{settings, members[0].incarnation};
+  if (settings.elastic) {
+    elastic = ElasticSettings{settings, joined ? joined->incarnation : members[0].incarnation, ro.joins, joined};
+  }
   auto group = std::make_unique<detail::RingWorkerGroup>(rank, std::move(members), std::move(listener), std::move(ring),
                                                          std::move(failures), std::move(watch), std::move(health),
                                                          std::move(log), std::move(position));
+  if (joined) group->begin_joining(joined->generation);
   return std::make_unique<MultiWorkerBackend>(runtime, std::move(devices), std::move(group), options.bytes_per_pack,
                                               options.compression, std::move(world), std::move(elastic));
 }

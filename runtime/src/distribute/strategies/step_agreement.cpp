@@ -16,6 +16,7 @@ void encode_requests(const StepRequests& r, double* row) {
   row[2] = r.pause ? (*r.pause ? 1.0 : 2.0) : 0.0;
   row[3] = r.learning_rate ? 1.0 : 0.0;
   row[4] = r.learning_rate.value_or(0.0);
+  row[5] = static_cast<double>(r.joiners);
 }
 
 StepAgreement decide(const double* table, int workers, const StepRequests& mine, std::size_t stride) {
@@ -30,6 +31,7 @@ StepAgreement decide(const double* table, int workers, const StepRequests& mine,
     if (r[1] != 0) out.checkpoint = true;
     if (r[2] != 0 && !out.pause) out.pause = r[2] == 1.0;
     if (r[3] != 0 && !out.learning_rate) out.learning_rate = r[4];
+    if (w == 0 && r[5] > 0) out.admit = true;  // only the chief admits
   }
   if (stopper >= 0) {
     out.stop = true;
@@ -46,6 +48,7 @@ StepAgreement agree_alone(StepRequests mine) {
   out.checkpoint = mine.checkpoint;
   out.pause = mine.pause;
   out.learning_rate = mine.learning_rate;
+  out.admit = mine.joiners > 0;
   return out;
 }
 

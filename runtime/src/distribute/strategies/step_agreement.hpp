@@ -9,7 +9,8 @@
 //    each worker writes its row at its rank's place, zeros elsewhere, so the SUM is every row.
 // 3. Every worker reads the same reduced table and decides alike (decide): a stop or checkpoint
 //    anywhere counts everywhere; for the pause state and the learning rate the lowest rank that
-//    asked wins.
+//    asked wins; only the chief's row can ask to admit workers waiting to join (elastic
+//    membership).
 // 4. While training is paused no step runs: agree_now carries the rows in a small collective of
 //    its own (a concat over the workers), every worker calling it at the same boundary.
 //
@@ -32,6 +33,8 @@ struct StepRequests {
   bool checkpoint = false;
   std::optional<bool> pause;  ///< true: pause, false: resume
   std::optional<double> learning_rate;
+  /// The chief's, under elastic membership: workers waiting to join.
+  std::uint32_t joiners = 0;
 };
 
 /// What every worker agreed to do at a step boundary.
@@ -42,10 +45,11 @@ struct StepAgreement {
   bool checkpoint = false;
   std::optional<bool> pause;
   std::optional<double> learning_rate;
+  bool admit = false;  ///< the chief admits the workers waiting to join, at this boundary
 };
 
 /// Numbers in a worker's row of requests.
-constexpr std::size_t request_fields = 5;
+constexpr std::size_t request_fields = 6;
 /// Numbers of a worker's step-time parts of the step before (input, compute, all-reduce, whole
 /// step, in ms) that ride after its requests in the step's table.
 constexpr std::size_t part_fields = 4;
