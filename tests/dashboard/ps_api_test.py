@@ -13,6 +13,7 @@ troupe-launch with a chief, 2 workers and 2 ps tasks, the chief serving the dash
   closure in flight finished and was taken), and for a second neither the step, the closures done
   nor the ps tasks' updates move;
 - POST /api/learning_rate while paused applies from the next step; POST /api/resume goes on;
+- POST /api/checkpoint: the chief saves a sharded checkpoint of the step it says, and goes on;
 - worker 1 SIGSTOPped misses its heartbeats: a worker_lost event names it with the chief's step,
   the closures it held are retried (ps_cluster.retried is the sum of the closures_retried events'
   counts), and once SIGCONTed it is back (a worker_back event) and runs closures again;
@@ -206,6 +207,16 @@ def main():
         wait_for("steps after resume", lambda: ps_state()["step"] > paused_at + 10, 15, out)
         if abs(ps_state()["learning_rate"] - 0.0007) > 1e-9:
             fail("the state does not show learning rate 0.0007 after resume")
+
+        # A checkpoint from the dashboard: saved at a closure boundary, training going on after it.
+        if request(base, "/api/checkpoint", "POST")[0] != 200:
+            fail("POST /api/checkpoint was refused")
+        saved_at = int(wait_for("the chief to save the checkpoint",
+                                lambda: (re.findall(r"\[rank 0\] checkpoint requested at step (\d+)", out()) or [None])[0],
+                                15, out))
+        wait_for("the sharded checkpoint ckpt-%d" % saved_at,
+                 lambda: os.path.isdir(os.path.join(ckpt, "ckpt-%d" % saved_at)), 10, out)
+        wait_for("steps after the checkpoint", lambda: ps_state()["step"] > saved_at + 5, 15, out)
 
         # Worker 1 stopped: lost, its closures retried; continued: back.
         stopped_pid = task_pid(token, "worker", 1)
