@@ -27,6 +27,11 @@
 //
 //   ps_trainer --mode evaluator --checkpoint-dir ckpt --tensorboard-dir logs/eval --final-step 400
 //
+// With --dashboard-port (fit), the chief serves the live dashboard: the loss and throughput, and
+// the cluster's closures per second, queue depth, every worker's state and throughput, every ps
+// task's bytes and update rate, and the closures lost, retried and cancelled as events
+// (docs/dashboard.md); its pause, learning rate, checkpoint and stop apply at closure boundaries.
+//
 // The chief prints a progress line every 10 completed closures and ends with one line for scripts:
 //   result: closures=N done=D retried=R workers_lost=W ps_restarts=P loss_first=X loss_last=Y
 //           start_step=S0 step=S
@@ -79,6 +84,7 @@ struct Flags {
   int max_evaluations = 0;
   std::int64_t final_step = 0;  // 0: none
   bool quiet = false;
+  troupe::examples::MonitorFlags monitor;
 
   float lr() const {
     if (learning_rate > 0) return learning_rate;
@@ -278,6 +284,7 @@ int main(int argc, char** argv) {
                  "evaluator: stop once the checkpoint of this step (the training's last) is evaluated (0: none)")
       ->check(in_range(std::int64_t{0}, std::int64_t{1} << 40));
   app.add_flag("--quiet", f.quiet, "print the result line only");
+  troupe::examples::add_monitor_options(app, f.monitor);
   app.callback([&] {
     if (f.mode != "fit" && f.mode != "evaluator" && checkpoint_dir->count() > 0) {
       throw CLI::ValidationError("--checkpoint-dir", "needs --mode fit or evaluator (the mode is " + f.mode + ")");
@@ -335,6 +342,7 @@ int main(int argc, char** argv) {
         }
       };
       record->checkpoint = [&](std::int64_t step, nn::Logs&) {
+        if (!checkpoints) return;  // no --checkpoint-dir: the dashboard offers no checkpoint
         checkpoints->save(step);
         saved_at = step;
       };
@@ -343,10 +351,22 @@ int main(int argc, char** argv) {
       options.steps_per_execution = f.steps_per_execution;
       options.initial_step = start_step;
       options.callbacks = {record};
+      // --dashboard-port: the chief's dashboard, with the cluster's closures, workers and ps tasks;
+      // its controls (pause, learning rate, checkpoint, stop) apply at closure boundaries.
+      std::unique_ptr<Monitor> monitor;
+      if (f.monitor.enabled()) {
+        MonitorOptions monitor_options = f.monitor.options(f.batch);
+        monitor_options.checkpoints = checkpoints.has_value();
+        monitor = std::make_unique<Monitor>(strategy, model->optimizer().get(), monitor_options);
+        options.callbacks.push_back(monitor->callback());
+      }
       const std::int64_t steps_per_epoch = static_cast<std::int64_t>(f.closures / f.epochs) * f.steps_per_execution;
       const auto t0 = std::chrono::steady_clock::now();
       const nn::History h = model->fit(nn::DatasetCreator("blobs"), f.epochs, steps_per_epoch, options);
       coordinator.join();
+      if (monitor && monitor->stopped() && !f.quiet) {
+        std::cout << "ps_trainer: stopped from the dashboard after step " << start_step + h.steps << std::endl;
+      }
       const std::int64_t step = start_step + h.steps;  // h.steps: this run's
       if (checkpoints && step > saved_at) checkpoints->save(step);
       if (!f.quiet) {

@@ -18,22 +18,36 @@ std::string silence(const dispatch_actor_state& st) {
 
 // Each closure of `ids` still known reaches on_done once, cancelled.
 void cancel_closures(dispatch_self* self, dispatcher::impl& d, const std::vector<std::uint64_t>& ids) {
+  std::uint64_t n = 0;
   for (auto id : ids) {
-    if (self->state.closures.erase(id) == 1) d.on_done(closure_outcome{id, false, {}, {}, true});
+    if (self->state.closures.erase(id) == 1) {
+      d.on_done(closure_outcome{id, false, {}, {}, true});
+      ++n;
+    }
   }
+  d.board->closures_cancelled(n, heartbeat_state::clock::now());
+}
+
+// The queue as the board shows it, after every change.
+void show_queue(dispatch_self* self, dispatcher::impl& d) {
+  d.board->set_queue(self->state.rules->queued(), self->state.rules->in_flight_by_worker());
 }
 
 // A lost worker's closures in flight: run again elsewhere, or cancelled after a failure. Says which.
-std::string lose_worker(dispatch_self* self, dispatcher::impl& d, int w) {
+// `reason` (why it is lost) goes to the board; empty: it is set aside (the caller tells the board).
+std::string lose_worker(dispatch_self* self, dispatcher::impl& d, int w, const std::string& reason) {
   auto& st = self->state;
   const bool requeue = !st.failed && !st.cancelling;
   auto back = st.rules->on_worker_lost(w, requeue);
   st.watch->worker_lost(w);
+  const auto now = heartbeat_state::clock::now();
+  if (!reason.empty()) d.board->worker_lost(w, reason, requeue ? back.size() : 0, now);
   if (requeue) {
     d.retried += back.size();
   } else {
     cancel_closures(self, d, back);
   }
+  show_queue(self, d);
   d.lost = st.rules->workers_lost();
   d.up = st.rules->workers_up();
   return std::to_string(back.size()) +
@@ -51,6 +65,7 @@ void pump(dispatch_self* self, dispatcher::impl& d) {
     self->send(st.workers[static_cast<std::size_t>(w)], call_atom::value, id, it->second.function, it->second.args);
     st.watch->sent(w, id, it->second.function, now);
   }
+  show_queue(self, d);
 }
 
 // The worker whose agent has address `a`, or -1.
@@ -68,13 +83,15 @@ void on_down(dispatch_self* self, dispatcher::impl& d, const caf::down_msg& m) {
   if (st.leaving) return;
   for (std::size_t p = 0; p < d.ps.size(); ++p) {
     if (d.ps[p].address() == m.source) {
-      d.on_ps_lost(d.options.ps[p].task, "its connection closed (" + self->system().render(m.reason) + ")");
+      const std::string why = "its connection closed (" + self->system().render(m.reason) + ")";
+      d.board->ps_lost(static_cast<int>(p), why, heartbeat_state::clock::now());
+      d.on_ps_lost(d.options.ps[p].task, why);
       return;
     }
   }
   const int w = worker_of(st, m.source);
   if (w < 0) return;
-  const auto what = lose_worker(self, d, w);
+  const auto what = lose_worker(self, d, w, "its connection closed (" + self->system().render(m.reason) + ")");
   const auto i = static_cast<std::size_t>(w);
   st.workers[i] = caf::actor{};
   st.worker_pulses[i] = caf::actor{};
@@ -99,6 +116,7 @@ void beat_worker(dispatch_self* self, const impl_ptr& d, std::size_t w) {
             if (!st.worker_beats->beat(static_cast<int>(w), heartbeat_state::clock::now())) return;
             st.rules->on_worker_up(static_cast<int>(w));
             d->up = st.rules->workers_up();
+            d->board->worker_up(static_cast<int>(w), heartbeat_state::clock::now());
             d->say(d->options.workers[w].task + " answers again; it takes closures again");
             pump(self, *d);
           },
@@ -117,6 +135,7 @@ void on_worker_reached(dispatch_self* self, const impl_ptr& d, std::int32_t w, c
   if (st.has_table) self->send(agent, table_atom::value, st.table);
   st.rules->on_worker_up(w);
   d->up = st.rules->workers_up();
+  d->board->worker_up(w, heartbeat_state::clock::now());
   pump(self, *d);
 }
 
@@ -129,6 +148,7 @@ void on_result(dispatch_self* self, dispatcher::impl& d, std::uint64_t id, bool 
     // The closure it was given up in returned (it ran elsewhere meanwhile: this answer is stale).
     st.rules->on_worker_up(w);
     d.up = st.rules->workers_up();
+    d.board->worker_up(w, heartbeat_state::clock::now());
     d.say(d.options.workers[static_cast<std::size_t>(w)].task + " returned from closure " + std::to_string(id) +
           ", given up on past the stall shutdown bound; it takes closures again");
     pump(self, d);
@@ -136,8 +156,12 @@ void on_result(dispatch_self* self, dispatcher::impl& d, std::uint64_t id, bool 
   if (!st.rules->on_finished(w, id)) return;
   auto it = st.closures.find(id);
   if (it == st.closures.end()) return;
+  const std::string function = std::move(it->second.function);
   st.closures.erase(it);
   if (!ok) st.failed = true;
+  const auto& task = d.options.workers[static_cast<std::size_t>(w)].task;
+  d.board->closure_done(w, ok ? std::string() : "function \"" + function + "\" failed on " + task + ": " + payload,
+                        heartbeat_state::clock::now());
   d.on_done(closure_outcome{id, ok, std::move(payload), d.options.workers[static_cast<std::size_t>(w)].task});
   pump(self, d);
 }
@@ -223,8 +247,10 @@ void give_up(dispatch_self* self, const impl_ptr& d, const closure_overdue& o) {
   } else if (it != st.closures.end()) {
     it->second.given_up_on = name;
   }
-  line += "; " + name + " is set aside until it returns: " + lose_worker(self, *d, o.worker);
+  const std::uint64_t retried_before = d->retried;
+  line += "; " + name + " is set aside until it returns: " + lose_worker(self, *d, o.worker, {});
   st.watch->set_aside(o.worker, o.id);
+  d->board->worker_set_aside(o.worker, line, d->retried - retried_before, heartbeat_state::clock::now());
   d->say(line);
   // Its calls not started yet ran elsewhere: it drops them (their ids are no longer its own).
   if (auto worker = st.workers[w]) {
@@ -246,21 +272,39 @@ void on_tick(dispatch_self* self, const impl_ptr& d) {
     self->request(d->ps_pulse[p], wait, beat_atom::value, interval, missed)
         .then([self, p](bool) { self->state.ps_beats->beat(static_cast<int>(p), heartbeat_state::clock::now()); },
               [](caf::error&) {});
+    // What the ps task holds and was asked for, for the dashboard (a ps task of an older troupe
+    // that does not answer shows no counters).
+    self->request(d->ps[p], wait, pstats_atom::value)
+        .then(
+            [d, p](std::int64_t shards, std::int64_t held, std::int64_t updates, std::int64_t in, std::int64_t out) {
+              ps_task_counters c;
+              c.shards = shards;
+              c.bytes_held = held;
+              c.updates = static_cast<std::uint64_t>(updates);
+              c.bytes_in = static_cast<std::uint64_t>(in);
+              c.bytes_out = static_cast<std::uint64_t>(out);
+              d->board->ps_report(static_cast<int>(p), c, heartbeat_state::clock::now());
+            },
+            [](caf::error&) {});
   }
   const auto now = heartbeat_state::clock::now();
   for (int w : st.worker_beats->overdue(now)) {
-    const auto what = lose_worker(self, *d, w);
+    const auto what = lose_worker(self, *d, w, silence(st));
     d->say("lost " + d->options.workers[static_cast<std::size_t>(w)].task + " (" + silence(st) + "); " + what +
            "; it is taken back when it answers again");
   }
   for (int p : st.ps_beats->overdue(now)) {
     const auto& task = d->options.ps[static_cast<std::size_t>(p)].task;
     d->say("lost " + task + " (" + silence(st) + ")");
+    d->board->ps_lost(p, silence(st), now);
     self->send(d->router, gone_atom::value, static_cast<std::int32_t>(p), silence(st));
     d->on_ps_lost(task, silence(st));
   }
   auto stalls = st.watch->check(now);
-  for (const auto& line : stalls.lines) d->say(line);
+  for (const auto& line : stalls.lines) {
+    d->say(line);
+    d->board->stall(line, now);
+  }
   for (const auto& o : stalls.give_up) give_up(self, d, o);
   pump(self, *d);
   self->delayed_send(self, st.liveness.interval, tick_atom::value);
@@ -285,6 +329,7 @@ caf::behavior dispatch_actor(dispatch_self* self, std::shared_ptr<dispatcher::im
       [self, d](sched_atom, std::uint64_t id, std::string& function, std::string& args) {
         self->state.closures.emplace(id, closure_record{std::move(function), std::move(args), {}});
         self->state.rules->enqueue(id);
+        d->board->scheduled(heartbeat_state::clock::now());
         pump(self, *d);
       },
       [self, d](wup_atom, std::int32_t w, const caf::actor& agent, const caf::actor& pulse) {

@@ -24,6 +24,7 @@
 #include "troupe/actors/dispatcher.hpp"
 #include "troupe/actors/heartbeat_state.hpp"
 #include "troupe/actors/liveness_policy.hpp"
+#include "troupe/actors/ps_cluster_board.hpp"
 
 namespace troupe::actors {
 
@@ -43,6 +44,7 @@ struct dispatcher::impl {
   std::atomic<std::uint64_t> retried{0};
   std::atomic<std::uint64_t> lost{0};
   std::atomic<int> up{0};
+  std::shared_ptr<ps_cluster_board> board;  // written by the actor, read by the dashboard
   std::atomic<std::int64_t> connect_retry_ms{200};
   std::mutex mutex;
   std::condition_variable wake;

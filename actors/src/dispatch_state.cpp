@@ -75,6 +75,13 @@ int dispatch_state::workers_up() const noexcept {
   return n;
 }
 
+std::vector<std::size_t> dispatch_state::in_flight_by_worker() const {
+  std::vector<std::size_t> out;
+  out.reserve(in_flight_.size());
+  for (const auto& s : in_flight_) out.push_back(s.size());
+  return out;
+}
+
 std::size_t dispatch_state::in_flight() const noexcept {
   std::size_t n = 0;
   for (const auto& s : in_flight_) n += s.size();

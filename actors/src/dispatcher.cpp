@@ -121,6 +121,12 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
   d.connected = std::make_unique<std::atomic<bool>[]>(d.options.workers.size());
   for (std::size_t w = 0; w < d.options.workers.size(); ++w) d.connected[w] = false;
   d.gate = std::make_unique<control_gate>(system, d.options.credentials != nullptr, gate_limits::for_tasks());
+  {
+    std::vector<std::string> workers, ps;
+    for (const auto& w : d.options.workers) workers.push_back(w.task);
+    for (const auto& p : d.options.ps) ps.push_back(p.task);
+    d.board = std::make_shared<ps_cluster_board>(std::move(workers), std::move(ps));
+  }
   // The ps tasks hold the variables: without every one of them there is nothing to train.
   d.actor = system.spawn(dispatch_actor, impl_);
   const auto deadline = std::chrono::steady_clock::now() + d.options.ps_timeout;
@@ -333,5 +339,6 @@ void dispatcher::restore_shards(std::vector<shard_restore> shards, std::chrono::
 std::uint64_t dispatcher::retried() const { return impl_->retried; }
 std::uint64_t dispatcher::workers_lost() const { return impl_->lost; }
 int dispatcher::workers_up() const { return impl_->up; }
+std::shared_ptr<ps_cluster_board> dispatcher::board() const { return impl_->board; }
 
 }  // namespace troupe::actors

@@ -86,6 +86,8 @@ using refuse_atom = caf::atom_constant<caf::atom("refuse")>;
 //   task agent -> dispatcher: (result, id, ok, payload)
 //   anyone -> ps agent: (vnew, key, bytes) -> bool; (vread, key) -> bytes; (vupdate, key, op, bytes)
 //     -> bool; (data) -> (port, secret) of its data connections (bulk_channel.hpp)
+//   chief's dispatch actor -> ps agent: (pstats) -> (shards, bytes held, updates, bytes in, bytes
+//     out), asked at every heartbeat for the dashboard (ps_cluster_board)
 //   chief's dispatch actor -> ps agent (refused from anyone else): (ckptsave, directory, file, step)
 //     -> (file bytes, XXH64); (ckptload, key, elements, slots, applied, optimizer or 255) -> bool
 //   inside the chief, to its dispatch actor: (sched, id, function, args); (wup, worker, agent);
@@ -112,6 +114,7 @@ using ckptsave_atom = caf::atom_constant<caf::atom("ckptsave")>;
 using ckptload_atom = caf::atom_constant<caf::atom("ckptload")>;
 using data_atom = caf::atom_constant<caf::atom("data")>;
 using reach_atom = caf::atom_constant<caf::atom("reach")>;
+using pstats_atom = caf::atom_constant<caf::atom("pstats")>;
 
 /// A member travels field by field; add_rendezvous_types announces it and the peer table.
 template <class Inspector>

@@ -67,7 +67,7 @@ bool same_rows(const shard_layout& a, const shard_layout& b) {
 // the rows it has. False: the connection ends.
 bool serve_rows(transport::bulk_stream& s, const transport::bulk_request& r, const std::shared_ptr<shard_cell>& cell,
                 std::string bad, std::vector<char>& buffer, std::vector<char>& reply, const task_handlers& h,
-                const std::string& task) {
+                const std::string& task, shard_traffic& traffic) {
   const bool gather = r.kind == transport::bulk_request::gather;
   const std::string what = "variable shard '" + r.key.substr(0, 64) + "' on " + task;
   shard_layout layout;
@@ -136,6 +136,7 @@ bool serve_rows(transport::bulk_stream& s, const transport::bulk_request& r, con
     const char* base = bytes->data() + layout.offset;
     for (std::size_t i = 0; i < count; ++i) std::memcpy(reply.data() + i * row_bytes, base + row(i) * row_bytes, row_bytes);
     s.send_reply(reply.data(), count * row_bytes);
+    traffic.bytes_out += count * row_bytes;
     return true;
   }
   // A scatter: every row applied in order under the exclusive lock (a row named twice is applied
@@ -157,6 +158,7 @@ bool serve_rows(transport::bulk_stream& s, const transport::bulk_request& r, con
     s.send_error(*failed);
   } else {
     s.send_reply(nullptr, 0);
+    ++traffic.updates;
   }
   return true;
 }
@@ -167,7 +169,8 @@ bool serve_rows(transport::bulk_stream& s, const transport::bulk_request& r, con
 // is applied; the shard's slots are made (zeros) by its first optimizer update, and a later update
 // of another kind is refused. False: the connection ends.
 bool serve_apply(transport::bulk_stream& s, const transport::bulk_request& r, const std::shared_ptr<shard_cell>& cell,
-                 std::string bad, std::vector<char>& buffer, const task_handlers& h, const std::string& task) {
+                 std::string bad, std::vector<char>& buffer, const task_handlers& h, const std::string& task,
+                 shard_traffic& traffic) {
   const bool rows = r.kind == transport::bulk_request::apply_rows;
   const std::string what = "variable shard '" + r.key.substr(0, 64) + "' on " + task;
   shard_layout layout;
@@ -262,6 +265,7 @@ bool serve_apply(transport::bulk_stream& s, const transport::bulk_request& r, co
     s.send_error(*failed);
   } else {
     s.send_reply(nullptr, 0);
+    ++traffic.updates;
   }
   return true;
 }
@@ -272,6 +276,7 @@ void serve_shards(transport::bulk_stream& s, shard_store& store, const task_hand
   std::vector<char> buffer;  // an update's bytes, kept for the next (no page faults once grown)
   std::vector<char> reply;   // a gather's rows, kept likewise
   while (auto r = s.receive_request()) {
+    store.traffic.bytes_in += r->bytes;
     auto cell = store.find(r->key);
     auto mismatch = [&](const shard_layout& l) -> std::string {
       if (l.dtype == r->dtype && l.nbytes == r->bytes) return {};
@@ -282,11 +287,11 @@ void serve_shards(transport::bulk_stream& s, shard_store& store, const task_hand
     std::string bad;
     if (!cell) bad = "no variable shard '" + r->key.substr(0, 64) + "' on " + task;
     if (r->kind == transport::bulk_request::gather || r->kind == transport::bulk_request::scatter) {
-      if (!serve_rows(s, *r, cell, std::move(bad), buffer, reply, h, task)) return;
+      if (!serve_rows(s, *r, cell, std::move(bad), buffer, reply, h, task, store.traffic)) return;
       continue;
     }
     if (r->kind == transport::bulk_request::apply || r->kind == transport::bulk_request::apply_rows) {
-      if (!serve_apply(s, *r, cell, std::move(bad), buffer, h, task)) return;
+      if (!serve_apply(s, *r, cell, std::move(bad), buffer, h, task, store.traffic)) return;
       continue;
     }
     if (r->kind == transport::bulk_request::read) {
@@ -301,6 +306,7 @@ void serve_shards(transport::bulk_stream& s, shard_store& store, const task_hand
         bad = mismatch(layout);
         if (bad.empty()) {
           s.send_reply(bytes->data() + layout.offset, layout.nbytes);
+          store.traffic.bytes_out += layout.nbytes;
           continue;
         }
       }
@@ -338,6 +344,7 @@ void serve_shards(transport::bulk_stream& s, shard_store& store, const task_hand
       s.send_error(*failed);
     } else {
       s.send_reply(nullptr, 0);
+      ++store.traffic.updates;
     }
   }
 }

@@ -4,6 +4,8 @@
 // shared by its actor (the control plane's reads and updates) and the task's data connections.
 // Internal to actors/.
 
+#include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,8 +45,18 @@ struct shard_cell {
   }
 };
 
+// What a ps task's shards were asked for since it started, for the chief's dashboard: updates
+// applied (an optimizer update, an assignment or addition, a scatter), the bytes of the requests
+// received and of the reads sent.
+struct shard_traffic {
+  std::atomic<std::uint64_t> updates{0};
+  std::atomic<std::uint64_t> bytes_in{0};
+  std::atomic<std::uint64_t> bytes_out{0};
+};
+
 // The ps task's shards by key, for its data connections.
 struct shard_store {
+  shard_traffic traffic;
   std::mutex mutex;
   std::map<std::string, std::shared_ptr<shard_cell>> cells;
   std::shared_ptr<shard_cell> find(const std::string& key) {

@@ -338,9 +338,32 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         out[1] = static_cast<char>(port >> 8);
         return out + st.data_secret;
       },
+      [=](pstats_atom) -> caf::result<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t> {
+        // What the chief's dashboard shows of this task: its shards, the bytes they hold with
+        // their optimizer slots, and what they were asked for since it started.
+        auto& st = self->state;
+        std::int64_t shards = 0, held = 0;
+        {
+          std::lock_guard<std::mutex> lock(st.store->mutex);
+          for (const auto& entry : st.store->cells) {
+            shard_cell& cell = *entry.second;
+            std::shared_lock<std::shared_mutex> cell_lock(cell.mutex);
+            ++shards;
+            held += static_cast<std::int64_t>(cell.layout.nbytes);
+            for (const auto& slot : cell.slots) held += static_cast<std::int64_t>(slot.size());
+          }
+        }
+        const shard_traffic& t = st.store->traffic;
+        return {shards, held, static_cast<std::int64_t>(t.updates.load()), static_cast<std::int64_t>(t.bytes_in.load()),
+                static_cast<std::int64_t>(t.bytes_out.load())};
+      },
       [=](vread_atom, const std::string& key) -> caf::result<std::string> {
         auto shard = shard_of(key);
         if (!shard) return runtime_error("no variable shard '" + key + "' on " + self->state.task);
+        if (auto cell = self->state.store->find(key)) {
+          std::shared_lock<std::shared_mutex> lock(cell->mutex);
+          self->state.store->traffic.bytes_out += cell->value->size();
+        }
         auto rp = self->make_response_promise();
         rp.delegate(shard, vread_atom::value);
         return rp;
@@ -348,6 +371,8 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
       [=](vupdate_atom, const std::string& key, std::uint8_t op, std::string& delta) -> caf::result<bool> {
         auto shard = shard_of(key);
         if (!shard) return runtime_error("no variable shard '" + key + "' on " + self->state.task);
+        self->state.store->traffic.bytes_in += delta.size();
+        ++self->state.store->traffic.updates;
         auto rp = self->make_response_promise();
         rp.delegate(shard, vupdate_atom::value, op, std::move(delta));
         return rp;

@@ -43,6 +43,7 @@
 #include "troupe/nn/layer.hpp"
 #include "troupe/nn/loss_scale_optimizer.hpp"
 #include "troupe/nn/losses.hpp"
+#include "troupe/nn/metrics.hpp"
 #include "troupe/nn/mixed_precision.hpp"
 #include "troupe/nn/backup_and_restore.hpp"
 #include "troupe/nn/batch_normalization.hpp"

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "distribute/cluster/cluster_net.hpp"
+#include "distribute/cluster/ps_access.hpp"
 #include "distribute/collectives/worker_group.hpp"
 #include "distribute/strategies/step_profile.hpp"
 #include "monitor/assets.hpp"
@@ -141,6 +142,7 @@ void Monitor::Impl::apply(const Taken& command, std::int64_t step) {
 // The cluster's record learns the step too, so that a worker lost is marked where it happened.
 void Monitor::Impl::publish(const actors::step_event& e, bool now) {
   if (health) health->set_step(e.step);
+  if (ps_board) ps_board->set_step(e.step);
   {
     std::lock_guard<std::mutex> lock(mutex);
     last = e;
@@ -236,6 +238,12 @@ Monitor::Monitor(distribute::Strategy& strategy, nn::Optimizer* optimizer, Monit
   m.heard_ns.assign(static_cast<std::size_t>(m.workers), profile_now_ns());
   m.health = m.backend.workers().health();
   m.tail = m.backend.workers().log_tail();
+  if (auto* ps = dynamic_cast<distribute::ParameterServerStrategy*>(&strategy)) {
+    m.ps_board = distribute::detail::PsAccess::dispatcher(*ps).board();
+    if (const distribute::ClusterResolver* r = ps->cluster_resolver()) {
+      m.own_task = distribute::detail::task_name(r->task_type(), r->task_id());
+    }
+  }
   if (m.workers > 1) m.exchanger = std::make_unique<detail::StepExchange>(m.backend, m.profile);
   m.shares.assign(static_cast<std::size_t>(m.local_replicas), 0.0);
   m.log = o.log ? o.log : (m.worker == 0 ? &std::cout : nullptr);

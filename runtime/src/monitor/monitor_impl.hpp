@@ -30,6 +30,7 @@
 #include "monitor/trace_writer.hpp"
 #include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/metrics_stream.hpp"
+#include "troupe/actors/ps_cluster_board.hpp"
 #include "troupe/actors/worker_report.hpp"
 #include "troupe/base/process_usage.hpp"
 #include "troupe/monitor.hpp"
@@ -101,6 +102,12 @@ struct Monitor::Impl {
   actors::cluster_health* health = nullptr;
   // This worker's log tail, which its heartbeat carries to the chief; null for one process.
   actors::log_tail* tail = nullptr;
+  // Under ParameterServerStrategy (on the chief): the closure queue, the workers and ps tasks as
+  // the dispatcher records them; null otherwise.
+  std::shared_ptr<actors::ps_cluster_board> ps_board;
+  // The task name of this process's row when no control plane names it: the chief's under
+  // ParameterServerStrategy, else "/job:localhost/replica:0/task:0".
+  std::string own_task = "/job:localhost/replica:0/task:0";
   std::string trace_status = "idle";
   std::string trace_written;
 
@@ -213,6 +220,7 @@ struct Monitor::Impl {
   detail::HttpResponse post(const detail::HttpRequest& r);
   detail::HttpResponse set_control(const detail::HttpRequest& r);
   std::string state_json(const detail::HttpRequest& r);
+  nlohmann::ordered_json ps_cluster_json() const;  // null without a parameter-server cluster
   nlohmann::ordered_json progress_json() const;  // under mutex
   base::process_usage process_usage;  // under mutex
 };

@@ -119,9 +119,10 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
       row["state"] = "starting";
       row["heartbeat_age_ms"] = nullptr;
     } else {
-      // One process: its task is the local one, and its heartbeat is its training thread's last
-      // report (a step boundary, or a poll while paused).
-      row["task"] = "/job:localhost/replica:0/task:0";
+      // One process (or ParameterServerStrategy's chief, whose cluster is in ps_cluster): its task
+      // is its own, and its heartbeat is its training thread's last report (a step boundary, or a
+      // poll while paused).
+      row["task"] = own_task;
       row["state"] = "alive";
       row["heartbeat_age_ms"] = row["report_age_ms"];
     }
@@ -195,7 +196,74 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
                          {"text", t.text}});
   }
   out["texts"] = std::move(texts_out);
+  out["ps_cluster"] = ps_cluster_json();
   return dump(out);
+}
+
+// A parameter-server cluster as the chief's dispatcher records it: the closure queue, every
+// worker's state and throughput, every ps task's bytes and update rate, the events newest first.
+nlohmann::ordered_json Monitor::Impl::ps_cluster_json() const {
+  if (!ps_board) return nullptr;
+  const auto now = actors::ps_cluster_board::clock::now();
+  const actors::ps_cluster_view v = ps_board->snapshot(now);
+  json workers_out = json::array();
+  for (const auto& w : v.workers) {
+    workers_out.push_back({{"worker", w.index},
+                           {"task", w.task},
+                           {"state", actors::to_string(w.state)},
+                           {"closures_done", w.done},
+                           {"closures_failed", w.failed},
+                           {"in_flight", w.in_flight},
+                           {"closures_per_s", number(w.closures_per_s)},
+                           {"last_result_age_ms", known(w.last_result_age_ms)},
+                           {"times_lost", w.times_lost}});
+  }
+  json ps_out = json::array();
+  for (const auto& p : v.ps) {
+    json row = {{"ps", p.index}, {"task", p.task}, {"state", p.lost ? "lost" : p.reported ? "up" : "starting"}};
+    if (p.reported) {
+      row["shards"] = p.counters.shards;
+      row["bytes_held"] = p.counters.bytes_held;
+      row["updates"] = p.counters.updates;
+      row["bytes_in"] = p.counters.bytes_in;
+      row["bytes_out"] = p.counters.bytes_out;
+      row["updates_per_s"] = number(p.updates_per_s);
+      row["bytes_in_per_s"] = number(p.bytes_in_per_s);
+      row["bytes_out_per_s"] = number(p.bytes_out_per_s);
+      row["report_age_ms"] = known(p.report_age_ms);
+    } else {
+      for (const char* k : {"shards", "bytes_held", "updates", "bytes_in", "bytes_out", "updates_per_s", "bytes_in_per_s",
+                            "bytes_out_per_s", "report_age_ms"}) {
+        row[k] = nullptr;
+      }
+    }
+    ps_out.push_back(std::move(row));
+  }
+  json events_out = json::array();
+  for (const auto& e : v.events) {
+    events_out.push_back({{"sequence", e.sequence},
+                          {"kind", actors::to_string(e.kind)},
+                          {"time_unix_ms", unix_ms(e.wall)},
+                          {"age_ms", number(std::chrono::duration<double, std::milli>(now - e.at).count())},
+                          {"worker", e.worker >= 0 ? json(e.worker) : json(nullptr)},
+                          {"ps", e.ps >= 0 ? json(e.ps) : json(nullptr)},
+                          {"count", e.count},
+                          {"step", e.step >= 0 ? json(e.step) : json(nullptr)},
+                          {"text", e.text}});
+  }
+  return json{{"closures_per_s", number(v.closures_per_s)},
+              {"queued", v.queued},
+              {"in_flight", v.in_flight},
+              {"scheduled", v.scheduled},
+              {"done", v.done},
+              {"failed", v.failed},
+              {"retried", v.retried},
+              {"cancelled", v.cancelled},
+              {"workers_lost", v.workers_lost},
+              {"workers", std::move(workers_out)},
+              {"ps", std::move(ps_out)},
+              {"events", std::move(events_out)},
+              {"events_total", v.events_total}};
 }
 
 // Where the run is (under mutex): epoch, elapsed, ETA, and the wall clock it started at.
@@ -263,7 +331,7 @@ constexpr const char* favicon_svg =
 const char* allowed_methods(const std::string& path) {
   static const char* const get_only[] = {"/",           "/index.html", "/chart.js",    "/favicon.svg",
                                          "/favicon.ico", "/api/state",  "/api/history", "/api/events",
-                                         "/api/logs",   "/api/flight_recorder"};
+                                         "/api/logs",   "/api/flight_recorder", "/api/ps_cluster"};
   static const char* const post_only[] = {"/api/pause", "/api/resume", "/api/checkpoint", "/api/stop",
                                           "/api/learning_rate", "/api/control"};
   for (const char* p : get_only) {
@@ -295,6 +363,13 @@ HttpResponse Monitor::Impl::get(const detail::HttpRequest& r) {
   if (r.path == "/chart.js") return {200, "application/javascript", std::string(detail::chart_js())};
   if (r.path == "/favicon.svg" || r.path == "/favicon.ico") return {200, "image/svg+xml", favicon_svg};
   if (r.path == "/api/state") return {200, "application/json", state_json(r)};
+  if (r.path == "/api/ps_cluster") {
+    json ps = ps_cluster_json();
+    if (ps.is_null()) {
+      return error(404, "this run has no parameter-server cluster (ps_cluster is for ParameterServerStrategy's chief)");
+    }
+    return answer(200, ps);
+  }
   if (r.path == "/api/flight_recorder") {
     // This process's last collectives and steps (docs/diagnosis.md has the format).
     const troupe::detail::FlightRecorder* recorder = troupe::detail::FlightRecorder::process();

@@ -41,6 +41,8 @@ class dispatch_state {
   int workers_up() const noexcept;
   std::size_t queued() const noexcept { return queue_.size(); }
   std::size_t in_flight() const noexcept;
+  /// Closures in flight on each worker, by worker.
+  std::vector<std::size_t> in_flight_by_worker() const;
   std::uint64_t retried() const noexcept { return retried_; }
   std::uint64_t workers_lost() const noexcept { return lost_; }
 

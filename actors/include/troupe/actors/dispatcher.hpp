@@ -12,6 +12,7 @@
 #include "troupe/actors/closure_watch.hpp"
 #include "troupe/actors/cluster_task_types.hpp"
 #include "troupe/actors/liveness_policy.hpp"
+#include "troupe/actors/ps_cluster_board.hpp"
 
 namespace troupe::actors {
 
@@ -120,6 +121,9 @@ class dispatcher {
   std::uint64_t retried() const;
   std::uint64_t workers_lost() const;
   int workers_up() const;
+  /// What the dispatcher knows of its cluster, for the dashboard: the queue, every worker and ps
+  /// task, the last events. It lives as long as the longest holder.
+  std::shared_ptr<ps_cluster_board> board() const;
 
   struct impl;
 

@@ -1,0 +1,182 @@
+#!/usr/bin/python3
+"""The recommender's dashboard under ParameterServerStrategy in headless Chromium (browser_test.py's
+DevTools client): the recommender under troupe-launch with a chief, 2 workers and 2 ps tasks, the
+chief serving the page.
+
+1. the Parameter servers card shows both workers (running, a closures/s above 0) and both ps tasks
+   (the bytes they hold, their updates and update rate), and the closures/s and queue chart draws;
+2. the AUC chart draws val_auc at each epoch's end, the values the trainer printed for them;
+3. Pause on the page: the status says paused, the card shows nothing queued or in flight and both
+   workers idle, the step counter stands still; Resume moves it again;
+4. worker 1 SIGSTOPped: the card lists "worker lost (worker 1)"; SIGCONTed: "worker back";
+5. Stop (no checkpoint) ends the cluster with status 0 and the result line last. The screenshot
+   (the card) is kept at SCREENSHOT.
+
+Usage: ps_browser_test.py TROUPE_LAUNCH RECOMMENDER SCREENSHOT
+Exit status: 0 passed, 1 failed.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import browser_test  # noqa: E402  (its DevTools client; fails, naming the package, without websocket)
+from browser_test import fail, open_page, save_screenshot, wait_for  # noqa: E402
+
+browser_test.DEADLINE = time.monotonic() + 170  # the whole test; every wait is bounded by it
+
+
+def task_pid(run, job, index):
+    """The pid of this run's task (job, index), by its TF_CONFIG and the run's marker."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/environ" % entry, "rb") as f:
+                env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+            if env.get(b"TROUPE_TEST_RUN") != run.encode():
+                continue
+            task = json.loads(env.get(b"TF_CONFIG", b"{}")).get("task", {})
+            if task.get("type") == job and task.get("index") == index:
+                return int(entry)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def main():
+    launch, trainer, screenshot = sys.argv[1], sys.argv[2], sys.argv[3]
+    work = tempfile.mkdtemp(prefix="troupe-ps-browser-")
+    procs = []
+    stopped_pid = None
+    run = "ps-browser-%d" % os.getpid()
+    try:
+        log_path = os.path.join(work, "cluster.log")
+        log = open(log_path, "w")
+        env = dict(os.environ, TROUPE_HEARTBEAT_MS="200", TROUPE_MISSED_HEARTBEATS="3", TROUPE_TEST_RUN=run)
+        cluster = subprocess.Popen([launch, "--ps", "2", "-n", "2", "--chief", "--timeout", "160", "--",
+                                    trainer, "--epochs", "100000", "--steps-per-epoch", "40", "--step-delay-ms", "20",
+                                    "--dashboard-port", "0"],
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                   preexec_fn=lambda: os.nice(10))
+        procs.append(cluster)
+
+        def out():
+            with open(log_path, errors="replace") as f:
+                return f.read()
+        url = wait_for("the chief's dashboard URL",
+                       lambda: (re.search(r"\[rank 0\] dashboard: (http://\S+)", out()) or [None, None])[1], 60)
+        dt = open_page(work, url, procs)
+
+        # 1. The card: both workers running closures, both ps tasks updating.
+        rows = lambda body: dt.eval(
+            "Array.from(document.querySelectorAll('#%s tr')).map(r => Array.from(r.cells).map(c => c.textContent))" % body)
+        def busy():
+            w, p = rows("ps-workers"), rows("ps-tasks")
+            if not w or not p or len(w) != 2 or len(p) != 2:
+                return None
+            running = all(r[2] in ("running", "idle") and float(r[5]) > 0 for r in w)
+            updating = all(r[2] == "up" and r[4].endswith("B") and r[6] != "-" and float(r[6]) > 0 for r in p)
+            return (w, p) if running and updating else None
+        w, p = wait_for("both workers running closures and both ps tasks updating on the page", busy, 60)
+        if dt.eval("getComputedStyle(document.getElementById('ps-card')).display") == "none":
+            fail("the Parameter servers card is hidden")
+        if [r[1] for r in w] != ["/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"] or \
+                [r[1] for r in p] != ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"]:
+            fail("the card's rows name %s and %s" % ([r[1] for r in w], [r[1] for r in p]))
+        points = wait_for("the closures/s chart's points",
+                          lambda: (lambda n: n if n and n >= 3 else None)(
+                              dt.eval("window.troupe.psChart.data.datasets[0].data.length")), 20)
+        rate = float(dt.eval("document.getElementById('ps-rate').textContent"))
+        if not rate > 0:
+            fail("the card's closures/s reads %r" % rate)
+        print("card: %.1f closures/s, workers %s, ps tasks %s (%d chart points)"
+              % (rate, [r[5] for r in w], [(r[4], r[6]) for r in p], points), flush=True)
+
+        # 2. val_auc at each epoch's end, the values the trainer printed.
+        aucs = wait_for("two epochs' val_auc on the AUC chart", lambda: (lambda d: d if d and len(d) >= 2 else None)(dt.eval(
+            "(() => { const c = window.troupe.metricCharts.auc; if (!c) return null;"
+            " const d = c.data.datasets.find(d => d.label === 'val_auc'); return d ? d.raw.map(p => p.y) : null; })()")), 60)
+        printed = [float(x) for x in re.findall(r"\[rank 0\] epoch \d+/\d+: .* val_auc ([0-9.]+)", out())]
+        for i, a in enumerate(aucs[:len(printed)]):
+            if abs(a - printed[i]) > 5e-4:
+                fail("the page's val_auc of epoch %d is %r, the trainer printed %r" % (i + 1, a, printed[i]))
+        if not all(0 <= a <= 1 for a in aucs):
+            fail("val_auc values out of [0, 1]: %s" % aucs)
+        print("val_auc on the page: %s" % [round(a, 3) for a in aucs[:5]], flush=True)
+
+        # 3. Pause and resume from the page.
+        step = lambda: int(dt.eval("document.getElementById('step').textContent") or 0)
+        dt.click("pause")
+        wait_for("the page to say paused", lambda: dt.eval("document.getElementById('status').textContent") == "paused", 15)
+        wait_for("the card to show nothing queued or in flight and both workers idle",
+                 lambda: dt.eval("document.getElementById('ps-queued').textContent") == "0"
+                 and dt.eval("document.getElementById('ps-in-flight').textContent") == "0"
+                 and [r[2] for r in rows("ps-workers")] == ["idle", "idle"], 10)
+        paused_at = step()
+        time.sleep(1.0)
+        if step() != paused_at:
+            fail("the step counter moved while paused: %d then %d" % (paused_at, step()))
+        if not re.search(r"\[rank 0\] paused after step %d\b" % paused_at, out()):
+            fail("the chief did not say it paused after step %d" % paused_at)
+        dt.click("resume")
+        wait_for("the step counter to move after resume", lambda: step() > paused_at + 5, 30)
+        print("paused at step %d with nothing in flight, resumed: step %d" % (paused_at, step()), flush=True)
+
+        # 4. Worker 1 lost and back, as events on the card.
+        stopped_pid = task_pid(run, "worker", 1)
+        if stopped_pid is None:
+            fail("cannot find worker 1's process")
+        os.kill(stopped_pid, signal.SIGSTOP)
+        events = lambda: dt.eval("Array.from(document.querySelectorAll('#ps-events li.ps-event')).map(li =>"
+                                 " [li.dataset.kind, li.querySelector('.kind').textContent, li.querySelector('.text').textContent])") or []
+        lost = wait_for("a worker lost event for worker 1 on the card",
+                        lambda: [e for e in events() if e[0] == "worker_lost" and "(worker 1)" in e[1]], 15)
+        if "/job:worker/replica:0/task:1" not in lost[0][2]:
+            fail("the lost event reads %r" % lost[0])
+        os.kill(stopped_pid, signal.SIGCONT)
+        stopped_pid = None
+        wait_for("a worker back event for worker 1 on the card",
+                 lambda: [e for e in events() if e[0] == "worker_back" and "(worker 1)" in e[1]], 15)
+        print("events: %s" % [e[1] for e in events()][:4], flush=True)
+
+        dt.eval("document.getElementById('ps-card').scrollIntoView({block: 'start'})")
+        time.sleep(0.5)
+        save_screenshot(dt, screenshot)
+
+        # 5. Stop: the cluster ends with status 0, the result line last.
+        dt.click("stop-now")
+        try:
+            rc = cluster.wait(timeout=max(1, browser_test.DEADLINE - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            fail("the cluster did not exit after Stop")
+        text = out()
+        chief = [line for line in text.splitlines() if line.startswith("[rank 0] ")]
+        if rc != 0 or not chief or not chief[-1].startswith("[rank 0] result: epochs="):
+            fail("the cluster exited %d after Stop, the chief's last line %r:\n%s" % (rc, chief[-1:], text[-2000:]))
+        print("PASSED", flush=True)
+        return 0
+    finally:
+        if stopped_pid is not None:
+            try:
+                os.kill(stopped_pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
