@@ -139,7 +139,10 @@ caf::behavior supervisor(caf::stateful_actor<supervisor_state>* self, std::share
         auto& st = self->state;
         st.actors[a.address()] = supervisor_state::watched{id, type, task, false};
         self->monitor(a);
-        if (agent && st.hosts.count(task) == 0) {
+        // A host that just spawned an actor is alive, even one reported silent before (its earlier
+        // actors stay down: they were reported so).
+        auto h = st.hosts.find(task);
+        if (agent && (h == st.hosts.end() || h->second.lost)) {
           st.hosts[task] = supervisor_state::host{agent, liveness_policy::clock::now(), false};
         }
         if (agent && !st.ticking) {

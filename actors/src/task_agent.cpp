@@ -10,6 +10,7 @@
 #include "app_host.hpp"
 #include "protocol.hpp"
 #include "task_common.hpp"
+#include "troupe/base/quote.hpp"
 
 namespace troupe::actors {
 
@@ -144,12 +145,16 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
     }
     if (auto it = st.hosted.find(d.source); it != st.hosted.end()) {  // a spawner left or was lost
       for (auto& a : it->second) self->send_exit(a, caf::exit_reason::user_shutdown);
+      const std::string who = st.spawners[d.source];
       if (!it->second.empty()) {
-        event(st, "the actor spawner " + st.spawners[d.source] + " is gone: stopping its " +
+        event(st, "the actor spawner " + base::quoted(who) + " is gone: stopping its " +
                       std::to_string(it->second.size()) + " actor(s)");
       }
       st.hosted.erase(it);
       st.spawners.erase(d.source);
+      // A chief that only spawned actors here is this task's chief as much as a coordinator's
+      // dispatcher: a task serving until its chief leaves ends with it.
+      if (who.rfind("/job:chief/", 0) == 0 && !st.chief && st.handlers->chief_gone) st.handlers->chief_gone();
     }
     forget(d.source, "lost");
   });
@@ -332,7 +337,7 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         // type is looked up by name in the task's registry, nothing else.
         auto& st = self->state;
         const std::string who = spawner.substr(0, 200);
-        const std::string what = "actor type '" + type.substr(0, 64) + "' on " + st.task;
+        const std::string what = "actor type " + base::quoted(type) + " on " + st.task;
         if (!st.handlers->spawn_actor) return runtime_error(what + ": this task hosts no actors");
         if (!watch) return runtime_error(what + ": the spawner named no actor to watch");
         actor_made made;
@@ -346,10 +351,13 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         self->monitor(a);
         const auto w = watch.address();
         auto& list = st.hosted[w];
-        if (st.spawners.emplace(w, who).second) self->monitor(w);
+        if (st.spawners.emplace(w, who).second) {
+          self->monitor(w);
+          if (who.rfind("/job:chief/", 0) == 0 && st.handlers->chief_came) st.handlers->chief_came();
+        }
         list.push_back(a);
         st.spawned_for[a.address()] = w;
-        event(st, "spawned actor " + type.substr(0, 64) + " for " + who);
+        event(st, "spawned actor " + base::quoted(type) + " for " + base::quoted(who));
         return a;
       },
       [=](aping_atom) -> bool { return true; },

@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   CLI::App app{"The spawner of troupe's actor tests."};
   std::string mode = "spawn";
   std::string module;
-  app.add_option("--mode", mode, "spawn | refused | down | orphan")->required();
+  app.add_option("--mode", mode, "spawn | refused | down | orphan | every-role")->required();
   app.add_option("--module", module, "the module of actor types (for the local actors)")->required();
   CLI11_PARSE(app, argc, argv);
 
@@ -89,6 +89,11 @@ int main(int argc, char** argv) {
     notices->cv.notify_all();
   };
   options.max_message_bytes = 4u << 20;
+  if (mode == "every-role" && td::serve_if_worker_or_ps(rt, *resolver, registry)) {
+    // This program as worker i: it served until its chief (which only spawned actors) left.
+    std::cout << "served until the chief left" << std::endl;
+    return 0;
+  }
   td::ActorCluster actors(rt, *resolver, registry, options);
   const std::string w0 = "/job:worker/replica:0/task:0", w1 = "/job:worker/replica:0/task:1";
   const auto limit = options.heartbeat_interval * options.missed_heartbeats;
@@ -175,6 +180,17 @@ int main(int argc, char** argv) {
     expect(!a0.down(), "the actor on worker 0 is said to be down");
     std::cout << "cause: " << d->cause << std::endl;
     std::cout << "PASS down" << std::endl;
+    return 0;
+  }
+  if (mode == "every-role") {
+    // The same program on every task: the workers serve under serve_if_worker_or_ps and take the
+    // chief's first spawn as their chief's arrival; they end when this spawner leaves.
+    for (int w = 0; w < 2; ++w) {
+      td::ActorHandle h = actors.spawn("accumulator", "worker:" + std::to_string(w), {Tensor::scalar<float>(0)});
+      auto r = h.request("add", {Tensor::scalar<float>(static_cast<float>(w + 1))});
+      expect(r[0].item<float>() == static_cast<float>(w + 1), "worker " + std::to_string(w) + " did not add");
+    }
+    std::cout << "PASS every-role" << std::endl;
     return 0;
   }
   if (mode == "orphan") {

@@ -15,6 +15,8 @@
 #   host-stopped  worker 1 SIGSTOPped (its connection stays open): the notice comes from the
 #                 heartbeats (200 ms x 3), naming the silence
 #   spawner-gone  the spawner SIGKILLed while its actor runs on worker 0: worker 0 stops it
+#   every-role    actor_chief in every role: its workers serve under serve_if_worker_or_ps, take the
+#                 chief's spawns as its arrival, and exit 0 once the chief (a spawner only) left
 set -uo pipefail
 scenario="$1"
 build="$2"
@@ -98,9 +100,9 @@ case "$scenario" in
     [[ $st == 0 ]] || fail "the spawner exited $st"
     grep -q '^PASS spawn' "$dir/chief.log" || fail "no PASS line"
     grep -q "(functions: none; actor types: accumulator)" "$dir/w1.log" || fail "the ready line lacks the module's actor types"
-    grep -q "spawned actor accumulator for /job:chief/replica:0/task:0" "$dir/w1.log" || fail "worker 1 did not log the spawn"
+    grep -q "spawned actor 'accumulator' for '/job:chief/replica:0/task:0'" "$dir/w1.log" || fail "worker 1 did not log the spawn"
     # The spawner ended: the daemons stop what it left on them.
-    wait_for "$dir/w1.log" "the actor spawner /job:chief/replica:0/task:0 is gone: stopping its 1 actor" 10
+    wait_for "$dir/w1.log" "the actor spawner '/job:chief/replica:0/task:0' is gone: stopping its 1 actor" 10
     ;;
   wrong-token)
     start_daemons "stranger-$token" "stranger-$token"
@@ -134,7 +136,34 @@ case "$scenario" in
     chief orphan "$token"
     wait_for "$dir/chief.log" "^spawned" 30
     kill -KILL "$(pgrep -P "$pid_chief")"
-    wait_for "$dir/w0.log" "the actor spawner /job:chief/replica:0/task:0 is gone: stopping its 1 actor" 15
+    wait_for "$dir/w0.log" "the actor spawner '/job:chief/replica:0/task:0' is gone: stopping its 1 actor" 15
+    ;;
+  every-role)
+    pick_ports
+    for i in 0 1; do
+      timeout -k 5 60 env TROUPE_CLUSTER_TOKEN="$token" TROUPE_START_TIMEOUT_MS=20000 TROUPE_TEST_TASK_INDEX="$i" \
+        TF_CONFIG="{\"cluster\": $(cluster), \"task\": {\"type\": \"worker\", \"index\": $i}}" \
+        "$chief_bin" --mode every-role --module "$module" >"$dir/w$i.log" 2>&1 &
+      pids+=($!)
+      eval "pid_w$i=$!"
+    done
+    # Both listen (ss reads the sockets without connecting: a probe would be a refused stranger).
+    deadline=$((SECONDS + 20))
+    until ss -ltn "sport = :$p0" | grep -q LISTEN && ss -ltn "sport = :$p1" | grep -q LISTEN; do
+      [[ $SECONDS -ge $deadline ]] && fail "the workers do not listen within 20 s"
+      sleep 0.05
+    done
+    chief every-role "$token"
+    chief_status
+    [[ $st == 0 ]] || fail "the spawner exited $st"
+    grep -q '^PASS every-role' "$dir/chief.log" || fail "no PASS line"
+    for i in 0 1; do
+      eval "p=\$pid_w$i"
+      wait "$p"
+      st=$?
+      [[ $st == 0 ]] || fail "worker $i exited $st after its chief left (expected 0)"
+      grep -q "^served until the chief left" "$dir/w$i.log" || fail "worker $i did not serve until its chief left"
+    done
     ;;
   *) fail "unknown scenario" ;;
 esac
