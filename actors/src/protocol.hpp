@@ -116,6 +116,15 @@ using data_atom = caf::atom_constant<caf::atom("data")>;
 using reach_atom = caf::atom_constant<caf::atom("reach")>;
 using pstats_atom = caf::atom_constant<caf::atom("pstats")>;
 
+// Actors an application spawns (app_actors.hpp has the walkthrough):
+//   spawner -> task agent: (aspawn, spawner task, watch, type, args) -> actor; (aping) -> bool
+//   anyone -> hosted actor: (amsg, name, payload) -> payload, or an error with the actor's text
+//   inside the spawner, to its supervisor: (awatch, actor, id, type, task, agent or null)
+using aspawn_atom = caf::atom_constant<caf::atom("aspawn")>;
+using aping_atom = caf::atom_constant<caf::atom("aping")>;
+using amsg_atom = caf::atom_constant<caf::atom("amsg")>;
+using awatch_atom = caf::atom_constant<caf::atom("awatch")>;
+
 /// A member travels field by field; add_rendezvous_types announces it and the peer table.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, member& x) {

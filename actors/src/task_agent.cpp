@@ -1,11 +1,13 @@
 #include "task_agent.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <shared_mutex>
 #include <utility>
 
+#include "app_host.hpp"
 #include "caf/io/all.hpp"
 #include "protocol.hpp"
 #include "task_common.hpp"
@@ -166,10 +168,37 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
     }
   };
   self->set_down_handler([=](caf::down_msg& d) {
+    auto& st = self->state;
+    if (auto it = st.spawned_for.find(d.source); it != st.spawned_for.end()) {  // a hosted actor ended
+      auto list = st.hosted.find(it->second);
+      if (list != st.hosted.end()) {
+        auto& v = list->second;
+        v.erase(std::remove_if(v.begin(), v.end(), [&](const caf::actor& a) { return a.address() == d.source; }),
+                v.end());
+      }
+      st.spawned_for.erase(it);
+      return;
+    }
+    if (auto it = st.hosted.find(d.source); it != st.hosted.end()) {  // a spawner left or was lost
+      for (auto& a : it->second) self->send_exit(a, caf::exit_reason::user_shutdown);
+      const std::string who = st.spawners[d.source];
+      if (!it->second.empty()) {
+        event(st, "the actor spawner " + base::quoted(who) + " is gone: stopping its " +
+                      std::to_string(it->second.size()) + " actor(s)");
+      }
+      st.hosted.erase(it);
+      st.spawners.erase(d.source);
+      // A chief that only spawned actors here is this task's chief as much as a coordinator's
+      // dispatcher: a task serving until its chief leaves ends with it.
+      if (who.rfind("/job:chief/", 0) == 0 && !st.chief && st.handlers->chief_gone) st.handlers->chief_gone();
+    }
     forget(d.source, "lost");
   });
   self->set_exit_handler([=](caf::exit_msg& m) {
     for (auto& s : self->state.shards) self->send_exit(s.second, m.reason);
+    for (auto& h : self->state.hosted) {
+      for (auto& a : h.second) self->send_exit(a, m.reason);
+    }
     self->send_exit(self->state.pulse, m.reason);
     self->quit(m.reason);
   });
@@ -357,6 +386,36 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         return {shards, held, static_cast<std::int64_t>(t.updates.load()), static_cast<std::int64_t>(t.bytes_in.load()),
                 static_cast<std::int64_t>(t.bytes_out.load())};
       },
+      [=](aspawn_atom, const std::string& spawner, const caf::actor& watch, const std::string& type,
+          const std::string& args) -> caf::result<caf::actor> {
+        // An application actor for a spawner that proved the token (the gate let it in): the
+        // type is looked up by name in the task's registry, nothing else.
+        auto& st = self->state;
+        const std::string who = spawner.substr(0, 200);
+        const std::string what = "actor type " + base::quoted(type) + " on " + st.task;
+        if (!st.handlers->spawn_actor) return runtime_error(what + ": this task hosts no actors");
+        if (!watch) return runtime_error(what + ": the spawner named no actor to watch");
+        actor_made made;
+        try {
+          made = st.handlers->spawn_actor(type, args);
+        } catch (const std::exception& e) {
+          made.error = what + ": " + e.what();
+        }
+        if (!made.receive) return runtime_error(made.error.empty() ? what + ": not made" : made.error);
+        auto a = spawn_hosted(self->system(), type.substr(0, 64), std::move(made.receive));
+        self->monitor(a);
+        const auto w = watch.address();
+        auto& list = st.hosted[w];
+        if (st.spawners.emplace(w, who).second) {
+          self->monitor(w);
+          if (who.rfind("/job:chief/", 0) == 0 && st.handlers->chief_came) st.handlers->chief_came();
+        }
+        list.push_back(a);
+        st.spawned_for[a.address()] = w;
+        event(st, "spawned actor " + base::quoted(type) + " for " + base::quoted(who));
+        return a;
+      },
+      [=](aping_atom) -> bool { return true; },
       [=](vread_atom, const std::string& key) -> caf::result<std::string> {
         auto shard = shard_of(key);
         if (!shard) return runtime_error("no variable shard '" + key + "' on " + self->state.task);

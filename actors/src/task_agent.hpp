@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "caf/all.hpp"
 #include "ps_shards.hpp"
@@ -71,10 +72,15 @@ struct agent_state {
   caf::actor_addr chief;
   std::shared_ptr<function_runner> runner;  // worker tasks: where calls go
   std::uint64_t refused = 0;  // checkpoint messages refused (from anyone but the chief)
+  // Application actors hosted here, by the watch of the spawner that asked for them: a spawner
+  // whose watch goes down has its actors stopped.
+  std::map<caf::actor_addr, std::vector<caf::actor>> hosted;
+  std::map<caf::actor_addr, std::string> spawners;     // a watch, the spawner's task name
+  std::map<caf::actor_addr, caf::actor_addr> spawned_for;  // a hosted actor, its spawner's watch
 };
 
-/// The agent: hello, leave, table, call, cancel from the chief; vnew, vread, vupdate and data from
-/// anyone (protocol.hpp lists them).
+/// The agent: hello, leave, table, call, cancel from the chief; vnew, vread, vupdate, data, aspawn
+/// and aping from anyone (protocol.hpp lists them).
 caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string task,
                          std::shared_ptr<const task_handlers> handlers, caf::actor pulse,
                          std::shared_ptr<shard_store> store, std::shared_ptr<std::atomic<std::uint16_t>> data_port,

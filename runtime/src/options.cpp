@@ -10,6 +10,7 @@
 #include "troupe/actors/liveness_policy.hpp"
 #include "troupe/base/parse_number.hpp"
 #include "troupe/base/quote.hpp"
+#include "troupe/distribute/actor_cluster.hpp"
 #include "troupe/distribute/multi_worker_strategy.hpp"
 #include "troupe/distribute/parameter_server_strategy.hpp"
 #include "troupe/distribute/server.hpp"
@@ -266,6 +267,19 @@ ServerOptions ServerOptions::from_environment() {
   o.insecure = mw.insecure;
   o.peer_timeout = mw.start_timeout;
   o.data_port = static_cast<std::uint16_t>(troupe::detail::env_int("TROUPE_PS_DATA_PORT", 0, 0, 65535));
+  return o;
+}
+
+ActorClusterOptions ActorClusterOptions::from_environment() {
+  const auto mw = MultiWorkerOptions::from_environment();
+  ActorClusterOptions o;
+  o.cluster_token = mw.cluster_token;
+  o.insecure = mw.insecure;
+  o.connect_timeout = mw.start_timeout;
+  o.heartbeat_interval = troupe::detail::heartbeat_interval_from_environment();
+  o.missed_heartbeats = troupe::detail::env_int("TROUPE_MISSED_HEARTBEATS", o.missed_heartbeats,
+                                                actors::liveness_policy::min_missed,
+                                                actors::liveness_policy::max_missed);
   return o;
 }
 

@@ -1,6 +1,7 @@
 // troupe-worker: a daemon that serves one task of a cluster (a worker, which runs the functions a
-// ClusterCoordinator schedules, or a ps task, which holds variable shards) for training programs
-// that come later. Functions come from shared libraries that define TROUPE_MODULE.
+// ClusterCoordinator schedules, or a ps task, which holds variable shards; either hosts the actors
+// an ActorCluster spawns there) for programs that come later. Functions and actor types come from
+// shared libraries that define TROUPE_MODULE.
 //
 //   troupe-worker --task worker:0 --module ./libsteps.so            # cluster from TF_CONFIG
 //   troupe-worker --task ps:0 --cluster '{"worker": ["h1:2222"], "ps": ["h2:2222"]}' --data-port 2223
@@ -105,6 +106,8 @@ int main(int argc, char** argv) {
     for (const auto& m : modules) functions.load_module(m);
     std::string names;
     for (const auto& n : functions.names()) names += (names.empty() ? "" : ", ") + n;
+    std::string types;
+    for (const auto& n : functions.actor_types()) types += (types.empty() ? "" : ", ") + n;
 
     troupe::Runtime runtime;
     auto options = td::ServerOptions::from_environment();
@@ -112,7 +115,7 @@ int main(int argc, char** argv) {
     options.log = say;
     td::Server server(runtime, spec, type, index, std::move(functions), options);
     say("ready " + server.task() + " on " + server.target() + " (functions: " + (names.empty() ? "none" : names) +
-        ")");
+        "; actor types: " + (types.empty() ? "none" : types) + ")");
 
     std::thread waiter([&] {
       int sig = 0;

@@ -19,6 +19,8 @@
 #include "troupe/distribute/central_storage_strategy.hpp"
 #include "troupe/distribute/cluster_resolver.hpp"
 #include "troupe/distribute/context.hpp"
+#include "troupe/distribute/actor.hpp"
+#include "troupe/distribute/actor_cluster.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
 #include "troupe/distribute/mirrored_strategy.hpp"
 #include "troupe/distribute/multi_worker_strategy.hpp"

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/actors/app_actors.hpp"
 #include "troupe/actors/cluster_task_types.hpp"
 
 namespace troupe::actors {
@@ -49,6 +50,10 @@ struct task_handlers {
                                            const std::vector<shard_snapshot>& shards, std::uint64_t& file_bytes,
                                            std::uint64_t& file_hash)>
       save;
+  /// Makes an application actor of a registered type from its arguments' bytes (app_actors.hpp);
+  /// unset: the task hosts no actors. Runs on the agent's actor: it only looks the type up and
+  /// constructs the actor.
+  actor_factory spawn_actor;
   /// One line per event: a peer connected, left or was lost.
   std::function<void(const std::string& line)> event;
   /// A chief connected.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "troupe/data/dataset.hpp"
+#include "troupe/distribute/actor.hpp"
 #include "troupe/tensor.hpp"
 
 namespace troupe::distribute {
@@ -135,6 +136,16 @@ class FunctionRegistry {
   /// Adds a dataset function, under the same rules (one name space with functions).
   void add_dataset(const std::string& name, DatasetFunction fn);
 
+  /// Adds an actor type (docs/actors.md) that ActorCluster::spawn names, here or on a task whose
+  /// Server (or troupe-worker --module) registered it. Actor types have their own name space,
+  /// under the same rules: an empty or already registered name, one beginning with "troupe.", or
+  /// an empty factory is std::invalid_argument.
+  void add_actor(const std::string& type, ActorFactory factory);
+  /// The actor type's factory, or nullptr.
+  const ActorFactory* find_actor(const std::string& type) const;
+  /// Every actor type, sorted.
+  std::vector<std::string> actor_types() const;
+
   /// The function, or nullptr.
   const RemoteFunction* find(const std::string& name) const;
   const DatasetFunction* find_dataset(const std::string& name) const;
@@ -151,11 +162,13 @@ class FunctionRegistry {
   void add_builtin(const std::string& name, RemoteFunction fn);
   std::map<std::string, RemoteFunction> functions_;
   std::map<std::string, DatasetFunction> datasets_;
+  std::map<std::string, ActorFactory> actors_;
 };
 
 }  // namespace troupe::distribute
 
-/// Defines a module's entry point: TROUPE_MODULE(registry) { registry.add("step", ...); }
+/// Defines a module's entry point: TROUPE_MODULE(registry) { registry.add("step", ...); } (and
+/// registry.add_actor("trial", ...) for actor types).
 /// Build the module as a shared library linking troupe::troupe; troupe-worker --module loads it.
 #define TROUPE_MODULE(registry)                                                                   \
   static void troupe_module_body(::troupe::distribute::FunctionRegistry& registry);               \

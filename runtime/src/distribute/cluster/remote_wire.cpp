@@ -190,8 +190,8 @@ std::string encode_tensors(const std::vector<Tensor>& tensors) {
   return w.take();
 }
 
-std::vector<Tensor> decode_tensors(const std::string& bytes) {
-  reader r(bytes, "function results");
+std::vector<Tensor> decode_tensors(const std::string& bytes, const char* what) {
+  reader r(bytes, what);
   r.magic(tensors_magic);
   const auto n = r.count(max_count, "tensor");
   std::vector<Tensor> out;

@@ -21,9 +21,9 @@ namespace troupe::distribute::detail {
 std::string encode_arguments(const std::vector<FunctionContext::Argument>& args);
 std::vector<FunctionContext::Argument> decode_arguments(const std::string& bytes);
 
-/// A function's results.
+/// A function's results (an actor's message and reply too); `what` names them in an error.
 std::string encode_tensors(const std::vector<Tensor>& tensors);
-std::vector<Tensor> decode_tensors(const std::string& bytes);
+std::vector<Tensor> decode_tensors(const std::string& bytes, const char* what = "function results");
 
 /// One tensor's bytes alone (a shard's value), with its dtype and shape checked on receipt.
 std::string encode_tensor(const Tensor& t);

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "caf/actor_system.hpp"
+#include "distribute/cluster/actor_host.hpp"
 #include "distribute/cluster/remote_wire.hpp"
 #include "distribute/cluster/shard_checkpoint.hpp"
 #include "distribute/cluster/worker_services.hpp"
@@ -68,6 +69,31 @@ void FunctionRegistry::add_dataset(const std::string& name, DatasetFunction fn) 
 
 void FunctionRegistry::add_builtin(const std::string& name, RemoteFunction fn) {
   functions_.insert_or_assign(name, std::move(fn));
+}
+
+void FunctionRegistry::add_actor(const std::string& type, ActorFactory factory) {
+  if (type.empty()) throw std::invalid_argument("FunctionRegistry: an actor type with an empty name");
+  if (type.rfind("troupe.", 0) == 0) {
+    throw std::invalid_argument("FunctionRegistry: actor type " + base::quoted(type) +
+                                " begins with \"troupe.\", which names troupe's own (choose another name)");
+  }
+  if (actors_.count(type) != 0) {
+    throw std::invalid_argument("FunctionRegistry: actor type " + base::quoted(type) +
+                                " is registered already (every name means one actor type)");
+  }
+  if (!factory) throw std::invalid_argument("FunctionRegistry: actor type " + base::quoted(type) + " has no factory");
+  actors_.emplace(type, std::move(factory));
+}
+
+const ActorFactory* FunctionRegistry::find_actor(const std::string& type) const {
+  auto it = actors_.find(type);
+  return it == actors_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> FunctionRegistry::actor_types() const {
+  std::vector<std::string> out;
+  for (const auto& a : actors_) out.push_back(a.first);
+  return out;
 }
 
 const RemoteFunction* FunctionRegistry::find(const std::string& name) const {
@@ -474,6 +500,9 @@ Server::Server(Runtime& runtime, const ClusterSpec& cluster, const std::string& 
     h.apply = detail::apply_raw;
     h.save = detail::save_shard_file;
   }
+  h.spawn_actor = [self](const std::string& type, const std::string& args) {
+    return detail::make_actor(self->functions, self->task, type, args);
+  };
   h.event = [self](const std::string& line) { self->log(line); };
   h.chief_came = [self] {
     {

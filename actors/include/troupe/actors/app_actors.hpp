@@ -1,0 +1,119 @@
+#pragma once
+
+// Actors an application spawns on the tasks of its cluster (docs/actors.md), below the runtime's
+// tensors: here a message is a name and an opaque payload of bytes, which the runtime encodes and
+// decodes (every length checked). The protocol, numbered as it happens:
+//   1. A spawner (actor_client, in any process of the cluster) connects to a task's agent through
+//      its own control gate, exactly as the chief's dispatcher does (TLS with the token first), and
+//      asks (aspawn, its task name, its watch actor, type, arguments). The agent asks its task's
+//      handler for the type (registered by name only: a name from the network never reaches a
+//      file or dlopen), spawns the actor, monitors it and the watch, and answers the actor's handle
+//      or an error naming the type and the task.
+//   2. Requests and one-way messages go straight to that handle, (amsg, name, payload) -> payload
+//      or an error, over the same gated connection (BASP routes by node; no port is added). The
+//      hosted actor is detached (a thread of its own: an actor's code may run long), handles one
+//      message at a time, and refuses a name or payload beyond app_message_limits before it
+//      decodes a byte.
+//   3. Supervision: the spawner monitors every actor it spawned; a connection that closes (the
+//      host process died) fires the monitor at once, with the cause. The spawner also asks every
+//      agent that hosts one of its actors (aping) each heartbeat interval: an agent silent for
+//      more than `missed` intervals (a stopped or hung process, whose connection stays open) has
+//      its actors reported down, naming the task and the silence.
+//   4. A spawner that leaves (its actor_client destroyed, its process ended or its connection
+//      lost) has its watch go down on every agent it spawned on: each stops that spawner's actors.
+//      A task that stops (its Server destroyed) stops every actor it hosts.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "troupe/actors/cluster_task_types.hpp"
+#include "troupe/actors/liveness_policy.hpp"
+
+namespace troupe::actors {
+
+/// The bounds on one application message, checked by the host before it decodes it.
+struct app_message_limits {
+  static constexpr std::size_t max_name_bytes = 256;
+  static constexpr std::size_t max_payload_bytes = std::size_t{1} << 30;  ///< 1 GiB
+};
+
+/// What an application actor does with one message: the reply's bytes (ok) or an error's text.
+/// Called on the actor's own thread, one message at a time.
+using actor_receive = std::function<call_reply(const std::string& name, const std::string& payload)>;
+
+/// What a task's handler makes of a spawn: the actor's receive, or (receive empty) why not.
+struct actor_made {
+  actor_receive receive;
+  std::string error;
+};
+
+/// Makes an actor of a registered type from its constructor arguments' bytes (on the task).
+using actor_factory = std::function<actor_made(const std::string& type, const std::string& args)>;
+
+/// How an actor ended, as its spawner hears it.
+struct actor_down {
+  std::uint64_t id = 0;
+  std::string type;
+  std::string task;   ///< where it ran ("local" for the spawner's own process)
+  std::string cause;  ///< why: its host's connection closed, its host went silent, it was stopped
+};
+
+/// The outcome of a request.
+struct actor_reply {
+  enum class status { ok, failed, timed_out, down };
+  status what = status::failed;
+  std::string payload;  ///< the reply's bytes (ok), else the error's text
+};
+
+/// What an actor_client is given.
+struct actor_client_options {
+  std::string task = "/job:chief/replica:0/task:0";  ///< its own name, said with every spawn
+  std::shared_ptr<control_credentials> credentials;  ///< nullptr: plain BASP (loopback only)
+  liveness_policy liveness;                          ///< how often hosts are asked, and how long they may be silent
+  std::chrono::milliseconds connect_timeout{10000};  ///< reaching a task and its answer to a spawn
+  std::function<void(const actor_down&)> on_down;    ///< once per actor that goes down (an actor thread)
+  std::function<void(const std::string& line)> log;  ///< one line per event
+};
+
+class actor_ref;
+
+/// One process's spawner: spawns actors on tasks (or locally), talks to them, and watches them.
+class actor_client {
+ public:
+  actor_client(caf::actor_system& system, actor_client_options options);
+  /// Stops the local actors; the remote ones stop as their hosts see this spawner's watch go.
+  ~actor_client();
+  actor_client(const actor_client&) = delete;
+  actor_client& operator=(const actor_client&) = delete;
+
+  /// Spawns `type` with `args` on the task at `where`. Throws std::runtime_error whose message
+  /// says why (the task cannot be reached or refused the connection, the task refused the type).
+  std::shared_ptr<actor_ref> spawn(const task_endpoint& where, const std::string& type, const std::string& args);
+  /// Spawns an actor running `receive` in this process.
+  std::shared_ptr<actor_ref> spawn_local(const std::string& type, actor_receive receive);
+
+  /// A request and its reply, waiting at most `timeout`.
+  actor_reply request(const actor_ref& to, const std::string& name, const std::string& payload,
+                      std::chrono::milliseconds timeout);
+  /// A one-way message; false when the actor is known to be down.
+  bool send(const actor_ref& to, const std::string& name, const std::string& payload);
+  /// Stops the actor (its spawner hears it as down: "stopped by its spawner").
+  void stop(const actor_ref& to);
+  /// Why the actor is down, or nothing while it runs.
+  std::optional<std::string> down(const actor_ref& of) const;
+  /// The actor's number, type and task.
+  static std::uint64_t id(const actor_ref& of);
+  static const std::string& type(const actor_ref& of);
+  static const std::string& task(const actor_ref& of);
+
+  struct impl;
+
+ private:
+  std::shared_ptr<impl> impl_;
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,347 @@
+#include "troupe/actors/app_actors.hpp"
+
+#include <atomic>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "app_host.hpp"
+#include "caf/io/all.hpp"
+#include "control_gate.hpp"
+#include "protocol.hpp"
+#include "task_common.hpp"
+
+namespace troupe::actors {
+
+// --- the hosted actor ---------------------------------------------------------------------------
+
+namespace {
+
+caf::behavior hosted_actor(caf::event_based_actor* self, std::string type, actor_receive receive) {
+  (void)self;
+  return {
+      [type, receive](amsg_atom, const std::string& name, const std::string& payload) -> caf::result<std::string> {
+        if (name.size() > app_message_limits::max_name_bytes) {
+          return runtime_error("actor " + type + ": a message name of " + std::to_string(name.size()) +
+                               " bytes (at most " + std::to_string(app_message_limits::max_name_bytes) + ")");
+        }
+        if (payload.size() > app_message_limits::max_payload_bytes) {
+          return runtime_error("actor " + type + ": message '" + name + "' carries " + std::to_string(payload.size()) +
+                               " bytes (at most " + std::to_string(app_message_limits::max_payload_bytes) + ")");
+        }
+        call_reply r;
+        try {
+          r = receive(name, payload);
+        } catch (const std::exception& e) {
+          r = call_reply{false, e.what()};
+        } catch (...) {
+          r = call_reply{false, "actor " + type + " threw something that is not a std::exception on '" + name + "'"};
+        }
+        if (!r.ok) return runtime_error(std::move(r.payload));
+        return std::move(r.payload);
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_hosted(caf::actor_system& system, std::string type, actor_receive receive) {
+  return system.spawn<caf::detached>(hosted_actor, std::move(type), std::move(receive));
+}
+
+// --- the spawner --------------------------------------------------------------------------------
+
+class actor_ref {
+ public:
+  std::uint64_t id = 0;
+  std::string type;
+  std::string task;
+  caf::actor actor;
+};
+
+namespace {
+
+// What the spawner's threads and its supervisor share: why each actor is down.
+struct down_table {
+  std::mutex mutex;
+  std::map<std::uint64_t, std::string> causes;
+  std::atomic<bool> closed{false};
+
+  // Records the first cause; true when this is the first.
+  bool mark(std::uint64_t id, const std::string& cause) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return causes.emplace(id, cause).second;
+  }
+  std::optional<std::string> cause(std::uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = causes.find(id);
+    if (it == causes.end()) return std::nullopt;
+    return it->second;
+  }
+};
+
+struct supervisor_state {
+  struct watched {
+    std::uint64_t id = 0;
+    std::string type;
+    std::string task;
+    bool reported = false;
+  };
+  struct host {
+    caf::actor agent;
+    liveness_policy::clock::time_point last;
+    bool lost = false;
+  };
+  std::map<caf::actor_addr, watched> actors;
+  std::map<std::string, host> hosts;  // by task, for the hosts that have an agent
+  liveness_policy::clock::time_point previous_check;
+  bool ticking = false;
+};
+
+std::string down_cause(caf::actor_system& system, const caf::error& reason, const std::string& task) {
+  if (reason == caf::exit_reason::remote_link_unreachable) {
+    return "the connection to " + task + " closed (its process died, or the network failed)";
+  }
+  if (reason == caf::exit_reason::user_shutdown) return "stopped by its host (" + task + " stopped)";
+  if (reason == caf::exit_reason::unknown) return "it was gone already (" + task + ")";
+  if (!reason) return "it ended on " + task;
+  return system.render(reason) + " on " + task;
+}
+
+caf::behavior supervisor(caf::stateful_actor<supervisor_state>* self, std::shared_ptr<down_table> table,
+                         actor_client_options options) {
+  auto report = [=](supervisor_state::watched& w, const std::string& cause) {
+    if (w.reported) return;
+    w.reported = true;
+    table->mark(w.id, cause);
+    const std::string why = table->cause(w.id).value_or(cause);  // a stop said first wins
+    if (options.log) options.log("actor " + w.type + " #" + std::to_string(w.id) + " on " + w.task + " is down: " + why);
+    if (options.on_down) {
+      try {
+        options.on_down(actor_down{w.id, w.type, w.task, why});
+      } catch (...) {
+        // The application's callback must not end the supervisor (it watches every other actor).
+      }
+    }
+  };
+  self->set_down_handler([=](caf::down_msg& d) {
+    auto it = self->state.actors.find(d.source);
+    if (it == self->state.actors.end()) return;
+    report(it->second, down_cause(self->system(), d.reason, it->second.task));
+    self->state.actors.erase(it);
+  });
+  return {
+      [=](awatch_atom, const caf::actor& a, std::uint64_t id, const std::string& type, const std::string& task,
+          const caf::actor& agent) {
+        auto& st = self->state;
+        st.actors[a.address()] = supervisor_state::watched{id, type, task, false};
+        self->monitor(a);
+        // A host that just spawned an actor is alive, even one reported silent before (its earlier
+        // actors stay down: they were reported so).
+        auto h = st.hosts.find(task);
+        if (agent && (h == st.hosts.end() || h->second.lost)) {
+          st.hosts[task] = supervisor_state::host{agent, liveness_policy::clock::now(), false};
+        }
+        if (agent && !st.ticking) {
+          st.ticking = true;
+          st.previous_check = liveness_policy::clock::now();
+          self->delayed_send(self, options.liveness.interval, tick_atom::value);
+        }
+      },
+      [=](tick_atom) {
+        auto& st = self->state;
+        const auto now = liveness_policy::clock::now();
+        const bool paused = options.liveness.paused(st.previous_check, now);  // this process was not running
+        st.previous_check = now;
+        bool any = false;
+        for (auto& [task, h] : st.hosts) {
+          if (h.lost) continue;
+          bool hosts_live = false;
+          for (auto& [addr, w] : st.actors) hosts_live = hosts_live || (w.task == task && !w.reported);
+          if (!hosts_live) continue;
+          any = true;
+          if (paused) h.last = now;
+          if (options.liveness.silent_too_long(h.last, now)) {
+            h.lost = true;
+            const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - h.last).count();
+            const std::string cause = task + " answered no heartbeat for " + std::to_string(silent) + " ms (" +
+                                      std::to_string(options.liveness.missed) + " x " +
+                                      std::to_string(options.liveness.interval.count()) + " ms; stopped or hung?)";
+            for (auto& [addr, w] : st.actors) {
+              if (w.task == task) report(w, cause);
+            }
+            continue;
+          }
+          const std::string t = task;
+          self->request(h.agent, options.liveness.limit(), aping_atom::value)
+              .then(
+                  [=](bool) {
+                    auto it = self->state.hosts.find(t);
+                    if (it != self->state.hosts.end()) it->second.last = liveness_policy::clock::now();
+                  },
+                  [](caf::error&) {});
+        }
+        st.ticking = any;
+        if (any) self->delayed_send(self, options.liveness.interval, tick_atom::value);
+      },
+  };
+}
+
+}  // namespace
+
+struct actor_client::impl {
+  caf::actor_system* system = nullptr;
+  actor_client_options options;
+  std::unique_ptr<control_gate> gate;
+  caf::actor supervisor;
+  std::shared_ptr<down_table> table = std::make_shared<down_table>();
+  std::mutex mutex;
+  std::map<std::string, caf::actor> agents;  // by task
+  std::vector<caf::actor> local;
+  std::atomic<std::uint64_t> next_id{1};
+
+  void check_open(const std::string& what) const {
+    if (table->closed) throw std::runtime_error(what + ": its actor client is gone");
+  }
+
+  caf::actor agent_for(const task_endpoint& where, bool fresh) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      auto it = agents.find(where.task);
+      if (it != agents.end() && !fresh) return it->second;
+    }
+    auto found = connect_to_task(*system, *gate, where.host, where.port, options.connect_timeout);
+    if (!found) {
+      throw std::runtime_error("cannot reach " + where.task + " at " + address_of(where.host, where.port) + ": " +
+                               error_text(*system, found.error()) +
+                               " (is it running, with this cluster's token?)");
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    agents[where.task] = *found;
+    return *found;
+  }
+};
+
+actor_client::actor_client(caf::actor_system& system, actor_client_options options)
+    : impl_(std::make_shared<impl>()) {
+  options.liveness.check("actor_client");
+  impl_->system = &system;
+  impl_->options = std::move(options);
+  impl_->gate = std::make_unique<control_gate>(system, impl_->options.credentials != nullptr, gate_limits::for_tasks());
+  impl_->supervisor = system.spawn(supervisor, impl_->table, impl_->options);
+}
+
+actor_client::~actor_client() {
+  auto& s = *impl_;
+  s.table->closed = true;
+  std::vector<caf::actor> local;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    local.swap(s.local);
+    s.agents.clear();
+  }
+  for (auto& a : local) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  // The supervisor is every host's watch of this spawner: its end stops the remote actors there.
+  caf::anon_send_exit(s.supervisor, caf::exit_reason::user_shutdown);
+}
+
+std::shared_ptr<actor_ref> actor_client::spawn(const task_endpoint& where, const std::string& type,
+                                               const std::string& args) {
+  auto& s = *impl_;
+  s.check_open("spawn of actor " + type + " on " + where.task);
+  caf::actor made;
+  caf::actor agent;
+  std::string error;
+  for (int attempt = 0; attempt < 2 && !made; ++attempt) {
+    // A cached connection to a host that has since died answers at once that it is down: connect
+    // again, once.
+    agent = s.agent_for(where, attempt > 0);
+    bool receiver_down = false;
+    caf::scoped_actor self{*s.system};
+    self->request(agent, s.options.connect_timeout, aspawn_atom::value, s.options.task, s.supervisor, type, args)
+        .receive([&](caf::actor& a) { made = std::move(a); },
+                 [&](caf::error& e) {
+                   receiver_down = e == caf::sec::request_receiver_down;
+                   error = e == caf::sec::request_timeout
+                               ? where.task + " did not answer within " +
+                                     std::to_string(s.options.connect_timeout.count()) + " ms"
+                               : error_text(*s.system, e);
+                 });
+    if (!made && !receiver_down) break;
+  }
+  if (!made) throw std::runtime_error(error.empty() ? where.task + " answered no actor" : error);
+  auto ref = std::make_shared<actor_ref>();
+  ref->id = s.next_id++;
+  ref->type = type;
+  ref->task = where.task;
+  ref->actor = made;
+  caf::anon_send(s.supervisor, awatch_atom::value, made, ref->id, type, where.task, agent);
+  if (s.options.log) s.options.log("spawned actor " + type + " #" + std::to_string(ref->id) + " on " + where.task);
+  return ref;
+}
+
+std::shared_ptr<actor_ref> actor_client::spawn_local(const std::string& type, actor_receive receive) {
+  auto& s = *impl_;
+  s.check_open("spawn of actor " + type);
+  auto ref = std::make_shared<actor_ref>();
+  ref->id = s.next_id++;
+  ref->type = type;
+  ref->task = "local";
+  ref->actor = spawn_hosted(*s.system, type, std::move(receive));
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.local.push_back(ref->actor);
+  }
+  caf::anon_send(s.supervisor, awatch_atom::value, ref->actor, ref->id, type, ref->task, caf::actor{});
+  return ref;
+}
+
+actor_reply actor_client::request(const actor_ref& to, const std::string& name, const std::string& payload,
+                                  std::chrono::milliseconds timeout) {
+  auto& s = *impl_;
+  if (s.table->closed) return actor_reply{actor_reply::status::down, "its actor client is gone"};
+  if (auto cause = s.table->cause(to.id)) return actor_reply{actor_reply::status::down, *cause};
+  actor_reply out;
+  caf::scoped_actor self{*s.system};
+  self->request(to.actor, timeout, amsg_atom::value, name, payload)
+      .receive([&](std::string& bytes) { out = actor_reply{actor_reply::status::ok, std::move(bytes)}; },
+               [&](caf::error& e) {
+                 if (e == caf::sec::request_timeout) {
+                   out = actor_reply{actor_reply::status::timed_out,
+                                     "no answer within " + std::to_string(timeout.count()) + " ms"};
+                 } else if (e == caf::sec::request_receiver_down) {
+                   out = actor_reply{actor_reply::status::down, s.table->cause(to.id).value_or("the actor is down")};
+                 } else {
+                   out = actor_reply{actor_reply::status::failed, error_text(*s.system, e)};
+                 }
+               });
+  return out;
+}
+
+bool actor_client::send(const actor_ref& to, const std::string& name, const std::string& payload) {
+  auto& s = *impl_;
+  if (s.table->closed || s.table->cause(to.id)) return false;
+  caf::anon_send(to.actor, amsg_atom::value, name, payload);
+  return true;
+}
+
+void actor_client::stop(const actor_ref& to) {
+  auto& s = *impl_;
+  if (s.table->closed) return;
+  s.table->mark(to.id, "stopped by its spawner");
+  caf::anon_send_exit(to.actor, caf::exit_reason::user_shutdown);
+}
+
+std::optional<std::string> actor_client::down(const actor_ref& of) const {
+  if (impl_->table->closed) return std::string("its actor client is gone");
+  return impl_->table->cause(of.id);
+}
+
+std::uint64_t actor_client::id(const actor_ref& of) { return of.id; }
+const std::string& actor_client::type(const actor_ref& of) { return of.type; }
+const std::string& actor_client::task(const actor_ref& of) { return of.task; }
+
+}  // namespace troupe::actors

@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Actors an application spawns, as real processes on loopback: two troupe-worker daemons with the
+# module of actor types (tests/cluster/actor_types.cpp) and a spawner, actor_chief, as the chief.
+# Every process runs under timeout in a process group of its own, killed on exit.
+#   run_actors.sh SCENARIO BUILD_DIR
+# Scenarios:
+#   spawn         an actor on worker 1 and one in the spawner's process: requests and responses
+#                 with tensors (1 MiB bit for bit), a one-way send, the actor's own error, a
+#                 timeout, the size bound; an unknown type, a task the cluster lacks and a refused
+#                 constructor are errors naming the type and the task; a stopped actor is down
+#   wrong-token   the spawner holds another token than worker 0: its spawn is an error naming the
+#                 type and the task, and worker 0 logs the refused handshake with the address
+#   host-killed   worker 1 SIGKILLed while it hosts an actor: the spawner's down notice names the
+#                 task and the closed connection, requests to it fail, worker 0's actor answers on
+#   host-stopped  worker 1 SIGSTOPped (its connection stays open): the notice comes from the
+#                 heartbeats (200 ms x 3), naming the silence
+#   spawner-gone  the spawner SIGKILLed while its actor runs on worker 0: worker 0 stops it
+#   every-role    actor_chief in every role: its workers serve under serve_if_worker_or_ps, take the
+#                 chief's spawns as its arrival, and exit 0 once the chief (a spawner only) left
+set -uo pipefail
+scenario="$1"
+build="$2"
+daemon="$build/tools/troupe-worker"
+chief_bin="$build/tests/cluster/actor_chief"
+module="$build/tests/cluster/libtroupe_actor_types.so"
+dir="$(mktemp -d)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -CONT -- "-$p" 2>/dev/null; kill -9 -- "-$p" 2>/dev/null || kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAILED: $scenario: $*"
+  for f in "$dir"/*.log; do echo "--- $(basename "$f")"; tail -n 40 "$f"; done
+  exit 1
+}
+wait_for() {  # FILE REGEX SECONDS
+  local deadline=$((SECONDS + $3))
+  until grep -Eq -- "$2" "$1" 2>/dev/null; do
+    [[ $SECONDS -ge $deadline ]] && fail "no line matching '$2' in $(basename "$1") within $3 s"
+    sleep 0.05
+  done
+}
+host=127.0.0.1
+pick_ports() {
+  read -r p0 p1 p2 < <(python3 -c '
+import socket
+ss = [socket.socket() for _ in range(3)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in ss])')
+}
+cluster() { echo "{\"chief\": [\"$host:$p2\"], \"worker\": [\"$host:$p0\", \"$host:$p1\"]}"; }
+# launch_daemon INDEX [TOKEN]: troupe-worker as worker INDEX with the module.
+launch_daemon() {
+  timeout -k 5 90 env ${2:+TROUPE_CLUSTER_TOKEN="$2"} TROUPE_TEST_TASK_INDEX="$1" "$daemon" --task "worker:$1" \
+    --cluster "$(cluster)" --module "$module" >"$dir/w$1.log" 2>&1 &
+  pids+=($!)
+  eval "pid_w$1=$!"
+}
+# start_daemons TOKEN0 TOKEN1: both daemons ready (again on fresh ports when one was taken).
+start_daemons() {
+  local attempt
+  for attempt in 1 2 3; do
+    pick_ports
+    launch_daemon 0 "$1"
+    launch_daemon 1 "$2"
+    local deadline=$((SECONDS + 20))
+    until grep -q '^troupe-worker: ready ' "$dir/w0.log" 2>/dev/null && grep -q '^troupe-worker: ready ' "$dir/w1.log" 2>/dev/null; do
+      if grep -q 'cannot listen' "$dir/w0.log" "$dir/w1.log" 2>/dev/null; then break; fi
+      [[ $SECONDS -ge $deadline ]] && fail "the daemons are not ready within 20 s"
+      sleep 0.05
+    done
+    if ! grep -q 'cannot listen' "$dir/w0.log" "$dir/w1.log" 2>/dev/null; then return; fi
+    kill -9 -- "-$pid_w0" "-$pid_w1" 2>/dev/null
+    wait "$pid_w0" "$pid_w1" 2>/dev/null
+  done
+  fail "no free ports after 3 tries"
+}
+# chief MODE [TOKEN]: actor_chief in the background as the chief.
+chief() {
+  timeout -k 5 60 env ${2:+TROUPE_CLUSTER_TOKEN="$2"} TROUPE_HEARTBEAT_MS=200 TROUPE_MISSED_HEARTBEATS=3 TROUPE_START_TIMEOUT_MS=10000 \
+    TF_CONFIG="{\"cluster\": $(cluster), \"task\": {\"type\": \"chief\", \"index\": 0}}" \
+    "$chief_bin" --mode "$1" --module "$module" >"$dir/chief.log" 2>&1 &
+  pids+=($!)
+  pid_chief=$!
+}
+chief_status() {
+  wait "$pid_chief"
+  st=$?
+}
+token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+
+case "$scenario" in
+  spawn)
+    start_daemons "$token" "$token"
+    chief spawn "$token"
+    chief_status
+    [[ $st == 0 ]] || fail "the spawner exited $st"
+    grep -q '^PASS spawn' "$dir/chief.log" || fail "no PASS line"
+    grep -q "(functions: none; actor types: accumulator)" "$dir/w1.log" || fail "the ready line lacks the module's actor types"
+    grep -q "spawned actor 'accumulator' for '/job:chief/replica:0/task:0'" "$dir/w1.log" || fail "worker 1 did not log the spawn"
+    # The spawner ended: the daemons stop what it left on them.
+    wait_for "$dir/w1.log" "the actor spawner '/job:chief/replica:0/task:0' is gone: stopping its 1 actor" 10
+    ;;
+  wrong-token)
+    start_daemons "stranger-$token" "stranger-$token"
+    chief refused "$token"
+    chief_status
+    [[ $st == 0 ]] || fail "the spawner exited $st"
+    grep -q '^PASS refused' "$dir/chief.log" || fail "no PASS line"
+    grep -q "spawned actor" "$dir/w0.log" && fail "worker 0 spawned an actor for a spawner without its token"
+    grep -Eq "control plane: refused the connection from 127\.0\.0\.1:[0-9]+: its TLS handshake failed" "$dir/w0.log" ||
+      fail "worker 0 did not log the refused connection with its address"
+    ;;
+  host-killed|host-stopped)
+    start_daemons "$token" "$token"
+    chief down "$token"
+    wait_for "$dir/chief.log" "^spawned" 30
+    child=$(pgrep -P "$pid_w1")
+    if [[ $scenario == host-killed ]]; then kill -KILL "$child"; else kill -STOP "$child"; fi
+    chief_status
+    [[ $st == 0 ]] || fail "the spawner exited $st"
+    grep -q '^PASS down' "$dir/chief.log" || fail "no PASS line"
+    if [[ $scenario == host-killed ]]; then
+      grep -q "^cause: the connection to /job:worker/replica:0/task:1 closed" "$dir/chief.log" || fail "the cause is not the closed connection"
+    else
+      grep -Eq "^cause: /job:worker/replica:0/task:1 answered no heartbeat for [0-9]+ ms \(3 x 200 ms" "$dir/chief.log" ||
+        fail "the cause is not the missed heartbeats"
+      kill -CONT "$child"
+    fi
+    ;;
+  spawner-gone)
+    start_daemons "$token" "$token"
+    chief orphan "$token"
+    wait_for "$dir/chief.log" "^spawned" 30
+    kill -KILL "$(pgrep -P "$pid_chief")"
+    wait_for "$dir/w0.log" "the actor spawner '/job:chief/replica:0/task:0' is gone: stopping its 1 actor" 15
+    ;;
+  every-role)
+    pick_ports
+    for i in 0 1; do
+      timeout -k 5 60 env TROUPE_CLUSTER_TOKEN="$token" TROUPE_START_TIMEOUT_MS=20000 TROUPE_TEST_TASK_INDEX="$i" \
+        TF_CONFIG="{\"cluster\": $(cluster), \"task\": {\"type\": \"worker\", \"index\": $i}}" \
+        "$chief_bin" --mode every-role --module "$module" >"$dir/w$i.log" 2>&1 &
+      pids+=($!)
+      eval "pid_w$i=$!"
+    done
+    # Both listen (ss reads the sockets without connecting: a probe would be a refused stranger).
+    deadline=$((SECONDS + 20))
+    until ss -ltn "sport = :$p0" | grep -q LISTEN && ss -ltn "sport = :$p1" | grep -q LISTEN; do
+      [[ $SECONDS -ge $deadline ]] && fail "the workers do not listen within 20 s"
+      sleep 0.05
+    done
+    chief every-role "$token"
+    chief_status
+    [[ $st == 0 ]] || fail "the spawner exited $st"
+    grep -q '^PASS every-role' "$dir/chief.log" || fail "no PASS line"
+    for i in 0 1; do
+      eval "p=\$pid_w$i"
+      wait "$p"
+      st=$?
+      [[ $st == 0 ]] || fail "worker $i exited $st after its chief left (expected 0)"
+      grep -q "^served until the chief left" "$dir/w$i.log" || fail "worker $i did not serve until its chief left"
+    done
+    ;;
+  *) fail "unknown scenario" ;;
+esac
+echo "PASS $scenario"

@@ -1,0 +1,132 @@
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../common/free_port.hpp"
+#include "distribute/cluster/actor_host.hpp"
+#include "distribute/cluster/remote_wire.hpp"
+#include "test_util.hpp"
+#include "troupe/troupe.hpp"
+
+using namespace troupe;
+using namespace troupe::distribute;
+using troupe::testing::contains;
+using troupe::testing::message_of;
+namespace wire = troupe::distribute::detail;
+
+namespace {
+
+// Doubles what it is sent; "count" answers how many messages it handled.
+class Doubler : public Actor {
+ public:
+  std::vector<Tensor> receive(const std::string& name, const std::vector<Tensor>& tensors) override {
+    ++handled_;
+    if (name == "count") return {Tensor::scalar<std::int64_t>(handled_)};
+    if (name != "double") throw std::invalid_argument("no message " + name);
+    std::vector<Tensor> out;
+    for (const auto& t : tensors) out.push_back(t * 2.0f);
+    return out;
+  }
+
+ private:
+  std::int64_t handled_ = 0;
+};
+
+FunctionRegistry doubler_registry() {
+  FunctionRegistry r;
+  r.add_actor("doubler", [](const std::vector<Tensor>& args) -> std::unique_ptr<Actor> {
+    if (!args.empty()) throw std::invalid_argument("doubler takes no arguments");
+    return std::make_unique<Doubler>();
+  });
+  return r;
+}
+
+ActorClusterOptions quiet_options() {
+  ActorClusterOptions o;
+  o.connect_timeout = std::chrono::seconds(10);
+  o.log = [](const std::string&) {};
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a registry refuses actor types without a name, twice, under troupe. or without a factory") {
+  FunctionRegistry r = doubler_registry();
+  auto factory = [](const std::vector<Tensor>&) -> std::unique_ptr<Actor> { return std::make_unique<Doubler>(); };
+  CHECK(contains(message_of([&] { r.add_actor("doubler", factory); }), "actor type 'doubler' is registered already"));
+  CHECK(contains(message_of([&] { r.add_actor("", factory); }), "an actor type with an empty name"));
+  CHECK(contains(message_of([&] { r.add_actor("troupe.trial", factory); }), "begins with \"troupe.\""));
+  CHECK(contains(message_of([&] { r.add_actor("empty", ActorFactory{}); }), "actor type 'empty' has no factory"));
+  r.add("doubler", [](FunctionContext&) { return std::vector<Tensor>{}; });  // functions: a name space of their own
+  CHECK(r.actor_types() == std::vector<std::string>{"doubler"});
+  CHECK(r.find_actor("doubler") != nullptr);
+  CHECK(r.find_actor("nope") == nullptr);
+}
+
+TEST_CASE("a host names the type and the task of a spawn it refuses, and checks the arguments' bytes") {
+  const FunctionRegistry r = doubler_registry();
+  const std::string task = "/job:worker/replica:0/task:3";
+  auto made = wire::make_actor(r, task, "trial", wire::encode_tensors({}));
+  CHECK(!made.receive);
+  CHECK(contains(made.error, "actor type 'trial' on /job:worker/replica:0/task:3 is not registered there (it has: doubler)"));
+  made = wire::make_actor(r, task, "doubler", "not tensors");
+  CHECK(!made.receive);
+  CHECK(contains(made.error, "actor type 'doubler' on /job:worker/replica:0/task:3: its factory failed: actor arguments: malformed"));
+  made = wire::make_actor(r, task, "doubler", wire::encode_tensors({Tensor::scalar<float>(1)}));
+  CHECK(contains(made.error, "doubler takes no arguments"));
+  made = wire::make_actor(r, task, "doubler", wire::encode_tensors({}));
+  REQUIRE(made.receive);
+  auto reply = made.receive("double", wire::encode_tensors({Tensor::from_vector<float>({1, -2}, {2})}));
+  REQUIRE(reply.ok);
+  CHECK(wire::decode_tensors(reply.payload)[0].to_vector<float>() == std::vector<float>({2, -4}));
+  CHECK(contains(message_of([&] { made.receive("double", "junk"); }), "actor message: malformed"));
+}
+
+TEST_CASE("an ActorCluster refuses a cluster beyond loopback without a token, a bad own task and a bad bound") {
+  Runtime rt;
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {"127.0.0.1:1"}}, {"worker", {"10.1.2.3:2222"}}});
+  ActorClusterOptions o = quiet_options();
+  CHECK(contains(message_of([&] { ActorCluster a(rt, spec, "chief:0", {}, o); }),
+                 "ActorCluster: the cluster spans more than loopback (10.1.2.3:2222) and no cluster token is set"));
+  ClusterSpec local(ClusterSpec::JobMap{{"chief", {"127.0.0.1:1"}}, {"worker", {"127.0.0.1:2"}}});
+  CHECK(contains(message_of([&] { ActorCluster a(rt, local, "chief", {}, o); }), "own task 'chief' is not TYPE:INDEX"));
+  o.max_message_bytes = 10;
+  CHECK(contains(message_of([&] { ActorCluster a(rt, local, "chief:0", {}, o); }), "max_message_bytes is 10"));
+}
+
+TEST_CASE("actors spawned on an in-process Server and locally answer requests and sends alike") {
+  // Two runtimes: the spawner and the task are two actor systems, talking over loopback.
+  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}});
+  Runtime task_rt;
+  ServerOptions so;
+  so.log = [](const std::string&) {};
+  Server server(task_rt, spec, "worker", 0, doubler_registry(), so);
+  Runtime rt;
+  ActorCluster actors(rt, spec, "chief:0", doubler_registry(), quiet_options());
+  CHECK(actors.task() == "/job:chief/replica:0/task:0");
+  for (const std::string where : {"worker:0", "local", "chief:0"}) {
+    CAPTURE(where);
+    ActorHandle h = actors.spawn("doubler", where);
+    CHECK(h.task() == (where == "worker:0" ? "/job:worker/replica:0/task:0" : "local"));
+    auto r = h.request("double", {Tensor::from_vector<float>({1, 2, 3}, {3}), Tensor::scalar<float>(-4)});
+    REQUIRE(r.size() == 2);
+    CHECK(r[0].to_vector<float>() == std::vector<float>({2, 4, 6}));
+    CHECK(r[1].item<float>() == -8.0f);
+    h.send("double", {Tensor::scalar<float>(1)});
+    CHECK(h.request("count")[0].item<std::int64_t>() == 3);  // the send arrived before it
+    CHECK(contains(message_of([&] { h.request("nope"); }), "no message nope"));
+    CHECK(contains(message_of([&] { h.request(std::string(300, 'x')); }), "a message name of 300 bytes"));
+    CHECK(!h.down());
+    h.stop();
+    CHECK(contains(message_of([&] { h.request("count"); }), "is down: stopped by its spawner"));
+  }
+  CHECK(contains(message_of([&] { actors.spawn("doubler", "worker:0", {Tensor::scalar<float>(1)}); }),
+                 "doubler takes no arguments"));
+  CHECK(contains(message_of([&] { actors.spawn("doubler", "ps:0"); }), "the cluster has no such task (it has: chief:0, worker:0)"));
+  CHECK(contains(message_of([&] { actors.spawn("doubler", "nowhere"); }), "is not \"local\", TYPE:INDEX"));
+  CHECK(contains(message_of([] { ActorHandle().request("x"); }), "an empty handle"));
+}
