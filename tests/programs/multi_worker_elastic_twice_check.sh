@@ -94,10 +94,14 @@ if [ "$mode" = twice ]; then
   echo "PASSED (twice): tasks 3 and 2 dropped one after the other, ranks 0 and 1 finished on 2 workers, weights $d0"
 else
   [ "$rc" != 0 ] || fail "the run exited 0 with fewer workers than min_workers"
+  # Every survivor finds it; the first to exit makes the launcher stop the other, which may not
+  # have printed its line yet (seen under load). At least one names it, and none prints a result.
+  named=0
   for r in 0 1; do
     grep -q "^\[rank $r\] .*elastic membership falls back to the restart path: 2 worker(s) would be left, fewer than min_workers (3); lost: $(task 2) " \
-      "$dir/run.out" || fail "rank $r does not name the fallback below min_workers"
+      "$dir/run.out" && named=$((named + 1))
   done
+  [ "$named" -ge 1 ] || fail "no survivor names the fallback below min_workers"
   grep -q "^\[rank [01]\] result:" "$dir/run.out" && fail "a rank printed a result below min_workers"
   echo "PASSED (twice-below-min): one loss shrank to 3 workers, the second fell back, named, exit $rc"
 fi
