@@ -11,6 +11,7 @@
 #include <cctype>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -701,4 +702,113 @@ TEST_CASE("monitor: text summaries reach /api/state printable and bounded, the n
   for (std::size_t i = 2; i < Monitor::max_text_tags; ++i) m.publish_text("tag_" + std::to_string(i), 1, "x");
   CHECK(contains(message_of([&] { m.publish_text("one_too_many", 1, "x"); }), "at most 16"));
   m.publish_text("sample", 31, "an existing tag still takes texts");
+}
+
+namespace {
+
+// Answers "get" with how many messages it handled.
+class Counter : public Actor {
+ public:
+  std::vector<Tensor> receive(const std::string& name, const std::vector<Tensor>&) override {
+    ++handled_;
+    if (name != "get") throw std::invalid_argument("no message " + name);
+    return {Tensor::scalar<std::int64_t>(handled_)};
+  }
+
+ private:
+  std::int64_t handled_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("monitor: an ActorCluster reporting into actor_events shows its actors in /api/actors, with the application's labels, numbers and restarts") {
+  Runtime rt;
+  MirroredStrategy s(rt, {"CPU:0"});
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  std::ostringstream log;
+  o.log = &log;
+  Monitor m(s, nullptr, o);
+  const int port = m.dashboard_port();
+  CHECK(body_of(http(port, "GET", "/api/state"))["actors"].is_null());
+  CHECK(contains(http(port, "GET", "/api/actors"), "404 Not Found"));
+
+  FunctionRegistry registry;
+  registry.add_actor("counter", [](const std::vector<Tensor>&) -> std::unique_ptr<Actor> { return std::make_unique<Counter>(); });
+  ActorClusterOptions ao;
+  ao.log = [](const std::string&) {};
+  std::vector<ActorEvent::Kind> heard;
+  std::mutex heard_mutex;
+  const auto hook = m.actor_events();
+  ao.on_event = [&](const ActorEvent& e) {
+    {
+      std::lock_guard<std::mutex> lock(heard_mutex);
+      heard.push_back(e.kind);
+    }
+    hook(e);
+  };
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {"127.0.0.1:" + std::to_string(troupe::testing::free_port())}}});
+  ActorCluster actors(rt, spec, "chief:0", registry, ao);
+  ActorHandle a = actors.spawn("counter", "local");
+  ActorHandle b = actors.spawn("counter", "local");
+  CHECK(a.request("get")[0].item<std::int64_t>() == 1);
+  CHECK(contains(message_of([&] { b.request("nope"); }), "no message nope"));  // an error is a reply too
+  m.describe_actor(a.id(), "trial 0", 1, {{"accuracy", 0.5}, {"lr", 0.1}});
+  m.describe_actor(b.id(), "trial 1", 1, {{"accuracy", 0.25}, {"lr", 0.2}});
+  b.stop();
+
+  // The down notice comes from the spawner's supervisor, on its own thread.
+  nlohmann::json v;
+  for (int i = 0; i < 100; ++i) {
+    v = body_of(http(port, "GET", "/api/actors"));
+    if (v["down"] == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(v["actors"].size() == 2);
+  CHECK(v["spawned"] == 2);
+  CHECK(v["running"] == 1);
+  CHECK(v["down"] == 1);
+  CHECK(v["restarts"] == 0);
+  CHECK(v["actors"][0]["label"] == "trial 0");
+  CHECK(v["actors"][0]["type"] == "counter");
+  CHECK(v["actors"][0]["task"] == "local");
+  CHECK(v["actors"][0]["state"] == "running");
+  CHECK(v["actors"][0]["cause"].is_null());
+  CHECK(v["actors"][0]["last_reply_age_ms"].get<double>() >= 0);
+  CHECK(v["actors"][0]["step"] == 1);
+  CHECK(v["actors"][0]["values"]["accuracy"] == 0.5);
+  CHECK(v["actors"][0]["values"]["lr"] == 0.1);
+  CHECK(v["actors"][1]["state"] == "down");
+  CHECK(contains(v["actors"][1]["cause"].get<std::string>(), "stopped by its spawner"));
+  CHECK(v["actors"][1]["last_reply_age_ms"].get<double>() >= 0);
+
+  // A new actor in the stopped one's role takes its row and counts as its restart.
+  ActorHandle c = actors.spawn("counter", "local");
+  m.describe_actor(c.id(), "trial 1", 2, {{"accuracy", 0.75}, {"lr", 0.2}});
+  v = body_of(http(port, "GET", "/api/state"))["actors"];
+  REQUIRE(v["actors"].size() == 2);
+  CHECK(v["actors"][1]["id"] == c.id());
+  CHECK(v["actors"][1]["label"] == "trial 1");
+  CHECK(v["actors"][1]["state"] == "running");
+  CHECK(v["actors"][1]["restarts"] == 1);
+  CHECK(v["actors"][1]["last_reply_age_ms"].is_null());
+  CHECK(v["restarts"] == 1);
+  REQUIRE(v["history"].size() == 2);
+  CHECK(v["history"][1]["label"] == "trial 1");
+  REQUIRE(v["history"][1]["points"].size() == 2);
+  CHECK(v["history"][1]["points"][0]["values"]["accuracy"] == 0.25);
+  CHECK(v["history"][1]["points"][1]["step"] == 2);
+  CHECK(v["history"][1]["points"][1]["values"]["accuracy"] == 0.75);
+  {
+    std::lock_guard<std::mutex> lock(heard_mutex);
+    CHECK(std::count(heard.begin(), heard.end(), ActorEvent::Kind::spawned) == 3);
+    CHECK(std::count(heard.begin(), heard.end(), ActorEvent::Kind::replied) == 2);
+    CHECK(std::count(heard.begin(), heard.end(), ActorEvent::Kind::down) == 1);
+  }
+
+  CHECK(contains(message_of([&] { m.describe_actor(1, "", 1, {}); }), "label '' is not 1 to 64 bytes"));
+  CHECK(contains(message_of([&] { m.describe_actor(1, "a\x01", 1, {}); }), "is not 1 to 64 bytes of printable text"));
+  CHECK(contains(message_of([&] { m.describe_actor(1, "t", 1, {{"has space", 1}}); }), "the name 'has space' is not 1 to 32"));
+  std::vector<std::pair<std::string, double>> many(Monitor::max_actor_values + 1, {"v", 1.0});
+  CHECK(contains(message_of([&] { m.describe_actor(1, "t", 1, many); }), "17 numbers for t (at most 16)"));
 }

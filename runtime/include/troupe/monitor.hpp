@@ -27,6 +27,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "troupe/tensor.hpp"
@@ -35,6 +36,7 @@ namespace troupe {
 
 namespace distribute {
 class Strategy;
+struct ActorEvent;
 }
 namespace nn {
 class Callback;
@@ -168,6 +170,22 @@ class Monitor {
   static constexpr std::size_t max_text_bytes = 16384;
   /// The most tags a monitor keeps texts of.
   static constexpr std::size_t max_text_tags = 16;
+
+  /// The hook an ActorCluster reports into (put it in ActorClusterOptions::on_event): the
+  /// dashboard's Actors card and `GET /api/actors` then show every actor it spawned, with its
+  /// type, task, state, restarts and the age of its last reply. Thread-safe; calls after the
+  /// monitor is gone do nothing harmful (the record they write is no longer shown).
+  std::function<void(const distribute::ActorEvent&)> actor_events();
+  /// The application's name for actor `id` (ActorHandle::id) and its numbers at `step` (a trial's
+  /// accuracy and learning rate): its row on the Actors card shows them, and the card draws each
+  /// label's first number over the steps. A new actor given the label of another (one respawned
+  /// in a lost one's place) takes that one's row and counts as its restart. std::invalid_argument
+  /// for a label that is not 1 to 64 bytes of printable text, more than max_actor_values numbers,
+  /// or a number's name that is not 1 to 32 of A-Z a-z 0-9 _. Thread-safe.
+  void describe_actor(std::uint64_t id, const std::string& label, std::int64_t step,
+                      const std::vector<std::pair<std::string, double>>& values);
+  /// The most numbers describe_actor takes for one actor.
+  static constexpr std::size_t max_actor_values = 16;
 
   /// The port the dashboard listens on; -1 when this process serves none.
   int dashboard_port() const noexcept;

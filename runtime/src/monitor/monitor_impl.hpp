@@ -28,6 +28,7 @@
 #include "monitor/http_server.hpp"
 #include "monitor/step_exchange.hpp"
 #include "monitor/trace_writer.hpp"
+#include "troupe/actors/actor_board.hpp"
 #include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/metrics_stream.hpp"
 #include "troupe/actors/ps_cluster_board.hpp"
@@ -108,6 +109,10 @@ struct Monitor::Impl {
   // The task name of this process's row when no control plane names it: the chief's under
   // ParameterServerStrategy, else "/job:localhost/replica:0/task:0".
   std::string own_task = "/job:localhost/replica:0/task:0";
+  // The actors an application's ActorCluster reports (actor_events, describe_actor); null until
+  // either is first called. Shared with the hooks handed out, which may outlive the monitor.
+  std::shared_ptr<actors::actor_board> actor_board;
+  std::shared_ptr<actors::actor_board> actors_locked();  // under mutex: made on first use
   std::string trace_status = "idle";
   std::string trace_written;
 
@@ -221,6 +226,7 @@ struct Monitor::Impl {
   detail::HttpResponse set_control(const detail::HttpRequest& r);
   std::string state_json(const detail::HttpRequest& r);
   nlohmann::ordered_json ps_cluster_json() const;  // null without a parameter-server cluster
+  nlohmann::ordered_json actors_json() const;      // null without actors; under mutex
   nlohmann::ordered_json progress_json() const;  // under mutex
   base::process_usage process_usage;  // under mutex
 };

@@ -1,5 +1,5 @@
 // The dashboard's routes: the page and its assets, /api/state, /api/history, /api/trace,
-// /api/flight_recorder, and the
+// /api/flight_recorder, /api/ps_cluster, /api/actors, and the
 // commands, which go to the training thread (or, with the fit callback, to fit's TrainingControl).
 #include <cmath>
 #include <fstream>
@@ -197,6 +197,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
   }
   out["texts"] = std::move(texts_out);
   out["ps_cluster"] = ps_cluster_json();
+  out["actors"] = actors_json();
   return dump(out);
 }
 
@@ -331,7 +332,8 @@ constexpr const char* favicon_svg =
 const char* allowed_methods(const std::string& path) {
   static const char* const get_only[] = {"/",           "/index.html", "/chart.js",    "/favicon.svg",
                                          "/favicon.ico", "/api/state",  "/api/history", "/api/events",
-                                         "/api/logs",   "/api/flight_recorder", "/api/ps_cluster"};
+                                         "/api/logs",   "/api/flight_recorder", "/api/ps_cluster",
+                                         "/api/actors"};
   static const char* const post_only[] = {"/api/pause", "/api/resume", "/api/checkpoint", "/api/stop",
                                           "/api/learning_rate", "/api/control"};
   for (const char* p : get_only) {
@@ -369,6 +371,18 @@ HttpResponse Monitor::Impl::get(const detail::HttpRequest& r) {
       return error(404, "this run has no parameter-server cluster (ps_cluster is for ParameterServerStrategy's chief)");
     }
     return answer(200, ps);
+  }
+  if (r.path == "/api/actors") {
+    json a;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      a = actors_json();
+    }
+    if (a.is_null()) {
+      return error(404, "this run watches no actors (an ActorCluster reports them with ActorClusterOptions::on_event "
+                        "= Monitor::actor_events())");
+    }
+    return answer(200, a);
   }
   if (r.path == "/api/flight_recorder") {
     // This process's last collectives and steps (docs/diagnosis.md has the format).

@@ -25,6 +25,22 @@ struct ActorDown {
   std::string cause;     ///< why: its host's connection closed, its host went silent, it was stopped
 };
 
+/// What an ActorCluster did with one of its actors, for a watcher such as the dashboard
+/// (Monitor::actor_events).
+struct ActorEvent {
+  enum class Kind {
+    spawned,    ///< placed on `task`
+    replied,    ///< answered a request (with a result or its own error)
+    down,       ///< went down, for `cause`
+    restarted,  ///< started again on `task`, under the same id
+  };
+  Kind kind = Kind::spawned;
+  std::uint64_t id = 0;  ///< ActorHandle::id()
+  std::string type;      ///< its registered type
+  std::string task;      ///< where it runs: "/job:worker/replica:0/task:1", or "local"
+  std::string cause;     ///< down: why
+};
+
 /// The settings of an ActorCluster, with named defaults. from_environment() reads the same
 /// TROUPE_* variables as a Server and a ClusterCoordinator.
 struct ActorClusterOptions {
@@ -45,6 +61,9 @@ struct ActorClusterOptions {
   std::size_t max_message_bytes = std::size_t{256} << 20;
   /// Called once per actor that goes down, on one of the runtime's threads (keep it short).
   std::function<void(const ActorDown&)> on_down;
+  /// Called at every spawn, reply, down and restart of this spawner's actors, on the thread that
+  /// saw it (keep it short, and do not call the ActorCluster from it). Empty: none.
+  std::function<void(const ActorEvent&)> on_event;
   /// One line per event (spawned, down); nullptr: "troupe: actors: <line>" on stderr.
   std::function<void(const std::string& line)> log;
 

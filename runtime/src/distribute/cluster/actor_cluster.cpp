@@ -62,6 +62,12 @@ struct ActorCluster::Impl {
     return *client;
   }
 
+  // Tells options.on_event, when set.
+  void report(ActorEvent::Kind kind, std::uint64_t id, const std::string& type, const std::string& where,
+              const std::string& cause = {}) const {
+    if (options.on_event) options.on_event(ActorEvent{kind, id, type, where, cause});
+  }
+
   void log(const std::string& line) const {
     if (options.log) {
       options.log(line);
@@ -173,7 +179,9 @@ ActorCluster::ActorCluster(Runtime& runtime, const ClusterSpec& cluster, const s
   std::weak_ptr<Impl> weak = impl_;
   co.on_down = [weak](const actors::actor_down& d) {
     auto self = weak.lock();
-    if (self && !self->closed && self->options.on_down) self->options.on_down(ActorDown{d.id, d.type, d.task, d.cause});
+    if (!self || self->closed) return;
+    self->report(ActorEvent::Kind::down, d.id, d.type, d.task, d.cause);
+    if (self->options.on_down) self->options.on_down(ActorDown{d.id, d.type, d.task, d.cause});
   };
   co.log = [weak](const std::string& line) {
     if (auto self = weak.lock()) self->log(line);
@@ -241,6 +249,7 @@ ActorHandle ActorCluster::spawn(const std::string& type, const std::string& task
   }
   h->id = actors::actor_client::id(*h->ref);
   h->task = actors::actor_client::task(*h->ref);
+  s.report(ActorEvent::Kind::spawned, h->id, h->type, h->task);
   return ActorHandle(std::move(h));
 }
 
@@ -257,6 +266,9 @@ std::vector<Tensor> ActorHandle::request(const std::string& name, const std::vec
   const std::string payload = h.encode(name, tensors, "request");
   const std::string what = h.describe() + ": request " + base::quoted(name);
   auto r = h.cluster->client_for(what).request(*h.ref, name, payload, timeout);
+  if (r.what == actors::actor_reply::status::ok || r.what == actors::actor_reply::status::failed) {
+    h.cluster->report(ActorEvent::Kind::replied, h.id, h.type, h.task);
+  }
   switch (r.what) {
     case actors::actor_reply::status::ok: return detail::decode_tensors(r.payload, "actor reply");
     case actors::actor_reply::status::failed: throw Error(what + " failed: " + r.payload);
