@@ -1,0 +1,177 @@
+#!/usr/bin/python3
+"""pbt_search's dashboard in headless Chromium (browser_test.py's DevTools client): a chief and 2
+workers on loopback (TF_CONFIG each), the chief serving the page, 4 trials searching for long.
+
+1. the Actors card lists the 4 trials, "trial 0".."trial 3", of type pbt_trial, trial i on worker
+   i % 2 (the chief places them round robin), running, each with a last reply and its accuracy,
+   learning rate and momentum; every cell is what /api/actors says, and a generation's best
+   accuracy on the card is the best the chief printed for that generation;
+2. the card's chart draws one line per trial, with a point per generation;
+3. worker 1 SIGKILLed: trials 1 and 3 come back on worker 0, running, with 1 restart each, and the
+   summary counts 2 down and 2 restarts; trials 0 and 2 keep their row, worker and no restart;
+   the screenshot (the card) is kept at SCREENSHOT;
+4. Stop (no checkpoint) on the page ends the search: the chief exits 0 with the result line last,
+   respawned=2 and workers_lost=1, and worker 0 exits 0.
+
+Usage: pbt_browser_test.py PBT_SEARCH SCREENSHOT
+Exit status: 0 passed, 1 failed.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import browser_test  # noqa: E402  (its DevTools client; fails, naming the package, without websocket)
+from browser_test import fail, open_page, save_screenshot, wait_for  # noqa: E402
+
+browser_test.DEADLINE = time.monotonic() + 170  # the whole test; every wait is bounded by it
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def main():
+    pbt, screenshot = sys.argv[1], sys.argv[2]
+    work = tempfile.mkdtemp(prefix="troupe-pbt-browser-")
+    procs = []
+    try:
+        w0, w1, chief_port = free_ports(3)
+        cluster = {"chief": ["127.0.0.1:%d" % chief_port], "worker": ["127.0.0.1:%d" % w0, "127.0.0.1:%d" % w1]}
+        args = [pbt, "--trials", "4", "--generations", "100000", "--steps", "10", "--step-delay-ms", "10"]
+        tasks = {}
+        for name, kind, index, extra in (("w0", "worker", 0, []), ("w1", "worker", 1, []),
+                                         ("chief", "chief", 0, ["--dashboard-port", "0"])):
+            env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}}))
+            log = open(os.path.join(work, name + ".log"), "w")
+            p = subprocess.Popen(args + extra, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                 preexec_fn=lambda: os.nice(10))
+            procs.append(p)
+            tasks[name] = p
+
+        def out(name="chief"):
+            with open(os.path.join(work, name + ".log"), errors="replace") as f:
+                return f.read()
+        url = wait_for("the chief's dashboard URL", lambda: (re.search(r"dashboard: (http://\S+)", out()) or [None, None])[1], 60)
+        dt = open_page(work, url, procs)
+
+        rows = lambda: dt.eval(
+            "Array.from(document.querySelectorAll('#actors tr')).map(r => Array.from(r.cells).map(c => c.textContent))")
+        head = lambda: dt.eval("Array.from(document.querySelectorAll('#actors-head th')).map(c => c.textContent)")
+        data = lambda: dt.eval("window.troupe.actors")
+
+        # 1. Four trials, round robin over the workers, each with a reply and its numbers.
+        def four_trials():
+            r, a = rows(), data()
+            if not r or len(r) != 4 or not a or any(x["step"] is None or x["last_reply_age_ms"] is None for x in a["actors"]):
+                return None
+            return r, a
+        wait_for("four trials on the Actors card, each with a reply and its numbers", four_trials, 60)
+        if dt.eval("getComputedStyle(document.getElementById('actors-card')).display") == "none":
+            fail("the Actors card is hidden")
+        columns = head()
+        if columns != ["actor", "type", "task", "state", "restarts", "last reply", "step", "accuracy", "lr", "momentum"]:
+            fail("the card's columns are %s" % columns)
+        # The cells and the JSON they were drawn from, read at once.
+        r, a = dt.eval("[Array.from(document.querySelectorAll('#actors tr')).map(r => Array.from(r.cells).map(c => c.textContent)),"
+                       " window.troupe.actors]")
+        for i, (row, actor) in enumerate(zip(r, a["actors"])):
+            task = "/job:worker/replica:0/task:%d" % (i % 2)
+            if row[:5] != ["trial %d" % i, "pbt_trial", task, "running", "0"] or actor["task"] != task:
+                fail("row %d reads %s (expected trial %d, pbt_trial, on %s, running, 0 restarts)" % (i, row, i, task))
+            if not re.fullmatch(r"\d+ ms ago", row[5]):
+                fail("row %d's last reply reads %r" % (i, row[5]))
+            if row[6] != str(actor["step"]):
+                fail("row %d shows step %r, the JSON %r" % (i, row[6], actor["step"]))
+            for col, name in ((7, "accuracy"), (8, "lr"), (9, "momentum")):
+                v = actor["values"][name]
+                if abs(float(row[col]) - v) > 1e-3 * max(1.0, abs(v)):
+                    fail("row %d's %s reads %r, the JSON %r" % (i, name, row[col], v))
+            if not 0 <= actor["values"]["accuracy"] <= 1:
+                fail("trial %d's accuracy is %r" % (i, actor["values"]["accuracy"]))
+        # A generation's best on the card, as the chief printed it.
+        history = {h["label"]: {p["step"]: p["values"]["accuracy"] for p in h["points"]} for h in a["history"]}
+        printed = {int(g): float(b) for g, b in re.findall(r"^generation (\d+)/\d+: best ([0-9.]+)", out(), re.M)}
+        common = [g for g in printed if all(g in h for h in history.values())]
+        if not common:
+            fail("no generation both printed and on the card: printed %s, card %s" % (sorted(printed), history))
+        for g in common:
+            best = max(h[g] for h in history.values())
+            if abs(best - printed[g]) > 6e-5:
+                fail("generation %d: the card's best accuracy is %r, the chief printed %r" % (g, best, printed[g]))
+        # The same through /api/actors.
+        api = json.load(urllib.request.urlopen(url.split("?")[0].rstrip("/") + "/api/actors", timeout=10))
+        if [x["label"] for x in api["actors"]] != ["trial 0", "trial 1", "trial 2", "trial 3"] or api["spawned"] != 4:
+            fail("/api/actors lists %s, %d spawned" % ([x["label"] for x in api["actors"]], api["spawned"]))
+        print("card: %s; generations %s match the printed bests" % ([x[:3] + x[7:8] for x in r], common[:3]), flush=True)
+
+        # 2. One line per trial on the chart, a point per generation.
+        wait_for("the card's chart: four lines of 3 points or more", lambda: dt.eval(
+            "(() => { const d = window.troupe.actorsChart.data.datasets;"
+            " return d.length === 4 && d.every(s => s.data.length >= 3) ? d.map(s => s.label) : null; })()"), 60)
+
+        # 3. Worker 1 killed: its trials come back on worker 0, with a restart each.
+        os.kill(tasks["w1"].pid, signal.SIGKILL)
+
+        def respawned():
+            r = rows()
+            if not r or len(r) != 4:
+                return None
+            moved = [r[1], r[3]]
+            ok = all(x[2] == "/job:worker/replica:0/task:0" and x[3] == "running" and x[4] == "1" for x in moved)
+            return r if ok else None
+        r = wait_for("trials 1 and 3 running again on worker 0 with a restart each", respawned, 60)
+        for i in (0, 2):
+            if r[i][:5] != ["trial %d" % i, "pbt_trial", "/job:worker/replica:0/task:0", "running", "0"]:
+                fail("trial %d's row changed after worker 1 died: %s" % (i, r[i]))
+        summary = wait_for("the summary to count 2 down and 2 restarts", lambda: (lambda s: s if s == ["2", "2"] else None)(
+            dt.eval("[document.getElementById('actors-down').textContent, document.getElementById('actors-restarts').textContent]")), 10)
+        print("after the kill: %s; down and restarts %s" % ([x[:5] for x in r], summary), flush=True)
+        dt.eval("document.getElementById('actors-card').scrollIntoView({block: 'start'})")
+        time.sleep(0.5)
+        save_screenshot(dt, screenshot)
+
+        # 4. Stop from the page: the search ends with its result line.
+        dt.click("stop-now")
+        for name in ("chief", "w0"):
+            try:
+                rc = tasks[name].wait(timeout=max(1, browser_test.DEADLINE - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                fail("%s did not exit after Stop" % name)
+            if rc != 0:
+                fail("%s exited %d after Stop:\n%s" % (name, rc, out(name)[-2000:]))
+        last = out().strip().splitlines()[-1]
+        m = re.fullmatch(r"result: trials=4 generations=\d+ best_initial=[0-9.]+ best_final=[0-9.]+ respawned=(\d+) "
+                         r"workers_lost=(\d+)", last)
+        if not m or m.groups() != ("2", "1"):
+            fail("the chief's last line after Stop is %r (expected the result line with respawned=2 workers_lost=1)" % last)
+        print(last, flush=True)
+        print("PASSED", flush=True)
+        return 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
