@@ -27,111 +27,21 @@ Usage: browser_test.py MLP_CLASSIFIER SCREENSHOT
        browser_test.py --cluster TROUPE_LAUNCH MULTI_WORKER_TRAINER SCREENSHOT
 Exit status: 0 passed, 1 failed (a missing chromium or websocket module fails too: the install script installs both).
 """
-import base64
-import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
-DEADLINE = time.monotonic() + 150  # the whole test; every wait below is bounded by it too
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402  (what the dashboard tests share: waits, launching, the DevTools client)
+from harness import fail, kill_all, open_page, save_screenshot, wait_for  # noqa: E402
 
-
-def fail(why):
-    print("FAILED: " + why, flush=True)
-    raise SystemExit(1)
-
-
-def wait_for(what, predicate, timeout):
-    end = min(time.monotonic() + timeout, DEADLINE)
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    fail("timed out waiting for " + what)
-
-
-try:
-    import websocket  # Debian's python3-websocket
-except ImportError:
-    # tools/install-deps.sh installs it: its absence is a broken setup, not a reason to skip.
-    print("FAILED: the python3 websocket module is missing (tools/install-deps.sh installs python3-websocket)")
-    sys.exit(1)
-
-
-class DevTools:
-    """A minimal Chrome DevTools Protocol client over one page's websocket."""
-
-    def __init__(self, ws_url):
-        self.ws = websocket.create_connection(ws_url, timeout=30, suppress_origin=True)
-        self.next_id = 0
-
-    def call(self, method, **params):
-        self.next_id += 1
-        my_id = self.next_id
-        self.ws.send(json.dumps({"id": my_id, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.ws.recv())
-            if msg.get("id") == my_id:
-                if "error" in msg:
-                    fail("%s: %s" % (method, msg["error"]))
-                return msg.get("result", {})
-
-    def eval(self, expression):
-        r = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
-        if "exceptionDetails" in r:
-            return None
-        return r.get("result", {}).get("value")
-
-    def click(self, element_id):
-        """A real mouse click in the middle of the element (scrolled into view first)."""
-        box = self.eval("(() => { const e = document.getElementById(%s); e.scrollIntoView({block: 'center'});"
-                        " const r = e.getBoundingClientRect();"
-                        " return [r.x + r.width / 2, r.y + r.height / 2]; })()" % json.dumps(element_id))
-        if not box:
-            fail("no element #" + element_id + " on the page")
-        for kind in ("mousePressed", "mouseReleased"):
-            self.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
-
-
-def open_page(work, url, procs):
-    """Headless Chromium (added to `procs`) showing `url`; its DevTools client."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium:
-        fail("no chromium on PATH (tools/install-deps.sh installs Debian's chromium)")
-    profile = os.path.join(work, "profile")
-    browser = subprocess.Popen([chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
-                                "--no-first-run", "--no-default-browser-check", "--user-data-dir=" + profile,
-                                "--remote-debugging-port=0", "--window-size=1400,1000", "about:blank"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    procs.append(browser)
-    port_file = os.path.join(profile, "DevToolsActivePort")
-    port = wait_for("chromium's DevTools port",
-                    lambda: os.path.exists(port_file) and open(port_file).read().split("\n")[0], 30)
-    targets = json.load(urllib.request.urlopen("http://127.0.0.1:%s/json/list" % port, timeout=10))
-    page = next(t for t in targets if t.get("type") == "page")
-    dt = DevTools(page["webSocketDebuggerUrl"])
-    dt.call("Page.enable")
-    dt.call("Page.navigate", url=url)
-    return dt
-
-
-def save_screenshot(dt, screenshot):
-    shot = dt.call("Page.captureScreenshot", format="png")
-    os.makedirs(os.path.dirname(os.path.abspath(screenshot)), exist_ok=True)
-    with open(screenshot, "wb") as f:
-        f.write(base64.b64decode(shot["data"]))
-    print("screenshot: " + screenshot, flush=True)
+harness.set_deadline(150)  # the whole test; every wait below is bounded by it too
 
 
 def main_cluster(launch, trainer, screenshot):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import cluster_run
     work = tempfile.mkdtemp(prefix="troupe-browser-cluster-")
     procs = []
@@ -140,9 +50,7 @@ def main_cluster(launch, trainer, screenshot):
         # Steps of at least 5 ms: two trainers at full speed leave a browser on 2 cores too little
         # time to tick the ages it is checked on.
         cluster = cluster_run.Cluster(launch, trainer, work, ["--step-delay-ms", "5"])
-        url = wait_for("the chief's dashboard URL",
-                       lambda: (re.search(r"\[rank 0\] dashboard: (http://\S+)", cluster.out()) or [None, None])[1],
-                       30)
+        url = harness.dashboard_url(cluster.out, 30, rank=0)
         dt = open_page(work, url, procs)
 
         # 1. Both workers' heartbeat ages, ticking.
@@ -211,22 +119,13 @@ def main_cluster(launch, trainer, screenshot):
 
         # 3. Stop (no checkpoint: the trainers have no checkpoint directory) ends both workers.
         dt.click("stop-now")
-        try:
-            rc = cluster.proc.wait(timeout=max(1, DEADLINE - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            fail("the workers did not exit after Stop")
+        rc = harness.wait_exit(cluster.proc, "the workers after Stop")
         if rc != 0:
             fail("troupe-launch exited %d after Stop:\n%s" % (rc, cluster.out()[-2000:]))
         print("PASSED: heartbeat ages tick on the page, the stranger %s is a refused row" % address, flush=True)
         return 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(timeout=10)
+        kill_all(procs)
         if cluster:
             cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -234,17 +133,8 @@ def main_cluster(launch, trainer, screenshot):
 
 def start_trainer(trainer, work, name, args):
     """mlp_classifier with a dashboard on any free port, niced (the browser must keep up on 2 cores)."""
-    log_path = os.path.join(work, name + ".log")
-    log = open(log_path, "w")
-    proc = subprocess.Popen([trainer, "--replicas", "2", "--samples", "4096", "--batch", "128", "--optimizer", "sgd",
-                             "--lr", "0.01", "--dashboard-port", "0"] + args,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=lambda: os.nice(10))
-
-    def read_log():
-        with open(log_path) as f:
-            return f.read()
-    return proc, read_log
+    return harness.Started(work, name, [trainer, "--replicas", "2", "--samples", "4096", "--batch", "128",
+                                        "--optimizer", "sgd", "--lr", "0.01", "--dashboard-port", "0"] + args, nice=True)
 
 
 def main():
@@ -255,10 +145,10 @@ def main():
     procs = []
     try:
         # Part 1: a long run steered from the page (no checkpoint directory).
-        train, trainer_log = start_trainer(trainer, work, "steered", ["--epochs", "100000"])
+        train = start_trainer(trainer, work, "steered", ["--epochs", "100000"])
+        trainer_log = train.out
         procs.append(train)
-        url = wait_for("the trainer's dashboard URL",
-                       lambda: (re.search(r"dashboard: (http://\S+)", trainer_log()) or [None, None])[1], 30)
+        url = train.dashboard_url(30)
         dt = open_page(work, url, procs)
 
         # 1. Points arrive on the loss chart.
@@ -324,10 +214,7 @@ def main():
 
         # 5. Stop (no checkpoint): the trainer ends cleanly, and the page says stopped.
         dt.click("stop-now")
-        try:
-            rc = train.wait(timeout=max(1, DEADLINE - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            fail("the trainer did not exit after Stop")
+        rc = train.wait("the trainer after Stop")
         out = trainer_log()
         if rc != 0 or "training stopped from the dashboard after step" not in out:
             fail("the trainer exited %d after Stop:\n%s" % (rc, out[-2000:]))
@@ -341,20 +228,16 @@ def main():
         if not seconds:
             fail("the trainer printed no epoch times:\n" + out[-2000:])
         epochs = max(3, min(2000, int(10 / max(seconds[len(seconds) // 2], 1e-3))))
-        train, trainer_log = start_trainer(trainer, work, "finished",
-                                           ["--epochs", str(epochs), "--validation-split", "0.1"])
+        train = start_trainer(trainer, work, "finished", ["--epochs", str(epochs), "--validation-split", "0.1"])
+        trainer_log = train.out
         procs.append(train)
-        url = wait_for("the second trainer's dashboard URL",
-                       lambda: (re.search(r"dashboard: (http://\S+)", trainer_log()) or [None, None])[1], 30)
+        url = train.dashboard_url(30, what="the second trainer's dashboard URL")
         dt.call("Page.navigate", url=url)
         wait_for("the header to say finished",
-                 lambda: dt.eval("window.troupe && window.troupe.status") == "finished", max(30, DEADLINE - time.monotonic()))
+                 lambda: dt.eval("window.troupe && window.troupe.status") == "finished", max(30, harness.DEADLINE - time.monotonic()))
         if dt.eval("document.getElementById('status').textContent") != "finished":
             fail("the header does not say finished")
-        try:
-            rc = train.wait(timeout=max(1, DEADLINE - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            fail("the trainer did not exit after its last epoch")
+        rc = train.wait("the trainer after its last epoch")
         if rc != 0:
             fail("the trainer exited %d:\n%s" % (rc, trainer_log()[-2000:]))
         time.sleep(1.5)  # the page after the trainer is gone: the history stays readable
@@ -377,13 +260,7 @@ def main():
         print("PASSED", flush=True)
         return 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(timeout=10)
+        kill_all(procs)
         shutil.rmtree(work, ignore_errors=True)
 
 

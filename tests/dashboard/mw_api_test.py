@@ -19,41 +19,15 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
-DEADLINE = time.monotonic() + 90
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402  (what the dashboard tests share: waits, launching, the JSON API)
+from harness import fail, request, wait_for  # noqa: E402
 
-
-def fail(why, log=None):
-    print("FAILED: " + why, flush=True)
-    if log:
-        print("--- output\n" + log[-4000:], flush=True)
-    raise SystemExit(1)
-
-
-def wait_for(what, predicate, timeout, log=lambda: None):
-    end = min(time.monotonic() + timeout, DEADLINE)
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    fail("timed out waiting for " + what, log())
-
-
-def request(base, path, method="GET"):
-    req = urllib.request.Request(base + path, method=method, data=b"" if method == "POST" else None)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+harness.set_deadline(90)
 
 
 def worker_rss(launcher, index):
@@ -80,24 +54,15 @@ def worker_rss(launcher, index):
 def main():
     launch, trainer = sys.argv[1], sys.argv[2]
     work = tempfile.mkdtemp(prefix="troupe-mw-api-")
-    log_path = os.path.join(work, "cluster.log")
     trace = os.path.join(work, "trace.json")
     ckpt = os.path.join(work, "ckpt")
-    proc = None
+    cluster = None
     try:
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen([launch, "-n", "2", "--timeout", "80", "--", trainer, "--epochs", "100000",
-                                     "--dashboard-port", "0", "--checkpoint-dir", ckpt, "--trace", trace,
-                                     "--trace-steps", "3:12"],
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-        def out():
-            with open(log_path) as f:
-                return f.read()
-
-        base = wait_for("the chief's dashboard URL",
-                        lambda: (re.search(r"\[rank 0\] dashboard: (http://[0-9.:]+)/", out()) or [None, None])[1],
-                        30, out)
+        cluster = harness.Started(work, "cluster", [launch, "-n", "2", "--timeout", "80", "--", trainer, "--epochs",
+                                                    "100000", "--dashboard-port", "0", "--checkpoint-dir", ckpt,
+                                                    "--trace", trace, "--trace-steps", "3:12"])
+        proc, out = cluster.proc, cluster.out
+        base = harness.base_of(cluster.dashboard_url(30, rank=0))
         if "[rank 1] dashboard:" in out():
             fail("worker 1 serves a dashboard too; only the chief should", out())
 
@@ -195,10 +160,7 @@ def main():
 
         # Stop: both stop after the same step, with a checkpoint, and exit 0 in step.
         request(base, "/api/stop", "POST")
-        try:
-            rc = proc.wait(timeout=max(1, DEADLINE - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            fail("the workers did not exit after stop", out())
+        rc = cluster.wait("the workers after stop")
         text = out()
         if rc != 0:
             fail("troupe-launch exited %d after stop" % rc, text)
@@ -224,13 +186,8 @@ def main():
                                                               digests[0][0]), flush=True)
         return 0
     finally:
-        if proc and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        if cluster:
+            cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 

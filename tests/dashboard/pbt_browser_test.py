@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""pbt_search's dashboard in headless Chromium (browser_test.py's DevTools client): a chief and 2
+"""pbt_search's dashboard in headless Chromium (harness.py's DevTools client): a chief and 2
 workers on loopback (TF_CONFIG each), the chief serving the page, 4 trials searching for long.
 
 1. the Actors card lists the 4 trials, "trial 0".."trial 3", of type pbt_trial, trial i on worker
@@ -22,17 +22,15 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import browser_test  # noqa: E402  (its DevTools client; fails, naming the package, without websocket)
-from browser_test import fail, open_page, save_screenshot, wait_for  # noqa: E402
+import harness  # noqa: E402  (what the dashboard tests share: waits, launching, the DevTools client)
+from harness import fail, kill_all, open_page, request, save_screenshot, wait_for  # noqa: E402
 
-browser_test.DEADLINE = time.monotonic() + 170  # the whole test; every wait is bounded by it
+harness.set_deadline(170)  # the whole test; every wait is bounded by it
 
 
 def free_ports(n):
@@ -57,20 +55,13 @@ def main():
         for name, kind, index, extra in (("w0", "worker", 0, []), ("w1", "worker", 1, []),
                                          ("chief", "chief", 0, ["--dashboard-port", "0"])):
             env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}}))
-            log = open(os.path.join(work, name + ".log"), "w")
-            p = subprocess.Popen(args + extra, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                 preexec_fn=lambda: os.nice(10))
-            procs.append(p)
-            tasks[name] = p
-
-        def out(name="chief"):
-            with open(os.path.join(work, name + ".log"), errors="replace") as f:
-                return f.read()
-        url = wait_for("the chief's dashboard URL", lambda: (re.search(r"dashboard: (http://\S+)", out()) or [None, None])[1], 60)
+            tasks[name] = harness.Started(work, name, args + extra, env=env, nice=True)
+            procs.append(tasks[name])
+        out = lambda name="chief": tasks[name].out()
+        url = tasks["chief"].dashboard_url(60, what="the chief's dashboard URL")
         dt = open_page(work, url, procs)
 
-        rows = lambda: dt.eval(
-            "Array.from(document.querySelectorAll('#actors tr')).map(r => Array.from(r.cells).map(c => c.textContent))")
+        rows = lambda: dt.rows("actors")
         head = lambda: dt.eval("Array.from(document.querySelectorAll('#actors-head th')).map(c => c.textContent)")
         data = lambda: dt.eval("window.troupe.actors")
 
@@ -114,7 +105,9 @@ def main():
             if abs(best - printed[g]) > 6e-5:
                 fail("generation %d: the card's best accuracy is %r, the chief printed %r" % (g, best, printed[g]))
         # The same through /api/actors.
-        api = json.load(urllib.request.urlopen(url.split("?")[0].rstrip("/") + "/api/actors", timeout=10))
+        status, api = request(harness.base_of(url), "/api/actors")
+        if status != 200:
+            fail("GET /api/actors answered %d: %s" % (status, api))
         if [x["label"] for x in api["actors"]] != ["trial 0", "trial 1", "trial 2", "trial 3"] or api["spawned"] != 4:
             fail("/api/actors lists %s, %d spawned" % ([x["label"] for x in api["actors"]], api["spawned"]))
         print("card: %s; generations %s match the printed bests" % ([x[:3] + x[7:8] for x in r], common[:3]), flush=True)
@@ -148,10 +141,7 @@ def main():
         # 4. Stop from the page: the search ends with its result line.
         dt.click("stop-now")
         for name in ("chief", "w0"):
-            try:
-                rc = tasks[name].wait(timeout=max(1, browser_test.DEADLINE - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                fail("%s did not exit after Stop" % name)
+            rc = tasks[name].wait("%s after Stop" % name)
             if rc != 0:
                 fail("%s exited %d after Stop:\n%s" % (name, rc, out(name)[-2000:]))
         last = out().strip().splitlines()[-1]
@@ -163,13 +153,7 @@ def main():
         print("PASSED", flush=True)
         return 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(timeout=10)
+        kill_all(procs)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -27,14 +27,15 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
-DEADLINE = time.monotonic() + 110
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402  (what the dashboard tests share: waits, launching, the JSON API)
+from harness import fail, request, wait_for  # noqa: E402
+
+harness.set_deadline(110)
 HEARTBEAT_MS = 200  # with 3 missed beats a silent worker is lost after about 0.6 s
 
 # ps_trainer's MLP (32 features, 64 hidden units twice, 4 classes): its float32 weights.
@@ -42,76 +43,21 @@ WEIGHTS = 32 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4
 SHARD_UPDATES_PER_STEP = 12  # 6 variables of 2 shards each (--shards 2)
 
 
-def fail(why, log=None):
-    print("FAILED: " + why, flush=True)
-    if log:
-        print("--- output\n" + log[-5000:], flush=True)
-    raise SystemExit(1)
-
-
-def wait_for(what, predicate, timeout, log=lambda: None):
-    end = min(time.monotonic() + timeout, DEADLINE)
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    fail("timed out waiting for " + what, log())
-
-
-def request(base, path, method="GET"):
-    req = urllib.request.Request(base + path, method=method, data=b"" if method == "POST" else None)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
-def task_pid(token, job, index):
-    """The pid of this cluster's task (job, index): its TF_CONFIG and this run's token."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/environ" % entry, "rb") as f:
-                env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
-            if env.get(b"TROUPE_TEST_RUN") != token.encode():
-                continue
-            if not os.readlink("/proc/%s/exe" % entry).endswith("ps_trainer"):
-                continue
-            task = json.loads(env.get(b"TF_CONFIG", b"{}")).get("task", {})
-            if task.get("type") == job and task.get("index") == index:
-                return int(entry)
-        except (OSError, ValueError):
-            continue
-    return None
-
-
 def main():
     launch, trainer = sys.argv[1], sys.argv[2]
     work = tempfile.mkdtemp(prefix="troupe-ps-api-")
-    log_path = os.path.join(work, "cluster.log")
     ckpt = os.path.join(work, "ckpt")
     token = "ps-api-%d" % os.getpid()
     env = dict(os.environ, TROUPE_HEARTBEAT_MS=str(HEARTBEAT_MS), TROUPE_MISSED_HEARTBEATS="3",
                TROUPE_TEST_RUN=token)
-    proc = None
+    cluster = None
     stopped_pid = None
     try:
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen([launch, "--ps", "2", "-n", "2", "--chief", "--timeout", "100", "--",
-                                     trainer, "--closures", "1000000", "--shards", "2", "--step-delay-ms", "4",
-                                     "--dashboard-port", "0", "--checkpoint-dir", ckpt],
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-
-        def out():
-            with open(log_path) as f:
-                return f.read()
-
-        base = wait_for("the chief's dashboard URL",
-                        lambda: (re.search(r"\[rank 0\] dashboard: (http://[0-9.:]+)/", out()) or [None, None])[1],
-                        40, out)
+        cluster = harness.Started(work, "cluster", [launch, "--ps", "2", "-n", "2", "--chief", "--timeout", "100", "--",
+                                                    trainer, "--closures", "1000000", "--shards", "2", "--step-delay-ms",
+                                                    "4", "--dashboard-port", "0", "--checkpoint-dir", ckpt], env=env)
+        out = cluster.out
+        base = harness.base_of(cluster.dashboard_url(40, rank=0))
 
         def ps_state():
             status, state = request(base, "/api/state")
@@ -219,7 +165,7 @@ def main():
         wait_for("steps after the checkpoint", lambda: ps_state()["step"] > saved_at + 5, 15, out)
 
         # Worker 1 stopped: lost, its closures retried; continued: back.
-        stopped_pid = task_pid(token, "worker", 1)
+        stopped_pid = harness.task_pid(token, "worker", 1, exe="ps_trainer")
         if stopped_pid is None:
             fail("cannot find worker 1's process")
         step_before = ps_state()["step"]
@@ -250,10 +196,7 @@ def main():
         # Stop with a checkpoint, at a closure boundary.
         if request(base, "/api/stop", "POST")[0] != 200:
             fail("POST /api/stop was refused")
-        try:
-            rc = proc.wait(timeout=max(1, DEADLINE - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            fail("the cluster did not exit after stop", out())
+        rc = cluster.wait("the cluster after stop")
         text = out()
         if rc != 0:
             fail("troupe-launch exited %d after stop" % rc, text)
@@ -273,19 +216,9 @@ def main():
               flush=True)
         return 0
     finally:
-        if stopped_pid is not None:
-            try:
-                os.kill(stopped_pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        if proc and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGCONT)
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        harness.resume(stopped_pid)
+        if cluster:
+            cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 

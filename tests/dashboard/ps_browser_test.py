@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The recommender's dashboard under ParameterServerStrategy in headless Chromium (browser_test.py's
+"""The recommender's dashboard under ParameterServerStrategy in headless Chromium (harness.py's
 DevTools client): the recommender under troupe-launch with a chief, 2 workers and 2 ps tasks, the
 chief serving the page.
 
@@ -15,39 +15,19 @@ chief serving the page.
 Usage: ps_browser_test.py TROUPE_LAUNCH RECOMMENDER SCREENSHOT
 Exit status: 0 passed, 1 failed.
 """
-import json
 import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import browser_test  # noqa: E402  (its DevTools client; fails, naming the package, without websocket)
-from browser_test import fail, open_page, save_screenshot, wait_for  # noqa: E402
+import harness  # noqa: E402  (what the dashboard tests share: waits, launching, the DevTools client)
+from harness import fail, kill_all, open_page, save_screenshot, wait_for  # noqa: E402
 
-browser_test.DEADLINE = time.monotonic() + 170  # the whole test; every wait is bounded by it
-
-
-def task_pid(run, job, index):
-    """The pid of this run's task (job, index), by its TF_CONFIG and the run's marker."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/environ" % entry, "rb") as f:
-                env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
-            if env.get(b"TROUPE_TEST_RUN") != run.encode():
-                continue
-            task = json.loads(env.get(b"TF_CONFIG", b"{}")).get("task", {})
-            if task.get("type") == job and task.get("index") == index:
-                return int(entry)
-        except (OSError, ValueError):
-            continue
-    return None
+harness.set_deadline(170)  # the whole test; every wait is bounded by it
 
 
 def main():
@@ -57,26 +37,18 @@ def main():
     stopped_pid = None
     run = "ps-browser-%d" % os.getpid()
     try:
-        log_path = os.path.join(work, "cluster.log")
-        log = open(log_path, "w")
         env = dict(os.environ, TROUPE_HEARTBEAT_MS="200", TROUPE_MISSED_HEARTBEATS="3", TROUPE_TEST_RUN=run)
-        cluster = subprocess.Popen([launch, "--ps", "2", "-n", "2", "--chief", "--timeout", "160", "--",
-                                    trainer, "--epochs", "100000", "--steps-per-epoch", "40", "--step-delay-ms", "20",
-                                    "--dashboard-port", "0"],
-                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                                   preexec_fn=lambda: os.nice(10))
+        cluster = harness.Started(work, "cluster", [launch, "--ps", "2", "-n", "2", "--chief", "--timeout", "160", "--",
+                                                    trainer, "--epochs", "100000", "--steps-per-epoch", "40",
+                                                    "--step-delay-ms", "20", "--dashboard-port", "0"],
+                                  env=env, nice=True)
         procs.append(cluster)
-
-        def out():
-            with open(log_path, errors="replace") as f:
-                return f.read()
-        url = wait_for("the chief's dashboard URL",
-                       lambda: (re.search(r"\[rank 0\] dashboard: (http://\S+)", out()) or [None, None])[1], 60)
+        out = cluster.out
+        url = cluster.dashboard_url(60, rank=0)
         dt = open_page(work, url, procs)
 
         # 1. The card: both workers running closures, both ps tasks updating.
-        rows = lambda body: dt.eval(
-            "Array.from(document.querySelectorAll('#%s tr')).map(r => Array.from(r.cells).map(c => c.textContent))" % body)
+        rows = dt.rows
         def busy():
             w, p = rows("ps-workers"), rows("ps-tasks")
             if not w or not p or len(w) != 2 or len(p) != 2:
@@ -130,7 +102,7 @@ def main():
         print("paused at step %d with nothing in flight, resumed: step %d" % (paused_at, step()), flush=True)
 
         # 4. Worker 1 lost and back, as events on the card.
-        stopped_pid = task_pid(run, "worker", 1)
+        stopped_pid = harness.task_pid(run, "worker", 1)
         if stopped_pid is None:
             fail("cannot find worker 1's process")
         os.kill(stopped_pid, signal.SIGSTOP)
@@ -152,10 +124,7 @@ def main():
 
         # 5. Stop: the cluster ends with status 0, the result line last.
         dt.click("stop-now")
-        try:
-            rc = cluster.wait(timeout=max(1, browser_test.DEADLINE - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            fail("the cluster did not exit after Stop")
+        rc = cluster.wait("the cluster after Stop")
         text = out()
         chief = [line for line in text.splitlines() if line.startswith("[rank 0] ")]
         if rc != 0 or not chief or not chief[-1].startswith("[rank 0] result: epochs="):
@@ -163,18 +132,8 @@ def main():
         print("PASSED", flush=True)
         return 0
     finally:
-        if stopped_pid is not None:
-            try:
-                os.kill(stopped_pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(timeout=10)
+        harness.resume(stopped_pid)
+        kill_all(procs)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""text_transformer's dashboard in headless Chromium (browser_test.py's DevTools client): the
+"""text_transformer's dashboard in headless Chromium (harness.py's DevTools client): the
 samples the trainer publishes, and the controls a person steers it with.
 
 1. the page shows the "sample" text, replaced by a newer one every --sample-every steps;
@@ -18,22 +18,21 @@ samples the trainer publishes, and the controls a person steers it with.
 Usage: text_browser_test.py TEXT_TRANSFORMER SCREENSHOT
 Exit status: 0 passed, 1 failed.
 """
+import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import json  # noqa: E402
-import browser_test  # noqa: E402  (its DevTools client; fails, naming the package, without websocket)
-from browser_test import fail, open_page, save_screenshot, wait_for  # noqa: E402
+import harness  # noqa: E402  (what the dashboard tests share: waits, launching, the DevTools client)
+from harness import fail, kill_all, open_page, save_screenshot, wait_for  # noqa: E402
 
 SAMPLE_EVERY = 5
-browser_test.DEADLINE = time.monotonic() + 170  # the whole test; every wait is bounded by it
+harness.set_deadline(170)  # the whole test; every wait is bounded by it
 
 
 def main():
@@ -41,21 +40,15 @@ def main():
     work = tempfile.mkdtemp(prefix="troupe-text-browser-")
     procs = []
     try:
-        log_path = os.path.join(work, "trainer.log")
-        log = open(log_path, "w")
         # A small model (a step of tens of ms on 2 cores), sampled every 5 steps, run until stopped.
-        train = subprocess.Popen([trainer, "--replicas", "2", "--epochs", "1000", "--steps-per-epoch", "1000",
-                                  "--dim", "32", "--blocks", "1", "--heads", "2", "--length", "32", "--batch", "16",
-                                  "--sample-every", str(SAMPLE_EVERY), "--sample-length", "80", "--temperature", "1",
-                                  "--dashboard-port", "0", "--tensorboard-dir", os.path.join(work, "tb")],
-                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                 preexec_fn=lambda: os.nice(10))
+        train = harness.Started(work, "trainer", [trainer, "--replicas", "2", "--epochs", "1000", "--steps-per-epoch",
+                                                  "1000", "--dim", "32", "--blocks", "1", "--heads", "2", "--length", "32",
+                                                  "--batch", "16", "--sample-every", str(SAMPLE_EVERY), "--sample-length",
+                                                  "80", "--temperature", "1", "--dashboard-port", "0", "--tensorboard-dir",
+                                                  os.path.join(work, "tb")], nice=True)
         procs.append(train)
-
-        def out():
-            with open(log_path, errors="replace") as f:
-                return f.read()
-        url = wait_for("the trainer's dashboard URL", lambda: (re.search(r"dashboard: (http://\S+)", out()) or [None, None])[1], 60)
+        out = train.out
+        url = train.dashboard_url(60)
         dt = open_page(work, url, procs)
 
         # 1. The sample text, refreshed every SAMPLE_EVERY steps.
@@ -149,10 +142,7 @@ def main():
 
         # 5. Stop: the trainer ends with status 0.
         dt.click("stop-now")
-        try:
-            rc = train.wait(timeout=max(1, browser_test.DEADLINE - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            fail("the trainer did not exit after Stop")
+        rc = train.wait("the trainer after Stop")
         if rc != 0 or "stopped after step" not in out():
             fail("the trainer exited %d after Stop:\n%s" % (rc, out()[-2000:]))
 
@@ -167,7 +157,7 @@ def main():
                   " for e in acc.Tensors('sample')}))\n")
         try:
             read = subprocess.run([python, "-c", reader, os.path.join(work, "tb", "train")], capture_output=True,
-                                  text=True, timeout=max(1, browser_test.DEADLINE - time.monotonic()))
+                                  text=True, timeout=max(1, harness.DEADLINE - time.monotonic()))
         except FileNotFoundError:
             fail("no TensorBoard reader at %s (tools/install-deps.sh installs it)" % python)
         if read.returncode != 0:
@@ -184,13 +174,7 @@ def main():
         print("PASSED", flush=True)
         return 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(timeout=10)
+        kill_all(procs)
         shutil.rmtree(work, ignore_errors=True)
 
 
