@@ -374,6 +374,14 @@ int run_chief(Runtime& runtime, const ClusterResolver& resolver, const Flags& f)
     }
   }
   const auto label = [](const TrialRecord& t) { return "trial " + std::to_string(t.index); };
+  // What the Actors card shows of a trial: its accuracy (once it has one) and hyperparameters.
+  const auto numbers = [](const TrialRecord& t) {
+    std::vector<std::pair<std::string, double>> v;
+    if (t.accuracy >= 0) v.emplace_back("accuracy", t.accuracy);
+    v.emplace_back("lr", t.lr());
+    v.emplace_back("momentum", t.momentum());
+    return v;
+  };
   const auto timeout = std::chrono::seconds(f.request_timeout_s);
   int respawned = 0;
   std::set<std::string> lost_workers;
@@ -401,7 +409,7 @@ int run_chief(Runtime& runtime, const ClusterResolver& resolver, const Flags& f)
       t.handle = actors.spawn("pbt_trial", "worker:" + std::to_string(target), t.copy);
       t.lost = false;
       ++respawned;
-      if (monitor) monitor->describe_actor(t.handle.id(), label(t), generation, {{"accuracy", t.accuracy}, {"lr", t.lr()}, {"momentum", t.momentum()}});
+      if (monitor) monitor->describe_actor(t.handle.id(), label(t), generation, numbers(t));
       std::cout << "respawned " << label(t) << " on " << t.handle.task() << " from its last copy (it was on " << was
                 << ")" << std::endl;
     }
@@ -457,10 +465,7 @@ int run_chief(Runtime& runtime, const ClusterResolver& resolver, const Flags& f)
     if (generation == 1) best_initial = best->accuracy;
     best_final = best->accuracy;
     for (const TrialRecord& t : trials) {
-      if (monitor && t.accuracy >= 0) {
-        monitor->describe_actor(t.handle.id(), label(t), generation,
-                                {{"accuracy", t.accuracy}, {"lr", t.lr()}, {"momentum", t.momentum()}});
-      }
+      if (monitor && t.accuracy >= 0) monitor->describe_actor(t.handle.id(), label(t), generation, numbers(t));
       if (!boards.empty() && t.accuracy >= 0) {
         nn::Logs logs = {{"accuracy", t.accuracy}, {"loss", t.loss}, {"learning_rate", t.lr()}, {"momentum", t.momentum()}};
         boards[static_cast<std::size_t>(t.index)]->on_epoch_end(generation, logs);
