@@ -320,8 +320,12 @@ std::string fixed(double v, int digits = 4) {
 }
 
 int run_chief(Runtime& runtime, const ClusterResolver& resolver, const Flags& f) {
+  const auto jobs = resolver.cluster_spec().jobs();
+  if (std::find(jobs.begin(), jobs.end(), "worker") == jobs.end() || resolver.cluster_spec().num_tasks("worker") < 1) {
+    throw std::invalid_argument("TF_CONFIG's cluster names no worker task to host the trials (add \"worker\": "
+                                "[\"host:port\", ...])");
+  }
   const int workers = resolver.cluster_spec().num_tasks("worker");
-  if (workers < 1) throw std::invalid_argument("TF_CONFIG names no worker task to host the trials");
   auto downs = std::make_shared<Downs>();
   ActorClusterOptions options = ActorClusterOptions::from_environment();
   options.on_down = [downs](const ActorDown& d) {
