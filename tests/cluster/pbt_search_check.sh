@@ -35,11 +35,13 @@ for s in ss: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in ss])')
 cluster="{\"chief\": [\"127.0.0.1:$p2\"], \"worker\": [\"127.0.0.1:$p0\", \"127.0.0.1:$p1\"]}"
 # start NAME TYPE INDEX ARGS...: the sample in that role, in the background, under timeout (which
-# leads a process group of its own, so the whole task goes on cleanup).
+# leads a process group of its own, so the whole task goes on cleanup). A killed worker closes its
+# connection, which the chief hears at once; silence counts as lost only after 20 heartbeats
+# (10 s), so that a loaded machine loses no worker the test did not kill.
 start() {
   local name="$1" type="$2" index="$3"
   shift 3
-  TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
+  TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" TROUPE_MISSED_HEARTBEATS=20 \
     timeout -k 5 100 "$pbt" "$@" >"$dir/$name.log" 2>&1 &
   pids+=($!)
   eval "pid_$name=$!"

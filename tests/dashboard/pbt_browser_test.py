@@ -54,7 +54,11 @@ def main():
         tasks = {}
         for name, kind, index, extra in (("w0", "worker", 0, []), ("w1", "worker", 1, []),
                                          ("chief", "chief", 0, ["--dashboard-port", "0"])):
-            env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}}))
+            # A worker killed closes its connection: the chief hears it at once. Silence is given 10 s
+            # (20 x 500 ms) before a host counts as lost, so that a loaded machine loses no worker
+            # the test did not kill.
+            env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}}),
+                       TROUPE_MISSED_HEARTBEATS="20")
             tasks[name] = harness.Started(work, name, args + extra, env=env, nice=True)
             procs.append(tasks[name])
         out = lambda name="chief": tasks[name].out()
@@ -71,7 +75,7 @@ def main():
             if not r or len(r) != 4 or not a or any(x["step"] is None or x["last_reply_age_ms"] is None for x in a["actors"]):
                 return None
             return r, a
-        wait_for("four trials on the Actors card, each with a reply and its numbers", four_trials, 60)
+        wait_for("four trials on the Actors card, each with a reply and its numbers", four_trials, 60, out)
         if dt.eval("getComputedStyle(document.getElementById('actors-card')).display") == "none":
             fail("the Actors card is hidden")
         columns = head()
@@ -127,7 +131,7 @@ def main():
             moved = [r[1], r[3]]
             ok = all(x[2] == "/job:worker/replica:0/task:0" and x[3] == "running" and x[4] == "1" for x in moved)
             return r if ok else None
-        r = wait_for("trials 1 and 3 running again on worker 0 with a restart each", respawned, 60)
+        r = wait_for("trials 1 and 3 running again on worker 0 with a restart each", respawned, 60, lambda: out() + "\n--- worker 0\n" + out("w0"))
         for i in (0, 2):
             if r[i][:5] != ["trial %d" % i, "pbt_trial", "/job:worker/replica:0/task:0", "running", "0"]:
                 fail("trial %d's row changed after worker 1 died: %s" % (i, r[i]))
