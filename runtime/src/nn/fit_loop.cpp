@@ -683,8 +683,9 @@ void FitLoop::boundary(Logs& logs, std::optional<StepAgreement> carried) {
       break;
     }
     if (first && agreed.pause && *agreed.pause) {
-      control_.set_paused(true);
+      // control().paused() turns true only once every callback (the dashboard among them) knows.
       for (const auto& c : callbacks_) c->on_pause(step_);
+      control_.set_paused(true);
     } else if (!first && agreed.pause && !*agreed.pause) {
       break;
     }
