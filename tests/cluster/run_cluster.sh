@@ -792,10 +792,10 @@ PY
     start_daemons
     for n in w0 w1 ps; do
       read -r -a t <<< "$(task_of "$n")"
-      "$(dirname "$0")/../multiworker/attacker.py" idle 127.0.0.1 "${t[2]}" 1 60 >"$dir/idle-$n.out" 2>&1 &
+      "$(dirname "$0")/../multiworker/attacker.py" idle 127.0.0.1 "${t[2]}" 1 60 >"$dir/idle-$n.log" 2>&1 &
       pids+=($!)
     done
-    for n in w0 w1 ps; do wait_for "$dir/idle-$n.out" "attacker: holding" 10; done
+    for n in w0 w1 ps; do wait_for "$dir/idle-$n.log" "attacker: holding" 20; done
     # All at once, well within the handshake's 5 s deadline: a stop that waited for the idle
     # session would take until the deadline, or (before it had one) 30 s and exit 1.
     began=$SECONDS
