@@ -28,7 +28,7 @@ namespace troupe::actors {
 using table_promise = caf::typed_response_promise<std::vector<member>>;
 
 // The chief's agent: rendezvous_state decides, this actor delivers.
-struct agent_state {
+struct chief_agent_state {
   std::optional<rendezvous_state> rules;
   std::vector<table_promise> waiting;  // joined workers and the chief, until the table or a failure
   std::vector<caf::actor> watchers;    // by rank, once watching
@@ -72,7 +72,7 @@ std::string peer_of(caf::local_actor* self);
 // A refusal goes to the log with the sender's address (the BASP broker knows which connection a
 // node came through); a flood of them is logged at powers of two only, so the log stays bounded
 // too.
-void log_refusal(caf::stateful_actor<agent_state>* self, const std::string& what);
+void log_refusal(caf::stateful_actor<chief_agent_state>* self, const std::string& what);
 
 // A failed request's message: ours as the chief wrote it, CAF's rendered.
 std::string describe(caf::actor_system& system, const caf::error& e);
@@ -91,6 +91,6 @@ caf::actor spawn_heartbeat(caf::actor_system& system, const caf::actor& agent, s
 
 // The agent's handlers for joins into a running elastic cluster (elastic_join.cpp): enlist from a
 // joiner, admit and refuse from the chief's own training loop.
-caf::message_handler join_handlers(caf::stateful_actor<agent_state>* self);
+caf::message_handler join_handlers(caf::stateful_actor<chief_agent_state>* self);
 
 }  // namespace troupe::actors

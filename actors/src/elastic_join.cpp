@@ -14,7 +14,7 @@
 
 namespace troupe::actors {
 
-caf::message_handler join_handlers(caf::stateful_actor<agent_state>* self) {
+caf::message_handler join_handlers(caf::stateful_actor<chief_agent_state>* self) {
   return caf::message_handler{
       [=](enlist_atom, std::uint32_t version, const std::string& task, const std::string& nonce,
           const std::string& proof, std::int32_t devices, const std::string& host,

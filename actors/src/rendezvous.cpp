@@ -50,7 +50,7 @@ std::string peer_of(caf::local_actor* self) {
   return sender ? caf::to_string(sender->node()) : std::string("<anonymous>");
 }
 
-void log_refusal(caf::stateful_actor<agent_state>* self, const std::string& what) {
+void log_refusal(caf::stateful_actor<chief_agent_state>* self, const std::string& what) {
   const auto n = ++self->state.refused;
   if ((n & (n - 1)) != 0) return;
   const std::string line = "troupe: " + what;
@@ -80,7 +80,7 @@ void log_refusal(caf::stateful_actor<agent_state>* self, const std::string& what
 
 namespace {
 
-void finish(agent_state& st) {
+void finish(chief_agent_state& st) {
   for (auto& p : st.waiting) {
     if (st.rules->failure()) {
       p.deliver(to_caf_error(*st.rules->failure()));
@@ -94,7 +94,7 @@ void finish(agent_state& st) {
 // A member's report of a fault: recorded, then relayed to every other watcher. Answered once every
 // other worker has it (or after fault_ack_wait): the reporter breaks its ring, and the chief may
 // exit, only after that, so the report is not lost with the process that was to send it.
-caf::result<bool> relay_fault(caf::stateful_actor<agent_state>* self, std::int32_t rank, const std::string& what) {
+caf::result<bool> relay_fault(caf::stateful_actor<chief_agent_state>* self, std::int32_t rank, const std::string& what) {
   auto& s = self->state;
   // Only a member's word counts, and only that rank's own peer may speak for it.
   const auto peer = peer_of(self);
@@ -122,7 +122,7 @@ caf::result<bool> relay_fault(caf::stateful_actor<agent_state>* self, std::int32
 }
 
 // The rendezvous is complete: the watch starts, with the beats that came before it.
-void start_watch(caf::stateful_actor<agent_state>* self, std::chrono::milliseconds interval) {
+void start_watch(caf::stateful_actor<chief_agent_state>* self, std::chrono::milliseconds interval) {
   auto& s = self->state;
   s.rules->start_watch(interval, rendezvous_state::clock::now());
   s.watchers.assign(s.rules->table().size(), caf::actor{});
@@ -153,7 +153,7 @@ void start_watch(caf::stateful_actor<agent_state>* self, std::chrono::millisecon
 
 // The stall inspector's check: its line goes to the chief's log (at its back-off) and to the
 // dashboard; past the shutdown bound every worker is told, with the line as the reason.
-void inspect_stalls(caf::stateful_actor<agent_state>* self, rendezvous_state::clock::time_point now) {
+void inspect_stalls(caf::stateful_actor<chief_agent_state>* self, rendezvous_state::clock::time_point now) {
   auto& s = self->state;
   const stall_verdict v = s.stalls->check(now);
   if (v.print || v.cleared) std::cerr << "troupe: " << v.line << std::endl;
@@ -170,7 +170,7 @@ void inspect_stalls(caf::stateful_actor<agent_state>* self, rendezvous_state::cl
   }
 }
 
-caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_options options) {
+caf::behavior cluster_agent(caf::stateful_actor<chief_agent_state>* self, rendezvous_options options) {
   self->state.rules.emplace(options);
   self->state.health = options.health;
   self->state.stall = options.stall;
