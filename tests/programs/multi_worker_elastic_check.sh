@@ -10,7 +10,10 @@
 #   stall:     as shrink, but rank 2 is stopped (SIGSTOP) instead: the chief's heartbeat watch
 #              declares it gone, the others drop it, and the launcher kills it (SIGKILL) once it
 #              has been stopped past the heartbeat limit, instead of waiting for --timeout.
-# Usage: multi_worker_elastic_check.sh shrink|below-min|stall TROUPE_LAUNCH MULTI_WORKER_TRAINER
+#   epoch-end: as shrink, with commits every 40 steps (TROUPE_COMMIT_EVERY_STEPS), rank 2 killed
+#              as soon as the chief printed the end of epoch 1 (step 42): the survivors roll back
+#              to the commit of the epoch's end (step 42), not to step 40 in the epoch they ended.
+# Usage: multi_worker_elastic_check.sh shrink|below-min|stall|epoch-end TROUPE_LAUNCH MULTI_WORKER_TRAINER
 set -u
 mode="$1" launch="$2" trainer="$3" label="$1"
 . "$(dirname "$0")/multi_worker_lib.sh"
@@ -20,7 +23,10 @@ every_pid() { [ -n "$(pid_of 0)" ] && [ -n "$(pid_of 1)" ] && [ -n "$(pid_of 2)"
 
 # 42 steps an epoch, global batch 192 (64 rows a worker, then 96): about 7 s of training.
 args=(--elastic --epochs 3 --batch 192 --step-delay-ms 50)
-if [ "$mode" != below-min ]; then
+if [ "$mode" = epoch-end ]; then
+  start_launcher "$dir/run.out" env TROUPE_COMMIT_EVERY_STEPS=40 "$launch" -n 3 --elastic --min 2 --timeout 100 -- \
+    "$trainer" "${args[@]}"
+elif [ "$mode" != below-min ]; then
   start_launcher "$dir/run.out" "$launch" -n 3 --elastic --min 2 --timeout 100 -- "$trainer" "${args[@]}"
 else
   start_launcher "$dir/run.out" env TROUPE_MIN_WORKERS=3 "$launch" -n 3 --elastic --timeout 100 -- "$trainer" "${args[@]}"
@@ -30,7 +36,11 @@ fi
 wait_for 30 every_pid
 pid=$(pid_of 2)
 [ -n "$pid" ] || fail "rank 2 did not print its pid within 30 s"
-sleep 2
+if [ "$mode" = epoch-end ]; then
+  wait_for 60 grep -q "^\[rank 0\] Epoch 1/3" "$dir/run.out" || fail "the chief did not end epoch 1 within 60 s"
+else
+  sleep 2
+fi
 if [ "$mode" = stall ]; then signal_rank 2 "$pid" STOP; else signal_rank 2 "$pid" KILL; fi
 
 wait_launcher 90 " of the kill"
@@ -53,6 +63,10 @@ if [ "$mode" != below-min ]; then
     [ "$(field $r workers)" = 2 ] || fail "rank $r finished with workers=$(field $r workers) (expected 2)"
     [ "$(field $r membership_changes)" = 1 ] || fail "rank $r has membership_changes=$(field $r membership_changes)"
     [ "$(field $r steps)" = 126 ] || fail "rank $r finished at step $(field $r steps) (expected 126)"
+    if [ "$mode" = epoch-end ]; then
+      from=$(sed -n "s/^\[rank $r\] troupe: warning: elastic membership: .* left; 2 workers continue from step \([0-9]*\) .*/\1/p" "$dir/run.out")
+      [ "$from" = 42 ] || fail "rank $r went on from step $from after a loss early in epoch 2 (expected 42, the epoch's end)"
+    fi
   done
   same_weights 0 1
   acc=$(field 0 accuracy)
