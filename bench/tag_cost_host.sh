@@ -8,7 +8,8 @@
 #
 #   bench/tag_cost_host.sh BIN_DIR [OTHER_BIN_DIR] [OUT]
 #     BIN_DIR: a pack's bin/ (tools/pack-gpu.sh; its ../lib is used) or a build folder; with two
-#     arguments the second is OTHER_BIN_DIR when it holds tcp_allreduce_bench, else OUT (made)
+#     arguments the second is OTHER_BIN_DIR when it holds tcp_allreduce_bench, else OUT (made);
+#     with three, an empty OTHER_BIN_DIR ("") means one pack
 #   env: NPROCS="2 8" ROUNDS=5 SIZES="1048576 4194304 16777216 67108864"
 #        HASHING (one pack: "inline beside"; see tag_cost.sh) BENCH_FILTER (frame_tag_bench's)
 set -uo pipefail
@@ -21,8 +22,11 @@ is_bin "$1" || { echo "tag_cost_host: no tcp_allreduce_bench in $1 (a pack's bin
 bins=("$(cd "$1" && pwd)") || exit 2
 out=./tag-cost-host
 if [[ $# == 3 ]]; then
-  is_bin "$2" || { echo "tag_cost_host: no tcp_allreduce_bench in $2 (a pack's bin/ or a build folder)" >&2; exit 2; }
-  bins+=("$(cd "$2" && pwd)") || exit 2
+  # An empty OTHER_BIN_DIR: one pack, the results in OUT.
+  if [[ -n $2 ]]; then
+    is_bin "$2" || { echo "tag_cost_host: no tcp_allreduce_bench in $2 (a pack's bin/ or a build folder)" >&2; exit 2; }
+    bins+=("$(cd "$2" && pwd)") || exit 2
+  fi
   out=$3
 elif [[ $# == 2 ]]; then
   # One pack and where the results go, or two packs: the second argument says which.
