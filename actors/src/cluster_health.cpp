@@ -25,6 +25,7 @@ const char* to_string(cluster_event_kind k) noexcept {
     case cluster_event_kind::stall: return "stall";
     case cluster_event_kind::stall_cleared: return "stall_cleared";
     case cluster_event_kind::membership_changed: return "membership_changed";
+    case cluster_event_kind::worker_joined: return "worker_joined";
   }
   return "unknown";
 }
@@ -39,6 +40,7 @@ void cluster_health::start(std::vector<std::string> tasks, std::chrono::millisec
   late_after_ = std::max(late_after_intervals, 1);
   incarnation_ = std::move(incarnation);
   workers_.clear();
+  ring_.clear();
   for (std::size_t r = 0; r < tasks.size(); ++r) {
     worker_health w;
     w.rank = static_cast<int>(r);
@@ -113,6 +115,33 @@ void cluster_health::membership_changed(const std::string& what, clock::time_poi
   record(cluster_event_kind::membership_changed, -1, {}, what, now);
 }
 
+void cluster_health::membership_changed(membership_record change, const std::string& what, clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  record(cluster_event_kind::membership_changed, -1, {}, what, now);
+  change.wall = events_.back().wall;
+  ring_ = change.ring;
+  if (changes_.size() == capacity_) changes_.pop_front();
+  changes_.push_back(std::move(change));
+}
+
+void cluster_health::add_worker(int id, std::string task, clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!watching_ || id < 0 || known(id)) return;
+  const std::string text = task + " joined as worker " + std::to_string(id);
+  while (workers_.size() <= static_cast<std::size_t>(id)) {
+    // Ids are given in order; one skipped (never admitted) stays a placeholder that left.
+    worker_health w;
+    w.rank = static_cast<int>(workers_.size());
+    w.state = worker_state::left;
+    w.last_beat = now;
+    workers_.push_back(std::move(w));
+  }
+  worker_health& w = workers_[static_cast<std::size_t>(id)];
+  w.task = std::move(task);
+  w.state = worker_state::alive;
+  record(cluster_event_kind::worker_joined, id, {}, text, now);
+}
+
 void cluster_health::stall(const std::string& line, bool event, clock::time_point now) {
   std::lock_guard<std::mutex> lock(mutex_);
   const bool cleared = line.rfind("stall cleared", 0) == 0;
@@ -149,6 +178,8 @@ cluster_snapshot cluster_health::snapshot(clock::time_point now) {
   s.incarnation = incarnation_;
   s.restart_count = restart_count_;
   s.workers = workers_;
+  s.ring = ring_;
+  s.changes.assign(changes_.begin(), changes_.end());
   s.events.assign(events_.rbegin(), events_.rend());
   s.events_total = total_;
   s.stall = stall_;

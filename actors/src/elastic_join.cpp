@@ -63,6 +63,9 @@ caf::message_handler join_handlers(caf::stateful_actor<chief_agent_state>* self)
           auto it = s.pending.find(keys[i]);
           const member& m = table[ids.size() + i];
           const int id = s.rules->add_member(m, it != s.pending.end() ? it->second.peer : std::string(), now);
+          // Seen from outside from now on: the dashboard's cluster panel and the stall inspector.
+          if (s.health) s.health->add_worker(id, m.task, now);
+          if (s.stalls) s.stalls->add_worker();
           added.push_back(id);
           answer.watch_ids.push_back(id);
         }

@@ -180,6 +180,8 @@ caf::behavior cluster_agent(caf::stateful_actor<chief_agent_state>* self, rendez
   auto fan_out = [=](const verdict& v) {
     auto& s = self->state;
     if (s.health) s.health->lost(v.rank, v.reason, cluster_health::clock::now());
+    // An elastic cluster goes on without it: the stall inspector no longer waits for it.
+    if (s.joins && s.stalls) s.stalls->drop(v.rank);
     for (int r : v.tell) {
       auto& w = s.watchers[static_cast<std::size_t>(r)];
       if (w) self->send(w, gone_atom::value, static_cast<std::int32_t>(v.rank), v.reason);

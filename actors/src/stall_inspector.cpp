@@ -167,6 +167,16 @@ void stall_inspector::position(int rank, const worker_position& p, clock::time_p
   s.at = now;
 }
 
+void stall_inspector::add_worker() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  workers_.emplace_back();
+}
+
+void stall_inspector::drop(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (rank >= 0 && static_cast<std::size_t>(rank) < workers_.size()) workers_[static_cast<std::size_t>(rank)].gone = true;
+}
+
 std::string stall_inspector::describe(clock::time_point now, std::chrono::milliseconds& longest) const {
   using std::chrono::duration_cast;
   using std::chrono::milliseconds;
@@ -179,7 +189,7 @@ std::string stall_inspector::describe(clock::time_point now, std::chrono::millis
   bool key_fresh = false;
   for (std::size_t r = 0; r < workers_.size(); ++r) {
     const seen& s = workers_[r];
-    if (!s.known || s.p.phase != worker_phase::collective) continue;
+    if (s.gone || !s.known || s.p.phase != worker_phase::collective) continue;
     const bool f = fresh(s);
     if (key < 0 || (f && !key_fresh) ||
         (f == key_fresh && in_phase(s) > in_phase(workers_[static_cast<std::size_t>(key)]))) {
@@ -195,6 +205,7 @@ std::string stall_inspector::describe(clock::time_point now, std::chrono::millis
   std::vector<int> waiting, others;
   for (std::size_t r = 0; r < workers_.size(); ++r) {
     const seen& s = workers_[r];
+    if (s.gone) continue;
     const bool same = s.known && s.p.phase == worker_phase::collective && s.p.step == kp.step &&
                       s.p.collective == kp.collective && (fresh(s) || !key_fresh);
     (same ? waiting : others).push_back(static_cast<int>(r));
@@ -232,13 +243,17 @@ std::string stall_inspector::describe(clock::time_point now, std::chrono::millis
   if (others.empty()) {
     // Every worker waits in the same collective: a link that moves nothing. One whose sender sent
     // bytes its receiver never got lost them on the way.
-    const int world = static_cast<int>(workers_.size());
-    for (int r : waiting) {
+    // The ring runs through the workers still in, in id order (a joiner's id comes after those of
+    // the members it joined).
+    const int world = static_cast<int>(waiting.size());
+    for (std::size_t i = 0; i < waiting.size(); ++i) {
+      const int r = waiting[i];
+      const int from = waiting[(i + waiting.size() - 1) % waiting.size()];
       const seen& receiver = workers_[static_cast<std::size_t>(r)];
-      const seen& sender = workers_[static_cast<std::size_t>((r + world - 1) % world)];
+      const seen& sender = workers_[static_cast<std::size_t>(from)];
       if (world < 2 || receiver.p.ring_idle_ms < 0 || sender.p.ring_idle_ms < 0) continue;
       if (sender.p.ring_sent > receiver.p.ring_received) {
-        line += "; every worker waits in it: the ring link from worker " + std::to_string((r + world - 1) % world) +
+        line += "; every worker waits in it: the ring link from worker " + std::to_string(from) +
                 " to worker " + std::to_string(r) + " lost " + std::to_string(sender.p.ring_sent - receiver.p.ring_received) +
                 " bytes (sent, never received) and moved no byte for " +
                 whole_seconds(ms(receiver.p.ring_idle_ms) + since_beat(receiver));

@@ -73,6 +73,7 @@ const char* flight_op_name(flight_op op) noexcept {
     case flight_op::merge_call: return "merge_call";
     case flight_op::broadcast: return "broadcast";
     case flight_op::bucket_all_reduce: return "bucket_all_reduce";
+    case flight_op::membership: return "membership";
   }
   return "?";
 }

@@ -21,8 +21,9 @@
 
 namespace troupe::detail {
 
-/// What an entry records.
-enum class flight_op : std::uint8_t { step, all_reduce, all_gather, merge_call, broadcast, bucket_all_reduce };
+/// What an entry records; `membership` is an elastic cluster's change of members (a step-like
+/// entry: no collective number, its participants the workers before the change).
+enum class flight_op : std::uint8_t { step, all_reduce, all_gather, merge_call, broadcast, bucket_all_reduce, membership };
 /// Its state: queued (handed to a thread that has not begun it), running, done or failed.
 enum class flight_state : std::uint8_t { queued, running, done, failed };
 /// Who takes part: this process's replicas (shared memory), the workers' leaders (the TCP ring),

@@ -108,6 +108,61 @@ TEST_CASE("cluster health: an elastic cluster's change of membership is an event
   CHECK(std::string(troupe::actors::to_string(s.events[0].kind)) == "membership_changed");
 }
 
+TEST_CASE("cluster health: an elastic cluster's joiner is watched under its new id, and each change is kept with its ring") {
+  cluster_health h;
+  h.start({"/job:worker/task:0", "/job:worker/task:1", "/job:worker/task:2"}, 100ms, 2,
+          "0123456789abcdef0123456789abcdef", at(0ms));
+  h.lost(2, "/job:worker/task:2's connection to the chief closed", at(300ms));
+  troupe::actors::membership_record left;
+  left.left = {"/job:worker/task:2"};
+  left.step = 40;
+  left.paused_ms = 700;
+  left.workers = 2;
+  left.generation = 1;
+  left.ring = {0, 1};
+  h.membership_changed(left, "/job:worker/task:2 left; 2 workers continue from step 40", at(1000ms));
+  h.beat(3, at(1100ms));  // not a member yet: ignored
+  h.add_worker(3, "/job:worker/task:2", at(1200ms));
+  h.add_worker(1, "/job:worker/task:9", at(1200ms));  // an id already known: ignored
+  h.beat(3, at(1250ms));
+  troupe::actors::membership_record joined;
+  joined.joined = {"/job:worker/task:2"};
+  joined.step = 52;
+  joined.paused_ms = 900;
+  joined.workers = 3;
+  joined.generation = 2;
+  joined.state_bytes = 4096;
+  joined.ring = {0, 1, 3};
+  h.membership_changed(joined, "/job:worker/task:2 joined; 3 workers continue from step 52", at(1300ms));
+  h.beat(0, at(1300ms));
+  h.beat(1, at(1300ms));
+  const auto s = h.snapshot(at(1300ms));
+  REQUIRE(s.workers.size() == 4);
+  CHECK(s.workers[1].task == "/job:worker/task:1");
+  CHECK(s.workers[2].state == worker_state::lost);
+  CHECK(s.workers[3].rank == 3);
+  CHECK(s.workers[3].task == "/job:worker/task:2");
+  CHECK(s.workers[3].state == worker_state::alive);
+  CHECK(s.workers[3].heard);
+  CHECK(s.workers[3].last_beat == at(1250ms));
+  CHECK(s.ring == std::vector<int>{0, 1, 3});
+  REQUIRE(s.changes.size() == 2);
+  CHECK(s.changes[0].left == std::vector<std::string>{"/job:worker/task:2"});
+  CHECK(s.changes[0].ring == std::vector<int>{0, 1});
+  CHECK(s.changes[1].joined == std::vector<std::string>{"/job:worker/task:2"});
+  CHECK(s.changes[1].step == 52);
+  CHECK(s.changes[1].paused_ms == 900);
+  CHECK(s.changes[1].state_bytes == 4096);
+  REQUIRE(s.events.size() == 4);  // newest first
+  CHECK(s.events[0].kind == cluster_event_kind::membership_changed);
+  CHECK(s.events[1].kind == cluster_event_kind::worker_joined);
+  CHECK(s.events[1].rank == 3);
+  CHECK(s.events[1].text == "/job:worker/task:2 joined as worker 3");
+  CHECK(std::string(troupe::actors::to_string(s.events[1].kind)) == "worker_joined");
+  CHECK(s.events[2].kind == cluster_event_kind::membership_changed);
+  CHECK(s.events[3].kind == cluster_event_kind::worker_lost);
+}
+
 TEST_CASE("cluster health: a lost worker that beats again is back") {
   cluster_health h;
   start(h);

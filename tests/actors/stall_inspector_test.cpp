@@ -135,6 +135,33 @@ TEST_CASE("a ring link whose sender sent bytes its receiver never got is named, 
                             "received) and moved no byte for 4 s");
 }
 
+TEST_CASE("an elastic cluster's stall line leaves out a dropped worker and names a joined one, the ring through both") {
+  const auto t0 = clock_type::now();
+  stall_inspector s(3, warn_after(2s));
+  s.position(2, computing(3, 9000), t0 - 5s);  // its last position before it was lost
+  s.drop(2);
+  s.add_worker();  // the replacement: worker 3
+  // The ring 0 -> 1 -> 3 -> 0: worker 1 sent 5000 bytes to worker 3, which has 3000 of them.
+  worker_position p0 = waiting(9, 0, 5000), p1 = waiting(9, 0, 5000), p3 = waiting(9, 0, 5000);
+  p0.ring_idle_ms = 4000, p0.ring_sent = 7000, p0.ring_received = 7000;
+  p1.ring_idle_ms = 4000, p1.ring_sent = 5000, p1.ring_received = 7000;
+  p3.ring_idle_ms = 4500, p3.ring_sent = 7000, p3.ring_received = 3000;
+  s.position(0, p0, t0);
+  s.position(1, p1, t0);
+  s.position(3, p3, t0);
+  CHECK(s.check(t0).line == "stall: step 9 all_reduce #0 (float32, 1.0 MiB): workers 0, 1, 3 waiting 5 s; every worker "
+                            "waits in it: the ring link from worker 1 to worker 3 lost 2000 bytes (sent, never "
+                            "received) and moved no byte for 4 s");
+  // Without the joiner's position the line names it, and never the dropped worker.
+  stall_inspector t(3, warn_after(2s));
+  t.drop(2);
+  t.add_worker();
+  t.position(0, waiting(9, 0, 5000), t0);
+  t.position(1, waiting(9, 0, 5000), t0);
+  CHECK(t.check(t0).line == "stall: step 9 all_reduce #0 (float32, 1.0 MiB): workers 0, 1 waiting 5 s; worker 3 sent "
+                            "no position yet");
+}
+
 TEST_CASE("a silent worker's old position in a collective is not taken for the stalled collective") {
   const auto t0 = clock_type::now();
   stall_inspector s(2, warn_after(2s));

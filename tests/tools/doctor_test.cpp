@@ -98,6 +98,33 @@ TEST_CASE("troupe-doctor: ranks that agree are no fault, and the slowest rank of
   CHECK(d.text.find("  1                     2        1      6.0\n") != std::string::npos);
 }
 
+TEST_CASE("troupe-doctor: an elastic change's membership entry is read, and is no collective of the ring") {
+  // Rank 0 recorded a change of members (failed: it fell back) after step 2; rank 1 did not.
+  ordered_json zero = make_dump(0, 2, healthy());
+  ordered_json change = zero["entries"].back();
+  change["id"] = zero["entries"].size();
+  change["step"] = 2;
+  change["collective"] = nullptr;
+  change["op"] = "membership";
+  change["dtype"] = nullptr;
+  change["bytes"] = 0;
+  change["group"] = "workers";
+  change["state"] = "failed";
+  change["label"] = "elastic:worker_left";
+  zero["entries"].push_back(change);
+  zero["recorded"] = zero["entries"].size();
+  const dump read = parsed(zero);
+  REQUIRE(read.entries.size() == 7);
+  CHECK(read.entries.back().op == "membership");
+  CHECK(read.entries.back().collective == -1);
+  const auto d = diagnose({read, parsed(make_dump(1, 2, healthy()))});
+  CHECK_FALSE(d.fault);
+  // With a collective number it is malformed, as a step's entry would be.
+  change["collective"] = 3;
+  zero["entries"].back() = change;
+  CHECK_THROWS_AS(parsed(zero), dump_error);
+}
+
 TEST_CASE("troupe-doctor: a collective of another dtype is named with the ranks on each side") {
   auto other = healthy();
   other[5].dtype = "float64";  // step 2 collective #1

@@ -132,7 +132,8 @@ dump parse_dump(const std::string& text, const std::string& file) {
     e.step = static_cast<std::uint64_t>(get_int(x, "step", file, where, 0, max_i64));
     e.collective = get_int(x, "collective", file, where, 0, max_i64, true, -1);
     e.op = get_string(x, "op", file, where);
-    one_of(e.op, {"step", "all_reduce", "all_gather", "merge_call", "broadcast", "bucket_all_reduce"}, file, where + "op");
+    one_of(e.op, {"step", "all_reduce", "all_gather", "merge_call", "broadcast", "bucket_all_reduce", "membership"}, file,
+           where + "op");
     e.dtype = get_string(x, "dtype", file, where, true);
     if (!e.dtype.empty()) {
       one_of(e.dtype, {"float32", "float64", "int32", "int64", "float16", "bfloat16"}, file, where + "dtype");
@@ -149,8 +150,9 @@ dump parse_dump(const std::string& text, const std::string& file) {
     e.end_ns = get_int(x, "end_ns", file, where, 0, max_i64, true, 0);
     e.peer = get_int(x, "peer", file, where, 0, 1 << 20, true, -1);
     e.label = get_string(x, "label", file, where);
-    if ((e.op == "step") != (e.collective < 0)) {
-      bad(file, where + "collective", e.op == "step" ? "a step's entry has a collective number"
+    const bool step_like = e.op == "step" || e.op == "membership";
+    if (step_like != (e.collective < 0)) {
+      bad(file, where + "collective", step_like ? "a step's entry has a collective number"
                                                      : "a collective's entry has no collective number");
     }
     if (i > 0 && e.id <= d.entries.back().id) {
@@ -238,7 +240,7 @@ diagnosis diagnose(const std::vector<dump>& dumps_in, std::size_t table_steps) {
     const dump* x = by_rank[static_cast<std::size_t>(r)];
     if (x == nullptr) continue;
     for (const entry& e : x->entries) {
-      if (e.group != "workers") continue;
+      if (e.group != "workers" || e.op == "membership") continue;
       ring[static_cast<std::size_t>(r)][{e.step, e.collective}] = &e;
       all.insert({e.step, e.collective});
     }

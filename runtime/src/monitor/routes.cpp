@@ -47,6 +47,13 @@ json known(std::int64_t v) { return v >= 0 ? json(v) : json(nullptr); }
 
 HttpResponse error(int status, const std::string& message) { return answer(status, json{{"error", message}}); }
 
+// Ring rank w's id among the cluster's workers: w until an elastic change, then what the last
+// change made it; -1 for a rank the ring no longer has (it shrank).
+int cluster_id(const actors::cluster_snapshot& cluster, int w) {
+  if (cluster.ring.empty()) return w;
+  return static_cast<std::size_t>(w) < cluster.ring.size() ? cluster.ring[static_cast<std::size_t>(w)] : -1;
+}
+
 }  // namespace
 
 // What /api/state says: the last step, and about the cluster per worker its heartbeat as the
@@ -79,7 +86,9 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
   out["metric_names"] = metric_names ? json(*metric_names) : json::array();
   json rows = json::array();
   for (int w = 0; w < workers; ++w) {
-    json row = {{"worker", w}};
+    const int id = cluster_id(cluster, w);
+    if (id < 0) continue;  // an elastic cluster that went on with fewer workers
+    json row = {{"worker", w}, {"id", id}};
     json replicas = json::array(), devices = json::array();
     for (int r = 0; r < local_replicas; ++r) {
       replicas.push_back(w * local_replicas + r);
@@ -94,13 +103,13 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
     row["report_age_ms"] = number(static_cast<double>(now - heard_ns[static_cast<std::size_t>(w)]) / 1e6);
     // CPU and memory: the serving process measures itself; every other worker's come with its
     // heartbeat (null until its first report).
-    const bool from_cluster = cluster.watching && static_cast<std::size_t>(w) < cluster.workers.size();
+    const bool from_cluster = cluster.watching && static_cast<std::size_t>(id) < cluster.workers.size();
     if (w == worker) {
       row["cpu_percent"] = known(usage.cpu_percent);
       row["rss_bytes"] = known(usage.rss_bytes);
       row["usage_from"] = "self";
-    } else if (from_cluster && cluster.workers[static_cast<std::size_t>(w)].reported) {
-      const actors::worker_report& report = cluster.workers[static_cast<std::size_t>(w)].report;
+    } else if (from_cluster && cluster.workers[static_cast<std::size_t>(id)].reported) {
+      const actors::worker_report& report = cluster.workers[static_cast<std::size_t>(id)].report;
       row["cpu_percent"] = known(report.cpu_percent);
       row["rss_bytes"] = known(report.rss_bytes);
       row["usage_from"] = "heartbeat";
@@ -110,7 +119,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
       row["usage_from"] = nullptr;
     }
     if (from_cluster) {
-      const auto& h = cluster.workers[static_cast<std::size_t>(w)];
+      const auto& h = cluster.workers[static_cast<std::size_t>(id)];
       row["task"] = h.task;
       row["state"] = actors::to_string(h.state);
       row["heartbeat_age_ms"] = number(ms_between(h.last_beat, steady_now));
@@ -139,6 +148,39 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
                     {"restart_count", cluster.restart_count},
                     {"events_total", cluster.events_total},
                     {"stall", cluster.stall}};
+  // Every worker the chief watched, by id: those of the start, then each one that joined; a lost
+  // one stays, marked lost. `ring_rank` is its place in the ring as of the last change (null: an
+  // elastic cluster went on without it).
+  json members = json::array();
+  for (const actors::worker_health& h : cluster.workers) {
+    json ring_rank = nullptr;
+    for (std::size_t r = 0; r < (cluster.ring.empty() ? cluster.workers.size() : cluster.ring.size()); ++r) {
+      if (cluster_id(cluster, static_cast<int>(r)) == h.rank) {
+        ring_rank = static_cast<int>(r);
+      }
+    }
+    members.push_back({{"id", h.rank},
+                       {"task", h.task},
+                       {"state", actors::to_string(h.state)},
+                       {"heard", h.heard},
+                       {"heartbeat_age_ms", number(ms_between(h.last_beat, steady_now))},
+                       {"ring_rank", ring_rank}});
+  }
+  out["cluster"]["members"] = std::move(members);
+  // An elastic cluster's changes, oldest first: who left, who joined, the step, the pause.
+  json changes = json::array();
+  for (const actors::membership_record& c : cluster.changes) {
+    changes.push_back({{"left", c.left},
+                       {"joined", c.joined},
+                       {"step", c.step},
+                       {"paused_ms", c.paused_ms},
+                       {"workers", c.workers},
+                       {"generation", c.generation},
+                       {"state_bytes", c.state_bytes},
+                       {"ring", c.ring},
+                       {"time_unix_ms", unix_ms(c.wall)}});
+  }
+  out["cluster"]["changes"] = std::move(changes);
   // Both lists are newest first: merged by wall time.
   json merged = json::array();
   std::size_t a = 0;
@@ -409,10 +451,11 @@ HttpResponse Monitor::Impl::get(const detail::HttpRequest& r) {
       // Another worker's: the last lines its heartbeat carried (checked where they arrived).
       const actors::cluster_snapshot cluster =
           health ? health->snapshot(actors::cluster_health::clock::now()) : actors::cluster_snapshot{};
-      if (!cluster.watching || static_cast<std::size_t>(*w) >= cluster.workers.size()) {
+      const int id = cluster_id(cluster, static_cast<int>(*w));
+      if (!cluster.watching || id < 0 || static_cast<std::size_t>(id) >= cluster.workers.size()) {
         return error(404, "logs: worker " + std::to_string(*w) + " has sent no report yet");
       }
-      const actors::worker_report& report = cluster.workers[static_cast<std::size_t>(*w)].report;
+      const actors::worker_report& report = cluster.workers[static_cast<std::size_t>(id)].report;
       return answer(200, json{{"worker", *w},
                               {"lines", json(report.lines)},
                               {"lines_total", report.lines_total},

@@ -13,6 +13,7 @@
 #include "distribute/collectives/worker_group.hpp"
 #include "distribute/strategies/elastic_membership.hpp"
 #include "elements.hpp"
+#include "flight_recorder.hpp"
 #include "gpu/gpu.hpp"
 #include "nn/element_checks.hpp"
 #include "troupe/actors/membership_state.hpp"
@@ -252,10 +253,38 @@ distribute::detail::CommitPosition FitLoop::commit(int epoch, std::int64_t k, co
   return at;
 }
 
+namespace {
+
+// A change of membership as one flight recorder entry (op "membership", labelled `label`, as the
+// collectives inside it are): running while it lasts, done once training takes up, failed when
+// the change falls back to the restart path (an exception leaves before done()).
+class ChangeEntry {
+ public:
+  ChangeEntry(std::int64_t step, int workers, const char* label)
+      : label_(label), recorded_(troupe::detail::FlightRecorder::process(), what(step, workers)) {}
+  void done() noexcept { recorded_.done(); }
+
+ private:
+  static troupe::detail::flight_collective what(std::int64_t step, int workers) {
+    troupe::detail::flight_collective w;
+    w.step = static_cast<std::uint64_t>(std::max<std::int64_t>(step, 0));
+    w.collective = -1;
+    w.op = troupe::detail::flight_op::membership;
+    w.group = troupe::detail::flight_group::workers;
+    w.participants = workers;
+    return w;
+  }
+  CallSiteLabel label_;
+  troupe::detail::flight_scope recorded_;
+};
+
+}  // namespace
+
 // Elastic membership, after a step failed: the cluster without the lost worker, the newest
 // commit every worker that continues holds, restored, and the input taken up there.
 distribute::detail::CommitPosition FitLoop::recover(const std::string& failure, EpochSums& sums) {
   const auto started = Clock::now();
+  ChangeEntry entry(step_, workers_, "elastic:worker_left");
   const distribute::detail::MembershipChange change = elastic_->change(failure);
   std::vector<std::int64_t> mine = committed_.steps();
   mine.resize(2, -1);
@@ -287,8 +316,27 @@ distribute::detail::CommitPosition FitLoop::recover(const std::string& failure, 
                            " as ring generation " + std::to_string(change.generation) + " (paused " +
                            std::to_string(paused.count()) + " ms)";
   troupe::log(LogLevel::warning, "elastic membership: " + what);
-  if (auto* health = group_.health()) health->membership_changed(what, actors::cluster_health::clock::now());
+  record_change(change, paused, 0, what);
+  entry.done();
   return at;
+}
+
+// The chief's dashboard: the change as an event and a record (who left and joined, the step, the
+// pause, the ring's ids after it).
+void FitLoop::record_change(const distribute::detail::MembershipChange& change, std::chrono::milliseconds paused,
+                            std::uint64_t state_bytes, const std::string& what) {
+  auto* health = group_.health();
+  if (health == nullptr) return;
+  actors::membership_record r;
+  r.left = change.left;
+  r.joined = change.joined;
+  r.step = step_;
+  r.paused_ms = paused.count();
+  r.workers = change.workers;
+  r.generation = change.generation;
+  r.state_bytes = state_bytes;
+  r.ring = change.watch_ids;
+  health->membership_changed(std::move(r), what, actors::cluster_health::clock::now());
 }
 
 // Elastic membership: training takes up at `at` (the workers there are now, their step table,
@@ -365,10 +413,14 @@ std::size_t FitLoop::exchange_state(distribute::detail::CommitPosition& at, Epoc
 // from it, split over the workers there are now.
 void FitLoop::admit(int epoch, std::int64_t k, const EpochSums& sums) {
   const auto started = Clock::now();
+  ChangeEntry entry(step_, workers_, "elastic:admission");
   distribute::detail::CommitPosition at = commit(epoch, k, sums);
   EpochSums kept = steps_per_epoch_ > 0 && k + 1 == steps_per_epoch_ ? EpochSums{} : sums;
   const distribute::detail::MembershipChange change = elastic_->admit();
-  if (change.joined.empty()) return;  // the chief refused them all
+  if (change.joined.empty()) {  // the chief refused them all: no change
+    entry.done();
+    return;
+  }
   const std::size_t bytes = exchange_state(at, kept, false);
   take_up_input(at);
   std::string joined;
@@ -379,7 +431,8 @@ void FitLoop::admit(int epoch, std::int64_t k, const EpochSums& sums) {
                            " (paused " + std::to_string(paused.count()) + " ms, state " + std::to_string(bytes) +
                            " bytes)";
   troupe::log(LogLevel::warning, "elastic membership: " + what);
-  if (auto* health = group_.health()) health->membership_changed(what, actors::cluster_health::clock::now());
+  record_change(change, paused, bytes, what);
+  entry.done();
 }
 
 void FitLoop::run_epoch(int epoch) {

@@ -52,6 +52,7 @@ class Strategy;
 namespace troupe::distribute::detail {
 class WorkerGroup;
 class ElasticMembership;
+struct MembershipChange;
 }  // namespace troupe::distribute::detail
 
 namespace troupe::nn::detail {
@@ -111,6 +112,8 @@ class FitLoop {
   void admit(int epoch, std::int64_t k_done, const EpochSums& sums);
   bool end_together(int epoch, std::int64_t& k, EpochSums& sums);
   std::size_t exchange_state(distribute::detail::CommitPosition& at, EpochSums& sums, bool receiving);
+  void record_change(const distribute::detail::MembershipChange& change, std::chrono::milliseconds paused,
+                     std::uint64_t state_bytes, const std::string& what);
   void take_up_input(const distribute::detail::CommitPosition& at);
 
   Model& model_;

@@ -45,11 +45,12 @@ enum class cluster_event_kind : std::uint8_t {
   collective_error,    ///< a cross-worker collective failed on the chief (text: the error)
   stall,               ///< the stall inspector's line (text), printed on the chief's log too
   stall_cleared,       ///< the stall it named is over (text: which collective)
-  membership_changed,  ///< an elastic cluster continued without a lost worker (text: who left, the step, the pause)
+  membership_changed,  ///< an elastic cluster changed its members (text: who left or joined, the step, the pause)
+  worker_joined,       ///< the chief admitted a worker into a running elastic cluster (text: its task)
 };
 
 /// "worker_late", "worker_back", "worker_lost", "fault_reported", "connection_refused",
-/// "collective_error", "stall", "stall_cleared", "membership_changed".
+/// "collective_error", "stall", "stall_cleared", "membership_changed", "worker_joined".
 const char* to_string(cluster_event_kind k) noexcept;
 
 /// One event of the cluster.
@@ -80,6 +81,20 @@ struct worker_health {
   bool reported = false;  ///< a report was taken since the watch began
 };
 
+/// One change of an elastic cluster's members, as its chief made it.
+struct membership_record {
+  std::vector<std::string> left;    ///< the tasks that left (lost), in ring order
+  std::vector<std::string> joined;  ///< the tasks admitted, in ring order
+  std::int64_t step = -1;           ///< the step training continues from
+  std::int64_t paused_ms = 0;       ///< from the failure (or the step boundary) to training again
+  int workers = 0;                  ///< the workers that continue
+  std::uint64_t generation = 0;     ///< the ring's new generation
+  std::uint64_t state_bytes = 0;    ///< the state broadcast to the joiners (0: none joined)
+  /// Each ring rank's worker id after the change (the ids of cluster_snapshot::workers).
+  std::vector<int> ring;
+  std::chrono::system_clock::time_point wall{};  ///< when the chief recorded it
+};
+
 /// Everything at one moment.
 struct cluster_snapshot {
   bool watching = false;                ///< the watch has begun (the rendezvous completed)
@@ -87,7 +102,12 @@ struct cluster_snapshot {
   int late_after_intervals = 2;
   std::string incarnation;              ///< this start of the cluster (the chief's 32 hex digits)
   int restart_count = 0;                ///< starts of the cluster before this one
-  std::vector<worker_health> workers;   ///< by rank
+  /// By id: the workers of the start in rank order, then each admitted joiner under the id the
+  /// chief gave it. A lost one stays, marked lost.
+  std::vector<worker_health> workers;
+  /// Each ring rank's id in `workers` now (empty: no change yet, ring rank r is id r).
+  std::vector<int> ring;
+  std::vector<membership_record> changes;  ///< oldest first, at most the capacity
   std::vector<cluster_event> events;    ///< newest first, at most the capacity
   std::uint64_t events_total = 0;       ///< recorded since the start, the dropped ones included
   std::string stall;                    ///< the stall inspector's line while a stall lasts, else empty
@@ -132,6 +152,12 @@ class cluster_health {
   /// An elastic cluster changed its membership: `what` says who left, at which step, and how long
   /// training paused.
   void membership_changed(const std::string& what, clock::time_point now);
+  /// The same, with the change itself: kept (the last capacity ones) and its ring made current.
+  void membership_changed(membership_record change, const std::string& what, clock::time_point now);
+  /// The chief admitted `task` into the running cluster as worker `id` (ids count on from the
+  /// start's ranks): watched from `now` like the others. Ignored before start() and for an id
+  /// already known.
+  void add_worker(int id, std::string task, clock::time_point now);
   /// The stall inspector's line, now (empty: no stall); `event` also records it as an event
   /// (a stall line printed, or a clearing when `line` starts with "stall cleared").
   void stall(const std::string& line, bool event, clock::time_point now);
@@ -153,6 +179,8 @@ class cluster_health {
   std::string incarnation_;
   int restart_count_ = 0;
   std::vector<worker_health> workers_;
+  std::vector<int> ring_;
+  std::deque<membership_record> changes_;  // oldest first
   std::deque<cluster_event> events_;  // oldest first
   std::uint64_t total_ = 0;
   std::string stall_;

@@ -142,6 +142,11 @@ class stall_inspector {
   stall_inspector(int world, stall_options options);
   /// A beat from `rank` at `now` carried `p` (already checked).
   void position(int rank, const worker_position& p, clock::time_point now);
+  /// An elastic cluster admitted a worker: watched from now on under the next id.
+  void add_worker();
+  /// An elastic cluster went on without `rank`: left out of every line from now on (the ring's
+  /// links are between the ranks still in).
+  void drop(int rank);
   /// The check at `now`.
   stall_verdict check(clock::time_point now);
   /// The current stall's line, or empty (for the dashboard).
@@ -151,6 +156,7 @@ class stall_inspector {
  private:
   struct seen {
     bool known = false;
+    bool gone = false;  // dropped from an elastic cluster
     worker_position p;
     clock::time_point at{};
   };

@@ -26,6 +26,8 @@ struct MembershipChange {
   std::vector<std::string> joined; ///< the workers that joined
   int workers = 0;                 ///< the workers that continue
   int rank = 0;                    ///< this worker's rank among them
+  /// Each ring rank's id in the chief's cluster watch after the change (the dashboard's ids).
+  std::vector<int> watch_ids;
   std::chrono::milliseconds waited{0};  ///< from the failure to the re-formed ring
 };
 

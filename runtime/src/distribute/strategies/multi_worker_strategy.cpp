@@ -227,6 +227,7 @@ class MultiWorkerBackend final : public detail::MirroredBackend, public detail::
     reform_to(workers_->rank(), std::move(next), generation);
     out.generation = generation;
     out.joined = joined;
+    out.watch_ids = watch_ids_;
     out.workers = workers_->size();
     out.waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
     return out;
@@ -286,6 +287,7 @@ class MultiWorkerBackend final : public detail::MirroredBackend, public detail::
     detail::MembershipChange out;
     out.generation = decided->generation;
     out.left = decided->left;
+    out.watch_ids = watch_ids_;
     out.workers = workers_->size();
     out.rank = rank;
     out.waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
