@@ -7,16 +7,31 @@
 # writes them to OUT/tag_cost_host.txt; exits 1 when a run fails.
 #
 #   bench/tag_cost_host.sh BIN_DIR [OTHER_BIN_DIR] [OUT]
-#     BIN_DIR: a pack's bin/ (tools/pack-gpu.sh; its ../lib is used) or a build folder
+#     BIN_DIR: a pack's bin/ (tools/pack-gpu.sh; its ../lib is used) or a build folder; with two
+#     arguments the second is OTHER_BIN_DIR when it holds tcp_allreduce_bench, else OUT (made);
+#     with three, an empty OTHER_BIN_DIR ("") means one pack
 #   env: NPROCS="2 8" ROUNDS=5 SIZES="1048576 4194304 16777216 67108864"
 #        HASHING (one pack: "inline beside"; see tag_cost.sh) BENCH_FILTER (frame_tag_bench's)
 set -uo pipefail
 
 [[ $# -ge 1 && $# -le 3 ]] || { echo "usage: bench/tag_cost_host.sh BIN_DIR [OTHER_BIN_DIR] [OUT]" >&2; exit 2; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# A folder with tcp_allreduce_bench (a pack's bin/ or a build folder's bench/ beside it).
+is_bin() { [[ -x $1/tcp_allreduce_bench || -x $1/bench/tcp_allreduce_bench ]]; }
+is_bin "$1" || { echo "tag_cost_host: no tcp_allreduce_bench in $1 (a pack's bin/ or a build folder)" >&2; exit 2; }
 bins=("$(cd "$1" && pwd)") || exit 2
-if [[ -n ${2:-} ]]; then bins+=("$(cd "$2" && pwd)") || exit 2; fi
-out=${3:-./tag-cost-host}
+out=./tag-cost-host
+if [[ $# == 3 ]]; then
+  # An empty OTHER_BIN_DIR: one pack, the results in OUT.
+  if [[ -n $2 ]]; then
+    is_bin "$2" || { echo "tag_cost_host: no tcp_allreduce_bench in $2 (a pack's bin/ or a build folder)" >&2; exit 2; }
+    bins+=("$(cd "$2" && pwd)") || exit 2
+  fi
+  out=$3
+elif [[ $# == 2 ]]; then
+  # One pack and where the results go, or two packs: the second argument says which.
+  if is_bin "$2"; then bins+=("$(cd "$2" && pwd)") || exit 2; else out=$2; fi
+fi
 mkdir -p "$out" || exit 2
 report=$out/tag_cost_host.txt
 : >"$report"

@@ -11,12 +11,16 @@
 // With --token every frame carries its integrity tag (as in a cluster with TROUPE_CLUSTER_TOKEN);
 // --tag-hashing says where a rank hashes its large frames (tcp_ring_options::hash_tags: auto,
 // beside its thread, in line on it).
+// --segment-bytes sets the ring's pipelining unit (tcp_ring_options::segment_bytes) and --spin-us
+// how long a wait busy-polls before it sleeps, and --send-ahead off makes the ring handle one
+// segment at a time (tcp_ring_options::send_ahead), for sweeps on a bigger host (bench/ring_sweep.sh).
 // cpu_us is the CPU time per operation of all ranks together (user and system, the kernel's
 // loopback copies included): what an operation costs where the ranks share the cores.
 //
 // Usage: tcp_allreduce_bench [-n RANKS] [--floor] [--reps R] [--target-ms T]
 //                            [--compression none,fp16,bf16] [--token TEXT]
-//                            [--tag-hashing auto|beside|inline] [SIZE...]
+//                            [--tag-hashing auto|beside|inline] [--segment-bytes B] [--spin-us U]
+//                            [--send-ahead on|off] [SIZE...]
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -92,14 +96,20 @@ const char* wire_name(scalar_type wire) {
 
 int run_rank(int rank, int n, std::vector<listener*>& listeners, const std::vector<endpoint>& peers,
              const std::vector<std::size_t>& sizes, int reps, double target_ms, const std::vector<scalar_type>& wires,
-             const std::string& token, tag_hashing hashing) {
+             const std::string& token, tag_hashing hashing, std::size_t segment_bytes, int spin_us, bool send_ahead) {
   tcp_ring_options options;
+  options.send_ahead = send_ahead;
+  options.segment_bytes = segment_bytes;
   options.timeout = std::chrono::seconds(30);
   options.auth = {token, "tcp_allreduce_bench"};
   options.hash_tags = hashing;
   tcp_ring ring(rank, n, *listeners[static_cast<std::size_t>(rank)], peers, options);
   // All ranks share this machine: spinning only pays while each has a core of its own.
-  if (n > static_cast<int>(std::thread::hardware_concurrency())) ring.set_spin(std::chrono::microseconds(50), true);
+  if (spin_us >= 0) {
+    ring.set_spin(std::chrono::microseconds(spin_us), n > static_cast<int>(std::thread::hardware_concurrency()));
+  } else if (n > static_cast<int>(std::thread::hardware_concurrency())) {
+    ring.set_spin(std::chrono::microseconds(50), true);
+  }
   std::vector<float> buf(std::max<std::size_t>(1, sizes.back() / 4), 1.0f);
   std::vector<std::uint16_t> packed(buf.size());
   std::vector<float> check(1024, float(rank + 1));
@@ -144,9 +154,9 @@ int run_rank(int rank, int n, std::vector<listener*>& listeners, const std::vect
       if (rank == 0) {
         const double algbw = double(bytes) / med / 1e9;
         std::printf("tcp_allreduce bytes=%zu ranks=%d iters=%d median_us=%.2f algbw_GBps=%.3f busbw_GBps=%.3f "
-                    "cpu_us=%.2f compression=%s",
+                    "cpu_us=%.2f compression=%s segment_bytes=%zu send_ahead=%s",
                     bytes, n, iters[w], med * 1e6, algbw, algbw * 2.0 * (n - 1) / n, cpu_med * 1e6,
-                    wire_name(wires[w]));
+                    wire_name(wires[w]), segment_bytes, send_ahead ? "on" : "off");
         if (wires.size() > 1) std::printf(" speedup_vs_%s=%.2f", wire_name(wires[0]), first_med / med);
         std::printf("\n");
         std::fflush(stdout);
@@ -219,6 +229,9 @@ int main(int argc, char** argv) {
   std::string compression_list = "none";
   std::string token;
   std::string hashing_name = "auto";
+  std::size_t segment_bytes = tcp_ring_options::default_segment_bytes;
+  int spin_us = -1;
+  std::string send_ahead = "on";
   CLI::App app{"All-reduce over troupe's TCP ring between processes on loopback (or, with --floor, the bare\n"
                "exchange).",
                "tcp_allreduce_bench"};
@@ -248,12 +261,25 @@ int main(int argc, char** argv) {
                  "with --token, where a rank hashes its large frames' tags: auto (beside its thread where the "
                  "machine has two cores per rank), beside (a thread of its own), inline (its own thread)")
       ->check(CLI::IsMember({"auto", "beside", "inline"}));
+  app.add_option("--segment-bytes", segment_bytes,
+                 "the ring's pipelining unit (tcp_ring_options::segment_bytes: a multiple of 8 in 64..64 MiB)")
+      ->check(CLI::Range(tcp_ring_options::min_segment_bytes, tcp_ring_options::max_segment_bytes));
+  app.add_option("--spin-us", spin_us,
+                 "how long a wait busy-polls before it sleeps (default: 50, yielding when ranks outnumber cores)")
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--send-ahead", send_ahead,
+                 "on: a ring step writes the next segment before adding the last (tcp_ring_options::send_ahead)")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("sizes", sizes, "bytes per all-reduce (default: a sweep)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 34));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (segment_bytes % 8 != 0) {
+    std::fprintf(stderr, "tcp_allreduce_bench: --segment-bytes %zu is not a multiple of 8\n", segment_bytes);
+    return 2;
   }
   const tag_hashing hashing = hashing_name == "beside"   ? tag_hashing::beside
                               : hashing_name == "inline" ? tag_hashing::in_line
@@ -299,10 +325,10 @@ int main(int argc, char** argv) {
   std::vector<pid_t> children;
   for (int r = 1; r < n; ++r) {
     pid_t pid = fork();
-    if (pid == 0) _exit(run_rank(r, n, listeners, peers, sizes, reps, target_ms, wires, token, hashing));
+    if (pid == 0) _exit(run_rank(r, n, listeners, peers, sizes, reps, target_ms, wires, token, hashing, segment_bytes, spin_us, send_ahead == "on"));
     children.push_back(pid);
   }
-  int rc = run_rank(0, n, listeners, peers, sizes, reps, target_ms, wires, token, hashing);
+  int rc = run_rank(0, n, listeners, peers, sizes, reps, target_ms, wires, token, hashing, segment_bytes, spin_us, send_ahead == "on");
   for (pid_t c : children) {
     int status = 0;
     waitpid(c, &status, 0);

@@ -9,6 +9,8 @@
 #   OUTDIR/bench/       gpu_training_bench.sh and torch_mlp.py; host_scaling.sh (the ring and fit
 #                       on the host's cores beside PyTorch: OUTDIR/bench/host_scaling.sh OUTDIR/bin OUT)
 #                       with torch_gloo_allreduce.py, for which tcp_allreduce_bench is packed too;
+#                       ring_sweep.sh (the ring's segment size, send-ahead and spin at 4-8 ranks:
+#                       OUTDIR/bench/ring_sweep.sh OUTDIR/bin OUT);
 #                       tag_cost_host.sh with tag_cost.sh (the frame tags' cost: OUTDIR/bench/
 #                       tag_cost_host.sh OUTDIR/bin [OTHER_PACK/bin] OUT), for which frame_tag_bench
 #                       is packed too
@@ -100,7 +102,8 @@ cp "$root/bench/gpu_run.sh" "$out/gpu_run.sh"
 chmod +x "$out/gpu_run.sh"
 mkdir -p "$out/bench"
 cp "$root/bench/gpu_training_bench.sh" "$root/bench/torch_mlp.py" "$root/bench/host_scaling.sh" \
-   "$root/bench/torch_gloo_allreduce.py" "$root/bench/tag_cost.sh" "$root/bench/tag_cost_host.sh" "$out/bench/"
+   "$root/bench/torch_gloo_allreduce.py" "$root/bench/tag_cost.sh" "$root/bench/tag_cost_host.sh" \
+   "$root/bench/ring_sweep.sh" "$out/bench/"
 chmod +x "$out/bench/gpu_training_bench.sh" "$out/bench/host_scaling.sh" "$out/bench/tag_cost.sh" \
   "$out/bench/tag_cost_host.sh"
 {

@@ -14,6 +14,7 @@
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
+#include "cluster_agent.hpp"
 #include "control_gate.hpp"
 #include "control_tls.hpp"
 #include "protocol.hpp"
@@ -23,7 +24,6 @@
 #include "troupe/actors/stall_inspector.hpp"
 #include "troupe/actors/worker_report.hpp"
 #include "troupe/base/process_usage.hpp"
-#include "troupe/base/quote.hpp"
 #include "troupe/transport/random.hpp"
 
 namespace troupe::actors {
@@ -43,46 +43,14 @@ constexpr std::size_t max_fault_bytes = 4096;
 // How long the chief waits for a worker to take a fault report before it answers the reporter.
 constexpr std::chrono::milliseconds fault_ack_wait{500};
 
-using table_promise = caf::typed_response_promise<std::vector<member>>;
+}  // namespace
 
-// The chief's agent: rendezvous_state decides, this actor delivers.
-struct agent_state {
-  std::optional<rendezvous_state> rules;
-  std::vector<table_promise> waiting;  // joined workers and the chief, until the table or a failure
-  std::vector<caf::actor> watchers;    // by rank, once watching
-  // A member's beat before the watch began: its watcher, its peer, and its last report (which
-  // may carry lines that will not travel again).
-  struct early_beat {
-    caf::actor watcher;
-    std::string peer;
-    std::optional<worker_report> report;
-  };
-  std::map<std::int32_t, early_beat> early;
-  std::uint64_t refused = 0;           // messages refused, for the log's bound
-  std::shared_ptr<cluster_health> health;  // may be null
-  stall_options stall;                     // the inspector's bounds
-  std::optional<stall_inspector> stalls;   // once the watch began
-  // Elastic membership: the joins waiting for a step boundary, by key, with their answers.
-  std::shared_ptr<join_queue> joins;
-  struct pending_join {
-    caf::typed_response_promise<join_answer> answer;
-    std::string peer;
-  };
-  std::map<std::int64_t, pending_join> pending;
-  std::int64_t next_key = 1;
-};
-
-// Who sent the message being handled: its node, or a name no member has when it came without a
-// sender.
 std::string peer_of(caf::local_actor* self) {
   const auto& sender = self->current_sender();
   return sender ? caf::to_string(sender->node()) : std::string("<anonymous>");
 }
 
-// A refusal goes to the log with the sender's address (the BASP broker knows which connection a
-// node came through); a flood of them is logged at powers of two only, so the log stays bounded
-// too.
-void log_refusal(caf::stateful_actor<agent_state>* self, const std::string& what) {
+void log_refusal(caf::stateful_actor<chief_agent_state>* self, const std::string& what) {
   const auto n = ++self->state.refused;
   if ((n & (n - 1)) != 0) return;
   const std::string line = "troupe: " + what;
@@ -110,7 +78,9 @@ void log_refusal(caf::stateful_actor<agent_state>* self, const std::string& what
           });
 }
 
-void finish(agent_state& st) {
+namespace {
+
+void finish(chief_agent_state& st) {
   for (auto& p : st.waiting) {
     if (st.rules->failure()) {
       p.deliver(to_caf_error(*st.rules->failure()));
@@ -124,7 +94,7 @@ void finish(agent_state& st) {
 // A member's report of a fault: recorded, then relayed to every other watcher. Answered once every
 // other worker has it (or after fault_ack_wait): the reporter breaks its ring, and the chief may
 // exit, only after that, so the report is not lost with the process that was to send it.
-caf::result<bool> relay_fault(caf::stateful_actor<agent_state>* self, std::int32_t rank, const std::string& what) {
+caf::result<bool> relay_fault(caf::stateful_actor<chief_agent_state>* self, std::int32_t rank, const std::string& what) {
   auto& s = self->state;
   // Only a member's word counts, and only that rank's own peer may speak for it.
   const auto peer = peer_of(self);
@@ -152,7 +122,7 @@ caf::result<bool> relay_fault(caf::stateful_actor<agent_state>* self, std::int32
 }
 
 // The rendezvous is complete: the watch starts, with the beats that came before it.
-void start_watch(caf::stateful_actor<agent_state>* self, std::chrono::milliseconds interval) {
+void start_watch(caf::stateful_actor<chief_agent_state>* self, std::chrono::milliseconds interval) {
   auto& s = self->state;
   s.rules->start_watch(interval, rendezvous_state::clock::now());
   s.watchers.assign(s.rules->table().size(), caf::actor{});
@@ -183,7 +153,7 @@ void start_watch(caf::stateful_actor<agent_state>* self, std::chrono::millisecon
 
 // The stall inspector's check: its line goes to the chief's log (at its back-off) and to the
 // dashboard; past the shutdown bound every worker is told, with the line as the reason.
-void inspect_stalls(caf::stateful_actor<agent_state>* self, rendezvous_state::clock::time_point now) {
+void inspect_stalls(caf::stateful_actor<chief_agent_state>* self, rendezvous_state::clock::time_point now) {
   auto& s = self->state;
   const stall_verdict v = s.stalls->check(now);
   if (v.print || v.cleared) std::cerr << "troupe: " << v.line << std::endl;
@@ -200,7 +170,7 @@ void inspect_stalls(caf::stateful_actor<agent_state>* self, rendezvous_state::cl
   }
 }
 
-caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_options options) {
+caf::behavior cluster_agent(caf::stateful_actor<chief_agent_state>* self, rendezvous_options options) {
   self->state.rules.emplace(options);
   self->state.health = options.health;
   self->state.stall = options.stall;
@@ -224,7 +194,7 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
       }
     }
   });
-  return {
+  caf::message_handler core{
       [=](beat_atom, std::int32_t rank, const caf::actor& watcher, double cpu_percent, std::int64_t rss_bytes,
           std::uint64_t lines_total, std::vector<std::string>& lines, std::int32_t phase, std::uint64_t step,
           std::int64_t collective, std::int32_t op, std::int32_t dtype, std::uint64_t bytes, std::int64_t phase_ms,
@@ -355,87 +325,20 @@ caf::behavior cluster_agent(caf::stateful_actor<agent_state>* self, rendezvous_o
       [=](expire_atom) {
         if (self->state.rules->expire()) finish(self->state);
       },
-      [=](enlist_atom, std::uint32_t version, const std::string& task, const std::string& nonce,
-          const std::string& proof, std::int32_t devices, const std::string& host,
-          std::uint16_t port) -> caf::result<join_answer> {
-        auto& s = self->state;
-        const auto peer = peer_of(self);
-        join_request r{version, -1, nonce, proof, devices, host, port, peer, rendezvous_state::clock::now()};
-        if (auto error = s.rules->check_enlist(r, task)) {
-          log_refusal(self, error->message + ", from " + peer);
-          return to_caf_error(*error);
-        }
-        if (!s.joins) {
-          return to_caf_error(rendezvous_error{rendezvous_errc::bad_join,
-                                               "rendezvous: refused a worker asking to join as " + task +
-                                                   ": the cluster is not elastic (MultiWorkerOptions::elastic)"});
-        }
-        const std::int64_t key = s.next_key++;
-        member who{-1, task, host, port, devices, {}, {}};
-        s.joins->push({key, who});
-        auto rp = self->make_response_promise<join_answer>();
-        s.pending[key] = {rp, peer};
-        return rp;
-      },
-      [=](admit_atom, const std::vector<std::int64_t>& keys, const std::vector<member>& table,
-          const std::vector<std::int32_t>& ids, std::uint64_t generation, const std::string& incarnation,
-          std::int32_t changes, std::int32_t max_workers) -> caf::result<std::vector<std::int32_t>> {
-        auto& s = self->state;
-        const auto& sender = self->current_sender();
-        if (!sender || sender->node() != self->node()) {
-          log_refusal(self, "refused an admission from " + peer_of(self) + ": only the chief's own process admits");
-          return caf::make_error(caf::sec::request_receiver_down);
-        }
-        if (table.size() != ids.size() + keys.size()) {
-          return caf::make_error(caf::sec::invalid_argument);
-        }
-        join_answer answer;
-        answer.table = table;
-        answer.watch_ids = ids;
-        answer.generation = generation;
-        answer.incarnation = incarnation;
-        answer.changes = changes;
-        answer.max_workers = max_workers;
-        std::vector<std::int32_t> added;
-        const auto now = rendezvous_state::clock::now();
-        for (std::size_t i = 0; i < keys.size(); ++i) {
-          auto it = s.pending.find(keys[i]);
-          const member& m = table[ids.size() + i];
-          const int id = s.rules->add_member(m, it != s.pending.end() ? it->second.peer : std::string(), now);
-          added.push_back(id);
-          answer.watch_ids.push_back(id);
-        }
-        s.watchers.resize(s.rules->table().size());
-        for (std::size_t i = 0; i < keys.size(); ++i) {
-          if (s.joins) s.joins->remove(keys[i]);
-          auto it = s.pending.find(keys[i]);
-          if (it == s.pending.end()) continue;  // its ring will not form: the change falls back
-          answer.rank = static_cast<std::int32_t>(ids.size() + i);
-          it->second.answer.deliver(answer);
-          s.pending.erase(it);
-        }
-        return added;
-      },
-      [=](refuse_atom, std::int64_t key, const std::string& why) {
-        auto& s = self->state;
-        const auto& sender = self->current_sender();
-        if (!sender || sender->node() != self->node()) return;
-        if (s.joins) s.joins->remove(key);
-        auto it = s.pending.find(key);
-        if (it == s.pending.end()) return;
-        it->second.answer.deliver(to_caf_error(rendezvous_error{rendezvous_errc::bad_join, why}));
-        s.pending.erase(it);
-      },
   };
+  return core.or_else(join_handlers(self));
 }
 
-// A failed request's message: ours as the chief wrote it, CAF's rendered.
+}  // namespace
+
 std::string describe(caf::actor_system& system, const caf::error& e) {
   if (e.category() == caf::atom("rendezvous") && e.context().match_elements<std::string>()) {
     return e.context().get_as<std::string>(0);
   }
   return "rendezvous failed: " + system.render(e);
 }
+
+namespace {
 
 struct chief_watch_state {
   std::set<int> reported;       // the ranks reported so far: each once (an elastic cluster
@@ -517,16 +420,12 @@ caf::behavior heartbeat(caf::stateful_actor<chief_watch_state>* self, caf::actor
 
 }  // namespace
 
-struct cluster_watch::impl {
-  caf::actor_system* system = nullptr;
-  std::unique_ptr<control_credentials> credentials;  // kept while the chief's agent listens
-  std::unique_ptr<control_gate> gate;                // the chief's listener goes through it
-  caf::actor agent;      // the chief's agent (kept published on the chief)
-  bool chief = false;
-  std::uint16_t port = 0;
-  caf::actor beat;       // this worker's heartbeat actor
-  std::int32_t rank = 0;
-};
+caf::actor spawn_heartbeat(caf::actor_system& system, const caf::actor& agent, std::int32_t rank,
+                           std::chrono::milliseconds interval, const rendezvous_options& options,
+                           std::function<void(int, const std::string&)> on_failure) {
+  return system.spawn(heartbeat, agent, rank, interval, options.missed_heartbeats, options.tasks[0], options.log,
+                      options.position, std::move(on_failure));
+}
 
 cluster_watch::cluster_watch(std::unique_ptr<impl> i) : impl_(std::move(i)) {}
 
@@ -550,92 +449,6 @@ void cluster_watch::report_fault(const std::string& what, std::chrono::milliseco
   caf::scoped_actor self{*s.system};
   // Answered once the agent has told every other worker: the caller may break its ring then.
   self->request(s.agent, wait, fault_atom::value, s.rank, what).receive([](bool) {}, [](caf::error&) {});
-}
-
-std::vector<std::int32_t> cluster_watch::admit(const std::vector<std::int64_t>& keys, const std::vector<member>& table,
-                                               const std::vector<std::int32_t>& ids, std::uint64_t generation,
-                                               const std::string& incarnation, std::int32_t changes,
-                                               std::int32_t max_workers, std::chrono::milliseconds wait) {
-  auto& s = *impl_;
-  if (!s.chief || !s.agent) throw std::logic_error("cluster_watch::admit: only the chief admits");
-  caf::scoped_actor self{*s.system};
-  std::vector<std::int32_t> added;
-  std::string error;
-  self->request(s.agent, wait, admit_atom::value, keys, table, ids, generation, incarnation, changes,
-                max_workers)
-      .receive([&](std::vector<std::int32_t>& a) { added = std::move(a); },
-               [&](caf::error& e) { error = s.system->render(e); });
-  if (!error.empty() || added.size() != keys.size()) {
-    throw std::runtime_error("elastic membership: the chief's agent did not admit the joiners: " +
-                             (error.empty() ? std::string("no ids") : error));
-  }
-  return added;
-}
-
-void cluster_watch::refuse(std::int64_t key, const std::string& why) {
-  auto& s = *impl_;
-  if (!s.chief || !s.agent) return;
-  caf::scoped_actor self{*s.system};
-  self->send(s.agent, refuse_atom::value, key, why);
-}
-
-void join_queue::push(join_candidate c) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  waiting_.push_back(std::move(c));
-}
-
-std::vector<join_candidate> join_queue::waiting() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return waiting_;
-}
-
-std::size_t join_queue::size() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return waiting_.size();
-}
-
-void join_queue::remove(std::int64_t key) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), [key](const join_candidate& c) { return c.key == key; }),
-                 waiting_.end());
-}
-
-std::optional<std::string> check_join_answer(const rendezvous_options& options, const join_answer& a) {
-  const std::string from = "elastic membership: the chief's answer to the join of " +
-                           options.tasks.at(static_cast<std::size_t>(options.rank));
-  const std::size_t n = a.table.size();
-  if (n < 2 || n > rendezvous_limits::max_workers) return from + " has " + std::to_string(n) + " members (expected 2..)";
-  if (a.watch_ids.size() != n) {
-    return from + " has " + std::to_string(a.watch_ids.size()) + " watch ids for " + std::to_string(n) + " members";
-  }
-  if (a.rank < 1 || static_cast<std::size_t>(a.rank) >= n) {
-    return from + " gives it rank " + std::to_string(a.rank) + " (expected 1.." + std::to_string(n - 1) + ")";
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    const member& m = a.table[i];
-    if (m.rank != static_cast<int>(i)) return from + ": entry " + std::to_string(i) + " has rank " + std::to_string(m.rank);
-    if (m.data_port == 0 || m.data_host.empty() || m.data_host.size() > rendezvous_limits::max_host_chars ||
-        base::has_nul(m.data_host)) {
-      return from + ": entry " + std::to_string(i) + " has a bad data-plane endpoint";
-    }
-    if (m.devices != options.devices) {
-      return from + ": entry " + std::to_string(i) + " has " + std::to_string(m.devices) + " devices, this worker " +
-             std::to_string(options.devices);
-    }
-  }
-  const member& own = a.table[static_cast<std::size_t>(a.rank)];
-  if (own.task != options.tasks[static_cast<std::size_t>(options.rank)] || own.data_host != options.data_host ||
-      own.data_port != options.data_port) {
-    return from + " gives this worker the entry " + own.task + " at " + own.data_host + ":" +
-           std::to_string(own.data_port);
-  }
-  if (a.incarnation.size() != rendezvous_limits::incarnation_chars ||
-      a.incarnation.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
-    return from + " has an incarnation of " + std::to_string(a.incarnation.size()) + " characters (expected " +
-           std::to_string(rendezvous_limits::incarnation_chars) + " hex digits)";
-  }
-  if (a.generation == 0) return from + " names generation 0 (expected a generation after the start's)";
-  return std::nullopt;
 }
 
 void add_rendezvous_types(caf::actor_system_config& config) {
@@ -667,11 +480,11 @@ std::string hmac_sha256_hex(const std::string& key, const std::string& message) 
   return s;
 }
 
-namespace {
-
 bool knows_rendezvous_types(const caf::actor_system& system) {
   return system.config().type_names_by_rtti.count(std::type_index(typeid(std::vector<member>))) != 0;
 }
+
+namespace {
 
 // The answer to a join or an await: the table, or the error as every worker shows it.
 struct answer {
@@ -701,7 +514,8 @@ std::vector<member> table_from(const rendezvous_options& options, answer a) {
   return std::move(a.table);
 }
 
-// A worker's connection to the chief's agent, retried until options.timeout.
+}  // namespace
+
 caf::actor reach_chief(caf::actor_system& system, const rendezvous_options& options, control_gate& gate, bool tls) {
   const auto deadline = std::chrono::steady_clock::now() + options.timeout;
   caf::actor agent;
@@ -728,6 +542,8 @@ caf::actor reach_chief(caf::actor_system& system, const rendezvous_options& opti
   }
   return agent;
 }
+
+namespace {
 
 // The rendezvous; with `keep` set, the chief's agent stays published (and the worker keeps its
 // handle) for a cluster_watch.
@@ -810,71 +626,10 @@ std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_optio
   w->port = options.chief_port;
   w->rank = options.rank;
   if (w->chief) caf::anon_send(agent, tick_atom::value, heartbeat_interval);
-  w->beat = system.spawn(heartbeat, agent, static_cast<std::int32_t>(options.rank), heartbeat_interval,
-                         options.missed_heartbeats, options.tasks[0], options.log, options.position,
-                         std::move(on_failure));
+  w->beat = spawn_heartbeat(system, agent, static_cast<std::int32_t>(options.rank), heartbeat_interval, options,
+                            std::move(on_failure));
   watch = std::make_unique<cluster_watch>(std::move(w));
   return members;
 }
-
-join_answer join_cluster(caf::actor_system& system, const rendezvous_options& options,
-                         std::chrono::milliseconds heartbeat_interval,
-                         std::function<void(int, const std::string&)> on_failure,
-                         std::unique_ptr<cluster_watch>& watch) {
-  check_options(options);
-  if (options.rank == 0) {
-    throw std::invalid_argument("elastic membership: the chief (" + options.tasks[0] +
-                                ") cannot join a running cluster; a joiner is a worker of task index 1 or more");
-  }
-  if (!knows_rendezvous_types(system)) {
-    throw std::invalid_argument(
-        "rendezvous: this actor system was built without troupe's message types: call "
-        "troupe::Runtime::configure(config) on its config before constructing it");
-  }
-  auto w = std::make_unique<cluster_watch::impl>();
-  const bool tls = !options.token.empty();
-  if (tls) {
-    w->credentials = std::make_unique<control_credentials>(options.token);
-    w->credentials->install(system);
-  }
-  w->gate = std::make_unique<control_gate>(system, tls, gate_limits::for_cluster(static_cast<int>(options.tasks.size())),
-                                           options.health);
-  caf::actor agent = reach_chief(system, options, *w->gate, tls);
-  caf::scoped_actor self{system};
-  std::string nonce;
-  std::string error = "no answer from the chief";
-  self->request(agent, options.timeout, nonce_atom::value)
-      .receive([&](std::string& n) { nonce = n; }, [&](caf::error& e) { error = system.render(e); });
-  if (nonce.empty()) throw std::runtime_error("elastic membership: the chief sent no nonce: " + error);
-  const std::string& task = options.tasks[static_cast<std::size_t>(options.rank)];
-  std::optional<join_answer> answer;
-  bool refused = false;
-  self->request(agent, options.timeout + options.answer_margin, enlist_atom::value, options.version, task, nonce,
-                hmac_sha256_hex(options.token, nonce), static_cast<std::int32_t>(options.devices), options.data_host,
-                options.data_port)
-      .receive([&](join_answer& a) { answer = std::move(a); },
-               [&](caf::error& e) {
-                 // The chief's refusal is its own sentence; anything else (no answer) is ours.
-                 refused = e.category() == caf::atom("rendezvous");
-                 error = describe(system, e);
-               });
-  if (!answer && refused) throw std::runtime_error(error);
-  if (!answer) {
-    throw std::runtime_error("elastic membership: " + task + " was not admitted within " +
-                             std::to_string((options.timeout + options.answer_margin).count()) + " ms: " + error);
-  }
-  if (auto bad = check_join_answer(options, *answer)) throw std::runtime_error(*bad);
-  const std::int32_t id = answer->watch_ids[static_cast<std::size_t>(answer->rank)];
-  w->system = &system;
-  w->agent = agent;
-  w->chief = false;
-  w->port = options.chief_port;
-  w->rank = id;
-  w->beat = system.spawn(heartbeat, agent, id, heartbeat_interval, options.missed_heartbeats, options.tasks[0],
-                         options.log, options.position, std::move(on_failure));
-  watch = std::make_unique<cluster_watch>(std::move(w));
-  return std::move(*answer);
-}
-
 
 }  // namespace troupe::actors

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <utility>
 
@@ -107,26 +108,17 @@ void event(agent_state& st, const std::string& line) {
   if (st.handlers->event) st.handlers->event(line);
 }
 
-// A checkpoint message from anyone but the chief (the peer that said hello as /job:chief/): it
-// would write or overwrite files of the ps task's host, or its variables. Refused, with a line in
-// the task's log naming the sender as it said hello (or that it did not) and the address it
-// connected from; a flood of them is logged at powers of two only, so that the log stays bounded.
-// `what` is "save" or "restore".
-caf::error refuse_checkpoint(caf::stateful_actor<agent_state>* self, const std::string& what) {
+// Logs a refusal of the current message's sender: `line` names what was refused, followed by the
+// address the sender connected from (when it is another process) and how many such refusals there
+// were. `n` counts them; a flood is logged at powers of two only, so that the log stays bounded.
+void log_refusal(caf::stateful_actor<agent_state>* self, std::uint64_t n, const std::string& line) {
   auto& st = self->state;
-  const std::string why = st.task + " " + what + "s checkpoints for its chief only";
-  const auto n = ++st.refused;
-  if ((n & (n - 1)) != 0) return runtime_error(why);
+  if ((n & (n - 1)) != 0) return;
   const auto sender = self->current_sender();
-  const auto said = st.peers.find(caf::actor_cast<caf::actor_addr>(sender));
-  const std::string who = said != st.peers.end() ? base::quoted(said->second)
-                          : sender                ? std::string("an actor that did not say hello")
-                                                  : std::string("an anonymous sender");
-  const std::string line = "refused a checkpoint " + what + " from " + who + ", which is not its chief";
   const std::string count = " (" + std::to_string(n) + " refused so far)";
   if (!sender || sender->node() == self->node()) {
     event(st, line + count);
-    return runtime_error(why);
+    return;
   }
   auto handlers = st.handlers;
   self->request(self->system().middleman().actor_handle(), std::chrono::seconds(1), caf::get_atom::value,
@@ -139,7 +131,42 @@ caf::error refuse_checkpoint(caf::stateful_actor<agent_state>* self, const std::
           [=](caf::error&) {
             if (handlers->event) handlers->event(line + count);
           });
+}
+
+// A checkpoint message from anyone but the chief (the peer that said hello as /job:chief/): it
+// would write or overwrite files of the ps task's host, or its variables. Refused, with a line in
+// the task's log naming the sender as it said hello (or that it did not) and the address it
+// connected from. `what` is "save" or "restore".
+caf::error refuse_checkpoint(caf::stateful_actor<agent_state>* self, const std::string& what) {
+  auto& st = self->state;
+  const std::string why = st.task + " " + what + "s checkpoints for its chief only";
+  const auto n = ++st.refused;
+  if ((n & (n - 1)) != 0) return runtime_error(why);
+  const auto sender = self->current_sender();
+  const auto said = st.peers.find(caf::actor_cast<caf::actor_addr>(sender));
+  const std::string who = said != st.peers.end() ? base::quoted(said->second)
+                          : sender                ? std::string("an actor that did not say hello")
+                                                  : std::string("an anonymous sender");
+  log_refusal(self, n, "refused a checkpoint " + what + " from " + who + ", which is not its chief");
   return runtime_error(why);
+}
+
+// The chief's role (checkpoint saves and restores, the task's end when it leaves) belongs to the
+// first process that said hello as /job:chief/ for as long as it is connected: every token holder
+// can say it is the chief, but only one process at a time is. A chief's hello from any other
+// process meanwhile is refused, named to its sender and logged with its address.
+std::optional<caf::error> refuse_second_chief(caf::stateful_actor<agent_state>* self, const std::string& peer) {
+  auto& st = self->state;
+  if (!st.chief || peer.rfind("/job:chief/", 0) != 0) return std::nullopt;
+  const auto sender = self->current_sender();
+  if (sender && sender->node() == st.chief.node()) return std::nullopt;  // the chief's own process
+  const auto held = st.peers.find(st.chief);
+  const std::string chief = held != st.peers.end() ? base::quoted(held->second) : std::string("its chief");
+  log_refusal(self, ++st.chiefs_refused,
+              "refused a hello as " + base::quoted(peer.substr(0, 200)) + " from another process: " + chief +
+                  " holds the chief's role while it is connected");
+  return runtime_error(st.task + " already serves " + chief +
+                       " from another process; a second chief is refused while the first is connected");
 }
 
 }  // namespace
@@ -211,6 +238,7 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         // The peer names an actor that lives as long as its connection to us is used: watching
         // it, rather than the sender of the hello, shows when the peer leaves or is lost.
         auto& st = self->state;
+        if (auto refused = refuse_second_chief(self, peer)) return std::move(*refused);
         auto who = watch.address();
         if (who && st.peers.emplace(who, peer.substr(0, 200)).second) {
           self->monitor(who);

@@ -72,6 +72,7 @@ struct agent_state {
   caf::actor_addr chief;
   std::shared_ptr<function_runner> runner;  // worker tasks: where calls go
   std::uint64_t refused = 0;  // checkpoint messages refused (from anyone but the chief)
+  std::uint64_t chiefs_refused = 0;  // hellos as a chief from another process than the chief's
   // Application actors hosted here, by the watch of the spawner that asked for them: a spawner
   // whose watch goes down has its actors stopped.
   std::map<caf::actor_addr, std::vector<caf::actor>> hosted;

@@ -2,6 +2,9 @@
 
 #include <cstddef>
 #include <memory>
+#include <new>
+#include <string>
+#include <utility>
 
 #include "troupe/device.hpp"
 
@@ -23,6 +26,17 @@ struct Storage {
   std::size_t nbytes = 0;
   std::size_t capacity = 0;
   int gpu = -1;  ///< the GPU whose memory holds the bytes; -1: host memory
+};
+
+/// An allocation that failed, as a std::bad_alloc that says what was being allocated and how
+/// much (a tensor's shape and bytes, a batch's elements), so that the caller's message names it.
+class named_bad_alloc : public std::bad_alloc {
+ public:
+  explicit named_bad_alloc(std::string what) : what_(std::move(what)) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  std::string what_;
 };
 
 std::shared_ptr<Storage> allocate_storage(std::size_t nbytes);

@@ -268,16 +268,6 @@ Tensor binary_scalar(binop op, const Tensor& a, const Scalar& s, bool scalar_fir
   return out;
 }
 
-// An allocation that failed, as a std::bad_alloc that says which tensor and how many bytes.
-class tensor_alloc_failed : public std::bad_alloc {
- public:
-  explicit tensor_alloc_failed(std::string what) : what_(std::move(what)) {}
-  const char* what() const noexcept override { return what_.c_str(); }
-
- private:
-  std::string what_;
-};
-
 }  // namespace
 
 namespace detail {
@@ -319,7 +309,7 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
     storage = detail::allocate_storage(nbytes, device);
   } catch (const std::bad_alloc&) {
     // Still a std::bad_alloc, but one that names the tensor and its size.
-    throw tensor_alloc_failed("Tensor of shape " + shape_to_string(shape) + " and dtype " +
+    throw detail::named_bad_alloc("Tensor of shape " + shape_to_string(shape) + " and dtype " +
                               std::string(dtype_name(dtype)) + " on " + device.to_string() + ": cannot allocate " +
                               std::to_string(nbytes) + " bytes (out of memory; a smaller model or batch needs less)");
   }

@@ -50,6 +50,13 @@
 #                  ps_trainer fit saves checkpoints: each refused and logged, nothing written
 #                  outside the checkpoint directory, the training and its checkpoints unharmed
 #   ckpt-stranger-token  the same with a cluster token: the stranger cannot connect at all
+#   idle-term      with a token, one connection that never starts its TLS handshake held on each
+#                  daemon's control port: SIGTERM, sent within the handshake's deadline, still
+#                  stops each daemon cleanly (exit 0) and promptly
+#   chief-impostor a process with the cluster token says hello to the ps task as the chief while
+#                  the real chief trains (with checkpoints), sends a checkpoint save and leaves: both
+#                  refused and logged with its address; the training, its checkpoints and the ps
+#                  task (which ends with its chief, not the impostor) unharmed
 set -uo pipefail
 scenario="$1"
 build="$2"
@@ -777,6 +784,67 @@ PY
     done
     cat "$dir/stranger.log"
     grep "refused a checkpoint\|refused the connection" "$dir/ps.log" | head -n 5
+    ;;
+  idle-term)
+    # A session still in its TLS handshake is closed as the process stops: it never holds the exit.
+    tok=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    token_w0="$tok" token_w1="$tok" token_ps="$tok"
+    start_daemons
+    for n in w0 w1 ps; do
+      read -r -a t <<< "$(task_of "$n")"
+      "$(dirname "$0")/../multiworker/attacker.py" idle 127.0.0.1 "${t[2]}" 1 60 >"$dir/idle-$n.log" 2>&1 &
+      pids+=($!)
+    done
+    for n in w0 w1 ps; do wait_for "$dir/idle-$n.log" "attacker: holding" 20; done
+    # All at once, well within the handshake's 5 s deadline: a stop that waited for the idle
+    # session would take until the deadline, or (before it had one) 30 s and exit 1.
+    began=$SECONDS
+    for n in w0 w1 ps; do eval "term_task \$pid_$n"; done
+    for n in w0 w1 ps; do
+      eval "p=\$pid_$n"
+      status_of "$p"
+      [[ $st == 0 ]] || fail "$n exited $st on SIGTERM beside an idle connection (expected 0)"
+    done
+    took=$((SECONDS - began))
+    [[ $took -lt 15 ]] || fail "the daemons took $took s to stop beside idle connections"
+    ! grep -q "still runs" "$dir/w0.log" "$dir/w1.log" "$dir/ps.log" || fail "a daemon blamed a function for its stop"
+    echo "the daemons stopped within $took s of SIGTERM beside an idle connection each"
+    ;;
+  chief-impostor)
+    # Every token holder passes the control plane's TLS, so any could say it is the chief; the ps
+    # task keeps the chief's role for the first process that said so while it is connected.
+    ckdir="$dir/ckpt"
+    TROUPE_CLUSTER_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    export TROUPE_CLUSTER_TOKEN
+    args=(--closures 400 --step-delay-ms 30 --checkpoint-dir "$ckdir" --checkpoint-every 100)
+    start_tasks "${args[@]}"
+    start chief chief 0 "$trainer" "${args[@]}"
+    wait_for "$dir/chief.log" "^closures [0-9]+/400 done" 30  # mid-training
+    wait_for "$dir/ps.log" "connected /job:chief/replica:0/task:0" 10
+    timeout 60 "$build/tests/cluster/chief_impostor" 127.0.0.1 "$p2" "$ckdir" >"$dir/impostor.log" 2>&1
+    impostor_st=$?
+    pgrep -P "$pid_chief" >/dev/null || fail "the training ended before the impostor was done: lengthen it"
+    [[ $impostor_st == 0 ]] || fail "the impostor exited $impostor_st (0: its hello and its save refused)"
+    grep -q "^impostor: refused 2 of 2$" "$dir/impostor.log" || fail "the impostor was not refused twice"
+    grep -q "^impostor: refused: .*/job:ps/replica:0/task:0 already serves '/job:chief/replica:0/task:0' from another process" \
+      "$dir/impostor.log" || fail "the refused hello does not say that the ps task already serves its chief"
+    grep -q "^impostor: refused: .*saves checkpoints for its chief only" "$dir/impostor.log" ||
+      fail "the impostor's save was not refused as not the chief's"
+    grep -Eq "refused a hello as '/job:chief/replica:0/task:0' from another process: '/job:chief/replica:0/task:0' holds the chief's role while it is connected \[connected from 127\.0\.0\.1:[0-9]+\] \(1 refused so far\)" \
+      "$dir/ps.log" || fail "the ps task did not log the refused chief with its address"
+    status_of "$pid_chief"
+    [[ $st == 0 ]] || fail "the chief exited $st"
+    check_training "$dir/chief.log" 400 0
+    for n in w0 w1 ps; do
+      eval "p=\$pid_$n"
+      status_of "$p"; [[ $st == 0 ]] || fail "$n exited $st after its chief left"
+    done
+    saved=$(sed -n "s|.* saved .* to $ckdir/ckpt-\([0-9]*\)\.tmp-.*|\1|p" "$dir/ps.log")
+    [[ $(echo "$saved" | wc -w) -ge 4 && $(echo "$saved" | tail -n 1) == 400 ]] ||
+      fail "the chief's saves were at steps $(echo $saved), expected 4 ending at 400"
+    [[ ! -e "$ckdir/shard-0-of-1.ckpt" ]] || fail "the impostor's save reached $ckdir"
+    cat "$dir/impostor.log"
+    grep "refused a hello as\|refused a checkpoint" "$dir/ps.log" | head -n 5
     ;;
   no-chief)
     # Ends 1 s after it listens: start_listening may see it listen or see it ended.

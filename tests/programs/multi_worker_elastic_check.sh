@@ -10,61 +10,40 @@
 #   stall:     as shrink, but rank 2 is stopped (SIGSTOP) instead: the chief's heartbeat watch
 #              declares it gone, the others drop it, and the launcher kills it (SIGKILL) once it
 #              has been stopped past the heartbeat limit, instead of waiting for --timeout.
-# Usage: multi_worker_elastic_check.sh shrink|below-min|stall TROUPE_LAUNCH MULTI_WORKER_TRAINER
+#   epoch-end: as shrink, with commits every 40 steps (TROUPE_COMMIT_EVERY_STEPS), rank 2 killed
+#              as soon as the chief printed the end of epoch 1 (step 42): the survivors roll back
+#              to the commit of the epoch's end (step 42), not to step 40 in the epoch they ended.
+# Usage: multi_worker_elastic_check.sh shrink|below-min|stall|epoch-end TROUPE_LAUNCH MULTI_WORKER_TRAINER
 set -u
-mode="$1"
-launch="$2"
-trainer="$3"
-dir="$(mktemp -d)"
-launcher_pid=""
-cleanup() {
-  [ -n "$launcher_pid" ] && kill -KILL "$launcher_pid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+mode="$1" launch="$2" trainer="$3" label="$1"
+. "$(dirname "$0")/multi_worker_lib.sh"
 
-fail() {
-  echo "FAILED ($mode): $*"
-  cat "$dir/run.out"
-  exit 1
-}
-
-# field RANK KEY: the value of KEY= on RANK's result line.
-field() {
-  grep "^\[rank $1\] result:" "$dir/run.out" | tr ' ' '\n' | sed -n "s/^$2=//p"
-}
-pid_of() {
-  sed -n "s/^\[rank $1\] worker $1 of 3 workers (pid \([0-9]*\)).*/\1/p" "$dir/run.out"
-}
+pid_of() { pids_of "$1" 3; }
+every_pid() { [ -n "$(pid_of 0)" ] && [ -n "$(pid_of 1)" ] && [ -n "$(pid_of 2)" ]; }
 
 # 42 steps an epoch, global batch 192 (64 rows a worker, then 96): about 7 s of training.
 args=(--elastic --epochs 3 --batch 192 --step-delay-ms 50)
-if [ "$mode" != below-min ]; then
-  "$launch" -n 3 --elastic --min 2 --timeout 100 -- "$trainer" "${args[@]}" > "$dir/run.out" 2>&1 &
+if [ "$mode" = epoch-end ]; then
+  start_launcher "$dir/run.out" env TROUPE_COMMIT_EVERY_STEPS=40 "$launch" -n 3 --elastic --min 2 --timeout 100 -- \
+    "$trainer" "${args[@]}"
+elif [ "$mode" != below-min ]; then
+  start_launcher "$dir/run.out" "$launch" -n 3 --elastic --min 2 --timeout 100 -- "$trainer" "${args[@]}"
 else
-  TROUPE_MIN_WORKERS=3 "$launch" -n 3 --elastic --timeout 100 -- "$trainer" "${args[@]}" > "$dir/run.out" 2>&1 &
+  start_launcher "$dir/run.out" env TROUPE_MIN_WORKERS=3 "$launch" -n 3 --elastic --timeout 100 -- "$trainer" "${args[@]}"
 fi
-launcher_pid=$!
 
 # Every rank formed the cluster (it prints its pid then), and trains a while.
-for _ in $(seq 1 600); do
-  [ -n "$(pid_of 0)" ] && [ -n "$(pid_of 1)" ] && [ -n "$(pid_of 2)" ] && break
-  sleep 0.05
-done
+wait_for 30 every_pid
 pid=$(pid_of 2)
 [ -n "$pid" ] || fail "rank 2 did not print its pid within 30 s"
-sleep 2
-kill -0 "$pid" 2>/dev/null || fail "rank 2 ended before it could be killed"
-if [ "$mode" = stall ]; then kill -STOP "$pid"; else kill -KILL "$pid"; fi
+if [ "$mode" = epoch-end ]; then
+  wait_for 60 grep -q "^\[rank 0\] Epoch 1/3" "$dir/run.out" || fail "the chief did not end epoch 1 within 60 s"
+else
+  sleep 2
+fi
+if [ "$mode" = stall ]; then signal_rank 2 "$pid" STOP; else signal_rank 2 "$pid" KILL; fi
 
-for _ in $(seq 1 1800); do
-  kill -0 "$launcher_pid" 2>/dev/null || break
-  sleep 0.05
-done
-kill -0 "$launcher_pid" 2>/dev/null && fail "the launcher did not finish within 90 s of the kill"
-wait "$launcher_pid"
-rc=$?
-launcher_pid=""
+wait_launcher 90 " of the kill"
 
 grep -q "^troupe-launch: worker 2 (pid $pid, [^)]*) was killed by signal 9 (SIGKILL); --elastic: the 2 others go on without it$" \
   "$dir/run.out" || fail "the launcher did not leave the others running after the SIGKILL of rank 2 (pid $pid)"
@@ -84,23 +63,16 @@ if [ "$mode" != below-min ]; then
     [ "$(field $r workers)" = 2 ] || fail "rank $r finished with workers=$(field $r workers) (expected 2)"
     [ "$(field $r membership_changes)" = 1 ] || fail "rank $r has membership_changes=$(field $r membership_changes)"
     [ "$(field $r steps)" = 126 ] || fail "rank $r finished at step $(field $r steps) (expected 126)"
+    if [ "$mode" = epoch-end ]; then
+      from=$(sed -n "s/^\[rank $r\] troupe: warning: elastic membership: .* left; 2 workers continue from step \([0-9]*\) .*/\1/p" "$dir/run.out")
+      [ "$from" = 42 ] || fail "rank $r went on from step $from after a loss early in epoch 2 (expected 42, the epoch's end)"
+    fi
   done
-  d0=$(field 0 weights_digest)
-  d1=$(field 1 weights_digest)
-  [ -n "$d0" ] && [ "$d0" = "$d1" ] || fail "the survivors ended with different weights: '$d0' and '$d1'"
+  same_weights 0 1
   acc=$(field 0 accuracy)
   awk -v a="$acc" 'BEGIN { exit !(a >= 0.9) }' || fail "accuracy $acc after the change (expected >= 0.9)"
   echo "PASSED ($mode): task 2 dropped, ranks 0 and 1 finished in their own processes on 2 workers, weights $d0"
 else
-  [ "$rc" != 0 ] || fail "the run exited 0 with fewer workers than min_workers"
-  # Every survivor finds it; the first to exit makes the launcher stop the other, which may not
-  # have printed its line yet (seen under load). At least one names it, and none prints a result.
-  named=0
-  for r in 0 1; do
-    grep -q "^\[rank $r\] .*elastic membership falls back to the restart path: 2 worker(s) would be left, fewer than min_workers (3); lost: /job:worker/replica:0/task:2 " \
-      "$dir/run.out" && named=$((named + 1))
-  done
-  [ "$named" -ge 1 ] || fail "no survivor names the fallback below min_workers"
-  grep -q "^\[rank [01]\] result:" "$dir/run.out" && fail "a rank printed a result below min_workers"
+  check_below_min 2
   echo "PASSED (below-min): the survivors fell back to the restart path ($named of 2 named it before the launcher stopped them), exit $rc"
 fi

@@ -10,33 +10,25 @@
 set -u
 launch="$1"
 trainer="$2"
-dir="$(mktemp -d)"
-launcher_pid=""
-stranger_pid=""
-cleanup() {
-  [ -n "$launcher_pid" ] && kill -KILL "$launcher_pid" 2>/dev/null
-  [ -n "$stranger_pid" ] && kill -KILL "$stranger_pid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+label=join
+. "$(dirname "$0")/multi_worker_lib.sh"
 
-fail() {
-  echo "FAILED (join): $*"
-  cat "$dir/run.out"
-  echo "--- stranger"
-  cat "$dir/stranger.out" 2>/dev/null
-  echo "--- fourth"
-  cat "$dir/fourth.out" 2>/dev/null
-  exit 1
-}
+every_pid() { [ -n "$(pids_of 0 3 '[0-9]*')" ] && [ -n "$(pids_of 1 3 '[0-9]*')" ] && [ -n "$(pids_of 2 3 '[0-9]*')" ]; }
 
-field() {
-  grep "^\[rank $1\] result:" "$dir/run.out" | tr ' ' '\n' | sed -n "s/^$2=//p"
+# ask NAME SECONDS TOKEN INDEX WORKERS START_MS: a worker of the cluster WORKERS (its addresses,
+# quoted) with index INDEX and TROUPE_CLUSTER_TOKEN TOKEN asks to join it (TROUPE_START_TIMEOUT_MS
+# START_MS), bounded by SECONDS; its output in $dir/NAME.out, its status in $asked (124: out of time).
+ask() {
+  local name="$1" seconds="$2" token="$3" index="$4" workers="$5" start_ms="$6"
+  TF_CONFIG="{\"cluster\": {\"worker\": [$workers]}, \"task\": {\"type\": \"worker\", \"index\": $index}}" \
+    TROUPE_CLUSTER_TOKEN="$token" TROUPE_ELASTIC=1 TROUPE_JOIN=1 TROUPE_START_TIMEOUT_MS="$start_ms" \
+    timeout "$seconds" "$trainer" --elastic --epochs 6 --batch 192 > "$dir/$name.out" 2>&1 &
+  local pid=$!
+  track "$pid"
+  wait "$pid"
+  asked=$?
+  untrack "$pid"
 }
-pids_of() {
-  sed -n "s/^\[rank $1\] worker [0-9]* of 3 workers (pid \([0-9]*\)).*/\1/p" "$dir/run.out"
-}
-task() { echo "/job:worker/replica:0/task:$1"; }
 
 # Three free consecutive ports, so that the stranger knows the chief's address.
 base=$(python3 -c '
@@ -54,63 +46,35 @@ for _ in range(200):
 [ -n "$base" ] || fail "no three free consecutive ports"
 
 # 42 steps an epoch, global batch 192 (64 rows a worker, 96 on 2, 64 again on 3): about 18 s.
-TROUPE_CLUSTER_TOKEN=the-cluster-token "$launch" -n 3 --port-base "$base" --elastic --min 2 --max-restarts 1 \
-  --timeout 110 -- "$trainer" --elastic --epochs 8 --batch 192 --step-delay-ms 50 > "$dir/run.out" 2>&1 &
-launcher_pid=$!
+start_launcher "$dir/run.out" env TROUPE_CLUSTER_TOKEN=the-cluster-token "$launch" -n 3 --port-base "$base" \
+  --elastic --min 2 --max-restarts 1 --timeout 110 -- "$trainer" --elastic --epochs 8 --batch 192 --step-delay-ms 50
 
-for _ in $(seq 1 600); do
-  [ -n "$(pids_of 0)" ] && [ -n "$(pids_of 1)" ] && [ -n "$(pids_of 2)" ] && break
-  sleep 0.05
-done
-pid0=$(pids_of 0)
-pid2=$(pids_of 2)
+wait_for 30 every_pid
+pid0=$(pids_of 0 3 '[0-9]*')
+pid2=$(pids_of 2 3 '[0-9]*')
 [ -n "$pid0" ] && [ -n "$pid2" ] || fail "the workers did not print their pids within 30 s"
 sleep 2
-kill -0 "$pid2" 2>/dev/null || fail "rank 2 ended before it could be killed"
-kill -KILL "$pid2"
+signal_rank 2 "$pid2" KILL
 
 joined="elastic membership: $(task 2) joined; 3 workers continue from step [0-9]* as ring generation 2 (paused [0-9]* ms, state [0-9]* bytes)$"
-for _ in $(seq 1 600); do
-  grep -q "^\[rank 0\] troupe: warning: $joined" "$dir/run.out" && break
-  sleep 0.05
-done
-grep -q "^\[rank 0\] troupe: warning: $joined" "$dir/run.out" || fail "no replacement joined within 30 s of the kill"
+wait_for 30 grep -q "^\[rank 0\] troupe: warning: $joined" "$dir/run.out" || fail "no replacement joined within 30 s of the kill"
 
 # The stranger: the cluster's address, another token.
 cluster="\"127.0.0.1:$base\", \"127.0.0.1:$((base + 1))\", \"127.0.0.1:$((base + 2))\""
-TF_CONFIG="{\"cluster\": {\"worker\": [$cluster]}, \"task\": {\"type\": \"worker\", \"index\": 2}}" \
-  TROUPE_CLUSTER_TOKEN=not-the-token TROUPE_ELASTIC=1 TROUPE_JOIN=1 TROUPE_START_TIMEOUT_MS=2000 \
-  timeout 30 "$trainer" --elastic --epochs 6 --batch 192 > "$dir/stranger.out" 2>&1 &
-stranger_pid=$!
-wait "$stranger_pid"
-src=$?
-stranger_pid=""
-[ "$src" != 0 ] && [ "$src" != 124 ] || fail "the stranger exited $src (expected a refusal, non-zero)"
+ask stranger 30 not-the-token 2 "$cluster" 2000
+[ "$asked" != 0 ] && [ "$asked" != 124 ] || fail "the stranger exited $asked (expected a refusal, non-zero)"
 grep -q "could not reach the chief .*TROUPE_CLUSTER_TOKEN" "$dir/stranger.out" || fail "the stranger's error does not name the token"
 kill -0 "$pid0" 2>/dev/null || fail "the chief ended before the stranger was refused (the refusal proves nothing)"
 
 # A fourth worker, with the token: the chief refuses it at its next step boundary, naming max_workers.
 four="$cluster, \"127.0.0.1:$((base + 3))\""
-TF_CONFIG="{\"cluster\": {\"worker\": [$four]}, \"task\": {\"type\": \"worker\", \"index\": 3}}" \
-  TROUPE_CLUSTER_TOKEN=the-cluster-token TROUPE_ELASTIC=1 TROUPE_JOIN=1 TROUPE_START_TIMEOUT_MS=20000 \
-  timeout 40 "$trainer" --elastic --epochs 6 --batch 192 > "$dir/fourth.out" 2>&1 &
-stranger_pid=$!
-wait "$stranger_pid"
-src=$?
-stranger_pid=""
-[ "$src" != 0 ] && [ "$src" != 124 ] || fail "the fourth worker exited $src (expected a refusal, non-zero)"
+ask fourth 40 the-cluster-token 3 "$four" 20000
+[ "$asked" != 0 ] && [ "$asked" != 124 ] || fail "the fourth worker exited $asked (expected a refusal, non-zero)"
 grep -q "elastic membership: refused the join of $(task 3): the cluster has 3 workers, max_workers (3)" "$dir/fourth.out" ||
   fail "the fourth worker was not refused naming max_workers"
 kill -0 "$pid0" 2>/dev/null || fail "the chief ended before it refused the fourth worker"
 
-for _ in $(seq 1 1800); do
-  kill -0 "$launcher_pid" 2>/dev/null || break
-  sleep 0.05
-done
-kill -0 "$launcher_pid" 2>/dev/null && fail "the launcher did not finish within 90 s"
-wait "$launcher_pid"
-rc=$?
-launcher_pid=""
+wait_launcher 90 ""
 [ "$rc" = 0 ] || fail "the run exited $rc"
 grep -q "^troupe-launch: starting a replacement for worker 2 (1 of 1); it joins the running cluster$" "$dir/run.out" ||
   fail "the launcher did not start a replacement"
@@ -118,18 +82,17 @@ grep -q "restarting" "$dir/run.out" && fail "the launcher restarted the cluster"
 grep -q "^\[rank 2\] troupe: warning: elastic membership: joined as worker 2 of 3 at step [0-9]* (state [0-9]* bytes, received in [0-9]* ms)$" \
   "$dir/run.out" || fail "the replacement does not say it joined"
 for r in 0 1; do
-  [ "$(pids_of $r | wc -l)" = 1 ] || fail "rank $r printed $(pids_of $r | wc -l) pid lines (survivors keep their processes)"
+  [ "$(pids_of $r 3 '[0-9]*' | wc -l)" = 1 ] || fail "rank $r printed $(pids_of $r 3 '[0-9]*' | wc -l) pid lines (survivors keep their processes)"
   grep -q "^\[rank $r\] troupe: warning: elastic membership: $(task 2) left; 2 workers continue" "$dir/run.out" ||
     fail "rank $r does not say that task 2 left"
   grep -q "^\[rank $r\] troupe: warning: $joined" "$dir/run.out" || fail "rank $r does not say that task 2 joined"
 done
-[ "$(pids_of 2 | wc -l)" = 2 ] || fail "rank 2 printed $(pids_of 2 | wc -l) pid lines (expected the first and the replacement)"
-d0=$(field 0 weights_digest)
+[ "$(pids_of 2 3 '[0-9]*' | wc -l)" = 2 ] || fail "rank 2 printed $(pids_of 2 3 '[0-9]*' | wc -l) pid lines (expected the first and the replacement)"
+same_weights 0 1 2
 for r in 0 1 2; do
   [ "$(field $r workers)" = 3 ] || fail "rank $r finished with workers=$(field $r workers) (expected 3)"
   [ "$(field $r membership_changes)" = 2 ] || fail "rank $r has membership_changes=$(field $r membership_changes)"
   [ "$(field $r steps)" = 336 ] || fail "rank $r finished at step $(field $r steps) (expected 336)"
-  [ -n "$d0" ] && [ "$(field $r weights_digest)" = "$d0" ] || fail "rank $r's weights digest $(field $r weights_digest) is not the chief's $d0"
 done
 acc=$(field 0 accuracy)
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.9) }' || fail "accuracy $acc after the changes (expected >= 0.9)"

@@ -13,32 +13,18 @@
 set -u
 launch="$1"
 trainer="$2"
-dir="$(mktemp -d)"
-launcher_pid=""
-cleanup() {
-  [ -n "$launcher_pid" ] && kill -KILL "$launcher_pid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/multi_worker_lib.sh"
 
-fail() {
-  echo "FAILED: $*"
-  for f in "$dir"/*.out; do echo "--- $f"; cat "$f"; done
-  exit 1
-}
-
-# field RANK KEY FILE: the value of KEY= on RANK's result (or stopped) line.
-field() {
-  grep -E "^\[rank $1\] (result|stopped):" "$3" | tr ' ' '\n' | sed -n "s/^$2=//p"
-}
+# The value of KEY= on RANK's result (or stopped) line in FILE.
+rfield() { field "$1" "$2" "$3" "result|stopped"; }
 
 args=(--epochs 5 --batch 512)  # 8192 examples: 16 steps an epoch
 "$launch" -n 2 --timeout 100 -- "$trainer" "${args[@]}" > "$dir/reference.out" 2>&1
 rc=$?
 [ "$rc" = 0 ] || fail "the uninterrupted run exited $rc"
-expected=$(field 0 weights_digest "$dir/reference.out")
+expected=$(rfield 0 weights_digest "$dir/reference.out")
 [ -n "$expected" ] || fail "the uninterrupted run printed no weights_digest"
-[ "$(field 0 steps "$dir/reference.out")" = 80 ] || fail "the uninterrupted run did not run 80 steps"
+[ "$(rfield 0 steps "$dir/reference.out")" = 80 ] || fail "the uninterrupted run did not run 80 steps"
 
 backed=(--checkpoint-dir "$dir/backup" --step-delay-ms 40)
 
@@ -46,27 +32,15 @@ backed=(--checkpoint-dir "$dir/backup" --step-delay-ms 40)
 # after epoch EPOCH ended, and checks the stop. Sets $stop to the step both ranks stopped after.
 interrupt() {
   local name="$1" epoch="$2"
-  "$launch" -n 2 --timeout 100 -- "$trainer" "${args[@]}" "${backed[@]}" > "$dir/$name.out" 2>&1 &
-  launcher_pid=$!
-  for _ in $(seq 1 1200); do
-    grep -q "^\[rank 0\] Epoch $epoch/5:" "$dir/$name.out" && break
-    sleep 0.05
-  done
-  grep -q "^\[rank 0\] Epoch $epoch/5:" "$dir/$name.out" || fail "$name: epoch $epoch did not end within 60 s"
+  start_launcher "$dir/$name.out" "$launch" -n 2 --timeout 100 -- "$trainer" "${args[@]}" "${backed[@]}"
+  wait_for 60 grep -q "^\[rank 0\] Epoch $epoch/5:" "$dir/$name.out" || fail "$name: epoch $epoch did not end within 60 s"
   sleep 0.25  # about 6 steps of 40 ms into the next epoch of 16
   kill -INT "$launcher_pid"
-  for _ in $(seq 1 1200); do
-    kill -0 "$launcher_pid" 2>/dev/null || break
-    sleep 0.05
-  done
-  kill -0 "$launcher_pid" 2>/dev/null && fail "$name: the launcher still runs 60 s after SIGINT"
-  wait "$launcher_pid"
-  local rc=$?
-  launcher_pid=""
+  wait_launcher 60 " of SIGINT ($name)"
   [ "$rc" = 130 ] || fail "$name: the launcher exited $rc after SIGINT (expected 130)"
-  stop=$(field 0 step "$dir/$name.out")
+  stop=$(rfield 0 step "$dir/$name.out")
   [ -n "$stop" ] || fail "$name: rank 0 printed no stopped line"
-  [ "$(field 1 step "$dir/$name.out")" = "$stop" ] || fail "$name: the ranks stopped after different steps"
+  [ "$(rfield 1 step "$dir/$name.out")" = "$stop" ] || fail "$name: the ranks stopped after different steps"
   [ $((stop % 16)) != 0 ] || fail "$name: the stop at step $stop is not inside an epoch (the run went too fast)"
   [ $((stop / 16)) = "$epoch" ] || fail "$name: the stop at step $stop is not in epoch $((epoch + 1))"
   [ -f "$dir/backup/ckpt-$stop.ckpt" ] || fail "$name: no backup of step $stop: $(ls "$dir/backup")"
@@ -88,7 +62,7 @@ grep -q "^\[rank 0\] Nothing left to train: the run stands at step $second_stop,
   "$dir/fewer.out" || fail "the --epochs 3 rerun does not say that nothing is left to train"
 grep -qi "nan" "$dir/fewer.out" && fail "the --epochs 3 rerun printed nan"
 for r in 0 1; do
-  [ "$(field $r steps "$dir/fewer.out")" = "$second_stop" ] || fail "the --epochs 3 rerun's rank $r does not stand at step $second_stop"
+  [ "$(rfield $r steps "$dir/fewer.out")" = "$second_stop" ] || fail "the --epochs 3 rerun's rank $r does not stand at step $second_stop"
 done
 [ -f "$dir/backup/ckpt-$second_stop.ckpt" ] || fail "the --epochs 3 rerun deleted the backup: $(ls "$dir/backup")"
 
@@ -98,9 +72,9 @@ rc=$?
 grep -q "^\[rank 0\] resuming from ckpt-$second_stop.ckpt" "$dir/last.out" ||
   fail "the last rerun did not resume from ckpt-$second_stop.ckpt"
 for r in 0 1; do
-  [ "$(field $r steps "$dir/last.out")" = 80 ] || fail "rank $r ended with steps=$(field $r steps "$dir/last.out") (expected 80)"
-  [ "$(field $r weights_digest "$dir/last.out")" = "$expected" ] ||
-    fail "rank $r ended with weights_digest=$(field $r weights_digest "$dir/last.out") (uninterrupted: $expected)"
+  [ "$(rfield $r steps "$dir/last.out")" = 80 ] || fail "rank $r ended with steps=$(rfield $r steps "$dir/last.out") (expected 80)"
+  [ "$(rfield $r weights_digest "$dir/last.out")" = "$expected" ] ||
+    fail "rank $r ended with weights_digest=$(rfield $r weights_digest "$dir/last.out") (uninterrupted: $expected)"
 done
 ls "$dir"/backup/ckpt-*.ckpt > /dev/null 2>&1 && fail "the completed run left its backup: $(ls "$dir/backup")"
 echo "PASSED stopped by SIGINT after steps $first_stop and $second_stop, a rerun with fewer epochs kept the backup, and the run ended at step 80 with the uninterrupted weights"

@@ -8,27 +8,8 @@
 # equals the uninterrupted run's.
 # Usage: multi_worker_trainer_restart_check.sh kill|term TROUPE_LAUNCH MULTI_WORKER_TRAINER
 set -u
-mode="$1"
-launch="$2"
-trainer="$3"
-dir="$(mktemp -d)"
-launcher_pid=""
-cleanup() {
-  [ -n "$launcher_pid" ] && kill -KILL "$launcher_pid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-
-fail() {
-  echo "FAILED ($mode): $*"
-  for f in "$dir"/*.out; do echo "--- $f"; cat "$f"; done
-  exit 1
-}
-
-# field RANK KEY FILE: the value of KEY= on RANK's result line.
-field() {
-  grep "^\[rank $1\] result:" "$3" | tr ' ' '\n' | sed -n "s/^$2=//p"
-}
+mode="$1" launch="$2" trainer="$3" label="$1"
+. "$(dirname "$0")/multi_worker_lib.sh"
 
 args=(--epochs 3 --batch 512)  # 16 steps an epoch
 "$launch" -n 2 --timeout 100 -- "$trainer" "${args[@]}" > "$dir/reference.out" 2>&1
@@ -37,9 +18,8 @@ rc=$?
 expected=$(field 0 weights_digest "$dir/reference.out")
 [ -n "$expected" ] || fail "the uninterrupted run printed no weights_digest"
 
-"$launch" -n 2 --max-restarts 2 --restart-backoff 0.2 --timeout 100 -- "$trainer" "${args[@]}" \
-  --checkpoint-dir "$dir/backup" --checkpoint-every 4 --step-delay-ms 25 > "$dir/run.out" 2>&1 &
-launcher_pid=$!
+start_launcher "$dir/run.out" "$launch" -n 2 --max-restarts 2 --restart-backoff 0.2 --timeout 100 -- "$trainer" \
+  "${args[@]}" --checkpoint-dir "$dir/backup" --checkpoint-every 4 --step-delay-ms 25
 
 # has_backup: the chief's backup file is there (ckpt-<step>.ckpt; a non-chief worker's
 # ckpt-<step>.worker-<rank>.tmp.ckpt comes and goes and is no backup).
@@ -48,23 +28,12 @@ has_backup() {
 }
 
 # Wait (bounded) for the first backup, then interrupt rank 1 of the first run.
-for _ in $(seq 1 600); do
-  has_backup && break
-  sleep 0.05
-done
-has_backup || fail "no backup appeared within 30 s"
-pid=$(sed -n 's/^\[rank 1\] worker 1 of 2 workers (pid \([0-9]*\)).*/\1/p' "$dir/run.out" | head -1)
+wait_for 30 has_backup || fail "no backup appeared within 30 s"
+pid=$(pids_of 1 2 | head -1)
 [ -n "$pid" ] || fail "rank 1 did not print its pid"
 if [ "$mode" = kill ]; then kill -KILL "$pid"; else kill -TERM "$pid"; fi
 
-for _ in $(seq 1 1800); do
-  kill -0 "$launcher_pid" 2>/dev/null || break
-  sleep 0.05
-done
-kill -0 "$launcher_pid" 2>/dev/null && fail "the launcher did not finish within 90 s"
-wait "$launcher_pid"
-rc=$?
-launcher_pid=""
+wait_launcher 90 ""
 [ "$rc" = 0 ] || fail "the interrupted run exited $rc"
 
 if [ "$mode" = kill ]; then

@@ -124,6 +124,14 @@ TEST_CASE("monitor: pause, learning rate, checkpoint and stop act at the step bo
 
   CHECK(contains(http(port, "POST", "/api/learning_rate?value=0.25"), "200 OK"));
   CHECK(contains(http(port, "POST", "/api/learning_rate?value=zero"), "400 Bad Request"));
+  // Decimal only: 0x10 is not 16, 1e400 and inf are no rate.
+  for (const char* value : {"0x10", "0X10", "1e400", "inf", "-0.1", "16abc"}) {
+    const std::string r = http(port, "POST", std::string("/api/learning_rate?value=") + value);
+    CHECK_MESSAGE(contains(r, "400 Bad Request"), value);
+    CHECK_MESSAGE(contains(body_of(r)["error"].get<std::string>(),
+                           "learning_rate: value \"" + std::string(value) + "\" is not a positive number"),
+                  value);
+  }
   CHECK(sgd->learning_rate() == 0.5f);  // not before the boundary
   CHECK(contains(http(port, "POST", "/api/pause"), "200 OK"));
   // The boundary pauses; the resume comes from another thread while on_step_end waits.
@@ -179,6 +187,15 @@ TEST_CASE("monitor: without a token, another site's page cannot steer the traini
   CHECK(read(fd, buf, sizeof buf - 1) > 0);
   CHECK(contains(buf, "403 Forbidden"));
   close(fd);
+  // Its own Host first and another after: which one counts would be each reader's guess, so
+  // neither does.
+  CHECK(contains(http(port, "GET", "/api/state", "Host: evil.example:" + std::to_string(port) + "\r\n"),
+                 "400 Bad Request"));
+  const auto queued = body_of(http(port, "GET", "/api/state"))["pending_commands"].get<int>();
+  const std::string twice = http(port, "POST", "/api/pause", "Host: " + host + "\r\n");
+  CHECK(contains(twice, "400 Bad Request"));
+  CHECK(contains(body_of(twice)["error"].get<std::string>(), "a request names one Host; this one has 2 Host headers"));
+  CHECK(body_of(http(port, "GET", "/api/state"))["pending_commands"] == queued);  // the refused pause is not queued
 }
 
 TEST_CASE("monitor: as a fit callback, the dashboard's controls reach fit through model.control()") {

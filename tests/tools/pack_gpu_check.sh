@@ -7,7 +7,10 @@
 #   2. gpu_training_bench.sh, given a stand-in trainer that prints a known result line and a
 #      Python without PyTorch, tabulates the trainer's figures, says PyTorch is missing, and skips
 #      bf16 where the trainer has no --mixed-precision;
-#   3. host_scaling.sh runs from the pack and tabulates troupe's ring and fit.
+#   3. host_scaling.sh runs from the pack and tabulates troupe's ring and fit;
+#   4. ring_sweep.sh runs from the pack and tabulates every setting against the default;
+#   5. tag_cost_host.sh runs from the pack in one command (PACK/bin OUT) and tabulates the tags'
+#      cost, in line and beside.
 #
 #   pack_gpu_check.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
@@ -20,7 +23,8 @@ fail() { echo "FAILED: $*" >&2; exit 1; }
 "$src/tools/pack-gpu.sh" "$tmp/pack" "$build" >"$tmp/pack.log" 2>&1 || { cat "$tmp/pack.log"; fail "pack-gpu.sh"; }
 for f in bin/troupe_gpu_strategy_tests bin/troupe_gpu_kernel_tests bin/mlp_classifier bin/tcp_allreduce_bench \
          gpu_run.sh bench/gpu_training_bench.sh bench/torch_mlp.py bench/host_scaling.sh \
-         bench/torch_gloo_allreduce.py PACK-INFO.txt; do
+         bench/torch_gloo_allreduce.py bench/ring_sweep.sh bench/tag_cost.sh bench/tag_cost_host.sh \
+         bin/frame_tag_bench PACK-INFO.txt; do
   [[ -e $tmp/pack/$f ]] || fail "the pack has no $f"
 done
 if ls "$tmp/pack/lib" | grep -E "^lib(cublas|cudnn|nccl|cuda\.)" >/dev/null; then
@@ -64,4 +68,21 @@ NPROCS=2 SIZES=4096 REPS=1 ROUNDS=1 EPOCHS=1 REPLICAS="1 2" CASES="8-16-3:64" PY
 grep -Eq "^2 +4096 +[0-9.]+ +- +-" "$tmp/host/host_scaling.txt" || { cat "$tmp/host/host_scaling.txt"; fail "no ring row"; }
 grep -Eq "^8-16-16-3 +64 +2 +[0-9]+ +[0-9.]+x" "$tmp/host/host_scaling.txt" ||
   { cat "$tmp/host/host_scaling.txt"; fail "no fit row for 2 replicas"; }
+# The ring sweep runs from the pack alone: every setting a row, each against the default's time.
+NPROCS=2 SIZES=262144 SEGMENTS="65536 1048576" AHEAD="on off" SPINS=50 REPS=1 ROUNDS=1 PYTHON=false \
+  "$tmp/pack/bench/ring_sweep.sh" "$tmp/pack/bin" "$tmp/sweep" >"$tmp/sweep.log" 2>&1 ||
+  { tail -20 "$tmp/sweep.log"; fail "ring_sweep.sh exited non-zero"; }
+for setting in 65536:on:50 65536:off:50 1048576:off:50; do
+  grep -Eq "^2 +262144 +$setting +[0-9.]+ +[0-9.]+ +[0-9.]+x$" "$tmp/sweep/ring_sweep.txt" ||
+    { cat "$tmp/sweep/ring_sweep.txt"; fail "no ring_sweep row for $setting"; }
+done
+grep -Eq "^2 +262144 +1048576:on:50 +[0-9.]+ +[0-9.]+ +1.00x$" "$tmp/sweep/ring_sweep.txt" ||
+  { cat "$tmp/sweep/ring_sweep.txt"; fail "the default's row is not 1.00x of itself"; }
+# The tags' cost from the pack alone, as its printed command runs it: one pack, then where to write.
+NPROCS=2 ROUNDS=1 SIZES=262144 BENCH_FILTER='BM_FrameTag/4096$' \
+  "$tmp/pack/bench/tag_cost_host.sh" "$tmp/pack/bin" "$tmp/tags" >"$tmp/tags.log" 2>&1 ||
+  { tail -20 "$tmp/tags.log"; fail "tag_cost_host.sh PACK/bin OUT exited non-zero"; }
+grep -Eq "^BM_FrameTag/4096 " "$tmp/tags/tag_cost_host.txt" || { cat "$tmp/tags/tag_cost_host.txt"; fail "no frame_tag_bench row"; }
+grep -Eq "^\| 262144 B \| [0-9.]+ [mu]s \| [0-9.]+ [mu]s \| [0-9.]+ \| [0-9.]+ [mu]s \| [0-9.]+ \|$" "$tmp/tags/tag_cost_host.txt" ||
+  { cat "$tmp/tags/tag_cost_host.txt"; fail "no row of the tags' cost in line and beside"; }
 echo "pack_gpu_check: ok"

@@ -392,3 +392,54 @@ TEST_CASE("with a cluster token, a shard's bytes altered on the way fail their i
   d->receive(got.data(), got.size());
   CHECK(got == pattern(100000, 3));
 }
+
+TEST_CASE("with tags hashed beside, large updates and reads are bit-exact, and a flipped byte still fails") {
+  const auto beside = tt::tag_hashing::beside;
+  byte_store store;
+  tt::bulk_listener l("127.0.0.1", 0, good, 5000ms, "test ps", [&](tt::bulk_stream& s) { store.serve(s); }, 64, beside);
+  auto c = tt::bulk_stream::connect(at(l), good, 5000ms, "ps task 0", beside);
+  // Below the hand-over size, at it, across the 128 KiB reading pieces, and large.
+  const std::vector<std::size_t> sizes = {65535, 65536, 131072, 131073, (1u << 20) + 3, (16u << 20) - 4};
+  std::vector<std::vector<char>> values;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    values.push_back(pattern(sizes[i], static_cast<unsigned>(i) + 7));
+    tt::bulk_request r;
+    r.kind = tt::bulk_request::update;
+    r.key = "k" + std::to_string(i);
+    r.bytes = sizes[i];
+    c->send_request(r, values.back().data());
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) c->receive_reply(0);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    tt::bulk_request r;
+    r.key = "k" + std::to_string(i);
+    r.bytes = sizes[i];
+    c->send_request(r, nullptr);
+    std::vector<char> got(sizes[i]);
+    c->receive_reply(sizes[i]);
+    // The largest in two parts: the first is hashed before receive() returns, the message's tag
+    // is checked after the second.
+    const std::size_t first = i + 1 == sizes.size() ? sizes[i] / 3 : sizes[i];
+    c->receive(got.data(), first);
+    if (first < sizes[i]) c->receive(got.data() + first, sizes[i] - first);
+    CHECK_MESSAGE(got == values[i], sizes[i]);
+  }
+  // Through a relay that flips one byte of a reply of 1 MiB: refused, naming the peer.
+  store.values["big"] = pattern(1u << 20, 11);
+  flipping_relay relay(l.port());
+  auto d = tt::bulk_stream::connect(tt::endpoint{"127.0.0.1", relay.port()}, good, 3000ms, "ps task 0", beside);
+  tt::bulk_request r;
+  r.key = "big";
+  r.bytes = 1u << 20;
+  d->send_request(r, nullptr);
+  std::vector<char> got(1u << 20);
+  try {
+    d->receive_reply(1u << 20);
+    d->receive(got.data(), got.size());
+    FAIL("an altered reply was taken");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()) == "a message from ps task 0 failed its integrity check (its tag does not match: the "
+                                   "bytes were altered, replayed or reordered on the way)");
+  }
+  CHECK(relay.flipped());
+}

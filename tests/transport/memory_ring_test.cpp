@@ -107,23 +107,29 @@ fault_hook forge(int from, int to, std::uint64_t number, std::function<void(chun
 
 }  // namespace
 
-TEST_CASE("the ring's collectives over the in-process double give the right results across 2, 3 and 4 ranks") {
+TEST_CASE("the ring's collectives over the in-process double give the right results across 2, 3 and 4 ranks, "
+          "with the next segment sent ahead and without") {
   for (int n : {2, 3, 4}) {
     for (std::size_t segment : {std::size_t{64}, tcp_ring_options::default_segment_bytes}) {
-      CAPTURE(n);
-      CAPTURE(segment);
-      std::atomic<int> frames{0};
-      auto got = run_memory(n, [&](frame_in_flight&) { ++frames; return frame_fate::deliver(); }, with(5s, segment),
-                            [&](int r, tcp_ring& ring) {
-                              for (std::int64_t count : {std::int64_t{1}, std::int64_t{1001}, std::int64_t{20011}}) {
-                                sum_and_check(r, ring, count);
-                              }
-                              std::vector<char> b(3000, r == 1 ? 'x' : 'o');
-                              ring.broadcast(b.data(), b.size(), 1);
-                              if (b != std::vector<char>(3000, 'x')) throw std::logic_error("broadcast");
-                            });
-      for (const auto& o : got) CHECK(o.what == "");
-      CHECK(frames.load() > 0);
+      for (bool ahead : {true, false}) {
+        CAPTURE(n);
+        CAPTURE(segment);
+        CAPTURE(ahead);
+        tcp_ring_options options = with(5s, segment);
+        options.send_ahead = ahead;
+        std::atomic<int> frames{0};
+        auto got = run_memory(n, [&](frame_in_flight&) { ++frames; return frame_fate::deliver(); }, options,
+                              [&](int r, tcp_ring& ring) {
+                                for (std::int64_t count : {std::int64_t{1}, std::int64_t{1001}, std::int64_t{20011}}) {
+                                  sum_and_check(r, ring, count);
+                                }
+                                std::vector<char> b(3000, r == 1 ? 'x' : 'o');
+                                ring.broadcast(b.data(), b.size(), 1);
+                                if (b != std::vector<char>(3000, 'x')) throw std::logic_error("broadcast");
+                              });
+        for (const auto& o : got) CHECK(o.what == "");
+        CHECK(frames.load() > 0);
+      }
     }
   }
 }

@@ -26,15 +26,13 @@
 
 #include "doctor/doctor.hpp"
 #include "launch/cluster.hpp"
-#include "launch/line_prefixer.hpp"
-#include "troupe/base/parse_number.hpp"
+#include "launch/elastic_watch.hpp"
+#include "launch/worker_process.hpp"
 
 extern char** environ;
 
 namespace troupe::launch {
 namespace {
-
-using clock = std::chrono::steady_clock;
 
 // How long the pipes of exited workers may stay open (held by a process that left its group).
 constexpr auto drain_bound = std::chrono::seconds(2);
@@ -53,12 +51,6 @@ extern "C" void on_signal(int signal_number) {
   ssize_t ignored = ::write(signal_write_fd, &byte, 1);
   (void)ignored;
   errno = saved_errno;
-}
-
-std::string seconds_text(double seconds) {
-  std::ostringstream text;
-  text << seconds;
-  return text.str();
 }
 
 bool set_flags(int fd, int fd_flags, int status_flags) {
@@ -106,39 +98,10 @@ bool write_all(int fd, const char* data, std::size_t size) {
   return true;
 }
 
-struct output_stream {
-  int fd = -1;      // read end of the worker's pipe, non-blocking; -1 once closed
-  int target = -1;  // STDOUT_FILENO or STDERR_FILENO of the launcher
-  bool show = true;  // false: --ranks leaves this worker off the terminal
-  int log_fd = -1;   // --log-dir: the worker's log file (both streams share it; owned by worker)
-  line_prefixer lines;
-  output_stream(int target_fd, const std::string& prefix) : target(target_fd), lines(prefix) {}
-};
-
-struct worker {
-  int rank;
-  std::string address;
-  pid_t pid = -1;  // also the id of its process group
-  bool running = false;
-  std::optional<std::chrono::steady_clock::time_point> stopped_since;  // --elastic: stopped (SIGSTOP) since
-  int log_fd = -1;  // --log-dir DIR: DIR/rank-<i>.log
-  std::array<output_stream, 2> streams;
-
-  worker(int r, std::string addr)
-      : rank(r),
-        address(std::move(addr)),
-        streams{output_stream(STDOUT_FILENO, "[rank " + std::to_string(r) + "] "),
-                output_stream(STDERR_FILENO, "[rank " + std::to_string(r) + "] ")} {}
-
-  std::string describe() const {
-    return "worker " + std::to_string(rank) + " (pid " + std::to_string(pid) + ", " + address + ")";
-  }
-};
-
 class supervisor {
  public:
   supervisor(const launch_options& options, const std::vector<std::string>& addresses)
-      : options_(options), addresses_(addresses) {
+      : options_(options), addresses_(addresses), elastic_(options) {
     for (std::size_t i = 0; i < addresses.size(); ++i)
       workers_.emplace_back(static_cast<int>(i), addresses[i]);
   }
@@ -502,7 +465,7 @@ class supervisor {
     if (!stopping_) consider(timeout_at_);
     consider(kill_at_);
     consider(drain_until_);
-    consider(next_stall_check());
+    if (!stopping_) consider(elastic_.next_stall_check(workers_));
     int timeout_ms = -1;
     if (next)
       timeout_ms = static_cast<int>(std::clamp<long long>(
@@ -550,7 +513,7 @@ class supervisor {
         continue;
       }
       if (info.si_pid == 0) {
-        if (options_.elastic) note_stop(w);
+        if (options_.elastic) elastic_watch::note_stop(w);
         continue;
       }
       ::kill(-w.pid, SIGKILL);  // whatever the worker left behind in its group
@@ -566,75 +529,13 @@ class supervisor {
   }
 
   // --elastic with --max-restarts: a lost worker's place is taken by a new process that joins the
-  // running cluster (TROUPE_JOIN=1, the same TF_CONFIG), while replacements are left.
+  // running cluster, while replacements are left (elastic_watch).
   void replace(worker& w) {
-    if (replacements_ >= options_.max_restarts || stopping_) return;
-    ++replacements_;
+    if (stopping_) return;
+    auto env = elastic_.replacement_env(w, base_environment(), addresses_, say_fn());
+    if (!env) return;
     for (auto& s : w.streams) close_stream(s);
-    std::vector<std::string> env = base_environment();
-    env.push_back("TROUPE_JOIN=1");
-    env.push_back("TF_CONFIG=" + tf_config_json(addresses_, w.rank, options_.chief, options_.ps));
-    say("starting a replacement for worker " + std::to_string(w.rank) + " (" + std::to_string(replacements_) + " of " +
-        std::to_string(options_.max_restarts) + "); it joins the running cluster");
-    if (!start_worker(w, env, command_for(w, env))) begin_stop(SIGTERM);
-  }
-
-  // --elastic: whether the worker is stopped (SIGSTOP, SIGTSTP...) or was continued since.
-  void note_stop(worker& w) {
-    siginfo_t info{};
-    info.si_pid = 0;
-    if (::waitid(P_PID, static_cast<id_t>(w.pid), &info, WSTOPPED | WCONTINUED | WNOHANG) != 0 || info.si_pid == 0) {
-      return;
-    }
-    if (info.si_code == CLD_STOPPED || info.si_code == CLD_TRAPPED) {
-      if (!w.stopped_since) w.stopped_since = clock::now();
-    } else if (info.si_code == CLD_CONTINUED) {
-      w.stopped_since.reset();
-    }
-  }
-
-  // --elastic: how long a worker may stay stopped before it counts as lost. The chief declares a
-  // silent worker gone after TROUPE_MISSED_HEARTBEATS intervals of TROUPE_HEARTBEAT_MS (the
-  // workers' own settings, from this environment; their defaults when unset or unreadable, which
-  // the workers refuse themselves), and the others go on without it; the launcher then ends it,
-  // so that it cannot hold the launch until --timeout, with one interval more.
-  static clock::duration stall_limit() {
-    auto setting = [](const char* name, long long fallback, long long min, long long max) {
-      const char* text = std::getenv(name);
-      if (text == nullptr || *text == '\0') return fallback;
-      const std::optional<long long> v = base::parse_int(text);
-      return v && *v >= min && *v <= max ? *v : fallback;
-    };
-    const long long interval_ms = setting("TROUPE_HEARTBEAT_MS", 500, 10, 600000);
-    const long long missed = setting("TROUPE_MISSED_HEARTBEATS", 6, 1, 1000);
-    return std::chrono::milliseconds(interval_ms * (missed + 1));
-  }
-
-  // --elastic: a worker stopped past stall_limit() is killed (SIGKILL), which makes it a lost
-  // worker like any other killed one (on_exit).
-  void check_stalls(clock::time_point now) {
-    if (!options_.elastic || stopping_) return;
-    for (auto& w : workers_) {
-      if (!w.running || !w.stopped_since || now - *w.stopped_since < stall_limit()) continue;
-      const double s = std::chrono::duration<double>(now - *w.stopped_since).count();
-      say(w.describe() + " has been stopped for " + seconds_text(s) +
-          " s, past the heartbeat limit (TROUPE_HEARTBEAT_MS x (TROUPE_MISSED_HEARTBEATS + 1)); --elastic: killing it "
-          "(SIGKILL) as lost");
-      w.stopped_since.reset();
-      ::kill(-w.pid, SIGKILL);
-    }
-  }
-
-  // The earliest time check_stalls acts.
-  std::optional<clock::time_point> next_stall_check() const {
-    std::optional<clock::time_point> next;
-    if (!options_.elastic || stopping_) return next;
-    for (const auto& w : workers_) {
-      if (!w.running || !w.stopped_since) continue;
-      const auto at = *w.stopped_since + stall_limit();
-      if (!next || at < *next) next = at;
-    }
-    return next;
+    if (!start_worker(w, *env, command_for(w, *env))) begin_stop(SIGTERM);
   }
 
   // Whether the worker was dropped by an elastic cluster that goes on (its place may be taken).
@@ -658,17 +559,7 @@ class supervisor {
       how = "was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")";
     }
     bool others = running_count() > 0;
-    // Elastic: a worker that died (a signal: killed, crashed) is dropped by the others, which go
-    // on while at least --min of them run (no new member is started in its place). One that
-    // exited with a status said itself that it failed, and rank 0 holds the cluster's membership:
-    // either way the run fails, as without --elastic.
-    if (options_.elastic && w.rank != 0 && WIFSIGNALED(status) &&
-        running_count() >= options_.min_workers.value_or(1)) {
-      const int n = running_count();
-      say(w.describe() + " " + how + "; --elastic: the " + std::to_string(n) + (n == 1 ? " other goes" : " others go") +
-          " on without it");
-      return true;
-    }
+    if (elastic_.goes_on(w, status, how, running_count(), say_fn())) return true;
     exit_code_ = code;
     last_failure_ = w.describe() + " " + how;
     say(last_failure_ + (others ? "; stopping the others" : ""));
@@ -677,7 +568,7 @@ class supervisor {
   }
 
   void check_timers(clock::time_point now) {
-    check_stalls(now);
+    if (!stopping_) elastic_.check_stalls(workers_, now, say_fn());
     if (!stopping_ && timeout_at_ && now >= *timeout_at_) {
       int running = running_count();
       say("timed out after " + seconds_text(*options_.timeout_s) + " s; stopping " +
@@ -783,6 +674,10 @@ class supervisor {
     emit(STDERR_FILENO, "troupe-launch: " + message + "\n");
   }
 
+  elastic_watch::say_fn say_fn() {
+    return [this](const std::string& message) { say(message); };
+  }
+
   int running_count() const {
     return static_cast<int>(std::count_if(workers_.begin(), workers_.end(),
                                           [](const worker& w) { return w.running; }));
@@ -798,6 +693,7 @@ class supervisor {
   const launch_options& options_;
   std::vector<std::string> addresses_;  // changed by a restart (fresh ports)
   std::vector<worker> workers_;
+  elastic_watch elastic_;
 
   std::array<int, 2> signal_fds_{-1, -1};
   int devnull_ = -1;
@@ -816,7 +712,6 @@ class supervisor {
   std::string last_failure_;  // the worker that failed first in the last run, and how
   std::int64_t run_started_ns_ = 0;  // when the current run began (wall clock): its dumps are newer
   int restart_count_ = 0;     // restarts so far: TROUPE_RESTART_COUNT of the workers
-  int replacements_ = 0;      // --elastic: workers started to take a lost one's place
   std::string launch_token_;  // the run's TROUPE_CLUSTER_TOKEN when the caller set none
   std::optional<clock::time_point> timeout_at_;
   std::optional<clock::time_point> kill_at_;
@@ -824,6 +719,12 @@ class supervisor {
 };
 
 }  // namespace
+
+std::string seconds_text(double seconds) {
+  std::ostringstream text;
+  text << seconds;
+  return text.str();
+}
 
 std::string signal_name(int signal_number) {
   switch (signal_number) {

@@ -39,4 +39,7 @@ int supervise(const launch_options& options, const std::vector<std::string>& add
 /// The conventional name of a signal, "SIGTERM"; "signal N" when it has none here.
 std::string signal_name(int signal_number);
 
+/// A duration in seconds as the launcher's messages write it: "2.5".
+std::string seconds_text(double seconds);
+
 }  // namespace troupe::launch

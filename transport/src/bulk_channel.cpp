@@ -7,6 +7,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <sys/uio.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -65,7 +68,8 @@ void set_blocking_with_timeout(int fd, std::chrono::milliseconds timeout, const 
 // --- bulk_stream ------------------------------------------------------------------------------
 
 std::unique_ptr<bulk_stream> bulk_stream::connect(const endpoint& ep, const ring_auth& auth,
-                                                  std::chrono::milliseconds timeout, std::string name) {
+                                                  std::chrono::milliseconds timeout, std::string name,
+                                                  tag_hashing hashing) {
   // A proof takes milliseconds: a listener that does not answer it soon is stopped or gone.
   const frames::deadline until(std::min(timeout, std::chrono::milliseconds(10000)));
   int retry_ms = 5;
@@ -95,7 +99,7 @@ std::unique_ptr<bulk_stream> bulk_stream::connect(const endpoint& ep, const ring
                                e.what());
     }
     set_blocking_with_timeout(fd, timeout, name);
-    if (!auth.token.empty()) stream->tag_messages(key, true);
+    if (!auth.token.empty()) stream->tag_messages(key, true, hashing);
     return stream;
   }
 }
@@ -109,9 +113,11 @@ bulk_stream::~bulk_stream() {
 
 void bulk_stream::shutdown() noexcept { ::shutdown(fd_, SHUT_RDWR); }
 
-void bulk_stream::tag_messages(const std::vector<std::uint8_t>& key, bool connecting) {
-  out_mac_ = std::make_shared<frames::frame_mac>(key, connecting ? 0 : 1);
-  in_mac_ = std::make_shared<frames::frame_mac>(key, connecting ? 1 : 0);
+void bulk_stream::tag_messages(const std::vector<std::uint8_t>& key, bool connecting, tag_hashing hashing) {
+  // One thread beside this connection's hashes its large messages both ways (started on first use).
+  const auto helper = hashing == tag_hashing::beside ? std::make_shared<frames::tag_thread>() : nullptr;
+  out_mac_ = std::make_shared<frames::frame_mac>(key, connecting ? 0 : 1, helper);
+  in_mac_ = std::make_shared<frames::frame_mac>(key, connecting ? 1 : 0, helper);
 }
 
 void bulk_stream::start_message(const void* header, std::size_t n) {
@@ -145,10 +151,31 @@ void bulk_stream::send_all(const void* header, std::size_t header_n, const void*
                       {const_cast<void*>(b), bn},
                       {const_cast<void*>(c), cn},
                       {tag, 0}};
+  if (out_mac_ && out_mac_->helped() && an + bn + cn >= frames::tag_thread::min_frame_bytes) {
+    // Hashed beside while the body is written; the tag goes once both are done. The caller's
+    // bytes stay in place until the thread has let go of them, also when the write fails.
+    out_mac_->begin();
+    for (int i = 0; i < 4; ++i) out_mac_->add(iov[i].iov_base, iov[i].iov_len, true);
+    out_mac_->finish();
+    try {
+      write_all(iov, 4);
+    } catch (...) {
+      out_mac_->drain();
+      throw;
+    }
+    out_mac_->result(tag);
+    iov[4].iov_len = sizeof tag;
+    write_all(iov + 4, 1);
+    return;
+  }
   if (out_mac_) {
     out_mac_->tag(iov, 4, tag);
     iov[4].iov_len = sizeof tag;
   }
+  write_all(iov, parts);
+}
+
+void bulk_stream::write_all(iovec* iov, int parts) {
   int first = 0;
   while (first < parts) {
     if (iov[first].iov_len == 0) {
@@ -182,12 +209,35 @@ void bulk_stream::send_all(const void* header, std::size_t header_n, const void*
 
 void bulk_stream::receive(void* into, std::size_t n) {
   if (n == 0) return;
+  const auto too_many = [&] {
+    return std::runtime_error("data connection with " + name_ + ": " + std::to_string(n) +
+                              " bytes asked of a message with " + std::to_string(in_left_) + " left");
+  };
+  if (in_mac_ && in_mac_->helped() && n >= frames::tag_thread::min_frame_bytes) {
+    if (n > in_left_) throw too_many();
+    // Read a piece at a time, each hashed beside while the next is read: only the last is left
+    // to hash once the last byte is in. The bytes stay in place until the thread let go of them.
+    constexpr std::size_t piece = 128 * 1024;
+    auto* at = static_cast<unsigned char*>(into);
+    try {
+      for (std::size_t done = 0; done < n;) {
+        const std::size_t k = std::min(piece, n - done);
+        read_exact(at + done, k);
+        in_mac_->add(at + done, k, true);
+        done += k;
+      }
+      in_left_ -= n;
+      if (in_left_ > 0) in_mac_->drain();  // the caller may reuse `into` before the message ends
+      end_message_when_read();
+    } catch (...) {
+      in_mac_->drain();
+      throw;
+    }
+    return;
+  }
   read_exact(into, n);
   if (!in_mac_) return;
-  if (n > in_left_) {
-    throw std::runtime_error("data connection with " + name_ + ": " + std::to_string(n) +
-                             " bytes asked of a message with " + std::to_string(in_left_) + " left");
-  }
+  if (n > in_left_) throw too_many();
   add_to_message(into, n);
   in_left_ -= n;
   end_message_when_read();
@@ -340,6 +390,7 @@ struct bulk_listener::impl {
   std::string owner;
   std::function<void(bulk_stream&)> serve;
   std::size_t max_connections = 64;
+  tag_hashing hashing = tag_hashing::automatic;
   // Open connections of any kind (a thread each), proven ones included: pushed-out ones whose
   // threads have not ended yet count until they do.
   static constexpr std::size_t max_open_connections = 1024;
@@ -404,7 +455,7 @@ struct bulk_listener::impl {
       return;
     }
     bulk_stream stream(fd, timeout, "the data connection from " + remote);
-    if (!auth.token.empty()) stream.tag_messages(key, false);
+    if (!auth.token.empty()) stream.tag_messages(key, false, hashing);
     {
       std::lock_guard<std::mutex> lock(mutex);
       c->fd = -1;
@@ -472,7 +523,8 @@ struct bulk_listener::impl {
 
 bulk_listener::bulk_listener(const std::string& host, std::uint16_t port, ring_auth auth,
                              std::chrono::milliseconds timeout, std::string owner,
-                             std::function<void(bulk_stream&)> serve, std::size_t max_connections)
+                             std::function<void(bulk_stream&)> serve, std::size_t max_connections,
+                             tag_hashing hashing)
     : impl_(std::make_unique<impl>()) {
   auto& s = *impl_;
   s.socket = std::make_unique<listener>(ipv4_of(host, "data port"), port);
@@ -482,6 +534,7 @@ bulk_listener::bulk_listener(const std::string& host, std::uint16_t port, ring_a
   s.owner = std::move(owner);
   s.serve = std::move(serve);
   s.max_connections = max_connections;
+  s.hashing = hashing;
   s.acceptor = std::thread([&s] { s.accept_loop(); });
 }
 

@@ -63,12 +63,27 @@ struct tcp_ring::impl {
       pump.exchange(until, options.timeout, spin(), both, &first_from_prev);
     } catch (const peer_error& e) {
       if (!shut_down.load()) throw;
-      throw peer_error(e.peer(), "the ring was shut down here (the cluster watch declared a worker gone, the workers out "
-                                 "of step or a link tampered with) while talking to " +
-                                     link->peer(e.peer() == link->peer(ring_side::prev).rank ? ring_side::prev
-                                                                                             : ring_side::next)
-                                         .name);
+      throw shut_down_error(e);
     }
+  }
+
+  // Writes what the successor's socket takes now of the frame begun on to_next, without waiting
+  // (the rest goes out in the next exchange); after shutdown() any failure says so.
+  void push_next() {
+    try {
+      pump.to_next.progress(*link);
+    } catch (const peer_error& e) {
+      if (!shut_down.load()) throw;
+      throw shut_down_error(e);
+    }
+  }
+
+  peer_error shut_down_error(const peer_error& e) const {
+    return peer_error(e.peer(), "the ring was shut down here (the cluster watch declared a worker gone, the workers out "
+                                "of step or a link tampered with) while talking to " +
+                                    link->peer(e.peer() == link->peer(ring_side::prev).rank ? ring_side::prev
+                                                                                            : ring_side::next)
+                                        .name);
   }
 
   // Expected frame sizes are a whole segment whatever this rank expects (at least a small
@@ -215,18 +230,27 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
   auto at = [&](std::int64_t element) { return bytes + static_cast<std::size_t>(element) * esize; };
   // One ring step: chunk send_c goes to the successor while chunk recv_c comes from the
   // predecessor, segment by segment; `use` gets each received segment's bytes, read in place.
+  //
+  // The sent chunk is complete before the step begins, so segment k+1 starts out (as much of it as
+  // the socket takes at once) before segment k's bytes are handled: the successor receives while
+  // this rank adds, and a rank's next send never waits for its own addition.
   auto step = [&](int send_c, int recv_c, auto&& use) {
     auto [sb, se] = chunk_bounds(count, size_, send_c);
     auto [rb, re] = chunk_bounds(count, size_, recv_c);
-    for (std::int64_t k = 0; sb + k * segment < se || rb + k * segment < re; ++k) {
+    auto start_send = [&](std::int64_t k) {
       const std::int64_t sk = sb + k * segment;
-      const std::int64_t rk = rb + k * segment;
-      const bool receiving = rk < re;
       if (sk < se) {
         pump.to_next.start_chunk(frame_of(send_c, sk, std::min(se, sk + segment)), at(sk));
       } else {
         pump.to_next.skip();
       }
+    };
+    bool sent_ahead = false;
+    for (std::int64_t k = 0; sb + k * segment < se || rb + k * segment < re; ++k) {
+      const std::int64_t rk = rb + k * segment;
+      const bool receiving = rk < re;
+      if (!sent_ahead) start_send(k);
+      sent_ahead = false;
       if (receiving) {
         pump.from_prev.start(words_for(static_cast<std::size_t>(std::min(re - rk, segment)) * esize));
       } else {
@@ -235,7 +259,13 @@ void tcp_ring::all_reduce(void* data, std::int64_t count, scalar_type type, redu
       s.exchange(until);
       if (!receiving) continue;
       const chunk_frame want = frame_of(recv_c, rk, std::min(re, rk + segment));
-      use(pump.from_prev.take_chunk(*s.link, "all_reduce", rank_, want), rk, rk + static_cast<std::int64_t>(want.count));
+      const kj::byte* in = pump.from_prev.take_chunk(*s.link, "all_reduce", rank_, want);
+      if (s.options.send_ahead && sb + (k + 1) * segment < se) {
+        start_send(k + 1);
+        s.push_next();
+        sent_ahead = true;
+      }
+      use(in, rk, rk + static_cast<std::int64_t>(want.count));
     }
   };
 

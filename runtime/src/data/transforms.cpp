@@ -4,10 +4,14 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <new>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "storage.hpp"
 #include "troupe/errors.hpp"
 
 namespace troupe::data::nodes {
@@ -23,16 +27,28 @@ class BatchIterator final : public IteratorImpl {
   std::optional<Element> next() override {
     if (done_) return std::nullopt;
     std::vector<Element> rows;
-    rows.reserve(static_cast<std::size_t>(std::min<std::int64_t>(n_, 1024)));
-    while (static_cast<std::int64_t>(rows.size()) < n_) {
-      std::optional<Element> e = input_->next();
-      if (!e) {
-        done_ = true;
-        input_.reset();
-        break;
+    std::size_t held = 0;
+    try {
+      rows.reserve(static_cast<std::size_t>(std::min<std::int64_t>(n_, 1024)));
+      while (static_cast<std::int64_t>(rows.size()) < n_) {
+        std::optional<Element> e = input_->next();
+        if (!e) {
+          done_ = true;
+          input_.reset();
+          break;
+        }
+        if (!rows.empty()) check_compatible(rows.front(), *e, rows.size());
+        rows.push_back(std::move(*e));
+        held = rows.size();
       }
-      if (!rows.empty()) check_compatible(rows.front(), *e, rows.size());
-      rows.push_back(std::move(*e));
+    } catch (const std::bad_alloc& e) {
+      // A batch far larger than memory fills it with its elements before one tensor is made:
+      // named, with what the elements held, once they are let go of.
+      std::vector<Element>().swap(rows);
+      const std::string tensor = dynamic_cast<const troupe::detail::named_bad_alloc*>(&e) != nullptr ? e.what() : "";
+      throw troupe::detail::named_bad_alloc("batch of " + std::to_string(n_) + " elements: out of memory after " +
+                                    std::to_string(held) + " of them" + (tensor.empty() ? "" : " (" + tensor + ")") +
+                                    "; a smaller batch needs less");
     }
     if (rows.empty()) return std::nullopt;
     if (drop_remainder_ && static_cast<std::int64_t>(rows.size()) < n_) return std::nullopt;

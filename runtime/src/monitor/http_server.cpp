@@ -209,7 +209,13 @@ struct HttpServer::impl : std::enable_shared_from_this<HttpServer::impl> {
     r.query = q == std::string::npos ? std::string() : target.substr(q + 1);
     HttpResponse out;
     const std::string foreign = refuse_foreign(req);
-    if (!foreign.empty()) {
+    if (req.count(http::field::host) > 1) {
+      // Which of two Hosts counts is a guess each reader makes its own way (RFC 9112 answers 400):
+      // the check above read the first, a proxy before it may have read another.
+      out = {400, "application/json",
+             "{\"error\":\"a request names one Host; this one has " + std::to_string(req.count(http::field::host)) +
+                 " Host headers\"}"};
+    } else if (!foreign.empty()) {
       out = {403, "application/json", "{\"error\":\"" + foreign + "\"}"};
     } else if (!authorised(req, r.query)) {
       out = {401, "application/json",

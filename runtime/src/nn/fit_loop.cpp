@@ -462,8 +462,39 @@ void FitLoop::run_epoch(int epoch) {
     } else if (elastic_ != nullptr && !stopped_ && step_ % elastic_->commit_every_steps() == 0) {
       commit(epoch, k, sums);
     }
+    if (elastic_ != nullptr && !stopped_ && steps_per_epoch_ > 0 && k + 1 == steps_per_epoch_ &&
+        !end_together(epoch, k, sums)) {
+      continue;  // rolled back into this epoch: the loop's ++k takes up the step after the commit
+    }
   }
   end_epoch(epoch, k, first_k, sums, epoch_logs, start);
+}
+
+// Elastic membership, after an epoch's last step (`k`): every worker passes one collective before
+// any ends the epoch, so that none ends it while another failed that step (the commit they share
+// would then be of the epoch one of them ended), and then commits the epoch's end, so that a loss
+// early in the next epoch rolls back to its start rather than into the epoch ended. False when
+// the collective failed and training rolled back into this epoch: `k` is then the step before the
+// one to take up, `sums` the epoch's as committed there.
+bool FitLoop::end_together(int epoch, std::int64_t& k, EpochSums& sums) {
+  if (workers_ > 1) {
+    try {
+      const CallSiteLabel phase("fit:epoch_end");
+      group_.sum(Tensor::from_vector(std::vector<float>{1.0f}, {1}));
+    } catch (const troupe::Error& e) {
+      if (!failed_in_collective(e)) throw;
+      const distribute::detail::CommitPosition at = recover(e.what(), sums);
+      if (at.epoch != epoch) {
+        throw CollectiveAborted("elastic membership falls back to the restart path: the commit the workers that "
+                                "continue hold is of epoch " + std::to_string(at.epoch + 1) + ", and this worker "
+                                "stands at the end of epoch " + std::to_string(epoch + 1));
+      }
+      k = at.step_in_epoch - 1;
+      return false;
+    }
+  }
+  commit(epoch, k, sums);
+  return true;
 }
 
 // Input: the step's per-replica batch; none when a pass of unknown length ended.
@@ -683,8 +714,9 @@ void FitLoop::boundary(Logs& logs, std::optional<StepAgreement> carried) {
       break;
     }
     if (first && agreed.pause && *agreed.pause) {
-      control_.set_paused(true);
+      // control().paused() turns true only once every callback (the dashboard among them) knows.
       for (const auto& c : callbacks_) c->on_pause(step_);
+      control_.set_paused(true);
     } else if (!first && agreed.pause && !*agreed.pause) {
       break;
     }

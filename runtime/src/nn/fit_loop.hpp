@@ -109,6 +109,7 @@ class FitLoop {
   distribute::detail::CommitPosition commit(int epoch, std::int64_t k_done, const EpochSums& sums);
   distribute::detail::CommitPosition recover(const std::string& failure, EpochSums& sums);
   void admit(int epoch, std::int64_t k_done, const EpochSums& sums);
+  bool end_together(int epoch, std::int64_t& k, EpochSums& sums);
   std::size_t exchange_state(distribute::detail::CommitPosition& at, EpochSums& sums, bool receiving);
   void take_up_input(const distribute::detail::CommitPosition& at);
 

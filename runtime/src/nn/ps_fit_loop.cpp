@@ -290,8 +290,9 @@ bool PsFitLoop::boundary() {
       return true;
     }
     if (!control_.paused()) {
-      control_.set_paused(true);
+      // control().paused() turns true only once every callback (the dashboard among them) knows.
       for (const auto& c : callbacks_) c->on_pause(step_);
+      control_.set_paused(true);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     TrainingControl::Requests requests = control_.take();

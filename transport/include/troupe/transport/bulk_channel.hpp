@@ -39,6 +39,8 @@
 
 #include "troupe/transport/ring_connect.hpp"
 
+struct iovec;
+
 namespace troupe::transport {
 
 /// One request on a data connection. A read asks for the whole shard and an update sends it
@@ -67,8 +69,11 @@ class bulk_stream {
   /// `timeout` (at most 10 s); a listener that refuses it before acknowledging the proof (pushed
   /// out by a flood of connections that do not prove themselves) is tried again within that bound.
   /// `name` names the peer in every error ("ps task /job:ps/replica:0/task:0").
+  /// With a token, `hashing` says where its large messages' tags are hashed (tag_hashing; the
+  /// default, automatic, is in line here: bench/README.md, "Hashing beside on the data connections").
   static std::unique_ptr<bulk_stream> connect(const endpoint& ep, const ring_auth& auth,
-                                              std::chrono::milliseconds timeout, std::string name);
+                                              std::chrono::milliseconds timeout, std::string name,
+                                              tag_hashing hashing = tag_hashing::automatic);
   /// Takes a proven socket (the listener's side).
   bulk_stream(int fd, std::chrono::milliseconds timeout, std::string name);
   ~bulk_stream();
@@ -97,12 +102,16 @@ class bulk_stream {
 
   /// From now on every request and every reply carries an integrity tag under `key` (the proof's
   /// frame key; frames::frame_mac): `connecting` names this side of the connection. A message whose
-  /// tag does not match is a std::runtime_error naming the peer.
-  void tag_messages(const std::vector<std::uint8_t>& key, bool connecting);
+  /// tag does not match is a std::runtime_error naming the peer. With tag_hashing::beside the
+  /// bytes of a message of 64 KiB and more are hashed on a thread of the connection's own while
+  /// this one writes or reads them (automatic and in_line: on this thread).
+  void tag_messages(const std::vector<std::uint8_t>& key, bool connecting,
+                    tag_hashing hashing = tag_hashing::automatic);
 
  private:
   void send_all(const void* header, std::size_t header_n, const void* a, std::size_t an, const void* b,
                 std::size_t bn, const void* c, std::size_t cn);
+  void write_all(iovec* iov, int parts);
   void read_exact(void* into, std::size_t n);
   // With tags: the incoming message's bytes so far join its tag; `left` bytes of it are still to
   // come (receive()), and its tag is read and checked once none are.
@@ -128,7 +137,8 @@ class bulk_stream {
 class bulk_listener {
  public:
   bulk_listener(const std::string& host, std::uint16_t port, ring_auth auth, std::chrono::milliseconds timeout,
-                std::string owner, std::function<void(bulk_stream&)> serve, std::size_t max_connections = 64);
+                std::string owner, std::function<void(bulk_stream&)> serve, std::size_t max_connections = 64,
+                tag_hashing hashing = tag_hashing::automatic);
   ~bulk_listener();
   bulk_listener(const bulk_listener&) = delete;
   bulk_listener& operator=(const bulk_listener&) = delete;

@@ -44,6 +44,9 @@ struct tcp_ring_options {
   ring_auth auth;
   /// With a token: where a rank hashes its large frames' tags (ring_connect.hpp).
   tag_hashing hash_tags = tag_hashing::automatic;
+  /// In an all-reduce's ring steps, start writing the next segment before handling the one just
+  /// received (the successor receives while this rank adds); false: strictly one segment at a time.
+  bool send_ahead = true;
 };
 
 /// Ring collectives between `size` processes over TCP: rank r connects to rank r+1 and accepts
