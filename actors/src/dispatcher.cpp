@@ -269,6 +269,19 @@ std::vector<std::string> dispatcher::read_shards(const std::vector<shard_op>& sh
   return out;
 }
 
+std::vector<int> dispatcher::shard_slots(const std::vector<shard_op>& shards, std::chrono::milliseconds timeout) {
+  auto& d = *impl_;
+  for (const auto& s : shards) d.options.ps.at(static_cast<std::size_t>(s.ps));
+  std::vector<int> out(shards.size());
+  all_shards<std::int32_t>(
+      d, shards.size(), timeout, "ask for the optimizer slots of", [&](std::size_t i) -> const shard_op& { return shards[i]; },
+      [&](std::size_t i) {
+        return caf::make_message(vslots_atom::value, static_cast<std::int32_t>(shards[i].ps), shards[i].key);
+      },
+      [&](std::size_t i, std::int32_t n) { out[i] = n; });
+  return out;
+}
+
 void dispatcher::update_shards(std::vector<shard_op> updates, std::chrono::milliseconds timeout) {
   auto& d = *impl_;
   for (const auto& s : updates) d.options.ps.at(static_cast<std::size_t>(s.ps));

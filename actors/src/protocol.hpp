@@ -85,7 +85,8 @@ using refuse_atom = caf::atom_constant<caf::atom("refuse")>;
 //   dispatcher -> pulse: (beat, interval ms, missed) -> bool
 //   task agent -> dispatcher: (result, id, ok, payload)
 //   anyone -> ps agent: (vnew, key, bytes) -> bool; (vread, key) -> bytes; (vupdate, key, op, bytes)
-//     -> bool; (data) -> (port, secret) of its data connections (bulk_channel.hpp)
+//     -> bool; (data) -> (port, secret) of its data connections (bulk_channel.hpp); (vslots, key)
+//     -> the number of optimizer slots the shard keeps (0 before its first optimizer update)
 //   chief's dispatch actor -> ps agent: (pstats) -> (shards, bytes held, updates, bytes in, bytes
 //     out), asked at every heartbeat for the dashboard (ps_cluster_board)
 //   chief's dispatch actor -> ps agent (refused from anyone else): (ckptsave, directory, file, step)
@@ -102,6 +103,7 @@ using leave_atom = caf::atom_constant<caf::atom("leave")>;
 using vnew_atom = caf::atom_constant<caf::atom("vnew")>;
 using vread_atom = caf::atom_constant<caf::atom("vread")>;
 using vupdate_atom = caf::atom_constant<caf::atom("vupdate")>;
+using vslots_atom = caf::atom_constant<caf::atom("vslots")>;
 using sched_atom = caf::atom_constant<caf::atom("sched")>;
 using wup_atom = caf::atom_constant<caf::atom("wup")>;
 using window_atom = caf::atom_constant<caf::atom("window")>;

@@ -98,7 +98,10 @@ void ps_cluster_board::record(ps_event_kind kind, int worker, int ps, std::uint6
 
 void ps_cluster_board::sample_locked(clock::time_point now) {
   done_rate_.add(now, static_cast<double>(done_));
-  for (auto& w : workers_) w.rate.add(now, static_cast<double>(w.done));
+  for (auto& w : workers_) {
+    w.rate.add(now, static_cast<double>(w.done));
+    w.sample_rate.add(now, static_cast<double>(w.samples));
+  }
 }
 
 void ps_cluster_board::scheduled(clock::time_point now) {
@@ -176,6 +179,13 @@ void ps_cluster_board::closure_done(int w, const std::string& error, clock::time
   sample_locked(now);
 }
 
+void ps_cluster_board::samples_done(int w, std::uint64_t samples, clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!known_worker(w)) return;
+  workers_[static_cast<std::size_t>(w)].samples += samples;
+  sample_locked(now);
+}
+
 void ps_cluster_board::closures_cancelled(std::uint64_t n, clock::time_point now) {
   if (n == 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
@@ -224,6 +234,8 @@ ps_cluster_view ps_cluster_board::snapshot(clock::time_point now) {
     w.failed = e.failed;
     w.in_flight = e.in_flight;
     w.closures_per_s = e.rate.per_second(now);
+    w.samples = e.samples;
+    w.samples_per_s = e.sample_rate.per_second(now);
     w.last_result_age_ms = e.has_result ? ms_between(e.last_result, now) : -1;
     w.times_lost = e.times_lost;
     v.in_flight += e.in_flight;

@@ -153,6 +153,9 @@ caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<
       [=](vread_atom, std::int32_t p, const std::string& key) -> caf::result<std::string> {
         return forward(p, caf::make_message(vread_atom::value, key), type_tag<std::string>{});
       },
+      [=](vslots_atom, std::int32_t p, const std::string& key) -> caf::result<std::int32_t> {
+        return forward(p, caf::make_message(vslots_atom::value, key), type_tag<std::int32_t>{});
+      },
       [=](data_atom, std::int32_t p) -> caf::result<std::string> {
         return forward(p, caf::make_message(data_atom::value), type_tag<std::string>{});
       },

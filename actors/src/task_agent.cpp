@@ -455,6 +455,12 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         rp.delegate(shard, vread_atom::value);
         return rp;
       },
+      [=](vslots_atom, const std::string& key) -> caf::result<std::int32_t> {
+        auto cell = self->state.store->find(key);
+        if (!cell) return runtime_error("no variable shard '" + key.substr(0, 64) + "' on " + self->state.task);
+        std::shared_lock<std::shared_mutex> lock(cell->mutex);
+        return static_cast<std::int32_t>(cell->slots.size());
+      },
       [=](vupdate_atom, const std::string& key, std::uint8_t op, std::string& delta) -> caf::result<bool> {
         auto shard = shard_of(key);
         if (!shard) return runtime_error("no variable shard '" + key + "' on " + self->state.task);

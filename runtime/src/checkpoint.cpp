@@ -13,6 +13,7 @@
 #include <system_error>
 #include <utility>
 
+#include "distribute/cluster/ps_access.hpp"
 #include "distribute/strategies/context_state.hpp"
 #include "distribute/collectives/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
@@ -92,6 +93,41 @@ tp::checkpoint_contents load(const std::string& path, bool verify_checksums = tr
   }
 }
 
+// Variables on the ps tasks of a ParameterServerStrategy whose shards keep optimizer slots there
+// (momentum's, Adam's m and v, made by the ps task's first optimizer update): a Checkpoint file
+// holds values only, so saving them would lose the optimizer's state, and restoring values beside
+// slots of another point of training would mix two. Throws std::invalid_argument naming the first
+// such variable and what saves the slots: ShardedCheckpointManager. One round of requests per
+// variable, its shards' at once.
+void refuse_ps_slots(const std::map<std::string, Variable>& variables, bool saving) {
+  for (const auto& [key, variable] : variables) {
+    auto* ps = dynamic_cast<distribute::ParameterServerStrategy*>(&variable.distribute_strategy());
+    if (ps == nullptr) continue;
+    std::vector<actors::dispatcher::shard_op> shards;
+    for (const auto& v : ps->variables()) {
+      if (v.name != variable.name()) continue;
+      for (const auto& shard : v.shards) shards.push_back({shard.ps, shard.key, actors::update_op::assign, {}});
+    }
+    if (shards.empty()) continue;
+    const std::vector<int> slots =
+        distribute::detail::PsAccess::dispatcher(*ps).shard_slots(shards, distribute::detail::PsAccess::timeout(*ps));
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i] == 0) continue;
+      const std::string head = std::string(saving ? "Checkpoint::save" : "Checkpoint::restore") + ": variable '" +
+                               key + "' lives on the ps tasks of a ParameterServerStrategy, where its shard '" +
+                               shards[i].key + "' keeps " + std::to_string(slots[i]) +
+                               " optimizer slot(s) beside its values (made by the ps task's optimizer); a "
+                               "Checkpoint file holds values only, ";
+      throw std::invalid_argument(
+          head + (saving ? "and a restore would start the optimizer over: save with ShardedCheckpointManager, "
+                           "which writes every shard with its slots from its own ps task"
+                         : "and restoring them would leave slots of another point of training beside them: "
+                           "restore with ShardedCheckpointManager (a checkpoint it saved), or into variables no "
+                           "optimizer has updated yet"));
+    }
+  }
+}
+
 // The value for every variable, once the file is known to hold each with its dtype and shape.
 // Nothing is assigned here, so a mismatch leaves every variable as it was.
 std::vector<std::pair<Variable, Tensor>> match(const tp::checkpoint_contents& file,
@@ -128,6 +164,7 @@ std::vector<std::pair<Variable, Tensor>> match(const tp::checkpoint_contents& fi
 
 std::int64_t restore_from(const tp::checkpoint_contents& file, Checkpoint& checkpoint) {
   auto staged = match(file, checkpoint.variables());
+  refuse_ps_slots(checkpoint.variables(), false);
   for (auto& [variable, value] : staged) assign_restored(variable, value);
   checkpoint.set_step(file.step());
   return file.step();
@@ -353,6 +390,7 @@ std::string Checkpoint::write(const std::string& path_prefix) {
   // and writes the same file, but only the chief writes the real path: the others write a
   // temporary one next to it and remove it, as TensorFlow's workers do.
   auto& backend = saving_strategy(variables_).backend();
+  refuse_ps_slots(variables_, true);
   const bool chief = backend.workers().rank() == 0;
   const std::string path = chief ? path_prefix + ".ckpt"
                                  : path_prefix + ".worker-" + std::to_string(backend.workers().rank()) + ".tmp.ckpt";

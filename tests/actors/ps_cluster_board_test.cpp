@@ -57,6 +57,26 @@ TEST_CASE("ps cluster board: workers connect, run and idle as the queue says, cl
   CHECK(v.workers[0].last_result_age_ms == doctest::Approx(10000.0));
 }
 
+TEST_CASE("ps cluster board: each worker's samples per second over the window, from the samples fit counted") {
+  ps_cluster_board b = two_by_two();
+  b.worker_up(0, at(0ms));
+  b.worker_up(1, at(0ms));
+  // For 2 s, worker 0 returns 64 examples every 100 ms, worker 1 192 every 300 ms.
+  for (int i = 1; i <= 20; ++i) b.samples_done(0, 64, at(std::chrono::milliseconds(100 * i)));
+  for (int i = 1; i <= 6; ++i) b.samples_done(1, 192, at(std::chrono::milliseconds(300 * i)));
+  b.samples_done(7, 100, at(1000ms));  // no such worker: ignored
+  auto v = b.snapshot(at(2000ms));
+  CHECK(v.workers[0].samples == 1280);
+  CHECK(v.workers[1].samples == 1152);
+  CHECK(v.workers[0].samples_per_s == doctest::Approx(640.0));
+  CHECK(v.workers[1].samples_per_s == doctest::Approx(576.0));
+  CHECK(v.workers[0].done == 0);  // the closures are the dispatcher's count, apart
+  // Nothing more for 10 s: the window is empty, the rate falls to 0 and the count stays.
+  v = b.snapshot(at(12000ms));
+  CHECK(v.workers[0].samples_per_s == 0.0);
+  CHECK(v.workers[0].samples == 1280);
+}
+
 TEST_CASE("ps cluster board: a lost worker, its retried closures, its return and cancelled closures are events, newest first, with the step") {
   ps_cluster_board b = two_by_two();
   b.worker_up(0, at(0ms));

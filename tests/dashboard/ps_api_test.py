@@ -4,6 +4,12 @@ troupe-launch with a chief, 2 workers and 2 ps tasks, the chief serving the dash
 
 - GET /api/state carries ps_cluster (and GET /api/ps_cluster the same): both workers running
   closures with a closures/s above 0, the closures done over the workers adding up to the total;
+  each worker's samples/s above 0 and in line with its closures/s (64 samples a closure), the
+  samples the workers' rows count adding up to 64 per step taken;
+- the samples/s of /api/history (fit's throughput, one point per step) has no spikes: fit takes
+  results in the order it scheduled them, and one that arrived while it waited for an older one is
+  taken at once; measured from the previous take alone, it read hundreds of times the real rate.
+  No point is above 4x the median (after the first few);
   both ps tasks reporting the bytes they hold (the model's 6532 float32 weights and Adam's two
   slots, over both, plus Adam's step count) and their updates, with an update rate above 0; every
   step sends one optimizer update per variable shard (12), so the ps tasks' updates reported after
@@ -97,6 +103,36 @@ def main():
         wait_for("both ps tasks to hold the weights with Adam's slots",
                  lambda: expected <= sum(p["bytes_held"] for p in ps_state()["ps_cluster"]["ps"]) <= expected + 64,
                  10, out)
+        # Each worker's throughput in samples: above 0 and in line with its closures (64 samples each).
+        def sampling(s):
+            ws = s["ps_cluster"]["workers"]
+            return s if all(w.get("samples_per_s") and w["samples_per_s"] > 0 and w["closures_per_s"] > 0
+                            for w in ws) else None
+        state = wait_for("every worker's samples/s above 0", lambda: sampling(ps_state()), 10, out)
+        for w in state["ps_cluster"]["workers"]:
+            if not 0.5 * 64 * w["closures_per_s"] <= w["samples_per_s"] <= 2 * 64 * w["closures_per_s"]:
+                fail("worker %d: %.0f samples/s against %.1f closures/s of 64 samples" % (
+                    w["worker"], w["samples_per_s"], w["closures_per_s"]))
+            if w["samples"] % 64 != 0 or w["state"] not in ("running", "idle"):
+                fail("worker %d: %d samples (not whole batches of 64), state %s" % (w["worker"], w["samples"], w["state"]))
+        if sum(w["samples"] for w in state["ps_cluster"]["workers"]) > 64 * state["ps_cluster"]["done"]:
+            fail("the workers' samples %s exceed 64 x the %d closures done" % (
+                [w["samples"] for w in state["ps_cluster"]["workers"]], state["ps_cluster"]["done"]))
+
+        # fit's samples/s, step by step: level, with no spike from results taken in a burst.
+        wait_for("60 steps", lambda: ps_state()["step"] >= 60, 20, out)
+        status, history = request(base, "/api/history")
+        rates = [e["samples_per_s"] for e in history.get("events", []) if e.get("samples_per_s")][5:]
+        if status != 200 or len(rates) < 20:
+            fail("GET /api/history answered %d with %d samples/s points" % (status, len(rates)))
+        median = sorted(rates)[len(rates) // 2]
+        if max(rates) > 4 * median:
+            fail("fit's samples/s spikes to %.0f, %.1fx its median %.0f: %s" % (
+                max(rates), max(rates) / median, median, [round(r) for r in rates]))
+        print("fit: %.0f samples/s (median of %d steps, the highest %.2fx it); per worker %s" % (
+            median, len(rates), max(rates) / median, [round(w["samples_per_s"]) for w in state["ps_cluster"]["workers"]]),
+            flush=True)
+
         status, direct = request(base, "/api/ps_cluster")
         if status != 200 or [w["task"] for w in direct["workers"]] != [w["task"] for w in ps["workers"]]:
             fail("GET /api/ps_cluster answered %d %s" % (status, direct))

@@ -3,8 +3,11 @@
 DevTools client): the recommender under troupe-launch with a chief, 2 workers and 2 ps tasks, the
 chief serving the page.
 
-1. the Parameter servers card shows both workers (running, a closures/s above 0) and both ps tasks
-   (the bytes they hold, their updates and update rate), and the closures/s and queue chart draws;
+1. the Parameter servers card shows both workers (running, a closures/s and a samples/s above 0)
+   and both ps tasks (the bytes they hold, their updates and update rate), and the closures/s and
+   queue chart draws; the samples/s chart (fit's throughput) draws with no spike: no point above
+   4x the median (fit takes results in order, and one taken at once after an older one read
+   hundreds of times the real rate when measured from the previous take alone);
 2. the AUC chart draws val_auc at each epoch's end, the values the trainer printed for them;
 3. Pause on the page: the status says paused, the card shows nothing queued or in flight and both
    workers idle, the step counter stands still; Resume moves it again;
@@ -53,7 +56,8 @@ def main():
             w, p = rows("ps-workers"), rows("ps-tasks")
             if not w or not p or len(w) != 2 or len(p) != 2:
                 return None
-            running = all(r[2] in ("running", "idle") and float(r[5]) > 0 for r in w)
+            running = all(r[2] in ("running", "idle") and float(r[5]) > 0 and r[6] != "-" and float(r[6]) > 0
+                          for r in w)
             updating = all(r[2] == "up" and r[4].endswith("B") and r[6] != "-" and float(r[6]) > 0 for r in p)
             return (w, p) if running and updating else None
         w, p = wait_for("both workers running closures and both ps tasks updating on the page", busy, 60)
@@ -65,6 +69,14 @@ def main():
         points = wait_for("the closures/s chart's points",
                           lambda: (lambda n: n if n and n >= 3 else None)(
                               dt.eval("window.troupe.psChart.data.datasets[0].data.length")), 20)
+        rates = wait_for("30 points on the samples/s chart", lambda: (lambda d: d if d and len(d) >= 30 else None)(
+            dt.eval("window.troupe.rateChart.data.datasets[0].raw.map(p => p.y).filter(y => y !== null && y > 0)")), 60)
+        median = sorted(rates[5:])[len(rates[5:]) // 2]
+        if max(rates[5:]) > 4 * median:
+            fail("the samples/s chart spikes to %.0f, %.1fx its median %.0f: %s"
+                 % (max(rates[5:]), max(rates[5:]) / median, median, [round(r) for r in rates]))
+        print("samples/s chart: median %.0f, highest %.2fx it (%d points); per worker %s"
+              % (median, max(rates[5:]) / median, len(rates), [r[6] for r in w]), flush=True)
         rate = float(dt.eval("document.getElementById('ps-rate').textContent"))
         if not rate > 0:
             fail("the card's closures/s reads %r" % rate)

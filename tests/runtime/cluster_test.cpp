@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -318,6 +319,63 @@ TEST_CASE("a checkpoint of ps variables restores onto another number of ps tasks
   Checkpoint wrong({{"emb", other}});
   CHECK(contains(message_of([&] { wrong.restore(saved); }), "emb"));
   CHECK(strategy.read_variable("other").to_vector<float>() == std::vector<float>(9, 0.0f));
+}
+
+TEST_CASE("a Checkpoint of ps variables whose shards keep optimizer slots is refused, naming ShardedCheckpointManager") {
+  const auto a = troupe::testing::loopback_addresses(4);
+  troupe::testing::temp_dir dir("ps-ckpt-slots");
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {a[0]}}, {"worker", {a[1]}}, {"ps", {a[2], a[3]}}});
+  FunctionRegistry functions;
+  functions.add("adam", [](FunctionContext& ctx) {
+    ctx.apply_gradients(ShardOptimizer::adam(0.01f), {"w"}, {Tensor::full({4, 3}, 1.0f)});
+    return std::vector<Tensor>{};
+  });
+  functions.add("sgd", [](FunctionContext& ctx) {
+    ctx.apply_gradients(ShardOptimizer::sgd(0.1f), {"s"}, {Tensor::full({4, 3}, 1.0f)});
+    return std::vector<Tensor>{};
+  });
+  ServerOptions o;
+  Runtime worker_rt, ps0_rt, ps1_rt, chief_rt;
+  Server worker(worker_rt, spec, "worker", 0, functions, o);
+  Server ps0(ps0_rt, spec, "ps", 0, {}, o);
+  Server ps1(ps1_rt, spec, "ps", 1, {}, o);
+  auto resolver = std::make_shared<SimpleClusterResolver>(spec, "chief", 0);
+  ParameterServerStrategy strategy(chief_rt, resolver, std::make_shared<FixedShardsPartitioner>(2), o);
+  ClusterCoordinator coordinator(strategy);
+  auto scope = strategy.scope();
+  Variable w(Tensor::zeros({4, 3}), "w");
+  Variable s(Tensor::zeros({4, 3}), "s");
+  Variable b(Tensor::from_vector<float>({1, 2}), "b");
+  REQUIRE(strategy.variables().at(0).shards.size() == 2);
+  // Before any optimizer update the shards hold values only: saved and restored as they are.
+  Checkpoint all({{"w", w}, {"s", s}, {"b", b}});
+  const std::string before = all.save((dir.path / "ps").string());
+  all.restore(before);
+
+  // Adam's first update makes its two slots on both shards of w; plain SGD keeps none.
+  coordinator.fetch(coordinator.schedule("adam"));
+  coordinator.fetch(coordinator.schedule("sgd"));
+  const std::vector<float> trained = w.value().to_vector<float>();
+  REQUIRE(trained != std::vector<float>(12, 0.0f));
+  const std::string saving = message_of([&] { all.save((dir.path / "ps").string()); });
+  CAPTURE(saving);
+  CHECK(contains(saving, "Checkpoint::save: variable 'w' lives on the ps tasks"));
+  CHECK(contains(saving, "keeps 2 optimizer slot(s)"));
+  CHECK(contains(saving, "save with ShardedCheckpointManager"));
+  CHECK_THROWS_AS(all.save((dir.path / "ps").string()), std::invalid_argument);
+  CHECK_FALSE(std::filesystem::exists(dir.path / "ps-2.ckpt"));  // refused before a file was written
+  // Restoring values beside Adam's slots of a later point: refused too, and nothing changes.
+  const std::string restoring = message_of([&] { all.restore(before); });
+  CAPTURE(restoring);
+  CHECK(contains(restoring, "Checkpoint::restore: variable 'w'"));
+  CHECK(contains(restoring, "restore with ShardedCheckpointManager"));
+  CHECK(w.value().to_vector<float>() == trained);
+  CHECK(b.value().to_vector<float>() == std::vector<float>{1, 2});
+  // Without w, whose slots are what a file cannot hold, the rest saves and restores.
+  Checkpoint rest({{"s", s}, {"b", b}});
+  const std::string kept = rest.save((dir.path / "rest").string());
+  rest.restore(kept);
+  CHECK(s.value().to_vector<float>() == std::vector<float>(12, -0.1f));
 }
 
 TEST_CASE("ps tasks apply SGD, momentum, Adam and AdamW with their own slots, dense and to rows, with nn's bits") {

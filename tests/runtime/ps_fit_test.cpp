@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../common/free_port.hpp"
+#include "nn/completion_rate.hpp"
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
 
@@ -103,6 +104,40 @@ nn::FitOptions quiet() {
 }
 
 }  // namespace
+
+TEST_CASE("fit's rate under ParameterServerStrategy stays level when results are taken in bursts") {
+  using troupe::nn::detail::CompletionRate;
+  using namespace std::chrono_literals;
+  const auto t0 = CompletionRate::Clock::time_point{} + 1s;
+  // Two workers, 4 closures in flight, each of 64 samples: every 100 ms two results are taken,
+  // the second 10 us after the first (it had arrived while fit waited for the older one): 1280
+  // samples/s. Measured from the previous take alone, every second result would read 6.4 M/s.
+  CompletionRate rate(4, 1s);
+  rate.restart(t0);
+  CHECK(rate.samples_per_second() == 0.0);
+  CHECK(rate.step_ms() == 0.0);
+  double low = 1e30, high = 0;
+  for (int i = 1; i <= 50; ++i) {
+    const auto at = t0 + std::chrono::milliseconds(100 * i);
+    rate.add(at, 1, 64);
+    high = std::max(high, rate.samples_per_second());
+    if (i > 10) low = std::min(low, rate.samples_per_second());  // once the window spans its second
+    rate.add(at + 10us, 1, 64);
+    high = std::max(high, rate.samples_per_second());
+    if (i > 10) low = std::min(low, rate.samples_per_second());
+  }
+  CHECK(rate.samples_per_second() == doctest::Approx(1280.0).epsilon(0.01));
+  CHECK(rate.step_ms() == doctest::Approx(50.0).epsilon(0.01));
+  // Never a spike; over a second and 4 results at least, the bursts move the rate by a tenth at most.
+  CHECK(high < 1.15 * 1280.0);
+  CHECK(low > 0.85 * 1280.0);
+  // A pause of 10 s, then a restart: the pause counts for nothing.
+  const auto later = t0 + 15s;
+  rate.restart(later);
+  rate.add(later + 100ms, 2, 128);
+  CHECK(rate.samples_per_second() == doctest::Approx(1280.0));
+  CHECK(rate.step_ms() == doctest::Approx(50.0));
+}
 
 TEST_CASE("fit under ParameterServerStrategy with one worker gives fit's weights in one process, bit for bit") {
   // One worker runs its closures one at a time, each reading the variables after the ps tasks

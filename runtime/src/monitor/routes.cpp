@@ -258,6 +258,8 @@ nlohmann::ordered_json Monitor::Impl::ps_cluster_json() const {
                            {"closures_failed", w.failed},
                            {"in_flight", w.in_flight},
                            {"closures_per_s", number(w.closures_per_s)},
+                           {"samples", w.samples},
+                           {"samples_per_s", number(w.samples_per_s)},
                            {"last_result_age_ms", known(w.last_result_age_ms)},
                            {"times_lost", w.times_lost}});
   }

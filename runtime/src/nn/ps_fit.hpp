@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/completion_rate.hpp"
 #include "nn/epoch_end.hpp"
 #include "troupe/distribute/parameter_server_strategy.hpp"
 #include "troupe/nn/model.hpp"
@@ -114,7 +115,8 @@ class PsFitLoop {
   bool pause_pending_ = false;
   std::string stop_reason_;
   bool stop_pending_ = false;
-  Clock::time_point last_result_;
+  CompletionRate rate_{2, std::chrono::seconds(1)};
+  bool counting_samples_ = false;  // the workers' samples go to the dashboard's board (on_result)  // samples/s and step time over the last results
   Logs last_batch_logs_;
 };
 

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "distribute/cluster/ps_access.hpp"
 #include "nn/epoch_end.hpp"
 #include "nn/model_config.hpp"
 #include "nn/ps_fit.hpp"
@@ -102,9 +103,12 @@ PsFitLoop::PsFitLoop(Model& model, distribute::ParameterServerStrategy& strategy
   // rate or a stop acts soon, and that the updates stay close to the variables they were computed
   // from.
   window_ = static_cast<std::size_t>(std::max(1, 2 * strategy_.num_workers()));
+  rate_ = CompletionRate(window_, std::chrono::seconds(1));
 }
 
-PsFitLoop::~PsFitLoop() = default;
+PsFitLoop::~PsFitLoop() {
+  if (counting_samples_) distribute::detail::PsAccess::on_result(strategy_, {});
+}
 
 History PsFitLoop::run() {
   begin();
@@ -153,6 +157,17 @@ void PsFitLoop::begin() {
   control_.set_position(step_, first_epoch_);
   coordinator_ = distribute::ClusterCoordinator::attach(strategy_);
   iterator_ = coordinator_->create_per_worker_dataset(dataset_function_).make_iterator();
+  // Each worker's samples on the dashboard's board, as its results arrive: the train step returns
+  // (losses, rows, hits), float64 vectors of its steps (take_one checks them).
+  if (auto board = distribute::detail::PsAccess::dispatcher(strategy_).board()) {
+    distribute::detail::PsAccess::on_result(strategy_, [board](int worker, const std::vector<Tensor>& r) {
+      if (r.size() != 3 || r[1].dtype() != DType::f64) return;
+      double rows = 0;
+      for (const double x : r[1].to_vector<double>()) rows += x;
+      board->samples_done(worker, static_cast<std::uint64_t>(rows), actors::ps_cluster_board::clock::now());
+    });
+    counting_samples_ = true;
+  }
 }
 
 void PsFitLoop::schedule(std::int64_t first_k, std::int64_t steps) {
@@ -168,7 +183,7 @@ void PsFitLoop::run_epoch(int epoch) {
   Logs epoch_logs;
   for (const auto& c : callbacks_) c->on_epoch_begin(epoch, epoch_logs);
   const auto start = Clock::now();
-  last_result_ = start;
+  rate_.restart(start);
   EpochSums sums;
   std::int64_t next_k = epoch == first_epoch_ ? first_k_ : 0;
   for (;;) {
@@ -181,7 +196,10 @@ void PsFitLoop::run_epoch(int epoch) {
       take_one(epoch, sums);
       continue;
     }
-    if (hold_ && boundary()) continue;  // what waited for the closures in flight is done
+    if (hold_ && boundary()) {  // what waited for the closures in flight is done
+      rate_.restart(Clock::now());  // a pause (or a save) is no closure's time
+      continue;
+    }
     break;
   }
   end_epoch(epoch, sums, epoch_logs, start);
@@ -216,13 +234,12 @@ bool PsFitLoop::take_one(int epoch, EpochSums& sums) {
   sums.steps += f.steps;
   sums.samples += static_cast<std::int64_t>(closure_rows);
   const auto now = Clock::now();
-  const double seconds = seconds_between(last_result_, now);
-  last_result_ = now;
+  rate_.add(now, f.steps, closure_rows);
   logs["loss"] = loss / static_cast<double>(n);
   for (const std::string& m : model_.metrics()) logs[m] = closure_rows > 0 ? closure_hits / closure_rows : 0.0;
   logs["learning_rate"] = model_.optimizer()->learning_rate();
-  logs["samples_per_second"] = seconds > 0 ? closure_rows / seconds : 0.0;
-  logs["time/step_ms"] = seconds * 1e3 / static_cast<double>(n);
+  logs["samples_per_second"] = rate_.samples_per_second();
+  logs["time/step_ms"] = rate_.step_ms();
   control_.set_position(step_, epoch);
   for (const auto& c : callbacks_) c->on_train_batch_end(f.first_k + f.steps - 1, logs);
   last_batch_logs_ = std::move(logs);

@@ -92,6 +92,9 @@ class dispatcher {
   void create_shards(std::vector<shard_op> shards, std::chrono::milliseconds timeout);
   /// Shards' bytes, in order, every request in flight at once; throws as create_shards.
   std::vector<std::string> read_shards(const std::vector<shard_op>& shards, std::chrono::milliseconds timeout);
+  /// How many optimizer slots each shard keeps beside its elements (0 before its first optimizer
+  /// update, 1 for momentum, 2 for Adam and AdamW), in order; throws as create_shards.
+  std::vector<int> shard_slots(const std::vector<shard_op>& shards, std::chrono::milliseconds timeout);
   /// Applies updates to shards, every request in flight at once; throws as create_shards.
   void update_shards(std::vector<shard_op> updates, std::chrono::milliseconds timeout);
 

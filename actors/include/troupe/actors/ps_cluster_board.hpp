@@ -81,6 +81,8 @@ struct ps_worker_view {
   std::uint64_t failed = 0;  ///< of those, the ones whose function raised
   std::size_t in_flight = 0;
   double closures_per_s = 0;  ///< over the last rate_window
+  std::uint64_t samples = 0;  ///< training examples of its closures, as the chief's fit counted them
+  double samples_per_s = 0;   ///< over the last rate_window (0 when no fit counts them)
   /// Milliseconds since its last result, or -1 before the first.
   double last_result_age_ms = -1;
   std::uint64_t times_lost = 0;
@@ -148,6 +150,8 @@ class ps_cluster_board {
   void worker_set_aside(int w, const std::string& line, std::uint64_t retried, clock::time_point now);
   /// Worker `w` answered a closure (`error` empty: with a value).
   void closure_done(int w, const std::string& error, clock::time_point now);
+  /// The chief's fit took a result of worker `w` holding `samples` training examples.
+  void samples_done(int w, std::uint64_t samples, clock::time_point now);
   /// `n` closures were cancelled (never run).
   void closures_cancelled(std::uint64_t n, clock::time_point now);
   /// The stall inspector's line.
@@ -182,7 +186,9 @@ class ps_cluster_board {
     bool has_result = false;
     clock::time_point last_result{};
     std::uint64_t times_lost = 0;
+    std::uint64_t samples = 0;
     rate_samples rate;
+    rate_samples sample_rate;
   };
   struct ps_entry {
     std::string task;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -119,11 +120,16 @@ struct CoordinatorState {
   std::unordered_map<std::uint64_t, Pending> pending;
   std::optional<std::string> first_error;  // a function's, since the last join
   std::optional<std::string> ps_lost;      // for good: without the ps there is nothing to train
+  // Sees each function's result (and the index of the worker that ran it) as it arrives; set by
+  // Model::fit (PsAccess::on_result), read under the mutex.
+  std::function<void(int, const std::vector<Tensor>&)> on_result;
   std::unique_ptr<actors::dispatcher> dispatcher;
 
   void finished(actors::closure_outcome o) {
     std::shared_ptr<RemoteValueState> value;
     std::string function;
+    int worker = -1;
+    std::function<void(int, const std::vector<Tensor>&)> hook;
     {
       std::lock_guard<std::mutex> lock(mutex);
       auto it = pending.find(o.id);
@@ -131,6 +137,9 @@ struct CoordinatorState {
       value = std::move(it->second.value);
       function = std::move(it->second.function);
       pending.erase(it);
+      const auto w = std::find(workers.begin(), workers.end(), o.worker);
+      if (!o.cancelled && w != workers.end()) worker = static_cast<int>(w - workers.begin());
+      hook = on_result;
     }
     std::vector<Tensor> result;
     std::string error;
@@ -151,6 +160,7 @@ struct CoordinatorState {
       std::lock_guard<std::mutex> lock(mutex);
       if (!first_error) first_error = error;
     }
+    if (hook && error.empty() && worker >= 0) hook(worker, result);  // before fetch can take it
     {
       std::lock_guard<std::mutex> lock(value->mutex);
       value->ready = true;
@@ -436,6 +446,13 @@ ParameterServerStrategy::~ParameterServerStrategy() {
 actors::dispatcher& detail::PsAccess::dispatcher(ParameterServerStrategy& s) { return *s.state_->coordinator->dispatcher; }
 
 std::chrono::milliseconds detail::PsAccess::timeout(ParameterServerStrategy& s) { return s.state_->options.peer_timeout; }
+
+void detail::PsAccess::on_result(ParameterServerStrategy& s,
+                                 std::function<void(int, const std::vector<Tensor>&)> hook) {
+  auto& c = *s.state_->coordinator;
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.on_result = std::move(hook);
+}
 
 int ParameterServerStrategy::num_workers() const { return state_->spec.num_tasks("worker"); }
 int ParameterServerStrategy::num_ps() const { return state_->spec.num_tasks("ps"); }
