@@ -236,13 +236,15 @@ TEST_CASE("a request in flight when its ActorCluster ends completes with an erro
   {
     ActorCluster actors(rt, spec, "chief:0", doubler_registry(), quiet_options());
     ActorHandle h = actors.spawn("doubler", "worker:0");
-    pending = h.request_async("sleep", {Tensor::scalar<std::int32_t>(3000)});
+    pending = h.request_async("sleep", {Tensor::scalar<std::int32_t>(300)});
     pending.then([](std::vector<Tensor>) {}, [&](const Error& e) { failed.set_value(e.what()); });
   }  // the callback ran before the destructor returned
   auto f = failed.get_future();
   REQUIRE(f.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
   CHECK(contains(f.get(), "its actor client is gone"));
   CHECK(contains(message_of([&] { pending.receive(); }), "its actor client is gone"));
+  // The task's actor finishes its sleep (its reply goes nowhere) before the runtimes end.
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
 }
 
 TEST_CASE("a RestartPolicy out of range is refused naming it") {
