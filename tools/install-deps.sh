@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs troupe's build dependencies from Debian's packages. Idempotent: quiet and fast when
 # everything is already there. Usage: tools/install-deps.sh [--bench] [--fuzz]  (--bench adds the
-# peers that bench/ compares against: Gloo, oneDNN, and TensorFlow 2.21 from PyPI for training_bench.sh
-# --side-by-side, in a virtual environment at $TROUPE_BENCH_VENV, default /opt/troupe-bench, unless
+# peers that bench/ compares against: Gloo, oneDNN, TensorFlow 2.21 from PyPI for training_bench.sh
+# --side-by-side and Ray 2.60 from PyPI for actor_bench.sh, in a virtual environment at $TROUPE_BENCH_VENV, default /opt/troupe-bench, unless
 # the python3 on PATH imports tensorflow already; GNU time and perf for the monitor's cost scripts;
 # OpenMPI, the other peer, is always installed:
 # the tests use mpirun. --fuzz adds clang and its libFuzzer/sanitizer runtimes, for bench/fuzz.sh).
@@ -35,6 +35,15 @@ install_tensorflow() {
   echo "troupe: installing tensorflow-cpu 2.21 into $venv" >&2
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q "tensorflow-cpu==2.21.*"
+}
+
+# Ray, the peer of actor_bench.sh (PyPI; Debian has none), in the same virtual environment.
+install_ray() {
+  local venv=${TROUPE_BENCH_VENV:-/opt/troupe-bench}
+  "$venv/bin/python" -c "import ray" 2>/dev/null && return 0
+  echo "troupe: installing ray 2.60 into $venv" >&2
+  [[ -x "$venv/bin/pip" ]] || python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "ray==2.60.*"
 }
 
 # TensorBoard (PyPI; Debian has none), whose reader the tests use on troupe's event files, in a
@@ -79,7 +88,7 @@ done
 if [[ ${#missing[@]} -eq 0 ]]; then
   install_tensorboard
   install_digits
-  if [[ $bench == 1 ]]; then install_tensorflow; fi
+  if [[ $bench == 1 ]]; then install_tensorflow; install_ray; fi
   exit 0
 fi
 
@@ -89,6 +98,6 @@ if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-if [[ $bench == 1 ]]; then install_tensorflow; fi
+if [[ $bench == 1 ]]; then install_tensorflow; install_ray; fi
 install_tensorboard
 install_digits

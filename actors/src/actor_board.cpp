@@ -52,10 +52,19 @@ void actor_board::spawned(std::uint64_t id, const std::string& type, const std::
   trim();
 }
 
-void actor_board::restarted(std::uint64_t id, const std::string& task, clock::time_point now) {
+void actor_board::restarted(std::uint64_t previous, std::uint64_t id, const std::string& task,
+                            clock::time_point now) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = actors_.find(id);
+  auto it = actors_.find(previous);
   if (it == actors_.end()) return;
+  if (id != previous) {
+    // The new actor takes the old one's row (a row it may have gained meanwhile goes).
+    entry moved = std::move(it->second);
+    actors_.erase(it);
+    moved.row.id = id;
+    if (!moved.row.label.empty()) label_holder_[moved.row.label] = id;
+    it = actors_.insert_or_assign(id, std::move(moved)).first;
+  }
   entry& e = it->second;
   e.row.task = task;
   e.row.down = false;

@@ -4,6 +4,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -68,12 +69,22 @@ namespace {
 struct down_table {
   std::mutex mutex;
   std::map<std::uint64_t, std::string> causes;
+  std::set<std::uint64_t> stops;  // stopped by the spawner
   std::atomic<bool> closed{false};
 
   // Records the first cause; true when this is the first.
   bool mark(std::uint64_t id, const std::string& cause) {
     std::lock_guard<std::mutex> lock(mutex);
     return causes.emplace(id, cause).second;
+  }
+  void mark_stopped(std::uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex);
+    stops.insert(id);
+    causes.emplace(id, "stopped by its spawner");
+  }
+  bool stopped(std::uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return stops.count(id) > 0;
   }
   std::optional<std::string> cause(std::uint64_t id) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -113,7 +124,7 @@ std::string down_cause(caf::actor_system& system, const caf::error& reason, cons
 
 caf::behavior supervisor(caf::stateful_actor<supervisor_state>* self, std::shared_ptr<down_table> table,
                          actor_client_options options) {
-  auto report = [=](supervisor_state::watched& w, const std::string& cause) {
+  auto report = [=](supervisor_state::watched& w, const std::string& cause, bool host_lost) {
     if (w.reported) return;
     w.reported = true;
     table->mark(w.id, cause);
@@ -121,7 +132,7 @@ caf::behavior supervisor(caf::stateful_actor<supervisor_state>* self, std::share
     if (options.log) options.log("actor " + w.type + " #" + std::to_string(w.id) + " on " + w.task + " is down: " + why);
     if (options.on_down) {
       try {
-        options.on_down(actor_down{w.id, w.type, w.task, why});
+        options.on_down(actor_down{w.id, w.type, w.task, why, host_lost && !table->stopped(w.id)});
       } catch (...) {
         // The application's callback must not end the supervisor (it watches every other actor).
       }
@@ -130,7 +141,8 @@ caf::behavior supervisor(caf::stateful_actor<supervisor_state>* self, std::share
   self->set_down_handler([=](caf::down_msg& d) {
     auto it = self->state.actors.find(d.source);
     if (it == self->state.actors.end()) return;
-    report(it->second, down_cause(self->system(), d.reason, it->second.task));
+    const bool lost = d.reason == caf::exit_reason::remote_link_unreachable || d.reason == caf::exit_reason::user_shutdown;
+    report(it->second, down_cause(self->system(), d.reason, it->second.task), lost);
     self->state.actors.erase(it);
   });
   return {
@@ -171,7 +183,7 @@ caf::behavior supervisor(caf::stateful_actor<supervisor_state>* self, std::share
                                       std::to_string(options.liveness.missed) + " x " +
                                       std::to_string(options.liveness.interval.count()) + " ms; stopped or hung?)";
             for (auto& [addr, w] : st.actors) {
-              if (w.task == task) report(w, cause);
+              if (w.task == task) report(w, cause, true);
             }
             continue;
           }
@@ -190,6 +202,48 @@ caf::behavior supervisor(caf::stateful_actor<supervisor_state>* self, std::share
   };
 }
 
+// The asynchronous requests in flight, by token: each callback is taken out once, by its reply,
+// its error or the client's end.
+struct pending_table {
+  std::mutex mutex;
+  std::map<std::uint64_t, std::function<void(actor_reply)>> done;
+  std::uint64_t next = 1;
+
+  std::function<void(actor_reply)> take(std::uint64_t token) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = done.find(token);
+    if (it == done.end()) return nullptr;
+    auto f = std::move(it->second);
+    done.erase(it);
+    return f;
+  }
+};
+
+// Sends each asynchronous request and hands its outcome to the token's callback.
+caf::behavior requester(caf::event_based_actor* self, std::shared_ptr<pending_table> pending,
+                        std::shared_ptr<down_table> table) {
+  return {
+      [=](areq_atom, const caf::actor& to, std::uint64_t token, std::uint64_t id, const std::string& name,
+          const std::string& payload, std::int64_t timeout_ms) {
+        auto finish = [=](actor_reply r) {
+          if (auto f = pending->take(token)) f(std::move(r));
+        };
+        self->request(to, std::chrono::milliseconds(timeout_ms), amsg_atom::value, name, payload)
+            .then([=](std::string& bytes) { finish(actor_reply{actor_reply::status::ok, std::move(bytes)}); },
+                  [=](caf::error& e) {
+                    if (e == caf::sec::request_timeout) {
+                      finish(actor_reply{actor_reply::status::timed_out,
+                                         "no answer within " + std::to_string(timeout_ms) + " ms"});
+                    } else if (e == caf::sec::request_receiver_down) {
+                      finish(actor_reply{actor_reply::status::down, table->cause(id).value_or("the actor is down")});
+                    } else {
+                      finish(actor_reply{actor_reply::status::failed, error_text(self->system(), e)});
+                    }
+                  });
+      },
+  };
+}
+
 }  // namespace
 
 struct actor_client::impl {
@@ -197,7 +251,9 @@ struct actor_client::impl {
   actor_client_options options;
   std::unique_ptr<control_gate> gate;
   caf::actor supervisor;
+  caf::actor requester;
   std::shared_ptr<down_table> table = std::make_shared<down_table>();
+  std::shared_ptr<pending_table> pending = std::make_shared<pending_table>();
   std::mutex mutex;
   std::map<std::string, caf::actor> agents;  // by task
   std::vector<caf::actor> local;
@@ -232,6 +288,7 @@ actor_client::actor_client(caf::actor_system& system, actor_client_options optio
   impl_->options = std::move(options);
   impl_->gate = std::make_unique<control_gate>(system, impl_->options.credentials != nullptr, gate_limits::for_tasks());
   impl_->supervisor = system.spawn(supervisor, impl_->table, impl_->options);
+  impl_->requester = system.spawn(requester, impl_->pending, impl_->table);
 }
 
 actor_client::~actor_client() {
@@ -244,6 +301,14 @@ actor_client::~actor_client() {
     s.agents.clear();
   }
   for (auto& a : local) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  // The asynchronous requests in flight end now, each with its callback.
+  caf::anon_send_exit(s.requester, caf::exit_reason::user_shutdown);
+  std::map<std::uint64_t, std::function<void(actor_reply)>> left;
+  {
+    std::lock_guard<std::mutex> lock(s.pending->mutex);
+    left.swap(s.pending->done);
+  }
+  for (auto& [token, done] : left) done(actor_reply{actor_reply::status::down, "its actor client is gone"});
   // The supervisor is every host's watch of this spawner: its end stops the remote actors there.
   caf::anon_send_exit(s.supervisor, caf::exit_reason::user_shutdown);
 }
@@ -321,6 +386,21 @@ actor_reply actor_client::request(const actor_ref& to, const std::string& name, 
   return out;
 }
 
+void actor_client::request_async(const actor_ref& to, const std::string& name, std::string payload,
+                                 std::chrono::milliseconds timeout, std::function<void(actor_reply)> done) {
+  auto& s = *impl_;
+  if (s.table->closed) return done(actor_reply{actor_reply::status::down, "its actor client is gone"});
+  if (auto cause = s.table->cause(to.id)) return done(actor_reply{actor_reply::status::down, *cause});
+  std::uint64_t token = 0;
+  {
+    std::lock_guard<std::mutex> lock(s.pending->mutex);
+    token = s.pending->next++;
+    s.pending->done.emplace(token, std::move(done));
+  }
+  caf::anon_send(s.requester, areq_atom::value, to.actor, token, to.id, name, std::move(payload),
+                 static_cast<std::int64_t>(timeout.count()));
+}
+
 bool actor_client::send(const actor_ref& to, const std::string& name, const std::string& payload) {
   auto& s = *impl_;
   if (s.table->closed || s.table->cause(to.id)) return false;
@@ -331,7 +411,7 @@ bool actor_client::send(const actor_ref& to, const std::string& name, const std:
 void actor_client::stop(const actor_ref& to) {
   auto& s = *impl_;
   if (s.table->closed) return;
-  s.table->mark(to.id, "stopped by its spawner");
+  s.table->mark_stopped(to.id);
   caf::anon_send_exit(to.actor, caf::exit_reason::user_shutdown);
 }
 

@@ -81,15 +81,20 @@ TEST_CASE("actor board: a new actor given a down actor's label takes its row, it
   CHECK(v.history[1].second[1].values[0].second == 0.75);
 }
 
-TEST_CASE("actor board: a restart reported for an actor moves it, counts it and clears its down state") {
+TEST_CASE("actor board: a restart reported for an actor moves it to its new id, counts it and clears its down state") {
   actor_board b;
   b.spawned(1, "counter", "/job:worker/replica:0/task:1", at(0ms));
+  b.describe(1, "trial 0", 5, {{"accuracy", 0.5}}, at(1ms));
   b.replied(1, at(1ms));
   b.went_down(1, "host died", at(2ms));
-  b.restarted(1, "/job:worker/replica:0/task:0", at(3ms));
-  b.restarted(7, "/job:worker/replica:0/task:0", at(3ms));  // unknown: ignored
+  b.restarted(1, 4, "/job:worker/replica:0/task:0", at(3ms));
+  b.restarted(7, 8, "/job:worker/replica:0/task:0", at(3ms));  // unknown: ignored
+  b.describe(4, "trial 0", 6, {{"accuracy", 0.6}}, at(4ms));    // its own label: no second restart
   auto v = b.snapshot(at(5ms));
   REQUIRE(v.rows.size() == 1);
+  CHECK(v.rows[0].id == 4);
+  CHECK(v.rows[0].label == "trial 0");
+  CHECK(v.rows[0].values[0].second == 0.6);
   CHECK_FALSE(v.rows[0].down);
   CHECK(v.rows[0].task == "/job:worker/replica:0/task:0");
   CHECK(v.rows[0].restarts == 1);

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <iostream>
 #include <mutex>
 #include <thread>
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
   CLI::App app{"The spawner of troupe's actor tests."};
   std::string mode = "spawn";
   std::string module;
-  app.add_option("--mode", mode, "spawn | refused | down | orphan | every-role")->required();
+  app.add_option("--mode", mode, "spawn | refused | down | orphan | every-role | any | restart | flood")->required();
   app.add_option("--module", module, "the module of actor types (for the local actors)")->required();
   CLI11_PARSE(app, argc, argv);
 
@@ -89,6 +90,22 @@ int main(int argc, char** argv) {
     notices->cv.notify_all();
   };
   options.max_message_bytes = 4u << 20;
+  auto restarted = std::make_shared<std::vector<td::ActorRestart>>();
+  options.on_restart = [notices, restarted](const td::ActorRestart& r) {
+    std::lock_guard<std::mutex> lock(notices->mutex);
+    std::cout << "restart: #" << r.previous_id << " from " << r.from << " -> #" << r.id << " on " << r.task
+              << " (" << r.restarts << ")" << (r.error.empty() ? "" : " error: " + r.error) << std::endl;
+    restarted->push_back(r);
+    notices->cv.notify_all();
+  };
+  // The n-th restart notice, waiting at most `bound`.
+  auto restart_notice = [notices, restarted](std::size_t n, std::chrono::milliseconds bound) {
+    std::unique_lock<std::mutex> lock(notices->mutex);
+    std::optional<td::ActorRestart> out;
+    notices->cv.wait_for(lock, bound, [&] { return restarted->size() >= n; });
+    if (restarted->size() >= n) out = (*restarted)[n - 1];
+    return out;
+  };
   if (mode == "every-role" && td::serve_if_worker_or_ps(rt, *resolver, registry)) {
     // This program as worker i: it served until its chief (which only spawned actors) left.
     std::cout << "served until the chief left" << std::endl;
@@ -119,6 +136,15 @@ int main(int argc, char** argv) {
     expect_error(error_of<troupe::Error>([&] { a.request("sleep", {Tensor::scalar<std::int32_t>(1500)},
                                                           std::chrono::milliseconds(100)); }, "timeout"),
                  {"no answer within 100 ms", w1}, "a request past its timeout");
+    // Asynchronously: then() on the callback thread, receive() waiting.
+    std::promise<float> sum;
+    a.request_async("add", {Tensor::from_vector<float>({0, 0, 0, 1}, {4})}).then(
+        [&](std::vector<Tensor> reply) { sum.set_value(values(reply.at(0))[3]); },
+        [&](const troupe::Error& e) { sum.set_exception(std::make_exception_ptr(e)); });
+    auto sf = sum.get_future();
+    expect(sf.wait_for(std::chrono::seconds(10)) == std::future_status::ready && sf.get() == 46.0f, "then() on worker 1");
+    expect(values(a.request_async("add", {Tensor::from_vector<float>({0, 0, 0, -1}, {4})}).receive()[0])[3] == 45.0f,
+           "receive() on worker 1");
     r = a.request("get");  // after the sleep: the actor answers again, its state intact
     expect(values(r[0]) == std::vector<float>({12, 23, 34, 45}), "the state changed across the timeout");
     expect_error(error_of<std::invalid_argument>([&] {
@@ -178,8 +204,116 @@ int main(int argc, char** argv) {
                  {"is down", w1}, "a request to an actor whose host died");
     expect(values(a0.request("get")[0]) == std::vector<float>({1}), "the actor on worker 0 no longer answers");
     expect(!a0.down(), "the actor on worker 0 is said to be down");
+    expect(!d->restarting, "an actor spawned without a policy is said to restart");
     std::cout << "cause: " << d->cause << std::endl;
     std::cout << "PASS down" << std::endl;
+    return 0;
+  }
+  if (mode == "flood") {
+    // A stranger floods worker 0 meanwhile (the script started it first): this spawner, with the
+    // token, keeps spawning and talking there for 6 s, and every spawn and request succeeds.
+    int rounds = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(6);
+    while (std::chrono::steady_clock::now() < until) {
+      td::ActorHandle h = actors.spawn("accumulator", "worker:0", {Tensor::scalar<float>(static_cast<float>(rounds))});
+      auto r = h.request("add", {Tensor::scalar<float>(1)}, std::chrono::seconds(10));
+      expect(r[0].item<float>() == static_cast<float>(rounds + 1), "a request during the flood");
+      h.stop();
+      ++rounds;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::cout << "spawned during the flood: " << rounds << std::endl;
+    expect(rounds >= 5, "only " + std::to_string(rounds) + " spawns in 6 s of flood");
+    // An over-size message from a token holder: refused by name before anything travels; the
+    // actor answers on.
+    td::ActorHandle a = actors.spawn("accumulator", "worker:0", {Tensor::scalar<float>(1)});
+    expect_error(error_of<std::invalid_argument>([&] { a.request("echo", {Tensor::zeros({(4 << 20) / 4 + 1})}); },
+                                                 "over-size"),
+                 {"accumulator", w0, "'echo' is", "bytes (at most 4194304: ActorClusterOptions::max_message_bytes)"},
+                 "an over-size request");
+    expect_error(error_of<std::invalid_argument>([&] { a.send("echo", {Tensor::zeros({(4 << 20) / 4 + 1})}); },
+                                                 "over-size send"),
+                 {"max_message_bytes"}, "an over-size send");
+    expect_error(error_of<std::invalid_argument>([&] { a.request_async("echo", {Tensor::zeros({(4 << 20) / 4 + 1})}); },
+                                                 "over-size async"),
+                 {"max_message_bytes"}, "an over-size asynchronous request");
+    expect_error(error_of<std::invalid_argument>([&] { a.request(std::string(257, 'n')); }, "long name"),
+                 {"a message name of 257 bytes (at most 256)"}, "an over-long message name");
+    expect(a.request("get")[0].item<float>() == 1.0f, "the actor does not answer after the refusals");
+    std::cout << "PASS flood" << std::endl;
+    return 0;
+  }
+  if (mode == "restart") {
+    // One for one: at most 1 restart within a minute.
+    const td::RestartPolicy policy{1, std::chrono::minutes(1)};
+    // Stopped by its spawner: not restarted.
+    td::ActorHandle s = actors.spawn("accumulator", "worker:0", {Tensor::scalar<float>(0)}, policy);
+    s.stop();
+    auto ds = notices->wait_for(s.id(), limit + std::chrono::seconds(5));
+    expect(ds && !ds->restarting, "a stopped supervised actor's down notice says it restarts");
+    td::ActorHandle a = actors.spawn("accumulator", "worker:1", {Tensor::scalar<float>(7)}, policy);
+    const std::uint64_t first = a.id();
+    expect(a.request("add", {Tensor::scalar<float>(1)})[0].item<float>() == 8.0f, "add on worker 1");
+    expect(a.request("get")[1].item<std::int32_t>() == 1 && a.task() == w1, "the actor is not on worker 1");
+    // The script SIGKILLs worker 1 now: the actor answers again from worker 0, made anew from its
+    // constructor arguments (7), through the same handle and a copy of it.
+    td::ActorHandle copy = a;
+    std::cout << "spawned" << std::endl;
+    auto d = notices->wait_for(first, limit + std::chrono::seconds(20));
+    expect(d && d->restarting && d->task == w1, "no down notice saying the actor on worker 1 restarts");
+    auto r = restart_notice(1, std::chrono::seconds(20));
+    expect(r && r->error.empty() && r->from == w1 && r->task == w0 && r->previous_id == first && r->restarts == 1,
+           "no restart from worker 1 onto worker 0");
+    auto got = copy.request("get", {}, std::chrono::seconds(10));
+    expect(got[0].item<float>() == 7.0f && got[1].item<std::int32_t>() == 0,
+           "the restarted actor does not answer from worker 0 with its constructor's sum");
+    expect(a.task() == w0 && a.id() == r->id && a.restarts() == 1 && !a.down(), "the handle did not follow the new actor");
+    auto async = a.request_async("add", {Tensor::scalar<float>(2)}).receive();
+    expect(async[0].item<float>() == 9.0f, "an asynchronous request to the restarted actor");
+    // The script SIGKILLs worker 0 now: a second loss within the window exceeds the budget.
+    std::cout << "restarted" << std::endl;
+    auto r2 = restart_notice(2, limit + std::chrono::seconds(20));
+    expect(r2 && r2->id == 0 && contains(r2->error, "max_restarts 1"), "no notice that the policy gave up");
+    expect_error(error_of<td::ActorRestartsExhausted>([&] { a.request("get"); }, "exhausted"),
+                 {"accumulator", w0, "1 restart(s) within 60000 ms", "max_restarts 1", "not restarted"},
+                 "a request to an actor over its restart budget");
+    expect(a.down() && contains(*a.down(), "not restarted"), "down() does not say the policy gave up");
+    std::cout << "PASS restart" << std::endl;
+    return 0;
+  }
+  if (mode == "any") {
+    // "any": the least-loaded worker (live actors this spawner placed there), ties by index.
+    auto where = [](const td::ActorHandle& h) { return h.request("get")[1].item<std::int32_t>(); };
+    auto load = [&] { return actors.load("worker"); };
+    expect(load() == std::vector<int>({0, 0}), "the load before any spawn is not 0, 0");
+    td::ActorHandle a = actors.spawn("accumulator", "any", {Tensor::scalar<float>(1)});
+    td::ActorHandle b = actors.spawn("accumulator", "any", {Tensor::scalar<float>(2)});
+    td::ActorHandle c = actors.spawn("accumulator", "any:worker", {Tensor::scalar<float>(3)});
+    expect(a.task() == w0 && where(a) == 0, "the first 'any' spawn is on " + a.task() + " (expected worker 0: a tie)");
+    expect(b.task() == w1 && where(b) == 1, "the second 'any' spawn is on " + b.task() + " (expected worker 1)");
+    expect(c.task() == w0 && where(c) == 0, "the third 'any' spawn is on " + c.task() + " (expected worker 0)");
+    expect(load() == std::vector<int>({2, 1}), "the load is not 2, 1 after three spawns");
+    // A stopped actor no longer counts: worker 0 holds 1, worker 1 holds 1, the tie goes to 0.
+    a.stop();
+    expect(notices->wait_for(a.id(), limit + std::chrono::seconds(5)).has_value(), "no down notice for a stopped actor");
+    expect(load() == std::vector<int>({1, 1}), "the load is not 1, 1 after a stop");
+    td::ActorHandle d = actors.spawn("accumulator", "any", {Tensor::scalar<float>(4)});
+    expect(d.task() == w0 && where(d) == 0, "after the stop, 'any' placed on " + d.task() + " (expected worker 0)");
+    expect(load() == std::vector<int>({2, 1}), "the load is not 2, 1 after the fourth spawn");
+    expect_error(error_of<std::invalid_argument>([&] { actors.spawn("accumulator", "any:ps"); }, "any:ps"),
+                 {"accumulator", "any:ps", "no 'ps' tasks", "worker:1"}, "'any' over a job the cluster lacks");
+    expect_error(error_of<troupe::Error>([&] { actors.spawn("no_such_type", "any"); }, "any unknown"),
+                 {"no_such_type", w1, "accumulator"}, "an unknown type placed on any worker (worker 1 holds fewer)");
+    // The script SIGKILLs worker 0 now: its actors go down, and "any" places on worker 1 although
+    // it holds more than worker 0 did.
+    std::cout << "placed" << std::endl;
+    expect(notices->wait_for(c.id(), limit + std::chrono::seconds(20)).has_value(), "no down notice from worker 0");
+    expect(notices->wait_for(d.id(), limit + std::chrono::seconds(5)).has_value(), "no down notice for d");
+    expect(load() == std::vector<int>({0, 1}), "the load is not 0, 1 after worker 0 died");
+    td::ActorHandle e = actors.spawn("accumulator", "any", {Tensor::scalar<float>(5)});
+    expect(e.task() == w1 && where(e) == 1, "with worker 0 dead, 'any' placed on " + e.task());
+    expect(load() == std::vector<int>({0, 2}), "the load is not 0, 2 at the end");
+    std::cout << "PASS any" << std::endl;
     return 0;
   }
   if (mode == "every-role") {

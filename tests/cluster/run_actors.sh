@@ -15,6 +15,16 @@
 #   host-stopped  worker 1 SIGSTOPped (its connection stays open): the notice comes from the
 #                 heartbeats (200 ms x 3), naming the silence
 #   spawner-gone  the spawner SIGKILLed while its actor runs on worker 0: worker 0 stops it
+#   any           "any" placement: the least-loaded worker (ties by index), a stopped actor no
+#                 longer counts, an unknown job and type are errors, and with worker 0 SIGKILLed
+#                 "any" places on worker 1
+#   restart       a supervised actor (1 restart a minute) on worker 1, SIGKILLed: it answers again
+#                 from worker 0 through the same handle; worker 0 SIGKILLed too: over the budget,
+#                 the handle's calls are ActorRestartsExhausted
+#   flood         a stranger without the token (actor_stranger) floods worker 0 for 5 s with plain
+#                 BASP spawns and pings, random bytes and a header declaring 4 GiB: worker 0 refuses
+#                 and logs them, stays up, and the spawner's spawns and requests there succeed
+#                 during the flood and after; an over-size message is refused by name
 #   every-role    actor_chief in every role: its workers serve under serve_if_worker_or_ps, take the
 #                 chief's spawns as its arrival, and exit 0 once the chief (a spawner only) left
 set -uo pipefail
@@ -22,6 +32,7 @@ scenario="$1"
 build="$2"
 daemon="$build/tools/troupe-worker"
 chief_bin="$build/tests/cluster/actor_chief"
+stranger_bin="$build/tests/cluster/actor_stranger"
 module="$build/tests/cluster/libtroupe_actor_types.so"
 dir="$(mktemp -d)"
 pids=()
@@ -130,6 +141,56 @@ case "$scenario" in
         fail "the cause is not the missed heartbeats"
       kill -CONT "$child"
     fi
+    ;;
+  any)
+    start_daemons "$token" "$token"
+    chief any "$token"
+    wait_for "$dir/chief.log" "^placed" 30
+    kill -KILL "$(pgrep -P "$pid_w0")"
+    chief_status
+    [[ $st == 0 ]] || fail "the spawner exited $st"
+    grep -q '^PASS any' "$dir/chief.log" || fail "no PASS line"
+    ;;
+  restart)
+    start_daemons "$token" "$token"
+    chief restart "$token"
+    wait_for "$dir/chief.log" "^spawned" 30
+    kill -KILL "$(pgrep -P "$pid_w1")"
+    wait_for "$dir/chief.log" "^restarted" 30
+    kill -KILL "$(pgrep -P "$pid_w0")"
+    chief_status
+    [[ $st == 0 ]] || fail "the spawner exited $st"
+    grep -q '^PASS restart' "$dir/chief.log" || fail "no PASS line"
+    grep -q "restarted actor 'accumulator' #2 on /job:worker/replica:0/task:1 as #3 on /job:worker/replica:0/task:0" "$dir/chief.log" ||
+      fail "the spawner did not log the restart"
+    ;;
+  flood)
+    start_daemons "$token" "$token"
+    timeout -k 5 60 "$stranger_bin" "$p0" 5 >"$dir/stranger.log" 2>&1 &
+    pids+=($!)
+    pid_stranger=$!
+    wait_for "$dir/stranger.log" "^stranger: flooding" 20
+    chief flood "$token"
+    chief_status
+    [[ $st == 0 ]] || fail "the spawner exited $st"
+    grep -q '^PASS flood' "$dir/chief.log" || fail "no PASS line"
+    wait "$pid_stranger" || fail "the stranger exited $?"
+    line=$(grep '^stranger: basp=' "$dir/stranger.log") || fail "the stranger did not finish"
+    basp=$(sed -E 's/.*basp=([0-9]+).*/\1/' <<<"$line")
+    accepted=$(sed -E 's/.*accepted=([0-9]+).*/\1/' <<<"$line")
+    closed=$(sed -E 's/.*closed=([0-9]+).*/\1/' <<<"$line")
+    [[ $accepted == 0 ]] || fail "worker 0 answered $accepted spawn(s) or ping(s) of a stranger"
+    [[ $basp -ge 2 && $closed -ge 2 ]] || fail "the flood was too small to say anything: $line"
+    kill -0 "$(pgrep -P "$pid_w0")" 2>/dev/null || fail "worker 0 did not stay up"
+    grep -q "spawned actor" "$dir/w0.log" || fail "worker 0 spawned nothing for the token holder"
+    # The gate logs the 1st, 2nd, 4th, ... refusal with the count so far: at least every BASP try.
+    most=$(grep -Eo "control plane: refused the connection from 127\.0\.0\.1:[0-9]+: .* \(([0-9]+) refused so far\)" "$dir/w0.log" |
+           sed -E 's/.*\(([0-9]+) refused so far\)/\1/' | sort -n | tail -n 1)
+    [[ -n "$most" ]] || fail "worker 0 logged no refused connection"
+    pow=1
+    while (( pow * 2 <= basp + closed )); do pow=$((pow * 2)); done
+    [[ $most -ge $pow ]] || fail "worker 0 logged $most refusals for $basp BASP tries and $closed closed raw connections"
+    echo "$line; worker 0 logged refusals up to $most"
     ;;
   spawner-gone)
     start_daemons "$token" "$token"

@@ -1,6 +1,10 @@
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
+#include <future>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +29,10 @@ class Doubler : public Actor {
   std::vector<Tensor> receive(const std::string& name, const std::vector<Tensor>& tensors) override {
     ++handled_;
     if (name == "count") return {Tensor::scalar<std::int64_t>(handled_)};
+    if (name == "sleep") {
+      std::this_thread::sleep_for(std::chrono::milliseconds(tensors.at(0).item<std::int32_t>()));
+      return {};
+    }
     if (name != "double") throw std::invalid_argument("no message " + name);
     std::vector<Tensor> out;
     for (const auto& t : tensors) out.push_back(t * 2.0f);
@@ -127,6 +135,127 @@ TEST_CASE("actors spawned on an in-process Server and locally answer requests an
   CHECK(contains(message_of([&] { actors.spawn("doubler", "worker:0", {Tensor::scalar<float>(1)}); }),
                  "doubler takes no arguments"));
   CHECK(contains(message_of([&] { actors.spawn("doubler", "ps:0"); }), "the cluster has no such task (it has: chief:0, worker:0)"));
-  CHECK(contains(message_of([&] { actors.spawn("doubler", "nowhere"); }), "is not \"local\", TYPE:INDEX"));
+  CHECK(contains(message_of([&] { actors.spawn("doubler", "nowhere"); }), "is not \"local\", \"any\", \"any:JOB\", TYPE:INDEX"));
   CHECK(contains(message_of([] { ActorHandle().request("x"); }), "an empty handle"));
+}
+
+TEST_CASE("an asynchronous request completes through receive() or then(), its callbacks off the caller's stack") {
+  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}});
+  Runtime task_rt;
+  ServerOptions so;
+  so.log = [](const std::string&) {};
+  Server server(task_rt, spec, "worker", 0, doubler_registry(), so);
+  Runtime rt;
+  std::vector<std::string> lines;
+  std::mutex lines_mutex;
+  ActorClusterOptions o = quiet_options();
+  o.log = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(lines_mutex);
+    lines.push_back(line);
+  };
+  ActorCluster actors(rt, spec, "chief:0", doubler_registry(), o);
+  for (const std::string where : {"worker:0", "local"}) {
+    CAPTURE(where);
+    ActorHandle h = actors.spawn("doubler", where);
+    // receive(): the reply's tensors, or the actor's error as troupe::Error.
+    ActorRequest r = h.request_async("double", {Tensor::from_vector<float>({1, 2}, {2})});
+    CHECK(r.receive()[0].to_vector<float>() == std::vector<float>({2, 4}));
+    CHECK(r.ready());
+    CHECK(r.receive()[0].to_vector<float>() == std::vector<float>({2, 4}));  // again
+    CHECK(contains(message_of([&] { h.request_async("nope").receive(); }), "no message nope"));
+
+    // then(): on another thread than the caller's, and a callback may make a blocking request.
+    std::promise<std::pair<std::thread::id, float>> got;
+    h.request_async("double", {Tensor::scalar<float>(3)}).then([&, h](std::vector<Tensor> reply) {
+      const float nested = h.request("double", {reply.at(0)})[0].item<float>();  // 12
+      got.set_value({std::this_thread::get_id(), nested});
+    });
+    auto f = got.get_future();
+    REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    const auto [thread, nested] = f.get();
+    CHECK(thread != std::this_thread::get_id());
+    CHECK(nested == 12.0f);
+
+    // The error callback, with the actor's text; one registered after completion runs too.
+    std::promise<std::string> failed;
+    ActorRequest bad = h.request_async("nope");
+    while (!bad.ready()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    bad.then([](std::vector<Tensor>) {}, [&](const Error& e) { failed.set_value(e.what()); });
+    auto ff = failed.get_future();
+    REQUIRE(ff.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    CHECK(contains(ff.get(), "no message nope"));
+    CHECK(contains(message_of([&] { bad.then([](std::vector<Tensor>) {}); }), "then() was called already"));
+
+    // Many in flight: every callback runs once, in the order the actor answered.
+    const int n = 500;
+    std::atomic<int> seen{0};
+    std::atomic<bool> in_order{true};
+    std::promise<void> all;
+    const std::int64_t before = h.request("count")[0].item<std::int64_t>();
+    for (int i = 0; i < n; ++i) {
+      h.request_async("count").then([&, i, before](std::vector<Tensor> reply) {
+        if (reply.at(0).item<std::int64_t>() != before + 1 + i) in_order = false;
+        if (++seen == n) all.set_value();
+      });
+    }
+    REQUIRE(all.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+    CHECK(seen == n);
+    CHECK(in_order);
+
+    // A timeout, and an actor that is down, come through the request.
+    CHECK(contains(message_of([&] {
+                     h.request_async("sleep", {Tensor::scalar<std::int32_t>(600)}, std::chrono::milliseconds(50)).receive();
+                   }),
+                   "no answer within 50 ms"));
+    h.stop();
+    CHECK(contains(message_of([&] { h.request_async("count").receive(); }), "is down: stopped by its spawner"));
+    // An error no callback handles is logged.
+    h.request_async("count").then([](std::vector<Tensor>) {});
+    bool logged = false;
+    for (int i = 0; i < 1000 && !logged; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::lock_guard<std::mutex> lock(lines_mutex);
+      for (const auto& l : lines) logged = logged || contains(l, "error no callback handled");
+    }
+    CHECK(logged);
+  }
+  CHECK(contains(message_of([] { ActorRequest().receive(); }), "an empty request"));
+}
+
+TEST_CASE("a request in flight when its ActorCluster ends completes with an error") {
+  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}});
+  Runtime task_rt;
+  ServerOptions so;
+  so.log = [](const std::string&) {};
+  Server server(task_rt, spec, "worker", 0, doubler_registry(), so);
+  Runtime rt;
+  ActorRequest pending;
+  std::promise<std::string> failed;
+  {
+    ActorCluster actors(rt, spec, "chief:0", doubler_registry(), quiet_options());
+    ActorHandle h = actors.spawn("doubler", "worker:0");
+    pending = h.request_async("sleep", {Tensor::scalar<std::int32_t>(300)});
+    pending.then([](std::vector<Tensor>) {}, [&](const Error& e) { failed.set_value(e.what()); });
+  }  // the callback ran before the destructor returned
+  auto f = failed.get_future();
+  REQUIRE(f.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
+  CHECK(contains(f.get(), "its actor client is gone"));
+  CHECK(contains(message_of([&] { pending.receive(); }), "its actor client is gone"));
+  // The task's actor finishes its sleep (its reply goes nowhere) before the runtimes end.
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+}
+
+TEST_CASE("a RestartPolicy out of range is refused naming it") {
+  Runtime rt;
+  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}});
+  ActorCluster actors(rt, spec, "chief:0", doubler_registry(), quiet_options());
+  CHECK(contains(message_of([&] { actors.spawn("doubler", "worker:0", {}, RestartPolicy{-1, std::chrono::seconds(1)}); }),
+                 "RestartPolicy max_restarts -1"));
+  CHECK(contains(message_of([&] { actors.spawn("doubler", "any", {}, RestartPolicy{1, std::chrono::milliseconds(0)}); }),
+                 "within a window above 0 ms"));
+  CHECK(actors.load() == std::vector<int>({0}));
+  CHECK(contains(message_of([&] { actors.spawn("doubler", "any:chief"); }), "no chief task but this spawner's own"));
 }

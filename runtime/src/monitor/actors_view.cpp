@@ -47,7 +47,7 @@ std::function<void(const distribute::ActorEvent&)> Monitor::actor_events() {
       case distribute::ActorEvent::Kind::spawned: board->spawned(e.id, e.type, e.task, now); break;
       case distribute::ActorEvent::Kind::replied: board->replied(e.id, now); break;
       case distribute::ActorEvent::Kind::down: board->went_down(e.id, base::printable_line(e.cause, 512), now); break;
-      case distribute::ActorEvent::Kind::restarted: board->restarted(e.id, e.task, now); break;
+      case distribute::ActorEvent::Kind::restarted: board->restarted(e.previous_id, e.id, e.task, now); break;
     }
   };
 }

@@ -67,8 +67,9 @@ class actor_board {
 
   /// An actor spawned on `task`.
   void spawned(std::uint64_t id, const std::string& type, const std::string& task, clock::time_point now);
-  /// An actor started again (a restart policy's), now on `task`; unknown ids are ignored.
-  void restarted(std::uint64_t id, const std::string& task, clock::time_point now);
+  /// Actor `previous` started again (a restart policy's) as `id`, now on `task`: its row, label
+  /// and history go on under the new id. An unknown `previous` is ignored.
+  void restarted(std::uint64_t previous, std::uint64_t id, const std::string& task, clock::time_point now);
   /// An actor answered a request.
   void replied(std::uint64_t id, clock::time_point now);
   /// An actor went down, for `cause`.

@@ -60,6 +60,7 @@ struct actor_down {
   std::string type;
   std::string task;   ///< where it ran ("local" for the spawner's own process)
   std::string cause;  ///< why: its host's connection closed, its host went silent, it was stopped
+  bool host_lost = false;  ///< its host's process died, went silent or stopped (not: stopped by its spawner)
 };
 
 /// The outcome of a request.
@@ -99,6 +100,10 @@ class actor_client {
   /// A request and its reply, waiting at most `timeout`.
   actor_reply request(const actor_ref& to, const std::string& name, const std::string& payload,
                       std::chrono::milliseconds timeout);
+  /// The same without waiting: `done` runs once with the outcome, on a runtime thread (or on
+  /// this one, at once, for an actor known to be down or a client that is gone). Keep it short.
+  void request_async(const actor_ref& to, const std::string& name, std::string payload,
+                     std::chrono::milliseconds timeout, std::function<void(actor_reply)> done);
   /// A one-way message; false when the actor is known to be down.
   bool send(const actor_ref& to, const std::string& name, const std::string& payload);
   /// Stops the actor (its spawner hears it as down: "stopped by its spawner").

@@ -3,7 +3,15 @@
 #include <algorithm>
 #include <atomic>
 #include <optional>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <iostream>
+#include <thread>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
 #include <stdexcept>
 
 #include "distribute/cluster/actor_host.hpp"
@@ -46,6 +54,71 @@ actors::actor_made make_actor(const FunctionRegistry& registry, const std::strin
 
 }  // namespace detail
 
+// --- a thread that runs posted work one piece at a time ------------------------------------------
+
+namespace {
+
+// Restarts by policy and the callbacks of asynchronous requests run here, off the runtime's threads
+// (a restart blocks on a spawn; a callback may block on a request) and off the caller's stack.
+class serial_worker {
+ public:
+  serial_worker() = default;
+  serial_worker(const serial_worker&) = delete;
+  serial_worker& operator=(const serial_worker&) = delete;
+  ~serial_worker() { stop(); }
+
+  // Runs `work` after what was posted before; dropped once stop() began.
+  void post(std::function<void()> work) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
+    jobs_.push_back(std::move(work));
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    wake_.notify_one();
+  }
+
+  // Runs what is queued, then ends the thread (from the thread itself: it ends after this job).
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (!thread_.joinable()) return;
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      auto work = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      try {
+        work();
+      } catch (...) {
+        // An application's callback must not end the thread the others run on.
+      }
+      work = nullptr;  // what it held goes here, off the lock
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
 // --- ActorCluster --------------------------------------------------------------------------------
 
 struct ActorCluster::Impl {
@@ -56,16 +129,104 @@ struct ActorCluster::Impl {
   std::shared_ptr<actors::control_credentials> credentials;
   std::unique_ptr<actors::actor_client> client;
   std::atomic<bool> closed{false};
+  // What "any" placement reads: the live remote actors by id (their task), and the tasks whose
+  // host was lost (tried last, until a spawn there succeeds again).
+  mutable std::mutex load_mutex;
+  std::map<std::uint64_t, std::string> live;
+  std::set<std::string> lost;
+  std::map<std::uint64_t, std::weak_ptr<ActorHandle::Impl>> supervised;  // by the id of the actor running now
+  serial_worker restarter;  // restarts by policy, one at a time
+  serial_worker callbacks;  // ActorRequest::then's callbacks, one at a time
+
+  // Tells options.on_event, when set.
+  void report(ActorEvent::Kind kind, std::uint64_t id, const std::string& type, const std::string& where,
+              const std::string& cause = {}, std::uint64_t previous_id = 0) const {
+    if (options.on_event) options.on_event(ActorEvent{kind, id, type, where, cause, previous_id});
+  }
+
+  void supervise(std::uint64_t id, const std::shared_ptr<ActorHandle::Impl>& h) {
+    std::lock_guard<std::mutex> lock(load_mutex);
+    supervised[id] = h;
+  }
+  std::shared_ptr<ActorHandle::Impl> supervised_handle(std::uint64_t id) {
+    std::lock_guard<std::mutex> lock(load_mutex);
+    auto it = supervised.find(id);
+    if (it == supervised.end()) return nullptr;
+    auto h = it->second.lock();
+    supervised.erase(it);
+    return h;
+  }
+
+  void spawned(std::uint64_t id, const std::string& task) {
+    std::lock_guard<std::mutex> lock(load_mutex);
+    live[id] = task;
+    lost.erase(task);
+  }
+  void went_down(const actors::actor_down& d) {
+    std::lock_guard<std::mutex> lock(load_mutex);
+    live.erase(d.id);
+    if (d.host_lost) lost.insert(d.task);
+    if (!d.host_lost) supervised.erase(d.id);  // stopped by its spawner: no restart
+  }
+  void unreachable(const std::string& task) {
+    std::lock_guard<std::mutex> lock(load_mutex);
+    lost.insert(task);
+  }
+  std::vector<int> load_of(const std::string& job) const {
+    std::vector<int> out(static_cast<std::size_t>(std::max(0, cluster.num_tasks(job))), 0);
+    std::lock_guard<std::mutex> lock(load_mutex);
+    for (const auto& [id, t] : live) {
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        if (t == detail::task_name(job, static_cast<int>(i))) ++out[i];
+      }
+    }
+    return out;
+  }
+  // The tasks of `job` in the order "any" tries them: live ones by (load, index), then lost ones
+  // by (load, index); never this spawner's own task nor `exclude`.
+  std::vector<int> placement_order(const std::string& job, const std::string& exclude = "") const {
+    const auto load = load_of(job);
+    std::vector<std::tuple<bool, int, int>> order;
+    {
+      std::lock_guard<std::mutex> lock(load_mutex);
+      for (std::size_t i = 0; i < load.size(); ++i) {
+        const std::string name = detail::task_name(job, static_cast<int>(i));
+        if (name == task || name == exclude) continue;
+        order.emplace_back(lost.count(name) > 0, load[i], static_cast<int>(i));
+      }
+    }
+    std::sort(order.begin(), order.end());
+    std::vector<int> out;
+    for (const auto& o : order) out.push_back(std::get<2>(o));
+    return out;
+  }
+
+  // Spawns on one remote task; troupe::Error naming the type and the task when it fails, with
+  // `reached` false when the task could not be reached (or refused the connection).
+  std::shared_ptr<actors::actor_ref> spawn_remote(const std::string& type, const std::string& job, int index,
+                                                  const std::string& args_bytes, const std::string& what,
+                                                  bool* reached = nullptr) {
+    if (reached) *reached = true;
+    const std::string name = detail::task_name(job, index);
+    const auto [host, port] = detail::split_host_port(cluster.task_address(job, index), "ActorCluster::spawn");
+    std::shared_ptr<actors::actor_ref> ref;
+    try {
+      ref = client_for(what).spawn(actors::task_endpoint{name, host, port}, type, args_bytes);
+    } catch (const std::runtime_error& e) {
+      // The host's refusals name the type and the task already; the connection's do not.
+      const std::string why = e.what();
+      if (why.rfind("actor type ", 0) == 0) throw Error("ActorCluster::spawn: " + why);
+      unreachable(name);
+      if (reached) *reached = false;
+      throw Error(what + ": " + why);
+    }
+    spawned(actors::actor_client::id(*ref), name);
+    return ref;
+  }
 
   actors::actor_client& client_for(const std::string& what) {
     if (closed) throw Error(what + ": its ActorCluster is gone");
     return *client;
-  }
-
-  // Tells options.on_event, when set.
-  void report(ActorEvent::Kind kind, std::uint64_t id, const std::string& type, const std::string& where,
-              const std::string& cause = {}) const {
-    if (options.on_event) options.on_event(ActorEvent{kind, id, type, where, cause});
   }
 
   void log(const std::string& line) const {
@@ -78,13 +239,62 @@ struct ActorCluster::Impl {
 };
 
 struct ActorHandle::Impl {
-  std::shared_ptr<ActorCluster::Impl> cluster;
-  std::shared_ptr<actors::actor_ref> ref;
-  std::uint64_t id = 0;
-  std::string type;
-  std::string task;
+  // One actor a handle has referred to: the first spawn's, then each restart's.
+  struct incarnation {
+    std::shared_ptr<actors::actor_ref> ref;
+    std::uint64_t id = 0;
+    std::string task;
+  };
 
-  std::string describe() const { return "actor " + base::quoted(type) + " #" + std::to_string(id) + " on " + task; }
+  std::shared_ptr<ActorCluster::Impl> cluster;
+  std::string type;
+  // Supervision by a RestartPolicy: the job it stays in and its constructor arguments.
+  bool supervised = false;
+  RestartPolicy policy;
+  std::string job;
+  std::string args_bytes;
+
+  mutable std::mutex mutex;
+  mutable std::condition_variable changed;
+  std::shared_ptr<const incarnation> now;
+  std::vector<std::shared_ptr<const incarnation>> history;  // kept: task() hands out references
+  bool restarting = false;
+  std::string exhausted;  // ActorRestartsExhausted's text once the policy gave up
+  int restarts = 0;
+  std::deque<std::chrono::steady_clock::time_point> restart_times;  // within the policy's window
+
+  void adopt(std::shared_ptr<actors::actor_ref> ref) {
+    auto inc = std::make_shared<incarnation>();
+    inc->id = actors::actor_client::id(*ref);
+    inc->task = actors::actor_client::task(*ref);
+    inc->ref = std::move(ref);
+    history.push_back(inc);
+    now = std::move(inc);
+  }
+
+  // The actor now, without waiting.
+  std::shared_ptr<const incarnation> current() const {
+    std::lock_guard<std::mutex> lock(mutex);
+    return now;
+  }
+
+  // The actor to talk to: while it restarts, waits for the new one at most `wait`; a policy that
+  // gave up is ActorRestartsExhausted.
+  std::shared_ptr<const incarnation> reachable(std::chrono::milliseconds wait, const std::string& what) const {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (restarting) changed.wait_for(lock, wait, [&] { return !restarting; });
+    if (!exhausted.empty()) throw ActorRestartsExhausted(what + ": " + exhausted);
+    if (restarting) {
+      throw Error(what + ": the actor is down and restarting: no new actor within " + std::to_string(wait.count()) +
+                  " ms");
+    }
+    return now;
+  }
+
+  std::string describe(const incarnation& inc) const {
+    return "actor " + base::quoted(type) + " #" + std::to_string(inc.id) + " on " + inc.task;
+  }
+  std::string describe() const { return describe(*current()); }
 
   std::string encode(const std::string& name, const std::vector<Tensor>& tensors, const char* op) const {
     if (name.size() > actors::app_message_limits::max_name_bytes) {
@@ -102,6 +312,101 @@ struct ActorHandle::Impl {
     return payload;
   }
 };
+
+namespace {
+
+// Restarts a supervised actor whose host was lost (on the cluster's restart thread).
+void restart_actor(const std::shared_ptr<ActorHandle::Impl>& h, const actors::actor_down& d) {
+  auto& s = *h->cluster;
+  ActorRestart r;
+  r.previous_id = d.id;
+  r.type = h->type;
+  r.from = d.task;
+  const std::string who = "actor " + base::quoted(h->type) + " #" + std::to_string(d.id) + " on " + d.task;
+  std::string gave_up;
+  const auto now = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(h->mutex);
+    while (!h->restart_times.empty() && now - h->restart_times.front() >= h->policy.window) {
+      h->restart_times.pop_front();
+    }
+    if (static_cast<int>(h->restart_times.size()) >= h->policy.max_restarts) {
+      gave_up = who + " went down (" + d.cause + ") after " + std::to_string(h->restart_times.size()) +
+                " restart(s) within " + std::to_string(h->policy.window.count()) +
+                " ms, the most its RestartPolicy allows (max_restarts " + std::to_string(h->policy.max_restarts) +
+                "): not restarted";
+    } else {
+      h->restart_times.push_back(now);
+    }
+    r.restarts = static_cast<int>(h->restart_times.size());
+  }
+  std::shared_ptr<actors::actor_ref> ref;
+  if (gave_up.empty() && s.closed) gave_up = who + ": its ActorCluster is gone";
+  if (gave_up.empty()) {
+    const std::string what = "restart of " + who;
+    std::string tried;
+    for (int index : s.placement_order(h->job, d.task)) {
+      bool reached = true;
+      try {
+        ref = s.spawn_remote(h->type, h->job, index, h->args_bytes, what, &reached);
+        break;
+      } catch (const std::exception& e) {
+        tried += "\n  " + std::string(e.what());
+        if (reached) break;  // the host answered: the others would refuse it the same way
+      }
+    }
+    if (!ref) gave_up = what + ": no other " + h->job + " task took it:" + (tried.empty() ? " there is none" : tried);
+  }
+  {
+    std::lock_guard<std::mutex> lock(h->mutex);
+    if (ref) {
+      h->adopt(ref);
+      ++h->restarts;
+      r.id = h->now->id;
+      r.task = h->now->task;
+      s.supervise(r.id, h);
+    } else {
+      h->exhausted = gave_up;
+      r.error = gave_up;
+    }
+    h->restarting = false;
+  }
+  h->changed.notify_all();
+  if (ref) s.report(ActorEvent::Kind::restarted, r.id, h->type, r.task, {}, r.previous_id);
+  s.log(ref ? "restarted " + who + " as #" + std::to_string(r.id) + " on " + r.task + " (restart " +
+                  std::to_string(r.restarts) + " of at most " + std::to_string(h->policy.max_restarts) + " within " +
+                  std::to_string(h->policy.window.count()) + " ms)"
+            : gave_up);
+  if (s.options.on_restart) {
+    try {
+      s.options.on_restart(r);
+    } catch (...) {
+      // The application's callback must not end the restart thread.
+    }
+  }
+}
+
+// What the cluster does with an actor that went down (on the runtime's supervisor thread): its
+// load is gone, and a supervised one whose host was lost is restarted on the restart thread.
+void actor_went_down(const std::shared_ptr<ActorCluster::Impl>& self, actors::actor_down d) {
+  self->went_down(d);
+  if (!self->closed) self->report(ActorEvent::Kind::down, d.id, d.type, d.task, d.cause);
+  bool restarting = false;
+  if (d.host_lost && !self->closed) {
+    if (auto h = self->supervised_handle(d.id)) {
+      std::lock_guard<std::mutex> lock(h->mutex);
+      if (h->now && h->now->id == d.id && h->exhausted.empty()) {
+        h->restarting = restarting = true;
+        self->restarter.post([h, d] { restart_actor(h, d); });
+      }
+    }
+  }
+  if (!self->closed && self->options.on_down) {
+    self->options.on_down(ActorDown{d.id, d.type, d.task, d.cause, restarting});
+  }
+}
+
+}  // namespace
 
 namespace {
 
@@ -178,10 +483,7 @@ ActorCluster::ActorCluster(Runtime& runtime, const ClusterSpec& cluster, const s
   // The client's supervisor may still be ending when this object is gone: nothing is called then.
   std::weak_ptr<Impl> weak = impl_;
   co.on_down = [weak](const actors::actor_down& d) {
-    auto self = weak.lock();
-    if (!self || self->closed) return;
-    self->report(ActorEvent::Kind::down, d.id, d.type, d.task, d.cause);
-    if (self->options.on_down) self->options.on_down(ActorDown{d.id, d.type, d.task, d.cause});
+    if (auto self = weak.lock()) actor_went_down(self, d);
   };
   co.log = [weak](const std::string& line) {
     if (auto self = weak.lock()) self->log(line);
@@ -191,27 +493,48 @@ ActorCluster::ActorCluster(Runtime& runtime, const ClusterSpec& cluster, const s
 
 ActorCluster::~ActorCluster() {
   impl_->closed = true;
-  impl_->client.reset();
+  impl_->restarter.stop();  // a restart under way ends first (it gives up: the cluster is gone)
+  impl_->client.reset();    // fails the asynchronous requests in flight
+  impl_->callbacks.stop();  // runs their callbacks
 }
 
 const std::string& ActorCluster::task() const { return impl_->task; }
 
+std::vector<int> ActorCluster::load(const std::string& job) const { return impl_->load_of(job); }
+
 ActorHandle ActorCluster::spawn(const std::string& type, const std::string& task, const std::vector<Tensor>& args) {
+  return spawn(type, task, args, RestartPolicy{});
+}
+
+ActorHandle ActorCluster::spawn(const std::string& type, const std::string& task, const std::vector<Tensor>& args,
+                                const RestartPolicy& policy) {
   auto& s = *impl_;
   const std::string what = "ActorCluster::spawn: actor type " + base::quoted(type) + " on " + base::quoted(task);
   auto h = std::make_shared<ActorHandle::Impl>();
   h->cluster = impl_;
   h->type = type;
   if (type.empty() || type.size() > 64) throw std::invalid_argument(what + ": a type name of 1..64 bytes");
+  if (policy.max_restarts < 0 || policy.max_restarts > 1000 || policy.window.count() <= 0) {
+    throw std::invalid_argument(what + ": RestartPolicy max_restarts " + std::to_string(policy.max_restarts) +
+                                " within " + std::to_string(policy.window.count()) +
+                                " ms (expected 0..1000 restarts within a window above 0 ms)");
+  }
   bool local = task == "local";
   std::optional<task_ref> where;
-  if (!local) {
+  std::string any_job;
+  const auto jobs = s.cluster.jobs();
+  if (task == "any" || task.rfind("any:", 0) == 0) {
+    any_job = task == "any" ? "worker" : task.substr(4);
+    if (std::find(jobs.begin(), jobs.end(), any_job) == jobs.end() || s.cluster.num_tasks(any_job) == 0) {
+      throw std::invalid_argument(what + ": the cluster has no " + base::quoted(any_job) + " tasks (it has: " +
+                                  tasks_of(s.cluster) + ")");
+    }
+  } else if (!local) {
     where = parse_task(task);
     if (!where) {
-      throw std::invalid_argument(what + ": the task is not \"local\", TYPE:INDEX (e.g. worker:1) or "
-                                  "/job:TYPE/replica:0/task:INDEX");
+      throw std::invalid_argument(what + ": the task is not \"local\", \"any\", \"any:JOB\", TYPE:INDEX (e.g. "
+                                  "worker:1) or /job:TYPE/replica:0/task:INDEX");
     }
-    const auto jobs = s.cluster.jobs();
     if (std::find(jobs.begin(), jobs.end(), where->job) == jobs.end() ||
         where->index >= s.cluster.num_tasks(where->job)) {
       throw std::invalid_argument(what + ": the cluster has no such task (it has: " + tasks_of(s.cluster) + ")");
@@ -225,6 +548,7 @@ ActorHandle ActorCluster::spawn(const std::string& type, const std::string& task
                                 ": ActorClusterOptions::max_message_bytes)");
   }
   auto& client = s.client_for(what);
+  std::shared_ptr<actors::actor_ref> ref;
   if (local) {
     if (s.registry.find_actor(type) == nullptr) {
       std::string known;
@@ -234,22 +558,38 @@ ActorHandle ActorCluster::spawn(const std::string& type, const std::string& task
     }
     auto made = detail::make_actor(s.registry, "local", type, args_bytes);
     if (!made.receive) throw Error("ActorCluster::spawn: " + made.error);
-    h->ref = client.spawn_local(type, std::move(made.receive));
+    ref = client.spawn_local(type, std::move(made.receive));
+  } else if (where) {
+    ref = s.spawn_remote(type, where->job, where->index, args_bytes, what);
   } else {
-    const std::string name = detail::task_name(where->job, where->index);
-    const auto [host, port] =
-        detail::split_host_port(s.cluster.task_address(where->job, where->index), "ActorCluster::spawn");
-    try {
-      h->ref = client.spawn(actors::task_endpoint{name, host, port}, type, args_bytes);
-    } catch (const std::runtime_error& e) {
-      // The host's refusals name the type and the task already; the connection's do not.
-      const std::string why = e.what();
-      throw Error(why.rfind("actor type ", 0) == 0 ? "ActorCluster::spawn: " + why : what + ": " + why);
+    const auto order = s.placement_order(any_job);
+    if (order.empty()) throw std::invalid_argument(what + ": no " + any_job + " task but this spawner's own");
+    std::string tried;
+    for (int index : order) {
+      bool reached = true;
+      try {
+        ref = s.spawn_remote(type, any_job, index, args_bytes, what, &reached);
+        break;
+      } catch (const Error& e) {
+        // The host answered (the type, its factory): another task would refuse it the same way.
+        if (reached) throw;
+        tried += "\n  " + std::string(e.what());
+      }
     }
+    if (!ref) throw Error(what + ": no " + any_job + " task could be reached:" + tried);
   }
-  h->id = actors::actor_client::id(*h->ref);
-  h->task = actors::actor_client::task(*h->ref);
-  s.report(ActorEvent::Kind::spawned, h->id, h->type, h->task);
+  {
+    std::lock_guard<std::mutex> lock(h->mutex);
+    h->adopt(ref);
+  }
+  if (!local && policy.max_restarts > 0) {
+    h->supervised = true;
+    h->policy = policy;
+    h->job = where ? where->job : any_job;
+    h->args_bytes = args_bytes;
+    s.supervise(h->now->id, h);
+  }
+  s.report(ActorEvent::Kind::spawned, h->now->id, h->type, h->now->task);
   return ActorHandle(std::move(h));
 }
 
@@ -264,10 +604,15 @@ std::vector<Tensor> ActorHandle::request(const std::string& name, const std::vec
                                          std::chrono::milliseconds timeout) const {
   const auto& h = checked("request");
   const std::string payload = h.encode(name, tensors, "request");
-  const std::string what = h.describe() + ": request " + base::quoted(name);
-  auto r = h.cluster->client_for(what).request(*h.ref, name, payload, timeout);
+  const auto started = std::chrono::steady_clock::now();
+  const auto inc = h.reachable(timeout, h.describe() + ": request " + base::quoted(name));
+  const std::string what = h.describe(*inc) + ": request " + base::quoted(name);
+  const auto left = std::max(std::chrono::milliseconds(1),
+                             timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::chrono::steady_clock::now() - started));
+  auto r = h.cluster->client_for(what).request(*inc->ref, name, payload, left);
   if (r.what == actors::actor_reply::status::ok || r.what == actors::actor_reply::status::failed) {
-    h.cluster->report(ActorEvent::Kind::replied, h.id, h.type, h.task);
+    h.cluster->report(ActorEvent::Kind::replied, inc->id, h.type, inc->task);
   }
   switch (r.what) {
     case actors::actor_reply::status::ok: return detail::decode_tensors(r.payload, "actor reply");
@@ -278,30 +623,172 @@ std::vector<Tensor> ActorHandle::request(const std::string& name, const std::vec
   throw Error(what + ": no reply");
 }
 
+// --- ActorRequest --------------------------------------------------------------------------------
+
+struct ActorRequest::State {
+  std::shared_ptr<ActorCluster::Impl> cluster;
+  std::string what;  // "actor 'x' #3 on ...: request 'y'"
+  std::mutex mutex;
+  std::condition_variable completed;
+  bool done = false;
+  std::vector<Tensor> reply;
+  std::exception_ptr error;
+  bool has_then = false;
+  std::function<void(std::vector<Tensor>)> on_reply;
+  std::function<void(const Error&)> on_error;
+
+  // Runs the callbacks on the cluster's callback thread (called once, with done set).
+  static void dispatch(const std::shared_ptr<State>& st) {
+    st->cluster->callbacks.post([st] {
+      if (!st->error) {
+        if (st->on_reply) st->on_reply(st->reply);
+        return;
+      }
+      try {
+        std::rethrow_exception(st->error);
+      } catch (const Error& e) {
+        if (st->on_error) {
+          st->on_error(e);
+        } else {
+          st->cluster->log("an asynchronous request's error no callback handled: " + std::string(e.what()));
+        }
+      }
+    });
+  }
+
+  static void complete(const std::shared_ptr<State>& st, std::vector<Tensor> reply, std::exception_ptr error) {
+    bool call = false;
+    {
+      std::lock_guard<std::mutex> lock(st->mutex);
+      if (st->done) return;
+      st->done = true;
+      st->reply = std::move(reply);
+      st->error = std::move(error);
+      call = st->has_then;
+    }
+    st->completed.notify_all();
+    if (call) dispatch(st);
+  }
+};
+
+ActorRequest::State& ActorRequest::checked(const char* what) const {
+  if (!state_) {
+    throw std::logic_error(std::string("ActorRequest::") + what + ": an empty request (from ActorHandle::request_async)");
+  }
+  return *state_;
+}
+
+std::vector<Tensor> ActorRequest::receive() const {
+  auto& st = checked("receive");
+  std::unique_lock<std::mutex> lock(st.mutex);
+  st.completed.wait(lock, [&] { return st.done; });  // the request's timeout completes it
+  if (st.error) std::rethrow_exception(st.error);
+  return st.reply;
+}
+
+void ActorRequest::then(std::function<void(std::vector<Tensor>)> on_reply,
+                        std::function<void(const Error&)> on_error) const {
+  auto& st = checked("then");
+  bool call = false;
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    if (st.has_then) throw std::logic_error("ActorRequest::then: " + st.what + ": then() was called already");
+    st.has_then = true;
+    st.on_reply = std::move(on_reply);
+    st.on_error = std::move(on_error);
+    call = st.done;
+  }
+  if (call) State::dispatch(state_);
+}
+
+bool ActorRequest::ready() const {
+  auto& st = checked("ready");
+  std::lock_guard<std::mutex> lock(st.mutex);
+  return st.done;
+}
+
+ActorRequest ActorHandle::request_async(const std::string& name, const std::vector<Tensor>& tensors,
+                                        std::chrono::milliseconds timeout) const {
+  const auto& h = checked("request_async");
+  std::string payload = h.encode(name, tensors, "request_async");
+  auto st = std::make_shared<ActorRequest::State>();
+  st->cluster = h.cluster;
+  std::shared_ptr<const Impl::incarnation> inc;
+  try {
+    inc = h.reachable(std::chrono::milliseconds(0), h.describe() + ": request " + base::quoted(name));
+  } catch (const Error&) {
+    st->what = h.describe() + ": request " + base::quoted(name);
+    ActorRequest::State::complete(st, {}, std::current_exception());
+    return ActorRequest(st);
+  }
+  st->what = h.describe(*inc) + ": request " + base::quoted(name);
+  if (h.cluster->closed) {
+    ActorRequest::State::complete(st, {}, std::make_exception_ptr(Error(st->what + ": its ActorCluster is gone")));
+    return ActorRequest(st);
+  }
+  // The reply is decoded where it arrives (a runtime thread); the callbacks run elsewhere.
+  h.cluster->client_for(st->what).request_async(*inc->ref, name, std::move(payload), timeout,
+                                                [st, id = inc->id, type = h.type, task = inc->task](actors::actor_reply r) {
+    const std::string& what = st->what;
+    if (r.what == actors::actor_reply::status::ok || r.what == actors::actor_reply::status::failed) {
+      st->cluster->report(ActorEvent::Kind::replied, id, type, task);
+    }
+    switch (r.what) {
+      case actors::actor_reply::status::ok:
+        try {
+          ActorRequest::State::complete(st, detail::decode_tensors(r.payload, "actor reply"), nullptr);
+        } catch (const std::exception& e) {
+          ActorRequest::State::complete(st, {}, std::make_exception_ptr(Error(what + ": " + e.what())));
+        }
+        return;
+      case actors::actor_reply::status::failed:
+        return ActorRequest::State::complete(st, {}, std::make_exception_ptr(Error(what + " failed: " + r.payload)));
+      case actors::actor_reply::status::timed_out:
+        return ActorRequest::State::complete(st, {}, std::make_exception_ptr(Error(what + ": " + r.payload)));
+      case actors::actor_reply::status::down:
+        return ActorRequest::State::complete(
+            st, {}, std::make_exception_ptr(Error(what + ": the actor is down: " + r.payload)));
+    }
+  });
+  return ActorRequest(st);
+}
+
 void ActorHandle::send(const std::string& name, const std::vector<Tensor>& tensors) const {
   const auto& h = checked("send");
   const std::string payload = h.encode(name, tensors, "send");
-  const std::string what = h.describe() + ": send " + base::quoted(name);
+  // A one-way message does not wait for a restart: it goes to the actor running now, or fails.
+  const auto inc = h.reachable(std::chrono::milliseconds(0), h.describe() + ": send " + base::quoted(name));
+  const std::string what = h.describe(*inc) + ": send " + base::quoted(name);
   auto& client = h.cluster->client_for(what);
-  if (!client.send(*h.ref, name, payload)) {
-    throw Error(what + ": the actor is down: " + client.down(*h.ref).value_or("it is gone"));
+  if (!client.send(*inc->ref, name, payload)) {
+    throw Error(what + ": the actor is down: " + client.down(*inc->ref).value_or("it is gone"));
   }
 }
 
 void ActorHandle::stop() const {
   const auto& h = checked("stop");
   if (h.cluster->closed) return;
-  h.cluster->client->stop(*h.ref);
+  h.cluster->client->stop(*h.current()->ref);
 }
 
 std::optional<std::string> ActorHandle::down() const {
   const auto& h = checked("down");
   if (h.cluster->closed) return std::string("its ActorCluster is gone");
-  return h.cluster->client->down(*h.ref);
+  {
+    std::lock_guard<std::mutex> lock(h.mutex);
+    if (!h.exhausted.empty()) return h.exhausted;
+  }
+  return h.cluster->client->down(*h.current()->ref);
 }
 
-std::uint64_t ActorHandle::id() const { return checked("id").id; }
+int ActorHandle::restarts() const {
+  const auto& h = checked("restarts");
+  std::lock_guard<std::mutex> lock(h.mutex);
+  return h.restarts;
+}
+
+std::uint64_t ActorHandle::id() const { return checked("id").current()->id; }
 const std::string& ActorHandle::type() const { return checked("type").type; }
-const std::string& ActorHandle::task() const { return checked("task").task; }
+const std::string& ActorHandle::task() const { return checked("task").current()->task; }
 
 }  // namespace troupe::distribute
