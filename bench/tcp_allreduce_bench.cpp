@@ -154,11 +154,11 @@ int run_rank(int rank, int n, std::vector<listener*>& listeners, const std::vect
       if (rank == 0) {
         const double algbw = double(bytes) / med / 1e9;
         std::printf("tcp_allreduce bytes=%zu ranks=%d iters=%d median_us=%.2f algbw_GBps=%.3f busbw_GBps=%.3f "
-                    "cpu_us=%.2f compression=%s segment_bytes=%zu send_ahead=%s",
+                    "cpu_us=%.2f compression=%s",
                     bytes, n, iters[w], med * 1e6, algbw, algbw * 2.0 * (n - 1) / n, cpu_med * 1e6,
-                    wire_name(wires[w]), segment_bytes, send_ahead ? "on" : "off");
+                    wire_name(wires[w]));
         if (wires.size() > 1) std::printf(" speedup_vs_%s=%.2f", wire_name(wires[0]), first_med / med);
-        std::printf("\n");
+        std::printf(" segment_bytes=%zu send_ahead=%s\n", segment_bytes, send_ahead ? "on" : "off");
         std::fflush(stdout);
       }
     }
