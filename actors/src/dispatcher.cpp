@@ -149,7 +149,11 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
                                  address_of(p.host, p.port) + " within " +
                                  std::to_string(d.options.ps_timeout.count()) +
                                  " ms: " + error_text(system, agent.error()) +
-                                 (d.options.credentials ? " (is TROUPE_CLUSTER_TOKEN the same on every task?)" : ""));
+                                 // A task that answered with a refusal of its own (another chief
+                                 // holds it) took the token: no hint about it then.
+                                 (d.options.credentials && agent.error() != caf::sec::runtime_error
+                                      ? " (is TROUPE_CLUSTER_TOKEN the same on every task?)"
+                                      : ""));
       }
       std::this_thread::sleep_for(d.options.connect_retry);
     }

@@ -50,6 +50,10 @@
 #                  ps_trainer fit saves checkpoints: each refused and logged, nothing written
 #                  outside the checkpoint directory, the training and its checkpoints unharmed
 #   ckpt-stranger-token  the same with a cluster token: the stranger cannot connect at all
+#   chief-impostor-first  the same impostor reaches the ps task before the chief and stays (beating
+#                  as a chief does): the chief's hellos are refused, and its start fails at its ps
+#                  timeout naming the refusal (not the token); the ps task logs the refused hello
+#                  with its address
 #   idle-term      with a token, one connection that never starts its TLS handshake held on each
 #                  daemon's control port: SIGTERM, sent within the handshake's deadline, still
 #                  stops each daemon cleanly (exit 0) and promptly
@@ -809,6 +813,30 @@ PY
     [[ $took -lt 15 ]] || fail "the daemons took $took s to stop beside idle connections"
     ! grep -q "still runs" "$dir/w0.log" "$dir/w1.log" "$dir/ps.log" || fail "a daemon blamed a function for its stop"
     echo "the daemons stopped within $took s of SIGTERM beside an idle connection each"
+    ;;
+  chief-impostor-first)
+    # A token holder that takes the chief's role first keeps it while it stays: the real chief is
+    # refused, never given a share of it, and says why (docs/multi-worker.md: what a holder can do).
+    TROUPE_CLUSTER_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    export TROUPE_CLUSTER_TOKEN
+    start_tasks --closures 50
+    timeout 60 "$build/tests/cluster/chief_impostor" 127.0.0.1 "$p2" "$dir/ckpt" 30 >"$dir/impostor.log" 2>&1 &
+    pids+=($!)
+    wait_for "$dir/impostor.log" "^impostor: holding" 20
+    grep -q "^impostor: ACCEPTED: a hello as the chief" "$dir/impostor.log" ||
+      fail "the first chief's hello was not taken (the ps task served no chief yet)"
+    TF_CONFIG="$(tf_config chief 0)" TROUPE_START_TIMEOUT_MS=3000 timeout -k 5 40 "$trainer" --closures 50 \
+      >"$dir/chief.log" 2>&1
+    st=$?
+    ! timed_out "$st" || fail "the refused chief hung"
+    [[ $st != 0 ]] || fail "the chief exited 0 though the ps task serves another chief"
+    grep -q "cannot reach ps task /job:ps/replica:0/task:0 at 127.0.0.1:$p2 within 3000 ms: .*/job:ps/replica:0/task:0 already serves '/job:chief/replica:0/task:0' from another process" \
+      "$dir/chief.log" || fail "the chief's error does not name the refusal"
+    ! grep -q "TROUPE_CLUSTER_TOKEN the same" "$dir/chief.log" || fail "the chief blamed the token for the refusal"
+    grep -Eq "refused a hello as '/job:chief/replica:0/task:0' from another process: .* \[connected from 127\.0\.0\.1:[0-9]+\] \(1 refused so far\)" \
+      "$dir/ps.log" || fail "the ps task did not log the refused chief with its address"
+    kill -0 "$pid_ps" 2>/dev/null || fail "the ps task ended while its first chief still beat"
+    grep "cannot reach ps task" "$dir/chief.log"
     ;;
   chief-impostor)
     # Every token holder passes the control plane's TLS, so any could say it is the chief; the ps
