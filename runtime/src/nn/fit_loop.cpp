@@ -69,8 +69,15 @@ void check_arguments(int epochs, std::int64_t steps_per_epoch, const FitOptions&
   }
 }
 
-// Whether a failed step failed in a collective (directly, or in a replica's function): what a lost
-// worker does to a step. Any other failure (a replica's own exception) is the program's.
+distribute::Strategy& checked_strategy(Model& model, int epochs, std::int64_t steps_per_epoch,
+                                       const FitOptions& options) {
+  if (!model.optimizer()) throw std::logic_error("Model::fit: compile the model first");
+  check_arguments(epochs, steps_per_epoch, options);
+  return model.strategy();
+}
+
+}  // namespace
+
 bool failed_in_collective(const troupe::Error& e) {
   if (dynamic_cast<const CollectiveAborted*>(&e) != nullptr) return true;
   const auto* replica = dynamic_cast<const ReplicaError*>(&e);
@@ -83,15 +90,6 @@ bool failed_in_collective(const troupe::Error& e) {
     return false;
   }
 }
-
-distribute::Strategy& checked_strategy(Model& model, int epochs, std::int64_t steps_per_epoch,
-                                       const FitOptions& options) {
-  if (!model.optimizer()) throw std::logic_error("Model::fit: compile the model first");
-  check_arguments(epochs, steps_per_epoch, options);
-  return model.strategy();
-}
-
-}  // namespace
 
 FitLoop::FitLoop(Model& model, const distribute::DistributedDataset& dataset, int epochs,
                  std::int64_t steps_per_epoch, const FitOptions& options)
@@ -228,213 +226,6 @@ void FitLoop::size_step_table() {
   previous_parts_ = {};
 }
 
-// Elastic membership: the state after step `k` of `epoch`, with the epoch's sums so far (the
-// position as the backup records it: the last step of an epoch stands at the start of the next).
-distribute::detail::CommitPosition FitLoop::commit(int epoch, std::int64_t k, const EpochSums& sums) {
-  const bool epoch_done = steps_per_epoch_ > 0 && k + 1 == steps_per_epoch_;
-  const distribute::detail::CommitPosition at{step_, epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : k + 1, taken_,
-                                              passes_ - 1};
-  committed_.commit(at);
-  const EpochSums kept = epoch_done ? EpochSums{} : sums;
-  bool replaced = false;
-  for (auto& entry : committed_sums_) {
-    if (entry.first == step_) {
-      entry.second = kept;
-      replaced = true;
-    }
-  }
-  if (!replaced) committed_sums_.emplace_back(step_, kept);
-  // Only the sums of the commits held.
-  std::vector<std::pair<std::int64_t, EpochSums>> held;
-  for (const auto& entry : committed_sums_) {
-    if (committed_.holds(entry.first)) held.push_back(entry);
-  }
-  committed_sums_ = std::move(held);
-  return at;
-}
-
-namespace {
-
-// A change of membership as one flight recorder entry (op "membership", labelled `label`, as the
-// collectives inside it are): running while it lasts, done once training takes up, failed when
-// the change falls back to the restart path (an exception leaves before done()).
-class ChangeEntry {
- public:
-  ChangeEntry(std::int64_t step, int workers, const char* label)
-      : label_(label), recorded_(troupe::detail::FlightRecorder::process(), what(step, workers)) {}
-  void done() noexcept { recorded_.done(); }
-
- private:
-  static troupe::detail::flight_collective what(std::int64_t step, int workers) {
-    troupe::detail::flight_collective w;
-    w.step = static_cast<std::uint64_t>(std::max<std::int64_t>(step, 0));
-    w.collective = -1;
-    w.op = troupe::detail::flight_op::membership;
-    w.group = troupe::detail::flight_group::workers;
-    w.participants = workers;
-    return w;
-  }
-  CallSiteLabel label_;
-  troupe::detail::flight_scope recorded_;
-};
-
-}  // namespace
-
-// Elastic membership, after a step failed: the cluster without the lost worker, the newest
-// commit every worker that continues holds, restored, and the input taken up there.
-distribute::detail::CommitPosition FitLoop::recover(const std::string& failure, EpochSums& sums) {
-  const auto started = Clock::now();
-  ChangeEntry entry(step_, workers_, "elastic:worker_left");
-  const distribute::detail::MembershipChange change = elastic_->change(failure);
-  std::vector<std::int64_t> mine = committed_.steps();
-  mine.resize(2, -1);
-  const std::vector<std::int64_t> all =
-      group_.concat(Tensor::from_vector(mine, {2}), 0).to_vector<std::int64_t>();
-  std::vector<std::vector<std::int64_t>> held(all.size() / 2);
-  std::string listed;
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    if (all[i] >= 0) held[i / 2].push_back(all[i]);
-    if (i % 2 == 0) listed += (i == 0 ? "worker 0: " : "; worker " + std::to_string(i / 2) + ": ");
-    listed += (i % 2 == 1 ? ", " : "") + std::to_string(all[i]);
-  }
-  const std::optional<std::int64_t> step = actors::common_commit(held);
-  if (!step) {
-    throw CollectiveAborted("elastic membership falls back to the restart path: the workers that continue hold no "
-                            "common commit (" + listed + ")");
-  }
-  const distribute::detail::CommitPosition at = committed_.restore(*step);
-  sums = EpochSums{};
-  for (const auto& entry : committed_sums_) {
-    if (entry.first == *step) sums = entry.second;
-  }
-  take_up_input(at);
-  std::string left;
-  for (const std::string& t : change.left) left += (left.empty() ? "" : ", ") + t;
-  const auto paused = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
-  const std::string what = left + " left; " + std::to_string(change.workers) + " worker" +
-                           (change.workers == 1 ? "" : "s") + " continue from step " + std::to_string(step_) +
-                           " as ring generation " + std::to_string(change.generation) + " (paused " +
-                           std::to_string(paused.count()) + " ms)";
-  troupe::log(LogLevel::warning, "elastic membership: " + what);
-  record_change(change, paused, 0, what);
-  entry.done();
-  return at;
-}
-
-// The chief's dashboard: the change as an event and a record (who left and joined, the step, the
-// pause, the ring's ids after it).
-void FitLoop::record_change(const distribute::detail::MembershipChange& change, std::chrono::milliseconds paused,
-                            std::uint64_t state_bytes, const std::string& what) {
-  auto* health = group_.health();
-  if (health == nullptr) return;
-  actors::membership_record r;
-  r.left = change.left;
-  r.joined = change.joined;
-  r.step = step_;
-  r.paused_ms = paused.count();
-  r.workers = change.workers;
-  r.generation = change.generation;
-  r.state_bytes = state_bytes;
-  r.ring = change.watch_ids;
-  health->membership_changed(std::move(r), what, actors::cluster_health::clock::now());
-}
-
-// Elastic membership: training takes up at `at` (the workers there are now, their step table,
-// a new input iterator split over them where the commit stood).
-void FitLoop::take_up_input(const distribute::detail::CommitPosition& at) {
-  step_ = at.step;
-  workers_ = group_.size();
-  size_step_table();
-  BackupAndRestore::replay_passes(dataset_, at.input_passes);
-  iterator_.emplace(dataset_.make_iterator());
-  passes_ = at.input_passes + 1;
-  taken_ = BackupAndRestore::skip(*iterator_, at.iterator_position);
-  control_.set_position(step_, static_cast<int>(at.epoch));
-}
-
-namespace {
-
-// FNV-1a over the bytes of every variable's first component, in the model's order: equal on
-// every worker whose weights (and optimizer slots) are the same bits.
-std::int64_t weights_digest(const std::map<std::string, Variable>& variables) {
-  std::uint64_t h = 1469598103934665603ULL;
-  for (const auto& [name, v] : variables) {
-    const Tensor t = v.components().front().to(Device());
-    const auto* p = static_cast<const unsigned char*>(t.raw_data());
-    for (std::size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ULL;
-  }
-  return static_cast<std::int64_t>(h);
-}
-
-}  // namespace
-
-// Elastic membership: the chief's state to every worker over the ring (a joiner assigns it, the
-// members hold it already), then every worker's weights digest compared with the chief's.
-// Returns the bytes of the variables sent.
-std::size_t FitLoop::exchange_state(distribute::detail::CommitPosition& at, EpochSums& sums, bool receiving) {
-  const auto& variables = model_.variables();
-  const std::vector<std::int64_t> head{static_cast<std::int64_t>(variables.size()), at.step, at.epoch,
-                                       at.step_in_epoch, at.iterator_position, at.input_passes, sums.steps,
-                                       sums.samples};
-  const std::vector<std::int64_t> got = group_.broadcast_from_chief(Tensor::from_vector(head, {8})).to_vector<std::int64_t>();
-  const std::vector<double> sums_in =
-      group_.broadcast_from_chief(Tensor::from_vector(std::vector<double>{sums.loss, sums.hits}, {2})).to_vector<double>();
-  if (got[0] != head[0]) {
-    throw CollectiveAborted("elastic membership: the cluster's model has " + std::to_string(got[0]) +
-                            " variables and this worker's " + std::to_string(head[0]) +
-                            ": every worker must run the same program");
-  }
-  std::size_t bytes = 0;
-  for (const auto& [name, v] : variables) {
-    Variable variable = v;
-    const Tensor value = group_.broadcast_from_chief(variable.components().front().to(Device()));
-    bytes += value.nbytes();
-    if (receiving) variable.assign(value);
-  }
-  if (receiving) {
-    at = {got[1], got[2], got[3], got[4], got[5]};
-    sums = EpochSums{sums_in[0], sums_in[1], got[6], got[7]};
-  }
-  const std::vector<std::int64_t> digests =
-      group_.concat(Tensor::from_vector(std::vector<std::int64_t>{weights_digest(variables)}, {1}), 0)
-          .to_vector<std::int64_t>();
-  for (std::size_t r = 1; r < digests.size(); ++r) {
-    if (digests[r] != digests[0]) {
-      throw CollectiveAborted("elastic membership: after the change worker " + std::to_string(r) +
-                              "'s weights digest differs from the chief's (" + std::to_string(digests[r]) + " vs " +
-                              std::to_string(digests[0]) + ")");
-    }
-  }
-  return bytes;
-}
-
-// Elastic membership, at a step boundary where the chief's row asked for it: the workers waiting
-// to join are admitted, receive the state committed here, and every worker takes its input up
-// from it, split over the workers there are now.
-void FitLoop::admit(int epoch, std::int64_t k, const EpochSums& sums) {
-  const auto started = Clock::now();
-  ChangeEntry entry(step_, workers_, "elastic:admission");
-  distribute::detail::CommitPosition at = commit(epoch, k, sums);
-  EpochSums kept = steps_per_epoch_ > 0 && k + 1 == steps_per_epoch_ ? EpochSums{} : sums;
-  const distribute::detail::MembershipChange change = elastic_->admit();
-  if (change.joined.empty()) {  // the chief refused them all: no change
-    entry.done();
-    return;
-  }
-  const std::size_t bytes = exchange_state(at, kept, false);
-  take_up_input(at);
-  std::string joined;
-  for (const std::string& t : change.joined) joined += (joined.empty() ? "" : ", ") + t;
-  const auto paused = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
-  const std::string what = joined + " joined; " + std::to_string(change.workers) + " workers continue from step " +
-                           std::to_string(step_) + " as ring generation " + std::to_string(change.generation) +
-                           " (paused " + std::to_string(paused.count()) + " ms, state " + std::to_string(bytes) +
-                           " bytes)";
-  troupe::log(LogLevel::warning, "elastic membership: " + what);
-  record_change(change, paused, bytes, what);
-  entry.done();
-}
-
 void FitLoop::run_epoch(int epoch) {
   control_.set_position(step_, epoch);
   if (steps_per_epoch_ < 0 || !iterator_) {
@@ -521,33 +312,6 @@ void FitLoop::run_epoch(int epoch) {
     }
   }
   end_epoch(epoch, k, first_k, sums, epoch_logs, start);
-}
-
-// Elastic membership, after an epoch's last step (`k`): every worker passes one collective before
-// any ends the epoch, so that none ends it while another failed that step (the commit they share
-// would then be of the epoch one of them ended), and then commits the epoch's end, so that a loss
-// early in the next epoch rolls back to its start rather than into the epoch ended. False when
-// the collective failed and training rolled back into this epoch: `k` is then the step before the
-// one to take up, `sums` the epoch's as committed there.
-bool FitLoop::end_together(int epoch, std::int64_t& k, EpochSums& sums) {
-  if (workers_ > 1) {
-    try {
-      const CallSiteLabel phase("fit:epoch_end");
-      group_.sum(Tensor::from_vector(std::vector<float>{1.0f}, {1}));
-    } catch (const troupe::Error& e) {
-      if (!failed_in_collective(e)) throw;
-      const distribute::detail::CommitPosition at = recover(e.what(), sums);
-      if (at.epoch != epoch) {
-        throw CollectiveAborted("elastic membership falls back to the restart path: the commit the workers that "
-                                "continue hold is of epoch " + std::to_string(at.epoch + 1) + ", and this worker "
-                                "stands at the end of epoch " + std::to_string(epoch + 1));
-      }
-      k = at.step_in_epoch - 1;
-      return false;
-    }
-  }
-  commit(epoch, k, sums);
-  return true;
 }
 
 // Input: the step's per-replica batch; none when a pass of unknown length ended.

@@ -42,6 +42,7 @@
 #include "distribute/strategies/step_agreement.hpp"
 #include "nn/epoch_end.hpp"
 #include "troupe/distribute/input.hpp"
+#include "troupe/errors.hpp"
 #include "troupe/nn/backup_and_restore.hpp"
 #include "troupe/nn/model.hpp"
 
@@ -56,6 +57,10 @@ struct MembershipChange;
 }  // namespace troupe::distribute::detail
 
 namespace troupe::nn::detail {
+
+/// Whether a failed step failed in a collective (directly, or in a replica's function): what a
+/// lost worker does to a step. Any other failure (a replica's own exception) is the program's.
+bool failed_in_collective(const troupe::Error& e);
 
 /// One call of Model::fit (on a distributed dataset), from its checks to its History.
 class FitLoop {
