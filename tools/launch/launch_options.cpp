@@ -7,7 +7,11 @@
 #include <optional>
 #include <sstream>
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+
+#include "launch/host_discovery.hpp"
 
 #include "troupe/base/parse_number.hpp"
 
@@ -47,6 +51,7 @@ struct raw_options {
   std::string hosts, hostfile, rsh = "ssh", log_dir, ranks;
   bool elastic = false;
   std::string min_workers, max_workers;
+  std::string discovery_script, discovery_interval = "1", discovery_timeout = "10";
 };
 
 std::string trimmed(const std::string& s) {
@@ -106,6 +111,20 @@ void add_options(CLI::App& app, raw_options& raw) {
       ->type_name("N");
   app.add_option("--max", raw.max_workers, "with --elastic: the most workers (TROUPE_MAX_WORKERS; default -n)")
       ->type_name("M");
+  app.add_option("--host-discovery-script", raw.discovery_script,
+                 "with --elastic: an executable run every --discovery-interval that prints the hosts, one \"host\" or "
+                 "\"host:slots\" a line; workers are added (they join the running cluster) and removed to match, "
+                 "within --min and --max; hosts are this machine only (127.0.0.1, localhost)")
+      ->type_name("PATH");
+  app.add_option("--discovery-interval", raw.discovery_interval,
+                 "with --host-discovery-script: the seconds between the starts of two runs of the script")
+      ->type_name("SECONDS")
+      ->capture_default_str();
+  app.add_option("--discovery-timeout", raw.discovery_timeout,
+                 "with --host-discovery-script: a run of the script that takes longer is killed and named; the "
+                 "workers stay as they are")
+      ->type_name("SECONDS")
+      ->capture_default_str();
   app.add_option("--hosts", raw.hosts, "workers on other hosts, started through --rsh: h1:2,h2:2 (2 each)")
       ->type_name("LIST");
   app.add_option("--hostfile", raw.hostfile, "the hosts, one a line: \"host\", \"host:N\" or \"host slots=N\"")
@@ -145,6 +164,17 @@ cluster at its next step boundary; the whole cluster is never started again unde
 worker stopped (SIGSTOP) longer than the heartbeat limit (TROUPE_HEARTBEAT_MS x
 (TROUPE_MISSED_HEARTBEATS + 1)) is killed as lost. Below --min, when rank 0 (the chief) dies, or
 when a worker exits non-zero itself, the others are stopped as without --elastic.
+
+With --elastic --host-discovery-script PATH, the launcher runs PATH every --discovery-interval
+seconds (1) and reads the hosts it prints, one "host" (one slot) or "host:N" a line, as Horovod's
+elastic host discovery does. Where the hosts have more slots than workers run, new workers start
+(TROUPE_JOIN=1, a fresh port, the next rank) and join the running cluster, up to --max; where they
+have fewer, the newest workers of a host are removed (SIGKILL: the others drop it as a lost worker
+and go on), never rank 0 and never below --min, and a removal is neither a failure nor counted by
+--max-restarts. A bad line (named with its number), a script that exits non-zero, or one that runs
+past --discovery-timeout (killed) is named on stderr and changes nothing. The workers start on this
+machine only: every host must be 127.0.0.1, localhost or this host's name (--hosts/--hostfile
+too); hosts elsewhere, which would need --rsh, are refused.
 
 Exit status: 0 when every worker succeeds (with --elastic: every worker not lost on the way); the status of the first worker to fail (128+signal when
 a signal killed it); 124 on --timeout; 128+signal when the launcher got SIGINT or SIGTERM;
@@ -256,6 +286,33 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
     options.max_workers =
         parse_int("--max", raw.max_workers, std::max(options.num_workers, options.min_workers.value_or(1)), 65536,
                   ("a number of workers (" + std::to_string(options.num_workers) + "..65536, at least -n)").c_str());
+  }
+
+  if (app.count("--host-discovery-script") > 0) {
+    if (!options.elastic) throw usage_error("--host-discovery-script needs --elastic");
+    if (raw.discovery_script.empty()) throw usage_error("--host-discovery-script: expected a path, got ''");
+    if (::access(raw.discovery_script.c_str(), X_OK) != 0) {
+      throw usage_error("--host-discovery-script: '" + raw.discovery_script + "' is not an executable file");
+    }
+    if (options.ps > 0 || options.chief) {
+      throw usage_error("--host-discovery-script adds and removes MultiWorkerMirroredStrategy workers; not with --ps or --chief");
+    }
+    for (const host_slots& h : options.hosts) {
+      if (!is_local_host(h.host)) {
+        throw usage_error("--host-discovery-script starts workers on this machine only (127.0.0.1, localhost): host '" +
+                          h.host + "' would need --rsh, which host discovery does not support");
+      }
+    }
+    options.discovery_script = raw.discovery_script;
+    options.discovery_interval_s = parse_seconds("--discovery-interval", raw.discovery_interval, false);
+    options.discovery_timeout_s = parse_seconds("--discovery-timeout", raw.discovery_timeout, false);
+    // The workers are local: started directly on free ports (or --port-base), the hosts kept as
+    // the workers' places.
+    options.discovery_hosts = std::move(options.hosts);
+    options.hosts.clear();
+  } else if (app.count("--discovery-interval") > 0 || app.count("--discovery-timeout") > 0) {
+    throw usage_error(std::string(app.count("--discovery-interval") > 0 ? "--discovery-interval" : "--discovery-timeout") +
+                      " needs --host-discovery-script");
   }
 
   if (options.program.empty()) throw usage_error("no program to run (expected: -- program args...)");

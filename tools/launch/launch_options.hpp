@@ -29,6 +29,10 @@ inline constexpr double max_restart_backoff_s = 30.0;
 /// (troupe::distribute::restart_exit_code): a restart, not a failure of the program.
 inline constexpr int preemption_exit_code = 75;
 
+/// The defaults of --discovery-interval and --discovery-timeout (seconds).
+inline constexpr double default_discovery_interval_s = 1.0;
+inline constexpr double default_discovery_timeout_s = 10.0;
+
 /// The port of the first worker on each host of --hosts when --port-base does not say.
 inline constexpr int default_hosts_port_base = 23456;
 
@@ -50,6 +54,10 @@ struct launch_options {
   bool elastic = false;                   ///< --elastic: a worker lost is dropped, the others go on
   std::optional<int> min_workers;         ///< --min N (with --elastic): TROUPE_MIN_WORKERS, below it the run fails
   std::optional<int> max_workers;         ///< --max M (with --elastic): TROUPE_MAX_WORKERS
+  std::optional<std::string> discovery_script;  ///< --host-discovery-script PATH (with --elastic)
+  double discovery_interval_s = default_discovery_interval_s;  ///< --discovery-interval SECONDS: between runs of the script
+  double discovery_timeout_s = default_discovery_timeout_s;    ///< --discovery-timeout SECONDS: a run that takes longer is killed
+  std::vector<host_slots> discovery_hosts;  ///< --hosts/--hostfile under discovery: the first hosts (this machine)
   bool help = false;                      ///< -h / --help
   std::vector<std::string> program;       ///< the program and its arguments
 };

@@ -27,6 +27,7 @@
 #include "doctor/doctor.hpp"
 #include "launch/cluster.hpp"
 #include "launch/elastic_watch.hpp"
+#include "launch/host_discovery.hpp"
 #include "launch/worker_process.hpp"
 
 extern char** environ;
@@ -102,8 +103,13 @@ class supervisor {
  public:
   supervisor(const launch_options& options, const std::vector<std::string>& addresses)
       : options_(options), addresses_(addresses), elastic_(options) {
+    workers_.reserve(max_workers);  // discovery adds workers: no reallocation under a reference
     for (std::size_t i = 0; i < addresses.size(); ++i)
       workers_.emplace_back(static_cast<int>(i), addresses[i]);
+    if (options.discovery_script) {
+      discovery_.emplace(options, static_cast<int>(addresses.size()),
+                         [this](const std::string& host) { return add_worker(host); }, say_fn());
+    }
   }
 
   supervisor(const supervisor&) = delete;
@@ -179,8 +185,10 @@ class supervisor {
     drain_until_.reset();
     last_failure_.clear();
     start_workers();
+    if (discovery_ && !stopping_) start_discovery();
     for (;;) {
       reap();
+      if (discovery_) discovery_->apply(workers_, !stopping_ && !training_over_ && running_count() > 0);
       auto now = clock::now();
       check_timers(now);
       if (running_count() == 0) {
@@ -451,6 +459,9 @@ class supervisor {
     std::vector<pollfd> fds;
     std::vector<output_stream*> streams;
     fds.push_back({signal_fds_[0], POLLIN, 0});
+    // A result of host discovery wakes the loop, which applies it (run_once).
+    if (discovery_ && discovery_->wake_fd() >= 0) fds.push_back({discovery_->wake_fd(), POLLIN, 0});
+    const std::size_t first_stream = fds.size();
     for (auto& w : workers_)
       for (auto& s : w.streams)
         if (s.fd >= 0) {
@@ -474,8 +485,8 @@ class supervisor {
     int ready = ::poll(fds.data(), static_cast<nfds_t>(fds.size()), timeout_ms);
     if (ready <= 0) return;  // timeout, or EINTR: the loop looks again
     if (fds[0].revents != 0) handle_signals();
-    for (std::size_t i = 1; i < fds.size(); ++i)
-      if (fds[i].revents != 0) read_stream(*streams[i - 1], 1);
+    for (std::size_t i = first_stream; i < fds.size(); ++i)
+      if (fds[i].revents != 0) read_stream(*streams[i - first_stream], 1);
   }
 
   void handle_signals() {
@@ -524,6 +535,11 @@ class supervisor {
       w.stopped_since.reset();
       // Its last words come before the launcher's verdict on it.
       for (auto& s : w.streams) read_stream(s, max_drain_reads);
+      if (discovery_ && discovery_->removed(w.rank)) {
+        discovery_->left(w, status);
+        continue;
+      }
+      training_over_ = training_over_ || (WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (on_exit(w, status)) replace(w);
     }
   }
@@ -536,6 +552,61 @@ class supervisor {
     if (!env) return;
     for (auto& s : w.streams) close_stream(s);
     if (!start_worker(w, *env, command_for(w, *env))) begin_stop(SIGTERM);
+  }
+
+  // --host-discovery-script: its thread starts once the first workers run.
+  void start_discovery() {
+    try {
+      discovery_->start();
+    } catch (const std::exception& e) {
+      say(e.what());
+      exit_code_ = exit_code_.value_or(1);
+      begin_stop(SIGTERM);
+    }
+  }
+
+  // --host-discovery-script: a new worker on `host` (this machine), the next rank on a fresh port
+  // (--port-base: the rank's port), which joins the running cluster (TROUPE_JOIN=1). Its rank, or
+  // nullopt when it could not start (said).
+  std::optional<int> add_worker(const std::string& host) {
+    const int rank = static_cast<int>(workers_.size());
+    if (rank >= max_workers) {
+      say("host discovery: cannot add a worker on " + host + ": the launcher starts at most " + std::to_string(max_workers));
+      return std::nullopt;
+    }
+    std::vector<std::string> address;
+    try {
+      address = worker_addresses(pick_free_ports(1, options_.port_base ? std::optional<int>(*options_.port_base + rank) : std::nullopt));
+    } catch (const std::exception& e) {
+      say("host discovery: cannot add a worker on " + host + ": " + e.what());
+      return std::nullopt;
+    }
+    addresses_.push_back(address[0]);
+    worker& w = workers_.emplace_back(rank, address[0]);
+    const bool show = options_.ranks.empty() || std::find(options_.ranks.begin(), options_.ranks.end(), rank) != options_.ranks.end();
+    for (auto& s : w.streams) s.show = show;
+    if (options_.log_dir) {
+      const std::string path = *options_.log_dir + "/rank-" + std::to_string(rank) + ".log";
+      w.log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (w.log_fd < 0) say("--log-dir: cannot write " + path + ": " + std::strerror(errno) + "; its output is not logged");
+      for (auto& s : w.streams) s.log_fd = w.log_fd;
+    }
+    std::vector<std::string> env = base_environment();
+    env.push_back("TROUPE_JOIN=1");
+    env.push_back("TF_CONFIG=" + tf_config_json(addresses_, rank, options_.chief, options_.ps));
+    say("host discovery: starting worker " + std::to_string(rank) + " on " + host + " (" + address[0] +
+        "); it joins the running cluster");
+    const std::optional<int> code = exit_code_;
+    const bool start_failed = start_failed_;
+    if (!start_worker(w, env, command_for(w, env))) {
+      exit_code_ = code;  // a worker that did not start is no failure of the run
+      start_failed_ = start_failed;
+      close_fd(w.log_fd);
+      workers_.pop_back();  // nothing refers to it: its slot stays free
+      addresses_.pop_back();
+      return std::nullopt;
+    }
+    return rank;
   }
 
   // Whether the worker was dropped by an elastic cluster that goes on (its place may be taken).
@@ -694,6 +765,8 @@ class supervisor {
   std::vector<std::string> addresses_;  // changed by a restart (fresh ports)
   std::vector<worker> workers_;
   elastic_watch elastic_;
+  std::optional<host_discovery> discovery_;  // --host-discovery-script
+  bool training_over_ = false;  // a worker finished (exit 0): discovery adds and removes no more
 
   std::array<int, 2> signal_fds_{-1, -1};
   int devnull_ = -1;
