@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# troupe-launch --elastic --host-discovery-script with multi_worker_trainer --elastic: the script
+# prints the hosts file the test rewrites while training runs.
+#   grow:   it lists localhost:2, then localhost:3: the launcher starts worker 2, which joins the
+#           running cluster; all three finish with one weights digest, ranks 0 and 1 in the
+#           processes they started in.
+#   shrink: three workers, the list goes from 127.0.0.1:3 to 127.0.0.1:2: the launcher removes
+#           worker 2, the others drop it and finish with one digest; the removal is no failure.
+#   bad:    the script prints a malformed line, then hangs (past --discovery-timeout), then the
+#           list again: each is named in the launcher's output, nothing changes, and the two
+#           workers finish; the hanging script leaves nothing behind.
+# Usage: multi_worker_elastic_discovery_check.sh MODE TROUPE_LAUNCH MULTI_WORKER_TRAINER
+set -u
+mode="$1"
+launch="$2"
+trainer="$3"
+label="discovery $mode"
+. "$(dirname "$0")/multi_worker_lib.sh"
+
+# The script: prints $dir/hosts, or hangs while $dir/hang exists (in a sleep it started, whose pid
+# it adds to $dir/sleeps, so that the test can check that none is left behind).
+cat > "$dir/discover.sh" <<SCRIPT
+#!/bin/sh
+if [ -e "$dir/hang" ]; then sleep 300 & echo \$! >> "$dir/sleeps"; wait; fi
+cat "$dir/hosts"
+SCRIPT
+chmod +x "$dir/discover.sh"
+hosts() { printf '%b' "$1" > "$dir/hosts.tmp" && mv "$dir/hosts.tmp" "$dir/hosts"; }
+
+# run N HOSTS: the launcher with N workers, the script listing HOSTS first; 42 steps an epoch at
+# global batch 192, 8 epochs, 50 ms a step: about 20 s.
+run() {
+  hosts "$2"
+  : > "$dir/run.out"
+  start_launcher "$dir/run.out" "$launch" -n "$1" --elastic --min 2 --max 3 --host-discovery-script "$dir/discover.sh" \
+    --discovery-interval 0.2 --discovery-timeout 1 --timeout 110 -- "$trainer" --elastic --epochs 8 --batch 192 --step-delay-ms 50
+}
+launcher_says() { grep -q "^troupe-launch: $1" "$dir/run.out"; }
+steps_done() { grep -q "^\[rank 0\] .*Epoch 2/" "$dir/run.out"; }
+
+case "$mode" in
+  grow)
+    run 2 'localhost:2\n'
+    wait_for 30 eval '[ -n "$(pids_of 0 2)" ] && [ -n "$(pids_of 1 2)" ]' || fail "the workers did not print their pids within 30 s"
+    wait_for 30 steps_done || fail "the first epoch did not end within 30 s"
+    hosts '# one more slot\nlocalhost:3\n'
+    wait_for 30 launcher_says "host discovery: starting worker 2 on 127.0.0.1 (127.0.0.1:[0-9]*); it joins the running cluster$" ||
+      fail "the launcher did not start worker 2 within 30 s of the third slot"
+    joined="elastic membership: $(task 2) joined; 3 workers continue from step [0-9]* as ring generation 1 (paused [0-9]* ms, state [0-9]* bytes)$"
+    wait_for 30 grep -q "^\[rank 0\] troupe: warning: $joined" "$dir/run.out" || fail "worker 2 did not join within 30 s"
+    wait_launcher 90 ""
+    [ "$rc" = 0 ] || fail "the run exited $rc"
+    launcher_says "host discovery: the hosts are now 127.0.0.1:3 (3 slots): removing 0, adding 1 worker$" ||
+      fail "the launcher does not name the new list"
+    grep -q "^\[rank 2\] troupe: warning: elastic membership: joined as worker 2 of 3 at step [0-9]* " "$dir/run.out" ||
+      fail "worker 2 does not say it joined"
+    for r in 0 1; do
+      [ "$(pids_of $r '[23]' | wc -l)" = 1 ] || fail "rank $r printed $(pids_of $r '[23]' | wc -l) pid lines (it keeps its process)"
+      grep -q "^\[rank $r\] troupe: warning: $joined" "$dir/run.out" || fail "rank $r does not say that task 2 joined"
+    done
+    same_weights 0 1 2
+    for r in 0 1 2; do
+      [ "$(field $r workers)" = 3 ] || fail "rank $r finished with workers=$(field $r workers) (expected 3)"
+      [ "$(field $r membership_changes)" = 1 ] || fail "rank $r has membership_changes=$(field $r membership_changes)"
+      [ "$(field $r steps)" = 336 ] || fail "rank $r finished at step $(field $r steps) (expected 336)"
+    done
+    echo "PASSED (discovery grow): worker 2 added at the third slot joined; 3 workers finished with weights $d0"
+    ;;
+  shrink)
+    run 3 '127.0.0.1:3\n'
+    wait_for 30 eval '[ -n "$(pids_of 0 3)" ] && [ -n "$(pids_of 1 3)" ] && [ -n "$(pids_of 2 3)" ]' ||
+      fail "the workers did not print their pids within 30 s"
+    wait_for 30 steps_done || fail "the first epoch did not end within 30 s"
+    hosts '127.0.0.1:2\n'
+    wait_for 30 launcher_says "worker 2 (pid [0-9]*, 127.0.0.1:[0-9]*) left (killed by SIGKILL), removed by host discovery; not a failure$" ||
+      fail "the launcher did not remove worker 2 within 30 s"
+    wait_launcher 90 ""
+    [ "$rc" = 0 ] || fail "the run exited $rc"
+    launcher_says "host discovery: the hosts are now 127.0.0.1:2 (2 slots): removing 1, adding 0 workers$" ||
+      fail "the launcher does not name the new list"
+    launcher_says "removing worker 2 (pid [0-9]*, 127.0.0.1:[0-9]*) from 127.0.0.1 (SIGKILL); the others drop it" ||
+      fail "the launcher does not say it removes worker 2"
+    grep -q "starting a replacement\|restarting\|stopping the others" "$dir/run.out" && fail "the removal was taken for a failure"
+    grep -q "^\[rank 2\] result:" "$dir/run.out" && fail "the removed worker printed a result"
+    for r in 0 1; do
+      [ "$(pids_of $r 3 | wc -l)" = 1 ] || fail "rank $r printed $(pids_of $r 3 | wc -l) pid lines (it keeps its process)"
+      grep -q "^\[rank $r\] troupe: warning: elastic membership: $(task 2) left; 2 workers continue" "$dir/run.out" ||
+        fail "rank $r does not say that task 2 left"
+    done
+    same_weights 0 1
+    for r in 0 1; do
+      [ "$(field $r workers)" = 2 ] || fail "rank $r finished with workers=$(field $r workers) (expected 2)"
+      [ "$(field $r membership_changes)" = 1 ] || fail "rank $r has membership_changes=$(field $r membership_changes)"
+      [ "$(field $r steps)" = 336 ] || fail "rank $r finished at step $(field $r steps) (expected 336)"
+    done
+    echo "PASSED (discovery shrink): worker 2 removed at 2 slots; 2 workers finished with weights $d0"
+    ;;
+  bad)
+    run 2 'localhost:2\n'
+    wait_for 30 eval '[ -n "$(pids_of 0 2)" ] && [ -n "$(pids_of 1 2)" ]' || fail "the workers did not print their pids within 30 s"
+    hosts 'localhost:2\nlocalhost:lots\n'
+    wait_for 10 launcher_says "host discovery: '$dir/discover.sh' printed a bad list, line 2 ('localhost:lots'): expected host:slots with slots 1..256; the workers stay as they are$" ||
+      fail "the malformed line was not named within 10 s"
+    hosts 'localhost:2\nnode7.example:1\n'
+    wait_for 10 launcher_says "host discovery: '$dir/discover.sh' printed a bad list, line 2 ('node7.example:1'): 'node7.example' is not this machine" ||
+      fail "the remote host was not refused within 10 s"
+    touch "$dir/hang"
+    wait_for 10 launcher_says "host discovery: '$dir/discover.sh' did not finish within 1 s (--discovery-timeout); killed it (SIGKILL); the workers stay as they are$" ||
+      fail "the hanging script was not named within 10 s"
+    hosts 'localhost:2\n'
+    rm -f "$dir/hang"
+    wait_for 10 launcher_says "host discovery: '$dir/discover.sh' lists usable hosts again$" || fail "the script's recovery was not said within 10 s"
+    kill -0 "$launcher_pid" 2>/dev/null || fail "the run ended before the script recovered (the checks prove nothing)"
+    wait_launcher 90 ""
+    [ "$rc" = 0 ] || fail "the run exited $rc"
+    [ -s "$dir/sleeps" ] || fail "the hanging script did not start its sleep"
+    while read -r p; do kill -0 "$p" 2>/dev/null && fail "the hanging script's sleep (pid $p) was left running"; done < "$dir/sleeps"
+    grep -q "^troupe-launch: host discovery: starting\|^troupe-launch: removing" "$dir/run.out" && fail "a bad list changed the workers"
+    same_weights 0 1
+    for r in 0 1; do
+      [ "$(field $r workers)" = 2 ] || fail "rank $r finished with workers=$(field $r workers) (expected 2)"
+      [ "$(field $r membership_changes)" = 0 ] || fail "rank $r has membership_changes=$(field $r membership_changes)"
+    done
+    echo "PASSED (discovery bad): a malformed line, a remote host and a hanging script named; 2 workers finished with weights $d0"
+    ;;
+  *) fail "unknown mode '$mode'" ;;
+esac
