@@ -19,6 +19,8 @@
 //    it returns the last failure's status. A worker that exits with status 75 was preempted and
 //    saved a checkpoint (PreemptionCheckpointHandler); it is restarted the same way. Workers
 //    find the number of restarts so far in TROUPE_RESTART_COUNT (0 in the first run).
+// 6. With --elastic --host-discovery-script, host_discovery's results wake the poll loop too: the
+//    loop adds workers (joining the running cluster) and removes them to match (host_discovery.hpp).
 // If the launcher itself dies, each worker's main process gets SIGKILL (Linux's parent-death
 // signal).
 
