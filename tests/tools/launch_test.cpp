@@ -1032,6 +1032,12 @@ TEST_CASE("troupe-launch parses --hosts, a hostfile, --rsh and --ranks, and refu
   CHECK(message({"--hosts", "h1,,h2", "p"}) == "--hosts: an empty entry in 'h1,,h2'");
   CHECK(message({"--hosts", "h1", "--hostfile", hostfile, "p"}) == "give --hosts or --hostfile, not both");
   CHECK(message({"-n", "2", "--ranks", "2", "p"}) == "--ranks: expected a rank 0..1, got '2'");
+  // Under host discovery the ranks up to --max may be shown.
+  CHECK(parse_launch_options({"-n", "2", "--elastic", "--max", "4", "--host-discovery-script", "/bin/true", "--ranks",
+                              "3", "p"})
+            .ranks == std::vector<int>{3});
+  CHECK(message({"-n", "2", "--elastic", "--max", "4", "--host-discovery-script", "/bin/true", "--ranks", "4", "p"}) ==
+        "--ranks: expected a rank 0..3, got '4'");
   std::ofstream(dir.path() + "/bad") << "node1 cpus=4\n";
   CHECK(message({"--hostfile", dir.path() + "/bad", "p"}) ==
         "--hostfile: " + dir.path() + "/bad:1: expected \"host slots=N\", got 'node1 cpus=4'");

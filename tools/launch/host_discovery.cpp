@@ -159,12 +159,12 @@ struct discovery_runner::state {
   std::optional<result> run_once() {
     result r;
     int out[2];
-    if (::pipe(out) != 0) {
+    // Close-on-exec from the start: a worker forked meanwhile must not hold the script's output.
+    if (::pipe2(out, O_CLOEXEC) != 0) {
       r.error = std::string("cannot make a pipe: ") + std::strerror(errno);
       return r;
     }
     set_cloexec_nonblock(out[0]);
-    ::fcntl(out[1], F_SETFD, FD_CLOEXEC);
     int null_in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     std::vector<char*> argv{const_cast<char*>(script.c_str()), nullptr};
     sigset_t all, old;
@@ -297,7 +297,7 @@ discovery_runner::discovery_runner(std::string script, double interval_s, double
   state_->script = std::move(script);
   state_->interval = std::chrono::duration<double>(interval_s);
   state_->timeout = std::chrono::duration<double>(timeout_s);
-  if (::pipe(state_->wake) != 0 || ::pipe(state_->stop) != 0) {
+  if (::pipe2(state_->wake, O_CLOEXEC) != 0 || ::pipe2(state_->stop, O_CLOEXEC) != 0) {
     throw std::runtime_error(std::string("host discovery: cannot make a pipe: ") + std::strerror(errno));
   }
   for (int fd : {state_->wake[0], state_->wake[1], state_->stop[0], state_->stop[1]}) set_cloexec_nonblock(fd);

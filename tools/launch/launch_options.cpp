@@ -255,13 +255,6 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
     if (raw.log_dir.empty()) throw usage_error("--log-dir: expected a directory, got ''");
     options.log_dir = raw.log_dir;
   }
-  if (app.count("--ranks") > 0) {
-    std::istringstream list(raw.ranks);
-    for (std::string r; std::getline(list, r, ',');) {
-      options.ranks.push_back(parse_int("--ranks", trimmed(r), 0, options.num_workers - 1,
-                                        ("a rank 0.." + std::to_string(options.num_workers - 1)).c_str()));
-    }
-  }
   if (app.count("--devices-per-worker") > 0) {
     options.devices_per_worker =
         parse_int("--devices-per-worker", raw.devices_per_worker, 1, 1024, "a positive number of devices (1..1024)");
@@ -288,6 +281,15 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
                   ("a number of workers (" + std::to_string(options.num_workers) + "..65536, at least -n)").c_str());
   }
 
+  if (app.count("--ranks") > 0) {
+    // Host discovery may add workers up to --max: their ranks may be shown too.
+    int ranks = options.num_workers;
+    if (app.count("--host-discovery-script") > 0 && options.max_workers) ranks = std::min(*options.max_workers, max_workers);
+    std::istringstream list(raw.ranks);
+    for (std::string r; std::getline(list, r, ',');) {
+      options.ranks.push_back(parse_int("--ranks", trimmed(r), 0, ranks - 1, ("a rank 0.." + std::to_string(ranks - 1)).c_str()));
+    }
+  }
   if (app.count("--host-discovery-script") > 0) {
     if (!options.elastic) throw usage_error("--host-discovery-script needs --elastic");
     if (raw.discovery_script.empty()) throw usage_error("--host-discovery-script: expected a path, got ''");

@@ -59,10 +59,11 @@ bool set_flags(int fd, int fd_flags, int status_flags) {
          ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | status_flags) == 0;
 }
 
-// A pipe whose both ends are closed on exec; false with errno set when it cannot be made.
+// A pipe whose both ends are closed on exec; false with errno set when it cannot be made. Made so
+// at once (pipe2): the host discovery thread may fork its script at any moment.
 bool make_pipe(std::array<int, 2>& fds) {
   int raw[2];
-  if (::pipe(raw) != 0) return false;
+  if (::pipe2(raw, O_CLOEXEC) != 0) return false;
   fds = {raw[0], raw[1]};
   if (!set_flags(raw[0], FD_CLOEXEC, 0) || !set_flags(raw[1], FD_CLOEXEC, 0)) {
     int err = errno;
