@@ -650,6 +650,32 @@ exit 0)";
   check_no_worker_left(dir, 3);
 }
 
+TEST_CASE("troupe-launch host discovery: a worker added that fails after the chief finished came too late, no failure") {
+  scratch dir;
+  const std::string discover = dir.path() + "/discover.sh";
+  std::ofstream(discover) << "#!/bin/sh\necho localhost:3\n";
+  ::chmod(discover.c_str(), 0755);
+  // Worker 2 (added) waits for the chief to end and then fails, as a joiner whose chief is gone
+  // does; before the chief ends, the same failure stops the run (second launch).
+  const std::string late = R"(record
+if [ "$i" = 2 ]; then p=$(cut -d' ' -f1 "$D/pid.0"); n=0
+  while kill -0 "$p" 2>/dev/null; do n=$((n+1)); [ $n -gt 400 ] && exit 97; sleep 0.025; done; exit 1; fi
+await 2; exit 0)";
+  auto r = run(workers(2, late, dir, {"--elastic", "--max", "3", "--host-discovery-script", discover}), dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: worker 2 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\), added by host )"
+                                            R"(discovery, exited with status 1 after the chief finished the training)")));
+  scratch early;
+  auto e = run(workers(2, R"(record
+if [ "$i" = 2 ]; then exit 1; fi
+sleep 60 & wait)", early, {"--elastic", "--max", "3", "--host-discovery-script", discover}), early);
+  REQUIRE(e.finished);
+  CHECK(e.exit_code == 1);
+  CHECK(std::regex_search(e.err, std::regex(R"(troupe-launch: worker 2 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) exited with )"
+                                            R"(status 1; stopping the others)")));
+}
+
 TEST_CASE("troupe-launch host discovery names a failing, a hanging and a malformed script while the workers run") {
   scratch dir;
   const std::string discover = dir.path() + "/discover.sh";

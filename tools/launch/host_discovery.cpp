@@ -479,7 +479,10 @@ void host_discovery::apply(std::vector<worker>& workers, bool may_change) {
     }
   }
   for (const std::string& host : c.add) {
-    if (std::optional<int> rank = add_(host)) members_.added(*rank, host);
+    if (std::optional<int> rank = add_(host)) {
+      members_.added(*rank, host);
+      added_[*rank] = true;
+    }
   }
 }
 
@@ -487,6 +490,15 @@ void host_discovery::left(const worker& w, int status) {
   std::string how = WIFSIGNALED(status) ? "killed by " + signal_name(WTERMSIG(status))
                                         : "exited with status " + std::to_string(WEXITSTATUS(status));
   say_(w.describe() + " left (" + how + "), removed by host discovery; not a failure");
+}
+
+bool host_discovery::late(const worker& w, int status, bool chief_finished) {
+  if (!chief_finished || !added_[w.rank] || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) return false;
+  std::string how = WIFSIGNALED(status) ? "was killed by " + signal_name(WTERMSIG(status))
+                                        : "exited with status " + std::to_string(WEXITSTATUS(status));
+  say_(w.describe() + ", added by host discovery, " + how +
+       " after the chief finished the training (it came too late to join, or ended after it); not a failure");
+  return true;
 }
 
 }  // namespace troupe::launch

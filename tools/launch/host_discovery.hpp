@@ -146,6 +146,10 @@ class host_discovery {
   bool removed(int rank) const { return members_.removed(rank); }
   /// Says that a removed worker left (it ended with wait status `status`).
   void left(const worker& w, int status);
+  /// Whether `w`, a worker discovery added, ended with `status` (not a success) after the chief
+  /// finished the training (`chief_finished`): it came too late to join, or ended after the
+  /// others, and is no failure of the run. Says so when it is.
+  bool late(const worker& w, int status, bool chief_finished);
 
  private:
   const launch_options& options_;
@@ -153,6 +157,7 @@ class host_discovery {
   add_fn add_;
   say_fn say_;
   std::unique_ptr<discovery_runner> runner_;
+  std::map<int, bool> added_;  // ranks discovery started
   std::string last_trouble_;  // the last failure or notes said: said again only when it changes
   bool failing_ = false;      // the last result was a failure or a bad list
 };

@@ -540,7 +540,9 @@ class supervisor {
         discovery_->left(w, status);
         continue;
       }
+      if (discovery_ && discovery_->late(w, status, chief_finished_)) continue;
       training_over_ = training_over_ || (WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      chief_finished_ = chief_finished_ || (w.rank == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (on_exit(w, status)) replace(w);
     }
   }
@@ -768,6 +770,7 @@ class supervisor {
   elastic_watch elastic_;
   std::optional<host_discovery> discovery_;  // --host-discovery-script
   bool training_over_ = false;  // a worker finished (exit 0): discovery adds and removes no more
+  bool chief_finished_ = false;  // rank 0 exited 0: a joiner that fails after it came too late
 
   std::array<int, 2> signal_fds_{-1, -1};
   int devnull_ = -1;
