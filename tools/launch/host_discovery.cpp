@@ -244,25 +244,27 @@ struct discovery_runner::state {
       while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
     } else {
-      // Its output is closed; it exits now, or is ended at the deadline.
+      // Its output is closed; it exits now, or is ended at the deadline. WNOWAIT: the exited
+      // script stays a zombie while whatever it left in its group is killed, so that its pid
+      // cannot name another group yet.
       for (;;) {
-        const pid_t done = ::waitpid(pid, &status, WNOHANG);
-        if (done == pid || (done < 0 && errno != EINTR)) break;
+        siginfo_t info{};
+        info.si_pid = 0;
+        const int done = ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT);
+        if (done != 0 && errno == EINTR) continue;
+        if (done != 0 || info.si_pid != 0) break;
         if (std::chrono::steady_clock::now() >= deadline) {
           timed_out = true;
-          ::kill(-pid, SIGKILL);
-          while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-          }
           break;
         }
         if (wait_until(std::chrono::steady_clock::now() + std::chrono::milliseconds(10))) {
-          ::kill(-pid, SIGKILL);
-          while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-          }
-          return std::nullopt;
+          stopped = true;
+          break;
         }
       }
-      ::kill(-pid, SIGKILL);  // whatever it left behind in its group
+      ::kill(-pid, SIGKILL);
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
     }
     if (stopped) return std::nullopt;
     if (timed_out) {
