@@ -10,10 +10,11 @@
 #                 constructor are errors naming the type and the task; a stopped actor is down
 #   wrong-token   the spawner holds another token than worker 0: its spawn is an error naming the
 #                 type and the task, and worker 0 logs the refused handshake with the address
-#   host-killed   worker 1 SIGKILLed while it hosts an actor: the spawner's down notice names the
-#                 task and the closed connection, requests to it fail, worker 0's actor answers on
+#   host-killed   worker 1 SIGKILLed while its actor answers a request: the request in flight
+#                 ends as down, the spawner's down notice names the task and the closed
+#                 connection, requests to it fail, worker 0's actor answers on
 #   host-stopped  worker 1 SIGSTOPped (its connection stays open): the notice comes from the
-#                 heartbeats (200 ms x 3), naming the silence
+#                 heartbeats (200 ms x 3), naming the silence, and ends the request in flight
 #   spawner-gone  the spawner SIGKILLed while its actor runs on worker 0: worker 0 stops it
 #   any           "any" placement: the least-loaded worker (ties by index), a stopped actor no
 #                 longer counts, an unknown job and type are errors, and with worker 0 SIGKILLed
@@ -129,6 +130,7 @@ case "$scenario" in
     start_daemons "$token" "$token"
     chief down "$token"
     wait_for "$dir/chief.log" "^spawned" 30
+    wait_for "$dir/w1.log" "^accumulator 1: sleeping 30000 ms" 30  # a request in flight
     child=$(pgrep -P "$pid_w1")
     if [[ $scenario == host-killed ]]; then kill -KILL "$child"; else kill -STOP "$child"; fi
     chief_status
