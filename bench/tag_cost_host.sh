@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The frame integrity tags' cost on a bigger host, in one command: bench/tag_cost.sh (the ring
-# untagged and tagged, alternated round by round) for 2 and 8 ranks, and frame_tag_bench (the tag
-# alone, and OpenSSL's alternatives, GB/s) when packed. With one pack the tagged runs hash in line
+# untagged and tagged, alternated round by round) for 2 and 8 ranks, frame_tag_bench (the tag
+# alone, and OpenSSL's alternatives, GB/s) and bulk_tag_bench (a ps data connection's shard read
+# and update untagged, tagged in line and tagged beside, with the CPU per operation) when packed. With one pack the tagged runs hash in line
 # (on the rank's thread) and beside it (a thread of its own), side by side; with two, each pack's
 # default against the other's (a pack from before --tag-hashing, say). Prints the tables and
 # writes them to OUT/tag_cost_host.txt; exits 1 when a run fails.
@@ -12,6 +13,7 @@
 #     with three, an empty OTHER_BIN_DIR ("") means one pack
 #   env: NPROCS="2 8" ROUNDS=5 SIZES="1048576 4194304 16777216 67108864"
 #        HASHING (one pack: "inline beside"; see tag_cost.sh) BENCH_FILTER (frame_tag_bench's)
+#        BULK_FILTER (bulk_tag_bench's)
 set -uo pipefail
 
 [[ $# -ge 1 && $# -le 3 ]] || { echo "usage: bench/tag_cost_host.sh BIN_DIR [OTHER_BIN_DIR] [OUT]" >&2; exit 2; }
@@ -45,6 +47,12 @@ for b in "${bins[@]}"; do
   echo "frame_tag_bench ($b)" | tee -a "$report"
   LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$tb" --benchmark_min_time=0.2 --benchmark_filter="${BENCH_FILTER:-.}" 2>&1 |
     grep -E '^(BM_|Run on|Benchmark)' | tee -a "$report" || failed=1
+  bb=$b/bulk_tag_bench
+  [[ -x $bb ]] || bb=$b/bench/bulk_tag_bench
+  [[ -x $bb ]] || { echo "tag_cost_host: no bulk_tag_bench in $b: no ps data connection rows" | tee -a "$report"; continue; }
+  echo "bulk_tag_bench ($b): <bytes>/<0 untagged, 1 in line, 2 beside>" | tee -a "$report"
+  LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$bb" --benchmark_min_time=0.3 --benchmark_filter="${BULK_FILTER:-.}" 2>&1 |
+    grep -E '^(BM_|Benchmark)' | tee -a "$report" || failed=1
 done
 if [[ ${#bins[@]} == 1 ]]; then export HASHING=${HASHING-inline beside}; fi
 for n in ${NPROCS:-2 8}; do

@@ -13,7 +13,8 @@
 #                       OUTDIR/bench/ring_sweep.sh OUTDIR/bin OUT);
 #                       tag_cost_host.sh with tag_cost.sh (the frame tags' cost: OUTDIR/bench/
 #                       tag_cost_host.sh OUTDIR/bin [OTHER_PACK/bin] OUT), for which frame_tag_bench
-#                       is packed too
+#                       and bulk_tag_bench (the ps data connections' tags, in line and beside) are
+#                       packed too
 #   OUTDIR/lib/         every shared library they load that is not part of the base system
 #                       (libtroupe, libcaf_*, libcapnp, libkj, libboost_*, libbenchmark, ...), stripped
 #   OUTDIR/gpu_run.sh   runs the tests and the benchmark there (bench/gpu_run.sh)
@@ -41,7 +42,7 @@ command -v ldd >/dev/null || { echo "pack-gpu.sh: ldd not found" >&2; exit 1; }
 
 programs=()
 for f in "$build"/tests/troupe_gpu_* "$build"/bench/allreduce_nccl_bench "$build"/examples/mlp_classifier \
-         "$build"/bench/tcp_allreduce_bench "$build"/bench/frame_tag_bench; do
+         "$build"/bench/tcp_allreduce_bench "$build"/bench/frame_tag_bench "$build"/bench/bulk_tag_bench; do
   [[ -f $f && -x $f ]] && programs+=("$f")
 done
 if [[ ${#programs[@]} -eq 0 ]]; then

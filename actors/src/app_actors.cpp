@@ -1,9 +1,11 @@
 #include "troupe/actors/app_actors.hpp"
 
 #include <atomic>
+#include <condition_variable>
 #include <exception>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <utility>
@@ -94,6 +96,47 @@ struct down_table {
   }
 };
 
+// The requests in flight, by token: each callback is taken out once, by its reply, its error, its
+// actor going down or the client's end.
+struct pending_table {
+  struct entry {
+    std::uint64_t actor = 0;  // the actor's id
+    std::function<void(actor_reply)> done;
+  };
+  std::mutex mutex;
+  std::map<std::uint64_t, entry> done;
+  std::uint64_t next = 1;
+
+  std::uint64_t add(std::uint64_t actor, std::function<void(actor_reply)> f) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const std::uint64_t token = next++;
+    done.emplace(token, entry{actor, std::move(f)});
+    return token;
+  }
+  std::function<void(actor_reply)> take(std::uint64_t token) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = done.find(token);
+    if (it == done.end()) return nullptr;
+    auto f = std::move(it->second.done);
+    done.erase(it);
+    return f;
+  }
+  // Every callback of a request to `actor`.
+  std::vector<std::function<void(actor_reply)>> take_actor(std::uint64_t actor) {
+    std::lock_guard<std::mutex> lock(mutex);
+    std::vector<std::function<void(actor_reply)>> out;
+    for (auto it = done.begin(); it != done.end();) {
+      if (it->second.actor == actor) {
+        out.push_back(std::move(it->second.done));
+        it = done.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return out;
+  }
+};
+
 struct supervisor_state {
   struct watched {
     std::uint64_t id = 0;
@@ -123,12 +166,16 @@ std::string down_cause(caf::actor_system& system, const caf::error& reason, cons
 }
 
 caf::behavior supervisor(caf::stateful_actor<supervisor_state>* self, std::shared_ptr<down_table> table,
-                         actor_client_options options) {
+                         std::shared_ptr<pending_table> pending, actor_client_options options) {
   auto report = [=](supervisor_state::watched& w, const std::string& cause, bool host_lost) {
     if (w.reported) return;
     w.reported = true;
     table->mark(w.id, cause);
     const std::string why = table->cause(w.id).value_or(cause);  // a stop said first wins
+    // A request in flight to it ends now: a request already sent to a host that died gets no
+    // answer (CAF bounces only the messages sent after the connection closed), and one to a host
+    // that went silent none either.
+    for (auto& done : pending->take_actor(w.id)) done(actor_reply{actor_reply::status::down, why});
     if (options.log) options.log("actor " + w.type + " #" + std::to_string(w.id) + " on " + w.task + " is down: " + why);
     if (options.on_down) {
       try {
@@ -202,22 +249,6 @@ caf::behavior supervisor(caf::stateful_actor<supervisor_state>* self, std::share
   };
 }
 
-// The asynchronous requests in flight, by token: each callback is taken out once, by its reply,
-// its error or the client's end.
-struct pending_table {
-  std::mutex mutex;
-  std::map<std::uint64_t, std::function<void(actor_reply)>> done;
-  std::uint64_t next = 1;
-
-  std::function<void(actor_reply)> take(std::uint64_t token) {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = done.find(token);
-    if (it == done.end()) return nullptr;
-    auto f = std::move(it->second);
-    done.erase(it);
-    return f;
-  }
-};
 
 // Sends each asynchronous request and hands its outcome to the token's callback.
 caf::behavior requester(caf::event_based_actor* self, std::shared_ptr<pending_table> pending,
@@ -287,7 +318,7 @@ actor_client::actor_client(caf::actor_system& system, actor_client_options optio
   impl_->system = &system;
   impl_->options = std::move(options);
   impl_->gate = std::make_unique<control_gate>(system, impl_->options.credentials != nullptr, gate_limits::for_tasks());
-  impl_->supervisor = system.spawn(supervisor, impl_->table, impl_->options);
+  impl_->supervisor = system.spawn(supervisor, impl_->table, impl_->pending, impl_->options);
   impl_->requester = system.spawn(requester, impl_->pending, impl_->table);
 }
 
@@ -303,12 +334,12 @@ actor_client::~actor_client() {
   for (auto& a : local) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   // The asynchronous requests in flight end now, each with its callback.
   caf::anon_send_exit(s.requester, caf::exit_reason::user_shutdown);
-  std::map<std::uint64_t, std::function<void(actor_reply)>> left;
+  std::map<std::uint64_t, pending_table::entry> left;
   {
     std::lock_guard<std::mutex> lock(s.pending->mutex);
     left.swap(s.pending->done);
   }
-  for (auto& [token, done] : left) done(actor_reply{actor_reply::status::down, "its actor client is gone"});
+  for (auto& [token, e] : left) e.done(actor_reply{actor_reply::status::down, "its actor client is gone"});
   // The supervisor is every host's watch of this spawner: its end stops the remote actors there.
   caf::anon_send_exit(s.supervisor, caf::exit_reason::user_shutdown);
 }
@@ -366,24 +397,22 @@ std::shared_ptr<actor_ref> actor_client::spawn_local(const std::string& type, ac
 
 actor_reply actor_client::request(const actor_ref& to, const std::string& name, const std::string& payload,
                                   std::chrono::milliseconds timeout) {
-  auto& s = *impl_;
-  if (s.table->closed) return actor_reply{actor_reply::status::down, "its actor client is gone"};
-  if (auto cause = s.table->cause(to.id)) return actor_reply{actor_reply::status::down, *cause};
-  actor_reply out;
-  caf::scoped_actor self{*s.system};
-  self->request(to.actor, timeout, amsg_atom::value, name, payload)
-      .receive([&](std::string& bytes) { out = actor_reply{actor_reply::status::ok, std::move(bytes)}; },
-               [&](caf::error& e) {
-                 if (e == caf::sec::request_timeout) {
-                   out = actor_reply{actor_reply::status::timed_out,
-                                     "no answer within " + std::to_string(timeout.count()) + " ms"};
-                 } else if (e == caf::sec::request_receiver_down) {
-                   out = actor_reply{actor_reply::status::down, s.table->cause(to.id).value_or("the actor is down")};
-                 } else {
-                   out = actor_reply{actor_reply::status::failed, error_text(*s.system, e)};
-                 }
-               });
-  return out;
+  // Through the requester, so that the actor going down ends the wait (the supervisor takes the
+  // request out) instead of its timeout: the request's own timeout bounds the rest.
+  struct waiter {
+    std::mutex mutex;
+    std::condition_variable done;
+    std::optional<actor_reply> reply;
+  };
+  auto w = std::make_shared<waiter>();
+  request_async(to, name, payload, timeout, [w](actor_reply r) {
+    std::lock_guard<std::mutex> lock(w->mutex);
+    w->reply = std::move(r);
+    w->done.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(w->mutex);
+  w->done.wait(lock, [&] { return w->reply.has_value(); });
+  return std::move(*w->reply);
 }
 
 void actor_client::request_async(const actor_ref& to, const std::string& name, std::string payload,
@@ -391,11 +420,14 @@ void actor_client::request_async(const actor_ref& to, const std::string& name, s
   auto& s = *impl_;
   if (s.table->closed) return done(actor_reply{actor_reply::status::down, "its actor client is gone"});
   if (auto cause = s.table->cause(to.id)) return done(actor_reply{actor_reply::status::down, *cause});
-  std::uint64_t token = 0;
-  {
-    std::lock_guard<std::mutex> lock(s.pending->mutex);
-    token = s.pending->next++;
-    s.pending->done.emplace(token, std::move(done));
+  const std::uint64_t token = s.pending->add(to.id, std::move(done));
+  // The actor may have gone down (or the client ended) since the look above, taking out the
+  // requests in flight before this one was added: look again (the cause is marked, and the client
+  // closed, before they are taken out).
+  if (s.table->closed || s.table->cause(to.id)) {
+    const std::string why = s.table->closed ? "its actor client is gone" : s.table->cause(to.id).value_or("the actor is down");
+    if (auto f = s.pending->take(token)) f(actor_reply{actor_reply::status::down, why});
+    return;
   }
   caf::anon_send(s.requester, areq_atom::value, to.actor, token, to.id, name, std::move(payload),
                  static_cast<std::int64_t>(timeout.count()));

@@ -122,8 +122,8 @@ using pstats_atom = caf::atom_constant<caf::atom("pstats")>;
 //   spawner -> task agent: (aspawn, spawner task, watch, type, args) -> actor; (aping) -> bool
 //   anyone -> hosted actor: (amsg, name, payload) -> payload, or an error with the actor's text
 //   inside the spawner, to its supervisor: (awatch, actor, id, type, task, agent or null)
-//   inside the spawner, to its requester: (areq, actor, token, name, payload, timeout ms): an
-//     asynchronous request, completed by the token's callback
+//   inside the spawner, to its requester: (areq, actor, token, name, payload, timeout ms): a
+//     request, completed by the token's callback (or by the supervisor, once the actor is down)
 using aspawn_atom = caf::atom_constant<caf::atom("aspawn")>;
 using aping_atom = caf::atom_constant<caf::atom("aping")>;
 using amsg_atom = caf::atom_constant<caf::atom("amsg")>;

@@ -196,6 +196,12 @@ int main(int argc, char** argv) {
     td::ActorHandle a1 = actors.spawn("accumulator", "worker:1", {Tensor::scalar<float>(2)});
     expect(a1.request("get")[1].item<std::int32_t>() == 1, "a1 is not on worker 1");
     std::cout << "spawned" << std::endl;
+    // A request in flight when the host dies (the script kills or stops it once the actor says it
+    // sleeps): it ends as down with the notice, not at its timeout nor never.
+    expect_error(error_of<troupe::Error>(
+                     [&] { a1.request("sleep", {Tensor::scalar<std::int32_t>(30000)}, std::chrono::seconds(40)); },
+                     "in flight"),
+                 {"is down", w1}, "a request in flight when the actor's host died");
     auto d = notices->wait_for(a1.id(), limit + std::chrono::seconds(20));
     expect(d.has_value(), "no down notice for the actor on worker 1");
     expect(d->task == w1 && d->type == "accumulator", "the down notice names " + d->type + " on " + d->task);

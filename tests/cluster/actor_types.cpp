@@ -2,6 +2,7 @@
 // spawner loads too, for its local actors).
 #include <chrono>
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -15,7 +16,7 @@ namespace {
 
 // A running sum of float32 tensors of one shape, started from its constructor argument.
 //   add(t) -> [sum]; get() -> [sum, task index or -1]; echo(ts...) -> ts; fail() -> error;
-//   sleep(ms) -> [] after ms milliseconds.
+//   sleep(ms) -> [] after ms milliseconds (saying so first on stdout).
 class Accumulator : public td::Actor {
  public:
   Accumulator(Tensor initial, int index) : sum_(std::move(initial)), index_(index) {}
@@ -29,6 +30,8 @@ class Accumulator : public td::Actor {
     if (name == "echo") return tensors;
     if (name == "fail") throw std::runtime_error("the trial diverged (loss is nan)");
     if (name == "sleep") {
+      // Said first, so that a script can act while the request is in flight.
+      std::cout << "accumulator " << index_ << ": sleeping " << tensors.at(0).item<std::int32_t>() << " ms" << std::endl;
       std::this_thread::sleep_for(std::chrono::milliseconds(tensors.at(0).item<std::int32_t>()));
       return {};
     }

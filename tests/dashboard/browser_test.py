@@ -57,9 +57,14 @@ def main_cluster(launch, trainer, screenshot):
         # 1. Both workers' heartbeat ages, ticking.
         ages = lambda: dt.eval("Array.from(document.querySelectorAll('#workers td.hb-age')).map(td => td.textContent)") or []
         states = lambda: dt.eval("Array.from(document.querySelectorAll('#workers td.hb-state')).map(td => td.textContent)") or []
+        # The first rows wait for the page to come up, bounded by the deadline alone: on a loaded
+        # machine Chromium's renderer, starved, showed them after more than 30 s; how fast it
+        # starts is nothing this test asserts. A timeout prints what the table showed last.
+        last = {}
         shown = wait_for("two heartbeat ages in the cluster table",
-                         lambda: (lambda a: a if len(a) == 2 and all(re.fullmatch(r"\d+ ms", x) for x in a) else None)(ages()),
-                         30)
+                         lambda: (lambda a: last.update(ages=a) or (a if len(a) == 2 and all(re.fullmatch(r"\d+ ms", x) for x in a)
+                                                                   else None))(ages()),
+                         harness.time_left(), lambda: "%s\n--- the table's ages last: %s" % (cluster.out()[-3000:], last.get("ages")))
         if states() != ["alive", "alive"]:
             fail("the cluster table shows heartbeat states %s, expected alive twice" % states())
         # Each reading, in one evaluation: the text shown, the ages the server gave at the last
@@ -177,7 +182,9 @@ def main():
         # 1. Points arrive on the loss chart.
         points = lambda: dt.eval("window.troupe ? window.troupe.lossChart.data.datasets[0].data.length : 0") or 0
         newest = lambda: dt.eval("window.troupe.lossChart.data.datasets[0].data.at(-1).x") or 0
-        wait_for("points on the loss chart", lambda: points() > 0, 20)
+        # The first points wait for the page to come up, bounded by the deadline alone: a loaded
+        # machine starts Chromium late, and how fast is nothing this test asserts.
+        wait_for("points on the loss chart", lambda: points() > 0, harness.time_left())
         first = newest()
         wait_for("newer points on the loss chart (pushed, not only loaded)", lambda: newest() > first + 20, 20)
         replicas = dt.eval("window.troupe.lossChart.data.datasets.filter(d => d.replica !== undefined).length")

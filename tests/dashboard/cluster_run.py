@@ -1,16 +1,19 @@
 """A 2-worker multi_worker_trainer cluster for the dashboard's cluster tests, and a stranger that
-knocks on its chief's control port with the wrong credentials.
+knocks on its chief's control port with the wrong credentials. Launching, the output, finding a
+worker's process and stopping come from harness.py.
 
 Used by mw_cluster_test.py (the JSON) and browser_test.py --cluster (the page).
 """
-import json
 import os
 import secrets
-import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402  (what the dashboard tests share: waits, launching, a task's process)
 
 HEARTBEAT_MS = 1000  # TROUPE_HEARTBEAT_MS for the cluster: late after 2 s, lost after 6 s
 
@@ -32,55 +35,24 @@ def free_port_pair():
     raise RuntimeError("no two free consecutive ports on 127.0.0.1")
 
 
-class Cluster:
-    """troupe-launch -n 2 over multi_worker_trainer, the chief serving the dashboard, with a
-    known cluster token and control ports (the chief's is port_base)."""
+class Cluster(harness.Started):
+    """troupe-launch -n 2 over multi_worker_trainer (harness.Started: its own process group, its
+    output in work/cluster.log), the chief serving the dashboard, with a known cluster token and
+    control ports (the chief's is port_base)."""
 
     def __init__(self, launch, trainer, work, extra_args=()):
-        self.work = work
         self.token = secrets.token_hex(16)
         self.port_base = free_port_pair()
-        self.log_path = os.path.join(work, "cluster.log")
-        env = dict(os.environ, TROUPE_CLUSTER_TOKEN=self.token, TROUPE_HEARTBEAT_MS=str(HEARTBEAT_MS))
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen([launch, "-n", "2", "--timeout", "80", "--port-base", str(self.port_base),
-                                          "--", trainer, "--epochs", "100000", "--dashboard-port", "0",
-                                          *extra_args],
-                                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-    def out(self):
-        with open(self.log_path) as f:
-            return f.read()
+        self.marker = "mw-cluster-%d-%s" % (os.getpid(), self.token[:8])
+        env = dict(os.environ, TROUPE_CLUSTER_TOKEN=self.token, TROUPE_HEARTBEAT_MS=str(HEARTBEAT_MS),
+                   TROUPE_TEST_RUN=self.marker)
+        super().__init__(work, "cluster", [launch, "-n", "2", "--timeout", "80", "--port-base", str(self.port_base),
+                                           "--", trainer, "--epochs", "100000", "--dashboard-port", "0", *extra_args],
+                         env=env)
 
     def worker_pid(self, index):
-        """The pid of worker `index` of this cluster (its TF_CONFIG and this cluster's token)."""
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open("/proc/%s/environ" % entry, "rb") as f:
-                    env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
-                if env.get(b"TROUPE_CLUSTER_TOKEN") != self.token.encode():
-                    continue
-                if not os.readlink("/proc/%s/exe" % entry).endswith("multi_worker_trainer"):
-                    continue
-                if json.loads(env.get(b"TF_CONFIG", b"{}")).get("task", {}).get("index") == index:
-                    return int(entry)
-            except (OSError, ValueError):
-                continue
-        return None
-
-    def stop(self):
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGCONT)  # a stopped worker must be able to die
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-            except ProcessLookupError:
-                pass
+        """The pid of worker `index` of this cluster (its TF_CONFIG, in this cluster's processes)."""
+        return harness.task_pid(self.marker, "worker", index, exe="multi_worker_trainer")
 
 
 def stranger_knocks(work, port):
@@ -110,6 +82,7 @@ def stranger_knocks(work, port):
 
 
 def wait_for(what, predicate, timeout, deadline, fail):
+    """harness.wait_for's bounded wait for a test with a deadline and fail() of its own."""
     end = min(time.monotonic() + timeout, deadline)
     while time.monotonic() < end:
         value = predicate()

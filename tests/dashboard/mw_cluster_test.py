@@ -14,44 +14,37 @@ workers (troupe-launch, a known cluster token, heartbeats every second), the chi
 
 Usage: mw_cluster_test.py TROUPE_LAUNCH MULTI_WORKER_TRAINER
 """
-import json
 import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster_run  # noqa: E402
+import harness  # noqa: E402  (what the dashboard tests share: waits, the JSON API, the dashboard URL)
 
-DEADLINE = time.monotonic() + 100
+harness.set_deadline(100)  # the whole test; every wait is bounded by it
 INTERVAL = cluster_run.HEARTBEAT_MS
 cluster = None
 
 
 def fail(why):
-    print("FAILED: " + why, flush=True)
-    if cluster:
-        print("--- output\n" + cluster.out()[-4000:], flush=True)
-    raise SystemExit(1)
+    """harness.fail, with the cluster's output once it runs."""
+    harness.fail(why, cluster.out()[-4000:] if cluster else None)
 
 
 def wait_for(what, predicate, timeout):
-    return cluster_run.wait_for(what, predicate, timeout, DEADLINE, fail)
+    return harness.wait_for(what, predicate, timeout, lambda: cluster.out()[-4000:] if cluster else None)
 
 
 def request(base, path, method="GET"):
-    req = urllib.request.Request(base + path, method=method, data=b"" if method == "POST" else None)
+    """harness.request; a dashboard that does not answer fails the test, saying so."""
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+        return harness.request(base, path, method)
     except (urllib.error.URLError, OSError) as e:
         fail("the chief's dashboard does not answer %s %s: %s" % (method, path, e))
 
@@ -63,9 +56,7 @@ def main():
     os.environ["TROUPE_STALL_WARNING_S"] = "1"  # the stopped worker below is a stall after 1 s
     try:
         cluster = cluster_run.Cluster(launch, trainer, work)
-        base = wait_for("the chief's dashboard URL",
-                        lambda: (re.search(r"\[rank 0\] dashboard: (http://[0-9.:]+)/", cluster.out()) or [None, None])[1],
-                        30)
+        base = harness.base_of(cluster.dashboard_url(30, rank=0))
         state = lambda: request(base, "/api/state")[1]
         wait_for("a few steps", lambda: state()["step"] > 5, 30)
 
@@ -178,10 +169,7 @@ def main():
         if status != 409 or "checkpoint=0" not in body.get("error", ""):
             fail("POST /api/stop without a checkpoint directory answered %d %s, expected 409" % (status, body))
         request(base, "/api/stop?checkpoint=0", "POST")
-        try:
-            rc = cluster.proc.wait(timeout=max(1, DEADLINE - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            fail("the workers did not exit after stop")
+        rc = cluster.wait("the workers after stop")
         if rc != 0:
             fail("troupe-launch exited %d after stop" % rc)
         print("PASSED: heartbeat ages below %d ms while healthy, the stranger %s refused, worker 1 late then back"

@@ -75,7 +75,14 @@ def main():
             if not r or len(r) != 4 or not a or any(x["step"] is None or x["last_reply_age_ms"] is None for x in a["actors"]):
                 return None
             return r, a
-        wait_for("four trials on the Actors card, each with a reply and its numbers", four_trials, 60, out)
+        # Bounded by the deadline alone: the page's first rows wait for Chromium to come up, which
+        # on a loaded machine took over 60 s (its renderer starved while the search ran on).
+        seen = {}
+        def four_trials_seen():
+            seen["rows"] = rows()
+            return four_trials()
+        wait_for("four trials on the Actors card, each with a reply and its numbers", four_trials_seen, harness.time_left(),
+                 lambda: "%s\n--- the card's rows last: %s" % (out()[-3000:], seen.get("rows")))
         if dt.eval("getComputedStyle(document.getElementById('actors-card')).display") == "none":
             fail("the Actors card is hidden")
         columns = head()

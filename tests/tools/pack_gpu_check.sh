@@ -10,7 +10,7 @@
 #   3. host_scaling.sh runs from the pack and tabulates troupe's ring and fit;
 #   4. ring_sweep.sh runs from the pack and tabulates every setting against the default;
 #   5. tag_cost_host.sh runs from the pack in one command (PACK/bin OUT) and tabulates the tags'
-#      cost, in line and beside.
+#      cost, in line and beside, with the packed frame_tag_bench's and bulk_tag_bench's rows.
 #
 #   pack_gpu_check.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
@@ -24,7 +24,7 @@ fail() { echo "FAILED: $*" >&2; exit 1; }
 for f in bin/troupe_gpu_strategy_tests bin/troupe_gpu_kernel_tests bin/mlp_classifier bin/tcp_allreduce_bench \
          gpu_run.sh bench/gpu_training_bench.sh bench/torch_mlp.py bench/host_scaling.sh \
          bench/torch_gloo_allreduce.py bench/ring_sweep.sh bench/tag_cost.sh bench/tag_cost_host.sh \
-         bin/frame_tag_bench PACK-INFO.txt; do
+         bin/frame_tag_bench bin/bulk_tag_bench PACK-INFO.txt; do
   [[ -e $tmp/pack/$f ]] || fail "the pack has no $f"
 done
 if ls "$tmp/pack/lib" | grep -E "^lib(cublas|cudnn|nccl|cuda\.)" >/dev/null; then
@@ -79,10 +79,14 @@ done
 grep -Eq "^2 +262144 +1048576:on:50 +[0-9.]+ +[0-9.]+ +1.00x$" "$tmp/sweep/ring_sweep.txt" ||
   { cat "$tmp/sweep/ring_sweep.txt"; fail "the default's row is not 1.00x of itself"; }
 # The tags' cost from the pack alone, as its printed command runs it: one pack, then where to write.
-NPROCS=2 ROUNDS=1 SIZES=262144 BENCH_FILTER='BM_FrameTag/4096$' \
+NPROCS=2 ROUNDS=1 SIZES=262144 BENCH_FILTER='BM_FrameTag/4096$' BULK_FILTER='BM_BulkRead/1048576/[12]/' \
   "$tmp/pack/bench/tag_cost_host.sh" "$tmp/pack/bin" "$tmp/tags" >"$tmp/tags.log" 2>&1 ||
   { tail -20 "$tmp/tags.log"; fail "tag_cost_host.sh PACK/bin OUT exited non-zero"; }
 grep -Eq "^BM_FrameTag/4096 " "$tmp/tags/tag_cost_host.txt" || { cat "$tmp/tags/tag_cost_host.txt"; fail "no frame_tag_bench row"; }
+for mode in 1 2; do
+  grep -Eq "^BM_BulkRead/1048576/$mode/real_time .*cpu_us=" "$tmp/tags/tag_cost_host.txt" ||
+    { cat "$tmp/tags/tag_cost_host.txt"; fail "no bulk_tag_bench row for a tagged 1 MiB read (mode $mode)"; }
+done
 grep -Eq "^\| 262144 B \| [0-9.]+ [mu]s \| [0-9.]+ [mu]s \| [0-9.]+ \| [0-9.]+ [mu]s \| [0-9.]+ \|$" "$tmp/tags/tag_cost_host.txt" ||
   { cat "$tmp/tags/tag_cost_host.txt"; fail "no row of the tags' cost in line and beside"; }
 echo "pack_gpu_check: ok"

@@ -97,7 +97,8 @@ class actor_client {
   /// Spawns an actor running `receive` in this process.
   std::shared_ptr<actor_ref> spawn_local(const std::string& type, actor_receive receive);
 
-  /// A request and its reply, waiting at most `timeout`.
+  /// A request and its reply, waiting at most `timeout`; it ends as down once the actor is known
+  /// to be down, even when its host died with the request in flight.
   actor_reply request(const actor_ref& to, const std::string& name, const std::string& payload,
                       std::chrono::milliseconds timeout);
   /// The same without waiting: `done` runs once with the outcome, on a runtime thread (or on
