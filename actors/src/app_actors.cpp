@@ -1,11 +1,14 @@
 #include "troupe/actors/app_actors.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <map>
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -263,21 +266,40 @@ struct actor_client::impl {
     if (table->closed) throw std::runtime_error(what + ": its actor client is gone");
   }
 
-  caf::actor agent_for(const task_endpoint& where, bool fresh) {
+  // The agent of the task at `where` (cached unless `fresh`). Nothing listening there yet (the
+  // connection refused, or no agent published) is tried again for up to `wait_listening`; a
+  // connection refused in its handshake (another token) is not.
+  caf::actor agent_for(const task_endpoint& where, bool fresh, std::chrono::milliseconds wait_listening) {
     {
       std::lock_guard<std::mutex> lock(mutex);
       auto it = agents.find(where.task);
       if (it != agents.end() && !fresh) return it->second;
     }
-    auto found = connect_to_task(*system, *gate, where.host, where.port, options.connect_timeout);
-    if (!found) {
-      throw std::runtime_error("cannot reach " + where.task + " at " + address_of(where.host, where.port) + ": " +
-                               error_text(*system, found.error()) +
-                               " (is it running, with this cluster's token?)");
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + wait_listening;
+    auto pause = std::chrono::milliseconds(20);
+    for (int tries = 1;; ++tries) {
+      auto found = connect_to_task(*system, *gate, where.host, where.port, options.connect_timeout);
+      if (found) {
+        std::lock_guard<std::mutex> lock(mutex);
+        agents[where.task] = *found;
+        return *found;
+      }
+      const bool not_listening = found.error() == caf::sec::cannot_connect_to_node ||
+                                 found.error() == caf::sec::no_actor_published_at_port;
+      const auto now = std::chrono::steady_clock::now();
+      if (!not_listening || table->closed || now + pause > deadline) {
+        std::string why = error_text(*system, found.error());
+        if (tries > 1) {
+          why = "nothing listened there within " + std::to_string(wait_listening.count()) + " ms (" +
+                std::to_string(tries) + " tries, the last: " + why + ")";
+        }
+        throw std::runtime_error("cannot reach " + where.task + " at " + address_of(where.host, where.port) + ": " +
+                                 why + " (is it running, with this cluster's token?)");
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(500));
     }
-    std::lock_guard<std::mutex> lock(mutex);
-    agents[where.task] = *found;
-    return *found;
   }
 };
 
@@ -314,7 +336,7 @@ actor_client::~actor_client() {
 }
 
 std::shared_ptr<actor_ref> actor_client::spawn(const task_endpoint& where, const std::string& type,
-                                               const std::string& args) {
+                                               const std::string& args, std::chrono::milliseconds wait_listening) {
   auto& s = *impl_;
   s.check_open("spawn of actor " + type + " on " + where.task);
   caf::actor made;
@@ -323,7 +345,7 @@ std::shared_ptr<actor_ref> actor_client::spawn(const task_endpoint& where, const
   for (int attempt = 0; attempt < 2 && !made; ++attempt) {
     // A cached connection to a host that has since died answers at once that it is down: connect
     // again, once.
-    agent = s.agent_for(where, attempt > 0);
+    agent = s.agent_for(where, attempt > 0, wait_listening);
     bool receiver_down = false;
     caf::scoped_actor self{*s.system};
     self->request(agent, s.options.connect_timeout, aspawn_atom::value, s.options.task, s.supervisor, type, args)

@@ -91,9 +91,13 @@ class actor_client {
   actor_client(const actor_client&) = delete;
   actor_client& operator=(const actor_client&) = delete;
 
-  /// Spawns `type` with `args` on the task at `where`. Throws std::runtime_error whose message
-  /// says why (the task cannot be reached or refused the connection, the task refused the type).
-  std::shared_ptr<actor_ref> spawn(const task_endpoint& where, const std::string& type, const std::string& args);
+  /// Spawns `type` with `args` on the task at `where`. A task that is not listening yet (nothing
+  /// accepts the connection, or its agent is not published yet) is tried again, with growing
+  /// pauses, for up to `wait_listening`. Throws std::runtime_error whose message names the task
+  /// and says why (it cannot be reached, or nothing listened there within `wait_listening`; it
+  /// refused the connection; it refused the type).
+  std::shared_ptr<actor_ref> spawn(const task_endpoint& where, const std::string& type, const std::string& args,
+                                   std::chrono::milliseconds wait_listening = std::chrono::milliseconds(0));
   /// Spawns an actor running `receive` in this process.
   std::shared_ptr<actor_ref> spawn_local(const std::string& type, actor_receive receive);
 

@@ -52,13 +52,14 @@ actors::actor_made make_actor(const FunctionRegistry& registry, const std::strin
 
 std::shared_ptr<actors::actor_ref> ActorCluster::Impl::spawn_remote(const std::string& type, const std::string& job,
                                                                     int index, const std::string& args_bytes,
-                                                                    const std::string& what, bool* reached) {
+                                                                    const std::string& what, bool* reached,
+                                                                    std::chrono::milliseconds wait_listening) {
   if (reached) *reached = true;
   const std::string name = detail::task_name(job, index);
   const auto [host, port] = detail::split_host_port(cluster.task_address(job, index), "ActorCluster::spawn");
   std::shared_ptr<actors::actor_ref> ref;
   try {
-    ref = client_for(what).spawn(actors::task_endpoint{name, host, port}, type, args_bytes);
+    ref = client_for(what).spawn(actors::task_endpoint{name, host, port}, type, args_bytes, wait_listening);
   } catch (const std::runtime_error& e) {
     // The host's refusals name the type and the task already; the connection's do not.
     const std::string why = e.what();
@@ -84,6 +85,7 @@ std::shared_ptr<const ActorHandle::Impl::incarnation> ActorHandle::Impl::reachab
   std::unique_lock<std::mutex> lock(mutex);
   if (restarting) changed.wait_for(lock, wait, [&] { return !restarting; });
   if (!exhausted.empty()) throw ActorRestartsExhausted(what + ": " + exhausted);
+  if (!cancelled.empty()) throw Error(what + ": the actor is down: " + cancelled);
   if (restarting) {
     throw Error(what + ": the actor is down and restarting: no new actor within " + std::to_string(wait.count()) +
                 " ms");
@@ -223,12 +225,13 @@ ActorHandle ActorCluster::spawn(const std::string& type, const std::string& task
     if (!made.receive) throw Error("ActorCluster::spawn: " + made.error);
     ref = client.spawn_local(type, std::move(made.receive));
   } else if (where) {
-    ref = s.spawn_remote(type, where->job, where->index, args_bytes, what);
+    // A task still starting (not listening yet) is waited for, within the spawn's timeout.
+    ref = s.spawn_remote(type, where->job, where->index, args_bytes, what, nullptr, s.options.connect_timeout);
   } else {
     if (s.placement_order(any_job).empty()) {
       throw std::invalid_argument(what + ": no " + any_job + " task but this spawner's own");
     }
-    auto placed = s.place_any(type, any_job, args_bytes, what);
+    auto placed = s.place_any(type, any_job, args_bytes, what, "", s.options.connect_timeout);
     if (placed.refused) throw Error(*placed.refused);
     ref = std::move(placed.ref);
     if (!ref) throw Error(what + ": no " + any_job + " task could be reached:" + placed.tried);
@@ -423,7 +426,16 @@ void ActorHandle::send(const std::string& name, const std::vector<Tensor>& tenso
 void ActorHandle::stop() const {
   const auto& h = checked("stop");
   if (h.cluster->closed) return;
-  h.cluster->client->stop(*h.current()->ref);
+  std::shared_ptr<const Impl::incarnation> inc;
+  {
+    std::lock_guard<std::mutex> lock(h.mutex);
+    h.stopped = true;
+    // The actor now is the one that went down: the restart under way stops its new actor, or
+    // makes none (actor_restart.cpp).
+    if (h.restarting) return;
+    inc = h.now;
+  }
+  h.cluster->client->stop(*inc->ref);
 }
 
 std::optional<std::string> ActorHandle::down() const {
@@ -432,6 +444,7 @@ std::optional<std::string> ActorHandle::down() const {
   {
     std::lock_guard<std::mutex> lock(h.mutex);
     if (!h.exhausted.empty()) return h.exhausted;
+    if (!h.cancelled.empty()) return h.cancelled;
   }
   return h.cluster->client->down(*h.current()->ref);
 }

@@ -54,23 +54,27 @@ struct ActorCluster::Impl {
     return load.order(cluster, job, task, exclude);
   }
 
-  // Spawns on one remote task; troupe::Error naming the type and the task when it fails, with
-  // `reached` false when the task could not be reached (or refused the connection).
+  // Spawns on one remote task, trying again for up to `wait_listening` while nothing listens
+  // there yet; troupe::Error naming the type and the task when it fails, with `reached` false when
+  // the task could not be reached (or refused the connection).
   std::shared_ptr<actors::actor_ref> spawn_remote(const std::string& type, const std::string& job, int index,
                                                   const std::string& args_bytes, const std::string& what,
-                                                  bool* reached = nullptr);
+                                                  bool* reached = nullptr,
+                                                  std::chrono::milliseconds wait_listening = std::chrono::milliseconds(0));
 
   // An "any" spawn (actor_placement.cpp): the tasks of `job` tried in placement order (but
-  // `exclude`) until one takes the actor. `refused` holds the error of a task that answered and
-  // refused it (the others would refuse it the same way: no more are tried); `tried` each
-  // failure, one per line.
+  // `exclude`) until one takes the actor; when none could be reached, the order is tried again,
+  // with growing pauses, for up to `wait_listening` (tasks not listening yet). `refused` holds the
+  // error of a task that answered and refused it (the others would refuse it the same way: no
+  // more are tried); `tried` each failure of the last pass, one per line.
   struct placed {
     std::shared_ptr<actors::actor_ref> ref;
     std::string tried;
     std::optional<std::string> refused;
   };
   placed place_any(const std::string& type, const std::string& job, const std::string& args_bytes,
-                   const std::string& what, const std::string& exclude = "");
+                   const std::string& what, const std::string& exclude = "",
+                   std::chrono::milliseconds wait_listening = std::chrono::milliseconds(0));
 
   actors::actor_client& client_for(const std::string& what) {
     if (closed) throw Error(what + ": its ActorCluster is gone");
@@ -101,6 +105,10 @@ struct ActorHandle::Impl {
   std::shared_ptr<const incarnation> now;
   std::vector<std::shared_ptr<const incarnation>> history;  // kept: task() hands out references
   bool restarting = false;
+  // stop() was called: a restart under way stops the actor it makes (or makes none), and no
+  // later loss restarts it.
+  mutable bool stopped = false;
+  std::string cancelled;  // why a restart stopped by stop() made no actor, or empty
   std::string exhausted;  // ActorRestartsExhausted's text once the policy gave up
   int restarts = 0;
   std::deque<std::chrono::steady_clock::time_point> restart_times;  // within the policy's window

@@ -1,6 +1,8 @@
 #include "distribute/cluster/actor_placement.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <tuple>
 
 #include "distribute/cluster/actor_cluster_impl.hpp"
@@ -95,23 +97,30 @@ std::vector<int> actor_load::order(const ClusterSpec& cluster, const std::string
 
 ActorCluster::Impl::placed ActorCluster::Impl::place_any(const std::string& type, const std::string& job,
                                                          const std::string& args_bytes, const std::string& what,
-                                                         const std::string& exclude) {
-  placed out;
-  for (int index : placement_order(job, exclude)) {
-    bool reached = true;
-    try {
-      out.ref = spawn_remote(type, job, index, args_bytes, what, &reached);
-      return out;
-    } catch (const Error& e) {
-      out.tried += "\n  " + std::string(e.what());
-      // The host answered (the type, its factory): another task would refuse it the same way.
-      if (reached) {
-        out.refused = e.what();
+                                                         const std::string& exclude,
+                                                         std::chrono::milliseconds wait_listening) {
+  const auto deadline = std::chrono::steady_clock::now() + wait_listening;
+  auto pause = std::chrono::milliseconds(20);
+  for (;;) {
+    placed out;
+    for (int index : placement_order(job, exclude)) {
+      bool reached = true;
+      try {
+        out.ref = spawn_remote(type, job, index, args_bytes, what, &reached);
         return out;
+      } catch (const Error& e) {
+        out.tried += "\n  " + std::string(e.what());
+        // The host answered (the type, its factory): another task would refuse it the same way.
+        if (reached) {
+          out.refused = e.what();
+          return out;
+        }
       }
     }
+    if (closed || std::chrono::steady_clock::now() + pause > deadline) return out;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(500));
   }
-  return out;
 }
 
 }  // namespace troupe::distribute

@@ -52,13 +52,21 @@ void restart_actor(const std::shared_ptr<ActorHandle::Impl>& h, const actors::ac
   r.from = d.task;
   const std::string who = "actor " + base::quoted(h->type) + " #" + std::to_string(d.id) + " on " + d.task;
   std::string gave_up;
+  bool cancelled = false;
   const auto now = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(h->mutex);
+    if (h->stopped) {
+      // Stopped by its spawner after it went down, before this restart began: none is made.
+      cancelled = true;
+      gave_up = who + " went down (" + d.cause + ") and was stopped by its spawner before its restart: not restarted";
+    }
     while (!h->restart_times.empty() && now - h->restart_times.front() >= h->policy.window) {
       h->restart_times.pop_front();
     }
-    if (static_cast<int>(h->restart_times.size()) >= h->policy.max_restarts) {
+    if (cancelled) {
+      // Nothing counts against the budget.
+    } else if (static_cast<int>(h->restart_times.size()) >= h->policy.max_restarts) {
       gave_up = who + " went down (" + d.cause + ") after " + std::to_string(h->restart_times.size()) +
                 " restart(s) within " + std::to_string(h->policy.window.count()) +
                 " ms, the most its RestartPolicy allows (max_restarts " + std::to_string(h->policy.max_restarts) +
@@ -82,6 +90,7 @@ void restart_actor(const std::shared_ptr<ActorHandle::Impl>& h, const actors::ac
     }
     if (!ref) gave_up = what + ": no other " + h->job + " task took it:" + (tried.empty() ? " there is none" : tried);
   }
+  bool stop_new = false;
   {
     std::lock_guard<std::mutex> lock(h->mutex);
     if (ref) {
@@ -89,18 +98,26 @@ void restart_actor(const std::shared_ptr<ActorHandle::Impl>& h, const actors::ac
       ++h->restarts;
       r.id = h->now->id;
       r.task = h->now->task;
-      s.supervise(r.id, h);
+      // Stopped by its spawner while this restart ran: the new actor is the one to stop.
+      stop_new = h->stopped;
+      if (!stop_new) s.supervise(r.id, h);
+    } else if (cancelled) {
+      h->cancelled = gave_up;
+      r.error = gave_up;
     } else {
       h->exhausted = gave_up;
       r.error = gave_up;
     }
     h->restarting = false;
   }
+  // Before anyone waiting for the restart can reach the new actor: it is stopped already.
+  if (stop_new) s.client->stop(*ref);
   h->changed.notify_all();
   if (ref) s.report(ActorEvent::Kind::restarted, r.id, h->type, r.task, {}, r.previous_id);
   s.log(ref ? "restarted " + who + " as #" + std::to_string(r.id) + " on " + r.task + " (restart " +
                   std::to_string(r.restarts) + " of at most " + std::to_string(h->policy.max_restarts) + " within " +
-                  std::to_string(h->policy.window.count()) + " ms)"
+                  std::to_string(h->policy.window.count()) + " ms)" +
+                  (stop_new ? ", then stopped: its spawner stopped it while it restarted" : "")
             : gave_up);
   if (s.options.on_restart) {
     try {
@@ -121,7 +138,7 @@ void actor_went_down(const std::shared_ptr<ActorCluster::Impl>& self, actors::ac
   if (d.host_lost && !self->closed) {
     if (auto h = self->supervised_handle(d.id)) {
       std::lock_guard<std::mutex> lock(h->mutex);
-      if (h->now && h->now->id == d.id && h->exhausted.empty()) {
+      if (h->now && h->now->id == d.id && h->exhausted.empty() && !h->stopped) {
         h->restarting = restarting = true;
         self->restarter.post([h, d] { restart_actor(h, d); });
       }
