@@ -24,9 +24,12 @@
 //      A task that stops (its Server destroyed) stops every actor it hosts.
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -39,6 +42,33 @@ namespace troupe::actors {
 struct app_message_limits {
   static constexpr std::size_t max_name_bytes = 256;
   static constexpr std::size_t max_payload_bytes = std::size_t{1} << 30;  ///< 1 GiB
+};
+
+/// The back-pressure on one actor's one-way messages (actor_client::send): at most max_messages
+/// or max_bytes (one message always fits) sent and not yet acknowledged by the actor. It
+/// acknowledges every ack_every-th, and the one that fills the window, with its count so far. So a
+/// flood of sends waits for the actor instead of queueing without bound ahead of everything else
+/// on the connection (the heartbeats among them).
+class send_window {
+ public:
+  static constexpr std::size_t max_messages = 1024;
+  static constexpr std::size_t max_bytes = std::size_t{64} << 20;  ///< 64 MiB
+  static constexpr std::uint64_t ack_every = 64;
+
+  /// Takes room for a message of `bytes`, waiting at most `wait`; false when it did not fit. `ack`
+  /// says whether the message must ask for its acknowledgement (it fills the window).
+  bool reserve(std::size_t bytes, bool* ack, std::chrono::milliseconds wait);
+  /// The actor acknowledged its first `count` messages.
+  void acknowledged(std::uint64_t count);
+  /// Messages sent and not yet acknowledged.
+  std::size_t outstanding() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable opened_;
+  std::deque<std::size_t> sizes_;  // of the unacknowledged messages, in order
+  std::size_t outstanding_bytes_ = 0;
+  std::uint64_t acked_ = 0;
 };
 
 /// What an application actor does with one message: the reply's bytes (ok) or an error's text.
@@ -108,7 +138,8 @@ class actor_client {
   /// this one, at once, for an actor known to be down or a client that is gone). Keep it short.
   void request_async(const actor_ref& to, const std::string& name, std::string payload,
                      std::chrono::milliseconds timeout, std::function<void(actor_reply)> done);
-  /// A one-way message; false when the actor is known to be down.
+  /// A one-way message; false when the actor is known to be down. Waits while the actor's
+  /// send_window is full (until it acknowledges, or is found down).
   bool send(const actor_ref& to, const std::string& name, const std::string& payload);
   /// Stops the actor (its spawner hears it as down: "stopped by its spawner").
   void stop(const actor_ref& to);
