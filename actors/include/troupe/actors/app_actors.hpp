@@ -13,7 +13,8 @@
 //      or an error, over the same gated connection (BASP routes by node; no port is added). The
 //      hosted actor is detached (a thread of its own: an actor's code may run long), handles one
 //      message at a time, and refuses a name or payload beyond app_message_limits before it
-//      decodes a byte.
+//      decodes a byte. One-way messages (asend) come from the spawner's requester and are
+//      acknowledged in batches (send_window): a sender waits once a window's worth is unanswered.
 //   3. Supervision: the spawner monitors every actor it spawned; a connection that closes (the
 //      host process died) fires the monitor at once, with the cause. The spawner also asks every
 //      agent that hosts one of its actors (aping) each heartbeat interval: an agent silent for
