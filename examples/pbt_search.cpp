@@ -361,21 +361,9 @@ int run_chief(Runtime& runtime, const ClusterResolver& resolver, const Flags& f)
     const double momentum = 0.9 * unit(rng);
     t.copy = {Tensor::from_vector<float>({static_cast<float>(lr), static_cast<float>(momentum)}),
               Tensor::from_vector<std::int64_t>({static_cast<std::int64_t>(f.seed * 1000 + static_cast<std::uint64_t>(i)), 0})};
-    // The workers start with the chief (troupe-launch starts every task at once): a worker not
-    // listening yet is tried again until TROUPE_START_TIMEOUT_MS has passed.
-    const auto give_up = std::chrono::steady_clock::now() + options.connect_timeout;
-    while (true) {
-      try {
-        t.handle = actors.spawn("pbt_trial", "worker:" + std::to_string(i % workers), t.copy);
-        break;
-      } catch (const Error& e) {
-        if (std::string(e.what()).find("cannot reach") == std::string::npos ||
-            std::chrono::steady_clock::now() >= give_up) {
-          throw;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-    }
+    // The workers start with the chief (troupe-launch starts every task at once): spawn waits for
+    // a worker not listening yet, within TROUPE_START_TIMEOUT_MS.
+    t.handle = actors.spawn("pbt_trial", "worker:" + std::to_string(i % workers), t.copy);
   }
   const auto label = [](const TrialRecord& t) { return "trial " + std::to_string(t.index); };
   // What the Actors card shows of a trial: its accuracy (once it has one) and hyperparameters.

@@ -1,13 +1,17 @@
 #include "troupe/actors/app_actors.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -23,9 +27,29 @@ namespace troupe::actors {
 
 namespace {
 
+// What a hosted actor counts of the one-way messages from each sender, to acknowledge them.
+struct send_counts {
+  std::map<caf::actor_addr, std::uint64_t> received;
+};
+
 caf::behavior hosted_actor(caf::event_based_actor* self, std::string type, actor_receive receive) {
-  (void)self;
+  auto counts = std::make_shared<send_counts>();
   return {
+      // A one-way message: its reply and error are dropped; every ack_every-th (or one the sender
+      // asks for: its window is full) is acknowledged with the count so far.
+      [=](asend_atom, bool ack, const std::string& name, const std::string& payload) {
+        if (name.size() <= app_message_limits::max_name_bytes && payload.size() <= app_message_limits::max_payload_bytes) {
+          try {
+            (void)receive(name, payload);
+          } catch (...) {
+            // A one-way message's error goes nowhere, as its reply.
+          }
+        }
+        const auto& sender = self->current_sender();
+        if (!sender) return;
+        const auto n = ++counts->received[caf::actor_cast<caf::actor_addr>(sender)];
+        if (ack || n % send_window::ack_every == 0) self->send(caf::actor_cast<caf::actor>(sender), asent_atom::value, n);
+      },
       [type, receive](amsg_atom, const std::string& name, const std::string& payload) -> caf::result<std::string> {
         if (name.size() > app_message_limits::max_name_bytes) {
           return runtime_error("actor " + type + ": a message name of " + std::to_string(name.size()) +
@@ -57,12 +81,34 @@ caf::actor spawn_hosted(caf::actor_system& system, std::string type, actor_recei
 
 // --- the spawner --------------------------------------------------------------------------------
 
+namespace {
+
+// The acknowledgement windows of one spawner's actors, by the actor's address: its requester
+// opens them as the acknowledgements arrive.
+struct window_table {
+  std::mutex mutex;
+  std::map<caf::actor_addr, std::shared_ptr<send_window>> windows;
+};
+
+}  // namespace
+
 class actor_ref {
  public:
+  actor_ref() = default;
+  actor_ref(const actor_ref&) = delete;
+  actor_ref& operator=(const actor_ref&) = delete;
+  ~actor_ref() {
+    if (!table) return;
+    std::lock_guard<std::mutex> lock(table->mutex);
+    table->windows.erase(actor.address());
+  }
+
   std::uint64_t id = 0;
   std::string type;
   std::string task;
   caf::actor actor;
+  std::shared_ptr<send_window> window = std::make_shared<send_window>();
+  std::shared_ptr<window_table> table;  // where `window` is registered
 };
 
 namespace {
@@ -252,8 +298,17 @@ caf::behavior supervisor(caf::stateful_actor<supervisor_state>* self, std::share
 
 // Sends each asynchronous request and hands its outcome to the token's callback.
 caf::behavior requester(caf::event_based_actor* self, std::shared_ptr<pending_table> pending,
-                        std::shared_ptr<down_table> table) {
+                        std::shared_ptr<down_table> table, std::shared_ptr<window_table> windows) {
   return {
+      [=](asent_atom, std::uint64_t count) {
+        std::shared_ptr<send_window> w;
+        {
+          std::lock_guard<std::mutex> lock(windows->mutex);
+          auto it = windows->windows.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
+          if (it != windows->windows.end()) w = it->second;
+        }
+        if (w) w->acknowledged(count);
+      },
       [=](areq_atom, const caf::actor& to, std::uint64_t token, std::uint64_t id, const std::string& name,
           const std::string& payload, std::int64_t timeout_ms) {
         auto finish = [=](actor_reply r) {
@@ -285,6 +340,7 @@ struct actor_client::impl {
   caf::actor requester;
   std::shared_ptr<down_table> table = std::make_shared<down_table>();
   std::shared_ptr<pending_table> pending = std::make_shared<pending_table>();
+  std::shared_ptr<window_table> windows = std::make_shared<window_table>();
   std::mutex mutex;
   std::map<std::string, caf::actor> agents;  // by task
   std::vector<caf::actor> local;
@@ -294,21 +350,40 @@ struct actor_client::impl {
     if (table->closed) throw std::runtime_error(what + ": its actor client is gone");
   }
 
-  caf::actor agent_for(const task_endpoint& where, bool fresh) {
+  // The agent of the task at `where` (cached unless `fresh`). Nothing listening there yet (the
+  // connection refused, or no agent published) is tried again for up to `wait_listening`; a
+  // connection refused in its handshake (another token) is not.
+  caf::actor agent_for(const task_endpoint& where, bool fresh, std::chrono::milliseconds wait_listening) {
     {
       std::lock_guard<std::mutex> lock(mutex);
       auto it = agents.find(where.task);
       if (it != agents.end() && !fresh) return it->second;
     }
-    auto found = connect_to_task(*system, *gate, where.host, where.port, options.connect_timeout);
-    if (!found) {
-      throw std::runtime_error("cannot reach " + where.task + " at " + address_of(where.host, where.port) + ": " +
-                               error_text(*system, found.error()) +
-                               " (is it running, with this cluster's token?)");
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + wait_listening;
+    auto pause = std::chrono::milliseconds(20);
+    for (int tries = 1;; ++tries) {
+      auto found = connect_to_task(*system, *gate, where.host, where.port, options.connect_timeout);
+      if (found) {
+        std::lock_guard<std::mutex> lock(mutex);
+        agents[where.task] = *found;
+        return *found;
+      }
+      const bool not_listening = found.error() == caf::sec::cannot_connect_to_node ||
+                                 found.error() == caf::sec::no_actor_published_at_port;
+      const auto now = std::chrono::steady_clock::now();
+      if (!not_listening || table->closed || now + pause > deadline) {
+        std::string why = error_text(*system, found.error());
+        if (tries > 1) {
+          why = "nothing listened there within " + std::to_string(wait_listening.count()) + " ms (" +
+                std::to_string(tries) + " tries, the last: " + why + ")";
+        }
+        throw std::runtime_error("cannot reach " + where.task + " at " + address_of(where.host, where.port) + ": " +
+                                 why + " (is it running, with this cluster's token?)");
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(500));
     }
-    std::lock_guard<std::mutex> lock(mutex);
-    agents[where.task] = *found;
-    return *found;
   }
 };
 
@@ -319,7 +394,7 @@ actor_client::actor_client(caf::actor_system& system, actor_client_options optio
   impl_->options = std::move(options);
   impl_->gate = std::make_unique<control_gate>(system, impl_->options.credentials != nullptr, gate_limits::for_tasks());
   impl_->supervisor = system.spawn(supervisor, impl_->table, impl_->pending, impl_->options);
-  impl_->requester = system.spawn(requester, impl_->pending, impl_->table);
+  impl_->requester = system.spawn(requester, impl_->pending, impl_->table, impl_->windows);
 }
 
 actor_client::~actor_client() {
@@ -345,7 +420,7 @@ actor_client::~actor_client() {
 }
 
 std::shared_ptr<actor_ref> actor_client::spawn(const task_endpoint& where, const std::string& type,
-                                               const std::string& args) {
+                                               const std::string& args, std::chrono::milliseconds wait_listening) {
   auto& s = *impl_;
   s.check_open("spawn of actor " + type + " on " + where.task);
   caf::actor made;
@@ -354,7 +429,7 @@ std::shared_ptr<actor_ref> actor_client::spawn(const task_endpoint& where, const
   for (int attempt = 0; attempt < 2 && !made; ++attempt) {
     // A cached connection to a host that has since died answers at once that it is down: connect
     // again, once.
-    agent = s.agent_for(where, attempt > 0);
+    agent = s.agent_for(where, attempt > 0, wait_listening);
     bool receiver_down = false;
     caf::scoped_actor self{*s.system};
     self->request(agent, s.options.connect_timeout, aspawn_atom::value, s.options.task, s.supervisor, type, args)
@@ -374,6 +449,11 @@ std::shared_ptr<actor_ref> actor_client::spawn(const task_endpoint& where, const
   ref->type = type;
   ref->task = where.task;
   ref->actor = made;
+  ref->table = s.windows;
+  {
+    std::lock_guard<std::mutex> lock(s.windows->mutex);
+    s.windows->windows[ref->actor.address()] = ref->window;
+  }
   caf::anon_send(s.supervisor, awatch_atom::value, made, ref->id, type, where.task, agent);
   if (s.options.log) s.options.log("spawned actor " + type + " #" + std::to_string(ref->id) + " on " + where.task);
   return ref;
@@ -387,6 +467,11 @@ std::shared_ptr<actor_ref> actor_client::spawn_local(const std::string& type, ac
   ref->type = type;
   ref->task = "local";
   ref->actor = spawn_hosted(*s.system, type, std::move(receive));
+  ref->table = s.windows;
+  {
+    std::lock_guard<std::mutex> lock(s.windows->mutex);
+    s.windows->windows[ref->actor.address()] = ref->window;
+  }
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     s.local.push_back(ref->actor);
@@ -436,8 +521,45 @@ void actor_client::request_async(const actor_ref& to, const std::string& name, s
 bool actor_client::send(const actor_ref& to, const std::string& name, const std::string& payload) {
   auto& s = *impl_;
   if (s.table->closed || s.table->cause(to.id)) return false;
-  caf::anon_send(to.actor, amsg_atom::value, name, payload);
+  // Back-pressure: wait while the actor has a window's worth unacknowledged (checking every
+  // 20 ms whether it went down meanwhile, which its supervisor says within the heartbeat bound).
+  bool ack = false;
+  while (!to.window->reserve(payload.size(), &ack, std::chrono::milliseconds(20))) {
+    if (s.table->closed || s.table->cause(to.id)) return false;
+  }
+  // As the requester, which the actor's acknowledgements reach.
+  caf::send_as(s.requester, to.actor, asend_atom::value, ack, name, payload);
   return true;
+}
+
+bool send_window::reserve(std::size_t bytes, bool* ack, std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto fits = [&] {
+    return sizes_.empty() || (sizes_.size() < max_messages && outstanding_bytes_ + bytes <= max_bytes);
+  };
+  if (!opened_.wait_for(lock, wait, fits)) return false;
+  sizes_.push_back(bytes);
+  outstanding_bytes_ += bytes;
+  // The message that fills the window asks for its acknowledgement, so that it opens again.
+  *ack = sizes_.size() >= max_messages || outstanding_bytes_ >= max_bytes;
+  return true;
+}
+
+void send_window::acknowledged(std::uint64_t count) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (acked_ < count && !sizes_.empty()) {
+      outstanding_bytes_ -= sizes_.front();
+      sizes_.pop_front();
+      ++acked_;
+    }
+  }
+  opened_.notify_all();
+}
+
+std::size_t send_window::outstanding() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return sizes_.size();
 }
 
 void actor_client::stop(const actor_ref& to) {

@@ -124,11 +124,16 @@ using pstats_atom = caf::atom_constant<caf::atom("pstats")>;
 //   inside the spawner, to its supervisor: (awatch, actor, id, type, task, agent or null)
 //   inside the spawner, to its requester: (areq, actor, token, name, payload, timeout ms): a
 //     request, completed by the token's callback (or by the supervisor, once the actor is down)
+//   spawner's requester -> hosted actor: (asend, name, payload), one way; every
+//     send_window::ack_every-th of them (counted by the hosted actor) is acknowledged with
+//     (asent, count so far) to the requester, which opens the sender's window that far
 using aspawn_atom = caf::atom_constant<caf::atom("aspawn")>;
 using aping_atom = caf::atom_constant<caf::atom("aping")>;
 using amsg_atom = caf::atom_constant<caf::atom("amsg")>;
 using awatch_atom = caf::atom_constant<caf::atom("awatch")>;
 using areq_atom = caf::atom_constant<caf::atom("areq")>;
+using asend_atom = caf::atom_constant<caf::atom("asend")>;
+using asent_atom = caf::atom_constant<caf::atom("asent")>;
 
 /// A member travels field by field; add_rendezvous_types announces it and the peer table.
 template <class Inspector>

@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   CLI::App app{"The spawner of troupe's actor tests."};
   std::string mode = "spawn";
   std::string module;
-  app.add_option("--mode", mode, "spawn | refused | down | orphan | every-role | any | restart | flood")->required();
+  app.add_option("--mode", mode, "spawn | refused | down | orphan | every-role | any | restart | restart-stop | late | never | flood")->required();
   app.add_option("--module", module, "the module of actor types (for the local actors)")->required();
   CLI11_PARSE(app, argc, argv);
 
@@ -285,6 +285,69 @@ int main(int argc, char** argv) {
                  "a request to an actor over its restart budget");
     expect(a.down() && contains(*a.down(), "not restarted"), "down() does not say the policy gave up");
     std::cout << "PASS restart" << std::endl;
+    return 0;
+  }
+  if (mode == "restart-stop") {
+    // A supervised actor on worker 1 whose construction takes 1 s, so that its restart does too.
+    const td::RestartPolicy policy{2, std::chrono::minutes(1)};
+    td::ActorHandle a = actors.spawn("accumulator", "worker:1",
+                                     {Tensor::scalar<float>(7), Tensor::scalar<std::int32_t>(1000)}, policy);
+    const std::uint64_t first = a.id();
+    expect(a.request("get")[1].item<std::int32_t>() == 1, "the actor is not on worker 1");
+    // The script SIGKILLs worker 1 now; the restart onto worker 0 is under way when stop() comes.
+    std::cout << "spawned" << std::endl;
+    auto d = notices->wait_for(first, limit + std::chrono::seconds(20));
+    expect(d && d->restarting, "no down notice saying the actor on worker 1 restarts");
+    a.stop();
+    auto r = restart_notice(1, std::chrono::seconds(20));
+    expect(r.has_value(), "no restart notice");
+    if (r->id != 0) {
+      // The restart made its actor before it saw the stop: that new actor is the one stopped.
+      auto d2 = notices->wait_for(r->id, limit + std::chrono::seconds(5));
+      expect(d2 && contains(d2->cause, "stopped by its spawner") && !d2->restarting,
+             "the actor the restart made was not stopped");
+      std::cout << "stopped the new actor #" << r->id << " on " << r->task << std::endl;
+    } else {
+      expect(contains(r->error, "stopped by its spawner"), "the restart gave up for another reason: " + r->error);
+      std::cout << "the restart made no actor" << std::endl;
+    }
+    expect(a.down() && contains(*a.down(), "stopped by its spawner"),
+           "the handle does not say it was stopped: " + a.down().value_or("(it runs)"));
+    expect_error(error_of<troupe::Error>([&] { a.request("get", {}, std::chrono::seconds(5)); }, "stopped"),
+                 {"is down", "stopped by its spawner"}, "a request to the stopped actor");
+    expect(actors.load("worker") == std::vector<int>({0, 0}),
+           "an actor of the stopped handle still runs: the load is not 0, 0");
+    std::cout << "PASS restart-stop" << std::endl;
+    return 0;
+  }
+  if (mode == "late") {
+    // Worker 1 starts after this spawn began: it is waited for within TROUPE_START_TIMEOUT_MS.
+    std::cout << "spawning" << std::endl;
+    const auto start = std::chrono::steady_clock::now();
+    td::ActorHandle a = actors.spawn("accumulator", "worker:1", {Tensor::scalar<float>(3)});
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    std::cout << "spawned on the late task after " << waited.count() << " ms" << std::endl;
+    expect(a.task() == w1 && a.request("get")[1].item<std::int32_t>() == 1, "the actor is not on worker 1");
+    expect(a.request("add", {Tensor::scalar<float>(1)})[0].item<float>() == 4.0f, "add on the late task");
+    std::cout << "PASS late" << std::endl;
+    return 0;
+  }
+  if (mode == "never") {
+    // Worker 1 never starts: the spawn gives up after TROUPE_START_TIMEOUT_MS, naming the task;
+    // worker 0, running, takes a spawn at once.
+    const auto bound = options.connect_timeout;
+    const auto start = std::chrono::steady_clock::now();
+    const std::string e = error_of<troupe::Error>([&] { actors.spawn("accumulator", "worker:1", {Tensor::scalar<float>(0)}); },
+                                                  "never");
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    expect_error(e, {"accumulator", "worker:1", "cannot reach " + w1, "nothing listened there within " +
+                     std::to_string(bound.count()) + " ms"}, "a spawn on a task that never listens");
+    expect(waited >= bound / 2 && waited <= bound + std::chrono::seconds(10),
+           "the spawn gave up after " + std::to_string(waited.count()) + " ms (its bound is " +
+               std::to_string(bound.count()) + " ms)");
+    td::ActorHandle a = actors.spawn("accumulator", "worker:0", {Tensor::scalar<float>(2)});
+    expect(a.request("get")[0].item<float>() == 2.0f, "the actor on worker 0 does not answer");
+    std::cout << "PASS never" << std::endl;
     return 0;
   }
   if (mode == "any") {

@@ -48,7 +48,12 @@ class Accumulator : public td::Actor {
 TROUPE_MODULE(registry) {
   // TROUPE_TEST_TASK_INDEX (the test sets it per daemon) lets a reply say where it ran.
   registry.add_actor("accumulator", [](const std::vector<Tensor>& args) -> std::unique_ptr<td::Actor> {
-    if (args.size() != 1) throw std::invalid_argument("accumulator takes its initial sum, 1 tensor");
+    // A second argument, an int32 of milliseconds, makes the construction that slow (a restart
+    // that takes a while, for the tests that act during one).
+    if (args.size() != 1 && args.size() != 2) {
+      throw std::invalid_argument("accumulator takes its initial sum, 1 tensor (and a construction delay in ms)");
+    }
+    if (args.size() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(args[1].item<std::int32_t>()));
     const char* index = std::getenv("TROUPE_TEST_TASK_INDEX");
     int where = -1;
     if (index != nullptr) where = *index == '1' ? 1 : 0;

@@ -22,6 +22,12 @@
 #   restart       a supervised actor (1 restart a minute) on worker 1, SIGKILLed: it answers again
 #                 from worker 0 through the same handle; worker 0 SIGKILLed too: over the budget,
 #                 the handle's calls are ActorRestartsExhausted
+#   restart-stop  a supervised actor whose restart takes 1 s (a slow constructor), its host
+#                 SIGKILLed, then stop() during the restart: the new actor is stopped (or none is
+#                 made), the handle says "stopped by its spawner", nothing of it runs on worker 0
+#   late-task     worker 1 not started: a spawn there gives up after TROUPE_START_TIMEOUT_MS
+#                 (2 s) naming the task, one on worker 0 succeeds; then a spawn on worker 1 begun
+#                 before worker 1 starts succeeds once it listens
 #   flood         a stranger without the token (actor_stranger) floods worker 0 for 5 s with plain
 #                 BASP spawns and pings, random bytes and a header declaring 4 GiB: worker 0 refuses
 #                 and logs them, stays up, and the spawner's spawns and requests there succeed
@@ -93,7 +99,7 @@ start_daemons() {
 # chief MODE [TOKEN]: actor_chief in the background as the chief; a host silent for 3 heartbeats
 # of 200 ms is lost, or for MISSED of them.
 chief() {
-  timeout -k 5 60 env ${2:+TROUPE_CLUSTER_TOKEN="$2"} TROUPE_HEARTBEAT_MS=200 TROUPE_MISSED_HEARTBEATS="${MISSED:-3}" TROUPE_START_TIMEOUT_MS=10000 \
+  timeout -k 5 60 env ${2:+TROUPE_CLUSTER_TOKEN="$2"} TROUPE_HEARTBEAT_MS=200 TROUPE_MISSED_HEARTBEATS="${MISSED:-3}" TROUPE_START_TIMEOUT_MS="${start_ms:-10000}" \
     TF_CONFIG="{\"cluster\": $(cluster), \"task\": {\"type\": \"chief\", \"index\": 0}}" \
     "$chief_bin" --mode "$1" --module "$module" >"$dir/chief.log" 2>&1 &
   pids+=($!)
@@ -166,6 +172,33 @@ case "$scenario" in
     grep -q '^PASS restart' "$dir/chief.log" || fail "no PASS line"
     grep -q "restarted actor 'accumulator' #2 on /job:worker/replica:0/task:1 as #3 on /job:worker/replica:0/task:0" "$dir/chief.log" ||
       fail "the spawner did not log the restart"
+    ;;
+  restart-stop)
+    start_daemons "$token" "$token"
+    chief restart-stop "$token"
+    wait_for "$dir/chief.log" "^spawned" 30
+    kill -KILL "$(pgrep -P "$pid_w1")"
+    chief_status
+    [[ $st == 0 ]] || fail "the spawner exited $st"
+    grep -q '^PASS restart-stop' "$dir/chief.log" || fail "no PASS line"
+    ;;
+  late-task)
+    pick_ports
+    launch_daemon 0 "$token"
+    wait_for "$dir/w0.log" '^troupe-worker: ready ' 20
+    start_ms=2000 chief never "$token"
+    chief_status
+    [[ $st == 0 ]] || fail "the spawner (never) exited $st"
+    grep -q '^PASS never' "$dir/chief.log" || fail "no PASS never line"
+    mv "$dir/chief.log" "$dir/chief-never.log"
+    chief late "$token"
+    wait_for "$dir/chief.log" "^spawning" 30
+    sleep 1
+    launch_daemon 1 "$token"
+    chief_status
+    [[ $st == 0 ]] || fail "the spawner (late) exited $st"
+    grep -q '^PASS late' "$dir/chief.log" || fail "no PASS late line"
+    grep -q '^troupe-worker: ready ' "$dir/w1.log" || fail "worker 1 did not start"
     ;;
   flood)
     start_daemons "$token" "$token"

@@ -13,7 +13,8 @@
 //      or an error, over the same gated connection (BASP routes by node; no port is added). The
 //      hosted actor is detached (a thread of its own: an actor's code may run long), handles one
 //      message at a time, and refuses a name or payload beyond app_message_limits before it
-//      decodes a byte.
+//      decodes a byte. One-way messages (asend) come from the spawner's requester and are
+//      acknowledged in batches (send_window): a sender waits once a window's worth is unanswered.
 //   3. Supervision: the spawner monitors every actor it spawned; a connection that closes (the
 //      host process died) fires the monitor at once, with the cause. The spawner also asks every
 //      agent that hosts one of its actors (aping) each heartbeat interval: an agent silent for
@@ -24,9 +25,12 @@
 //      A task that stops (its Server destroyed) stops every actor it hosts.
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -39,6 +43,33 @@ namespace troupe::actors {
 struct app_message_limits {
   static constexpr std::size_t max_name_bytes = 256;
   static constexpr std::size_t max_payload_bytes = std::size_t{1} << 30;  ///< 1 GiB
+};
+
+/// The back-pressure on one actor's one-way messages (actor_client::send): at most max_messages
+/// or max_bytes (one message always fits) sent and not yet acknowledged by the actor. It
+/// acknowledges every ack_every-th, and the one that fills the window, with its count so far. So a
+/// flood of sends waits for the actor instead of queueing without bound ahead of everything else
+/// on the connection (the heartbeats among them).
+class send_window {
+ public:
+  static constexpr std::size_t max_messages = 1024;
+  static constexpr std::size_t max_bytes = std::size_t{64} << 20;  ///< 64 MiB
+  static constexpr std::uint64_t ack_every = 64;
+
+  /// Takes room for a message of `bytes`, waiting at most `wait`; false when it did not fit. `ack`
+  /// says whether the message must ask for its acknowledgement (it fills the window).
+  bool reserve(std::size_t bytes, bool* ack, std::chrono::milliseconds wait);
+  /// The actor acknowledged its first `count` messages.
+  void acknowledged(std::uint64_t count);
+  /// Messages sent and not yet acknowledged.
+  std::size_t outstanding() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable opened_;
+  std::deque<std::size_t> sizes_;  // of the unacknowledged messages, in order
+  std::size_t outstanding_bytes_ = 0;
+  std::uint64_t acked_ = 0;
 };
 
 /// What an application actor does with one message: the reply's bytes (ok) or an error's text.
@@ -91,9 +122,13 @@ class actor_client {
   actor_client(const actor_client&) = delete;
   actor_client& operator=(const actor_client&) = delete;
 
-  /// Spawns `type` with `args` on the task at `where`. Throws std::runtime_error whose message
-  /// says why (the task cannot be reached or refused the connection, the task refused the type).
-  std::shared_ptr<actor_ref> spawn(const task_endpoint& where, const std::string& type, const std::string& args);
+  /// Spawns `type` with `args` on the task at `where`. A task that is not listening yet (nothing
+  /// accepts the connection, or its agent is not published yet) is tried again, with growing
+  /// pauses, for up to `wait_listening`. Throws std::runtime_error whose message names the task
+  /// and says why (it cannot be reached, or nothing listened there within `wait_listening`; it
+  /// refused the connection; it refused the type).
+  std::shared_ptr<actor_ref> spawn(const task_endpoint& where, const std::string& type, const std::string& args,
+                                   std::chrono::milliseconds wait_listening = std::chrono::milliseconds(0));
   /// Spawns an actor running `receive` in this process.
   std::shared_ptr<actor_ref> spawn_local(const std::string& type, actor_receive receive);
 
@@ -105,7 +140,8 @@ class actor_client {
   /// this one, at once, for an actor known to be down or a client that is gone). Keep it short.
   void request_async(const actor_ref& to, const std::string& name, std::string payload,
                      std::chrono::milliseconds timeout, std::function<void(actor_reply)> done);
-  /// A one-way message; false when the actor is known to be down.
+  /// A one-way message; false when the actor is known to be down. Waits while the actor's
+  /// send_window is full (until it acknowledges, or is found down).
   bool send(const actor_ref& to, const std::string& name, const std::string& payload);
   /// Stops the actor (its spawner hears it as down: "stopped by its spawner").
   void stop(const actor_ref& to);

@@ -1,24 +1,18 @@
 #include "troupe/distribute/actor_cluster.hpp"
 
 #include <algorithm>
-#include <atomic>
-#include <optional>
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <iostream>
-#include <thread>
-#include <map>
 #include <mutex>
-#include <set>
-#include <tuple>
+#include <optional>
 #include <stdexcept>
 
+#include "distribute/cluster/actor_cluster_impl.hpp"
 #include "distribute/cluster/actor_host.hpp"
 #include "distribute/cluster/cluster_net.hpp"
 #include "distribute/cluster/remote_wire.hpp"
 #include "troupe/actors/app_actors.hpp"
-#include "troupe/base/parse_number.hpp"
 #include "troupe/base/quote.hpp"
 #include "troupe/errors.hpp"
 
@@ -54,397 +48,72 @@ actors::actor_made make_actor(const FunctionRegistry& registry, const std::strin
 
 }  // namespace detail
 
-// --- a thread that runs posted work one piece at a time ------------------------------------------
+// --- ActorCluster::Impl and ActorHandle::Impl ----------------------------------------------------
 
-namespace {
-
-// Restarts by policy and the callbacks of asynchronous requests run here, off the runtime's threads
-// (a restart blocks on a spawn; a callback may block on a request) and off the caller's stack.
-class serial_worker {
- public:
-  serial_worker() = default;
-  serial_worker(const serial_worker&) = delete;
-  serial_worker& operator=(const serial_worker&) = delete;
-  ~serial_worker() { stop(); }
-
-  // Runs `work` after what was posted before; dropped once stop() began.
-  void post(std::function<void()> work) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) return;
-    jobs_.push_back(std::move(work));
-    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-    wake_.notify_one();
+std::shared_ptr<actors::actor_ref> ActorCluster::Impl::spawn_remote(const std::string& type, const std::string& job,
+                                                                    int index, const std::string& args_bytes,
+                                                                    const std::string& what, bool* reached,
+                                                                    std::chrono::milliseconds wait_listening) {
+  if (reached) *reached = true;
+  const std::string name = detail::task_name(job, index);
+  const auto [host, port] = detail::split_host_port(cluster.task_address(job, index), "ActorCluster::spawn");
+  std::shared_ptr<actors::actor_ref> ref;
+  try {
+    ref = client_for(what).spawn(actors::task_endpoint{name, host, port}, type, args_bytes, wait_listening);
+  } catch (const std::runtime_error& e) {
+    // The host's refusals name the type and the task already; the connection's do not.
+    const std::string why = e.what();
+    if (why.rfind("actor type ", 0) == 0) throw Error("ActorCluster::spawn: " + why);
+    load.unreachable(name);
+    if (reached) *reached = false;
+    throw Error(what + ": " + why);
   }
+  load.spawned(actors::actor_client::id(*ref), name);
+  return ref;
+}
 
-  // Runs what is queued, then ends the thread (from the thread itself: it ends after this job).
-  void stop() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    if (!thread_.joinable()) return;
-    if (thread_.get_id() == std::this_thread::get_id()) {
-      thread_.detach();
-    } else {
-      thread_.join();
-    }
+void ActorCluster::Impl::log(const std::string& line) const {
+  if (options.log) {
+    options.log(line);
+  } else {
+    std::cerr << "troupe: actors: " + line + "\n" << std::flush;
   }
+}
 
- private:
-  void run() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;
-      auto work = std::move(jobs_.front());
-      jobs_.pop_front();
-      lock.unlock();
-      try {
-        work();
-      } catch (...) {
-        // An application's callback must not end the thread the others run on.
-      }
-      work = nullptr;  // what it held goes here, off the lock
-      lock.lock();
-    }
+std::shared_ptr<const ActorHandle::Impl::incarnation> ActorHandle::Impl::reachable(std::chrono::milliseconds wait,
+                                                                                   const std::string& what) const {
+  std::unique_lock<std::mutex> lock(mutex);
+  if (restarting) changed.wait_for(lock, wait, [&] { return !restarting; });
+  if (!exhausted.empty()) throw ActorRestartsExhausted(what + ": " + exhausted);
+  if (!cancelled.empty()) throw Error(what + ": the actor is down: " + cancelled);
+  if (restarting) {
+    throw Error(what + ": the actor is down and restarting: no new actor within " + std::to_string(wait.count()) +
+                " ms");
   }
+  return now;
+}
 
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
-  std::thread thread_;
-};
+std::string ActorHandle::Impl::describe(const incarnation& inc) const {
+  return "actor " + base::quoted(type) + " #" + std::to_string(inc.id) + " on " + inc.task;
+}
 
-}  // namespace
+std::string ActorHandle::Impl::encode(const std::string& name, const std::vector<Tensor>& tensors, const char* op) const {
+  if (name.size() > actors::app_message_limits::max_name_bytes) {
+    throw std::invalid_argument("ActorHandle::" + std::string(op) + ": " + describe() + ": a message name of " +
+                                std::to_string(name.size()) + " bytes (at most " +
+                                std::to_string(actors::app_message_limits::max_name_bytes) + ")");
+  }
+  std::string payload = detail::encode_tensors(tensors);
+  if (payload.size() > cluster->options.max_message_bytes) {
+    throw std::invalid_argument("ActorHandle::" + std::string(op) + ": " + describe() + ": message " +
+                                base::quoted(name) + " is " + std::to_string(payload.size()) + " bytes (at most " +
+                                std::to_string(cluster->options.max_message_bytes) +
+                                ": ActorClusterOptions::max_message_bytes)");
+  }
+  return payload;
+}
 
 // --- ActorCluster --------------------------------------------------------------------------------
-
-struct ActorCluster::Impl {
-  ClusterSpec cluster;
-  std::string task;
-  FunctionRegistry registry;
-  ActorClusterOptions options;
-  std::shared_ptr<actors::control_credentials> credentials;
-  std::unique_ptr<actors::actor_client> client;
-  std::atomic<bool> closed{false};
-  // What "any" placement reads: the live remote actors by id (their task), and the tasks whose
-  // host was lost (tried last, until a spawn there succeeds again).
-  mutable std::mutex load_mutex;
-  std::map<std::uint64_t, std::string> live;
-  std::set<std::string> lost;
-  std::map<std::uint64_t, std::weak_ptr<ActorHandle::Impl>> supervised;  // by the id of the actor running now
-  serial_worker restarter;  // restarts by policy, one at a time
-  serial_worker callbacks;  // ActorRequest::then's callbacks, one at a time
-
-  // Tells options.on_event, when set.
-  void report(ActorEvent::Kind kind, std::uint64_t id, const std::string& type, const std::string& where,
-              const std::string& cause = {}, std::uint64_t previous_id = 0) const {
-    if (options.on_event) options.on_event(ActorEvent{kind, id, type, where, cause, previous_id});
-  }
-
-  void supervise(std::uint64_t id, const std::shared_ptr<ActorHandle::Impl>& h) {
-    std::lock_guard<std::mutex> lock(load_mutex);
-    supervised[id] = h;
-  }
-  std::shared_ptr<ActorHandle::Impl> supervised_handle(std::uint64_t id) {
-    std::lock_guard<std::mutex> lock(load_mutex);
-    auto it = supervised.find(id);
-    if (it == supervised.end()) return nullptr;
-    auto h = it->second.lock();
-    supervised.erase(it);
-    return h;
-  }
-
-  void spawned(std::uint64_t id, const std::string& task) {
-    std::lock_guard<std::mutex> lock(load_mutex);
-    live[id] = task;
-    lost.erase(task);
-  }
-  void went_down(const actors::actor_down& d) {
-    std::lock_guard<std::mutex> lock(load_mutex);
-    live.erase(d.id);
-    if (d.host_lost) lost.insert(d.task);
-    if (!d.host_lost) supervised.erase(d.id);  // stopped by its spawner: no restart
-  }
-  void unreachable(const std::string& task) {
-    std::lock_guard<std::mutex> lock(load_mutex);
-    lost.insert(task);
-  }
-  std::vector<int> load_of(const std::string& job) const {
-    std::vector<int> out(static_cast<std::size_t>(std::max(0, cluster.num_tasks(job))), 0);
-    std::lock_guard<std::mutex> lock(load_mutex);
-    for (const auto& [id, t] : live) {
-      for (std::size_t i = 0; i < out.size(); ++i) {
-        if (t == detail::task_name(job, static_cast<int>(i))) ++out[i];
-      }
-    }
-    return out;
-  }
-  // The tasks of `job` in the order "any" tries them: live ones by (load, index), then lost ones
-  // by (load, index); never this spawner's own task nor `exclude`.
-  std::vector<int> placement_order(const std::string& job, const std::string& exclude = "") const {
-    const auto load = load_of(job);
-    std::vector<std::tuple<bool, int, int>> order;
-    {
-      std::lock_guard<std::mutex> lock(load_mutex);
-      for (std::size_t i = 0; i < load.size(); ++i) {
-        const std::string name = detail::task_name(job, static_cast<int>(i));
-        if (name == task || name == exclude) continue;
-        order.emplace_back(lost.count(name) > 0, load[i], static_cast<int>(i));
-      }
-    }
-    std::sort(order.begin(), order.end());
-    std::vector<int> out;
-    for (const auto& o : order) out.push_back(std::get<2>(o));
-    return out;
-  }
-
-  // Spawns on one remote task; troupe::Error naming the type and the task when it fails, with
-  // `reached` false when the task could not be reached (or refused the connection).
-  std::shared_ptr<actors::actor_ref> spawn_remote(const std::string& type, const std::string& job, int index,
-                                                  const std::string& args_bytes, const std::string& what,
-                                                  bool* reached = nullptr) {
-    if (reached) *reached = true;
-    const std::string name = detail::task_name(job, index);
-    const auto [host, port] = detail::split_host_port(cluster.task_address(job, index), "ActorCluster::spawn");
-    std::shared_ptr<actors::actor_ref> ref;
-    try {
-      ref = client_for(what).spawn(actors::task_endpoint{name, host, port}, type, args_bytes);
-    } catch (const std::runtime_error& e) {
-      // The host's refusals name the type and the task already; the connection's do not.
-      const std::string why = e.what();
-      if (why.rfind("actor type ", 0) == 0) throw Error("ActorCluster::spawn: " + why);
-      unreachable(name);
-      if (reached) *reached = false;
-      throw Error(what + ": " + why);
-    }
-    spawned(actors::actor_client::id(*ref), name);
-    return ref;
-  }
-
-  actors::actor_client& client_for(const std::string& what) {
-    if (closed) throw Error(what + ": its ActorCluster is gone");
-    return *client;
-  }
-
-  void log(const std::string& line) const {
-    if (options.log) {
-      options.log(line);
-    } else {
-      std::cerr << "troupe: actors: " + line + "\n" << std::flush;
-    }
-  }
-};
-
-struct ActorHandle::Impl {
-  // One actor a handle has referred to: the first spawn's, then each restart's.
-  struct incarnation {
-    std::shared_ptr<actors::actor_ref> ref;
-    std::uint64_t id = 0;
-    std::string task;
-  };
-
-  std::shared_ptr<ActorCluster::Impl> cluster;
-  std::string type;
-  // Supervision by a RestartPolicy: the job it stays in and its constructor arguments.
-  bool supervised = false;
-  RestartPolicy policy;
-  std::string job;
-  std::string args_bytes;
-
-  mutable std::mutex mutex;
-  mutable std::condition_variable changed;
-  std::shared_ptr<const incarnation> now;
-  std::vector<std::shared_ptr<const incarnation>> history;  // kept: task() hands out references
-  bool restarting = false;
-  std::string exhausted;  // ActorRestartsExhausted's text once the policy gave up
-  int restarts = 0;
-  std::deque<std::chrono::steady_clock::time_point> restart_times;  // within the policy's window
-
-  void adopt(std::shared_ptr<actors::actor_ref> ref) {
-    auto inc = std::make_shared<incarnation>();
-    inc->id = actors::actor_client::id(*ref);
-    inc->task = actors::actor_client::task(*ref);
-    inc->ref = std::move(ref);
-    history.push_back(inc);
-    now = std::move(inc);
-  }
-
-  // The actor now, without waiting.
-  std::shared_ptr<const incarnation> current() const {
-    std::lock_guard<std::mutex> lock(mutex);
-    return now;
-  }
-
-  // The actor to talk to: while it restarts, waits for the new one at most `wait`; a policy that
-  // gave up is ActorRestartsExhausted.
-  std::shared_ptr<const incarnation> reachable(std::chrono::milliseconds wait, const std::string& what) const {
-    std::unique_lock<std::mutex> lock(mutex);
-    if (restarting) changed.wait_for(lock, wait, [&] { return !restarting; });
-    if (!exhausted.empty()) throw ActorRestartsExhausted(what + ": " + exhausted);
-    if (restarting) {
-      throw Error(what + ": the actor is down and restarting: no new actor within " + std::to_string(wait.count()) +
-                  " ms");
-    }
-    return now;
-  }
-
-  std::string describe(const incarnation& inc) const {
-    return "actor " + base::quoted(type) + " #" + std::to_string(inc.id) + " on " + inc.task;
-  }
-  std::string describe() const { return describe(*current()); }
-
-  std::string encode(const std::string& name, const std::vector<Tensor>& tensors, const char* op) const {
-    if (name.size() > actors::app_message_limits::max_name_bytes) {
-      throw std::invalid_argument("ActorHandle::" + std::string(op) + ": " + describe() + ": a message name of " +
-                                  std::to_string(name.size()) + " bytes (at most " +
-                                  std::to_string(actors::app_message_limits::max_name_bytes) + ")");
-    }
-    std::string payload = detail::encode_tensors(tensors);
-    if (payload.size() > cluster->options.max_message_bytes) {
-      throw std::invalid_argument("ActorHandle::" + std::string(op) + ": " + describe() + ": message " +
-                                  base::quoted(name) + " is " + std::to_string(payload.size()) + " bytes (at most " +
-                                  std::to_string(cluster->options.max_message_bytes) +
-                                  ": ActorClusterOptions::max_message_bytes)");
-    }
-    return payload;
-  }
-};
-
-namespace {
-
-// Restarts a supervised actor whose host was lost (on the cluster's restart thread).
-void restart_actor(const std::shared_ptr<ActorHandle::Impl>& h, const actors::actor_down& d) {
-  auto& s = *h->cluster;
-  ActorRestart r;
-  r.previous_id = d.id;
-  r.type = h->type;
-  r.from = d.task;
-  const std::string who = "actor " + base::quoted(h->type) + " #" + std::to_string(d.id) + " on " + d.task;
-  std::string gave_up;
-  const auto now = std::chrono::steady_clock::now();
-  {
-    std::lock_guard<std::mutex> lock(h->mutex);
-    while (!h->restart_times.empty() && now - h->restart_times.front() >= h->policy.window) {
-      h->restart_times.pop_front();
-    }
-    if (static_cast<int>(h->restart_times.size()) >= h->policy.max_restarts) {
-      gave_up = who + " went down (" + d.cause + ") after " + std::to_string(h->restart_times.size()) +
-                " restart(s) within " + std::to_string(h->policy.window.count()) +
-                " ms, the most its RestartPolicy allows (max_restarts " + std::to_string(h->policy.max_restarts) +
-                "): not restarted";
-    } else {
-      h->restart_times.push_back(now);
-    }
-    r.restarts = static_cast<int>(h->restart_times.size());
-  }
-  std::shared_ptr<actors::actor_ref> ref;
-  if (gave_up.empty() && s.closed) gave_up = who + ": its ActorCluster is gone";
-  if (gave_up.empty()) {
-    const std::string what = "restart of " + who;
-    std::string tried;
-    for (int index : s.placement_order(h->job, d.task)) {
-      bool reached = true;
-      try {
-        ref = s.spawn_remote(h->type, h->job, index, h->args_bytes, what, &reached);
-        break;
-      } catch (const std::exception& e) {
-        tried += "\n  " + std::string(e.what());
-        if (reached) break;  // the host answered: the others would refuse it the same way
-      }
-    }
-    if (!ref) gave_up = what + ": no other " + h->job + " task took it:" + (tried.empty() ? " there is none" : tried);
-  }
-  {
-    std::lock_guard<std::mutex> lock(h->mutex);
-    if (ref) {
-      h->adopt(ref);
-      ++h->restarts;
-      r.id = h->now->id;
-      r.task = h->now->task;
-      s.supervise(r.id, h);
-    } else {
-      h->exhausted = gave_up;
-      r.error = gave_up;
-    }
-    h->restarting = false;
-  }
-  h->changed.notify_all();
-  if (ref) s.report(ActorEvent::Kind::restarted, r.id, h->type, r.task, {}, r.previous_id);
-  s.log(ref ? "restarted " + who + " as #" + std::to_string(r.id) + " on " + r.task + " (restart " +
-                  std::to_string(r.restarts) + " of at most " + std::to_string(h->policy.max_restarts) + " within " +
-                  std::to_string(h->policy.window.count()) + " ms)"
-            : gave_up);
-  if (s.options.on_restart) {
-    try {
-      s.options.on_restart(r);
-    } catch (...) {
-      // The application's callback must not end the restart thread.
-    }
-  }
-}
-
-// What the cluster does with an actor that went down (on the runtime's supervisor thread): its
-// load is gone, and a supervised one whose host was lost is restarted on the restart thread.
-void actor_went_down(const std::shared_ptr<ActorCluster::Impl>& self, actors::actor_down d) {
-  self->went_down(d);
-  if (!self->closed) self->report(ActorEvent::Kind::down, d.id, d.type, d.task, d.cause);
-  bool restarting = false;
-  if (d.host_lost && !self->closed) {
-    if (auto h = self->supervised_handle(d.id)) {
-      std::lock_guard<std::mutex> lock(h->mutex);
-      if (h->now && h->now->id == d.id && h->exhausted.empty()) {
-        h->restarting = restarting = true;
-        self->restarter.post([h, d] { restart_actor(h, d); });
-      }
-    }
-  }
-  if (!self->closed && self->options.on_down) {
-    self->options.on_down(ActorDown{d.id, d.type, d.task, d.cause, restarting});
-  }
-}
-
-}  // namespace
-
-namespace {
-
-struct task_ref {
-  std::string job;
-  int index = 0;
-};
-
-// "worker:1" or "/job:worker/replica:0/task:1"; nothing when it is neither.
-std::optional<task_ref> parse_task(const std::string& task) {
-  std::string job, index;
-  const std::string prefix = "/job:";
-  if (task.rfind(prefix, 0) == 0) {
-    const auto slash = task.find('/', prefix.size());
-    const std::string mid = "/replica:0/task:";
-    if (slash == std::string::npos || task.compare(slash, mid.size(), mid) != 0) return std::nullopt;
-    job = task.substr(prefix.size(), slash - prefix.size());
-    index = task.substr(slash + mid.size());
-  } else {
-    const auto colon = task.find(':');
-    if (colon == std::string::npos) return std::nullopt;
-    job = task.substr(0, colon);
-    index = task.substr(colon + 1);
-  }
-  const auto n = base::parse_int(index);
-  if (job.empty() || !n || *n < 0 || *n > 1'000'000) return std::nullopt;
-  return task_ref{job, static_cast<int>(*n)};
-}
-
-std::string tasks_of(const ClusterSpec& cluster) {
-  std::string out;
-  for (const auto& job : cluster.jobs()) {
-    for (int i = 0; i < cluster.num_tasks(job); ++i) out += (out.empty() ? "" : ", ") + job + ":" + std::to_string(i);
-  }
-  return out.empty() ? "none" : out;
-}
-
-}  // namespace
 
 ActorCluster::ActorCluster(Runtime& runtime, const ClusterResolver& resolver, FunctionRegistry registry,
                            ActorClusterOptions options)
@@ -456,7 +125,7 @@ ActorCluster::ActorCluster(Runtime& runtime, const ClusterSpec& cluster, const s
                            FunctionRegistry registry, ActorClusterOptions options)
     : impl_(std::make_shared<Impl>()) {
   auto& s = *impl_;
-  const auto own = parse_task(own_task);
+  const auto own = detail::parse_task(own_task);
   if (!own) {
     throw std::invalid_argument("ActorCluster: own task " + base::quoted(own_task) +
                                 " is not TYPE:INDEX (e.g. chief:0) or /job:TYPE/replica:0/task:INDEX");
@@ -483,7 +152,7 @@ ActorCluster::ActorCluster(Runtime& runtime, const ClusterSpec& cluster, const s
   // The client's supervisor may still be ending when this object is gone: nothing is called then.
   std::weak_ptr<Impl> weak = impl_;
   co.on_down = [weak](const actors::actor_down& d) {
-    if (auto self = weak.lock()) actor_went_down(self, d);
+    if (auto self = weak.lock()) detail::actor_went_down(self, d);
   };
   co.log = [weak](const std::string& line) {
     if (auto self = weak.lock()) self->log(line);
@@ -514,30 +183,26 @@ ActorHandle ActorCluster::spawn(const std::string& type, const std::string& task
   h->cluster = impl_;
   h->type = type;
   if (type.empty() || type.size() > 64) throw std::invalid_argument(what + ": a type name of 1..64 bytes");
-  if (policy.max_restarts < 0 || policy.max_restarts > 1000 || policy.window.count() <= 0) {
-    throw std::invalid_argument(what + ": RestartPolicy max_restarts " + std::to_string(policy.max_restarts) +
-                                " within " + std::to_string(policy.window.count()) +
-                                " ms (expected 0..1000 restarts within a window above 0 ms)");
-  }
+  detail::check_restart_policy(policy, what);
   bool local = task == "local";
-  std::optional<task_ref> where;
+  std::optional<detail::task_ref> where;
   std::string any_job;
   const auto jobs = s.cluster.jobs();
-  if (task == "any" || task.rfind("any:", 0) == 0) {
-    any_job = task == "any" ? "worker" : task.substr(4);
+  if (const auto job = detail::any_job(task)) {
+    any_job = *job;
     if (std::find(jobs.begin(), jobs.end(), any_job) == jobs.end() || s.cluster.num_tasks(any_job) == 0) {
       throw std::invalid_argument(what + ": the cluster has no " + base::quoted(any_job) + " tasks (it has: " +
-                                  tasks_of(s.cluster) + ")");
+                                  detail::tasks_of(s.cluster) + ")");
     }
   } else if (!local) {
-    where = parse_task(task);
+    where = detail::parse_task(task);
     if (!where) {
       throw std::invalid_argument(what + ": the task is not \"local\", \"any\", \"any:JOB\", TYPE:INDEX (e.g. "
                                   "worker:1) or /job:TYPE/replica:0/task:INDEX");
     }
     if (std::find(jobs.begin(), jobs.end(), where->job) == jobs.end() ||
         where->index >= s.cluster.num_tasks(where->job)) {
-      throw std::invalid_argument(what + ": the cluster has no such task (it has: " + tasks_of(s.cluster) + ")");
+      throw std::invalid_argument(what + ": the cluster has no such task (it has: " + detail::tasks_of(s.cluster) + ")");
     }
     local = detail::task_name(where->job, where->index) == s.task;  // this task itself
   }
@@ -560,23 +225,16 @@ ActorHandle ActorCluster::spawn(const std::string& type, const std::string& task
     if (!made.receive) throw Error("ActorCluster::spawn: " + made.error);
     ref = client.spawn_local(type, std::move(made.receive));
   } else if (where) {
-    ref = s.spawn_remote(type, where->job, where->index, args_bytes, what);
+    // A task still starting (not listening yet) is waited for, within the spawn's timeout.
+    ref = s.spawn_remote(type, where->job, where->index, args_bytes, what, nullptr, s.options.connect_timeout);
   } else {
-    const auto order = s.placement_order(any_job);
-    if (order.empty()) throw std::invalid_argument(what + ": no " + any_job + " task but this spawner's own");
-    std::string tried;
-    for (int index : order) {
-      bool reached = true;
-      try {
-        ref = s.spawn_remote(type, any_job, index, args_bytes, what, &reached);
-        break;
-      } catch (const Error& e) {
-        // The host answered (the type, its factory): another task would refuse it the same way.
-        if (reached) throw;
-        tried += "\n  " + std::string(e.what());
-      }
+    if (s.placement_order(any_job).empty()) {
+      throw std::invalid_argument(what + ": no " + any_job + " task but this spawner's own");
     }
-    if (!ref) throw Error(what + ": no " + any_job + " task could be reached:" + tried);
+    auto placed = s.place_any(type, any_job, args_bytes, what, "", s.options.connect_timeout);
+    if (placed.refused) throw Error(*placed.refused);
+    ref = std::move(placed.ref);
+    if (!ref) throw Error(what + ": no " + any_job + " task could be reached:" + placed.tried);
   }
   {
     std::lock_guard<std::mutex> lock(h->mutex);
@@ -768,7 +426,16 @@ void ActorHandle::send(const std::string& name, const std::vector<Tensor>& tenso
 void ActorHandle::stop() const {
   const auto& h = checked("stop");
   if (h.cluster->closed) return;
-  h.cluster->client->stop(*h.current()->ref);
+  std::shared_ptr<const Impl::incarnation> inc;
+  {
+    std::lock_guard<std::mutex> lock(h.mutex);
+    h.stopped = true;
+    // The actor now is the one that went down: the restart under way stops its new actor, or
+    // makes none (actor_restart.cpp).
+    if (h.restarting) return;
+    inc = h.now;
+  }
+  h.cluster->client->stop(*inc->ref);
 }
 
 std::optional<std::string> ActorHandle::down() const {
@@ -777,6 +444,7 @@ std::optional<std::string> ActorHandle::down() const {
   {
     std::lock_guard<std::mutex> lock(h.mutex);
     if (!h.exhausted.empty()) return h.exhausted;
+    if (!h.cancelled.empty()) return h.cancelled;
   }
   return h.cluster->client->down(*h.current()->ref);
 }
