@@ -204,7 +204,8 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
       std::this_thread::sleep_for(d.options.connect_retry);
     }
   }
-  d.router = system.spawn(shard_router, d.options.ps, d.options.ps_timeout, d.options.task, d.gate->actor());
+  d.router = system.spawn(shard_router, d.options.ps, d.options.ps_timeout, d.options.task, d.gate->actor(),
+                          std::shared_ptr<ps_loss_counts>{});
   {
     caf::scoped_actor self{system};
     self->request(d.actor, std::chrono::seconds(5), watch_ps_atom::value).receive([](bool) {}, [](caf::error&) {});

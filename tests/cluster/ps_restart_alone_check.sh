@@ -35,6 +35,7 @@ tasks() {
   done
 }
 whole() { ls -d "$dir"/ckpt/ckpt-* 2>/dev/null | grep -cv '\.tmp-'; }
+two_checkpoints() { [ "$(whole)" -ge 2 ]; }
 wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...: until COMMAND succeeds
   local seconds="$1" what="$2"
   shift 2
@@ -62,7 +63,7 @@ timeout 170 "$launch" --timeout 150 --max-restarts 1 --restart-backoff "$backoff
 launcher=$!
 
 # Two checkpoints (one is whole however the kill lands), then the ps task is killed.
-wait_for 60 "two checkpoints existed" test "$(whole)" -ge 2
+wait_for 60 "two checkpoints existed" two_checkpoints
 ps_pid=$(tasks ps)
 chief=$(tasks chief)
 workers=$(tasks worker | sort | tr '\n' ' ')
