@@ -39,8 +39,8 @@
 //           start_step=S0 step=S
 // (done counts closures that completed in this run, each once; loss_first and loss_last are the
 // mean losses of its first and last 10 closures; ps_restarts counts the restarts of ps tasks
-// under troupe-launch --max-restarts: those of the whole cluster before this run, and the ps tasks
-// restarted alone during it; start_step is the step this run resumed from at its start, 0 when
+// under troupe-launch --max-restarts: the launcher's restarts before this run (TROUPE_RESTART_COUNT:
+// of the whole cluster, or of a ps task alone), and the ps tasks restarted alone during it; start_step is the step this run resumed from at its start, 0 when
 // fresh; step counts the training steps done, start_step included, steps redone after a ps
 // task's restart once).
 
