@@ -581,8 +581,7 @@ class supervisor {
       how = "was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")";
     }
     bool others = running_count() > 0;
-    if (others && code != 128 + SIGTERM && code != preemption_exit_code &&
-        ps_restart_.takes(w, how, restarts_used_, say_fn())) {
+    if (others && code != preemption_exit_code && ps_restart_.takes(w, how, restarts_used_, say_fn())) {
       ++restarts_used_;
       return false;  // started again by check_timers, after the backoff
     }
