@@ -14,9 +14,11 @@
 //
 // With --checkpoint-dir DIR (fit), the chief saves a sharded checkpoint (every ps task writes its
 // own shards with their optimizer slots; ShardedCheckpointManager) every --checkpoint-every
-// steps and at the end, and a run started on a directory that holds one resumes from it: under
-// troupe-launch --max-restarts a lost ps task (or chief) ends the run, the launcher restarts the
-// cluster, and training goes on from the last checkpoint rather than from the start.
+// steps and at the end, and a run started on a directory that holds one resumes from it. Under
+// troupe-launch --max-restarts a lost ps task is restarted alone on its port while the chief and
+// the workers wait for it (TROUPE_PS_RESTART_WAIT_S), and fit restores every shard from the last
+// checkpoint and goes on from its step; a lost chief (or a ps task that does not come back) ends
+// the run, the launcher restarts the cluster, and training goes on from the last checkpoint.
 //
 // --mode evaluator (or the "evaluator" task of TF_CONFIG) is the sidecar evaluator
 // (nn::SidecarEvaluator): in a process of its own, it watches --checkpoint-dir and evaluates each
@@ -36,9 +38,11 @@
 //   result: closures=N done=D retried=R workers_lost=W ps_restarts=P loss_first=X loss_last=Y
 //           start_step=S0 step=S
 // (done counts closures that completed in this run, each once; loss_first and loss_last are the
-// mean losses of its first and last 10 closures; ps_restarts counts the cluster's restarts under
-// troupe-launch --max-restarts, each of which restarted the ps tasks; start_step is the step this
-// run resumed from, 0 when fresh; step counts the training steps done, start_step included).
+// mean losses of its first and last 10 closures; ps_restarts counts the restarts of ps tasks
+// under troupe-launch --max-restarts: the launcher's restarts before this run (TROUPE_RESTART_COUNT:
+// of the whole cluster, or of a ps task alone), and the ps tasks restarted alone during it; start_step is the step this run resumed from at its start, 0 when
+// fresh; step counts the training steps done, start_step included, steps redone after a ps
+// task's restart once).
 
 #include <algorithm>
 #include <chrono>
@@ -376,7 +380,9 @@ int main(int argc, char** argv) {
                   << " samples/s" << std::endl;
       }
       print_result(f.closures, coordinator.closures_done(), coordinator.closures_retried(), coordinator.workers_lost(),
-                   loss, step, MultiWorkerOptions::from_environment().restart_count, start_step);
+                   loss, step,
+                   MultiWorkerOptions::from_environment().restart_count + static_cast<int>(coordinator.ps_tasks_restarted()),
+                   start_step);
       return 0;
     }
 

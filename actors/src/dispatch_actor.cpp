@@ -76,16 +76,59 @@ int worker_of(const dispatch_actor_state& st, const caf::actor_addr& a) {
   return -1;
 }
 
-// A ps task's connection closed (the coordinator fails), or a worker's (it is lost until the
-// connector reaches it again).
+// Ps task p is lost (its connection closed, or it went silent): what waits on it fails now; with a
+// ps restart wait the connector reaches for it at its address until the wait ends, else the
+// coordinator fails.
+void lose_ps(dispatch_self* self, dispatcher::impl& d, std::size_t p, const std::string& why) {
+  auto& st = self->state;
+  if (st.ps_down[p]) return;
+  st.ps_down[p] = true;
+  const auto now = heartbeat_state::clock::now();
+  const auto& task = d.options.ps[p].task;
+  d.board->ps_lost(static_cast<int>(p), why, now);
+  st.ps_beats->forget(static_cast<int>(p));
+  self->send(d.router, gone_atom::value, static_cast<std::int32_t>(p), why);
+  const std::int64_t wait_ms = d.ps_restart_wait_ms.load();
+  if (wait_ms <= 0) {
+    d.say("lost " + task + " (" + why + ")");
+    d.on_ps_lost(task, why);
+    return;
+  }
+  d.ps_awaited_until[p] = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              (now + std::chrono::milliseconds(wait_ms)).time_since_epoch())
+                              .count();
+  d.say("lost " + task + " (" + why + "); waiting up to " + std::to_string(wait_ms / 1000) +
+        " s for it to restart at " + address_of(d.options.ps[p].host, d.options.ps[p].port) +
+        " (TROUPE_PS_RESTART_WAIT_S)");
+  if (d.on_ps_down) d.on_ps_down(static_cast<int>(p), task, why);
+  d.wake.notify_all();
+}
+
+// The connector reached lost ps task p again (restarted, with none of its shards): it is watched,
+// and the chief's router and requests go to it.
+void on_ps_reached(dispatch_self* self, const impl_ptr& d, std::int32_t p, const caf::actor& agent,
+                   const caf::actor& pulse) {
+  auto& st = self->state;
+  const auto i = static_cast<std::size_t>(p);
+  if (p < 0 || i >= d->ps.size() || st.leaving) return;
+  d->ps[i] = agent;
+  d->ps_pulse[i] = pulse;
+  self->monitor(agent);
+  st.ps_down[i] = false;
+  st.ps_beats->watch(p, heartbeat_state::clock::now());
+  caf::anon_send(d->router, wup_atom::value, p, agent);
+  d->board->ps_back(p, heartbeat_state::clock::now());
+  if (d->on_ps_back) d->on_ps_back(p, d->options.ps[i].task);
+}
+
+// A ps task's connection closed (lose_ps), or a worker's (it is lost until the connector reaches
+// it again).
 void on_down(dispatch_self* self, dispatcher::impl& d, const caf::down_msg& m) {
   auto& st = self->state;
   if (st.leaving) return;
   for (std::size_t p = 0; p < d.ps.size(); ++p) {
     if (d.ps[p].address() == m.source) {
-      const std::string why = "its connection closed (" + self->system().render(m.reason) + ")";
-      d.board->ps_lost(static_cast<int>(p), why, heartbeat_state::clock::now());
-      d.on_ps_lost(d.options.ps[p].task, why);
+      lose_ps(self, d, p, "its connection closed (" + self->system().render(m.reason) + ")");
       return;
     }
   }
@@ -269,6 +312,7 @@ void on_tick(dispatch_self* self, const impl_ptr& d) {
   const auto wait = st.worker_beats->limit();
   for (std::size_t w = 0; w < st.worker_pulses.size(); ++w) beat_worker(self, d, w);
   for (std::size_t p = 0; p < d->ps_pulse.size(); ++p) {
+    if (st.ps_down[p]) continue;  // lost: awaited by the connector, or lost for good
     self->request(d->ps_pulse[p], wait, beat_atom::value, interval, missed)
         .then([self, p](bool) { self->state.ps_beats->beat(static_cast<int>(p), heartbeat_state::clock::now()); },
               [](caf::error&) {});
@@ -293,13 +337,7 @@ void on_tick(dispatch_self* self, const impl_ptr& d) {
     d->say("lost " + d->options.workers[static_cast<std::size_t>(w)].task + " (" + silence(st) + "); " + what +
            "; it is taken back when it answers again");
   }
-  for (int p : st.ps_beats->overdue(now)) {
-    const auto& task = d->options.ps[static_cast<std::size_t>(p)].task;
-    d->say("lost " + task + " (" + silence(st) + ")");
-    d->board->ps_lost(p, silence(st), now);
-    self->send(d->router, gone_atom::value, static_cast<std::int32_t>(p), silence(st));
-    d->on_ps_lost(task, silence(st));
-  }
+  for (int p : st.ps_beats->overdue(now)) lose_ps(self, *d, static_cast<std::size_t>(p), silence(st));
   auto stalls = st.watch->check(now);
   for (const auto& line : stalls.lines) {
     d->say(line);
@@ -324,6 +362,7 @@ caf::behavior dispatch_actor(dispatch_self* self, std::shared_ptr<dispatcher::im
   st.watch.emplace(std::move(names), d->options.stall);
   st.workers.assign(static_cast<std::size_t>(n), caf::actor{});
   st.worker_pulses.assign(static_cast<std::size_t>(n), caf::actor{});
+  st.ps_down.assign(d->options.ps.size(), false);
   self->set_down_handler([self, d](caf::down_msg& m) { on_down(self, *d, m); });
   return {
       [self, d](sched_atom, std::uint64_t id, std::string& function, std::string& args) {
@@ -334,6 +373,9 @@ caf::behavior dispatch_actor(dispatch_self* self, std::shared_ptr<dispatcher::im
       },
       [self, d](wup_atom, std::int32_t w, const caf::actor& agent, const caf::actor& pulse) {
         on_worker_reached(self, d, w, agent, pulse);
+      },
+      [self, d](psup_atom, std::int32_t p, const caf::actor& agent, const caf::actor& pulse) {
+        on_ps_reached(self, d, p, agent, pulse);
       },
       [self](table_atom, std::string& blob) {
         auto& st = self->state;

@@ -35,6 +35,8 @@ struct dispatcher::impl {
   std::unique_ptr<control_gate> gate;  // every connection to the tasks
   std::function<void(closure_outcome)> on_done;
   std::function<void(const std::string&, const std::string&)> on_ps_lost;
+  std::function<void(int, const std::string&, const std::string&)> on_ps_down;  // may be empty
+  std::function<void(int, const std::string&)> on_ps_back;                      // may be empty
   std::function<void(const std::string&)> log;
   caf::actor actor;
   caf::actor router;  // the chief's own requests to the ps tasks, failed at once when one is lost
@@ -46,6 +48,10 @@ struct dispatcher::impl {
   std::atomic<int> up{0};
   std::shared_ptr<ps_cluster_board> board;  // written by the actor, read by the dashboard
   std::atomic<std::int64_t> connect_retry_ms{200};
+  std::atomic<std::int64_t> ps_restart_wait_ms{0};  // 0: a lost ps task is lost for good at once
+  // By ps task: while it is awaited after a loss, when the wait ends (steady clock, ns); 0 when
+  // it is up. Set by the actor, cleared by the connector once it reached it again or gave up.
+  std::unique_ptr<std::atomic<std::int64_t>[]> ps_awaited_until;
   std::mutex mutex;
   std::condition_variable wake;
   bool stopping = false;
@@ -69,6 +75,7 @@ struct dispatch_actor_state {
   std::optional<closure_watch> watch;  // closures running past the stall bounds
   std::vector<caf::actor> workers;
   std::vector<caf::actor> worker_pulses;
+  std::vector<bool> ps_down;  // by ps task: lost and awaited (or lost for good): no beats, no second loss
   std::unordered_map<std::uint64_t, closure_record> closures;
   std::string table;
   bool has_table = false;

@@ -61,17 +61,57 @@ void say_goodbye(const std::shared_ptr<dispatcher::impl>& d, const std::vector<b
   }
 }
 
+// Lost ps tasks that are awaited: each is reached again at its address (through the gate, so a
+// process without the cluster's token is refused as at the start), or, once its wait is over,
+// lost for good.
+void reach_awaited_ps(const std::shared_ptr<dispatcher::impl>& d, std::vector<bool>& complained) {
+  const bool tls = d->options.credentials != nullptr;
+  for (std::size_t p = 0; p < d->options.ps.size(); ++p) {
+    const std::int64_t until = d->ps_awaited_until[p].load();
+    if (until == 0) {
+      complained[p] = false;
+      continue;
+    }
+    const auto& t = d->options.ps[p];
+    auto agent = reach(*d->system, t, d->options.task, d->actor, *d->gate, std::chrono::seconds(2));
+    if (agent) {
+      d->ps_awaited_until[p] = 0;
+      d->say("reached " + t.task + " again at " + address_of(t.host, t.port) + " (restarted; its shards are made again)");
+      caf::anon_send(d->actor, psup_atom::value, static_cast<std::int32_t>(p), agent->agent, agent->pulse);
+      continue;
+    }
+    const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now().time_since_epoch())
+                         .count();
+    if (now >= until) {
+      d->ps_awaited_until[p] = 0;
+      const std::string why = "it did not come back within " + std::to_string(d->ps_restart_wait_ms.load() / 1000) +
+                              " s (TROUPE_PS_RESTART_WAIT_S): " + error_text(*d->system, agent.error());
+      d->say("lost " + t.task + " for good: " + why);
+      d->on_ps_lost(t.task, why);
+    } else if (!complained[p]) {
+      complained[p] = true;
+      d->say("cannot reach " + t.task + " at " + address_of(t.host, t.port) + " yet: " +
+             error_text(*d->system, agent.error()) +
+             (tls ? " (a task with another TROUPE_CLUSTER_TOKEN is refused the same way)" : "") + "; trying again");
+    }
+  }
+}
+
 void run_connector(std::shared_ptr<dispatcher::impl> d) {
   const bool tls = d->options.credentials != nullptr;
   const std::size_t n = d->options.workers.size();
   std::vector<bool> complained(n, false);
   std::vector<bool> reached(n, false);  // said hello at least once
   std::vector<bool> prompt(n, true);    // the last try failed (or succeeded) within a second
+  std::vector<bool> ps_complained(d->options.ps.size(), false);
   auto stopping = [&] {
     std::lock_guard<std::mutex> lock(d->mutex);
     return d->stopping;
   };
   for (;;) {
+    if (stopping()) return say_goodbye(d, reached, prompt);
+    reach_awaited_ps(d, ps_complained);
     for (std::size_t w = 0; w < n; ++w) {
       if (stopping()) return say_goodbye(d, reached, prompt);
       if (d->connected[w]) continue;
@@ -107,7 +147,9 @@ void run_connector(std::shared_ptr<dispatcher::impl> d) {
 dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
                        std::function<void(closure_outcome)> on_done,
                        std::function<void(const std::string&, const std::string&)> on_ps_lost,
-                       std::function<void(const std::string&)> log)
+                       std::function<void(const std::string&)> log,
+                       std::function<void(int, const std::string&, const std::string&)> on_ps_down,
+                       std::function<void(int, const std::string&)> on_ps_back)
     : impl_(std::make_shared<impl>()) {
   auto& d = *impl_;
   d.system = &system;
@@ -116,6 +158,10 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
   closure_watch({}, d.options.stall);  // its bounds, checked before the actor takes them
   d.on_done = std::move(on_done);
   d.on_ps_lost = std::move(on_ps_lost);
+  d.on_ps_down = std::move(on_ps_down);
+  d.on_ps_back = std::move(on_ps_back);
+  d.ps_awaited_until = std::make_unique<std::atomic<std::int64_t>[]>(d.options.ps.size());
+  for (std::size_t p = 0; p < d.options.ps.size(); ++p) d.ps_awaited_until[p] = 0;
   d.log = std::move(log);
   d.connect_retry_ms = d.options.connect_retry.count();
   d.connected = std::make_unique<std::atomic<bool>[]>(d.options.workers.size());
@@ -158,7 +204,8 @@ dispatcher::dispatcher(caf::actor_system& system, dispatcher_options options,
       std::this_thread::sleep_for(d.options.connect_retry);
     }
   }
-  d.router = system.spawn(shard_router, d.options.ps, d.options.ps_timeout, d.options.task, d.gate->actor());
+  d.router = system.spawn(shard_router, d.options.ps, d.options.ps_timeout, d.options.task, d.gate->actor(),
+                          std::shared_ptr<ps_loss_counts>{});
   {
     caf::scoped_actor self{system};
     self->request(d.actor, std::chrono::seconds(5), watch_ps_atom::value).receive([](bool) {}, [](caf::error&) {});
@@ -196,6 +243,11 @@ void dispatcher::set_heartbeat(liveness_policy liveness) {
   liveness.check("dispatcher");
   caf::anon_send(impl_->actor, hbset_atom::value, static_cast<std::int64_t>(liveness.interval.count()),
                  static_cast<std::int32_t>(liveness.missed));
+}
+
+void dispatcher::set_ps_restart_wait(std::chrono::milliseconds wait) {
+  if (wait.count() < 0) throw std::invalid_argument("dispatcher: ps restart wait " + std::to_string(wait.count()) + " ms");
+  impl_->ps_restart_wait_ms = wait.count();
 }
 
 void dispatcher::set_stall(closure_watch_options stall) {

@@ -94,7 +94,8 @@ using refuse_atom = caf::atom_constant<caf::atom("refuse")>;
 //   inside the chief, to its dispatch actor: (sched, id, function, args); (wup, worker, agent);
 //     (table, blob); (leave) -> bool; (cancel) -> bool; (resume); (hbset, interval ms, missed);
 //     (stallset, warning ms, shutdown ms); (ckptsave, ps, directory, file, step, timeout ms);
-//     (ckptload, ps, key, elements, slots, applied, optimizer, timeout ms): relayed to the ps agent
+//     (ckptload, ps, key, elements, slots, applied, optimizer, timeout ms): relayed to the ps agent;
+//     from the connector, a lost ps task reached again after its restart: (psup, ps, agent, pulse)
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
 using call_atom = caf::atom_constant<caf::atom("call")>;
 using result_atom = caf::atom_constant<caf::atom("result")>;
@@ -108,6 +109,7 @@ using sched_atom = caf::atom_constant<caf::atom("sched")>;
 using wup_atom = caf::atom_constant<caf::atom("wup")>;
 using window_atom = caf::atom_constant<caf::atom("window")>;
 using watch_ps_atom = caf::atom_constant<caf::atom("watchps")>;
+using psup_atom = caf::atom_constant<caf::atom("psup")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
 using hbset_atom = caf::atom_constant<caf::atom("hbset")>;

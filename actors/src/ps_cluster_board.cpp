@@ -220,6 +220,12 @@ void ps_cluster_board::ps_lost(int p, const std::string& reason, clock::time_poi
   record(ps_event_kind::ps_lost, -1, p, 0, "lost " + e.task + ": " + reason, now);
 }
 
+void ps_cluster_board::ps_back(int p, clock::time_point) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (p < 0 || static_cast<std::size_t>(p) >= ps_.size()) return;
+  ps_[static_cast<std::size_t>(p)].lost = false;
+}
+
 ps_cluster_view ps_cluster_board::snapshot(clock::time_point now) {
   std::lock_guard<std::mutex> lock(mutex_);
   sample_locked(now);

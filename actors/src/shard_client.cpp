@@ -27,6 +27,11 @@ struct shard_client::impl {
   std::chrono::milliseconds timeout{0};
   std::mutex mutex;
   std::vector<bool> reached;  // by ps task: the router holds its agent (as far as we know)
+  // By ps task: its losses the router counted, and how many there were when it was last reached:
+  // a ps task lost since (restarted, another process) is reached again, its data connection made
+  // again.
+  std::shared_ptr<ps_loss_counts> losses;
+  std::vector<std::uint64_t> reached_at;
   std::unique_ptr<control_gate> gate;  // every connection to the ps tasks
   caf::actor router;  // also what the ps agents watch: it lives as long as this client
 
@@ -34,6 +39,7 @@ struct shard_client::impl {
   struct data_link {
     std::mutex mutex;
     std::unique_ptr<transport::bulk_stream> stream;
+    std::uint64_t losses = 0;  // its ps task's losses when the stream was made
   };
   std::vector<std::unique_ptr<data_link>> links;
   // Guards every change of a link's stream and `cancelled`, so that cancel() can wake a stream
@@ -52,6 +58,11 @@ struct shard_client::impl {
   // Ps task p's data connection, with links[p]'s mutex held.
   transport::bulk_stream& data(int p) {
     auto& link = *links[static_cast<std::size_t>(p)];
+    const std::uint64_t lost = p >= 0 && static_cast<std::size_t>(p) < ps.size() ? (*losses)[static_cast<std::size_t>(p)].load() : 0;
+    if (link.stream && link.losses != lost) {  // made to a ps task lost since (and maybe restarted)
+      std::lock_guard<std::mutex> lock(streams_mutex);
+      link.stream.reset();
+    }
     if (link.stream) return *link.stream;
     connect(p);
     const auto& t = ps[static_cast<std::size_t>(p)];
@@ -76,6 +87,7 @@ struct shard_client::impl {
     std::lock_guard<std::mutex> lock(streams_mutex);
     if (cancelled) throw std::runtime_error(*cancelled);
     link.stream = std::move(stream);
+    link.losses = lost;
     return *link.stream;
   }
 
@@ -86,9 +98,10 @@ struct shard_client::impl {
       throw std::out_of_range("variable shard on ps task " + std::to_string(p) + ", but the cluster has " +
                               std::to_string(ps.size()) + " ps task(s)");
     }
+    const std::uint64_t lost = (*losses)[i].load();
     {
       std::lock_guard<std::mutex> lock(mutex);
-      if (reached[i]) return;
+      if (reached[i] && reached_at[i] == lost) return;
     }
     std::string failed;
     caf::scoped_actor self{*system};
@@ -101,6 +114,7 @@ struct shard_client::impl {
     }
     std::lock_guard<std::mutex> lock(mutex);
     reached[i] = true;
+    reached_at[i] = lost;
   }
 
   [[noreturn]] void fail(int p, const std::string& what, const caf::error& e) {
@@ -122,10 +136,12 @@ shard_client::shard_client(caf::actor_system& system, std::string task, std::vec
   s.ps = std::move(ps);
   s.timeout = timeout;
   s.reached.assign(s.ps.size(), false);
+  s.reached_at.assign(s.ps.size(), 0);
+  s.losses = std::make_shared<ps_loss_counts>(s.ps.size());
   for (std::size_t p = 0; p < s.ps.size(); ++p) s.links.push_back(std::make_unique<impl::data_link>());
   s.credentials = std::move(credentials);
   s.gate = std::make_unique<control_gate>(system, s.credentials != nullptr, gate_limits::for_tasks());
-  s.router = system.spawn(shard_router, s.ps, timeout, s.task, s.gate->actor());
+  s.router = system.spawn(shard_router, s.ps, timeout, s.task, s.gate->actor(), s.losses);
 }
 
 shard_client::~shard_client() { caf::anon_send_exit(impl_->router, caf::exit_reason::user_shutdown); }

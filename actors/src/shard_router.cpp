@@ -17,7 +17,8 @@ struct type_tag {
 }  // namespace
 
 caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<task_endpoint> ps,
-                           std::chrono::milliseconds timeout, std::string self_task, caf::io::middleman_actor mm) {
+                           std::chrono::milliseconds timeout, std::string self_task, caf::io::middleman_actor mm,
+                           std::shared_ptr<ps_loss_counts> losses) {
   self->state.agents.resize(ps.size());
   self->state.pending.resize(ps.size());
   self->state.reaching.resize(ps.size());
@@ -38,6 +39,7 @@ caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<
     for (std::size_t p = 0; p < st.agents.size(); ++p) {
       if (!st.agents[p] || st.agents[p].address() != d.source) continue;
       st.agents[p] = caf::actor{};
+      if (losses) ++(*losses)[p];
       auto lost = runtime_error("ps task " + ps[p].task + " is lost (" + self->system().render(d.reason) + ")");
       for (auto& entry : st.pending[p]) entry.second.deliver(lost);
       st.pending[p].clear();
@@ -145,6 +147,7 @@ caf::behavior shard_router(caf::stateful_actor<router_state>* self, std::vector<
         auto& st = self->state;
         const auto i = static_cast<std::size_t>(p);
         if (p < 0 || i >= st.agents.size()) return;
+        if (st.agents[i] && losses) ++(*losses)[i];
         st.agents[i] = caf::actor{};
         auto lost = runtime_error("ps task " + ps[i].task + " is lost (" + reason + ")");
         for (auto& entry : st.pending[i]) entry.second.deliver(lost);

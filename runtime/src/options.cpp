@@ -155,6 +155,11 @@ void check_coordinator_options(const distribute::ClusterCoordinatorOptions& opti
     bad_setting("ClusterCoordinatorOptions", "stall_shutdown", options.stall_shutdown.count(), " ms",
                 "0 for never, or 1000..604800000");
   }
+  if (options.ps_restart_wait.count() != 0 &&
+      (options.ps_restart_wait < std::chrono::seconds(1) || options.ps_restart_wait > std::chrono::hours(24))) {
+    bad_setting("ClusterCoordinatorOptions", "ps_restart_wait", options.ps_restart_wait.count(), " ms",
+                "0 for a lost ps task ending the training, or 1000..86400000");
+  }
 }
 
 namespace {
@@ -292,6 +297,7 @@ ClusterCoordinatorOptions ClusterCoordinatorOptions::from_environment() {
   o.stall_warning = std::chrono::seconds(troupe::detail::env_int(
       "TROUPE_STALL_WARNING_S", static_cast<int>(MultiWorkerOptions::default_stall_warning.count()), 1, 604'800));
   o.stall_shutdown = std::chrono::seconds(troupe::detail::env_int("TROUPE_STALL_SHUTDOWN_S", 0, 0, 604'800));
+  o.ps_restart_wait = std::chrono::seconds(troupe::detail::env_int("TROUPE_PS_RESTART_WAIT_S", 0, 0, 86'400));
   return o;
 }
 

@@ -11,6 +11,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -830,6 +831,45 @@ sleep 60 & wait)",
   CHECK(r0.exit_code == 5);
   CHECK(read_file(once.path() + "/starts.0") == "x\n");
   CHECK(r0.err.find("restarting") == std::string::npos);
+}
+
+TEST_CASE("troupe-launch --ps with --max-restarts restarts a lost ps task alone on its address, within the budget") {
+  // The task's type from TF_CONFIG; every start appends its pid to starts.<type>.
+  const std::string typed = R"(t=${TF_CONFIG##*'"type": "'}; t=${t%%\"*}; echo $$ >> "$D/starts.$t"
+)";
+  scratch dir;
+  auto r = run(workers(1, typed + R"(case $t in
+ps) if [ ! -e "$D/config.ps" ]; then echo "$TF_CONFIG" > "$D/config.ps"; echo "$TROUPE_PS_RESTART_WAIT_S" > "$D/wait.ps"; exit 3; fi
+    echo "$TF_CONFIG" > "$D/config2.ps"; n=0; while [ ! -e "$D/done" ]; do n=$((n+1)); [ $n -gt 400 ] && exit 99; sleep 0.025; done ;;
+chief) n=0; while [ ! -e "$D/config2.ps" ]; do n=$((n+1)); [ $n -gt 400 ] && exit 98; sleep 0.025; done; touch "$D/done" ;;
+*) n=0; while [ ! -e "$D/done" ]; do n=$((n+1)); [ $n -gt 400 ] && exit 97; sleep 0.025; done ;;
+esac)",
+                       dir, {"--chief", "--ps", "1", "--max-restarts", "1", "--restart-backoff", "0"}),
+               dir);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  auto lines = [](const std::string& text) { return std::count(text.begin(), text.end(), '\n'); };
+  CHECK(lines(read_file(dir.path() + "/starts.chief")) == 1);  // the chief and the worker kept running
+  CHECK(lines(read_file(dir.path() + "/starts.worker")) == 1);
+  CHECK(lines(read_file(dir.path() + "/starts.ps")) == 2);
+  CHECK(read_file(dir.path() + "/config2.ps") == read_file(dir.path() + "/config.ps"));  // its same address
+  CHECK(read_file(dir.path() + "/wait.ps") == "30\n");  // the chief's wait: 30 s plus the backoff
+  CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: worker 2 \(pid [0-9]+, (127\.0\.0\.1:[0-9]+)\) exited with )"
+                                            R"(status 3; restarting it alone on \1 \(restart 1 of 1\) in 0 s; the other tasks )"
+                                            R"(keep running\n)")));
+  CHECK(r.err.find("restarting all") == std::string::npos);
+
+  // A ps task that fails again, past --max-restarts: the launch gives up with its status.
+  scratch again;
+  auto r2 = run(workers(1, typed + R"(if [ $t = ps ]; then exit 3; fi; sleep 60 & wait)", again,
+                        {"--chief", "--ps", "1", "--max-restarts", "1", "--restart-backoff", "0"}),
+                again);
+  REQUIRE(r2.finished);
+  CHECK(r2.exit_code == 3);
+  CHECK(lines(read_file(again.path() + "/starts.ps")) == 2);
+  CHECK(lines(read_file(again.path() + "/starts.chief")) == 1);
+  CHECK(std::regex_search(r2.err, std::regex(R"(troupe-launch: giving up after 1 restart; the last failure: worker 2 )"
+                                             R"(\(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) exited with status 3 \(exit status 3\)\n)")));
 }
 
 TEST_CASE("troupe-launch rejects bad usage with exit status 2 and says what is wrong") {

@@ -155,6 +155,10 @@ worker exits with status 75 after saving a checkpoint: PreemptionCheckpointHandl
 again, every worker with fresh ports, after a wait that doubles each time (--restart-backoff); the
 launcher says why on stderr; workers find the restarts so far in TROUPE_RESTART_COUNT. It gives up after N restarts with the last failure's status. A
 signal to the launcher, --timeout, or a program that cannot be executed ends it at once.
+With --ps, a ps task that fails while the others run is restarted alone on its same address after
+--restart-backoff, and the chief waits TROUPE_PS_RESTART_WAIT_S for it (set for every task unless
+the caller set it; 0 turns this off); fit restores every shard from the last sharded checkpoint.
+These restarts count against N too.
 
 With --elastic, a worker other than rank 0 killed by a signal is not a failure of the run while at
 least --min workers still run: the launcher says so and leaves the others running (an elastic

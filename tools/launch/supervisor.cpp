@@ -28,6 +28,7 @@
 #include "launch/cluster.hpp"
 #include "launch/elastic_watch.hpp"
 #include "launch/host_discovery.hpp"
+#include "launch/ps_restart.hpp"
 #include "launch/worker_process.hpp"
 
 extern char** environ;
@@ -103,7 +104,7 @@ bool write_all(int fd, const char* data, std::size_t size) {
 class supervisor {
  public:
   supervisor(const launch_options& options, const std::vector<std::string>& addresses)
-      : options_(options), addresses_(addresses), elastic_(options) {
+      : options_(options), addresses_(addresses), elastic_(options), ps_restart_(options) {
     workers_.reserve(max_workers);  // discovery adds workers: no reallocation under a reference
     for (std::size_t i = 0; i < addresses.size(); ++i)
       workers_.emplace_back(static_cast<int>(i), addresses[i]);
@@ -142,15 +143,17 @@ class supervisor {
       if (status != 0) print_verdict();
       return status;
     }
-    for (int restarts = 0;; ++restarts) {
-      restart_count_ = restarts;
+    for (;;) {
+      restart_count_ = restarts_used_;
       const int status = run_once();
       if (status == 0) return 0;
       print_verdict();
       // A signal to the launcher, the timeout, or a program that does not start: restarting
       // would not help, or was not wanted.
       if (signal_received_ || timed_out_ || start_failed_ || options_.max_restarts == 0) return status;
-      if (restarts == options_.max_restarts) {
+      // Restarts of a ps task alone (ps_restart) count here too.
+      const int restarts = restarts_used_;
+      if (restarts >= options_.max_restarts) {
         say("giving up after " + std::to_string(restarts) + " restart" + (restarts == 1 ? "" : "s") +
             "; the last failure: " + last_failure_ + " (exit status " + std::to_string(status) + ")");
         return status;
@@ -170,6 +173,7 @@ class supervisor {
         }
       }
       for (std::size_t i = 0; i < workers_.size(); ++i) workers_[i].address = addresses_[i];
+      ++restarts_used_;
     }
   }
 
@@ -185,6 +189,7 @@ class supervisor {
     kill_at_.reset();
     drain_until_.reset();
     last_failure_.clear();
+    ps_restart_.clear();
     start_workers();
     if (discovery_ && !stopping_) start_discovery();
     for (;;) {
@@ -345,6 +350,7 @@ class supervisor {
       env.push_back("TROUPE_FLIGHT_RECORDER_DIR=" + *options_.log_dir);
     }
     env.push_back("TROUPE_RESTART_COUNT=" + std::to_string(restart_count_));
+    ps_restart_.environment(env);
     if (options_.elastic) {
       env.push_back("TROUPE_ELASTIC=1");
       if (options_.min_workers) env.push_back("TROUPE_MIN_WORKERS=" + std::to_string(*options_.min_workers));
@@ -478,6 +484,7 @@ class supervisor {
     consider(kill_at_);
     consider(drain_until_);
     if (!stopping_) consider(elastic_.next_stall_check(workers_));
+    if (!stopping_) consider(ps_restart_.next());
     int timeout_ms = -1;
     if (next)
       timeout_ms = static_cast<int>(std::clamp<long long>(
@@ -612,6 +619,21 @@ class supervisor {
     return rank;
   }
 
+  // --max-restarts with --ps: a lost ps task, once its backoff is over, starts again alone on its
+  // same address, with the same environment (ps_restart).
+  void restart_ps(int rank) {
+    worker& w = workers_[static_cast<std::size_t>(rank)];
+    if (stopping_ || w.running) return;
+    for (auto& s : w.streams) close_stream(s);
+    std::vector<std::string> env = base_environment();
+    env.push_back("TF_CONFIG=" + tf_config_json(addresses_, w.rank, options_.chief, options_.ps));
+    if (!start_worker(w, env, command_for(w, env))) {
+      begin_stop(SIGTERM);
+      return;
+    }
+    say(w.describe() + " started again");
+  }
+
   // Whether the worker was dropped by an elastic cluster that goes on (its place may be taken).
   bool on_exit(const worker& w, int status) {
     bool succeeded = WIFEXITED(status) && WEXITSTATUS(status) == 0;
@@ -633,6 +655,10 @@ class supervisor {
       how = "was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")";
     }
     bool others = running_count() > 0;
+    if (others && code != preemption_exit_code && ps_restart_.takes(w, how, restarts_used_, say_fn())) {
+      ++restarts_used_;
+      return false;  // started again by check_timers, after the backoff
+    }
     if (elastic_.goes_on(w, status, how, running_count(), say_fn())) return true;
     exit_code_ = code;
     last_failure_ = w.describe() + " " + how;
@@ -643,6 +669,8 @@ class supervisor {
 
   void check_timers(clock::time_point now) {
     if (!stopping_) elastic_.check_stalls(workers_, now, say_fn());
+    if (stopping_) ps_restart_.clear();
+    for (int rank : ps_restart_.due(now)) restart_ps(rank);
     if (!stopping_ && timeout_at_ && now >= *timeout_at_) {
       int running = running_count();
       say("timed out after " + seconds_text(*options_.timeout_s) + " s; stopping " +
@@ -771,6 +799,8 @@ class supervisor {
   std::optional<host_discovery> discovery_;  // --host-discovery-script
   bool training_over_ = false;  // a worker finished (exit 0): discovery adds and removes no more
   bool chief_finished_ = false;  // rank 0 exited 0: a joiner that fails after it came too late
+  ps_restart ps_restart_;
+  int restarts_used_ = 0;  // of --max-restarts: the whole cluster's, and ps tasks' alone
 
   std::array<int, 2> signal_fds_{-1, -1};
   int devnull_ = -1;

@@ -18,7 +18,9 @@
 //    ports, after a backoff that doubles each time; the launcher says why, and after N restarts
 //    it returns the last failure's status. A worker that exits with status 75 was preempted and
 //    saved a checkpoint (PreemptionCheckpointHandler); it is restarted the same way. Workers
-//    find the number of restarts so far in TROUPE_RESTART_COUNT (0 in the first run).
+//    find the number of restarts so far in TROUPE_RESTART_COUNT (0 in the first run). With --ps,
+//    a lost ps task is restarted alone on its same address instead while the others run on
+//    (ps_restart.hpp); such restarts count against --max-restarts too.
 // 6. With --elastic --host-discovery-script, host_discovery's results wake the poll loop too: the
 //    loop adds workers (joining the running cluster) and removes them to match (host_discovery.hpp).
 // If the launcher itself dies, each worker's main process gets SIGKILL (Linux's parent-death

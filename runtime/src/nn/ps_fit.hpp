@@ -87,6 +87,10 @@ class PsFitLoop {
   bool boundary();
   void end_epoch(int epoch, const EpochSums& sums, Logs& epoch_logs, Clock::time_point start);
   void record_iterations();
+  // After a closure failed: when it was a ps task lost and restarted alone (ps_fit_recovery.cpp),
+  // every shard is restored from the last sharded checkpoint and the position moved back to it;
+  // returns whether training goes on from there (false: the failure was not that, raise it).
+  bool recover_from_ps_restart();
 
   Model& model_;
   distribute::ParameterServerStrategy& strategy_;
@@ -118,6 +122,8 @@ class PsFitLoop {
   CompletionRate rate_{2, std::chrono::seconds(1)};
   bool counting_samples_ = false;  // the workers' samples go to the dashboard's board (on_result)  // samples/s and step time over the last results
   Logs last_batch_logs_;
+  std::uint64_t ps_losses_seen_ = 0;  // ps losses this fit recovered from (or saw at its start)
+  bool rolled_back_ = false;          // a ps restart moved the position back to a checkpoint
 };
 
 }  // namespace troupe::nn::detail

@@ -112,18 +112,26 @@ PsFitLoop::~PsFitLoop() {
 
 History PsFitLoop::run() {
   begin();
-  try {
-    for (int epoch = first_epoch_; epoch < epochs_ && !stopped_; ++epoch) run_epoch(epoch);
-  } catch (...) {
-    // A closure failed (or a ps task was lost): the closures in flight end first, so the
-    // coordinator is left with nothing of this fit; the error raised once more is this one.
-    in_flight_.clear();
+  for (;;) {
     try {
-      coordinator_->join();
-    } catch (const std::exception&) {
+      for (int epoch = first_epoch_; epoch < epochs_ && !stopped_; ++epoch) run_epoch(epoch);
+      break;
+    } catch (...) {
+      // A closure failed (or a ps task was lost): the closures in flight end first, so the
+      // coordinator is left with nothing of this fit; the error raised once more is this one,
+      // unless it was a ps task restarted alone, from which training goes on.
+      in_flight_.clear();
+      for (int i = 0; i < 2; ++i) {  // the first raises the failure, the second waits for the rest
+        try {
+          coordinator_->join();
+        } catch (const std::exception&) {
+        }
+      }
+      if (!recover_from_ps_restart()) throw;
     }
-    throw;
   }
+  // After a ps restart the steps redone from the checkpoint count once.
+  if (rolled_back_) history_.steps = step_ - options_.initial_step;
   for (const auto& c : callbacks_) c->on_train_end(last_batch_logs_);
   record_iterations();
   return std::move(history_);
@@ -156,6 +164,7 @@ void PsFitLoop::begin() {
   first_k_ = step_ % steps_per_epoch_;
   control_.set_position(step_, first_epoch_);
   coordinator_ = distribute::ClusterCoordinator::attach(strategy_);
+  ps_losses_seen_ = distribute::detail::PsAccess::ps_losses(strategy_);
   iterator_ = coordinator_->create_per_worker_dataset(dataset_function_).make_iterator();
   // Each worker's samples on the dashboard's board, as its results arrive: the train step returns
   // (losses, rows, hits), float64 vectors of its steps (take_one checks them).

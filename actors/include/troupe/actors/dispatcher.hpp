@@ -53,10 +53,15 @@ class dispatcher {
   /// Connects to every ps task first (each within options.ps_timeout, else std::runtime_error
   /// naming it); workers are connected in the background and retried while they are down.
   /// on_done runs once per closure that completes (ok or with an error raised by its function);
-  /// on_ps_lost once per ps task lost; both on an actor thread.
+  /// on_ps_lost once per ps task lost for good; both on an actor thread. With a ps restart wait
+  /// (set_ps_restart_wait), a lost ps task is first awaited: on_ps_down says it went (its index,
+  /// name and why), and either on_ps_back says it was reached again at its address (restarted,
+  /// authenticated as every task is, its shards gone) or, past the wait, on_ps_lost ends it.
   dispatcher(caf::actor_system& system, dispatcher_options options, std::function<void(closure_outcome)> on_done,
              std::function<void(const std::string& ps_task, const std::string& reason)> on_ps_lost,
-             std::function<void(const std::string& line)> log);
+             std::function<void(const std::string& line)> log,
+             std::function<void(int ps, const std::string& ps_task, const std::string& reason)> on_ps_down = {},
+             std::function<void(int ps, const std::string& ps_task)> on_ps_back = {});
   ~dispatcher();
   dispatcher(const dispatcher&) = delete;
   dispatcher& operator=(const dispatcher&) = delete;
@@ -66,6 +71,9 @@ class dispatcher {
   /// Heartbeat settings from now on (as dispatcher_options; std::invalid_argument out of their
   /// ranges): every task watched starts a fresh limit, and each task hears them with its next beat.
   void set_heartbeat(liveness_policy liveness);
+  /// How long a lost ps task is awaited (reached again at its address every connect_retry) before
+  /// it is lost for good; 0 (the default): lost at once, as TensorFlow's coordinator does.
+  void set_ps_restart_wait(std::chrono::milliseconds wait);
   /// Stall bounds from now on (as dispatcher_options; std::invalid_argument out of their ranges).
   void set_stall(closure_watch_options stall);
   /// Queues a closure.

@@ -160,6 +160,8 @@ class ps_cluster_board {
   void ps_report(int p, const ps_task_counters& counters, clock::time_point now);
   /// Ps task `p` is lost for `reason` (the training cannot go on without it).
   void ps_lost(int p, const std::string& reason, clock::time_point now);
+  /// Ps task p was reached again after a loss (restarted): it shows as up again.
+  void ps_back(int p, clock::time_point now);
 
   /// Everything as of `now`, events newest first.
   ps_cluster_view snapshot(clock::time_point now);

@@ -208,6 +208,13 @@ struct ClusterCoordinatorOptions {
   /// that worker takes no function until the stuck one returns. A function given up a second
   /// time (on another worker) fails, naming both, and join() raises it.
   std::chrono::milliseconds stall_shutdown{0};
+  /// TROUPE_PS_RESTART_WAIT_S: how long a lost ps task is awaited at its address (0: not at all,
+  /// the default; else 1 s..1 day; troupe-launch --max-restarts sets it when it restarts a lost
+  /// ps task alone). While it is awaited the functions that needed it fail as usual; once it is
+  /// reached again (with the cluster's token, as at the start) Model::fit makes its shards again
+  /// and restores every ps task's shards from the last sharded checkpoint (docs/clusters.md).
+  /// Past the wait it is lost for good, as with 0.
+  std::chrono::milliseconds ps_restart_wait{0};
 
   /// The defaults with the TROUPE_* environment applied (malformed: std::invalid_argument).
   static ClusterCoordinatorOptions from_environment();
@@ -223,7 +230,8 @@ struct ClusterCoordinatorOptions {
 ///   (and the one being scheduled): their RemoteValues throw troupe::Cancelled. Between the
 ///   failure and that call, queued functions keep running, and a function whose worker is lost
 ///   is cancelled rather than run again. join() returns at once when a function fails;
-/// - a lost ps task makes join() fail at once, naming it.
+/// - a lost ps task makes join() fail at once, naming it (with ps_restart_wait, once it has not
+///   come back within that wait).
 class ClusterCoordinator {
  public:
   /// One per strategy (a second one shares the first's queue and counters). The strategy must
@@ -258,6 +266,8 @@ class ClusterCoordinator {
   std::uint64_t closures_cancelled() const;
   std::uint64_t closures_retried() const;
   std::uint64_t workers_lost() const;
+  /// Lost ps tasks reached again after their restart (ClusterCoordinatorOptions::ps_restart_wait).
+  std::uint64_t ps_tasks_restarted() const;
 
  private:
   friend class troupe::nn::detail::PsFitLoop;

@@ -120,6 +120,12 @@ struct CoordinatorState {
   std::unordered_map<std::uint64_t, Pending> pending;
   std::optional<std::string> first_error;  // a function's, since the last join
   std::optional<std::string> ps_lost;      // for good: without the ps there is nothing to train
+  // With ClusterCoordinatorOptions::ps_restart_wait: ps tasks lost and awaited, losses so far, and
+  // the ps tasks reached again whose shards are to be made again (PsAccess::take_restarted_ps).
+  std::set<int> ps_awaited;
+  std::uint64_t ps_losses = 0;
+  std::uint64_t ps_restarts = 0;
+  std::vector<int> ps_restarted;
   // Sees each function's result (and the index of the worker that ran it) as it arrives; set by
   // Model::fit (PsAccess::on_result), read under the mutex.
   std::function<void(int, const std::vector<Tensor>&)> on_result;
@@ -187,6 +193,25 @@ struct CoordinatorState {
   // Functions that ended, run or cancelled (with the mutex held).
   std::uint64_t finished() const { return done + cancelled; }
 
+  void ps_down(int p) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ps_awaited.insert(p);
+      ++ps_losses;
+    }
+    cv.notify_all();
+  }
+
+  void ps_back(int p) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ps_awaited.erase(p);
+      ps_restarted.push_back(p);
+      ++ps_restarts;
+    }
+    cv.notify_all();
+  }
+
   void lost_ps(const std::string& task, const std::string& reason) {
     {
       std::lock_guard<std::mutex> lock(mutex);
@@ -205,6 +230,7 @@ struct PsState {
   VariableTable table;
   int next_ps = 0;  // round-robin placement over the ps tasks
   std::shared_ptr<CoordinatorState> coordinator;
+  std::string checkpoint_directory;  // the last ShardedCheckpointManager's (under mutex)
   mutable std::mutex mutex;
 };
 
@@ -434,7 +460,13 @@ ParameterServerStrategy::ParameterServerStrategy(Runtime& runtime, std::shared_p
       [weak](const std::string& task, const std::string& reason) {
         if (auto c = weak.lock()) c->lost_ps(task, reason);
       },
-      log);
+      log,
+      [weak](int p, const std::string&, const std::string&) {
+        if (auto c = weak.lock()) c->ps_down(p);
+      },
+      [weak](int p, const std::string&) {
+        if (auto c = weak.lock()) c->ps_back(p);
+      });
   s.coordinator = std::move(c);
   static_cast<detail::PsBackend&>(backend()).state = state_;
 }
@@ -452,6 +484,74 @@ void detail::PsAccess::on_result(ParameterServerStrategy& s,
   auto& c = *s.state_->coordinator;
   std::lock_guard<std::mutex> lock(c.mutex);
   c.on_result = std::move(hook);
+}
+
+std::chrono::milliseconds detail::PsAccess::ps_restart_wait(ParameterServerStrategy& s) {
+  auto& c = *s.state_->coordinator;
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.configured ? c.options.ps_restart_wait : std::chrono::milliseconds(0);
+}
+
+std::uint64_t detail::PsAccess::ps_losses(ParameterServerStrategy& s) {
+  auto& c = *s.state_->coordinator;
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.ps_losses;
+}
+
+std::optional<std::vector<int>> detail::PsAccess::await_ps_restart(ParameterServerStrategy& s, std::uint64_t seen,
+                                                                   std::chrono::milliseconds settle) {
+  auto& c = *s.state_->coordinator;
+  std::unique_lock<std::mutex> lock(c.mutex);
+  if (!c.cv.wait_for(lock, settle, [&] { return c.ps_losses > seen || c.ps_lost.has_value(); })) return std::nullopt;
+  // The connector gives up on an awaited ps task after the wait (and says so through ps_lost);
+  // the bound here only keeps a wedged connector from hanging fit.
+  const auto bound = std::chrono::steady_clock::now() + c.options.ps_restart_wait + std::chrono::seconds(30);
+  while (!c.ps_lost && !c.ps_awaited.empty()) {
+    if (c.cv.wait_until(lock, bound) == std::cv_status::timeout) {
+      throw Error("ClusterCoordinator: ps task(s) lost and not reached again within " +
+                  std::to_string(c.options.ps_restart_wait.count() / 1000) + " s");
+    }
+  }
+  if (c.ps_lost) throw Error(*c.ps_lost);
+  std::vector<int> back = std::move(c.ps_restarted);
+  c.ps_restarted.clear();
+  return back;
+}
+
+void detail::PsAccess::remake_shards(ParameterServerStrategy& s, const std::vector<int>& ps) {
+  auto& st = *s.state_;
+  std::vector<actors::dispatcher::shard_op> creations;
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    for (const auto& v : st.table.variables) {
+      for (const auto& shard : v.shards) {
+        if (std::find(ps.begin(), ps.end(), shard.ps) == ps.end()) continue;
+        Shape shape = v.shape;
+        shape[0] = shard.rows;
+        creations.push_back(
+            {shard.ps, shard.key, actors::update_op::assign, encode_tensor(Tensor::zeros(shape, v.dtype))});
+      }
+    }
+  }
+  st.coordinator->dispatcher->create_shards(std::move(creations), st.options.peer_timeout);
+}
+
+void detail::PsAccess::set_checkpoint_directory(ParameterServerStrategy& s, const std::string& directory) {
+  std::lock_guard<std::mutex> lock(s.state_->mutex);
+  s.state_->checkpoint_directory = directory;
+}
+
+std::string detail::PsAccess::checkpoint_directory(ParameterServerStrategy& s) {
+  std::lock_guard<std::mutex> lock(s.state_->mutex);
+  return s.state_->checkpoint_directory;
+}
+
+void detail::PsAccess::log(ParameterServerStrategy& s, const std::string& line) {
+  if (s.state_->options.log) {
+    s.state_->options.log(line);
+  } else {
+    std::cerr << "troupe: " << line << std::endl;
+  }
 }
 
 int ParameterServerStrategy::num_workers() const { return state_->spec.num_tasks("worker"); }
@@ -522,6 +622,7 @@ ClusterCoordinator::ClusterCoordinator(ParameterServerStrategy& strategy, Cluste
   state_->dispatcher->configure(options.closures_per_worker, options.reconnect_interval);
   state_->dispatcher->set_heartbeat(actors::liveness_policy{options.heartbeat_interval, options.missed_heartbeats});
   state_->dispatcher->set_stall(actors::closure_watch_options{options.stall_warning, options.stall_shutdown});
+  state_->dispatcher->set_ps_restart_wait(options.ps_restart_wait);
 }
 
 ClusterCoordinator::~ClusterCoordinator() = default;
@@ -647,5 +748,9 @@ std::uint64_t ClusterCoordinator::closures_cancelled() const {
 }
 std::uint64_t ClusterCoordinator::closures_retried() const { return state_->dispatcher->retried(); }
 std::uint64_t ClusterCoordinator::workers_lost() const { return state_->dispatcher->workers_lost(); }
+std::uint64_t ClusterCoordinator::ps_tasks_restarted() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->ps_restarts;
+}
 
 }  // namespace troupe::distribute

@@ -454,6 +454,8 @@ ShardedCheckpointManager::ShardedCheckpointManager(ParameterServerStrategy& stra
   }
   // The ps tasks are handed an absolute path without "." or ".." components.
   directory_ = fs::weakly_canonical(fs::absolute(directory)).string();
+  // Where Model::fit restores every shard from after a lost ps task came back (PsFitLoop).
+  detail::PsAccess::set_checkpoint_directory(strategy, directory_);
   // Temporary directories of killed saves, except a running process's.
   fs::directory_iterator it(directory_, ec);
   if (ec) return;
