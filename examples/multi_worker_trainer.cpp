@@ -9,6 +9,7 @@
 //     # the chief serves the dashboard of both workers; pause, stop... act on both at the same step
 //   troupe-launch -n 2 --max-restarts 3 -- multi_worker_trainer --checkpoint-dir /tmp/run --tensorboard-dir logs
 //   troupe-launch -n 3 --elastic --min 2 -- multi_worker_trainer --elastic   # a lost worker is dropped
+//   ... multi_worker_trainer --elastic --record-examples DIR   # each step's example ids, per worker
 //
 // Only the chief prints the progress. A NaN or infinite loss stops every worker at the same step
 // (exit 1, no backup after it). With --checkpoint-dir, the run is backed up (BackupAndRestore) at
@@ -33,16 +34,20 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
-#include <memory>
-#include <thread>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <unordered_map>
 
 #include <csignal>
 
@@ -79,6 +84,80 @@ std::string weights_digest(const std::map<std::string, Variable>& variables) {
   return out.str();
 }
 
+// --record-examples: a layer in front of the model that passes its input through and, in a
+// training call, appends to a file the ids (row numbers in the generated set) of the rows this
+// replica trains on, with the step and the number of membership changes so far. A line is
+// written (and flushed) as the replica computes, so a worker killed mid-step has recorded it:
+//   step=S changes=C ids=I,J,...
+// A step rolled back by a change runs again with a higher C; the lines of the highest C of a
+// step are the rows that went into the weights (tests/programs/examples_exactly_once.py).
+class ExampleRecorder : public nn::Layer {
+ public:
+  struct Shared {
+    std::unordered_map<std::string, std::int64_t> ids;  // a row's bytes -> its number
+    std::int64_t row_bytes = 0;
+    std::mutex mutex;
+    std::ofstream out;
+    std::atomic<bool> recording{false};
+    std::atomic<std::int64_t> step{0};
+    std::atomic<int> changes{0};
+  };
+
+  ExampleRecorder(const Tensor& features, const std::string& path) : Layer(""), shared_(std::make_shared<Shared>()) {
+    const Tensor host = features.to(Device());
+    const std::int64_t rows = host.shape()[0];
+    shared_->row_bytes = static_cast<std::int64_t>(host.nbytes()) / rows;
+    const auto* bytes = static_cast<const char*>(host.raw_data());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      if (!shared_->ids.emplace(std::string(bytes + r * shared_->row_bytes, shared_->row_bytes), r).second) {
+        throw std::invalid_argument("--record-examples: rows of the generated set are equal; ids would be ambiguous");
+      }
+    }
+    shared_->out.open(path, std::ios::app);
+    if (!shared_->out) throw std::invalid_argument("--record-examples: cannot write " + path);
+  }
+
+  const char* class_name() const override { return "ExampleRecorder"; }
+  const char* default_name() const override { return "example_recorder"; }
+  Shape input_shape() const override { return {}; }
+  Shape output_shape(const Shape& input_shape) const override { return input_shape; }
+
+  /// Training steps from now on are recorded (fit's, not evaluate's).
+  void record(bool on) { shared_->recording = on; }
+  /// Before a step: the step it will be and the membership changes so far.
+  void set_step(std::int64_t step, int changes) {
+    shared_->step = step;
+    shared_->changes = changes;
+  }
+
+ protected:
+  Tensor call(const Tensor& x, const nn::CallContext& ctx) const override {
+    if (!ctx.training || !ctx.update_state || !shared_->recording) return x;
+    const Tensor host = x.to(Device());
+    const auto* bytes = static_cast<const char*>(host.raw_data());
+    const std::int64_t rows = host.rank() > 0 ? host.shape()[0] : 0;
+    std::ostringstream line;
+    line << "step=" << shared_->step << " changes=" << shared_->changes << " ids=";
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto found = shared_->ids.find(std::string(bytes + r * shared_->row_bytes, shared_->row_bytes));
+      line << (r == 0 ? "" : ",") << (found == shared_->ids.end() ? -1 : found->second);
+    }
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    shared_->out << line.str() << std::endl;
+    return x;
+  }
+  nn::LayerGradients gradients(const Tensor&, const Tensor&, const Tensor& grad_output, const nn::CallContext&,
+                           bool need_input) const override {
+    nn::LayerGradients g;
+    if (need_input) g.input = grad_output;
+    return g;
+  }
+  std::string config_json() const override { return "{}"; }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -95,6 +174,7 @@ int main(int argc, char** argv) {
   bool quiet = false;
   std::string implementation = "auto";
   bool elastic = false;
+  std::string record_examples;
   CLI::App app{"The MLP classifier under MultiWorkerMirroredStrategy (TF_CONFIG says who is who).",
                "multi_worker_trainer"};
   troupe::examples::show_defaults(app);
@@ -127,6 +207,11 @@ int main(int argc, char** argv) {
                "elastic membership (MultiWorkerOptions::elastic; TROUPE_MIN_WORKERS and TROUPE_COMMIT_EVERY_STEPS "
                "apply): a lost worker is dropped and the others go on from their last in-memory commit; the result "
                "line gains membership_changes=N");
+  app.add_option("--record-examples", record_examples,
+                 "append the ids of the rows each training step of this worker takes to DIR/worker-TASK-PID.txt "
+                 "(step=S changes=C ids=..., written as the step computes; to check that DATA sharding gives "
+                 "every example of an epoch once across membership changes)")
+      ->type_name("DIR");
   app.add_flag("--quiet", quiet, "print the result line only");
   return troupe::examples::run_main(app, argc, argv, [&] {
     if (checkpoint_every > 0 && checkpoint_dir.empty()) {
@@ -160,9 +245,17 @@ int main(int argc, char** argv) {
     const std::int64_t steps_per_epoch = blobs.samples / batch;
 
     auto scope = strategy.scope();
-    nn::Model model(nn::Sequential({nn::Dense(inputs, 64, nn::Activation::relu, 1),
-                                    nn::Dense(64, 64, nn::Activation::relu, 2),
-                                    nn::Dense(64, blobs.classes, nn::Activation::none, 3)}));
+    std::optional<ExampleRecorder> recorder;
+    nn::Sequential layers;
+    if (!record_examples.empty()) {
+      recorder.emplace(d.features, record_examples + "/worker-" + std::to_string(strategy.cluster_resolver()->task_id()) +
+                                       "-" + std::to_string(::getpid()) + ".txt");
+      layers.add(*recorder);  // a copy sharing the recorder's state
+    }
+    layers.add(nn::Dense(inputs, 64, nn::Activation::relu, 1));
+    layers.add(nn::Dense(64, 64, nn::Activation::relu, 2));
+    layers.add(nn::Dense(64, blobs.classes, nn::Activation::none, 3));
+    nn::Model model(std::move(layers));
     model.compile(std::make_shared<nn::Adam>(learning_rate), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
     if (!quiet) {
       std::cout << strategy.cluster_resolver()->task_type() << " " << strategy.cluster_resolver()->task_id() << " of "
@@ -208,7 +301,16 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms));
       };
     }
+    if (recorder) {
+      auto tag = std::make_shared<nn::LambdaCallback>();
+      tag->batch_begin = [&](std::int64_t, nn::Logs&) {
+        recorder->set_step(model.control().step() + 1, strategy.membership_changes());
+      };
+      options.callbacks.push_back(tag);
+      recorder->record(true);
+    }
     const nn::History history = model.fit(batches, epochs, steps_per_epoch, options);
+    if (recorder) recorder->record(false);
     if (history.non_finite_step != 0 && !no_terminate_on_nan) {
       std::cerr << "multi_worker_trainer: "
                 << (history.stop_reason.empty() ? "the loss was not finite at step " + std::to_string(history.non_finite_step)

@@ -246,6 +246,11 @@ std::string stall_inspector::describe(clock::time_point now, std::chrono::millis
     // The ring runs through the workers still in, in id order (a joiner's id comes after those of
     // the members it joined).
     const int world = static_cast<int>(waiting.size());
+    // A worker by its id, with its rank in the ring when a change of members made them differ
+    // (a position names its ring neighbour by rank).
+    auto named = [&](int id, int rank) {
+      return "worker " + std::to_string(id) + (id != rank ? " (ring rank " + std::to_string(rank) + ")" : "");
+    };
     for (std::size_t i = 0; i < waiting.size(); ++i) {
       const int r = waiting[i];
       const int from = waiting[(i + waiting.size() - 1) % waiting.size()];
@@ -253,8 +258,9 @@ std::string stall_inspector::describe(clock::time_point now, std::chrono::millis
       const seen& sender = workers_[static_cast<std::size_t>(from)];
       if (world < 2 || receiver.p.ring_idle_ms < 0 || sender.p.ring_idle_ms < 0) continue;
       if (sender.p.ring_sent > receiver.p.ring_received) {
-        line += "; every worker waits in it: the ring link from worker " + std::to_string(from) +
-                " to worker " + std::to_string(r) + " lost " + std::to_string(sender.p.ring_sent - receiver.p.ring_received) +
+        line += "; every worker waits in it: the ring link from " +
+                named(from, static_cast<int>((i + waiting.size() - 1) % waiting.size())) + " to " +
+                named(r, static_cast<int>(i)) + " lost " + std::to_string(sender.p.ring_sent - receiver.p.ring_received) +
                 " bytes (sent, never received) and moved no byte for " +
                 whole_seconds(ms(receiver.p.ring_idle_ms) + since_beat(receiver));
         return line;
@@ -262,20 +268,23 @@ std::string stall_inspector::describe(clock::time_point now, std::chrono::millis
     }
     int to = -1;
     milliseconds idle{-1};
-    for (int r : waiting) {
-      const seen& s = workers_[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < waiting.size(); ++i) {
+      const seen& s = workers_[static_cast<std::size_t>(waiting[i])];
       if (s.p.ring_peer < 0 || s.p.ring_idle_ms < 0) continue;
-      const milliseconds i = ms(s.p.ring_idle_ms) + since_beat(s);
-      if (i > idle) {
-        idle = i;
-        to = r;
+      const milliseconds t = ms(s.p.ring_idle_ms) + since_beat(s);
+      if (t > idle) {
+        idle = t;
+        to = static_cast<int>(i);
       }
     }
     line += "; every worker waits in it";
     if (to >= 0) {
-      const seen& s = workers_[static_cast<std::size_t>(to)];
-      line += ": the ring link from worker " + std::to_string(s.p.ring_peer) + " to worker " + std::to_string(to) +
-              " moved no byte for " + whole_seconds(idle);
+      const int id = waiting[static_cast<std::size_t>(to)];
+      const int peer = workers_[static_cast<std::size_t>(id)].p.ring_peer;
+      // The neighbour it waits on is a rank of the ring, which runs through the waiting workers.
+      const std::string from = peer < world ? named(waiting[static_cast<std::size_t>(peer)], peer)
+                                            : "ring rank " + std::to_string(peer);
+      line += ": the ring link from " + from + " to " + named(id, to) + " moved no byte for " + whole_seconds(idle);
     }
   }
   // A waiter whose heartbeats stopped is stopped or cut off itself.

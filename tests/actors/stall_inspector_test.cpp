@@ -150,8 +150,8 @@ TEST_CASE("an elastic cluster's stall line leaves out a dropped worker and names
   s.position(1, p1, t0);
   s.position(3, p3, t0);
   CHECK(s.check(t0).line == "stall: step 9 all_reduce #0 (float32, 1.0 MiB): workers 0, 1, 3 waiting 5 s; every worker "
-                            "waits in it: the ring link from worker 1 to worker 3 lost 2000 bytes (sent, never "
-                            "received) and moved no byte for 4 s");
+                            "waits in it: the ring link from worker 1 to worker 3 (ring rank 2) lost 2000 bytes (sent, "
+                            "never received) and moved no byte for 4 s");
   // Without the joiner's position the line names it, and never the dropped worker.
   stall_inspector t(3, warn_after(2s));
   t.drop(2);
@@ -160,6 +160,29 @@ TEST_CASE("an elastic cluster's stall line leaves out a dropped worker and names
   t.position(1, waiting(9, 0, 5000), t0);
   CHECK(t.check(t0).line == "stall: step 9 all_reduce #0 (float32, 1.0 MiB): workers 0, 1 waiting 5 s; worker 3 sent "
                             "no position yet");
+}
+
+TEST_CASE("after a change of members the idle ring link names the workers by id, beside their ring ranks") {
+  const auto t0 = clock_type::now();
+  stall_inspector s(3, warn_after(2s));
+  s.drop(1);
+  s.add_worker();  // the replacement: worker 3
+  // The ring 0 -> 2 -> 3 -> 0 of ranks 0, 1, 2: worker 3 (rank 2) waits on rank 1, worker 2, longest.
+  worker_position p0 = waiting(9, 0, 5000), p2 = waiting(9, 0, 5000), p3 = waiting(9, 0, 5000);
+  p0.ring_peer = 2, p0.ring_idle_ms = 1000;
+  p2.ring_peer = 0, p2.ring_idle_ms = 2000;
+  p3.ring_peer = 1, p3.ring_idle_ms = 4200;
+  s.position(0, p0, t0);
+  s.position(2, p2, t0);
+  s.position(3, p3, t0);
+  CHECK(s.check(t0).line == "stall: step 9 all_reduce #0 (float32, 1.0 MiB): workers 0, 2, 3 waiting 5 s; every worker "
+                            "waits in it: the ring link from worker 2 (ring rank 1) to worker 3 (ring rank 2) moved "
+                            "no byte for 4 s");
+  // Worker 0 waiting longest on rank 2: the joiner, named by its id.
+  p0.ring_idle_ms = 4900;
+  s.position(0, p0, t0);
+  CHECK(s.check(t0).line == "stall: step 9 all_reduce #0 (float32, 1.0 MiB): workers 0, 2, 3 waiting 5 s; every worker "
+                            "waits in it: the ring link from worker 3 (ring rank 2) to worker 0 moved no byte for 4 s");
 }
 
 TEST_CASE("a silent worker's old position in a collective is not taken for the stalled collective") {

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The dashboard's cluster view of an elastic cluster: multi_worker_trainer --elastic on 3 workers
-under troupe-launch --elastic --min 2 --max-restarts 1, the chief serving. Worker 2 is killed
-(SIGKILL); the others go on without it, and the launcher's replacement joins. Then GET /api/state:
+under troupe-launch --elastic --min 2 --max 4 --max-restarts 1, the chief serving. Worker 2 is
+killed (SIGKILL); the others go on without it, and the launcher's replacement joins. Then GET
+/api/state:
 
 - cluster.members lists 4 workers by id: 0 and 1 alive in ring ranks 0 and 1, id 2 (task 2, the
   killed one) lost and out of the ring, id 3 (task 2 again, the replacement) alive, heard, in ring
@@ -12,77 +13,87 @@ under troupe-launch --elastic --min 2 --max-restarts 1, the chief serving. Worke
 - the worker rows are ring ranks 0..2 with ids 0, 1 and 3, the last with task 2's name;
 - the failures list has the loss, the join (worker 3) and both changes as events;
 - GET /api/flight_recorder has one "membership" entry per change, labelled elastic:worker_left and
-  elastic:admission, both done;
-and the run ends with status 0.
+  elastic:admission, both done.
+
+Then a fourth worker (task 3, started by the test with TROUPE_JOIN=1) joins, beyond the size at
+the start: its row is ring rank 3 with id 4 and task 3's name, with its step and its replica
+(3 of replicas_in_sync 4), and the steps the chief publishes after it carry 4 workers' parts. The
+run and the fourth worker end with status 0 and one weights digest.
 
 Usage: mw_elastic_test.py TROUPE_LAUNCH MULTI_WORKER_TRAINER
 """
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
-import subprocess
+import socket
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cluster_run  # noqa: E402
+import harness  # noqa: E402
 
-DEADLINE = time.monotonic() + 150
 TASK2 = "/job:worker/replica:0/task:2"
-log_path = None
+TASK3 = "/job:worker/replica:0/task:3"
+TRAINER_ARGS = ["--elastic", "--epochs", "12", "--batch", "192", "--step-delay-ms", "50"]
 
 
-def out():
-    with open(log_path) as f:
-        return f.read()
-
-
-def fail(why):
-    print("FAILED: " + why, flush=True)
-    if log_path:
-        print("--- output\n" + out()[-6000:], flush=True)
-    raise SystemExit(1)
-
-
-def wait_for(what, predicate, timeout):
-    return cluster_run.wait_for(what, predicate, timeout, DEADLINE, fail)
-
-
-def request(base, path):
-    try:
-        with urllib.request.urlopen(base + path, timeout=10) as r:
-            return json.loads(r.read())
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        fail("the chief's dashboard does not answer GET %s: %s" % (path, e))
-
-
-def check(condition, why):
-    if not condition:
-        fail(why)
+def free_ports(n):
+    """P with P..P+n-1 free on loopback (the launcher's workers and a joiner's address)."""
+    for _ in range(200):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            p = a.getsockname()[1]
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p + i))
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no %d free consecutive ports on 127.0.0.1" % n)
 
 
 def main():
-    global log_path
     launch, trainer = sys.argv[1], sys.argv[2]
+    harness.set_deadline(170)
     work = tempfile.mkdtemp(prefix="troupe-mw-elastic-")
-    log_path = os.path.join(work, "run.log")
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([launch, "-n", "3", "--elastic", "--min", "2", "--max-restarts", "1", "--timeout", "120",
-                                 "--", trainer, "--elastic", "--epochs", "8", "--batch", "192", "--step-delay-ms", "50",
-                                 "--dashboard-port", "0"],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    token = secrets.token_hex(16)
+    base_port = free_ports(4)
+    env = dict(os.environ, TROUPE_CLUSTER_TOKEN=token)
+    run = harness.Started(work, "run", [launch, "-n", "3", "--port-base", str(base_port), "--elastic", "--min", "2",
+                                        "--max", "4", "--max-restarts", "1", "--timeout", "150", "--", trainer,
+                                        *TRAINER_ARGS, "--dashboard-port", "0"], env=env)
+    procs = [run]
+
+    def fail(why):
+        harness.fail(why, run.out())
+
+    def check(condition, why):
+        if not condition:
+            fail(why)
+
+    def wait_for(what, predicate, timeout):
+        return harness.wait_for(what, predicate, timeout, run.out)
+
+    def get(base, path):
+        status, body = harness.request(base, path)
+        check(status == 200, "GET %s answered %d: %s" % (path, status, body))
+        return body
+
     try:
-        base = wait_for("the chief's dashboard URL",
-                        lambda: (re.search(r"\[rank 0\] dashboard: (http://[0-9.:]+)/", out()) or [None, None])[1], 30)
+        base = harness.base_of(run.dashboard_url(30, rank=0))
         pid2 = wait_for("worker 2's pid",
-                        lambda: (re.search(r"^\[rank 2\] worker 2 of 3 workers \(pid ([0-9]+)\)", out(), re.M) or
+                        lambda: (re.search(r"^\[rank 2\] worker 2 of 3 workers \(pid ([0-9]+)\)", run.out(), re.M) or
                                  [None, None])[1], 30)
-        state = lambda: request(base, "/api/state")
+        state = lambda: get(base, "/api/state")
         wait_for("a few steps", lambda: state()["step"] > 5, 30)
         s = state()
         check([m["id"] for m in s["cluster"]["members"]] == [0, 1, 2] and
@@ -93,7 +104,7 @@ def main():
         os.kill(int(pid2), signal.SIGKILL)
         wait_for("both changes on the chief's dashboard", lambda: len(state()["cluster"]["changes"]) >= 2, 60)
         s = state()
-        recorder = request(base, "/api/flight_recorder")
+        recorder = get(base, "/api/flight_recorder")
         c = s["cluster"]
 
         members = {m["id"]: m for m in c["members"]}
@@ -118,7 +129,8 @@ def main():
               "the second change is %s, expected task 2 joined, 3 workers, generation 2, ring [0, 1, 3]" % joined)
         # The printed lines agree on the steps.
         check(re.search(r"^\[rank 0\] troupe: warning: elastic membership: %s left; 2 workers continue from step %d "
-                        r"as ring generation 1 \(paused %d ms\)$" % (TASK2, left["step"], left["paused_ms"]), out(), re.M),
+                        r"as ring generation 1 \(paused %d ms\)$" % (TASK2, left["step"], left["paused_ms"]),
+                        run.out(), re.M),
               "the chief's line on the loss does not name step %d and %d ms" % (left["step"], left["paused_ms"]))
 
         rows = s["workers"]
@@ -141,21 +153,47 @@ def main():
               "the membership entries' participants are %s, expected 3 then 2 (the workers before each)" %
               [e["participants"] for e in changes])
 
-        try:
-            rc = proc.wait(timeout=max(1, DEADLINE - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            fail("the run did not end in time")
+        # A fourth worker joins, beyond the 3 of the start (max_workers 4).
+        cluster = ["127.0.0.1:%d" % (base_port + i) for i in range(4)]
+        tf_config = json.dumps({"cluster": {"worker": cluster}, "task": {"type": "worker", "index": 3}})
+        fourth = harness.Started(work, "fourth", [trainer, *TRAINER_ARGS],
+                                 env=dict(env, TF_CONFIG=tf_config, TROUPE_ELASTIC="1", TROUPE_JOIN="1"))
+        procs.append(fourth)
+        wait_for("the fourth worker's join on the chief's dashboard", lambda: len(state()["cluster"]["changes"]) >= 3,
+                 60)
+        grown = state()["cluster"]["changes"][2]
+        check(grown["joined"] == [TASK3] and grown["workers"] == 4 and grown["ring"] == [0, 1, 3, 4],
+              "the third change is %s, expected task 3 joined, 4 workers, ring [0, 1, 3, 4]" % grown)
+        # The rows and the step's parts follow from the first step after the join.
+        s = wait_for("a step after the fourth worker's join",
+                     lambda: (lambda x: x if x["step"] > grown["step"] + 1 else None)(state()), 30)
+        rows = s["workers"]
+        check([(r["worker"], r["id"]) for r in rows] == [(0, 0), (1, 1), (2, 3), (3, 4)],
+              "the worker rows are %s, expected ring ranks 0..3 with ids 0, 1, 3, 4" %
+              [(r["worker"], r["id"]) for r in rows])
+        check(rows[3]["task"] == TASK3 and rows[3]["replicas"] == [3] and rows[3].get("step", -1) > grown["step"],
+              "ring rank 3's row is %s, expected %s with replica 3 and a step after %d" % (rows[3], TASK3, grown["step"]))
+        check(s["replicas_in_sync"] == 4, "replicas_in_sync is %s after the join, expected 4" % s["replicas_in_sync"])
+        after = wait_for("a step after the fourth worker's join in the history",
+                         lambda: [e for e in get(base, "/api/history")["events"] if e["step"] > grown["step"] + 1], 20)
+        check(all(len(e["workers"]) == 4 and len(e["replica_loss"]) == 4 for e in after),
+              "steps after the join carry %s workers' parts and %s replica losses, expected 4 each" %
+              (sorted({len(e["workers"]) for e in after}), sorted({len(e["replica_loss"]) for e in after})))
+        check(any(e["workers"][3]["compute_ms"] and e["workers"][3]["compute_ms"] > 0 for e in after),
+              "no step after the join has the fourth worker's compute time: %s" % [e["workers"][3] for e in after])
+
+        rc = run.wait("the run")
         check(rc == 0, "troupe-launch exited %d" % rc)
-        print("PASSED: task 2 lost and a replacement joined as worker 3; the chief's dashboard shows both changes "
-              "(paused %d and %d ms), the members and the flight recorder's entries" %
-              (left["paused_ms"], joined["paused_ms"]), flush=True)
+        rc4 = fourth.wait("the fourth worker")
+        check(rc4 == 0, "the fourth worker exited %d:\n%s" % (rc4, fourth.out()[-3000:]))
+        digests = set(re.findall(r"weights_digest=([0-9a-f]+)", run.out() + fourth.out()))
+        check(len(digests) == 1, "the workers ended with weights %s, expected one digest" % digests)
+        print("PASSED: task 2 lost and a replacement joined as worker 3, then task 3 joined as worker 4 beyond the "
+              "start's 3; the chief's dashboard shows the changes (paused %d, %d and %d ms), the members, a row and "
+              "step parts for each of the 4 workers, and the flight recorder's entries" %
+              (left["paused_ms"], joined["paused_ms"], grown["paused_ms"]), flush=True)
     finally:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=10)
+        harness.kill_all(procs)
         shutil.rmtree(work, ignore_errors=True)
 
 

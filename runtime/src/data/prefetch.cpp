@@ -124,6 +124,8 @@ class PrefetchDataset final : public DatasetImpl {
     return over_sharded_files<PrefetchDataset>(input_, num_shards, index, static_cast<std::int64_t>(n_));
   }
 
+  void rewind() const override { input_->rewind(); }
+
  private:
   DatasetPtr input_;
   std::size_t n_;

@@ -105,6 +105,8 @@ class BatchDataset final : public DatasetImpl {
     return over_sharded_files<BatchDataset>(input_, num_shards, index, n_, drop_remainder_);
   }
 
+  void rewind() const override { input_->rewind(); }
+
  private:
   DatasetPtr input_;
   std::int64_t n_;
@@ -170,6 +172,8 @@ class RepeatDataset final : public DatasetImpl {
   DatasetPtr shard_files(std::int64_t num_shards, std::int64_t index) const override {
     return over_sharded_files<RepeatDataset>(input_, num_shards, index, count_);
   }
+
+  void rewind() const override { input_->rewind(); }
 
  private:
   DatasetPtr input_;
@@ -238,6 +242,11 @@ class ShuffleDataset final : public DatasetImpl {
     return over_sharded_files<ShuffleDataset>(input_, num_shards, index, static_cast<std::int64_t>(buffer_size_), seed_);
   }
 
+  void rewind() const override {
+    passes_ = 0;
+    input_->rewind();
+  }
+
  private:
   DatasetPtr input_;
   std::size_t buffer_size_;
@@ -281,6 +290,8 @@ class MapDataset final : public DatasetImpl {
     return over_sharded_files<MapDataset>(input_, num_shards, index, fn_);
   }
 
+  void rewind() const override { input_->rewind(); }
+
  private:
   DatasetPtr input_;
   std::function<Element(const Element&)> fn_;
@@ -320,6 +331,8 @@ class FilterDataset final : public DatasetImpl {
   DatasetPtr shard_files(std::int64_t num_shards, std::int64_t index) const override {
     return over_sharded_files<FilterDataset>(input_, num_shards, index, predicate_);
   }
+
+  void rewind() const override { input_->rewind(); }
 
  private:
   DatasetPtr input_;
@@ -369,6 +382,8 @@ class TakeDataset final : public DatasetImpl {
     return over_sharded_files<TakeDataset>(input_, num_shards, index, n_);
   }
 
+  void rewind() const override { input_->rewind(); }
+
  private:
   DatasetPtr input_;
   std::int64_t n_;
@@ -413,6 +428,8 @@ class SkipDataset final : public DatasetImpl {
   DatasetPtr shard_files(std::int64_t num_shards, std::int64_t index) const override {
     return over_sharded_files<SkipDataset>(input_, num_shards, index, n_);
   }
+
+  void rewind() const override { input_->rewind(); }
 
  private:
   DatasetPtr input_;
@@ -459,6 +476,8 @@ class ShardDataset final : public DatasetImpl {
   DatasetPtr shard_files(std::int64_t num_shards, std::int64_t index) const override {
     return over_sharded_files<ShardDataset>(input_, num_shards, index, num_shards_, index_);
   }
+
+  void rewind() const override { input_->rewind(); }
 
  private:
   DatasetPtr input_;

@@ -47,6 +47,12 @@ class Monitor::FitCallback : public nn::Callback {
       std::lock_guard<std::mutex> lock(m_.mutex);
       m_.metric_names = metric_names_;
     }
+    m_.follow_members();
+    make_keys();
+  }
+
+  // The names of fit's logs read at every step: a replica's loss, a worker's parts (by ring rank).
+  void make_keys() {
     replica_keys_.clear();
     for (int g = 0; g < m_.replicas_in_sync; ++g) replica_keys_.push_back("loss/replica_" + std::to_string(g));
     part_keys_.clear();
@@ -80,6 +86,8 @@ class Monitor::FitCallback : public nn::Callback {
     };
     std::int64_t input_start = 0;
     const std::int64_t input_ns = m_.profile.take_input_wait(&input_start);
+    // A change of members inside fit (elastic): fit's logs name the ring as it is now.
+    if (m_.follow_members()) make_keys();
 
     actors::step_event& e = m_.next_event();
     e.step = step;

@@ -140,6 +140,19 @@ void Monitor::Impl::apply(const Taken& command, std::int64_t step) {
 // storage) and into the stream's ring, which the stream drains on its own timer. No message, no
 // allocation and no wakeup per step; `now` (a pause, a stop) asks the stream to push at once.
 // The cluster's record learns the step too, so that a worker lost is marked where it happened.
+bool Monitor::Impl::follow_members() {
+  const int n = backend.workers().size();
+  const int rank = backend.workers().rank();
+  const int replicas = backend.num_replicas_in_sync();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (n == workers && rank == worker && replicas == replicas_in_sync) return false;
+  workers = n;
+  worker = rank;
+  replicas_in_sync = replicas;
+  heard_ns.resize(static_cast<std::size_t>(n), profile_now_ns());
+  return true;
+}
+
 void Monitor::Impl::publish(const actors::step_event& e, bool now) {
   if (health) health->set_step(e.step);
   if (ps_board) ps_board->set_step(e.step);

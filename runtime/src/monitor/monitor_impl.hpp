@@ -213,6 +213,10 @@ struct Monitor::Impl {
                  actors::step_event& event);
   void apply(const detail::Taken& command, std::int64_t step);
   void publish(const actors::step_event& e, bool now);
+  // An elastic cluster that changed its members inside fit: worker, workers, replicas_in_sync
+  // and heard_ns follow the ring as it is now (the rows, the step's parts and the replica losses
+  // then cover every member, a joiner beyond the size at the start too). True when they changed.
+  bool follow_members();
   // The controls set from the page take effect after `step` (said and marked).
   void apply_controls(std::int64_t step);
   actors::step_event& next_event();

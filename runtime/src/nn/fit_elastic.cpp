@@ -140,6 +140,11 @@ void FitLoop::take_up_input(const distribute::detail::CommitPosition& at) {
   step_ = at.step;
   workers_ = group_.size();
   size_step_table();
+  // The passes this process made already drew their shuffles' orders: the iterator at the
+  // commit is made as in a process just started (rewound, the passes before it replayed), so
+  // that every worker's global batches are the same and each row goes to one replica.
+  iterator_.reset();  // stops its prefetch, which would draw more
+  dataset_.rewind_passes();
   BackupAndRestore::replay_passes(dataset_, at.input_passes);
   iterator_.emplace(dataset_.make_iterator());
   passes_ = at.input_passes + 1;

@@ -14,7 +14,9 @@
 // ("worker 1 is silent: its last heartbeat, 2.6 s ago, had it in step 43 compute"); and when every
 // worker waits in the same collective, the ring link that made no progress (a
 // relay that stopped forwarding): the one whose sender counts more bytes sent than its receiver
-// received, else the one idle longest. The line is repeated at a back-off (the warning bound, then
+// received, else the one idle longest. Workers are named by their ids in the chief's table, which
+// a change of members never renumbers, with their rank in the ring beside when a change made the
+// two differ ("the ring link from worker 2 (ring rank 1) to worker 3 (ring rank 2)"). The line is repeated at a back-off (the warning bound, then
 // twice as long each time, at most 10 minutes apart), cleared once no worker waits too long, and,
 // past the shutdown bound (off unless set), handed to the agent to end the cluster with.
 // Plain classes without CAF: time is passed in, so tests decide it.

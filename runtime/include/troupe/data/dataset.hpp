@@ -49,6 +49,10 @@ class DatasetImpl {
     (void)index;
     return nullptr;
   }
+  /// Sets every shuffle upstream back to its first pass, as in a graph just built: the next
+  /// iterator gives the orders of the first pass again (reshuffle_each_iteration counts passes
+  /// per dataset). For a position taken up again in a process that iterated the graph already.
+  virtual void rewind() const {}
 };
 
 }  // namespace detail

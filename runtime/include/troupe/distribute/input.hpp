@@ -102,10 +102,21 @@ class DistributedIterator {
 class DistributedDataset {
  public:
   using factory = std::function<std::shared_ptr<detail::InputSource>()>;
-  explicit DistributedDataset(factory make_source) : make_source_(std::move(make_source)) {}
+  /// `rewind` sets the dataset's shuffles back to their first pass (rewind_passes); none: nothing to.
+  explicit DistributedDataset(factory make_source, std::function<void()> rewind = {})
+      : make_source_(std::move(make_source)), rewind_(std::move(rewind)) {}
 
   /// A new pass.
   DistributedIterator make_iterator() const { return DistributedIterator(make_source_()); }
+
+  /// Sets the shuffles of the dataset it distributes back to their first pass, as in a dataset
+  /// just made: each shuffle draws a new order for every pass it makes (reshuffle_each_iteration),
+  /// counted per dataset, so a process that takes an input position up again rewinds, replays
+  /// the passes before it and skips to it (what Model::fit does after an elastic change). Call
+  /// it with no iterator of the dataset alive.
+  void rewind_passes() const {
+    if (rewind_) rewind_();
+  }
 
   /// Range-for support: each begin() starts a new pass, which the returned iterator owns.
   class range_iterator {
@@ -130,6 +141,7 @@ class DistributedDataset {
 
  private:
   factory make_source_;
+  std::function<void()> rewind_;
 };
 
 }  // namespace troupe::distribute

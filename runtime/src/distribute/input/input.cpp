@@ -529,7 +529,7 @@ DistributedDataset Strategy::experimental_distribute_dataset(data::Dataset datas
     };
     return std::make_shared<detail::SharedBatchSource>(*this, std::move(produce),
                                                        options.experimental_prefetch_to_device);
-  });
+  }, [sharded] { sharded.impl()->rewind(); });
 }
 
 DistributedDataset Strategy::distribute_datasets_from_function(
