@@ -133,7 +133,9 @@ def main():
                         run.out(), re.M),
               "the chief's line on the loss does not name step %d and %d ms" % (left["step"], left["paused_ms"]))
 
-        rows = s["workers"]
+        # The rows follow the members from the chief's first step boundary after the join.
+        rows = wait_for("a step after the join", lambda: (lambda x: x if x["step"] > joined["step"] + 1 else None)(state()),
+                        30)["workers"]
         check([r["worker"] for r in rows] == [0, 1, 2] and [r["id"] for r in rows] == [0, 1, 3],
               "the worker rows are %s, expected ring ranks 0..2 with ids 0, 1, 3" % [(r["worker"], r["id"]) for r in rows])
         check(rows[2]["task"] == TASK2, "ring rank 2's row names %r, expected %s" % (rows[2].get("task"), TASK2))
