@@ -82,6 +82,15 @@ Runtime::Runtime(caf::actor_system& system) : impl_(std::make_unique<Impl>(syste
 Runtime::~Runtime() = default;
 
 void Runtime::configure(caf::actor_system_config& config) {
+  // An idle worker of CAF's work-stealing scheduler polls, then naps 50 us at a time (500 naps)
+  // before it waits on its condition variable; a message that arrives meanwhile (from the
+  // middleman's thread, or a caller's) waits for the nap to end, 50 to 100 us and more on a busy
+  // host, at every hand-off of a remote request. Without the naps an idle worker waits on its
+  // condition variable after its polls, and an arriving message wakes it at once (bench/README.md,
+  // "Actors beside Ray"). An application's own setting is kept.
+  if (!caf::get_if<caf::timespan>(&config, "work-stealing.moderate-sleep-duration")) {
+    config.set("work-stealing.moderate-sleep-duration", caf::timespan{0});
+  }
   config.load<caf::io::middleman>();  // multi-worker rendezvous goes through it
   config.load<caf::openssl::manager>();  // and, with a cluster token, through mutual TLS
   actors::add_rendezvous_types(config);
