@@ -35,40 +35,53 @@ struct send_counts {
 caf::behavior hosted_actor(caf::event_based_actor* self, std::string type, actor_receive receive) {
   auto counts = std::make_shared<send_counts>();
   return {
-      // A one-way message: its reply and error are dropped; every ack_every-th (or one the sender
-      // asks for: its window is full) is acknowledged with the count so far.
-      [=](asend_atom, bool ack, const std::string& name, const std::string& payload) {
-        if (name.size() <= app_message_limits::max_name_bytes && payload.size() <= app_message_limits::max_payload_bytes) {
+      // One-way messages, in a batch: their replies and errors are dropped; each ack_every-th of
+      // the sender's (or a batch the sender asks it for: its window is full) is acknowledged with
+      // the count so far.
+      [=](asendv_atom, bool ack, const std::vector<std::string>& names, const std::vector<std::string>& payloads) {
+        if (names.size() != payloads.size()) return;
+        for (std::size_t i = 0; i < names.size(); ++i) {
+          if (names[i].size() > app_message_limits::max_name_bytes ||
+              payloads[i].size() > app_message_limits::max_payload_bytes) {
+            continue;
+          }
           try {
-            (void)receive(name, payload);
+            (void)receive(names[i], payloads[i]);
           } catch (...) {
             // A one-way message's error goes nowhere, as its reply.
           }
         }
         const auto& sender = self->current_sender();
-        if (!sender) return;
-        const auto n = ++counts->received[caf::actor_cast<caf::actor_addr>(sender)];
-        if (ack || n % send_window::ack_every == 0) self->send(caf::actor_cast<caf::actor>(sender), asent_atom::value, n);
+        if (!sender || names.empty()) return;
+        auto& n = counts->received[caf::actor_cast<caf::actor_addr>(sender)];
+        const std::uint64_t before = n;
+        n += names.size();
+        if (ack || n / send_window::ack_every != before / send_window::ack_every) {
+          self->send(caf::actor_cast<caf::actor>(sender), asent_atom::value, n);
+        }
       },
-      [type, receive](amsg_atom, const std::string& name, const std::string& payload) -> caf::result<std::string> {
-        if (name.size() > app_message_limits::max_name_bytes) {
-          return runtime_error("actor " + type + ": a message name of " + std::to_string(name.size()) +
-                               " bytes (at most " + std::to_string(app_message_limits::max_name_bytes) + ")");
-        }
-        if (payload.size() > app_message_limits::max_payload_bytes) {
-          return runtime_error("actor " + type + ": message '" + name + "' carries " + std::to_string(payload.size()) +
-                               " bytes (at most " + std::to_string(app_message_limits::max_payload_bytes) + ")");
-        }
+      // A request: answered to its sender with the token, as a plain message (its sender keeps
+      // the deadline).
+      [=](amsg_atom, std::uint64_t token, const std::string& name, const std::string& payload) {
         call_reply r;
-        try {
-          r = receive(name, payload);
-        } catch (const std::exception& e) {
-          r = call_reply{false, e.what()};
-        } catch (...) {
-          r = call_reply{false, "actor " + type + " threw something that is not a std::exception on '" + name + "'"};
+        if (name.size() > app_message_limits::max_name_bytes) {
+          r = call_reply{false, "actor " + type + ": a message name of " + std::to_string(name.size()) +
+                                    " bytes (at most " + std::to_string(app_message_limits::max_name_bytes) + ")"};
+        } else if (payload.size() > app_message_limits::max_payload_bytes) {
+          r = call_reply{false, "actor " + type + ": message '" + name + "' carries " + std::to_string(payload.size()) +
+                                    " bytes (at most " + std::to_string(app_message_limits::max_payload_bytes) + ")"};
+        } else {
+          try {
+            r = receive(name, payload);
+          } catch (const std::exception& e) {
+            r = call_reply{false, e.what()};
+          } catch (...) {
+            r = call_reply{false, "actor " + type + " threw something that is not a std::exception on '" + name + "'"};
+          }
         }
-        if (!r.ok) return runtime_error(std::move(r.payload));
-        return std::move(r.payload);
+        const auto& sender = self->current_sender();
+        if (!sender) return;
+        self->send(caf::actor_cast<caf::actor>(sender), areply_atom::value, token, r.ok, std::move(r.payload));
       },
   };
 }
@@ -83,11 +96,50 @@ caf::actor spawn_hosted(caf::actor_system& system, std::string type, actor_recei
 
 namespace {
 
-// The acknowledgement windows of one spawner's actors, by the actor's address: its requester
-// opens them as the acknowledgements arrive.
+// One actor's one-way messages not sent yet. A send appends; the requester, rung once per batch,
+// sends what has gathered as one message (and a send that fills a batch sends it at once), so a
+// flood of small sends crosses the middleman and the host's mailbox a batch at a time. A batch is
+// sent under the mutex: whatever goes to the actor after a flush (a request) arrives after it.
+struct outbox {
+  static constexpr std::size_t max_messages = 256;
+  static constexpr std::size_t max_bytes = std::size_t{1} << 20;  // one larger message goes alone
+
+  std::mutex mutex;
+  caf::actor from;  // the spawner's requester, which the acknowledgements reach
+  caf::actor to;
+  std::vector<std::string> names;
+  std::vector<std::string> payloads;
+  std::size_t bytes = 0;
+  bool ack = false;      // a message in it filled the window
+  bool rung = false;     // a flush is asked of the requester
+
+  // Sends what it holds; the mutex is held.
+  void flush_locked() {
+    if (names.empty()) return;
+    caf::send_as(from, to, asendv_atom::value, ack, std::move(names), std::move(payloads));
+    names.clear();
+    payloads.clear();
+    bytes = 0;
+    ack = false;
+  }
+  void flush() {
+    std::lock_guard<std::mutex> lock(mutex);
+    flush_locked();
+  }
+};
+
+// The acknowledgement windows and outboxes of one spawner's actors, by the actor's address: its
+// requester opens the windows as the acknowledgements arrive, and flushes the outboxes.
 struct window_table {
   std::mutex mutex;
   std::map<caf::actor_addr, std::shared_ptr<send_window>> windows;
+  std::map<caf::actor_addr, std::shared_ptr<outbox>> outboxes;
+
+  std::shared_ptr<outbox> outbox_of(const caf::actor_addr& a) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = outboxes.find(a);
+    return it == outboxes.end() ? nullptr : it->second;
+  }
 };
 
 }  // namespace
@@ -99,8 +151,10 @@ class actor_ref {
   actor_ref& operator=(const actor_ref&) = delete;
   ~actor_ref() {
     if (!table) return;
+    out->flush();  // the last sends of a handle dropped at once are not lost
     std::lock_guard<std::mutex> lock(table->mutex);
     table->windows.erase(actor.address());
+    table->outboxes.erase(actor.address());
   }
 
   std::uint64_t id = 0;
@@ -108,7 +162,8 @@ class actor_ref {
   std::string task;
   caf::actor actor;
   std::shared_ptr<send_window> window = std::make_shared<send_window>();
-  std::shared_ptr<window_table> table;  // where `window` is registered
+  std::shared_ptr<outbox> out = std::make_shared<outbox>();
+  std::shared_ptr<window_table> table;  // where `window` and `out` are registered
 };
 
 namespace {
@@ -158,6 +213,15 @@ struct pending_table {
     const std::uint64_t token = next++;
     done.emplace(token, entry{actor, std::move(f)});
     return token;
+  }
+  // A token for add_as, when the callback must know its token.
+  std::uint64_t reserve() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return next++;
+  }
+  void add_as(std::uint64_t token, std::uint64_t actor, std::function<void(actor_reply)> f) {
+    std::lock_guard<std::mutex> lock(mutex);
+    done.emplace(token, entry{actor, std::move(f)});
   }
   std::function<void(actor_reply)> take(std::uint64_t token) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -296,9 +360,31 @@ caf::behavior supervisor(caf::stateful_actor<supervisor_state>* self, std::share
 }
 
 
+// The deadlines of the asynchronous requests in flight, kept by the requester: one timer on CAF's
+// clock for the earliest, not one per request.
+struct requester_state {
+  struct open_request {
+    std::chrono::steady_clock::time_point deadline;
+    std::int64_t timeout_ms = 0;
+  };
+  std::map<std::uint64_t, open_request> open;  // by token
+  std::optional<std::chrono::steady_clock::time_point> tick_at;  // the earliest tick scheduled
+};
+
 // Sends each asynchronous request and hands its outcome to the token's callback.
-caf::behavior requester(caf::event_based_actor* self, std::shared_ptr<pending_table> pending,
-                        std::shared_ptr<down_table> table, std::shared_ptr<window_table> windows) {
+caf::behavior requester(caf::stateful_actor<requester_state>* self, std::shared_ptr<pending_table> pending,
+                        std::shared_ptr<window_table> windows) {
+  auto finish = [=](std::uint64_t token, actor_reply r) {
+    if (auto f = pending->take(token)) f(std::move(r));
+  };
+  // A tick at `at`, unless one comes by then already.
+  auto tick_by = [=](std::chrono::steady_clock::time_point at) {
+    auto& st = self->state;
+    if (st.tick_at && *st.tick_at <= at) return;
+    st.tick_at = at;
+    const auto now = std::chrono::steady_clock::now();
+    self->delayed_send(self, at > now ? at - now : std::chrono::steady_clock::duration{0}, atick_atom::value);
+  };
   return {
       [=](asent_atom, std::uint64_t count) {
         std::shared_ptr<send_window> w;
@@ -309,26 +395,74 @@ caf::behavior requester(caf::event_based_actor* self, std::shared_ptr<pending_ta
         }
         if (w) w->acknowledged(count);
       },
-      [=](areq_atom, const caf::actor& to, std::uint64_t token, std::uint64_t id, const std::string& name,
-          const std::string& payload, std::int64_t timeout_ms) {
-        auto finish = [=](actor_reply r) {
-          if (auto f = pending->take(token)) f(std::move(r));
-        };
-        self->request(to, std::chrono::milliseconds(timeout_ms), amsg_atom::value, name, payload)
-            .then([=](std::string& bytes) { finish(actor_reply{actor_reply::status::ok, std::move(bytes)}); },
-                  [=](caf::error& e) {
-                    if (e == caf::sec::request_timeout) {
-                      finish(actor_reply{actor_reply::status::timed_out,
-                                         "no answer within " + std::to_string(timeout_ms) + " ms"});
-                    } else if (e == caf::sec::request_receiver_down) {
-                      finish(actor_reply{actor_reply::status::down, table->cause(id).value_or("the actor is down")});
-                    } else {
-                      finish(actor_reply{actor_reply::status::failed, error_text(self->system(), e)});
-                    }
-                  });
+      [=](aflush_atom, const caf::actor& to) {
+        if (auto box = windows->outbox_of(to.address())) {
+          std::lock_guard<std::mutex> lock(box->mutex);
+          box->rung = false;
+          box->flush_locked();
+        }
+      },
+      // A request sent as this actor by its caller's thread (its reply comes here): its deadline.
+      [=](areq_atom, std::uint64_t token, std::int64_t timeout_ms) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+        self->state.open[token] = requester_state::open_request{deadline, timeout_ms};
+        tick_by(deadline);
+      },
+      [=](areply_atom, std::uint64_t token, bool ok, std::string& bytes) {
+        self->state.open.erase(token);
+        finish(token, actor_reply{ok ? actor_reply::status::ok : actor_reply::status::failed, std::move(bytes)});
+      },
+      [=](atick_atom) {
+        auto& st = self->state;
+        const auto now = std::chrono::steady_clock::now();
+        if (st.tick_at && *st.tick_at <= now) st.tick_at.reset();
+        std::optional<std::chrono::steady_clock::time_point> next;
+        for (auto it = st.open.begin(); it != st.open.end();) {
+          if (it->second.deadline <= now) {
+            const std::uint64_t token = it->first;
+            const std::int64_t ms = it->second.timeout_ms;
+            it = st.open.erase(it);
+            finish(token, actor_reply{actor_reply::status::timed_out, "no answer within " + std::to_string(ms) + " ms"});
+          } else {
+            if (!next || it->second.deadline < *next) next = it->second.deadline;
+            ++it;
+          }
+        }
+        if (next) tick_by(*next);
       },
   };
 }
+
+// Blocking actors that synchronous requests borrow, one at a time each: the caller's own thread
+// sends the request and waits for its reply, with no actor between them.
+struct caller_pool {
+  static constexpr std::size_t max_idle = 64;
+  std::mutex mutex;
+  std::vector<std::unique_ptr<caf::scoped_actor>> idle;
+
+  std::unique_ptr<caf::scoped_actor> take(caf::actor_system& system) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!idle.empty()) {
+        auto out = std::move(idle.back());
+        idle.pop_back();
+        return out;
+      }
+    }
+    return std::make_unique<caf::scoped_actor>(system, true);
+  }
+  void give_back(std::unique_ptr<caf::scoped_actor> a) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (idle.size() < max_idle) idle.push_back(std::move(a));
+  }
+  void clear() {
+    std::vector<std::unique_ptr<caf::scoped_actor>> gone;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      gone.swap(idle);
+    }
+  }
+};
 
 }  // namespace
 
@@ -341,6 +475,7 @@ struct actor_client::impl {
   std::shared_ptr<down_table> table = std::make_shared<down_table>();
   std::shared_ptr<pending_table> pending = std::make_shared<pending_table>();
   std::shared_ptr<window_table> windows = std::make_shared<window_table>();
+  caller_pool callers;
   std::mutex mutex;
   std::map<std::string, caf::actor> agents;  // by task
   std::vector<caf::actor> local;
@@ -394,7 +529,7 @@ actor_client::actor_client(caf::actor_system& system, actor_client_options optio
   impl_->options = std::move(options);
   impl_->gate = std::make_unique<control_gate>(system, impl_->options.credentials != nullptr, gate_limits::for_tasks());
   impl_->supervisor = system.spawn(supervisor, impl_->table, impl_->pending, impl_->options);
-  impl_->requester = system.spawn(requester, impl_->pending, impl_->table, impl_->windows);
+  impl_->requester = system.spawn(requester, impl_->pending, impl_->windows);
 }
 
 actor_client::~actor_client() {
@@ -415,6 +550,7 @@ actor_client::~actor_client() {
     left.swap(s.pending->done);
   }
   for (auto& [token, e] : left) e.done(actor_reply{actor_reply::status::down, "its actor client is gone"});
+  s.callers.clear();
   // The supervisor is every host's watch of this spawner: its end stops the remote actors there.
   caf::anon_send_exit(s.supervisor, caf::exit_reason::user_shutdown);
 }
@@ -449,10 +585,13 @@ std::shared_ptr<actor_ref> actor_client::spawn(const task_endpoint& where, const
   ref->type = type;
   ref->task = where.task;
   ref->actor = made;
+  ref->out->from = s.requester;
+  ref->out->to = ref->actor;
   ref->table = s.windows;
   {
     std::lock_guard<std::mutex> lock(s.windows->mutex);
     s.windows->windows[ref->actor.address()] = ref->window;
+    s.windows->outboxes[ref->actor.address()] = ref->out;
   }
   caf::anon_send(s.supervisor, awatch_atom::value, made, ref->id, type, where.task, agent);
   if (s.options.log) s.options.log("spawned actor " + type + " #" + std::to_string(ref->id) + " on " + where.task);
@@ -467,10 +606,13 @@ std::shared_ptr<actor_ref> actor_client::spawn_local(const std::string& type, ac
   ref->type = type;
   ref->task = "local";
   ref->actor = spawn_hosted(*s.system, type, std::move(receive));
+  ref->out->from = s.requester;
+  ref->out->to = ref->actor;
   ref->table = s.windows;
   {
     std::lock_guard<std::mutex> lock(s.windows->mutex);
     s.windows->windows[ref->actor.address()] = ref->window;
+    s.windows->outboxes[ref->actor.address()] = ref->out;
   }
   {
     std::lock_guard<std::mutex> lock(s.mutex);
@@ -482,22 +624,50 @@ std::shared_ptr<actor_ref> actor_client::spawn_local(const std::string& type, ac
 
 actor_reply actor_client::request(const actor_ref& to, const std::string& name, const std::string& payload,
                                   std::chrono::milliseconds timeout) {
-  // Through the requester, so that the actor going down ends the wait (the supervisor takes the
-  // request out) instead of its timeout: the request's own timeout bounds the rest.
-  struct waiter {
-    std::mutex mutex;
-    std::condition_variable done;
-    std::optional<actor_reply> reply;
-  };
-  auto w = std::make_shared<waiter>();
-  request_async(to, name, payload, timeout, [w](actor_reply r) {
-    std::lock_guard<std::mutex> lock(w->mutex);
-    w->reply = std::move(r);
-    w->done.notify_all();
+  auto& s = *impl_;
+  if (s.table->closed) return actor_reply{actor_reply::status::down, "its actor client is gone"};
+  if (auto cause = s.table->cause(to.id)) return actor_reply{actor_reply::status::down, *cause};
+  // This thread sends as a borrowed blocking actor and waits in it for the reply, or for the
+  // supervisor's word that the actor went down (the request is taken out of the pending table
+  // then, as an asynchronous one is), or for the deadline.
+  auto caller = s.callers.take(*s.system);
+  const caf::actor self = caf::actor_cast<caf::actor>(*caller);
+  const std::uint64_t token = s.pending->reserve();
+  s.pending->add_as(token, to.id, [self, token](actor_reply r) {
+    caf::anon_send(self, adown_atom::value, token, std::move(r.payload));  // always status::down
   });
-  std::unique_lock<std::mutex> lock(w->mutex);
-  w->done.wait(lock, [&] { return w->reply.has_value(); });
-  return std::move(*w->reply);
+  // The actor may have gone down (or the client ended) since the look above: look again (see
+  // request_async).
+  if (s.table->closed || s.table->cause(to.id)) {
+    const std::string why = s.table->closed ? "its actor client is gone" : s.table->cause(to.id).value_or("the actor is down");
+    s.pending->take(token);
+    s.callers.give_back(std::move(caller));
+    return actor_reply{actor_reply::status::down, why};
+  }
+  to.out->flush();  // the sends before it first
+  (*caller)->send(to.actor, amsg_atom::value, token, name, payload);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::optional<actor_reply> out;
+  while (!out) {
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      out = actor_reply{actor_reply::status::timed_out, "no answer within " + std::to_string(timeout.count()) + " ms"};
+      break;
+    }
+    // A reply or a down word with another token is a stale one (an earlier request of this blocking
+    // actor that timed out): dropped.
+    (*caller)->receive(
+        [&](areply_atom, std::uint64_t t, bool ok, std::string& bytes) {
+          if (t == token) out = actor_reply{ok ? actor_reply::status::ok : actor_reply::status::failed, std::move(bytes)};
+        },
+        [&](adown_atom, std::uint64_t t, std::string& why) {
+          if (t == token) out = actor_reply{actor_reply::status::down, std::move(why)};
+        },
+        caf::after(left) >> [] {});
+  }
+  s.pending->take(token);  // still there unless the supervisor or the client's end took it
+  s.callers.give_back(std::move(caller));
+  return std::move(*out);
 }
 
 void actor_client::request_async(const actor_ref& to, const std::string& name, std::string payload,
@@ -514,8 +684,12 @@ void actor_client::request_async(const actor_ref& to, const std::string& name, s
     if (auto f = s.pending->take(token)) f(actor_reply{actor_reply::status::down, why});
     return;
   }
-  caf::anon_send(s.requester, areq_atom::value, to.actor, token, to.id, name, std::move(payload),
-                 static_cast<std::int64_t>(timeout.count()));
+  // Sent from this thread as the requester, which the reply reaches, after the sends before it
+  // (so that the messages of one thread arrive in order, whatever the kind); the requester keeps
+  // the deadline (a reply that comes first completes it all the same).
+  caf::anon_send(s.requester, areq_atom::value, token, static_cast<std::int64_t>(timeout.count()));
+  to.out->flush();
+  caf::send_as(s.requester, to.actor, amsg_atom::value, token, name, std::move(payload));
 }
 
 bool actor_client::send(const actor_ref& to, const std::string& name, const std::string& payload) {
@@ -527,8 +701,24 @@ bool actor_client::send(const actor_ref& to, const std::string& name, const std:
   while (!to.window->reserve(payload.size(), &ack, std::chrono::milliseconds(20))) {
     if (s.table->closed || s.table->cause(to.id)) return false;
   }
-  // As the requester, which the actor's acknowledgements reach.
-  caf::send_as(s.requester, to.actor, asend_atom::value, ack, name, payload);
+  // Into the actor's outbox: the requester sends it (as itself, which the acknowledgements
+  // reach) once rung, or this thread at once when the batch is full.
+  bool ring = false;
+  {
+    std::lock_guard<std::mutex> lock(to.out->mutex);
+    auto& box = *to.out;
+    box.names.push_back(name);
+    box.payloads.push_back(payload);
+    box.bytes += payload.size();
+    box.ack = box.ack || ack;
+    if (box.names.size() >= outbox::max_messages || box.bytes >= outbox::max_bytes) {
+      box.flush_locked();
+    } else if (!box.rung) {
+      box.rung = true;
+      ring = true;
+    }
+  }
+  if (ring) caf::anon_send(s.requester, aflush_atom::value, to.actor);
   return true;
 }
 
@@ -566,6 +756,7 @@ void actor_client::stop(const actor_ref& to) {
   auto& s = *impl_;
   if (s.table->closed) return;
   s.table->mark_stopped(to.id);
+  to.out->flush();  // the sends before the stop first
   caf::anon_send_exit(to.actor, caf::exit_reason::user_shutdown);
 }
 

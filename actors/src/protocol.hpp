@@ -122,20 +122,30 @@ using pstats_atom = caf::atom_constant<caf::atom("pstats")>;
 
 // Actors an application spawns (app_actors.hpp has the walkthrough):
 //   spawner -> task agent: (aspawn, spawner task, watch, type, args) -> actor; (aping) -> bool
-//   anyone -> hosted actor: (amsg, name, payload) -> payload, or an error with the actor's text
+//   anyone -> hosted actor: (amsg, token, name, payload), answered to its sender with
+//     (areply, token, ok, payload or the actor's error text): plain messages, no CAF request, so
+//     that no request schedules a timeout on CAF's clock; the sender keeps the deadline
 //   inside the spawner, to its supervisor: (awatch, actor, id, type, task, agent or null)
-//   inside the spawner, to its requester: (areq, actor, token, name, payload, timeout ms): a
-//     request, completed by the token's callback (or by the supervisor, once the actor is down)
-//   spawner's requester -> hosted actor: (asend, name, payload), one way; every
-//     send_window::ack_every-th of them (counted by the hosted actor) is acknowledged with
-//     (asent, count so far) to the requester, which opens the sender's window that far
+//   inside the spawner, to its requester: (areq, token, timeout ms), the deadline of a request
+//     sent as it (completed by the token's callback, or by the supervisor once the actor is down);
+//     (atick) when its earliest deadline is due
+//   inside the spawner, to a synchronous caller's blocking actor: (adown, token, why),
+//     its request ended without a reply (the actor went down, or the client ended)
+//   spawner's requester -> hosted actor: (asendv, ack, names, payloads), a batch of one-way
+//     messages; every send_window::ack_every-th of them (counted by the hosted actor) is
+//     acknowledged with (asent, count so far) to the requester, which opens the sender's window
+//     that far; (aflush, actor) rings the requester to send an actor's batch
 using aspawn_atom = caf::atom_constant<caf::atom("aspawn")>;
 using aping_atom = caf::atom_constant<caf::atom("aping")>;
 using amsg_atom = caf::atom_constant<caf::atom("amsg")>;
 using awatch_atom = caf::atom_constant<caf::atom("awatch")>;
 using areq_atom = caf::atom_constant<caf::atom("areq")>;
-using asend_atom = caf::atom_constant<caf::atom("asend")>;
+using asendv_atom = caf::atom_constant<caf::atom("asendv")>;
+using aflush_atom = caf::atom_constant<caf::atom("aflush")>;
 using asent_atom = caf::atom_constant<caf::atom("asent")>;
+using areply_atom = caf::atom_constant<caf::atom("areply")>;
+using adown_atom = caf::atom_constant<caf::atom("adown")>;
+using atick_atom = caf::atom_constant<caf::atom("atick")>;
 
 /// A member travels field by field; add_rendezvous_types announces it and the peer table.
 template <class Inspector>

@@ -9,12 +9,12 @@
 //      handler for the type (registered by name only: a name from the network never reaches a
 //      file or dlopen), spawns the actor, monitors it and the watch, and answers the actor's handle
 //      or an error naming the type and the task.
-//   2. Requests and one-way messages go straight to that handle, (amsg, name, payload) -> payload
-//      or an error, over the same gated connection (BASP routes by node; no port is added). The
+//   2. Requests go straight to that handle from the caller's thread, (amsg, token, name, payload)
+//      answered by (areply, token, ...), over the same gated connection (BASP routes by node). The
 //      hosted actor is detached (a thread of its own: an actor's code may run long), handles one
 //      message at a time, and refuses a name or payload beyond app_message_limits before it
-//      decodes a byte. One-way messages (asend) come from the spawner's requester and are
-//      acknowledged in batches (send_window): a sender waits once a window's worth is unanswered.
+//      decodes a byte. One-way messages go in batches (asendv) from the spawner's requester and are
+//      acknowledged (send_window): a sender waits once a window's worth is unanswered.
 //   3. Supervision: the spawner monitors every actor it spawned; a connection that closes (the
 //      host process died) fires the monitor at once, with the cause. The spawner also asks every
 //      agent that hosts one of its actors (aping) each heartbeat interval: an agent silent for
