@@ -126,6 +126,17 @@ TEST_CASE("actors spawned on an in-process Server and locally answer requests an
     CHECK(r[1].item<float>() == -8.0f);
     h.send("double", {Tensor::scalar<float>(1)});
     CHECK(h.request("count")[0].item<std::int64_t>() == 3);  // the send arrived before it
+    // Sends cross in batches (a full one at once, the rest when the requester runs); a request
+    // of either kind goes after the sends before it, and the sends after it after it.
+    for (int i = 0; i < 600; ++i) h.send("double", {Tensor::scalar<float>(1)});
+    ActorRequest counted = h.request_async("count");
+    h.send("double", {Tensor::scalar<float>(1)});
+    CHECK(h.request("count")[0].item<std::int64_t>() == 606);
+    CHECK(counted.receive()[0].item<std::int64_t>() == 604);
+    // A request past its timeout, whose reply comes later: the next request gets its own reply.
+    CHECK(contains(message_of([&] { h.request("sleep", {Tensor::scalar<std::int32_t>(150)}, std::chrono::milliseconds(20)); }),
+                   "no answer within"));
+    CHECK(h.request("count")[0].item<std::int64_t>() == 608);
     CHECK(contains(message_of([&] { h.request("nope"); }), "no message nope"));
     CHECK(contains(message_of([&] { h.request(std::string(300, 'x')); }), "a message name of 300 bytes"));
     CHECK(!h.down());
