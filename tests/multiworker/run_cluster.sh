@@ -40,15 +40,30 @@ launch_task() {
 # The chief (task 0) listens on its port of TF_CONFIG (the others' rings listen on ports of their
 # own choosing).
 chief_listens() { listens "${pids[0]}" "${ports[0]}"; }
-# start_tasks N MODE: the chief first, listening (again on fresh ports when another process took
-# its port), then AFTER_CHIEF (a command run once, before the others), then the others.
+# start_tasks N MODE: every task at once, or with AFTER_CHIEF (a command run once, before the
+# others) the chief first. The chief must listen (or end) within 20 s; when another process took
+# its port, every task of the start is killed and all start again on fresh ports, up to 3 times.
 start_tasks() {
   cluster_n="$1" cluster_mode="$2"
-  pick_ports
-  start_listening chief_listens launch_task 0
-  if [ -n "${AFTER_CHIEF:-}" ]; then eval "$AFTER_CHIEF"; fi
-  local i
-  for i in $(seq 1 $((cluster_n - 1))); do launch_task "$i"; done
+  local attempt i
+  for attempt in 1 2 3; do
+    pick_ports
+    launch_task 0
+    [ -n "${AFTER_CHIEF:-}" ] || for i in $(seq 1 $((cluster_n - 1))); do launch_task "$i"; done
+    ready_or_ended chief_listens 0 $((SECONDS + 20))
+    if ! port_taken 0; then
+      if [ -n "${AFTER_CHIEF:-}" ]; then
+        eval "$AFTER_CHIEF"
+        for i in $(seq 1 $((cluster_n - 1))); do launch_task "$i"; done
+      fi
+      return
+    fi
+    echo "a port was taken (attempt $attempt, task 0): $(grep -h 'cannot listen' "$dir/out0" | head -n 1)"
+    for i in $(seq 0 $((cluster_n - 1))); do
+      [ -n "${pids[$i]:-}" ] && { kill_task "${pids[$i]}"; wait "${pids[$i]}" 2>/dev/null; }
+    done
+  done
+  fail "no free ports after 3 tries"
 }
 # start_cluster N MODE: N workers; start_chief_cluster N MODE: a "chief" job of one task and a
 # "worker" job of N-1 tasks.
