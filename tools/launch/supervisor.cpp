@@ -196,6 +196,7 @@ class supervisor {
       reap();
       if (discovery_) discovery_->apply(workers_, !stopping_ && !training_over_ && running_count() > 0);
       auto now = clock::now();
+      if (discovery_) discovery_->expire_leaves(workers_, now);
       check_timers(now);
       if (running_count() == 0) {
         if (!drain_until_) drain_until_ = now + drain_bound;
@@ -485,6 +486,7 @@ class supervisor {
     consider(drain_until_);
     if (!stopping_) consider(elastic_.next_stall_check(workers_));
     if (!stopping_) consider(ps_restart_.next());
+    if (discovery_) consider(discovery_->next_leave_deadline(workers_));
     int timeout_ms = -1;
     if (next)
       timeout_ms = static_cast<int>(std::clamp<long long>(
