@@ -155,6 +155,8 @@ class host_discovery {
   bool removed(int rank) const { return members_.removed(rank); }
   /// Says that a removed worker left (it ended with wait status `status`).
   void left(const worker& w, int status);
+  /// Whether discovery started rank `rank` (it joined the running cluster).
+  bool added(int rank) const { return added_.count(rank) > 0 && added_.at(rank); }
   /// Whether `w`, a worker discovery added, ended with `status` (not a success) after the chief
   /// finished the training (`chief_finished`): it came too late to join, or ended after the
   /// others, and is no failure of the run. Says so when it is.

@@ -169,8 +169,10 @@ With --elastic, a worker other than rank 0 killed by a signal is not a failure o
 least --min workers still run: the launcher says so and leaves the others running (an elastic
 program drops the lost worker and goes on). With --max-restarts N a new process takes its place, at
 most N times in all: it gets the lost worker's TF_CONFIG and TROUPE_JOIN=1 and joins the running
-cluster at its next step boundary; the whole cluster is never started again under --elastic. A
-worker stopped (SIGSTOP) longer than the heartbeat limit (TROUPE_HEARTBEAT_MS x
+cluster at its next step boundary; the whole cluster is never started again under --elastic, and no
+replacement starts once a worker has finished. A joiner that fails while rank 0 still runs waits
+(at most --grace) for rank 0's exit: when rank 0 finished (exit 0) it came too late to join, which
+is no failure. A worker stopped (SIGSTOP) longer than the heartbeat limit (TROUPE_HEARTBEAT_MS x
 (TROUPE_MISSED_HEARTBEATS + 1)) is killed as lost. Below --min, when rank 0 (the chief) dies, or
 when a worker exits non-zero itself, the others are stopped as without --elastic.
 
@@ -182,8 +184,8 @@ have fewer, the newest workers of a host are removed, never rank 0 and never bel
 asked to leave (SIGUSR2) and leaves the cluster at its next step boundary, the others going on
 from there without it (nothing rolled back), and exits 0; one still running --leave-timeout
 seconds (30) later is killed (SIGKILL) and the others drop it as a lost worker. A removal is
-neither a failure nor counted by --max-restarts. A bad line (named with its number), a script that exits non-zero, or one that runs
-past --discovery-timeout (killed) is named on stderr and changes nothing. The workers start on this
+neither a failure nor counted by --max-restarts. A bad line (named with its number), a script that
+exits non-zero, or one that runs past --discovery-timeout (killed) is named on stderr and changes nothing. The workers start on this
 machine only: every host must be 127.0.0.1, localhost or this host's name (--hosts/--hostfile
 too); hosts elsewhere, which would need --rsh, are refused.
 

@@ -190,6 +190,7 @@ class supervisor {
     drain_until_.reset();
     last_failure_.clear();
     ps_restart_.clear();
+    held_.clear();
     start_workers();
     if (discovery_ && !stopping_) start_discovery();
     for (;;) {
@@ -487,6 +488,7 @@ class supervisor {
     if (!stopping_) consider(elastic_.next_stall_check(workers_));
     if (!stopping_) consider(ps_restart_.next());
     if (discovery_) consider(discovery_->next_leave_deadline(workers_));
+    for (const held_exit& h : held_) consider(h.until);
     int timeout_ms = -1;
     if (next)
       timeout_ms = static_cast<int>(std::clamp<long long>(
@@ -549,17 +551,59 @@ class supervisor {
         discovery_->left(w, status);
         continue;
       }
-      if (discovery_ && discovery_->late(w, status, chief_finished_)) continue;
-      training_over_ = training_over_ || (WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      chief_finished_ = chief_finished_ || (w.rank == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (on_exit(w, status)) replace(w);
+      const bool succeeded = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      // A joiner (added by discovery, or a replacement) that fails while the chief still runs
+      // may have been refused because the chief's fit just ended, its exit on the way: its
+      // verdict waits for the chief's, at most --grace seconds.
+      if (!succeeded && !stopping_ && joiner(w.rank) && !chief_finished_ && chief_running()) {
+        held_.push_back({w.rank, status, now_plus(options_.grace_s)});
+        continue;
+      }
+      judge(w, status);
     }
+    settle_held();
+  }
+
+  // An exit that is not a removal, as the run takes it.
+  void judge(worker& w, int status) {
+    if (discovery_ && discovery_->late(w, status, chief_finished_)) return;
+    if (elastic_.late(w, status, chief_finished_, say_fn())) return;
+    training_over_ = training_over_ || (WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    chief_finished_ = chief_finished_ || (w.rank == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (on_exit(w, status)) replace(w);
+  }
+
+  // The joiners' failures held for the chief's exit: late once it finished the training; a
+  // failure as any once it failed, or when --grace ran out while it still runs.
+  void settle_held() {
+    const auto now = clock::now();
+    std::vector<held_exit> waiting;
+    for (const held_exit& h : held_) {
+      if (!chief_finished_ && chief_running() && !stopping_ && now < h.until) {
+        waiting.push_back(h);
+        continue;
+      }
+      judge(workers_[static_cast<std::size_t>(h.rank)], h.status);
+    }
+    held_ = std::move(waiting);
+  }
+
+  bool joiner(int rank) const { return (discovery_ && discovery_->added(rank)) || elastic_.replacement(rank); }
+  bool chief_running() const { return !workers_.empty() && workers_[0].running; }
+  static clock::time_point now_plus(double seconds) {
+    return clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
   }
 
   // --elastic with --max-restarts: a lost worker's place is taken by a new process that joins the
-  // running cluster, while replacements are left (elastic_watch).
+  // running cluster, while replacements are left (elastic_watch). Not once training is over (a
+  // worker finished): there is no step boundary left to join at.
   void replace(worker& w) {
     if (stopping_) return;
+    if (training_over_) {
+      say("not starting a replacement for worker " + std::to_string(w.rank) +
+          ": a worker finished the training already");
+      return;
+    }
     auto env = elastic_.replacement_env(w, base_environment(), addresses_, say_fn());
     if (!env) return;
     for (auto& s : w.streams) close_stream(s);
@@ -801,6 +845,13 @@ class supervisor {
   std::optional<host_discovery> discovery_;  // --host-discovery-script
   bool training_over_ = false;  // a worker finished (exit 0): discovery adds and removes no more
   bool chief_finished_ = false;  // rank 0 exited 0: a joiner that fails after it came too late
+  // A joiner's failure waiting for the chief's exit (reap): its rank, wait status and bound.
+  struct held_exit {
+    int rank;
+    int status;
+    clock::time_point until;
+  };
+  std::vector<held_exit> held_;
   ps_restart ps_restart_;
   int restarts_used_ = 0;  // of --max-restarts: the whole cluster's, and ps tasks' alone
 
