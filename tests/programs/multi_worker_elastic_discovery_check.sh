@@ -8,7 +8,8 @@
 #           worker 2 to leave (SIGUSR2); it leaves at a step boundary and exits 0, the others go on
 #           from that step without a rollback (every step of the records ran once, and every
 #           example of every epoch was trained on once: --record-examples) and finish with one
-#           digest; the removal is no failure.
+#           digest; the removal is no failure. The chief asked to leave (SIGUSR2), and rank 1
+#           asked at min_workers, are refused, named, and train on.
 #   bad:    the script prints a malformed line, then hangs (past --discovery-timeout), then the
 #           list again: each is named in the launcher's output, nothing changes, and the two
 #           workers finish; the hanging script leaves nothing behind.
@@ -78,9 +79,18 @@ case "$mode" in
     wait_for 30 eval '[ -n "$(pids_of 0 3)" ] && [ -n "$(pids_of 1 3)" ] && [ -n "$(pids_of 2 3)" ]' ||
       fail "the workers did not print their pids within 30 s"
     wait_for 30 steps_done || fail "the first epoch did not end within 30 s"
+    # The chief asked to leave is refused (it holds the membership) and trains on.
+    kill -USR2 "$(pids_of 0 3)"
+    refused="troupe: warning: elastic membership: this worker asked to leave and the chief refused"
+    wait_for 30 grep -q "^\[rank 0\] $refused ($(task 0) is the chief, which holds the cluster's membership); it trains on$" "$dir/run.out" ||
+      fail "the chief's own leave was not refused within 30 s"
     hosts '127.0.0.1:2\n'
     wait_for 30 launcher_says "worker 2 (pid [0-9]*, 127.0.0.1:[0-9]*) left (exited with status 0), removed by host discovery; not a failure$" ||
       fail "worker 2 did not leave (exit 0) within 30 s"
+    # At min_workers (2), rank 1 asked to leave is refused and trains on.
+    kill -USR2 "$(pids_of 1 3)"
+    wait_for 30 grep -q "^\[rank 1\] $refused ($(task 1) would leave 1 worker(s), fewer than min_workers (2)); it trains on$" "$dir/run.out" ||
+      fail "rank 1's leave below min_workers was not refused within 30 s"
     wait_launcher 90 ""
     [ "$rc" = 0 ] || fail "the run exited $rc"
     launcher_says "host discovery: the hosts are now 127.0.0.1:2 (2 slots): removing 1, adding 0 workers$" ||

@@ -245,7 +245,8 @@ bool FitLoop::leave(int epoch, std::int64_t k, const EpochSums& sums, const std:
   const auto started = Clock::now();
   ChangeEntry entry(step_, workers_, "elastic:leave");
   const distribute::detail::MembershipChange change = elastic_->leave(ranks);
-  if (change.left.empty()) {  // the chief refused them all: no change
+  if (change.left.empty()) {  // the chief refused them all: no change, the boundary's commit as usual
+    if (step_ % elastic_->commit_every_steps() == 0) commit(epoch, k, sums);
     entry.done();
     return false;
   }
