@@ -26,7 +26,8 @@
 // workers). Every worker prints the same losses, and the last line:
 //   result: workers=2 replicas=2 loss=... accuracy=... weights_digest=HEX
 // (with --elastic, membership_changes=N before weights_digest: the workers lost on the way, and
-// workers= counts those that finished)
+// workers= counts those that finished; a worker asked to leave (SIGUSR2) leaves at a step
+// boundary, prints "left: step=N weights_digest=HEX" and exits 0)
 // where weights_digest hashes the bytes of every variable (the model's and the optimizer's), the
 // same on every worker of a synchronised run. A run started again after a stop resumes at the
 // step after it; one started with fewer --epochs than the backup has begun trains nothing, says
@@ -317,6 +318,12 @@ int main(int argc, char** argv) {
                                                 : history.stop_reason)
                 << "\n";
       return 1;
+    }
+    if (history.left_cluster) {
+      // Asked to leave (SIGUSR2: troupe-launch's host discovery removed it): the others train on.
+      std::cout << "left: step=" << history.stopped_at_step << " weights_digest=" << weights_digest(model.variables())
+                << "\n";
+      return 0;
     }
     const bool dashboard_stop = monitor && monitor->stopped();
     // A stop requested by another worker (its signal) stops this one at the same step too.

@@ -131,6 +131,53 @@ std::optional<membership_change> membership_state::admit(const std::vector<std::
   return change;
 }
 
+std::optional<membership_change> membership_state::leave(const std::vector<int>& ranks,
+                                                         std::vector<std::string>& refused) {
+  if (phase_ != phase::stable) {
+    if (!ranks.empty()) refused.push_back("the cluster is changing its membership");
+    return std::nullopt;
+  }
+  std::vector<int> asked = ranks;
+  std::sort(asked.begin(), asked.end());
+  std::vector<bool> leaving(tasks_.size(), false);
+  int staying = static_cast<int>(tasks_.size());
+  for (std::size_t i = 0; i < asked.size(); ++i) {
+    const int r = asked[i];
+    if (r < 0 || static_cast<std::size_t>(r) >= tasks_.size()) {
+      refused.push_back("rank " + std::to_string(r) + " is not in the cluster of " + std::to_string(tasks_.size()) +
+                        " workers");
+      continue;
+    }
+    const std::string& who = tasks_[static_cast<std::size_t>(r)];
+    if (i > 0 && asked[i - 1] == r) continue;  // named twice: once counts
+    if (r == 0) {
+      refused.push_back(who + " is the chief, which holds the cluster's membership");
+      continue;
+    }
+    if (staying - 1 < min_workers_) {
+      refused.push_back(who + " would leave " + std::to_string(staying - 1) + " worker(s), fewer than min_workers (" +
+                        std::to_string(min_workers_) + ")");
+      continue;
+    }
+    leaving[static_cast<std::size_t>(r)] = true;
+    --staying;
+  }
+  if (staying == static_cast<int>(tasks_.size())) return std::nullopt;
+  membership_change change;
+  change.generation = generation_ + 1;
+  for (std::size_t i = 0; i < tasks_.size(); ++i) {
+    if (leaving[i]) {
+      change.left.push_back(tasks_[i]);
+    } else {
+      change.survivors.push_back(static_cast<int>(i));
+      change.tasks.push_back(tasks_[i]);
+    }
+  }
+  pending_ = change;
+  phase_ = phase::changing;
+  return change;
+}
+
 bool membership_state::complete(std::uint64_t generation) {
   if (phase_ != phase::changing || !pending_ || pending_->generation != generation) return false;
   generation_ = pending_->generation;

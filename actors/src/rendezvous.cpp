@@ -276,6 +276,9 @@ caf::behavior cluster_agent(caf::stateful_actor<chief_agent_state>* self, rendez
         }
         self->state.rules->on_bye(rank, peer);
         if (self->state.health) self->state.health->left(rank);
+        // A worker that left an elastic cluster (asked to leave) is waited for by nobody: the
+        // stall inspector no longer reads its last position.
+        if (self->state.joins && self->state.stalls) self->state.stalls->drop(rank);
       },
       [=](fault_atom, std::int32_t rank, const std::string& what) -> caf::result<bool> {
         return relay_fault(self, rank, what);

@@ -239,3 +239,46 @@ TEST_CASE("membership: a joiner is admitted at a boundary after every member, re
   CHECK(s.tasks().size() == 3);
   CHECK(s.changes() == 2);
 }
+
+TEST_CASE("membership: workers that asked to leave go at a boundary, the chief and those below min_workers refused") {
+  membership_state s(tasks(4), 2);
+  std::vector<std::string> refused;
+  CHECK_FALSE(s.leave({}, refused).has_value());
+  CHECK(refused.empty());
+  // The chief may not leave; rank 3 and rank 1 may (min 2), named twice counts once.
+  auto change = s.leave({3, 0, 1, 3}, refused);
+  REQUIRE(change.has_value());
+  CHECK(change->generation == 1);
+  CHECK(change->survivors == std::vector<int>{0, 2});
+  CHECK(change->left == std::vector<std::string>{task(1), task(3)});
+  CHECK(change->joined.empty());
+  CHECK(change->new_rank(2) == 1);
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0] == task(0) + " is the chief, which holds the cluster's membership");
+  CHECK(s.current_phase() == membership_state::phase::changing);
+  // Nobody else leaves while the change re-forms.
+  std::vector<std::string> busy;
+  CHECK_FALSE(s.leave({1}, busy).has_value());
+  CHECK(busy == std::vector<std::string>{"the cluster is changing its membership"});
+  REQUIRE(s.complete(1));
+  CHECK(s.tasks() == std::vector<std::string>{task(0), task(2)});
+  CHECK(s.changes() == 1);
+  // At min_workers: rank 1 (task 2) is refused, and rank 7 is not in the table.
+  refused.clear();
+  CHECK_FALSE(s.leave({1, 7}, refused).has_value());
+  REQUIRE(refused.size() == 2);
+  CHECK(refused[0] == task(2) + " would leave 1 worker(s), fewer than min_workers (2)");
+  CHECK(refused[1] == "rank 7 is not in the cluster of 2 workers");
+  CHECK(s.current_phase() == membership_state::phase::stable);
+}
+
+TEST_CASE("membership: of several that ask to leave at min_workers, the lower ranks go first") {
+  membership_state s(tasks(4), 3);
+  std::vector<std::string> refused;
+  auto change = s.leave({3, 2}, refused);
+  REQUIRE(change.has_value());
+  CHECK(change->left == std::vector<std::string>{task(2)});
+  CHECK(change->survivors == std::vector<int>{0, 1, 3});
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0] == task(3) + " would leave 2 worker(s), fewer than min_workers (3)");
+}

@@ -2,7 +2,7 @@
 """Checks the rows multi_worker_trainer --record-examples DIR recorded: every example of every
 epoch trained on once, none twice, across changes of membership.
 
-Usage: examples_exactly_once.py DIR SAMPLES STEPS_PER_EPOCH EPOCHS [--across C1,C2]...
+Usage: examples_exactly_once.py DIR SAMPLES STEPS_PER_EPOCH EPOCHS [--across C1,C2]... [--no-rollback]
 
 Each DIR/worker-TASK-PID.txt holds one line per training call of a replica of that process:
   step=S changes=C ids=I,J,...
@@ -12,7 +12,9 @@ highest C are the rows that went into the weights; the others do not count. The 
 divides SAMPLES (STEPS_PER_EPOCH x global batch = SAMPLES), so each epoch is one pass over a
 shuffle of the set, and every id 0..SAMPLES-1 must be kept exactly once per epoch.
 --across C1,C2: some epoch's kept lines include lines of C1 and of C2 changes (the epoch went on
-across a change). Exit 0 and one summary line, or 1 naming the first thing wrong.
+across a change). --no-rollback: no step ran twice (a change that rolls back runs the steps after
+its commit again; a leave at a step boundary runs none twice). Exit 0 and one summary line, or 1
+naming the first thing wrong.
 """
 import collections
 import glob
@@ -30,11 +32,16 @@ def fail(message):
 
 def main(argv):
     if len(argv) < 5:
-        fail("usage: examples_exactly_once.py DIR SAMPLES STEPS_PER_EPOCH EPOCHS [--across C1,C2]...")
+        fail("usage: examples_exactly_once.py DIR SAMPLES STEPS_PER_EPOCH EPOCHS [--across C1,C2]... [--no-rollback]")
     folder, samples, steps_per_epoch, epochs = argv[1], int(argv[2]), int(argv[3]), int(argv[4])
     across = []
+    no_rollback = False
     rest = argv[5:]
     while rest:
+        if rest[0] == "--no-rollback":
+            no_rollback = True
+            rest = rest[1:]
+            continue
         if rest[0] != "--across" or len(rest) < 2:
             fail("unexpected argument " + rest[0])
         across.append(tuple(int(c) for c in rest[1].split(",")))
@@ -76,6 +83,9 @@ def main(argv):
             changes_in_epoch.add(kept)
             for c, name, ids in records:
                 if c != kept:
+                    if no_rollback:
+                        fail("step %d ran twice (by %s with %d changes, and again with %d): a rollback" %
+                             (step, name, c, kept))
                     rolled_back += 1
                     continue
                 for i in ids:

@@ -4,8 +4,12 @@
 #   grow:   it lists localhost:2, then localhost:3: the launcher starts worker 2, which joins the
 #           running cluster; all three finish with one weights digest, ranks 0 and 1 in the
 #           processes they started in.
-#   shrink: three workers, the list goes from 127.0.0.1:3 to 127.0.0.1:2: the launcher removes
-#           worker 2, the others drop it and finish with one digest; the removal is no failure.
+#   shrink: three workers, the list goes from 127.0.0.1:3 to 127.0.0.1:2: the launcher asks
+#           worker 2 to leave (SIGUSR2); it leaves at a step boundary and exits 0, the others go on
+#           from that step without a rollback (every step of the records ran once, and every
+#           example of every epoch was trained on once: --record-examples) and finish with one
+#           digest; the removal is no failure. The chief asked to leave (SIGUSR2), and rank 1
+#           asked at min_workers, are refused, named, and train on.
 #   bad:    the script prints a malformed line, then hangs (past --discovery-timeout), then the
 #           list again: each is named in the launcher's output, nothing changes, and the two
 #           workers finish; the hanging script leaves nothing behind.
@@ -27,13 +31,14 @@ SCRIPT
 chmod +x "$dir/discover.sh"
 hosts() { printf '%b' "$1" > "$dir/hosts.tmp" && mv "$dir/hosts.tmp" "$dir/hosts"; }
 
-# run N HOSTS: the launcher with N workers, the script listing HOSTS first; 42 steps an epoch at
-# global batch 192, 8 epochs, 50 ms a step: about 20 s.
+# run N HOSTS [ARGS...]: the launcher with N workers, the script listing HOSTS first; 42 steps an
+# epoch at global batch $batch (192), 8 epochs, 50 ms a step: about 20 s. ARGS go to the trainer.
 run() {
   hosts "$2"
   : > "$dir/run.out"
   start_launcher "$dir/run.out" "$launch" -n "$1" --elastic --min 2 --max 3 --host-discovery-script "$dir/discover.sh" \
-    --discovery-interval 0.2 --discovery-timeout 1 --timeout 110 -- "$trainer" --elastic --epochs 8 --batch 192 --step-delay-ms 50
+    --discovery-interval 0.2 --discovery-timeout 1 --leave-timeout 20 --timeout 110 -- \
+    "$trainer" --elastic --epochs 8 --batch "${batch:-192}" --step-delay-ms 50 "${@:3}"
 }
 launcher_says() { grep -q "^troupe-launch: $1" "$dir/run.out"; }
 steps_done() { grep -q "^\[rank 0\] .*Epoch 2/" "$dir/run.out"; }
@@ -67,33 +72,54 @@ case "$mode" in
     echo "PASSED (discovery grow): worker 2 added at the third slot joined; 3 workers finished with weights $d0"
     ;;
   shrink)
-    run 3 '127.0.0.1:3\n'
+    # 32 steps an epoch at global batch 256, which divides the 8192 examples (one pass an epoch).
+    mkdir "$dir/examples"
+    batch=256
+    run 3 '127.0.0.1:3\n' --record-examples "$dir/examples"
     wait_for 30 eval '[ -n "$(pids_of 0 3)" ] && [ -n "$(pids_of 1 3)" ] && [ -n "$(pids_of 2 3)" ]' ||
       fail "the workers did not print their pids within 30 s"
     wait_for 30 steps_done || fail "the first epoch did not end within 30 s"
+    # The chief asked to leave is refused (it holds the membership) and trains on.
+    kill -USR2 "$(pids_of 0 3)"
+    refused="troupe: warning: elastic membership: this worker asked to leave and the chief refused"
+    wait_for 30 grep -q "^\[rank 0\] $refused ($(task 0) is the chief, which holds the cluster's membership); it trains on$" "$dir/run.out" ||
+      fail "the chief's own leave was not refused within 30 s"
     hosts '127.0.0.1:2\n'
-    wait_for 30 launcher_says "worker 2 (pid [0-9]*, 127.0.0.1:[0-9]*) left (killed by SIGKILL), removed by host discovery; not a failure$" ||
-      fail "the launcher did not remove worker 2 within 30 s"
+    wait_for 30 launcher_says "worker 2 (pid [0-9]*, 127.0.0.1:[0-9]*) left (exited with status 0), removed by host discovery; not a failure$" ||
+      fail "worker 2 did not leave (exit 0) within 30 s"
+    # At min_workers (2), rank 1 asked to leave is refused and trains on.
+    kill -USR2 "$(pids_of 1 3)"
+    wait_for 30 grep -q "^\[rank 1\] $refused ($(task 1) would leave 1 worker(s), fewer than min_workers (2)); it trains on$" "$dir/run.out" ||
+      fail "rank 1's leave below min_workers was not refused within 30 s"
     wait_launcher 90 ""
     [ "$rc" = 0 ] || fail "the run exited $rc"
     launcher_says "host discovery: the hosts are now 127.0.0.1:2 (2 slots): removing 1, adding 0 workers$" ||
       fail "the launcher does not name the new list"
-    launcher_says "removing worker 2 (pid [0-9]*, 127.0.0.1:[0-9]*) from 127.0.0.1 (SIGKILL); the others drop it" ||
-      fail "the launcher does not say it removes worker 2"
-    grep -q "starting a replacement\|restarting\|stopping the others" "$dir/run.out" && fail "the removal was taken for a failure"
-    grep -q "^\[rank 2\] result:" "$dir/run.out" && fail "the removed worker printed a result"
+    launcher_says "removing worker 2 (pid [0-9]*, 127.0.0.1:[0-9]*) from 127.0.0.1: asking it to leave (SIGUSR2; SIGKILL after 20 s); the others go on without it from its next step boundary$" ||
+      fail "the launcher does not say it asks worker 2 to leave"
+    grep -q "did not leave within\|starting a replacement\|restarting\|stopping the others" "$dir/run.out" &&
+      fail "the removal was taken for a failure"
+    grep -q "^\[rank 2\] result:" "$dir/run.out" && fail "the worker that left printed a result"
+    # It left at a step boundary, and the others went on from that step: no rollback.
+    left_at=$(field 2 step "" left)
+    [ -n "$left_at" ] || fail "worker 2 does not print the step it left at"
+    grep -q "^\[rank 2\] troupe: warning: elastic membership: this worker left the cluster at step $left_at as it was asked to; 2 workers continue" "$dir/run.out" ||
+      fail "worker 2 does not say it left at step $left_at"
     for r in 0 1; do
       [ "$(pids_of $r 3 | wc -l)" = 1 ] || fail "rank $r printed $(pids_of $r 3 | wc -l) pid lines (it keeps its process)"
-      grep -q "^\[rank $r\] troupe: warning: elastic membership: $(task 2) left; 2 workers continue" "$dir/run.out" ||
-        fail "rank $r does not say that task 2 left"
+      grep -q "^\[rank $r\] troupe: warning: elastic membership: $(task 2) left (asked to leave); 2 workers continue from step $left_at as ring generation 1 (paused [0-9]* ms, nothing rolled back)$" "$dir/run.out" ||
+        fail "rank $r does not say that task 2 left at step $left_at with nothing rolled back"
     done
+    grep -q "elastic membership: $(task 2) left; \|falls back" "$dir/run.out" && fail "the leave was taken for a loss"
     same_weights 0 1
     for r in 0 1; do
       [ "$(field $r workers)" = 2 ] || fail "rank $r finished with workers=$(field $r workers) (expected 2)"
       [ "$(field $r membership_changes)" = 1 ] || fail "rank $r has membership_changes=$(field $r membership_changes)"
-      [ "$(field $r steps)" = 336 ] || fail "rank $r finished at step $(field $r steps) (expected 336)"
+      [ "$(field $r steps)" = 256 ] || fail "rank $r finished at step $(field $r steps) (expected 256)"
     done
-    echo "PASSED (discovery shrink): worker 2 removed at 2 slots; 2 workers finished with weights $d0"
+    summary=$(python3 "$(dirname "$0")/examples_exactly_once.py" "$dir/examples" 8192 32 8 --across 0,1 --no-rollback) ||
+      fail "$summary"
+    echo "PASSED (discovery shrink): worker 2 asked to leave left at step $left_at (exit 0), no step ran twice; 2 workers finished with weights $d0; $summary"
     ;;
   bad)
     run 2 'localhost:2\n'

@@ -4,8 +4,10 @@
 
 #include <random>
 #include <stdexcept>
+#include <vector>
 
 #include "distribute/strategies/elastic_commit.hpp"
+#include "distribute/strategies/step_agreement.hpp"
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
 
@@ -115,4 +117,35 @@ TEST_CASE("elastic commit: a mirrored variable is restored into every replica's 
   w.assign(Tensor::from_vector<float>({-1.0f, -2.0f}));
   state.restore(4);
   for (const Tensor& c : w.components()) CHECK(c.to_vector<float>() == std::vector<float>{1.0f, 2.0f});
+}
+
+TEST_CASE("step agreement: every worker reads who asks to leave from the same table, a stop in any row beside it") {
+  const std::size_t stride = dd::request_fields;
+  std::vector<double> table(3 * stride, 0.0);
+  dd::StepRequests chief;
+  chief.joiners = 1;
+  dd::StepRequests leaver;
+  leaver.leave = true;
+  dd::encode_requests(chief, table.data());
+  dd::encode_requests(leaver, table.data() + 2 * stride);
+  const dd::StepAgreement a = dd::decide(table.data(), 3, dd::StepRequests{}, stride);
+  CHECK(a.leaving == std::vector<int>{2});
+  CHECK(a.admit);
+  CHECK_FALSE(a.stop);
+  // Rank 1 asks too, and rank 2 stops: both read, and the stop stands beside the leave.
+  dd::StepRequests both;
+  both.leave = true;
+  dd::encode_requests(both, table.data() + stride);
+  dd::StepRequests stop;
+  stop.stop = true;
+  stop.stop_code = 3;
+  stop.leave = true;
+  dd::encode_requests(stop, table.data() + 2 * stride);
+  const dd::StepAgreement b = dd::decide(table.data(), 3, dd::StepRequests{}, stride);
+  CHECK(b.leaving == std::vector<int>{1, 2});
+  CHECK(b.stop);
+  CHECK(b.stop_code == 3);
+  // Nobody asks: nobody leaves.
+  const std::vector<double> quiet(3 * stride, 0.0);
+  CHECK(dd::decide(quiet.data(), 3, dd::StepRequests{}, stride).leaving.empty());
 }

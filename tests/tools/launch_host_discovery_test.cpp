@@ -4,52 +4,62 @@
 using namespace launch_test;
 
 TEST_CASE("troupe-launch --host-discovery-script adds a joining worker and removes it, neither a failure") {
-  scratch dir;
-  const std::string hosts = dir.path() + "/hosts";
-  const std::string discover = dir.path() + "/discover.sh";
-  std::ofstream(hosts) << "localhost:3\n";
-  std::ofstream(discover) << "#!/bin/sh\ncat '" << hosts << "'\n";
-  ::chmod(discover.c_str(), 0755);
-  // Worker 2 is started by discovery: it says what it got and waits to be removed. The others
-  // shrink the list once it runs, and wait (bounded) until it is gone.
-  const std::string script = R"(record
-if [ "$i" = 2 ]; then echo "join=$TROUPE_JOIN config=$TF_CONFIG"; sleep 60; exit 3; fi
+  // Worker 2 is started by discovery: it says what it got and waits to be removed. Asked to leave
+  // (SIGUSR2), it leaves (exit 0); one that ignores the request is killed after --leave-timeout.
+  for (const bool leaves : {true, false}) {
+    CAPTURE(leaves);
+    scratch dir;
+    const std::string hosts = dir.path() + "/hosts";
+    const std::string discover = dir.path() + "/discover.sh";
+    std::ofstream(hosts) << "localhost:3\n";
+    std::ofstream(discover) << "#!/bin/sh\ncat '" << hosts << "'\n";
+    ::chmod(discover.c_str(), 0755);
+    // The others shrink the list once it runs, and wait (bounded) until it is gone.
+    const std::string on_leave = leaves ? "trap 'exit 0' USR2" : "trap '' USR2";
+    const std::string script = R"(record
+if [ "$i" = 2 ]; then echo "join=$TROUPE_JOIN config=$TF_CONFIG"; )" + on_leave + R"(; sleep 60 & wait; exit 3; fi
 await 2
 [ "$i" = 0 ] && echo "127.0.0.1:2" > "$D/hosts.new" && mv "$D/hosts.new" "$D/hosts"
 p=$(cut -d' ' -f1 "$D/pid.2"); n=0
 while kill -0 "$p" 2>/dev/null; do n=$((n+1)); [ $n -gt 400 ] && exit 97; sleep 0.025; done
 exit 0)";
-  auto r = run(workers(2, script, dir,
-                       {"--elastic", "--min", "2", "--max", "3", "--host-discovery-script", discover,
-                        "--discovery-interval", "0.1"}),
-               dir);
-  REQUIRE(r.finished);
-  CHECK(r.exit_code == 0);
-  const std::vector<std::string> two = lines_of_rank(r.out, 2);
-  REQUIRE(two.size() == 1);
-  // It joins as the third task of a cluster of three, and its port is its own.
-  const std::smatch m = [&] {
-    std::smatch found;
-    std::regex_match(two[0], found, std::regex(R"(join=1 config=(.*))"));
-    return found;
-  }();
-  REQUIRE(m.size() == 2);
-  const auto config = nlohmann::json::parse(m[1].str());
-  CHECK(config["task"]["index"] == 2);
-  REQUIRE(config["cluster"]["worker"].size() == 3);
-  const std::set<std::string> ports(config["cluster"]["worker"].begin(), config["cluster"]["worker"].end());
-  CHECK(ports.size() == 3);
-  CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: host discovery: the hosts are now 127\.0\.0\.1:3 \(3 slots\): )"
-                                            R"(removing 0, adding 1 worker\n)"
-                                            R"(troupe-launch: host discovery: starting worker 2 on 127\.0\.0\.1 )"
-                                            R"(\(127\.0\.0\.1:[0-9]+\); it joins the running cluster\n)")));
-  CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: removing worker 2 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) from )"
-                                            R"(127\.0\.0\.1 \(SIGKILL\); the others drop it as a lost worker and go on\n)")));
-  CHECK(std::regex_search(r.err, std::regex(R"(worker 2 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) left \(killed by SIGKILL\), )"
-                                            R"(removed by host discovery; not a failure\n)")));
-  CHECK(r.err.find("stopping the others") == std::string::npos);
-  CHECK(r.err.find("replacement") == std::string::npos);
-  check_no_worker_left(dir, 3);
+    auto r = run(workers(2, script, dir,
+                         {"--elastic", "--min", "2", "--max", "3", "--host-discovery-script", discover,
+                          "--discovery-interval", "0.1", "--leave-timeout", "0.5"}),
+                 dir);
+    REQUIRE(r.finished);
+    CHECK(r.exit_code == 0);
+    const std::vector<std::string> two = lines_of_rank(r.out, 2);
+    REQUIRE(two.size() == 1);
+    // It joins as the third task of a cluster of three, and its port is its own.
+    const std::smatch m = [&] {
+      std::smatch found;
+      std::regex_match(two[0], found, std::regex(R"(join=1 config=(.*))"));
+      return found;
+    }();
+    REQUIRE(m.size() == 2);
+    const auto config = nlohmann::json::parse(m[1].str());
+    CHECK(config["task"]["index"] == 2);
+    REQUIRE(config["cluster"]["worker"].size() == 3);
+    const std::set<std::string> ports(config["cluster"]["worker"].begin(), config["cluster"]["worker"].end());
+    CHECK(ports.size() == 3);
+    CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: host discovery: the hosts are now 127\.0\.0\.1:3 \(3 slots\): )"
+                                              R"(removing 0, adding 1 worker\n)"
+                                              R"(troupe-launch: host discovery: starting worker 2 on 127\.0\.0\.1 )"
+                                              R"(\(127\.0\.0\.1:[0-9]+\); it joins the running cluster\n)")));
+    CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: removing worker 2 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) from )"
+                                              R"(127\.0\.0\.1: asking it to leave \(SIGUSR2; SIGKILL after 0\.5 s\); the )"
+                                              R"(others go on without it from its next step boundary\n)")));
+    const std::string timed_out = R"(worker 2 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) did not leave within 0\.5 s of SIGUSR2 )"
+                                  R"(\(--leave-timeout\); killing it \(SIGKILL\); the others drop it as a lost worker and go on\n)";
+    CHECK(std::regex_search(r.err, std::regex(timed_out)) == !leaves);
+    CHECK(std::regex_search(r.err, std::regex(std::string(R"(worker 2 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) left \()") +
+                                              (leaves ? "exited with status 0" : "killed by SIGKILL") +
+                                              R"(\), removed by host discovery; not a failure\n)")));
+    CHECK(r.err.find("stopping the others") == std::string::npos);
+    CHECK(r.err.find("replacement") == std::string::npos);
+    check_no_worker_left(dir, 3);
+  }
 }
 
 TEST_CASE("troupe-launch host discovery: a worker added that fails after the chief finished came too late, no failure") {

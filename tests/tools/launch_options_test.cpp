@@ -49,6 +49,9 @@ TEST_CASE("troupe-launch rejects bad usage with exit status 2 and says what is w
       {{"-n", "2", "--elastic", "--host-discovery-script", "/bin/true", "--discovery-timeout", "never", "--", "/bin/true"},
        "--discovery-timeout: expected a number of seconds > 0, got 'never'"},
       {{"-n", "2", "--discovery-interval", "2", "--", "/bin/true"}, "--discovery-interval needs --host-discovery-script"},
+      {{"-n", "2", "--elastic", "--host-discovery-script", "/bin/true", "--leave-timeout", "-1", "--", "/bin/true"},
+       "--leave-timeout: expected a number of seconds > 0, got '-1'"},
+      {{"-n", "2", "--leave-timeout", "5", "--", "/bin/true"}, "--leave-timeout needs --host-discovery-script"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.message);

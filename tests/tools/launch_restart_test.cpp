@@ -88,6 +88,32 @@ exit 0)";
   CHECK(r.err.find("restarting") == std::string::npos);
 }
 
+TEST_CASE("troupe-launch --elastic --max-restarts: a replacement refused as the chief finishes came too late, no failure") {
+  // Rank 1 kills itself; its replacement fails at once (as a joiner the chief refuses when its
+  // fit ends does), while the chief still runs for a moment and then finishes: the replacement's
+  // verdict waits for the chief's exit, and the run succeeds. With a chief that does not finish
+  // within --grace, the same failure stops the run.
+  for (const bool chief_finishes : {true, false}) {
+    CAPTURE(chief_finishes);
+    scratch dir;
+    const std::string chief = chief_finishes ? "sleep 0.3; exit 0" : "sleep 60 & wait";
+    const std::string script = R"(if [ -z "$TROUPE_JOIN" ]; then record; fi
+if [ "$i" = 1 ] && [ -z "$TROUPE_JOIN" ]; then await 0; kill -9 $$; fi
+if [ "$i" = 1 ]; then echo "refused" > "$D/refused"; exit 1; fi
+n=0; while [ ! -e "$D/refused" ]; do n=$((n+1)); [ $n -gt 400 ] && exit 98; sleep 0.025; done
+)" + chief;
+    auto r = run(workers(2, script, dir, {"--elastic", "--min", "1", "--max-restarts", "1", "--grace", "0.5"}), dir);
+    REQUIRE(r.finished);
+    CHECK(r.exit_code == (chief_finishes ? 0 : 1));
+    CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: starting a replacement for worker 1 \(1 of 1\))")));
+    CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: worker 1 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\), a replacement, )"
+                                              R"(exited with status 1 after the chief finished the training)")) ==
+          chief_finishes);
+    CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: worker 1 \(pid [0-9]+, 127\.0\.0\.1:[0-9]+\) exited with )"
+                                              R"(status 1; stopping the others)")) == !chief_finishes);
+  }
+}
+
 TEST_CASE("troupe-launch --elastic kills a worker stopped past the heartbeat limit as lost, not waiting for --timeout") {
   scratch dir;
   // Rank 2 stops itself; with a 50 ms heartbeat and 2 missed beats the limit is 150 ms.

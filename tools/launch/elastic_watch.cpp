@@ -80,11 +80,21 @@ std::optional<std::vector<std::string>> elastic_watch::replacement_env(const wor
                                                                        const say_fn& say) {
   if (replacements_ >= options_.max_restarts) return std::nullopt;
   ++replacements_;
+  replaced_.insert(w.rank);
   base.push_back("TROUPE_JOIN=1");
   base.push_back("TF_CONFIG=" + tf_config_json(addresses, w.rank, options_.chief, options_.ps));
   say("starting a replacement for worker " + std::to_string(w.rank) + " (" + std::to_string(replacements_) + " of " +
       std::to_string(options_.max_restarts) + "); it joins the running cluster");
   return base;
+}
+
+bool elastic_watch::late(const worker& w, int status, bool chief_finished, const say_fn& say) const {
+  if (!chief_finished || !replacement(w.rank) || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) return false;
+  const std::string how = WIFSIGNALED(status) ? "was killed by " + signal_name(WTERMSIG(status))
+                                              : "exited with status " + std::to_string(WEXITSTATUS(status));
+  say(w.describe() + ", a replacement, " + how +
+      " after the chief finished the training (it came too late to join, or ended after it); not a failure");
+  return true;
 }
 
 }  // namespace troupe::launch

@@ -4,12 +4,16 @@
 //      least --min workers still run: the others go on without it (goes_on).
 //   2. With --max-restarts N, each such loss starts a replacement in its place, up to N in all,
 //      which joins the running cluster (TROUPE_JOIN=1, the same TF_CONFIG) (replacement_env).
+//      A replacement that fails after the chief finished the training came too late to join
+//      (the chief's fit ended before a step boundary could admit it, or its chief was gone): it
+//      is said and is no failure of the run (late), as for a worker host discovery added.
 //   3. A worker stopped (SIGSTOP, SIGTSTP...) keeps its connections open, so no exit ever tells of
 //      it: the launcher hears of stops and continues (note_stop), and kills one stopped past the
 //      heartbeat limit (check_stalls), which makes it a lost worker like any killed one.
 
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,9 +56,17 @@ class elastic_watch {
   std::optional<std::vector<std::string>> replacement_env(const worker& w, std::vector<std::string> base,
                                                           const std::vector<std::string>& addresses, const say_fn& say);
 
+  /// Whether rank `rank` runs a replacement (the last process started for it was one).
+  bool replacement(int rank) const { return replaced_.count(rank) > 0; }
+  /// Whether `w`, a replacement, ended with `status` (not a success) after the chief finished
+  /// the training (`chief_finished`): it came too late to join, or ended after the others, and is
+  /// no failure of the run. Says so when it is.
+  bool late(const worker& w, int status, bool chief_finished, const say_fn& say) const;
+
  private:
   const launch_options& options_;
   int replacements_ = 0;  // workers started to take a lost one's place
+  std::set<int> replaced_;  // ranks whose process is a replacement
 };
 
 }  // namespace troupe::launch

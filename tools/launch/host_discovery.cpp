@@ -476,9 +476,12 @@ void host_discovery::apply(std::vector<worker>& workers, bool may_change) {
     for (worker& w : workers) {
       if (w.rank != rank || !w.running) continue;
       members_.removing(rank);
-      say_("removing " + w.describe() + " from " + members_.host_of(rank) +
-           " (SIGKILL); the others drop it as a lost worker and go on");
-      ::kill(-w.pid, SIGKILL);
+      say_("removing " + w.describe() + " from " + members_.host_of(rank) + ": asking it to leave (SIGUSR2; SIGKILL after " +
+           seconds_text(options_.leave_timeout_s) + " s); the others go on without it from its next step boundary");
+      // The worker's process alone: the program handles it (a child of its would end).
+      ::kill(w.pid, SIGUSR2);
+      leave_by_[rank] = clock::now() + std::chrono::duration_cast<clock::duration>(
+                                           std::chrono::duration<double>(options_.leave_timeout_s));
     }
   }
   for (const std::string& host : c.add) {
@@ -489,7 +492,29 @@ void host_discovery::apply(std::vector<worker>& workers, bool may_change) {
   }
 }
 
+std::optional<clock::time_point> host_discovery::next_leave_deadline(const std::vector<worker>& workers) const {
+  std::optional<clock::time_point> next;
+  for (const worker& w : workers) {
+    auto it = leave_by_.find(w.rank);
+    if (!w.running || it == leave_by_.end()) continue;
+    if (!next || it->second < *next) next = it->second;
+  }
+  return next;
+}
+
+void host_discovery::expire_leaves(std::vector<worker>& workers, clock::time_point now) {
+  for (worker& w : workers) {
+    auto it = leave_by_.find(w.rank);
+    if (!w.running || it == leave_by_.end() || now < it->second) continue;
+    leave_by_.erase(it);
+    say_(w.describe() + " did not leave within " + seconds_text(options_.leave_timeout_s) +
+         " s of SIGUSR2 (--leave-timeout); killing it (SIGKILL); the others drop it as a lost worker and go on");
+    ::kill(-w.pid, SIGKILL);
+  }
+}
+
 void host_discovery::left(const worker& w, int status) {
+  leave_by_.erase(w.rank);
   std::string how = WIFSIGNALED(status) ? "killed by " + signal_name(WTERMSIG(status))
                                         : "exited with status " + std::to_string(WEXITSTATUS(status));
   say_(w.describe() + " left (" + how + "), removed by host discovery; not a failure");

@@ -11,8 +11,11 @@
 //   3. host_membership compares what the script lists with the workers each host runs and says
 //      which workers to add (each joins the running cluster, TROUPE_JOIN=1) and which to remove:
 //      the newest of a host first, never rank 0 (the chief holds the cluster's membership), never
-//      below --min. A removed worker leaves as a lost one does; it is no failure of the run and
-//      no replacement (--max-restarts) is started for it. A worker lost on its own keeps its
+//      below --min. A removed worker is asked to leave (SIGUSR2 to its process): it leaves the
+//      cluster at its next step boundary, the others go on from there without it, and it exits
+//      0. One still running --leave-timeout seconds later is killed (SIGKILL to its group) and
+//      the others drop it as a lost worker. Either way its exit is no failure of the run and no
+//      replacement (--max-restarts) is started for it. A worker lost on its own keeps its
 //      slot (only --max-restarts replaces it) until the script lists fewer.
 // Every host is this machine (127.0.0.1, localhost or its host name): a host elsewhere would need
 // --rsh, which discovery does not do, so such a line is refused, named.
@@ -138,14 +141,22 @@ class host_discovery {
   int wake_fd() const { return runner_ ? runner_->wake_fd() : -1; }
 
   /// Takes the script's results and acts on the newest: names a failure or a bad output, else
-  /// removes (SIGKILL to the group) and adds workers to match it. `may_change` false (the
+  /// removes (SIGUSR2: asked to leave) and adds workers to match it. `may_change` false (the
   /// launch is stopping, or training ended: a worker finished): results are only read.
   void apply(std::vector<worker>& workers, bool may_change);
+
+  /// The earliest time a worker asked to leave is killed if it still runs (none: no leave pending).
+  std::optional<clock::time_point> next_leave_deadline(const std::vector<worker>& workers) const;
+  /// Kills (SIGKILL to the group, said) every worker asked to leave that still runs at `now`
+  /// past --leave-timeout: the others drop it as a lost worker.
+  void expire_leaves(std::vector<worker>& workers, clock::time_point now);
 
   /// Whether rank `rank` was removed by discovery: its exit is no failure and not replaced.
   bool removed(int rank) const { return members_.removed(rank); }
   /// Says that a removed worker left (it ended with wait status `status`).
   void left(const worker& w, int status);
+  /// Whether discovery started rank `rank` (it joined the running cluster).
+  bool added(int rank) const { return added_.count(rank) > 0 && added_.at(rank); }
   /// Whether `w`, a worker discovery added, ended with `status` (not a success) after the chief
   /// finished the training (`chief_finished`): it came too late to join, or ended after the
   /// others, and is no failure of the run. Says so when it is.
@@ -158,6 +169,7 @@ class host_discovery {
   say_fn say_;
   std::unique_ptr<discovery_runner> runner_;
   std::map<int, bool> added_;  // ranks discovery started
+  std::map<int, clock::time_point> leave_by_;  // ranks asked to leave: when SIGKILL follows
   std::string last_trouble_;  // the last failure or notes said: said again only when it changes
   bool failing_ = false;      // the last result was a failure or a bad list
 };

@@ -51,7 +51,7 @@ struct raw_options {
   std::string hosts, hostfile, rsh = "ssh", log_dir, ranks;
   bool elastic = false;
   std::string min_workers, max_workers;
-  std::string discovery_script, discovery_interval = "1", discovery_timeout = "10";
+  std::string discovery_script, discovery_interval = "1", discovery_timeout = "10", leave_timeout = "30";
 };
 
 std::string trimmed(const std::string& s) {
@@ -125,6 +125,11 @@ void add_options(CLI::App& app, raw_options& raw) {
                  "workers stay as they are")
       ->type_name("SECONDS")
       ->capture_default_str();
+  app.add_option("--leave-timeout", raw.leave_timeout,
+                 "with --host-discovery-script: a worker removed is asked to leave (SIGUSR2) and leaves at a step "
+                 "boundary; one still running this long after is killed (SIGKILL) and dropped as a lost worker")
+      ->type_name("SECONDS")
+      ->capture_default_str();
   app.add_option("--hosts", raw.hosts, "workers on other hosts, started through --rsh: h1:2,h2:2 (2 each)")
       ->type_name("LIST");
   app.add_option("--hostfile", raw.hostfile, "the hosts, one a line: \"host\", \"host:N\" or \"host slots=N\"")
@@ -164,8 +169,10 @@ With --elastic, a worker other than rank 0 killed by a signal is not a failure o
 least --min workers still run: the launcher says so and leaves the others running (an elastic
 program drops the lost worker and goes on). With --max-restarts N a new process takes its place, at
 most N times in all: it gets the lost worker's TF_CONFIG and TROUPE_JOIN=1 and joins the running
-cluster at its next step boundary; the whole cluster is never started again under --elastic. A
-worker stopped (SIGSTOP) longer than the heartbeat limit (TROUPE_HEARTBEAT_MS x
+cluster at its next step boundary; the whole cluster is never started again under --elastic, and no
+replacement starts once a worker has finished. A joiner that fails while rank 0 still runs waits
+(at most --grace) for rank 0's exit: when rank 0 finished (exit 0) it came too late to join, which
+is no failure. A worker stopped (SIGSTOP) longer than the heartbeat limit (TROUPE_HEARTBEAT_MS x
 (TROUPE_MISSED_HEARTBEATS + 1)) is killed as lost. Below --min, when rank 0 (the chief) dies, or
 when a worker exits non-zero itself, the others are stopped as without --elastic.
 
@@ -173,10 +180,12 @@ With --elastic --host-discovery-script PATH, the launcher runs PATH every --disc
 seconds (1) and reads the hosts it prints, one "host" (one slot) or "host:N" a line, as Horovod's
 elastic host discovery does. Where the hosts have more slots than workers run, new workers start
 (TROUPE_JOIN=1, a fresh port, the next rank) and join the running cluster, up to --max; where they
-have fewer, the newest workers of a host are removed (SIGKILL: the others drop it as a lost worker
-and go on), never rank 0 and never below --min, and a removal is neither a failure nor counted by
---max-restarts. A bad line (named with its number), a script that exits non-zero, or one that runs
-past --discovery-timeout (killed) is named on stderr and changes nothing. The workers start on this
+have fewer, the newest workers of a host are removed, never rank 0 and never below --min: each is
+asked to leave (SIGUSR2) and leaves the cluster at its next step boundary, the others going on
+from there without it (nothing rolled back), and exits 0; one still running --leave-timeout
+seconds (30) later is killed (SIGKILL) and the others drop it as a lost worker. A removal is
+neither a failure nor counted by --max-restarts. A bad line (named with its number), a script that
+exits non-zero, or one that runs past --discovery-timeout (killed) is named on stderr and changes nothing. The workers start on this
 machine only: every host must be 127.0.0.1, localhost or this host's name (--hosts/--hostfile
 too); hosts elsewhere, which would need --rsh, are refused.
 
@@ -312,12 +321,16 @@ launch_options parse_launch_options(const std::vector<std::string>& args) {
     options.discovery_script = raw.discovery_script;
     options.discovery_interval_s = parse_seconds("--discovery-interval", raw.discovery_interval, false);
     options.discovery_timeout_s = parse_seconds("--discovery-timeout", raw.discovery_timeout, false);
+    options.leave_timeout_s = parse_seconds("--leave-timeout", raw.leave_timeout, false);
     // The workers are local: started directly on free ports (or --port-base), the hosts kept as
     // the workers' places.
     options.discovery_hosts = std::move(options.hosts);
     options.hosts.clear();
-  } else if (app.count("--discovery-interval") > 0 || app.count("--discovery-timeout") > 0) {
-    throw usage_error(std::string(app.count("--discovery-interval") > 0 ? "--discovery-interval" : "--discovery-timeout") +
+  } else if (app.count("--discovery-interval") > 0 || app.count("--discovery-timeout") > 0 ||
+             app.count("--leave-timeout") > 0) {
+    throw usage_error(std::string(app.count("--discovery-interval") > 0   ? "--discovery-interval"
+                                  : app.count("--discovery-timeout") > 0 ? "--discovery-timeout"
+                                                                         : "--leave-timeout") +
                       " needs --host-discovery-script");
   }
 

@@ -32,6 +32,8 @@ inline constexpr int preemption_exit_code = 75;
 /// The defaults of --discovery-interval and --discovery-timeout (seconds).
 inline constexpr double default_discovery_interval_s = 1.0;
 inline constexpr double default_discovery_timeout_s = 10.0;
+/// The default of --leave-timeout: how long a worker host discovery removes has to leave.
+inline constexpr double default_leave_timeout_s = 30.0;
 
 /// The port of the first worker on each host of --hosts when --port-base does not say.
 inline constexpr int default_hosts_port_base = 23456;
@@ -57,6 +59,7 @@ struct launch_options {
   std::optional<std::string> discovery_script;  ///< --host-discovery-script PATH (with --elastic)
   double discovery_interval_s = default_discovery_interval_s;  ///< --discovery-interval SECONDS: between runs of the script
   double discovery_timeout_s = default_discovery_timeout_s;    ///< --discovery-timeout SECONDS: a run that takes longer is killed
+  double leave_timeout_s = default_leave_timeout_s;  ///< --leave-timeout SECONDS: SIGUSR2 to SIGKILL for a removed worker
   std::vector<host_slots> discovery_hosts;  ///< --hosts/--hostfile under discovery: the first hosts (this machine)
   bool help = false;                      ///< -h / --help
   std::vector<std::string> program;       ///< the program and its arguments

@@ -174,12 +174,14 @@ int supervisor::run_once() {
   drain_until_.reset();
   last_failure_.clear();
   ps_restart_.clear();
+  held_.clear();
   start_workers();
   if (discovery_ && !stopping_) start_discovery();
   for (;;) {
     reap();
     if (discovery_) discovery_->apply(workers_, !stopping_ && !training_over_ && running_count() > 0);
     auto now = clock::now();
+    if (discovery_) discovery_->expire_leaves(workers_, now);
     check_timers(now);
     if (running_count() == 0) {
       if (!drain_until_) drain_until_ = now + drain_bound;
@@ -295,6 +297,8 @@ void supervisor::wait_for_events(clock::time_point now) {
   consider(drain_until_);
   if (!stopping_) consider(elastic_.next_stall_check(workers_));
   if (!stopping_) consider(ps_restart_.next());
+  if (discovery_) consider(discovery_->next_leave_deadline(workers_));
+  for (const held_exit& h : held_) consider(h.until);
   int timeout_ms = -1;
   if (next)
     timeout_ms = static_cast<int>(std::clamp<long long>(
@@ -357,15 +361,54 @@ void supervisor::reap() {
       discovery_->left(w, status);
       continue;
     }
-    if (discovery_ && discovery_->late(w, status, chief_finished_)) continue;
-    training_over_ = training_over_ || (WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    chief_finished_ = chief_finished_ || (w.rank == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    if (on_exit(w, status)) replace(w);
+    const bool succeeded = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    // A joiner (added by discovery, or a replacement) that fails while the chief still runs may
+    // have been refused because the chief's fit just ended, its exit on the way: its verdict
+    // waits for the chief's, at most --grace seconds.
+    if (!succeeded && !stopping_ && joiner(w.rank) && !chief_finished_ && chief_running()) {
+      held_.push_back({w.rank, status, clock::now() + std::chrono::duration_cast<clock::duration>(
+                                                          std::chrono::duration<double>(options_.grace_s))});
+      continue;
+    }
+    judge(w, status);
   }
+  settle_held();
 }
 
+void supervisor::judge(worker& w, int status) {
+  if (discovery_ && discovery_->late(w, status, chief_finished_)) return;
+  if (elastic_.late(w, status, chief_finished_, say_fn())) return;
+  training_over_ = training_over_ || (WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  chief_finished_ = chief_finished_ || (w.rank == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  if (on_exit(w, status)) replace(w);
+}
+
+void supervisor::settle_held() {
+  const auto now = clock::now();
+  std::vector<held_exit> waiting;
+  for (const held_exit& h : held_) {
+    if (!chief_finished_ && chief_running() && !stopping_ && now < h.until) {
+      waiting.push_back(h);
+      continue;
+    }
+    judge(workers_[static_cast<std::size_t>(h.rank)], h.status);
+  }
+  held_ = std::move(waiting);
+}
+
+bool supervisor::joiner(int rank) const {
+  return (discovery_ && discovery_->added(rank)) || elastic_.replacement(rank);
+}
+
+bool supervisor::chief_running() const { return !workers_.empty() && workers_[0].running; }
+
+// Not once training is over (a worker finished): there is no step boundary left to join at.
 void supervisor::replace(worker& w) {
   if (stopping_) return;
+  if (training_over_) {
+    say("not starting a replacement for worker " + std::to_string(w.rank) + ": a worker finished the training already");
+    return;
+  }
   auto env = elastic_.replacement_env(w, base_environment(), addresses_, say_fn());
   if (!env) return;
   for (auto& s : w.streams) close_stream(s);

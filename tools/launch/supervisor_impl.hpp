@@ -60,6 +60,13 @@ class supervisor {
   void wait_for_events(clock::time_point now);
   void handle_signals();
   void reap();
+  // An exit that is not a removal, as the run takes it.
+  void judge(worker& w, int status);
+  // The joiners' failures held for the chief's exit: late once it finished the training; a
+  // failure as any once it failed, or when --grace ran out while it still runs.
+  void settle_held();
+  bool joiner(int rank) const;
+  bool chief_running() const;
   // --elastic with --max-restarts: a lost worker's place is taken by a new process that joins the
   // running cluster, while replacements are left (elastic_watch).
   void replace(worker& w);
@@ -116,6 +123,13 @@ class supervisor {
   std::optional<host_discovery> discovery_;  // --host-discovery-script
   bool training_over_ = false;  // a worker finished (exit 0): discovery adds and removes no more
   bool chief_finished_ = false;  // rank 0 exited 0: a joiner that fails after it came too late
+  // A joiner's failure waiting for the chief's exit (reap): its rank, wait status and bound.
+  struct held_exit {
+    int rank;
+    int status;
+    clock::time_point until;
+  };
+  std::vector<held_exit> held_;
   ps_restart ps_restart_;
   int restarts_used_ = 0;  // of --max-restarts: the whole cluster's, and ps tasks' alone
 

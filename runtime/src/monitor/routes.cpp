@@ -177,6 +177,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
                        {"workers", c.workers},
                        {"generation", c.generation},
                        {"state_bytes", c.state_bytes},
+                       {"leave", c.leave},
                        {"ring", c.ring},
                        {"time_unix_ms", unix_ms(c.wall)}});
   }

@@ -1,6 +1,6 @@
 // Model::fit under elastic membership (MultiWorkerMirroredStrategy with
 // MultiWorkerOptions::elastic): FitLoop's in-memory commits, its recovery from a lost worker, the
-// admission of joiners and the agreement at an epoch's end. The loop's other phases are in
+// admission of joiners, the leave of workers asked to go and the agreement at an epoch's end. The loop's other phases are in
 // fit_loop.cpp.
 #include "nn/fit_loop.hpp"
 
@@ -119,7 +119,7 @@ distribute::detail::CommitPosition FitLoop::recover(const std::string& failure, 
 // The chief's dashboard: the change as an event and a record (who left and joined, the step, the
 // pause, the ring's ids after it).
 void FitLoop::record_change(const distribute::detail::MembershipChange& change, std::chrono::milliseconds paused,
-                            std::uint64_t state_bytes, const std::string& what) {
+                            std::uint64_t state_bytes, const std::string& what, bool asked_to_leave) {
   auto* health = group_.health();
   if (health == nullptr) return;
   actors::membership_record r;
@@ -130,6 +130,7 @@ void FitLoop::record_change(const distribute::detail::MembershipChange& change, 
   r.workers = change.workers;
   r.generation = change.generation;
   r.state_bytes = state_bytes;
+  r.leave = asked_to_leave;
   r.ring = change.watch_ids;
   health->membership_changed(std::move(r), what, actors::cluster_health::clock::now());
 }
@@ -233,6 +234,49 @@ void FitLoop::admit(int epoch, std::int64_t k, const EpochSums& sums) {
   troupe::log(LogLevel::warning, "elastic membership: " + what);
   record_change(change, paused, bytes, what);
   entry.done();
+}
+
+// Elastic membership, at a step boundary (after step `k` of `epoch`) where the rows of `ranks`
+// asked to leave: the chief decides, the workers it lets go leave here (true: this one did; its
+// fit ends without another collective), and the others commit here and take their input up from
+// here, split over the workers that stay. Every worker completed the step before: nothing is
+// rolled back.
+bool FitLoop::leave(int epoch, std::int64_t k, const EpochSums& sums, const std::vector<int>& ranks) {
+  const auto started = Clock::now();
+  ChangeEntry entry(step_, workers_, "elastic:leave");
+  const distribute::detail::MembershipChange change = elastic_->leave(ranks);
+  if (change.left.empty()) {  // the chief refused them all: no change, the boundary's commit as usual
+    if (step_ % elastic_->commit_every_steps() == 0) commit(epoch, k, sums);
+    entry.done();
+    return false;
+  }
+  std::string left;
+  for (const std::string& t : change.left) left += (left.empty() ? "" : ", ") + t;
+  const auto paused = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+  if (change.rank < 0) {
+    stopped_ = true;
+    stopped_mid_epoch_ = true;  // a backup stays as it is: the cluster goes on without this worker
+    history_.left_cluster = true;
+    history_.stop_reason = "left the elastic cluster at step " + std::to_string(step_) + " (asked to leave)";
+    history_.stopped_at_step = step_;
+    troupe::log(LogLevel::warning, "elastic membership: this worker left the cluster at step " + std::to_string(step_) +
+                                       " as it was asked to; " + std::to_string(change.workers) + " worker" +
+                                       (change.workers == 1 ? "" : "s") + " continue (" + left + " left)");
+    entry.done();
+    return true;
+  }
+  distribute::detail::CommitPosition at = commit(epoch, k, sums);
+  take_up_input(at);
+  std::string refused;
+  for (const std::string& r : change.refused) refused += "; refused: " + r;
+  const std::string what = left + " left (asked to leave); " + std::to_string(change.workers) + " worker" +
+                           (change.workers == 1 ? "" : "s") + " continue from step " + std::to_string(step_) +
+                           " as ring generation " + std::to_string(change.generation) + " (paused " +
+                           std::to_string(paused.count()) + " ms, nothing rolled back)" + refused;
+  troupe::log(LogLevel::warning, "elastic membership: " + what);
+  record_change(change, paused, 0, what, true);
+  entry.done();
+  return false;
 }
 
 // Elastic membership, after an epoch's last step (`k`): every worker passes one collective before

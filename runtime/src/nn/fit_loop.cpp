@@ -299,9 +299,17 @@ void FitLoop::run_epoch(int epoch) {
     // where a joiner would start the next.
     const bool admit_here = elastic_ != nullptr && steps_per_epoch_ > 0 && k + 1 < steps_per_epoch_ &&
                             (workers_ > 1 ? result.agreed && result.agreed->admit : elastic_->joiners_waiting() > 0);
+    // A worker asked to leave (its row says so): the same boundaries as an admission; a leave
+    // goes first, the joiners come at the next boundary.
+    std::vector<int> leaving;
+    if (elastic_ != nullptr && steps_per_epoch_ > 0 && k + 1 < steps_per_epoch_ && workers_ > 1 && result.agreed) {
+      leaving = result.agreed->leaving;
+    }
     boundary(logs, std::move(result.agreed));
     last_batch_logs_ = std::move(logs);
-    if (elastic_ != nullptr && !stopped_ && admit_here) {
+    if (elastic_ != nullptr && !stopped_ && !leaving.empty()) {
+      if (leave(epoch, k, sums, leaving)) return;  // this worker left: no more collectives, no epoch end
+    } else if (elastic_ != nullptr && !stopped_ && admit_here) {
       admit(epoch, k, sums);
     } else if (elastic_ != nullptr && !stopped_ && step_ % elastic_->commit_every_steps() == 0) {
       commit(epoch, k, sums);
@@ -349,6 +357,8 @@ std::vector<double> FitLoop::carried_row(StepRequests& carried) {
   if (elastic_ != nullptr && group_.rank() == 0 && steps_per_epoch_ > 0) {
     carried.joiners = static_cast<std::uint32_t>(elastic_->joiners_waiting());
   }
+  // Asked again at every step until it left (or the chief refused): a request is never lost.
+  if (elastic_ != nullptr && steps_per_epoch_ > 0) carried.leave = elastic_->leave_requested();
   distribute::detail::encode_requests(carried, row.data());
   std::copy(previous_parts_.begin(), previous_parts_.end(), row.begin() + request_fields);
   return row;

@@ -28,6 +28,10 @@
 // variables, the position and the epoch's sums) reaches it by broadcast, every worker checks that
 // its weights' digest equals the chief's, and every worker takes its input up at the commit's
 // position, split over the workers there are now. The joiner meets them at the start of its fit.
+// A worker asked to leave (SIGUSR2) says so in its row of every step's table until it has left;
+// at the first boundary an admission could take, the chief lets it go: its fit returns there
+// (History::left_cluster), and the others commit there, re-form the ring without it and take
+// their input up from that position, split over fewer workers; nothing is rolled back.
 
 #include <array>
 #include <chrono>
@@ -115,10 +119,11 @@ class FitLoop {
   distribute::detail::CommitPosition commit(int epoch, std::int64_t k_done, const EpochSums& sums);
   distribute::detail::CommitPosition recover(const std::string& failure, EpochSums& sums);
   void admit(int epoch, std::int64_t k_done, const EpochSums& sums);
+  bool leave(int epoch, std::int64_t k_done, const EpochSums& sums, const std::vector<int>& ranks);
   bool end_together(int epoch, std::int64_t& k, EpochSums& sums);
   std::size_t exchange_state(distribute::detail::CommitPosition& at, EpochSums& sums, bool receiving);
   void record_change(const distribute::detail::MembershipChange& change, std::chrono::milliseconds paused,
-                     std::uint64_t state_bytes, const std::string& what);
+                     std::uint64_t state_bytes, const std::string& what, bool asked_to_leave = false);
   void take_up_input(const distribute::detail::CommitPosition& at);
 
   Model& model_;

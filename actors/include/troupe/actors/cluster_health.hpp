@@ -83,13 +83,16 @@ struct worker_health {
 
 /// One change of an elastic cluster's members, as its chief made it.
 struct membership_record {
-  std::vector<std::string> left;    ///< the tasks that left (lost), in ring order
+  std::vector<std::string> left;    ///< the tasks that left (lost, or asked to leave), in ring order
   std::vector<std::string> joined;  ///< the tasks admitted, in ring order
   std::int64_t step = -1;           ///< the step training continues from
   std::int64_t paused_ms = 0;       ///< from the failure (or the step boundary) to training again
   int workers = 0;                  ///< the workers that continue
   std::uint64_t generation = 0;     ///< the ring's new generation
   std::uint64_t state_bytes = 0;    ///< the state broadcast to the joiners (0: none joined)
+  /// Those in `left` asked to leave and left at the step boundary `step` (nothing rolled back);
+  /// false: they were lost, and training rolled back to `step`.
+  bool leave = false;
   /// Each ring rank's worker id after the change (the ids of cluster_snapshot::workers).
   std::vector<int> ring;
   std::chrono::system_clock::time_point wall{};  ///< when the chief recorded it

@@ -13,6 +13,9 @@
 // A join is a change too: at a step boundary the chief admits the workers that asked
 // (admit), every member keeps its rank and the joiners take the ranks after them, and the
 // change completes once the ring of g+1 formed with them.
+// A leave is a change too: at a step boundary the chief lets go the workers that asked to leave
+// (leave), the others keep their rank order as generation g+1 without them, and training goes on
+// from that boundary (nothing is rolled back: every worker completed the step before it).
 // The change falls back to the restart path (the whole cluster ends, named, as without
 // elasticity) when the chief is lost (it holds the table), when fewer than min_workers would be
 // left, or when a survivor of a decided change is lost before it completed. A fallback is final:
@@ -70,6 +73,12 @@ class membership_state {
   /// max_workers in all): the next generation keeps every member in its rank order and adds the
   /// joiners after them. Nothing (nullopt) when they may not join, or there are none.
   std::optional<membership_change> admit(const std::vector<std::string>& joiners);
+  /// The chief lets the workers `ranks` (of the current generation) that asked to leave go at a
+  /// step boundary (phase stable): the next generation keeps the others in their rank order.
+  /// A rank is refused, its reason added to `refused`, when it is the chief (it holds the
+  /// membership), outside the table, named twice, or when letting it go would leave fewer than
+  /// min_workers (the lower ranks are let go first). Nothing (nullopt) when nobody may leave.
+  std::optional<membership_change> leave(const std::vector<int>& ranks, std::vector<std::string>& refused);
   /// Every member re-formed the ring of `generation`: it becomes the current one (stable).
   /// Returns false, changing nothing, for any other generation or phase.
   bool complete(std::uint64_t generation);

@@ -86,6 +86,11 @@ struct History {
   std::int64_t stopped_at_step = 0;
   /// The step whose loss was NaN or infinite when TerminateOnNaN stopped training (0: none).
   std::int64_t non_finite_step = 0;
+  /// Under elastic membership (MultiWorkerOptions::elastic): this worker was asked to leave
+  /// (SIGUSR2, as troupe-launch's host discovery sends it) and left the cluster at the step
+  /// boundary stopped_at_step, with stop_reason saying so; the others train on without it. It
+  /// runs no more cross-worker collectives (evaluate over the cluster among them).
+  bool left_cluster = false;
 };
 
 /// What Model::evaluate measured.

@@ -200,7 +200,18 @@ void RingWorkerGroup::reform(int rank, std::vector<actors::member> members, std:
   }
 }
 
+void RingWorkerGroup::leave() {
+  left_ = true;
+  watch_.reset();  // its goodbye reaches the chief before the connection closes
+  position_->set_ring_probe(nullptr);
+  failures_->attach(nullptr);
+}
+
 transport::tcp_ring& RingWorkerGroup::ring() const {
+  if (left_) {
+    throw CollectiveAborted("cross-worker collective: this worker left the elastic cluster at a step boundary (it was "
+                            "asked to leave), so it runs no more collectives");
+  }
   if (joining_) {
     throw std::logic_error(
         "cross-worker collective: this worker joins a running elastic cluster and runs no collective before Model::fit "

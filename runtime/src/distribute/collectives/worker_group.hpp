@@ -191,6 +191,12 @@ class RingWorkerGroup final : public WorkerGroup {
     generation_ = generation;
     joining_ = true;
   }
+  /// Elastic membership: this worker left the cluster at a step boundary (asked to): its watch
+  /// ends with its goodbye, so that the chief does not count its exit as a loss, and every
+  /// collective after this throws CollectiveAborted saying that it left. Its ring stays open
+  /// (unused) until the group ends: the others close their ends of it as they re-form.
+  void leave();
+  bool left() const noexcept { return left_; }
   /// The joiner meets the others in Model::fit, to receive the cluster's state.
   void end_joining() noexcept { joining_ = false; }
   bool joining() const noexcept { return joining_; }
@@ -216,6 +222,7 @@ class RingWorkerGroup final : public WorkerGroup {
   std::uint64_t steps_ = 0;  // Strategy::run calls so far
   std::uint64_t generation_ = 0;  // of the ring (elastic membership)
   bool joining_ = false;          // joined a running cluster, its state not received yet
+  bool left_ = false;             // left the elastic cluster
   std::vector<std::uint16_t> wire_;  // compressed values, kept between calls (no page faults)
   std::unique_ptr<actors::cluster_watch> watch_;  // declared last: destroyed first
 };

@@ -24,8 +24,10 @@ struct MembershipChange {
   std::uint64_t generation = 0;    ///< the ring's new generation
   std::vector<std::string> left;   ///< the workers that left
   std::vector<std::string> joined; ///< the workers that joined
+  /// A leave: the workers that asked to and were refused, each with why (they stay).
+  std::vector<std::string> refused;
   int workers = 0;                 ///< the workers that continue
-  int rank = 0;                    ///< this worker's rank among them
+  int rank = 0;                    ///< this worker's rank among them; -1: this worker left
   /// Each ring rank's id in the chief's cluster watch after the change (the dashboard's ids).
   std::vector<int> watch_ids;
   std::chrono::milliseconds waited{0};  ///< from the failure to the re-formed ring
@@ -56,6 +58,17 @@ class ElasticMembership {
   /// CollectiveAborted naming why when the ring of the new generation does not form (a joiner
   /// died on the way: the restart path).
   virtual MembershipChange admit() = 0;
+  // Leaving (a worker asked to leave: SIGUSR2, which troupe-launch's host discovery sends):
+  /// Whether this worker was asked to leave and has not left (nor been refused) yet.
+  virtual bool leave_requested() const = 0;
+  /// At a step boundary every worker reached, whose table says that the workers `ranks` ask to
+  /// leave: the chief lets them go (refusing, named in `refused`, itself and any that would leave
+  /// fewer than min_workers), every worker learns its decision over the ring, the workers let go
+  /// leave (rank -1 in the change: no more collectives, and the chief's watch hears their
+  /// goodbye, so that their exit is no loss) and the others re-form the ring without them, in
+  /// their rank order. `left` is empty when nobody left. A refused worker stops asking. Throws
+  /// CollectiveAborted naming why when the ring of the new generation does not form.
+  virtual MembershipChange leave(const std::vector<int>& ranks) = 0;
   /// The chief's, when its Model::fit ends: refuses every worker still waiting to join with
   /// `why`, so that none waits out its start timeout.
   virtual void refuse_waiting(const std::string& why) = 0;

@@ -2,11 +2,13 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +30,7 @@
 #include "troupe/actors/membership_state.hpp"
 #include "troupe/actors/rendezvous.hpp"
 #include "troupe/errors.hpp"
+#include "troupe/log.hpp"
 #include "troupe/transport/tcp_ring.hpp"
 
 namespace troupe::distribute {
@@ -94,6 +97,36 @@ const char* compression_name(Compression c) noexcept {
 
 namespace {
 
+// An elastic worker asked to leave (SIGUSR2): set by the handler, read at each step boundary. A
+// handler reaches nothing but globals, and a lock-free atomic is safe to write from it.
+std::atomic<int> leave_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the leave flag is written from a signal handler");
+extern "C" void troupe_on_leave_signal(int) { leave_signal.store(1); }
+
+// SIGUSR2's handler while an elastic backend lives (the previous one back after it).
+class LeaveSignal {
+ public:
+  LeaveSignal() {
+    leave_signal.store(0);
+    struct sigaction action {};
+    action.sa_handler = troupe_on_leave_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    installed_ = ::sigaction(SIGUSR2, &action, &previous_) == 0;
+  }
+  ~LeaveSignal() {
+    if (installed_) ::sigaction(SIGUSR2, &previous_, nullptr);
+  }
+  LeaveSignal(const LeaveSignal&) = delete;
+  LeaveSignal& operator=(const LeaveSignal&) = delete;
+  bool requested() const { return leave_signal.load() != 0; }
+  void drop() { leave_signal.store(0); }
+
+ private:
+  struct sigaction previous_ {};
+  bool installed_ = false;
+};
+
 // What an elastic cluster needs beyond its ring: the rules, the secrets its rings prove, bounds.
 struct ElasticSettings {
   MultiWorkerOptions options;
@@ -128,7 +161,100 @@ class MultiWorkerBackend final : public detail::MirroredBackend, public detail::
         rules_.emplace(std::move(tasks), elastic_->options.min_workers, elastic_->options.max_workers);
         for (int r = 0; r < workers_->size(); ++r) watch_ids_.push_back(r);
       }
+      leave_signal_.emplace();
     }
+  }
+
+  bool leave_requested() const override { return leave_signal_ && leave_signal_->requested() && !workers_->left(); }
+
+  detail::MembershipChange leave(const std::vector<int>& ranks) override {
+    const auto started = std::chrono::steady_clock::now();
+    const std::string fallback = "elastic membership falls back to the restart path: ";
+    const auto& members = workers_->members();
+    // The chief decides (its rules hold the bounds), every worker applies its decision.
+    std::string text;
+    if (workers_->rank() == 0) {
+      std::vector<std::string> refused;
+      const auto decided = rules_->leave(ranks, refused);
+      nlohmann::json j;
+      j["generation"] = decided ? decided->generation : 0;
+      j["leaving"] = std::vector<int>();
+      if (decided) {
+        for (int r = 0; r < static_cast<int>(members.size()); ++r) {
+          if (decided->new_rank(r) < 0) j["leaving"].push_back(r);
+        }
+      }
+      j["refused"] = refused;
+      text = j.dump();
+    }
+    text = broadcast_text(text);
+    detail::MembershipChange out;
+    out.generation = workers_->generation();
+    out.workers = workers_->size();
+    out.rank = workers_->rank();
+    std::vector<int> leaving;
+    std::uint64_t generation = 0;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(text);
+      generation = j.at("generation").get<std::uint64_t>();
+      leaving = j.at("leaving").get<std::vector<int>>();
+      out.refused = j.at("refused").get<std::vector<std::string>>();
+    } catch (const std::exception& e) {
+      rules_->abort(std::string("the chief's decision on a leave is unreadable: ") + e.what());
+      throw CollectiveAborted(rules_->fallback());
+    }
+    const bool me_asked = std::find(ranks.begin(), ranks.end(), workers_->rank()) != ranks.end();
+    const bool me_leaving = std::find(leaving.begin(), leaving.end(), workers_->rank()) != leaving.end();
+    if (me_asked && !me_leaving && leave_signal_) {
+      leave_signal_->drop();  // refused: it stops asking
+      std::string why;
+      for (const std::string& r : out.refused) why += (why.empty() ? "" : "; ") + r;
+      troupe::log(LogLevel::warning, "elastic membership: this worker asked to leave and the chief refused (" + why +
+                                         "); it trains on");
+    }
+    if (leaving.empty()) return out;
+    // Every worker applies the chief's decision to its own rules (the chief's own did already).
+    if (workers_->rank() != 0) {
+      std::vector<std::string> ignored;
+      const auto decided = rules_->leave(leaving, ignored);
+      if (!decided || decided->generation != generation || decided->left.size() != leaving.size()) {
+        throw CollectiveAborted(fallback + "this worker cannot apply the chief's leave of generation " +
+                                std::to_string(generation) + " (at generation " + std::to_string(rules_->generation()) +
+                                ")");
+      }
+    }
+    for (int r : leaving) out.left.push_back(members[static_cast<std::size_t>(r)].task);
+    if (me_leaving) {
+      workers_->leave();
+      if (leave_signal_) leave_signal_->drop();
+      out.rank = -1;
+      out.workers = workers_->size() - static_cast<int>(leaving.size());
+      out.generation = generation;
+      out.waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
+      return out;
+    }
+    std::vector<int> ids;
+    std::vector<actors::member> next;
+    int rank = -1;
+    for (int r = 0; r < static_cast<int>(members.size()); ++r) {
+      if (std::find(leaving.begin(), leaving.end(), r) != leaving.end()) continue;
+      if (r == workers_->rank()) rank = static_cast<int>(next.size());
+      ids.push_back(watch_ids_[static_cast<std::size_t>(r)]);
+      actors::member m = members[static_cast<std::size_t>(r)];
+      m.rank = static_cast<int>(next.size());
+      next.push_back(std::move(m));
+    }
+    std::vector<int> gone;
+    for (int r : leaving) gone.push_back(watch_ids_[static_cast<std::size_t>(r)]);
+    watch_ids_ = std::move(ids);
+    reform_to(rank, std::move(next), generation);
+    workers_->failures().forget(gone);  // a verdict on one that left is no loss
+    out.generation = generation;
+    out.rank = rank;
+    out.watch_ids = watch_ids_;
+    out.workers = workers_->size();
+    out.waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
+    return out;
   }
 
   int joiners_waiting() const override {
@@ -367,6 +493,7 @@ class MultiWorkerBackend final : public detail::MirroredBackend, public detail::
   std::optional<ElasticSettings> elastic_;
   std::optional<actors::membership_state> rules_;  // the chief's rules, applied to its verdicts
   std::vector<int> watch_ids_;  // by ring rank: the member's id in the chief's watch
+  std::optional<LeaveSignal> leave_signal_;  // elastic: SIGUSR2 asks this worker to leave
 };
 
 std::unique_ptr<detail::StrategyBackend> make_multi_worker_backend(Runtime& runtime, const CommunicationOptions& options,

@@ -17,6 +17,7 @@ void encode_requests(const StepRequests& r, double* row) {
   row[3] = r.learning_rate ? 1.0 : 0.0;
   row[4] = r.learning_rate.value_or(0.0);
   row[5] = static_cast<double>(r.joiners);
+  row[6] = r.leave ? 1.0 : 0.0;
 }
 
 StepAgreement decide(const double* table, int workers, const StepRequests& mine, std::size_t stride) {
@@ -32,6 +33,7 @@ StepAgreement decide(const double* table, int workers, const StepRequests& mine,
     if (r[2] != 0 && !out.pause) out.pause = r[2] == 1.0;
     if (r[3] != 0 && !out.learning_rate) out.learning_rate = r[4];
     if (w == 0 && r[5] > 0) out.admit = true;  // only the chief admits
+    if (r[6] != 0) out.leaving.push_back(w);
   }
   if (stopper >= 0) {
     out.stop = true;
@@ -49,6 +51,7 @@ StepAgreement agree_alone(StepRequests mine) {
   out.pause = mine.pause;
   out.learning_rate = mine.learning_rate;
   out.admit = mine.joiners > 0;
+  if (mine.leave) out.leaving.push_back(0);
   return out;
 }
 

@@ -10,7 +10,8 @@
 // 3. Every worker reads the same reduced table and decides alike (decide): a stop or checkpoint
 //    anywhere counts everywhere; for the pause state and the learning rate the lowest rank that
 //    asked wins; only the chief's row can ask to admit workers waiting to join (elastic
-//    membership).
+//    membership); a worker's row can ask that it leave the elastic cluster (every worker reads
+//    who asked, and the chief decides at that boundary).
 // 4. While training is paused no step runs: agree_now carries the rows in a small collective of
 //    its own (a concat over the workers), every worker calling it at the same boundary.
 //
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace troupe::distribute::detail {
 
@@ -35,6 +37,9 @@ struct StepRequests {
   std::optional<double> learning_rate;
   /// The chief's, under elastic membership: workers waiting to join.
   std::uint32_t joiners = 0;
+  /// Under elastic membership: this worker asks to leave the cluster (SIGUSR2; troupe-launch's
+  /// host discovery sends it to a worker it removes).
+  bool leave = false;
 };
 
 /// What every worker agreed to do at a step boundary.
@@ -46,10 +51,11 @@ struct StepAgreement {
   std::optional<bool> pause;
   std::optional<double> learning_rate;
   bool admit = false;  ///< the chief admits the workers waiting to join, at this boundary
+  std::vector<int> leaving;  ///< the ranks that ask to leave the elastic cluster, in rank order
 };
 
 /// Numbers in a worker's row of requests.
-constexpr std::size_t request_fields = 6;
+constexpr std::size_t request_fields = 7;
 /// Numbers of a worker's step-time parts of the step before (input, compute, all-reduce, whole
 /// step, in ms) that ride after its requests in the step's table.
 constexpr std::size_t part_fields = 4;
