@@ -207,7 +207,9 @@ void FitLoop::begin() {
           "size from the data are not built yet: call model.build(input_shape) first (e.g. {-1, 28, 28, 1})");
     }
     committed_.track(model_.variables());
-    committed_.commit({step_, first_epoch_, at_.step_in_epoch, at_.iterator_position, at_.input_passes});
+    // The pass run_epoch makes is split over the workers there are now (a joiner's: as the chief's was).
+    committed_.commit({step_, first_epoch_, at_.step_in_epoch, at_.iterator_position, at_.input_passes,
+                       joined_split_ > 0 ? joined_split_ : group_.size()});
     committed_sums_.assign(1, {step_, EpochSums{}});
   }
 }
