@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "../common/temp_dir.hpp"
+#include "distribute/input/file_split.hpp"
 #include "test_util.hpp"
 #include "troupe/data/readers.hpp"
 
@@ -109,4 +111,151 @@ TEST_CASE("AutoShardPolicy::file needs a dataset that reads files - on one worke
     }
   }
   CHECK(seen == std::vector<float>{0, 10, 11, 20, 21, 22});
+}
+
+namespace {
+
+// Every row's first component of a per-replica step, replica by replica.
+void collect(const PerReplica<data::Element>& step, std::vector<float>& out) {
+  for (const data::Element& e : step.values()) {
+    for (float v : e[0].to_vector<float>()) out.push_back(v);
+  }
+}
+
+std::vector<float> sorted(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("a FILE pass begun over 2 workers and taken up by any number: every row of the pass once") {
+  temp_dir dir("files-split");
+  const auto paths = write_parts(dir, 5);  // 15 rows, 1 to 5 a file
+  const data::Dataset ds = data::csv_files_dataset(paths).shuffle(4, 3).batch(4);
+  const std::vector<float> all = sorted(ids(data::csv_files_dataset(paths)));
+  for (int local : {1, 2}) {
+    for (std::int64_t k : {0, 1, 2, 3, 6}) {
+      CAPTURE(local);
+      CAPTURE(k);
+      distribute::detail::FileSplit split(ds, local);
+      const std::int64_t pass = split.next_pass();
+      // The first membership: 2 workers, each reading its own files, k steps each.
+      std::vector<float> seen;
+      std::vector<std::function<std::optional<PerReplica<data::Element>>()>> workers;
+      for (int w = 0; w < 2; ++w) workers.push_back(split.own_steps(2, w, pass));
+      for (std::int64_t s = 0; s < k; ++s) {
+        for (auto& steps : workers) {
+          if (auto step = steps()) collect(*step, seen);
+        }
+      }
+      // The rest of the pass, as every worker of the next membership reads it: the 2 workers'
+      // steps joined, the first k skipped.
+      distribute::detail::FileSplit again(ds, local);
+      auto rest = again.global_steps(2, again.next_pass());
+      for (std::int64_t s = 0; s < k; ++s) rest();
+      while (auto step = rest()) {
+        CHECK(step->at(0).shape()[0] <= 4);  // at most a global batch a step
+        for (float v : step->at(0).template to_vector<float>()) seen.push_back(v);
+      }
+      CHECK(sorted(seen) == all);
+    }
+  }
+}
+
+TEST_CASE("a FILE split's joined steps are its workers' steps, and pass p reads the orders of pass p") {
+  temp_dir dir("files-passes");
+  const auto paths = write_parts(dir, 4);
+  const data::Dataset ds = data::csv_files_dataset(paths).shuffle(10, 11).batch(2);
+  distribute::detail::FileSplit split(ds, 1);
+  // Pass 0 over 3 workers, step by step: the joined step holds worker 0's rows, then 1's, then 2's.
+  std::vector<std::vector<float>> joined;
+  {
+    auto rest = split.global_steps(3, 0);
+    while (auto step = rest()) joined.push_back(step->at(0).template to_vector<float>());
+  }
+  std::vector<std::vector<float>> by_worker;
+  {
+    std::vector<std::function<std::optional<PerReplica<data::Element>>()>> workers;
+    for (int w = 0; w < 3; ++w) workers.push_back(split.own_steps(3, w, 0));
+    for (;;) {
+      std::vector<float> step;
+      bool any = false;
+      for (auto& steps : workers) {
+        if (auto s = steps()) {
+          any = true;
+          collect(*s, step);
+        }
+      }
+      if (!any) break;
+      by_worker.push_back(step);
+    }
+  }
+  CHECK(joined == by_worker);
+  // Pass 1 differs from pass 0 (a new order per pass) and is the same on a split that read no
+  // pass before it, and after rewind() and the passes before it read again.
+  auto read = [](std::function<std::optional<PerReplica<data::Element>>()> steps) {
+    std::vector<float> out;
+    while (auto s = steps()) collect(*s, out);
+    return out;
+  };
+  const std::vector<float> first = read(split.own_steps(2, 1, 0));
+  const std::vector<float> second = read(split.own_steps(2, 1, 1));
+  CHECK(sorted(first) == sorted(second));
+  CHECK(first != second);
+  distribute::detail::FileSplit fresh(ds, 1);
+  CHECK(read(fresh.own_steps(2, 1, 1)) == second);
+  CHECK(read(fresh.own_steps(2, 1, 0)) == first);  // a graph past the pass asked for is rewound
+  CHECK(split.next_pass() == 0);
+  CHECK(split.next_pass() == 1);
+  split.rewind();
+  CHECK(split.next_pass() == 0);
+}
+
+TEST_CASE("distribute_datasets_from_function takes up a pass begun over 2 workers: the rest of every pipeline once") {
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(2));
+  // Input pipeline p gives the ids 100p .. 100p + 8 + p, per-replica batches of 2.
+  auto fn = [](const InputContext& ctx) {
+    const std::int64_t p = ctx.input_pipeline_id;
+    return data::Dataset::range(100 * p, 100 * p + 9 + p)
+        .map([](const data::Element& e) { return data::Element{e[0].cast(DType::f32)}; })
+        .batch(2);
+  };
+  for (auto mode : {InputReplicationMode::per_worker, InputReplicationMode::per_replica}) {
+    for (std::int64_t k : {0, 1, 2, 5}) {
+      CAPTURE(k);
+      InputOptions options;
+      options.experimental_replication_mode = mode;
+      const bool per_replica = mode == InputReplicationMode::per_replica;
+      // The first membership: 2 workers of 2 replicas, k steps each.
+      std::vector<float> seen, all;
+      const int pipelines = per_replica ? 4 : 2;
+      for (int p = 0; p < pipelines; ++p) {
+        const InputContext ctx{pipelines, p, 4};
+        for (const data::Element& e : fn(ctx)) {
+          for (float v : e[0].to_vector<float>()) all.push_back(v);
+        }
+        auto it = fn(ctx).make_iterator();
+        for (std::int64_t step = 0; step < k * (per_replica ? 1 : 2); ++step) {
+          if (auto e = it.get_next_as_optional()) {
+            for (float v : e->at(0).template to_vector<float>()) seen.push_back(v);
+          }
+        }
+      }
+      // Taken up by this one worker: every pipeline of then, joined, the first k steps skipped.
+      auto dist = s.distribute_datasets_from_function(fn, options);
+      CHECK(dist.make_iterator().split_workers() == 1);
+      auto it = dist.make_iterator(2);
+      CHECK(it.split_workers() == 2);
+      for (std::int64_t step = 0; step < k; ++step) it.get_next_as_optional();
+      while (auto step = it.get_next_as_optional()) {
+        CHECK(it.last_global_rows() <= std::optional<std::int64_t>(8));
+        collect(*step, seen);
+      }
+      CHECK(sorted(seen) == sorted(all));
+    }
+  }
+  CHECK(contains(message_of([&] { s.distribute_datasets_from_function(fn).make_iterator(-1); }),
+                 "split_workers -1"));
 }

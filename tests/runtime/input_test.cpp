@@ -3,8 +3,10 @@
 // prefetch.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <numeric>
 #include <thread>
 
 #include "test_util.hpp"
@@ -257,4 +259,46 @@ TEST_CASE("distribute_datasets_from_function, per replica: replicas after the fi
   CHECK(steps[0] == Rows{{0}, {100}, {200}});
   CHECK(steps[1] == Rows{{1}, {101}, {}});
   CHECK(steps[2] == Rows{{2}, {}, {}});
+}
+
+TEST_CASE("rewind_passes sets a distributed dataset's shuffles back: the passes after it replay the same orders") {
+  Runtime rt;
+  MirroredStrategy s(rt, cpus(2));
+  // Each pass of a shuffle draws a new order (reshuffle_each_iteration), counted per dataset.
+  auto dist = s.experimental_distribute_dataset(Dataset::range(16).shuffle(16, 5).batch(8));
+  auto pass = [&] {
+    std::vector<std::int64_t> order;
+    for (const auto& x : dist) {
+      for (const auto& rows : rows_of(x)) order.insert(order.end(), rows.begin(), rows.end());
+    }
+    return order;
+  };
+  std::vector<std::vector<std::int64_t>> first;
+  for (int p = 0; p < 3; ++p) first.push_back(pass());
+  CHECK(first[0] != first[1]);
+  CHECK(first[1] != first[2]);
+  for (const auto& order : first) {
+    std::vector<std::int64_t> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<std::int64_t> all(16);
+    std::iota(all.begin(), all.end(), 0);
+    CHECK(sorted == all);
+  }
+  dist.rewind_passes();
+  for (int p = 0; p < 3; ++p) CHECK(pass() == first[static_cast<std::size_t>(p)]);
+  // Rewound in the middle of the sequence again, after one pass: the first pass's order again.
+  dist.rewind_passes();
+  CHECK(pass() == first[0]);
+  // Through repeat and map too: the passes of the same graph.
+  auto mapped = s.experimental_distribute_dataset(
+      Dataset::range(8).shuffle(8, 9).map([](const Element& e) { return Element{e[0] * 3}; }).batch(4));
+  std::vector<std::int64_t> a, b;
+  for (int p = 0; p < 2; ++p) {
+    for (const auto& x : mapped) a.push_back(rows_of(x)[0][0]);
+  }
+  mapped.rewind_passes();
+  for (int p = 0; p < 2; ++p) {
+    for (const auto& x : mapped) b.push_back(rows_of(x)[0][0]);
+  }
+  CHECK(a == b);
 }

@@ -28,7 +28,7 @@ namespace troupe::nn::detail {
 distribute::detail::CommitPosition FitLoop::commit(int epoch, std::int64_t k, const EpochSums& sums) {
   const bool epoch_done = steps_per_epoch_ > 0 && k + 1 == steps_per_epoch_;
   const distribute::detail::CommitPosition at{step_, epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : k + 1, taken_,
-                                              passes_ - 1};
+                                              passes_ - 1, iterator_ ? iterator_->split_workers() : 0};
   committed_.commit(at);
   const EpochSums kept = epoch_done ? EpochSums{} : sums;
   bool replaced = false;
@@ -147,7 +147,9 @@ void FitLoop::take_up_input(const distribute::detail::CommitPosition& at) {
   iterator_.reset();  // stops its prefetch, which would draw more
   dataset_.rewind_passes();
   BackupAndRestore::replay_passes(dataset_, at.input_passes);
-  iterator_.emplace(dataset_.make_iterator());
+  // A pass whose input was split over the workers of then (FILE sharding, a dataset_fn's input
+  // contexts) is taken up as split then, and its rest re-split over the workers there are now.
+  iterator_.emplace(dataset_.make_iterator(at.iterator_position > 0 ? at.input_split : 0));
   passes_ = at.input_passes + 1;
   taken_ = BackupAndRestore::skip(*iterator_, at.iterator_position);
   control_.set_position(step_, static_cast<int>(at.epoch));
@@ -176,8 +178,8 @@ std::size_t FitLoop::exchange_state(distribute::detail::CommitPosition& at, Epoc
   const auto& variables = model_.variables();
   const std::vector<std::int64_t> head{static_cast<std::int64_t>(variables.size()), at.step, at.epoch,
                                        at.step_in_epoch, at.iterator_position, at.input_passes, sums.steps,
-                                       sums.samples};
-  const std::vector<std::int64_t> got = group_.broadcast_from_chief(Tensor::from_vector(head, {8})).to_vector<std::int64_t>();
+                                       sums.samples, at.input_split};
+  const std::vector<std::int64_t> got = group_.broadcast_from_chief(Tensor::from_vector(head, {9})).to_vector<std::int64_t>();
   const std::vector<double> sums_in =
       group_.broadcast_from_chief(Tensor::from_vector(std::vector<double>{sums.loss, sums.hits}, {2})).to_vector<double>();
   if (got[0] != head[0]) {
@@ -193,7 +195,7 @@ std::size_t FitLoop::exchange_state(distribute::detail::CommitPosition& at, Epoc
     if (receiving) variable.assign(value);
   }
   if (receiving) {
-    at = {got[1], got[2], got[3], got[4], got[5]};
+    at = {got[1], got[2], got[3], got[4], got[5], got[8]};
     sums = EpochSums{sums_in[0], sums_in[1], got[6], got[7]};
   }
   const std::vector<std::int64_t> digests =

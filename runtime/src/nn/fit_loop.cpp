@@ -171,6 +171,7 @@ void FitLoop::begin() {
     const std::size_t bytes = exchange_state(at, sums, true);
     at_ = TrainingPosition{at.step, at.epoch, at.step_in_epoch, at.iterator_position, at.input_passes};
     joined_sums_ = sums;
+    joined_split_ = at.iterator_position > 0 ? at.input_split : 0;
     const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
     troupe::log(LogLevel::warning, "elastic membership: joined as worker " + std::to_string(group_.rank()) + " of " +
                                        std::to_string(group_.size()) + " at step " + std::to_string(at.step) +
@@ -206,7 +207,9 @@ void FitLoop::begin() {
           "size from the data are not built yet: call model.build(input_shape) first (e.g. {-1, 28, 28, 1})");
     }
     committed_.track(model_.variables());
-    committed_.commit({step_, first_epoch_, at_.step_in_epoch, at_.iterator_position, at_.input_passes});
+    // The pass run_epoch makes is split over the workers there are now (a joiner's: as the chief's was).
+    committed_.commit({step_, first_epoch_, at_.step_in_epoch, at_.iterator_position, at_.input_passes,
+                       joined_split_ > 0 ? joined_split_ : group_.size()});
     committed_sums_.assign(1, {step_, EpochSums{}});
   }
 }
@@ -229,7 +232,8 @@ void FitLoop::size_step_table() {
 void FitLoop::run_epoch(int epoch) {
   control_.set_position(step_, epoch);
   if (steps_per_epoch_ < 0 || !iterator_) {
-    iterator_.emplace(dataset_.make_iterator());
+    // A joiner takes the members' pass up as they do (fit_elastic.cpp, take_up_input).
+    iterator_.emplace(epoch == first_epoch_ ? dataset_.make_iterator(joined_split_) : dataset_.make_iterator());
     ++passes_;
     taken_ = epoch == first_epoch_ ? BackupAndRestore::skip(*iterator_, at_.iterator_position) : 0;
   }

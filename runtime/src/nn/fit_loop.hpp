@@ -165,6 +165,7 @@ class FitLoop {
   distribute::detail::CommittedState committed_;
   std::vector<std::pair<std::int64_t, EpochSums>> committed_sums_;  // by committed step, the last two
   std::optional<EpochSums> joined_sums_;  // a joiner's: the epoch's sums so far, from the chief
+  std::int64_t joined_split_ = 0;         // a joiner's: the workers the chief's pass was split over
 };
 
 }  // namespace troupe::nn::detail

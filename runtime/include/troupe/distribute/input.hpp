@@ -5,6 +5,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "troupe/data/dataset.hpp"
@@ -58,7 +60,9 @@ std::vector<std::pair<std::int64_t, std::int64_t>> split_rows(std::int64_t rows,
 /// One pass over a distributed dataset: every step, one element per local replica.
 class DistributedIterator {
  public:
-  explicit DistributedIterator(std::shared_ptr<detail::InputSource> source);
+  /// `split_workers`: the workers this pass's input was split over when it began, where the split
+  /// depends on them (see split_workers()); 0 where it does not.
+  explicit DistributedIterator(std::shared_ptr<detail::InputSource> source, std::int64_t split_workers = 0);
   /// The next per-replica element; at the end troupe::OutOfRange. An error raised while reading
   /// (a bad file, a throwing map) is rethrown here with its cause.
   PerReplica<data::Element> get_next();
@@ -71,6 +75,12 @@ class DistributedIterator {
   /// (every worker read the global batch) and, over several workers, wherever the input agrees on
   /// the end of the data across them; nullopt elsewhere (one worker's input: its replicas' rows).
   std::optional<std::int64_t> last_global_rows() const;
+  /// The workers this pass's input was split over when it began, where the split depends on them:
+  /// AutoShardPolicy::file (whose files each read) and distribute_datasets_from_function (the
+  /// input contexts given to dataset_fn); 0 under data and off sharding, whose global batches are
+  /// the same for any number of workers. An elastic cluster's commit records it, and
+  /// DistributedDataset::make_iterator(split_workers) takes the pass up after a change.
+  std::int64_t split_workers() const { return split_workers_; }
 
   /// Range-for support.
   class range_iterator {
@@ -95,19 +105,40 @@ class DistributedIterator {
 
  private:
   std::shared_ptr<detail::InputSource> source_;
+  std::int64_t split_workers_ = 0;
 };
 
 /// A dataset distributed over a strategy's replicas; each iteration is a new pass with its own
 /// input pipeline actor(s). for (const PerReplica<data::Element>& x : dist) strategy.run(fn, x);
 class DistributedDataset {
  public:
-  using factory = std::function<std::shared_ptr<detail::InputSource>()>;
+  /// Makes a pass: over the workers there are now when given 0, else taking up a pass begun with
+  /// its input split over that many workers (make_iterator(split_workers)).
+  using factory = std::function<DistributedIterator(std::int64_t split_workers)>;
   /// `rewind` sets the dataset's shuffles back to their first pass (rewind_passes); none: nothing to.
   explicit DistributedDataset(factory make_source, std::function<void()> rewind = {})
       : make_source_(std::move(make_source)), rewind_(std::move(rewind)) {}
 
-  /// A new pass.
-  DistributedIterator make_iterator() const { return DistributedIterator(make_source_()); }
+  /// A new pass, split over the workers there are now.
+  DistributedIterator make_iterator() const { return make_source_(0); }
+  /// A new pass that takes up one begun with its input split over `split_workers` workers
+  /// (DistributedIterator::split_workers of that pass; 0 is make_iterator()), as an elastic
+  /// cluster does after a change of membership: skipping the steps taken before gives the rest of
+  /// that pass's rows, each once, split over the workers there are now.
+  /// - data, off: the same global batches as any pass (split_workers is ignored).
+  /// - file, as many workers as then: each reads its own files again (worker w's steps depend
+  ///   only on w and the number of workers). Fewer or more: every worker reads the files of all
+  ///   of them, joins their steps into one global batch each and keeps its replicas' rows, as
+  ///   under data sharding, for the rest of that pass; the next pass splits the files anew.
+  /// - distribute_datasets_from_function: the same, with dataset_fn called for each of the input
+  ///   contexts of then (its dataset must give each context the same elements every time).
+  DistributedIterator make_iterator(std::int64_t split_workers) const {
+    if (split_workers < 0) {
+      throw std::invalid_argument("DistributedDataset::make_iterator: split_workers " + std::to_string(split_workers) +
+                                  " (expected 0, or the workers a pass began over)");
+    }
+    return make_source_(split_workers);
+  }
 
   /// Sets the shuffles of the dataset it distributes back to their first pass, as in a dataset
   /// just made: each shuffle draws a new order for every pass it makes (reshuffle_each_iteration),

@@ -6,6 +6,7 @@
 
 #include "distribute/strategies/step_profile.hpp"
 #include "distribute/collectives/worker_group.hpp"
+#include "distribute/input/file_split.hpp"
 #include "troupe/actors/input_pipeline.hpp"
 #include "troupe/distribute/input.hpp"
 #include "troupe/distribute/strategy.hpp"
@@ -62,7 +63,8 @@ data::Element slice_element(const data::Element& e, std::int64_t begin, std::int
   return out;
 }
 
-// Splits a global batch over `replicas` replicas and keeps `local` of them from `first` on.
+}  // namespace
+
 Batch split_global_batch(const data::Element& e, std::int64_t global_batch, int replicas, int first, int local) {
   const char* who = "experimental_distribute_dataset";
   if (e.empty()) throw std::invalid_argument(std::string(who) + ": an element has no components");
@@ -83,6 +85,8 @@ Batch split_global_batch(const data::Element& e, std::int64_t global_batch, int 
   }
   return Batch(std::move(parts));
 }
+
+namespace {
 
 // Where each replica's input goes: its device, or the host when fetch_to_device is off.
 std::vector<Device> input_devices(std::vector<Device> devices, const InputOptions& options) {
@@ -414,10 +418,34 @@ std::shared_ptr<InputSource> agreed(std::shared_ptr<InputSource> source, WorkerG
   return std::make_shared<AgreedSource>(std::move(source), workers, devices);
 }
 
+// The rest of a pass begun over a different number of workers (file_split.hpp): every worker
+// reads the same joined global batches, `steps`, and keeps its own replicas' rows of each, as
+// DATA sharding does; every worker knows the step's rows, and the end is the same step everywhere.
+std::shared_ptr<InputSource> joined_source(Strategy& strategy, std::function<std::optional<data::Element>()> steps,
+                                           std::int64_t global_batch, const InputOptions& options,
+                                           const std::vector<Device>& devices) {
+  const int replicas = strategy.num_replicas_in_sync();
+  const int first = strategy.backend().first_replica_id();
+  const int local = strategy.num_local_replicas();
+  auto produce = [steps = std::move(steps), global_batch, replicas, first, local, devices]() mutable -> item {
+    std::optional<data::Element> e = steps();
+    if (!e) return nullptr;
+    const std::int64_t rows = (*e)[0].shape()[0];  // join_steps joins rows: a first dimension
+    if (global_batch == 0) global_batch = rows;
+    auto step = std::make_shared<SharedBatch>();
+    step->batch = split_global_batch(*e, global_batch, replicas, first, local);
+    step->global_rows = rows;
+    place(step->batch, devices);
+    return step;
+  };
+  return std::make_shared<SharedBatchSource>(strategy, std::move(produce), options.experimental_prefetch_to_device);
+}
+
 }  // namespace
 }  // namespace detail
 
-DistributedIterator::DistributedIterator(std::shared_ptr<detail::InputSource> source) : source_(std::move(source)) {}
+DistributedIterator::DistributedIterator(std::shared_ptr<detail::InputSource> source, std::int64_t split_workers)
+    : source_(std::move(source)), split_workers_(split_workers) {}
 
 std::optional<PerReplica<data::Element>> DistributedIterator::get_next_as_optional() { return source_->next(); }
 
@@ -468,37 +496,32 @@ DistributedDataset Strategy::experimental_distribute_dataset(data::Dataset datas
     // into the replicas' shares as DATA does, its own replicas' shares first and then the other
     // workers' shares, one step each: a global batch from its files feeds W steps of its
     // replicas, each replica getting global_batch / replicas_in_sync rows. The workers' files
-    // hold different amounts of data, so the end is agreed across them.
-    const int replicas = num_replicas_in_sync();
-    const int rank = backend_->workers().rank();
-    data::Dataset mine(dataset.impl()->shard_files(workers, rank));
-    detail::WorkerGroup* group = &backend_->workers();
-    return DistributedDataset([this, mine, options, replicas, workers, rank, local, devices, group] {
-      auto produce = [mine, replicas, workers, rank, local, devices, it = std::shared_ptr<data::Iterator>(),
-                      pending = std::make_shared<std::deque<detail::Batch>>(),
-                      global_batch = mine.impl()->batch_size().value_or(0)]() mutable -> detail::item {
-        if (!it) it = std::make_shared<data::Iterator>(mine.make_iterator());
-        while (pending->empty()) {
-          auto e = it->get_next_as_optional();
-          if (!e) return nullptr;
-          if (global_batch == 0 && !e->empty() && (*e)[0].rank() > 0) global_batch = (*e)[0].shape()[0];
-          for (int k = 0; k < workers; ++k) {
-            const int first = ((rank + k) % workers) * local;
-            detail::Batch part = detail::split_global_batch(*e, global_batch, replicas, first, local);
-            bool any = false;
-            for (int r = 0; r < local; ++r) any = any || (part[r].empty() ? false : part[r][0].shape()[0] > 0);
-            if (any) pending->push_back(std::move(part));
-          }
-        }
-        auto batch = std::make_shared<detail::Batch>(std::move(pending->front()));
-        pending->pop_front();
+    // hold different amounts of data, so the end is agreed across them. The split is read when
+    // an iterator is made; a pass taken up after a change of membership is file_split.hpp's.
+    auto split = std::make_shared<detail::FileSplit>(dataset, local);
+    const std::int64_t declared = dataset.impl()->batch_size().value_or(0);
+    return DistributedDataset([this, split, options, devices, declared](std::int64_t split_workers) {
+      detail::WorkerGroup& group = backend_->workers();
+      const int now = group.size();
+      const int over = split_workers > 0 ? static_cast<int>(split_workers) : now;
+      const std::int64_t pass = split->next_pass();
+      if (over != now) {
+        return DistributedIterator(detail::joined_source(*this, split->global_steps(over, pass), declared, options, devices),
+                                   over);
+      }
+      auto produce = [steps = split->own_steps(now, group.rank(), pass), devices]() mutable -> detail::item {
+        std::optional<detail::Batch> step = steps();
+        if (!step) return nullptr;
+        auto batch = std::make_shared<detail::Batch>(std::move(*step));
         detail::place(*batch, devices);
         return batch;
       };
-      return detail::agreed(
-          std::make_shared<detail::BatchSource>(*this, std::move(produce), options.experimental_prefetch_to_device),
-          *group, devices);
-    });
+      return DistributedIterator(
+          detail::agreed(
+              std::make_shared<detail::BatchSource>(*this, std::move(produce), options.experimental_prefetch_to_device),
+              group, devices),
+          now);
+    }, [split] { split->rewind(); });
   }
   // DATA: every worker reads the same global batches and keeps the rows of its own replicas
   // (sharding by data at row granularity: the workers see the same number of steps, so the end
@@ -511,7 +534,7 @@ DistributedDataset Strategy::experimental_distribute_dataset(data::Dataset datas
   // global batch, the same on every worker (OFF).
   const bool off = policy == AutoShardPolicy::off;
   data::Dataset sharded = dataset;
-  return DistributedDataset([this, sharded, options, off, local, devices] {
+  return DistributedDataset([this, sharded, options, off, local, devices](std::int64_t) {
     const int replicas = off ? local : num_replicas_in_sync();
     const int first = off ? 0 : backend_->first_replica_id();
     const std::int64_t copies = off ? backend_->workers().size() : 1;
@@ -527,21 +550,53 @@ DistributedDataset Strategy::experimental_distribute_dataset(data::Dataset datas
       detail::place(step->batch, devices);
       return step;
     };
-    return std::make_shared<detail::SharedBatchSource>(*this, std::move(produce),
-                                                       options.experimental_prefetch_to_device);
+    return DistributedIterator(std::make_shared<detail::SharedBatchSource>(*this, std::move(produce),
+                                                                           options.experimental_prefetch_to_device));
   }, [sharded] { sharded.impl()->rewind(); });
 }
+
+namespace {
+
+// A pipeline's steps for join_steps: up to `per_step` elements each, one a replica.
+std::function<std::optional<detail::Batch>()> element_steps(const data::Dataset& ds, int per_step) {
+  return [it = std::make_shared<data::Iterator>(ds.make_iterator()), per_step]() -> std::optional<detail::Batch> {
+    std::vector<data::Element> parts;
+    for (int r = 0; r < per_step; ++r) {
+      auto e = it->get_next_as_optional();
+      if (!e) break;
+      parts.push_back(std::move(*e));
+    }
+    if (parts.empty()) return std::nullopt;
+    return detail::Batch(std::move(parts));
+  };
+}
+
+}  // namespace
 
 DistributedDataset Strategy::distribute_datasets_from_function(
     std::function<data::Dataset(const InputContext&)> dataset_fn, InputOptions options) {
   const int replicas = num_local_replicas();
   const std::vector<Device> devices = detail::input_devices(backend_->devices(), options);
-  const int workers = backend_->workers().size();
-  const int worker = backend_->workers().rank();
+  const bool per_replica = options.experimental_replication_mode == InputReplicationMode::per_replica;
+  // The input contexts are read when an iterator is made. A pass taken up after a change of
+  // membership from a different number of workers calls dataset_fn for every input context of
+  // then, and every worker joins their steps and keeps its replicas' rows (file_split.hpp).
+  auto taken_up = [this, dataset_fn, options, replicas, devices, per_replica](int over) {
+    std::vector<std::function<std::optional<detail::Batch>()>> pipelines;
+    const int n = per_replica ? over * replicas : over;
+    for (int id = 0; id < n; ++id) {
+      pipelines.push_back(element_steps(dataset_fn(InputContext{n, id, over * replicas}), per_replica ? 1 : replicas));
+    }
+    return DistributedIterator(detail::joined_source(*this, detail::join_steps(std::move(pipelines)), 0, options, devices),
+                               over);
+  };
   // Each worker's dataset_fn may give it more or fewer steps than the others: the end is agreed.
-  detail::WorkerGroup* group = &backend_->workers();
-  if (options.experimental_replication_mode == InputReplicationMode::per_replica) {
-    return DistributedDataset([this, dataset_fn, options, replicas, devices, workers, worker, group] {
+  if (per_replica) {
+    return DistributedDataset([this, dataset_fn, options, replicas, devices, taken_up](std::int64_t split_workers) {
+      detail::WorkerGroup& group = backend_->workers();
+      const int workers = group.size();
+      const int worker = group.rank();
+      if (split_workers > 0 && split_workers != workers) return taken_up(static_cast<int>(split_workers));
       std::vector<std::unique_ptr<detail::Producer>> producers;
       for (int r = 0; r < replicas; ++r) {
         InputContext ctx{workers * replicas, worker * replicas + r, workers * replicas};
@@ -555,11 +610,16 @@ DistributedDataset Strategy::distribute_datasets_from_function(
         producers.push_back(
             std::make_unique<detail::Producer>(*this, std::move(produce), options.experimental_prefetch_to_device));
       }
-      return detail::agreed(std::make_shared<detail::PerReplicaSource>(std::move(producers), devices), *group, devices);
+      return DistributedIterator(
+          detail::agreed(std::make_shared<detail::PerReplicaSource>(std::move(producers), devices), group, devices),
+          workers);
     });
   }
-  return DistributedDataset([this, dataset_fn, options, replicas, devices, workers, worker, group] {
-    InputContext ctx{workers, worker, num_replicas_in_sync()};
+  return DistributedDataset([this, dataset_fn, options, replicas, devices, taken_up](std::int64_t split_workers) {
+    detail::WorkerGroup& group = backend_->workers();
+    const int workers = group.size();
+    if (split_workers > 0 && split_workers != workers) return taken_up(static_cast<int>(split_workers));
+    InputContext ctx{workers, group.rank(), num_replicas_in_sync()};
     data::Dataset ds = dataset_fn(ctx);
     auto produce = [ds, replicas, devices, it = std::shared_ptr<data::Iterator>()]() mutable -> detail::item {
       if (!it) it = std::make_shared<data::Iterator>(ds.make_iterator());
@@ -580,9 +640,11 @@ DistributedDataset Strategy::distribute_datasets_from_function(
       detail::place(*batch, devices);
       return batch;
     };
-    return detail::agreed(
-        std::make_shared<detail::BatchSource>(*this, std::move(produce), options.experimental_prefetch_to_device),
-        *group, devices);
+    return DistributedIterator(
+        detail::agreed(
+            std::make_shared<detail::BatchSource>(*this, std::move(produce), options.experimental_prefetch_to_device),
+            group, devices),
+        workers);
   });
 }
 

@@ -31,6 +31,9 @@ struct CommitPosition {
   std::int64_t step_in_epoch = 0;      ///< steps of that epoch done
   std::int64_t iterator_position = 0;  ///< elements taken from the current input iterator
   std::int64_t input_passes = 0;       ///< iterators made over the dataset before the current one
+  /// The workers the current iterator's input was split over when its pass began
+  /// (DistributedIterator::split_workers); 0: none, or a split that does not depend on them.
+  std::int64_t input_split = 0;
 };
 
 /// The last two commits of this worker's training state.
