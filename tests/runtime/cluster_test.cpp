@@ -321,7 +321,7 @@ TEST_CASE("a checkpoint of ps variables restores onto another number of ps tasks
   CHECK(strategy.read_variable("other").to_vector<float>() == std::vector<float>(9, 0.0f));
 }
 
-TEST_CASE("a Checkpoint of ps variables is a sharded checkpoint with their optimizer slots; a values-only file is refused for them") {
+TEST_CASE("a Checkpoint of ps variables is a sharded checkpoint with their optimizer slots, and a values-only file is refused for them") {
   const auto a = troupe::testing::loopback_addresses(4);
   troupe::testing::temp_dir dir("ps-ckpt-slots");
   ClusterSpec spec(ClusterSpec::JobMap{{"chief", {a[0]}}, {"worker", {a[1]}}, {"ps", {a[2], a[3]}}});
