@@ -28,12 +28,13 @@ fail() {
   for f in "$dir"/*.log; do echo "--- $(basename "$f")"; tail -n 40 "$f"; done
   exit 1
 }
-read -r p0 p1 p2 < <(python3 -c '
-import socket
-ss = [socket.socket() for _ in range(3)]
-for s in ss: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in ss])')
-cluster="{\"chief\": [\"127.0.0.1:$p2\"], \"worker\": [\"127.0.0.1:$p0\", \"127.0.0.1:$p1\"]}"
+# shellcheck source=../lib/cluster_common.sh
+source "$(dirname "$0")/../lib/cluster_common.sh"
+pick_ports() {
+  read -r p0 p1 p2 <<< "$(free_ports 3)"
+  cluster="{\"chief\": [\"127.0.0.1:$p2\"], \"worker\": [\"127.0.0.1:$p0\", \"127.0.0.1:$p1\"]}"
+}
+pick_ports
 # start NAME TYPE INDEX ARGS...: the sample in that role, in the background, under timeout (which
 # leads a process group of its own, so the whole task goes on cleanup). A killed worker closes its
 # connection, which the chief hears at once; silence counts as lost only after 20 heartbeats
@@ -45,6 +46,15 @@ start() {
     timeout -k 5 100 "$pbt" "$@" >"$dir/$name.log" 2>&1 &
   pids+=($!)
   eval "pid_$name=$!"
+}
+# start_workers ARGS...: both workers, each listening on its port (on fresh ports again when one was
+# taken before it bound: start_listening).
+worker_args=()
+launch_worker() { start "$1" worker "${1#w}" "${worker_args[@]}"; }
+worker_listens() { if [[ $1 == w0 ]]; then listens "$pid_w0" "$p0"; else listens "$pid_w1" "$p1"; fi; }
+start_workers() {
+  worker_args=("$@")
+  start_listening worker_listens launch_worker w0 w1
 }
 wait_for() {  # FILE REGEX SECONDS
   local deadline=$((SECONDS + $3))
@@ -70,8 +80,7 @@ check_result() {
 args=(--trials 6 --steps 20 --batch 32)
 case "$scenario" in
   search)
-    start w0 worker 0 "${args[@]}" --generations 6
-    start w1 worker 1 "${args[@]}" --generations 6
+    start_workers "${args[@]}" --generations 6
     start chief chief 0 "${args[@]}" --generations 6 --tensorboard-dir "$dir/tb"
     status_of "$pid_chief"; [[ $st == 0 ]] || fail "the chief exited $st"
     for w in w0 w1; do status_of "$(eval echo "\$pid_$w")"; [[ $st == 0 ]] || fail "$w exited $st"; done
@@ -107,8 +116,7 @@ EOF
     ;;
   worker-killed)
     # 20 ms per step: a generation takes about a second, so the kill lands mid-search.
-    start w0 worker 0 "${args[@]}" --generations 8 --step-delay-ms 20
-    start w1 worker 1 "${args[@]}" --generations 8 --step-delay-ms 20
+    start_workers "${args[@]}" --generations 8 --step-delay-ms 20
     start chief chief 0 "${args[@]}" --generations 8 --step-delay-ms 20
     wait_for "$dir/chief.log" '^generation 2/8: ' 60
     pkill -KILL -P "$pid_w1"  # the worker itself, not the timeout that runs it

@@ -43,6 +43,7 @@ stranger_bin="$build/tests/cluster/actor_stranger"
 module="$build/tests/cluster/libtroupe_actor_types.so"
 dir="$(mktemp -d)"
 pids=()
+source "$(dirname "$0")/../lib/cluster_common.sh"
 cleanup() {
   for p in "${pids[@]}"; do kill -CONT -- "-$p" 2>/dev/null; kill -9 -- "-$p" 2>/dev/null || kill -9 "$p" 2>/dev/null; done
   wait 2>/dev/null
@@ -55,20 +56,10 @@ fail() {
   exit 1
 }
 wait_for() {  # FILE REGEX SECONDS
-  local deadline=$((SECONDS + $3))
-  until grep -Eq -- "$2" "$1" 2>/dev/null; do
-    [[ $SECONDS -ge $deadline ]] && fail "no line matching '$2' in $(basename "$1") within $3 s"
-    sleep 0.05
-  done
+  wait_for_line "$1" "$2" "$3" -E || fail "no line matching '$2' in $(basename "$1") within $3 s"
 }
 host=127.0.0.1
-pick_ports() {
-  read -r p0 p1 p2 < <(python3 -c '
-import socket
-ss = [socket.socket() for _ in range(3)]
-for s in ss: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in ss])')
-}
+pick_ports() { read -r p0 p1 p2 <<< "$(free_ports 3)"; }
 cluster() { echo "{\"chief\": [\"$host:$p2\"], \"worker\": [\"$host:$p0\", \"$host:$p1\"]}"; }
 # launch_daemon INDEX [TOKEN]: troupe-worker as worker INDEX with the module.
 launch_daemon() {
@@ -78,23 +69,13 @@ launch_daemon() {
   eval "pid_w$1=$!"
 }
 # start_daemons TOKEN0 TOKEN1: both daemons ready (again on fresh ports when one was taken).
+launch_named() { launch_daemon "${1#w}" "${daemon_token[${1#w}]}"; }
+daemon_ready() { grep -q '^troupe-worker: ready ' "$dir/$1.log" 2>/dev/null; }
 start_daemons() {
-  local attempt
-  for attempt in 1 2 3; do
-    pick_ports
-    launch_daemon 0 "$1"
-    launch_daemon 1 "$2"
-    local deadline=$((SECONDS + 20))
-    until grep -q '^troupe-worker: ready ' "$dir/w0.log" 2>/dev/null && grep -q '^troupe-worker: ready ' "$dir/w1.log" 2>/dev/null; do
-      if grep -q 'cannot listen' "$dir/w0.log" "$dir/w1.log" 2>/dev/null; then break; fi
-      [[ $SECONDS -ge $deadline ]] && fail "the daemons are not ready within 20 s"
-      sleep 0.05
-    done
-    if ! grep -q 'cannot listen' "$dir/w0.log" "$dir/w1.log" 2>/dev/null; then return; fi
-    kill -9 -- "-$pid_w0" "-$pid_w1" 2>/dev/null
-    wait "$pid_w0" "$pid_w1" 2>/dev/null
-  done
-  fail "no free ports after 3 tries"
+  daemon_token=("$1" "$2")
+  pick_ports
+  start_listening daemon_ready launch_named w0 w1
+  for n in w0 w1; do daemon_ready "$n" || fail "$n ended before it was ready"; done
 }
 # chief MODE [TOKEN]: actor_chief in the background as the chief; a host silent for 3 heartbeats
 # of 200 ms is lost, or for MISSED of them.
@@ -183,9 +164,10 @@ case "$scenario" in
     grep -q '^PASS restart-stop' "$dir/chief.log" || fail "no PASS line"
     ;;
   late-task)
+    daemon_token=("$token" "$token")
     pick_ports
-    launch_daemon 0 "$token"
-    wait_for "$dir/w0.log" '^troupe-worker: ready ' 20
+    start_listening daemon_ready launch_named w0
+    daemon_ready w0 || fail "w0 ended before it was ready"
     start_ms=2000 chief never "$token"
     chief_status
     [[ $st == 0 ]] || fail "the spawner (never) exited $st"
@@ -240,20 +222,24 @@ case "$scenario" in
     wait_for "$dir/w0.log" "the actor spawner '/job:chief/replica:0/task:0' is gone: stopping its 1 actor" 15
     ;;
   every-role)
-    pick_ports
-    for i in 0 1; do
+    launch_role() {
+      local i="${1#w}"
       timeout -k 5 60 env TROUPE_CLUSTER_TOKEN="$token" TROUPE_START_TIMEOUT_MS=20000 TROUPE_TEST_TASK_INDEX="$i" \
         TF_CONFIG="{\"cluster\": $(cluster), \"task\": {\"type\": \"worker\", \"index\": $i}}" \
         "$chief_bin" --mode every-role --module "$module" >"$dir/w$i.log" 2>&1 &
       pids+=($!)
       eval "pid_w$i=$!"
-    done
-    # Both listen (ss reads the sockets without connecting: a probe would be a refused stranger).
-    deadline=$((SECONDS + 20))
-    until ss -ltn "sport = :$p0" | grep -q LISTEN && ss -ltn "sport = :$p1" | grep -q LISTEN; do
-      [[ $SECONDS -ge $deadline ]] && fail "the workers do not listen within 20 s"
-      sleep 0.05
-    done
+    }
+    # Both listen (read from /proc without connecting: a probe would be a refused stranger).
+    role_listens() {
+      local p port="$p1"
+      eval "p=\$pid_$1"
+      [[ $1 == w0 ]] && port="$p0"
+      listens "$p" "$port"
+    }
+    pick_ports
+    start_listening role_listens launch_role w0 w1
+    for n in w0 w1; do role_listens "$n" || fail "$n ended before it listened"; done
     chief every-role "$token"
     chief_status
     [[ $st == 0 ]] || fail "the spawner exited $st"

@@ -7,8 +7,8 @@ For each command:
 - a troupe program (by path, or by its installed name: troupe-launch, mlp_classifier, ...) must
   list every flag the command gives it in its --help;
 - a command that starts with a program of the build tree and names no other host runs for real,
-  for at most a few seconds (ports become 0, paths under /tmp a scratch directory): it must exit 0,
-  or still be running when stopped. A bad command line exits 2 at once.
+  for at most a few seconds (ports become 0, paths under /tmp a scratch directory of its own), a few
+  side by side: it must exit 0, or still be running when stopped. A bad command line exits 2 at once.
 
   shell_commands_test.py REPO_DIR BUILD_DIR
 """
@@ -19,9 +19,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 REPO, BUILD = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 RUN_SECONDS = 6
+PARALLEL_RUNS = 5  # the runs are independent, each in its own scratch directory
 
 # Installed names (PREFIX/bin, PREFIX/libexec/troupe/examples) and where the build has them.
 INSTALLED = {name: f"tools/{name}" for name in ("troupe-launch", "troupe-worker", "troupe-ckpt",
@@ -32,10 +35,12 @@ INSTALLED.update({name: f"examples/{name}" for name in
 
 failures = []
 checked = {"commands": 0, "programs": 0, "runs": 0}
+lock = threading.Lock()
 
 
 def fail(where, message):
-    failures.append(f"{where}: {message}")
+    with lock:
+        failures.append(f"{where}: {message}")
 
 
 def shell_blocks(path):
@@ -139,6 +144,7 @@ def runnable(words):
 
 
 def run_bounded(where, words, scratch):
+    scratch = tempfile.mkdtemp(dir=scratch)  # its own: the runs go side by side
     args = []
     for i, w in enumerate(words):
         if i > 0 and words[i - 1] == "--dashboard-port":
@@ -164,7 +170,8 @@ def run_bounded(where, words, scratch):
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
         status = None  # still running: the command line was taken
-    checked["runs"] += 1
+    with lock:
+        checked["runs"] += 1
     if status not in (None, 0):
         fail(where, f"exited {status} within {RUN_SECONDS} s:\n    " + "\n    ".join(out.splitlines()[-8:]))
 
@@ -173,6 +180,7 @@ def main():
     files = [os.path.join(REPO, "README.md")]
     docs = os.path.join(REPO, "docs")
     files += sorted(os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md"))
+    runs = []
     with tempfile.TemporaryDirectory() as scratch:
         for path in files:
             for number, command in shell_blocks(path):
@@ -205,7 +213,10 @@ def main():
                                 fail(where, f"{w}: not built ({program})")
                             break
                 if paths_ok and runnable(words) and not failures_for(where):
-                    run_bounded(where, words, scratch)
+                    runs.append((where, words))
+        with ThreadPoolExecutor(max_workers=PARALLEL_RUNS) as pool:
+            for future in [pool.submit(run_bounded, where, words, scratch) for where, words in runs]:
+                future.result()
     print(f"shell_commands_test: {checked['commands']} commands, {checked['programs']} troupe programs' flags "
           f"checked, {checked['runs']} run")
     if checked["commands"] == 0:

@@ -8,93 +8,73 @@ scenario="$2"
 stranger="${3:-}"
 dir="$(mktemp -d)"
 pids=()
+source "$(dirname "$0")/../lib/cluster_common.sh"
+log_of() { echo "$dir/out$1"; }
+# A worker runs under timeout, which leads a process group of its own: the whole group goes, so
+# that no worker outlives the scenario.
 cleanup() {
-  # A worker runs under timeout, which leads a process group of its own: the whole group goes,
-  # so that no worker outlives the scenario.
-  for p in "${pids[@]:-}"; do [ -n "$p" ] && { kill -9 -- "-$p" 2>/dev/null || kill -9 "$p" 2>/dev/null; }; done
+  kill_tasks
   rm -rf "$dir"
 }
 trap cleanup EXIT
 
-free_ports() {
-  python3 - "$1" <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
+# The ports of a cluster of cluster_n tasks, afresh.
+pick_ports() { read -r -a ports <<< "$(free_ports "$cluster_n")"; }
+# launch_task I: task I of a cluster of cluster_n on ports, running mode cluster_mode, with the
+# variables in W<I>_ENV; with cluster_chief=1, task 0 is a "chief" job and task I>0 is worker I-1.
+launch_task() {
+  local i="$1" list="" type=worker index="$1" k extra_var="W$1_ENV"
+  if [ "${cluster_chief:-0}" = 1 ]; then
+    for k in $(seq 1 $((cluster_n - 1))); do list+="${list:+, }\"127.0.0.1:${ports[$k]}\""; done
+    list="\"chief\": [\"127.0.0.1:${ports[0]}\"], \"worker\": [$list]"
+    if [ "$i" = 0 ]; then type=chief; else index=$((i - 1)); fi
+  else
+    for k in $(seq 0 $((cluster_n - 1))); do list+="${list:+, }\"127.0.0.1:${ports[$k]}\""; done
+    list="\"worker\": [$list]"
+  fi
+  env TF_CONFIG="{\"cluster\": {$list}, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
+      ${!extra_var:-} timeout 60 "$worker" "$cluster_mode" > "$dir/out$i" 2>&1 &
+  pids[$i]=$!
+  eval "pid_$i=$!"
 }
-
-# start N [ENV=VALUE...] per worker through W<i>_ENV variables; mode in MODE.
-start_cluster() {
-  local n="$1" mode="$2"
-  read -r -a ports <<< "$(free_ports "$n")"
-  local list=""
-  for i in $(seq 0 $((n - 1))); do list+="${list:+, }\"127.0.0.1:${ports[$i]}\""; done
-  for i in $(seq 0 $((n - 1))); do
-    local extra_var="W${i}_ENV"
-    env TF_CONFIG="{\"cluster\": {\"worker\": [$list]}, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
-        ${!extra_var:-} timeout 60 "$worker" "$mode" > "$dir/out$i" 2>&1 &
-    pids+=($!)
-    # AFTER_CHIEF: a command run once the first worker (the chief) started, before the others.
-    if [ "$i" = 0 ] && [ -n "${AFTER_CHIEF:-}" ]; then eval "$AFTER_CHIEF"; fi
+# The chief (task 0) listens on its port of TF_CONFIG (the others' rings listen on ports of their
+# own choosing).
+chief_listens() { listens "${pids[0]}" "${ports[0]}"; }
+# start_tasks N MODE: every task at once, or with AFTER_CHIEF (a command run once, before the
+# others) the chief first. The chief must listen (or end) within 20 s; when another process took
+# its port, every task of the start is killed and all start again on fresh ports, up to 3 times.
+start_tasks() {
+  cluster_n="$1" cluster_mode="$2"
+  local attempt i
+  for attempt in 1 2 3; do
+    pick_ports
+    launch_task 0
+    [ -n "${AFTER_CHIEF:-}" ] || for i in $(seq 1 $((cluster_n - 1))); do launch_task "$i"; done
+    ready_or_ended chief_listens 0 $((SECONDS + 20))
+    if ! port_taken 0; then
+      if [ -n "${AFTER_CHIEF:-}" ]; then
+        eval "$AFTER_CHIEF"
+        for i in $(seq 1 $((cluster_n - 1))); do launch_task "$i"; done
+      fi
+      return
+    fi
+    echo "a port was taken (attempt $attempt, task 0): $(grep -h 'cannot listen' "$dir/out0" | head -n 1)"
+    for i in $(seq 0 $((cluster_n - 1))); do
+      [ -n "${pids[$i]:-}" ] && { kill_task "${pids[$i]}"; wait "${pids[$i]}" 2>/dev/null; }
+    done
   done
+  fail "no free ports after 3 tries"
 }
-
-# start_chief_cluster N MODE: a "chief" job of one task and a "worker" job of N-1 tasks.
-start_chief_cluster() {
-  local n="$1" mode="$2"
-  read -r -a ports <<< "$(free_ports "$n")"
-  local workers=""
-  for i in $(seq 1 $((n - 1))); do workers+="${workers:+, }\"127.0.0.1:${ports[$i]}\""; done
-  local cluster="\"chief\": [\"127.0.0.1:${ports[0]}\"], \"worker\": [$workers]"
-  env TF_CONFIG="{\"cluster\": {$cluster}, \"task\": {\"type\": \"chief\", \"index\": 0}}" \
-      timeout 60 "$worker" "$mode" > "$dir/out0" 2>&1 &
-  pids+=($!)
-  for i in $(seq 1 $((n - 1))); do
-    env TF_CONFIG="{\"cluster\": {$cluster}, \"task\": {\"type\": \"worker\", \"index\": $((i - 1))}}" \
-        timeout 60 "$worker" "$mode" > "$dir/out$i" 2>&1 &
-    pids+=($!)
-  done
-}
-
-# consecutive_ports N: the first of N consecutive free ports on loopback.
-consecutive_ports() {
-  python3 - "$1" <<'PY'
-import socket, sys
-n = int(sys.argv[1])
-for _ in range(200):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); base = s.getsockname()[1]; s.close()
-    if base + n > 65535: continue
-    try:
-        socks = []
-        for p in range(base, base + n):
-            t = socket.socket(); t.bind(("127.0.0.1", p)); socks.append(t)
-        print(base); sys.exit(0)
-    except OSError:
-        pass
-    finally:
-        for t in socks: t.close()
-sys.exit("no run of free ports found")
-PY
-}
+# start_cluster N MODE: N workers; start_chief_cluster N MODE: a "chief" job of one task and a
+# "worker" job of N-1 tasks.
+start_cluster() { cluster_chief=0 start_tasks "$@"; }
+start_chief_cluster() { cluster_chief=1 start_tasks "$@"; }
 
 # wait_all N: waits for every worker, records exit codes in rc<i>.
 wait_all() {
   for i in $(seq 0 $(($1 - 1))); do
     wait "${pids[$i]}"
     echo $? > "$dir/rc$i"
-  done
-}
-
-# wait_for_line FILE PATTERN SECONDS: true once FILE has a line matching PATTERN (grep), false
-# after SECONDS.
-wait_for_line() {
-  local deadline=$(( $(date +%s%N) + $3 * 1000000000 ))
-  until grep -q -- "$2" "$1" 2>/dev/null; do
-    [ "$(date +%s%N)" -lt "$deadline" ] || return 1
-    sleep 0.05
   done
 }
 
@@ -121,39 +101,6 @@ expect_cluster() {
     grep -qx "OK $i" "$dir/out$i" || fail "worker $i did not print 'OK $i'"
   done
 }
-
-# stranger_attack MODE: worker 1 starts alone; ring_stranger finds its ring port and attacks it
-# during start-up; worker 0 starts once the stranger is in. The stranger must be refused and
-# logged by worker 1 (naming the stranger's address), the cluster must form and compute the
-# right values, and no worker may fail or be blamed.
-stranger_attack() {
-  local mode="$1"
-  read -r -a ports <<< "$(free_ports 2)"
-  local list="\"127.0.0.1:${ports[0]}\", \"127.0.0.1:${ports[1]}\""
-  env TF_CONFIG="{\"cluster\": {\"worker\": [$list]}, \"task\": {\"type\": \"worker\", \"index\": 1}}" \
-      timeout 60 "$worker" collectives > "$dir/out1" 2>&1 &
-  local w1=$!
-  timeout 40 "$stranger" "$mode" "$w1" > "$dir/stranger" 2>&1 &
-  local s=$!
-  for _ in $(seq 200); do grep -q "^attacking" "$dir/stranger" && break; sleep 0.05; done
-  grep -q "^attacking" "$dir/stranger" || fail "the stranger did not get in: $(cat "$dir/stranger")"
-  # The ring listens on the address TF_CONFIG gives, not on every interface.
-  grep -q "^attacking [0-9]* bound to 127.0.0.1$" "$dir/stranger" ||
-    fail "worker 1's ring port is not bound to its TF_CONFIG address: $(cat "$dir/stranger")"
-  env TF_CONFIG="{\"cluster\": {\"worker\": [$list]}, \"task\": {\"type\": \"worker\", \"index\": 0}}" \
-      timeout 60 "$worker" collectives > "$dir/out0" 2>&1 &
-  pids=($! "$w1" "$s")
-  wait_all 2
-  wait "$s"; local src=$?
-  cat "$dir/stranger" >> "$dir/out1"
-  expect_cluster 2 2
-  [ "$src" = 0 ] || fail "the stranger's connections were not closed by worker 1 (exit $src)"
-  grep -q "troupe: ring rank 1 refused a connection from 127.0.0.1:" "$dir/out1" ||
-    fail "worker 1 did not log the refused stranger with its address"
-  if grep -q "ERROR\|cross-worker collective failed" "$dir"/out0 "$dir"/out1; then fail "a worker was blamed"; fi
-}
-
-now_ms() { date +%s%3N; }
 
 # stops_under_defaults N VICTIM: N workers with default settings; task VICTIM stops itself with
 # SIGSTOP after the first collective. Every other task must name it and exit 3 within 5 s of the
@@ -182,47 +129,7 @@ stops_under_defaults() {
   done
 }
 
-attacker_bin="$(dirname "$worker")/mw_attacker"
-
-# start_with_attacker N MODE ATTACK_ARGS...: the chief first, then the stranger (mw_attacker
-# ATTACK_ARGS, with the chief's port after the host), once it printed ATTACK_WAIT (default: it
-# reached the chief) the others.
-start_with_attacker() {
-  local n="$1" mode="$2"
-  attack_what="$3"; shift 3; attack_args=("$@")
-  launch_attacker() {
-    "$attacker_bin" "$attack_what" 127.0.0.1 "${ports[0]}" "${attack_args[@]}" > "$dir/attacker" 2>&1 &
-    attacker=$!
-    for _ in $(seq 1 3000); do grep -q "${ATTACK_WAIT:-attacker: connected}" "$dir/attacker" 2>/dev/null && break; sleep 0.02; done
-  }
-  AFTER_CHIEF=launch_attacker start_cluster "$n" "$mode"
-}
-
-# peak_rss_kb PID: follows PID (timeout(1), whose child is the worker) until it exits and prints
-# the worker's peak resident memory in kB.
-peak_rss_kb() {
-  local peak=0 kb
-  while kill -0 "$1" 2>/dev/null; do
-    for c in $(pgrep -P "$1" 2>/dev/null); do
-      kb=$(awk '/^VmHWM:/ {print $2}' "/proc/$c/status" 2>/dev/null || echo 0)
-      [ -n "$kb" ] && [ "$kb" -gt "$peak" ] && peak=$kb
-    done
-    sleep 0.02
-  done
-  echo "$peak"
-}
-
 case "$scenario" in
-  stranger-old-hello)
-    stranger_attack old-hello
-    grep -q "it speaks protocol version 4, this worker 6" "$dir/out1" || fail "the old hello was not refused as such" ;;
-  stranger-replay)
-    stranger_attack replay
-    grep -q "^replayed" "$dir/out1" || fail "the stranger did not replay" ;;
-  stranger-garbage) stranger_attack garbage ;;
-  stranger-silent)
-    stranger_attack silent
-    grep -q "it had not proven itself when the ring was formed" "$dir/out1" || fail "the silent stranger was not logged" ;;
   skipped-collective)
     # Worker 1 skips one all_reduce of step 2 that worker 0 makes: both fail naming both steps and
     # both numbers; none exits 0.
@@ -271,92 +178,6 @@ case "$scenario" in
     grep -q "$relayed" "$dir/out3" || fail "worker 3 did not name both sides and both numbers"
     grep -q "rank 1 (127.0.0.1:[0-9]*) is at step 3, collective 0 .*rank [02] at step 2, collective 1\|rank [02] (127.0.0.1:[0-9]*) is at step 2, collective 1 .*rank 1 at step 3, collective 0" \
       "$dir/out3" || fail "worker 3 did not name worker 1 and a worker of step 2" ;;
-  tampered-frame-4x1)
-    # With a token, worker 0 runs with tamper_shim preloaded ($3): one bit of the first float32
-    # 12345 it sends is flipped on its way to the socket, as a relay on the link would. Every
-    # worker fails (exit 3) and none returns the altered sum: the worker that received the frame
-    # names its integrity check and rank 0, and the others learn it through the watch as the ring
-    # link from rank 0 tampered with, never as workers out of step.
-    for i in 0 1 2 3; do declare -g "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$"; done
-    W0_ENV="$W0_ENV LD_PRELOAD=$stranger"
-    start_cluster 4 tamper; wait_all 4
-    grep -q "^tamper: flipped a bit" "$dir/out0" || fail "the shim altered no frame of worker 0"
-    own="a frame from rank 0 (127.0.0.1:[0-9]*) failed its integrity check"
-    relayed="cluster watch: /job:worker/replica:0/task:[13] (rank [13]) found the ring link from /job:worker/replica:0/task:0 (rank 0) tampered with: $own"
-    for i in 0 1 2 3; do
-      [ "$(cat "$dir/rc$i")" = "3" ] || fail "worker $i exited $(cat "$dir/rc$i"), expected 3"
-      if grep -q "wrong sum\|found the workers out of step" "$dir/out$i"; then fail "worker $i saw a wrong sum or blamed the workers' order"; fi
-    done
-    grep -q "ERROR.*$own" "$dir/out1" "$dir/out3" || fail "no neighbour of worker 0 named the frame's integrity check"
-    for i in 0 2; do grep -q "$relayed" "$dir/out$i" || fail "worker $i did not learn of the link tampered with"; done ;;
-  token-required)
-    # A cluster beyond loopback (192.0.2.1 is TEST-NET-1) without a token refuses to start,
-    # naming both ways out; told insecure it starts (and finds the other task missing).
-    read -r -a ports <<< "$(free_ports 1)"
-    cfg="{\"cluster\": {\"worker\": [\"127.0.0.1:${ports[0]}\", \"192.0.2.1:2222\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}"
-    env -u TROUPE_CLUSTER_TOKEN TF_CONFIG="$cfg" timeout 60 "$worker" join > "$dir/out0" 2>&1; echo $? > "$dir/rc0"
-    expect_all 1 3 "spans more than loopback (192.0.2.1:2222) and no cluster token is set.*TROUPE_CLUSTER_TOKEN.*TROUPE_INSECURE=1"
-    env -u TROUPE_CLUSTER_TOKEN TROUPE_INSECURE=1 TROUPE_START_TIMEOUT_MS=1000 TF_CONFIG="$cfg" timeout 60 "$worker" join \
-      > "$dir/out0" 2>&1; echo $? > "$dir/rc0"
-    expect_all 1 3 "still missing after 1000 ms: /job:worker/replica:0/task:1"
-    TROUPE_INSECURE=yes TF_CONFIG="$cfg" timeout 60 "$worker" join > "$dir/out0" 2>&1; echo $? > "$dir/rc0"
-    expect_all 1 3 'TROUPE_INSECURE="yes" is not 0 or 1' ;;
-  forged-bye-beats)
-    # A cluster without a token (loopback): a stranger forges a goodbye and heartbeats for task 1,
-    # which then stops. They count only from the peer that joined as task 1: every other task
-    # still names it within 5 s, and the chief logs the refusals.
-    for i in 0 1 2; do declare "W${i}_ENV=MW_STOPPING_TASK=1"; done
-    start_with_attacker 3 hang forge 1 12
-    stopped=""
-    for _ in $(seq 1 600); do
-      grep -q "^stopping" "$dir/out1" 2>/dev/null && { stopped=$(now_ms); break; }
-      sleep 0.05
-    done
-    [ -n "$stopped" ] || fail "task 1 never reached its stop"
-    for i in 0 2; do
-      wait "${pids[$i]}"; echo $? > "$dir/rc$i"
-      took=$(( $(now_ms) - stopped ))
-      [ "$took" -lt 5000 ] || fail "task $i took $took ms to notice the stopped task 1 under forged beats"
-      [ "$(cat "$dir/rc$i")" = 3 ] || fail "task $i exited $(cat "$dir/rc$i"), expected 3"
-      grep -q "task:1 sent no heartbeat" "$dir/out$i" || fail "task $i did not name the stopped task 1"
-    done
-    kill -9 "${pids[1]}" "$attacker" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
-    grep -q "refused a goodbye for rank 1" "$dir/out0" || fail "the chief did not log the forged goodbye"
-    grep -q "refused a heartbeat for rank 1" "$dir/out0" || fail "the chief did not log the forged heartbeat"
-    # The forged beats' position (an hour in a collective) never reached the stall inspector.
-    if grep -q "troupe: stall" "$dir/out0"; then fail "a forged position made the chief report a stall"; fi ;;
-  forged-fault)
-    # A cluster without a token (loopback): a stranger of the same user reaches the chief and
-    # forges fault reports (workers out of step) for task 1 while the cluster forms and computes.
-    # A report counts only from the peer that joined as that rank: none is passed on, the chief
-    # logs the refusals, and every worker computes right.
-    start_with_attacker 3 collectives fault 1 4
-    wait_all 3; kill "$attacker" 2>/dev/null; wait "$attacker" 2>/dev/null
-    grep -q "refused a fault report for rank 1 from .*which did not join as that rank \[connected from 127.0.0.1:[0-9]*\]" \
-      "$dir/out0" || fail "the chief did not log the forged fault report with the stranger's address"
-    if grep -q "forged: rank 1" "$dir"/out*; then fail "a forged fault report reached a worker"; fi
-    expect_cluster 3 3 ;;
-  stranger-bad-join)
-    # On a cluster without a token (loopback), a stranger joins as task 1 with a wrong proof
-    # before task 1 starts: it is refused alone and logged, and the cluster forms and computes.
-    ATTACK_WAIT="attacker: done" start_with_attacker 3 collectives bad-join 1
-    wait_all 3; wait "$attacker"
-    grep -q "attacker: refused.*refused a join claiming to be /job:worker/replica:0/task:1" "$dir/attacker" ||
-      fail "the stranger's join was not refused: $(cat "$dir/attacker")"
-    grep -q "troupe: rendezvous: refused a join claiming to be /job:worker/replica:0/task:1" "$dir/out0" ||
-      fail "the chief did not log the refused join"
-    expect_cluster 3 3 ;;
-  nonce-flood)
-    # A stranger asks a chief without a token for 400000 nonces before the cluster forms: the
-    # nonces it holds are bounded, its memory stays small, and the cluster computes right.
-    # The others start once the chief answered the flood's last request: it handled all of it.
-    ATTACK_WAIT="attacker: done" start_with_attacker 3 collectives nonce-flood 400000
-    peak_kb=$(peak_rss_kb "${pids[0]}")
-    wait_all 3; wait "$attacker"
-    grep -q "attacker: done 400000" "$dir/attacker" || fail "the flood did not finish: $(cat "$dir/attacker")"
-    expect_cluster 3 3
-    echo "the chief's peak resident memory: $peak_kb kB"
-    [ "$peak_kb" -gt 0 ] && [ "$peak_kb" -lt 49152 ] || fail "the chief's peak resident memory was $peak_kb kB" ;;
   chief-stops) stops_under_defaults 3 0 ;;
   worker-stops-defaults) stops_under_defaults 3 1 ;;
   input-fail-2x1)
@@ -430,134 +251,17 @@ case "$scenario" in
   collectives-4x2)
     for i in 0 1 2 3; do declare "W${i}_ENV=TROUPE_DEVICES_PER_WORKER=2"; done
     start_cluster 4 collectives; wait_all 4; expect_cluster 4 8 ;;
-  bad-token)
-    # A worker with another token fails the TLS handshake: it cannot abort the start, it is only
-    # missing (the chief names it at its deadline), and it names the token as the likely cause.
-    W0_ENV="TROUPE_CLUSTER_TOKEN=secret TROUPE_START_TIMEOUT_MS=3000"
-    W1_ENV="TROUPE_CLUSTER_TOKEN=guess TROUPE_START_TIMEOUT_MS=3000"
-    start_cluster 2 join; wait_all 2
-    expect_all 1 3 "still missing after 3000 ms: /job:worker/replica:0/task:1"
-    [ "$(cat "$dir/rc1")" = 3 ] || fail "worker 1 exited $(cat "$dir/rc1"), expected 3"
-    grep -q "could not reach the chief.*TROUPE_CLUSTER_TOKEN" "$dir/out1" || fail "worker 1 did not name the token"
-    # The chief logs the refused handshakes with the peer's address, and goes on to its deadline.
-    grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: its TLS handshake failed" "$dir/out0" ||
-      fail "the chief did not log the failed handshakes with the peer's address" ;;
-  stranger-basp-header|stranger-basp-header-plain|stranger-bad-token)
-    # A stranger attacks the chief's rendezvous port while a cluster forms, with a token (mutual
-    # TLS) or without one (plain BASP behind the gate): the chief logs the refusal with the
-    # stranger's address, the cluster forms and computes right, and the chief's resident memory
-    # stays small (a middleman facing the header alone reserves its 4 GiB).
-    if [ "$scenario" != stranger-basp-header-plain ]; then
-      for i in 0 1 2; do declare "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$"; done
-    fi
-    # The stranger strikes between the chief's start and the others'.
-    attack() {
-      if [ "$scenario" != stranger-bad-token ]; then
-        "$(dirname "$0")/attacker.py" basp-header 127.0.0.1 "${ports[0]}" 3 > "$dir/attacker" 2>&1 &
-      else
-        "$(dirname "$0")/attacker.py" bad-token 127.0.0.1 "${ports[0]}" > "$dir/attacker" 2>&1 &
-      fi
-      attacker=$!
-      for _ in $(seq 1 300); do grep -q "attacker: sent" "$dir/attacker" 2>/dev/null && break; sleep 0.02; done
-    }
-    AFTER_CHIEF=attack start_cluster 3 collectives
-    pids+=("$attacker")
-    peak_kb=0
-    while kill -0 "${pids[0]}" 2>/dev/null; do
-      kb=$(awk '/^VmHWM:/ {print $2}' "/proc/${pids[0]}/status" 2>/dev/null || true)
-      for c in $(pgrep -P "${pids[0]}" 2>/dev/null); do  # timeout(1) runs the worker as its child
-        kb=$(awk '/^VmHWM:/ {print $2}' "/proc/$c/status" 2>/dev/null || echo 0)
-      done
-      [ -n "$kb" ] && [ "$kb" -gt "$peak_kb" ] && peak_kb=$kb
-      sleep 0.02
-    done
-    wait_all 3; wait "$attacker" || fail "the attacker did not run: $(cat "$dir/attacker")"
-    grep -q "attacker: sent" "$dir/attacker" || fail "the attacker sent nothing"
-    expect_cluster 3 3
-    echo "the chief's peak resident memory: $peak_kb kB"
-    [ "$peak_kb" -gt 0 ] && [ "$peak_kb" -lt 65536 ] || fail "the chief's peak resident memory was $peak_kb kB"
-    if [ "$scenario" = stranger-basp-header-plain ]; then
-      grep -q "troupe: control plane: closed the connection from 127.0.0.1:[0-9]*: a message header declares 4294967295 bytes, at most [0-9]* accepted" \
-        "$dir/out0" || fail "the chief did not log the oversized header with the stranger's address"
-    else
-      grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: its TLS handshake failed" \
-        "$dir/out0" || fail "the chief did not log the failed handshake with the stranger's address"
-    fi ;;
-  stranger-idle-rendezvous)
-    # With a token, 28 connections that never begin their TLS handshake are opened on the chief's
-    # control port between its start and the others' and held for 30 s. The cluster forms and
-    # computes without waiting for them (every handshake has its deadline, and none holds up
-    # another), the chief refuses each one at its deadline, and no worker, whose token is right,
-    # is told that its own handshake failed.
-    for i in 0 1 2; do declare "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$"; done
-    hold_idle() {
-      "$(dirname "$0")/attacker.py" idle 127.0.0.1 "${ports[0]}" 28 30 > "$dir/attacker" 2>&1 &
-      attacker=$!
-      for _ in $(seq 1 300); do grep -q "attacker: holding" "$dir/attacker" 2>/dev/null && break; sleep 0.02; done
-      held_at=$(now_ms)
-    }
-    AFTER_CHIEF=hold_idle start_cluster 3 collectives
-    pids+=("$attacker")
-    wait_all 3
-    took=$(( $(now_ms) - held_at ))
-    grep -q "attacker: holding 28 idle connections" "$dir/attacker" ||
-      fail "the attacker did not hold its connections: $(cat "$dir/attacker")"
-    expect_cluster 3 3
-    echo "the cluster formed and computed $took ms after the 28 idle connections were opened"
-    # The deadline is 5 s; a start that waited for the idle connections would end after 30 s.
-    [ "$took" -lt 20000 ] || fail "the cluster took $took ms beside 28 idle connections"
-    grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: its TLS handshake did not finish within 5000 ms" \
-      "$dir/out0" || fail "the chief did not refuse the idle connections at their deadline"
-    if grep -q "TLS handshake" "$dir/out1" "$dir/out2"; then fail "a worker with the right token was told of a failed handshake"; fi ;;
-  stranger-other-user)
-    # Without a token, on loopback: a stranger running as another user (nobody) is refused by
-    # the chief's gate before one BASP byte, and logged with its address and user; the cluster
-    # forms and computes. Needs root to run the stranger as nobody.
-    if [ "$(id -u)" != 0 ] || ! command -v setpriv > /dev/null; then
-      echo "SKIPPED: running a stranger as another user needs root and setpriv"; exit 77
-    fi
-    other_user() {
-      timeout 10 setpriv --reuid=65534 --regid=65534 --clear-groups \
-        "$attacker_bin" bad-join 127.0.0.1 "${ports[0]}" 1 > "$dir/attacker" 2>&1 &
-      attacker=$!
-      for _ in $(seq 1 500); do grep -q "refused the connection from" "$dir/out0" 2>/dev/null && break; sleep 0.02; done
-    }
-    AFTER_CHIEF=other_user start_cluster 3 collectives
-    wait_all 3; kill "$attacker" 2>/dev/null; wait "$attacker" 2>/dev/null
-    grep -q "troupe: control plane: refused the connection from 127.0.0.1:[0-9]*: it belongs to user 65534, this process to user 0" \
-      "$dir/out0" || fail "the chief did not refuse and log the other user's connection"
-    if grep -q "attacker: connected" "$dir/attacker"; then fail "the other user reached the chief's agent"; fi
-    expect_cluster 3 3 ;;
-  control-key-in-memory)
-    # With a token, the control plane's TLS key lives in a sealed memory file: while the cluster
-    # watches, every worker holds it (memfd:troupe-control-key) and no file of it exists in
-    # TMPDIR, or anywhere a worker has open.
-    mkdir "$dir/tmp"
-    for i in 0 1 2; do declare "W${i}_ENV=TROUPE_CLUSTER_TOKEN=secret-$$ TMPDIR=$dir/tmp MW_IDLE_MS=3000"; done
-    start_cluster 3 idle
-    for i in 0 1 2; do
-      held=""
-      for _ in $(seq 1 600); do
-        c=$(pgrep -P "${pids[$i]}" | head -1)
-        if [ -n "$c" ] && ls -l "/proc/$c/fd" 2>/dev/null | grep -q "memfd:troupe-control-key"; then held=$c; break; fi
-        sleep 0.02
-      done
-      [ -n "$held" ] || fail "worker $i never held its key in a memory file"
-      files=$(ls -l "/proc/$held/fd" 2>/dev/null | awk '{print $NF}' | grep -E "^/" | grep -v "^/dev/\|^/proc/" || true)
-      [ -z "$files" ] || [ -z "$(echo "$files" | grep -E "$dir/tmp|troupe-control|\.pem")" ] ||
-        fail "worker $i holds a key file open: $files"
-    done
-    [ -z "$(find "$dir/tmp" -mindepth 1)" ] || fail "a key file exists while the cluster runs: $(find "$dir/tmp" -mindepth 1)"
-    wait_all 3; expect_cluster 3 3
-    [ -z "$(find "$dir/tmp" -mindepth 1)" ] || fail "a key file was left behind: $(find "$dir/tmp" -mindepth 1)" ;;
   device-mismatch)
     W0_ENV="TROUPE_DEVICES_PER_WORKER=1" W1_ENV="TROUPE_DEVICES_PER_WORKER=2" start_cluster 2 join
     wait_all 2; expect_all 2 3 "workers have different device counts" ;;
   missing-worker)
-    read -r -a ports <<< "$(free_ports 2)"
-    TF_CONFIG="{\"cluster\": {\"worker\": [\"127.0.0.1:${ports[0]}\", \"127.0.0.1:${ports[1]}\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}" \
-      TROUPE_START_TIMEOUT_MS=1500 timeout 60 "$worker" join > "$dir/out0" 2>&1
-    echo $? > "$dir/rc0"
+    alone() {  # worker 0 alone: again on fresh ports when another process took its port
+      read -r -a ports <<< "$(free_ports 2)"
+      TF_CONFIG="{\"cluster\": {\"worker\": [\"127.0.0.1:${ports[0]}\", \"127.0.0.1:${ports[1]}\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}" \
+        TROUPE_START_TIMEOUT_MS=1500 timeout 60 "$worker" join > "$dir/out0" 2>&1
+      echo $? > "$dir/rc0"
+    }
+    retry_if_taken "$dir/out0" alone
     expect_all 1 3 "still missing after 1500 ms: /job:worker/replica:0/task:1" ;;
   worker-dies)
     start_cluster 3 die; wait_all 3
@@ -631,25 +335,32 @@ case "$scenario" in
   slurm-2x2)
     # SlurmClusterResolver through a real rendezvous: the variables srun sets for 2 tasks on one
     # node; worker i listens at port_base + i.
-    base=$(consecutive_ports 2) || fail "no free ports"
-    for i in 0 1; do
-      env SLURM_PROCID=$i SLURM_NTASKS=2 SLURM_JOB_NODELIST=localhost SLURM_STEP_TASKS_PER_NODE=2 \
+    # The chief first, listening at port_base (again on fresh ports when another process took it).
+    pick_ports() { base=$(consecutive_ports 2) || fail "no free ports"; }
+    launch_slurm() {
+      env SLURM_PROCID=$1 SLURM_NTASKS=2 SLURM_JOB_NODELIST=localhost SLURM_STEP_TASKS_PER_NODE=2 \
           MW_RESOLVER=slurm MW_PORT_BASE="$base" TROUPE_DEVICES_PER_WORKER=2 \
-          timeout 60 "$worker" collectives > "$dir/out$i" 2>&1 &
-      pids+=($!)
-    done
+          timeout 60 "$worker" collectives > "$dir/out$1" 2>&1 &
+      pids[$1]=$!; eval "pid_$1=$!"
+    }
+    slurm_chief_listens() { listens "${pids[0]}" "$base"; }
+    pick_ports; start_listening slurm_chief_listens launch_slurm 0; launch_slurm 1
     wait_all 2; expect_cluster 2 4 ;;
   mpi-2x1)
     # MpiClusterResolver under Open MPI's mpirun: ranks from OMPI_COMM_WORLD_*, the coordinator
     # from TROUPE_COORDINATOR, every other address learnt at rendezvous.
     command -v mpirun >/dev/null || fail "mpirun is not installed (tools/install-deps.sh installs openmpi-bin)"
-    read -r -a ports <<< "$(free_ports 1)"
-    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=false \
-      timeout 90 mpirun -n 2 --oversubscribe --output-filename "$dir/mpi" \
-        -x TROUPE_COORDINATOR="127.0.0.1:${ports[0]}" -x MW_RESOLVER=mpi \
-        "$worker" collectives > "$dir/mpirun.log" 2>&1
-    rc=$?
-    for i in 0 1; do cat "$dir"/mpi/1/rank.$i/stdout "$dir"/mpi/1/rank.$i/stderr > "$dir/out$i" 2>/dev/null; echo 0 > "$dir/rc$i"; done
+    mpi_run() {  # again on a fresh port when another process took the coordinator's
+      read -r -a ports <<< "$(free_ports 1)"
+      rm -rf "$dir/mpi"
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=false \
+        timeout 90 mpirun -n 2 --oversubscribe --output-filename "$dir/mpi" \
+          -x TROUPE_COORDINATOR="127.0.0.1:${ports[0]}" -x MW_RESOLVER=mpi \
+          "$worker" collectives > "$dir/mpirun.log" 2>&1
+      rc=$?
+      for i in 0 1; do cat "$dir"/mpi/1/rank.$i/stdout "$dir"/mpi/1/rank.$i/stderr > "$dir/out$i" 2>/dev/null; echo 0 > "$dir/rc$i"; done
+    }
+    retry_if_taken "$dir/out0" mpi_run
     [ "$rc" = 0 ] || fail "mpirun exited $rc: $(cat "$dir/mpirun.log")"
     expect_cluster 2 2 ;;
   isa-mix|isa-mix-cnn)
@@ -860,7 +571,10 @@ PY
       mismatch-size) want="fault: the workers disagree in step 2 collective #1 (bytes): all_reduce float32 16 B on rank 0; all_reduce float32 32 B on rank 1" ;;
     esac
     grep -qxF "$want" "$dir/doctor" || fail "troupe-doctor did not say: $want" ;;
-  *) echo "unknown scenario $scenario"; exit 2 ;;
+  *)
+    # A stranger, a forger or a wrong token meets the cluster.
+    source "$(dirname "$0")/stranger_scenarios.sh"
+    ;;
 esac
 [ -n "${MW_SHOW:-}" ] && for f in "$dir"/out*; do echo "--- $f"; cat "$f"; done
 echo "PASSED $scenario"

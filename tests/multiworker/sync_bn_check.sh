@@ -20,25 +20,32 @@ fail() {
   exit 1
 }
 
-read -r -a ports <<< "$(python3 - "$workers" <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-)"
-list=""
-for i in $(seq 0 $((workers - 1))); do list+="${list:+, }\"127.0.0.1:${ports[$i]}\""; done
-for i in $(seq 0 $((workers - 1))); do
-  env TF_CONFIG="{\"cluster\": {\"worker\": [$list]}, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
-      TROUPE_DEVICES_PER_WORKER="$replicas" timeout 60 "$program" > "$dir/out$i" 2>&1 &
-  pids+=($!)
-done
-status=0
-for i in $(seq 0 $((workers - 1))); do
-  wait "${pids[$i]}" || { echo "worker $i exited with status $?"; status=1; }
-done
+# shellcheck source=../lib/cluster_common.sh
+source "$(dirname "$0")/../lib/cluster_common.sh"
+
+# One run on freshly picked ports; the chief (worker 0) binds its port, and says it cannot listen
+# when another process took it in between: then retry_if_taken runs it again on fresh ports.
+run_workers() {
+  local list="" i
+  read -r -a ports <<< "$(free_ports "$workers")"
+  for i in $(seq 0 $((workers - 1))); do list+="${list:+, }\"127.0.0.1:${ports[$i]}\""; done
+  pids=()
+  for i in $(seq 0 $((workers - 1))); do
+    env TF_CONFIG="{\"cluster\": {\"worker\": [$list]}, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
+        TROUPE_DEVICES_PER_WORKER="$replicas" timeout 60 "$program" > "$dir/out$i" 2>&1 &
+    pids+=($!)
+  done
+  status=0
+  for i in $(seq 0 $((workers - 1))); do
+    wait "${pids[$i]}" || { echo "worker $i exited with status $?"; status=1; }
+    if [ "$i" = 0 ] && port_taken 0; then  # the others would wait for the chief to their timeout
+      for p in "${pids[@]:1}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+      return
+    fi
+  done
+}
+log_of() { echo "$dir/out$1"; }
+retry_if_taken "$dir/out0" run_workers
 [ "$status" = 0 ] || fail "a worker failed"
 for i in $(seq 0 $((workers - 1))); do
   grep -qx "replicas $((workers * replicas)) workers $workers" "$dir/out$i" || fail "worker $i did not join a cluster of $workers"

@@ -21,21 +21,30 @@ fail() {
   exit 1
 }
 
-read -r -a ports <<< "$(python3 -c '
+# The chief binds its port; another process may have taken it since it was picked: the chief then
+# says it cannot listen and ends at once, and both start again on fresh ports (up to 3 times).
+for attempt in 1 2 3; do
+  read -r -a ports <<< "$(python3 -c '
 import socket
 socks = [socket.socket() for _ in range(2)]
 for s in socks: s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))')"
-cluster="\"127.0.0.1:${ports[0]}\", \"127.0.0.1:${ports[1]}\""
-for i in 0 1; do
-  env TF_CONFIG="{\"cluster\": {\"worker\": [$cluster]}, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
-    "$trainer" --epochs 100000 --batch 512 --checkpoint-dir "$dir/ckpt" > "$dir/w$i.out" 2> "$dir/w$i.err" &
-  pids+=($!)
-done
-
-for _ in $(seq 1200); do
-  grep -q "^Epoch 2/" "$dir/w0.out" 2>/dev/null && break
-  sleep 0.05
+  cluster="\"127.0.0.1:${ports[0]}\", \"127.0.0.1:${ports[1]}\""
+  pids=()
+  for i in 0 1; do
+    env TF_CONFIG="{\"cluster\": {\"worker\": [$cluster]}, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
+      "$trainer" --epochs 100000 --batch 512 --checkpoint-dir "$dir/ckpt" > "$dir/w$i.out" 2> "$dir/w$i.err" &
+    pids+=($!)
+  done
+  for _ in $(seq 1200); do
+    grep -q "^Epoch 2/" "$dir/w0.out" 2>/dev/null && break
+    kill -0 "${pids[0]}" 2>/dev/null || break
+    sleep 0.05
+  done
+  grep -q "cannot listen" "$dir/w0.err" 2>/dev/null || break
+  echo "a port was taken (attempt $attempt): $(grep -h 'cannot listen' "$dir/w0.err" | head -n 1)"
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  [ "$attempt" = 3 ] && fail "no free ports after 3 tries"
 done
 grep -q "^Epoch 2/" "$dir/w0.out" || fail "the chief printed no second epoch within 60 s"
 kill -s INT "${pids[0]}"

@@ -20,6 +20,7 @@
 
 #include "launch/cluster.hpp"
 #include "launch/supervisor.hpp"
+#include "launch/supervisor_impl.hpp"
 #include "troupe/base/parse_number.hpp"
 
 extern char** environ;
@@ -501,6 +502,57 @@ bool host_discovery::late(const worker& w, int status, bool chief_finished) {
   say_(w.describe() + ", added by host discovery, " + how +
        " after the chief finished the training (it came too late to join, or ended after it); not a failure");
   return true;
+}
+
+void supervisor::start_discovery() {
+  try {
+    discovery_->start();
+  } catch (const std::exception& e) {
+    say(e.what());
+    exit_code_ = exit_code_.value_or(1);
+    begin_stop(SIGTERM);
+  }
+}
+
+std::optional<int> supervisor::add_worker(const std::string& host) {
+  const int rank = static_cast<int>(workers_.size());
+  if (rank >= max_workers) {
+    say("host discovery: cannot add a worker on " + host + ": the launcher starts at most " + std::to_string(max_workers));
+    return std::nullopt;
+  }
+  std::vector<std::string> address;
+  try {
+    address = worker_addresses(pick_free_ports(1, options_.port_base ? std::optional<int>(*options_.port_base + rank) : std::nullopt));
+  } catch (const std::exception& e) {
+    say("host discovery: cannot add a worker on " + host + ": " + e.what());
+    return std::nullopt;
+  }
+  addresses_.push_back(address[0]);
+  worker& w = workers_.emplace_back(rank, address[0]);
+  const bool show = options_.ranks.empty() || std::find(options_.ranks.begin(), options_.ranks.end(), rank) != options_.ranks.end();
+  for (auto& s : w.streams) s.show = show;
+  if (options_.log_dir) {
+    const std::string path = *options_.log_dir + "/rank-" + std::to_string(rank) + ".log";
+    w.log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w.log_fd < 0) say("--log-dir: cannot write " + path + ": " + std::strerror(errno) + "; its output is not logged");
+    for (auto& s : w.streams) s.log_fd = w.log_fd;
+  }
+  std::vector<std::string> env = base_environment();
+  env.push_back("TROUPE_JOIN=1");
+  env.push_back("TF_CONFIG=" + tf_config_json(addresses_, rank, options_.chief, options_.ps));
+  say("host discovery: starting worker " + std::to_string(rank) + " on " + host + " (" + address[0] +
+      "); it joins the running cluster");
+  const std::optional<int> code = exit_code_;
+  const bool start_failed = start_failed_;
+  if (!start_worker(w, env, command_for(w, env))) {
+    exit_code_ = code;  // a worker that did not start is no failure of the run
+    start_failed_ = start_failed;
+    close_fd(w.log_fd);
+    workers_.pop_back();  // nothing refers to it: its slot stays free
+    addresses_.pop_back();
+    return std::nullopt;
+  }
+  return rank;
 }
 
 }  // namespace troupe::launch

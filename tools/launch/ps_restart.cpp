@@ -1,10 +1,14 @@
 #include "launch/ps_restart.hpp"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
+#include "launch/cluster.hpp"
 #include "launch/supervisor.hpp"
+#include "launch/supervisor_impl.hpp"
 
 namespace troupe::launch {
 
@@ -66,6 +70,19 @@ std::optional<clock::time_point> ps_restart::next() const {
 
 bool ps_restart::pending(int rank) const {
   return std::any_of(pending_.begin(), pending_.end(), [&](const pending_start& p) { return p.rank == rank; });
+}
+
+void supervisor::restart_ps(int rank) {
+  worker& w = workers_[static_cast<std::size_t>(rank)];
+  if (stopping_ || w.running) return;
+  for (auto& s : w.streams) close_stream(s);
+  std::vector<std::string> env = base_environment();
+  env.push_back("TF_CONFIG=" + tf_config_json(addresses_, w.rank, options_.chief, options_.ps));
+  if (!start_worker(w, env, command_for(w, env))) {
+    begin_stop(SIGTERM);
+    return;
+  }
+  say(w.describe() + " started again");
 }
 
 }  // namespace troupe::launch
