@@ -12,8 +12,8 @@
 // one batch each); --mode local trains the same model on the same data in this one process
 // (no cluster), the synchronous run the asynchronous one is compared with.
 //
-// With --checkpoint-dir DIR (fit), the chief saves a sharded checkpoint (every ps task writes its
-// own shards with their optimizer slots; ShardedCheckpointManager) every --checkpoint-every
+// With --checkpoint-dir DIR (fit), the chief saves a sharded checkpoint (a CheckpointManager of
+// model.variables(): every ps task writes its own shards with their optimizer slots) every --checkpoint-every
 // steps and at the end, and a run started on a directory that holds one resumes from it. Under
 // troupe-launch --max-restarts a lost ps task is restarted alone on its port while the chief and
 // the workers wait for it (TROUPE_PS_RESTART_WAIT_S), and fit restores every shard from the last
@@ -329,10 +329,10 @@ int main(int argc, char** argv) {
       }
       // A checkpoint directory: resume from its newest intact checkpoint (the variables with the
       // ps tasks' slots), then save every --checkpoint-every steps, with no closure in flight.
-      std::optional<ShardedCheckpointManager> checkpoints;
+      std::optional<CheckpointManager> checkpoints;
       std::int64_t start_step = 0;
       if (!f.checkpoint_dir.empty()) {
-        checkpoints.emplace(strategy, std::filesystem::absolute(f.checkpoint_dir).string(), 3);
+        checkpoints.emplace(Checkpoint(model->variables()), f.checkpoint_dir, 3);
         start_step = checkpoints->restore_or_initialize().value_or(0);
         if (start_step > 0 && !f.quiet) std::cout << "ps_trainer: resumed at step " << start_step << std::endl;
       }

@@ -162,7 +162,7 @@ bool list_directory(const std::string& dir, bool stats) {
   const std::vector<std::string> sharded = troupe::distribute::sharded_checkpoint_dirs(dir);
   if (files.empty() && sharded.empty()) {
     std::cerr << "troupe-ckpt: " << dir << ": no checkpoint files (expected ckpt-<step>.ckpt, as CheckpointManager "
-              << "writes them, or ckpt-<step>/ with a manifest.json, as ShardedCheckpointManager does)\n";
+              << "writes them, or ckpt-<step>/ with a manifest.json, as it writes those of variables on ps tasks)\n";
     return false;
   }
   if (!sharded.empty()) {

@@ -24,6 +24,7 @@ const char* to_string(ps_event_kind k) noexcept {
     case ps_event_kind::closure_failed: return "closure_failed";
     case ps_event_kind::stall: return "stall";
     case ps_event_kind::ps_lost: return "ps_lost";
+    case ps_event_kind::ps_back: return "ps_back";
   }
   return "unknown";
 }
@@ -42,7 +43,8 @@ void ps_cluster_board::rate_samples::add(clock::time_point now, double value) {
     first = now;
     last = value;
   }
-  const double delta = std::max(0.0, value - last);
+  // A count that went down restarted from 0 (a ps task restarted alone): all of it is new.
+  const double delta = value >= last ? value - last : value;
   last = value;
   const auto start = clock::time_point{} + (now.time_since_epoch() / sample_every) * sample_every;
   if (buckets.empty() || buckets.back().first < start) {
@@ -220,10 +222,13 @@ void ps_cluster_board::ps_lost(int p, const std::string& reason, clock::time_poi
   record(ps_event_kind::ps_lost, -1, p, 0, "lost " + e.task + ": " + reason, now);
 }
 
-void ps_cluster_board::ps_back(int p, clock::time_point) {
+void ps_cluster_board::ps_back(int p, clock::time_point now) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (p < 0 || static_cast<std::size_t>(p) >= ps_.size()) return;
-  ps_[static_cast<std::size_t>(p)].lost = false;
+  ps_entry& e = ps_[static_cast<std::size_t>(p)];
+  if (!e.lost) return;
+  e.lost = false;
+  record(ps_event_kind::ps_back, -1, p, 0, e.task + " reached again (restarted)", now);
 }
 
 ps_cluster_view ps_cluster_board::snapshot(clock::time_point now) {

@@ -14,10 +14,12 @@
 #include <utility>
 
 #include "distribute/cluster/ps_access.hpp"
+#include "distribute/cluster/sharded_checkpoint_impl.hpp"
 #include "distribute/strategies/context_state.hpp"
 #include "distribute/collectives/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
 #include "troupe/distribute/cross_device_ops.hpp"
+#include "troupe/distribute/sharded_checkpoint.hpp"
 #include "troupe/distribute/strategy.hpp"
 #include "troupe/format/checkpoint_file.hpp"
 #include "troupe/log.hpp"
@@ -94,12 +96,12 @@ tp::checkpoint_contents load(const std::string& path, bool verify_checksums = tr
 }
 
 // Variables on the ps tasks of a ParameterServerStrategy whose shards keep optimizer slots there
-// (momentum's, Adam's m and v, made by the ps task's first optimizer update): a Checkpoint file
-// holds values only, so saving them would lose the optimizer's state, and restoring values beside
-// slots of another point of training would mix two. Throws std::invalid_argument naming the first
-// such variable and what saves the slots: ShardedCheckpointManager. One round of requests per
-// variable, its shards' at once.
-void refuse_ps_slots(const std::map<std::string, Variable>& variables, bool saving) {
+// (momentum's, Adam's m and v, made by the ps task's first optimizer update), restored from a
+// checkpoint file, which holds values only: restoring them would leave slots of another point of
+// training beside them. Throws std::invalid_argument naming the first such variable and what
+// restores the slots too: a sharded checkpoint (what Checkpoint::save writes for ps variables).
+// One round of requests per variable, its shards' at once.
+void refuse_ps_slots(const std::map<std::string, Variable>& variables) {
   for (const auto& [key, variable] : variables) {
     auto* ps = dynamic_cast<distribute::ParameterServerStrategy*>(&variable.distribute_strategy());
     if (ps == nullptr) continue;
@@ -113,19 +115,66 @@ void refuse_ps_slots(const std::map<std::string, Variable>& variables, bool savi
         distribute::detail::PsAccess::dispatcher(*ps).shard_slots(shards, distribute::detail::PsAccess::timeout(*ps));
     for (std::size_t i = 0; i < slots.size(); ++i) {
       if (slots[i] == 0) continue;
-      const std::string head = std::string(saving ? "Checkpoint::save" : "Checkpoint::restore") + ": variable '" +
-                               key + "' lives on the ps tasks of a ParameterServerStrategy, where its shard '" +
-                               shards[i].key + "' keeps " + std::to_string(slots[i]) +
-                               " optimizer slot(s) beside its values (made by the ps task's optimizer); a "
-                               "Checkpoint file holds values only, ";
       throw std::invalid_argument(
-          head + (saving ? "and a restore would start the optimizer over: save with ShardedCheckpointManager, "
-                           "which writes every shard with its slots from its own ps task"
-                         : "and restoring them would leave slots of another point of training beside them: "
-                           "restore with ShardedCheckpointManager (a checkpoint it saved), or into variables no "
-                           "optimizer has updated yet"));
+          "Checkpoint::restore: variable '" + key + "' lives on the ps tasks of a ParameterServerStrategy, where its "
+          "shard '" + shards[i].key + "' keeps " + std::to_string(slots[i]) +
+          " optimizer slot(s) beside its values (made by the ps task's optimizer); a checkpoint file holds values "
+          "only, and restoring them would leave slots of another point of training beside them: restore a sharded "
+          "checkpoint (the directory Checkpoint::save and CheckpointManager write for variables on the ps tasks, "
+          "with their slots), or into variables no optimizer has updated yet");
     }
   }
+}
+
+// The ParameterServerStrategy whose ps tasks hold `variables`, or nullptr when none of them lives
+// on ps tasks. A checkpoint of ps variables is a sharded checkpoint (a directory: every ps task's
+// file and the chief's manifest), so every variable must then live on that strategy's ps tasks.
+distribute::ParameterServerStrategy* ps_strategy_of(const std::map<std::string, Variable>& variables,
+                                                    const char* who) {
+  distribute::ParameterServerStrategy* found = nullptr;
+  std::string first;
+  for (const auto& [key, variable] : variables) {
+    auto* ps = dynamic_cast<distribute::ParameterServerStrategy*>(&variable.distribute_strategy());
+    if (ps == nullptr || found == ps) continue;
+    if (found != nullptr) {
+      throw std::invalid_argument(std::string(who) + ": variables '" + first + "' and '" + key +
+                                  "' live on the ps tasks of two ParameterServerStrategy objects; a checkpoint is of "
+                                  "one cluster (make a Checkpoint per strategy)");
+    }
+    found = ps;
+    first = key;
+  }
+  if (found == nullptr) return nullptr;
+  for (const auto& [key, variable] : variables) {
+    if (dynamic_cast<distribute::ParameterServerStrategy*>(&variable.distribute_strategy()) == nullptr) {
+      throw std::invalid_argument(
+          std::string(who) + ": variable '" + key + "' lives in this process, beside variables on the ps tasks ('" +
+          first + "'): a checkpoint of ps variables is written by the ps tasks themselves, so every variable must "
+          "be made in the ParameterServerStrategy's scope (or be checkpointed by a Checkpoint of its own)");
+    }
+  }
+  return found;
+}
+
+// The shards of every ps variable of `variables` (their strategy's description of each), in the
+// checkpoint's order, with the name each has in the Checkpoint.
+std::vector<distribute::detail::RestoreTarget> ps_targets(distribute::ParameterServerStrategy& strategy,
+                                                          const std::map<std::string, Variable>& variables) {
+  std::map<std::string, distribute::ShardedVariable> all;
+  for (auto& v : strategy.variables()) {
+    std::string name = v.name;
+    all.emplace(std::move(name), std::move(v));
+  }
+  std::vector<distribute::detail::RestoreTarget> out;
+  for (const auto& [key, variable] : variables) {
+    auto it = all.find(variable.name());
+    if (it == all.end()) {
+      throw std::logic_error("Checkpoint: variable '" + key + "' (" + variable.name() +
+                             ") is not among its ParameterServerStrategy's variables");
+    }
+    out.push_back({it->second, key});
+  }
+  return out;
 }
 
 // The value for every variable, once the file is known to hold each with its dtype and shape.
@@ -164,7 +213,7 @@ std::vector<std::pair<Variable, Tensor>> match(const tp::checkpoint_contents& fi
 
 std::int64_t restore_from(const tp::checkpoint_contents& file, Checkpoint& checkpoint) {
   auto staged = match(file, checkpoint.variables());
-  refuse_ps_slots(checkpoint.variables(), false);
+  refuse_ps_slots(checkpoint.variables());
   for (auto& [variable, value] : staged) assign_restored(variable, value);
   checkpoint.set_step(file.step());
   return file.step();
@@ -325,6 +374,14 @@ std::vector<std::pair<std::int64_t, std::string>> numbered_files(const std::stri
     if (const auto n = number_of(name); n && name.rfind('-') == stem.size() - 1) {
       out.emplace_back(*n, (prefix.parent_path() / name).string());
     }
+    // A sharded checkpoint (of variables on ps tasks) is the directory "<prefix>-<N>".
+    const std::string_view number = std::string_view(name).substr(stem.size());
+    std::error_code type_ec;
+    if (all_digits(number) && number.size() <= 18 && entry.is_directory(type_ec)) {
+      std::int64_t n = 0;
+      std::from_chars(number.data(), number.data() + number.size(), n);
+      out.emplace_back(n, (prefix.parent_path() / name).string());
+    }
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -335,7 +392,7 @@ std::vector<std::pair<std::int64_t, std::string>> numbered_files(const std::stri
 // `save_path` is a prefix given to save.
 std::string resolve_save_path(const std::string& save_path) {
   std::error_code ec;
-  if (fs::is_regular_file(save_path, ec)) return save_path;
+  if (fs::is_regular_file(save_path, ec) || fs::is_directory(save_path, ec)) return save_path;
   const std::string with_suffix = save_path + ".ckpt";
   if (fs::is_regular_file(with_suffix, ec)) return with_suffix;
   const auto numbered = numbered_files(save_path);
@@ -351,6 +408,37 @@ void create_parent_directory(const std::string& path) {
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) throw CheckpointError("checkpoint " + path + ": cannot create its directory: " + ec.message());
+}
+
+// Writes the sharded checkpoint of `variables` (all on `strategy`'s ps tasks) as `dir`.
+std::string save_sharded(distribute::ParameterServerStrategy& strategy, const std::map<std::string, Variable>& variables,
+                         const std::string& dir, std::int64_t step, const char* who) {
+  std::vector<distribute::ShardedVariable> shards;
+  for (auto& t : ps_targets(strategy, variables)) shards.push_back(std::move(t.current));
+  const std::string absolute = distribute::detail::absolute_checkpoint_directory(dir);
+  create_parent_directory(absolute);
+  return distribute::detail::save_sharded(strategy, absolute, step, shards, who);
+}
+
+// Restores `checkpoint`'s variables (all on `strategy`'s ps tasks) from the sharded checkpoint
+// `dir`, resharded onto their current shards.
+std::int64_t restore_sharded(distribute::ParameterServerStrategy& strategy, Checkpoint& checkpoint,
+                             const std::string& dir) {
+  const std::int64_t step = distribute::detail::restore_sharded(strategy, dir, ps_targets(strategy, checkpoint.variables()));
+  checkpoint.set_step(step);
+  return step;
+}
+
+// The sharded checkpoints "ckpt-<step>" of a CheckpointManager's directory, (step, path), oldest first.
+std::vector<std::pair<std::int64_t, std::string>> list_sharded(const std::string& directory) {
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  for (std::string& dir : distribute::sharded_checkpoint_dirs(distribute::detail::absolute_checkpoint_directory(directory))) {
+    const std::string name = fs::path(dir).filename().string();
+    std::int64_t step = 0;
+    std::from_chars(name.data() + 5, name.data() + name.size(), step);  // "ckpt-<digits>", as listed
+    out.emplace_back(step, std::move(dir));
+  }
+  return out;
 }
 
 }  // namespace
@@ -386,11 +474,15 @@ std::string Checkpoint::save(const std::string& file_prefix) {
 
 std::string Checkpoint::write(const std::string& path_prefix) {
   require_cross_replica("Checkpoint::write");
+  // Variables on ps tasks: a sharded checkpoint, every ps task writing its own shards with their
+  // optimizer slots at once, the manifest last, the directory renamed into place.
+  if (auto* ps = ps_strategy_of(variables_, "Checkpoint::write")) {
+    return save_sharded(*ps, variables_, path_prefix, step_, "Checkpoint::write");
+  }
   // Under multi-worker every worker takes part (on_read values are aggregated over all of them)
   // and writes the same file, but only the chief writes the real path: the others write a
   // temporary one next to it and remove it, as TensorFlow's workers do.
   auto& backend = saving_strategy(variables_).backend();
-  refuse_ps_slots(variables_, true);
   const bool chief = backend.workers().rank() == 0;
   const std::string path = chief ? path_prefix + ".ckpt"
                                  : path_prefix + ".worker-" + std::to_string(backend.workers().rank()) + ".tmp.ckpt";
@@ -417,7 +509,39 @@ std::string Checkpoint::write(const std::string& path_prefix) {
 
 void Checkpoint::restore(const std::string& save_path) {
   require_cross_replica("Checkpoint::restore");
-  restore_from(load(resolve_save_path(save_path)), *this);
+  const std::string path = resolve_save_path(save_path);
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    if (auto* ps = ps_strategy_of(variables_, "Checkpoint::restore")) {
+      restore_sharded(*ps, *this, path);
+      return;
+    }
+    // Variables of this process (a model outside the cluster): each variable's shards joined,
+    // without the optimizer's slots, as a SidecarEvaluator loads them.
+    const distribute::ShardedCheckpointValues saved = distribute::read_sharded_checkpoint(path);
+    std::vector<std::pair<Variable, Tensor>> staged;
+    for (const auto& [key, variable] : variables_) {
+      auto it = saved.variables.find(key);
+      if (it == saved.variables.end()) it = saved.variables.find(variable.name());
+      if (it == saved.variables.end()) {
+        throw CheckpointError("sharded checkpoint " + path + ": no variable '" + key +
+                              "' in it (it holds the variables of the ps tasks, not their optimizer slots)");
+      }
+      Tensor value = it->second;
+      // A scalar lives on the ps tasks as one row.
+      if (value.dtype() != variable.dtype() || value.num_elements() != shape_num_elements(variable.shape())) {
+        throw CheckpointError("sharded checkpoint " + path + ": variable '" + key + "' is " +
+                              describe(variable.dtype(), variable.shape()) + ", the checkpoint holds it as " +
+                              describe(value.dtype(), value.shape()));
+      }
+      if (value.shape() != variable.shape()) value = value.reshape(variable.shape());
+      staged.emplace_back(variable, std::move(value));
+    }
+    for (auto& [variable, value] : staged) assign_restored(variable, value);
+    step_ = saved.step;
+    return;
+  }
+  restore_from(load(path), *this);
 }
 
 CheckpointManager::CheckpointManager(Checkpoint checkpoint, std::string directory, int max_to_keep)
@@ -429,6 +553,12 @@ CheckpointManager::CheckpointManager(Checkpoint checkpoint, std::string director
   if (directory_.empty()) throw std::invalid_argument("CheckpointManager: empty directory name");
   check_directory_usable(directory_);
   remove_stale_temporaries(directory_);
+  distribute::detail::remove_interrupted_saves(directory_, "CheckpointManager");
+  // Variables on ps tasks: where Model::fit restores every shard from after a lost ps task came
+  // back (PsFitLoop), as the ps tasks reach it.
+  if (auto* ps = ps_strategy_of(checkpoint_.variables(), "CheckpointManager")) {
+    distribute::detail::PsAccess::set_checkpoint_directory(*ps, distribute::detail::absolute_checkpoint_directory(directory_));
+  }
 }
 
 std::string CheckpointManager::save(std::int64_t step) {
@@ -436,6 +566,13 @@ std::string CheckpointManager::save(std::int64_t step) {
     throw std::invalid_argument("CheckpointManager::save: step " + std::to_string(step) + " (expected >= 0)");
   }
   checkpoint_.set_step(step);
+  if (auto* ps = ps_strategy_of(checkpoint_.variables(), "CheckpointManager::save")) {
+    const std::string dir = (fs::path(distribute::detail::absolute_checkpoint_directory(directory_)) /
+                             ("ckpt-" + std::to_string(step))).string();
+    const std::string written = save_sharded(*ps, checkpoint_.variables(), dir, step, "CheckpointManager::save");
+    distribute::detail::prune_sharded(fs::path(dir).parent_path().string(), max_to_keep_, written);
+    return written;
+  }
   const std::string written = checkpoint_.write((fs::path(directory_) / ("ckpt-" + std::to_string(step))).string());
   if (saving_strategy(checkpoint_.variables()).backend().workers().rank() != 0) return written;  // the chief keeps the directory
   auto all = list_checkpoints(directory_);
@@ -453,12 +590,21 @@ std::string CheckpointManager::save(std::int64_t step) {
 }
 
 std::optional<std::string> CheckpointManager::latest_checkpoint() const {
-  auto all = list_checkpoints(directory_);
+  auto all = sharded() ? list_sharded(directory_) : list_checkpoints(directory_);
   if (all.empty()) return std::nullopt;
   return all.back().second;
 }
 
-std::vector<std::string> CheckpointManager::checkpoints() const { return checkpoint_files(directory_); }
+std::vector<std::string> CheckpointManager::checkpoints() const {
+  if (!sharded()) return checkpoint_files(directory_);
+  std::vector<std::string> out;
+  for (auto& [step, dir] : list_sharded(directory_)) out.push_back(std::move(dir));
+  return out;
+}
+
+bool CheckpointManager::sharded() const {
+  return ps_strategy_of(checkpoint_.variables(), "CheckpointManager") != nullptr;
+}
 
 std::optional<std::string> latest_checkpoint(const std::string& directory) {
   std::optional<std::string> latest;
@@ -469,8 +615,20 @@ std::optional<std::string> latest_checkpoint(const std::string& directory) {
   if (ec) return std::nullopt;
   for (const fs::directory_entry& entry : it) {
     std::error_code entry_ec;
-    if (!entry.is_regular_file(entry_ec)) continue;
-    const auto n = number_of(entry.path().filename().string());
+    const std::string name = entry.path().filename().string();
+    std::optional<std::int64_t> n;
+    if (entry.is_regular_file(entry_ec)) {
+      n = number_of(name);
+    } else if (distribute::detail::is_sharded_checkpoint(entry.path().string())) {
+      // A sharded checkpoint of ps variables, the directory "<prefix>-<N>".
+      const std::size_t dash = name.rfind('-');
+      if (dash != std::string::npos && dash > 0 && all_digits(std::string_view(name).substr(dash + 1)) &&
+          name.size() - dash - 1 <= 18) {
+        std::int64_t v = 0;
+        std::from_chars(name.data() + dash + 1, name.data() + name.size(), v);
+        n = v;
+      }
+    }
     if (!n) continue;
     const fs::file_time_type time = entry.last_write_time(entry_ec);
     if (entry_ec) continue;
@@ -491,6 +649,25 @@ std::vector<std::string> checkpoint_files(const std::string& directory) {
 
 std::optional<std::int64_t> CheckpointManager::restore_or_initialize() {
   require_cross_replica("CheckpointManager::restore_or_initialize");
+  if (auto* ps = ps_strategy_of(checkpoint_.variables(), "CheckpointManager::restore_or_initialize")) {
+    const auto all = list_sharded(directory_);
+    std::string problems;
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      try {
+        // The files first: a damaged checkpoint is skipped, a mismatch with the variables is not.
+        distribute::detail::verify_sharded(it->second);
+      } catch (const CheckpointError& e) {
+        log(LogLevel::warning, std::string("CheckpointManager: skipping a damaged checkpoint, ") + e.what() +
+                                   (std::next(it) != all.rend() ? "; trying an older one" : ""));
+        problems += std::string("\n  ") + e.what();
+        continue;
+      }
+      return restore_sharded(*ps, checkpoint_, it->second);
+    }
+    if (all.empty()) return std::nullopt;
+    throw CheckpointError("CheckpointManager: none of the " + std::to_string(all.size()) + " checkpoints in " +
+                          directory_ + " reads back intact:" + problems);
+  }
   auto all = list_checkpoints(directory_);
   if (all.empty()) return std::nullopt;
   std::string problems;

@@ -170,6 +170,32 @@ TEST_CASE("ps cluster board: a ps task's counters give its update and byte rates
   b.ps_report(7, c, at(3s));  // no such ps task: ignored
   b.worker_up(-1, at(3s));
   CHECK(b.snapshot(at(3s)).events.size() == 1);
+  // Reached again (restarted alone): up, and an event once.
+  b.ps_back(0, at(4s));
+  b.ps_back(0, at(4s));
+  v = b.snapshot(at(4s));
+  CHECK_FALSE(v.ps[0].lost);
+  REQUIRE(v.events.size() == 2);
+  CHECK(v.events[0].kind == ps_event_kind::ps_back);
+  CHECK(v.events[0].ps == 0);
+  CHECK(std::string(troupe::actors::to_string(v.events[0].kind)) == "ps_back");
+}
+
+TEST_CASE("ps cluster board: a ps task's counters that start again from 0 (restarted) are counted as new updates") {
+  ps_cluster_board b = two_by_two();
+  ps_task_counters c;
+  c.updates = 10000;
+  b.ps_report(0, c, at(0ms));
+  c.updates = 10200;
+  b.ps_report(0, c, at(1000ms));
+  c.updates = 50;  // restarted: its count begins again
+  b.ps_report(0, c, at(2000ms));
+  c.updates = 250;
+  b.ps_report(0, c, at(3000ms));
+  c.updates = 450;
+  b.ps_report(0, c, at(4000ms));
+  // 200 + 50 + 200 + 200 updates over the last 4 s: neither a fall to 0 nor a jump.
+  CHECK(b.snapshot(at(4000ms)).ps[0].updates_per_s == doctest::Approx(650.0 / 4.0));
 }
 
 TEST_CASE("ps cluster board: the events are a ring of the newest, each text cut") {

@@ -484,7 +484,7 @@ int main(int argc, char** argv) {
       auto scope = strategy.scope();
       troupe::Variable big(Tensor::zeros({2048, 4096}), "big");
       troupe::Variable small(Tensor::zeros({5, 3}), "small");
-      td::ShardedCheckpointManager manager(strategy, ckpt_dir, 3);
+      troupe::CheckpointManager manager(troupe::Checkpoint({{"big", big}, {"small", small}}), ckpt_dir, 3);
       if (mode == "ckpt-check") {
         const auto step = manager.restore_or_initialize();
         expect(step.has_value() && *step >= 1, "no checkpoint restored");

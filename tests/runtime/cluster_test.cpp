@@ -321,7 +321,7 @@ TEST_CASE("a checkpoint of ps variables restores onto another number of ps tasks
   CHECK(strategy.read_variable("other").to_vector<float>() == std::vector<float>(9, 0.0f));
 }
 
-TEST_CASE("a Checkpoint of ps variables whose shards keep optimizer slots is refused, naming ShardedCheckpointManager") {
+TEST_CASE("a Checkpoint of ps variables is a sharded checkpoint with their optimizer slots, and a values-only file is refused for them") {
   const auto a = troupe::testing::loopback_addresses(4);
   troupe::testing::temp_dir dir("ps-ckpt-slots");
   ClusterSpec spec(ClusterSpec::JobMap{{"chief", {a[0]}}, {"worker", {a[1]}}, {"ps", {a[2], a[3]}}});
@@ -342,40 +342,60 @@ TEST_CASE("a Checkpoint of ps variables whose shards keep optimizer slots is ref
   auto resolver = std::make_shared<SimpleClusterResolver>(spec, "chief", 0);
   ParameterServerStrategy strategy(chief_rt, resolver, std::make_shared<FixedShardsPartitioner>(2), o);
   ClusterCoordinator coordinator(strategy);
+  const Variable local_w(Tensor::full({4, 3}, 5.0f), "w");  // a variable of this process
+  const Variable local_copy(Tensor::zeros({4, 3}), "copy");
   auto scope = strategy.scope();
   Variable w(Tensor::zeros({4, 3}), "w");
   Variable s(Tensor::zeros({4, 3}), "s");
   Variable b(Tensor::from_vector<float>({1, 2}), "b");
   REQUIRE(strategy.variables().at(0).shards.size() == 2);
-  // Before any optimizer update the shards hold values only: saved and restored as they are.
+  // A Checkpoint of ps variables is a sharded checkpoint: the directory "ps-1", every ps task's
+  // file and the manifest.
   Checkpoint all({{"w", w}, {"s", s}, {"b", b}});
   const std::string before = all.save((dir.path / "ps").string());
-  all.restore(before);
+  CHECK(std::filesystem::is_directory(before));
+  CHECK(std::filesystem::exists(std::filesystem::path(before) / "manifest.json"));
+  CHECK(std::filesystem::exists(std::filesystem::path(before) / "shard-1-of-2.ckpt"));
 
-  // Adam's first update makes its two slots on both shards of w; plain SGD keeps none.
+  // Adam's first update makes its two slots on both shards of w; plain SGD keeps none. Saved with
+  // them, and restored: the slots come back too (a second Adam step from the restored checkpoint
+  // gives the bits of a second step without the restore).
   coordinator.fetch(coordinator.schedule("adam"));
   coordinator.fetch(coordinator.schedule("sgd"));
   const std::vector<float> trained = w.value().to_vector<float>();
   REQUIRE(trained != std::vector<float>(12, 0.0f));
-  const std::string saving = message_of([&] { all.save((dir.path / "ps").string()); });
-  CAPTURE(saving);
-  CHECK(contains(saving, "Checkpoint::save: variable 'w' lives on the ps tasks"));
-  CHECK(contains(saving, "keeps 2 optimizer slot(s)"));
-  CHECK(contains(saving, "save with ShardedCheckpointManager"));
-  CHECK_THROWS_AS(all.save((dir.path / "ps").string()), std::invalid_argument);
-  CHECK_FALSE(std::filesystem::exists(dir.path / "ps-2.ckpt"));  // refused before a file was written
-  // Restoring values beside Adam's slots of a later point: refused too, and nothing changes.
-  const std::string restoring = message_of([&] { all.restore(before); });
+  const std::string after = all.save((dir.path / "ps").string());
+  CHECK(after == (dir.path / "ps-2").string());
+  coordinator.fetch(coordinator.schedule("adam"));
+  const std::vector<float> second_step = w.value().to_vector<float>();
+  all.restore(before);  // before any update: values, no slots
+  CHECK(w.value().to_vector<float>() == std::vector<float>(12, 0.0f));
+  all.restore(after);
+  CHECK(w.value().to_vector<float>() == trained);
+  CHECK(s.value().to_vector<float>() == std::vector<float>(12, -0.1f));
+  coordinator.fetch(coordinator.schedule("adam"));
+  CHECK(w.value().to_vector<float>() == second_step);
+  // Restored into a variable of this process (a copy of the model outside the cluster): the value.
+  Checkpoint copy({{"w", local_copy}});
+  copy.restore(after);
+  CHECK(local_copy.value().to_vector<float>() == trained);
+
+  // A checkpoint file (values only) of a variable named w, restored into w with Adam's slots:
+  // refused, naming what keeps the slots, and nothing changes.
+  Checkpoint file({{"w", local_w}});
+  const std::string values_only = file.save((dir.path / "local").string());
+  Checkpoint just_w({{"w", w}});
+  const std::string restoring = message_of([&] { just_w.restore(values_only); });
   CAPTURE(restoring);
   CHECK(contains(restoring, "Checkpoint::restore: variable 'w'"));
-  CHECK(contains(restoring, "restore with ShardedCheckpointManager"));
-  CHECK(w.value().to_vector<float>() == trained);
-  CHECK(b.value().to_vector<float>() == std::vector<float>{1, 2});
-  // Without w, whose slots are what a file cannot hold, the rest saves and restores.
-  Checkpoint rest({{"s", s}, {"b", b}});
-  const std::string kept = rest.save((dir.path / "rest").string());
-  rest.restore(kept);
-  CHECK(s.value().to_vector<float>() == std::vector<float>(12, -0.1f));
+  CHECK(contains(restoring, "keeps 2 optimizer slot(s)"));
+  CHECK(contains(restoring, "restore a sharded checkpoint"));
+  CHECK(w.value().to_vector<float>() == second_step);
+  // A variable of this process beside ps variables: refused before anything is written.
+  Checkpoint mixed({{"w", w}, {"local", local_w}});
+  const std::string mixing = message_of([&] { mixed.save((dir.path / "mixed").string()); });
+  CHECK(contains(mixing, "variable 'local' lives in this process, beside variables on the ps tasks"));
+  CHECK_FALSE(std::filesystem::exists(dir.path / "mixed-1"));
 }
 
 TEST_CASE("ps tasks apply SGD, momentum, Adam and AdamW with their own slots, dense and to rows, with nn's bits") {

@@ -10,6 +10,7 @@
 
 #include "../common/free_port.hpp"
 #include "nn/completion_rate.hpp"
+#include "nn/epoch_end.hpp"
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
 
@@ -104,6 +105,37 @@ nn::FitOptions quiet() {
 }
 
 }  // namespace
+
+TEST_CASE("an epoch's end run again (training rolled back to a checkpoint of an earlier epoch) keeps one History entry per epoch, the latest") {
+  nn::Model model(mlp());
+  model.compile(optimizer_named("sgd"), nn::Loss::sparse_categorical_crossentropy(), {"accuracy"});
+  const nn::FitOptions options = quiet();
+  const std::vector<std::shared_ptr<nn::Callback>> callbacks;
+  nn::History history;
+  bool stopped = false;
+  const auto end_epoch = [&](int epoch, double loss) {
+    nn::detail::EpochSums sums;
+    sums.loss = loss * 4;
+    sums.steps = 4;
+    sums.samples = 32;
+    nn::Logs logs;
+    nn::detail::close_epoch({model, options, callbacks, model.control(), history, stopped, 0}, epoch, sums, 1.0, logs);
+  };
+  end_epoch(0, 3.0);
+  end_epoch(1, 2.0);
+  end_epoch(2, 1.5);
+  // Rolled back into epoch 1: it ends again, then epoch 2 again.
+  end_epoch(1, 1.9);
+  CHECK(history.epoch == std::vector<int>{0, 1});
+  CHECK(history.loss == std::vector<double>{3.0, 1.9});
+  CHECK(history.history.at("loss") == std::vector<double>{3.0, 1.9});
+  CHECK(history.history.at("accuracy").size() == 2);
+  CHECK(history.seconds.size() == 2);
+  end_epoch(2, 1.4);
+  CHECK(history.epoch == std::vector<int>{0, 1, 2});
+  CHECK(history.loss == std::vector<double>{3.0, 1.9, 1.4});
+  CHECK(history.samples_per_second.size() == 3);
+}
 
 TEST_CASE("fit's rate under ParameterServerStrategy stays level when results are taken in bursts") {
   using troupe::nn::detail::CompletionRate;

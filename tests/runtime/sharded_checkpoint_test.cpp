@@ -168,6 +168,93 @@ TEST_CASE("a sharded checkpoint of 2 ps tasks restores its variables and slots o
   CHECK(c.strategy->read_variable("w").equals(w_uninterrupted));
 }
 
+// The variables as a model makes them: troupe::Variable in the strategy's scope.
+std::map<std::string, Variable> scoped_variables(ParameterServerStrategy& strategy, bool zeros) {
+  std::vector<float> w(12), emb(14);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = zeros ? 0.0f : 0.25f * static_cast<float>(i) - 1.0f;
+  for (std::size_t i = 0; i < emb.size(); ++i) emb[i] = zeros ? 0.0f : 0.125f * static_cast<float>(i);
+  auto scope = strategy.scope();
+  return {{"dense/w", Variable(Tensor::from_vector<float>(w, {6, 2}), "w")},
+          {"embedding/emb", Variable(Tensor::from_vector<float>(emb, {7, 2}), "emb")}};
+}
+
+TEST_CASE("Checkpoint and CheckpointManager of ps variables: Adam's slots saved by the ps tasks, restored onto 2 and then 3 ps tasks") {
+  troupe::testing::temp_dir dir("ckpt-ps-public");
+  std::string saved;
+  Tensor w_uninterrupted, emb_saved, w_at_8;
+  {
+    Cluster c(2, 2);
+    CheckpointManager manager(Checkpoint(scoped_variables(*c.strategy, false)), dir.path.string(), 2);
+    CHECK_FALSE(manager.restore_or_initialize().has_value());  // nothing saved yet
+    train(*c.coordinator, 0, 4);
+    saved = manager.save(4);
+    // The layout of a sharded checkpoint: troupe-ckpt and the sidecar evaluator read it.
+    CHECK(saved == (fs::weakly_canonical(dir.path) / "ckpt-4").string());
+    CHECK(manager.latest_checkpoint().value() == saved);
+    const ShardedCheckpointInfo info = inspect_sharded_checkpoint(saved);
+    CHECK(info.intact());
+    CHECK(info.step == 4);
+    CHECK(info.num_ps == 2);
+    REQUIRE(info.variables.size() == 2);
+    bool has_slot = false;
+    for (const auto& f : info.files) {
+      for (const auto& e : f.entries) has_slot = has_slot || e.name == "w/part_1/slot_1";
+    }
+    CHECK(has_slot);
+    CHECK(read_sharded_checkpoint(saved).variables.at("w").equals(c.strategy->read_variable("w")));
+    emb_saved = c.strategy->read_variable("emb");
+    train(*c.coordinator, 4, 3);
+    w_uninterrupted = c.strategy->read_variable("w");
+    // Same cluster: restored, the next steps give the bits of training without the restore.
+    CHECK(manager.restore_or_initialize() == 4);
+    CHECK(manager.checkpoint().step() == 4);
+    CHECK(c.strategy->read_variable("emb").equals(emb_saved));
+    train(*c.coordinator, 4, 3);
+    CHECK(c.strategy->read_variable("w").equals(w_uninterrupted));
+    // max_to_keep 2: the oldest directory goes.
+    manager.save(7);
+    manager.save(8);
+    w_at_8 = c.strategy->read_variable("w");
+    CHECK(manager.checkpoints().size() == 2);
+    CHECK_FALSE(fs::exists(saved));
+    // Checkpoint::save numbers its directories, and restore takes one back.
+    Checkpoint numbered = manager.checkpoint();
+    const std::string first = numbered.save((dir.path / "run" / "model").string());
+    CHECK(first == (fs::weakly_canonical(dir.path) / "run" / "model-1").string());
+    CHECK(fs::exists(fs::path(first) / "manifest.json"));
+    CHECK(numbered.save((dir.path / "run" / "model").string()) == (fs::weakly_canonical(dir.path) / "run" / "model-2").string());
+    CHECK(latest_checkpoint((dir.path / "run").string()).has_value());
+    numbered.restore(first);
+    CHECK(numbered.step() == 8);
+    saved = (fs::weakly_canonical(dir.path) / "ckpt-8").string();
+  }
+  {
+    // Onto 3 ps tasks and 3 shards per variable: resharded, slots and steps with the rows.
+    Cluster c(3, 3);
+    auto variables = scoped_variables(*c.strategy, true);
+    REQUIRE(c.strategy->variables().at(0).shards.size() == 3);
+    CheckpointManager manager(Checkpoint(variables), dir.path.string(), 2);
+    CHECK(manager.restore_or_initialize() == 8);
+    Checkpoint direct(variables);
+    direct.restore(saved);
+    CHECK(direct.step() == 8);
+    const Tensor w8 = c.strategy->read_variable("w");
+    CHECK(w8.equals(w_at_8));
+    // Saved again from 3 ps tasks, and restored onto 2 below.
+    CHECK(manager.save(9) == (fs::weakly_canonical(dir.path) / "ckpt-9").string());
+    CHECK(inspect_sharded_checkpoint(manager.latest_checkpoint().value()).num_ps == 3);
+    train(*c.coordinator, 8, 2);
+    w_uninterrupted = c.strategy->read_variable("w");
+    CHECK_FALSE(w_uninterrupted.equals(w8));
+  }
+  Cluster c(2, 1);
+  auto variables = scoped_variables(*c.strategy, true);
+  CheckpointManager manager(Checkpoint(variables), dir.path.string(), 2);
+  CHECK(manager.restore_or_initialize() == 9);
+  train(*c.coordinator, 8, 2);
+  CHECK(c.strategy->read_variable("w").equals(w_uninterrupted));
+}
+
 TEST_CASE("a damaged, missing or unfinished sharded checkpoint is named, skipped for an older one, and changes nothing") {
   troupe::testing::temp_dir dir("sharded-bad");
   Cluster c(2, 2);

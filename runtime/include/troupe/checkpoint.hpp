@@ -35,6 +35,22 @@ class CheckpointError : public Error {
 /// writes the real path, and every other worker writes a temporary file beside it
 /// ("<prefix>.worker-<i>.tmp.ckpt") and removes it; restore reads the chief's file, so the
 /// directory must be shared (or copied) between the workers.
+///
+/// Under ParameterServerStrategy, a Checkpoint of variables made in its scope (a model's and its
+/// optimizer's, model.variables()) is a sharded checkpoint, as TensorFlow checkpoints a
+/// ShardedVariable and its slots: a directory rather than a file (save("/tmp/run/model") writes
+/// "/tmp/run/model-1/"; write(prefix) the directory `prefix`), in which every ps task writes its
+/// own shards with the optimizer slots and steps it keeps beside them, all ps tasks at once, and
+/// the chief writes the manifest last; the directory appears under its name only once whole (a
+/// crash mid-save leaves the previous checkpoints as they were). restore takes that directory back
+/// onto the same or another number of ps tasks (resharded). The layout, and what the chief and
+/// the ps tasks must share, are troupe/distribute/sharded_checkpoint.hpp's. Every variable of such
+/// a Checkpoint must then live on the ps tasks of that one strategy (std::invalid_argument naming
+/// the one that does not). A checkpoint file restored into ps variables whose shards keep
+/// optimizer slots is refused (std::invalid_argument): it holds values only. A sharded checkpoint
+/// restored into variables of this process (a copy of the model outside the cluster) gives each
+/// its value, its shards joined (the ps tasks' slots stay out: a variable the checkpoint lacks,
+/// such as a local optimizer's slot, is a CheckpointError naming it).
 class Checkpoint {
  public:
   explicit Checkpoint(std::map<std::string, Variable> variables);
@@ -75,6 +91,15 @@ class Checkpoint {
 /// Keeps the last `max_to_keep` checkpoints of a Checkpoint in `directory` (ckpt-<step>.ckpt),
 /// ordered by step. Only names of exactly that form count: the temporary file of an interrupted
 /// save never shadows a good checkpoint.
+///
+/// A Checkpoint of variables on the ps tasks of a ParameterServerStrategy keeps sharded
+/// checkpoints instead, the directories `ckpt-<step>/` (Checkpoint's comment; the layout is
+/// troupe/distribute/sharded_checkpoint.hpp's, which troupe-ckpt lists and checks and a
+/// nn::SidecarEvaluator reads): save writes every shard from its own ps task in parallel with the
+/// chief's manifest, atomically as a whole; restore_or_initialize restores the newest intact one
+/// onto the current ps tasks, resharded; the temporary directories of killed saves
+/// ("ckpt-<step>.tmp-<pid>-<n>/") are removed like the files. Such a manager is also where
+/// Model::fit restores every shard from after a lost ps task came back.
 class CheckpointManager {
  public:
   /// `max_to_keep` >= 1 (std::invalid_argument otherwise). The directory is checked now, before
@@ -100,6 +125,8 @@ class CheckpointManager {
   Checkpoint& checkpoint() noexcept { return checkpoint_; }
 
  private:
+  bool sharded() const;  ///< whether the checkpoint's variables live on ps tasks
+
   Checkpoint checkpoint_;
   std::string directory_;
   int max_to_keep_;

@@ -1,5 +1,6 @@
 #include "nn/epoch_end.hpp"
 
+#include <algorithm>
 #include <string>
 
 namespace troupe::nn::detail {
@@ -8,6 +9,21 @@ void close_epoch(const EpochEndContext& loop, int epoch, const EpochSums& sums, 
   History& history = loop.history;
   const double epoch_loss = sums.loss / static_cast<double>(sums.steps);
   const double rate = seconds > 0 ? static_cast<double>(sums.samples) / seconds : 0.0;
+  // An epoch run again (training rolled back to an earlier checkpoint): its entry and those after
+  // it go, so that the History keeps one entry per epoch, the latest.
+  const auto again = std::find_if(history.epoch.begin(), history.epoch.end(), [&](int e) { return e >= epoch; });
+  if (again != history.epoch.end()) {
+    const auto keep = static_cast<std::size_t>(again - history.epoch.begin());
+    const auto cut = [keep](std::vector<double>& v) {
+      if (v.size() > keep) v.resize(keep);
+    };
+    history.epoch.resize(keep);
+    cut(history.loss);
+    cut(history.seconds);
+    cut(history.samples_per_second);
+    for (auto& [name, values] : history.history) cut(values);
+  }
+  history.epoch.push_back(epoch);
   history.loss.push_back(epoch_loss);
   history.seconds.push_back(seconds);
   history.samples_per_second.push_back(rate);

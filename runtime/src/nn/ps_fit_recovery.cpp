@@ -6,7 +6,8 @@
 //    as at the start (the dispatcher's connector), or for the wait to end, which fails fit as a
 //    lost ps task always did;
 // 3. the restarted task's shards are made again, then every shard on every ps task is restored
-//    from the last sharded checkpoint (the last ShardedCheckpointManager made on the strategy),
+//    from the last sharded checkpoint (in the directory of the last CheckpointManager of ps
+//    variables, or ShardedCheckpointManager, made on the strategy),
 //    so that the model is one moment's, and the position moves back to that checkpoint's step;
 // 4. the workers reach the restarted task again on their next closure.
 // No checkpoint to restore from is an error that says what to set.
@@ -38,7 +39,7 @@ bool PsFitLoop::recover_from_ps_restart() {
   if (names.empty()) names = "a ps task";
   const std::string directory = PsAccess::checkpoint_directory(strategy_);
   const std::string what_to_set =
-      "make a ShardedCheckpointManager for the strategy before fit and save checkpoints from the on_checkpoint "
+      "make a CheckpointManager of model.variables() before fit and save checkpoints from the on_checkpoint "
       "callback (ps_trainer: --checkpoint-dir and --checkpoint-every), or run without a ps restart wait "
       "(TROUPE_PS_RESTART_WAIT_S=0) so that the whole cluster restarts";
   if (directory.empty()) {

@@ -44,10 +44,11 @@ enum class ps_event_kind : std::uint8_t {
   closure_failed,      ///< text: the function's error
   stall,               ///< text: the stall line (a closure running long, or given up on its worker)
   ps_lost,             ///< text: why
+  ps_back,             ///< a lost ps task was reached again (restarted), its shards to be restored
 };
 
 /// "worker_lost", "worker_back", "closures_retried", "closures_cancelled", "closure_failed",
-/// "stall", "ps_lost".
+/// "stall", "ps_lost", "ps_back".
 const char* to_string(ps_event_kind k) noexcept;
 
 /// One event.
@@ -160,7 +161,8 @@ class ps_cluster_board {
   void ps_report(int p, const ps_task_counters& counters, clock::time_point now);
   /// Ps task `p` is lost for `reason` (the training cannot go on without it).
   void ps_lost(int p, const std::string& reason, clock::time_point now);
-  /// Ps task p was reached again after a loss (restarted): it shows as up again.
+  /// Ps task p was reached again after a loss (restarted): it shows as up again (an event). Its
+  /// counters start again from 0: the rates take a count that went down as a restart.
   void ps_back(int p, clock::time_point now);
 
   /// Everything as of `now`, events newest first.

@@ -16,6 +16,11 @@ namespace troupe::distribute {
 /// shard's update count, Adam's step t), as TensorFlow checkpoints a ShardedVariable and its
 /// slots. Construct it on the chief, after the variables exist (restore writes into them).
 ///
+/// troupe::Checkpoint and troupe::CheckpointManager write and read these same checkpoints when
+/// the variables they track live on the ps tasks (a model's made in the strategy's scope,
+/// model.variables()): that is the usual way. This manager is the checkpoint of every variable
+/// of the strategy, those made with create_variable included, under their own names.
+///
 /// A checkpoint is a directory `<directory>/ckpt-<step>/`:
 /// - `shard-<i>-of-<n>.ckpt`: written by ps task i itself, all ps tasks at once, in troupe's
 ///   checkpoint file format (format/include/troupe/format/checkpoint_file.hpp, XXH64 per

@@ -71,6 +71,11 @@ struct FitOptions {
 
 /// What Model::fit measured.
 struct History {
+  /// Per epoch: its index, counted from the start of training (initial_step included), as Keras's
+  /// History.epoch. One entry per epoch: an epoch run again (under ParameterServerStrategy, after
+  /// a ps task's restart rolled training back to a checkpoint of an earlier epoch) replaces its
+  /// entry and those after it in every list.
+  std::vector<int> epoch;
   std::vector<double> loss;                ///< per epoch: the mean of its steps' losses
   std::vector<double> samples_per_second;  ///< per epoch
   std::vector<double> seconds;             ///< per epoch, wall-clock

@@ -43,7 +43,7 @@ struct SidecarEvaluatorOptions {
 /// Evaluates the checkpoints a training writes, in a process of its own
 /// (tf.keras.utils.SidecarEvaluator, the "evaluator" task of a TF_CONFIG cluster, or any
 /// process that reaches the checkpoint directory): start() watches `checkpoint_dir` for sharded
-/// checkpoints (distribute::ShardedCheckpointManager's `ckpt-<step>` directories; a save still in
+/// checkpoints (the `ckpt-<step>` directories a CheckpointManager of ps variables keeps; a save still in
 /// its temporary directory is never taken) and evaluates each new one once, in step order: its
 /// variables are loaded into `model` (a local copy of the trained model, compiled, made outside
 /// any ParameterServerStrategy; each variable found by its name, its shards' rows joined; the

@@ -230,7 +230,7 @@ struct PsState {
   VariableTable table;
   int next_ps = 0;  // round-robin placement over the ps tasks
   std::shared_ptr<CoordinatorState> coordinator;
-  std::string checkpoint_directory;  // the last ShardedCheckpointManager's (under mutex)
+  std::string checkpoint_directory;  // the last sharded CheckpointManager's (under mutex)
   mutable std::mutex mutex;
 };
 

@@ -37,7 +37,8 @@ struct PsAccess {
                                                           std::chrono::milliseconds settle);
   /// Makes every variable shard placed on ps tasks `ps` again there (zeros, to be restored).
   static void remake_shards(ParameterServerStrategy& s, const std::vector<int>& ps);
-  /// The directory of the last ShardedCheckpointManager made on the strategy ("" when none).
+  /// The directory of the last CheckpointManager of ps variables (or ShardedCheckpointManager)
+  /// made on the strategy ("" when none).
   static void set_checkpoint_directory(ParameterServerStrategy& s, const std::string& directory);
   static std::string checkpoint_directory(ParameterServerStrategy& s);
   /// The strategy's log (ServerOptions::log, else stderr with "troupe: ").

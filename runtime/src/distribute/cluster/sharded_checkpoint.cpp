@@ -26,6 +26,7 @@
 
 #include "distribute/cluster/ps_access.hpp"
 #include "distribute/cluster/shard_checkpoint.hpp"
+#include "distribute/cluster/sharded_checkpoint_impl.hpp"
 #include "elements.hpp"
 #include "troupe/base/quote.hpp"
 #include "troupe/format/checkpoint_file.hpp"
@@ -434,64 +435,65 @@ std::optional<std::string> save_shard_file(const std::string& path, std::int64_t
 
 // --- the chief's side -------------------------------------------------------------------------------
 
-ShardedCheckpointManager::ShardedCheckpointManager(ParameterServerStrategy& strategy, std::string directory,
-                                                   int max_to_keep)
-    : strategy_(&strategy), max_to_keep_(max_to_keep) {
-  if (max_to_keep < 1) {
-    throw std::invalid_argument("ShardedCheckpointManager: max_to_keep " + std::to_string(max_to_keep) +
-                                " (expected 1 or more)");
-  }
-  if (directory.empty()) throw std::invalid_argument("ShardedCheckpointManager: the directory is empty");
+namespace detail {
+
+std::string absolute_checkpoint_directory(const std::string& directory) {
+  return fs::weakly_canonical(fs::absolute(directory)).string();
+}
+
+void make_checkpoint_directory(const std::string& directory, const std::string& who) {
   std::error_code ec;
   const auto status = fs::status(directory, ec);
   if (fs::exists(status) && !fs::is_directory(status)) {
-    throw CheckpointError("ShardedCheckpointManager: the checkpoint directory " + directory +
+    throw CheckpointError(who + ": the checkpoint directory " + directory +
                           " is not a directory (it is a file); give a directory, or a path that does not exist yet");
   }
   if (!fs::exists(status)) {
     fs::create_directories(directory, ec);
-    if (ec) throw CheckpointError("ShardedCheckpointManager: cannot create the checkpoint directory " + directory + ": " + ec.message());
+    if (ec) throw CheckpointError(who + ": cannot create the checkpoint directory " + directory + ": " + ec.message());
   }
-  // The ps tasks are handed an absolute path without "." or ".." components.
-  directory_ = fs::weakly_canonical(fs::absolute(directory)).string();
-  // Where Model::fit restores every shard from after a lost ps task came back (PsFitLoop).
-  detail::PsAccess::set_checkpoint_directory(strategy, directory_);
-  // Temporary directories of killed saves, except a running process's.
-  fs::directory_iterator it(directory_, ec);
+}
+
+void remove_interrupted_saves(const std::string& directory, const std::string& who) {
+  std::error_code ec;
+  fs::directory_iterator it(directory, ec);
   if (ec) return;
   for (const fs::directory_entry& e : it) {
     const std::string name = e.path().filename().string();
     const auto writer = temporary_dir_writer(name);
     if (!writer) continue;
+    std::error_code type_ec;
+    if (!e.is_directory(type_ec)) continue;
     if (*writer > 0 && *writer != static_cast<long>(::getpid()) &&
         (::kill(static_cast<pid_t>(*writer), 0) == 0 || errno == EPERM)) {
       continue;
     }
     std::error_code rm;
     fs::remove_all(e.path(), rm);
-    if (!rm) troupe::log(LogLevel::info, "ShardedCheckpointManager: removed " + e.path().string() + ", left by an interrupted save");
+    if (!rm) troupe::log(LogLevel::info, who + ": removed " + e.path().string() + ", left by an interrupted save");
   }
 }
 
-std::string ShardedCheckpointManager::save(std::int64_t step) {
-  if (step < 0) throw std::invalid_argument("ShardedCheckpointManager::save: step " + std::to_string(step) + " (expected >= 0)");
-  const std::string final_dir = (fs::path(directory_) / ("ckpt-" + std::to_string(step))).string();
-  const std::string tmp = temporary_dir_name(final_dir);
+std::string save_sharded(ParameterServerStrategy& strategy, const std::string& final_dir, std::int64_t step,
+                         const std::vector<ShardedVariable>& variables, const std::string& who) {
+  // The ps tasks write only into a save in progress named ckpt-<step>.tmp-<pid>-<n>
+  // (check_shard_checkpoint_target), whatever the checkpoint's own name.
+  const fs::path parent = fs::path(final_dir).parent_path();
+  const std::string tmp = temporary_dir_name((parent / ("ckpt-" + std::to_string(step))).string());
   std::error_code ec;
   if (!fs::create_directory(tmp, ec) || ec) {
-    throw CheckpointError("ShardedCheckpointManager: cannot create " + tmp + ": " + ec.message());
+    throw CheckpointError(who + ": cannot create " + tmp + ": " + ec.message());
   }
   try {
     Manifest m;
     m.step = step;
-    m.num_ps = strategy_->num_ps();
-    m.variables = strategy_->variables();
+    m.num_ps = strategy.num_ps();
+    m.variables = variables;
     std::vector<actors::dispatcher::saved_file> files;
     try {
-      files = detail::PsAccess::dispatcher(*strategy_).save_shards(tmp, step, detail::PsAccess::timeout(*strategy_));
+      files = PsAccess::dispatcher(strategy).save_shards(tmp, step, PsAccess::timeout(strategy));
     } catch (const std::runtime_error& e) {
-      throw CheckpointError("ShardedCheckpointManager: cannot save step " + std::to_string(step) + " to " + final_dir +
-                            ": " + e.what());
+      throw CheckpointError(who + ": cannot save step " + std::to_string(step) + " to " + final_dir + ": " + e.what());
     }
     for (std::size_t i = 0; i < files.size(); ++i) {
       m.files.push_back({actors::shard_file_name(static_cast<int>(i), m.num_ps), files[i].bytes, files[i].hash});
@@ -501,52 +503,46 @@ std::string ShardedCheckpointManager::save(std::int64_t step) {
     fsync_path(tmp, O_RDONLY | O_DIRECTORY);
     std::string aside;
     if (fs::exists(final_dir, ec)) {
-      aside = temporary_dir_name(final_dir);
+      aside = temporary_dir_name((parent / ("ckpt-" + std::to_string(step))).string());
       fs::rename(final_dir, aside);
     }
     fs::rename(tmp, final_dir);
-    fsync_path(directory_, O_RDONLY | O_DIRECTORY);
+    fsync_path(parent.string(), O_RDONLY | O_DIRECTORY);
     if (!aside.empty()) fs::remove_all(aside, ec);
   } catch (const CheckpointError&) {
     fs::remove_all(tmp, ec);
     throw;
   } catch (const std::exception& e) {
     fs::remove_all(tmp, ec);
-    throw CheckpointError("ShardedCheckpointManager: cannot save step " + std::to_string(step) + " to " + final_dir +
-                          ": " + e.what());
-  }
-  auto all = list_dirs(directory_);
-  while (all.size() > static_cast<std::size_t>(max_to_keep_)) {
-    if (all.front().second != final_dir) fs::remove_all(all.front().second, ec);
-    all.erase(all.begin());
+    throw CheckpointError(who + ": cannot save step " + std::to_string(step) + " to " + final_dir + ": " + e.what());
   }
   return final_dir;
 }
 
-std::optional<std::string> ShardedCheckpointManager::latest_checkpoint() const {
-  auto all = list_dirs(directory_);
-  if (all.empty()) return std::nullopt;
-  return all.back().second;
-}
-
-std::vector<std::string> ShardedCheckpointManager::checkpoints() const { return sharded_checkpoint_dirs(directory_); }
-
-std::int64_t ShardedCheckpointManager::restore(const std::string& path) {
+std::int64_t restore_sharded(ParameterServerStrategy& strategy, const std::string& path,
+                             const std::vector<RestoreTarget>& targets) {
   const Manifest m = read_manifest(path);
   const auto files = read_shard_files(path, m);
   std::map<std::string, const ShardedVariable*> saved;
   for (const auto& v : m.variables) saved[v.name] = &v;
   std::vector<actors::dispatcher::shard_restore> restores;
-  for (const ShardedVariable& v : strategy_->variables()) {
+  for (const RestoreTarget& target : targets) {
+    const ShardedVariable& v = target.current;
     auto it = saved.find(v.name);
+    if (it == saved.end() && !target.alias.empty()) it = saved.find(target.alias);
     if (it == saved.end()) {
-      throw CheckpointError("sharded checkpoint " + path + " has no variable " + base::quoted(v.name));
+      std::string held;
+      for (const auto& sv : m.variables) held += (held.empty() ? "" : ", ") + base::quoted(sv.name);
+      throw CheckpointError("sharded checkpoint " + path + " has no variable " + base::quoted(v.name) +
+                            (target.alias.empty() || target.alias == v.name ? std::string()
+                                                                            : " (" + base::quoted(target.alias) + ")") +
+                            " (it holds " + (held.empty() ? std::string("none") : held) + ")");
     }
     const ShardedVariable& sv = *it->second;
     if (sv.dtype != v.dtype || sv.shape != v.shape) {
-      throw CheckpointError("sharded checkpoint " + path + ": variable " + base::quoted(v.name) + " is " +
-                            dtype_text(sv.dtype) + " " + shape_to_string(sv.shape) + ", the strategy's is " +
-                            dtype_text(v.dtype) + " " + shape_to_string(v.shape));
+      throw CheckpointError("sharded checkpoint " + path + ": variable " + base::quoted(sv.name) + " is " +
+                            dtype_text(sv.dtype) + " " + shape_to_string(sv.shape) + ", the strategy's " +
+                            base::quoted(v.name) + " is " + dtype_text(v.dtype) + " " + shape_to_string(v.shape));
     }
     std::vector<SavedShard> parts;
     std::int64_t kind = -1;
@@ -605,11 +601,73 @@ std::int64_t ShardedCheckpointManager::restore(const std::string& path) {
     }
   }
   try {
-    detail::PsAccess::dispatcher(*strategy_).restore_shards(std::move(restores), detail::PsAccess::timeout(*strategy_));
+    PsAccess::dispatcher(strategy).restore_shards(std::move(restores), PsAccess::timeout(strategy));
   } catch (const std::runtime_error& e) {
     throw CheckpointError("sharded checkpoint " + path + ": " + e.what());
   }
   return m.step;
+}
+
+void verify_sharded(const std::string& dir) { read_shard_files(dir, read_manifest(dir)); }
+
+void prune_sharded(const std::string& directory, int max_to_keep, const std::string& keep) {
+  auto all = list_dirs(directory);
+  std::error_code ec;
+  std::size_t excess = all.size() > static_cast<std::size_t>(max_to_keep) ? all.size() - max_to_keep : 0;
+  for (const auto& [step, dir] : all) {
+    if (excess == 0) break;
+    if (fs::path(dir) == fs::path(keep)) continue;
+    fs::remove_all(dir, ec);
+    if (ec) troupe::log(LogLevel::warning, "CheckpointManager: cannot delete the old checkpoint " + dir + ": " + ec.message());
+    --excess;
+  }
+}
+
+bool is_sharded_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_directory(dir, ec) && fs::is_regular_file(fs::path(dir) / manifest_name, ec);
+}
+
+}  // namespace detail
+
+// --- ShardedCheckpointManager: every variable of the strategy -----------------------------------
+
+ShardedCheckpointManager::ShardedCheckpointManager(ParameterServerStrategy& strategy, std::string directory,
+                                                   int max_to_keep)
+    : strategy_(&strategy), max_to_keep_(max_to_keep) {
+  if (max_to_keep < 1) {
+    throw std::invalid_argument("ShardedCheckpointManager: max_to_keep " + std::to_string(max_to_keep) +
+                                " (expected 1 or more)");
+  }
+  if (directory.empty()) throw std::invalid_argument("ShardedCheckpointManager: the directory is empty");
+  detail::make_checkpoint_directory(directory, "ShardedCheckpointManager");
+  // The ps tasks are handed an absolute path without "." or ".." components.
+  directory_ = detail::absolute_checkpoint_directory(directory);
+  // Where Model::fit restores every shard from after a lost ps task came back (PsFitLoop).
+  detail::PsAccess::set_checkpoint_directory(strategy, directory_);
+  detail::remove_interrupted_saves(directory_, "ShardedCheckpointManager");
+}
+
+std::string ShardedCheckpointManager::save(std::int64_t step) {
+  if (step < 0) throw std::invalid_argument("ShardedCheckpointManager::save: step " + std::to_string(step) + " (expected >= 0)");
+  const std::string final_dir = (fs::path(directory_) / ("ckpt-" + std::to_string(step))).string();
+  detail::save_sharded(*strategy_, final_dir, step, strategy_->variables(), "ShardedCheckpointManager");
+  detail::prune_sharded(directory_, max_to_keep_, final_dir);
+  return final_dir;
+}
+
+std::optional<std::string> ShardedCheckpointManager::latest_checkpoint() const {
+  auto all = list_dirs(directory_);
+  if (all.empty()) return std::nullopt;
+  return all.back().second;
+}
+
+std::vector<std::string> ShardedCheckpointManager::checkpoints() const { return sharded_checkpoint_dirs(directory_); }
+
+std::int64_t ShardedCheckpointManager::restore(const std::string& path) {
+  std::vector<detail::RestoreTarget> targets;
+  for (ShardedVariable& v : strategy_->variables()) targets.push_back({std::move(v), std::string()});
+  return detail::restore_sharded(*strategy_, path, targets);
 }
 
 std::optional<std::int64_t> ShardedCheckpointManager::restore_or_initialize() {
@@ -619,7 +677,7 @@ std::optional<std::int64_t> ShardedCheckpointManager::restore_or_initialize() {
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
       // Check the files first: a damaged checkpoint is skipped, a mismatch with the variables is not.
-      read_shard_files(it->second, read_manifest(it->second));
+      detail::verify_sharded(it->second);
     } catch (const CheckpointError& e) {
       std::cerr << "troupe: ShardedCheckpointManager: skipping " << it->second << ": " << e.what() << std::endl;
       problems += std::string("\n  ") + e.what();
