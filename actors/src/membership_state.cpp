@@ -84,10 +84,14 @@ bool membership_state::lose(int rank, const std::string& reason) {
 
 std::optional<membership_change> membership_state::decide() {
   if (phase_ != phase::losing) return std::nullopt;
+  return begin_change_without(lost_);
+}
+
+membership_change membership_state::begin_change_without(const std::vector<bool>& gone) {
   membership_change change;
   change.generation = generation_ + 1;
   for (std::size_t i = 0; i < tasks_.size(); ++i) {
-    if (lost_[i]) {
+    if (gone[i]) {
       change.left.push_back(tasks_[i]);
     } else {
       change.survivors.push_back(static_cast<int>(i));
@@ -163,19 +167,7 @@ std::optional<membership_change> membership_state::leave(const std::vector<int>&
     --staying;
   }
   if (staying == static_cast<int>(tasks_.size())) return std::nullopt;
-  membership_change change;
-  change.generation = generation_ + 1;
-  for (std::size_t i = 0; i < tasks_.size(); ++i) {
-    if (leaving[i]) {
-      change.left.push_back(tasks_[i]);
-    } else {
-      change.survivors.push_back(static_cast<int>(i));
-      change.tasks.push_back(tasks_[i]);
-    }
-  }
-  pending_ = change;
-  phase_ = phase::changing;
-  return change;
+  return begin_change_without(leaving);
 }
 
 bool membership_state::complete(std::uint64_t generation) {

@@ -101,6 +101,8 @@ class membership_state {
  private:
   void fail(std::string why);
   int live_after_losses() const;
+  /// The change without the ranks marked in `gone` (a loss or a leave), now pending.
+  membership_change begin_change_without(const std::vector<bool>& gone);
 
   std::vector<std::string> tasks_;
   int min_workers_;
