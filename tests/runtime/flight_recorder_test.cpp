@@ -220,8 +220,10 @@ TEST_CASE("flight recorder: concurrent writers lose nothing, and a racing reader
   SUBCASE("a small ring read while it is written") {
     FlightRecorder fr(64, "");
     std::atomic<bool> writing{true};
-    std::uint64_t read_entries = 0;
+    std::atomic<std::uint64_t> read_entries{0};
+    std::atomic<bool> reading{false};
     std::thread reader([&] {
+      reading = true;
       while (writing.load()) {
         const auto kept = fr.entries();
         std::uint64_t last = 0;
@@ -236,15 +238,19 @@ TEST_CASE("flight recorder: concurrent writers lose nothing, and a racing reader
     });
     std::vector<std::thread> threads;
     for (int w = 0; w < writers; ++w) {
-      threads.emplace_back([&fr, w] {
+      // The writers start once the reader runs, and end once it has read entries, however a
+      // loaded machine schedules the threads.
+      threads.emplace_back([&fr, &reading, &read_entries, w] {
+        while (!reading.load()) std::this_thread::yield();
         const CallSiteLabel label(labels[w]);
         for (std::uint64_t i = 0; i < per_writer; ++i) fr.end(fr.begin(numbered(i, w)), true);
+        while (read_entries.load() == 0) std::this_thread::yield();
       });
     }
     for (auto& t : threads) t.join();
     writing = false;
     reader.join();
-    CHECK(read_entries > 0);
+    CHECK(read_entries.load() > 0);
     CHECK(fr.recorded() == writers * per_writer);
     const auto kept = fr.entries();
     CHECK(kept.size() == 64);
