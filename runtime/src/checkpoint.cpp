@@ -9,12 +9,14 @@
 #include <cstring>
 #include <charconv>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <system_error>
 #include <utility>
 
 #include "distribute/cluster/ps_access.hpp"
 #include "distribute/cluster/sharded_checkpoint_impl.hpp"
+#include "distribute/cluster/sharded_manifest.hpp"
 #include "distribute/strategies/context_state.hpp"
 #include "distribute/collectives/worker_group.hpp"
 #include "troupe/distribute/context.hpp"
@@ -154,6 +156,51 @@ distribute::ParameterServerStrategy* ps_strategy_of(const std::map<std::string, 
     }
   }
   return found;
+}
+
+// The name in a sharded checkpoint of the variable a Checkpoint tracks as `key`: the name that
+// Checkpoint saved it under, when one did; else `key` itself, else the variable's own name.
+const std::string* saved_name(const distribute::ShardedCheckpointValues& saved, const std::string& key,
+                              const std::string& own) {
+  if (!saved.checkpoint_names.empty()) {
+    const auto it = saved.checkpoint_names.find(key);
+    return it == saved.checkpoint_names.end() ? nullptr : &it->second;
+  }
+  if (saved.variables.count(key) != 0) return &key;
+  return saved.variables.count(own) != 0 ? &own : nullptr;
+}
+
+// What a sharded checkpoint holds for the Checkpoint's `key` (a variable of this process named
+// `own`): the variable saved under that name, or, for an optimizer's slot
+// "<optimizer>/<slot>/<variable>" (Optimizer::variables(): "adam/m/dense_0/kernel"), the slot the
+// ps tasks kept beside that variable (zeros when no optimizer had updated it). nullopt when it
+// holds neither.
+std::optional<Tensor> sharded_value(const distribute::ShardedCheckpointValues& saved, const std::string& key,
+                                    const std::string& own) {
+  if (const std::string* name = saved_name(saved, key, own)) return saved.variables.at(*name);
+  const std::size_t first = key.find('/');
+  const std::size_t second = first == std::string::npos ? first : key.find('/', first + 1);
+  if (second == std::string::npos) return std::nullopt;
+  const std::string slot = key.substr(first + 1, second - first - 1);
+  const std::string of = key.substr(second + 1);
+  bool known = false;  // a slot some ps optimizer keeps ("momentum", "m", "v")
+  for (auto kind : {actors::shard_optimizer::momentum, actors::shard_optimizer::adam}) {
+    for (const std::string& n : distribute::detail::shard_slot_names(static_cast<std::int64_t>(kind))) known |= n == slot;
+  }
+  const std::string* name = known ? saved_name(saved, of, of) : nullptr;
+  if (name == nullptr) return std::nullopt;
+  const Tensor& value = saved.variables.at(*name);
+  const auto slots = saved.slots.find(*name);
+  if (slots == saved.slots.end()) return Tensor::zeros(value.shape(), value.dtype());
+  const auto it = slots->second.find(slot);
+  if (it == slots->second.end()) {
+    std::string kept;
+    for (const auto& [slot_name, tensor] : slots->second) kept += (kept.empty() ? "'" : ", '") + slot_name + "'";
+    throw CheckpointError("sharded checkpoint " + saved.path + ": no slot '" + slot + "' of variable '" + of +
+                          "' for '" + key + "': the ps tasks' optimizer kept " + kept +
+                          " (restore into a model compiled with the optimizer it was trained with)");
+  }
+  return it->second;
 }
 
 // The shards of every ps variable of `variables` (their strategy's description of each), in the
@@ -414,10 +461,14 @@ void create_parent_directory(const std::string& path) {
 std::string save_sharded(distribute::ParameterServerStrategy& strategy, const std::map<std::string, Variable>& variables,
                          const std::string& dir, std::int64_t step, const char* who) {
   std::vector<distribute::ShardedVariable> shards;
-  for (auto& t : ps_targets(strategy, variables)) shards.push_back(std::move(t.current));
+  std::vector<std::string> names;
+  for (auto& t : ps_targets(strategy, variables)) {
+    shards.push_back(std::move(t.current));
+    names.push_back(std::move(t.alias));
+  }
   const std::string absolute = distribute::detail::absolute_checkpoint_directory(dir);
   create_parent_directory(absolute);
-  return distribute::detail::save_sharded(strategy, absolute, step, shards, who);
+  return distribute::detail::save_sharded(strategy, absolute, step, shards, who, names);
 }
 
 // Restores `checkpoint`'s variables (all on `strategy`'s ps tasks) from the sharded checkpoint
@@ -516,18 +567,23 @@ void Checkpoint::restore(const std::string& save_path) {
       restore_sharded(*ps, *this, path);
       return;
     }
-    // Variables of this process (a model outside the cluster): each variable's shards joined,
-    // without the optimizer's slots, as a SidecarEvaluator loads them.
+    // Variables of this process (a model outside the cluster): each variable's shards joined, an
+    // optimizer's slot from the slots the ps tasks kept beside its variable.
     const distribute::ShardedCheckpointValues saved = distribute::read_sharded_checkpoint(path);
     std::vector<std::pair<Variable, Tensor>> staged;
     for (const auto& [key, variable] : variables_) {
-      auto it = saved.variables.find(key);
-      if (it == saved.variables.end()) it = saved.variables.find(variable.name());
-      if (it == saved.variables.end()) {
-        throw CheckpointError("sharded checkpoint " + path + ": no variable '" + key +
-                              "' in it (it holds the variables of the ps tasks, not their optimizer slots)");
+      const std::optional<Tensor> found = sharded_value(saved, key, variable.name());
+      if (!found) {
+        std::string held;
+        for (const auto& [name, value] : saved.variables) held += (held.empty() ? "'" : ", '") + name + "'";
+        if (!saved.checkpoint_names.empty()) {
+          held.clear();
+          for (const auto& [name, value] : saved.checkpoint_names) held += (held.empty() ? "'" : ", '") + name + "'";
+        }
+        throw CheckpointError("sharded checkpoint " + path + ": no variable '" + key + "' in it (it holds " + held +
+                              " and the slots of the optimizer the ps tasks ran)");
       }
-      Tensor value = it->second;
+      Tensor value = *found;
       // A scalar lives on the ps tasks as one row.
       if (value.dtype() != variable.dtype() || value.num_elements() != shape_num_elements(variable.shape())) {
         throw CheckpointError("sharded checkpoint " + path + ": variable '" + key + "' is " +

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "../common/free_port.hpp"
+#include "../common/temp_dir.hpp"
 #include "nn/completion_rate.hpp"
 #include "nn/epoch_end.hpp"
 #include "test_util.hpp"
@@ -368,4 +370,81 @@ TEST_CASE("fit under ParameterServerStrategy runs callbacks and controls at clos
     CHECK(pauses->load() == 1);
     CHECK(resumes->load() == 1);
   }
+}
+
+namespace {
+
+// Every trainable variable of `a` and `b` has the same bits.
+void check_same_weights(const nn::Model& a, const nn::Model& b) {
+  const auto x = a.trainable_variables();
+  const auto y = b.trainable_variables();
+  REQUIRE(x.size() == y.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    CAPTURE(i);
+    CHECK(x[i].value().equals(y[i].value()));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Model::save under ParameterServerStrategy keeps Adam's slots: load_model rebuilds it without a cluster and on the ps tasks again") {
+  troupe::testing::temp_dir dir("ps-save");
+  Cluster cluster;
+  nn::Model model = cluster.model("adam");
+  model.fit(nn::DatasetCreator("blobs"), 1, 5, quiet());
+  const std::string saved = dir.file("model");
+  model.save(saved);
+  CHECK(std::filesystem::is_regular_file(std::filesystem::path(saved) / "variables" / "manifest.json"));
+  const Tensor x = blobs().features.slice(0, 64);
+  const Tensor trained = model.predict(x);
+
+  nn::Model local = nn::load_model(saved);  // no strategy: this process's variables
+  CHECK(local.predict(x).equals(trained));
+  CHECK(local.optimizer()->iterations().value().item<std::int64_t>() == 5);
+  std::optional<nn::Model> again;  // in the strategy's scope: new variables on the ps tasks
+  {
+    auto scope = cluster.strategy->scope();
+    again.emplace(nn::load_model(saved));
+  }
+  CHECK(again->predict(x).equals(trained));
+  // Adam's moments and steps came back with the weights: 5 more steps continue the saved model's
+  // training bit for bit, on the ps tasks and here (each fit starts the datasets over).
+  model.fit(nn::DatasetCreator("blobs"), 1, 5, quiet());
+  again->fit(nn::DatasetCreator("blobs"), 1, 5, quiet());
+  local.fit(batches(), 1, 5, quiet());
+  check_same_weights(again.value(), model);
+  check_same_weights(local, model);
+  CHECK(again->optimizer()->iterations().value().item<std::int64_t>() == 10);
+}
+
+TEST_CASE("ModelCheckpoint under ParameterServerStrategy writes sharded checkpoints that a model without a cluster restores") {
+  troupe::testing::temp_dir dir("ps-model-ckpt");
+  Cluster cluster;
+  nn::Model model = cluster.model("momentum");
+  auto checkpoint = std::make_shared<nn::ModelCheckpoint>(dir.file("epoch-{epoch}"), "loss");
+  nn::FitOptions options = quiet();
+  options.callbacks = {checkpoint};
+  model.fit(nn::DatasetCreator("blobs"), 2, 4, options);
+  REQUIRE(checkpoint->saved().size() == 2);
+  CHECK(std::filesystem::is_regular_file(std::filesystem::path(checkpoint->saved()[1]) / "manifest.json"));
+
+  // The weights, the momentum slots and the step, into this process's copy of the model.
+  nn::Model local(mlp());
+  local.compile(optimizer_named("momentum"), nn::Loss::sparse_categorical_crossentropy());
+  Checkpoint restored(local.variables());
+  restored.restore(checkpoint->saved()[1]);
+  CHECK(restored.step() == 8);
+  check_same_weights(local, model);
+  CHECK(local.optimizer()->iterations().value().item<std::int64_t>() == 8);
+  model.fit(nn::DatasetCreator("blobs"), 1, 3, quiet());
+  local.fit(batches(), 1, 3, quiet());
+  check_same_weights(local, model);
+  // What it does not hold is named: another optimizer's step and slots.
+  nn::Model adam(mlp());
+  adam.compile(optimizer_named("adam"), nn::Loss::sparse_categorical_crossentropy());
+  CHECK(contains(message_of([&] { Checkpoint(adam.variables()).restore(checkpoint->saved()[1]); }),
+                 "no variable 'adam/iterations' in it"));
+  Checkpoint adam_slot({{"sgd/m/dense_0/kernel", local.variables().at("sgd/momentum/dense_0/kernel")}});
+  CHECK(contains(message_of([&] { adam_slot.restore(checkpoint->saved()[1]); }),
+                 "no slot 'm' of variable 'dense_0/kernel' for 'sgd/m/dense_0/kernel': the ps tasks' optimizer kept 'momentum'"));
 }

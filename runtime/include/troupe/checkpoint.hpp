@@ -43,14 +43,16 @@ class CheckpointError : public Error {
 /// own shards with the optimizer slots and steps it keeps beside them, all ps tasks at once, and
 /// the chief writes the manifest last; the directory appears under its name only once whole (a
 /// crash mid-save leaves the previous checkpoints as they were). restore takes that directory back
-/// onto the same or another number of ps tasks (resharded). The layout, and what the chief and
-/// the ps tasks must share, are troupe/distribute/sharded_checkpoint.hpp's. Every variable of such
-/// a Checkpoint must then live on the ps tasks of that one strategy (std::invalid_argument naming
-/// the one that does not). A checkpoint file restored into ps variables whose shards keep
-/// optimizer slots is refused (std::invalid_argument): it holds values only. A sharded checkpoint
-/// restored into variables of this process (a copy of the model outside the cluster) gives each
-/// its value, its shards joined (the ps tasks' slots stay out: a variable the checkpoint lacks,
-/// such as a local optimizer's slot, is a CheckpointError naming it).
+/// onto the same or another number of ps tasks (resharded), each variable found by its name in
+/// the Checkpoint that saved it. The layout, and what the chief and the ps tasks must share, are
+/// troupe/distribute/sharded_checkpoint.hpp's. Every variable of such a Checkpoint must then live
+/// on the ps tasks of that one strategy (std::invalid_argument naming the one that does not). A
+/// checkpoint file restored into ps variables whose shards keep optimizer slots is refused
+/// (std::invalid_argument): it holds values only. A sharded checkpoint restored into variables of
+/// this process (a copy of the model outside the cluster) gives each its value, its shards
+/// joined, and an optimizer's slot ("<optimizer>/<slot>/<variable>", Optimizer::variables())
+/// the slot the ps tasks kept beside that variable (zeros where none was made yet); a variable or
+/// slot the checkpoint lacks is a CheckpointError naming it.
 class Checkpoint {
  public:
   explicit Checkpoint(std::map<std::string, Variable> variables);

@@ -110,6 +110,7 @@ class PsFitLoop {
   History history_;
   std::deque<InFlight> in_flight_;
   std::int64_t step_ = 0;       // steps done
+  std::int64_t iterations_at_start_ = 0;  // the optimizer's iterations when this fit began
   std::int64_t scheduled_ = 0;  // steps scheduled
   int first_epoch_ = 0;
   std::int64_t first_k_ = 0;    // where the first epoch starts (initial_step)

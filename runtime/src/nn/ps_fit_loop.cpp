@@ -159,6 +159,7 @@ void PsFitLoop::begin() {
   Logs train_logs;
   for (const auto& c : callbacks_) c->on_train_begin(train_logs);
   step_ = options_.initial_step;
+  iterations_at_start_ = model_.optimizer()->iterations().value().to(Device()).item<std::int64_t>();
   scheduled_ = step_;
   first_epoch_ = static_cast<int>(step_ / steps_per_epoch_);
   first_k_ = step_ % steps_per_epoch_;
@@ -330,11 +331,12 @@ void PsFitLoop::end_epoch(int epoch, const EpochSums& sums, Logs& epoch_logs, Cl
                epoch_logs);
 }
 
-// The optimizer's iteration count (on the ps tasks) as the steps done, for a checkpoint of
-// model.variables().
+// The optimizer's iteration count (on the ps tasks) with the steps done, for a checkpoint of
+// model.variables(): Keras's count of every update applied, across fits, which a model loaded
+// outside the cluster takes for Adam's step (the ps tasks count each shard's own).
 void PsFitLoop::record_iterations() {
   Variable iterations = model_.optimizer()->iterations();
-  iterations.assign(Tensor::scalar<std::int64_t>(step_));
+  iterations.assign(Tensor::scalar<std::int64_t>(iterations_at_start_ + step_ - options_.initial_step));
 }
 
 }  // namespace troupe::nn::detail

@@ -37,7 +37,7 @@ using json = nlohmann::json;
 namespace {
 
 constexpr const char* model_file = "model.json";
-constexpr const char* weights_prefix = "variables";  // the checkpoint is variables.ckpt
+constexpr const char* weights_prefix = "variables";  // variables.ckpt (a directory under ParameterServerStrategy)
 constexpr const char* format_name = "troupe-model";
 constexpr int format_version = 1;
 
@@ -565,11 +565,10 @@ void Model::save(const std::string& dir) const {
   if (optimizer_) {
     compile = json{{"loss", loss_config(loss_)}, {"optimizer", optimizer_config(*optimizer_)}, {"metrics", metrics_}};
   }
-  const json document{{"format", format_name},
-                      {"format_version", format_version},
-                      {"model_config", std::move(model)},
-                      {"compile_config", std::move(compile)},
-                      {"weights", std::string(weights_prefix) + ".ckpt"}};
+  json document{{"format", format_name},
+                {"format_version", format_version},
+                {"model_config", std::move(model)},
+                {"compile_config", std::move(compile)}};
 
   auto& workers = strategy_->backend().workers();
   const bool chief = workers.rank() == 0;
@@ -583,11 +582,14 @@ void Model::save(const std::string& dir) const {
     throw SavedModelError("Model::save: cannot create " + staged.string() + ": " + ec.message());
   }
   try {
-    if (chief) write_file(staged / model_file, document.dump(2) + "\n");
-    // A collective under multi-worker: every worker takes part, the chief writes the file.
+    // A collective under multi-worker: every worker takes part, the chief writes the file. Under
+    // ParameterServerStrategy a sharded checkpoint, the directory "variables", every ps task
+    // writing its shards with their optimizer's slots.
     Checkpoint checkpoint(variables());
     if (optimizer_) checkpoint.set_step(optimizer_->iterations().value().to(Device()).item<std::int64_t>());
-    checkpoint.write((staged / weights_prefix).string());
+    const std::string weights = checkpoint.write((staged / weights_prefix).string());
+    document["weights"] = fs::path(weights).filename().string();
+    if (chief) write_file(staged / model_file, document.dump(2) + "\n");
   } catch (...) {
     fs::remove_all(staged, ec);
     throw;
@@ -644,8 +646,10 @@ Model load_model(const std::string& dir, const LoadOptions& options) {
   if (weights.empty() || weights.find('/') != std::string::npos || weights == "." || weights == "..") {
     throw top.error("weights", "is \"" + weights + "\" (expected a file name inside the directory)");
   }
+  // A checkpoint file, or the sharded checkpoint a save under ParameterServerStrategy wrote (its
+  // ps tasks' files and manifest.json).
   const fs::path weights_path = root / weights;
-  if (!fs::is_regular_file(weights_path, ec)) {
+  if (!fs::is_regular_file(weights_path, ec) && !fs::is_regular_file(weights_path / "manifest.json", ec)) {
     throw SavedModelError("load_model: " + weights_path.string() + " is missing (the weights of " + file + ")");
   }
   try {

@@ -33,13 +33,15 @@ std::optional<std::int64_t> step_of(const std::string& dir) {
   return static_cast<std::int64_t>(*v);
 }
 
-// Loads the checkpoint's variables into the model's, each found by its name (the variable's own,
-// which the ps tasks keep it under, else its checkpoint name).
+// Loads the checkpoint's variables into the model's, each found by its name in the Checkpoint that
+// saved them (a model's CheckpointManager: "dense_0/kernel"), else by its own (which the ps tasks
+// keep it under), else by that checkpoint name.
 void load_into(const Model& model, const distribute::ShardedCheckpointValues& values) {
   auto variables = model.layers().named_trainable_variables();
   for (auto& named : model.layers().named_non_trainable_variables()) variables.push_back(std::move(named));
   for (const auto& [checkpoint_name, variable] : variables) {
-    auto it = values.variables.find(variable.name());
+    const auto saved_as = values.checkpoint_names.find(checkpoint_name);
+    auto it = values.variables.find(saved_as != values.checkpoint_names.end() ? saved_as->second : variable.name());
     if (it == values.variables.end()) it = values.variables.find(checkpoint_name);
     if (it == values.variables.end()) {
       throw CheckpointError("sharded checkpoint " + values.path + " has no variable " + base::quoted(variable.name()) +

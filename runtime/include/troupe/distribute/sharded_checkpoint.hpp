@@ -28,7 +28,8 @@ namespace troupe::distribute {
 ///   `<key>/slot_1` (as many as its optimizer keeps) and `<key>/state` (int64: the updates
 ///   applied, the optimizer's code or -1);
 /// - `manifest.json`, written by the chief last: the step, the variables (name, dtype, shape,
-///   their shards' keys, ps tasks and rows) and each shard file's size and XXH64.
+///   their shards' keys, ps tasks and rows, and the name a Checkpoint that saved them gave each)
+///   and each shard file's size and XXH64.
 ///
 /// Atomic as a whole: everything is written into `ckpt-<step>.tmp-<pid>-<n>/`, each file itself
 /// atomically (temporary file, fsync, rename), then the manifest, and only then is the directory
@@ -107,12 +108,20 @@ struct ShardedCheckpointInfo {
 ShardedCheckpointInfo inspect_sharded_checkpoint(const std::string& path);
 
 /// The variables of a sharded checkpoint, each whole (its shards' rows joined in the manifest's
-/// order), without the optimizer's slots: what a process outside the cluster (a SidecarEvaluator)
-/// loads into its own copy of the model.
+/// order), with their optimizer's slots joined the same way: what a process outside the cluster
+/// loads into its own copy of the model (a SidecarEvaluator, Checkpoint::restore and load_model of
+/// variables of this process).
 struct ShardedCheckpointValues {
   std::string path;
   std::int64_t step = 0;
   std::map<std::string, Tensor> variables;  ///< by name, of the manifest's dtype and shape
+  /// By variable name: the slots the ps tasks' optimizer keeps beside it, by Keras's slot names
+  /// ("momentum"; "m" and "v" for Adam and AdamW), of the variable's dtype and shape (zeros in the
+  /// rows of a shard it had not updated yet). No entry for a variable no optimizer updated.
+  std::map<std::string, std::map<std::string, Tensor>> slots;
+  /// The name each variable has in the Checkpoint that saved it ("dense_0/kernel") -> its name
+  /// here ("kernel"); empty when a ShardedCheckpointManager saved it.
+  std::map<std::string, std::string> checkpoint_names;
 };
 
 /// Reads a sharded checkpoint directory's variables (every shard file checked against the

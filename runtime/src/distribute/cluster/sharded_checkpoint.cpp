@@ -1,6 +1,6 @@
 // Sharded checkpoints of a ParameterServerStrategy (troupe/distribute/sharded_checkpoint.hpp): the
-// ps tasks' side (save_shard_file) and the chief's (the manifest, the temporary directory and its
-// rename, restore and resharding).
+// ps tasks' side (save_shard_file) and the chief's (the temporary directory and its rename,
+// restore and resharding); the manifest and the reading of the files are sharded_manifest.cpp's.
 #include "troupe/distribute/sharded_checkpoint.hpp"
 
 #include <fcntl.h>
@@ -27,6 +27,7 @@
 #include "distribute/cluster/ps_access.hpp"
 #include "distribute/cluster/shard_checkpoint.hpp"
 #include "distribute/cluster/sharded_checkpoint_impl.hpp"
+#include "distribute/cluster/sharded_manifest.hpp"
 #include "elements.hpp"
 #include "troupe/base/quote.hpp"
 #include "troupe/format/checkpoint_file.hpp"
@@ -39,53 +40,16 @@ namespace tf = troupe::format;
 
 namespace {
 
-constexpr const char* manifest_name = "manifest.json";
-constexpr const char* manifest_format = "troupe sharded checkpoint";
-constexpr int manifest_version = 1;
-constexpr std::uintmax_t max_manifest_bytes = 64u << 20;
+using detail::hash_file;
+using detail::hex64;
+using detail::join_shards;
+using detail::JoinedVariable;
+using detail::Manifest;
+using detail::manifest_name;
+using detail::read_manifest;
+using detail::read_shard_files;
 
 std::string errno_text(int e) { return std::strerror(e); }
-
-std::string hex64(std::uint64_t v) {
-  char buf[17];
-  for (int i = 15; i >= 0; --i) {
-    buf[i] = "0123456789abcdef"[v & 0xf];
-    v >>= 4;
-  }
-  buf[16] = '\0';
-  return buf;
-}
-
-std::optional<std::uint64_t> parse_hex64(const std::string& s) {
-  if (s.size() != 16) return std::nullopt;
-  std::uint64_t v = 0;
-  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 16);
-  if (ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
-// The whole file's size and XXH64, read in pieces; nullopt (and `problem`) when it cannot be read.
-std::optional<std::pair<std::uint64_t, std::uint64_t>> hash_file(const std::string& path, std::string& problem) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    problem = "missing or unreadable (" + errno_text(errno) + ")";
-    return std::nullopt;
-  }
-  tf::xxhash64_stream h;
-  std::vector<char> buf(1 << 20);
-  std::uint64_t total = 0;
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const auto n = static_cast<std::size_t>(in.gcount());
-    h.update(buf.data(), n);
-    total += n;
-  }
-  if (in.bad()) {
-    problem = "read failed";
-    return std::nullopt;
-  }
-  return std::make_pair(total, h.digest());
-}
 
 void fsync_path(const std::string& path, int flags) {
   const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
@@ -177,208 +141,6 @@ std::vector<std::pair<std::int64_t, std::string>> list_dirs(const std::string& d
   return out;
 }
 
-// --- the manifest -----------------------------------------------------------------------------
-
-struct Manifest {
-  std::int64_t step = 0;
-  int num_ps = 0;
-  std::vector<ShardedVariable> variables;
-  struct File {
-    std::string name;
-    std::uint64_t bytes = 0;
-    std::uint64_t xxh64 = 0;
-  };
-  std::vector<File> files;
-};
-
-std::string dtype_text(DType d) { return std::string(dtype_name(d)); }
-
-std::optional<DType> dtype_from(const std::string& s) {
-  for (DType d : {DType::f32, DType::f64, DType::i32, DType::i64, DType::f16, DType::bf16}) {
-    if (s == dtype_text(d)) return d;
-  }
-  return std::nullopt;
-}
-
-std::string manifest_json(const Manifest& m) {
-  nlohmann::json j;
-  j["format"] = manifest_format;
-  j["version"] = manifest_version;
-  j["step"] = m.step;
-  j["num_ps"] = m.num_ps;
-  j["files"] = nlohmann::json::array();
-  for (const auto& f : m.files) j["files"].push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh64", hex64(f.xxh64)}});
-  j["variables"] = nlohmann::json::array();
-  for (const auto& v : m.variables) {
-    nlohmann::json shards = nlohmann::json::array();
-    for (const auto& s : v.shards) shards.push_back({{"key", s.key}, {"ps", s.ps}, {"rows", s.rows}});
-    j["variables"].push_back({{"name", v.name}, {"dtype", dtype_text(v.dtype)}, {"shape", v.shape}, {"shards", shards}});
-  }
-  return j.dump(1) + "\n";
-}
-
-// Reads and checks `dir`/manifest.json, trusting nothing in it.
-Manifest read_manifest(const std::string& dir) {
-  const std::string path = (fs::path(dir) / manifest_name).string();
-  auto bad = [&](const std::string& what) {
-    return CheckpointError("sharded checkpoint " + path + ": " + what);
-  };
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  if (ec) throw bad("missing or unreadable (" + ec.message() + "): not a checkpoint, or one whose save did not finish");
-  if (size > max_manifest_bytes) throw bad(std::to_string(size) + " bytes, more than a manifest holds");
-  std::ifstream in(path, std::ios::binary);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    throw bad(std::string("not valid JSON (truncated or damaged?): ") + e.what());
-  }
-  Manifest m;
-  try {
-    if (j.at("format").get<std::string>() != manifest_format || j.at("version").get<int>() != manifest_version) {
-      throw bad("format " + j.at("format").dump() + " version " + j.at("version").dump() + " (expected \"" +
-                manifest_format + "\" version " + std::to_string(manifest_version) + ")");
-    }
-    m.step = j.at("step").get<std::int64_t>();
-    m.num_ps = j.at("num_ps").get<int>();
-    if (m.step < 0 || m.num_ps < 1 || m.num_ps > 65536) {
-      throw bad("step " + std::to_string(m.step) + ", num_ps " + std::to_string(m.num_ps) + " out of range");
-    }
-    const auto& files = j.at("files");
-    if (!files.is_array() || files.size() != static_cast<std::size_t>(m.num_ps)) {
-      throw bad("it lists " + std::to_string(files.size()) + " shard files for " + std::to_string(m.num_ps) + " ps tasks");
-    }
-    for (std::size_t i = 0; i < files.size(); ++i) {
-      Manifest::File f;
-      f.name = files[i].at("name").get<std::string>();
-      f.bytes = files[i].at("bytes").get<std::uint64_t>();
-      const auto h = parse_hex64(files[i].at("xxh64").get<std::string>());
-      if (f.name != actors::shard_file_name(static_cast<int>(i), m.num_ps) || !h) {
-        throw bad("shard file " + std::to_string(i) + " is " + base::quoted(f.name) + " with xxh64 " +
-                  files[i].at("xxh64").dump() + " (expected " + actors::shard_file_name(static_cast<int>(i), m.num_ps) +
-                  " and 16 hex digits)");
-      }
-      f.xxh64 = *h;
-      m.files.push_back(std::move(f));
-    }
-    std::set<std::string> names, keys;
-    for (const auto& jv : j.at("variables")) {
-      ShardedVariable v;
-      v.name = jv.at("name").get<std::string>();
-      const auto dt = dtype_from(jv.at("dtype").get<std::string>());
-      if (!dt) throw bad("variable " + base::quoted(v.name) + " has dtype " + jv.at("dtype").dump());
-      v.dtype = *dt;
-      v.shape = jv.at("shape").get<Shape>();
-      if (v.shape.empty() || !names.insert(v.name).second) {
-        throw bad("variable " + base::quoted(v.name) + " is listed twice or has no rows");
-      }
-      std::uint64_t elements = 1;
-      for (std::size_t a = 0; a < v.shape.size(); ++a) {
-        const std::int64_t d = v.shape[a];
-        if (d < (a == 0 ? 1 : 0) || d > (std::int64_t{1} << 40)) {
-          throw bad("variable " + base::quoted(v.name) + " has shape " + shape_to_string(v.shape));
-        }
-        elements *= static_cast<std::uint64_t>(d == 0 ? 1 : d);
-        if (elements > (std::uint64_t{1} << 40)) {
-          throw bad("variable " + base::quoted(v.name) + " has shape " + shape_to_string(v.shape) + " (too large)");
-        }
-      }
-      std::int64_t rows = 0;
-      for (const auto& js : jv.at("shards")) {
-        ShardedVariable::Shard s{js.at("ps").get<int>(), js.at("rows").get<std::int64_t>(), js.at("key").get<std::string>()};
-        if (s.ps < 0 || s.ps >= m.num_ps || s.rows < 1 || s.rows > v.shape[0] || !keys.insert(s.key).second) {
-          throw bad("variable " + base::quoted(v.name) + "'s shard " + base::quoted(s.key) + " (ps " +
-                    std::to_string(s.ps) + ", " + std::to_string(s.rows) + " rows) is out of range or listed twice");
-        }
-        rows += s.rows;
-        v.shards.push_back(std::move(s));
-      }
-      if (rows != v.shape[0]) {
-        throw bad("variable " + base::quoted(v.name) + "'s shards hold " + std::to_string(rows) + " rows of " +
-                  std::to_string(v.shape[0]));
-      }
-      m.variables.push_back(std::move(v));
-    }
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw bad(std::string("malformed: ") + e.what());
-  }
-  return m;
-}
-
-// Every shard file checked against the manifest (size and XXH64), then read (every tensor's own
-// checksum). Throws CheckpointError naming the first bad file.
-std::vector<tf::checkpoint_contents> read_shard_files(const std::string& dir, const Manifest& m) {
-  std::vector<tf::checkpoint_contents> out;
-  for (const auto& f : m.files) {
-    const std::string path = (fs::path(dir) / f.name).string();
-    std::string problem;
-    const auto got = hash_file(path, problem);
-    if (!got) throw CheckpointError("sharded checkpoint " + dir + ": shard file " + path + " is " + problem);
-    if (got->first != f.bytes || got->second != f.xxh64) {
-      throw CheckpointError("sharded checkpoint " + dir + ": shard file " + path + " has " +
-                            std::to_string(got->first) + " bytes with XXH64 " + hex64(got->second) +
-                            ", the manifest says " + std::to_string(f.bytes) + " bytes with " + hex64(f.xxh64) +
-                            " (damaged or replaced)");
-    }
-    try {
-      out.push_back(tf::read_checkpoint_file(path));
-    } catch (const tf::checkpoint_file_error& e) {
-      throw CheckpointError(e.what());
-    }
-  }
-  return out;
-}
-
-// One saved shard's tensors, found in its ps task's file and checked against the manifest.
-struct SavedShard {
-  const tf::checkpoint_entry* value = nullptr;
-  std::vector<const tf::checkpoint_entry*> slots;
-  std::int64_t applied = 0;
-  std::int64_t kind = -1;
-  std::int64_t rows = 0;
-};
-
-SavedShard find_shard(const tf::checkpoint_contents& file, const ShardedVariable& v, const ShardedVariable::Shard& s) {
-  auto bad = [&](const std::string& what) {
-    return CheckpointError("sharded checkpoint file " + file.path() + ": shard " + base::quoted(s.key) + " of " +
-                           base::quoted(v.name) + ": " + what);
-  };
-  SavedShard out;
-  out.rows = s.rows;
-  out.value = file.find(s.key);
-  if (!out.value) throw bad("missing");
-  const std::size_t row_bytes = [&] {
-    std::size_t n = dtype_size(v.dtype);
-    for (std::size_t d = 1; d < v.shape.size(); ++d) n *= static_cast<std::size_t>(v.shape[d]);
-    return n;
-  }();
-  const std::size_t nbytes = row_bytes * static_cast<std::size_t>(s.rows);
-  if (out.value->type != troupe::detail::to_scalar_type(v.dtype) || out.value->nbytes != nbytes) {
-    throw bad("holds " + std::to_string(out.value->nbytes) + " bytes of another type, expected " +
-              std::to_string(nbytes) + " bytes of " + dtype_text(v.dtype));
-  }
-  const auto* state = file.find(s.key + "/state");
-  if (!state || state->type != base::scalar_type::i64 || state->nbytes != 16) throw bad("its state is missing or malformed");
-  std::int64_t st[2];
-  std::memcpy(st, state->data, 16);
-  out.applied = st[0];
-  out.kind = st[1];
-  if (out.kind < -1 || out.kind > static_cast<std::int64_t>(actors::shard_optimizer::adamw) || out.applied < 0 ||
-      (out.kind < 0 && out.applied != 0)) {
-    throw bad("its state says optimizer " + std::to_string(out.kind) + " after " + std::to_string(out.applied) + " updates");
-  }
-  const int nslots = out.kind < 0 ? 0 : actors::slot_count(static_cast<actors::shard_optimizer>(out.kind));
-  for (int k = 0; k < nslots; ++k) {
-    const auto* slot = file.find(s.key + "/slot_" + std::to_string(k));
-    if (!slot || slot->type != out.value->type || slot->nbytes != nbytes) throw bad("slot " + std::to_string(k) + " is missing or of another size");
-    out.slots.push_back(slot);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -475,7 +237,8 @@ void remove_interrupted_saves(const std::string& directory, const std::string& w
 }
 
 std::string save_sharded(ParameterServerStrategy& strategy, const std::string& final_dir, std::int64_t step,
-                         const std::vector<ShardedVariable>& variables, const std::string& who) {
+                         const std::vector<ShardedVariable>& variables, const std::string& who,
+                         const std::vector<std::string>& checkpoint_names) {
   // The ps tasks write only into a save in progress named ckpt-<step>.tmp-<pid>-<n>
   // (check_shard_checkpoint_target), whatever the checkpoint's own name.
   const fs::path parent = fs::path(final_dir).parent_path();
@@ -489,6 +252,9 @@ std::string save_sharded(ParameterServerStrategy& strategy, const std::string& f
     m.step = step;
     m.num_ps = strategy.num_ps();
     m.variables = variables;
+    for (std::size_t i = 0; i < checkpoint_names.size() && i < variables.size(); ++i) {
+      m.checkpoint_names[variables[i].name] = checkpoint_names[i];
+    }
     std::vector<actors::dispatcher::saved_file> files;
     try {
       files = PsAccess::dispatcher(strategy).save_shards(tmp, step, PsAccess::timeout(strategy));
@@ -523,76 +289,59 @@ std::int64_t restore_sharded(ParameterServerStrategy& strategy, const std::strin
                              const std::vector<RestoreTarget>& targets) {
   const Manifest m = read_manifest(path);
   const auto files = read_shard_files(path, m);
-  std::map<std::string, const ShardedVariable*> saved;
-  for (const auto& v : m.variables) saved[v.name] = &v;
+  std::map<std::string, const ShardedVariable*> saved, by_checkpoint_name;
+  for (const auto& v : m.variables) {
+    saved[v.name] = &v;
+    if (auto c = m.checkpoint_names.find(v.name); c != m.checkpoint_names.end()) by_checkpoint_name[c->second] = &v;
+  }
   std::vector<actors::dispatcher::shard_restore> restores;
   for (const RestoreTarget& target : targets) {
     const ShardedVariable& v = target.current;
-    auto it = saved.find(v.name);
-    if (it == saved.end() && !target.alias.empty()) it = saved.find(target.alias);
-    if (it == saved.end()) {
+    // A Checkpoint's variable by the name the Checkpoint saved it under, when one did (the ps
+    // tasks' names differ between two models of one strategy: "kernel", "kernel_2"); else by its
+    // own name, then by its Checkpoint's name.
+    const ShardedVariable* found = nullptr;
+    if (!target.alias.empty() && !by_checkpoint_name.empty()) {
+      if (auto c = by_checkpoint_name.find(target.alias); c != by_checkpoint_name.end()) found = c->second;
+    } else {
+      auto it = saved.find(v.name);
+      if (it == saved.end() && !target.alias.empty()) it = saved.find(target.alias);
+      if (it != saved.end()) found = it->second;
+    }
+    if (found == nullptr) {
       std::string held;
-      for (const auto& sv : m.variables) held += (held.empty() ? "" : ", ") + base::quoted(sv.name);
+      for (const auto& sv : m.variables) {
+        const auto c = m.checkpoint_names.find(sv.name);
+        held += (held.empty() ? "" : ", ") + base::quoted(c == m.checkpoint_names.end() ? sv.name : c->second);
+      }
       throw CheckpointError("sharded checkpoint " + path + " has no variable " + base::quoted(v.name) +
                             (target.alias.empty() || target.alias == v.name ? std::string()
                                                                             : " (" + base::quoted(target.alias) + ")") +
                             " (it holds " + (held.empty() ? std::string("none") : held) + ")");
     }
-    const ShardedVariable& sv = *it->second;
+    const ShardedVariable& sv = *found;
     if (sv.dtype != v.dtype || sv.shape != v.shape) {
       throw CheckpointError("sharded checkpoint " + path + ": variable " + base::quoted(sv.name) + " is " +
                             dtype_text(sv.dtype) + " " + shape_to_string(sv.shape) + ", the strategy's " +
                             base::quoted(v.name) + " is " + dtype_text(v.dtype) + " " + shape_to_string(v.shape));
     }
-    std::vector<SavedShard> parts;
-    std::int64_t kind = -1;
-    for (const auto& s : sv.shards) {
-      parts.push_back(find_shard(files[static_cast<std::size_t>(s.ps)], sv, s));
-      if (parts.back().kind >= 0) {
-        if (kind >= 0 && kind != parts.back().kind) {
-          throw CheckpointError("sharded checkpoint " + path + ": variable " + base::quoted(v.name) +
-                                "'s shards were updated by different optimizers");
-        }
-        kind = parts.back().kind;
-      }
-    }
-    const int nslots = kind < 0 ? 0 : actors::slot_count(static_cast<actors::shard_optimizer>(kind));
+    const JoinedVariable joined = join_shards(files, sv, path);
+    const std::int64_t kind = joined.kind;
     std::size_t row_bytes = dtype_size(v.dtype);
     for (std::size_t d = 1; d < v.shape.size(); ++d) row_bytes *= static_cast<std::size_t>(v.shape[d]);
-    // The saved rows laid end to end (slots of a shard no optimizer touched yet are zeros), then
-    // cut along the current shards.
-    const std::size_t total = row_bytes * static_cast<std::size_t>(v.shape[0]);
-    std::string elements;
-    elements.reserve(total);
-    std::vector<std::string> slots(static_cast<std::size_t>(nslots));
-    std::vector<std::int64_t> first_row, steps;
+    // The saved rows cut along the current shards.
     std::int64_t row = 0;
-    for (const auto& p : parts) {
-      elements.append(static_cast<const char*>(p.value->data), p.value->nbytes);
-      for (int k = 0; k < nslots; ++k) {
-        if (p.slots.empty()) {
-          slots[static_cast<std::size_t>(k)].append(p.value->nbytes, '\0');
-        } else {
-          slots[static_cast<std::size_t>(k)].append(static_cast<const char*>(p.slots[static_cast<std::size_t>(k)]->data),
-                                                    p.value->nbytes);
-        }
-      }
-      first_row.push_back(row);
-      steps.push_back(p.applied);
-      row += p.rows;
-    }
-    row = 0;
     for (const auto& s : v.shards) {
       actors::dispatcher::shard_restore r;
       r.ps = s.ps;
       r.key = s.key;
       const std::size_t at = static_cast<std::size_t>(row) * row_bytes, n = static_cast<std::size_t>(s.rows) * row_bytes;
-      r.elements = elements.substr(at, n);
-      for (const auto& sl : slots) r.slots += sl.substr(at, n);
+      r.elements = joined.elements.substr(at, n);
+      for (const auto& sl : joined.slots) r.slots += sl.substr(at, n);
       // The largest step among the saved shards whose rows this one takes.
-      for (std::size_t k = 0; k < parts.size(); ++k) {
-        const std::int64_t b = first_row[k], e = first_row[k] + parts[k].rows;
-        if (b < row + s.rows && row < e) r.applied = std::max(r.applied, steps[k]);
+      for (std::size_t k = 0; k < joined.parts.size(); ++k) {
+        const std::int64_t b = joined.first_row[k], e = b + joined.parts[k].rows;
+        if (b < row + s.rows && row < e) r.applied = std::max(r.applied, joined.parts[k].applied);
       }
       r.optimizer = kind < 0 ? 0xff : static_cast<std::uint8_t>(kind);
       if (kind < 0) r.applied = 0;
@@ -734,24 +483,15 @@ ShardedCheckpointValues read_sharded_checkpoint(const std::string& path) {
   ShardedCheckpointValues out;
   out.path = path;
   out.step = m.step;
+  for (const auto& [name, checkpoint_name] : m.checkpoint_names) out.checkpoint_names.emplace(checkpoint_name, name);
   for (const ShardedVariable& v : m.variables) {
-    std::string elements;
-    for (const auto& s : v.shards) {
-      if (s.ps < 0 || static_cast<std::size_t>(s.ps) >= files.size()) {
-        throw CheckpointError("sharded checkpoint " + path + ": variable " + base::quoted(v.name) +
-                              " names ps task " + std::to_string(s.ps) + ", which has no shard file");
-      }
-      const SavedShard p = find_shard(files[static_cast<std::size_t>(s.ps)], v, s);
-      elements.append(static_cast<const char*>(p.value->data), p.value->nbytes);
+    const JoinedVariable joined = join_shards(files, v, path);
+    out.variables.emplace(v.name, Tensor::from_bytes(joined.elements.data(), joined.elements.size(), v.dtype, v.shape));
+    const std::vector<std::string> names = detail::shard_slot_names(joined.kind);
+    for (std::size_t k = 0; k < joined.slots.size() && k < names.size(); ++k) {
+      const std::string& slot = joined.slots[k];
+      out.slots[v.name].emplace(names[k], Tensor::from_bytes(slot.data(), slot.size(), v.dtype, v.shape));
     }
-    std::size_t expected = dtype_size(v.dtype);
-    for (std::int64_t d : v.shape) expected *= static_cast<std::size_t>(d);
-    if (elements.size() != expected) {
-      throw CheckpointError("sharded checkpoint " + path + ": variable " + base::quoted(v.name) + "'s shards hold " +
-                            std::to_string(elements.size()) + " bytes, its shape " + shape_to_string(v.shape) +
-                            " needs " + std::to_string(expected));
-    }
-    out.variables.emplace(v.name, Tensor::from_bytes(elements.data(), elements.size(), v.dtype, v.shape));
   }
   return out;
 }

@@ -28,12 +28,16 @@ void remove_interrupted_saves(const std::string& directory, const std::string& w
 /// (absolute), atomically as a whole: every ps task writes its file into
 /// "<parent>/ckpt-<step>.tmp-<pid>-<n>/" at once, the chief writes the manifest last, and the
 /// directory is renamed to `final_dir` (replacing one of that name). Returns `final_dir`; a
-/// failure is CheckpointError, with `who` first, and leaves nothing behind.
+/// failure is CheckpointError, with `who` first, and leaves nothing behind. `checkpoint_names`
+/// (empty, or one per variable): each variable's name in the Checkpoint that saves it, recorded in
+/// the manifest, where restore finds it.
 std::string save_sharded(ParameterServerStrategy& strategy, const std::string& final_dir, std::int64_t step,
-                         const std::vector<ShardedVariable>& variables, const std::string& who);
+                         const std::vector<ShardedVariable>& variables, const std::string& who,
+                         const std::vector<std::string>& checkpoint_names = {});
 
-/// A variable to restore: its current shards, found in the manifest under its own name, else under
-/// `alias` (its name in a Checkpoint) when that is not empty.
+/// A variable to restore: its current shards, and `alias`, its name in a Checkpoint (empty for a
+/// ShardedCheckpointManager's). A checkpoint a Checkpoint saved is searched by that name; any
+/// other by the variable's own name, else by `alias`.
 struct RestoreTarget {
   ShardedVariable current;
   std::string alias;
