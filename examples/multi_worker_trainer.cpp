@@ -10,6 +10,7 @@
 //   troupe-launch -n 2 --max-restarts 3 -- multi_worker_trainer --checkpoint-dir /tmp/run --tensorboard-dir logs
 //   troupe-launch -n 3 --elastic --min 2 -- multi_worker_trainer --elastic   # a lost worker is dropped
 //   ... multi_worker_trainer --elastic --record-examples DIR   # each step's example ids, per worker
+//   ... multi_worker_trainer --elastic --validation-delay-ms 200   # validation, slowed, at every epoch's end
 //
 // Only the chief prints the progress. A NaN or infinite loss stops every worker at the same step
 // (exit 1, no backup after it). With --checkpoint-dir, the run is backed up (BackupAndRestore) at
@@ -176,6 +177,7 @@ int main(int argc, char** argv) {
   std::string implementation = "auto";
   bool elastic = false;
   std::string record_examples;
+  int validation_delay_ms = -1;
   CLI::App app{"The MLP classifier under MultiWorkerMirroredStrategy (TF_CONFIG says who is who).",
                "multi_worker_trainer"};
   troupe::examples::show_defaults(app);
@@ -213,6 +215,13 @@ int main(int argc, char** argv) {
                  "(step=S changes=C ids=..., written as the step computes; to check that DATA sharding gives "
                  "every example of an epoch once across membership changes)")
       ->type_name("DIR");
+  app.add_option("--validation-delay-ms", validation_delay_ms,
+                 "validate on 512 rows of the set at the end of every epoch (FitOptions::validation_data, 4 batches), "
+                 "holding each batch this long: a window to interrupt a run inside an epoch's end (each worker prints "
+                 "'validation N begins' as its Nth validation starts)")
+      ->type_name("MS")
+      ->default_str("none")
+      ->check(in_range(0, 60000));
   app.add_flag("--quiet", quiet, "print the result line only");
   return troupe::examples::run_main(app, argc, argv, [&] {
     if (checkpoint_every > 0 && checkpoint_dir.empty()) {
@@ -301,6 +310,24 @@ int main(int argc, char** argv) {
       options.on_step_end = [&](std::int64_t, double) {
         std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms));
       };
+    }
+    if (validation_delay_ms >= 0) {
+      // Every worker reads the 4 global batches (DATA sharding); a third component numbers them, so
+      // that batch 0 says a validation begins (one cut short and begun again included).
+      std::vector<std::int64_t> batch_of(512);
+      for (std::size_t i = 0; i < batch_of.size(); ++i) batch_of[i] = static_cast<std::int64_t>(i / 128);
+      auto begun = std::make_shared<std::atomic<int>>(0);
+      options.validation_data =
+          data::Dataset::from_tensor_slices({d.features.slice(0, 512), d.labels.slice(0, 512),
+                                             Tensor::from_vector(batch_of, {512})})
+              .batch(128)
+              .map([begun, validation_delay_ms](const data::Element& e) {
+                if (e[2].to_vector<std::int64_t>().front() == 0) {
+                  std::cout << "validation " << begun->fetch_add(1) + 1 << " begins" << std::endl;
+                }
+                std::this_thread::sleep_for(std::chrono::milliseconds(validation_delay_ms));
+                return data::Element{e[0], e[1]};
+              });
     }
     if (recorder) {
       auto tag = std::make_shared<nn::LambdaCallback>();

@@ -13,7 +13,11 @@
 #   epoch-end: as shrink, with commits every 40 steps (TROUPE_COMMIT_EVERY_STEPS), rank 2 killed
 #              as soon as the chief printed the end of epoch 1 (step 42): the survivors roll back
 #              to the commit of the epoch's end (step 42), not to step 40 in the epoch they ended.
-# Usage: multi_worker_elastic_check.sh shrink|below-min|stall|epoch-end TROUPE_LAUNCH MULTI_WORKER_TRAINER
+#   validation: as shrink, with a validation at every epoch's end (each batch held 150 ms), rank 2
+#              killed as its first validation begins, when every worker agreed to end epoch 1: the
+#              survivors fail inside the validation's collectives, drop rank 2, go on from the
+#              commit of the epoch's end (step 42) and run the epoch's end again on 2 workers.
+# Usage: multi_worker_elastic_check.sh shrink|below-min|stall|epoch-end|validation TROUPE_LAUNCH MULTI_WORKER_TRAINER
 set -u
 mode="$1" launch="$2" trainer="$3" label="$1"
 . "$(dirname "$0")/multi_worker_lib.sh"
@@ -23,6 +27,7 @@ every_pid() { [ -n "$(pid_of 0)" ] && [ -n "$(pid_of 1)" ] && [ -n "$(pid_of 2)"
 
 # 42 steps an epoch, global batch 192 (64 rows a worker, then 96): about 7 s of training.
 args=(--elastic --epochs 3 --batch 192 --step-delay-ms 50)
+[ "$mode" = validation ] && args+=(--validation-delay-ms 150)
 if [ "$mode" = epoch-end ]; then
   start_launcher "$dir/run.out" env TROUPE_COMMIT_EVERY_STEPS=40 "$launch" -n 3 --elastic --min 2 --timeout 100 -- \
     "$trainer" "${args[@]}"
@@ -38,6 +43,8 @@ pid=$(pid_of 2)
 [ -n "$pid" ] || fail "rank 2 did not print its pid within 30 s"
 if [ "$mode" = epoch-end ]; then
   wait_for 60 grep -q "^\[rank 0\] Epoch 1/3" "$dir/run.out" || fail "the chief did not end epoch 1 within 60 s"
+elif [ "$mode" = validation ]; then
+  wait_for 60 grep -q "^\[rank 2\] validation 1 begins$" "$dir/run.out" || fail "rank 2 did not begin validating within 60 s"
 else
   sleep 2
 fi
@@ -63,9 +70,16 @@ if [ "$mode" != below-min ]; then
     [ "$(field $r workers)" = 2 ] || fail "rank $r finished with workers=$(field $r workers) (expected 2)"
     [ "$(field $r membership_changes)" = 1 ] || fail "rank $r has membership_changes=$(field $r membership_changes)"
     [ "$(field $r steps)" = 126 ] || fail "rank $r finished at step $(field $r steps) (expected 126)"
-    if [ "$mode" = epoch-end ]; then
+    if [ "$mode" = epoch-end ] || [ "$mode" = validation ]; then
       from=$(sed -n "s/^\[rank $r\] troupe: warning: elastic membership: .* left; 2 workers continue from step \([0-9]*\) .*/\1/p" "$dir/run.out")
-      [ "$from" = 42 ] || fail "rank $r went on from step $from after a loss early in epoch 2 (expected 42, the epoch's end)"
+      [ "$from" = 42 ] || fail "rank $r went on from step $from after a loss at epoch 1's end (expected 42, the epoch's end)"
+    fi
+    if [ "$mode" = validation ]; then
+      grep -q "^\[rank $r\] troupe: warning: elastic membership: the end of epoch 1 (validation, callbacks, backup) runs again on the 2 workers that continue$" \
+        "$dir/run.out" || fail "rank $r does not say that the end of epoch 1 runs again"
+      # Validations 1 (cut short), 1 again, 2 and 3.
+      [ "$(grep -c "^\[rank $r\] validation [0-9]* begins$" "$dir/run.out")" = 4 ] ||
+        fail "rank $r began $(grep -c "^\[rank $r\] validation [0-9]* begins$" "$dir/run.out") validations (expected 4)"
     fi
   done
   same_weights 0 1

@@ -6,12 +6,14 @@
 # on 3 workers with the same weights digest, ranks 0 and 1 in the processes they started in.
 # Meanwhile, while the chief still runs, a stranger with another TROUPE_CLUSTER_TOKEN asks to join
 # and is refused, and so is a worker with the token asking to join as a fourth (max_workers is 3).
+# A port taken between its pick and the chief's bind starts the run again on fresh ports.
 # Usage: multi_worker_elastic_join_check.sh TROUPE_LAUNCH MULTI_WORKER_TRAINER
 set -u
 launch="$1"
 trainer="$2"
 label=join
 . "$(dirname "$0")/multi_worker_lib.sh"
+. "$(dirname "$0")/../lib/cluster_common.sh"
 
 every_pid() { [ -n "$(pids_of 0 3 '[0-9]*')" ] && [ -n "$(pids_of 1 3 '[0-9]*')" ] && [ -n "$(pids_of 2 3 '[0-9]*')" ]; }
 
@@ -30,26 +32,27 @@ ask() {
   untrack "$pid"
 }
 
-# Three free consecutive ports, so that the stranger knows the chief's address.
-base=$(python3 -c '
-import socket, random
-for _ in range(200):
-    p = random.randint(20000, 60000)
-    try:
-        socks = []
-        for i in range(3):
-            s = socket.socket(); s.bind(("127.0.0.1", p + i)); socks.append(s)
-        print(p); break
-    except OSError:
-        pass
-')
-[ -n "$base" ] || fail "no three free consecutive ports"
+# taken: a port picked free was taken before it was bound: the chief says it cannot listen (and
+# the launcher ends the run), or the launcher finds a --port-base port in use.
+taken() { grep -q 'cannot listen\|is in use (--port-base' "$dir/run.out" 2>/dev/null; }
+formed_or_taken() { every_pid || taken || ! kill -0 "$launcher_pid" 2>/dev/null; }
 
+# Four free consecutive ports (the cluster's three and the fourth worker's), so that the stranger
+# knows the chief's address. Another process may take one between the pick and the bind: then the
+# run starts again on fresh ports (cluster_common.sh's rule), up to 3 times.
 # 42 steps an epoch, global batch 192 (64 rows a worker, 96 on 2, 64 again on 3): about 18 s.
-start_launcher "$dir/run.out" env TROUPE_CLUSTER_TOKEN=the-cluster-token "$launch" -n 3 --port-base "$base" \
-  --elastic --min 2 --max-restarts 1 --timeout 110 -- "$trainer" --elastic --epochs 8 --batch 192 --step-delay-ms 50
-
-wait_for 30 every_pid
+for attempt in 1 2 3; do
+  base=$(consecutive_ports 4) || fail "no four free consecutive ports"
+  start_launcher "$dir/run.out" env TROUPE_CLUSTER_TOKEN=the-cluster-token "$launch" -n 3 --port-base "$base" \
+    --elastic --min 2 --max-restarts 1 --timeout 110 -- "$trainer" --elastic --epochs 8 --batch 192 --step-delay-ms 50
+  wait_for 30 formed_or_taken
+  taken || break
+  echo "a port was taken (attempt $attempt): $(grep -h -m 1 'cannot listen\|is in use (--port-base' "$dir/run.out")"
+  kill -TERM "$launcher_pid" 2>/dev/null
+  wait_launcher 30 " after a port was taken"
+  [ "$attempt" = 3 ] && fail "no free ports after 3 tries"
+done
+every_pid || fail "the workers did not print their pids within 30 s"
 pid0=$(pids_of 0 3 '[0-9]*')
 pid2=$(pids_of 2 3 '[0-9]*')
 [ -n "$pid0" ] && [ -n "$pid2" ] || fail "the workers did not print their pids within 30 s"

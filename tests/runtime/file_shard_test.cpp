@@ -163,6 +163,75 @@ TEST_CASE("a FILE pass begun over 2 workers and taken up by any number: every ro
   }
 }
 
+TEST_CASE("AUTO over files: a pass taken up is read by the policy it began with, chosen over the workers of then") {
+  // An elastic worker that joins distributes its dataset over the workers there are then: with
+  // more workers than files its own choice would be DATA where the members' pass is FILE, and the
+  // other way round. The pass's split_workers carries the choice: here one worker (whose own
+  // choice is DATA) takes up a FILE pass begun over 2 workers and a DATA pass begun over 4.
+  temp_dir dir("files-auto");
+  const auto paths = write_parts(dir, 3);  // 6 rows, 1 to 3 a file
+  const auto make = [&] { return data::csv_files_dataset(paths).shuffle(4, 5).batch(2); };
+  const std::vector<float> all = sorted(ids(data::csv_files_dataset(paths)));
+  const std::vector<float> data_order = ids(make());  // pass 0 of the whole dataset, in order
+  Runtime rt;
+  for (int local : {1, 2}) {
+    MirroredStrategy s(rt, cpus(local));
+    for (std::int64_t k : {0, 1, 2, 3}) {
+      CAPTURE(local);
+      CAPTURE(k);
+      // FILE, begun over 2 workers (3 files: one each at least): k steps of each worker's own
+      // files, then the rest as this worker reads it.
+      std::vector<float> seen;
+      {
+        distribute::detail::FileSplit split(make(), local);
+        std::vector<std::function<std::optional<PerReplica<data::Element>>()>> workers;
+        for (int w = 0; w < 2; ++w) workers.push_back(split.own_steps(2, w, 0));
+        for (std::int64_t step = 0; step < k; ++step) {
+          for (auto& steps : workers) {
+            if (auto x = steps()) collect(*x, seen);
+          }
+        }
+      }
+      auto it = s.experimental_distribute_dataset(make()).make_iterator(2);
+      CHECK(it.split_workers() == 2);
+      for (std::int64_t step = 0; step < k; ++step) it.get_next_as_optional();
+      while (auto x = it.get_next_as_optional()) collect(*x, seen);
+      CHECK(sorted(seen) == all);
+      // DATA, begun over 4 workers (fewer files than workers): k global batches, then the rest,
+      // in the order of the whole dataset's pass.
+      seen.assign(data_order.begin(), data_order.begin() + std::min<std::int64_t>(2 * k, 6));
+      auto rest = s.experimental_distribute_dataset(make()).make_iterator(4);
+      CHECK(rest.split_workers() == 4);
+      for (std::int64_t step = 0; step < k; ++step) rest.get_next_as_optional();
+      while (auto x = rest.get_next_as_optional()) collect(*x, seen);
+      CHECK(seen == data_order);
+    }
+    // The passes count together whichever policy each chose: pass 1 taken up as FILE reads FILE's
+    // orders of pass 1, after a DATA pass 0 (this worker's own choice), and after a rewind again.
+    auto dist = s.experimental_distribute_dataset(make());
+    CHECK(dist.make_iterator().split_workers() == 1);
+    std::vector<float> second;
+    {
+      auto it = dist.make_iterator(2);
+      while (auto x = it.get_next_as_optional()) collect(*x, second);
+    }
+    distribute::detail::FileSplit split(make(), local);
+    std::vector<float> expected;
+    auto joined = split.global_steps(2, 1);
+    while (auto x = joined()) {
+      for (float v : x->at(0).template to_vector<float>()) expected.push_back(v);
+    }
+    CHECK(sorted(second) == all);
+    CHECK(second == expected);
+    dist.rewind_passes();
+    dist.make_iterator().get_next_as_optional();
+    std::vector<float> again;
+    auto it = dist.make_iterator(2);
+    while (auto x = it.get_next_as_optional()) collect(*x, again);
+    CHECK(again == second);
+  }
+}
+
 TEST_CASE("a FILE split's joined steps are its workers' steps, and pass p reads the orders of pass p") {
   temp_dir dir("files-passes");
   const auto paths = write_parts(dir, 4);

@@ -77,21 +77,31 @@ class ChangeEntry {
 
 // Elastic membership, after a step failed: the cluster without the lost worker, the newest
 // commit every worker that continues holds, restored, and the input taken up there.
-distribute::detail::CommitPosition FitLoop::recover(const std::string& failure, EpochSums& sums) {
+// Every worker that continues says where it failed (`stage`) beside the commits it holds, in the
+// same all-gather: an epoch's end decides from them whether the others ended it already.
+distribute::detail::CommitPosition FitLoop::recover(const std::string& failure, EpochSums& sums, std::int64_t stage,
+                                                    std::int64_t* furthest) {
   const auto started = Clock::now();
   ChangeEntry entry(step_, workers_, "elastic:worker_left");
   const distribute::detail::MembershipChange change = elastic_->change(failure);
   std::vector<std::int64_t> mine = committed_.steps();
   mine.resize(2, -1);
+  mine.push_back(stage);
   const std::vector<std::int64_t> all =
-      group_.concat(Tensor::from_vector(mine, {2}), 0).to_vector<std::int64_t>();
-  std::vector<std::vector<std::int64_t>> held(all.size() / 2);
+      group_.concat(Tensor::from_vector(mine, {3}), 0).to_vector<std::int64_t>();
+  std::vector<std::vector<std::int64_t>> held(all.size() / 3);
   std::string listed;
+  std::int64_t far = stage;
   for (std::size_t i = 0; i < all.size(); ++i) {
-    if (all[i] >= 0) held[i / 2].push_back(all[i]);
-    if (i % 2 == 0) listed += (i == 0 ? "worker 0: " : "; worker " + std::to_string(i / 2) + ": ");
-    listed += (i % 2 == 1 ? ", " : "") + std::to_string(all[i]);
+    if (i % 3 == 2) {
+      far = std::max(far, all[i]);
+      continue;
+    }
+    if (all[i] >= 0) held[i / 3].push_back(all[i]);
+    if (i % 3 == 0) listed += (i == 0 ? "worker 0: " : "; worker " + std::to_string(i / 3) + ": ");
+    listed += (i % 3 == 1 ? ", " : "") + std::to_string(all[i]);
   }
+  if (furthest != nullptr) *furthest = far;
   const std::optional<std::int64_t> step = actors::common_commit(held);
   if (!step) {
     throw CollectiveAborted("elastic membership falls back to the restart path: the workers that continue hold no "
@@ -281,31 +291,83 @@ bool FitLoop::leave(int epoch, std::int64_t k, const EpochSums& sums, const std:
   return false;
 }
 
-// Elastic membership, after an epoch's last step (`k`): every worker passes one collective before
-// any ends the epoch, so that none ends it while another failed that step (the commit they share
-// would then be of the epoch one of them ended), and then commits the epoch's end, so that a loss
-// early in the next epoch rolls back to its start rather than into the epoch ended. False when
-// the collective failed and training rolled back into this epoch: `k` is then the step before the
-// one to take up, `sums` the epoch's as committed there.
+// Elastic membership, after an epoch's last step (`k`), committed at its boundary: every worker
+// passes one collective before any ends the epoch, so that none ends it while another failed that
+// step (the commit they share would then be of the epoch one of them ended). The commit of the
+// epoch's end makes a loss early in the next epoch roll back to its start rather than into the
+// epoch ended. False when the collective failed and training rolled back into this epoch: `k` is
+// then the step before the one to take up, `sums` the epoch's as committed there. True when it
+// failed and every worker that continues holds the epoch's end: each of them finished the last
+// step, so the epoch ends (end_epoch_together) over them.
 bool FitLoop::end_together(int epoch, std::int64_t& k, EpochSums& sums) {
-  if (workers_ > 1) {
+  if (workers_ <= 1) return true;
+  try {
+    const CallSiteLabel phase("fit:epoch_end");
+    group_.sum(Tensor::from_vector(std::vector<float>{1.0f}, {1}));
+  } catch (const troupe::Error& e) {
+    if (!failed_in_collective(e)) throw;
+    EpochSums kept = sums;
+    const distribute::detail::CommitPosition at = recover(e.what(), kept, 2 * std::int64_t{epoch} + 1);
+    if (at.epoch == epoch + 1 && at.step_in_epoch == 0) return true;  // `sums` stay the epoch's, to end it
+    if (at.epoch != epoch) {
+      throw CollectiveAborted("elastic membership falls back to the restart path: the commit the workers that "
+                              "continue hold is of epoch " + std::to_string(at.epoch + 1) + ", and this worker "
+                              "stands at the end of epoch " + std::to_string(epoch + 1));
+    }
+    sums = kept;
+    k = at.step_in_epoch - 1;
+    return false;
+  }
+  return true;
+}
+
+// Elastic membership: the end of an epoch every worker agreed to end (end_together): its means,
+// validation, on_epoch_end and the backup, then one more collective that every worker passes
+// before any starts the next epoch. A worker lost inside them is dropped as one lost in a step:
+// the workers that continue all hold the commit of the epoch's end (its last step), restore it,
+// and say where each failed. When one of them passed that last collective, every worker had
+// entered it, the end's work done on each: they all go on with the next epoch. Otherwise none
+// began the next epoch, and the epoch's end runs again from its start over the workers that
+// continue (validation, on_epoch_end and the backup again, on some for the second time), as the
+// steps after a commit run again.
+void FitLoop::end_epoch_together(int epoch, std::int64_t k, std::int64_t first_k, const EpochSums& sums,
+                                 const Logs& epoch_logs, Clock::time_point start) {
+  const std::int64_t steps_before = history_.steps;
+  const std::int64_t samples_before = history_.samples;
+  for (;;) {
+    Logs logs = epoch_logs;
     try {
-      const CallSiteLabel phase("fit:epoch_end");
-      group_.sum(Tensor::from_vector(std::vector<float>{1.0f}, {1}));
+      end_epoch(epoch, k, first_k, sums, logs, start);
+      if (workers_ > 1) {
+        const CallSiteLabel phase("fit:epoch_closed");
+        group_.sum(Tensor::from_vector(std::vector<float>{1.0f}, {1}));
+      }
+      return;
     } catch (const troupe::Error& e) {
       if (!failed_in_collective(e)) throw;
-      const distribute::detail::CommitPosition at = recover(e.what(), sums);
-      if (at.epoch != epoch) {
-        throw CollectiveAborted("elastic membership falls back to the restart path: the commit the workers that "
-                                "continue hold is of epoch " + std::to_string(at.epoch + 1) + ", and this worker "
-                                "stands at the end of epoch " + std::to_string(epoch + 1));
+      EpochSums next;
+      std::int64_t furthest = 0;
+      const std::int64_t here = 2 * std::int64_t{epoch} + 1;
+      const distribute::detail::CommitPosition at = recover(e.what(), next, here, &furthest);
+      if (at.epoch != epoch + 1 || at.step_in_epoch != 0) {
+        throw CollectiveAborted("elastic membership falls back to the restart path: a worker was lost in the end of "
+                                "epoch " + std::to_string(epoch + 1) + ", and the commit the workers that continue "
+                                "hold is not of its end (epoch " + std::to_string(at.epoch + 1) + ", step " +
+                                std::to_string(at.step_in_epoch) + " of it)");
       }
-      k = at.step_in_epoch - 1;
-      return false;
+      if (furthest > here) {
+        troupe::log(LogLevel::warning, "elastic membership: the end of epoch " + std::to_string(epoch + 1) +
+                                           " was done on every worker; the next epoch goes on");
+        return;
+      }
+      history_.steps = steps_before;
+      history_.samples = samples_before;
+      troupe::log(LogLevel::warning, "elastic membership: the end of epoch " + std::to_string(epoch + 1) +
+                                         " (validation, callbacks, backup) runs again on the " +
+                                         std::to_string(workers_) + " worker" + (workers_ == 1 ? "" : "s") +
+                                         " that continue");
     }
   }
-  commit(epoch, k, sums);
-  return true;
 }
 
 }  // namespace troupe::nn::detail

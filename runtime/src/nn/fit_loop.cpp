@@ -244,6 +244,7 @@ void FitLoop::run_epoch(int epoch) {
   if (epoch == first_epoch_ && joined_sums_) sums = *joined_sums_;  // a joiner takes the epoch up
   const std::int64_t first_k = epoch == first_epoch_ ? at_.step_in_epoch : 0;
   std::int64_t k = first_k;
+  bool ended_together = false;  // elastic: every worker agreed to end the epoch (end_together)
   for (; (steps_per_epoch_ < 0 || k < steps_per_epoch_) && !stopped_; ++k) {
     Logs logs;
     for (const auto& c : callbacks_) c->on_train_batch_begin(k, logs);
@@ -275,7 +276,7 @@ void FitLoop::run_epoch(int epoch) {
     } catch (const troupe::Error& e) {
       // A lost worker, under elastic membership: the survivors go on from their last common commit.
       if (elastic_ == nullptr || !failed_in_collective(e)) throw;
-      const distribute::detail::CommitPosition at = recover(e.what(), sums);
+      const distribute::detail::CommitPosition at = recover(e.what(), sums, 2 * std::int64_t{epoch});
       if (at.epoch != epoch) {
         throw CollectiveAborted("elastic membership falls back to the restart path: the commit the workers that "
                                 "continue hold is of epoch " + std::to_string(at.epoch + 1) + ", and this worker has "
@@ -315,15 +316,22 @@ void FitLoop::run_epoch(int epoch) {
       if (leave(epoch, k, sums, leaving)) return;  // this worker left: no more collectives, no epoch end
     } else if (elastic_ != nullptr && !stopped_ && admit_here) {
       admit(epoch, k, sums);
-    } else if (elastic_ != nullptr && !stopped_ && step_ % elastic_->commit_every_steps() == 0) {
+    } else if (elastic_ != nullptr && !stopped_ &&
+               (step_ % elastic_->commit_every_steps() == 0 || (steps_per_epoch_ > 0 && k + 1 == steps_per_epoch_))) {
+      // An epoch's last step is always committed, before end_together: every worker that goes
+      // into the epoch's end holds that commit (fit_elastic.cpp, end_epoch_together).
       commit(epoch, k, sums);
     }
-    if (elastic_ != nullptr && !stopped_ && steps_per_epoch_ > 0 && k + 1 == steps_per_epoch_ &&
-        !end_together(epoch, k, sums)) {
-      continue;  // rolled back into this epoch: the loop's ++k takes up the step after the commit
+    if (elastic_ != nullptr && !stopped_ && steps_per_epoch_ > 0 && k + 1 == steps_per_epoch_) {
+      if (!end_together(epoch, k, sums)) continue;  // rolled back into this epoch: ++k takes up the step after the commit
+      ended_together = true;
     }
   }
-  end_epoch(epoch, k, first_k, sums, epoch_logs, start);
+  if (ended_together) {
+    end_epoch_together(epoch, k, first_k, sums, epoch_logs, start);
+  } else {
+    end_epoch(epoch, k, first_k, sums, epoch_logs, start);
+  }
 }
 
 // Input: the step's per-replica batch; none when a pass of unknown length ended.

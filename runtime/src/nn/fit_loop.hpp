@@ -23,6 +23,10 @@
 // survivor restores the newest commit all of them hold, makes a new input iterator at that
 // position (split over the workers that continue, the global batch the same) and the epoch goes
 // on from there: the steps after the commit are run again, and their callbacks called again.
+// An epoch's last step is always committed; the workers agree to end the epoch (a collective)
+// and pass another after its end (validation, callbacks, backup): a worker lost inside that end
+// is dropped as in a step, and the end runs again over the others unless one of them had passed
+// the collective after it (fit_elastic.cpp, end_epoch_together).
 // A worker asking to join is admitted at the step boundary the chief's row of the step's table
 // names: every member commits there, the ring re-forms with the joiner, the chief's state (the
 // variables, the position and the epoch's sums) reaches it by broadcast, every worker checks that
@@ -117,10 +121,15 @@ class FitLoop {
   // elastic membership
   void size_step_table();
   distribute::detail::CommitPosition commit(int epoch, std::int64_t k_done, const EpochSums& sums);
-  distribute::detail::CommitPosition recover(const std::string& failure, EpochSums& sums);
+  // `stage`: where this worker failed, 2 x its epoch in a step, 2 x its epoch + 1 in the epoch's
+  // end; `furthest` (when given) receives the furthest stage of every worker that continues.
+  distribute::detail::CommitPosition recover(const std::string& failure, EpochSums& sums, std::int64_t stage,
+                                             std::int64_t* furthest = nullptr);
   void admit(int epoch, std::int64_t k_done, const EpochSums& sums);
   bool leave(int epoch, std::int64_t k_done, const EpochSums& sums, const std::vector<int>& ranks);
   bool end_together(int epoch, std::int64_t& k, EpochSums& sums);
+  void end_epoch_together(int epoch, std::int64_t k, std::int64_t first_k, const EpochSums& sums,
+                          const Logs& epoch_logs, Clock::time_point start);
   std::size_t exchange_state(distribute::detail::CommitPosition& at, EpochSums& sums, bool receiving);
   void record_change(const distribute::detail::MembershipChange& change, std::chrono::milliseconds paused,
                      std::uint64_t state_bytes, const std::string& what, bool asked_to_leave = false);

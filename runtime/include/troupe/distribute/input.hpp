@@ -76,10 +76,12 @@ class DistributedIterator {
   /// the end of the data across them; nullopt elsewhere (one worker's input: its replicas' rows).
   std::optional<std::int64_t> last_global_rows() const;
   /// The workers this pass's input was split over when it began, where the split depends on them:
-  /// AutoShardPolicy::file (whose files each read) and distribute_datasets_from_function (the
-  /// input contexts given to dataset_fn); 0 under data and off sharding, whose global batches are
-  /// the same for any number of workers. An elastic cluster's commit records it, and
-  /// DistributedDataset::make_iterator(split_workers) takes the pass up after a change.
+  /// AutoShardPolicy::file (whose files each read), automatic over a file-based dataset (the
+  /// workers its choice of file or data was made over, whichever it chose) and
+  /// distribute_datasets_from_function (the input contexts given to dataset_fn); 0 under data and
+  /// off sharding, whose global batches are the same for any number of workers. An elastic
+  /// cluster's commit records it, and DistributedDataset::make_iterator(split_workers) takes the
+  /// pass up after a change, by the policy it began with.
   std::int64_t split_workers() const { return split_workers_; }
 
   /// Range-for support.
@@ -126,6 +128,9 @@ class DistributedDataset {
   /// cluster does after a change of membership: skipping the steps taken before gives the rest of
   /// that pass's rows, each once, split over the workers there are now.
   /// - data, off: the same global batches as any pass (split_workers is ignored).
+  /// - automatic over a file-based dataset: chosen when each pass begins, from the workers it
+  ///   begins over (file when there are several, each with a file; else data); a pass taken up
+  ///   keeps the choice made over `split_workers`, whatever the workers there are now would choose.
   /// - file, as many workers as then: each reads its own files again (worker w's steps depend
   ///   only on w and the number of workers). Fewer or more: every worker reads the files of all
   ///   of them, joins their steps into one global batch each and keeps its replicas' rows, as

@@ -21,6 +21,15 @@
 // order per pass), but each split has graphs of its own: the pass number is kept here, for the
 // dataset, and each graph is brought to it before it is read (rewound and replayed when it
 // stands past it), so pass p reads the orders of pass p whichever splits the passes before used.
+//
+// AutoShardPolicy::automatic over a file-based dataset chooses FILE or DATA when each pass
+// begins, from the workers W it begins over: FILE when W > 1 and the dataset reads at least W
+// files, else DATA (TensorFlow's rule, which it applies once: an elastic cluster's W changes, and
+// a worker that joins distributes its dataset over the workers of then). The pass records W
+// whichever it chose (DistributedIterator::split_workers), so a pass taken up after a change is
+// read by the policy it began with on every worker, the joiner's included. Its DATA passes read
+// the whole dataset (whole()), numbered with its FILE passes, so either reads the orders of its
+// pass.
 #pragma once
 
 #include <cstdint>
@@ -65,6 +74,9 @@ class FileSplit {
   /// The steps of pass `pass` over `workers` workers, each the union of every worker's rows of
   /// that step in one element (worker 0's rows first); nullopt once every worker's files ended.
   std::function<std::optional<data::Element>()> global_steps(int workers, std::int64_t pass);
+  /// The whole dataset (every file, as one worker reads it) at pass `pass`: a DATA pass of an
+  /// AUTO-sharded dataset, whose passes count with its FILE passes (AutoSplit below).
+  std::shared_ptr<data::Iterator> whole(std::int64_t pass) { return iterate(1, 0, pass); }
 
  private:
   // Worker `rank` of `workers`'s pipeline at pass `pass`, over its own graph.

@@ -461,8 +461,12 @@ std::optional<std::int64_t> DistributedIterator::last_global_rows() const { retu
 
 namespace {
 
+// AUTO's choice for a pass begun over `workers` workers of a dataset that reads `files` files
+// (TensorFlow's rule): FILE when every worker has a file of its own, else DATA.
+bool auto_reads_files(std::int64_t files, int workers) { return workers > 1 && files >= workers; }
+
 // The auto-shard policy in effect for a dataset over `workers` workers: FILE needs a file-based
-// dataset with a file for every worker; AUTO is FILE when that holds, else DATA (TensorFlow's rule).
+// dataset with a file for every worker; AUTO is FILE when that holds, else DATA.
 AutoShardPolicy effective_policy(AutoShardPolicy policy, const data::Dataset& dataset, int workers) {
   const std::int64_t files = dataset.impl()->num_files();
   if (policy == AutoShardPolicy::file) {
@@ -479,9 +483,71 @@ AutoShardPolicy effective_policy(AutoShardPolicy policy, const data::Dataset& da
     return AutoShardPolicy::file;
   }
   if (policy == AutoShardPolicy::automatic) {
-    return workers > 1 && files >= workers ? AutoShardPolicy::file : AutoShardPolicy::data;
+    return auto_reads_files(files, workers) ? AutoShardPolicy::file : AutoShardPolicy::data;
   }
   return policy;
+}
+
+// Pass `pass` of a FILE split begun over `over` workers. Each worker reads only its own files
+// (w, w + W, ...) and splits each global batch it reads into the replicas' shares as DATA does,
+// its own replicas' shares first and then the other workers' shares, one step each: a global
+// batch from its files feeds W steps of its replicas, each replica getting global_batch /
+// replicas_in_sync rows. The workers' files hold different amounts of data, so the end is agreed
+// across them. A pass begun over another number of workers than there are now (an elastic
+// cluster's change) is file_split.hpp's joined steps.
+DistributedIterator file_pass(Strategy& strategy, detail::FileSplit& split, int over, std::int64_t pass,
+                              std::int64_t declared, const InputOptions& options, const std::vector<Device>& devices) {
+  detail::WorkerGroup& group = strategy.backend().workers();
+  const int now = group.size();
+  if (over != now) {
+    return DistributedIterator(detail::joined_source(strategy, split.global_steps(over, pass), declared, options, devices),
+                               over);
+  }
+  auto produce = [steps = split.own_steps(now, group.rank(), pass), devices]() mutable -> detail::item {
+    std::optional<detail::Batch> step = steps();
+    if (!step) return nullptr;
+    auto batch = std::make_shared<detail::Batch>(std::move(*step));
+    detail::place(*batch, devices);
+    return batch;
+  };
+  return DistributedIterator(
+      detail::agreed(
+          std::make_shared<detail::BatchSource>(strategy, std::move(produce), options.experimental_prefetch_to_device),
+          group, devices),
+      now);
+}
+
+// A DATA or OFF pass over the global batches `open` gives (made when the pass is first read).
+// DATA: every worker reads the same global batches and keeps the rows of its own replicas
+// (sharding by data at row granularity: the workers see the same number of steps, so the end of
+// the data is the same step everywhere). OFF: each worker splits whole global batches over its
+// local replicas instead. Either way every worker knows the step's rows over the cluster: the
+// global batch's rows (DATA; some workers may hold more of them than others, or none), or each
+// worker's whole global batch, the same on every worker (OFF). The split is read when the
+// iterator is made: after an elastic change, over the workers that continue (the global batch
+// stays the same).
+DistributedIterator data_pass(Strategy& strategy, std::function<std::shared_ptr<data::Iterator>()> open, bool off,
+                              std::int64_t declared, std::int64_t split_workers, const InputOptions& options,
+                              const std::vector<Device>& devices) {
+  const int local = strategy.num_local_replicas();
+  const int replicas = off ? local : strategy.num_replicas_in_sync();
+  const int first = off ? 0 : strategy.backend().first_replica_id();
+  const std::int64_t copies = off ? strategy.backend().workers().size() : 1;
+  auto produce = [open = std::move(open), replicas, first, local, devices, copies, it = std::shared_ptr<data::Iterator>(),
+                  global_batch = declared]() mutable -> detail::item {
+    if (!it) it = open();
+    auto e = it->get_next_as_optional();
+    if (!e) return nullptr;
+    if (global_batch == 0 && !e->empty() && (*e)[0].rank() > 0) global_batch = (*e)[0].shape()[0];
+    auto step = std::make_shared<detail::SharedBatch>();
+    step->batch = detail::split_global_batch(*e, global_batch, replicas, first, local);
+    step->global_rows = (*e)[0].shape()[0] * copies;  // split_global_batch checked a first dimension
+    detail::place(step->batch, devices);
+    return step;
+  };
+  return DistributedIterator(
+      std::make_shared<detail::SharedBatchSource>(strategy, std::move(produce), options.experimental_prefetch_to_device),
+      split_workers);
 }
 
 }  // namespace
@@ -491,68 +557,34 @@ DistributedDataset Strategy::experimental_distribute_dataset(data::Dataset datas
   const AutoShardPolicy policy = effective_policy(options.auto_shard_policy, dataset, workers);
   const int local = num_local_replicas();
   const std::vector<Device> devices = detail::input_devices(backend_->devices(), options);
-  if (policy == AutoShardPolicy::file && workers > 1) {
-    // Each worker reads only its own files (w, w + W, ...) and splits each global batch it reads
-    // into the replicas' shares as DATA does, its own replicas' shares first and then the other
-    // workers' shares, one step each: a global batch from its files feeds W steps of its
-    // replicas, each replica getting global_batch / replicas_in_sync rows. The workers' files
-    // hold different amounts of data, so the end is agreed across them. The split is read when
-    // an iterator is made; a pass taken up after a change of membership is file_split.hpp's.
+  const std::int64_t declared = dataset.impl()->batch_size().value_or(0);
+  const std::int64_t files = dataset.impl()->num_files();
+  if (options.auto_shard_policy == AutoShardPolicy::automatic && files > 0) {
+    // AUTO over files chooses when each pass begins, from the workers it begins over, and a pass
+    // taken up (make_iterator(split_workers)) keeps the choice it began with (file_split.hpp).
     auto split = std::make_shared<detail::FileSplit>(dataset, local);
-    const std::int64_t declared = dataset.impl()->batch_size().value_or(0);
-    return DistributedDataset([this, split, options, devices, declared](std::int64_t split_workers) {
-      detail::WorkerGroup& group = backend_->workers();
-      const int now = group.size();
-      const int over = split_workers > 0 ? static_cast<int>(split_workers) : now;
+    return DistributedDataset([this, split, options, devices, declared, files](std::int64_t split_workers) {
+      const int over = split_workers > 0 ? static_cast<int>(split_workers) : backend_->workers().size();
       const std::int64_t pass = split->next_pass();
-      if (over != now) {
-        return DistributedIterator(detail::joined_source(*this, split->global_steps(over, pass), declared, options, devices),
-                                   over);
-      }
-      auto produce = [steps = split->own_steps(now, group.rank(), pass), devices]() mutable -> detail::item {
-        std::optional<detail::Batch> step = steps();
-        if (!step) return nullptr;
-        auto batch = std::make_shared<detail::Batch>(std::move(*step));
-        detail::place(*batch, devices);
-        return batch;
-      };
-      return DistributedIterator(
-          detail::agreed(
-              std::make_shared<detail::BatchSource>(*this, std::move(produce), options.experimental_prefetch_to_device),
-              group, devices),
-          now);
+      if (auto_reads_files(files, over)) return file_pass(*this, *split, over, pass, declared, options, devices);
+      auto it = split->whole(pass);
+      return data_pass(*this, [it] { return it; }, false, declared, over, options, devices);
     }, [split] { split->rewind(); });
   }
-  // DATA: every worker reads the same global batches and keeps the rows of its own replicas
-  // (sharding by data at row granularity: the workers see the same number of steps, so the end
-  // of the data is the same step everywhere). OFF: each worker splits whole global batches over
-  // its local replicas instead.
-  // The split is read when an iterator is made: an elastic cluster that changed its membership
-  // makes a new one, split over the workers that continue (the global batch stays the same).
-  // Either way every worker knows the step's rows over the cluster: the global batch's rows
-  // (DATA; some workers may hold more of them than others, or none), or each worker's whole
-  // global batch, the same on every worker (OFF).
+  if (policy == AutoShardPolicy::file && workers > 1) {
+    // The split is read when an iterator is made; a pass taken up after a change of membership is
+    // file_split.hpp's.
+    auto split = std::make_shared<detail::FileSplit>(dataset, local);
+    return DistributedDataset([this, split, options, devices, declared](std::int64_t split_workers) {
+      const int over = split_workers > 0 ? static_cast<int>(split_workers) : backend_->workers().size();
+      return file_pass(*this, *split, over, split->next_pass(), declared, options, devices);
+    }, [split] { split->rewind(); });
+  }
   const bool off = policy == AutoShardPolicy::off;
-  data::Dataset sharded = dataset;
-  return DistributedDataset([this, sharded, options, off, local, devices](std::int64_t) {
-    const int replicas = off ? local : num_replicas_in_sync();
-    const int first = off ? 0 : backend_->first_replica_id();
-    const std::int64_t copies = off ? backend_->workers().size() : 1;
-    auto produce = [sharded, replicas, first, local, devices, copies, it = std::shared_ptr<data::Iterator>(),
-                    global_batch = sharded.impl()->batch_size().value_or(0)]() mutable -> detail::item {
-      if (!it) it = std::make_shared<data::Iterator>(sharded.make_iterator());
-      auto e = it->get_next_as_optional();
-      if (!e) return nullptr;
-      if (global_batch == 0 && !e->empty() && (*e)[0].rank() > 0) global_batch = (*e)[0].shape()[0];
-      auto step = std::make_shared<detail::SharedBatch>();
-      step->batch = detail::split_global_batch(*e, global_batch, replicas, first, local);
-      step->global_rows = (*e)[0].shape()[0] * copies;  // split_global_batch checked a first dimension
-      detail::place(step->batch, devices);
-      return step;
-    };
-    return DistributedIterator(std::make_shared<detail::SharedBatchSource>(*this, std::move(produce),
-                                                                           options.experimental_prefetch_to_device));
-  }, [sharded] { sharded.impl()->rewind(); });
+  return DistributedDataset([this, dataset, options, off, devices, declared](std::int64_t) {
+    return data_pass(*this, [dataset] { return std::make_shared<data::Iterator>(dataset.make_iterator()); }, off,
+                     declared, 0, options, devices);
+  }, [dataset] { dataset.impl()->rewind(); });
 }
 
 namespace {
