@@ -39,6 +39,13 @@ TEST_CASE("monitor: with a token, requests without it get 401 and requests with 
   CHECK(contains(page, "text/html"));
   CHECK(contains(page, "<script src=\"chart.js\">"));
   CHECK(contains(http(m.dashboard_port(), "GET", "/chart.js?token=s3cret"), "Chart.js v"));
+  // The page's <script src="chart.js"> and its icon come without the page's query: served without
+  // the token (the same bytes for everyone); the page, the API and the commands are not.
+  CHECK(contains(http(m.dashboard_port(), "GET", "/chart.js"), "Chart.js v"));
+  CHECK(contains(http(m.dashboard_port(), "GET", "/favicon.svg"), "200 OK"));
+  CHECK(contains(http(m.dashboard_port(), "GET", "/"), "401 Unauthorized"));
+  CHECK(contains(http(m.dashboard_port(), "POST", "/chart.js"), "401 Unauthorized"));
+  CHECK(contains(http(m.dashboard_port(), "GET", "/api/state?x=/chart.js"), "401 Unauthorized"));
 }
 
 TEST_CASE("monitor: without a token, another site's page cannot steer the training") {
