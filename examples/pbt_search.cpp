@@ -24,15 +24,22 @@
 //
 // With --dashboard-port the chief serves the dashboard: the best trial's validation loss per
 // generation as the loss chart, and the Actors card with every trial (its task, state, restarts,
-// last reply, accuracy and hyperparameters) and the trials' accuracies over the generations. With
-// --tensorboard-dir DIR each trial's accuracy, loss and hyperparameters per generation go to
-// DIR/trial_<i>/train (epoch_accuracy, epoch_loss, epoch_learning_rate, epoch_momentum).
+// last reply, accuracy and hyperparameters) and the trials' accuracies over the generations. Each
+// row has a Stop and a Clone button (Monitor::add_actor_action): the chief applies them after the
+// generation they were asked in, before its exploit. Stop ends that trial (its actor stopped; it
+// trains no more, and takes no part in the exploit), never the last one running; Clone spawns a
+// new trial on the worker holding the fewest running trials, from the trial's last copy with its
+// hyperparameters perturbed as explore does. With --tensorboard-dir DIR each trial's accuracy,
+// loss and hyperparameters per generation go to DIR/trial_<i>/train (epoch_accuracy, epoch_loss,
+// epoch_learning_rate, epoch_momentum).
 //
 // The last line is for scripts:
 //   result: trials=N generations=G best_initial=A0 best_final=A respawned=R workers_lost=W
+//           stopped_by_hand=S cloned_by_hand=C
 // (best_initial: the best validation accuracy after the first generation's training, before any
-// exploit; best_final: the best after the last; respawned: trials started again from their last
-// copy after their worker was lost; workers_lost: workers whose trials went down).
+// exploit; best_final: the best of the trials running after the last; respawned: trials started
+// again from their last copy after their worker was lost; workers_lost: workers whose trials went
+// down; stopped_by_hand and cloned_by_hand: the dashboard's Stop and Clone applied).
 
 #include <algorithm>
 #include <chrono>
@@ -179,6 +186,7 @@ Split load(const Flags& f) {
 }
 
 constexpr int num_weights = 6;  // kernel and bias of 3 Dense layers
+constexpr std::size_t max_trials = 1024;  // --trials, and the trials cloned by hand with them
 
 // One trial: an MLP 64 -> hidden -> hidden -> 10 trained with SGD and momentum, its own
 // hyperparameters, its own order of batches. Messages (tensors in, tensors out):
@@ -303,6 +311,7 @@ struct TrialRecord {
   double accuracy = -1;      // its newest validation accuracy; -1 before the first
   double loss = NAN;
   bool lost = false;
+  bool stopped = false;  // by hand, from the dashboard: it trains no more
   float lr() const { return copy.at(0).to_vector<float>()[0]; }
   float momentum() const { return copy.at(0).to_vector<float>()[1]; }
 };
@@ -340,6 +349,9 @@ int run_chief(Runtime& runtime, const ClusterResolver& resolver, const Flags& f)
     mo.checkpoints = false;
     monitor = std::make_unique<Monitor>(strategy, nullptr, mo);
     options.on_event = monitor->actor_events();
+    monitor->add_actor_action("stop", "stop this trial after this generation (never the last one running)");
+    monitor->add_actor_action("clone", "a new trial from this one's last copy, its learning rate and momentum each x0.8 or "
+                                       "x1.25, on the worker with the fewest trials");
   }
   ActorCluster actors(runtime, resolver, FunctionRegistry{}, options);
   const bool generated = !std::filesystem::exists(f.digits);
@@ -377,25 +389,32 @@ int run_chief(Runtime& runtime, const ClusterResolver& resolver, const Flags& f)
   const auto timeout = std::chrono::seconds(f.request_timeout_s);
   int respawned = 0;
   std::set<std::string> lost_workers;
+  // The worker still up that holds the fewest running trials (the first of a tie).
+  const auto least_loaded = [&] {
+    std::map<int, int> load;
+    for (int w = 0; w < workers; ++w) {
+      if (!lost_workers.count(worker_task(w))) load[w] = 0;
+    }
+    if (load.empty()) throw Error("pbt_search: every worker is lost; the search cannot go on");
+    for (const TrialRecord& o : trials) {
+      for (auto& [w, n] : load) {
+        n += (!o.lost && !o.stopped && !o.handle.down() && o.handle.task() == worker_task(w)) ? 1 : 0;
+      }
+    }
+    return std::min_element(load.begin(), load.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+  };
   // A trial whose actor is down (or whose request failed for it): started again on the worker
-  // still up that holds the fewest trials, from its last copy, under its old label.
+  // still up that holds the fewest trials, from its last copy, under its old label. A trial
+  // stopped by hand stays stopped.
   const auto respawn_lost = [&](int generation) {
     {
       std::lock_guard<std::mutex> lock(downs->mutex);
       lost_workers.insert(downs->tasks.begin(), downs->tasks.end());
     }
     for (TrialRecord& t : trials) {
-      if (!t.lost && !t.handle.down()) continue;
+      if (t.stopped || (!t.lost && !t.handle.down())) continue;
       if (t.handle.down()) lost_workers.insert(t.handle.task());
-      std::map<int, int> load;
-      for (int w = 0; w < workers; ++w) {
-        if (!lost_workers.count(worker_task(w))) load[w] = 0;
-      }
-      if (load.empty()) throw Error("pbt_search: every worker is lost; the search cannot go on");
-      for (const TrialRecord& o : trials) {
-        for (auto& [w, n] : load) n += (!o.lost && !o.handle.down() && o.handle.task() == worker_task(w)) ? 1 : 0;
-      }
-      const int target = std::min_element(load.begin(), load.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+      const int target = least_loaded();
       const std::string was = t.handle.task();
       if (!t.handle.down()) t.handle.stop();  // it failed to answer in time: its worker may still run it
       t.handle = actors.spawn("pbt_trial", "worker:" + std::to_string(target), t.copy);
@@ -410,21 +429,89 @@ int run_chief(Runtime& runtime, const ClusterResolver& resolver, const Flags& f)
     t.lost = true;
     if (!f.quiet) std::cout << label(t) << " is lost: " << e.what() << std::endl;
   };
+  // Explore: `from`'s last copy with its learning rate and momentum each multiplied by 0.8 or 1.25,
+  // under `seed` (the trial's own walk through the data).
+  const auto explore = [&](const TrialRecord& from, std::int64_t seed) {
+    const auto factor = [&] { return unit(rng) < 0.5 ? 0.8 : 1.25; };
+    const float lr = static_cast<float>(std::clamp(from.lr() * factor(), 1e-5, 1.0));
+    const float momentum = static_cast<float>(std::clamp(from.momentum() * factor(), 0.0, 0.99));
+    std::vector<Tensor> state = from.copy;
+    state[0] = Tensor::from_vector<float>({lr, momentum});
+    state[1] = Tensor::from_vector<std::int64_t>({seed, from.copy[1].to_vector<std::int64_t>()[1]});
+    return state;
+  };
 
   std::vector<std::unique_ptr<nn::TensorBoard>> boards;
-  if (!f.tensorboard_dir.empty()) {
-    for (const TrialRecord& t : trials) {
-      boards.push_back(std::make_unique<nn::TensorBoard>(f.tensorboard_dir + "/trial_" + std::to_string(t.index)));
-      nn::Logs none;
-      boards.back()->on_train_begin(none);
+  const auto add_board = [&](const TrialRecord& t) {
+    if (f.tensorboard_dir.empty()) return;
+    boards.push_back(std::make_unique<nn::TensorBoard>(f.tensorboard_dir + "/trial_" + std::to_string(t.index)));
+    nn::Logs none;
+    boards.back()->on_train_begin(none);
+  };
+  for (const TrialRecord& t : trials) add_board(t);
+
+  // The dashboard's Stop and Clone, taken after generation `generation`: each one applied or
+  // refused, and said (printed, and shown on the Actors card).
+  int stopped_by_hand = 0, cloned_by_hand = 0;
+  const auto by_hand = [&](int generation) {
+    const std::string after = " after generation " + std::to_string(generation);
+    for (const ActorCommand& c : monitor->take_actor_commands()) {
+      // The trial by its actor, else by its label (respawned since the click: a new actor).
+      auto it = std::find_if(trials.begin(), trials.end(), [&](const TrialRecord& o) { return o.handle.id() == c.id; });
+      if (it == trials.end()) {
+        it = std::find_if(trials.begin(), trials.end(), [&](const TrialRecord& o) { return label(o) == c.label; });
+      }
+      TrialRecord* t = it == trials.end() ? nullptr : &*it;
+      if (!t) {
+        monitor->answer_actor_command(c, "by hand: no trial is actor #" + std::to_string(c.id), true);
+        continue;
+      }
+      if (c.action == "stop") {
+        const auto running = std::count_if(trials.begin(), trials.end(), [](const TrialRecord& o) { return !o.stopped; });
+        if (t->stopped) {
+          monitor->answer_actor_command(c, "by hand: " + label(*t) + " is stopped already", true);
+        } else if (running == 1) {
+          monitor->answer_actor_command(c, "by hand: " + label(*t) + " not stopped: it is the last trial running", true);
+        } else {
+          t->handle.stop();
+          t->stopped = true;
+          ++stopped_by_hand;
+          monitor->answer_actor_command(c, "by hand: " + label(*t) + " stopped" + after);
+        }
+        continue;
+      }
+      // clone: a new trial of its own seed from this one's last copy, explored.
+      if (trials.size() >= max_trials) {
+        monitor->answer_actor_command(c, "by hand: " + label(*t) + " not cloned: the search holds " +
+                                             std::to_string(max_trials) + " trials, the most it takes", true);
+        continue;
+      }
+      TrialRecord clone;
+      clone.index = static_cast<int>(trials.size());
+      clone.copy = explore(*t, static_cast<std::int64_t>(f.seed * 1000 + static_cast<std::uint64_t>(clone.index)));
+      const std::string from = label(*t);
+      try {
+        clone.handle = actors.spawn("pbt_trial", "worker:" + std::to_string(least_loaded()), clone.copy);
+      } catch (const Error& e) {
+        monitor->answer_actor_command(c, "by hand: " + from + " not cloned: " + e.what(), true);
+        continue;
+      }
+      ++cloned_by_hand;
+      monitor->describe_actor(clone.handle.id(), label(clone), generation, numbers(clone));
+      add_board(clone);
+      monitor->answer_actor_command(c, "by hand: " + label(clone) + " cloned from " + from + " on " +
+                                           clone.handle.task() + after + ", lr " + fixed(clone.lr(), 5) +
+                                           ", momentum " + fixed(clone.momentum(), 3));
+      trials.push_back(std::move(clone));  // t points into trials: not used after
     }
-  }
+  };
   double best_initial = -1, best_final = -1;
   int generation = 0;
   for (generation = 1; generation <= f.generations; ++generation) {
     // Train every trial at once (a one-way message each), then gather their accuracies and copies.
     const Tensor steps = Tensor::scalar<std::int64_t>(f.steps);
     for (TrialRecord& t : trials) {
+      if (t.stopped) continue;
       try {
         t.handle.send("train", {steps});
       } catch (const Error& e) {
@@ -432,7 +519,7 @@ int run_chief(Runtime& runtime, const ClusterResolver& resolver, const Flags& f)
       }
     }
     for (TrialRecord& t : trials) {
-      if (t.lost) continue;
+      if (t.lost || t.stopped) continue;
       try {
         const auto r = t.handle.request("evaluate", {}, timeout).at(0).to_vector<float>();
         t.accuracy = r[0];
@@ -447,7 +534,7 @@ int run_chief(Runtime& runtime, const ClusterResolver& resolver, const Flags& f)
     double mean = 0;
     int counted = 0;
     for (const TrialRecord& t : trials) {
-      if (t.accuracy < 0) continue;
+      if (t.accuracy < 0 || t.stopped) continue;
       mean += t.accuracy;
       ++counted;
       if (!best || t.accuracy > best->accuracy) best = &t;
@@ -457,6 +544,7 @@ int run_chief(Runtime& runtime, const ClusterResolver& resolver, const Flags& f)
     if (generation == 1) best_initial = best->accuracy;
     best_final = best->accuracy;
     for (const TrialRecord& t : trials) {
+      if (t.stopped) continue;  // its row keeps the numbers it stopped with
       if (monitor && t.accuracy >= 0) monitor->describe_actor(t.handle.id(), label(t), generation, numbers(t));
       if (!boards.empty() && t.accuracy >= 0) {
         nn::Logs logs = {{"accuracy", t.accuracy}, {"loss", t.loss}, {"learning_rate", t.lr()}, {"momentum", t.momentum()}};
@@ -470,28 +558,28 @@ int run_chief(Runtime& runtime, const ClusterResolver& resolver, const Flags& f)
     }
     if (monitor && monitor->on_step_end(generation, best->loss) == StepDecision::stop) break;
     if (generation == f.generations) break;
+    if (monitor) by_hand(generation);
 
     // Exploit and explore: the worst take a best trial's weights, its hyperparameters perturbed.
+    // Among the trials running that have an accuracy (a clone has none before its first
+    // generation).
     std::vector<TrialRecord*> ranked;
-    for (TrialRecord& t : trials) ranked.push_back(&t);
+    for (TrialRecord& t : trials) {
+      if (!t.stopped && t.accuracy >= 0) ranked.push_back(&t);
+    }
     std::stable_sort(ranked.begin(), ranked.end(), [](auto* a, auto* b) { return a->accuracy > b->accuracy; });
-    const int q = std::max(1, static_cast<int>(std::floor(f.exploit_fraction * f.trials)));
-    for (int k = 0; k < q && k < f.trials - q; ++k) {
-      TrialRecord& loser = *ranked[static_cast<std::size_t>(f.trials - 1 - k)];
+    const int n = static_cast<int>(ranked.size());
+    const int q = std::max(1, static_cast<int>(std::floor(f.exploit_fraction * n)));
+    for (int k = 0; k < q && k < n - q; ++k) {
+      TrialRecord& loser = *ranked[static_cast<std::size_t>(n - 1 - k)];
       const TrialRecord& winner = *ranked[static_cast<std::size_t>(rng() % static_cast<std::uint64_t>(q))];
-      const auto factor = [&] { return unit(rng) < 0.5 ? 0.8 : 1.25; };
-      const float lr = static_cast<float>(std::clamp(winner.lr() * factor(), 1e-5, 1.0));
-      const float momentum = static_cast<float>(std::clamp(winner.momentum() * factor(), 0.0, 0.99));
-      std::vector<Tensor> state = winner.copy;
-      state[0] = Tensor::from_vector<float>({lr, momentum});
-      // The loser keeps its own seed (its own walk through the data) and the winner's steps.
-      const auto ints = winner.copy[1].to_vector<std::int64_t>();
-      state[1] = Tensor::from_vector<std::int64_t>({loser.copy[1].to_vector<std::int64_t>()[0], ints[1]});
+      // The loser keeps its own seed (its own walk through the data) and takes the winner's steps.
+      const std::vector<Tensor> state = explore(winner, loser.copy[1].to_vector<std::int64_t>()[0]);
       loser.copy = state;
       loser.accuracy = winner.accuracy;
       if (!f.quiet) {
-        std::cout << "exploit: " << label(loser) << " takes " << label(winner) << "'s weights, lr " << fixed(lr, 5)
-                  << ", momentum " << fixed(momentum, 3) << std::endl;
+        std::cout << "exploit: " << label(loser) << " takes " << label(winner) << "'s weights, lr " << fixed(loser.lr(), 5)
+                  << ", momentum " << fixed(loser.momentum(), 3) << std::endl;
       }
       try {
         loser.handle.request("set_state", state, timeout);
@@ -507,7 +595,8 @@ int run_chief(Runtime& runtime, const ClusterResolver& resolver, const Flags& f)
   }
   std::cout << "result: trials=" << f.trials << " generations=" << std::min(generation, f.generations)
             << " best_initial=" << fixed(best_initial) << " best_final=" << fixed(best_final)
-            << " respawned=" << respawned << " workers_lost=" << lost_workers.size() << std::endl;
+            << " respawned=" << respawned << " workers_lost=" << lost_workers.size()
+            << " stopped_by_hand=" << stopped_by_hand << " cloned_by_hand=" << cloned_by_hand << std::endl;
   return 0;
 }
 
@@ -519,7 +608,8 @@ int main(int argc, char** argv) {
                "(one binary for every role).",
                "pbt_search"};
   troupe::examples::show_defaults(app);
-  app.add_option("--trials", f.trials, "the population: trials, spread over the workers")->check(in_range(2, 1024));
+  app.add_option("--trials", f.trials, "the population: trials, spread over the workers")
+      ->check(in_range(2, static_cast<int>(max_trials)));
   app.add_option("--generations", f.generations, "rounds of train, evaluate, exploit and explore")
       ->check(in_range(1, 1 << 20));
   app.add_option("--steps", f.steps, "training steps of every trial in each generation")

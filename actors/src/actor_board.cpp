@@ -46,6 +46,7 @@ void actor_board::spawned(std::uint64_t id, const std::string& type, const std::
   e.row.type = type;
   e.row.task = task;
   e.row.down = false;
+  e.row.stopped = false;
   e.row.cause.clear();
   e.since = now;
   ++spawned_;
@@ -68,6 +69,7 @@ void actor_board::restarted(std::uint64_t previous, std::uint64_t id, const std:
   entry& e = it->second;
   e.row.task = task;
   e.row.down = false;
+  e.row.stopped = false;
   e.row.cause.clear();
   e.since = now;
   e.replied = false;
@@ -83,13 +85,14 @@ void actor_board::replied(std::uint64_t id, clock::time_point now) {
   it->second.replied = true;
 }
 
-void actor_board::went_down(std::uint64_t id, const std::string& cause, clock::time_point) {
+void actor_board::went_down(std::uint64_t id, const std::string& cause, clock::time_point, bool stopped) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = actors_.find(id);
   if (it == actors_.end() || it->second.row.down) return;
   it->second.row.down = true;
+  it->second.row.stopped = stopped;
   it->second.row.cause = cause;
-  ++down_;
+  ++(stopped ? stopped_ : down_);
 }
 
 void actor_board::describe(std::uint64_t id, const std::string& label, std::int64_t step,
@@ -152,6 +155,7 @@ actor_board_view actor_board::snapshot(clock::time_point now) const {
   }
   v.spawned = spawned_;
   v.down = down_;
+  v.stopped = stopped_;
   v.restarts = restarts_;
   return v;
 }

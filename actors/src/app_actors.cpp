@@ -289,7 +289,8 @@ caf::behavior supervisor(caf::stateful_actor<supervisor_state>* self, std::share
     if (options.log) options.log("actor " + w.type + " #" + std::to_string(w.id) + " on " + w.task + " is down: " + why);
     if (options.on_down) {
       try {
-        options.on_down(actor_down{w.id, w.type, w.task, why, host_lost && !table->stopped(w.id)});
+        const bool stopped = table->stopped(w.id);
+        options.on_down(actor_down{w.id, w.type, w.task, why, host_lost && !stopped, stopped});
       } catch (...) {
         // The application's callback must not end the supervisor (it watches every other actor).
       }

@@ -47,6 +47,34 @@ TEST_CASE("actor board: a down actor keeps its row with the cause, counted once"
   CHECK(v.down == 1);
 }
 
+TEST_CASE("actor board: an actor its spawner stopped keeps its row marked stopped, counted apart from those lost") {
+  actor_board b;
+  b.spawned(1, "trial", "/job:worker/replica:0/task:0", at(0ms));
+  b.spawned(2, "trial", "/job:worker/replica:0/task:1", at(0ms));
+  b.describe(1, "trial 0", 4, {{"accuracy", 0.5}}, at(1ms));
+  b.went_down(1, "stopped by its spawner", at(5ms), true);
+  b.went_down(1, "the connection closed", at(6ms));  // counted once, as what it was first
+  b.went_down(2, "the connection to /job:worker/replica:0/task:1 closed", at(7ms));
+  auto v = b.snapshot(at(10ms));
+  REQUIRE(v.rows.size() == 2);
+  CHECK(v.rows[0].down);
+  CHECK(v.rows[0].stopped);
+  CHECK(v.rows[0].cause == "stopped by its spawner");
+  CHECK(v.rows[0].step == 4);  // its numbers stay those it had
+  CHECK(v.rows[1].down);
+  CHECK_FALSE(v.rows[1].stopped);
+  CHECK(v.stopped == 1);
+  CHECK(v.down == 1);
+  // Its label taken by a new actor: the row runs again, no longer stopped.
+  b.spawned(3, "trial", "/job:worker/replica:0/task:0", at(20ms));
+  b.describe(3, "trial 0", 5, {{"accuracy", 0.6}}, at(21ms));
+  v = b.snapshot(at(30ms));
+  REQUIRE(v.rows.size() == 2);
+  CHECK(v.rows[0].id == 3);
+  CHECK_FALSE(v.rows[0].down);
+  CHECK_FALSE(v.rows[0].stopped);
+}
+
 TEST_CASE("actor board: a new actor given a down actor's label takes its row, its place and its history, as a restart") {
   actor_board b;
   b.spawned(1, "trial", "/job:worker/replica:0/task:0", at(0ms));

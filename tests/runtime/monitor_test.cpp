@@ -1,5 +1,5 @@
 // The Monitor in one process: its refusals, the token, its HTTP answers, a failed run told to the
-// page, the flight recorder, text summaries and the actors page.
+// page, the flight recorder, text summaries, the actors page and the actions asked of an actor.
 #include "monitor_test_util.hpp"
 
 using namespace monitor_test;
@@ -39,6 +39,13 @@ TEST_CASE("monitor: with a token, requests without it get 401 and requests with 
   CHECK(contains(page, "text/html"));
   CHECK(contains(page, "<script src=\"chart.js\">"));
   CHECK(contains(http(m.dashboard_port(), "GET", "/chart.js?token=s3cret"), "Chart.js v"));
+  // The page's <script src="chart.js"> and its icon come without the page's query: served without
+  // the token (the same bytes for everyone); the page, the API and the commands are not.
+  CHECK(contains(http(m.dashboard_port(), "GET", "/chart.js"), "Chart.js v"));
+  CHECK(contains(http(m.dashboard_port(), "GET", "/favicon.svg"), "200 OK"));
+  CHECK(contains(http(m.dashboard_port(), "GET", "/"), "401 Unauthorized"));
+  CHECK(contains(http(m.dashboard_port(), "POST", "/chart.js"), "401 Unauthorized"));
+  CHECK(contains(http(m.dashboard_port(), "GET", "/api/state?x=/chart.js"), "401 Unauthorized"));
 }
 
 TEST_CASE("monitor: without a token, another site's page cannot steer the training") {
@@ -278,13 +285,14 @@ TEST_CASE("monitor: an ActorCluster reporting into actor_events shows its actors
   nlohmann::json v;
   for (int i = 0; i < 100; ++i) {
     v = body_of(http(port, "GET", "/api/actors"));
-    if (v["down"] == 1) break;
+    if (v["stopped"] == 1) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   REQUIRE(v["actors"].size() == 2);
   CHECK(v["spawned"] == 2);
   CHECK(v["running"] == 1);
-  CHECK(v["down"] == 1);
+  CHECK(v["down"] == 0);  // stopped by its spawner: not lost
+  CHECK(v["stopped"] == 1);
   CHECK(v["restarts"] == 0);
   CHECK(v["actors"][0]["label"] == "trial 0");
   CHECK(v["actors"][0]["type"] == "counter");
@@ -295,7 +303,7 @@ TEST_CASE("monitor: an ActorCluster reporting into actor_events shows its actors
   CHECK(v["actors"][0]["step"] == 1);
   CHECK(v["actors"][0]["values"]["accuracy"] == 0.5);
   CHECK(v["actors"][0]["values"]["lr"] == 0.1);
-  CHECK(v["actors"][1]["state"] == "down");
+  CHECK(v["actors"][1]["state"] == "stopped");
   CHECK(contains(v["actors"][1]["cause"].get<std::string>(), "stopped by its spawner"));
   CHECK(v["actors"][1]["last_reply_age_ms"].get<double>() >= 0);
 
@@ -328,4 +336,137 @@ TEST_CASE("monitor: an ActorCluster reporting into actor_events shows its actors
   CHECK(contains(message_of([&] { m.describe_actor(1, "t", 1, {{"has space", 1}}); }), "the name 'has space' is not 1 to 32"));
   std::vector<std::pair<std::string, double>> many(Monitor::max_actor_values + 1, {"v", 1.0});
   CHECK(contains(message_of([&] { m.describe_actor(1, "t", 1, many); }), "17 numbers for t (at most 16)"));
+}
+
+TEST_CASE("monitor: an actor command from the page waits for the application: a declared action on a running actor's row, else 400 naming the id or action, under every command's guards") {
+  Runtime rt;
+  MirroredStrategy s(rt, {"CPU:0"});
+  MonitorOptions o;
+  o.dashboard_port = 0;
+  std::ostringstream log;
+  o.log = &log;
+  Monitor m(s, nullptr, o);
+  const int port = m.dashboard_port();
+  const std::string host = "127.0.0.1:" + std::to_string(port);
+  FunctionRegistry registry;
+  registry.add_actor("counter", [](const std::vector<Tensor>&) -> std::unique_ptr<Actor> { return std::make_unique<Counter>(); });
+  ActorClusterOptions ao;
+  ao.log = [](const std::string&) {};
+  ao.on_event = m.actor_events();
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {"127.0.0.1:" + std::to_string(troupe::testing::free_port())}}});
+  ActorCluster actors(rt, spec, "chief:0", registry, ao);
+  ActorHandle a = actors.spawn("counter", "local");
+  ActorHandle b = actors.spawn("counter", "local");
+  m.describe_actor(a.id(), "trial 0", 1, {{"accuracy", 0.5}});
+  m.describe_actor(b.id(), "trial 1", 1, {{"accuracy", 0.25}});
+  const std::string a_id = std::to_string(a.id()), b_id = std::to_string(b.id());
+  const auto error_of = [](const std::string& r) { return body_of(r)["error"].get<std::string>(); };
+
+  // Nothing offered yet: refused, naming the action.
+  std::string r = http(port, "POST", "/api/actor_command?id=" + a_id + "&action=stop");
+  CHECK(contains(r, "400 Bad Request"));
+  CHECK(contains(error_of(r), "no action named \"stop\" (this trainer offers: none)"));
+  CHECK(contains(message_of([&] { m.add_actor_action("Stop"); }), "name 'Stop' is not 1 to 32 of a-z 0-9 _"));
+  m.add_actor_action("stop", "stop this trial");
+  m.add_actor_action("clone", "clone\tit\n");
+  CHECK(contains(message_of([&] { m.add_actor_action("stop"); }), "an action named stop was already added"));
+  nlohmann::json v = body_of(http(port, "GET", "/api/actors"));
+  REQUIRE(v["actions"].size() == 2);
+  CHECK(v["actions"][0] == nlohmann::json({{"name", "stop"}, {"help", "stop this trial"}}));
+  CHECK(v["actions"][1]["help"] == "clone it\xEF\xBF\xBD");  // printable: one line
+  CHECK(v["pending"].empty());
+  CHECK(v["answers"].empty());
+
+  // Hostile ids and actions: each refused with 400 naming it (printable), nothing waiting.
+  for (const char* id : {"abc", "", "-1", "1e3", "0x1"}) {
+    r = http(port, "POST", std::string("/api/actor_command?action=stop&id=") + id);
+    CHECK_MESSAGE(contains(r, "400 Bad Request"), id);
+    CHECK_MESSAGE(contains(error_of(r), "actor_command: id \"" + std::string(id) + "\" is not an actor's id"), error_of(r));
+  }
+  r = http(port, "POST", "/api/actor_command?id=99999&action=stop");
+  CHECK(contains(r, "400 Bad Request"));
+  CHECK(contains(error_of(r), "no actor with id 99999 on the Actors card"));
+  r = http(port, "POST", "/api/actor_command?id=" + a_id + "&action=%3Cb%3E%01");
+  CHECK(contains(r, "400 Bad Request"));
+  CHECK(contains(error_of(r), "no action named \"<b>\xEF\xBF\xBD\" (this trainer offers: stop, clone)"));
+  // The guards of every command.
+  const std::string get = http(port, "GET", "/api/actor_command?id=" + a_id + "&action=stop");
+  CHECK(contains(get, "405 Method Not Allowed"));
+  CHECK(contains(get, "Allow: POST\r\n"));
+  CHECK(contains(http(port, "POST", "/api/actor_command?id=" + a_id + "&action=stop", "Origin: http://evil.example\r\n"),
+                 "403 Forbidden"));
+  CHECK(body_of(http(port, "GET", "/api/actors"))["pending"].empty());
+  CHECK(m.take_actor_commands().empty());
+
+  // Asked from the page's origin: waiting, until the application takes them, in order.
+  r = http(port, "POST", "/api/actor_command?id=" + a_id + "&action=stop", "Origin: http://" + host + "\r\n");
+  CHECK(contains(r, "200 OK"));
+  CHECK(body_of(r)["id"] == a.id());
+  CHECK(body_of(r)["label"] == "trial 0");
+  CHECK(body_of(r)["action"] == "stop");
+  CHECK(contains(http(port, "POST", "/api/actor_command?id=" + b_id + "&action=clone"), "200 OK"));
+  v = body_of(http(port, "GET", "/api/state"))["actors"];
+  REQUIRE(v["pending"].size() == 2);
+  CHECK(v["pending"][0] == nlohmann::json({{"id", a.id()}, {"label", "trial 0"}, {"action", "stop"}}));
+  CHECK(v["pending"][1]["action"] == "clone");
+  const std::vector<ActorCommand> taken = m.take_actor_commands();
+  REQUIRE(taken.size() == 2);
+  CHECK(taken[0].id == a.id());
+  CHECK(taken[0].label == "trial 0");
+  CHECK(taken[0].action == "stop");
+  CHECK(taken[1].id == b.id());
+  CHECK(taken[1].label == "trial 1");
+  CHECK(taken[1].action == "clone");
+  CHECK(m.take_actor_commands().empty());
+  CHECK(body_of(http(port, "GET", "/api/actors"))["pending"].empty());
+
+  // The application's answers: said, and listed newest first, a refusal marked.
+  a.stop();
+  m.answer_actor_command(taken[0], "trial 0 stopped after step 1");
+  m.answer_actor_command(taken[1], "trial 1 not cloned: no room", true);
+  CHECK(contains(log.str(), "trial 0 stopped after step 1\n"));
+  CHECK(contains(log.str(), "trial 1 not cloned: no room\n"));
+  for (int i = 0; i < 100; ++i) {
+    v = body_of(http(port, "GET", "/api/actors"));
+    if (v["actors"][0]["state"] == "stopped") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(v["answers"].size() == 2);
+  CHECK(v["answers"][0]["text"] == "trial 1 not cloned: no room");
+  CHECK(v["answers"][0]["refused"] == true);
+  CHECK(v["answers"][0]["action"] == "clone");
+  CHECK(v["answers"][0]["label"] == "trial 1");
+  CHECK(v["answers"][0]["sequence"] == 2);
+  CHECK(v["answers"][1]["text"] == "trial 0 stopped after step 1");
+  CHECK(v["answers"][1]["refused"] == false);
+  CHECK(v["answers"][1]["id"] == a.id());
+  // A stopped actor takes no action.
+  CHECK(v["actors"][0]["state"] == "stopped");
+  r = http(port, "POST", "/api/actor_command?id=" + a_id + "&action=clone");
+  CHECK(contains(r, "409 Conflict"));
+  CHECK(contains(error_of(r), "trial 0 (#" + a_id + ") is stopped: actions are for running actors"));
+
+  // At most max_actor_actions.
+  for (std::size_t i = 2; i < Monitor::max_actor_actions; ++i) m.add_actor_action("action_" + std::to_string(i));
+  CHECK(contains(message_of([&] { m.add_actor_action("one_too_many"); }), "(at most 8)"));
+
+  {
+    // With a token, a command without it is refused like every other request.
+    MonitorOptions with_token = o;
+    with_token.dashboard_token = "s3cret";
+    Monitor guarded(s, nullptr, with_token);
+    guarded.add_actor_action("stop");
+    CHECK(contains(http(guarded.dashboard_port(), "POST", "/api/actor_command?id=" + a_id + "&action=stop"),
+                   "401 Unauthorized"));
+    CHECK(contains(http(guarded.dashboard_port(), "POST", "/api/actor_command?id=" + a_id + "&action=stop&token=s3cret"),
+                   "400 Bad Request"));  // past the token: it watches no actors
+  }
+
+  // After the end, 409 as for every command.
+  CHECK(contains(http(port, "POST", "/api/stop?checkpoint=0"), "200 OK"));
+  one_step(s);
+  CHECK(m.on_step_end(1, 0.5) == StepDecision::stop);
+  r = http(port, "POST", "/api/actor_command?id=" + b_id + "&action=stop");
+  CHECK(contains(r, "409 Conflict"));
+  CHECK(contains(error_of(r), "the training has stopped"));
 }

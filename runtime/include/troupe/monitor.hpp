@@ -94,6 +94,17 @@ struct MonitorControl {
   std::string help;
 };
 
+/// What a person asked of one actor from the dashboard's Actors card (Monitor::add_actor_action),
+/// as the application takes it at its own boundary (Monitor::take_actor_commands).
+struct ActorCommand {
+  /// The actor (ActorHandle::id) whose row was clicked.
+  std::uint64_t id = 0;
+  /// Its label then (Monitor::describe_actor); "" for an unlabelled actor.
+  std::string label;
+  /// One of the actions added ("stop", "clone").
+  std::string action;
+};
+
 /// What the training loop does after a step boundary.
 enum class StepDecision { proceed, stop };
 
@@ -186,6 +197,27 @@ class Monitor {
                       const std::vector<std::pair<std::string, double>>& values);
   /// The most numbers describe_actor takes for one actor.
   static constexpr std::size_t max_actor_values = 16;
+
+  /// Offers an action on every running actor's row of the Actors card (a button; `help` its
+  /// tooltip), which a person asks for with `POST /api/actor_command?id=N&action=NAME` under the
+  /// same rules as every command (the token, the Host and Origin checks, 409 after the end): 400
+  /// naming an id that is not a row, or an action not added; 409 for an actor that is not running.
+  /// Nothing acts when asked: the application takes the requests with take_actor_commands at its
+  /// own boundary and says what it did with answer_actor_command. At most max_actor_actions;
+  /// std::invalid_argument for a name that is not 1 to 32 of a-z 0-9 _, or one already added.
+  void add_actor_action(const std::string& name, const std::string& help = "");
+  /// The actor commands asked for since the last call, oldest first (thread-safe; at most
+  /// max_pending_actor_commands wait: beyond, the page is answered 503).
+  std::vector<ActorCommand> take_actor_commands();
+  /// What the application did with a command it took: `text` (one line: "trial 3 stopped after
+  /// generation 4") is said as the monitor's other lines are, and shown on the Actors card under the
+  /// table with the newest answers first, as a refusal when `refused` ("not stopped: the last
+  /// trial running"). Thread-safe.
+  void answer_actor_command(const ActorCommand& command, const std::string& text, bool refused = false);
+  /// The most actions add_actor_action takes.
+  static constexpr std::size_t max_actor_actions = 8;
+  /// The most actor commands that wait for take_actor_commands.
+  static constexpr std::size_t max_pending_actor_commands = 64;
 
   /// The port the dashboard listens on; -1 when this process serves none.
   int dashboard_port() const noexcept;

@@ -1,5 +1,6 @@
 #include "monitor/http_server.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <deque>
@@ -124,6 +125,7 @@ struct HttpServer::impl : std::enable_shared_from_this<HttpServer::impl> {
   asio::io_context io{1};
   tcp::acceptor acceptor{io};
   std::string token;
+  std::vector<std::string> open_paths;
   Handler handler;
   std::list<std::shared_ptr<event_stream>> streams;  // touched on the io thread only
   std::atomic<std::size_t> open_streams{0};          // streams.size(), for other threads
@@ -190,8 +192,10 @@ struct HttpServer::impl : std::enable_shared_from_this<HttpServer::impl> {
     return {};
   }
 
-  bool authorised(const http::request<http::string_body>& req, const std::string& query) const {
+  bool authorised(const http::request<http::string_body>& req, const HttpRequest& r) const {
     if (token.empty()) return true;
+    if (r.method == "GET" && std::find(open_paths.begin(), open_paths.end(), r.path) != open_paths.end()) return true;
+    const std::string& query = r.query;
     if (same_secret(query_value(query, "token"), token)) return true;
     const auto auth = req[http::field::authorization];
     const std::string bearer = "Bearer ";
@@ -217,7 +221,7 @@ struct HttpServer::impl : std::enable_shared_from_this<HttpServer::impl> {
                  " Host headers\"}"};
     } else if (!foreign.empty()) {
       out = {403, "application/json", "{\"error\":\"" + foreign + "\"}"};
-    } else if (!authorised(req, r.query)) {
+    } else if (!authorised(req, r)) {
       out = {401, "application/json",
              "{\"error\":\"this dashboard needs its token: open it with ?token=TOKEN or send Authorization: Bearer "
              "TOKEN\"}"};
@@ -264,9 +268,11 @@ struct HttpServer::impl : std::enable_shared_from_this<HttpServer::impl> {
   }
 };
 
-HttpServer::HttpServer(const std::string& address, int port, std::string token, Handler handler)
+HttpServer::HttpServer(const std::string& address, int port, std::string token, Handler handler,
+                       std::vector<std::string> open_paths)
     : impl_(std::make_shared<impl>()) {
   impl_->token = std::move(token);
+  impl_->open_paths = std::move(open_paths);
   impl_->handler = std::move(handler);
   beast::error_code ec;
   const auto addr = asio::ip::make_address(address, ec);

@@ -1,13 +1,16 @@
 #pragma once
 // The dashboard's HTTP server (Boost.Beast on one thread of its own): plain requests go to a
 // handler, and GET /api/events is a server-sent-event stream that push() writes to. Every request
-// must carry the token when one is set (query `token=` or `Authorization: Bearer`); requests are
+// must carry the token when one is set (query `token=` or `Authorization: Bearer`), but a GET of
+// one of the open paths (the page's script library and icon, which a browser fetches without the
+// page's query); requests are
 // bounded (8 KiB of headers, 4 KiB of body, 10 s to arrive), and one connection serves one request.
 
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace troupe::detail {
 
@@ -35,8 +38,10 @@ class HttpServer {
   using Handler = std::function<HttpResponse(const HttpRequest&)>;
 
   /// Binds address:port (0: any free port) and starts serving; throws std::runtime_error naming
-  /// the address when it cannot bind.
-  HttpServer(const std::string& address, int port, std::string token, Handler handler);
+  /// the address when it cannot bind. `open_paths`: paths a GET may fetch without the token (the
+  /// same bytes for everyone: nothing about the run).
+  HttpServer(const std::string& address, int port, std::string token, Handler handler,
+             std::vector<std::string> open_paths = {});
   /// Closes every connection and joins the server's thread.
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;

@@ -275,8 +275,11 @@ Monitor::Monitor(distribute::Strategy& strategy, nn::Optimizer* optimizer, Monit
                                                         static_cast<std::size_t>(m.replicas_in_sync),
                                                         static_cast<std::size_t>(m.workers));
     Impl* self = &m;
+    // The page's script library and icon load without its ?token= (a <script src> carries none),
+    // and say nothing about the run: served to anyone who reaches the port.
     m.server = std::make_unique<detail::HttpServer>(o.dashboard_address, o.dashboard_port, o.dashboard_token,
-                                                    [self](const detail::HttpRequest& r) { return self->handle(r); });
+                                                    [self](const detail::HttpRequest& r) { return self->handle(r); },
+                                                    std::vector<std::string>{"/chart.js", "/favicon.svg", "/favicon.ico"});
     detail::HttpServer* server = m.server.get();
     m.subscription = m.stream->subscribe([server](const std::string& json) { server->push(json); },
                                          [server] { return server->has_listeners(); });

@@ -113,6 +113,25 @@ struct Monitor::Impl {
   // either is first called. Shared with the hooks handed out, which may outlive the monitor.
   std::shared_ptr<actors::actor_board> actor_board;
   std::shared_ptr<actors::actor_board> actors_locked();  // under mutex: made on first use
+  // The actions the Actors card offers (add_actor_action), the commands asked for that the
+  // application has not taken yet, and its newest answers, newest last (under mutex).
+  struct ActorAction {
+    std::string name;
+    std::string help;
+  };
+  std::vector<ActorAction> actor_actions;
+  std::deque<ActorCommand> actor_commands;
+  struct ActorAnswer {
+    std::uint64_t sequence = 0;
+    std::int64_t step = 0;
+    double time_s = 0;
+    ActorCommand command;
+    std::string text;
+    bool refused = false;
+  };
+  static constexpr std::size_t max_actor_answers = 16;
+  std::deque<ActorAnswer> actor_answers;
+  std::uint64_t actor_answers_total = 0;
   std::string trace_status = "idle";
   std::string trace_written;
 
@@ -228,6 +247,7 @@ struct Monitor::Impl {
   detail::HttpResponse get(const detail::HttpRequest& r);
   detail::HttpResponse post(const detail::HttpRequest& r);
   detail::HttpResponse set_control(const detail::HttpRequest& r);
+  detail::HttpResponse actor_command(const detail::HttpRequest& r);
   std::string state_json(const detail::HttpRequest& r);
   nlohmann::ordered_json ps_cluster_json() const;  // null without a parameter-server cluster
   nlohmann::ordered_json actors_json() const;      // null without actors; under mutex

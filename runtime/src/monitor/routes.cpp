@@ -1,6 +1,7 @@
 // The dashboard's routes: the page and its assets, /api/state, /api/history, /api/trace,
 // /api/flight_recorder, /api/ps_cluster, /api/actors, and the
-// commands, which go to the training thread (or, with the fit callback, to fit's TrainingControl).
+// commands, which go to the training thread (or, with the fit callback, to fit's TrainingControl);
+// an actor command waits for the application (Monitor::take_actor_commands).
 #include <cmath>
 #include <fstream>
 #include <iterator>
@@ -380,7 +381,7 @@ const char* allowed_methods(const std::string& path) {
                                          "/api/logs",   "/api/flight_recorder", "/api/ps_cluster",
                                          "/api/actors"};
   static const char* const post_only[] = {"/api/pause", "/api/resume", "/api/checkpoint", "/api/stop",
-                                          "/api/learning_rate", "/api/control"};
+                                          "/api/learning_rate", "/api/control", "/api/actor_command"};
   for (const char* p : get_only) {
     if (path == p) return "GET";
   }
@@ -502,6 +503,7 @@ HttpResponse Monitor::Impl::post(const detail::HttpRequest& r) {
     return enqueue(stop ? detail::stop : detail::checkpoint, 0);
   }
   if (r.path == "/api/control") return set_control(r);
+  if (r.path == "/api/actor_command") return actor_command(r);
   if (r.path == "/api/learning_rate") {
     const std::string text = detail::query_value(r.query, "value");
     const auto v = base::parse_double(text);
@@ -555,6 +557,58 @@ HttpResponse Monitor::Impl::set_control(const detail::HttpRequest& r) {
                           {"name", spec.name},
                           {"value", *v},
                           {"applies", "at the next step boundary, in the process serving this page"}});
+}
+
+// POST /api/actor_command?id=N&action=A: an action the application offers (add_actor_action) on
+// one running actor of the Actors card, waiting for the application to take it at its boundary.
+HttpResponse Monitor::Impl::actor_command(const detail::HttpRequest& r) {
+  const std::string id_text = detail::query_value(r.query, "id");
+  const std::string action = detail::query_value(r.query, "action");
+  std::lock_guard<std::mutex> lock(mutex);
+  if (stopped) return error(409, "the training has stopped");
+  if (!end_status.empty()) return error(409, "the training has ended (" + end_status + ")");
+  std::string offered;
+  bool known_action = false;
+  for (const ActorAction& a : actor_actions) {
+    known_action |= a.name == action;
+    offered += (offered.empty() ? "" : ", ") + a.name;
+  }
+  if (!known_action) {
+    return error(400, "actor_command: no action named \"" + base::printable_line(action, 64) + "\" (this trainer offers: " +
+                          (offered.empty() ? "none" : offered) + ")");
+  }
+  const auto id = base::parse_int(id_text);
+  if (!id || *id < 0) {
+    return error(400, "actor_command: id \"" + base::printable_line(id_text, 64) +
+                          "\" is not an actor's id (a row's number, e.g. /api/actor_command?id=3&action=" + action + ")");
+  }
+  const actors::actor_row* row = nullptr;
+  actors::actor_board_view board;
+  if (actor_board) {
+    board = actor_board->snapshot(actors::actor_board::clock::now());
+    for (const actors::actor_row& a : board.rows) {
+      if (a.id == static_cast<std::uint64_t>(*id)) row = &a;
+    }
+  }
+  if (row == nullptr) {
+    return error(400, "actor_command: no actor with id " + std::to_string(*id) +
+                          " on the Actors card (a row's id; a respawned actor's row has its new one)");
+  }
+  const std::string who = row->label.empty() ? "actor #" + std::to_string(row->id) : row->label + " (#" + std::to_string(row->id) + ")";
+  if (row->down) {
+    return error(409, "actor_command: " + who + " is " + (row->stopped ? "stopped" : "down") +
+                          ": actions are for running actors");
+  }
+  if (actor_commands.size() >= Monitor::max_pending_actor_commands) {
+    return error(503, "too many actor commands waiting for the trainer to take them");
+  }
+  actor_commands.push_back({row->id, row->label, action});
+  return answer(200, json{{"ok", true},
+                          {"command", "actor_command"},
+                          {"id", row->id},
+                          {"label", row->label.empty() ? json(nullptr) : json(row->label)},
+                          {"action", action},
+                          {"applies", "when the trainer takes it, at its next boundary"}});
 }
 
 }  // namespace troupe

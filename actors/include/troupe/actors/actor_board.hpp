@@ -6,7 +6,7 @@
 // short history of those numbers.
 //
 // The spawner's ActorCluster reports spawns, replies and downs into it (from the threads that see
-// them); the application names its actors and gives their numbers (Monitor::describe_actor); the
+// them; an actor its spawner stopped is down too, marked stopped); the application names its actors and gives their numbers (Monitor::describe_actor); the
 // dashboard reads snapshots. A plain class without CAF: time is passed in, so tests decide it.
 //
 // A label is the application's name for a role an actor plays ("trial 3"). A new actor given a
@@ -40,6 +40,7 @@ struct actor_row {
   std::string type;            ///< its registered type
   std::string task;            ///< where it runs: a full task name, or "local"
   bool down = false;           ///< it went down (and no actor took its label since)
+  bool stopped = false;        ///< down because its spawner stopped it (not lost)
   std::string cause;           ///< why, when down
   int restarts = 0;            ///< actors that held its label before it, plus restarts reported for it
   double last_reply_age_ms = -1;  ///< since its last reply; -1 before any
@@ -52,7 +53,8 @@ struct actor_row {
 struct actor_board_view {
   std::vector<actor_row> rows;  ///< in the order first spawned (a label keeps its place)
   std::uint64_t spawned = 0;    ///< actors spawned in all
-  std::uint64_t down = 0;       ///< actors that went down in all (replaced ones included)
+  std::uint64_t down = 0;       ///< actors that went down in all, but those stopped (replaced ones included)
+  std::uint64_t stopped = 0;    ///< actors their spawner stopped, in all
   std::uint64_t restarts = 0;   ///< restarts in all
   /// Every label's numbers over its steps, oldest first (at most max_history points each).
   std::vector<std::pair<std::string, std::vector<actor_values_point>>> history;
@@ -72,8 +74,8 @@ class actor_board {
   void restarted(std::uint64_t previous, std::uint64_t id, const std::string& task, clock::time_point now);
   /// An actor answered a request.
   void replied(std::uint64_t id, clock::time_point now);
-  /// An actor went down, for `cause`.
-  void went_down(std::uint64_t id, const std::string& cause, clock::time_point now);
+  /// An actor went down, for `cause`; `stopped`: its spawner stopped it (it was not lost).
+  void went_down(std::uint64_t id, const std::string& cause, clock::time_point now, bool stopped = false);
   /// The application's name and numbers for an actor at `step` (at most max_values numbers; the
   /// caller checks names). An id never spawned gets a row of unknown type and task.
   void describe(std::uint64_t id, const std::string& label, std::int64_t step,
@@ -99,6 +101,7 @@ class actor_board {
   std::uint64_t next_order_ = 0;
   std::uint64_t spawned_ = 0;
   std::uint64_t down_ = 0;
+  std::uint64_t stopped_ = 0;
   std::uint64_t restarts_ = 0;
 };
 

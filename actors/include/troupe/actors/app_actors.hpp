@@ -92,6 +92,7 @@ struct actor_down {
   std::string task;   ///< where it ran ("local" for the spawner's own process)
   std::string cause;  ///< why: its host's connection closed, its host went silent, it was stopped
   bool host_lost = false;  ///< its host's process died, went silent or stopped (not: stopped by its spawner)
+  bool stopped = false;    ///< stopped by its spawner (stop), not lost
 };
 
 /// The outcome of a request.

@@ -73,6 +73,7 @@ struct ActorEvent {
   std::string task;      ///< where it runs: "/job:worker/replica:0/task:1", or "local"
   std::string cause;     ///< down: why
   std::uint64_t previous_id = 0;  ///< restarted: the actor it replaces (that one's ActorEvent::id)
+  bool stopped = false;  ///< down: stopped by its spawner (ActorHandle::stop), not lost
 };
 
 /// The settings of an ActorCluster, with named defaults. from_environment() reads the same

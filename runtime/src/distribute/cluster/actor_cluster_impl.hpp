@@ -39,8 +39,8 @@ struct ActorCluster::Impl {
 
   // Tells options.on_event, when set.
   void report(ActorEvent::Kind kind, std::uint64_t id, const std::string& type, const std::string& where,
-              const std::string& cause = {}, std::uint64_t previous_id = 0) const {
-    if (options.on_event) options.on_event(ActorEvent{kind, id, type, where, cause, previous_id});
+              const std::string& cause = {}, std::uint64_t previous_id = 0, bool stopped = false) const {
+    if (options.on_event) options.on_event(ActorEvent{kind, id, type, where, cause, previous_id, stopped});
   }
 
   // Supervision by a RestartPolicy (actor_restart.cpp): the handle of the actor running now as `id`.

@@ -133,7 +133,7 @@ void restart_actor(const std::shared_ptr<ActorHandle::Impl>& h, const actors::ac
 void actor_went_down(const std::shared_ptr<ActorCluster::Impl>& self, actors::actor_down d) {
   self->load.went_down(d.id, d.task, d.host_lost);
   if (!d.host_lost) self->unsupervise(d.id);  // stopped by its spawner: no restart
-  if (!self->closed) self->report(ActorEvent::Kind::down, d.id, d.type, d.task, d.cause);
+  if (!self->closed) self->report(ActorEvent::Kind::down, d.id, d.type, d.task, d.cause, 0, d.stopped);
   bool restarting = false;
   if (d.host_lost && !self->closed) {
     if (auto h = self->supervised_handle(d.id)) {
