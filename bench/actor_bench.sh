@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # troupe's remote actor request side by side with Ray's actor calls, one after the other in one
 # invocation: bench/actor_bench (plain loopback, then TLS from a cluster token), then
-# bench/ray_actor_bench.py, then the ratios and the goals (bench/README.md).
+# bench/ray_actor_bench.py, then the ratios and the goals (bench/results/actors.md).
 #   bench/actor_bench.sh [BUILD_DIR]
 # Ray comes from $TROUPE_BENCH_VENV (default /opt/troupe-bench; tools/install-deps.sh --bench).
 set -euo pipefail

@@ -7,7 +7,7 @@
 // <mode>: 0 without a token (no tags), 1 tagged in line (on the connection's thread), 2 tagged
 // beside (tag_hashing::beside: a thread of the connection's own hashes messages of 64 KiB and up).
 // Time is wall time per operation; cpu_us the CPU time of the whole process per operation (both
-// sides, every thread). bench/README.md, "Hashing beside on the data connections", has the runs.
+// sides, every thread). bench/results/collectives.md, "Hashing beside on the data connections", has the runs.
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 

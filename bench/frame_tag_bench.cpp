@@ -9,7 +9,7 @@
 //                                  tag over the ciphertext, or TLS, would pay);
 //   BM_Memcpy/<bytes>              a copy of the bytes, for scale.
 // A ring rank tags every byte it sends and checks every byte it receives, so an all-reduce of B
-// bytes over 2 ranks hashes 2B bytes on each rank (bench/README.md, "Frame integrity tags").
+// bytes over 2 ranks hashes 2B bytes on each rank (bench/results/collectives.md, "Frame integrity tags").
 #include <benchmark/benchmark.h>
 #include <openssl/evp.h>
 #include <sys/uio.h>
