@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using troupe::actors::actor_board;
 using namespace std::chrono_literals;
 
@@ -148,3 +150,5 @@ TEST_CASE("actor board: memory is bounded: rows, numbers per actor and points pe
   CHECK(v.history[0].second.size() == actor_board::max_history);
   CHECK(v.history[0].second.back().step == 999);
 }
+
+}  // namespace TROUPE_TEST_FILE

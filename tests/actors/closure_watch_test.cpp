@@ -4,6 +4,8 @@
 
 #include "troupe/actors/cluster_tasks.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::actors;
 using namespace std::chrono_literals;
 
@@ -124,3 +126,5 @@ TEST_CASE("closure_watch refuses bounds out of range and unknown workers") {
   w.sent(0, 1, "a", t0);
   CHECK(w.check(t0 + 4000ms).lines.empty());  // the new bound
 }
+
+}  // namespace TROUPE_TEST_FILE

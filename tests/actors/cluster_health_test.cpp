@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using troupe::actors::cluster_event_kind;
 using troupe::actors::cluster_health;
 using troupe::actors::worker_state;
@@ -247,3 +249,5 @@ TEST_CASE("cluster health: every event carries the step the chief was at when it
   CHECK(s.events[0].step == 41);
   CHECK(s.events[1].step == -1);
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -21,6 +21,8 @@
 #include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/rendezvous.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::actors;
 using namespace std::chrono_literals;
 
@@ -270,3 +272,5 @@ TEST_CASE("over TLS, silent strangers beyond max_connections push out the oldest
   for (int fd : strangers) ::close(fd);
   caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
 }
+
+}  // namespace TROUPE_TEST_FILE

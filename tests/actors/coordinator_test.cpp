@@ -8,6 +8,8 @@
 #include "caf/all.hpp"
 #include "troupe/actors/coordinator.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::actors;
 using namespace std::chrono_literals;
 
@@ -72,3 +74,5 @@ TEST_CASE("coordinator runs each replica on its own actor thread and collects fa
     }
   }
 }
+
+}  // namespace TROUPE_TEST_FILE

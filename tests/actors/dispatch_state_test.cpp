@@ -5,6 +5,8 @@
 
 #include "troupe/actors/cluster_tasks.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::actors;
 
 TEST_CASE("dispatch_state hands closures to the least loaded workers that are up, within the window") {
@@ -95,3 +97,5 @@ TEST_CASE("dispatch_state refuses a window below 1") {
   for (std::uint64_t id = 1; id <= 5; ++id) s.enqueue(id);
   CHECK(s.assign().size() == 3);
 }
+
+}  // namespace TROUPE_TEST_FILE

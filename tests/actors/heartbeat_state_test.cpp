@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <vector>
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::actors;
 
 TEST_CASE("heartbeat_state names a watched peer silent for more than missed intervals, once, until it beats") {
@@ -58,3 +60,5 @@ TEST_CASE("heartbeat_state blames nobody for a gap in its own checks (this proce
   g.watch(0, t0);
   CHECK(g.overdue(t0 + 10s).empty());  // no check since it was watched: a pause too
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -11,6 +11,8 @@
 #include "caf/all.hpp"
 #include "troupe/actors/input_pipeline.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using troupe::actors::input_pipeline;
 
 namespace {
@@ -124,3 +126,5 @@ TEST_CASE("the input pipeline actor stops while its buffer is full, without the 
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
   CHECK(produce.calls->load() == 2);
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -6,6 +6,8 @@
 
 #include <stdexcept>
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using troupe::actors::liveness_policy;
 using namespace std::chrono_literals;
 
@@ -68,3 +70,5 @@ TEST_CASE("liveness_policy: a check more than two intervals after the previous o
   CHECK_FALSE(liveness_policy{1000ms, 3}.paused(t0, t0 + 2s));
   CHECK(liveness_policy{1000ms, 3}.paused(t0, t0 + 2001ms));
 }
+
+}  // namespace TROUPE_TEST_FILE

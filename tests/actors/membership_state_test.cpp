@@ -9,6 +9,8 @@
 #include "troupe/actors/rendezvous.hpp"
 #include "troupe/actors/rendezvous_state.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::actors;
 
 namespace {
@@ -282,3 +284,5 @@ TEST_CASE("membership: of several that ask to leave at min_workers, the lower ra
   REQUIRE(refused.size() == 1);
   CHECK(refused[0] == task(3) + " would leave 2 worker(s), fewer than min_workers (3)");
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -13,6 +13,8 @@
 #include "caf/all.hpp"
 #include "troupe/actors/metrics_stream.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using troupe::actors::metrics_history;
 using troupe::actors::metrics_stream;
 using troupe::actors::step_event;
@@ -249,3 +251,5 @@ TEST_CASE("the metrics stream turns steps into JSON only while its subscriber ha
   CHECK(count(received, "{\"step\":") == 1);  // only the step since someone listens
   CHECK(received.find("\"step\":4,") != std::string::npos);
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using troupe::actors::ps_cluster_board;
 using troupe::actors::ps_event_kind;
 using troupe::actors::ps_task_counters;
@@ -208,3 +210,5 @@ TEST_CASE("ps cluster board: the events are a ring of the newest, each text cut"
   CHECK(v.events[3].sequence == 7);
   CHECK(v.events[0].text.size() == ps_cluster_board::max_text_bytes);
 }
+
+}  // namespace TROUPE_TEST_FILE

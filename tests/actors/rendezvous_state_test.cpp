@@ -7,6 +7,8 @@
 
 #include "troupe/actors/rendezvous_state.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::actors;
 using namespace std::chrono_literals;
 
@@ -674,3 +676,5 @@ TEST_CASE("an admitted joiner is watched under a new id: its beats count from it
   CHECK(verdicts[0].rank == 3);
   CHECK(verdicts[0].reason.rfind(task(2) + " sent no heartbeat for ", 0) == 0);
 }
+
+}  // namespace TROUPE_TEST_FILE

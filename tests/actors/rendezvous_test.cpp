@@ -24,6 +24,8 @@
 #include "troupe/actors/rendezvous.hpp"
 #include "troupe/actors/worker_report.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::actors;
 using troupe::testing::free_port;
 using namespace std::chrono_literals;
@@ -567,3 +569,5 @@ TEST_CASE("the chief refuses a member's heartbeat report that breaks a bound, lo
   CHECK(wait([&] { return refused_positions() >= 1; }));
   watch.reset();
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -8,6 +8,8 @@
 #include "caf/io/all.hpp"
 #include "troupe/actors/rendezvous.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::actors;
 using namespace std::chrono_literals;
 
@@ -198,3 +200,5 @@ TEST_CASE("a joiner's answer travels typed, and the joiner refuses one that does
   start.generation = 0;
   CHECK(check_join_answer(o, start).value_or("").find("generation 0") != std::string::npos);
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -6,6 +6,8 @@
 
 #include <thread>
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using troupe::actors::send_window;
 using namespace std::chrono_literals;
 
@@ -58,3 +60,5 @@ TEST_CASE("send_window: a sender waiting on a full window goes on when the ackno
   acker.join();
   CHECK(w.outstanding() == 1);
 }
+
+}  // namespace TROUPE_TEST_FILE

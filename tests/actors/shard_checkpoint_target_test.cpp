@@ -4,6 +4,8 @@
 
 #include "troupe/actors/cluster_tasks.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::actors;
 
 namespace {
@@ -40,3 +42,5 @@ TEST_CASE("a ps task writes a checkpoint's shard file only inside a save in prog
   CHECK(refused("/d/ckpt-1.tmp-1-0", "manifest.json", "not named"));
   CHECK(refused("/d/ckpt-1.tmp-1-0", "", "not named"));
 }
+
+}  // namespace TROUPE_TEST_FILE

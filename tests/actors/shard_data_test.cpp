@@ -25,6 +25,8 @@
 #include "troupe/actors/cluster_tasks.hpp"
 #include "troupe/transport/bulk_channel.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::actors;
 using namespace std::chrono_literals;
 namespace tt = troupe::transport;
@@ -413,3 +415,5 @@ TEST_CASE("optimizer updates on a data connection: parameters, sizes, rows and t
   CHECK(all == "abcdwxyzijklWXYZ");  // nothing refused reached the shard
   CHECK(seen.size() == 3);
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -5,6 +5,8 @@
 
 #include "troupe/actors/stall_inspector.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::actors;
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
@@ -282,3 +284,5 @@ TEST_CASE("sizes read as a person would") {
   CHECK(human_bytes(1 << 20) == "1.0 MiB");
   CHECK(human_bytes(std::uint64_t{5} << 29) == "2.5 GiB");
 }
+
+}  // namespace TROUPE_TEST_FILE

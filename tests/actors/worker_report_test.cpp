@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using troupe::actors::check_worker_report;
 using troupe::actors::log_tail;
 using troupe::actors::worker_report;
@@ -117,3 +119,5 @@ TEST_CASE("log tail fills a report's lines only when lines came since the report
   tail.fill(r, 1);
   CHECK(r.lines == std::vector<std::string>{"paused after step 3", "resumed after step 3"});
 }
+
+}  // namespace TROUPE_TEST_FILE

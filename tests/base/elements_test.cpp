@@ -7,6 +7,8 @@
 
 #include "troupe/base/elements.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::base;
 
 TEST_CASE("every element type has TensorFlow's name and its size") {
@@ -43,3 +45,5 @@ TEST_CASE("check_agree accepts agreeing tensors and names both sides of a disagr
                        "concat: part 0 is int32 tensor of shape [4, 2], part 2 is int32 tensor of shape [4]",
                        std::invalid_argument);
 }
+
+}  // namespace TROUPE_TEST_FILE

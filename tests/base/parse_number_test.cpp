@@ -5,6 +5,8 @@
 
 #include "troupe/base/parse_number.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::base;
 
 TEST_CASE("parse_int reads a whole decimal integer and refuses everything else") {
@@ -50,3 +52,5 @@ TEST_CASE("parse_port takes 1..65535, and 0 only when asked") {
   CHECK_FALSE(parse_port("-1"));
   CHECK_FALSE(parse_port("80a"));
 }
+
+}  // namespace TROUPE_TEST_FILE

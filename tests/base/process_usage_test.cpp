@@ -5,6 +5,8 @@
 #include <chrono>
 #include <vector>
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using troupe::base::process_usage;
 
 TEST_CASE("process_usage reads this process's resident memory, and its CPU from the second sample on") {
@@ -26,3 +28,5 @@ TEST_CASE("process_usage reads this process's resident memory, and its CPU from 
   // Within 200 ms of the last reading the rate is repeated, not made from a tick or two.
   CHECK(usage.sample().cpu_percent == second.cpu_percent);
 }
+
+}  // namespace TROUPE_TEST_FILE

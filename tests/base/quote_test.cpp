@@ -4,6 +4,8 @@
 
 #include <string>
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using troupe::base::has_nul;
 using troupe::base::quoted;
 
@@ -73,3 +75,5 @@ TEST_CASE("is_printable_line accepts what printable_line makes and refuses contr
   CHECK_FALSE(is_printable_line("\xE2\x82"));
   CHECK_FALSE(is_printable_line("\xF4\x90\x80\x80"));  // beyond U+10FFFF
 }
+
+}  // namespace TROUPE_TEST_FILE

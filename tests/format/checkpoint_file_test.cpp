@@ -14,6 +14,8 @@
 
 #include "troupe/format/checkpoint_file.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::format;
 namespace fs = std::filesystem;
 
@@ -438,3 +440,5 @@ TEST_CASE("a long tensor name is echoed once, cut short") {
                           "...' (100000 bytes) has 12 bytes, a float32 tensor of shape [2, 2] has 16"));
   CHECK(msg.size() < 300);
 }
+
+}  // namespace TROUPE_TEST_FILE

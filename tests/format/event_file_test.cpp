@@ -10,6 +10,8 @@
 #include "../common/temp_dir.hpp"
 #include "troupe/format/event_file.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using troupe::format::crc32c;
 using troupe::format::EventFileWriter;
 using troupe::format::masked_crc32c;
@@ -100,3 +102,5 @@ TEST_CASE("a text is an event with the text plugin's metadata and a scalar strin
   // Value.tensor (field 8) { dtype (1): DT_STRING = 7, tensor_shape (2): {} (a scalar), string_val (8): the text }.
   CHECK(r.find(std::string("\x42\x1b\x08\x07\x12\x00\x42\x15", 8) + text) != std::string::npos);
 }
+
+}  // namespace TROUPE_TEST_FILE

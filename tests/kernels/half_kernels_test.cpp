@@ -11,6 +11,8 @@
 
 #include "troupe/kernels/reduce_kernels.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::kernels;
 
 namespace {
@@ -218,3 +220,5 @@ TEST_CASE("compress_range and decompress_range give the scalar conversions' bits
     }
   }
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -15,6 +15,8 @@
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -270,3 +272,5 @@ TEST_CASE("a RestartPolicy out of range is refused naming it") {
   CHECK(actors.load() == std::vector<int>({0}));
   CHECK(contains(message_of([&] { actors.spawn("doubler", "any:chief"); }), "no chief task but this spawner's own"));
 }
+
+}  // namespace TROUPE_TEST_FILE

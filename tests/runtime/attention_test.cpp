@@ -27,6 +27,8 @@
 #include "troupe/nn/position_embedding.hpp"
 #include "troupe/nn/residual.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -630,3 +632,5 @@ TEST_CASE("a transformer with attention dropout: fit interrupted and resumed by 
     }
   }
 }
+
+}  // namespace TROUPE_TEST_FILE

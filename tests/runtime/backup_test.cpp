@@ -19,6 +19,8 @@
 #include "troupe/distribute/preemption.hpp"
 #include "troupe/nn/backup_and_restore.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -453,3 +455,5 @@ TEST_CASE("PreemptionCheckpointHandler saves at the step a watcher or SIGTERM st
   ::sigaction(SIGTERM, nullptr, &after);
   CHECK(reinterpret_cast<void*>(after.sa_handler) == reinterpret_cast<void*>(before.sa_handler));  // the handler put SIGTERM back
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -18,6 +18,8 @@
 #include "test_util.hpp"
 #include "troupe/nn/batch_normalization.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -465,3 +467,5 @@ TEST_CASE("AdamW decays the weights before Adam's step, as Keras 3 computes it, 
   CHECK(contains(message_of([] { nn::AdamW(0.001f, -1.0f); }), "adamw: weight_decay is -1"));
   CHECK(contains(message_of([] { nn::AdamW(0.001f, 0.004f, 1.5f); }), "adamw: beta_1 is 1.5"));
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -2,6 +2,8 @@
 
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 
@@ -40,3 +42,5 @@ TEST_CASE("make_blobs: a held-out slice of one draw scores like training, anothe
   CHECK(other_seed < held_out - 0.25);  // near chance (1/3): other centres
   CHECK(other_seed < 0.45);
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -19,6 +19,8 @@
 #include "../common/temp_dir.hpp"
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -610,3 +612,5 @@ TEST_CASE("StopOnSignal stops a paused fit with a checkpoint, and gives the sign
   sigaction(SIGUSR1, &before, nullptr);
   CHECK(contains(message_of([] { nn::StopOnSignal({SIGKILL}); }), "StopOnSignal: signal 9 cannot be caught"));
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -5,6 +5,8 @@
 #include "../common/temp_dir.hpp"
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -147,3 +149,5 @@ TEST_CASE("CentralStorageStrategy: a checkpoint saves and restores its variables
   }
   CHECK(model.optimizer()->iterations().value().item<std::int64_t>() == 4);
 }
+
+}  // namespace TROUPE_TEST_FILE

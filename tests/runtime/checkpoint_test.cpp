@@ -15,6 +15,8 @@
 
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -491,3 +493,5 @@ TEST_CASE("inspect_checkpoint lists names, dtypes, shapes and checksum status") 
   CHECK_FALSE(info.entries[1].checksum_ok);
   CHECK_THROWS_AS(inspect_checkpoint(dir.file("nothing.ckpt")), CheckpointError);
 }
+
+}  // namespace TROUPE_TEST_FILE

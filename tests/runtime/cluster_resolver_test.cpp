@@ -12,6 +12,8 @@
 #include "test_util.hpp"
 #include "troupe/runtime.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::distribute;
 using troupe::testing::contains;
 using troupe::testing::message_of;
@@ -583,3 +585,5 @@ TEST_CASE("mpi resolver reads the process environment") {
   CHECK(r.task_id() == 1);
   CHECK(r.cluster_spec().task_address("worker", 0) == "node0:5555");
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -15,6 +15,8 @@
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -496,3 +498,5 @@ TEST_CASE("ps tasks apply SGD, momentum, Adam and AdamW with their own slots, de
   CHECK(strategy.read_variable("emb").to_vector<float>() == after);  // the refused update changed nothing
   CHECK_THROWS_AS(ShardOptimizer::adam(0.01f, 1.5f), std::invalid_argument);
 }
+
+}  // namespace TROUPE_TEST_FILE

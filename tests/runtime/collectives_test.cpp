@@ -8,6 +8,8 @@
 
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::cpus;
@@ -204,3 +206,5 @@ TEST_CASE("a large all_reduce hands every replica one shared result - small ones
     }
   }
 }
+
+}  // namespace TROUPE_TEST_FILE

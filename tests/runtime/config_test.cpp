@@ -7,6 +7,8 @@
 #include "troupe/config.hpp"
 #include "troupe/nn/ops.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 
 TEST_CASE("config: TensorFloat-32 is allowed by default, as in TensorFlow, and the setting is process-wide") {
@@ -34,3 +36,5 @@ TEST_CASE("config: CPU products are exact float32 whatever the TensorFloat-32 se
   }
   config::enable_tensor_float_32_execution(before);
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -16,6 +16,8 @@
 #include "cpu/kernels.hpp"
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using troupe::testing::contains;
 using troupe::testing::message_of;
@@ -307,3 +309,5 @@ TEST_CASE("cpu: a Dense kernel gradient computed in row blocks has the bits of t
     }
   }
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -17,6 +17,8 @@
 #include "troupe/data/dataset.hpp"
 #include "troupe/errors.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::data;
 using troupe::testing::contains;
@@ -515,3 +517,5 @@ TEST_CASE("a training pipeline shuffles, batches and repeats with known cardinal
   std::set<std::int64_t> distinct(labels.begin(), labels.begin() + 4);
   CHECK(distinct.size() == 4);
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -4,6 +4,8 @@
 
 #include "troupe/device.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using troupe::Device;
 
 TEST_CASE("device short forms parse and print") {
@@ -45,3 +47,5 @@ TEST_CASE("devices compare by every field") {
   CHECK(Device::parse("CPU:0") != Device::parse("CPU:1"));
   CHECK(Device::parse("CPU:0") != Device::parse("/job:w/device:CPU:0"));
 }
+
+}  // namespace TROUPE_TEST_FILE

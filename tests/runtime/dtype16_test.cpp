@@ -11,6 +11,8 @@
 #include "../common/temp_dir.hpp"
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -217,3 +219,5 @@ TEST_CASE("16-bit all-reduce over CPU replicas sums in float32 and rounds once")
   }), std::nullopt);
   CHECK(mean.cast(DType::f32).item<float>() == 1.0f);
 }
+
+}  // namespace TROUPE_TEST_FILE

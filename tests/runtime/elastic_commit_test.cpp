@@ -11,6 +11,8 @@
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::message_of;
@@ -149,3 +151,5 @@ TEST_CASE("step agreement: every worker reads who asks to leave from the same ta
   const std::vector<double> quiet(3 * stride, 0.0);
   CHECK(dd::decide(quiet.data(), 3, dd::StepRequests{}, stride).leaving.empty());
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -5,6 +5,8 @@
 
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -159,3 +161,5 @@ TEST_CASE("every replica failing reports the lowest one") {
   }
   check_next_step_works(s);
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -12,6 +12,8 @@
 #include "test_util.hpp"
 #include "troupe/data/readers.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -328,3 +330,5 @@ TEST_CASE("distribute_datasets_from_function takes up a pass begun over 2 worker
   CHECK(contains(message_of([&] { s.distribute_datasets_from_function(fn).make_iterator(-1); }),
                  "split_workers -1"));
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -24,6 +24,8 @@
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::detail::flight_collective;
@@ -413,3 +415,5 @@ TEST_CASE("flight recorder: the last Runtime writes a dump at exit when asked") 
   CHECK(dump["reason"] == "exit");
   CHECK(dump["entries"].size() == 3);
 }
+
+}  // namespace TROUPE_TEST_FILE

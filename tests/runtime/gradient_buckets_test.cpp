@@ -8,6 +8,8 @@
 #include "distribute/collectives/collectives.hpp"
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 
@@ -253,3 +255,5 @@ TEST_CASE("bucketed gradient all-reduce: a replica that enters another collectiv
     for (const Tensor& t : s.experimental_local_results(sums)) CHECK(t.to_vector<float>() == std::vector<float>(3, 4.0f));
   }
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -8,6 +8,8 @@
 
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -191,3 +193,5 @@ TEST_CASE("GradientTape inside run: each replica's tape gives its own gradients,
   });
   for (double worst : result.values()) CHECK(worst < 1e-6);
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -11,6 +11,8 @@
 
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::data::Dataset;
@@ -302,3 +304,5 @@ TEST_CASE("rewind_passes sets a distributed dataset's shuffles back: the passes 
   }
   CHECK(a == b);
 }
+
+}  // namespace TROUPE_TEST_FILE

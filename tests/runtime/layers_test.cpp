@@ -18,6 +18,8 @@
 #include "troupe/nn/backup_and_restore.hpp"
 #include "troupe/nn/normalization.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -751,3 +753,5 @@ TEST_CASE("a CNN built from its first batch trains under one replica and the def
   CHECK(h.loss.back() < h.loss.front());
   CHECK(model.layers().built());
 }
+
+}  // namespace TROUPE_TEST_FILE

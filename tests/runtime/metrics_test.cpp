@@ -6,6 +6,8 @@
 #include "test_util.hpp"
 #include "troupe/nn/metrics.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using troupe::testing::contains;
 using troupe::testing::message_of;
@@ -78,3 +80,5 @@ TEST_CASE("AUC refuses mismatched sizes, integer predictions, probabilities out 
   CHECK(auc.count() == 0);  // a refused batch counts nothing
   CHECK_THROWS_AS(nn::AUC(1), std::invalid_argument);
 }
+
+}  // namespace TROUPE_TEST_FILE

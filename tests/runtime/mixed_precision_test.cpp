@@ -11,6 +11,8 @@
 #include "../common/temp_dir.hpp"
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -297,3 +299,5 @@ TEST_CASE("a checkpoint of a mixed_float16 model saves and restores the loss sca
   CHECK(restored->iterations().value().item<std::int64_t>() == 2);
   CHECK(fresh.trainable_variables()[0].value().equals(vars[0].value()));
 }
+
+}  // namespace TROUPE_TEST_FILE

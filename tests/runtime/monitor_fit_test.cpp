@@ -2,6 +2,8 @@
 // callback (MirroredStrategy and ParameterServerStrategy), and an application's controls.
 #include "monitor_test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace monitor_test;
 
 TEST_CASE("monitor: pause, learning rate, checkpoint and stop act at the step boundary") {
@@ -438,3 +440,5 @@ TEST_CASE("monitor: as a fit callback, a control set after step 2 is read by the
   CHECK(seen == std::vector<double>{0.25, 0.25, 0.75, 0.75});
   CHECK(contains(log.str(), "noise 0.75 from step 3"));
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -2,6 +2,8 @@
 // page, the flight recorder, text summaries, the actors page and the actions asked of an actor.
 #include "monitor_test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace monitor_test;
 
 TEST_CASE("monitor: a dashboard beyond loopback without a token is refused, naming the address") {
@@ -470,3 +472,5 @@ TEST_CASE("monitor: an actor command from the page waits for the application: a 
   CHECK(contains(r, "409 Conflict"));
   CHECK(contains(error_of(r), "the training has stopped"));
 }
+
+}  // namespace TROUPE_TEST_FILE

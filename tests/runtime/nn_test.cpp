@@ -9,6 +9,8 @@
 
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -794,3 +796,5 @@ TEST_CASE("Model::summary prints the layers, output shapes and parameter counts 
   for (const Variable& v : model.trainable_variables()) elements += v.value().num_elements();
   CHECK(elements == 50890);
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -11,6 +11,8 @@
 #include "troupe/nn/model.hpp"
 #include "troupe/nn/pooling.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::cpus;
@@ -89,3 +91,5 @@ TEST_CASE("Model::predict and evaluate refuse to run inside a replica function")
   model.compile(std::make_shared<nn::SGD>(0.1f), nn::Loss::mean_squared_error());
   CHECK_THROWS_AS(s.run([&] { return model.predict(Tensor::zeros({4, 2})); }), ReplicaError);
 }
+
+}  // namespace TROUPE_TEST_FILE

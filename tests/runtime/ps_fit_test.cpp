@@ -16,6 +16,8 @@
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -448,3 +450,5 @@ TEST_CASE("ModelCheckpoint under ParameterServerStrategy writes sharded checkpoi
   CHECK(contains(message_of([&] { adam_slot.restore(checkpoint->saved()[1]); }),
                  "no slot 'm' of variable 'dense_0/kernel' for 'sgd/m/dense_0/kernel': the ps tasks' optimizer kept 'momentum'"));
 }
+
+}  // namespace TROUPE_TEST_FILE

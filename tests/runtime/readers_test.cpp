@@ -13,6 +13,8 @@
 #include "test_util.hpp"
 #include "troupe/data/readers.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::data;
 using troupe::testing::contains;
@@ -431,3 +433,5 @@ TEST_CASE("read_csv and read_idx read float16 and bfloat16, rounded to nearest e
   CHECK(read_idx(path, DType::bf16).cast(DType::f32).to_vector<float>() == std::vector<float>{0, 127, 255});
   CHECK(read_idx(path, DType::f16).dtype() == DType::f16);
 }
+
+}  // namespace TROUPE_TEST_FILE

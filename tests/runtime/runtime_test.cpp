@@ -7,6 +7,8 @@
 #include "../common/free_port.hpp"
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -367,3 +369,5 @@ TEST_CASE("negative multi-worker timeouts are refused before anything starts, na
   MultiWorkerMirroredStrategy s(rt, {}, resolver, MultiWorkerOptions{});
   CHECK(s.num_replicas_in_sync() == 1);
 }
+
+}  // namespace TROUPE_TEST_FILE

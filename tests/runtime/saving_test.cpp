@@ -24,6 +24,8 @@
 #include "troupe/nn/residual.hpp"
 #include "troupe/nn/saving.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using troupe::testing::contains;
 using troupe::testing::message_of;
@@ -384,3 +386,5 @@ TEST_CASE("load_model rebuilds Residual blocks from their nested configs, and a 
     CHECK(contains(m, file));
   }
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -4,6 +4,8 @@
 
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -116,3 +118,5 @@ TEST_CASE("seed 8: values from a host array indexed by replica id") {
   CHECK(local[1].item<double>() == 2.0);
   CHECK(v.to_string() == "PerReplica{0: 3.0, 1: 2.0}");
 }
+
+}  // namespace TROUPE_TEST_FILE

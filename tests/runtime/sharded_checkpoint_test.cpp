@@ -12,6 +12,8 @@
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -303,3 +305,5 @@ TEST_CASE("a damaged, missing or unfinished sharded checkpoint is named, skipped
   std::ofstream(dir.path / "a-file") << "x";
   CHECK_THROWS_AS(ShardedCheckpointManager(*c.strategy, (dir.path / "a-file").string(), 1), CheckpointError);
 }
+
+}  // namespace TROUPE_TEST_FILE

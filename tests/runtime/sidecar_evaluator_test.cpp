@@ -18,6 +18,8 @@
 #include "test_util.hpp"
 #include "troupe/troupe.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -314,3 +316,5 @@ TEST_CASE("SidecarEvaluator: stop() ends a wait on an empty directory, bad argum
   nn::SidecarEvaluator wrong(local, held_out(), dir.file("other"), 0, 1);
   CHECK(contains(message_of([&] { wrong.start(); }), "has no variable 'dense/kernel'"));
 }
+
+}  // namespace TROUPE_TEST_FILE

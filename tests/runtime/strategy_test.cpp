@@ -8,6 +8,8 @@
 
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -252,3 +254,5 @@ TEST_CASE("MultiWorkerMirroredStrategy refuses NCCL without GPUs, saying why, be
   CHECK(contains(msg, "CommunicationImplementation::NCCL needs GPUs and this machine has none"));
   CHECK(contains(msg, "use AUTO or RING"));
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -10,6 +10,8 @@
 #include "test_util.hpp"
 #include "troupe/tensor.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using troupe::testing::contains;
 using troupe::testing::message_of;
@@ -241,3 +243,5 @@ TEST_CASE("a tensor too large for memory is a std::bad_alloc naming its shape, d
     CHECK(what.find("cannot allocate 4398046511104 bytes (out of memory") != std::string::npos);
   }
 }
+
+}  // namespace TROUPE_TEST_FILE

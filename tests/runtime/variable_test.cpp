@@ -5,6 +5,8 @@
 #include "../common/temp_dir.hpp"
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -319,3 +321,5 @@ TEST_CASE("a variable used by a replica of another strategy is still refused, na
   CHECK(contains(message_of([&] { b.run([&] { return w->value(); }); }),
                  "Variable 'w' belongs to another strategy than the replica using it"));
 }
+
+}  // namespace TROUPE_TEST_FILE

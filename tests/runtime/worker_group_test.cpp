@@ -15,6 +15,8 @@
 #include "troupe/kernels/half_kernels.hpp"
 #include "test_util.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe;
 using namespace troupe::distribute;
 using troupe::testing::contains;
@@ -256,3 +258,5 @@ TEST_CASE("a ring worker group sums float16 and bfloat16 tensors in float32 and 
     }
   }
 }
+
+}  // namespace TROUPE_TEST_FILE

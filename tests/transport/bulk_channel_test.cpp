@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 namespace tt = troupe::transport;
 using namespace std::chrono_literals;
 
@@ -443,3 +445,5 @@ TEST_CASE("with tags hashed beside, large updates and reads are bit-exact, and a
   }
   CHECK(relay.flipped());
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -10,6 +10,8 @@
 
 #include "ring_frames.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using troupe::transport::frames::frame_mac;
 using troupe::transport::frames::tag_thread;
 
@@ -89,3 +91,5 @@ TEST_CASE("a frame tag hashed on a tag thread fails for a flipped byte, a replay
     CHECK(!check(a, tag_of(other, a, a.size(), false)));
   }
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -12,6 +12,8 @@
 #include "troupe/transport/memory_ring.hpp"
 #include "troupe/transport/tcp_ring.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::transport;
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
@@ -501,3 +503,5 @@ TEST_CASE("two named all-reduces of the same shape run in swapped order fail on 
     CHECK(contains(got[static_cast<std::size_t>(r)].what, "named 22"));
   }
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -5,6 +5,8 @@
 #include <set>
 #include <string>
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using troupe::transport::random_bytes;
 using troupe::transport::random_hex;
 
@@ -22,3 +24,5 @@ TEST_CASE("random_hex gives 2n lowercase hex digits") {
   for (char c : h) CHECK(((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')));
   CHECK(random_hex(16, "test") != h);
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -6,6 +6,8 @@
 
 #include "troupe/transport/ring_index.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::transport::ring_index;
 
 TEST_CASE("ring index: neighbours wrap around, and what a rank receives in step k is what its predecessor sends") {
@@ -95,3 +97,5 @@ TEST_CASE("ring index: the small all-reduce brings every other rank's block exac
     }
   }
 }
+
+}  // namespace TROUPE_TEST_FILE

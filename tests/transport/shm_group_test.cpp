@@ -10,6 +10,8 @@
 #include "troupe/kernels/reduce_kernels.hpp"
 #include "troupe/transport/shm_group.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace troupe::transport;
 using namespace std::chrono_literals;
 
@@ -226,3 +228,5 @@ TEST_CASE("a fused all_reduce with shared_output writes rank 0's output only - a
     }
   }
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -1,6 +1,8 @@
 // tcp_ring's broadcast and all-gather: every root and block, bad arguments, disagreeing ranks, shutdown.
 #include "tcp_ring_harness.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace tcp_ring_test;
 
 TEST_CASE("ring broadcast delivers the root's bytes from every root across 1, 2, 3 and 4 ranks") {
@@ -246,3 +248,5 @@ TEST_CASE("shutdown releases a pending broadcast or all-gather at once") {
     CHECK(contains(after.what, "shut down"));
   }
 }
+
+}  // namespace TROUPE_TEST_FILE

@@ -1,6 +1,8 @@
 // tcp_ring's options and listener: segment sizes, the wait for a predecessor, a listener on 0.0.0.0.
 #include "tcp_ring_harness.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace tcp_ring_test;
 
 TEST_CASE("a listener on 0.0.0.0 serves a ring whose peers are named by host name, and its port is reusable") {
@@ -183,3 +185,5 @@ TEST_CASE("ring all-reduce reports how long it waited for its predecessor to joi
   });
   CHECK(errors[0] == "");
 }
+
+}  // namespace TROUPE_TEST_FILE

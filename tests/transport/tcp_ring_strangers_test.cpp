@@ -1,6 +1,8 @@
 // Strangers and impostors on a ring port: refused both ways, and the ring still forms with its peers.
 #include "tcp_ring_harness.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace tcp_ring_test;
 
 namespace {
@@ -207,3 +209,5 @@ TEST_CASE("a ring peer pushed out by strangers while its final proof travels con
   CHECK(errors[1] == "");
   CHECK(std::chrono::steady_clock::now() - start < 4s);  // well before the 5 s start timeout
 }
+
+}  // namespace TROUPE_TEST_FILE

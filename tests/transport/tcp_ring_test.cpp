@@ -1,6 +1,8 @@
 // tcp_ring's all-reduce across ranks on loopback: every dtype, large and small, a peer lost or late.
 #include "tcp_ring_harness.hpp"
 
+namespace TROUPE_TEST_FILE {  // this file's own names in a unity build (tests/CMakeLists.txt)
+
 using namespace tcp_ring_test;
 
 namespace {
@@ -222,3 +224,5 @@ TEST_CASE("ring shutdown releases a pending small all-reduce at once") {
   CHECK((after.peer == 0 || after.peer == 2));
   CHECK(contains(after.what, "shut down"));
 }
+
+}  // namespace TROUPE_TEST_FILE
