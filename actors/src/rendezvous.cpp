@@ -42,6 +42,10 @@ std::string random_nonce() {
 constexpr std::size_t max_fault_bytes = 4096;
 // How long the chief waits for a worker to take a fault report before it answers the reporter.
 constexpr std::chrono::milliseconds fault_ack_wait{500};
+// How long the chief's agent waits for each worker to take word that the chief's program ends,
+// and the chief for all of them.
+constexpr std::chrono::milliseconds leaving_ack_wait{1000};
+constexpr std::chrono::milliseconds leaving_wait{2000};
 
 }  // namespace
 
@@ -283,6 +287,28 @@ caf::behavior cluster_agent(caf::stateful_actor<chief_agent_state>* self, rendez
       [=](fault_atom, std::int32_t rank, const std::string& what) -> caf::result<bool> {
         return relay_fault(self, rank, what);
       },
+      [=](leaving_atom) -> caf::result<bool> {
+        // The chief's program ends (only its own watch says so): every watcher hears it, and
+        // answers, before the chief's connections close, so that none takes their end for a lost
+        // chief while it still finishes its last collective with the others.
+        const auto& sender = self->current_sender();
+        if (!sender || sender->node() != self->node()) return false;
+        auto waiting = std::make_shared<std::size_t>(0);
+        for (const auto& w : self->state.watchers) {
+          if (w) ++*waiting;
+        }
+        if (*waiting == 0) return true;
+        auto rp = self->make_response_promise<bool>();
+        auto answered = [rp, waiting]() mutable {
+          if (--*waiting == 0) rp.deliver(true);
+        };
+        for (const auto& w : self->state.watchers) {
+          if (!w) continue;
+          self->request(w, leaving_ack_wait, leaving_atom::value)
+              .then([answered](bool) mutable { answered(); }, [answered](caf::error&) mutable { answered(); });
+        }
+        return rp;
+      },
       [=](check_atom, std::chrono::milliseconds interval) {
         const auto now = rendezvous_state::clock::now();
         for (const auto& v : self->state.rules->check(now)) fan_out(v);
@@ -372,10 +398,11 @@ caf::behavior heartbeat(caf::stateful_actor<chief_watch_state>* self, caf::actor
   self->monitor(agent);
   self->set_down_handler([=](caf::down_msg& d) {
     if (d.source != agent.address()) return;
-    // A chief that finished its program shuts its agent down on purpose, possibly while the
-    // others still complete the last collective with it: that is no failure (a chief that dies
-    // shows up as an unreachable link, and a collective that still needs it fails naming it).
-    if (d.reason == caf::exit_reason::user_shutdown) {
+    // A chief that finished its program says so, then shuts its agent down on purpose, possibly
+    // while the others still complete the last collective with it: that is no failure (a chief
+    // that dies shows up as an unreachable link, and a collective that still needs it fails naming
+    // it). The word comes first: the exit's own message may be lost as the chief's process ends.
+    if (self->state.chief_left || d.reason == caf::exit_reason::user_shutdown) {
       self->state.chief_left = true;
       return;
     }
@@ -420,6 +447,11 @@ caf::behavior heartbeat(caf::stateful_actor<chief_watch_state>* self, caf::actor
         if (caf::actor_cast<caf::actor_addr>(self->current_sender()) == agent.address()) self->state.heard = std::chrono::steady_clock::now();
       },
       [=](gone_atom, std::int32_t r, const std::string& reason) { report(r, reason); },
+      [=](leaving_atom) {
+        // Only the agent's own word counts, as for its heartbeat.
+        if (caf::actor_cast<caf::actor_addr>(self->current_sender()) == agent.address()) self->state.chief_left = true;
+        return true;
+      },
   };
 }
 
@@ -443,6 +475,8 @@ cluster_watch::~cluster_watch() {
   }
   if (s.beat) caf::anon_send_exit(s.beat, caf::exit_reason::user_shutdown);
   if (s.chief && s.agent) {
+    caf::scoped_actor self{*s.system};
+    self->request(s.agent, leaving_wait, leaving_atom::value).receive([](bool) {}, [](caf::error&) {});
     if (s.gate) s.gate->unpublish(s.agent, s.port);
     caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
   }

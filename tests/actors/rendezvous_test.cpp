@@ -396,6 +396,54 @@ TEST_CASE("the chief's cluster health hears every worker's heartbeats, a fault r
   watches[0].reset();
 }
 
+TEST_CASE("a chief or a worker whose program ends is not taken for a lost one, even when its process ends at once") {
+  // The watch ends as its program does, and its actor system (its connections) right after, as a
+  // process's exit takes them: the other side, maybe still finishing a collective with the rest,
+  // hears first that it left on purpose (the worker's goodbye; the chief's word to every watcher,
+  // answered) and reports no loss.
+  for (int round = 0; round < 6; ++round) {
+    const int ending = round % 2;  // the chief, then a worker
+    auto options = cluster(2);
+    std::vector<std::unique_ptr<node>> nodes;
+    nodes.push_back(std::make_unique<node>());
+    nodes.push_back(std::make_unique<node>());
+    std::vector<std::unique_ptr<cluster_watch>> watches(2);
+    std::vector<std::string> errors(2);
+    std::atomic<int> reported{0};
+    std::string reason;
+    std::mutex mutex;
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] {
+        try {
+          rendezvous(*nodes[static_cast<std::size_t>(i)]->system, options[static_cast<std::size_t>(i)], 50ms,
+                     [&](int rank, const std::string& why) {
+                       std::lock_guard<std::mutex> lock(mutex);
+                       if (reason.empty()) reason = "rank " + std::to_string(rank) + ": " + why;
+                       ++reported;
+                     },
+                     watches[static_cast<std::size_t>(i)]);
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(i)] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    REQUIRE(errors[0] == "");
+    REQUIRE(errors[1] == "");
+    std::this_thread::sleep_for(100ms);  // a few beats both ways
+    watches[static_cast<std::size_t>(ending)].reset();
+    nodes[static_cast<std::size_t>(ending)].reset();
+    std::this_thread::sleep_for(400ms);  // past the other's bound on a silent peer (50 ms x 4)
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      INFO("round " << round << " (" << (ending == 0 ? "the chief" : "a worker") << " ends): " << reason);
+      CHECK(reported.load() == 0);
+    }
+    watches[static_cast<std::size_t>(1 - ending)].reset();
+  }
+}
+
 TEST_CASE("every heartbeat carries its worker's CPU, memory and new log lines to the chief's cluster health") {
   auto options = cluster(2);
   auto health = std::make_shared<cluster_health>();
