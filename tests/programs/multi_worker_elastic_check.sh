@@ -17,7 +17,11 @@
 #              killed as its first validation begins, when every worker agreed to end epoch 1: the
 #              survivors fail inside the validation's collectives, drop rank 2, go on from the
 #              commit of the epoch's end (step 42) and run the epoch's end again on 2 workers.
-# Usage: multi_worker_elastic_check.sh shrink|below-min|stall|epoch-end|validation TROUPE_LAUNCH MULTI_WORKER_TRAINER
+#   chief:     the chief (rank 0) killed instead: no change mends the loss of the chief (it holds
+#              the membership), so the survivors fall back to the restart path naming it, and the
+#              launcher names its death and stops the others (under --elastic it never starts the
+#              whole cluster again): non-zero, no result, well before the launcher's timeout.
+# Usage: multi_worker_elastic_check.sh shrink|below-min|stall|epoch-end|validation|chief TROUPE_LAUNCH MULTI_WORKER_TRAINER
 set -u
 mode="$1" launch="$2" trainer="$3" label="$1"
 . "$(dirname "$0")/multi_worker_lib.sh"
@@ -31,6 +35,8 @@ args=(--elastic --epochs 3 --batch 192 --step-delay-ms 50)
 if [ "$mode" = epoch-end ]; then
   start_launcher "$dir/run.out" env TROUPE_COMMIT_EVERY_STEPS=40 "$launch" -n 3 --elastic --min 2 --timeout 100 -- \
     "$trainer" "${args[@]}"
+elif [ "$mode" = chief ]; then
+  start_launcher "$dir/run.out" "$launch" -n 3 --elastic --min 2 --timeout 100 -- "$trainer" "${args[@]}"
 elif [ "$mode" != below-min ]; then
   start_launcher "$dir/run.out" "$launch" -n 3 --elastic --min 2 --timeout 100 -- "$trainer" "${args[@]}"
 else
@@ -47,6 +53,21 @@ elif [ "$mode" = validation ]; then
   wait_for 60 grep -q "^\[rank 2\] validation 1 begins$" "$dir/run.out" || fail "rank 2 did not begin validating within 60 s"
 else
   sleep 2
+fi
+if [ "$mode" = chief ]; then
+  pid=$(pid_of 0)
+  signal_rank 0 "$pid" KILL
+  wait_launcher 30 " of the chief's kill"
+  [ "$rc" != 0 ] || fail "the run exited 0 without its chief"
+  grep -q "^troupe-launch: worker 0 (pid $pid, [^)]*) was killed by signal 9 (SIGKILL); stopping the others$" "$dir/run.out" ||
+    fail "the launcher does not name the chief's death (pid $pid) and stop the others"
+  grep -q "go on without it" "$dir/run.out" && fail "the launcher went on without the chief"
+  # Both survivors find it; the first to exit may make the launcher stop the other before it says so.
+  named=$(grep -c "^\[rank [12]\] .*elastic membership falls back to the restart path: the chief $(task 0) was lost " "$dir/run.out")
+  [ "$named" -ge 1 ] || fail "no survivor names the fallback for the lost chief"
+  grep -q "^\[rank [012]\] result:" "$dir/run.out" && fail "a rank printed a result without its chief"
+  echo "PASSED (chief): the survivors fell back naming the lost chief ($named of 2), the launcher stopped them, exit $rc"
+  exit 0
 fi
 if [ "$mode" = stall ]; then signal_rank 2 "$pid" STOP; else signal_rank 2 "$pid" KILL; fi
 

@@ -36,6 +36,9 @@
 namespace troupe::distribute {
 namespace {
 
+// How long an elastic worker that heard of a loss waits for the verdicts of others lost with it.
+constexpr std::chrono::milliseconds loss_settle{100};
+
 // A cluster address "host:port" (or "[v6]:port") as the rendezvous and the ring take it.
 std::pair<std::string, std::uint16_t> split_address(const std::string& address, const std::string& what) {
   return detail::split_host_port(address, "MultiWorkerMirroredStrategy", what);
@@ -377,6 +380,10 @@ class MultiWorkerBackend final : public detail::MirroredBackend, public detail::
                               "within " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(wait).count()) +
                               " ms");
     }
+    // Workers lost at once leave in one change: the chief's watch names each within milliseconds of
+    // its connection's end, so the verdicts of a short while after the first count together. One
+    // that comes later, once the change is decided, fails it (the fallback, named).
+    std::this_thread::sleep_for(loss_settle);
     // Every verdict so far counts (two workers lost at once leave in one change). The watch names
     // a worker by its id in the chief's table, which a change does not renumber: watch_ids_ maps
     // the ring's ranks to them.
