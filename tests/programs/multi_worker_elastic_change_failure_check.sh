@@ -24,11 +24,10 @@ every_pid() {
 
 args=(--elastic --epochs 6 --batch 192 --step-delay-ms 50)
 if [ "$mode" = second-death ]; then
-  start_launcher "$dir/run.out" "$launch" -n 4 --elastic --min 2 --timeout 110 -- "$trainer" "${args[@]}"
+  start_cluster "$dir/run.out" every_pid "$launch" -n 4 --elastic --min 2 --timeout 110 -- "$trainer" "${args[@]}"
 else
-  start_launcher "$dir/run.out" "$launch" -n 3 --elastic --min 2 --max-restarts 1 --timeout 110 -- "$trainer" "${args[@]}"
+  start_cluster "$dir/run.out" every_pid "$launch" -n 3 --elastic --min 2 --max-restarts 1 --timeout 110 -- "$trainer" "${args[@]}"
 fi
-wait_for 30 every_pid || fail "the workers did not print their pids within 30 s"
 sleep 2
 if [ "$mode" = second-death ]; then
   pid3=$(pid_of 3 | head -1)

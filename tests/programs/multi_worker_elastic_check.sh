@@ -33,18 +33,17 @@ every_pid() { [ -n "$(pid_of 0)" ] && [ -n "$(pid_of 1)" ] && [ -n "$(pid_of 2)"
 args=(--elastic --epochs 3 --batch 192 --step-delay-ms 50)
 [ "$mode" = validation ] && args+=(--validation-delay-ms 150)
 if [ "$mode" = epoch-end ]; then
-  start_launcher "$dir/run.out" env TROUPE_COMMIT_EVERY_STEPS=40 "$launch" -n 3 --elastic --min 2 --timeout 100 -- \
+  start_cluster "$dir/run.out" every_pid env TROUPE_COMMIT_EVERY_STEPS=40 "$launch" -n 3 --elastic --min 2 --timeout 100 -- \
     "$trainer" "${args[@]}"
 elif [ "$mode" = chief ]; then
-  start_launcher "$dir/run.out" "$launch" -n 3 --elastic --min 2 --timeout 100 -- "$trainer" "${args[@]}"
+  start_cluster "$dir/run.out" every_pid "$launch" -n 3 --elastic --min 2 --timeout 100 -- "$trainer" "${args[@]}"
 elif [ "$mode" != below-min ]; then
-  start_launcher "$dir/run.out" "$launch" -n 3 --elastic --min 2 --timeout 100 -- "$trainer" "${args[@]}"
+  start_cluster "$dir/run.out" every_pid "$launch" -n 3 --elastic --min 2 --timeout 100 -- "$trainer" "${args[@]}"
 else
-  start_launcher "$dir/run.out" env TROUPE_MIN_WORKERS=3 "$launch" -n 3 --elastic --timeout 100 -- "$trainer" "${args[@]}"
+  start_cluster "$dir/run.out" every_pid env TROUPE_MIN_WORKERS=3 "$launch" -n 3 --elastic --timeout 100 -- "$trainer" "${args[@]}"
 fi
 
 # Every rank formed the cluster (it prints its pid then), and trains a while.
-wait_for 30 every_pid
 pid=$(pid_of 2)
 [ -n "$pid" ] || fail "rank 2 did not print its pid within 30 s"
 if [ "$mode" = epoch-end ]; then

@@ -19,10 +19,9 @@ every_pid() { [ -n "$(pids_of 0 3 '[0-9]*')" ] && [ -n "$(pids_of 1 3 '[0-9]*')"
 epochs=8
 steps_per_epoch=32  # 8192 examples / a global batch of 256 (86, 85 and 85 rows on 3 workers, 128 on 2)
 mkdir "$dir/examples"
-start_launcher "$dir/run.out" "$launch" -n 3 --elastic --min 2 --max-restarts 1 --timeout 110 -- \
+start_cluster "$dir/run.out" every_pid "$launch" -n 3 --elastic --min 2 --max-restarts 1 --timeout 110 -- \
   "$trainer" --elastic --epochs "$epochs" --batch 256 --step-delay-ms 50 --record-examples "$dir/examples"
 
-wait_for 30 every_pid || fail "the workers did not print their pids within 30 s"
 pid2=$(pids_of 2 3 '[0-9]*')
 # Mid-epoch: once rank 2 has computed step 40 (the 8th of epoch 2).
 at_step() { grep -q "^step=40 " "$dir/examples/worker-2-$pid2.txt" 2>/dev/null; }

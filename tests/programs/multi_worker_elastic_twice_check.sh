@@ -21,12 +21,11 @@ every_pid() { [ -n "$(pid_of 0)" ] && [ -n "$(pid_of 1)" ] && [ -n "$(pid_of 2)"
 # 42 steps an epoch, global batch 192 (48 rows a worker, then 64, then 96): about 9 s of training.
 args=(--elastic --epochs 4 --batch 192 --step-delay-ms 50)
 if [ "$mode" = twice ] || [ "$mode" = at-once ]; then
-  start_launcher "$dir/run.out" "$launch" -n 4 --elastic --min 2 --timeout 100 -- "$trainer" "${args[@]}"
+  start_cluster "$dir/run.out" every_pid "$launch" -n 4 --elastic --min 2 --timeout 100 -- "$trainer" "${args[@]}"
 else
-  start_launcher "$dir/run.out" env TROUPE_MIN_WORKERS=3 "$launch" -n 4 --elastic --timeout 100 -- "$trainer" "${args[@]}"
+  start_cluster "$dir/run.out" every_pid env TROUPE_MIN_WORKERS=3 "$launch" -n 4 --elastic --timeout 100 -- "$trainer" "${args[@]}"
 fi
 
-wait_for 30 every_pid
 pid3=$(pid_of 3)
 pid2=$(pid_of 2)
 [ -n "$pid3" ] && [ -n "$pid2" ] || fail "ranks 2 and 3 did not print their pids within 30 s"

@@ -68,6 +68,24 @@ start_launcher() {
   track "$launcher_pid"
 }
 
+# start_cluster FILE READY COMMAND...: start_launcher FILE COMMAND..., then waits up to 30 s for
+# READY (a command: every rank formed the cluster), failing when it never holds. A port the launcher
+# picked free may be taken by another process before its task binds it; that task says it cannot
+# listen and the launcher ends: it is then started again, on fresh ports, up to 3 times.
+start_cluster() {
+  local out="$1" ready="$2" attempt
+  shift 2
+  for attempt in 1 2 3; do
+    start_launcher "$out" "$@"
+    ready_or_taken() { "$ready" || grep -q 'cannot listen' "$out"; }
+    wait_for 30 ready_or_taken || fail "the cluster did not form within 30 s ($ready never held)"
+    grep -q 'cannot listen' "$out" || return 0
+    echo "a port was taken (attempt $attempt): $(grep -h -m 1 'cannot listen' "$out")"
+    wait_launcher 30 " after a port was taken"
+    [ "$attempt" = 3 ] && fail "no free ports after 3 tries"
+  done
+}
+
 # wait_launcher SECONDS WHAT: waits for $launcher_pid to exit, failing ("the launcher did not
 # finish within SECONDS s WHAT") when it still runs then; $rc is its status.
 wait_launcher() {
