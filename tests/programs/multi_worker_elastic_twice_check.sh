@@ -18,6 +18,22 @@ mode="$1" launch="$2" trainer="$3" label="$1"
 pid_of() { pids_of "$1" 4; }
 every_pid() { [ -n "$(pid_of 0)" ] && [ -n "$(pid_of 1)" ] && [ -n "$(pid_of 2)" ] && [ -n "$(pid_of 3)" ]; }
 
+# finished_on_two CHANGES LINE: the run exited 0, ranks 0 and 1 each in the process it started in,
+# saying LINE (a regular expression: the last change), finished on 2 workers after CHANGES
+# changes at step 168, with equal weights ($d0).
+finished_on_two() {
+  [ "$rc" = 0 ] || fail "the run exited $rc"
+  local r
+  for r in 0 1; do
+    [ "$(pid_of $r | wc -l)" = 1 ] || fail "rank $r printed $(pid_of $r | wc -l) pid lines"
+    grep -q "^\[rank $r\] troupe: warning: $2" "$dir/run.out" || fail "rank $r does not say: $2"
+    [ "$(field $r workers)" = 2 ] || fail "rank $r finished with workers=$(field $r workers) (expected 2)"
+    [ "$(field $r membership_changes)" = "$1" ] || fail "rank $r has membership_changes=$(field $r membership_changes)"
+    [ "$(field $r steps)" = 168 ] || fail "rank $r finished at step $(field $r steps) (expected 168)"
+  done
+  same_weights 0 1
+}
+
 # 42 steps an epoch, global batch 192 (48 rows a worker, then 64, then 96): about 9 s of training.
 args=(--elastic --epochs 4 --batch 192 --step-delay-ms 50)
 if [ "$mode" = twice ] || [ "$mode" = at-once ]; then
@@ -36,16 +52,7 @@ if [ "$mode" = at-once ] || [ "$mode" = at-once-below-min ]; then
   wait_launcher 90 " of the kills"
   grep -q "restarting" "$dir/run.out" && fail "the launcher restarted workers"
   if [ "$mode" = at-once ]; then
-    [ "$rc" = 0 ] || fail "the run exited $rc"
-    both="elastic membership: $(task 2), $(task 3) left; 2 workers continue from step [0-9]* as ring generation 1 (paused [0-9]* ms)$"
-    for r in 0 1; do
-      [ "$(pid_of $r | wc -l)" = 1 ] || fail "rank $r printed $(pid_of $r | wc -l) pid lines"
-      grep -q "^\[rank $r\] troupe: warning: $both" "$dir/run.out" || fail "rank $r does not say that tasks 2 and 3 left together"
-      [ "$(field $r workers)" = 2 ] || fail "rank $r finished with workers=$(field $r workers) (expected 2)"
-      [ "$(field $r membership_changes)" = 1 ] || fail "rank $r has membership_changes=$(field $r membership_changes)"
-      [ "$(field $r steps)" = 168 ] || fail "rank $r finished at step $(field $r steps) (expected 168)"
-    done
-    same_weights 0 1
+    finished_on_two 1 "elastic membership: $(task 2), $(task 3) left; 2 workers continue from step [0-9]* as ring generation 1 (paused [0-9]* ms)$"
     echo "PASSED (at-once): tasks 2 and 3 killed together left in one change, ranks 0 and 1 finished on 2 workers, weights $d0"
   else
     [ "$rc" != 0 ] || fail "the run exited 0 with fewer workers than min_workers"
@@ -71,16 +78,7 @@ for r in 0 1; do
   grep -q "^\[rank $r\] troupe: warning: $first" "$dir/run.out" || fail "rank $r does not say that task 3 left"
 done
 if [ "$mode" = twice ]; then
-  [ "$rc" = 0 ] || fail "the run exited $rc"
-  second="elastic membership: $(task 2) left; 2 workers continue from step [0-9]* as ring generation 2 (paused [0-9]* ms)$"
-  for r in 0 1; do
-    [ "$(pid_of $r | wc -l)" = 1 ] || fail "rank $r printed $(pid_of $r | wc -l) pid lines"
-    grep -q "^\[rank $r\] troupe: warning: $second" "$dir/run.out" || fail "rank $r does not say that task 2 left"
-    [ "$(field $r workers)" = 2 ] || fail "rank $r finished with workers=$(field $r workers) (expected 2)"
-    [ "$(field $r membership_changes)" = 2 ] || fail "rank $r has membership_changes=$(field $r membership_changes)"
-    [ "$(field $r steps)" = 168 ] || fail "rank $r finished at step $(field $r steps) (expected 168)"
-  done
-  same_weights 0 1
+  finished_on_two 2 "elastic membership: $(task 2) left; 2 workers continue from step [0-9]* as ring generation 2 (paused [0-9]* ms)$"
   echo "PASSED (twice): tasks 3 and 2 dropped one after the other, ranks 0 and 1 finished on 2 workers, weights $d0"
 else
   check_below_min 2
