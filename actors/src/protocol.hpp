@@ -70,7 +70,8 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using alive_atom = caf::atom_constant<caf::atom("alive")>;
 using fault_atom = caf::atom_constant<caf::atom("fault")>;
 // The chief's program ends (its own watch, to its agent, then the agent to every watcher):
-// (leaving) -> bool, answered once heard, before the chief's connections close.
+// (leaving) -> bool from the agent once every watcher answered (leaving) -> (), before the chief's
+// connections close.
 using leaving_atom = caf::atom_constant<caf::atom("leaving")>;
 // Joining a running elastic cluster (rendezvous.hpp, join_cluster):
 //   joiner -> chief's agent: (nonce) -> string; (enlist, version, task, nonce, proof, devices,

@@ -95,6 +95,27 @@ void finish(chief_agent_state& st) {
   st.waiting.clear();
 }
 
+// Requests `xs` of every watcher but `skip`'s; true once each answered, or its `wait` passed.
+template <class... Ts>
+caf::result<bool> tell_watchers(caf::stateful_actor<chief_agent_state>* self, std::int32_t skip,
+                                std::chrono::milliseconds wait, const Ts&... xs) {
+  auto& s = self->state;
+  auto promise = self->make_response_promise<bool>();
+  auto pending = std::make_shared<int>(1);
+  auto done = [promise, pending]() mutable {
+    if (--*pending == 0) promise.deliver(true);
+  };
+  for (std::size_t r = 0; r < s.watchers.size(); ++r) {
+    if (s.watchers[r] && static_cast<std::int32_t>(r) != skip) {
+      ++*pending;
+      self->request(s.watchers[r], wait, xs...)
+          .then([done]() mutable { done(); }, [done](caf::error&) mutable { done(); });
+    }
+  }
+  done();
+  return promise;
+}
+
 // A member's report of a fault: recorded, then relayed to every other watcher. Answered once every
 // other worker has it (or after fault_ack_wait): the reporter breaks its ring, and the chief may
 // exit, only after that, so the report is not lost with the process that was to send it.
@@ -109,20 +130,7 @@ caf::result<bool> relay_fault(caf::stateful_actor<chief_agent_state>* self, std:
   }
   const std::string reason = what.size() > max_fault_bytes ? what.substr(0, max_fault_bytes) + "..." : what;
   if (s.health) s.health->fault(rank, reason, cluster_health::clock::now());
-  auto promise = self->make_response_promise<bool>();
-  auto pending = std::make_shared<int>(1);
-  auto done = [promise, pending]() mutable {
-    if (--*pending == 0) promise.deliver(true);
-  };
-  for (std::size_t r = 0; r < s.watchers.size(); ++r) {
-    if (s.watchers[r] && static_cast<std::int32_t>(r) != rank) {
-      ++*pending;
-      self->request(s.watchers[r], fault_ack_wait, gone_atom::value, rank, reason)
-          .then([done]() mutable { done(); }, [done](caf::error&) mutable { done(); });
-    }
-  }
-  done();
-  return promise;
+  return tell_watchers(self, rank, fault_ack_wait, gone_atom::value, rank, reason);
 }
 
 // The rendezvous is complete: the watch starts, with the beats that came before it.
@@ -293,21 +301,7 @@ caf::behavior cluster_agent(caf::stateful_actor<chief_agent_state>* self, rendez
         // chief while it still finishes its last collective with the others.
         const auto& sender = self->current_sender();
         if (!sender || sender->node() != self->node()) return false;
-        auto waiting = std::make_shared<std::size_t>(0);
-        for (const auto& w : self->state.watchers) {
-          if (w) ++*waiting;
-        }
-        if (*waiting == 0) return true;
-        auto rp = self->make_response_promise<bool>();
-        auto answered = [rp, waiting]() mutable {
-          if (--*waiting == 0) rp.deliver(true);
-        };
-        for (const auto& w : self->state.watchers) {
-          if (!w) continue;
-          self->request(w, leaving_ack_wait, leaving_atom::value)
-              .then([answered](bool) mutable { answered(); }, [answered](caf::error&) mutable { answered(); });
-        }
-        return rp;
+        return tell_watchers(self, -1, leaving_ack_wait, leaving_atom::value);
       },
       [=](check_atom, std::chrono::milliseconds interval) {
         const auto now = rendezvous_state::clock::now();
@@ -450,7 +444,6 @@ caf::behavior heartbeat(caf::stateful_actor<chief_watch_state>* self, caf::actor
       [=](leaving_atom) {
         // Only the agent's own word counts, as for its heartbeat.
         if (caf::actor_cast<caf::actor_addr>(self->current_sender()) == agent.address()) self->state.chief_left = true;
-        return true;
       },
   };
 }
