@@ -40,14 +40,39 @@ TEST_CASE("monitor: with a token, requests without it get 401 and requests with 
   const std::string page = http(m.dashboard_port(), "GET", "/?token=s3cret");
   CHECK(contains(page, "text/html"));
   CHECK(contains(page, "<script src=\"chart.js\">"));
+  CHECK(contains(page, "<script src=\"dashboard.js\">"));
   CHECK(contains(http(m.dashboard_port(), "GET", "/chart.js?token=s3cret"), "Chart.js v"));
-  // The page's <script src="chart.js"> and its icon come without the page's query: served without
-  // the token (the same bytes for everyone); the page, the API and the commands are not.
+  // The page's <script src>s and its icon come without the page's query: served without the token
+  // (the same bytes for everyone, no data, no token); the page, the API and the commands are not.
   CHECK(contains(http(m.dashboard_port(), "GET", "/chart.js"), "Chart.js v"));
   CHECK(contains(http(m.dashboard_port(), "GET", "/favicon.svg"), "200 OK"));
+  int scripts = 0;
+  for (std::size_t at = page.find("<script src=\""); at != std::string::npos; at = page.find("<script src=\"", at + 1)) {
+    const std::size_t from = at + 13;
+    const std::string src = page.substr(from, page.find('"', from) - from);
+    const std::string script = http(m.dashboard_port(), "GET", "/" + src);
+    CHECK_MESSAGE(contains(script, "200 OK"), src);
+    CHECK_MESSAGE(contains(script, "Content-Type: application/javascript"), src);
+    CHECK_MESSAGE(!contains(script, "s3cret"), src);
+    CHECK_MESSAGE(contains(http(m.dashboard_port(), "POST", "/" + src), "401 Unauthorized"), src);
+    ++scripts;
+  }
+  CHECK(scripts == 4);  // chart.js, dashboard_charts.js, dashboard_cards.js, dashboard.js
+  CHECK(contains(http(m.dashboard_port(), "GET", "/dashboard.js"), "withToken(\"/api/events\")"));
   CHECK(contains(http(m.dashboard_port(), "GET", "/"), "401 Unauthorized"));
+  CHECK(contains(http(m.dashboard_port(), "GET", "/index.html"), "401 Unauthorized"));
   CHECK(contains(http(m.dashboard_port(), "POST", "/chart.js"), "401 Unauthorized"));
   CHECK(contains(http(m.dashboard_port(), "GET", "/api/state?x=/chart.js"), "401 Unauthorized"));
+  CHECK(contains(http(m.dashboard_port(), "GET", "/api/state?x=/dashboard.js"), "401 Unauthorized"));
+  for (const char* api : {"/api/state", "/api/history", "/api/events", "/api/logs?worker=0", "/api/flight_recorder",
+                          "/api/ps_cluster", "/api/actors", "/api/trace"}) {
+    CHECK_MESSAGE(contains(http(m.dashboard_port(), "GET", api), "401 Unauthorized"), api);
+  }
+  for (const char* command : {"/api/pause", "/api/resume", "/api/checkpoint", "/api/stop", "/api/learning_rate?value=0.1",
+                              "/api/control?name=x&value=1", "/api/actor_command?id=1&action=stop", "/api/trace?steps=1"}) {
+    CHECK_MESSAGE(contains(http(m.dashboard_port(), "POST", command), "401 Unauthorized"), command);
+  }
+  CHECK(body_of(http(m.dashboard_port(), "GET", "/api/state?token=s3cret"))["pending_commands"] == 0);
 }
 
 TEST_CASE("monitor: without a token, another site's page cannot steer the training") {

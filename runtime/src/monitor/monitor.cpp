@@ -275,11 +275,14 @@ Monitor::Monitor(distribute::Strategy& strategy, nn::Optimizer* optimizer, Monit
                                                         static_cast<std::size_t>(m.replicas_in_sync),
                                                         static_cast<std::size_t>(m.workers));
     Impl* self = &m;
-    // The page's script library and icon load without its ?token= (a <script src> carries none),
-    // and say nothing about the run: served to anyone who reaches the port.
+    // The page's scripts and icon load without its ?token= (a <script src> carries none), and say
+    // nothing about the run: served to anyone who reaches the port. The page itself, the API and
+    // the commands need the token.
+    std::vector<std::string> open_paths = {"/favicon.svg", "/favicon.ico"};
+    for (const detail::DashboardScript& script : detail::dashboard_scripts()) open_paths.emplace_back(script.path);
     m.server = std::make_unique<detail::HttpServer>(o.dashboard_address, o.dashboard_port, o.dashboard_token,
                                                     [self](const detail::HttpRequest& r) { return self->handle(r); },
-                                                    std::vector<std::string>{"/chart.js", "/favicon.svg", "/favicon.ico"});
+                                                    std::move(open_paths));
     detail::HttpServer* server = m.server.get();
     m.subscription = m.stream->subscribe([server](const std::string& json) { server->push(json); },
                                          [server] { return server->has_listeners(); });

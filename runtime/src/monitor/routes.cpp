@@ -376,15 +376,15 @@ constexpr const char* favicon_svg =
 
 // The methods each path answers; a path not here is 404.
 const char* allowed_methods(const std::string& path) {
-  static const char* const get_only[] = {"/",           "/index.html", "/chart.js",    "/favicon.svg",
-                                         "/favicon.ico", "/api/state",  "/api/history", "/api/events",
-                                         "/api/logs",   "/api/flight_recorder", "/api/ps_cluster",
-                                         "/api/actors"};
+  static const char* const get_only[] = {"/",           "/index.html", "/favicon.svg", "/favicon.ico",
+                                         "/api/state",  "/api/history", "/api/events", "/api/logs",
+                                         "/api/flight_recorder", "/api/ps_cluster", "/api/actors"};
   static const char* const post_only[] = {"/api/pause", "/api/resume", "/api/checkpoint", "/api/stop",
                                           "/api/learning_rate", "/api/control", "/api/actor_command"};
   for (const char* p : get_only) {
     if (path == p) return "GET";
   }
+  if (detail::dashboard_script(path) != nullptr) return "GET";
   for (const char* p : post_only) {
     if (path == p) return "POST";
   }
@@ -408,7 +408,9 @@ HttpResponse Monitor::Impl::get(const detail::HttpRequest& r) {
   if (r.path == "/" || r.path == "/index.html") {
     return {200, "text/html; charset=utf-8", std::string(detail::dashboard_html())};
   }
-  if (r.path == "/chart.js") return {200, "application/javascript", std::string(detail::chart_js())};
+  if (const detail::DashboardScript* script = detail::dashboard_script(r.path)) {
+    return {200, "application/javascript", std::string(script->body)};
+  }
   if (r.path == "/favicon.svg" || r.path == "/favicon.ico") return {200, "image/svg+xml", favicon_svg};
   if (r.path == "/api/state") return {200, "application/json", state_json(r)};
   if (r.path == "/api/ps_cluster") {
