@@ -173,10 +173,11 @@ def time_left():
 
 
 class DevTools:
-    """A minimal Chrome DevTools Protocol client over one page's websocket. Every call is bounded
-    by the test's deadline, not by a time of its own: a page busy on a loaded machine answers late
-    (30 s and more were seen under ctest -j2 beside a build), and how fast Chromium answers is
-    nothing a test asserts; what the page shows is, by its own bounded waits."""
+    """A minimal Chrome DevTools Protocol client over one page's websocket. An uncaught exception on
+    the page, reported while any call waits, fails the test. Every call is bounded by the test's
+    deadline, not by a time of its own: a page busy on a loaded machine answers late (30 s and more
+    were seen under ctest -j2 beside a build), and how fast Chromium answers is nothing a test
+    asserts; what the page shows is, by its own bounded waits."""
 
     def __init__(self, ws_url):
         self.ws = websocket.create_connection(ws_url, timeout=time_left(), suppress_origin=True)
@@ -192,6 +193,12 @@ class DevTools:
                 msg = json.loads(self.ws.recv())
             except websocket.WebSocketTimeoutException:
                 fail("Chromium did not answer %s before the test's deadline" % method)
+            if msg.get("method") == "Runtime.exceptionThrown":
+                # An error the page's own scripts did not catch (a script that did not load, a name
+                # one script reads of another): the page is broken, whatever it still shows.
+                details = msg["params"]["exceptionDetails"]
+                fail("the page threw: %s (%s:%s)" % (details.get("exception", {}).get("description") or details.get("text"),
+                                                     details.get("url", "?"), details.get("lineNumber", "?")))
             if msg.get("id") == my_id:
                 if "error" in msg:
                     fail("%s: %s" % (method, msg["error"]))
@@ -247,6 +254,7 @@ def open_page(work, url, procs):
     page = next(t for t in targets if t.get("type") == "page")
     dt = DevTools(page["webSocketDebuggerUrl"])
     dt.call("Page.enable")
+    dt.call("Runtime.enable")  # its exceptions end the test (DevTools.call)
     dt.call("Page.navigate", url=url)
     return dt
 
