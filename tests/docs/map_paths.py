@@ -11,7 +11,7 @@ import sys
 
 root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), '..', '..'))
 docs = sys.argv[2:] or ['docs/design.md']
-SOURCE = re.compile(r'^[\w.-]+\.(cpp|hpp|h|cu|py|sh|cmake|capnp|proto|html|md)$')
+SOURCE = re.compile(r'^[\w.-]+\.(cpp|hpp|h|cu|py|sh|cmake|capnp|proto|html|js|md)$')
 
 tops = {d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith('.')} - {'build'}
 names = set()
