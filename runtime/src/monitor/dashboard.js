@@ -1,7 +1,7 @@
 // The dashboard's state and controls (loaded last, after dashboard_charts.js and
 // dashboard_cards.js): the header, the status and the end of the run, the control bar and the
 // trainer's own controls, the polls of /api/state, the event stream, and the start. Served
-// without the token (/dashboard.js): the token is read from the page's own address.
+// without the token (/dashboard.js): it holds no data, it fetches it with the page's token.
 "use strict";
 function fmt(v, digits) { return v === null || v === undefined ? "-" : Number(v).toPrecision(digits); }
 function duration(s) {

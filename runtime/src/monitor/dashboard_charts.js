@@ -1,7 +1,7 @@
 // The dashboard's charts (dashboard.html loads this first, then dashboard_cards.js, then
-// dashboard.js): what every part of the page shares (the token, $), the step charts with their
-// marks, smoothing, axes and thinning, and the step events and epochs drawn on them.
-// Served without the token (/dashboard_charts.js): it holds no data, it fetches it.
+// dashboard.js): what every part of the page shares (the token from the page's address, $), the
+// step charts with their marks, smoothing, axes and thinning, and the step events and epochs drawn
+// on them. Served without the token (/dashboard_charts.js): it holds no data, it fetches it.
 "use strict";
 const token = new URLSearchParams(location.search).get("token");
 const withToken = (path) => token ? path + (path.includes("?") ? "&" : "?") + "token=" + encodeURIComponent(token) : path;
