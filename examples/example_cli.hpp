@@ -9,6 +9,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <type_traits>
 
 #include <CLI/CLI.hpp>
@@ -158,15 +159,25 @@ inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** arg
   return std::nullopt;
 }
 
+/// The exit status of a task that cannot listen on its address in the cluster spec because
+/// another process holds the port (std::system_error with std::errc::address_in_use, as
+/// MultiWorkerMirroredStrategy and Server throw it): EADDRINUSE's number on Linux. troupe-launch,
+/// which picked the port free, starts the cluster again on fresh ports when a task exits with it.
+inline constexpr int address_in_use_exit_code = 98;
+
 /// Parses the command line with `app`, then returns body(). Exit status: body's; 0 for --help;
-/// 2 for a bad command line (parse_command_line); 1 for an error that reaches here (a malformed
-/// TROUPE_* variable, a file that cannot be read, ...), with the program's name and the error's
-/// message on stderr.
+/// 2 for a bad command line (parse_command_line); address_in_use_exit_code when this task's port
+/// is held by another process; 1 for another error that reaches here (a malformed TROUPE_*
+/// variable, a file that cannot be read, ...), with the program's name and the error's message on
+/// stderr.
 template <class Body>
 int run_main(CLI::App& app, int argc, char** argv, Body&& body) {
   if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
   try {
     return body();
+  } catch (const std::system_error& e) {
+    std::cerr << app.get_name() << ": " << e.what() << "\n";
+    return e.code() == std::errc::address_in_use ? address_in_use_exit_code : 1;
   } catch (const std::exception& e) {
     std::cerr << app.get_name() << ": " << e.what() << "\n";
     return 1;

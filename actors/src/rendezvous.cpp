@@ -17,6 +17,7 @@
 #include "cluster_agent.hpp"
 #include "control_gate.hpp"
 #include "control_tls.hpp"
+#include "listen_error.hpp"
 #include "protocol.hpp"
 #include "troupe/actors/cluster_health.hpp"
 #include "troupe/actors/liveness_policy.hpp"
@@ -604,8 +605,9 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
     auto published = gate->publish(agent, options.chief_port, options.chief_host);
     if (!published) {
       caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
-      throw std::runtime_error("rendezvous: the chief cannot listen on " + options.chief_host + ":" +
-                               std::to_string(options.chief_port) + ": " + system.render(published.error()));
+      throw_cannot_listen("rendezvous: the chief cannot listen on " + options.chief_host + ":" +
+                              std::to_string(options.chief_port) + ": " + system.render(published.error()),
+                          options.chief_host, options.chief_port);
     }
     auto a = receive_table(system, self, agent, options.timeout + options.answer_margin,
                            await_atom::value);

@@ -7,6 +7,7 @@
 #include "caf/io/all.hpp"
 #include "control_gate.hpp"
 #include "control_tls.hpp"
+#include "listen_error.hpp"
 #include "ps_shards.hpp"
 #include "task_agent.hpp"
 #include "task_common.hpp"
@@ -84,8 +85,9 @@ task_server::task_server(caf::actor_system& system, std::string task, std::strin
     caf::anon_send_exit(s.agent, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(pulse, caf::exit_reason::user_shutdown);
     s.stop_functions();
-    throw std::runtime_error("Server: " + task + " cannot listen on " + address_of(host, port) + ": " +
-                             system.render(published.error()));
+    throw_cannot_listen("Server: " + task + " cannot listen on " + address_of(host, port) + ": " +
+                            system.render(published.error()),
+                        host, port);
   }
   s.port = *published;
   if (holds_variables) {

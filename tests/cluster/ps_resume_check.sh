@@ -13,28 +13,16 @@
 set -u
 launch="$1"
 trainer="$2"
-dir="$(mktemp -d)"
-launcher=""
-cleanup() {
-  [ -n "$launcher" ] && kill -KILL "$launcher" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() { echo "FAILED: $*"; cat "$dir/out"; exit 1; }
+. "$(dirname "$0")/../programs/multi_worker_lib.sh"
 field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 
-TROUPE_PS_RESTART_WAIT_S=0 timeout 170 "$launch" --timeout 150 --max-restarts 1 --restart-backoff 0.2 --ps 1 -n 2 --chief -- "$trainer" \
-  --closures 400 --step-delay-ms 20 --checkpoint-dir "$dir/ckpt" --checkpoint-every 20 > "$dir/out" 2>&1 &
-launcher=$!
-
 # Wait for a second checkpoint (so one is whole however the kill lands), then kill the ps task.
+# A port that stayed taken (the launcher ends with 98) starts the run again (start_cluster).
 whole() { ls -d "$dir"/ckpt/ckpt-* 2>/dev/null | grep -cv '\.tmp-'; }
-for _ in $(seq 1 600); do
-  [ "$(whole)" -ge 2 ] && break
-  kill -0 "$launcher" 2>/dev/null || fail "the launcher ended before two checkpoints existed"
-  sleep 0.1
-done
-[ "$(whole)" -ge 2 ] || fail "not two checkpoints within 60 s: $(ls "$dir/ckpt" 2>&1)"
+two_checkpoints() { [ "$(whole)" -ge 2 ]; }
+form_s=60 start_cluster "$dir/run.out" two_checkpoints env TROUPE_PS_RESTART_WAIT_S=0 timeout 170 "$launch" --timeout 150 \
+  --max-restarts 1 --restart-backoff 0.2 --ps 1 -n 2 --chief -- "$trainer" \
+  --closures 400 --step-delay-ms 20 --checkpoint-dir "$dir/ckpt" --checkpoint-every 20
 # This run's tasks are the processes whose command line names its checkpoint directory.
 ps_pid=""
 for p in $(pgrep -f -- "--checkpoint-dir $dir/ckpt"); do
@@ -43,21 +31,20 @@ done
 [ -n "$ps_pid" ] || fail "found no ps task of this run"
 kill -KILL "$ps_pid"
 
-wait "$launcher"; rc=$?
-launcher=""
+wait_launcher 150 ""
 [ "$rc" = 0 ] || fail "the launcher exited $rc (expected 0 after one restart)"
-grep -q "^troupe-launch: restarting all 4 workers (restart 1 of 1) .*killed by signal 9" "$dir/out" ||
+grep -q "^troupe-launch: restarting all 4 workers (restart 1 of 1) .*killed by signal 9" "$dir/run.out" ||
   fail "the launcher did not restart the cluster after the ps task was killed"
-first=$(grep "^\[rank 0\] closures [0-9]*/400 done" "$dir/out" | head -n 1)
-line=$(grep "^\[rank 0\] result: " "$dir/out" | tail -n 1)
+first=$(grep "^\[rank 0\] closures [0-9]*/400 done" "$dir/run.out" | head -n 1)
+line=$(grep "^\[rank 0\] result: " "$dir/run.out" | tail -n 1)
 [ -n "$line" ] || fail "no result line"
 echo "$line"
 restarts=$(field "$line" ps_restarts); start=$(field "$line" start_step); step=$(field "$line" step)
 [ "$restarts" = 1 ] || fail "ps_restarts=$restarts (expected 1)"
 [ "$step" = 400 ] || fail "step=$step (expected 400)"
 [ "$start" -ge 20 ] && [ "$start" -lt 400 ] || fail "start_step=$start (expected a checkpoint's step, 20..399)"
-[ -n "$(grep "saved .* to $dir/ckpt/ckpt-$start\.tmp-" "$dir/out")" ] || fail "no checkpoint was saved at step $start"
-grep -q "^\[rank 0\] ps_trainer: resumed at step $start" "$dir/out" || fail "the second chief did not say it resumed"
+[ -n "$(grep "saved .* to $dir/ckpt/ckpt-$start\.tmp-" "$dir/run.out")" ] || fail "no checkpoint was saved at step $start"
+grep -q "^\[rank 0\] ps_trainer: resumed at step $start" "$dir/run.out" || fail "the second chief did not say it resumed"
 # The first run's first 10 closures' loss (its first progress line) against the resumed run's
 # first 10: a run that started again from fresh weights would begin where the first one began.
 first_loss=$(echo "$first" | sed -n 's/.* done, loss \([0-9.e+-]*\),.*/\1/p')

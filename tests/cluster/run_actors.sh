@@ -63,6 +63,7 @@ pick_ports() { read -r p0 p1 p2 <<< "$(free_ports 3)"; }
 cluster() { echo "{\"chief\": [\"$host:$p2\"], \"worker\": [\"$host:$p0\", \"$host:$p1\"]}"; }
 # launch_daemon INDEX [TOKEN]: troupe-worker as worker INDEX with the module.
 launch_daemon() {
+  : >"$dir/w$1.log"  # emptied now: a check right after must not read an earlier start's lines
   timeout -k 5 90 env ${2:+TROUPE_CLUSTER_TOKEN="$2"} TROUPE_TEST_TASK_INDEX="$1" "$daemon" --task "worker:$1" \
     --cluster "$(cluster)" --module "$module" >"$dir/w$1.log" 2>&1 &
   pids+=($!)
@@ -80,6 +81,7 @@ start_daemons() {
 # chief MODE [TOKEN]: actor_chief in the background as the chief; a host silent for 3 heartbeats
 # of 200 ms is lost, or for MISSED of them.
 chief() {
+  : >"$dir/chief.log"
   timeout -k 5 60 env ${2:+TROUPE_CLUSTER_TOKEN="$2"} TROUPE_HEARTBEAT_MS=200 TROUPE_MISSED_HEARTBEATS="${MISSED:-3}" TROUPE_START_TIMEOUT_MS="${start_ms:-10000}" \
     TF_CONFIG="{\"cluster\": $(cluster), \"task\": {\"type\": \"chief\", \"index\": 0}}" \
     "$chief_bin" --mode "$1" --module "$module" >"$dir/chief.log" 2>&1 &
@@ -165,18 +167,23 @@ case "$scenario" in
     ;;
   late-task)
     daemon_token=("$token" "$token")
-    pick_ports
-    start_listening daemon_ready launch_named w0
-    daemon_ready w0 || fail "w0 ended before it was ready"
-    start_ms=2000 chief never "$token"
-    chief_status
-    [[ $st == 0 ]] || fail "the spawner (never) exited $st"
-    grep -q '^PASS never' "$dir/chief.log" || fail "no PASS never line"
-    mv "$dir/chief.log" "$dir/chief-never.log"
-    chief late "$token"
-    wait_for "$dir/chief.log" "^spawning" 30
-    sleep 1
-    launch_daemon 1 "$token"
+    # Worker 1 comes up late, on a port the spawner and worker 0 already have: when another
+    # process took it, the whole cluster starts again on fresh ports (start_late).
+    late_task_start() {
+      pick_ports
+      start_listening daemon_ready launch_named w0
+      daemon_ready w0 || fail "w0 ended before it was ready"
+      start_ms=2000 chief never "$token"
+      chief_status
+      [[ $st == 0 ]] || fail "the spawner (never) exited $st"
+      grep -q '^PASS never' "$dir/chief.log" || fail "no PASS never line"
+      mv "$dir/chief.log" "$dir/chief-never.log"
+      chief late "$token"
+      wait_for "$dir/chief.log" "^spawning" 30
+      sleep 1
+      launch_named w1
+    }
+    start_late daemon_ready w1 late_task_start
     chief_status
     [[ $st == 0 ]] || fail "the spawner (late) exited $st"
     grep -q '^PASS late' "$dir/chief.log" || fail "no PASS late line"

@@ -95,6 +95,7 @@ task_of() {
 start() {
   local name="$1" type="$2" index="$3"
   shift 3
+  : >"$dir/$name.log"  # emptied now: a check right after must not read an earlier start's lines
   TF_CONFIG="$(tf_config "$type" "$index")" timeout -k 5 60 "$@" >"$dir/$name.log" 2>&1 &
   pids+=($!)
   eval "pid_$name=$!"
@@ -305,19 +306,19 @@ case "$scenario" in
     ;;
   leave-early)
     task_args=()
-    start_listening task_listens launch_task ps w0
-    start chief chief 0 "$chief_bin" --mode leave-early --wait-file "$dir/go"
-    wait_for "$dir/chief.log" "cannot reach /job:worker/replica:0/task:1 " 30
-    wait_for "$dir/chief.log" '^waiting for ' 30
-    sleep 1  # past the one retry due before the chief set its reconnect interval to 60 s
-    start w1 worker 1 "$trainer"
-    deadline=$((SECONDS + 30))
-    # Not restarted on a fresh port: the chief, waiting, has this one.
-    until listens "$pid_w1" "$p1"; do
-      grep -q 'cannot listen' "$dir/w1.log" && fail "worker 1 cannot listen on $p1: another process took the port"
-      [[ $SECONDS -ge $deadline ]] && fail "worker 1 does not listen on $p1 within 30 s"
-      sleep 0.05
-    done
+    # Worker 1 comes up late, on a port the chief already has: when another process took it, the
+    # whole cluster starts again on fresh ports (start_late).
+    leave_early_start() {
+      pick_ports
+      start_listening task_listens launch_task ps w0
+      start chief chief 0 "$chief_bin" --mode leave-early --wait-file "$dir/go"
+      wait_for "$dir/chief.log" "cannot reach /job:worker/replica:0/task:1 " 30
+      wait_for "$dir/chief.log" '^waiting for ' 30
+      sleep 1  # past the one retry due before the chief set its reconnect interval to 60 s
+      launch_task w1
+    }
+    start_late task_listens w1 leave_early_start
+    task_listens w1 || fail "worker 1 ended before it listened on $p1"
     touch "$dir/go"
     status_of "$pid_chief"; [[ $st == 0 ]] || fail "the chief exited $st"
     left=$(date +%s%N)

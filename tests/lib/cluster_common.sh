@@ -112,6 +112,26 @@ start_listening() {
   fail "no free ports after 3 tries"
 }
 
+# start_late READY NAME START...: runs START, which picks the cluster's ports (pick_ports) and
+# starts its tasks, task NAME last (setting pid_NAME), late: on a port the tasks before it already
+# know. Then NAME must be ready (`READY NAME` succeeds) or have ended within 20 s. When NAME says it
+# cannot listen (another process took its port), no task can be moved to another port: every task
+# is killed and START runs again, on fresh ports, up to 3 times in all. A NAME that ended for
+# another reason is the scenario's to check.
+start_late() {
+  local ready="$1" name="$2" attempt p
+  shift 2
+  for attempt in 1 2 3; do
+    "$@"
+    ready_or_ended "$ready" "$name" $((SECONDS + 20))
+    port_taken "$name" || return 0
+    echo "a port was taken (attempt $attempt, task $name): $(grep -h 'cannot listen' "$(log_of "$name")" | head -n 1)"
+    kill_tasks
+    for p in "${pids[@]:-}"; do [ -n "$p" ] && wait "$p" 2>/dev/null; done
+  done
+  fail "no free ports after 3 tries"
+}
+
 # retry_if_taken LOG COMMAND...: runs COMMAND, which picks its ports and runs its tasks to their
 # end, again (up to 3 times in all) while LOG says a task could not listen.
 retry_if_taken() {

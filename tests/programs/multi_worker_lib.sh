@@ -68,21 +68,46 @@ start_launcher() {
   track "$launcher_pid"
 }
 
-# start_cluster FILE READY COMMAND...: start_launcher FILE COMMAND..., then waits up to 30 s for
-# READY (a command: every rank formed the cluster), failing when it never holds. A port the launcher
-# picked free may be taken by another process before its task binds it; that task says it cannot
-# listen and the launcher ends: it is then started again, on fresh ports, up to 3 times.
+# A port the launcher picked free may be taken by another process before its task binds it: the
+# task exits 98 (it cannot listen) and the launcher starts every task again on fresh ports, up to 3
+# times. The launcher ends with status 98 when a port stayed taken (always so with --port-base):
+# start_cluster and run_launcher start it again then, up to 3 times in all.
+
+# taken_again ATTEMPT FILE: after a launcher that ended with 98, says that a port was taken (the
+# first "cannot listen" of FILE); fails after the third attempt.
+taken_again() {
+  echo "a port was taken (attempt $1): $(grep -h -m 1 'cannot listen' "$2")"
+  [ "$1" = 3 ] && fail "no free ports after 3 tries"
+}
+
+# start_cluster FILE READY COMMAND...: start_launcher FILE COMMAND..., then waits up to
+# ${form_s:-30} s for READY (a command: every rank formed the cluster, or what the caller waits
+# for first), failing when it never holds, or when the launcher ends first for another reason than
+# a port that stayed taken (status 98: started again).
 start_cluster() {
   local out="$1" ready="$2" attempt
   shift 2
   for attempt in 1 2 3; do
     start_launcher "$out" "$@"
-    ready_or_taken() { "$ready" || grep -q 'cannot listen' "$out"; }
-    wait_for 30 ready_or_taken || fail "the cluster did not form within 30 s ($ready never held)"
-    grep -q 'cannot listen' "$out" || return 0
-    echo "a port was taken (attempt $attempt): $(grep -h -m 1 'cannot listen' "$out")"
-    wait_launcher 30 " after a port was taken"
-    [ "$attempt" = 3 ] && fail "no free ports after 3 tries"
+    ready_or_ended() { "$ready" || ! kill -0 "$launcher_pid" 2>/dev/null; }
+    wait_for "${form_s:-30}" ready_or_ended || fail "the cluster did not form within ${form_s:-30} s ($ready never held)"
+    "$ready" && return 0
+    wait_launcher 5 " after it ended"
+    [ "$rc" = 98 ] || fail "the launcher exited $rc before $ready held"
+    taken_again "$attempt" "$out"
+  done
+}
+
+# run_launcher FILE COMMAND...: runs COMMAND (the launcher) to its end, its output into FILE, and
+# sets $rc to its status; again, up to 3 times in all, while it ends with 98 (a port stayed taken).
+run_launcher() {
+  local out="$1" attempt
+  shift
+  for attempt in 1 2 3; do
+    "$@" > "$out" 2>&1
+    rc=$?
+    [ "$rc" = 98 ] || return 0
+    taken_again "$attempt" "$out"
   done
 }
 

@@ -19,8 +19,7 @@ trainer="$2"
 rfield() { field "$1" "$2" "$3" "result|stopped"; }
 
 args=(--epochs 5 --batch 512)  # 8192 examples: 16 steps an epoch
-"$launch" -n 2 --timeout 100 -- "$trainer" "${args[@]}" > "$dir/reference.out" 2>&1
-rc=$?
+run_launcher "$dir/reference.out" "$launch" -n 2 --timeout 100 -- "$trainer" "${args[@]}"
 [ "$rc" = 0 ] || fail "the uninterrupted run exited $rc"
 expected=$(rfield 0 weights_digest "$dir/reference.out")
 [ -n "$expected" ] || fail "the uninterrupted run printed no weights_digest"
@@ -32,8 +31,8 @@ backed=(--checkpoint-dir "$dir/backup" --step-delay-ms 40)
 # after epoch EPOCH ended, and checks the stop. Sets $stop to the step both ranks stopped after.
 interrupt() {
   local name="$1" epoch="$2"
-  start_launcher "$dir/$name.out" "$launch" -n 2 --timeout 100 -- "$trainer" "${args[@]}" "${backed[@]}"
-  wait_for 60 grep -q "^\[rank 0\] Epoch $epoch/5:" "$dir/$name.out" || fail "$name: epoch $epoch did not end within 60 s"
+  epoch_ended() { grep -q "^\[rank 0\] Epoch $epoch/5:" "$dir/$name.out"; }
+  form_s=60 start_cluster "$dir/$name.out" epoch_ended "$launch" -n 2 --timeout 100 -- "$trainer" "${args[@]}" "${backed[@]}"
   sleep 0.25  # about 6 steps of 40 ms into the next epoch of 16
   kill -INT "$launcher_pid"
   wait_launcher 60 " of SIGINT ($name)"
@@ -55,8 +54,7 @@ second_stop=$stop
 [ "$second_stop" -gt "$first_stop" ] || fail "the second run stopped at $second_stop, before the first stop $first_stop"
 
 # Fewer epochs than the backup has begun: nothing to train, and the backup stays.
-"$launch" -n 2 --timeout 100 -- "$trainer" --epochs 3 --batch 512 "${backed[@]}" > "$dir/fewer.out" 2>&1
-rc=$?
+run_launcher "$dir/fewer.out" "$launch" -n 2 --timeout 100 -- "$trainer" --epochs 3 --batch 512 "${backed[@]}"
 [ "$rc" = 0 ] || fail "the --epochs 3 rerun exited $rc"
 grep -q "^\[rank 0\] Nothing left to train: the run stands at step $second_stop, in epoch 4, and 3 epochs were asked for" \
   "$dir/fewer.out" || fail "the --epochs 3 rerun does not say that nothing is left to train"
@@ -66,8 +64,7 @@ for r in 0 1; do
 done
 [ -f "$dir/backup/ckpt-$second_stop.ckpt" ] || fail "the --epochs 3 rerun deleted the backup: $(ls "$dir/backup")"
 
-"$launch" -n 2 --timeout 100 -- "$trainer" "${args[@]}" "${backed[@]}" > "$dir/last.out" 2>&1
-rc=$?
+run_launcher "$dir/last.out" "$launch" -n 2 --timeout 100 -- "$trainer" "${args[@]}" "${backed[@]}"
 [ "$rc" = 0 ] || fail "the last rerun exited $rc"
 grep -q "^\[rank 0\] resuming from ckpt-$second_stop.ckpt" "$dir/last.out" ||
   fail "the last rerun did not resume from ckpt-$second_stop.ckpt"

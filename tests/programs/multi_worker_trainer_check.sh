@@ -50,4 +50,22 @@ loss_one=$(field 0 loss x "$dir/one.out"); digest_one=$(field 0 weights_digest x
 python3 -c "import sys; sys.exit(0 if abs(float('$loss0') - float('$loss_one')) <= 1e-6 * abs(float('$loss_one')) else 1)" ||
   fail "the 2-worker loss $loss0 is not the 1-worker loss $loss_one over the same global batch"
 [ "$digest_one" != "$digest0" ] || fail "the 2-worker weights equal the unsynchronised 1-worker weights"
+# Its port held by another process, the chief cannot listen: it names the address and exits 98,
+# the status troupe-launch starts a cluster of ports it picked again on (launch_restart_test.cpp).
+python3 -c 'import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True); time.sleep(60)' > "$dir/holder.port" &
+holder=$!
+trap 'kill $holder 2>/dev/null; rm -rf "$dir"' EXIT
+for _ in $(seq 1 100); do [ -s "$dir/holder.port" ] && break; sleep 0.05; done
+held=$(cat "$dir/holder.port")
+[ -n "$held" ] || fail "no process holds a port"
+TF_CONFIG="{\"cluster\": {\"worker\": [\"127.0.0.1:$held\", \"127.0.0.1:1\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}" \
+  timeout 30 "$trainer" --epochs 1 > "$dir/held.out" 2>&1
+rc=$?
+[ "$rc" = 98 ] || fail "the chief whose port $held is held exited $rc (expected 98)"
+grep -q "^multi_worker_trainer: rendezvous: the chief cannot listen on 127.0.0.1:$held: .*: Address already in use$" "$dir/held.out" ||
+  fail "the chief does not say that it cannot listen on 127.0.0.1:$held, which is in use"
+kill "$holder"
+
 echo "PASSED 2 synchronised workers: loss $loss0, weights $digest0 on both ranks (one worker alone: loss $loss_one, weights $digest_one)"

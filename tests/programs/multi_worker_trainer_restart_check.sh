@@ -12,14 +12,10 @@ mode="$1" launch="$2" trainer="$3" label="$1"
 . "$(dirname "$0")/multi_worker_lib.sh"
 
 args=(--epochs 3 --batch 512)  # 16 steps an epoch
-"$launch" -n 2 --timeout 100 -- "$trainer" "${args[@]}" > "$dir/reference.out" 2>&1
-rc=$?
+run_launcher "$dir/reference.out" "$launch" -n 2 --timeout 100 -- "$trainer" "${args[@]}"
 [ "$rc" = 0 ] || fail "the uninterrupted run exited $rc"
 expected=$(field 0 weights_digest "$dir/reference.out")
 [ -n "$expected" ] || fail "the uninterrupted run printed no weights_digest"
-
-start_launcher "$dir/run.out" "$launch" -n 2 --max-restarts 2 --restart-backoff 0.2 --timeout 100 -- "$trainer" \
-  "${args[@]}" --checkpoint-dir "$dir/backup" --checkpoint-every 4 --step-delay-ms 25
 
 # has_backup: the chief's backup file is there (ckpt-<step>.ckpt; a non-chief worker's
 # ckpt-<step>.worker-<rank>.tmp.ckpt comes and goes and is no backup).
@@ -28,7 +24,8 @@ has_backup() {
 }
 
 # Wait (bounded) for the first backup, then interrupt rank 1 of the first run.
-wait_for 30 has_backup || fail "no backup appeared within 30 s"
+start_cluster "$dir/run.out" has_backup "$launch" -n 2 --max-restarts 2 --restart-backoff 0.2 --timeout 100 -- \
+  "$trainer" "${args[@]}" --checkpoint-dir "$dir/backup" --checkpoint-every 4 --step-delay-ms 25
 pid=$(pids_of 1 2 | head -1)
 [ -n "$pid" ] || fail "rank 1 did not print its pid"
 if [ "$mode" = kill ]; then kill -KILL "$pid"; else kill -TERM "$pid"; fi

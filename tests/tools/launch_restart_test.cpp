@@ -152,6 +152,87 @@ sleep 60 & wait)",
   CHECK(r0.err.find("restarting") == std::string::npos);
 }
 
+// A worker that exits 98 says it cannot listen on its address: another process holds its port.
+// The worker here only says so (holding a port the launcher is about to pick cannot be arranged);
+// multi_worker_trainer_check.sh checks that a trainer whose port is held exits 98.
+namespace {
+
+// Rank 0 says so on its first $TAKEN starts; rank 1 waits for rank 0's good start (killed first).
+const std::string port_taken_script = R"sh(echo x >> "$D/starts.$i"; echo "$TROUPE_RESTART_COUNT $TF_CONFIG" >> "$D/configs.$i"
+if [ "$i" = 0 ]; then
+  if [ "$(wc -l < "$D/starts.0")" -le "$TAKEN" ]; then echo "cannot listen: taken"; exit 98; fi
+  record; exit 0
+fi
+await 0; exit 0)sh";
+
+// The lines of `path`, the TF_CONFIG of each start in it ("RESTART_COUNT TF_CONFIG").
+std::vector<std::string> configs(const std::string& path) { return lines_of(read_file(path)); }
+
+}  // namespace
+
+TEST_CASE("troupe-launch starts every worker again on fresh ports when one cannot listen on a port it picked") {
+  scratch dir;
+  // Worker 0 says its port was taken on its first two starts; the third start succeeds.
+  auto r = run(workers(2, port_taken_script, dir), dir, {"TAKEN=2"});
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  CHECK(read_file(dir.path() + "/starts.0") == "x\nx\nx\n");
+  for (int retry : {1, 2}) {
+    CAPTURE(retry);
+    CHECK(std::regex_search(
+        r.err, std::regex(R"(troupe-launch: worker 0 \(pid [0-9]+, 127\.0\.0\.1:([0-9]+)\) cannot listen on 127\.0\.0\.1:\1: )"
+                          R"(another process took the port \(exit status 98\); starting all 2 workers again on fresh )"
+                          R"(ports \(retry )" + std::to_string(retry) + R"( of 3\)\n)")));
+  }
+  // Neither a failure nor a restart: the others are not "stopped" for it, no restart is counted.
+  CHECK(r.err.find("stopping the others") == std::string::npos);
+  CHECK(r.err.find("restarting") == std::string::npos);
+  // Every start on ports of its own (rank 1, stopped early in the first two, saw the third).
+  const auto c0 = configs(dir.path() + "/configs.0"), c1 = configs(dir.path() + "/configs.1");
+  REQUIRE(c0.size() == 3);
+  REQUIRE(!c1.empty());
+  std::set<std::string> clusters;
+  for (const std::string& c : c0) {
+    CAPTURE(c);
+    CHECK(c.rfind("0 ", 0) == 0);  // TROUPE_RESTART_COUNT stays 0
+    clusters.insert(nlohmann::json::parse(c.substr(2))["cluster"].dump());
+  }
+  CHECK(nlohmann::json::parse(c1.back().substr(2))["cluster"] == nlohmann::json::parse(c0.back().substr(2))["cluster"]);
+  CHECK(clusters.size() == 3);
+}
+
+TEST_CASE("troupe-launch gives up with status 98 after 3 starts on fresh ports, and at once on --port-base ports") {
+  scratch dir;
+  auto r = run(workers(2, port_taken_script, dir), dir, {"TAKEN=100"});
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 98);
+  CHECK(read_file(dir.path() + "/starts.0") == "x\nx\nx\nx\n");  // the start and 3 retries
+  CHECK(r.err.find("(retry 3 of 3)\n") != std::string::npos);
+  CHECK(r.err.find("(retry 4 of") == std::string::npos);
+  CHECK(std::regex_search(r.err, std::regex(R"(troupe-launch: worker 0 \(pid [0-9]+, 127\.0\.0\.1:([0-9]+)\) exited with )"
+                                            R"(status 98: it cannot listen on 127\.0\.0\.1:\1, which another process )"
+                                            R"(holds \(as on each of 3 starts again on fresh ports\); stopping the others\n)")));
+  // The user's --port-base: nothing to pick afresh; the port is named.
+  scratch fixed;
+  int base = 0;
+  for (int attempt = 0; attempt < 50 && base == 0; ++attempt) {
+    int candidate = bound_socket(0, false).port();
+    if (candidate == 0 || candidate > 65534) continue;
+    if (bound_socket(candidate + 1, false).ok()) base = candidate;
+  }
+  REQUIRE(base != 0);
+  auto f = run(workers(2, port_taken_script, fixed, {"--port-base", std::to_string(base)}), fixed, {"TAKEN=100"});
+  REQUIRE(f.finished);
+  CHECK(f.exit_code == 98);
+  CHECK(read_file(fixed.path() + "/starts.0") == "x\n");
+  const std::string b = std::to_string(base);
+  CHECK(std::regex_match(f.err, std::regex(R"(troupe-launch: worker 0 \(pid [0-9]+, 127\.0\.0\.1:)" + b +
+                                            R"(\) exited with status 98: it cannot listen on 127\.0\.0\.1:)" + b +
+                                            R"(, which another process holds \(choose another --port-base than )" + b +
+                                            R"(\); stopping the others\n)")));
+  CHECK(f.err.find("again on fresh ports") == std::string::npos);
+}
+
 TEST_CASE("troupe-launch --ps with --max-restarts restarts a lost ps task alone on its address, within the budget") {
   // The task's type from TF_CONFIG; every start appends its pid to starts.<type>.
   const std::string typed = R"(t=${TF_CONFIG##*'"type": "'}; t=${t%%\"*}; echo $$ >> "$D/starts.$t"

@@ -155,6 +155,12 @@ Every line worker i writes is prefixed with "[rank i] ", on stdout or stderr as 
 it. SIGINT and SIGTERM are forwarded to every worker. When a worker fails, the others are stopped.
 Workers read their standard input from /dev/null.
 
+A worker that exits with status 98 at the start could not listen on its address: another process
+holds the port. On ports the launcher picked (no --port-base, no --hosts), another process took it
+after the pick: the launcher says so, naming the worker and its port, and starts every worker again
+on fresh ports, at most 3 times (no restart of --max-restarts). With --port-base or --hosts it is a
+failure, named with the port. The examples and troupe-worker exit 98 so.
+
 With --max-restarts N, a run that fails (a worker exits non-zero or is killed) or is preempted (a
 worker exits with status 75 after saving a checkpoint: PreemptionCheckpointHandler) is started
 again, every worker with fresh ports, after a wait that doubles each time (--restart-backoff); the
@@ -191,7 +197,8 @@ too); hosts elsewhere, which would need --rsh, are refused.
 
 Exit status: 0 when every worker succeeds (with --elastic: every worker not lost on the way); the status of the first worker to fail (128+signal when
 a signal killed it); 124 on --timeout; 128+signal when the launcher got SIGINT or SIGTERM;
-127 when the program cannot be executed; 2 for bad usage; 1 when the launcher itself fails.)");
+127 when the program cannot be executed; 98 (a worker's) when a port stayed taken; 2 for bad
+usage; 1 when the launcher itself fails.)");
 }
 
 const char* description =

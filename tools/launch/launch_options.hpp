@@ -29,6 +29,13 @@ inline constexpr double max_restart_backoff_s = 30.0;
 /// (troupe::distribute::restart_exit_code): a restart, not a failure of the program.
 inline constexpr int preemption_exit_code = 75;
 
+/// The exit status of a worker that cannot listen on its address because another process holds
+/// the port (EADDRINUSE's number on Linux; the examples' address_in_use_exit_code, troupe-worker's
+/// too). On ports the launcher picked itself, at the start, the whole cluster starts again on
+/// fresh ones, at most max_port_retries times; with --port-base or --hosts it is a failure named.
+inline constexpr int port_in_use_exit_code = 98;
+inline constexpr int max_port_retries = 3;
+
 /// The defaults of --discovery-interval and --discovery-timeout (seconds).
 inline constexpr double default_discovery_interval_s = 1.0;
 inline constexpr double default_discovery_timeout_s = 10.0;

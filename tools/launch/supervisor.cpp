@@ -98,10 +98,14 @@ supervisor::supervisor(const launch_options& options, const std::vector<std::str
   workers_.reserve(max_workers);  // discovery adds workers: no reallocation under a reference
   for (std::size_t i = 0; i < addresses.size(); ++i)
     workers_.emplace_back(static_cast<int>(i), addresses[i]);
-  if (options.discovery_script) {
-    discovery_.emplace(options, static_cast<int>(addresses.size()),
-                       [this](const std::string& host) { return add_worker(host); }, say_fn());
-  }
+  initial_workers_ = workers_.size();
+  make_discovery();
+}
+
+void supervisor::make_discovery() {
+  if (!options_.discovery_script) return;
+  discovery_.emplace(options_, static_cast<int>(initial_workers_),
+                     [this](const std::string& host) { return add_worker(host); }, say_fn());
 }
 
 supervisor::~supervisor() {
@@ -123,18 +127,22 @@ int supervisor::run() {
   if (options_.timeout_s)
     timeout_at_ = clock::now() + std::chrono::duration_cast<clock::duration>(
                                      std::chrono::duration<double>(*options_.timeout_s));
-  // --elastic: --max-restarts counts replacements that join the running cluster (replace).
-  if (options_.elastic) {
-    restart_count_ = 0;
-    const int status = run_once();
-    if (status != 0) print_verdict();
-    return status;
-  }
   for (;;) {
-    restart_count_ = restarts_used_;
+    // --elastic: --max-restarts counts replacements that join the running cluster (replace).
+    restart_count_ = options_.elastic ? 0 : restarts_used_;
     const int status = run_once();
     if (status == 0) return 0;
+    // A worker could not listen on a port picked free (retry_on_fresh_ports said so): the same
+    // start again, on fresh ports; no restart of --max-restarts, no wait.
+    if (port_taken_ && !signal_received_ && !timed_out_ && !start_failed_) {
+      port_taken_ = false;
+      if (!pick_fresh_ports()) return status;
+      make_discovery();  // no worker was added: its plan starts over with the workers
+      continue;
+    }
     print_verdict();
+    // --elastic: the whole cluster is never started again.
+    if (options_.elastic) return status;
     // A signal to the launcher, the timeout, or a program that does not start: restarting
     // would not help, or was not wanted.
     if (signal_received_ || timed_out_ || start_failed_ || options_.max_restarts == 0) return status;
@@ -151,17 +159,34 @@ int supervisor::run() {
         " (restart " + std::to_string(restarts + 1) + " of " + std::to_string(options_.max_restarts) + ") in " +
         seconds_text(backoff) + " s: " + last_failure_);
     if (auto stopped = wait_before_restart(backoff)) return *stopped;
-    if (options_.hosts.empty() && !options_.port_base) {  // fresh ports: the old ones may linger
-      try {
-        addresses_ = worker_addresses(pick_free_ports(static_cast<int>(workers_.size()), std::nullopt));
-      } catch (const std::exception& e) {
-        say(std::string("cannot restart: ") + e.what());
-        return status;
-      }
-    }
-    for (std::size_t i = 0; i < workers_.size(); ++i) workers_[i].address = addresses_[i];
+    if (ports_picked() && !pick_fresh_ports()) return status;  // fresh ports: the old ones may linger
     ++restarts_used_;
   }
+}
+
+bool supervisor::pick_fresh_ports() {
+  if (!ports_picked()) return true;
+  try {
+    addresses_ = worker_addresses(pick_free_ports(static_cast<int>(workers_.size()), std::nullopt));
+  } catch (const std::exception& e) {
+    say(std::string("cannot restart: ") + e.what());
+    return false;
+  }
+  for (std::size_t i = 0; i < workers_.size(); ++i) workers_[i].address = addresses_[i];
+  return true;
+}
+
+bool supervisor::retry_on_fresh_ports(const worker& w) {
+  if (!ports_picked() || started_this_run_ != initial_workers_ || workers_.size() != initial_workers_ ||
+      port_retries_ >= max_port_retries)
+    return false;
+  ++port_retries_;
+  port_taken_ = true;
+  say(w.describe() + " cannot listen on " + w.address + ": another process took the port (exit status " +
+      std::to_string(port_in_use_exit_code) + "); starting all " + std::to_string(workers_.size()) + " worker" +
+      (workers_.size() == 1 ? "" : "s") + " again on fresh ports (retry " + std::to_string(port_retries_) + " of " +
+      std::to_string(max_port_retries) + ")");
+  return true;
 }
 
 int supervisor::run_once() {
@@ -169,6 +194,7 @@ int supervisor::run_once() {
                         std::chrono::system_clock::now().time_since_epoch())
                         .count();
   exit_code_.reset();
+  started_this_run_ = 0;
   stopping_ = false;
   kill_at_.reset();
   drain_until_.reset();
@@ -429,6 +455,20 @@ bool supervisor::on_exit(const worker& w, int status) {
     code = WEXITSTATUS(status);
     how = "exited with status " + std::to_string(WEXITSTATUS(status));
     if (WEXITSTATUS(status) == preemption_exit_code) how += " (preempted: it saved a checkpoint to restart from)";
+    if (WEXITSTATUS(status) == port_in_use_exit_code) {
+      if (retry_on_fresh_ports(w)) {
+        exit_code_ = code;
+        begin_stop(SIGTERM);
+        return false;
+      }
+      how += ": it cannot listen on " + w.address + ", which another process holds";
+      if (!ports_picked()) {
+        how += " (choose another --port-base than " +
+               std::to_string(options_.port_base.value_or(default_hosts_port_base)) + ")";
+      } else if (port_retries_ >= max_port_retries) {
+        how += " (as on each of " + std::to_string(max_port_retries) + " starts again on fresh ports)";
+      }
+    }
   } else {
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     code = 128 + sig;

@@ -23,6 +23,11 @@
 //    (ps_restart.hpp); such restarts count against --max-restarts too.
 // 6. With --elastic --host-discovery-script, host_discovery's results wake the poll loop too: the
 //    loop adds workers (joining the running cluster) and removes them to match (host_discovery.hpp).
+// 7. A worker of the start that exits with status 98 could not listen on its address: another
+//    process took the port between the launcher's pick and the worker's bind. When the launcher
+//    picked the ports (no --port-base, no --hosts), every worker is stopped and the same start is
+//    made again on fresh ports, at most 3 times, said in one line naming the worker and its port;
+//    neither a restart of --max-restarts nor a failure. Otherwise it is a failure naming the port.
 // If the launcher itself dies, each worker's main process gets SIGKILL (Linux's parent-death
 // signal).
 
@@ -37,7 +42,7 @@ namespace troupe::launch {
 /// `addresses` and index i, and supervises them as described above. Returns the launcher's exit
 /// status: 0 when every worker succeeded, else the status of the first to fail (128+signal), 124
 /// on timeout, 128+signal when the launcher got a signal, 127 when exec failed, 1 when a worker
-/// could not be started. With options.max_restarts, the status of the last launch. Messages go to stderr, prefixed "troupe-launch: ".
+/// could not be started; 98 (a worker's) when a port stayed taken. With options.max_restarts, the status of the last launch. Messages go to stderr, prefixed "troupe-launch: ".
 int supervise(const launch_options& options, const std::vector<std::string>& addresses);
 
 /// The conventional name of a signal, "SIGTERM"; "signal N" when it has none here.

@@ -51,6 +51,16 @@ class supervisor {
   // One start of every worker, until every one has exited; the status as described in
   // supervisor.hpp.
   int run_once();
+  // Fresh free ports for every worker (the launcher picks the ports: no --hosts, no
+  // --port-base); false, said, when none can be had.
+  bool pick_fresh_ports();
+  // Whether the ports are the launcher's own pick (no --hosts, no --port-base).
+  bool ports_picked() const { return options_.hosts.empty() && !options_.port_base; }
+  // Whether `w`, which exited with port_in_use_exit_code, starts the launch again on fresh ports:
+  // the launcher picked them, `w` is of the first start (nothing started since: no replacement,
+  // no ps task alone, no worker added) and retries are left. Says so.
+  bool retry_on_fresh_ports(const worker& w);
+  void make_discovery();
   // Waits `seconds` before a restart, still answering signals and the timeout: their exit
   // status when one ends the launch, nullopt when the restart may go ahead.
   std::optional<int> wait_before_restart(double seconds);
@@ -132,6 +142,10 @@ class supervisor {
   std::vector<held_exit> held_;
   ps_restart ps_restart_;
   int restarts_used_ = 0;  // of --max-restarts: the whole cluster's, and ps tasks' alone
+  std::size_t initial_workers_ = 0;  // the workers of a launch's start
+  std::size_t started_this_run_ = 0;  // workers started since the run began (replacements too)
+  bool port_taken_ = false;  // this run ends to start again on fresh ports (retry_on_fresh_ports)
+  int port_retries_ = 0;     // of max_port_retries
 
   std::array<int, 2> signal_fds_{-1, -1};
   int devnull_ = -1;

@@ -184,6 +184,7 @@ bool supervisor::start_worker(worker& w, const std::vector<std::string>& env, co
 
   w.pid = pid;
   w.running = true;
+  ++started_this_run_;
   w.streams[0].fd = out[0];
   w.streams[1].fd = err[0];
   for (auto& s : w.streams) set_flags(s.fd, 0, O_NONBLOCK);

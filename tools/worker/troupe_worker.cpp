@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 
 #include "command_line.hpp"
@@ -135,6 +136,11 @@ int main(int argc, char** argv) {
     pthread_kill(waiter.native_handle(), SIGTERM);
     waiter.join();
     say("stopped " + server.task());
+  } catch (const std::system_error& e) {
+    // Its port is held by another process: 98, the status troupe-launch starts a cluster of ports
+    // it picked again on (docs/reference.md).
+    std::cerr << "troupe-worker: " << e.what() << std::endl;
+    return e.code() == std::errc::address_in_use ? 98 : 1;
   } catch (const std::exception& e) {
     std::cerr << "troupe-worker: " << e.what() << std::endl;
     return 1;
