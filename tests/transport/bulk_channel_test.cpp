@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -393,6 +394,66 @@ TEST_CASE("with a cluster token, a shard's bytes altered on the way fail their i
   d->receive_reply(100000);
   d->receive(got.data(), got.size());
   CHECK(got == pattern(100000, 3));
+}
+
+TEST_CASE("messages of a caller's own framing cross bit-exact with their tags, and a flipped byte fails") {
+  // The listener echoes each message: a 16-byte header with the body's size at byte 8, the body.
+  auto echo = [](tt::bulk_stream& s) {
+    std::vector<char> body;
+    for (;;) {
+      if (!s.wait_message(-1)) continue;
+      unsigned char h[16];
+      if (!s.receive_header(h, sizeof h)) return;
+      std::uint64_t n = 0;
+      std::memcpy(&n, h + 8, sizeof n);
+      REQUIRE(n <= (std::uint64_t{1} << 20));
+      s.expect_body(n);
+      body.resize(static_cast<std::size_t>(n));
+      s.receive(body.data(), body.size());
+      iovec iov[2] = {{h, sizeof h}, {body.data(), body.size()}};
+      s.send_message(iov, 2);
+    }
+  };
+  tt::bulk_listener l("127.0.0.1", 0, good, 3000ms, "test actors", echo);
+  const auto round_trip = [](tt::bulk_stream& c, const std::vector<char>& body) {
+    unsigned char h[16] = {1, 2, 3};
+    const std::uint64_t n = body.size();
+    std::memcpy(h + 8, &n, sizeof n);
+    iovec iov[2] = {{h, sizeof h}, {const_cast<char*>(body.data()), body.size()}};
+    c.send_message(iov, 2);
+    REQUIRE(c.wait_message(3000));
+    unsigned char g[16];
+    REQUIRE(c.receive_header(g, sizeof g));
+    CHECK(std::memcmp(g, h, sizeof h) == 0);
+    c.expect_body(n);
+    std::vector<char> got(body.size());
+    c.receive(got.data(), got.size());
+    return got;
+  };
+  auto c = tt::bulk_stream::connect(at(l), good, 3000ms, "actor host");
+  CHECK_FALSE(c->wait_message(10));  // nothing came
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{1} << 20}) {
+    CAPTURE(n);
+    CHECK(round_trip(*c, pattern(n, static_cast<unsigned>(n))) == pattern(n, static_cast<unsigned>(n)));
+  }
+  flipping_relay relay(l.port());
+  auto d = tt::bulk_stream::connect(tt::endpoint{"127.0.0.1", relay.port()}, good, 3000ms, "actor host");
+  try {
+    round_trip(*d, pattern(100000, 5));
+    FAIL("an altered message was taken");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()) == "a message from actor host failed its integrity check (its tag does not match: "
+                                   "the bytes were altered, replayed or reordered on the way)");
+  }
+  CHECK(relay.flipped());
+  // A stranger without the proof is refused before a message is read.
+  const int fd = raw_connect(l.port());
+  const std::string junk(64, 'x');
+  (void)!send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+  CHECK(closed_by_peer(fd));
+  close(fd);
+  wait_refused(l, 1);
+  CHECK(l.refused() >= 1);
 }
 
 TEST_CASE("with tags hashed beside, large updates and reads are bit-exact, and a flipped byte still fails") {

@@ -184,7 +184,7 @@ void bulk_stream::write_all(iovec* iov, int parts) {
     }
     msghdr msg{};
     msg.msg_iov = iov + first;
-    msg.msg_iovlen = static_cast<std::size_t>(parts - first);
+    msg.msg_iovlen = static_cast<std::size_t>(std::min(parts - first, 1024));  // IOV_MAX
     const ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
@@ -378,6 +378,50 @@ void bulk_stream::receive_reply(std::uint64_t expected) {
   }
   in_left_ = n;
   end_message_when_read();
+}
+
+bool bulk_stream::wait_message(int wait_ms) {
+  for (;;) {
+    pollfd p{fd_, POLLIN, 0};
+    const int rc = poll(&p, 1, wait_ms);
+    if (rc > 0) return true;
+    if (rc == 0) return false;
+    if (errno != EINTR) throw std::runtime_error("data connection: poll failed: " + errno_text(errno));
+  }
+}
+
+bool bulk_stream::receive_header(void* into, std::size_t n) {
+  auto* h = static_cast<unsigned char*>(into);
+  for (;;) {
+    const ssize_t r = recv(fd_, h, 1, 0);
+    if (r == 1) break;
+    if (r == 0) return false;
+    if (errno == EINTR) continue;
+    if (errno == ECONNRESET || errno == ENOTCONN || errno == EPIPE) return false;
+    throw std::runtime_error("receiving from " + name_ + " failed: " + errno_text(errno));
+  }
+  read_exact(h + 1, n - 1);
+  start_message(h, n);
+  return true;
+}
+
+void bulk_stream::expect_body(std::uint64_t n) {
+  in_left_ = n;
+  end_message_when_read();
+}
+
+void bulk_stream::send_message(const iovec* parts, int n) {
+  constexpr int most = 1000;
+  if (n < 0 || n > most) throw std::invalid_argument("data connection: a message of " + std::to_string(n) + " parts");
+  iovec iov[most + 1];
+  std::copy(parts, parts + n, iov);
+  unsigned char tag[frames::frame_mac::tag_bytes];
+  int count = n;
+  if (out_mac_) {
+    out_mac_->tag(iov, static_cast<std::size_t>(n), tag);
+    iov[count++] = iovec{tag, sizeof tag};
+  }
+  write_all(iov, count);
 }
 
 // --- bulk_listener ----------------------------------------------------------------------------

@@ -108,6 +108,21 @@ class bulk_stream {
   void tag_messages(const std::vector<std::uint8_t>& key, bool connecting,
                     tag_hashing hashing = tag_hashing::automatic);
 
+  /// Messages of a framing of the caller's own (the application actors' data connections,
+  /// actors/src/app_data.hpp), with the same proof, bounds and integrity tags.
+  /// Waits at most `wait_ms` (negative: as long as it takes) for the next message's first byte;
+  /// false when none came (a closed peer counts as a byte: receive_header says so).
+  bool wait_message(int wait_ms);
+  /// Reads the next message's header of `n` bytes; false when the peer closed (or reset) its
+  /// connection before sending a byte of it. Then expect_body() says how many bytes follow.
+  bool receive_header(void* into, std::size_t n);
+  /// The message's `n` more bytes, read with receive(); its tag is checked once the last is read
+  /// (at once when n is 0).
+  void expect_body(std::uint64_t n);
+  /// Sends one message made of the `parts` (at most 1000), followed by its tag when tagged. The
+  /// caller serializes its sends; a send and a receive may run at once on two threads.
+  void send_message(const iovec* parts, int n);
+
  private:
   void send_all(const void* header, std::size_t header_n, const void* a, std::size_t an, const void* b,
                 std::size_t bn, const void* c, std::size_t cn);
