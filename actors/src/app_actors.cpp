@@ -15,11 +15,280 @@
 #include <utility>
 #include <vector>
 
+#include <sys/uio.h>
+
+#include <cstring>
+
 #include "app_host.hpp"
 #include "caf/io/all.hpp"
 #include "control_gate.hpp"
+#include "control_tls.hpp"
 #include "protocol.hpp"
 #include "task_common.hpp"
+#include "troupe/transport/bulk_channel.hpp"
+#include "troupe/transport/random.hpp"
+
+namespace troupe::actors {
+
+// --- the actor data connections: their frames ---------------------------------------------------
+// (app_actors.hpp, steps 5 to 8). A frame: a 16-byte header (magic, record count, body bytes),
+// then its records, each a 32-byte header (kind, status, name bytes, request number, the actor's
+// number on its host, payload bytes), its name, its payload; with a token, one tag per frame.
+
+namespace data_wire {
+
+constexpr std::uint32_t frame_magic = 0x66636174;  // "tacf"
+constexpr std::size_t frame_header_bytes = 16;
+constexpr std::size_t record_header_bytes = 32;
+constexpr std::size_t max_records = 256;                    // in one frame
+constexpr std::size_t frame_target_bytes = std::size_t{1} << 20;  // a frame closes once this full
+constexpr std::size_t max_error_bytes = 64 * 1024;          // an error's text
+constexpr std::size_t small_body = 256 * 1024;              // read whole, then parsed
+enum : std::uint8_t { request = 1, send = 2, stop = 3, reply = 4, ack = 5 };
+enum : std::uint8_t { ok = 0, failed = 1, refused = 2 };    // a reply's status
+constexpr std::uint8_t ask_ack = 1;                         // a send's status: acknowledge it
+
+template <class T>
+void put(unsigned char* at, T v) {
+  std::memcpy(at, &v, sizeof v);
+}
+template <class T>
+T get(const unsigned char* at) {
+  T v;
+  std::memcpy(&v, at, sizeof v);
+  return v;
+}
+
+// One record to write; its payload is its own or the caller's (who keeps it until written).
+struct out_record {
+  unsigned char head[record_header_bytes] = {};
+  std::string name;
+  std::string owned;
+  const std::string* ref = nullptr;
+  const std::string& payload() const { return ref ? *ref : owned; }
+};
+
+out_record make_record(std::uint8_t kind, std::uint8_t status, std::uint64_t number, std::uint64_t actor,
+                       std::string name, std::string payload, const std::string* ref = nullptr) {
+  out_record r;
+  r.name = std::move(name);
+  r.owned = std::move(payload);
+  r.ref = ref;
+  r.head[0] = kind;
+  r.head[1] = status;
+  put<std::uint16_t>(r.head + 2, static_cast<std::uint16_t>(r.name.size()));
+  put<std::uint64_t>(r.head + 8, number);
+  put<std::uint64_t>(r.head + 16, actor);
+  put<std::uint64_t>(r.head + 24, static_cast<std::uint64_t>(r.payload().size()));
+  return r;
+}
+
+// Writes the records in frames (each at most max_records, closed once frame_target_bytes full),
+// each with one writev from where the bytes are.
+void write_records(transport::bulk_stream& s, const std::vector<out_record>& records) {
+  std::vector<iovec> iov;
+  iov.reserve(3 * max_records + 1);
+  std::size_t i = 0;
+  while (i < records.size()) {
+    unsigned char fh[frame_header_bytes] = {};
+    iov.clear();
+    iov.push_back(iovec{fh, sizeof fh});
+    std::uint64_t body = 0;
+    std::uint32_t n = 0;
+    while (i < records.size() && n < max_records && (n == 0 || body < frame_target_bytes)) {
+      const auto& r = records[i++];
+      iov.push_back(iovec{const_cast<unsigned char*>(r.head), record_header_bytes});
+      if (!r.name.empty()) iov.push_back(iovec{const_cast<char*>(r.name.data()), r.name.size()});
+      const std::string& p = r.payload();
+      if (!p.empty()) iov.push_back(iovec{const_cast<char*>(p.data()), p.size()});
+      body += record_header_bytes + r.name.size() + p.size();
+      ++n;
+    }
+    put<std::uint32_t>(fh, frame_magic);
+    put<std::uint32_t>(fh + 4, n);
+    put<std::uint64_t>(fh + 8, body);
+    s.send_message(iov.data(), static_cast<int>(iov.size()));
+  }
+}
+
+struct in_record {
+  std::uint8_t kind = 0;
+  std::uint8_t status = 0;
+  std::uint64_t number = 0;
+  std::uint64_t actor = 0;
+  std::string name;
+  std::string payload;
+};
+
+// Checks a record's header before a byte of its name or payload is read: its kind for this side
+// (`to_host`), its status, its lengths.
+void check_record(const unsigned char* h, bool to_host, const std::string& who, std::size_t* name_n,
+                  std::uint64_t* payload_n) {
+  const std::uint8_t kind = h[0];
+  const std::uint8_t status = h[1];
+  *name_n = get<std::uint16_t>(h + 2);
+  *payload_n = get<std::uint64_t>(h + 24);
+  const auto bad = [&](const std::string& what) {
+    return std::runtime_error(who + " sent a malformed actor message: " + what);
+  };
+  if (to_host) {
+    if (kind != request && kind != send && kind != stop) throw bad("kind " + std::to_string(kind));
+    if (status > ask_ack) throw bad("status " + std::to_string(status));
+    if (*name_n > app_message_limits::max_name_bytes) {
+      throw bad("a name of " + std::to_string(*name_n) + " bytes (at most " +
+                std::to_string(app_message_limits::max_name_bytes) + ")");
+    }
+    if (*payload_n > app_message_limits::max_payload_bytes) {
+      throw bad("a payload of " + std::to_string(*payload_n) + " bytes (at most " +
+                std::to_string(app_message_limits::max_payload_bytes) + ")");
+    }
+    if (kind == stop && (*name_n != 0 || *payload_n != 0)) throw bad("a stop that carries bytes");
+    return;
+  }
+  if (kind != reply && kind != ack) throw bad("kind " + std::to_string(kind));
+  if (*name_n != 0) throw bad("a reply with a name");
+  if (kind == ack && (status != ok || *payload_n != 0)) throw bad("an acknowledgement that carries bytes");
+  if (status > refused) throw bad("status " + std::to_string(status));
+  const std::uint64_t most = status == ok ? app_message_limits::max_payload_bytes : max_error_bytes;
+  if (*payload_n > most) {
+    throw bad("a reply of " + std::to_string(*payload_n) + " bytes (at most " + std::to_string(most) + ")");
+  }
+}
+
+// Reads the next frame's records (its tag checked, when tagged, before this returns); false when
+// the peer closed its connection before a frame began. A malformed frame throws naming the peer.
+bool read_frame(transport::bulk_stream& s, bool to_host, std::vector<in_record>& out, std::vector<char>& scratch) {
+  unsigned char fh[frame_header_bytes];
+  if (!s.receive_header(fh, sizeof fh)) return false;
+  const std::string& who = s.name();
+  const auto magic = get<std::uint32_t>(fh);
+  const auto n = get<std::uint32_t>(fh + 4);
+  const auto body = get<std::uint64_t>(fh + 8);
+  if (magic != frame_magic) {
+    throw std::runtime_error(who + " sent a frame that is not troupe's actor data (magic " + std::to_string(magic) + ")");
+  }
+  const std::uint64_t most = app_message_limits::max_payload_bytes +
+                             std::uint64_t{n} * (record_header_bytes + app_message_limits::max_name_bytes) +
+                             frame_target_bytes;
+  if (n == 0 || n > max_records || body < std::uint64_t{n} * record_header_bytes || body > most) {
+    throw std::runtime_error(who + " sent an actor frame of " + std::to_string(n) + " records in " +
+                             std::to_string(body) + " bytes (1.." + std::to_string(max_records) +
+                             " records, at most " + std::to_string(most) + " bytes)");
+  }
+  s.expect_body(body);
+  out.resize(n);
+  std::uint64_t left = body;
+  const auto overrun = [&] {
+    return std::runtime_error(who + " sent an actor frame whose records overrun its " + std::to_string(body) + " bytes");
+  };
+  if (body <= small_body) {
+    scratch.resize(static_cast<std::size_t>(body));
+    s.receive(scratch.data(), scratch.size());  // the tag is checked here
+    const auto* at = reinterpret_cast<const unsigned char*>(scratch.data());
+    for (auto& r : out) {
+      if (left < record_header_bytes) throw overrun();
+      std::size_t name_n = 0;
+      std::uint64_t payload_n = 0;
+      check_record(at, to_host, who, &name_n, &payload_n);
+      r.kind = at[0];
+      r.status = at[1];
+      r.number = get<std::uint64_t>(at + 8);
+      r.actor = get<std::uint64_t>(at + 16);
+      at += record_header_bytes;
+      left -= record_header_bytes;
+      if (name_n + payload_n > left) throw overrun();
+      r.name.assign(reinterpret_cast<const char*>(at), name_n);
+      at += name_n;
+      r.payload.assign(reinterpret_cast<const char*>(at), static_cast<std::size_t>(payload_n));
+      at += payload_n;
+      left -= name_n + payload_n;
+    }
+  } else {
+    // Large: each record's bytes are read straight into its strings; the records are handed on
+    // only once the whole frame (and its tag) is in.
+    for (auto& r : out) {
+      if (left < record_header_bytes) throw overrun();
+      unsigned char h[record_header_bytes];
+      s.receive(h, sizeof h);
+      left -= record_header_bytes;
+      std::size_t name_n = 0;
+      std::uint64_t payload_n = 0;
+      check_record(h, to_host, who, &name_n, &payload_n);
+      if (name_n + payload_n > left) throw overrun();
+      r.kind = h[0];
+      r.status = h[1];
+      r.number = get<std::uint64_t>(h + 8);
+      r.actor = get<std::uint64_t>(h + 16);
+      r.name.resize(name_n);
+      s.receive(r.name.data(), name_n);
+      r.payload.resize(static_cast<std::size_t>(payload_n));
+      s.receive(r.payload.data(), r.payload.size());
+      left -= name_n + payload_n;
+    }
+  }
+  if (left != 0) {
+    throw std::runtime_error(who + " sent an actor frame with " + std::to_string(left) + " bytes beyond its records");
+  }
+  return true;
+}
+
+// The host's side of one data connection: the replies its actors wrote and not sent yet, and
+// where they go. A reply is written by the actor's thread that made it.
+struct host_conn {
+  std::mutex write_mutex;
+  transport::bulk_stream* stream = nullptr;  // null once its reader ended
+  std::mutex out_mutex;
+  std::vector<out_record> out;
+
+  void add(out_record r) {
+    std::lock_guard<std::mutex> lock(out_mutex);
+    out.push_back(std::move(r));
+  }
+  std::size_t waiting() {
+    std::lock_guard<std::mutex> lock(out_mutex);
+    return out.size();
+  }
+  void flush() {
+    std::lock_guard<std::mutex> lock(write_mutex);
+    std::vector<out_record> batch;
+    {
+      std::lock_guard<std::mutex> o(out_mutex);
+      batch.swap(out);
+    }
+    if (batch.empty() || stream == nullptr) return;
+    try {
+      write_records(*stream, batch);
+    } catch (const std::exception&) {
+      stream->shutdown();  // its reader ends the connection
+    }
+  }
+};
+
+// What one connection's messages to one actor count: those handed to it and not handled yet (its
+// replies are written once none are left), and the one-way ones it handled (acknowledged).
+struct conn_counts {
+  std::atomic<std::uint64_t> queued{0};
+  std::uint64_t received = 0;  // the actor's thread only
+};
+
+}  // namespace data_wire
+
+// A message from the data port, in its actor's mailbox.
+struct data_job {
+  std::shared_ptr<data_wire::host_conn> conn;
+  std::shared_ptr<data_wire::conn_counts> counts;
+  std::uint8_t kind = 0;
+  bool ack = false;
+  std::uint64_t number = 0;
+  std::uint64_t actor = 0;
+  std::string name;
+  std::string payload;
+};
+using data_job_ptr = std::shared_ptr<data_job>;
+
+}  // namespace troupe::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::data_job_ptr)
 
 namespace troupe::actors {
 
@@ -34,6 +303,25 @@ struct send_counts {
 
 caf::behavior hosted_actor(caf::event_based_actor* self, std::string type, actor_receive receive) {
   auto counts = std::make_shared<send_counts>();
+  // A request's reply: the actor's, or its error (a name or payload beyond the bounds refused
+  // before it sees them).
+  auto answer = [=](const std::string& name, const std::string& payload) -> call_reply {
+    if (name.size() > app_message_limits::max_name_bytes) {
+      return call_reply{false, "actor " + type + ": a message name of " + std::to_string(name.size()) +
+                                   " bytes (at most " + std::to_string(app_message_limits::max_name_bytes) + ")"};
+    }
+    if (payload.size() > app_message_limits::max_payload_bytes) {
+      return call_reply{false, "actor " + type + ": message '" + name + "' carries " + std::to_string(payload.size()) +
+                                   " bytes (at most " + std::to_string(app_message_limits::max_payload_bytes) + ")"};
+    }
+    try {
+      return receive(name, payload);
+    } catch (const std::exception& e) {
+      return call_reply{false, e.what()};
+    } catch (...) {
+      return call_reply{false, "actor " + type + " threw something that is not a std::exception on '" + name + "'"};
+    }
+  };
   return {
       // One-way messages, in a batch: their replies and errors are dropped; each ack_every-th of
       // the sender's (or a batch the sender asks it for: its window is full) is acknowledged with
@@ -63,25 +351,33 @@ caf::behavior hosted_actor(caf::event_based_actor* self, std::string type, actor
       // A request: answered to its sender with the token, as a plain message (its sender keeps
       // the deadline).
       [=](amsg_atom, std::uint64_t token, const std::string& name, const std::string& payload) {
-        call_reply r;
-        if (name.size() > app_message_limits::max_name_bytes) {
-          r = call_reply{false, "actor " + type + ": a message name of " + std::to_string(name.size()) +
-                                    " bytes (at most " + std::to_string(app_message_limits::max_name_bytes) + ")"};
-        } else if (payload.size() > app_message_limits::max_payload_bytes) {
-          r = call_reply{false, "actor " + type + ": message '" + name + "' carries " + std::to_string(payload.size()) +
-                                    " bytes (at most " + std::to_string(app_message_limits::max_payload_bytes) + ")"};
-        } else {
-          try {
-            r = receive(name, payload);
-          } catch (const std::exception& e) {
-            r = call_reply{false, e.what()};
-          } catch (...) {
-            r = call_reply{false, "actor " + type + " threw something that is not a std::exception on '" + name + "'"};
-          }
-        }
+        call_reply r = answer(name, payload);
         const auto& sender = self->current_sender();
         if (!sender) return;
         self->send(caf::actor_cast<caf::actor>(sender), areply_atom::value, token, r.ok, std::move(r.payload));
+      },
+      // A message from the data port: its reply (or a one-way message's acknowledgement) is
+      // written back on its connection from here, together with the others of its connection to
+      // this actor once none is left in the mailbox.
+      [=](afast_atom, const data_job_ptr& job) {
+        auto& j = *job;
+        if (j.kind == data_wire::send) {
+          try {
+            (void)receive(j.name, j.payload);
+          } catch (...) {
+            // A one-way message's error goes nowhere, as its reply.
+          }
+          const std::uint64_t n = ++j.counts->received;
+          if (j.ack || n % send_window::ack_every == 0) {
+            j.conn->add(data_wire::make_record(data_wire::ack, data_wire::ok, n, j.actor, {}, {}));
+          }
+        } else {
+          call_reply r = answer(j.name, j.payload);
+          if (!r.ok && r.payload.size() > data_wire::max_error_bytes) r.payload.resize(data_wire::max_error_bytes);
+          j.conn->add(data_wire::make_record(data_wire::reply, r.ok ? data_wire::ok : data_wire::failed, j.number,
+                                             j.actor, {}, std::move(r.payload)));
+        }
+        if (--j.counts->queued == 0 || j.conn->waiting() >= data_wire::max_records) j.conn->flush();
       },
   };
 }
@@ -90,6 +386,150 @@ caf::behavior hosted_actor(caf::event_based_actor* self, std::string type, actor
 
 caf::actor spawn_hosted(caf::actor_system& system, std::string type, actor_receive receive) {
   return system.spawn<caf::detached>(hosted_actor, std::move(type), std::move(receive));
+}
+
+
+// --- a task's actor data port -------------------------------------------------------------------
+
+struct app_data_host::impl {
+  std::string task;
+  std::string host;
+  std::string token;
+  std::chrono::milliseconds timeout{0};
+  std::function<void(const std::string&)> event;
+  std::mutex mutex;
+  std::map<std::uint64_t, caf::actor> actors;  // by their number on the port
+  std::map<caf::actor_addr, std::uint64_t> numbers;
+  std::uint64_t next = 1;
+  std::string secret;
+  std::unique_ptr<transport::bulk_listener> listener;
+  bool failed = false;   // it could not listen: the control plane carries everything
+  bool stopped = false;
+
+  caf::actor find(std::uint64_t number) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = actors.find(number);
+    return it == actors.end() ? caf::actor{} : it->second;
+  }
+
+  // One proven connection, on its own thread (the listener's): each frame's messages go to their
+  // actors' mailboxes once the whole frame (and its tag) is in; a number with no actor is
+  // answered with an error at once.
+  void serve(transport::bulk_stream& stream) {
+    auto conn = std::make_shared<data_wire::host_conn>();
+    conn->stream = &stream;
+    if (event) event("an actor spawner connected to the actor data port (" + stream.name() + ")");
+    struct detach {
+      std::shared_ptr<data_wire::host_conn> conn;
+      ~detach() {
+        std::lock_guard<std::mutex> lock(conn->write_mutex);
+        conn->stream = nullptr;
+      }
+    } guard{conn};
+    std::map<std::uint64_t, std::shared_ptr<data_wire::conn_counts>> counts;
+    std::vector<data_wire::in_record> records;
+    std::vector<char> scratch;
+    for (;;) {
+      if (!stream.wait_message(-1)) continue;
+      if (!data_wire::read_frame(stream, true, records, scratch)) return;
+      bool refusals = false;
+      for (auto& r : records) {
+        caf::actor a = find(r.actor);
+        if (!a) {
+          if (r.kind == data_wire::request) {
+            conn->add(data_wire::make_record(data_wire::reply, data_wire::refused, r.number, r.actor, {},
+                                             "no actor #" + std::to_string(r.actor) + " on " + task +
+                                                 " (it stopped, or was never spawned there)"));
+            refusals = true;
+          }
+          continue;
+        }
+        if (r.kind == data_wire::stop) {
+          caf::anon_send_exit(a, caf::exit_reason::user_shutdown);  // after the messages before it
+          continue;
+        }
+        auto& c = counts[r.actor];
+        if (!c) c = std::make_shared<data_wire::conn_counts>();
+        ++c->queued;
+        auto job = std::make_shared<data_job>();
+        job->conn = conn;
+        job->counts = c;
+        job->kind = r.kind;
+        job->ack = r.kind == data_wire::send && r.status == data_wire::ask_ack;
+        job->number = r.number;
+        job->actor = r.actor;
+        job->name = std::move(r.name);
+        job->payload = std::move(r.payload);
+        caf::anon_send(a, afast_atom::value, std::move(job));
+      }
+      if (refusals) conn->flush();
+    }
+  }
+};
+
+app_data_host::app_data_host(std::string task, std::string host, std::string token, std::chrono::milliseconds timeout,
+                             std::function<void(const std::string&)> event)
+    : impl_(std::make_shared<impl>()) {
+  impl_->task = std::move(task);
+  impl_->host = std::move(host);
+  impl_->token = std::move(token);
+  impl_->timeout = timeout;
+  impl_->event = std::move(event);
+}
+
+app_data_host::~app_data_host() { stop(); }
+
+std::string app_data_host::add(const caf::actor& a) {
+  auto& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.stopped) return {};
+  if (!s.listener && !s.failed) {
+    try {
+      const auto bytes = transport::random_bytes(32, s.task + ": the actor data port's secret");
+      s.secret.assign(bytes.begin(), bytes.end());
+      auto* self = &s;
+      s.listener = std::make_unique<transport::bulk_listener>(
+          s.host, 0, transport::ring_auth{s.token, s.secret}, s.timeout, s.task + "'s actor data port",
+          [self](transport::bulk_stream& stream) { self->serve(stream); });
+      if (s.event) s.event("actor data port " + address_of(s.host, s.listener->port()));
+    } catch (const std::exception& e) {
+      s.failed = true;
+      if (s.event) s.event(std::string("no actor data port (") + e.what() + "): actors' messages use the control plane");
+    }
+  }
+  const std::uint64_t number = s.next++;
+  s.actors[number] = a;
+  s.numbers[a.address()] = number;
+  if (!s.listener) return {};
+  std::string out(10, '\0');
+  const std::uint16_t port = s.listener->port();
+  out[0] = static_cast<char>(port & 0xff);
+  out[1] = static_cast<char>(port >> 8);
+  for (int i = 0; i < 8; ++i) out[2 + i] = static_cast<char>((number >> (8 * i)) & 0xff);
+  return out + s.secret;
+}
+
+void app_data_host::remove(const caf::actor_addr& a) {
+  auto& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto it = s.numbers.find(a);
+  if (it == s.numbers.end()) return;
+  s.actors.erase(it->second);
+  s.numbers.erase(it);
+}
+
+void app_data_host::stop() {
+  auto& s = *impl_;
+  std::unique_ptr<transport::bulk_listener> listener;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.stopped = true;
+    listener.swap(s.listener);
+  }
+  listener.reset();  // its connections' threads take the mutex: joined outside it
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.actors.clear();
+  s.numbers.clear();
 }
 
 // --- the spawner --------------------------------------------------------------------------------
@@ -142,6 +582,8 @@ struct window_table {
   }
 };
 
+struct data_link;
+
 }  // namespace
 
 class actor_ref {
@@ -164,6 +606,8 @@ class actor_ref {
   std::shared_ptr<send_window> window = std::make_shared<send_window>();
   std::shared_ptr<outbox> out = std::make_shared<outbox>();
   std::shared_ptr<window_table> table;  // where `window` and `out` are registered
+  std::shared_ptr<data_link> link;      // its host's data connection, or null: the control plane
+  std::uint64_t number = 0;             // its number on its host's data port
 };
 
 namespace {
@@ -247,6 +691,218 @@ struct pending_table {
   }
 };
 
+
+// The spawner's data connection to one task's actor data port: requests, one-way messages and
+// stops of its actors there, and their replies. Many threads write (one at a time, under the
+// write mutex: a synchronous request from its caller's thread with what queued before it, the
+// rest queued for the writer thread, which sends what gathered in one frame); the reader thread
+// completes each request where it is kept (pending_table) and keeps the asynchronous ones'
+// deadlines.
+struct data_link {
+  std::string task;
+  std::uint16_t port = 0;
+  std::unique_ptr<transport::bulk_stream> stream;
+  std::shared_ptr<pending_table> pending;
+  caf::actor supervisor;
+
+  std::mutex write_mutex;
+  std::mutex queue_mutex;
+  std::condition_variable queued;
+  std::vector<data_wire::out_record> queue;
+  bool writing = false;
+
+  struct flight {
+    std::chrono::steady_clock::time_point deadline;
+    std::int64_t timeout_ms = -1;  // -1: its caller keeps the deadline (a synchronous request)
+  };
+  std::mutex state_mutex;
+  std::map<std::uint64_t, flight> inflight;                      // by token
+  std::map<std::uint64_t, std::weak_ptr<send_window>> windows;   // by the actor's number on the host
+  std::vector<std::uint64_t> members;                            // the spawner's ids of its actors
+  std::string death;                                             // why it failed
+  std::atomic<bool> dead{false};
+  std::atomic<bool> stopping{false};
+  std::thread reader;
+  std::thread writer;
+
+  void start() {
+    reader = std::thread([this] { read_loop(); });
+    writer = std::thread([this] { write_loop(); });
+  }
+  // Ends both threads (the spawner ends); the requests left are the caller's to end.
+  void stop_and_join() {
+    stopping = true;
+    stream->shutdown();
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex);
+      queued.notify_all();
+    }
+    if (reader.joinable()) reader.join();
+    if (writer.joinable()) writer.join();
+  }
+
+  void join(std::uint64_t id, std::uint64_t number, const std::shared_ptr<send_window>& window) {
+    std::lock_guard<std::mutex> lock(state_mutex);
+    members.push_back(id);
+    windows[number] = window;
+  }
+  std::optional<std::string> failed() {
+    if (!dead) return std::nullopt;
+    std::lock_guard<std::mutex> lock(state_mutex);
+    return death;
+  }
+  // A request on its way: false when the connection failed already.
+  bool track(std::uint64_t token, std::int64_t timeout_ms) {
+    std::lock_guard<std::mutex> lock(state_mutex);
+    if (dead) return false;
+    inflight[token] = flight{std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<std::int64_t>(timeout_ms, 0)),
+                             timeout_ms};
+    return true;
+  }
+  bool untrack(std::uint64_t token) {
+    std::lock_guard<std::mutex> lock(state_mutex);
+    return inflight.erase(token) > 0;
+  }
+
+  // The caller's thread writes what queued before, then `r`.
+  void write_now(data_wire::out_record r) {
+    std::lock_guard<std::mutex> lock(write_mutex);
+    std::vector<data_wire::out_record> batch;
+    {
+      std::lock_guard<std::mutex> q(queue_mutex);
+      batch.swap(queue);
+    }
+    batch.push_back(std::move(r));
+    write(batch);
+  }
+  void enqueue(data_wire::out_record r) {
+    bool wake = false;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex);
+      queue.push_back(std::move(r));
+      wake = !writing;
+    }
+    if (wake) queued.notify_one();
+  }
+  // With the write mutex held.
+  void write(const std::vector<data_wire::out_record>& batch) {
+    if (dead || batch.empty()) return;
+    try {
+      data_wire::write_records(*stream, batch);
+    } catch (const std::exception& e) {
+      fail("sending to the actor data port of " + task + " failed: " + e.what());
+    }
+  }
+  void write_loop() {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(queue_mutex);
+        queued.wait(lock, [&] { return !queue.empty() || stopping; });
+        if (stopping) return;
+        writing = true;
+      }
+      {
+        std::lock_guard<std::mutex> lock(write_mutex);
+        std::vector<data_wire::out_record> batch;
+        {
+          std::lock_guard<std::mutex> q(queue_mutex);
+          batch.swap(queue);
+        }
+        write(batch);
+      }
+      std::lock_guard<std::mutex> lock(queue_mutex);
+      writing = false;
+    }
+  }
+
+  // The asynchronous requests past their deadline end as timed out.
+  void expire() {
+    std::vector<std::pair<std::uint64_t, std::int64_t>> due;
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(state_mutex);
+      for (auto it = inflight.begin(); it != inflight.end();) {
+        if (it->second.timeout_ms >= 0 && it->second.deadline <= now) {
+          due.emplace_back(it->first, it->second.timeout_ms);
+          it = inflight.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& [token, ms] : due) {
+      if (auto f = pending->take(token)) {
+        f(actor_reply{actor_reply::status::timed_out, "no answer within " + std::to_string(ms) + " ms"});
+      }
+    }
+  }
+
+  void read_loop() {
+    std::vector<data_wire::in_record> records;
+    std::vector<char> scratch;
+    auto next_scan = std::chrono::steady_clock::now();
+    try {
+      while (!stopping) {
+        const bool any = stream->wait_message(20);
+        if (stopping) return;
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= next_scan) {
+          expire();
+          next_scan = now + std::chrono::milliseconds(20);
+        }
+        if (!any) continue;
+        if (!data_wire::read_frame(*stream, false, records, scratch)) {
+          if (!stopping) {
+            fail("the data connection to " + task + " closed (its process died, or the network failed)");
+          }
+          return;
+        }
+        for (auto& r : records) {
+          if (r.kind == data_wire::ack) {
+            std::shared_ptr<send_window> w;
+            {
+              std::lock_guard<std::mutex> lock(state_mutex);
+              auto it = windows.find(r.actor);
+              if (it != windows.end()) w = it->second.lock();
+            }
+            if (w) w->acknowledged(r.number);
+            continue;
+          }
+          if (!untrack(r.number)) continue;  // timed out already, or not one of its requests
+          auto f = pending->take(r.number);
+          if (!f) continue;
+          const auto what = r.status == data_wire::ok       ? actor_reply::status::ok
+                            : r.status == data_wire::failed ? actor_reply::status::failed
+                                                            : actor_reply::status::down;
+          f(actor_reply{what, std::move(r.payload)});
+        }
+      }
+    } catch (const std::exception& e) {
+      if (!stopping) fail("the data connection to " + task + " failed: " + e.what());
+    }
+  }
+
+  // The connection is lost: its requests in flight end as down, and its actors are reported down
+  // (and stopped, should they still run) by the supervisor.
+  void fail(const std::string& why) {
+    std::map<std::uint64_t, flight> left;
+    std::vector<std::uint64_t> ids;
+    {
+      std::lock_guard<std::mutex> lock(state_mutex);
+      if (dead) return;
+      death = why;
+      dead = true;
+      left.swap(inflight);
+      ids = members;
+    }
+    stream->shutdown();
+    for (auto& [token, f] : left) {
+      if (auto done = pending->take(token)) done(actor_reply{actor_reply::status::down, why});
+    }
+    caf::anon_send(supervisor, alost_atom::value, task, why, std::move(ids), false);
+  }
+};
+
 struct supervisor_state {
   struct watched {
     std::uint64_t id = 0;
@@ -319,6 +975,21 @@ caf::behavior supervisor(caf::stateful_actor<supervisor_state>* self, std::share
           st.ticking = true;
           st.previous_check = liveness_policy::clock::now();
           self->delayed_send(self, options.liveness.interval, tick_atom::value);
+        }
+      },
+      // A data connection failed: the actors it carried are down (and stopped, should they run).
+      // It is reported one heartbeat interval later, unless the control connection said first
+      // why (a host that stopped, or whose process died, closes both at once).
+      [=](alost_atom, const std::string& task, const std::string& why, const std::vector<std::uint64_t>& ids,
+          bool waited) {
+        if (!waited) {
+          self->delayed_send(self, options.liveness.interval, alost_atom::value, task, why, ids, true);
+          return;
+        }
+        for (auto& [addr, w] : self->state.actors) {
+          if (w.task != task || w.reported || std::find(ids.begin(), ids.end(), w.id) == ids.end()) continue;
+          report(w, why, true);
+          caf::anon_send_exit(caf::actor_cast<caf::actor>(addr), caf::exit_reason::user_shutdown);
         }
       },
       [=](tick_atom) {
@@ -481,6 +1152,43 @@ struct actor_client::impl {
   std::map<std::string, caf::actor> agents;  // by task
   std::vector<caf::actor> local;
   std::atomic<std::uint64_t> next_id{1};
+  std::mutex links_mutex;
+  std::map<std::string, std::shared_ptr<data_link>> links;  // by task
+  std::vector<std::shared_ptr<data_link>> old_links;        // replaced ones, joined at the end
+
+  // The data connection to the task at `where`, whose spawn answered `data` (the port, the
+  // actor's number, the secret); null (the control plane carries the actor's messages) when the
+  // task has no data port or it cannot be reached, which is logged.
+  std::shared_ptr<data_link> link_for(const task_endpoint& where, const std::string& data, std::uint64_t* number) {
+    if (!options.data_connections || data.size() < 11) return nullptr;
+    const auto port = static_cast<std::uint16_t>(static_cast<unsigned char>(data[0]) |
+                                                 static_cast<unsigned char>(data[1]) << 8);
+    *number = 0;
+    for (int i = 7; i >= 0; --i) *number = (*number << 8) | static_cast<unsigned char>(data[2 + i]);
+    if (port == 0 || *number == 0) return nullptr;
+    std::lock_guard<std::mutex> lock(links_mutex);
+    if (table->closed) return nullptr;
+    auto& slot = links[where.task];
+    if (slot && !slot->dead && slot->port == port) return slot;
+    auto link = std::make_shared<data_link>();
+    link->task = where.task;
+    link->port = port;
+    link->pending = pending;
+    link->supervisor = supervisor;
+    const transport::ring_auth auth{options.credentials ? options.credentials->token() : std::string(), data.substr(10)};
+    try {
+      link->stream = transport::bulk_stream::connect(transport::endpoint{where.host, port}, auth,
+                                                     std::min(options.connect_timeout, std::chrono::milliseconds(10000)),
+                                                     "the actor data port of " + where.task);
+    } catch (const std::exception& e) {
+      if (options.log) options.log(std::string(e.what()) + ": its actors' messages use the control plane");
+      return nullptr;
+    }
+    link->start();
+    if (slot) old_links.push_back(std::move(slot));
+    slot = link;
+    return link;
+  }
 
   void check_open(const std::string& what) const {
     if (table->closed) throw std::runtime_error(what + ": its actor client is gone");
@@ -543,6 +1251,16 @@ actor_client::~actor_client() {
     s.agents.clear();
   }
   for (auto& a : local) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  // The data connections end (their threads joined) before the requests left end below.
+  std::vector<std::shared_ptr<data_link>> links;
+  {
+    std::lock_guard<std::mutex> lock(s.links_mutex);
+    for (auto& [task, l] : s.links) links.push_back(l);
+    for (auto& l : s.old_links) links.push_back(l);
+    s.links.clear();
+    s.old_links.clear();
+  }
+  for (auto& l : links) l->stop_and_join();
   // The asynchronous requests in flight end now, each with its callback.
   caf::anon_send_exit(s.requester, caf::exit_reason::user_shutdown);
   std::map<std::uint64_t, pending_table::entry> left;
@@ -562,6 +1280,7 @@ std::shared_ptr<actor_ref> actor_client::spawn(const task_endpoint& where, const
   s.check_open("spawn of actor " + type + " on " + where.task);
   caf::actor made;
   caf::actor agent;
+  std::string data;
   std::string error;
   for (int attempt = 0; attempt < 2 && !made; ++attempt) {
     // A cached connection to a host that has since died answers at once that it is down: connect
@@ -570,7 +1289,11 @@ std::shared_ptr<actor_ref> actor_client::spawn(const task_endpoint& where, const
     bool receiver_down = false;
     caf::scoped_actor self{*s.system};
     self->request(agent, s.options.connect_timeout, aspawn_atom::value, s.options.task, s.supervisor, type, args)
-        .receive([&](caf::actor& a) { made = std::move(a); },
+        .receive(
+            [&](caf::actor& a, std::string& d) {
+              made = std::move(a);
+              data = std::move(d);
+            },
                  [&](caf::error& e) {
                    receiver_down = e == caf::sec::request_receiver_down;
                    error = e == caf::sec::request_timeout
@@ -594,6 +1317,8 @@ std::shared_ptr<actor_ref> actor_client::spawn(const task_endpoint& where, const
     s.windows->windows[ref->actor.address()] = ref->window;
     s.windows->outboxes[ref->actor.address()] = ref->out;
   }
+  ref->link = s.link_for(where, data, &ref->number);
+  if (ref->link) ref->link->join(ref->id, ref->number, ref->window);
   caf::anon_send(s.supervisor, awatch_atom::value, made, ref->id, type, where.task, agent);
   if (s.options.log) s.options.log("spawned actor " + type + " #" + std::to_string(ref->id) + " on " + where.task);
   return ref;
@@ -623,11 +1348,59 @@ std::shared_ptr<actor_ref> actor_client::spawn_local(const std::string& type, ac
   return ref;
 }
 
+actor_reply actor_client::request_over_data(const actor_ref& to, const std::string& name, const std::string& payload,
+                                            std::chrono::milliseconds timeout) {
+  // This thread writes the request (the payload from where it is) and waits for the reader
+  // thread to hand it the reply, the supervisor's or the connection's word that the actor is
+  // down, or the deadline.
+  auto& s = *impl_;
+  struct waiter {
+    std::mutex mutex;
+    std::condition_variable done;
+    std::optional<actor_reply> reply;
+  };
+  auto w = std::make_shared<waiter>();
+  const std::uint64_t token = s.pending->reserve();
+  s.pending->add_as(token, to.id, [w](actor_reply r) {
+    {
+      std::lock_guard<std::mutex> lock(w->mutex);
+      w->reply = std::move(r);
+    }
+    w->done.notify_one();
+  });
+  // Looked at again once the request is in the table (see request_async).
+  if (s.table->closed || s.table->cause(to.id)) {
+    const std::string why = s.table->closed ? "its actor client is gone" : s.table->cause(to.id).value_or("the actor is down");
+    s.pending->take(token);
+    return actor_reply{actor_reply::status::down, why};
+  }
+  if (!to.link->track(token, -1)) {
+    s.pending->take(token);
+    return actor_reply{actor_reply::status::down, to.link->failed().value_or("its data connection failed")};
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  to.link->write_now(data_wire::make_record(data_wire::request, 0, token, to.number, name, {}, &payload));
+  std::unique_lock<std::mutex> lock(w->mutex);
+  if (!w->done.wait_until(lock, deadline, [&] { return w->reply.has_value(); })) {
+    lock.unlock();
+    to.link->untrack(token);
+    if (s.pending->take(token)) {
+      return actor_reply{actor_reply::status::timed_out, "no answer within " + std::to_string(timeout.count()) + " ms"};
+    }
+    lock.lock();  // taken meanwhile: its reply is being handed over
+    w->done.wait(lock, [&] { return w->reply.has_value(); });
+  }
+  lock.unlock();
+  to.link->untrack(token);  // ended by the supervisor (the actor is down) rather than its reply
+  return std::move(*w->reply);
+}
+
 actor_reply actor_client::request(const actor_ref& to, const std::string& name, const std::string& payload,
                                   std::chrono::milliseconds timeout) {
   auto& s = *impl_;
   if (s.table->closed) return actor_reply{actor_reply::status::down, "its actor client is gone"};
   if (auto cause = s.table->cause(to.id)) return actor_reply{actor_reply::status::down, *cause};
+  if (to.link) return request_over_data(to, name, payload, timeout);
   // This thread sends as a borrowed blocking actor and waits in it for the reply, or for the
   // supervisor's word that the actor went down (the request is taken out of the pending table
   // then, as an asynchronous one is), or for the deadline.
@@ -685,6 +1458,16 @@ void actor_client::request_async(const actor_ref& to, const std::string& name, s
     if (auto f = s.pending->take(token)) f(actor_reply{actor_reply::status::down, why});
     return;
   }
+  if (to.link) {
+    // Over the data connection, after what this thread queued there before; its reader keeps the
+    // deadline.
+    if (!to.link->track(token, static_cast<std::int64_t>(timeout.count()))) {
+      if (auto f = s.pending->take(token)) f(actor_reply{actor_reply::status::down, to.link->failed().value_or("lost")});
+      return;
+    }
+    to.link->enqueue(data_wire::make_record(data_wire::request, 0, token, to.number, name, std::move(payload)));
+    return;
+  }
   // Sent from this thread as the requester, which the reply reaches, after the sends before it
   // (so that the messages of one thread arrive in order, whatever the kind); the requester keeps
   // the deadline (a reply that comes first completes it all the same).
@@ -701,6 +1484,10 @@ bool actor_client::send(const actor_ref& to, const std::string& name, const std:
   bool ack = false;
   while (!to.window->reserve(payload.size(), &ack, std::chrono::milliseconds(20))) {
     if (s.table->closed || s.table->cause(to.id)) return false;
+  }
+  if (to.link) {
+    to.link->enqueue(data_wire::make_record(data_wire::send, ack ? data_wire::ask_ack : 0, 0, to.number, name, payload));
+    return true;
   }
   // Into the actor's outbox: the requester sends it (as itself, which the acknowledgements
   // reach) once rung, or this thread at once when the batch is full.
@@ -757,6 +1544,11 @@ void actor_client::stop(const actor_ref& to) {
   auto& s = *impl_;
   if (s.table->closed) return;
   s.table->mark_stopped(to.id);
+  if (to.link && !to.link->dead) {
+    // After the messages before it on the same connection.
+    to.link->enqueue(data_wire::make_record(data_wire::stop, 0, 0, to.number, {}, {}));
+    return;
+  }
   to.out->flush();  // the sends before the stop first
   caf::anon_send_exit(to.actor, caf::exit_reason::user_shutdown);
 }

@@ -139,6 +139,10 @@ using pstats_atom = caf::atom_constant<caf::atom("pstats")>;
 //     messages; every send_window::ack_every-th of them (counted by the hosted actor) is
 //     acknowledged with (asent, count so far) to the requester, which opens the sender's window
 //     that far; (aflush, actor) rings the requester to send an actor's batch
+//   a task's actor data port (its reader thread) -> hosted actor: (afast, job), a message that
+//     came over a data connection; the actor writes its reply back on that connection
+//   inside the spawner, a data connection that failed -> its supervisor: (alost, task, why, ids):
+//     the actors it carried are down
 using aspawn_atom = caf::atom_constant<caf::atom("aspawn")>;
 using aping_atom = caf::atom_constant<caf::atom("aping")>;
 using amsg_atom = caf::atom_constant<caf::atom("amsg")>;
@@ -150,6 +154,8 @@ using asent_atom = caf::atom_constant<caf::atom("asent")>;
 using areply_atom = caf::atom_constant<caf::atom("areply")>;
 using adown_atom = caf::atom_constant<caf::atom("adown")>;
 using atick_atom = caf::atom_constant<caf::atom("atick")>;
+using afast_atom = caf::atom_constant<caf::atom("afast")>;
+using alost_atom = caf::atom_constant<caf::atom("alost")>;
 
 /// A member travels field by field; add_rendezvous_types announces it and the peer table.
 template <class Inspector>

@@ -174,8 +174,10 @@ std::optional<caf::error> refuse_second_chief(caf::stateful_actor<agent_state>* 
 caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string task,
                          std::shared_ptr<const task_handlers> handlers, caf::actor pulse,
                          std::shared_ptr<shard_store> store, std::shared_ptr<std::atomic<std::uint16_t>> data_port,
-                         std::string data_secret, std::shared_ptr<function_runner> runner) {
+                         std::string data_secret, std::shared_ptr<function_runner> runner,
+                         std::shared_ptr<app_data_host> app_data) {
   self->state.task = std::move(task);
+  self->state.app_data = std::move(app_data);
   self->state.runner = std::move(runner);
   self->state.store = std::move(store);
   self->state.data_port = data_port;
@@ -204,6 +206,7 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
                 v.end());
       }
       st.spawned_for.erase(it);
+      if (st.app_data) st.app_data->remove(d.source);
       return;
     }
     if (auto it = st.hosted.find(d.source); it != st.hosted.end()) {  // a spawner left or was lost
@@ -415,7 +418,7 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
                 static_cast<std::int64_t>(t.bytes_out.load())};
       },
       [=](aspawn_atom, const std::string& spawner, const caf::actor& watch, const std::string& type,
-          const std::string& args) -> caf::result<caf::actor> {
+          const std::string& args) -> caf::result<caf::actor, std::string> {
         // An application actor for a spawner that proved the token (the gate let it in): the
         // type is looked up by name in the task's registry, nothing else.
         auto& st = self->state;
@@ -441,7 +444,9 @@ caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string tas
         list.push_back(a);
         st.spawned_for[a.address()] = w;
         event(st, "spawned actor " + base::quoted(type) + " for " + base::quoted(who));
-        return a;
+        // How the spawner reaches it over the actor data port (empty: the control plane only).
+        std::string data = st.app_data ? st.app_data->add(a) : std::string();
+        return {a, std::move(data)};
       },
       [=](aping_atom) -> bool { return true; },
       [=](vread_atom, const std::string& key) -> caf::result<std::string> {

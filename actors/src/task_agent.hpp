@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "app_host.hpp"
 #include "caf/all.hpp"
 #include "ps_shards.hpp"
 #include "troupe/actors/heartbeat_state.hpp"
@@ -78,6 +79,7 @@ struct agent_state {
   std::map<caf::actor_addr, std::vector<caf::actor>> hosted;
   std::map<caf::actor_addr, std::string> spawners;     // a watch, the spawner's task name
   std::map<caf::actor_addr, caf::actor_addr> spawned_for;  // a hosted actor, its spawner's watch
+  std::shared_ptr<app_data_host> app_data;  // the actor data port, or null (no actors hosted)
 };
 
 /// The agent: hello, leave, table, call, cancel from the chief; vnew, vread, vupdate, data, aspawn
@@ -85,6 +87,7 @@ struct agent_state {
 caf::behavior task_agent(caf::stateful_actor<agent_state>* self, std::string task,
                          std::shared_ptr<const task_handlers> handlers, caf::actor pulse,
                          std::shared_ptr<shard_store> store, std::shared_ptr<std::atomic<std::uint16_t>> data_port,
-                         std::string data_secret, std::shared_ptr<function_runner> runner);
+                         std::string data_secret, std::shared_ptr<function_runner> runner,
+                         std::shared_ptr<app_data_host> app_data = nullptr);
 
 }  // namespace troupe::actors

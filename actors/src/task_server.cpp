@@ -18,6 +18,7 @@ namespace troupe::actors {
 struct task_server::impl {
   std::unique_ptr<transport::bulk_listener> data;  // ps tasks: the shards' data connections
   std::shared_ptr<std::atomic<std::uint16_t>> data_port;  // what the agent hands out; 0 once closing
+  std::shared_ptr<app_data_host> app_data;  // tasks that host actors: their data port (from the first spawn)
   caf::actor_system* system = nullptr;
   std::shared_ptr<control_credentials> credentials;
   std::unique_ptr<control_gate> gate;  // the task's listener
@@ -74,7 +75,11 @@ task_server::task_server(caf::actor_system& system, std::string task, std::strin
   auto pulse = system.spawn(pulse_actor, shared);
   s.pulse = pulse;
   s.data_port = data_port;
-  s.agent = system.spawn(task_agent, task, shared, pulse, store, data_port, secret, s.runner);
+  if (shared->spawn_actor) {
+    s.app_data = std::make_shared<app_data_host>(task, host, s.credentials ? s.credentials->token() : std::string(),
+                                                 options.data_timeout, shared->event);
+  }
+  s.agent = system.spawn(task_agent, task, shared, pulse, store, data_port, secret, s.runner, s.app_data);
   if (s.runner) {
     s.runner->agent = s.agent.address();
     s.runner->thread = std::thread([runner = s.runner, shared] { runner->run(*shared); });
@@ -120,6 +125,8 @@ task_server::~task_server() {
   // The agent and the pulse end at once (neither runs functions); the function thread ends once
   // its function returns. Both wait here: the handlers reach into the owner of this object, which
   // is destroyed next.
+  // The actors' data connections end (their spawners hear it) before the actors stop.
+  if (s.app_data) s.app_data->stop();
   caf::scoped_actor self{*s.system};
   self->monitor(s.pulse);
   self->send_exit(s.pulse, caf::exit_reason::user_shutdown);

@@ -285,6 +285,8 @@ ActorClusterOptions ActorClusterOptions::from_environment() {
   o.missed_heartbeats = troupe::detail::env_int("TROUPE_MISSED_HEARTBEATS", o.missed_heartbeats,
                                                 actors::liveness_policy::min_missed,
                                                 actors::liveness_policy::max_missed);
+  o.data_connections = troupe::detail::env_switch("TROUPE_ACTOR_DATA_CONNECTIONS", o.data_connections,
+                                                  "sends actors' messages over direct data connections");
   return o;
 }
 

@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
         caf::scoped_actor self{sys};
         self->request(*agent, std::chrono::seconds(2), aspawn_atom::value, std::string("/job:chief/replica:0/task:0"),
                       caf::actor_cast<caf::actor>(self), std::string("accumulator"), std::string())
-            .receive([&](caf::actor&) { ++accepted; }, [&](caf::error&) {});
+            .receive([&](caf::actor&, std::string&) { ++accepted; }, [&](caf::error&) {});
         self->request(*agent, std::chrono::seconds(2), aping_atom::value)
             .receive([&](bool) { ++accepted; }, [&](caf::error&) {});
       }

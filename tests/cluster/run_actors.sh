@@ -8,6 +8,9 @@
 #                 with tensors (1 MiB bit for bit), a one-way send, the actor's own error, a
 #                 timeout, the size bound; an unknown type, a task the cluster lacks and a refused
 #                 constructor are errors naming the type and the task; a stopped actor is down
+#   spawn-control the same over the control plane alone (TROUPE_ACTOR_DATA_CONNECTIONS=0): no
+#                 data connection is made; in `spawn` the messages go over worker 1's actor data
+#                 port, which refuses a stranger's bytes there and logs it with the address
 #   wrong-token   the spawner holds another token than worker 0: its spawn is an error naming the
 #                 type and the task, and worker 0 logs the refused handshake with the address
 #   host-killed   worker 1 SIGKILLed while its actor answers a request: the request in flight
@@ -82,7 +85,7 @@ start_daemons() {
 # of 200 ms is lost, or for MISSED of them.
 chief() {
   : >"$dir/chief.log"
-  timeout -k 5 60 env ${2:+TROUPE_CLUSTER_TOKEN="$2"} TROUPE_HEARTBEAT_MS=200 TROUPE_MISSED_HEARTBEATS="${MISSED:-3}" TROUPE_START_TIMEOUT_MS="${start_ms:-10000}" \
+  timeout -k 5 60 env ${2:+TROUPE_CLUSTER_TOKEN="$2"} ${ACTOR_DATA:+TROUPE_ACTOR_DATA_CONNECTIONS="$ACTOR_DATA"} TROUPE_HEARTBEAT_MS=200 TROUPE_MISSED_HEARTBEATS="${MISSED:-3}" TROUPE_START_TIMEOUT_MS="${start_ms:-10000}" \
     TF_CONFIG="{\"cluster\": $(cluster), \"task\": {\"type\": \"chief\", \"index\": 0}}" \
     "$chief_bin" --mode "$1" --module "$module" >"$dir/chief.log" 2>&1 &
   pids+=($!)
@@ -95,8 +98,9 @@ chief_status() {
 token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 case "$scenario" in
-  spawn)
+  spawn|spawn-control)
     start_daemons "$token" "$token"
+    [[ $scenario == spawn-control ]] && ACTOR_DATA=0
     chief spawn "$token"
     chief_status
     [[ $st == 0 ]] || fail "the spawner exited $st"
@@ -105,6 +109,19 @@ case "$scenario" in
     grep -q "spawned actor 'accumulator' for '/job:chief/replica:0/task:0'" "$dir/w1.log" || fail "worker 1 did not log the spawn"
     # The spawner ended: the daemons stop what it left on them.
     wait_for "$dir/w1.log" "the actor spawner '/job:chief/replica:0/task:0' is gone: stopping its 1 actor" 10
+    if [[ $scenario == spawn-control ]]; then
+      grep -q "connected to the actor data port" "$dir/w1.log" && fail "a data connection was made with TROUPE_ACTOR_DATA_CONNECTIONS=0"
+    else
+      grep -q "an actor spawner connected to the actor data port (the data connection from 127.0.0.1:" "$dir/w1.log" ||
+        fail "the spawner's messages did not go over worker 1's actor data port"
+      port=$(grep -Eo "actor data port 127\.0\.0\.1:[0-9]+" "$dir/w1.log" | head -n 1 | sed -E 's/.*://')
+      [[ -n "$port" ]] || fail "worker 1 did not log its actor data port"
+      # A stranger's bytes there (no proof, no secret): refused and logged with its address.
+      exec 3<>"/dev/tcp/127.0.0.1/$port" || fail "cannot reach the actor data port $port"
+      printf 'amsg accumulator add %064d' 0 >&3
+      exec 3>&-
+      wait_for "$dir/w1.log" "task:1's actor data port refused a data connection from 127\.0\.0\.1:[0-9]+" 15
+    fi
     ;;
   wrong-token)
     start_daemons "stranger-$token" "stranger-$token"

@@ -23,6 +23,38 @@
 //   4. A spawner that leaves (its actor_client destroyed, its process ended or its connection
 //      lost) has its watch go down on every agent it spawned on: each stops that spawner's actors.
 //      A task that stops (its Server destroyed) stops every actor it hosts.
+// The data connections (actor_client_options::data_connections, on by default), beside step 2:
+//   5. A task that hosts actors opens one actor data port at the first spawn it takes (a
+//      transport::bulk_listener on the task's host, a free port) with a fresh random secret, and
+//      the spawn's answer over the gated control plane carries the port, the actor's number on it
+//      and the secret. The spawner keeps one data connection per task and proves it as the ps
+//      tasks' are proven (bulk_channel.hpp: ring_connect's hellos, HMAC under the cluster token,
+//      the secret as the incarnation): a peer without the token, or without the secret that only
+//      the gate's peers get, is refused and logged before a byte of a message is read. A spawner
+//      that cannot connect uses step 2 for that task's actors (said in its log).
+//   6. Frames: a 16-byte header (magic, record count 1..256, body bytes), then the records, each
+//      a 32-byte header (kind, status, name bytes, request number, the actor's number, payload
+//      bytes), its name, its payload; with a token, one AES-256-GCM tag per frame, checked before
+//      a record of it is handed on. Every count and length is checked before what it counts is
+//      read: a name beyond app_message_limits::max_name_bytes, a payload beyond
+//      max_payload_bytes (an error's text beyond 64 KiB), a kind the direction does not carry or
+//      records that overrun the body drop the connection, naming the peer. Kinds: to the host a
+//      request, a one-way send (its status asks for an acknowledgement: it fills the
+//      send_window) and a stop; to the spawner a reply (ok, the actor's error, or no such actor)
+//      and a send acknowledgement (the count so far).
+//   7. Writes: the caller's thread writes a synchronous request (the payload from where it is,
+//      with one writev), after whatever waited to be written; asynchronous requests, sends and
+//      stops queue for the connection's writer thread, which writes what gathered as frames. The
+//      spawner's reader thread completes each reply's request (a synchronous caller waits on its
+//      own state) and ends the asynchronous ones past their deadline. On the host, the
+//      connection's reader hands each record of a frame to its actor's mailbox (one message at a
+//      time with those of step 2, in order; a stop after the messages before it); the actor's
+//      thread writes its reply back, together with the other replies of that connection once it
+//      has no more of that connection's messages waiting (at most 256 to a frame).
+//   8. A data connection that closes or fails ends its requests in flight at once as down, naming
+//      the task and the cause; its actors are reported down one heartbeat interval later unless
+//      the control connection said why first (a process that dies closes both), and stopped. The
+//      heartbeats of step 3 still watch the host.
 
 #include <chrono>
 #include <condition_variable>
@@ -110,6 +142,9 @@ struct actor_client_options {
   std::chrono::milliseconds connect_timeout{10000};  ///< reaching a task and its answer to a spawn
   std::function<void(const actor_down&)> on_down;    ///< once per actor that goes down (an actor thread)
   std::function<void(const std::string& line)> log;  ///< one line per event
+  /// Messages to an actor on a task with an actor data port go over a data connection to it
+  /// (steps 5 to 8); false: over the control plane only.
+  bool data_connections = true;
 };
 
 class actor_ref;
@@ -156,6 +191,8 @@ class actor_client {
   struct impl;
 
  private:
+  actor_reply request_over_data(const actor_ref& to, const std::string& name, const std::string& payload,
+                                std::chrono::milliseconds timeout);
   std::shared_ptr<impl> impl_;
 };
 

@@ -94,6 +94,10 @@ struct ActorClusterOptions {
   /// The largest message (its tensors' bytes and their headers) a handle sends: larger is
   /// std::invalid_argument before anything travels. At most 1 GiB, which every host enforces.
   std::size_t max_message_bytes = std::size_t{256} << 20;
+  /// TROUPE_ACTOR_DATA_CONNECTIONS (1 or 0): messages to a remote actor go over a direct data
+  /// connection to its task (proven with the token and a secret from the spawn's answer, tagged
+  /// per frame: docs/actors.md, "The data connections"); false: over the control plane (CAF's).
+  bool data_connections = true;
   /// Called once per actor that goes down, on one of the runtime's threads (keep it short).
   std::function<void(const ActorDown&)> on_down;
   /// Called once per restart by policy (and once when one gives up), on the ActorCluster's

@@ -149,6 +149,7 @@ ActorCluster::ActorCluster(Runtime& runtime, const ClusterSpec& cluster, const s
   co.credentials = s.credentials;
   co.liveness = liveness;
   co.connect_timeout = s.options.connect_timeout;
+  co.data_connections = s.options.data_connections;
   // The client's supervisor may still be ending when this object is gone: nothing is called then.
   std::weak_ptr<Impl> weak = impl_;
   co.on_down = [weak](const actors::actor_down& d) {
