@@ -125,8 +125,11 @@ double tcp_echo_floor(std::size_t bytes, int iters) {
 int main(int argc, char** argv) {
   CLI::App app{"troupe's remote actor request on loopback (bench/actor_bench.sh sets it beside Ray)."};
   bool with_token = false;
+  bool control_plane = false;
   int iters = 5000, messages = 100000, window = 1000, big_iters = 50;
   app.add_flag("--token", with_token, "spawn and talk over mutual TLS from a cluster token (default: plain loopback)");
+  app.add_flag("--control-plane", control_plane,
+               "messages over the control plane (CAF's BASP) rather than the actor data connection");
   app.add_option("--iters", iters, "small synchronous round trips")->check(CLI::Range(10, 10000000));
   app.add_option("--messages", messages, "small messages for the throughput runs")->check(CLI::Range(100, 100000000));
   app.add_option("--window", window, "asynchronous requests in flight")->check(CLI::Range(1, 100000));
@@ -171,6 +174,7 @@ int main(int argc, char** argv) {
     troupe::Runtime rt;
     td::ActorClusterOptions o;
     o.cluster_token = token;
+    o.data_connections = !control_plane;
     o.log = [](const std::string&) {};
     // The default heartbeats (6 x 500 ms): a flood of one-way sends waits on the actor's
     // acknowledgement window rather than queueing ahead of them.

@@ -236,6 +236,73 @@ TEST_CASE("an asynchronous request completes through receive() or then(), its ca
   CHECK(contains(message_of([] { ActorRequest().receive(); }), "an empty request"));
 }
 
+TEST_CASE("over the actor data connection: 1 MiB bit for bit, 2000 requests in flight, a stopping host fails them naming it") {
+  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
+  // The data connection (true) and the control plane alone (false) answer alike; only the first
+  // connects to the task's actor data port.
+  for (const bool data : {true, false}) {
+    CAPTURE(data);
+    ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}});
+    Runtime task_rt;
+    auto lines = std::make_shared<std::vector<std::string>>();
+    auto lines_mutex = std::make_shared<std::mutex>();
+    ServerOptions so;
+    so.log = [lines, lines_mutex](const std::string& line) {
+      std::lock_guard<std::mutex> lock(*lines_mutex);
+      lines->push_back(line);
+    };
+    auto server = std::make_unique<Server>(task_rt, spec, "worker", 0, doubler_registry(), so);
+    Runtime rt;
+    ActorClusterOptions o = quiet_options();
+    o.data_connections = data;
+    ActorCluster actors(rt, spec, "chief:0", doubler_registry(), o);
+    ActorHandle h = actors.spawn("doubler", "worker:0");
+    // 1 MiB of floats, doubled exactly: bit for bit.
+    std::vector<float> big(262144);
+    for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 9973) * 0.37f - 1000.0f;
+    const Tensor t = Tensor::from_vector<float>(big, {static_cast<std::int64_t>(big.size())});
+    for (int i = 0; i < 3; ++i) {
+      auto r = h.request("double", {t});
+      REQUIRE(r.size() == 1);
+      const auto got = r[0].to_vector<float>();
+      REQUIRE(got.size() == big.size());
+      bool equal = true;
+      for (std::size_t k = 0; k < big.size(); ++k) equal = equal && got[k] == big[k] * 2.0f;
+      CHECK(equal);
+    }
+    // Many in flight at once, with sends between them: each reply is its own, in order.
+    std::vector<ActorRequest> inflight;
+    for (int i = 0; i < 2000; ++i) {
+      inflight.push_back(h.request_async("double", {Tensor::scalar<float>(static_cast<float>(i))}));
+      if (i % 100 == 0) h.send("double", {Tensor::scalar<float>(1)});
+    }
+    bool each = true;
+    for (int i = 0; i < 2000; ++i) each = each && inflight[static_cast<std::size_t>(i)].receive()[0].item<float>() == 2.0f * i;
+    CHECK(each);
+    CHECK(h.request("count")[0].item<std::int64_t>() == 3 + 2000 + 20 + 1);
+    {
+      std::lock_guard<std::mutex> lock(*lines_mutex);
+      int connected = 0;
+      for (const auto& line : *lines) connected += contains(line, "an actor spawner connected to the actor data port");
+      CHECK(connected == (data ? 1 : 0));
+    }
+    if (!data) continue;  // over the control plane the actor's reply still goes out as it stops
+    // The task stops with a request in flight: its data connection closes first, and the request
+    // fails then (not at its timeout, nor with the actor's late reply), naming the task.
+    ActorRequest sleeping = h.request_async("sleep", {Tensor::scalar<std::int32_t>(1500)}, std::chrono::seconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread stopper([&] { server.reset(); });
+    const std::string why = message_of([&] { sleeping.receive(); });
+    const auto took = std::chrono::steady_clock::now() - t0;
+    stopper.join();
+    CHECK(contains(why, "is down"));
+    CHECK(contains(why, "/job:worker/replica:0/task:0"));
+    CHECK(took < std::chrono::seconds(15));
+    CHECK(contains(message_of([&] { h.request("count", {}, std::chrono::seconds(5)); }), "is down"));
+  }
+}
+
 TEST_CASE("a request in flight when its ActorCluster ends completes with an error") {
   const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
   ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}});
