@@ -273,16 +273,19 @@ struct conn_counts {
 
 }  // namespace data_wire
 
-// A message from the data port, in its actor's mailbox.
+// The messages of one frame from the data port to one actor, in its mailbox as one message.
 struct data_job {
+  struct item {
+    std::uint8_t kind = 0;
+    bool ack = false;
+    std::uint64_t number = 0;
+    std::string name;
+    std::string payload;
+  };
   std::shared_ptr<data_wire::host_conn> conn;
   std::shared_ptr<data_wire::conn_counts> counts;
-  std::uint8_t kind = 0;
-  bool ack = false;
-  std::uint64_t number = 0;
   std::uint64_t actor = 0;
-  std::string name;
-  std::string payload;
+  std::vector<item> items;
 };
 using data_job_ptr = std::shared_ptr<data_job>;
 
@@ -361,23 +364,27 @@ caf::behavior hosted_actor(caf::event_based_actor* self, std::string type, actor
       // this actor once none is left in the mailbox.
       [=](afast_atom, const data_job_ptr& job) {
         auto& j = *job;
-        if (j.kind == data_wire::send) {
-          try {
-            (void)receive(j.name, j.payload);
-          } catch (...) {
-            // A one-way message's error goes nowhere, as its reply.
+        for (auto& m : j.items) {
+          if (m.kind == data_wire::send) {
+            try {
+              (void)receive(m.name, m.payload);
+            } catch (...) {
+              // A one-way message's error goes nowhere, as its reply.
+            }
+            const std::uint64_t n = ++j.counts->received;
+            if (m.ack || n % send_window::ack_every == 0) {
+              j.conn->add(data_wire::make_record(data_wire::ack, data_wire::ok, n, j.actor, {}, {}));
+            }
+          } else {
+            call_reply r = answer(m.name, m.payload);
+            if (!r.ok && r.payload.size() > data_wire::max_error_bytes) r.payload.resize(data_wire::max_error_bytes);
+            j.conn->add(data_wire::make_record(data_wire::reply, r.ok ? data_wire::ok : data_wire::failed, m.number,
+                                               j.actor, {}, std::move(r.payload)));
           }
-          const std::uint64_t n = ++j.counts->received;
-          if (j.ack || n % send_window::ack_every == 0) {
-            j.conn->add(data_wire::make_record(data_wire::ack, data_wire::ok, n, j.actor, {}, {}));
-          }
-        } else {
-          call_reply r = answer(j.name, j.payload);
-          if (!r.ok && r.payload.size() > data_wire::max_error_bytes) r.payload.resize(data_wire::max_error_bytes);
-          j.conn->add(data_wire::make_record(data_wire::reply, r.ok ? data_wire::ok : data_wire::failed, j.number,
-                                             j.actor, {}, std::move(r.payload)));
+          std::string().swap(m.payload);  // its bytes go now, not with the batch
+          if (j.conn->waiting() >= data_wire::max_records) j.conn->flush();
         }
-        if (--j.counts->queued == 0 || j.conn->waiting() >= data_wire::max_records) j.conn->flush();
+        if ((j.counts->queued -= j.items.size()) == 0) j.conn->flush();
       },
   };
 }
@@ -433,6 +440,16 @@ struct app_data_host::impl {
       if (!stream.wait_message(-1)) continue;
       if (!data_wire::read_frame(stream, true, records, scratch)) return;
       bool refusals = false;
+      // One mailbox message per actor per frame, sent in the order of each actor's first
+      // message; a stop goes after what came before it.
+      std::vector<std::pair<caf::actor, data_job_ptr>> batches;
+      const auto send_batch = [&](std::size_t i) {
+        auto& [a, job] = batches[i];
+        if (!job || job->items.empty()) return;
+        job->counts->queued += job->items.size();
+        caf::anon_send(a, afast_atom::value, std::move(job));
+        job = nullptr;
+      };
       for (auto& r : records) {
         caf::actor a = find(r.actor);
         if (!a) {
@@ -444,24 +461,27 @@ struct app_data_host::impl {
           }
           continue;
         }
+        std::size_t i = 0;
+        while (i < batches.size() && batches[i].first != a) ++i;
+        if (i == batches.size()) batches.emplace_back(a, nullptr);
         if (r.kind == data_wire::stop) {
-          caf::anon_send_exit(a, caf::exit_reason::user_shutdown);  // after the messages before it
+          send_batch(i);
+          caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
           continue;
         }
-        auto& c = counts[r.actor];
-        if (!c) c = std::make_shared<data_wire::conn_counts>();
-        ++c->queued;
-        auto job = std::make_shared<data_job>();
-        job->conn = conn;
-        job->counts = c;
-        job->kind = r.kind;
-        job->ack = r.kind == data_wire::send && r.status == data_wire::ask_ack;
-        job->number = r.number;
-        job->actor = r.actor;
-        job->name = std::move(r.name);
-        job->payload = std::move(r.payload);
-        caf::anon_send(a, afast_atom::value, std::move(job));
+        auto& job = batches[i].second;
+        if (!job) {
+          auto& c = counts[r.actor];
+          if (!c) c = std::make_shared<data_wire::conn_counts>();
+          job = std::make_shared<data_job>();
+          job->conn = conn;
+          job->counts = c;
+          job->actor = r.actor;
+        }
+        job->items.push_back(data_job::item{r.kind, r.kind == data_wire::send && r.status == data_wire::ask_ack,
+                                            r.number, std::move(r.name), std::move(r.payload)});
       }
+      for (std::size_t i = 0; i < batches.size(); ++i) send_batch(i);
       if (refusals) conn->flush();
     }
   }
@@ -801,6 +821,8 @@ struct data_link {
         if (stopping) return;
         writing = true;
       }
+      // Woken by the first message of a burst: the ones right behind it join its frame.
+      std::this_thread::yield();
       {
         std::lock_guard<std::mutex> lock(write_mutex);
         std::vector<data_wire::out_record> batch;
