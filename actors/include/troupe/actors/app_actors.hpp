@@ -47,10 +47,10 @@
 //      stops queue for the connection's writer thread, which writes what gathered as frames. The
 //      spawner's reader thread completes each reply's request (a synchronous caller waits on its
 //      own state) and ends the asynchronous ones past their deadline. On the host, the
-//      connection's reader hands each record of a frame to its actor's mailbox (one message at a
-//      time with those of step 2, in order; a stop after the messages before it); the actor's
-//      thread writes its reply back, together with the other replies of that connection once it
-//      has no more of that connection's messages waiting (at most 256 to a frame).
+//      connection's reader hands a frame's records for each actor to its mailbox as one message
+//      (handled one at a time with those of step 2, in order; a stop after the messages before
+//      it); the actor's thread writes the replies back, together once no more of that
+//      connection's messages to it wait (at most 256 to a frame).
 //   8. A data connection that closes or fails ends its requests in flight at once as down, naming
 //      the task and the cause; its actors are reported down one heartbeat interval later unless
 //      the control connection said why first (a process that dies closes both), and stopped. The
