@@ -810,7 +810,7 @@ struct data_link {
     try {
       data_wire::write_records(*stream, batch);
     } catch (const std::exception& e) {
-      fail("sending to the actor data port of " + task + " failed: " + e.what());
+      if (!stopping) fail(e.what());  // "sending to the actor data port of TASK failed: ..."
     }
   }
   void write_loop() {

@@ -321,7 +321,9 @@ TEST_CASE("a request in flight when its ActorCluster ends completes with an erro
   }  // the callback ran before the destructor returned
   auto f = failed.get_future();
   REQUIRE(f.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
-  CHECK(contains(f.get(), "its actor client is gone"));
+  const std::string got = f.get();
+  CAPTURE(got);
+  CHECK(contains(got, "its actor client is gone"));
   CHECK(contains(message_of([&] { pending.receive(); }), "its actor client is gone"));
   // The task's actor finishes its sleep (its reply goes nowhere) before the runtimes end.
   std::this_thread::sleep_for(std::chrono::milliseconds(600));
