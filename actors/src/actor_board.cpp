@@ -5,7 +5,7 @@
 namespace troupe::actors {
 namespace {
 
-double ms_between(actor_board::clock::time_point from, actor_board::clock::time_point to) {
+double ms_from_to(actor_board::clock::time_point from, actor_board::clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
@@ -145,8 +145,8 @@ actor_board_view actor_board::snapshot(clock::time_point now) const {
   std::sort(ordered.begin(), ordered.end(), [](const entry* a, const entry* b) { return a->order < b->order; });
   for (const entry* e : ordered) {
     actor_row row = e->row;
-    row.age_ms = ms_between(e->since, now);
-    row.last_reply_age_ms = e->replied ? ms_between(e->last_reply, now) : -1;
+    row.age_ms = ms_from_to(e->since, now);
+    row.last_reply_age_ms = e->replied ? ms_from_to(e->last_reply, now) : -1;
     if (!row.label.empty()) {
       auto h = history_.find(row.label);
       if (h != history_.end()) v.history.emplace_back(row.label, std::vector<actor_values_point>(h->second.begin(), h->second.end()));

@@ -1,5 +1,7 @@
 #include "troupe/actors/closure_watch.hpp"
 
+#include "troupe/actors/stall_inspector.hpp"
+
 #include <algorithm>
 #include <stdexcept>
 #include <utility>
@@ -7,10 +9,6 @@
 namespace troupe::actors {
 
 namespace {
-
-constexpr std::chrono::milliseconds max_backoff{600000};
-
-std::string whole_seconds(std::chrono::milliseconds d) { return std::to_string(d.count() / 1000) + " s"; }
 
 void check_options(const closure_watch_options& o) {
   if (o.warning < std::chrono::milliseconds(1) || o.shutdown.count() < 0) {
@@ -106,7 +104,7 @@ closure_watch_verdict closure_watch::check(clock::time_point now) {
     if (running <= options_.warning) continue;
     k.line = "stall: " + describe(h, names_[w], running);
     if (!k.printed || now >= k.next_print) {
-      k.backoff = k.printed ? std::min(k.backoff * 2, max_backoff) : options_.warning;
+      k.backoff = k.printed ? std::min(k.backoff * 2, stall_max_backoff) : options_.warning;
       k.next_print = now + k.backoff;
       k.printed = true;
       v.lines.push_back(k.line);

@@ -19,6 +19,11 @@ namespace {
 using want_atom = caf::atom_constant<caf::atom("want")>;    // depth 0: produce one item
 using space_atom = caf::atom_constant<caf::atom("space")>;  // the full buffer has room again
 
+}  // namespace
+
+// (A named namespace, not the anonymous one: input_pipeline::impl holds one.)
+namespace input_detail {
+
 // The items ready for the consumer. The actor fills it, the consumer takes from it directly:
 // a batch never waits in a mailbox, and taking one that is ready costs no message at all.
 // Messages only wake the actor when the consumer made room or wants an item produced.
@@ -31,6 +36,12 @@ struct ready_buffer {
   std::exception_ptr error;
   std::atomic<bool> done{false};  // ended or error, readable without the lock
 };
+
+}  // namespace input_detail
+
+namespace {
+
+using input_detail::ready_buffer;
 
 void pipeline_actor(caf::blocking_actor* self, std::function<input_pipeline::item()> produce, std::size_t depth,
                     std::shared_ptr<ready_buffer> buf, std::chrono::microseconds spin) {
@@ -83,7 +94,7 @@ void pipeline_actor(caf::blocking_actor* self, std::function<input_pipeline::ite
 
 struct input_pipeline::impl {
   impl(caf::actor_system& sys, std::function<item()> produce, std::size_t depth_, std::chrono::microseconds spin_budget)
-      : self(sys), spin(spin_budget), depth(depth_), buf(std::make_shared<ready_buffer>()) {
+      : self(sys), spin(spin_budget), depth(depth_), buf(std::make_shared<input_detail::ready_buffer>()) {
     actor = sys.spawn<caf::detached>(pipeline_actor, std::move(produce), depth, buf, spin);
     self->monitor(actor);
   }

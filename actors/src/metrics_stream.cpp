@@ -22,7 +22,7 @@ namespace {
 
 using publish_atom = caf::atom_constant<caf::atom("mpublish")>;
 using flush_atom = caf::atom_constant<caf::atom("mflush")>;
-using tick_atom = caf::atom_constant<caf::atom("mtick")>;
+using mtick_atom = caf::atom_constant<caf::atom("mtick")>;
 using subscribe_atom = caf::atom_constant<caf::atom("msub")>;
 using unsubscribe_atom = caf::atom_constant<caf::atom("munsub")>;
 using history_atom = caf::atom_constant<caf::atom("mhistory")>;
@@ -165,12 +165,12 @@ caf::behavior stream_actor(caf::stateful_actor<stream_state>* self, std::size_t 
   // The stream's own clock: every interval it drains the ring and pushes what is new. The
   // training thread never sends it anything per step. The first tick is one interval away, like
   // every other (the ring is empty at the start).
-  self->delayed_send(self, interval, tick_atom::value);
+  self->delayed_send(self, interval, mtick_atom::value);
   return {
-      [=](tick_atom) {
+      [=](mtick_atom) {
         self->state.drain();
         self->state.push();
-        self->delayed_send(self, interval, tick_atom::value);
+        self->delayed_send(self, interval, mtick_atom::value);
       },
       [=](publish_atom, const batch_ptr& batch) { self->state.take(batch); },
       [=](flush_atom) {

@@ -13,8 +13,6 @@ const char* dtype_name(std::int32_t code) {
   return names[code];
 }
 
-std::string whole_seconds(std::chrono::milliseconds d) { return std::to_string(d.count() / 1000) + " s"; }
-
 std::string tenths(std::chrono::milliseconds d) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(d.count()) / 1000.0);
@@ -22,8 +20,6 @@ std::string tenths(std::chrono::milliseconds d) {
 }
 
 std::chrono::milliseconds ms(std::int64_t v) { return std::chrono::milliseconds(v); }
-
-constexpr std::chrono::milliseconds max_backoff{600000};
 
 }  // namespace
 
@@ -318,7 +314,7 @@ stall_verdict stall_inspector::check(clock::time_point now) {
   last_key_ = line.substr(7, line.find(" (") - 7);
   if (!printed_ || now >= next_print_) {
     v.print = true;
-    backoff_ = printed_ ? std::min(backoff_ * 2, max_backoff) : std::max(options_.warning, std::chrono::milliseconds(1000));
+    backoff_ = printed_ ? std::min(backoff_ * 2, stall_max_backoff) : std::max(options_.warning, std::chrono::milliseconds(1000));
     next_print_ = now + backoff_;
     printed_ = true;
   }

@@ -16,8 +16,6 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
-
 bool is_value_name(const std::string& s) {
   if (s.empty() || s.size() > 32) return false;
   return std::all_of(s.begin(), s.end(), [](char c) {
@@ -27,7 +25,7 @@ bool is_value_name(const std::string& s) {
 
 json values_json(const std::vector<std::pair<std::string, double>>& values) {
   json out = json::object();
-  for (const auto& [name, value] : values) out[name] = number(value);
+  for (const auto& [name, value] : values) out[name] = json_number(value);
   return out;
 }
 
@@ -141,8 +139,8 @@ nlohmann::ordered_json Monitor::Impl::actors_json() const {
                     {"state", r.stopped ? "stopped" : r.down ? "down" : "running"},
                     {"cause", r.down ? json(r.cause) : json(nullptr)},
                     {"restarts", r.restarts},
-                    {"last_reply_age_ms", r.last_reply_age_ms >= 0 ? number(r.last_reply_age_ms) : json(nullptr)},
-                    {"age_ms", number(r.age_ms)},
+                    {"last_reply_age_ms", r.last_reply_age_ms >= 0 ? json_number(r.last_reply_age_ms) : json(nullptr)},
+                    {"age_ms", json_number(r.age_ms)},
                     {"step", r.step >= 0 ? json(r.step) : json(nullptr)},
                     {"values", values_json(r.values)}});
   }

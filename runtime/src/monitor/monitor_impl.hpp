@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -37,6 +38,11 @@
 #include "troupe/monitor.hpp"
 
 namespace troupe {
+
+/// A number for the dashboard's JSON: null when it is not finite (JSON has no NaN or infinity).
+inline nlohmann::ordered_json json_number(double v) {
+  return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
+}
 
 namespace distribute::detail {
 class StrategyBackend;

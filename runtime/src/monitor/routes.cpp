@@ -25,8 +25,6 @@ using distribute::detail::profile_now_ns;
 using detail::HttpResponse;
 
 // A number, or null when not finite (a diverging loss): JSON has no NaN.
-json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
-
 std::int64_t unix_ms(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
 }
@@ -74,10 +72,10 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
   json out = {{"step", last.step},
               {"paused", paused.load()},
               {"stopped", stopped.load()},
-              {"learning_rate", number(last.learning_rate)},
-              {"loss", number(last.loss)},
-              {"samples_per_s", number(last.samples_per_s)},
-              {"time_s", number(last.time_s)},
+              {"learning_rate", json_number(last.learning_rate)},
+              {"loss", json_number(last.loss)},
+              {"samples_per_s", json_number(last.samples_per_s)},
+              {"time_s", json_number(last.time_s)},
               {"pending_commands", commands.size()},
               {"replicas_in_sync", replicas_in_sync},
               {"status", !end_status.empty() ? end_status : stopped ? "stopped" : paused ? "paused" : "running"},
@@ -101,7 +99,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
       row["step"] = last.workers[static_cast<std::size_t>(w)].step;
       row["paused"] = last.workers[static_cast<std::size_t>(w)].paused;
     }
-    row["report_age_ms"] = number(static_cast<double>(now - heard_ns[static_cast<std::size_t>(w)]) / 1e6);
+    row["report_age_ms"] = json_number(static_cast<double>(now - heard_ns[static_cast<std::size_t>(w)]) / 1e6);
     // CPU and memory: the serving process measures itself; every other worker's come with its
     // heartbeat (null until its first report).
     const bool from_cluster = cluster.watching && static_cast<std::size_t>(id) < cluster.workers.size();
@@ -123,7 +121,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
       const auto& h = cluster.workers[static_cast<std::size_t>(id)];
       row["task"] = h.task;
       row["state"] = actors::to_string(h.state);
-      row["heartbeat_age_ms"] = number(ms_between(h.last_beat, steady_now));
+      row["heartbeat_age_ms"] = json_number(ms_between(h.last_beat, steady_now));
       row["heard"] = h.heard;
     } else if (health) {
       row["state"] = "starting";
@@ -140,7 +138,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
   }
   out["workers"] = std::move(rows);
   json losses = json::array();
-  for (double l : last.replica_loss) losses.push_back(number(l));
+  for (double l : last.replica_loss) losses.push_back(json_number(l));
   out["replica_loss"] = std::move(losses);
   out["cluster"] = {{"watching", cluster.watching},
                     {"heartbeat_interval_ms", cluster.interval.count()},
@@ -164,7 +162,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
                        {"task", h.task},
                        {"state", actors::to_string(h.state)},
                        {"heard", h.heard},
-                       {"heartbeat_age_ms", number(ms_between(h.last_beat, steady_now))},
+                       {"heartbeat_age_ms", json_number(ms_between(h.last_beat, steady_now))},
                        {"ring_rank", ring_rank}});
   }
   out["cluster"]["members"] = std::move(members);
@@ -193,7 +191,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
       merged.push_back({{"sequence", e.sequence},
                         {"kind", actors::to_string(e.kind)},
                         {"time_unix_ms", unix_ms(e.wall)},
-                        {"age_ms", number(ms_between(e.at, steady_now))},
+                        {"age_ms", json_number(ms_between(e.at, steady_now))},
                         {"worker", e.rank >= 0 ? json(e.rank) : json(nullptr)},
                         {"step", e.step >= 0 ? json(e.step) : json(nullptr)},
                         {"address", e.address.empty() ? json(nullptr) : json(e.address)},
@@ -201,7 +199,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
     } else {
       merged.push_back({{"kind", "monitor"},
                         {"time_unix_ms", unix_ms(b->wall)},
-                        {"age_ms", number(static_cast<double>(now - b->at_ns) / 1e6)},
+                        {"age_ms", json_number(static_cast<double>(now - b->at_ns) / 1e6)},
                         {"worker", worker},
                         {"step", nullptr},
                         {"address", nullptr},
@@ -222,7 +220,7 @@ std::string Monitor::Impl::state_json(const detail::HttpRequest& r) {
   for (const EpochRecord& e : epoch_records) {
     if (e.epoch <= epochs_after) continue;
     json logs = json::object();
-    for (const auto& [name, value] : e.logs) logs[name] = number(value);
+    for (const auto& [name, value] : e.logs) logs[name] = json_number(value);
     epochs_out.push_back({{"epoch", e.epoch}, {"step", e.step}, {"time_s", e.time_s}, {"logs", std::move(logs)}});
   }
   out["epochs"] = std::move(epochs_out);
@@ -259,9 +257,9 @@ nlohmann::ordered_json Monitor::Impl::ps_cluster_json() const {
                            {"closures_done", w.done},
                            {"closures_failed", w.failed},
                            {"in_flight", w.in_flight},
-                           {"closures_per_s", number(w.closures_per_s)},
+                           {"closures_per_s", json_number(w.closures_per_s)},
                            {"samples", w.samples},
-                           {"samples_per_s", number(w.samples_per_s)},
+                           {"samples_per_s", json_number(w.samples_per_s)},
                            {"last_result_age_ms", known(w.last_result_age_ms)},
                            {"times_lost", w.times_lost}});
   }
@@ -274,9 +272,9 @@ nlohmann::ordered_json Monitor::Impl::ps_cluster_json() const {
       row["updates"] = p.counters.updates;
       row["bytes_in"] = p.counters.bytes_in;
       row["bytes_out"] = p.counters.bytes_out;
-      row["updates_per_s"] = number(p.updates_per_s);
-      row["bytes_in_per_s"] = number(p.bytes_in_per_s);
-      row["bytes_out_per_s"] = number(p.bytes_out_per_s);
+      row["updates_per_s"] = json_number(p.updates_per_s);
+      row["bytes_in_per_s"] = json_number(p.bytes_in_per_s);
+      row["bytes_out_per_s"] = json_number(p.bytes_out_per_s);
       row["report_age_ms"] = known(p.report_age_ms);
     } else {
       for (const char* k : {"shards", "bytes_held", "updates", "bytes_in", "bytes_out", "updates_per_s", "bytes_in_per_s",
@@ -291,14 +289,14 @@ nlohmann::ordered_json Monitor::Impl::ps_cluster_json() const {
     events_out.push_back({{"sequence", e.sequence},
                           {"kind", actors::to_string(e.kind)},
                           {"time_unix_ms", unix_ms(e.wall)},
-                          {"age_ms", number(std::chrono::duration<double, std::milli>(now - e.at).count())},
+                          {"age_ms", json_number(std::chrono::duration<double, std::milli>(now - e.at).count())},
                           {"worker", e.worker >= 0 ? json(e.worker) : json(nullptr)},
                           {"ps", e.ps >= 0 ? json(e.ps) : json(nullptr)},
                           {"count", e.count},
                           {"step", e.step >= 0 ? json(e.step) : json(nullptr)},
                           {"text", e.text}});
   }
-  return json{{"closures_per_s", number(v.closures_per_s)},
+  return json{{"closures_per_s", json_number(v.closures_per_s)},
               {"queued", v.queued},
               {"in_flight", v.in_flight},
               {"scheduled", v.scheduled},

@@ -19,26 +19,6 @@ namespace troupe::nn {
 
 namespace {
 
-int positive(int value, const char* what) {
-  if (value <= 0) {
-    throw std::invalid_argument(std::string("MultiHeadAttention: ") + what + " is " + std::to_string(value) +
-                                " (expected a positive number)");
-  }
-  return value;
-}
-
-DType float_dtype(DType dtype) {
-  if (dtype != DType::f32 && dtype != DType::f64) {
-    throw std::invalid_argument("MultiHeadAttention: dtype " + std::string(dtype_name(dtype)) +
-                                " (expected float32 or float64)");
-  }
-  return dtype;
-}
-
-std::string variable_name(const std::string& layer, const char* what) {
-  return layer.empty() ? std::string(what) : layer + "/" + what;
-}
-
 constexpr const char* names[8] = {"query/kernel", "query/bias", "key/kernel", "key/bias",
                                   "value/kernel", "value/bias", "attention_output/kernel", "attention_output/bias"};
 
@@ -131,13 +111,13 @@ struct MultiHeadAttention::State {
 MultiHeadAttention::MultiHeadAttention(int num_heads, int key_dim, bool use_causal_mask, std::uint64_t seed,
                                        std::string name, int value_dim, DType dtype, double dropout)
     : Layer(std::move(name)),
-      num_heads_(positive(num_heads, "num_heads")),
-      key_dim_(positive(key_dim, "key_dim")),
-      value_dim_(value_dim == -1 ? key_dim : positive(value_dim, "value_dim")),
+      num_heads_(detail::positive("MultiHeadAttention", num_heads, "num_heads")),
+      key_dim_(detail::positive("MultiHeadAttention", key_dim, "key_dim")),
+      value_dim_(value_dim == -1 ? key_dim : detail::positive("MultiHeadAttention", value_dim, "value_dim")),
       causal_(use_causal_mask),
       dropout_(dropout),
       seed_(seed),
-      dtype_(float_dtype(dtype)),
+      dtype_(detail::float_dtype("MultiHeadAttention", dtype)),
       state_(std::make_shared<State>()) {
   if (!(dropout >= 0.0 && dropout < 1.0)) {
     throw std::invalid_argument("MultiHeadAttention: dropout is " + std::to_string(dropout) +
@@ -165,7 +145,7 @@ void MultiHeadAttention::build(const Shape& input_shape) const {
                             kernel(d, h * k, seed_ + 1, {d, h, k}),     Tensor::zeros({h, k}, dtype_),
                             kernel(d, h * v, seed_ + 2, {d, h, v}),     Tensor::zeros({h, v}, dtype_),
                             kernel(h * v, d, seed_ + 3, {h, v, d}),     Tensor::zeros({d}, dtype_)};
-  for (int i = 0; i < 8; ++i) state_->variables.emplace_back(values[i], variable_name(name(), names[i]));
+  for (int i = 0; i < 8; ++i) state_->variables.emplace_back(values[i], detail::variable_name(name(), names[i]));
   state_->dim = static_cast<int>(d);
 }
 

@@ -35,10 +35,6 @@ DType checked_dtype(DType dtype, double momentum, double epsilon, bool synchroni
   return dtype;
 }
 
-std::string variable_name(const std::string& layer, const char* what) {
-  return layer.empty() ? std::string(what) : layer + "/" + what;
-}
-
 // The replica context when the statistics must span the replicas: inside a replica function of
 // a strategy with more than one replica in sync; nullptr elsewhere.
 distribute::ReplicaContext* spanning_context() {
@@ -157,12 +153,12 @@ void BatchNormalization::build(const Shape& input_shape) const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   if (state_->moving_mean) return;
   const int units = static_cast<int>(input_shape.back());
-  if (scale_) state_->gamma.emplace(Tensor::full({units}, 1.0, dtype_), variable_name(name(), "gamma"));
-  if (center_) state_->beta.emplace(Tensor::zeros({units}, dtype_), variable_name(name(), "beta"));
+  if (scale_) state_->gamma.emplace(Tensor::full({units}, 1.0, dtype_), detail::variable_name(name(), "gamma"));
+  if (center_) state_->beta.emplace(Tensor::zeros({units}, dtype_), detail::variable_name(name(), "beta"));
   // Mirrored, aggregated by MEAN: a write in replica context averages the replicas' values.
-  state_->moving_mean.emplace(Tensor::zeros({units}, dtype_), variable_name(name(), "moving_mean"),
+  state_->moving_mean.emplace(Tensor::zeros({units}, dtype_), detail::variable_name(name(), "moving_mean"),
                               VariableSynchronization::on_write, VariableAggregation::mean);
-  state_->moving_variance.emplace(Tensor::full({units}, 1.0, dtype_), variable_name(name(), "moving_variance"),
+  state_->moving_variance.emplace(Tensor::full({units}, 1.0, dtype_), detail::variable_name(name(), "moving_variance"),
                                   VariableSynchronization::on_write, VariableAggregation::mean);
   state_->units = units;
 }

@@ -18,33 +18,6 @@ namespace troupe::nn {
 
 namespace {
 
-[[maybe_unused]] int positive(int value, const char* what) {
-  if (value <= 0) {
-    throw std::invalid_argument(std::string("Conv2D: ") + what + " is " + std::to_string(value) +
-                                " (expected a positive number)");
-  }
-  return value;
-}
-
-Size2 positive(Size2 value, const char* what) {
-  if (value.height <= 0 || value.width <= 0) {
-    throw std::invalid_argument(std::string("Conv2D: ") + what + " is " + std::to_string(value.height) + "x" +
-                                std::to_string(value.width) + " (expected positive sizes)");
-  }
-  return value;
-}
-
-std::string variable_name(const std::string& layer, const char* what) {
-  return layer.empty() ? std::string(what) : layer + "/" + what;
-}
-
-DType float_dtype(DType dtype) {
-  if (dtype != DType::f32 && dtype != DType::f64) {
-    throw std::invalid_argument("Conv2D: dtype " + std::string(dtype_name(dtype)) + " (expected float32 or float64)");
-  }
-  return dtype;
-}
-
 // Glorot-uniform as Keras draws a convolution's kernel: uniform in ±sqrt(6 / (fan_in + fan_out))
 // with fan_in = kh·kw·in and fan_out = kh·kw·filters, from mt19937_64 (its sequence is fixed by the
 // standard, so the bits are the same everywhere).
@@ -147,13 +120,13 @@ struct Conv2D::State {
 Conv2D::Conv2D(int filters, Size2 kernel_size, Size2 strides, Padding padding, Activation activation,
                std::uint64_t seed, std::string name, DType dtype)
     : Layer(std::move(name)),
-      filters_(positive(filters, "filters")),
-      kernel_size_(positive(kernel_size, "kernel_size")),
-      strides_(positive(strides, "strides")),
+      filters_(detail::positive("Conv2D", filters, "filters")),
+      kernel_size_(detail::positive("Conv2D", kernel_size, "kernel_size")),
+      strides_(detail::positive("Conv2D", strides, "strides")),
       padding_(padding),
       activation_(activation),
       seed_(seed),
-      dtype_(float_dtype(dtype)),
+      dtype_(detail::float_dtype("Conv2D", dtype)),
       state_(std::make_shared<State>()) {}
 
 Conv2D::Conv2D(int filters, Size2 kernel_size, Size2 strides, const std::string& padding, Activation activation,
@@ -169,8 +142,9 @@ void Conv2D::build(const Shape& input_shape) const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   if (state_->kernel) return;
   const int channels = static_cast<int>(input_shape[3]);
-  state_->kernel.emplace(glorot_kernel(kernel_size_, channels, filters_, seed_, dtype_), variable_name(name(), "kernel"));
-  state_->bias.emplace(Tensor::zeros({filters_}, dtype_), variable_name(name(), "bias"));
+  state_->kernel.emplace(glorot_kernel(kernel_size_, channels, filters_, seed_, dtype_),
+                         detail::variable_name(name(), "kernel"));
+  state_->bias.emplace(Tensor::zeros({filters_}, dtype_), detail::variable_name(name(), "bias"));
   state_->channels = channels;
 }
 

@@ -11,18 +11,6 @@ namespace troupe::nn {
 
 namespace {
 
-int checked_dim(int value, const char* what) {
-  if (value <= 0) {
-    throw std::invalid_argument(std::string("Dense: ") + what + " is " + std::to_string(value) +
-                                " (expected a positive number)");
-  }
-  return value;
-}
-
-std::string variable_name(const std::string& layer, const char* what) {
-  return layer.empty() ? std::string(what) : layer + "/" + what;
-}
-
 bool is_16bit(DType d) { return d == DType::f16 || d == DType::bf16; }
 
 Tensor as(const Tensor& t, DType d) { return t.dtype() == d ? t : t.cast(d); }
@@ -38,13 +26,13 @@ Tensor computed(const Tensor& t, DType compute) {
 
 Dense::Dense(int input_dim, int units, Activation activation, std::uint64_t seed, std::string name)
     : Layer(std::move(name)),
-      input_dim_(checked_dim(input_dim, "input_dim")),
-      units_(checked_dim(units, "units")),
+      input_dim_(detail::positive("Dense", input_dim, "input_dim")),
+      units_(detail::positive("Dense", units, "units")),
       activation_(activation),
       seed_(seed),
       policy_(mixed_precision::global_policy()),
-      kernel_(glorot_uniform(input_dim, units, seed), variable_name(this->name(), "kernel")),
-      bias_(Tensor::zeros({units}), variable_name(this->name(), "bias")) {}
+      kernel_(glorot_uniform(input_dim, units, seed), detail::variable_name(this->name(), "kernel")),
+      bias_(Tensor::zeros({units}), detail::variable_name(this->name(), "bias")) {}
 
 Tensor Dense::call(const Tensor& x, const CallContext& ctx) const {
   if (x.rank() > 2) {

@@ -14,14 +14,6 @@ namespace troupe::nn {
 
 namespace {
 
-int positive(int value, const char* what) {
-  if (value <= 0) {
-    throw std::invalid_argument(std::string("Embedding: ") + what + " is " + std::to_string(value) +
-                                " (expected a positive number)");
-  }
-  return value;
-}
-
 // Uniform in [-0.05, 0.05) from mt19937_64 (its sequence is fixed by the standard, so the bits are
 // the same everywhere).
 Tensor uniform_table(int rows, int cols, std::uint64_t seed, DType dtype) {
@@ -41,17 +33,16 @@ Tensor uniform_table(int rows, int cols, std::uint64_t seed, DType dtype) {
   return out;
 }
 
-std::string variable_name(const std::string& layer) { return layer.empty() ? "embeddings" : layer + "/embeddings"; }
-
 }  // namespace
 
 Embedding::Embedding(int input_dim, int output_dim, std::uint64_t seed, std::string name, DType dtype)
     : Layer(std::move(name)),
-      input_dim_(positive(input_dim, "input_dim")),
-      output_dim_(positive(output_dim, "output_dim")),
+      input_dim_(detail::positive("Embedding", input_dim, "input_dim")),
+      output_dim_(detail::positive("Embedding", output_dim, "output_dim")),
       seed_(seed),
       dtype_(dtype),
-      embeddings_(uniform_table(input_dim, output_dim, seed, dtype), variable_name(this->name())) {}
+      embeddings_(uniform_table(input_dim, output_dim, seed, dtype),
+                  detail::variable_name(this->name(), "embeddings")) {}
 
 Shape Embedding::output_shape(const Shape& input_shape) const {
   if (input_shape.empty()) {

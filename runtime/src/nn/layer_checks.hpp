@@ -14,6 +14,39 @@
 
 namespace troupe::nn::detail {
 
+/// A layer's variable: "<layer>/<what>", or `what` for a layer without a name.
+inline std::string variable_name(const std::string& layer, const char* what) {
+  return layer.empty() ? std::string(what) : layer + "/" + what;
+}
+
+/// `value`, when it is positive; otherwise std::invalid_argument, "<who>: <what> is <value>
+/// (expected a positive number)".
+inline int positive(const char* who, int value, const char* what) {
+  if (value <= 0) {
+    throw std::invalid_argument(std::string(who) + ": " + what + " is " + std::to_string(value) +
+                                " (expected a positive number)");
+  }
+  return value;
+}
+
+/// `value`, when both its sizes are positive; otherwise std::invalid_argument naming `who` and `what`.
+inline Size2 positive(const char* who, Size2 value, const char* what) {
+  if (value.height <= 0 || value.width <= 0) {
+    throw std::invalid_argument(std::string(who) + ": " + what + " is " + std::to_string(value.height) + "x" +
+                                std::to_string(value.width) + " (expected positive sizes)");
+  }
+  return value;
+}
+
+/// `dtype`, when it is float32 or float64; otherwise std::invalid_argument naming `who`.
+inline DType float_dtype(const char* who, DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::f64) {
+    throw std::invalid_argument(std::string(who) + ": dtype " + std::string(dtype_name(dtype)) +
+                                " (expected float32 or float64)");
+  }
+  return dtype;
+}
+
 /// Throws std::invalid_argument, "<who>: input of shape [..] (expected <expected_text>)", unless
 /// `shape` has the rank of `expected` and its sizes where `expected` gives one (-1 in `shape`,
 /// unknown, matches anything).

@@ -16,20 +16,13 @@ namespace troupe::nn {
 
 namespace {
 
-DType float_dtype(DType dtype, double epsilon) {
-  if (dtype != DType::f32 && dtype != DType::f64) {
-    throw std::invalid_argument("LayerNormalization: dtype " + std::string(dtype_name(dtype)) +
-                                " (expected float32 or float64)");
-  }
+DType checked_dtype(DType dtype, double epsilon) {
+  detail::float_dtype("LayerNormalization", dtype);
   if (!(epsilon > 0.0) || !std::isfinite(epsilon)) {
     throw std::invalid_argument("LayerNormalization: epsilon is " + std::to_string(epsilon) +
                                 " (expected a positive number)");
   }
   return dtype;
-}
-
-std::string variable_name(const std::string& layer, const char* what) {
-  return layer.empty() ? std::string(what) : layer + "/" + what;
 }
 
 // Each row's mean and 1 / sqrt(variance + epsilon), summed in double in the row's order.
@@ -60,7 +53,10 @@ struct LayerNormalization::State {
 };
 
 LayerNormalization::LayerNormalization(double epsilon, std::string name, DType dtype)
-    : Layer(std::move(name)), epsilon_(epsilon), dtype_(float_dtype(dtype, epsilon)), state_(std::make_shared<State>()) {}
+    : Layer(std::move(name)),
+      epsilon_(epsilon),
+      dtype_(checked_dtype(dtype, epsilon)),
+      state_(std::make_shared<State>()) {}
 
 void LayerNormalization::build(const Shape& input_shape) const {
   if (input_shape.size() < 2 || input_shape.back() <= 0 || input_shape.back() > std::numeric_limits<int>::max()) {
@@ -70,8 +66,8 @@ void LayerNormalization::build(const Shape& input_shape) const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   if (state_->gamma) return;
   const int units = static_cast<int>(input_shape.back());
-  state_->gamma.emplace(Tensor::full({units}, 1.0, dtype_), variable_name(name(), "gamma"));
-  state_->beta.emplace(Tensor::zeros({units}, dtype_), variable_name(name(), "beta"));
+  state_->gamma.emplace(Tensor::full({units}, 1.0, dtype_), detail::variable_name(name(), "gamma"));
+  state_->beta.emplace(Tensor::zeros({units}, dtype_), detail::variable_name(name(), "beta"));
   state_->units = units;
 }
 

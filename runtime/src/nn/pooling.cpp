@@ -13,15 +13,7 @@ namespace troupe::nn {
 
 namespace {
 
-Size2 positive(Size2 value, const char* kind, const char* what) {
-  if (value.height <= 0 || value.width <= 0) {
-    throw std::invalid_argument(std::string(kind) + ": " + what + " is " + std::to_string(value.height) + "x" +
-                                std::to_string(value.width) + " (expected positive sizes)");
-  }
-  return value;
-}
-
-struct Geometry {
+struct PoolGeometry {
   std::int64_t batch, height, width, channels;
   std::int64_t ph, pw, sh, sw;
   detail::Window rows, cols;
@@ -30,7 +22,7 @@ struct Geometry {
 // Visits every window: f(n, oy, ox, y0, y1, x0, x1) with the window's rows [y0, y1) and columns
 // [x0, x1) clipped to the image.
 template <class F>
-void each_window(const Geometry& g, F&& f) {
+void each_window(const PoolGeometry& g, F&& f) {
   for (std::int64_t n = 0; n < g.batch; ++n) {
     for (std::int64_t oy = 0; oy < g.rows.out; ++oy) {
       const std::int64_t top = oy * g.sh - g.rows.pad_before;
@@ -49,8 +41,8 @@ void each_window(const Geometry& g, F&& f) {
 Pooling2D::Pooling2D(const char* kind, Size2 pool_size, std::optional<Size2> strides, Padding padding,
                      std::string name)
     : Layer(std::move(name)),
-      pool_size_(positive(pool_size, kind, "pool_size")),
-      strides_(positive(strides.value_or(pool_size), kind, "strides")),
+      pool_size_(detail::positive(kind, pool_size, "pool_size")),
+      strides_(detail::positive(kind, strides.value_or(pool_size), "strides")),
       padding_(padding) {}
 
 Shape Pooling2D::output_shape(const Shape& input_shape) const {
@@ -73,7 +65,7 @@ void Pooling2D::check_input(const Tensor& x) const {
 Tensor Pooling2D::call(const Tensor& x_in, const CallContext&) const {
   check_input(x_in);
   const Tensor x = detail::on_host(x_in);
-  const Geometry g{x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3], pool_size_.height, pool_size_.width,
+  const PoolGeometry g{x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3], pool_size_.height, pool_size_.width,
                    strides_.height, strides_.width,
                    detail::window(x.shape()[1], pool_size_.height, strides_.height, padding_),
                    detail::window(x.shape()[2], pool_size_.width, strides_.width, padding_)};
@@ -118,7 +110,7 @@ LayerGradients Pooling2D::gradients(const Tensor& x_in, const Tensor& output, co
   const Tensor x = detail::on_host(x_in);
   const Tensor y = detail::on_host(output);
   const Tensor gy = detail::on_host(grad_output);
-  const Geometry g{x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3], pool_size_.height, pool_size_.width,
+  const PoolGeometry g{x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3], pool_size_.height, pool_size_.width,
                    strides_.height, strides_.width,
                    detail::window(x.shape()[1], pool_size_.height, strides_.height, padding_),
                    detail::window(x.shape()[2], pool_size_.width, strides_.width, padding_)};

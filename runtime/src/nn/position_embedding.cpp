@@ -10,24 +10,14 @@
 
 namespace troupe::nn {
 
-namespace {
-
-int positive(int value, const char* what) {
-  if (value <= 0) {
-    throw std::invalid_argument(std::string("TokenAndPositionEmbedding: ") + what + " is " + std::to_string(value) +
-                                " (expected a positive number)");
-  }
-  return value;
-}
-
-}  // namespace
-
 TokenAndPositionEmbedding::TokenAndPositionEmbedding(int vocabulary_size, int sequence_length, int embedding_dim,
                                                      std::uint64_t seed, std::string name, DType dtype)
     : Layer(std::move(name)),
-      token_(positive(vocabulary_size, "vocabulary_size"), positive(embedding_dim, "embedding_dim"), seed,
-             "token_embedding", dtype),
-      position_(positive(sequence_length, "sequence_length"), embedding_dim, seed + 1, "position_embedding", dtype),
+      token_(detail::positive("TokenAndPositionEmbedding", vocabulary_size, "vocabulary_size"),
+             detail::positive("TokenAndPositionEmbedding", embedding_dim, "embedding_dim"), seed, "token_embedding",
+             dtype),
+      position_(detail::positive("TokenAndPositionEmbedding", sequence_length, "sequence_length"), embedding_dim,
+                seed + 1, "position_embedding", dtype),
       seed_(seed) {}
 
 std::vector<std::pair<std::string, Variable>> TokenAndPositionEmbedding::weights() const {

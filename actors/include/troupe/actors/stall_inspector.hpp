@@ -117,6 +117,13 @@ class position_board {
   std::function<ring_progress()> probe_;
 };
 
+/// The longest wait between two repeats of a stall line (the back-off doubles up to it), in both
+/// halves of the inspector: this one and the parameter-server cluster's closure_watch.
+constexpr std::chrono::milliseconds stall_max_backoff{600000};
+
+/// A duration as the stall lines write it: "61 s".
+inline std::string whole_seconds(std::chrono::milliseconds d) { return std::to_string(d.count() / 1000) + " s"; }
+
 /// The inspector's settings.
 struct stall_options {
   /// A worker waiting in a collective longer than this is a stall (TROUPE_STALL_WARNING_S).

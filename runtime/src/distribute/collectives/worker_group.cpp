@@ -92,17 +92,17 @@ flight_collective ring_entry(const transport::tcp_ring& ring, flight_op op, std:
 }
 
 // The position a heartbeat carries: this worker waits in the collective `c` while it lives.
-class in_collective {
+class on_position_board {
  public:
-  in_collective(actors::position_board& board, const flight_collective& c) noexcept : board_(board) {
+  on_position_board(actors::position_board& board, const flight_collective& c) noexcept : board_(board) {
     const auto op = c.op == flight_op::broadcast    ? actors::position_op::broadcast
                     : c.op == flight_op::all_gather ? actors::position_op::all_gather
                                                     : actors::position_op::all_reduce;
     board_.begin_collective(c.step, c.collective, op, c.has_dtype ? static_cast<int>(c.dtype) : -1, c.bytes);
   }
-  ~in_collective() { board_.end_collective(); }
-  in_collective(const in_collective&) = delete;
-  in_collective& operator=(const in_collective&) = delete;
+  ~on_position_board() { board_.end_collective(); }
+  on_position_board(const on_position_board&) = delete;
+  on_position_board& operator=(const on_position_board&) = delete;
 
  private:
   actors::position_board& board_;
@@ -245,7 +245,7 @@ Tensor RingWorkerGroup::broadcast_from_chief(const Tensor& t) {
   what.has_dtype = true;
   what.dtype = troupe::detail::to_scalar_type(t.dtype());
   flight_scope recorded(FlightRecorder::process(), what);
-  const in_collective waiting(*position_, what);
+  const on_position_board waiting(*position_, what);
   try {
     ring().broadcast(out.raw_mutable_data(), out.nbytes(), 0);
   } catch (const transport::peer_error& e) {
@@ -264,7 +264,7 @@ void RingWorkerGroup::all_reduce_in_place(Tensor& t, Compression compression) {
   what.dtype = compressed ? wire : troupe::detail::to_scalar_type(t.dtype());
   what.bytes = static_cast<std::uint64_t>(t.num_elements()) * base::scalar_size(what.dtype);  // on the wire
   flight_scope recorded(FlightRecorder::process(), what);
-  const in_collective waiting(*position_, what);
+  const on_position_board waiting(*position_, what);
   try {
     if (compressed) {
       const std::int64_t n = t.num_elements();
@@ -296,7 +296,7 @@ void RingWorkerGroup::all_gather(const void* mine, std::size_t my_bytes, void* o
   for (std::size_t b : bytes) total += b;
   const flight_collective what = ring_entry(ring(), flight_op::all_gather, total, size());
   flight_scope recorded(FlightRecorder::process(), what);
-  const in_collective waiting(*position_, what);
+  const on_position_board waiting(*position_, what);
   try {
     ring().all_gather(mine, my_bytes, out, bytes);
   } catch (const transport::peer_error& e) {
