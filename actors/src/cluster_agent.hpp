@@ -56,7 +56,7 @@ struct chief_agent_state {
 
 struct cluster_watch::impl {
   caf::actor_system* system = nullptr;
-  std::unique_ptr<control_credentials> credentials;  // kept while the chief's agent listens
+  std::shared_ptr<control_credentials> credentials;  // kept while the chief's agent listens
   std::unique_ptr<control_gate> gate;                // the chief's listener goes through it
   caf::actor agent;      // the chief's agent (kept published on the chief)
   bool chief = false;

@@ -8,8 +8,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
 
@@ -67,7 +69,47 @@ int memory_file(const char* name, const std::function<int(BIO*)>& write) {
   return fd;
 }
 
+// The credentials installed in each actor system by control_credentials::shared, and who did.
+struct tls_installation {
+  const caf::actor_system* system = nullptr;
+  std::weak_ptr<control_credentials> credentials;
+  std::string use;
+};
+
+std::mutex tls_installations_mutex;
+std::vector<tls_installation> tls_installations;  // guarded by tls_installations_mutex
+
 }  // namespace
+
+std::shared_ptr<control_credentials> control_credentials::shared(caf::actor_system& system, const std::string& token,
+                                                                 const std::string& use) {
+  std::lock_guard<std::mutex> lock(tls_installations_mutex);
+  auto& all = tls_installations;
+  all.erase(std::remove_if(all.begin(), all.end(), [](const tls_installation& i) { return i.credentials.expired(); }),
+            all.end());
+  auto it = std::find_if(all.begin(), all.end(), [&](const tls_installation& i) { return i.system == &system; });
+  if (it != all.end()) {
+    auto existing = it->credentials.lock();
+    // Still the system's own set (not one of a system that ended, whose address this one reuses,
+    // nor replaced by a direct install()): share it, or refuse another token.
+    if (existing && system.config().openssl_key == existing->key()) {
+      if (existing->token() == token) {
+        if (it->use.find(use) == std::string::npos) it->use += " and " + use;
+        return existing;
+      }
+      throw std::invalid_argument(
+          use + ": this process's actor system already holds the control plane's TLS credentials of another "
+          "cluster token, installed for " + it->use + ". One actor system presents one certificate on every "
+          "connection, so the two would break each other's connections: give " + use + " the same cluster token as " +
+          it->use + " (one cluster), or construct it on a troupe::Runtime of its own (another actor system)");
+    }
+    all.erase(it);
+  }
+  auto made = std::make_shared<control_credentials>(token);
+  made->install(system);
+  all.push_back(tls_installation{&system, made, use});
+  return made;
+}
 
 control_credentials::control_credentials(const std::string& token) : token_(token) {
   if (token.empty()) throw std::invalid_argument("rendezvous: TLS credentials need a cluster token");

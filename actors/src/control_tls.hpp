@@ -6,6 +6,7 @@
 // CAF's OpenSSL sessions on every rendezvous and heartbeat connection: a peer without the token
 // fails the handshake before one byte of BASP is parsed. Internal to actors/.
 
+#include <memory>
 #include <string>
 
 #include "caf/fwd.hpp"
@@ -33,6 +34,18 @@ class control_credentials {
   /// presents this certificate and requires the peer's to be signed by it. Throws
   /// std::invalid_argument when the system was built without the module.
   void install(caf::actor_system& system) const;
+
+  /// The credentials of `token` installed in `system`, one set for every object of the process on
+  /// that system. CAF's OpenSSL module reads one certificate, key and authority per actor system,
+  /// at every session it opens: two sets in one system would make the last one installed win for
+  /// every connection (a different token's peers fail the handshake; a set that ends first leaves
+  /// the module reading closed descriptors). So the first call makes and installs the set, later
+  /// calls with the same token share it (it lives while one of them keeps it), and a call with
+  /// another token while it lives throws std::invalid_argument naming `use` and the use that
+  /// installed it, leaving the system's configuration as it was. `use` names the caller for that
+  /// error ("ActorCluster", "Server", ...). Throws as the constructor and install() do otherwise.
+  static std::shared_ptr<control_credentials> shared(caf::actor_system& system, const std::string& token,
+                                                     const std::string& use);
 
  private:
   int key_fd_ = -1;

@@ -196,8 +196,7 @@ join_answer join_cluster(caf::actor_system& system, const rendezvous_options& op
   auto w = std::make_unique<cluster_watch::impl>();
   const bool tls = !options.token.empty();
   if (tls) {
-    w->credentials = std::make_unique<control_credentials>(options.token);
-    w->credentials->install(system);
+    w->credentials = control_credentials::shared(system, options.token, "MultiWorkerMirroredStrategy (its elastic join)");
   }
   w->gate = std::make_unique<control_gate>(system, tls, gate_limits::for_cluster(static_cast<int>(options.tasks.size())),
                                            options.health);

@@ -581,7 +581,7 @@ namespace {
 // The rendezvous; with `keep` set, the chief's agent stays published (and the worker keeps its
 // handle) for a cluster_watch.
 std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_options& options, caf::actor* keep,
-                                    std::unique_ptr<control_credentials>& credentials,
+                                    std::shared_ptr<control_credentials>& credentials,
                                     std::unique_ptr<control_gate>& gate) {
   check_options(options);
   if (!knows_rendezvous_types(system)) {
@@ -594,8 +594,7 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
   // (control_tls.hpp) as well; without one, plain BASP, for clusters on loopback only.
   const bool tls = !options.token.empty();
   if (tls) {
-    credentials = std::make_unique<control_credentials>(options.token);
-    credentials->install(system);
+    credentials = control_credentials::shared(system, options.token, "MultiWorkerMirroredStrategy (its rendezvous)");
   }
   gate = std::make_unique<control_gate>(system, tls, gate_limits::for_cluster(static_cast<int>(options.tasks.size())),
                                         options.health);
@@ -642,7 +641,7 @@ std::vector<member> rendezvous_impl(caf::actor_system& system, const rendezvous_
 }  // namespace
 
 std::vector<member> rendezvous(caf::actor_system& system, const rendezvous_options& options) {
-  std::unique_ptr<control_credentials> credentials;
+  std::shared_ptr<control_credentials> credentials;
   std::unique_ptr<control_gate> gate;
   return rendezvous_impl(system, options, nullptr, credentials, gate);
 }

@@ -33,11 +33,10 @@ caf::expected<caf::actor> connect_to_task(caf::actor_system& system, const contr
   return connect_bounded(system, gate.actor(), host, port, wait);
 }
 
-std::shared_ptr<control_credentials> make_credentials(caf::actor_system& system, const std::string& token) {
+std::shared_ptr<control_credentials> make_credentials(caf::actor_system& system, const std::string& token,
+                                                      const std::string& use) {
   if (token.empty()) return nullptr;
-  auto c = std::make_shared<control_credentials>(token);
-  c->install(system);
-  return c;
+  return control_credentials::shared(system, token, use);
 }
 
 std::optional<update_op> update_op_of(std::uint8_t byte) noexcept {

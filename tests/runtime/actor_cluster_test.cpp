@@ -303,6 +303,57 @@ TEST_CASE("over the actor data connection: 1 MiB bit for bit, 2000 requests in f
   }
 }
 
+TEST_CASE("on one Runtime, cluster objects of one token share its TLS credentials, and another token is refused naming both") {
+  const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
+  ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port(), port()}}});
+  const std::string token = "one cluster's token";
+  ServerOptions so;
+  so.cluster_token = token;
+  so.log = [](const std::string&) {};
+  Runtime task0_rt, task1_rt;
+  Server worker0(task0_rt, spec, "worker", 0, doubler_registry(), so);
+  Server worker1(task1_rt, spec, "worker", 1, doubler_registry(), so);
+  Runtime rt;
+  ActorClusterOptions o = quiet_options();
+  o.cluster_token = token;
+  ActorCluster actors(rt, spec, "chief:0", doubler_registry(), o);
+  {
+    // Same token, same Runtime: one set of credentials, which outlives this object (it used to
+    // install its own and leave the Runtime reading its closed files when it ended).
+    ActorCluster second(rt, spec, "chief:0", doubler_registry(), o);
+    ActorHandle h = second.spawn("doubler", "worker:0");
+    CHECK(h.request("double", {Tensor::scalar<float>(3)})[0].item<float>() == 6.0f);
+  }
+  // Another token on the same Runtime: refused at construction, naming both uses and the remedy,
+  // and nothing of the Runtime's credentials changes.
+  ActorClusterOptions other = o;
+  other.cluster_token = "another cluster's token";
+  const std::string refused = message_of([&] { ActorCluster a(rt, spec, "chief:0", doubler_registry(), other); });
+  CHECK(contains(refused, "ActorCluster: this process's actor system already holds the control plane's TLS credentials "
+                          "of another cluster token, installed for ActorCluster"));
+  CHECK(contains(refused, "give ActorCluster the same cluster token"));
+  CHECK(contains(refused, "a troupe::Runtime of its own"));
+  ClusterSpec ps_spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}, {"ps", {port()}}});
+  ServerOptions other_so = so;
+  other_so.cluster_token = other.cluster_token;
+  CHECK(contains(message_of([&] {
+                   ParameterServerStrategy s(rt, std::make_shared<SimpleClusterResolver>(ps_spec, "chief", 0), nullptr,
+                                             other_so);
+                 }),
+                 "ParameterServerStrategy: this process's actor system already holds the control plane's TLS "
+                 "credentials of another cluster token, installed for ActorCluster"));
+  // A first connection to worker:1 after all that: made with the token's credentials.
+  ActorHandle h1 = actors.spawn("doubler", "worker:1");
+  CHECK(h1.request("double", {Tensor::scalar<float>(5)})[0].item<float>() == 10.0f);
+  // A task's Server and an ActorCluster on its Runtime: the same token shares, another is refused.
+  CHECK(contains(message_of([&] { ActorCluster a(task0_rt, spec, "worker:0", doubler_registry(), other); }),
+                 "installed for Server"));
+  ActorCluster on_task(task0_rt, spec, "worker:0", doubler_registry(), o);
+  ActorHandle h2 = on_task.spawn("doubler", "worker:1");
+  CHECK(h2.request("double", {Tensor::scalar<float>(-1)})[0].item<float>() == -2.0f);
+  CHECK(h1.request("count")[0].item<std::int64_t>() == 2);  // its double and this count
+}
+
 TEST_CASE("a request in flight when its ActorCluster ends completes with an error") {
   const auto port = [] { return "127.0.0.1:" + std::to_string(troupe::testing::free_port()); };
   ClusterSpec spec(ClusterSpec::JobMap{{"chief", {port()}}, {"worker", {port()}}});

@@ -21,9 +21,13 @@ class control_credentials;
 
 /// The control plane's TLS credentials from the cluster token, installed in `system` (nullptr for
 /// an empty token: plain BASP). Every object below that talks to peers keeps the pointer, so the
-/// files stay as long as one of them may open a session. Throws std::runtime_error when OpenSSL
-/// or the file system fails, std::invalid_argument when the system has no OpenSSL module.
-std::shared_ptr<control_credentials> make_credentials(caf::actor_system& system, const std::string& token);
+/// files stay as long as one of them may open a session. One set per actor system: objects of the
+/// same token on one system share it; another token while it lives is std::invalid_argument
+/// naming `use` (the caller: "ActorCluster", "Server", ...) and the use that installed it
+/// (control_credentials::shared). Throws std::runtime_error when OpenSSL or the file system
+/// fails, std::invalid_argument when the system has no OpenSSL module.
+std::shared_ptr<control_credentials> make_credentials(caf::actor_system& system, const std::string& token,
+                                                      const std::string& use);
 
 /// A task's address and its name for errors and logs.
 struct task_endpoint {

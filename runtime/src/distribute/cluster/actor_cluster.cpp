@@ -143,7 +143,7 @@ ActorCluster::ActorCluster(Runtime& runtime, const ClusterSpec& cluster, const s
   s.task = detail::task_name(own->job, own->index);
   s.registry = std::move(registry);
   s.options = std::move(options);
-  s.credentials = actors::make_credentials(runtime.system(), s.options.cluster_token);
+  s.credentials = actors::make_credentials(runtime.system(), s.options.cluster_token, "ActorCluster");
   actors::actor_client_options co;
   co.task = s.task;
   co.credentials = s.credentials;

@@ -438,7 +438,7 @@ ParameterServerStrategy::ParameterServerStrategy(Runtime& runtime, std::shared_p
                         "ParameterServerStrategy", "ServerOptions::insecure");
   s.options = std::move(options);
   s.partitioner = std::move(partitioner);
-  s.credentials = actors::make_credentials(runtime.system(), s.options.cluster_token);
+  s.credentials = actors::make_credentials(runtime.system(), s.options.cluster_token, "ParameterServerStrategy");
   for (const auto& p : endpoints(s.spec, "ps")) s.table.ps.push_back(detail::VariableTable::Ps{p.task, p.host, p.port});
 
   auto c = std::make_shared<detail::CoordinatorState>();

@@ -460,7 +460,7 @@ Server::Server(Runtime& runtime, const ClusterSpec& cluster, const std::string& 
   s.options = std::move(options);
   s.functions = std::move(functions);
   if (task_type == "worker") detail::add_builtin_functions(s.functions);
-  s.credentials = actors::make_credentials(runtime.system(), s.options.cluster_token);
+  s.credentials = actors::make_credentials(runtime.system(), s.options.cluster_token, "Server");
   s.services.system = &runtime.system();
   s.services.task = s.task;
   s.services.functions = &s.functions;
