@@ -14,8 +14,8 @@ void check_record(const unsigned char* h, bool to_host, const std::string& who, 
                   std::uint64_t* payload_n) {
   const std::uint8_t kind = h[0];
   const std::uint8_t status = h[1];
-  *name_n = get<std::uint16_t>(h + 2);
-  *payload_n = get<std::uint64_t>(h + 24);
+  *name_n = transport::get_value<std::uint16_t>(h + 2);
+  *payload_n = transport::get_value<std::uint64_t>(h + 24);
   const auto bad = [&](const std::string& what) {
     return std::runtime_error(who + " sent a malformed actor message: " + what);
   };
@@ -53,10 +53,10 @@ out_record make_record(std::uint8_t kind, std::uint8_t status, std::uint64_t num
   r.ref = ref;
   r.head[0] = kind;
   r.head[1] = status;
-  put<std::uint16_t>(r.head + 2, static_cast<std::uint16_t>(r.name.size()));
-  put<std::uint64_t>(r.head + 8, number);
-  put<std::uint64_t>(r.head + 16, actor);
-  put<std::uint64_t>(r.head + 24, static_cast<std::uint64_t>(r.payload().size()));
+  transport::put_value<std::uint16_t>(r.head + 2, static_cast<std::uint16_t>(r.name.size()));
+  transport::put_value<std::uint64_t>(r.head + 8, number);
+  transport::put_value<std::uint64_t>(r.head + 16, actor);
+  transport::put_value<std::uint64_t>(r.head + 24, static_cast<std::uint64_t>(r.payload().size()));
   return r;
 }
 
@@ -81,9 +81,9 @@ void write_records(transport::bulk_stream& s, const std::vector<out_record>& rec
       body += record_header_bytes + r.name.size() + p.size();
       ++n;
     }
-    put<std::uint32_t>(fh, frame_magic);
-    put<std::uint32_t>(fh + 4, n);
-    put<std::uint64_t>(fh + 8, body);
+    transport::put_value<std::uint32_t>(fh, frame_magic);
+    transport::put_value<std::uint32_t>(fh + 4, n);
+    transport::put_value<std::uint64_t>(fh + 8, body);
     s.send_message(iov.data(), static_cast<int>(iov.size()));
   }
 }
@@ -94,9 +94,9 @@ bool read_frame(transport::bulk_stream& s, bool to_host, std::vector<in_record>&
   unsigned char fh[frame_header_bytes];
   if (!s.receive_header(fh, sizeof fh)) return false;
   const std::string& who = s.name();
-  const auto magic = get<std::uint32_t>(fh);
-  const auto n = get<std::uint32_t>(fh + 4);
-  const auto body = get<std::uint64_t>(fh + 8);
+  const auto magic = transport::get_value<std::uint32_t>(fh);
+  const auto n = transport::get_value<std::uint32_t>(fh + 4);
+  const auto body = transport::get_value<std::uint64_t>(fh + 8);
   if (magic != frame_magic) {
     throw std::runtime_error(who + " sent a frame that is not troupe's actor data (magic " + std::to_string(magic) + ")");
   }
@@ -125,8 +125,8 @@ bool read_frame(transport::bulk_stream& s, bool to_host, std::vector<in_record>&
       check_record(at, to_host, who, &name_n, &payload_n);
       r.kind = at[0];
       r.status = at[1];
-      r.number = get<std::uint64_t>(at + 8);
-      r.actor = get<std::uint64_t>(at + 16);
+      r.number = transport::get_value<std::uint64_t>(at + 8);
+      r.actor = transport::get_value<std::uint64_t>(at + 16);
       at += record_header_bytes;
       left -= record_header_bytes;
       if (name_n + payload_n > left) throw overrun();
@@ -150,8 +150,8 @@ bool read_frame(transport::bulk_stream& s, bool to_host, std::vector<in_record>&
       if (name_n + payload_n > left) throw overrun();
       r.kind = h[0];
       r.status = h[1];
-      r.number = get<std::uint64_t>(h + 8);
-      r.actor = get<std::uint64_t>(h + 16);
+      r.number = transport::get_value<std::uint64_t>(h + 8);
+      r.actor = transport::get_value<std::uint64_t>(h + 16);
       r.name.resize(name_n);
       s.receive(r.name.data(), name_n);
       r.payload.resize(static_cast<std::size_t>(payload_n));

@@ -30,17 +30,6 @@ enum : std::uint8_t { request = 1, send = 2, stop = 3, reply = 4, ack = 5 };
 enum : std::uint8_t { ok = 0, failed = 1, refused = 2 };    // a reply's status
 constexpr std::uint8_t ask_ack = 1;                         // a send's status: acknowledge it
 
-template <class T>
-void put(unsigned char* at, T v) {
-  std::memcpy(at, &v, sizeof v);
-}
-template <class T>
-T get(const unsigned char* at) {
-  T v;
-  std::memcpy(&v, at, sizeof v);
-  return v;
-}
-
 // One record to write; its payload is its own or the caller's (who keeps it until written).
 struct out_record {
   unsigned char head[record_header_bytes] = {};

@@ -36,17 +36,6 @@ constexpr int listening_rank = 0;
 constexpr int connecting_rank = 1;
 constexpr int pair_size = 2;
 
-template <class T>
-void put(unsigned char* at, T v) {
-  std::memcpy(at, &v, sizeof v);
-}
-template <class T>
-T get(const unsigned char* at) {
-  T v;
-  std::memcpy(&v, at, sizeof v);
-  return v;
-}
-
 std::string errno_text(int e) { return std::strerror(e); }
 
 void set_blocking_with_timeout(int fd, std::chrono::milliseconds timeout, const std::string& name) {
@@ -276,12 +265,12 @@ void bulk_stream::send_request(const bulk_request& r, const void* data, const vo
                                 std::to_string(more_n) + " of them in its second part");
   }
   unsigned char h[request_header_bytes] = {};
-  put<std::uint32_t>(h, request_magic);
+  put_value<std::uint32_t>(h, request_magic);
   h[4] = r.kind;
   h[5] = r.op;
   h[6] = r.dtype;
-  put<std::uint32_t>(h + 8, static_cast<std::uint32_t>(r.key.size()));
-  put<std::uint64_t>(h + 16, r.bytes);
+  put_value<std::uint32_t>(h + 8, static_cast<std::uint32_t>(r.key.size()));
+  put_value<std::uint64_t>(h + 16, r.bytes);
   const std::size_t first_n = with_data ? static_cast<std::size_t>(r.bytes) - more_n : 0;
   send_all(h, sizeof h, r.key.data(), r.key.size(), with_data ? data : nullptr, first_n, with_data ? more : nullptr,
            with_data ? more_n : 0);
@@ -307,9 +296,9 @@ std::optional<bulk_request> bulk_stream::receive_request() {
   read_exact(h + 1, sizeof h - 1);
   start_message(h, sizeof h);
   bulk_request r;
-  if (get<std::uint32_t>(h) != request_magic) {
+  if (get_value<std::uint32_t>(h) != request_magic) {
     throw std::runtime_error(name_ + " sent a request that is not troupe's (magic " +
-                             std::to_string(get<std::uint32_t>(h)) + ")");
+                             std::to_string(get_value<std::uint32_t>(h)) + ")");
   }
   r.kind = h[4];
   r.op = h[5];
@@ -317,12 +306,12 @@ std::optional<bulk_request> bulk_stream::receive_request() {
   if (r.kind < bulk_request::read || r.kind > bulk_request::apply_rows) {
     throw std::runtime_error(name_ + " sent a request of unknown kind " + std::to_string(r.kind));
   }
-  const auto key_n = get<std::uint32_t>(h + 8);
+  const auto key_n = get_value<std::uint32_t>(h + 8);
   if (key_n > bulk_max_key) {
     throw std::runtime_error(name_ + " sent a key of " + std::to_string(key_n) + " bytes (at most " +
                              std::to_string(bulk_max_key) + ")");
   }
-  r.bytes = get<std::uint64_t>(h + 16);
+  r.bytes = get_value<std::uint64_t>(h + 16);
   r.key.resize(key_n);
   read_exact(r.key.data(), key_n);
   add_to_message(r.key.data(), key_n);
@@ -333,18 +322,18 @@ std::optional<bulk_request> bulk_stream::receive_request() {
 
 void bulk_stream::send_reply(const void* data, std::size_t n) {
   unsigned char h[reply_header_bytes] = {};
-  put<std::uint32_t>(h, reply_magic);
+  put_value<std::uint32_t>(h, reply_magic);
   h[4] = status_ok;
-  put<std::uint64_t>(h + 8, n);
+  put_value<std::uint64_t>(h + 8, n);
   send_all(h, sizeof h, data, n, nullptr, 0, nullptr, 0);
 }
 
 void bulk_stream::send_error(const std::string& text) {
   const std::string cut = text.substr(0, bulk_max_error);
   unsigned char h[reply_header_bytes] = {};
-  put<std::uint32_t>(h, reply_magic);
+  put_value<std::uint32_t>(h, reply_magic);
   h[4] = status_error;
-  put<std::uint64_t>(h + 8, cut.size());
+  put_value<std::uint64_t>(h + 8, cut.size());
   send_all(h, sizeof h, cut.data(), cut.size(), nullptr, 0, nullptr, 0);
 }
 
@@ -352,11 +341,11 @@ void bulk_stream::receive_reply(std::uint64_t expected) {
   unsigned char h[reply_header_bytes];
   read_exact(h, sizeof h);
   start_message(h, sizeof h);
-  if (get<std::uint32_t>(h) != reply_magic) {
-    throw std::runtime_error(name_ + " sent a reply that is not troupe's (magic " + std::to_string(get<std::uint32_t>(h)) +
-                             ")");
+  if (get_value<std::uint32_t>(h) != reply_magic) {
+    throw std::runtime_error(name_ + " sent a reply that is not troupe's (magic " +
+                             std::to_string(get_value<std::uint32_t>(h)) + ")");
   }
-  const auto n = get<std::uint64_t>(h + 8);
+  const auto n = get_value<std::uint64_t>(h + 8);
   if (h[4] == status_error) {
     if (n > bulk_max_error) {
       throw std::runtime_error(name_ + " sent an error of " + std::to_string(n) + " bytes (at most " +

@@ -31,6 +31,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -42,6 +43,20 @@
 struct iovec;
 
 namespace troupe::transport {
+
+/// A value's bytes at `at` (unaligned), as the data connections' headers carry them: the host's
+/// byte order, little-endian on every platform troupe builds for.
+template <class T>
+void put_value(unsigned char* at, T v) {
+  std::memcpy(at, &v, sizeof v);
+}
+/// The value whose bytes are at `at` (unaligned): put_value's inverse.
+template <class T>
+T get_value(const unsigned char* at) {
+  T v;
+  std::memcpy(&v, at, sizeof v);
+  return v;
+}
 
 /// One request on a data connection. A read asks for the whole shard and an update sends it
 /// whole; a gather asks for some rows (its bytes: that many 8-byte row indices) and a scatter
