@@ -746,36 +746,6 @@ bool actor_client::send(const actor_ref& to, const std::string& name, const std:
   return true;
 }
 
-bool send_window::reserve(std::size_t bytes, bool* ack, std::chrono::milliseconds wait) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  const auto fits = [&] {
-    return sizes_.empty() || (sizes_.size() < max_messages && outstanding_bytes_ + bytes <= max_bytes);
-  };
-  if (!opened_.wait_for(lock, wait, fits)) return false;
-  sizes_.push_back(bytes);
-  outstanding_bytes_ += bytes;
-  // The message that fills the window asks for its acknowledgement, so that it opens again.
-  *ack = sizes_.size() >= max_messages || outstanding_bytes_ >= max_bytes;
-  return true;
-}
-
-void send_window::acknowledged(std::uint64_t count) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    while (acked_ < count && !sizes_.empty()) {
-      outstanding_bytes_ -= sizes_.front();
-      sizes_.pop_front();
-      ++acked_;
-    }
-  }
-  opened_.notify_all();
-}
-
-std::size_t send_window::outstanding() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return sizes_.size();
-}
-
 void actor_client::stop(const actor_ref& to) {
   auto& s = *impl_;
   if (s.table->closed) return;

@@ -1,7 +1,8 @@
 #pragma once
 
 // The spawner's side of an actor data connection (app_actors.hpp, steps 5 to 8): the requests in
-// flight of one spawner, and its connection to one task's actor data port. Internal to actors/.
+// flight of one spawner, and its connection to one task's actor data port (app_data_link.cpp also
+// holds send_window, the one-way messages' back-pressure it opens). Internal to actors/.
 
 #include <atomic>
 #include <chrono>
